@@ -1,0 +1,89 @@
+//! Bearer-token authentication for `/v1/*`.
+//!
+//! Tokens are compared as SHA-256 digests in constant time, and every
+//! configured token is compared, so neither timing nor length reveals which
+//! token (or how much of one) matched.
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header;
+use actix_web::middleware::Next;
+use actix_web::web;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::Secret;
+use crate::error::ApiError;
+
+/// The accepted tokens, as digests. Empty: no authentication.
+#[derive(Debug, Clone, Default)]
+pub struct ApiTokens {
+    digests: Vec<[u8; 32]>,
+}
+
+impl ApiTokens {
+    /// Digests of `tokens`.
+    pub fn new(tokens: &[Secret]) -> Self {
+        Self {
+            digests: tokens.iter().map(|t| digest(t.expose())).collect(),
+        }
+    }
+
+    /// True when no token is configured.
+    pub fn is_empty(&self) -> bool {
+        self.digests.is_empty()
+    }
+
+    /// Whether `presented` is one of the tokens.
+    pub fn accepts(&self, presented: &str) -> bool {
+        let d = digest(presented);
+        self.digests
+            .iter()
+            .fold(subtle::Choice::from(0), |acc, t| acc | t.ct_eq(&d))
+            .into()
+    }
+}
+
+fn digest(s: &str) -> [u8; 32] {
+    Sha256::digest(s.as_bytes()).into()
+}
+
+/// Middleware: with tokens configured, requires `Authorization: Bearer <token>`.
+pub async fn require_bearer(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let allowed = match req.app_data::<web::Data<ApiTokens>>() {
+        Some(tokens) if !tokens.is_empty() => req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .is_some_and(|t| tokens.accepts(t.trim())),
+        _ => true,
+    };
+    if !allowed {
+        return Err(ApiError::Unauthorized.into());
+    }
+    next.call(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_configured_tokens_are_accepted() {
+        let t = ApiTokens::new(&[
+            Secret::new("first-token-abcdefgh"),
+            Secret::new("second-token-abcdefg"),
+        ]);
+        assert!(t.accepts("first-token-abcdefgh"));
+        assert!(t.accepts("second-token-abcdefg"));
+        assert!(!t.accepts("first-token-abcdefg"));
+        assert!(!t.accepts(""));
+    }
+}

@@ -1,0 +1,445 @@
+//! Settings: defaults, then a TOML file, then `DEDUPD_*` environment
+//! variables (nested keys joined with `__`, as in
+//! `DEDUPD_CLAIMS__MAX_TTL=7d`). Durations are written as `300s`, `5m`, `1d`.
+//!
+//! [`Settings::load`] extracts and validates; every error names the key and
+//! where its value came from.
+
+mod secret;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+pub use secret::Secret;
+
+use crate::domain::TtlBounds;
+
+/// Environment variable naming the config file when `--config` is absent.
+pub const CONFIG_ENV: &str = "DEDUPD_CONFIG";
+
+/// Everything dedupd can be told.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Address the HTTP server listens on.
+    pub listen: SocketAddr,
+    /// The redb data file.
+    pub data_path: PathBuf,
+    /// Logging.
+    pub log: LogSettings,
+    /// The HTTP server.
+    pub http: HttpSettings,
+    /// The `/v1` API.
+    pub api: ApiSettings,
+    /// Claim TTLs.
+    pub claims: ClaimSettings,
+    /// The applied-events table.
+    pub ordering: OrderingSettings,
+    /// The embedded store.
+    pub store: StoreSettings,
+    /// The expiry reaper.
+    pub reaper: ReaperSettings,
+}
+
+/// Logging settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// A tracing filter such as `info` or `dedupd=debug,info`; `RUST_LOG`
+    /// overrides it.
+    pub level: String,
+    /// `text` for people, `json` for log collectors.
+    pub format: LogFormat,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// HTTP server settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Worker threads serving requests.
+    pub workers: usize,
+    /// Largest accepted request body, in bytes (larger: 413).
+    pub max_body_bytes: usize,
+    /// How long shutdown waits for in-flight requests.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+}
+
+/// `/v1` API settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSettings {
+    /// Bearer tokens accepted on `/v1/*`. Empty (and no file): no auth, which
+    /// is allowed only on a loopback address.
+    pub tokens: Vec<Secret>,
+    /// A file with one token per line (blank lines and `#` comments
+    /// ignored), such as a systemd credential.
+    pub tokens_file: Option<PathBuf>,
+}
+
+/// Claim TTL settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimSettings {
+    /// TTL of a claim (and an extend) that names none.
+    #[serde(with = "humantime_serde")]
+    pub default_ttl: Duration,
+    /// TTL of a done record that names none.
+    #[serde(with = "humantime_serde")]
+    pub default_done_ttl: Duration,
+    /// Largest TTL a request may name.
+    #[serde(with = "humantime_serde")]
+    pub max_ttl: Duration,
+}
+
+/// Ordering settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderingSettings {
+    /// How long applied events and stream heads are kept.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+}
+
+/// Embedded store settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSettings {
+    /// redb page cache, in bytes.
+    pub cache_bytes: usize,
+    /// Writes that may queue for the writer thread.
+    pub queue_capacity: usize,
+    /// Most writes per commit.
+    pub max_batch: usize,
+}
+
+/// Reaper settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReaperSettings {
+    /// Longest the reaper sleeps; it wakes sooner for the next expiry.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Most records deleted per write transaction.
+    pub batch_size: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_path: PathBuf::from("dedupd.redb"),
+            log: LogSettings {
+                level: "info".into(),
+                format: LogFormat::Text,
+            },
+            http: HttpSettings {
+                workers: 2,
+                max_body_bytes: 64 * 1024,
+                shutdown_timeout: Duration::from_secs(30),
+            },
+            api: ApiSettings {
+                tokens: Vec::new(),
+                tokens_file: None,
+            },
+            claims: ClaimSettings {
+                default_ttl: Duration::from_secs(300),
+                default_done_ttl: Duration::from_secs(86_400),
+                max_ttl: Duration::from_secs(30 * 86_400),
+            },
+            ordering: OrderingSettings {
+                retention: Duration::from_secs(30 * 86_400),
+            },
+            store: StoreSettings {
+                cache_bytes: 64 * 1024 * 1024,
+                queue_capacity: 4096,
+                max_batch: 512,
+            },
+            reaper: ReaperSettings {
+                interval: Duration::from_secs(60),
+                batch_size: 1000,
+            },
+        }
+    }
+}
+
+/// A setting that is wrong, with where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted key, such as `claims.max_ttl`.
+    pub key: String,
+    /// Where the value came from: a file, an environment variable, or the
+    /// defaults.
+    pub origin: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{} (in {})", self.message, self.origin)
+        } else {
+            write!(f, "{}: {} (from {})", self.key, self.message, self.origin)
+        }
+    }
+}
+
+/// All that is wrong with a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "invalid setting {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Settings plus what was read on their behalf (token files).
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The settings.
+    pub settings: Settings,
+    /// Every accepted API token, inline and from `api.tokens_file`.
+    pub api_tokens: Vec<Secret>,
+}
+
+impl Settings {
+    /// The layered figment: defaults, `file` (if any), then `DEDUPD_*`.
+    pub fn figment(file: Option<&Path>) -> Figment {
+        let mut fig = Figment::from(Serialized::defaults(Settings::default()));
+        if let Some(file) = file {
+            fig = fig.merge(Toml::file_exact(file));
+        }
+        fig.merge(Env::prefixed("DEDUPD_").split("__").ignore(&["config"]))
+    }
+
+    /// Loads from `file` (or the file named by `DEDUPD_CONFIG`) and the
+    /// environment, then validates.
+    pub fn load(file: Option<&Path>) -> Result<Loaded, ConfigErrors> {
+        let from_env = std::env::var_os(CONFIG_ENV).map(PathBuf::from);
+        let file = file.map(Path::to_path_buf).or(from_env);
+        if let Some(f) = &file
+            && !f.is_file()
+        {
+            return Err(ConfigErrors(vec![ConfigError {
+                key: String::new(),
+                origin: format!("--config / {CONFIG_ENV}"),
+                message: format!(
+                    "config file {} does not exist or is not a file",
+                    f.display()
+                ),
+            }]));
+        }
+        Self::load_from(&Self::figment(file.as_deref()))
+    }
+
+    /// Extracts and validates settings from a prepared figment.
+    pub fn load_from(fig: &Figment) -> Result<Loaded, ConfigErrors> {
+        let settings: Settings = fig.extract().map_err(|e| {
+            ConfigErrors(
+                e.into_iter()
+                    .map(|e| ConfigError {
+                        key: e.path.join("."),
+                        origin: e
+                            .metadata
+                            .as_ref()
+                            .map_or_else(|| "unknown source".into(), |m| describe(m, &e.path)),
+                        message: e.kind.to_string(),
+                    })
+                    .collect(),
+            )
+        })?;
+        settings.validate(fig)
+    }
+
+    /// The TTL bounds the API enforces.
+    pub fn ttl_bounds(&self) -> TtlBounds {
+        TtlBounds::new(
+            self.claims.default_ttl,
+            self.claims.default_done_ttl,
+            self.claims.max_ttl,
+        )
+    }
+
+    /// The effective settings as TOML, secrets redacted.
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
+    }
+
+    fn validate(self, fig: &Figment) -> Result<Loaded, ConfigErrors> {
+        let mut errors = Vec::new();
+        let mut bad = |key: &str, message: String| {
+            errors.push(ConfigError {
+                key: key.to_owned(),
+                origin: origin(fig, key),
+                message,
+            });
+        };
+        let c = &self.claims;
+        if c.max_ttl.is_zero() {
+            bad("claims.max_ttl", "must be more than 0".into());
+        }
+        for (key, ttl) in [
+            ("claims.default_ttl", c.default_ttl),
+            ("claims.default_done_ttl", c.default_done_ttl),
+        ] {
+            if ttl.as_millis() == 0 {
+                bad(key, "must be at least 1ms".into());
+            } else if ttl > c.max_ttl {
+                bad(
+                    key,
+                    format!(
+                        "{} exceeds claims.max_ttl ({})",
+                        humantime::format_duration(ttl),
+                        humantime::format_duration(c.max_ttl)
+                    ),
+                );
+            }
+        }
+        if self.ordering.retention.as_millis() == 0 {
+            bad("ordering.retention", "must be at least 1ms".into());
+        }
+        if !(1..=256).contains(&self.http.workers) {
+            bad("http.workers", "must be between 1 and 256".into());
+        }
+        if self.http.max_body_bytes < 1024 {
+            bad("http.max_body_bytes", "must be at least 1024".into());
+        }
+        if self.store.cache_bytes < 1024 * 1024 {
+            bad(
+                "store.cache_bytes",
+                "must be at least 1048576 (1 MiB)".into(),
+            );
+        }
+        if self.store.queue_capacity == 0 {
+            bad("store.queue_capacity", "must be at least 1".into());
+        }
+        if self.store.max_batch == 0 {
+            bad("store.max_batch", "must be at least 1".into());
+        }
+        if self.reaper.interval.as_millis() == 0 {
+            bad("reaper.interval", "must be at least 1ms".into());
+        }
+        if self.reaper.batch_size == 0 {
+            bad("reaper.batch_size", "must be at least 1".into());
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            bad("log.level", format!("not a tracing filter: {e}"));
+        }
+        if self.data_path.as_os_str().is_empty() {
+            bad("data_path", "must not be empty".into());
+        }
+
+        let mut api_tokens = self.api.tokens.clone();
+        if let Some(path) = &self.api.tokens_file {
+            match std::fs::read_to_string(path) {
+                Ok(text) => api_tokens.extend(
+                    text.lines()
+                        .map(str::trim)
+                        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                        .map(Secret::new),
+                ),
+                Err(e) => bad(
+                    "api.tokens_file",
+                    format!("cannot read {}: {e}", path.display()),
+                ),
+            }
+        }
+        for t in &api_tokens {
+            let t = t.expose();
+            if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                bad(
+                    "api.tokens",
+                    "each token must be at least 16 characters with no spaces or control characters"
+                        .into(),
+                );
+                break;
+            }
+        }
+        if api_tokens.is_empty() && !self.listen.ip().is_loopback() {
+            bad(
+                "listen",
+                format!(
+                    "refusing to listen on {} without API tokens: anyone who can reach it \
+                     could claim and release keys. Set api.tokens or api.tokens_file, or \
+                     listen on a loopback address such as 127.0.0.1",
+                    self.listen
+                ),
+            );
+        }
+        if errors.is_empty() {
+            Ok(Loaded {
+                settings: self,
+                api_tokens,
+            })
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+}
+
+/// Where the value of `key` came from, in words.
+fn origin(fig: &Figment, key: &str) -> String {
+    let path: Vec<&str> = key.split('.').collect();
+    fig.find_metadata(key)
+        .map_or_else(|| "defaults".into(), |m| describe(m, &path))
+}
+
+fn describe<K: AsRef<str>>(m: &figment::Metadata, path: &[K]) -> String {
+    if m.name.contains("environment") {
+        let var: Vec<String> = path.iter().map(|k| k.as_ref().to_uppercase()).collect();
+        return format!("environment variable DEDUPD_{}", var.join("__"));
+    }
+    match &m.source {
+        Some(figment::Source::File(p)) => format!("{} {}", m.name, p.display()),
+        Some(figment::Source::Code(_)) => "defaults".into(),
+        _ => m.name.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_loopback() {
+        let loaded = Settings::load_from(&Settings::figment(None)).unwrap();
+        assert!(loaded.settings.listen.ip().is_loopback());
+        assert!(loaded.api_tokens.is_empty());
+    }
+
+    #[test]
+    fn secrets_are_redacted_when_printed() {
+        let mut s = Settings::default();
+        s.api.tokens.push(Secret::new("supersecret-token-1234"));
+        let text = s.to_redacted_toml();
+        assert!(!text.contains("supersecret"), "{text}");
+        assert!(text.contains("<redacted>"));
+        assert!(!format!("{s:?}").contains("supersecret"));
+    }
+}

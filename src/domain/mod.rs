@@ -1,0 +1,37 @@
+//! Parsed domain types. Input is parsed into these at the HTTP boundary, so
+//! handlers and the store only ever see valid values.
+
+mod created_at;
+mod fingerprint;
+mod key;
+mod token;
+mod ttl;
+
+pub use created_at::CreatedAt;
+pub use fingerprint::Fingerprint;
+pub use key::{Key, Namespace, ScopedKey};
+pub use token::Token;
+pub use ttl::{Ttl, TtlBounds};
+
+/// Why a piece of input could not be parsed into a domain type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct Invalid {
+    /// Stable machine-readable code, such as `invalid_key`.
+    pub code: &'static str,
+    /// The field or path parameter that was wrong, as the client named it.
+    pub field: &'static str,
+    /// What was expected, in words.
+    pub reason: String,
+}
+
+impl Invalid {
+    /// An `Invalid` for `field` with the given code and reason.
+    pub fn new(code: &'static str, field: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            code,
+            field,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The API's one error type, rendered as RFC 9457 problem details
+//! (`application/problem+json`) with a stable `code` (also in `type`, as
+//! `urn:dedupd:problem:{code}`).
+//!
+//! 5xx answers tell the client nothing about the cause; the cause is logged.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+
+use crate::clock::Millis;
+use crate::domain::Invalid;
+use crate::store::{ClaimState, StoreError};
+
+/// Everything a handler can refuse with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A field or path parameter failed to parse (400).
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+    /// The body is not the JSON the endpoint takes (400).
+    #[error("{0}")]
+    MalformedBody(String),
+    /// The body is over the configured limit (413).
+    #[error("request body exceeds the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// No valid bearer token (401).
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    /// Nothing at this path (404).
+    #[error("{detail}")]
+    NotFound {
+        /// Stable code, such as `not_found` or `lost`.
+        code: &'static str,
+        /// What was not found.
+        detail: String,
+    },
+    /// The path exists but not with this method (405).
+    #[error("method {method} is not allowed here; allowed: {allowed}")]
+    MethodNotAllowed {
+        /// The method used.
+        method: String,
+        /// The methods the resource takes.
+        allowed: &'static str,
+    },
+    /// The state of the key refuses the operation (409).
+    #[error("{detail}")]
+    Conflict {
+        /// `busy`, `done` or `not_owner`.
+        code: &'static str,
+        /// Human explanation.
+        detail: String,
+        /// State of the existing record.
+        state: ClaimState,
+        /// Its expiry.
+        expires_at_ms: Millis,
+    },
+    /// Same key, different payload fingerprint (422).
+    #[error("the key is held with a different fingerprint")]
+    FingerprintMismatch {
+        /// State of the existing record.
+        state: ClaimState,
+        /// Its expiry.
+        expires_at_ms: Millis,
+    },
+    /// The store refused or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    type_: String,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    code: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<ClaimState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at_ms: Option<Millis>,
+}
+
+impl ApiError {
+    /// The stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Invalid(i) => i.code,
+            ApiError::MalformedBody(_) => "malformed_body",
+            ApiError::BodyTooLarge { .. } => "body_too_large",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::NotFound { code, .. } | ApiError::Conflict { code, .. } => code,
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::FingerprintMismatch { .. } => "fingerprint_mismatch",
+            ApiError::Store(StoreError::Unavailable(_)) => "store_unavailable",
+            ApiError::Store(StoreError::Failed(_)) => "internal",
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            ApiError::Invalid(_) => "Invalid input",
+            ApiError::MalformedBody(_) => "Malformed request body",
+            ApiError::BodyTooLarge { .. } => "Request body too large",
+            ApiError::Unauthorized => "Unauthorized",
+            ApiError::NotFound { .. } => "Not found",
+            ApiError::MethodNotAllowed { .. } => "Method not allowed",
+            ApiError::Conflict { .. } => "Conflict",
+            ApiError::FingerprintMismatch { .. } => "Fingerprint mismatch",
+            ApiError::Store(StoreError::Unavailable(_)) => "Store unavailable",
+            ApiError::Store(StoreError::Failed(_)) => "Internal error",
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::Invalid(_) | ApiError::MalformedBody(_) => StatusCode::BAD_REQUEST,
+            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Store(StoreError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Store(StoreError::Failed(_)) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let status = self.status_code();
+        let detail = match self {
+            ApiError::Store(e) => {
+                tracing::error!(error = %e, "store error");
+                match e {
+                    StoreError::Unavailable(_) => {
+                        "the store cannot be reached; retry later".to_owned()
+                    }
+                    StoreError::Failed(_) => "the request failed; nothing was changed".to_owned(),
+                }
+            }
+            other => other.to_string(),
+        };
+        let (state, expires_at_ms) = match self {
+            ApiError::Conflict {
+                state,
+                expires_at_ms,
+                ..
+            }
+            | ApiError::FingerprintMismatch {
+                state,
+                expires_at_ms,
+            } => (Some(*state), Some(*expires_at_ms)),
+            _ => (None, None),
+        };
+        let problem = Problem {
+            type_: format!("urn:dedupd:problem:{}", self.code()),
+            title: self.title(),
+            status: status.as_u16(),
+            detail,
+            code: self.code(),
+            field: match self {
+                ApiError::Invalid(i) => Some(i.field),
+                _ => None,
+            },
+            state,
+            expires_at_ms,
+        };
+        let mut res = HttpResponse::build(status);
+        res.content_type("application/problem+json");
+        match self {
+            ApiError::Unauthorized => {
+                res.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
+            }
+            ApiError::MethodNotAllowed { allowed, .. } => {
+                res.insert_header((header::ALLOW, HeaderValue::from_static(allowed)));
+            }
+            ApiError::Store(StoreError::Unavailable(_)) => {
+                res.insert_header((header::RETRY_AFTER, HeaderValue::from_static("1")));
+            }
+            _ => {}
+        }
+        res.json(problem)
+    }
+}

@@ -1,0 +1,29 @@
+//! dedupd: webhook processing that happens once in effect.
+//!
+//! A map of the crate, from the outside in:
+//!
+//! - [`config`]: settings from defaults, a TOML file and `DEDUPD_*` variables,
+//!   validated into [`config::Settings`].
+//! - [`startup`]: [`startup::Application`] binds the listener, opens the store,
+//!   starts the reaper; tests build it on port 0.
+//! - [`routes`]: one module per HTTP resource; handlers see parsed types only.
+//! - [`domain`]: types that cannot hold invalid input (keys, TTLs, tokens,
+//!   fingerprints, event timestamps).
+//! - [`error`]: the one error type the API renders as RFC 9457 problem details.
+//! - [`store`]: the [`store::Store`] trait (claims, ordering, expiry) and its
+//!   embedded redb implementation with a group-commit writer.
+//! - [`reaper`]: the task that deletes expired records in expiry order.
+//! - [`clock`]: wall-clock time in Unix milliseconds, replaceable in tests.
+//! - [`telemetry`]: tracing setup.
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod clock;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod reaper;
+pub mod routes;
+pub mod startup;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,93 @@
+//! The `dedupd` command line.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use dedupd::clock::SystemClock;
+use dedupd::config::{CONFIG_ENV, Settings};
+use dedupd::startup::Application;
+
+/// Webhook processing that happens once in effect.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the API until SIGTERM or SIGINT.
+    Serve {
+        /// TOML settings file (default: none, or $DEDUPD_CONFIG).
+        #[arg(long, env = CONFIG_ENV)]
+        config: Option<PathBuf>,
+    },
+    /// Print the effective settings (secrets redacted) or what is wrong.
+    CheckConfig {
+        /// TOML settings file (default: none, or $DEDUPD_CONFIG).
+        #[arg(long, env = CONFIG_ENV)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { config } => match Settings::load(config.as_deref()) {
+            Ok(loaded) => {
+                print!("{}", loaded.settings.to_redacted_toml());
+                println!(
+                    "\n# {} API token(s) in effect; {}",
+                    loaded.api_tokens.len(),
+                    if loaded.api_tokens.is_empty() {
+                        "/v1 is open to anyone who can reach the listener"
+                    } else {
+                        "/v1 requires a bearer token"
+                    }
+                );
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Serve { config } => {
+            let loaded = match Settings::load(config.as_deref()) {
+                Ok(l) => l,
+                Err(errors) => {
+                    eprintln!("{errors}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            dedupd::telemetry::init(&loaded.settings.log);
+            match serve(loaded) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), "dedupd failed");
+                    eprintln!("dedupd: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+#[tokio::main]
+async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
+    let listen = loaded.settings.listen;
+    let data = loaded.settings.data_path.clone();
+    let app = Application::build(loaded, Arc::new(SystemClock)).await?;
+    tracing::info!(
+        %listen,
+        port = app.port(),
+        data = %data.display(),
+        "dedupd serving"
+    );
+    app.run_until_stopped().await?;
+    Ok(())
+}

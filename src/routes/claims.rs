@@ -1,0 +1,245 @@
+//! `/v1/claims/{key}`: claim, done, extend, release, inspect.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::{Deserialize, Serialize};
+
+use super::body::read_json;
+use super::{AppState, method_not_allowed};
+use crate::clock::Millis;
+use crate::domain::{Fingerprint, Key, ScopedKey, Token};
+use crate::error::ApiError;
+use crate::store::{ClaimOutcome, ClaimState, DoneOutcome, ExtendOutcome, ReleaseOutcome};
+
+/// Registers the claim routes.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::resource("/claims/{key}")
+            .route(web::post().to(claim))
+            .route(web::get().to(inspect))
+            .route(web::delete().to(release))
+            .default_service(method_not_allowed("GET, POST, DELETE")),
+    )
+    .service(
+        web::resource("/claims/{key}/done")
+            .route(web::post().to(done))
+            .default_service(method_not_allowed("POST")),
+    )
+    .service(
+        web::resource("/claims/{key}/extend")
+            .route(web::post().to(extend))
+            .default_service(method_not_allowed("POST")),
+    );
+}
+
+/// Body of a claim; every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClaimBody {
+    /// TTL of the claim; the configured default when absent.
+    ttl_ms: Option<u64>,
+    /// Digest of the payload.
+    fingerprint: Option<String>,
+}
+
+/// Body of done and extend.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenTtlBody {
+    /// The owner token from the claim.
+    token: String,
+    /// New TTL; the configured default when absent.
+    ttl_ms: Option<u64>,
+}
+
+/// Body of release.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenBody {
+    /// The owner token from the claim.
+    token: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Claimed<'a> {
+    key: &'a str,
+    state: ClaimState,
+    token: String,
+    fence: u64,
+    expires_at_ms: Millis,
+}
+
+#[derive(Debug, Serialize)]
+struct StateAnswer<'a> {
+    key: &'a str,
+    state: ClaimState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fence: Option<u64>,
+    expires_at_ms: Millis,
+}
+
+fn parse_key(path: &web::Path<String>) -> Result<(Key, ScopedKey), ApiError> {
+    let key = Key::parse(path.as_str(), "key")?;
+    let scoped = ScopedKey::api(&key);
+    Ok((key, scoped))
+}
+
+fn busy(expires_at_ms: Millis) -> ApiError {
+    ApiError::Conflict {
+        code: "busy",
+        detail: "another worker holds this key".into(),
+        state: ClaimState::Processing,
+        expires_at_ms,
+    }
+}
+
+fn already_done(expires_at_ms: Millis) -> ApiError {
+    ApiError::Conflict {
+        code: "done",
+        detail: "the work for this key is done".into(),
+        state: ClaimState::Done,
+        expires_at_ms,
+    }
+}
+
+fn not_owner(state: ClaimState, expires_at_ms: Millis) -> ApiError {
+    ApiError::Conflict {
+        code: "not_owner",
+        detail: "the token does not own this key".into(),
+        state,
+        expires_at_ms,
+    }
+}
+
+async fn claim(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let (key, scoped) = parse_key(&path)?;
+    let body: ClaimBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_claim)?;
+    let fingerprint = body
+        .fingerprint
+        .as_deref()
+        .map(Fingerprint::parse)
+        .transpose()?;
+    let now = state.clock.now_ms();
+    match state.store.claim(&scoped, ttl, fingerprint, now).await? {
+        ClaimOutcome::Claimed {
+            token,
+            fence,
+            expires_at_ms,
+        } => Ok(HttpResponse::Created().json(Claimed {
+            key: key.as_str(),
+            state: ClaimState::Processing,
+            token: token.to_hex(),
+            fence,
+            expires_at_ms,
+        })),
+        ClaimOutcome::Busy { expires_at_ms } => Err(busy(expires_at_ms)),
+        ClaimOutcome::Done { expires_at_ms } => Err(already_done(expires_at_ms)),
+        ClaimOutcome::FingerprintMismatch {
+            state,
+            expires_at_ms,
+        } => Err(ApiError::FingerprintMismatch {
+            state,
+            expires_at_ms,
+        }),
+    }
+}
+
+async fn done(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let (key, scoped) = parse_key(&path)?;
+    let body: TokenTtlBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let token = Token::parse(&body.token)?;
+    let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_done)?;
+    let now = state.clock.now_ms();
+    match state.store.done(&scoped, token, ttl, now).await? {
+        DoneOutcome::Done { expires_at_ms } => Ok(HttpResponse::Ok().json(StateAnswer {
+            key: key.as_str(),
+            state: ClaimState::Done,
+            fence: None,
+            expires_at_ms,
+        })),
+        DoneOutcome::NotOwner {
+            state,
+            expires_at_ms,
+        } => Err(not_owner(state, expires_at_ms)),
+    }
+}
+
+async fn extend(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let (key, scoped) = parse_key(&path)?;
+    let body: TokenTtlBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let token = Token::parse(&body.token)?;
+    let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_claim)?;
+    let now = state.clock.now_ms();
+    match state.store.extend(&scoped, token, ttl, now).await? {
+        ExtendOutcome::Extended { expires_at_ms } => Ok(HttpResponse::Ok().json(StateAnswer {
+            key: key.as_str(),
+            state: ClaimState::Processing,
+            fence: None,
+            expires_at_ms,
+        })),
+        ExtendOutcome::Lost => Err(ApiError::NotFound {
+            code: "lost",
+            detail: "the claim expired or never existed; claim the key again".into(),
+        }),
+        ExtendOutcome::NotOwner { expires_at_ms } => {
+            Err(not_owner(ClaimState::Processing, expires_at_ms))
+        }
+        ExtendOutcome::Done { expires_at_ms } => Err(already_done(expires_at_ms)),
+    }
+}
+
+async fn release(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let (_, scoped) = parse_key(&path)?;
+    let body: TokenBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let token = Token::parse(&body.token)?;
+    let now = state.clock.now_ms();
+    match state.store.release(&scoped, token, now).await? {
+        ReleaseOutcome::Released | ReleaseOutcome::NotHeld => {
+            Ok(HttpResponse::NoContent().finish())
+        }
+        ReleaseOutcome::NotOwner { expires_at_ms } => {
+            Err(not_owner(ClaimState::Processing, expires_at_ms))
+        }
+        ReleaseOutcome::Done { expires_at_ms } => Err(already_done(expires_at_ms)),
+    }
+}
+
+async fn inspect(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let (key, scoped) = parse_key(&path)?;
+    let now = state.clock.now_ms();
+    match state.store.get(&scoped, now).await? {
+        Some(view) => Ok(HttpResponse::Ok().json(StateAnswer {
+            key: key.as_str(),
+            state: view.state,
+            fence: Some(view.fence),
+            expires_at_ms: view.expires_at_ms,
+        })),
+        None => Err(ApiError::NotFound {
+            code: "not_found",
+            detail: "no live claim for this key".into(),
+        }),
+    }
+}

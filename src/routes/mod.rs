@@ -1,0 +1,55 @@
+//! HTTP resources, one module each. Handlers parse input into domain types
+//! first and only then touch the store.
+
+mod body;
+pub mod claims;
+pub mod health;
+pub mod streams;
+
+use std::sync::Arc;
+
+use actix_web::{HttpRequest, web};
+
+use crate::clock::SharedClock;
+use crate::domain::TtlBounds;
+use crate::error::ApiError;
+use crate::store::Store;
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// Time.
+    pub clock: SharedClock,
+    /// TTL defaults and ceiling.
+    pub ttl: TtlBounds,
+    /// Retention of applied events and stream heads, milliseconds.
+    pub retention_ms: u64,
+    /// Largest request body, bytes.
+    pub max_body_bytes: usize,
+}
+
+/// Registers the `/v1` resources on `cfg` (the caller adds auth).
+pub fn configure_v1(cfg: &mut web::ServiceConfig) {
+    claims::configure(cfg);
+    streams::configure(cfg);
+}
+
+/// The answer for a known path with a method it does not take.
+pub fn method_not_allowed(allowed: &'static str) -> actix_web::Route {
+    web::route().to(move |req: HttpRequest| async move {
+        Err::<actix_web::HttpResponse, _>(ApiError::MethodNotAllowed {
+            method: req.method().to_string(),
+            allowed,
+        })
+    })
+}
+
+/// The answer for a path that does not exist.
+pub async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
+    Err(ApiError::NotFound {
+        code: "not_found",
+        detail: format!("no resource at {}", req.path()),
+    })
+}

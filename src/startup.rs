@@ -1,0 +1,140 @@
+//! Building and running the application.
+//!
+//! [`Application::build`] opens the store, binds the listener (port 0 picks a
+//! free port, which is how tests start the real app) and starts the reaper;
+//! [`Application::run_until_stopped`] serves until SIGTERM/SIGINT (or a
+//! [`ServerHandle::stop`]), then finishes in-flight requests, stops the
+//! reaper and closes the store so every acknowledged write is committed.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use actix_web::dev::{Server, ServerHandle};
+use actix_web::middleware::from_fn;
+use actix_web::{App, HttpServer, web};
+use anyhow::Context;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing_actix_web::TracingLogger;
+
+use crate::auth::{ApiTokens, require_bearer};
+use crate::clock::SharedClock;
+use crate::config::Loaded;
+use crate::reaper::Reaper;
+use crate::routes::{self, AppState};
+use crate::store::Store;
+use crate::store::redb::{RedbOptions, RedbStore};
+
+/// A built, bound, not yet running application.
+pub struct Application {
+    /// The bound port.
+    port: u16,
+    /// The HTTP server future.
+    server: Server,
+    /// The store, closed after the server stops.
+    store: Arc<dyn Store>,
+    /// Tells the reaper to stop.
+    reaper_stop: watch::Sender<bool>,
+    /// The reaper task.
+    reaper: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Application {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Application")
+            .field("port", &self.port)
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Application {
+    /// Opens the store named by the settings and builds the app over it.
+    pub async fn build(loaded: Loaded, clock: SharedClock) -> anyhow::Result<Self> {
+        let s = &loaded.settings;
+        let opts = RedbOptions {
+            path: s.data_path.clone(),
+            cache_bytes: s.store.cache_bytes,
+            queue_capacity: s.store.queue_capacity,
+            max_batch: s.store.max_batch,
+        };
+        let store = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
+            .await
+            .context("opening the store panicked")??;
+        Self::build_with_store(loaded, clock, Arc::new(store))
+    }
+
+    /// Builds the app over an already open store.
+    pub fn build_with_store(
+        loaded: Loaded,
+        clock: SharedClock,
+        store: Arc<dyn Store>,
+    ) -> anyhow::Result<Self> {
+        let s = &loaded.settings;
+        let listener = TcpListener::bind(s.listen)
+            .with_context(|| format!("cannot listen on {}", s.listen))?;
+        let port = listener.local_addr()?.port();
+        let state = web::Data::new(AppState {
+            store: store.clone(),
+            clock: clock.clone(),
+            ttl: s.ttl_bounds(),
+            retention_ms: u64::try_from(s.ordering.retention.as_millis()).unwrap_or(u64::MAX),
+            max_body_bytes: s.http.max_body_bytes,
+        });
+        let tokens = web::Data::new(ApiTokens::new(&loaded.api_tokens));
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap(TracingLogger::default())
+                .app_data(state.clone())
+                .app_data(tokens.clone())
+                .configure(routes::health::configure)
+                .service(
+                    web::scope("/v1")
+                        .wrap(from_fn(require_bearer))
+                        .configure(routes::configure_v1),
+                )
+                .default_service(web::to(routes::not_found))
+        })
+        .workers(s.http.workers)
+        .shutdown_timeout(s.http.shutdown_timeout.as_secs().max(1))
+        .listen(listener)?
+        .run();
+
+        let (reaper_stop, stop_rx) = watch::channel(false);
+        let reaper = Reaper::new(store.clone(), clock, s.reaper.interval, s.reaper.batch_size);
+        let reaper = tokio::spawn(reaper.run(stop_rx));
+        Ok(Self {
+            port,
+            server,
+            store,
+            reaper_stop,
+            reaper,
+        })
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A handle that stops the server gracefully.
+    pub fn handle(&self) -> ServerHandle {
+        self.server.handle()
+    }
+
+    /// The store the app serves.
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    /// Serves until stopped, then shuts down in order: HTTP (in-flight
+    /// requests finish), reaper, store (queued writes commit).
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let served = self.server.await;
+        let _ = self.reaper_stop.send(true);
+        let _ = self.reaper.await;
+        self.store.close().await;
+        tracing::info!("stopped");
+        served
+    }
+}

@@ -1,0 +1,137 @@
+//! Storage: the [`Store`] trait and its implementations.
+//!
+//! Every method takes `now` (Unix milliseconds) from the caller's clock, so a
+//! store never reads time itself: the same inputs give the same answers, which
+//! is what lets one conformance suite and a model test cover every backend.
+//!
+//! Invariant shared by all backends: a record whose `expires_at_ms <= now`
+//! reads as absent everywhere, whether or not the reaper has removed it yet.
+
+pub mod claims;
+pub mod ordering;
+pub mod redb;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use crate::clock::Millis;
+use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+
+pub use claims::{
+    ClaimOutcome, ClaimRecord, ClaimState, ClaimView, DoneOutcome, ExtendOutcome, ReleaseOutcome,
+};
+pub use ordering::{ApplyOutcome, ApplyResult, Head};
+
+/// Why a store could not answer. Refusals (busy, not owner, …) are not
+/// errors: they are outcomes.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The store cannot be reached now; retrying later may work (HTTP 503).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store failed; the operation did not take effect (HTTP 500).
+    #[error("storage failure: {0}")]
+    Failed(String),
+}
+
+/// What one reaper pass removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PurgeReport {
+    /// Expired claims removed.
+    pub claims: u64,
+    /// Applied-event records removed after their retention.
+    pub events: u64,
+    /// Stream heads removed after their retention.
+    pub heads: u64,
+    /// True when the pass stopped at its limit with more expired records left.
+    pub more: bool,
+}
+
+impl PurgeReport {
+    /// Records removed in all.
+    pub fn total(&self) -> u64 {
+        self.claims + self.events + self.heads
+    }
+}
+
+/// Counters that show group commit at work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WriteStats {
+    /// Write operations answered.
+    pub operations: u64,
+    /// Durable commits made for them.
+    pub commits: u64,
+}
+
+/// Claims, ordering and expiry: the behaviour DESIGN.md specifies, identical
+/// across backends.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// Claims `key` for `ttl`: absent → processing with a new token and fence.
+    async fn claim(
+        &self,
+        key: &ScopedKey,
+        ttl: Ttl,
+        fingerprint: Option<Fingerprint>,
+        now: Millis,
+    ) -> Result<ClaimOutcome, StoreError>;
+
+    /// Records that the work for `key` finished; the record lives for `ttl`.
+    async fn done(
+        &self,
+        key: &ScopedKey,
+        token: Token,
+        ttl: Ttl,
+        now: Millis,
+    ) -> Result<DoneOutcome, StoreError>;
+
+    /// Gives up a claim so the next delivery can try again.
+    async fn release(
+        &self,
+        key: &ScopedKey,
+        token: Token,
+        now: Millis,
+    ) -> Result<ReleaseOutcome, StoreError>;
+
+    /// Moves a held claim's expiry to `now + ttl`.
+    async fn extend(
+        &self,
+        key: &ScopedKey,
+        token: Token,
+        ttl: Ttl,
+        now: Millis,
+    ) -> Result<ExtendOutcome, StoreError>;
+
+    /// The live record for `key`, without its token.
+    async fn get(&self, key: &ScopedKey, now: Millis) -> Result<Option<ClaimView>, StoreError>;
+
+    /// Applies `event_id` to `stream` unless it is a duplicate or stale.
+    /// Records live for `retention_ms` after they were written.
+    async fn apply(
+        &self,
+        stream: &ScopedKey,
+        event_id: &ScopedKey,
+        created_at: CreatedAt,
+        retention_ms: u64,
+        now: Millis,
+    ) -> Result<ApplyResult, StoreError>;
+
+    /// The live head of `stream`.
+    async fn head(&self, stream: &ScopedKey, now: Millis) -> Result<Option<Head>, StoreError>;
+
+    /// Deletes at most `limit` expired records, oldest expiry first.
+    async fn purge_expired(&self, now: Millis, limit: u64) -> Result<PurgeReport, StoreError>;
+
+    /// The earliest expiry of any stored record, if any.
+    async fn next_expiry(&self) -> Result<Option<Millis>, StoreError>;
+
+    /// Ok when the store can serve requests.
+    async fn ready(&self) -> Result<(), StoreError>;
+
+    /// Group-commit counters since the store was opened.
+    fn write_stats(&self) -> WriteStats;
+
+    /// Finishes queued writes and releases the backend's resources. Later
+    /// calls answer [`StoreError::Unavailable`].
+    async fn close(&self);
+}

@@ -1,0 +1,404 @@
+//! The embedded store: one redb file, one writer thread with group commit,
+//! reads on read transactions that never wait for the writer.
+//!
+//! redb's API is blocking. Writes run on the writer thread; reads run on
+//! tokio's blocking pool, and no read transaction is held across an `.await`
+//! (a read transaction pins pages and would make the file grow).
+
+mod ops;
+mod tables;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable};
+use tokio::sync::{mpsc, oneshot};
+
+use self::ops::{Request, Response};
+use self::tables::{
+    CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_SCHEMA_VERSION,
+    SCHEMA_VERSION, claim_from_row, head_from_row,
+};
+use self::writer::{Counters, Envelope};
+use super::{
+    ApplyResult, ClaimOutcome, ClaimView, DoneOutcome, ExtendOutcome, Head, PurgeReport,
+    ReleaseOutcome, Store, StoreError, WriteStats,
+};
+use crate::clock::Millis;
+use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+
+/// How the redb store is opened.
+#[derive(Debug, Clone)]
+pub struct RedbOptions {
+    /// The data file; created when absent.
+    pub path: PathBuf,
+    /// redb's page cache, in bytes (its own default is far larger than a
+    /// small VM should give it).
+    pub cache_bytes: usize,
+    /// Writes that may wait for the writer before callers are held back.
+    pub queue_capacity: usize,
+    /// Most writes in one transaction.
+    pub max_batch: usize,
+}
+
+impl RedbOptions {
+    /// Defaults that fit a 1 GB machine, for the file at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            cache_bytes: 64 * 1024 * 1024,
+            queue_capacity: 4096,
+            max_batch: 512,
+        }
+    }
+}
+
+/// Why the data file could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Another process (or this one) has the file open.
+    #[error(
+        "data file {0} is already open in another dedupd process (redb holds an exclusive lock)"
+    )]
+    InUse(PathBuf),
+    /// The file was written by a build with another schema.
+    #[error(
+        "data file {path} has schema version {found}, but this dedupd reads version {SCHEMA_VERSION}; \
+         use the dedupd release that wrote it, or move the file away to start empty"
+    )]
+    UnknownSchema {
+        /// The file.
+        path: PathBuf,
+        /// The version it records.
+        found: u64,
+    },
+    /// The file holds redb tables but not dedupd's metadata.
+    #[error("{0} is a redb file, but not a dedupd data file (it has no dedupd metadata)")]
+    Foreign(PathBuf),
+    /// Anything else redb or the OS reported.
+    #[error("cannot open data file {path}: {source}")]
+    Other {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: redb::Error,
+    },
+}
+
+/// The redb-backed [`Store`].
+#[derive(Debug)]
+pub struct RedbStore {
+    /// The database. `None` once closed; readers clone the `Arc` for the
+    /// length of one read.
+    db: Mutex<Option<Arc<Database>>>,
+    /// The writer's queue.
+    writes: mpsc::Sender<Envelope>,
+    /// The writer thread, joined on close.
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Group-commit counters.
+    counters: Arc<Counters>,
+}
+
+impl RedbStore {
+    /// Opens (or creates) the data file and starts the writer.
+    pub fn open(opts: &RedbOptions) -> Result<Self, OpenError> {
+        let other = |e: redb::Error| OpenError::Other {
+            path: opts.path.clone(),
+            source: e,
+        };
+        if let Some(parent) = opts.path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| other(redb::Error::Io(e)))?;
+        }
+        let db = redb::Builder::new()
+            .set_cache_size(opts.cache_bytes)
+            .create(&opts.path)
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(opts.path.clone()),
+                e => other(e.into()),
+            })?;
+        init_schema(&db, &opts.path)?;
+        let db = Arc::new(db);
+        let counters = Arc::new(Counters::default());
+        let (writes, handle) = writer::spawn(
+            db.clone(),
+            opts.queue_capacity,
+            opts.max_batch,
+            counters.clone(),
+        )
+        .map_err(|e| other(redb::Error::Io(e)))?;
+        Ok(Self {
+            db: Mutex::new(Some(db)),
+            writes,
+            writer: Mutex::new(Some(handle)),
+            counters,
+        })
+    }
+
+    /// Finishes queued writes, stops the writer and releases the file, so the
+    /// same path can be opened again. Later calls answer `Unavailable`.
+    pub async fn close(&self) {
+        let _ = self.writes.send(Envelope::Shutdown).await;
+        let handle = self.writer.lock().ok().and_then(|mut h| h.take());
+        if let Some(handle) = handle {
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        }
+        let db = self.db.lock().ok().and_then(|mut d| d.take());
+        if let Some(mut db) = db {
+            // Wait out reads that still hold a clone; each is one short read.
+            loop {
+                match Arc::try_unwrap(db) {
+                    Ok(db) => {
+                        drop(db);
+                        break;
+                    }
+                    Err(still_shared) => {
+                        db = still_shared;
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn write(&self, request: Request, now: Millis) -> Result<Response, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.writes
+            .send(Envelope::Write {
+                request,
+                now,
+                reply,
+            })
+            .await
+            .map_err(|_| closed())?;
+        answer.await.map_err(|_| closed())?
+    }
+
+    /// Runs `f` on a read transaction on the blocking pool.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&ReadTransaction) -> Result<T, redb::Error> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let db = self
+            .db
+            .lock()
+            .ok()
+            .and_then(|d| d.clone())
+            .ok_or_else(closed)?;
+        tokio::task::spawn_blocking(move || {
+            let tx = db.begin_read().map_err(redb::Error::from)?;
+            f(&tx)
+        })
+        .await
+        .map_err(|e| StoreError::Failed(format!("read task failed: {e}")))?
+        .map_err(|e| StoreError::Failed(e.to_string()))
+    }
+}
+
+fn closed() -> StoreError {
+    StoreError::Unavailable("the store is shut down".into())
+}
+
+fn unexpected(what: &str) -> StoreError {
+    StoreError::Failed(format!(
+        "writer answered {what} with another kind of response"
+    ))
+}
+
+/// Creates the tables of a new file, or checks the schema of an old one.
+fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
+    let other = |e: redb::Error| OpenError::Other {
+        path: path.to_owned(),
+        source: e,
+    };
+    let tx = db.begin_write().map_err(|e| other(e.into()))?;
+    {
+        let has_tables = tx
+            .list_tables()
+            .map_err(|e| other(e.into()))?
+            .next()
+            .is_some();
+        let mut meta = tx.open_table(META).map_err(|e| other(e.into()))?;
+        let version = meta
+            .get(META_SCHEMA_VERSION)
+            .map_err(|e| other(e.into()))?
+            .map(|g| g.value());
+        match version {
+            Some(SCHEMA_VERSION) => {}
+            Some(found) => {
+                return Err(OpenError::UnknownSchema {
+                    path: path.to_owned(),
+                    found,
+                });
+            }
+            None if has_tables => return Err(OpenError::Foreign(path.to_owned())),
+            None => {
+                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
+                    .map_err(|e| other(e.into()))?;
+            }
+        }
+        // Create every table now, so readers never meet a missing one.
+        tx.open_table(CLAIMS).map_err(|e| other(e.into()))?;
+        tx.open_table(CLAIM_EXPIRY).map_err(|e| other(e.into()))?;
+        tx.open_table(tables::EVENTS).map_err(|e| other(e.into()))?;
+        tx.open_table(EVENT_EXPIRY).map_err(|e| other(e.into()))?;
+        tx.open_table(HEADS).map_err(|e| other(e.into()))?;
+        tx.open_table(HEAD_EXPIRY).map_err(|e| other(e.into()))?;
+    }
+    tx.commit().map_err(|e| other(e.into()))
+}
+
+#[async_trait]
+impl Store for RedbStore {
+    async fn claim(
+        &self,
+        key: &ScopedKey,
+        ttl: Ttl,
+        fingerprint: Option<Fingerprint>,
+        now: Millis,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let request = Request::Claim {
+            key: key.clone(),
+            ttl,
+            fingerprint,
+        };
+        match self.write(request, now).await? {
+            Response::Claim(o) => Ok(o),
+            _ => Err(unexpected("claim")),
+        }
+    }
+
+    async fn done(
+        &self,
+        key: &ScopedKey,
+        token: Token,
+        ttl: Ttl,
+        now: Millis,
+    ) -> Result<DoneOutcome, StoreError> {
+        let request = Request::Done {
+            key: key.clone(),
+            token,
+            ttl,
+        };
+        match self.write(request, now).await? {
+            Response::Done(o) => Ok(o),
+            _ => Err(unexpected("done")),
+        }
+    }
+
+    async fn release(
+        &self,
+        key: &ScopedKey,
+        token: Token,
+        now: Millis,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let request = Request::Release {
+            key: key.clone(),
+            token,
+        };
+        match self.write(request, now).await? {
+            Response::Release(o) => Ok(o),
+            _ => Err(unexpected("release")),
+        }
+    }
+
+    async fn extend(
+        &self,
+        key: &ScopedKey,
+        token: Token,
+        ttl: Ttl,
+        now: Millis,
+    ) -> Result<ExtendOutcome, StoreError> {
+        let request = Request::Extend {
+            key: key.clone(),
+            token,
+            ttl,
+        };
+        match self.write(request, now).await? {
+            Response::Extend(o) => Ok(o),
+            _ => Err(unexpected("extend")),
+        }
+    }
+
+    async fn get(&self, key: &ScopedKey, now: Millis) -> Result<Option<ClaimView>, StoreError> {
+        let key = key.clone();
+        self.read(move |tx| {
+            let table = tx.open_table(CLAIMS)?;
+            let record = table.get(key.as_str())?.map(|g| claim_from_row(g.value()));
+            Ok(record.filter(|r| !r.is_expired(now)).map(|r| r.view()))
+        })
+        .await
+    }
+
+    async fn apply(
+        &self,
+        stream: &ScopedKey,
+        event_id: &ScopedKey,
+        created_at: CreatedAt,
+        retention_ms: u64,
+        now: Millis,
+    ) -> Result<ApplyResult, StoreError> {
+        let request = Request::Apply {
+            stream: stream.clone(),
+            event_id: event_id.clone(),
+            created_at,
+            retention_ms,
+        };
+        match self.write(request, now).await? {
+            Response::Apply(r) => Ok(r),
+            _ => Err(unexpected("apply")),
+        }
+    }
+
+    async fn head(&self, stream: &ScopedKey, now: Millis) -> Result<Option<Head>, StoreError> {
+        let stream = stream.clone();
+        self.read(move |tx| {
+            let table = tx.open_table(HEADS)?;
+            let head = table
+                .get(stream.as_str())?
+                .map(|g| head_from_row(g.value()));
+            Ok(head.filter(|(_, exp)| *exp > now).map(|(h, _)| h))
+        })
+        .await
+    }
+
+    async fn purge_expired(&self, now: Millis, limit: u64) -> Result<PurgeReport, StoreError> {
+        match self.write(Request::Purge { limit }, now).await? {
+            Response::Purge(r) => Ok(r),
+            _ => Err(unexpected("purge")),
+        }
+    }
+
+    async fn next_expiry(&self) -> Result<Option<Millis>, StoreError> {
+        self.read(|tx| {
+            let mut next: Option<Millis> = None;
+            for def in [CLAIM_EXPIRY, EVENT_EXPIRY, HEAD_EXPIRY] {
+                let table = tx.open_table(def)?;
+                if let Some((k, _)) = table.first()? {
+                    let at = k.value().0;
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
+            }
+            Ok(next)
+        })
+        .await
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        if self.writes.is_closed() {
+            return Err(closed());
+        }
+        self.read(|tx| tx.open_table(META).map(|_| ()).map_err(Into::into))
+            .await
+    }
+
+    fn write_stats(&self) -> WriteStats {
+        self.counters.snapshot()
+    }
+
+    async fn close(&self) {
+        RedbStore::close(self).await;
+    }
+}

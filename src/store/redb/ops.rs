@@ -1,0 +1,352 @@
+//! Write operations, evaluated inside the writer's transaction.
+//!
+//! Each operation reads the live state, asks the pure rules in
+//! [`crate::store::claims`] / [`crate::store::ordering`] what to do, and keeps
+//! the expiry indexes in step with the rows.
+
+use redb::{ReadableTable, Table, WriteTransaction};
+
+use super::tables::{
+    CLAIM_EXPIRY, CLAIMS, ClaimRow, EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow,
+    META, META_FENCE, claim_from_row, claim_to_row, event_from_row, event_to_row, head_from_row,
+};
+use crate::clock::Millis;
+use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+use crate::store::claims::{self, Change, ClaimRecord};
+use crate::store::ordering::{self, EventRecord};
+use crate::store::{
+    ApplyResult, ClaimOutcome, DoneOutcome, ExtendOutcome, Head, PurgeReport, ReleaseOutcome,
+};
+
+/// A write the writer thread performs.
+#[derive(Debug)]
+pub enum Request {
+    /// See [`crate::store::Store::claim`].
+    Claim {
+        /// Scoped key.
+        key: ScopedKey,
+        /// Claim TTL.
+        ttl: Ttl,
+        /// Optional fingerprint.
+        fingerprint: Option<Fingerprint>,
+    },
+    /// See [`crate::store::Store::done`].
+    Done {
+        /// Scoped key.
+        key: ScopedKey,
+        /// Owner token.
+        token: Token,
+        /// Done TTL.
+        ttl: Ttl,
+    },
+    /// See [`crate::store::Store::release`].
+    Release {
+        /// Scoped key.
+        key: ScopedKey,
+        /// Owner token.
+        token: Token,
+    },
+    /// See [`crate::store::Store::extend`].
+    Extend {
+        /// Scoped key.
+        key: ScopedKey,
+        /// Owner token.
+        token: Token,
+        /// New TTL from now.
+        ttl: Ttl,
+    },
+    /// See [`crate::store::Store::apply`].
+    Apply {
+        /// Scoped stream.
+        stream: ScopedKey,
+        /// Scoped event id.
+        event_id: ScopedKey,
+        /// The event's timestamp.
+        created_at: CreatedAt,
+        /// How long the records live.
+        retention_ms: u64,
+    },
+    /// See [`crate::store::Store::purge_expired`].
+    Purge {
+        /// Most records to delete.
+        limit: u64,
+    },
+}
+
+/// The answer to a [`Request`], variant for variant.
+#[derive(Debug)]
+pub enum Response {
+    /// Answer to [`Request::Claim`].
+    Claim(ClaimOutcome),
+    /// Answer to [`Request::Done`].
+    Done(DoneOutcome),
+    /// Answer to [`Request::Release`].
+    Release(ReleaseOutcome),
+    /// Answer to [`Request::Extend`].
+    Extend(ExtendOutcome),
+    /// Answer to [`Request::Apply`].
+    Apply(ApplyResult),
+    /// Answer to [`Request::Purge`].
+    Purge(PurgeReport),
+}
+
+/// The tables of one write transaction, plus the fence counter.
+pub struct Tables<'txn> {
+    meta: Table<'txn, &'static str, u64>,
+    claims: Table<'txn, &'static str, ClaimRow<'static>>,
+    claim_expiry: Table<'txn, (u64, &'static str), ()>,
+    events: Table<'txn, &'static str, EventRow<'static>>,
+    event_expiry: Table<'txn, (u64, &'static str), ()>,
+    heads: Table<'txn, &'static str, HeadRow<'static>>,
+    head_expiry: Table<'txn, (u64, &'static str), ()>,
+    /// Last fence handed out, including in this transaction.
+    fence: u64,
+    /// Whether `fence` moved and must be written back.
+    fence_dirty: bool,
+}
+
+impl<'txn> Tables<'txn> {
+    /// Opens every table in `tx`.
+    pub fn open(tx: &'txn WriteTransaction) -> Result<Self, redb::Error> {
+        let meta = tx.open_table(META)?;
+        let fence = meta.get(META_FENCE)?.map_or(0, |g| g.value());
+        Ok(Self {
+            meta,
+            claims: tx.open_table(CLAIMS)?,
+            claim_expiry: tx.open_table(CLAIM_EXPIRY)?,
+            events: tx.open_table(EVENTS)?,
+            event_expiry: tx.open_table(EVENT_EXPIRY)?,
+            heads: tx.open_table(HEADS)?,
+            head_expiry: tx.open_table(HEAD_EXPIRY)?,
+            fence,
+            fence_dirty: false,
+        })
+    }
+
+    /// Writes the fence counter back if it moved. Call before commit.
+    pub fn finish(mut self) -> Result<(), redb::Error> {
+        if self.fence_dirty {
+            self.meta.insert(META_FENCE, self.fence)?;
+        }
+        Ok(())
+    }
+
+    /// Performs one request.
+    pub fn execute(&mut self, req: &Request, now: Millis) -> Result<Response, redb::Error> {
+        Ok(match req {
+            Request::Claim {
+                key,
+                ttl,
+                fingerprint,
+            } => {
+                let stored = self.load_claim(key)?;
+                let live = stored.as_ref().filter(|r| !r.is_expired(now));
+                let fence = &mut self.fence;
+                let dirty = &mut self.fence_dirty;
+                let (outcome, change) = claims::claim(live, *ttl, fingerprint.clone(), now, || {
+                    *fence += 1;
+                    *dirty = true;
+                    *fence
+                });
+                self.change_claim(key, stored.as_ref(), change)?;
+                Response::Claim(outcome)
+            }
+            Request::Done { key, token, ttl } => {
+                let stored = self.load_claim(key)?;
+                let live = stored.as_ref().filter(|r| !r.is_expired(now));
+                let fence = &mut self.fence;
+                let dirty = &mut self.fence_dirty;
+                let (outcome, change) = claims::done(live, *token, *ttl, now, || {
+                    *fence += 1;
+                    *dirty = true;
+                    *fence
+                });
+                self.change_claim(key, stored.as_ref(), change)?;
+                Response::Done(outcome)
+            }
+            Request::Release { key, token } => {
+                let stored = self.load_claim(key)?;
+                let live = stored.as_ref().filter(|r| !r.is_expired(now));
+                let (outcome, change) = claims::release(live, *token);
+                self.change_claim(key, stored.as_ref(), change)?;
+                Response::Release(outcome)
+            }
+            Request::Extend { key, token, ttl } => {
+                let stored = self.load_claim(key)?;
+                let live = stored.as_ref().filter(|r| !r.is_expired(now));
+                let (outcome, change) = claims::extend(live, *token, *ttl, now);
+                self.change_claim(key, stored.as_ref(), change)?;
+                Response::Extend(outcome)
+            }
+            Request::Apply {
+                stream,
+                event_id,
+                created_at,
+                retention_ms,
+            } => Response::Apply(self.apply(stream, event_id, *created_at, *retention_ms, now)?),
+            Request::Purge { limit } => Response::Purge(self.purge(now, *limit)?),
+        })
+    }
+
+    fn load_claim(&self, key: &ScopedKey) -> Result<Option<ClaimRecord>, redb::Error> {
+        Ok(self
+            .claims
+            .get(key.as_str())?
+            .map(|g| claim_from_row(g.value())))
+    }
+
+    /// Applies `change`; `stored` is the row as stored (expired or not), whose
+    /// index entry must go when the row is replaced or removed.
+    fn change_claim(
+        &mut self,
+        key: &ScopedKey,
+        stored: Option<&ClaimRecord>,
+        change: Change,
+    ) -> Result<(), redb::Error> {
+        let k = key.as_str();
+        match change {
+            Change::Keep => {}
+            Change::Put(new) => {
+                if let Some(old) = stored {
+                    self.claim_expiry.remove((old.expires_at_ms, k))?;
+                }
+                self.claims.insert(k, claim_to_row(&new))?;
+                self.claim_expiry.insert((new.expires_at_ms, k), ())?;
+            }
+            Change::Delete => {
+                if let Some(old) = stored {
+                    self.claim_expiry.remove((old.expires_at_ms, k))?;
+                }
+                self.claims.remove(k)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(
+        &mut self,
+        stream: &ScopedKey,
+        event_id: &ScopedKey,
+        created_at: CreatedAt,
+        retention_ms: u64,
+        now: Millis,
+    ) -> Result<ApplyResult, redb::Error> {
+        let stored_event = self
+            .events
+            .get(event_id.as_str())?
+            .map(|g| event_from_row(g.value()));
+        let seen = stored_event.as_ref().is_some_and(|e| e.expires_at_ms > now);
+        let stored_head = self
+            .heads
+            .get(stream.as_str())?
+            .map(|g| head_from_row(g.value()));
+        let live_head = stored_head
+            .as_ref()
+            .filter(|(_, exp)| *exp > now)
+            .map(|(h, _)| h.clone());
+        let decision = ordering::decide(seen, live_head.as_ref(), created_at);
+        let expires_at_ms = now.saturating_add(retention_ms);
+        if decision.record {
+            if let Some(old) = &stored_event {
+                self.event_expiry
+                    .remove((old.expires_at_ms, event_id.as_str()))?;
+            }
+            let record = EventRecord {
+                stream: stream.clone(),
+                created_at,
+                applied_at_ms: now,
+                expires_at_ms,
+                outcome: decision.outcome,
+            };
+            self.events
+                .insert(event_id.as_str(), event_to_row(&record))?;
+            self.event_expiry
+                .insert((expires_at_ms, event_id.as_str()), ())?;
+        }
+        let head = if decision.move_head {
+            if let Some((_, old_exp)) = &stored_head {
+                self.head_expiry.remove((*old_exp, stream.as_str()))?;
+            }
+            self.heads.insert(
+                stream.as_str(),
+                (created_at.unix_nanos(), event_id.as_str(), expires_at_ms),
+            )?;
+            self.head_expiry
+                .insert((expires_at_ms, stream.as_str()), ())?;
+            Some(Head {
+                created_at,
+                event_id: event_id.clone(),
+            })
+        } else {
+            live_head
+        };
+        Ok(ApplyResult {
+            outcome: decision.outcome,
+            head,
+        })
+    }
+
+    /// Deletes up to `limit` expired rows, claims first, each table in
+    /// expiry order. Reads only index entries that are due.
+    fn purge(&mut self, now: Millis, limit: u64) -> Result<PurgeReport, redb::Error> {
+        let mut report = PurgeReport::default();
+        let mut budget = limit;
+        report.claims = purge_table(&mut self.claim_expiry, now, budget, |k, at| {
+            let matches = self.claims.get(k)?.is_some_and(|g| g.value().3 == at);
+            if matches {
+                self.claims.remove(k)?;
+            }
+            Ok(())
+        })?;
+        budget -= report.claims;
+        report.events = purge_table(&mut self.event_expiry, now, budget, |k, at| {
+            let matches = self.events.get(k)?.is_some_and(|g| g.value().3 == at);
+            if matches {
+                self.events.remove(k)?;
+            }
+            Ok(())
+        })?;
+        budget -= report.events;
+        report.heads = purge_table(&mut self.head_expiry, now, budget, |k, at| {
+            let matches = self.heads.get(k)?.is_some_and(|g| g.value().2 == at);
+            if matches {
+                self.heads.remove(k)?;
+            }
+            Ok(())
+        })?;
+        report.more = [&self.claim_expiry, &self.event_expiry, &self.head_expiry]
+            .into_iter()
+            .map(|t| {
+                t.first()
+                    .map(|e| e.is_some_and(|(k, _)| k.value().0 <= now))
+            })
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .any(|due| due);
+        Ok(report)
+    }
+}
+
+/// Removes up to `limit` due entries of one expiry index, calling `remove_row`
+/// for each so the indexed row goes too (if the row's expiry still matches:
+/// an index entry is never trusted over its row).
+fn purge_table(
+    index: &mut Table<'_, (u64, &'static str), ()>,
+    now: Millis,
+    limit: u64,
+    mut remove_row: impl FnMut(&str, Millis) -> Result<(), redb::Error>,
+) -> Result<u64, redb::Error> {
+    if limit == 0 {
+        return Ok(0);
+    }
+    let due: Vec<(u64, String)> = index
+        .range(..(now.saturating_add(1), ""))?
+        .take(usize::try_from(limit).unwrap_or(usize::MAX))
+        .map(|e| e.map(|(k, _)| (k.value().0, k.value().1.to_owned())))
+        .collect::<Result<_, _>>()?;
+    for (at, key) in &due {
+        index.remove((*at, key.as_str()))?;
+        remove_row(key, *at)?;
+    }
+    Ok(due.len() as u64)
+}

@@ -1,0 +1,118 @@
+//! Table definitions and row encodings of the redb file.
+//!
+//! Schema version 1. Every table with expiring rows has an index table keyed
+//! by `(expires_at_ms, key)`, so the reaper reads expired rows in expiry
+//! order and its cost follows what expired, not what is stored. Invariant:
+//! each row has exactly one index entry, at the row's current expiry;
+//! overwriting a row removes its old index entry first.
+
+use redb::TableDefinition;
+
+use crate::clock::Millis;
+use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token};
+use crate::store::{ApplyOutcome, ClaimRecord, ClaimState, Head, ordering::EventRecord};
+
+/// The schema this build reads and writes.
+pub const SCHEMA_VERSION: u64 = 1;
+
+/// Metadata: `schema_version`, `fence` (last fence handed out).
+pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Key in [`META`] of the schema version.
+pub const META_SCHEMA_VERSION: &str = "schema_version";
+/// Key in [`META`] of the last fence handed out.
+pub const META_FENCE: &str = "fence";
+
+/// Row of [`CLAIMS`]: (state, token, fence, expires_at_ms, fingerprint).
+pub type ClaimRow<'a> = (u8, [u8; 16], u64, u64, Option<&'a str>);
+/// Claims by scoped key.
+pub const CLAIMS: TableDefinition<&str, ClaimRow<'static>> = TableDefinition::new("claims");
+/// Expiry index of [`CLAIMS`].
+pub const CLAIM_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("claim_expiry");
+
+/// Row of [`EVENTS`]: (stream, created_at ns, applied_at_ms, expires_at_ms, outcome).
+pub type EventRow<'a> = (&'a str, i128, u64, u64, u8);
+/// Applied (and stale) events by scoped event id: unique.
+pub const EVENTS: TableDefinition<&str, EventRow<'static>> = TableDefinition::new("applied_events");
+/// Expiry index of [`EVENTS`].
+pub const EVENT_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("event_expiry");
+
+/// Row of [`HEADS`]: (created_at ns, event id, expires_at_ms).
+pub type HeadRow<'a> = (i128, &'a str, u64);
+/// Stream heads by scoped stream name.
+pub const HEADS: TableDefinition<&str, HeadRow<'static>> = TableDefinition::new("stream_heads");
+/// Expiry index of [`HEADS`].
+pub const HEAD_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("head_expiry");
+
+/// Decodes a claim row. Unknown state bytes read as done, the safe side: a
+/// done record refuses new claims.
+pub fn claim_from_row(row: ClaimRow<'_>) -> ClaimRecord {
+    let (state, token, fence, expires_at_ms, fingerprint) = row;
+    ClaimRecord {
+        state: if state == 0 {
+            ClaimState::Processing
+        } else {
+            ClaimState::Done
+        },
+        token: Token::from_bytes(token),
+        fence,
+        expires_at_ms,
+        // Only parsed fingerprints were ever stored.
+        fingerprint: fingerprint.and_then(|f| Fingerprint::parse(f).ok()),
+    }
+}
+
+/// Encodes a claim row.
+pub fn claim_to_row(rec: &ClaimRecord) -> ClaimRow<'_> {
+    (
+        match rec.state {
+            ClaimState::Processing => 0,
+            ClaimState::Done => 1,
+        },
+        *rec.token.as_bytes(),
+        rec.fence,
+        rec.expires_at_ms,
+        rec.fingerprint.as_ref().map(Fingerprint::as_str),
+    )
+}
+
+/// Decodes an event row.
+pub fn event_from_row(row: EventRow<'_>) -> EventRecord {
+    let (stream, created_at, applied_at_ms, expires_at_ms, outcome) = row;
+    EventRecord {
+        stream: ScopedKey::from_stored(stream.to_owned()),
+        created_at: CreatedAt::from_unix_nanos(created_at),
+        applied_at_ms,
+        expires_at_ms,
+        outcome: if outcome == 0 {
+            ApplyOutcome::Applied
+        } else {
+            ApplyOutcome::Stale
+        },
+    }
+}
+
+/// Encodes an event row.
+pub fn event_to_row(rec: &EventRecord) -> EventRow<'_> {
+    (
+        rec.stream.as_str(),
+        rec.created_at.unix_nanos(),
+        rec.applied_at_ms,
+        rec.expires_at_ms,
+        match rec.outcome {
+            ApplyOutcome::Applied => 0,
+            _ => 1,
+        },
+    )
+}
+
+/// Decodes a head row into the head and its expiry.
+pub fn head_from_row(row: HeadRow<'_>) -> (Head, Millis) {
+    let (created_at, event_id, expires_at_ms) = row;
+    (
+        Head {
+            created_at: CreatedAt::from_unix_nanos(created_at),
+            event_id: ScopedKey::from_stored(event_id.to_owned()),
+        },
+        expires_at_ms,
+    )
+}
