@@ -1,0 +1,233 @@
+//! The `dedupd` binary: check-config, and serve with a graceful SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+fn dedupd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
+    // The tests' own environment must not leak settings in.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DEDUPD_") || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+#[test]
+fn check_config_prints_effective_settings_with_secrets_redacted() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("dedupd.toml");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "# rotated weekly\nfile-token-abcdefghijkl\n\n").unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "listen = \"0.0.0.0:9000\"\n[api]\ntokens = [\"inline-secret-0123456789\"]\ntokens_file = {:?}\n[claims]\nmax_ttl = \"7d\"\n",
+            tokens.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .env("DEDUPD_CLAIMS__DEFAULT_TTL", "90s")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("listen = \"0.0.0.0:9000\""), "{stdout}");
+    assert!(stdout.contains("max_ttl = \"7days\""), "{stdout}");
+    assert!(
+        stdout.contains("default_ttl = \"1m 30s\""),
+        "env overrides file: {stdout}"
+    );
+    assert!(stdout.contains("<redacted>"));
+    assert!(!stdout.contains("inline-secret"), "{stdout}");
+    assert!(!stdout.contains("file-token"), "{stdout}");
+    assert!(stdout.contains("2 API token(s)"), "{stdout}");
+}
+
+#[test]
+fn check_config_names_the_bad_key_and_the_file_it_came_from() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(&file, "[claims]\ndefault_ttl = \"forever\"\n").unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("claims.default_ttl"), "{stderr}");
+    assert!(stderr.contains("bad.toml"), "{stderr}");
+}
+
+#[test]
+fn check_config_names_the_environment_variable_of_a_bad_value() {
+    let out = dedupd()
+        .arg("check-config")
+        .env("DEDUPD_HTTP__WORKERS", "lots")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("http.workers"), "{stderr}");
+    assert!(stderr.contains("DEDUPD_HTTP__WORKERS"), "{stderr}");
+}
+
+#[test]
+fn check_config_refuses_a_ttl_default_above_the_maximum() {
+    let out = dedupd()
+        .arg("check-config")
+        .env("DEDUPD_CLAIMS__MAX_TTL", "1m")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("claims.default_ttl"), "{stderr}");
+    assert!(stderr.contains("exceeds claims.max_ttl"), "{stderr}");
+    assert!(stderr.contains("defaults"), "{stderr}");
+}
+
+#[test]
+fn unknown_keys_and_missing_files_are_errors() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("typo.toml");
+    std::fs::write(&file, "[claims]\nmax_tll = \"1d\"\n").unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_tll"));
+
+    let out = dedupd()
+        .arg("check-config")
+        .env("DEDUPD_CONFIG", dir.path().join("absent.toml"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("absent.toml"));
+}
+
+#[test]
+fn serve_refuses_a_non_loopback_address_without_tokens_and_says_why() {
+    let dir = TempDir::new().unwrap();
+    let out = dedupd()
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "0.0.0.0:0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("without API tokens"), "{stderr}");
+    assert!(stderr.contains("DEDUPD_LISTEN"), "{stderr}");
+    assert!(
+        !dir.path().join("dedupd.redb").exists(),
+        "nothing was opened"
+    );
+}
+
+/// Starts `dedupd serve` in `dir` and returns it with its port, read from
+/// its JSON log.
+fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+    let mut child = dedupd()
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "127.0.0.1:0")
+        .env("DEDUPD_LOG__FORMAT", "json")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = loop {
+        let line = lines.next().expect("dedupd exited before serving").unwrap();
+        if let Ok(v) = serde_json::from_str::<Value>(&line)
+            && let Some(p) = v["port"].as_u64()
+        {
+            break u16::try_from(p).unwrap();
+        }
+    };
+    // Keep draining the log so the child never blocks on a full pipe.
+    let drain = std::thread::spawn(move || for _ in lines {});
+    (child, port, drain)
+}
+
+fn sigterm(child: &std::process::Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn sigterm_exits_0_and_everything_acknowledged_survives() {
+    let dir = TempDir::new().unwrap();
+    let (mut child, port, drain) = serve(&dir);
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut fences = Vec::new();
+    for i in 0..20 {
+        let res = client
+            .post(format!("{base}/v1/claims/k{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 201);
+        let v: Value = res.json().await.unwrap();
+        fences.push(v["fence"].as_u64().unwrap());
+    }
+    sigterm(&child);
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+    drain.join().unwrap();
+    assert!(
+        dir.path().join("dedupd.redb").exists(),
+        "default data file is in the working directory"
+    );
+
+    let (mut child, port, drain) = serve(&dir);
+    let base = format!("http://127.0.0.1:{port}");
+    for (i, fence) in fences.iter().enumerate() {
+        let v: Value = client
+            .get(format!("{base}/v1/claims/k{i}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["fence"].as_u64(), Some(*fence));
+    }
+    sigterm(&child);
+    let status = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(std::time::Instant::now() < deadline, "dedupd did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(status.success());
+    drain.join().unwrap();
+}

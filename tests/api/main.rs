@@ -1,0 +1,11 @@
+//! HTTP tests of the real application, all in one binary.
+#![allow(clippy::unwrap_used)]
+
+mod auth;
+mod bad_input;
+mod claims;
+mod cli;
+mod concurrency;
+mod helpers;
+mod restart;
+mod streams;
