@@ -22,6 +22,7 @@ pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod gateway;
 pub mod reaper;
 pub mod routes;
 pub mod startup;

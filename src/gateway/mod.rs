@@ -1,0 +1,3 @@
+//! The webhook gateway.
+
+pub mod signature;

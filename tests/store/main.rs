@@ -1,0 +1,66 @@
+//! The store conformance suite: the behaviour every [`Store`] backend must
+//! share, written once and instantiated per backend with `conformance!`.
+#![allow(clippy::unwrap_used)]
+
+mod backends;
+mod cases;
+mod model;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dedupd::store::Store;
+
+/// A backend under test: a store that can be restarted on the same data.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// The store as it is now.
+    fn store(&self) -> Arc<dyn Store>;
+    /// Closes the store and opens it again on the same data.
+    async fn restart(&mut self);
+}
+
+/// Instantiates every conformance case for one backend. `$open` is an async
+/// fn returning a fresh, empty `impl Backend`.
+#[macro_export]
+macro_rules! conformance {
+    ($name:ident, $open:path) => {
+        mod $name {
+            use $crate::cases;
+
+            macro_rules! case {
+                ($case:ident) => {
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $case() {
+                        let mut backend = $open().await;
+                        cases::$case(&mut backend).await;
+                    }
+                };
+            }
+
+            case!(claim_from_absent_gives_processing_token_and_fence);
+            case!(claim_refuses_busy_and_done_keys);
+            case!(done_follows_the_state_table);
+            case!(release_follows_the_state_table);
+            case!(extend_follows_the_state_table);
+            case!(a_stale_token_cannot_touch_the_takeover_claim);
+            case!(fences_strictly_increase_also_across_restarts);
+            case!(fingerprints_are_compared_on_claim);
+            case!(records_expire_exactly_at_their_expiry);
+            case!(apply_gives_applied_stale_and_duplicate);
+            case!(applied_events_and_heads_expire_after_retention);
+            case!(the_reaper_removes_exactly_the_expired_records);
+            case!(the_reaper_works_in_bounded_batches);
+            case!(state_survives_a_restart);
+            case!(sixty_four_concurrent_claims_give_one_owner);
+            case!(thirty_two_concurrent_applies_give_one_applied);
+
+            #[test]
+            fn random_operations_agree_with_the_model() {
+                $crate::model::check(|| {
+                    Box::pin(async { Box::new($open().await) as Box<dyn $crate::Backend> })
+                });
+            }
+        }
+    };
+}
