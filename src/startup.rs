@@ -24,6 +24,7 @@ use crate::reaper::Reaper;
 use crate::routes::{self, AppState};
 use crate::store::Store;
 use crate::store::redb::{RedbOptions, RedbStore};
+use crate::telemetry::RequestSpans;
 
 /// A built, bound, not yet running application.
 pub struct Application {
@@ -84,7 +85,7 @@ impl Application {
         let tokens = web::Data::new(ApiTokens::new(&loaded.api_tokens));
         let server = HttpServer::new(move || {
             App::new()
-                .wrap(TracingLogger::default())
+                .wrap(TracingLogger::<RequestSpans>::new())
                 .app_data(state.clone())
                 .app_data(tokens.clone())
                 .configure(routes::health::configure)

@@ -231,3 +231,27 @@ async fn sigterm_exits_0_and_everything_acknowledged_survives() {
     assert!(status.success());
     drain.join().unwrap();
 }
+
+#[test]
+fn the_example_systemd_config_is_valid() {
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/dedupd.toml");
+    let dir = TempDir::new().unwrap();
+    let tokens = dir.path().join("api-tokens");
+    std::fs::write(&tokens, "credential-token-0123456789\n").unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config", file])
+        .env("DEDUPD_API__TOKENS_FILE", &tokens)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("data_path = \"/var/lib/dedupd/dedupd.redb\""),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 API token(s)"), "{stdout}");
+}
