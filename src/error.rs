@@ -11,6 +11,8 @@ use serde::Serialize;
 
 use crate::clock::Millis;
 use crate::domain::Invalid;
+use crate::gateway::signature::VerifyError;
+use crate::store::inbox::EventStatus;
 use crate::store::{ClaimState, StoreError};
 
 /// Everything a handler can refuse with.
@@ -31,6 +33,9 @@ pub enum ApiError {
     /// No valid bearer token (401).
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// A webhook's signature or timestamp was refused (401).
+    #[error("{0}")]
+    Signature(#[from] VerifyError),
     /// Nothing at this path (404).
     #[error("{detail}")]
     NotFound {
@@ -58,6 +63,12 @@ pub enum ApiError {
         state: ClaimState,
         /// Its expiry.
         expires_at_ms: Millis,
+    },
+    /// Only dead and stale gateway events can be redelivered (409).
+    #[error("the event is {status:?}: only dead and stale events can be redelivered")]
+    NotRedeliverable {
+        /// Its status.
+        status: EventStatus,
     },
     /// Same key, different payload fingerprint (422).
     #[error("the key is held with a different fingerprint")]
@@ -97,8 +108,15 @@ impl ApiError {
             ApiError::MalformedBody(_) => "malformed_body",
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::Signature(e) => match e {
+                VerifyError::MissingHeader(_) => "missing_signature",
+                VerifyError::Malformed(_) => "malformed_signature",
+                VerifyError::TimestampOutOfTolerance { .. } => "timestamp_out_of_tolerance",
+                VerifyError::BadSignature => "bad_signature",
+            },
             ApiError::NotFound { code, .. } | ApiError::Conflict { code, .. } => code,
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::NotRedeliverable { .. } => "not_redeliverable",
             ApiError::FingerprintMismatch { .. } => "fingerprint_mismatch",
             ApiError::Store(StoreError::Unavailable(_)) => "store_unavailable",
             ApiError::Store(StoreError::Failed(_)) => "internal",
@@ -111,9 +129,10 @@ impl ApiError {
             ApiError::MalformedBody(_) => "Malformed request body",
             ApiError::BodyTooLarge { .. } => "Request body too large",
             ApiError::Unauthorized => "Unauthorized",
+            ApiError::Signature(_) => "Signature refused",
             ApiError::NotFound { .. } => "Not found",
             ApiError::MethodNotAllowed { .. } => "Method not allowed",
-            ApiError::Conflict { .. } => "Conflict",
+            ApiError::Conflict { .. } | ApiError::NotRedeliverable { .. } => "Conflict",
             ApiError::FingerprintMismatch { .. } => "Fingerprint mismatch",
             ApiError::Store(StoreError::Unavailable(_)) => "Store unavailable",
             ApiError::Store(StoreError::Failed(_)) => "Internal error",
@@ -126,10 +145,10 @@ impl ResponseError for ApiError {
         match self {
             ApiError::Invalid(_) | ApiError::MalformedBody(_) => StatusCode::BAD_REQUEST,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized | ApiError::Signature(_) => StatusCode::UNAUTHORIZED,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::Conflict { .. } | ApiError::NotRedeliverable { .. } => StatusCode::CONFLICT,
             ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Store(StoreError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(StoreError::Failed(_)) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -53,6 +53,7 @@ impl Reaper {
             total.claims += r.claims;
             total.events += r.events;
             total.heads += r.heads;
+            total.inbox += r.inbox;
             if !r.more {
                 return Ok(total);
             }
@@ -70,6 +71,7 @@ impl Reaper {
                     claims = r.claims,
                     events = r.events,
                     heads = r.heads,
+                    inbox = r.inbox,
                     "reaped expired records"
                 ),
                 Ok(_) => {}

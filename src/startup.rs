@@ -13,16 +13,19 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing_actix_web::TracingLogger;
 
 use crate::auth::{ApiTokens, require_bearer};
 use crate::clock::SharedClock;
 use crate::config::Loaded;
+use crate::gateway::delivery::Dispatcher;
+use crate::gateway::{self, Gateway};
 use crate::reaper::Reaper;
 use crate::routes::{self, AppState};
 use crate::store::Store;
+use crate::store::inbox::Retention;
 use crate::store::redb::{RedbOptions, RedbStore};
 use crate::telemetry::RequestSpans;
 
@@ -34,8 +37,12 @@ pub struct Application {
     server: Server,
     /// The store, closed after the server stops.
     store: Arc<dyn Store>,
-    /// Tells the reaper to stop.
-    reaper_stop: watch::Sender<bool>,
+    /// The gateway inbox (the redb file), closed last.
+    inbox: Arc<RedbStore>,
+    /// Tells the dispatcher and the reaper to stop.
+    stop: watch::Sender<bool>,
+    /// The delivery dispatcher task.
+    dispatcher: JoinHandle<()>,
     /// The reaper task.
     reaper: JoinHandle<()>,
 }
@@ -62,25 +69,42 @@ impl Application {
         let store = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
             .await
             .context("opening the store panicked")??;
-        Self::build_with_store(loaded, clock, Arc::new(store))
+        let store = Arc::new(store);
+        Self::build_with_store(loaded, clock, store.clone(), store)
     }
 
-    /// Builds the app over an already open store.
+    /// Builds the app over an already open store and inbox.
     pub fn build_with_store(
         loaded: Loaded,
         clock: SharedClock,
         store: Arc<dyn Store>,
+        inbox: Arc<RedbStore>,
     ) -> anyhow::Result<Self> {
         let s = &loaded.settings;
         let listener = TcpListener::bind(s.listen)
             .with_context(|| format!("cannot listen on {}", s.listen))?;
         let port = listener.local_addr()?.port();
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let gateway = Arc::new(Gateway {
+            sources: loaded
+                .sources
+                .iter()
+                .map(|src| (src.name.clone(), src.clone()))
+                .collect(),
+            inbox: inbox.clone(),
+            wake: Notify::new(),
+            retention: Retention {
+                delivered_ms: ms(s.gateway.delivered_retention),
+                dead_ms: ms(s.gateway.dead_retention),
+            },
+        });
         let state = web::Data::new(AppState {
             store: store.clone(),
             clock: clock.clone(),
             ttl: s.ttl_bounds(),
-            retention_ms: u64::try_from(s.ordering.retention.as_millis()).unwrap_or(u64::MAX),
+            retention_ms: ms(s.ordering.retention),
             max_body_bytes: s.http.max_body_bytes,
+            gateway: gateway.clone(),
         });
         let tokens = web::Data::new(ApiTokens::new(&loaded.api_tokens));
         let server = HttpServer::new(move || {
@@ -89,6 +113,7 @@ impl Application {
                 .app_data(state.clone())
                 .app_data(tokens.clone())
                 .configure(routes::health::configure)
+                .configure(gateway::ingest::configure)
                 .service(
                     web::scope("/v1")
                         .wrap(from_fn(require_bearer))
@@ -101,14 +126,27 @@ impl Application {
         .listen(listener)?
         .run();
 
-        let (reaper_stop, stop_rx) = watch::channel(false);
+        let (stop, stop_rx) = watch::channel(false);
+        let dispatcher = Arc::new(
+            Dispatcher::new(
+                gateway,
+                store.clone(),
+                clock.clone(),
+                s.gateway.workers,
+                ms(s.ordering.retention),
+            )
+            .context("cannot build the delivery HTTP client")?,
+        );
+        let dispatcher = tokio::spawn(dispatcher.run(stop_rx.clone()));
         let reaper = Reaper::new(store.clone(), clock, s.reaper.interval, s.reaper.batch_size);
         let reaper = tokio::spawn(reaper.run(stop_rx));
         Ok(Self {
             port,
             server,
             store,
-            reaper_stop,
+            inbox,
+            stop,
+            dispatcher,
             reaper,
         })
     }
@@ -129,12 +167,15 @@ impl Application {
     }
 
     /// Serves until stopped, then shuts down in order: HTTP (in-flight
-    /// requests finish), reaper, store (queued writes commit).
+    /// requests finish), deliveries in flight, reaper, store and inbox
+    /// (queued writes commit).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
-        let _ = self.reaper_stop.send(true);
+        let _ = self.stop.send(true);
+        let _ = self.dispatcher.await;
         let _ = self.reaper.await;
         self.store.close().await;
+        self.inbox.close().await;
         tracing::info!("stopped");
         served
     }

@@ -6,10 +6,13 @@
 //! where its value came from.
 
 mod secret;
+pub mod sources;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use figment::Figment;
@@ -17,6 +20,10 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use secret::Secret;
+
+use self::sources::{GatewaySettings, SourceSettings};
+use crate::gateway::Source;
+use crate::gateway::source::valid_name;
 
 use crate::domain::TtlBounds;
 
@@ -45,6 +52,10 @@ pub struct Settings {
     pub store: StoreSettings,
     /// The expiry reaper.
     pub reaper: ReaperSettings,
+    /// Gateway delivery, shared by all sources.
+    pub gateway: GatewaySettings,
+    /// Webhook sources by name (`[sources.NAME]`), served at `/ingest/NAME`.
+    pub sources: BTreeMap<String, SourceSettings>,
 }
 
 /// Logging settings.
@@ -175,6 +186,8 @@ impl Default for Settings {
                 interval: Duration::from_secs(60),
                 batch_size: 1000,
             },
+            gateway: GatewaySettings::default(),
+            sources: BTreeMap::new(),
         }
     }
 }
@@ -226,6 +239,8 @@ pub struct Loaded {
     pub settings: Settings,
     /// Every accepted API token, inline and from `api.tokens_file`.
     pub api_tokens: Vec<Secret>,
+    /// The gateway's sources, parsed.
+    pub sources: Vec<Arc<Source>>,
 }
 
 impl Settings {
@@ -355,19 +370,26 @@ impl Settings {
             bad("data_path", "must not be empty".into());
         }
 
+        if !(1..=256).contains(&self.gateway.workers) {
+            bad("gateway.workers", "must be between 1 and 256".into());
+        }
+        for (key, d) in [
+            (
+                "gateway.delivered_retention",
+                self.gateway.delivered_retention,
+            ),
+            ("gateway.dead_retention", self.gateway.dead_retention),
+        ] {
+            if d.as_millis() == 0 {
+                bad(key, "must be at least 1ms".into());
+            }
+        }
+
         let mut api_tokens = self.api.tokens.clone();
         if let Some(path) = &self.api.tokens_file {
-            match std::fs::read_to_string(path) {
-                Ok(text) => api_tokens.extend(
-                    text.lines()
-                        .map(str::trim)
-                        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                        .map(Secret::new),
-                ),
-                Err(e) => bad(
-                    "api.tokens_file",
-                    format!("cannot read {}: {e}", path.display()),
-                ),
+            match read_lines(path) {
+                Ok(lines) => api_tokens.extend(lines.into_iter().map(Secret::new)),
+                Err(e) => bad("api.tokens_file", e),
             }
         }
         for t in &api_tokens {
@@ -392,10 +414,47 @@ impl Settings {
                 ),
             );
         }
+        let mut sources = Vec::new();
+        for (name, src) in &self.sources {
+            if !valid_name(name) {
+                bad(
+                    &format!("sources.{name}"),
+                    "a source name is 1 to 64 of A-Z a-z 0-9 _ -".into(),
+                );
+                continue;
+            }
+            let mut secrets: Vec<String> =
+                src.secrets.iter().map(|s| s.expose().to_owned()).collect();
+            if let Some(path) = &src.secrets_file {
+                match read_lines(path) {
+                    Ok(lines) => secrets.extend(lines),
+                    Err(e) => bad(&format!("sources.{name}.secrets_file"), e),
+                }
+            }
+            let mut destination = src
+                .destination_secret
+                .as_ref()
+                .map(|s| s.expose().to_owned());
+            if let Some(path) = &src.destination_secret_file {
+                match read_lines(path) {
+                    Ok(lines) => destination = lines.into_iter().next().or(destination),
+                    Err(e) => bad(&format!("sources.{name}.destination_secret_file"), e),
+                }
+            }
+            match Source::build(name, src, &secrets, destination.as_deref()) {
+                Ok(source) => sources.push(Arc::new(source)),
+                Err(problems) => {
+                    for (key, message) in problems {
+                        bad(&format!("sources.{name}.{key}"), message);
+                    }
+                }
+            }
+        }
         if errors.is_empty() {
             Ok(Loaded {
                 settings: self,
                 api_tokens,
+                sources,
             })
         } else {
             Err(ConfigErrors(errors))
@@ -403,11 +462,30 @@ impl Settings {
     }
 }
 
-/// Where the value of `key` came from, in words.
+/// Where the value of `key` came from, in words. A key that was never set
+/// (a missing optional field) is described by its nearest set parent.
 fn origin(fig: &Figment, key: &str) -> String {
-    let path: Vec<&str> = key.split('.').collect();
-    fig.find_metadata(key)
-        .map_or_else(|| "defaults".into(), |m| describe(m, &path))
+    let mut path: Vec<&str> = key.split('.').collect();
+    while !path.is_empty() {
+        if let Some(m) = fig.find_metadata(&path.join(".")) {
+            return describe(m, &path);
+        }
+        path.pop();
+    }
+    "defaults".into()
+}
+
+/// The non-empty, non-comment lines of a secrets file, trimmed.
+fn read_lines(path: &Path) -> Result<Vec<String>, String> {
+    std::fs::read_to_string(path)
+        .map(|text| {
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_owned)
+                .collect()
+        })
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 fn describe<K: AsRef<str>>(m: &figment::Metadata, path: &[K]) -> String {

@@ -1,3 +1,44 @@
-//! The webhook gateway.
+//! The webhook gateway: verify, store, acknowledge, deliver once in effect.
+//!
+//! - [`signature`]: the providers' signature schemes.
+//! - [`locate`]: `header:NAME` / `body:/pointer` field locations.
+//! - [`source`]: a configured source, parsed.
+//! - [`ingest`]: `POST /ingest/{source}`: verify, extract, store durably, 200.
+//! - [`delivery`]: the dispatcher and its workers: per stream in order,
+//!   retries with backoff, dead letters.
 
+pub mod delivery;
+pub mod ingest;
+pub mod locate;
 pub mod signature;
+pub mod source;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::store::inbox::Retention;
+use crate::store::redb::RedbStore;
+
+pub use source::Source;
+
+/// What ingest, delivery and the operator API share.
+#[derive(Debug)]
+pub struct Gateway {
+    /// Sources by name.
+    pub sources: HashMap<String, Arc<Source>>,
+    /// The inbox (always the local redb file).
+    pub inbox: Arc<RedbStore>,
+    /// Wakes the dispatcher when something became runnable.
+    pub wake: Notify,
+    /// Retentions of settled events.
+    pub retention: Retention,
+}
+
+impl Gateway {
+    /// The source called `name`.
+    pub fn source(&self, name: &str) -> Option<&Arc<Source>> {
+        self.sources.get(name)
+    }
+}

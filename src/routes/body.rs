@@ -12,13 +12,13 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 
-/// Reads the body (at most `limit` bytes) and parses it as `T`. An empty
-/// body parses as `{}`, so endpoints whose fields are all optional accept it.
-pub async fn read_json<T: DeserializeOwned>(
+/// Reads the raw body, refusing more than `limit` bytes (413) whether or not
+/// the client announced its length.
+pub async fn read_bytes(
     req: &HttpRequest,
     mut payload: web::Payload,
     limit: usize,
-) -> Result<T, ApiError> {
+) -> Result<web::BytesMut, ApiError> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -36,6 +36,17 @@ pub async fn read_json<T: DeserializeOwned>(
         }
         body.extend_from_slice(&chunk);
     }
+    Ok(body)
+}
+
+/// Reads the body (at most `limit` bytes) and parses it as `T`. An empty
+/// body parses as `{}`, so endpoints whose fields are all optional accept it.
+pub async fn read_json<T: DeserializeOwned>(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let body = read_bytes(req, payload, limit).await?;
     let text: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {

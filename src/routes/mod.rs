@@ -1,9 +1,10 @@
 //! HTTP resources, one module each. Handlers parse input into domain types
 //! first and only then touch the store.
 
-mod body;
+pub(crate) mod body;
 pub mod claims;
 pub mod health;
+pub mod sources;
 pub mod streams;
 
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use actix_web::{HttpRequest, web};
 use crate::clock::SharedClock;
 use crate::domain::TtlBounds;
 use crate::error::ApiError;
+use crate::gateway::Gateway;
 use crate::store::Store;
 
 /// What every handler shares.
@@ -28,12 +30,15 @@ pub struct AppState {
     pub retention_ms: u64,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
+    /// The webhook gateway (sources, inbox).
+    pub gateway: Arc<Gateway>,
 }
 
 /// Registers the `/v1` resources on `cfg` (the caller adds auth).
 pub fn configure_v1(cfg: &mut web::ServiceConfig) {
     claims::configure(cfg);
     streams::configure(cfg);
+    sources::configure(cfg);
 }
 
 /// The answer for a known path with a method it does not take.

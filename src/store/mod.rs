@@ -8,6 +8,7 @@
 //! reads as absent everywhere, whether or not the reaper has removed it yet.
 
 pub mod claims;
+pub mod inbox;
 pub mod ordering;
 pub mod redb;
 
@@ -43,6 +44,8 @@ pub struct PurgeReport {
     pub events: u64,
     /// Stream heads removed after their retention.
     pub heads: u64,
+    /// Settled gateway events removed after their retention.
+    pub inbox: u64,
     /// True when the pass stopped at its limit with more expired records left.
     pub more: bool,
 }
@@ -50,7 +53,7 @@ pub struct PurgeReport {
 impl PurgeReport {
     /// Records removed in all.
     pub fn total(&self) -> u64 {
-        self.claims + self.events + self.heads
+        self.claims + self.events + self.heads + self.inbox
     }
 }
 

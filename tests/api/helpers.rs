@@ -50,6 +50,7 @@ pub fn test_settings(dir: &TempDir) -> Loaded {
     Loaded {
         settings,
         api_tokens: Vec::new(),
+        sources: Vec::new(),
     }
 }
 

@@ -5,6 +5,7 @@
 //! tokio's blocking pool, and no read transaction is held across an `.await`
 //! (a read transaction pins pages and would make the file grow).
 
+mod inbox;
 mod ops;
 mod tables;
 mod writer;
@@ -17,6 +18,7 @@ use async_trait::async_trait;
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable};
 use tokio::sync::{mpsc, oneshot};
 
+use self::inbox::{InboxRequest, InboxResponse};
 use self::ops::{Request, Response};
 use self::tables::{
     CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_SCHEMA_VERSION,
@@ -29,6 +31,9 @@ use super::{
 };
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+use crate::store::inbox::{
+    Cursor, EventStatus, InboxEvent, IngestOutcome, NewEvent, RedeliverOutcome, Retention, Settle,
+};
 
 /// How the redb store is opened.
 #[derive(Debug, Clone)]
@@ -197,6 +202,109 @@ impl RedbStore {
     }
 }
 
+/// The gateway inbox. It lives in the redb file whatever backend holds
+/// claims and streams.
+impl RedbStore {
+    async fn inbox_write(
+        &self,
+        request: InboxRequest,
+        now: Millis,
+    ) -> Result<InboxResponse, StoreError> {
+        match self.write(Request::Inbox(request), now).await? {
+            Response::Inbox(r) => Ok(r),
+            _ => Err(unexpected("an inbox write")),
+        }
+    }
+
+    /// Stores a new event durably, unless the source already has its id.
+    pub async fn ingest(&self, event: NewEvent, now: Millis) -> Result<IngestOutcome, StoreError> {
+        match self.inbox_write(InboxRequest::Insert(event), now).await? {
+            InboxResponse::Inserted(o) => Ok(o),
+            _ => Err(unexpected("insert")),
+        }
+    }
+
+    /// Leases runnable events, each until its own time, while they are
+    /// being delivered: `(source, event id, until)`.
+    pub async fn lease(
+        &self,
+        events: Vec<(String, String, Millis)>,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.inbox_write(InboxRequest::Lease { events }, now)
+            .await
+            .map(|_| ())
+    }
+
+    /// Records how a delivery turn ended.
+    pub async fn settle(
+        &self,
+        source: &str,
+        event_id: &str,
+        settle: Settle,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let request = InboxRequest::Settle {
+            source: source.to_owned(),
+            event_id: event_id.to_owned(),
+            settle,
+            retention,
+        };
+        self.inbox_write(request, now).await.map(|_| ())
+    }
+
+    /// Puts a dead or stale event back to pending.
+    pub async fn redeliver(
+        &self,
+        source: &str,
+        event_id: &str,
+        now: Millis,
+    ) -> Result<RedeliverOutcome, StoreError> {
+        let request = InboxRequest::Redeliver {
+            source: source.to_owned(),
+            event_id: event_id.to_owned(),
+        };
+        match self.inbox_write(request, now).await? {
+            InboxResponse::Redelivered(o) => Ok(o),
+            _ => Err(unexpected("redeliver")),
+        }
+    }
+
+    /// Runnable events due at `now` (at most `limit`), and the next due
+    /// time after them.
+    pub async fn due_events(
+        &self,
+        now: Millis,
+        limit: usize,
+    ) -> Result<(Vec<InboxEvent>, Option<Millis>), StoreError> {
+        self.read(move |tx| inbox::due(tx, now, limit)).await
+    }
+
+    /// One inbox event.
+    pub async fn inbox_event(
+        &self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<Option<InboxEvent>, StoreError> {
+        let (source, id) = (source.to_owned(), event_id.to_owned());
+        self.read(move |tx| inbox::get(tx, &source, &id)).await
+    }
+
+    /// A page of a source's events with `status`.
+    pub async fn list_events(
+        &self,
+        source: &str,
+        status: EventStatus,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<(Vec<InboxEvent>, Option<Cursor>), StoreError> {
+        let source = source.to_owned();
+        self.read(move |tx| inbox::list(tx, &source, status, after, limit))
+            .await
+    }
+}
+
 fn closed() -> StoreError {
     StoreError::Unavailable("the store is shut down".into())
 }
@@ -246,6 +354,7 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
         tx.open_table(EVENT_EXPIRY).map_err(|e| other(e.into()))?;
         tx.open_table(HEADS).map_err(|e| other(e.into()))?;
         tx.open_table(HEAD_EXPIRY).map_err(|e| other(e.into()))?;
+        inbox::InboxTables::open(&tx).map_err(other)?;
     }
     tx.commit().map_err(|e| other(e.into()))
 }
@@ -380,6 +489,10 @@ impl Store for RedbStore {
                     let at = k.value().0;
                     next = Some(next.map_or(at, |n| n.min(at)));
                 }
+            }
+            if let Some((k, _)) = tx.open_table(tables::INBOX_EXPIRY)?.first()? {
+                let at = k.value().0;
+                next = Some(next.map_or(at, |n| n.min(at)));
             }
             Ok(next)
         })

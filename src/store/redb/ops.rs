@@ -6,6 +6,7 @@
 
 use redb::{ReadableTable, Table, WriteTransaction};
 
+use super::inbox::{InboxRequest, InboxResponse, InboxTables};
 use super::tables::{
     CLAIM_EXPIRY, CLAIMS, ClaimRow, EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow,
     META, META_FENCE, claim_from_row, claim_to_row, event_from_row, event_to_row, head_from_row,
@@ -71,6 +72,8 @@ pub enum Request {
         /// Most records to delete.
         limit: u64,
     },
+    /// A gateway inbox write.
+    Inbox(InboxRequest),
 }
 
 /// The answer to a [`Request`], variant for variant.
@@ -88,6 +91,8 @@ pub enum Response {
     Apply(ApplyResult),
     /// Answer to [`Request::Purge`].
     Purge(PurgeReport),
+    /// Answer to [`Request::Inbox`].
+    Inbox(InboxResponse),
 }
 
 /// The tables of one write transaction, plus the fence counter.
@@ -99,6 +104,7 @@ pub struct Tables<'txn> {
     event_expiry: Table<'txn, (u64, &'static str), ()>,
     heads: Table<'txn, &'static str, HeadRow<'static>>,
     head_expiry: Table<'txn, (u64, &'static str), ()>,
+    inbox: InboxTables<'txn>,
     /// Last fence handed out, including in this transaction.
     fence: u64,
     /// Whether `fence` moved and must be written back.
@@ -118,6 +124,7 @@ impl<'txn> Tables<'txn> {
             event_expiry: tx.open_table(EVENT_EXPIRY)?,
             heads: tx.open_table(HEADS)?,
             head_expiry: tx.open_table(HEAD_EXPIRY)?,
+            inbox: InboxTables::open(tx)?,
             fence,
             fence_dirty: false,
         })
@@ -185,6 +192,7 @@ impl<'txn> Tables<'txn> {
                 retention_ms,
             } => Response::Apply(self.apply(stream, event_id, *created_at, *retention_ms, now)?),
             Request::Purge { limit } => Response::Purge(self.purge(now, *limit)?),
+            Request::Inbox(req) => Response::Inbox(self.inbox.execute(req, now)?),
         })
     }
 
@@ -314,15 +322,13 @@ impl<'txn> Tables<'txn> {
             }
             Ok(())
         })?;
-        report.more = [&self.claim_expiry, &self.event_expiry, &self.head_expiry]
-            .into_iter()
-            .map(|t| {
-                t.first()
-                    .map(|e| e.is_some_and(|(k, _)| k.value().0 <= now))
-            })
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .any(|due| due);
+        budget -= report.heads;
+        report.inbox = self.inbox.purge(now, budget)?;
+        let mut more = self.inbox.has_due_expiry(now)?;
+        for index in [&self.claim_expiry, &self.event_expiry, &self.head_expiry] {
+            more |= index.first()?.is_some_and(|(k, _)| k.value().0 <= now);
+        }
+        report.more = more;
         Ok(report)
     }
 }

@@ -116,3 +116,35 @@ pub fn head_from_row(row: HeadRow<'_>) -> (Head, Millis) {
         expires_at_ms,
     )
 }
+
+/// Row of [`INBOX`]: (status, received_at_ms, created_at ns, stream, attempts,
+/// due_at_ms, last_error, force, headers as JSON, body, expires_at_ms).
+pub type InboxRow<'a> = (
+    u8,
+    u64,
+    i128,
+    Option<&'a str>,
+    u32,
+    u64,
+    Option<&'a str>,
+    bool,
+    &'a str,
+    &'a [u8],
+    u64,
+);
+/// Gateway events by (source, event id).
+pub const INBOX: TableDefinition<(&str, &str), InboxRow<'static>> = TableDefinition::new("inbox");
+/// Runnable pending events by (due_at_ms, source, event id). Invariant: holds
+/// every pending event without a stream, and for each stream only its first
+/// pending event in queue order, at the row's `due_at_ms`.
+pub const INBOX_DUE: TableDefinition<(u64, &str, &str), ()> = TableDefinition::new("inbox_due");
+/// Pending events of each stream in delivery order:
+/// (source, stream, created_at ns, received_at_ms, event id).
+pub const INBOX_QUEUE: TableDefinition<(&str, &str, i128, u64, &str), ()> =
+    TableDefinition::new("inbox_queue");
+/// Events by (source, status, received_at_ms, event id), for listing.
+pub const INBOX_STATUS: TableDefinition<(&str, u8, u64, &str), ()> =
+    TableDefinition::new("inbox_status");
+/// Settled events by (expires_at_ms, source, event id), for the reaper.
+pub const INBOX_EXPIRY: TableDefinition<(u64, &str, &str), ()> =
+    TableDefinition::new("inbox_expiry");

@@ -1,0 +1,107 @@
+//! Gateway settings: global delivery settings and one table per source.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::Secret;
+use crate::gateway::signature::Scheme;
+
+/// Delivery settings shared by all sources.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySettings {
+    /// Deliveries in flight at once, over all sources.
+    pub workers: usize,
+    /// How long delivered and stale events are kept (for listing and as
+    /// the dedupe window of repeated deliveries).
+    #[serde(with = "humantime_serde")]
+    pub delivered_retention: Duration,
+    /// How long dead events wait for a redeliver before they are reaped.
+    #[serde(with = "humantime_serde")]
+    pub dead_retention: Duration,
+}
+
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            delivered_retention: Duration::from_secs(7 * 86_400),
+            dead_retention: Duration::from_secs(30 * 86_400),
+        }
+    }
+}
+
+/// One provider posting to `/ingest/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSettings {
+    /// `sume`, `standard-webhooks`, `stripe` or `github`.
+    pub scheme: Scheme,
+    /// Signing secrets; several during a rotation.
+    #[serde(default)]
+    pub secrets: Vec<Secret>,
+    /// A file with one secret per line (`#` comments allowed).
+    #[serde(default)]
+    pub secrets_file: Option<PathBuf>,
+    /// Largest accepted distance between the signed timestamp and now.
+    #[serde(with = "humantime_serde", default = "default_tolerance")]
+    pub tolerance: Duration,
+    /// Where the event id is: `header:NAME` or `body:/json/pointer`.
+    pub event_id: String,
+    /// Where the RFC 3339 `created_at` is, if the events carry one.
+    #[serde(default)]
+    pub created_at: Option<String>,
+    /// Where the ordering scope is, if events are ordered per stream.
+    #[serde(default)]
+    pub stream: Option<String>,
+    /// The application's endpoint.
+    pub forward_to: String,
+    /// Time allowed for each delivery attempt.
+    #[serde(with = "humantime_serde", default = "default_forward_timeout")]
+    pub forward_timeout: Duration,
+    /// Attempts before an event is dead.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Delay before the first retry; doubles with each failure.
+    #[serde(with = "humantime_serde", default = "default_backoff_min")]
+    pub backoff_min: Duration,
+    /// Longest delay between retries.
+    #[serde(with = "humantime_serde", default = "default_backoff_max")]
+    pub backoff_max: Duration,
+    /// `whsec_<base64>` secret dedupd signs forwarded requests with.
+    #[serde(default)]
+    pub destination_secret: Option<Secret>,
+    /// A file holding the destination secret.
+    #[serde(default)]
+    pub destination_secret_file: Option<PathBuf>,
+    /// Request headers passed on to the application.
+    #[serde(default = "default_forward_headers")]
+    pub forward_headers: Vec<String>,
+    /// Largest accepted body, bytes (larger: 413).
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+}
+
+fn default_tolerance() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_forward_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_max_attempts() -> u32 {
+    12
+}
+fn default_backoff_min() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_backoff_max() -> Duration {
+    Duration::from_secs(3600)
+}
+fn default_forward_headers() -> Vec<String> {
+    vec!["content-type".into()]
+}
+fn default_max_body_bytes() -> usize {
+    256 * 1024
+}

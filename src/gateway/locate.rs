@@ -1,0 +1,133 @@
+//! Where a field of an event is: `header:NAME` or `body:/json/pointer`.
+
+use serde_json::Value;
+
+/// A configured field location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Locator {
+    /// A request header (name lowercased).
+    Header(String),
+    /// An RFC 6901 JSON pointer into the body.
+    Body(String),
+}
+
+/// What was found at a location.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Found<'a> {
+    /// Nothing there.
+    Missing,
+    /// A string.
+    Text(&'a str),
+    /// A JSON value that is not a string.
+    Other(&'a Value),
+}
+
+impl Locator {
+    /// Parses `header:NAME` or `body:/pointer`.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if let Some(name) = raw.strip_prefix("header:") {
+            let name = name.trim();
+            actix_web::http::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("{name:?} is not a valid HTTP header name"))?;
+            return Ok(Self::Header(name.to_ascii_lowercase()));
+        }
+        if let Some(pointer) = raw.strip_prefix("body:") {
+            if !pointer.is_empty() && !pointer.starts_with('/') {
+                return Err(format!(
+                    "{pointer:?} is not a JSON pointer: it must be empty or start with '/', as in body:/request_id"
+                ));
+            }
+            let mut chars = pointer.chars();
+            while let Some(c) = chars.next() {
+                if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+                    return Err(format!(
+                        "{pointer:?} is not a JSON pointer: '~' must be followed by 0 or 1"
+                    ));
+                }
+            }
+            return Ok(Self::Body(pointer.to_owned()));
+        }
+        Err(format!(
+            "{raw:?} must be header:NAME or body:/json/pointer (for example body:/request_id)"
+        ))
+    }
+
+    /// Whether the body must be parsed as JSON to read this location.
+    pub fn needs_body(&self) -> bool {
+        matches!(self, Self::Body(_))
+    }
+
+    /// Reads the location from the request.
+    pub fn find<'a>(
+        &self,
+        header: &dyn Fn(&str) -> Option<&'a str>,
+        body: Option<&'a Value>,
+    ) -> Found<'a> {
+        match self {
+            Self::Header(name) => header(name).map_or(Found::Missing, Found::Text),
+            Self::Body(pointer) => match body.and_then(|b| b.pointer(pointer)) {
+                None | Some(Value::Null) => Found::Missing,
+                Some(Value::String(s)) => Found::Text(s),
+                Some(other) => Found::Other(other),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Locator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Header(n) => write!(f, "header:{n}"),
+            Self::Body(p) => write!(f, "body:{p}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locators_parse_and_find() {
+        let body: Value =
+            serde_json::json!({ "request_id": "r1", "run": { "id": 7 }, "a/b": "slash" });
+        let h = |name: &str| (name == "x-id").then_some("h1");
+        assert_eq!(
+            Locator::parse("body:/request_id")
+                .unwrap()
+                .find(&h, Some(&body)),
+            Found::Text("r1")
+        );
+        assert_eq!(
+            Locator::parse("body:/a~1b").unwrap().find(&h, Some(&body)),
+            Found::Text("slash")
+        );
+        assert!(matches!(
+            Locator::parse("body:/run/id")
+                .unwrap()
+                .find(&h, Some(&body)),
+            Found::Other(_)
+        ));
+        assert_eq!(
+            Locator::parse("body:/nope").unwrap().find(&h, Some(&body)),
+            Found::Missing
+        );
+        assert_eq!(
+            Locator::parse("header:X-Id").unwrap().find(&h, None),
+            Found::Text("h1")
+        );
+    }
+
+    #[test]
+    fn bad_locators_are_refused() {
+        for bad in [
+            "body:request_id",
+            "body:/a~2",
+            "header:bad name",
+            "query:id",
+            "/request_id",
+        ] {
+            assert!(Locator::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! A configured source, parsed into what ingest and delivery use.
+
+use std::time::Duration;
+
+use super::locate::Locator;
+use super::signature::{Scheme, Verifier, parse_whsec};
+use crate::config::sources::SourceSettings;
+
+/// A source ready to serve: every setting parsed and checked.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// Name in `/ingest/{name}` and in the config table.
+    pub name: String,
+    /// Signature scheme, for logs.
+    pub scheme: Scheme,
+    /// Checks the provider's signatures.
+    pub verifier: Verifier,
+    /// Where the event id is.
+    pub event_id: Locator,
+    /// Where `created_at` is, if configured.
+    pub created_at: Option<Locator>,
+    /// Where the stream is, if configured.
+    pub stream: Option<Locator>,
+    /// The application's endpoint.
+    pub forward_to: reqwest::Url,
+    /// Time allowed per attempt.
+    pub forward_timeout: Duration,
+    /// Attempts before dead.
+    pub max_attempts: u32,
+    /// First retry delay.
+    pub backoff_min: Duration,
+    /// Retry delay ceiling.
+    pub backoff_max: Duration,
+    /// Key dedupd signs forwarded requests with (Standard Webhooks).
+    pub destination_key: Vec<u8>,
+    /// Lowercased names of request headers passed on.
+    pub forward_headers: Vec<String>,
+    /// Largest accepted body, bytes.
+    pub max_body_bytes: usize,
+}
+
+/// A source's setting that is wrong: the key under `sources.{name}` and why.
+pub type SourceError = (&'static str, String);
+
+/// Whether `name` may name a source: 1 to 64 of `[A-Za-z0-9_-]`. (No `/`:
+/// the store's namespace encoding depends on it.)
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+impl Source {
+    /// Builds a source from its settings, with secrets already read from
+    /// files. Collects every error.
+    pub fn build(
+        name: &str,
+        s: &SourceSettings,
+        secrets: &[String],
+        destination_secret: Option<&str>,
+    ) -> Result<Self, Vec<SourceError>> {
+        let mut errors: Vec<SourceError> = Vec::new();
+        let verifier = if secrets.is_empty() {
+            errors.push((
+                "secrets",
+                "no signing secret: set secrets or secrets_file".into(),
+            ));
+            None
+        } else {
+            Verifier::new(s.scheme, secrets, s.tolerance)
+                .map_err(|e| errors.push(("secrets", e)))
+                .ok()
+        };
+        let mut locate = |key: &'static str, raw: &str| {
+            Locator::parse(raw).map_err(|e| errors.push((key, e))).ok()
+        };
+        let event_id = locate("event_id", &s.event_id);
+        let created_at = s.created_at.as_deref().map(|r| locate("created_at", r));
+        let stream = s.stream.as_deref().map(|r| locate("stream", r));
+        let forward_to = match reqwest::Url::parse(&s.forward_to) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Some(u),
+            Ok(u) => {
+                errors.push((
+                    "forward_to",
+                    format!("{u} must be an http:// or https:// URL with a host"),
+                ));
+                None
+            }
+            Err(e) => {
+                errors.push((
+                    "forward_to",
+                    format!("{:?} is not a URL: {e}", s.forward_to),
+                ));
+                None
+            }
+        };
+        let destination_key = match destination_secret {
+            None => {
+                errors.push((
+                    "destination_secret",
+                    "missing: dedupd signs what it forwards; set destination_secret \
+                     (whsec_<base64>) or destination_secret_file"
+                        .into(),
+                ));
+                None
+            }
+            Some(d) => parse_whsec(d)
+                .map_err(|e| errors.push(("destination_secret", e)))
+                .ok(),
+        };
+        if s.forward_timeout.is_zero() {
+            errors.push(("forward_timeout", "must be more than 0".into()));
+        }
+        if s.max_attempts == 0 {
+            errors.push(("max_attempts", "must be at least 1".into()));
+        }
+        if s.backoff_min.is_zero() {
+            errors.push(("backoff_min", "must be more than 0".into()));
+        }
+        if s.backoff_max < s.backoff_min {
+            errors.push(("backoff_max", "must not be less than backoff_min".into()));
+        }
+        if s.max_body_bytes == 0 {
+            errors.push(("max_body_bytes", "must be at least 1".into()));
+        }
+        let mut forward_headers = Vec::new();
+        for h in &s.forward_headers {
+            match actix_web::http::header::HeaderName::from_bytes(h.as_bytes()) {
+                Ok(_) => forward_headers.push(h.to_ascii_lowercase()),
+                Err(_) => errors.push(("forward_headers", format!("{h:?} is not a header name"))),
+            }
+        }
+        match (
+            verifier,
+            event_id,
+            created_at,
+            stream,
+            forward_to,
+            destination_key,
+        ) {
+            (
+                Some(verifier),
+                Some(event_id),
+                created_at,
+                stream,
+                Some(forward_to),
+                Some(destination_key),
+            ) if errors.is_empty() => Ok(Self {
+                name: name.to_owned(),
+                scheme: s.scheme,
+                verifier,
+                event_id,
+                created_at: created_at.flatten(),
+                stream: stream.flatten(),
+                forward_to,
+                forward_timeout: s.forward_timeout,
+                max_attempts: s.max_attempts,
+                backoff_min: s.backoff_min,
+                backoff_max: s.backoff_max,
+                destination_key,
+                forward_headers,
+                max_body_bytes: s.max_body_bytes,
+            }),
+            _ => Err(errors),
+        }
+    }
+}

@@ -1,0 +1,508 @@
+//! The gateway inbox in redb: inserts, leases, settling, redeliver, purge,
+//! and the reads the dispatcher and the operator API need.
+//!
+//! Invariants (kept by every write here):
+//! - each row has one [`INBOX_STATUS`] entry, at its status;
+//! - a settled row has one [`INBOX_EXPIRY`] entry, a pending row none;
+//! - a pending row with a stream has one [`INBOX_QUEUE`] entry;
+//! - [`INBOX_DUE`] holds exactly the runnable pending rows (see its doc):
+//!   per stream one event at a time, oldest `created_at` first.
+
+use redb::{ReadTransaction, ReadableTable, Table, WriteTransaction};
+
+use super::tables::{INBOX, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, InboxRow};
+use crate::clock::Millis;
+use crate::domain::CreatedAt;
+use crate::store::inbox::{
+    Cursor, EventStatus, InboxEvent, IngestOutcome, NewEvent, RedeliverOutcome, Retention, Settle,
+};
+
+/// An inbox write.
+#[derive(Debug)]
+pub enum InboxRequest {
+    /// Store a new event unless its id is known.
+    Insert(NewEvent),
+    /// Take runnable events out of the due index until `until` while they
+    /// are delivered; after a crash they come due again by themselves.
+    Lease {
+        /// (source, event id, lease expiry in Unix ms).
+        events: Vec<(String, String, Millis)>,
+    },
+    /// Record how a delivery turn ended.
+    Settle {
+        /// Source name.
+        source: String,
+        /// Event id.
+        event_id: String,
+        /// The ending.
+        settle: Settle,
+        /// Retentions for settled events.
+        retention: Retention,
+    },
+    /// Put a dead or stale event back to pending.
+    Redeliver {
+        /// Source name.
+        source: String,
+        /// Event id.
+        event_id: String,
+    },
+}
+
+/// Answer to an [`InboxRequest`].
+#[derive(Debug)]
+pub enum InboxResponse {
+    /// Answer to an insert.
+    Inserted(IngestOutcome),
+    /// Lease or settle done.
+    Done,
+    /// Answer to a redeliver.
+    Redelivered(RedeliverOutcome),
+}
+
+/// The inbox tables of one write transaction.
+pub struct InboxTables<'txn> {
+    rows: Table<'txn, (&'static str, &'static str), InboxRow<'static>>,
+    due: Table<'txn, (u64, &'static str, &'static str), ()>,
+    queue: Table<'txn, (&'static str, &'static str, i128, u64, &'static str), ()>,
+    status: Table<'txn, (&'static str, u8, u64, &'static str), ()>,
+    expiry: Table<'txn, (u64, &'static str, &'static str), ()>,
+}
+
+fn to_row<'a>(e: &'a InboxEvent, headers: &'a str) -> InboxRow<'a> {
+    (
+        e.status.to_byte(),
+        e.received_at_ms,
+        e.created_at.unix_nanos(),
+        e.stream.as_deref(),
+        e.attempts,
+        e.due_at_ms,
+        e.last_error.as_deref(),
+        e.force,
+        headers,
+        &e.body,
+        e.expires_at_ms,
+    )
+}
+
+/// Decodes a row.
+pub fn from_row(source: &str, event_id: &str, row: InboxRow<'_>) -> InboxEvent {
+    let (
+        status,
+        received_at_ms,
+        created_at,
+        stream,
+        attempts,
+        due_at_ms,
+        last_error,
+        force,
+        headers,
+        body,
+        expires_at_ms,
+    ) = row;
+    InboxEvent {
+        source: source.to_owned(),
+        event_id: event_id.to_owned(),
+        status: EventStatus::from_byte(status),
+        stream: stream.map(str::to_owned),
+        created_at: CreatedAt::from_unix_nanos(created_at),
+        received_at_ms,
+        attempts,
+        due_at_ms,
+        last_error: last_error.map(str::to_owned),
+        force,
+        headers: serde_json::from_str(headers).unwrap_or_default(),
+        body: body.to_vec(),
+        expires_at_ms,
+    }
+}
+
+impl<'txn> InboxTables<'txn> {
+    /// Opens the inbox tables in `tx`.
+    pub fn open(tx: &'txn WriteTransaction) -> Result<Self, redb::Error> {
+        Ok(Self {
+            rows: tx.open_table(INBOX)?,
+            due: tx.open_table(INBOX_DUE)?,
+            queue: tx.open_table(INBOX_QUEUE)?,
+            status: tx.open_table(INBOX_STATUS)?,
+            expiry: tx.open_table(INBOX_EXPIRY)?,
+        })
+    }
+
+    /// Performs one request.
+    pub fn execute(
+        &mut self,
+        req: &InboxRequest,
+        now: Millis,
+    ) -> Result<InboxResponse, redb::Error> {
+        Ok(match req {
+            InboxRequest::Insert(new) => InboxResponse::Inserted(self.insert(new, now)?),
+            InboxRequest::Lease { events } => {
+                for (source, id, until) in events {
+                    self.lease(source, id, *until)?;
+                }
+                InboxResponse::Done
+            }
+            InboxRequest::Settle {
+                source,
+                event_id,
+                settle,
+                retention,
+            } => {
+                self.settle(source, event_id, settle, *retention, now)?;
+                InboxResponse::Done
+            }
+            InboxRequest::Redeliver { source, event_id } => {
+                InboxResponse::Redelivered(self.redeliver(source, event_id, now)?)
+            }
+        })
+    }
+
+    fn load(&self, source: &str, id: &str) -> Result<Option<InboxEvent>, redb::Error> {
+        Ok(self
+            .rows
+            .get((source, id))?
+            .map(|g| from_row(source, id, g.value())))
+    }
+
+    fn save(&mut self, e: &InboxEvent) -> Result<(), redb::Error> {
+        let headers = serde_json::to_string(&e.headers).unwrap_or_else(|_| "[]".into());
+        self.rows.insert(
+            (e.source.as_str(), e.event_id.as_str()),
+            to_row(e, &headers),
+        )?;
+        Ok(())
+    }
+
+    fn insert(&mut self, new: &NewEvent, now: Millis) -> Result<IngestOutcome, redb::Error> {
+        if self
+            .rows
+            .get((new.source.as_str(), new.event_id.as_str()))?
+            .is_some()
+        {
+            return Ok(IngestOutcome::Duplicate);
+        }
+        let e = InboxEvent {
+            source: new.source.clone(),
+            event_id: new.event_id.clone(),
+            status: EventStatus::Pending,
+            stream: new.stream.clone(),
+            created_at: new.created_at,
+            received_at_ms: new.received_at_ms,
+            attempts: 0,
+            due_at_ms: now,
+            last_error: None,
+            force: false,
+            headers: new.headers.clone(),
+            body: new.body.clone(),
+            expires_at_ms: 0,
+        };
+        self.save(&e)?;
+        self.status.insert(
+            (
+                e.source.as_str(),
+                e.status.to_byte(),
+                e.received_at_ms,
+                e.event_id.as_str(),
+            ),
+            (),
+        )?;
+        self.enqueue(&e)?;
+        Ok(IngestOutcome::Accepted)
+    }
+
+    /// Makes a pending row runnable (or queued behind its stream).
+    fn enqueue(&mut self, e: &InboxEvent) -> Result<(), redb::Error> {
+        match &e.stream {
+            None => {
+                self.due
+                    .insert((e.due_at_ms, e.source.as_str(), e.event_id.as_str()), ())?;
+            }
+            Some(stream) => {
+                self.queue.insert(
+                    (
+                        e.source.as_str(),
+                        stream.as_str(),
+                        e.created_at.unix_nanos(),
+                        e.received_at_ms,
+                        e.event_id.as_str(),
+                    ),
+                    (),
+                )?;
+                self.fix_stream(&e.source, stream)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a pending row out of the queue and due index.
+    fn dequeue(&mut self, e: &InboxEvent) -> Result<(), redb::Error> {
+        self.due
+            .remove((e.due_at_ms, e.source.as_str(), e.event_id.as_str()))?;
+        if let Some(stream) = &e.stream {
+            self.queue.remove((
+                e.source.as_str(),
+                stream.as_str(),
+                e.created_at.unix_nanos(),
+                e.received_at_ms,
+                e.event_id.as_str(),
+            ))?;
+            self.fix_stream(&e.source, stream)?;
+        }
+        Ok(())
+    }
+
+    /// Restores the due-index invariant for one stream: its first queued
+    /// event is runnable, the second is not. Any write changes one queue
+    /// position at most, so looking at the first two is enough.
+    fn fix_stream(&mut self, source: &str, stream: &str) -> Result<(), redb::Error> {
+        let firsts: Vec<String> = self
+            .queue
+            .range((source, stream, i128::MIN, 0u64, "")..)?
+            .map_while(|entry| {
+                let (k, _) = entry.ok()?;
+                let (s, st, _, _, id) = k.value();
+                (s == source && st == stream).then(|| id.to_owned())
+            })
+            .take(2)
+            .collect();
+        for (i, id) in firsts.iter().enumerate() {
+            let due_at = self.rows.get((source, id.as_str()))?.map(|g| g.value().5);
+            if let Some(due_at) = due_at {
+                if i == 0 {
+                    self.due.insert((due_at, source, id.as_str()), ())?;
+                } else {
+                    self.due.remove((due_at, source, id.as_str()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lease(&mut self, source: &str, id: &str, until: Millis) -> Result<(), redb::Error> {
+        let Some(mut e) = self.load(source, id)? else {
+            return Ok(());
+        };
+        if e.status != EventStatus::Pending {
+            return Ok(());
+        }
+        let was_runnable = self.due.remove((e.due_at_ms, source, id))?.is_some();
+        e.due_at_ms = until;
+        self.save(&e)?;
+        if was_runnable {
+            self.due.insert((until, source, id), ())?;
+        }
+        Ok(())
+    }
+
+    fn settle(
+        &mut self,
+        source: &str,
+        id: &str,
+        settle: &Settle,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), redb::Error> {
+        let Some(mut e) = self.load(source, id)? else {
+            return Ok(());
+        };
+        if e.status != EventStatus::Pending {
+            // Settled already (a redeliver raced a late answer): keep it.
+            return Ok(());
+        }
+        let (status, attempted, error, retry_at) = match settle {
+            Settle::Delivered { attempted } => (EventStatus::Delivered, *attempted, None, None),
+            Settle::Stale => (EventStatus::Stale, false, None, None),
+            Settle::Retry {
+                retry_at,
+                error,
+                attempted,
+            } => (
+                EventStatus::Pending,
+                *attempted,
+                Some(error.clone()),
+                Some(*retry_at),
+            ),
+            Settle::Dead { error } => (EventStatus::Dead, true, Some(error.clone()), None),
+        };
+        if attempted {
+            e.attempts = e.attempts.saturating_add(1);
+        }
+        if error.is_some() {
+            e.last_error = error;
+        } else if status == EventStatus::Delivered {
+            e.last_error = None;
+        }
+        if let Some(retry_at) = retry_at {
+            let was_runnable = self.due.remove((e.due_at_ms, source, id))?.is_some();
+            e.due_at_ms = retry_at;
+            self.save(&e)?;
+            if was_runnable {
+                self.due.insert((retry_at, source, id), ())?;
+            }
+            return Ok(());
+        }
+        self.dequeue(&e)?;
+        self.status
+            .remove((source, e.status.to_byte(), e.received_at_ms, id))?;
+        e.status = status;
+        e.due_at_ms = now;
+        e.expires_at_ms = now.saturating_add(match status {
+            EventStatus::Dead => retention.dead_ms,
+            _ => retention.delivered_ms,
+        });
+        self.save(&e)?;
+        self.status
+            .insert((source, e.status.to_byte(), e.received_at_ms, id), ())?;
+        self.expiry.insert((e.expires_at_ms, source, id), ())?;
+        Ok(())
+    }
+
+    fn redeliver(
+        &mut self,
+        source: &str,
+        id: &str,
+        now: Millis,
+    ) -> Result<RedeliverOutcome, redb::Error> {
+        let Some(mut e) = self.load(source, id)? else {
+            return Ok(RedeliverOutcome::NotFound);
+        };
+        if !matches!(e.status, EventStatus::Dead | EventStatus::Stale) {
+            return Ok(RedeliverOutcome::NotRedeliverable(e.status));
+        }
+        self.status
+            .remove((source, e.status.to_byte(), e.received_at_ms, id))?;
+        self.expiry.remove((e.expires_at_ms, source, id))?;
+        e.status = EventStatus::Pending;
+        e.attempts = 0;
+        e.due_at_ms = now;
+        e.force = true;
+        e.expires_at_ms = 0;
+        self.save(&e)?;
+        self.status
+            .insert((source, e.status.to_byte(), e.received_at_ms, id), ())?;
+        self.enqueue(&e)?;
+        Ok(RedeliverOutcome::Requeued)
+    }
+
+    /// Deletes up to `limit` settled events whose retention passed.
+    pub fn purge(&mut self, now: Millis, limit: u64) -> Result<u64, redb::Error> {
+        let due: Vec<(u64, String, String)> = self
+            .expiry
+            .range(..(now.saturating_add(1), "", ""))?
+            .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            .map(|e| {
+                e.map(|(k, _)| {
+                    let (at, s, id) = k.value();
+                    (at, s.to_owned(), id.to_owned())
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        for (at, source, id) in &due {
+            self.expiry.remove((*at, source.as_str(), id.as_str()))?;
+            if let Some(e) = self.load(source, id)?
+                && e.status != EventStatus::Pending
+                && e.expires_at_ms == *at
+            {
+                self.status.remove((
+                    source.as_str(),
+                    e.status.to_byte(),
+                    e.received_at_ms,
+                    id.as_str(),
+                ))?;
+                self.rows.remove((source.as_str(), id.as_str()))?;
+            }
+        }
+        Ok(due.len() as u64)
+    }
+
+    /// Whether expired settled events remain at `now`.
+    pub fn has_due_expiry(&self, now: Millis) -> Result<bool, redb::Error> {
+        Ok(self
+            .expiry
+            .first()?
+            .is_some_and(|(k, _)| k.value().0 <= now))
+    }
+}
+
+/// Runnable events due at `now`, in due order, at most `limit`; and the
+/// earliest due time after `now`, if any.
+pub fn due(
+    tx: &ReadTransaction,
+    now: Millis,
+    limit: usize,
+) -> Result<(Vec<InboxEvent>, Option<Millis>), redb::Error> {
+    let due = tx.open_table(INBOX_DUE)?;
+    let rows = tx.open_table(INBOX)?;
+    let mut events = Vec::new();
+    let mut next = None;
+    for entry in due.iter()? {
+        let (k, _) = entry?;
+        let (at, source, id) = k.value();
+        if at > now {
+            next = Some(at);
+            break;
+        }
+        if events.len() >= limit {
+            next = Some(at);
+            break;
+        }
+        if let Some(row) = rows.get((source, id))? {
+            events.push(from_row(source, id, row.value()));
+        }
+    }
+    Ok((events, next))
+}
+
+/// One event.
+pub fn get(
+    tx: &ReadTransaction,
+    source: &str,
+    id: &str,
+) -> Result<Option<InboxEvent>, redb::Error> {
+    let rows = tx.open_table(INBOX)?;
+    Ok(rows
+        .get((source, id))?
+        .map(|g| from_row(source, id, g.value())))
+}
+
+/// A page of a source's events with `status`, oldest received first,
+/// starting after the cursor `(received_at_ms, event id)`.
+pub fn list(
+    tx: &ReadTransaction,
+    source: &str,
+    status: EventStatus,
+    after: Option<Cursor>,
+    limit: usize,
+) -> Result<(Vec<InboxEvent>, Option<Cursor>), redb::Error> {
+    let index = tx.open_table(INBOX_STATUS)?;
+    let rows = tx.open_table(INBOX)?;
+    let s = status.to_byte();
+    let (from_at, from_id) = after.clone().unwrap_or((0, String::new()));
+    let mut events = Vec::new();
+    let mut more = false;
+    for entry in index.range((source, s, from_at, from_id.as_str())..)? {
+        let (k, _) = entry?;
+        let (src, st, at, id) = k.value();
+        if src != source || st != s {
+            break;
+        }
+        if after.as_ref().is_some_and(|(a, i)| *a == at && i == id) {
+            continue;
+        }
+        if events.len() == limit {
+            more = true;
+            break;
+        }
+        if let Some(row) = rows.get((src, id))? {
+            events.push(from_row(src, id, row.value()));
+        }
+    }
+    let next = if more {
+        events
+            .last()
+            .map(|e| (e.received_at_ms, e.event_id.clone()))
+    } else {
+        None
+    };
+    Ok((events, next))
+}
