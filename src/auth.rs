@@ -58,11 +58,10 @@ pub async fn require_bearer(
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .is_some_and(|t| tokens.accepts(t.trim())),
+            .and_then(|v| v.trim().split_once(' '))
+            // The scheme name is case-insensitive (RFC 9110, 11.1).
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .is_some_and(|(_, t)| tokens.accepts(t.trim())),
         _ => true,
     };
     if !allowed {

@@ -159,7 +159,10 @@ impl ResponseError for ApiError {
         let status = self.status_code();
         let detail = match self {
             ApiError::Store(e) => {
-                tracing::error!(error = %e, "store error");
+                match e {
+                    StoreError::Unavailable(_) => tracing::warn!(error = %e, "store unavailable"),
+                    StoreError::Failed(_) => tracing::error!(error = %e, "store error"),
+                }
                 match e {
                     StoreError::Unavailable(_) => {
                         "the store cannot be reached; retry later".to_owned()

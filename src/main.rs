@@ -88,6 +88,31 @@ async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
         data = %data.display(),
         "dedupd serving"
     );
+    let handle = app.handle();
+    tokio::spawn(async move {
+        let signal = shutdown_signal().await;
+        tracing::info!(
+            signal,
+            "shutting down: finishing in-flight requests and deliveries"
+        );
+        handle.stop(true).await;
+    });
     app.run_until_stopped().await?;
     Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT; both stop gracefully.
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops dedupd");
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
 }

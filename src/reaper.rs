@@ -66,6 +66,7 @@ impl Reaper {
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         loop {
             let now = self.clock.now_ms();
+            let mut failed = false;
             match self.purge_once(now).await {
                 Ok(r) if r.total() > 0 => tracing::debug!(
                     claims = r.claims,
@@ -75,9 +76,14 @@ impl Reaper {
                     "reaped expired records"
                 ),
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "reaper pass failed; will retry"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reaper pass failed; will retry after the interval");
+                    failed = true;
+                }
             }
             let sleep = match self.store.next_expiry().await {
+                // A failing store must not turn the reaper into a busy loop.
+                _ if failed => self.interval,
                 Ok(Some(at)) => {
                     Duration::from_millis(at.saturating_sub(self.clock.now_ms()).max(1))
                         .min(self.interval)

@@ -2,9 +2,10 @@
 //!
 //! [`Application::build`] opens the store, binds the listener (port 0 picks a
 //! free port, which is how tests start the real app) and starts the reaper;
-//! [`Application::run_until_stopped`] serves until SIGTERM/SIGINT (or a
-//! [`ServerHandle::stop`]), then finishes in-flight requests, stops the
-//! reaper and closes the store so every acknowledged write is committed.
+//! [`Application::run_until_stopped`] serves until [`ServerHandle::stop`]
+//! (the binary calls it on SIGTERM or SIGINT), then finishes in-flight
+//! requests and deliveries, stops the reaper and closes the store so every
+//! acknowledged write is committed.
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -121,6 +122,9 @@ impl Application {
                 )
                 .default_service(web::to(routes::not_found))
         })
+        // Signals are handled by the caller (see `main`): actix treats SIGINT
+        // as a forced stop, and both must finish in-flight requests.
+        .disable_signals()
         .workers(s.http.workers)
         .shutdown_timeout(s.http.shutdown_timeout.as_secs().max(1))
         .listen(listener)?

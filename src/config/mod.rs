@@ -385,22 +385,26 @@ impl Settings {
             }
         }
 
+        let weak = |t: &Secret| {
+            let t = t.expose();
+            t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control())
+        };
+        const WEAK: &str =
+            "each token must be at least 16 characters with no spaces or control characters";
         let mut api_tokens = self.api.tokens.clone();
+        if api_tokens.iter().any(weak) {
+            bad("api.tokens", WEAK.into());
+        }
         if let Some(path) = &self.api.tokens_file {
             match read_lines(path) {
-                Ok(lines) => api_tokens.extend(lines.into_iter().map(Secret::new)),
+                Ok(lines) => {
+                    let from_file: Vec<Secret> = lines.into_iter().map(Secret::new).collect();
+                    if from_file.iter().any(weak) {
+                        bad("api.tokens_file", format!("{}: {WEAK}", path.display()));
+                    }
+                    api_tokens.extend(from_file);
+                }
                 Err(e) => bad("api.tokens_file", e),
-            }
-        }
-        for t in &api_tokens {
-            let t = t.expose();
-            if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                bad(
-                    "api.tokens",
-                    "each token must be at least 16 characters with no spaces or control characters"
-                        .into(),
-                );
-                break;
             }
         }
         if api_tokens.is_empty() && !self.listen.ip().is_loopback() {

@@ -72,7 +72,7 @@ mod tests {
     fn ttls_are_bounded() {
         let b = TtlBounds::new(
             Duration::from_secs(300),
-            Duration::from_secs(86_400),
+            Duration::from_secs(600),
             Duration::from_secs(1_000),
         );
         assert_eq!(b.parse(None, b.default_claim).unwrap().as_ms(), 300_000);

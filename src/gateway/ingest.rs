@@ -33,16 +33,16 @@ fn invalid(code: &'static str, field: &'static str, reason: String) -> ApiError 
 async fn ingest(
     state: web::Data<AppState>,
     req: HttpRequest,
-    path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let gw = &state.gateway;
+    let name = crate::routes::path_segment(&req, 2, "source")?;
     let source = gw
-        .source(path.as_str())
+        .source(&name)
         .cloned()
         .ok_or_else(|| ApiError::NotFound {
             code: "unknown_source",
-            detail: format!("no source named {:?} is configured", path.as_str()),
+            detail: format!("no source named {name:?} is configured"),
         })?;
     let body = read_bytes(&req, payload, source.max_body_bytes).await?;
     let received_at: Millis = state.clock.now_ms();

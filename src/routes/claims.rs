@@ -4,7 +4,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
 use super::body::read_json;
-use super::{AppState, method_not_allowed};
+use super::{AppState, method_not_allowed, path_segment};
 use crate::clock::Millis;
 use crate::domain::{Fingerprint, Key, ScopedKey, Token};
 use crate::error::ApiError;
@@ -77,8 +77,8 @@ struct StateAnswer<'a> {
     expires_at_ms: Millis,
 }
 
-fn parse_key(path: &web::Path<String>) -> Result<(Key, ScopedKey), ApiError> {
-    let key = Key::parse(path.as_str(), "key")?;
+fn parse_key(req: &HttpRequest) -> Result<(Key, ScopedKey), ApiError> {
+    let key = Key::parse(&path_segment(req, 3, "key")?, "key")?;
     let scoped = ScopedKey::api(&key);
     Ok((key, scoped))
 }
@@ -113,10 +113,9 @@ fn not_owner(state: ClaimState, expires_at_ms: Millis) -> ApiError {
 async fn claim(
     state: web::Data<AppState>,
     req: HttpRequest,
-    path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let (key, scoped) = parse_key(&path)?;
+    let (key, scoped) = parse_key(&req)?;
     let body: ClaimBody = read_json(&req, payload, state.max_body_bytes).await?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_claim)?;
     let fingerprint = body
@@ -152,10 +151,9 @@ async fn claim(
 async fn done(
     state: web::Data<AppState>,
     req: HttpRequest,
-    path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let (key, scoped) = parse_key(&path)?;
+    let (key, scoped) = parse_key(&req)?;
     let body: TokenTtlBody = read_json(&req, payload, state.max_body_bytes).await?;
     let token = Token::parse(&body.token)?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_done)?;
@@ -177,10 +175,9 @@ async fn done(
 async fn extend(
     state: web::Data<AppState>,
     req: HttpRequest,
-    path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let (key, scoped) = parse_key(&path)?;
+    let (key, scoped) = parse_key(&req)?;
     let body: TokenTtlBody = read_json(&req, payload, state.max_body_bytes).await?;
     let token = Token::parse(&body.token)?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_claim)?;
@@ -206,10 +203,9 @@ async fn extend(
 async fn release(
     state: web::Data<AppState>,
     req: HttpRequest,
-    path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let (_, scoped) = parse_key(&path)?;
+    let (_, scoped) = parse_key(&req)?;
     let body: TokenBody = read_json(&req, payload, state.max_body_bytes).await?;
     let token = Token::parse(&body.token)?;
     let now = state.clock.now_ms();
@@ -224,11 +220,8 @@ async fn release(
     }
 }
 
-async fn inspect(
-    state: web::Data<AppState>,
-    path: web::Path<String>,
-) -> Result<HttpResponse, ApiError> {
-    let (key, scoped) = parse_key(&path)?;
+async fn inspect(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let (key, scoped) = parse_key(&req)?;
     let now = state.clock.now_ms();
     match state.store.get(&scoped, now).await? {
         Some(view) => Ok(HttpResponse::Ok().json(StateAnswer {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use actix_web::{HttpRequest, web};
 
 use crate::clock::SharedClock;
-use crate::domain::TtlBounds;
+use crate::domain::{Invalid, TtlBounds};
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::store::Store;
@@ -39,6 +39,41 @@ pub fn configure_v1(cfg: &mut web::ServiceConfig) {
     claims::configure(cfg);
     streams::configure(cfg);
     sources::configure(cfg);
+}
+
+/// Segment `index` of the request path (`/v1/claims/{key}` has the key at
+/// 3), percent-decoded strictly: a malformed escape or bytes that are not
+/// UTF-8 are refused, never replaced, so two different raw keys can never
+/// decode to the same key.
+pub fn path_segment(
+    req: &HttpRequest,
+    index: usize,
+    field: &'static str,
+) -> Result<String, ApiError> {
+    let raw = req.uri().path().split('/').nth(index).unwrap_or_default();
+    let bytes = raw.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+        {
+            return Err(ApiError::Invalid(Invalid::new(
+                "invalid_key",
+                field,
+                "malformed percent-encoding: '%' must be followed by two hex digits",
+            )));
+        }
+    }
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| {
+            ApiError::Invalid(Invalid::new(
+                "invalid_key",
+                field,
+                "must be UTF-8 once percent-decoded",
+            ))
+        })
 }
 
 /// The answer for a known path with a method it does not take.

@@ -1,12 +1,12 @@
 //! The operator API of the gateway: list a source's events by status, and
 //! redeliver dead or stale ones.
 
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 
-use super::{AppState, method_not_allowed};
+use super::{AppState, method_not_allowed, path_segment};
 use crate::clock::Millis;
 use crate::domain::Invalid;
 use crate::error::ApiError;
@@ -103,10 +103,10 @@ fn decode_cursor(raw: &str) -> Result<(u64, String), ApiError> {
 
 async fn list(
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    req: HttpRequest,
     query: Result<web::Query<ListQuery>, actix_web::Error>,
 ) -> Result<HttpResponse, ApiError> {
-    let source = path.into_inner();
+    let source = path_segment(&req, 3, "source")?;
     if state.gateway.source(&source).is_none() {
         return Err(unknown_source(&source));
     }
@@ -144,11 +144,9 @@ async fn list(
     })))
 }
 
-async fn redeliver(
-    state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
-) -> Result<HttpResponse, ApiError> {
-    let (source, event_id) = path.into_inner();
+async fn redeliver(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let source = path_segment(&req, 3, "source")?;
+    let event_id = path_segment(&req, 5, "event_id")?;
     if state.gateway.source(&source).is_none() {
         return Err(unknown_source(&source));
     }

@@ -4,7 +4,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
 use super::body::read_json;
-use super::{AppState, method_not_allowed};
+use super::{AppState, method_not_allowed, path_segment};
 use crate::domain::{CreatedAt, Key, ScopedKey};
 use crate::error::ApiError;
 use crate::store::{ApplyOutcome, Head};
@@ -61,10 +61,9 @@ struct Applied<'a> {
 async fn apply(
     state: web::Data<AppState>,
     req: HttpRequest,
-    path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let stream = Key::parse(path.as_str(), "stream")?;
+    let stream = Key::parse(&path_segment(&req, 3, "stream")?, "stream")?;
     let body: ApplyBody = read_json(&req, payload, state.max_body_bytes).await?;
     let event_id = Key::parse(&body.event_id, "event_id")?;
     let created_at = CreatedAt::parse(&body.created_at, "created_at")?;
@@ -86,11 +85,8 @@ async fn apply(
     }))
 }
 
-async fn get_head(
-    state: web::Data<AppState>,
-    path: web::Path<String>,
-) -> Result<HttpResponse, ApiError> {
-    let stream = Key::parse(path.as_str(), "stream")?;
+async fn get_head(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let stream = Key::parse(&path_segment(&req, 3, "stream")?, "stream")?;
     let now = state.clock.now_ms();
     match state.store.head(&ScopedKey::api(&stream), now).await? {
         Some(head) => Ok(HttpResponse::Ok().json(serde_json::json!({

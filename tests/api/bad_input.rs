@@ -207,3 +207,24 @@ async fn random_bodies_and_keys_never_cause_a_5xx() {
         StatusCode::OK
     );
 }
+
+#[tokio::test]
+async fn keys_that_are_not_utf8_or_badly_escaped_return_400_and_never_collide() {
+    let app = spawn_app().await;
+    for raw in ["%FF", "%C3%28", "%ZZ", "abc%4", "%"] {
+        let res = app
+            .request(Method::POST, &format!("/v1/claims/{raw}"))
+            .send()
+            .await
+            .unwrap();
+        assert_problem(res, StatusCode::BAD_REQUEST, "invalid_key").await;
+    }
+    // U+FFFD itself is a fine key, and unrelated to the refused bytes above.
+    app.claim_ok("\u{FFFD}", json!({})).await;
+    let res = app
+        .request(Method::POST, "/v1/claims/%FE")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::BAD_REQUEST, "invalid_key").await;
+}

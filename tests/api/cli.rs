@@ -165,12 +165,108 @@ fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::JoinHandle<()
     (child, port, drain)
 }
 
-fn sigterm(child: &std::process::Child) {
+fn signal(child: &std::process::Child, sig: &str) {
     let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args([sig, &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
+}
+
+fn sigterm(child: &std::process::Child) {
+    signal(child, "-TERM");
+}
+
+/// Claims `n` keys `{prefix}{i}` and returns their fences.
+async fn claim_many(base: &str, prefix: &str, n: usize) -> Vec<u64> {
+    let client = reqwest::Client::new();
+    let mut fences = Vec::new();
+    for i in 0..n {
+        let res = client
+            .post(format!("{base}/v1/claims/{prefix}{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 201);
+        let v: Value = res.json().await.unwrap();
+        fences.push(v["fence"].as_u64().unwrap());
+    }
+    fences
+}
+
+/// Asserts that keys `{prefix}{i}` hold `fences`.
+async fn assert_fences(base: &str, prefix: &str, fences: &[u64]) {
+    let client = reqwest::Client::new();
+    for (i, fence) in fences.iter().enumerate() {
+        let v: Value = client
+            .get(format!("{base}/v1/claims/{prefix}{i}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["fence"].as_u64(), Some(*fence), "{prefix}{i}");
+    }
+}
+
+fn wait(mut child: std::process::Child) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(std::time::Instant::now() < deadline, "dedupd did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
+async fn sigint_stops_gracefully_too() {
+    let dir = TempDir::new().unwrap();
+    let (child, port, drain) = serve(&dir);
+    let base = format!("http://127.0.0.1:{port}");
+    let fences = claim_many(&base, "i", 5).await;
+    signal(&child, "-INT");
+    let status = tokio::task::spawn_blocking(move || wait(child))
+        .await
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+    drain.join().unwrap();
+    let (child, port, drain) = serve(&dir);
+    assert_fences(&format!("http://127.0.0.1:{port}"), "i", &fences).await;
+    sigterm(&child);
+    assert!(
+        tokio::task::spawn_blocking(move || wait(child))
+            .await
+            .unwrap()
+            .success()
+    );
+    drain.join().unwrap();
+}
+
+#[tokio::test]
+async fn every_acknowledged_claim_survives_a_kill_9() {
+    let dir = TempDir::new().unwrap();
+    let (child, port, drain) = serve(&dir);
+    let base = format!("http://127.0.0.1:{port}");
+    let fences = claim_many(&base, "k9-", 30).await;
+    signal(&child, "-KILL");
+    let status = tokio::task::spawn_blocking(move || wait(child))
+        .await
+        .unwrap();
+    assert!(!status.success(), "killed, not exited");
+    drain.join().unwrap();
+    let (child, port, drain) = serve(&dir);
+    assert_fences(&format!("http://127.0.0.1:{port}"), "k9-", &fences).await;
+    sigterm(&child);
+    assert!(
+        tokio::task::spawn_blocking(move || wait(child))
+            .await
+            .unwrap()
+            .success()
+    );
+    drain.join().unwrap();
 }
 
 #[tokio::test]

@@ -206,7 +206,7 @@ async fn applied_events_and_heads_expire_after_the_retention() {
     .purge_once(dedupd::clock::Clock::now_ms(&app.clock) + 3_600_000)
     .await
     .unwrap();
-    // At retention after the re-apply: A's record (stale, written 1 s after
-    // B's first apply) and the new B record and head are all due.
+    // One retention after the re-apply, A's record (stale, written 3599 s
+    // after B's first apply) and the new B record and head are all due.
     assert_eq!((report.events, report.heads), (2, 1));
 }

@@ -464,3 +464,36 @@ pub async fn thirty_two_concurrent_applies_give_one_applied(b: &mut dyn Backend)
     }
     assert_eq!(applied, 1);
 }
+
+pub async fn the_background_reaper_wakes_for_the_next_expiry_and_stops_when_told(
+    b: &mut dyn Backend,
+) {
+    let s = b.store();
+    let clock = dedupd::clock::ManualClock::new(T);
+    claim(&*s, "soon", 50, T).await;
+    claim(&*s, "later", 3_600_000, T).await;
+    // The interval is far off: only the next expiry can wake the reaper.
+    let reaper = Reaper::new(
+        s.clone(),
+        Arc::new(clock.clone()),
+        std::time::Duration::from_secs(3600),
+        100,
+    );
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(reaper.run(stop_rx));
+    clock.advance(std::time::Duration::from_millis(50));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.next_expiry().await.unwrap() != Some(T + 3_600_000) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reaper never removed the expired claim"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(s.get(&key("later"), T + 50).await.unwrap().is_some());
+    stop.send(true).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+}

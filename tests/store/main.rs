@@ -5,6 +5,7 @@
 mod backends;
 mod cases;
 mod model;
+mod redb_file;
 
 use std::sync::Arc;
 
@@ -54,6 +55,7 @@ macro_rules! conformance {
             case!(state_survives_a_restart);
             case!(sixty_four_concurrent_claims_give_one_owner);
             case!(thirty_two_concurrent_applies_give_one_applied);
+            case!(the_background_reaper_wakes_for_the_next_expiry_and_stops_when_told);
 
             #[test]
             fn random_operations_agree_with_the_model() {

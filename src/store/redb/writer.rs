@@ -42,12 +42,10 @@ pub enum Envelope {
 /// Counters shared between the writer and the store.
 #[derive(Debug, Default)]
 pub struct Counters {
-    /// Requests answered.
+    /// Requests answered after a successful commit.
     pub operations: AtomicU64,
     /// Commits made.
     pub commits: AtomicU64,
-    /// Largest batch so far.
-    pub max_batch: AtomicU64,
 }
 
 impl Counters {
@@ -101,14 +99,13 @@ fn run(db: &Database, mut rx: mpsc::Receiver<Envelope>, max_batch: usize, counte
             continue;
         }
         let result = commit(db, &batch);
-        counters
-            .operations
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        counters
-            .max_batch
-            .fetch_max(batch.len() as u64, Ordering::Relaxed);
         match result {
             Ok(responses) => {
+                // Only committed batches count, so operations per commit
+                // is what group commit achieved.
+                counters
+                    .operations
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
                 counters.commits.fetch_add(1, Ordering::Relaxed);
                 for ((_, _, reply), response) in batch.drain(..).zip(responses) {
                     // A caller that went away no longer needs its answer;
