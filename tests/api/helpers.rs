@@ -33,6 +33,9 @@ pub struct TestApp {
     pub dir: Arc<TempDir>,
     /// Bearer token sent with every `/v1` request, if any.
     pub token: Option<String>,
+    /// Whether the app runs on the system clock (gateway tests) instead of
+    /// [`TestApp::clock`].
+    pub real_time: bool,
     handle: ServerHandle,
     join: JoinHandle<std::io::Result<()>>,
 }
@@ -64,11 +67,25 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Loaded)) -> TestApp {
     let dir = Arc::new(TempDir::new().expect("temp dir"));
     let mut loaded = test_settings(&dir);
     tweak(&mut loaded);
-    start(loaded, dir, ManualClock::new(T0)).await
+    start(loaded, dir, ManualClock::new(T0), false).await
 }
 
-async fn start(loaded: Loaded, dir: Arc<TempDir>, clock: ManualClock) -> TestApp {
-    let app = Application::build(loaded.clone(), Arc::new(clock.clone()))
+/// Starts an app on the system clock (deliveries and retries happen in
+/// real time) after `tweak` adjusts the settings.
+pub async fn spawn_real_time_app_with(tweak: impl FnOnce(&mut Loaded)) -> TestApp {
+    let dir = Arc::new(TempDir::new().expect("temp dir"));
+    let mut loaded = test_settings(&dir);
+    tweak(&mut loaded);
+    start(loaded, dir, ManualClock::new(T0), true).await
+}
+
+async fn start(loaded: Loaded, dir: Arc<TempDir>, clock: ManualClock, real_time: bool) -> TestApp {
+    let app_clock: dedupd::clock::SharedClock = if real_time {
+        Arc::new(dedupd::clock::SystemClock)
+    } else {
+        Arc::new(clock.clone())
+    };
+    let app = Application::build(loaded.clone(), app_clock)
         .await
         .expect("build app");
     let address = format!("http://127.0.0.1:{}", app.port());
@@ -87,6 +104,7 @@ async fn start(loaded: Loaded, dir: Arc<TempDir>, clock: ManualClock) -> TestApp
         loaded,
         dir,
         token,
+        real_time,
         handle,
         join,
     }
@@ -99,18 +117,18 @@ pub fn with_tokens(loaded: &mut Loaded, tokens: &[&str]) {
 
 impl TestApp {
     /// Stops gracefully and waits until the store is closed.
-    pub async fn stop(self) -> (Loaded, Arc<TempDir>, ManualClock) {
+    pub async fn stop(self) -> (Loaded, Arc<TempDir>, ManualClock, bool) {
         drop(self.store);
         self.handle.stop(true).await;
         self.join.await.expect("join").expect("server result");
-        (self.loaded, self.dir, self.clock)
+        (self.loaded, self.dir, self.clock, self.real_time)
     }
 
     /// Stops and starts again on the same data file and clock.
     pub async fn restart(self) -> TestApp {
-        let (mut loaded, dir, clock) = self.stop().await;
+        let (mut loaded, dir, clock, real_time) = self.stop().await;
         loaded.settings.listen = "127.0.0.1:0".parse().expect("addr");
-        start(loaded, dir, clock).await
+        start(loaded, dir, clock, real_time).await
     }
 
     /// Full URL of `path`.

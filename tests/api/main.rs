@@ -6,6 +6,8 @@ mod bad_input;
 mod claims;
 mod cli;
 mod concurrency;
+mod gateway;
 mod helpers;
+mod receiver;
 mod restart;
 mod streams;

@@ -1,0 +1,489 @@
+//! The webhook gateway end to end: a signed post to `/ingest/sume`, a real
+//! receiver behind it, the operator API to look inside.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use dedupd::config::sources::SourceSettings;
+use dedupd::gateway::Source;
+use dedupd::gateway::signature::{Scheme, Verifier, sign};
+use reqwest::{Method, Response, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, assert_problem, spawn_real_time_app_with};
+use crate::receiver::{Behaviour, Receiver, eventually, free_port};
+
+const SECRET: &str = "sume_test_secret";
+const DESTINATION: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+fn settings(forward_to: &str) -> SourceSettings {
+    let toml = format!(
+        r#"
+        scheme = "sume"
+        event_id = "body:/request_id"
+        created_at = "body:/created_at"
+        stream = "body:/run_id"
+        forward_to = "{forward_to}"
+        max_attempts = 4
+        backoff_min = "10ms"
+        backoff_max = "40ms"
+        forward_timeout = "2s"
+        max_body_bytes = 4096
+        "#
+    );
+    toml::from_str(&toml).unwrap()
+}
+
+async fn gateway_app(forward_to: &str, tweak: impl FnOnce(&mut SourceSettings)) -> TestApp {
+    let mut s = settings(forward_to);
+    tweak(&mut s);
+    let source = Source::build("sume", &s, &[SECRET.to_owned()], Some(DESTINATION)).unwrap();
+    spawn_real_time_app_with(move |l| {
+        l.settings.sources.insert("sume".into(), s);
+        l.sources = vec![Arc::new(source)];
+    })
+    .await
+}
+
+fn now_s() -> i64 {
+    i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap()
+}
+
+fn body(id: &str, run: &str, created_at: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "request_id": id, "run_id": run, "created_at": created_at, "type": "run.updated",
+    }))
+    .unwrap()
+}
+
+impl TestApp {
+    /// Posts `body` to `/ingest/{source}` signed the way Sume signs, at `ts`.
+    async fn post_signed_at(&self, source: &str, body: &[u8], ts: i64, secret: &str) -> Response {
+        let mut req = self
+            .client
+            .post(self.url(&format!("/ingest/{source}")))
+            .header("content-type", "application/json")
+            .body(body.to_vec());
+        for (name, value) in sign(Scheme::Sume, secret, ts, "", body) {
+            req = req.header(name, value);
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn ingest(&self, body: &[u8]) -> Response {
+        self.post_signed_at("sume", body, now_s(), SECRET).await
+    }
+
+    async fn ingest_ok(&self, body: &[u8]) -> Value {
+        let res = self.ingest(body).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        res.json().await.unwrap()
+    }
+
+    /// The source's events with `status`, from the operator API.
+    async fn events(&self, status: &str) -> Vec<Value> {
+        let res = self
+            .request(
+                Method::GET,
+                &format!("/v1/sources/sume/events?status={status}"),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let v: Value = res.json().await.unwrap();
+        v["events"].as_array().unwrap().clone()
+    }
+
+    async fn event_ids(&self, status: &str) -> Vec<String> {
+        self.events(status)
+            .await
+            .iter()
+            .map(|e| e["event_id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+fn ids(received: &[crate::receiver::Received]) -> Vec<String> {
+    received
+        .iter()
+        .map(|r| r.header("webhook-id").to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_posts_of_one_event_are_all_answered_200_and_delivered_once() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    let b = body("req_1", "run_1", "2026-11-29T10:00:00Z");
+    let answers = futures_util::future::join_all((0..50).map(|_| app.ingest_ok(&b))).await;
+    let accepted = answers.iter().filter(|v| v["status"] == "accepted").count();
+    assert_eq!(accepted, 1, "{answers:?}");
+    eventually("the event is delivered", || async {
+        app.event_ids("delivered").await == ["req_1"]
+    })
+    .await;
+    // Give a wrongly repeated delivery the chance to show up.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(ids(&receiver.received()), ["req_1"]);
+    // A repeat after delivery is a duplicate too, and is not delivered again.
+    assert_eq!(app.ingest_ok(&b).await["status"], "duplicate");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(receiver.received().len(), 1);
+}
+
+#[tokio::test]
+async fn the_forwarded_request_is_the_original_body_signed_with_standard_webhooks() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    let b = body("req_sig", "run_1", "2026-11-29T10:00:00Z");
+    app.ingest_ok(&b).await;
+    eventually("delivery", || async { !receiver.received().is_empty() }).await;
+    let got = &receiver.received()[0];
+    assert_eq!(got.body, b, "the body is forwarded byte for byte");
+    assert_eq!(got.header("webhook-id"), "req_sig");
+    assert_eq!(got.header("dedupd-attempt"), "1");
+    assert_eq!(got.header("content-type"), "application/json");
+    // The application verifies with the Standard Webhooks scheme under the
+    // destination secret (the verifier is checked against the reference
+    // library's vectors in src/gateway/signature).
+    let verifier = Verifier::new(
+        Scheme::StandardWebhooks,
+        &[DESTINATION.to_owned()],
+        Duration::from_secs(300),
+    )
+    .unwrap();
+    let lookup = |name: &str| got.headers.get(name).map(String::as_str);
+    verifier.verify(&lookup, &got.body, now_s()).unwrap();
+    let wrong = Verifier::new(
+        Scheme::StandardWebhooks,
+        &["whsec_c2VjcmV0LW90aGVy".to_owned()],
+        Duration::from_secs(300),
+    )
+    .unwrap();
+    assert!(wrong.verify(&lookup, &got.body, now_s()).is_err());
+}
+
+#[tokio::test]
+async fn events_of_one_stream_pending_together_are_delivered_in_created_at_order() {
+    // The application is failing while the events arrive newest first, so
+    // they are all pending together.
+    let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&receiver.url, |s| s.max_attempts = 1000).await;
+    for (id, minute) in [("e4", 4), ("e3", 3), ("e1", 1), ("e2", 2)] {
+        app.ingest_ok(&body(id, "run_7", &format!("2026-11-29T10:0{minute}:00Z")))
+            .await;
+    }
+    eventually("every event was tried", || async {
+        receiver.received().len() >= 4
+    })
+    .await;
+    receiver.set(Behaviour::Accept);
+    eventually("all delivered", || async {
+        app.event_ids("delivered").await.len() == 4
+    })
+    .await;
+    let successes: Vec<String> = {
+        // Each event's last request is its successful one; order them by arrival.
+        let got = receiver.received();
+        let mut order = Vec::new();
+        for (i, r) in got.iter().enumerate() {
+            let id = r.header("webhook-id").to_owned();
+            if !got[i + 1..]
+                .iter()
+                .any(|later| later.header("webhook-id") == id)
+            {
+                order.push(id);
+            }
+        }
+        order
+    };
+    assert_eq!(successes, ["e1", "e2", "e3", "e4"]);
+    let res = app
+        .request(Method::GET, "/v1/streams/run_7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::NOT_FOUND,
+        "gateway streams live in their own namespace"
+    );
+}
+
+#[tokio::test]
+async fn an_event_older_than_a_delivered_one_is_stale_and_not_delivered() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    app.ingest_ok(&body("new", "run_1", "2026-11-29T10:05:00Z"))
+        .await;
+    eventually("the newer event is delivered", || async {
+        app.event_ids("delivered").await == ["new"]
+    })
+    .await;
+    app.ingest_ok(&body("old", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("the older event is stale", || async {
+        app.event_ids("stale").await == ["old"]
+    })
+    .await;
+    assert_eq!(ids(&receiver.received()), ["new"]);
+    // Another stream is not affected.
+    app.ingest_ok(&body("other", "run_2", "2026-11-29T09:00:00Z"))
+        .await;
+    eventually("delivered", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_receiver_failing_three_times_gets_the_event_once_after_four_attempts() {
+    let receiver = Receiver::start(Behaviour::FailTimes(3)).await;
+    let app = gateway_app(&receiver.url, |s| s.max_attempts = 10).await;
+    app.ingest_ok(&body("flaky", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("delivered", || async {
+        app.event_ids("delivered").await == ["flaky"]
+    })
+    .await;
+    let got = receiver.received();
+    let attempts: Vec<&str> = got.iter().map(|r| r.header("dedupd-attempt")).collect();
+    assert_eq!(attempts, ["1", "2", "3", "4"]);
+    let ev = &app.events("delivered").await[0];
+    assert_eq!(ev["attempts"], 4);
+    assert_eq!(ev["last_error"], Value::Null);
+}
+
+#[tokio::test]
+async fn a_redirect_is_a_failed_delivery_and_is_not_followed() {
+    let receiver = Receiver::start(Behaviour::Redirect).await;
+    let app = gateway_app(&receiver.url, |s| s.max_attempts = 2).await;
+    app.ingest_ok(&body("moved", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("dead", || async {
+        app.event_ids("dead").await == ["moved"]
+    })
+    .await;
+    assert_eq!(
+        receiver.received().len(),
+        2,
+        "two attempts, no request to the redirect target"
+    );
+    let ev = &app.events("dead").await[0];
+    assert_eq!(ev["attempts"], 2);
+    assert!(ev["last_error"].as_str().unwrap().contains("307"), "{ev}");
+}
+
+#[tokio::test]
+async fn a_receiver_that_is_down_makes_the_event_dead_and_redeliver_brings_it_through() {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/hooks");
+    let app = gateway_app(&url, |s| s.max_attempts = 3).await;
+    app.ingest_ok(&body("lost", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("dead", || async { app.event_ids("dead").await == ["lost"] }).await;
+    let ev = &app.events("dead").await[0];
+    assert_eq!(ev["attempts"], 3);
+    assert!(
+        ev["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("request failed"),
+        "{ev}"
+    );
+
+    let receiver = Receiver::start_on(port, Behaviour::Accept).await;
+    let res = app
+        .request(Method::POST, "/v1/sources/sume/events/lost/redeliver")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    eventually("delivered", || async {
+        app.event_ids("delivered").await == ["lost"]
+    })
+    .await;
+    assert_eq!(ids(&receiver.received()), ["lost"]);
+    // Only dead and stale events can be redelivered; unknown ones are 404.
+    let res = app
+        .request(Method::POST, "/v1/sources/sume/events/lost/redeliver")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::CONFLICT, "not_redeliverable").await;
+    let res = app
+        .request(Method::POST, "/v1/sources/sume/events/nope/redeliver")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::NOT_FOUND, "unknown_event").await;
+}
+
+#[tokio::test]
+async fn refused_posts_get_the_right_status_and_store_nothing() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    let b = body("req_x", "run_1", "2026-11-29T10:00:00Z");
+
+    let res = app
+        .post_signed_at("sume", &b, now_s(), "not-the-secret")
+        .await;
+    assert_problem(res, StatusCode::UNAUTHORIZED, "bad_signature").await;
+    let res = app.post_signed_at("sume", &b, now_s() - 3600, SECRET).await;
+    assert_problem(res, StatusCode::UNAUTHORIZED, "timestamp_out_of_tolerance").await;
+    let res = app
+        .client
+        .post(app.url("/ingest/sume"))
+        .body(b.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::UNAUTHORIZED, "missing_signature").await;
+
+    let no_id = serde_json::to_vec(&json!({ "run_id": "run_1" })).unwrap();
+    let v = assert_problem(
+        app.ingest(&no_id).await,
+        StatusCode::BAD_REQUEST,
+        "missing_event_id",
+    )
+    .await;
+    assert!(
+        v["detail"].as_str().unwrap().contains("body:/request_id"),
+        "{v}"
+    );
+    let numeric_id = serde_json::to_vec(&json!({ "request_id": 17 })).unwrap();
+    assert_problem(
+        app.ingest(&numeric_id).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_event_id",
+    )
+    .await;
+    assert_problem(
+        app.ingest(b"not json").await,
+        StatusCode::BAD_REQUEST,
+        "malformed_body",
+    )
+    .await;
+
+    let mut big = body("req_big", "run_1", "2026-11-29T10:00:00Z");
+    big.resize(5000, b' ');
+    assert_problem(
+        app.ingest(&big).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+    )
+    .await;
+
+    let res = app.post_signed_at("nosuch", &b, now_s(), SECRET).await;
+    assert_problem(res, StatusCode::NOT_FOUND, "unknown_source").await;
+    let res = app
+        .request(Method::GET, "/v1/sources/nosuch/events?status=dead")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::NOT_FOUND, "unknown_source").await;
+
+    for status in ["pending", "delivered", "stale", "dead"] {
+        assert!(app.events(status).await.is_empty(), "{status}");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(receiver.received().is_empty());
+    // The same event, correctly signed, is still new.
+    assert_eq!(app.ingest_ok(&b).await["status"], "accepted");
+}
+
+#[tokio::test]
+async fn pending_events_are_delivered_after_a_restart() {
+    let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&receiver.url, |s| s.max_attempts = 1000).await;
+    for i in 0..5 {
+        app.ingest_ok(&body(
+            &format!("p{i}"),
+            &format!("run_{i}"),
+            "2026-11-29T10:00:00Z",
+        ))
+        .await;
+    }
+    eventually("every event was tried", || async {
+        receiver.received().len() >= 5
+    })
+    .await;
+    let app = app.restart().await;
+    assert_eq!(
+        app.event_ids("pending").await.len(),
+        5,
+        "nothing acknowledged was lost"
+    );
+    receiver.set(Behaviour::Accept);
+    eventually("all delivered after the restart", || async {
+        app.event_ids("delivered").await.len() == 5
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_event_list_pages_with_a_cursor_and_checks_its_query() {
+    let port = free_port();
+    let app = gateway_app(&format!("http://127.0.0.1:{port}/hooks"), |s| {
+        s.max_attempts = 1
+    })
+    .await;
+    for i in 0..5 {
+        app.ingest_ok(&body(
+            &format!("d{i}"),
+            &format!("run_{i}"),
+            "2026-11-29T10:00:00Z",
+        ))
+        .await;
+    }
+    eventually("all dead", || async {
+        app.event_ids("dead").await.len() == 5
+    })
+    .await;
+    let mut seen = Vec::new();
+    let mut path = "/v1/sources/sume/events?status=dead&limit=2".to_owned();
+    loop {
+        let v: Value = app
+            .request(Method::GET, &path)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let page = v["events"].as_array().unwrap();
+        assert!(page.len() <= 2);
+        seen.extend(
+            page.iter()
+                .map(|e| e["event_id"].as_str().unwrap().to_owned()),
+        );
+        match v["next"].as_str() {
+            Some(next) => {
+                path = format!("/v1/sources/sume/events?status=dead&limit=2&after={next}")
+            }
+            None => break,
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, ["d0", "d1", "d2", "d3", "d4"]);
+    for bad in [
+        "status=gone",
+        "",
+        "status=dead&limit=0",
+        "status=dead&after=%21%21",
+    ] {
+        let res = app
+            .request(Method::GET, &format!("/v1/sources/sume/events?{bad}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+}

@@ -1,0 +1,167 @@
+//! A real HTTP receiver standing in for the application behind the gateway:
+//! it records what it gets and answers as the test tells it to.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// Headers, names lowercased.
+    pub headers: HashMap<String, String>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    /// A header's value.
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map_or("", String::as_str)
+    }
+}
+
+/// How the receiver answers.
+#[derive(Debug, Clone, Copy)]
+pub enum Behaviour {
+    /// 204 to everything.
+    Accept,
+    /// 500 to the next `n` requests, then 204.
+    FailTimes(usize),
+    /// This status to everything.
+    Always(u16),
+    /// 307 to another path of itself.
+    Redirect,
+}
+
+#[derive(Debug)]
+struct State {
+    received: Mutex<Vec<Received>>,
+    behaviour: Mutex<Behaviour>,
+}
+
+/// A running receiver.
+pub struct Receiver {
+    /// `http://127.0.0.1:{port}/hooks`.
+    pub url: String,
+    state: Arc<State>,
+    handle: ServerHandle,
+}
+
+/// A loopback port nothing listens on (for a receiver that is down).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn hook(req: HttpRequest, body: web::Bytes, state: web::Data<State>) -> HttpResponse {
+    let headers = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                v.to_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    state.received.lock().unwrap().push(Received {
+        headers,
+        body: body.to_vec(),
+    });
+    let mut behaviour = state.behaviour.lock().unwrap();
+    match *behaviour {
+        Behaviour::Accept => HttpResponse::NoContent().finish(),
+        Behaviour::FailTimes(0) => {
+            *behaviour = Behaviour::Accept;
+            HttpResponse::NoContent().finish()
+        }
+        Behaviour::FailTimes(n) => {
+            *behaviour = Behaviour::FailTimes(n - 1);
+            HttpResponse::InternalServerError().finish()
+        }
+        Behaviour::Always(code) => {
+            HttpResponse::build(actix_web::http::StatusCode::from_u16(code).unwrap()).finish()
+        }
+        Behaviour::Redirect => HttpResponse::TemporaryRedirect()
+            .insert_header(("location", "/elsewhere"))
+            .finish(),
+    }
+}
+
+impl Receiver {
+    /// Starts a receiver on a free port.
+    pub async fn start(behaviour: Behaviour) -> Self {
+        Self::start_on(0, behaviour).await
+    }
+
+    /// Starts a receiver on `port` (0: any free port).
+    pub async fn start_on(port: u16, behaviour: Behaviour) -> Self {
+        let state = Arc::new(State {
+            received: Mutex::new(Vec::new()),
+            behaviour: Mutex::new(behaviour),
+        });
+        let data = web::Data::from(state.clone());
+        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .route("/hooks", web::post().to(hook))
+                .route("/elsewhere", web::post().to(hook))
+        })
+        .workers(1)
+        .disable_signals()
+        .listen(listener)
+        .unwrap()
+        .run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        Self {
+            url: format!("http://127.0.0.1:{port}/hooks"),
+            state,
+            handle,
+        }
+    }
+
+    /// Everything received so far.
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    /// Changes how the receiver answers from now on.
+    pub fn set(&self, behaviour: Behaviour) {
+        *self.state.behaviour.lock().unwrap() = behaviour;
+    }
+
+    /// Stops the receiver.
+    pub async fn stop(self) {
+        self.handle.stop(false).await;
+    }
+}
+
+/// Waits until `check` holds, up to 30 s; panics with `what` otherwise.
+/// Deliveries and retries run in real time, so tests wait for outcomes —
+/// they never assert how long those took.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
