@@ -402,6 +402,14 @@ async fn refused_posts_get_the_right_status_and_store_nothing() {
 #[tokio::test]
 async fn pending_events_are_delivered_after_a_restart() {
     let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let port: u16 = receiver
+        .url
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .trim_end_matches("/hooks")
+        .parse()
+        .unwrap();
     let app = gateway_app(&receiver.url, |s| s.max_attempts = 1000).await;
     for i in 0..5 {
         app.ingest_ok(&body(
@@ -415,17 +423,22 @@ async fn pending_events_are_delivered_after_a_restart() {
         receiver.received().len() >= 5
     })
     .await;
+    // The application goes down while dedupd restarts.
+    receiver.stop().await;
     let app = app.restart().await;
     assert_eq!(
         app.event_ids("pending").await.len(),
         5,
         "nothing acknowledged was lost"
     );
-    receiver.set(Behaviour::Accept);
+    let receiver = Receiver::start_on(port, Behaviour::Accept).await;
     eventually("all delivered after the restart", || async {
         app.event_ids("delivered").await.len() == 5
     })
     .await;
+    let mut got = ids(&receiver.received());
+    got.sort();
+    assert_eq!(got, ["p0", "p1", "p2", "p3", "p4"]);
 }
 
 #[tokio::test]
