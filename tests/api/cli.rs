@@ -351,3 +351,103 @@ fn the_example_systemd_config_is_valid() {
     );
     assert!(stdout.contains("1 API token(s)"), "{stdout}");
 }
+
+#[test]
+fn check_config_names_the_source_and_key_of_each_gateway_mistake() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("sources.toml");
+    std::fs::write(
+        &file,
+        r#"
+[sources.sume]
+scheme = "sume"
+event_id = "body:request_id"
+stream = "body:/run~2id"
+forward_to = "not a url"
+
+[sources.stripe]
+scheme = "stripe"
+secrets = ["whsec_abc"]
+event_id = "header:Stripe Event"
+forward_to = "ftp://example.com/x"
+destination_secret = "not base64!"
+"#,
+    )
+    .unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for key in [
+        "sources.sume.secrets",
+        "sources.sume.event_id",
+        "sources.sume.stream",
+        "sources.sume.forward_to",
+        "sources.sume.destination_secret",
+        "sources.stripe.event_id",
+        "sources.stripe.forward_to",
+        "sources.stripe.destination_secret",
+    ] {
+        assert!(stderr.contains(key), "{key} missing in:\n{stderr}");
+    }
+    assert!(stderr.contains("sources.toml"), "{stderr}");
+    assert!(
+        !stderr.contains("whsec_abc"),
+        "secrets never appear in errors"
+    );
+
+    std::fs::write(&file, "[sources.x]\nscheme = \"smoke-signals\"\nevent_id = \"body:/id\"\nforward_to = \"http://127.0.0.1:1/\"\n").unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("sources.x.scheme") && stderr.contains("smoke-signals"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_valid_source_with_secrets_from_files_passes_check_config_redacted() {
+    let dir = TempDir::new().unwrap();
+    let secrets = dir.path().join("sume-keys");
+    std::fs::write(&secrets, "old-sume-secret\nnew-sume-secret\n").unwrap();
+    let dest = dir.path().join("dest");
+    std::fs::write(&dest, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n").unwrap();
+    let file = dir.path().join("ok.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[sources.sume]\nscheme = \"sume\"\nsecrets_file = {:?}\ndestination_secret_file = {:?}\nevent_id = \"body:/request_id\"\ncreated_at = \"body:/created_at\"\nstream = \"body:/run_id\"\nforward_to = \"http://127.0.0.1:3000/hooks/sume\"\n",
+            secrets.display().to_string(),
+            dest.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("[sources.sume]"), "{stdout}");
+    assert!(
+        stdout.contains("max_attempts = 12"),
+        "defaults are shown: {stdout}"
+    );
+    assert!(
+        !stdout.contains("sume-secret") && !stdout.contains("MfKQ9"),
+        "{stdout}"
+    );
+}

@@ -500,3 +500,20 @@ async fn the_event_list_pages_with_a_cursor_and_checks_its_query() {
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
     }
 }
+
+#[tokio::test]
+async fn stopping_waits_for_a_delivery_in_flight_to_finish() {
+    let receiver = Receiver::start(Behaviour::Delay(500)).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    app.ingest_ok(&body("slow", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("the delivery started", || async {
+        !receiver.received().is_empty()
+    })
+    .await;
+    // Stop while the application is still answering; the delivery completes
+    // and is recorded before the store closes.
+    let app = app.restart().await;
+    assert_eq!(app.event_ids("delivered").await, ["slow"]);
+    assert_eq!(receiver.received().len(), 1);
+}

@@ -37,6 +37,8 @@ pub enum Behaviour {
     Always(u16),
     /// 307 to another path of itself.
     Redirect,
+    /// 204 after this many milliseconds.
+    Delay(u64),
 }
 
 #[derive(Debug)]
@@ -79,7 +81,7 @@ async fn hook(req: HttpRequest, body: web::Bytes, state: web::Data<State>) -> Ht
     });
     let mut behaviour = state.behaviour.lock().unwrap();
     match *behaviour {
-        Behaviour::Accept => HttpResponse::NoContent().finish(),
+        Behaviour::Accept | Behaviour::Delay(_) => HttpResponse::NoContent().finish(),
         Behaviour::FailTimes(0) => {
             *behaviour = Behaviour::Accept;
             HttpResponse::NoContent().finish()

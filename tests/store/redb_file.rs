@@ -96,3 +96,152 @@ async fn concurrent_writes_share_commits() {
         after.commits - before.commits
     );
 }
+
+mod inbox {
+    use dedupd::domain::CreatedAt;
+    use dedupd::store::Store;
+    use dedupd::store::inbox::{
+        EventStatus, IngestOutcome, NewEvent, RedeliverOutcome, Retention, Settle,
+    };
+    use dedupd::store::redb::{RedbOptions, RedbStore};
+    use tempfile::TempDir;
+
+    const T: u64 = 1_800_000_000_000;
+    const RETENTION: Retention = Retention {
+        delivered_ms: 1_000,
+        dead_ms: 5_000,
+    };
+
+    fn event(id: &str, stream: Option<&str>, minute: u32) -> NewEvent {
+        NewEvent {
+            source: "sume".into(),
+            event_id: id.into(),
+            stream: stream.map(str::to_owned),
+            created_at: CreatedAt::parse(&format!("2026-11-29T10:{minute:02}:00Z"), "created_at")
+                .unwrap(),
+            received_at_ms: T,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: b"{}".to_vec(),
+        }
+    }
+
+    async fn due_ids(s: &RedbStore, now: u64) -> Vec<String> {
+        s.due_events(now, 100)
+            .await
+            .unwrap()
+            .0
+            .into_iter()
+            .map(|e| e.event_id)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn only_the_oldest_pending_event_of_a_stream_is_runnable() {
+        let dir = TempDir::new().unwrap();
+        let s = RedbStore::open(&RedbOptions::new(dir.path().join("i.redb"))).unwrap();
+        assert_eq!(
+            s.ingest(event("b", Some("r"), 5), T).await.unwrap(),
+            IngestOutcome::Accepted
+        );
+        assert_eq!(
+            s.ingest(event("b", Some("r"), 5), T).await.unwrap(),
+            IngestOutcome::Duplicate
+        );
+        s.ingest(event("x", None, 9), T).await.unwrap();
+        assert_eq!(due_ids(&s, T).await, ["b", "x"]);
+        // An older event of the stream arrives: it goes first, alone.
+        s.ingest(event("a", Some("r"), 1), T).await.unwrap();
+        let mut due = due_ids(&s, T).await;
+        due.sort();
+        assert_eq!(due, ["a", "x"]);
+        // A failed attempt keeps it first, due later.
+        let retry = Settle::Retry {
+            retry_at: T + 500,
+            error: "HTTP 500".into(),
+            attempted: true,
+        };
+        s.settle("sume", "a", retry, RETENTION, T).await.unwrap();
+        assert_eq!(due_ids(&s, T).await, ["x"]);
+        assert_eq!(due_ids(&s, T + 500).await, ["x", "a"]);
+        s.settle(
+            "sume",
+            "a",
+            Settle::Delivered { attempted: true },
+            RETENTION,
+            T + 600,
+        )
+        .await
+        .unwrap();
+        assert_eq!(due_ids(&s, T + 600).await, ["b", "x"]);
+        let a = s.inbox_event("sume", "a").await.unwrap().unwrap();
+        assert_eq!((a.status, a.attempts), (EventStatus::Delivered, 2));
+        s.close().await;
+    }
+
+    #[tokio::test]
+    async fn settled_events_are_reaped_after_their_retention_and_dead_ones_can_be_redelivered() {
+        let dir = TempDir::new().unwrap();
+        let s = RedbStore::open(&RedbOptions::new(dir.path().join("i.redb"))).unwrap();
+        for id in ["ok", "gone", "stale"] {
+            s.ingest(event(id, None, 1), T).await.unwrap();
+        }
+        s.settle(
+            "sume",
+            "ok",
+            Settle::Delivered { attempted: true },
+            RETENTION,
+            T,
+        )
+        .await
+        .unwrap();
+        s.settle(
+            "sume",
+            "gone",
+            Settle::Dead {
+                error: "down".into(),
+            },
+            RETENTION,
+            T,
+        )
+        .await
+        .unwrap();
+        s.settle("sume", "stale", Settle::Stale, RETENTION, T)
+            .await
+            .unwrap();
+        assert!(due_ids(&s, T + 10_000).await.is_empty());
+        assert_eq!(
+            s.redeliver("sume", "ok", T).await.unwrap(),
+            RedeliverOutcome::NotRedeliverable(EventStatus::Delivered)
+        );
+        assert_eq!(
+            s.redeliver("sume", "nope", T).await.unwrap(),
+            RedeliverOutcome::NotFound
+        );
+
+        // Delivered and stale go after 1 s, dead after 5 s.
+        let r = s.purge_expired(T + 1_000, 100).await.unwrap();
+        assert_eq!(r.inbox, 2);
+        assert!(s.inbox_event("sume", "ok").await.unwrap().is_none());
+        assert!(s.inbox_event("sume", "gone").await.unwrap().is_some());
+        let (dead, _) = s
+            .list_events("sume", EventStatus::Dead, None, 10)
+            .await
+            .unwrap();
+        assert_eq!(dead.len(), 1);
+
+        // Redelivered, the dead event is pending again and no longer expires.
+        assert_eq!(
+            s.redeliver("sume", "gone", T + 2_000).await.unwrap(),
+            RedeliverOutcome::Requeued
+        );
+        assert_eq!(due_ids(&s, T + 2_000).await, ["gone"]);
+        let r = s.purge_expired(T + 60_000, 100).await.unwrap();
+        assert_eq!(r.inbox, 0);
+        let e = s.inbox_event("sume", "gone").await.unwrap().unwrap();
+        assert_eq!(
+            (e.status, e.attempts, e.force),
+            (EventStatus::Pending, 0, true)
+        );
+        s.close().await;
+    }
+}
