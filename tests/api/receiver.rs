@@ -79,6 +79,14 @@ async fn hook(req: HttpRequest, body: web::Bytes, state: web::Data<State>) -> Ht
         headers,
         body: body.to_vec(),
     });
+    let delay = match *state.behaviour.lock().unwrap() {
+        Behaviour::Delay(ms) => ms,
+        _ => 0,
+    };
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        return HttpResponse::NoContent().finish();
+    }
     let mut behaviour = state.behaviour.lock().unwrap();
     match *behaviour {
         Behaviour::Accept | Behaviour::Delay(_) => HttpResponse::NoContent().finish(),
