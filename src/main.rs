@@ -40,6 +40,12 @@ fn main() -> ExitCode {
         Command::CheckConfig { config } => match Settings::load(config.as_deref()) {
             Ok(loaded) => {
                 print!("{}", loaded.settings.to_redacted_toml());
+                for source in &loaded.sources {
+                    println!(
+                        "\n# source {}: {:?} signatures, /ingest/{} -> {}",
+                        source.name, source.scheme, source.name, source.forward_to
+                    );
+                }
                 println!(
                     "\n# {} API token(s) in effect; {}",
                     loaded.api_tokens.len(),
