@@ -20,7 +20,7 @@ use tracing_actix_web::TracingLogger;
 
 use crate::auth::{ApiTokens, require_bearer};
 use crate::clock::SharedClock;
-use crate::config::Loaded;
+use crate::config::{Backend, Loaded};
 use crate::gateway::delivery::Dispatcher;
 use crate::gateway::{self, Gateway};
 use crate::reaper::Reaper;
@@ -63,18 +63,45 @@ impl Application {
         let s = &loaded.settings;
         let opts = RedbOptions {
             path: s.data_path.clone(),
-            cache_bytes: s.store.cache_bytes,
-            queue_capacity: s.store.queue_capacity,
-            max_batch: s.store.max_batch,
+            cache_bytes: s.storage.cache_bytes,
+            queue_capacity: s.storage.queue_capacity,
+            max_batch: s.storage.max_batch,
         };
-        let store = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
+        let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
             .await
             .context("opening the store panicked")??;
-        let store = Arc::new(store);
-        Self::build_with_store(loaded, clock, store.clone(), store)
+        let file = Arc::new(file);
+        let store: Arc<dyn Store> = match s.storage.backend {
+            Backend::Redb => file.clone(),
+            #[cfg(feature = "redis")]
+            Backend::Redis => {
+                let r = &s.storage.redis;
+                Arc::new(crate::store::redis::RedisStore::new(
+                    crate::store::redis::RedisOptions {
+                        url: r.url.expose().to_owned(),
+                        cluster_nodes: r
+                            .cluster_nodes
+                            .iter()
+                            .map(|n| n.expose().to_owned())
+                            .collect(),
+                        prefix: r.prefix.clone(),
+                        expiry_slack: r.expiry_slack,
+                        connect_timeout: r.connect_timeout,
+                        response_timeout: r.response_timeout,
+                    },
+                ))
+            }
+            #[cfg(not(feature = "redis"))]
+            Backend::Redis => {
+                anyhow::bail!("storage.backend = \"redis\" needs a build with `--features redis`")
+            }
+        };
+        Self::build_with_store(loaded, clock, store, file)
     }
 
-    /// Builds the app over an already open store and inbox.
+    /// Builds the app over an already open store and the redb file that
+    /// holds the gateway inbox (the same object with the redb backend). The
+    /// reaper works on the file: Redis expires its own keys.
     pub fn build_with_store(
         loaded: Loaded,
         clock: SharedClock,
@@ -142,7 +169,7 @@ impl Application {
             .context("cannot build the delivery HTTP client")?,
         );
         let dispatcher = tokio::spawn(dispatcher.run(stop_rx.clone()));
-        let reaper = Reaper::new(store.clone(), clock, s.reaper.interval, s.reaper.batch_size);
+        let reaper = Reaper::new(inbox.clone(), clock, s.reaper.interval, s.reaper.batch_size);
         let reaper = tokio::spawn(reaper.run(stop_rx));
         Ok(Self {
             port,
@@ -179,7 +206,7 @@ impl Application {
         let _ = self.dispatcher.await;
         let _ = self.reaper.await;
         self.store.close().await;
-        self.inbox.close().await;
+        RedbStore::close(&self.inbox).await;
         tracing::info!("stopped");
         served
     }

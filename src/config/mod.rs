@@ -48,8 +48,9 @@ pub struct Settings {
     pub claims: ClaimSettings,
     /// The applied-events table.
     pub ordering: OrderingSettings,
-    /// The embedded store.
-    pub store: StoreSettings,
+    /// Where state lives: the embedded redb file, or Redis for claims and
+    /// ordering (the gateway inbox stays in the file).
+    pub storage: StorageSettings,
     /// The expiry reaper.
     pub reaper: ReaperSettings,
     /// Gateway delivery, shared by all sources.
@@ -128,16 +129,53 @@ pub struct OrderingSettings {
     pub retention: Duration,
 }
 
-/// Embedded store settings.
+/// Storage settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StoreSettings {
+pub struct StorageSettings {
+    /// `redb` (default) or `redis` (needs a build with `--features redis`).
+    pub backend: Backend,
     /// redb page cache, in bytes.
     pub cache_bytes: usize,
     /// Writes that may queue for the writer thread.
     pub queue_capacity: usize,
     /// Most writes per commit.
     pub max_batch: usize,
+    /// The Redis backend.
+    pub redis: RedisSettings,
+}
+
+/// Which store holds claims, fences, applied events and stream heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The embedded redb file.
+    Redb,
+    /// Redis (or Valkey, or a Redis Cluster), shared by several instances.
+    Redis,
+}
+
+/// Redis settings (used with `backend = "redis"`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    /// `redis://host:port/db`, `rediss://…` (TLS) or `redis+unix:///path`.
+    /// May carry a password, so it is treated as a secret.
+    pub url: Secret,
+    /// Cluster nodes; when set, the cluster client is used instead of `url`.
+    pub cluster_nodes: Vec<Secret>,
+    /// Prefix of every key dedupd writes; no `{` or `}`.
+    pub prefix: String,
+    /// Redis keeps a key this long past its record's expiry (records read as
+    /// absent from their expiry on; this only delays freeing memory).
+    #[serde(with = "humantime_serde")]
+    pub expiry_slack: Duration,
+    /// Time allowed to connect.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Time allowed for one answer.
+    #[serde(with = "humantime_serde")]
+    pub response_timeout: Duration,
 }
 
 /// Reaper settings.
@@ -177,10 +215,19 @@ impl Default for Settings {
             ordering: OrderingSettings {
                 retention: Duration::from_secs(30 * 86_400),
             },
-            store: StoreSettings {
+            storage: StorageSettings {
+                backend: Backend::Redb,
                 cache_bytes: 64 * 1024 * 1024,
                 queue_capacity: 4096,
                 max_batch: 512,
+                redis: RedisSettings {
+                    url: Secret::new("redis://127.0.0.1:6379"),
+                    cluster_nodes: Vec::new(),
+                    prefix: "dedupd".into(),
+                    expiry_slack: Duration::from_secs(1),
+                    connect_timeout: Duration::from_secs(2),
+                    response_timeout: Duration::from_secs(2),
+                },
             },
             reaper: ReaperSettings {
                 interval: Duration::from_secs(60),
@@ -306,6 +353,51 @@ impl Settings {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
     }
 
+    fn validate_redis(&self, bad: &mut impl FnMut(&str, String)) {
+        let r = &self.storage.redis;
+        if r.prefix.is_empty() || r.prefix.contains(['{', '}']) {
+            bad(
+                "storage.redis.prefix",
+                "must be non-empty and free of '{' and '}' (they are Redis Cluster hash tags)"
+                    .into(),
+            );
+        }
+        if r.connect_timeout.is_zero() || r.response_timeout.is_zero() {
+            bad(
+                "storage.redis.connect_timeout",
+                "timeouts must be more than 0".into(),
+            );
+        }
+        if self.storage.backend != Backend::Redis {
+            return;
+        }
+        #[cfg(not(feature = "redis"))]
+        bad(
+            "storage.backend",
+            "this dedupd was built without Redis support; rebuild with `cargo build --release --features redis`"
+                .into(),
+        );
+        #[cfg(feature = "redis")]
+        {
+            if r.cluster_nodes.is_empty() && redis::parse_redis_url(r.url.expose()).is_none() {
+                bad(
+                    "storage.redis.url",
+                    "not a Redis URL: expected redis://host:port, rediss://… or redis+unix:///path"
+                        .into(),
+                );
+            }
+            for node in &r.cluster_nodes {
+                if redis::parse_redis_url(node.expose()).is_none() {
+                    bad(
+                        "storage.redis.cluster_nodes",
+                        "each node must be a redis:// URL".into(),
+                    );
+                    break;
+                }
+            }
+        }
+    }
+
     fn validate(self, fig: &Figment) -> Result<Loaded, ConfigErrors> {
         let mut errors = Vec::new();
         let mut bad = |key: &str, message: String| {
@@ -345,18 +437,19 @@ impl Settings {
         if self.http.max_body_bytes < 1024 {
             bad("http.max_body_bytes", "must be at least 1024".into());
         }
-        if self.store.cache_bytes < 1024 * 1024 {
+        if self.storage.cache_bytes < 1024 * 1024 {
             bad(
-                "store.cache_bytes",
+                "storage.cache_bytes",
                 "must be at least 1048576 (1 MiB)".into(),
             );
         }
-        if self.store.queue_capacity == 0 {
-            bad("store.queue_capacity", "must be at least 1".into());
+        if self.storage.queue_capacity == 0 {
+            bad("storage.queue_capacity", "must be at least 1".into());
         }
-        if self.store.max_batch == 0 {
-            bad("store.max_batch", "must be at least 1".into());
+        if self.storage.max_batch == 0 {
+            bad("storage.max_batch", "must be at least 1".into());
         }
+        self.validate_redis(&mut bad);
         if self.reaper.interval.as_millis() == 0 {
             bad("reaper.interval", "must be at least 1ms".into());
         }

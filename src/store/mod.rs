@@ -11,6 +11,8 @@ pub mod claims;
 pub mod inbox;
 pub mod ordering;
 pub mod redb;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use async_trait::async_trait;
 use serde::Serialize;

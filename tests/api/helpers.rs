@@ -48,7 +48,7 @@ pub fn test_settings(dir: &TempDir) -> Loaded {
         ..Settings::default()
     };
     settings.http.workers = 1;
-    settings.store.cache_bytes = 4 * 1024 * 1024;
+    settings.storage.cache_bytes = 4 * 1024 * 1024;
     settings.http.shutdown_timeout = Duration::from_secs(5);
     Loaded {
         settings,

@@ -41,3 +41,136 @@ impl Backend for Redb {
 }
 
 crate::conformance!(redb_store, crate::backends::redb);
+
+/// The Redis backend against real servers the tests start.
+#[cfg(feature = "redis")]
+pub mod redis {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, OnceLock};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use dedupd::store::Store;
+    use dedupd::store::redis::{RedisOptions, RedisStore};
+
+    use crate::Backend;
+    use crate::redis_server::{RedisCluster, RedisServer};
+
+    /// A store over one redis-server of its own (or a shared cluster).
+    pub struct Redis {
+        _server: Option<RedisServer>,
+        opts: RedisOptions,
+        store: Arc<RedisStore>,
+    }
+
+    /// Options with a large expiry slack: the suite moves the logical clock
+    /// far ahead of real time, and Redis must not reclaim a key that is
+    /// still live at the logical time. (`redis_expires_its_keys_by_itself`
+    /// checks the Redis expiry with no slack.)
+    pub fn options(url: String, cluster_nodes: Vec<String>, prefix: String) -> RedisOptions {
+        RedisOptions {
+            url,
+            cluster_nodes,
+            prefix,
+            expiry_slack: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// A fresh single-node backend.
+    pub async fn single() -> Redis {
+        let server = tokio::task::spawn_blocking(RedisServer::start)
+            .await
+            .unwrap();
+        let opts = options(server.url(), Vec::new(), "dedupd-test".into());
+        Redis {
+            store: Arc::new(RedisStore::new(opts.clone())),
+            opts,
+            _server: Some(server),
+        }
+    }
+
+    /// A fresh backend on the shared three-master cluster, under a key
+    /// prefix of its own.
+    pub async fn cluster() -> Redis {
+        static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nodes =
+            tokio::task::spawn_blocking(|| CLUSTER.get_or_init(RedisCluster::start).nodes.clone())
+                .await
+                .unwrap();
+        let prefix = format!("t{}", NEXT.fetch_add(1, Ordering::SeqCst));
+        let opts = options(String::new(), nodes, prefix);
+        Redis {
+            store: Arc::new(RedisStore::new(opts.clone())),
+            opts,
+            _server: None,
+        }
+    }
+
+    #[async_trait]
+    impl Backend for Redis {
+        fn store(&self) -> Arc<dyn Store> {
+            self.store.clone()
+        }
+
+        /// A new connection to the same server: the data stays in Redis.
+        async fn restart(&mut self) {
+            self.store = Arc::new(RedisStore::new(self.opts.clone()));
+        }
+
+        fn expires_by_itself(&self) -> bool {
+            true
+        }
+    }
+
+    /// Counts the keys Redis holds under `prefix`.
+    fn keys(server: &RedisServer, prefix: &str) -> usize {
+        let out = std::process::Command::new("redis-cli")
+            .args([
+                "-s",
+                server.socket.to_str().unwrap(),
+                "--scan",
+                "--pattern",
+                &format!("*{prefix}*"),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    }
+
+    #[tokio::test]
+    async fn redis_expires_its_keys_by_itself() {
+        use dedupd::domain::{CreatedAt, Key, ScopedKey, Ttl};
+        let server = tokio::task::spawn_blocking(RedisServer::start)
+            .await
+            .unwrap();
+        let mut opts = options(server.url(), Vec::new(), "exp".into());
+        opts.expiry_slack = Duration::ZERO;
+        let store = RedisStore::new(opts);
+        let now = dedupd::clock::Clock::now_ms(&dedupd::clock::SystemClock);
+        let k = |s: &str| ScopedKey::api(&Key::parse(s, "key").unwrap());
+        store
+            .claim(&k("short"), Ttl::from_ms_unchecked(100), None, now)
+            .await
+            .unwrap();
+        let at = CreatedAt::parse("2026-11-29T10:00:00Z", "created_at").unwrap();
+        store.apply(&k("s"), &k("e"), at, 100, now).await.unwrap();
+        // claim, fence counter, head, event record, event marker
+        assert_eq!(keys(&server, "exp"), 5);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while keys(&server, "exp") > 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "Redis kept expired keys"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Only the fence counter stays: fences grow for ever.
+        assert_eq!(keys(&server, "exp:fence") + keys(&server, "{exp}:fence"), 1);
+    }
+
+    crate::conformance!(redis_single, crate::backends::redis::single);
+    crate::conformance!(redis_cluster, crate::backends::redis::cluster);
+}

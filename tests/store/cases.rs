@@ -365,8 +365,21 @@ pub async fn the_reaper_removes_exactly_the_expired_records(b: &mut dyn Backend)
     );
     let now = T + 109;
     let report = reaper.purge_once(now).await.unwrap();
-    assert_eq!((report.claims, report.events, report.heads), (10, 1, 1));
-    assert!(s.next_expiry().await.unwrap().unwrap() > now);
+    if b.expires_by_itself() {
+        assert_eq!(report.total(), 0, "nothing for the reaper to do");
+    } else {
+        assert_eq!((report.claims, report.events, report.heads), (10, 1, 1));
+        assert!(s.next_expiry().await.unwrap().unwrap() > now);
+    }
+    for i in 0..10 {
+        assert!(
+            s.get(&key(&format!("short-{i}")), now)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    assert!(s.head(&key("s"), now).await.unwrap().is_none());
     for i in 0..10 {
         assert!(
             s.get(&key(&format!("long-{i}")), now)
@@ -385,6 +398,9 @@ pub async fn the_reaper_removes_exactly_the_expired_records(b: &mut dyn Backend)
 }
 
 pub async fn the_reaper_works_in_bounded_batches(b: &mut dyn Backend) {
+    if b.expires_by_itself() {
+        return;
+    }
     let s = b.store();
     for i in 0..25 {
         claim(&*s, &format!("k{i}"), 10, T).await;
@@ -468,6 +484,9 @@ pub async fn thirty_two_concurrent_applies_give_one_applied(b: &mut dyn Backend)
 pub async fn the_background_reaper_wakes_for_the_next_expiry_and_stops_when_told(
     b: &mut dyn Backend,
 ) {
+    if b.expires_by_itself() {
+        return;
+    }
     let s = b.store();
     let clock = dedupd::clock::ManualClock::new(T);
     claim(&*s, "soon", 50, T).await;

@@ -6,6 +6,9 @@ mod backends;
 mod cases;
 mod model;
 mod redb_file;
+#[cfg(feature = "redis")]
+#[path = "../common/redis_server.rs"]
+mod redis_server;
 
 use std::sync::Arc;
 
@@ -19,6 +22,11 @@ pub trait Backend: Send + Sync {
     fn store(&self) -> Arc<dyn Store>;
     /// Closes the store and opens it again on the same data.
     async fn restart(&mut self);
+    /// True when the backend deletes expired records itself (Redis), so
+    /// the reaper has nothing to count there.
+    fn expires_by_itself(&self) -> bool {
+        false
+    }
 }
 
 /// Instantiates every conformance case for one backend. `$open` is an async

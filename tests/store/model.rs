@@ -331,7 +331,11 @@ async fn run(open: &Open, ops: Vec<Op>) {
                     (before.1 - m.events.len()) as u64,
                     (before.2 - m.heads.len()) as u64,
                 );
-                assert_eq!((got.claims, got.events, got.heads), removed, "{ctx}");
+                if backend.expires_by_itself() {
+                    assert_eq!(got.total(), 0, "{ctx}");
+                } else {
+                    assert_eq!((got.claims, got.events, got.heads), removed, "{ctx}");
+                }
             }
             Op::Restart => {
                 drop(s);

@@ -1,0 +1,17 @@
+-- KEYS[1] claim, KEYS[2] fence counter (same slot).
+-- ARGV: now, ttl_ms, fingerprint ('' none), new token, slack_ms.
+local now = tonumber(ARGV[1])
+local r = live_claim(KEYS[1], now)
+if r then
+  if r[5] ~= '' and ARGV[3] ~= '' and r[5] ~= ARGV[3] then
+    return {'mismatch', r[1], r[4]}
+  end
+  if r[1] == 'p' then
+    return {'busy', r[1], r[4]}
+  end
+  return {'done', r[1], r[4]}
+end
+local fence = redis.call('INCR', KEYS[2])
+local e = now + tonumber(ARGV[2])
+put_claim(KEYS[1], 'p', ARGV[4], fence, e, ARGV[3], now, tonumber(ARGV[5]))
+return {'claimed', tostring(fence), fmt(e)}

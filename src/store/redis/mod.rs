@@ -1,0 +1,500 @@
+//! The Redis backend (cargo feature `redis`): claims, fences, applied events
+//! and stream heads shared by several dedupd instances.
+//!
+//! Every check-and-set is one Lua script, run with EVALSHA (reloaded on
+//! NOSCRIPT by [`redis::Script`]). Scripts take the caller's clock as an
+//! argument and store each record's expiry, so behaviour matches the redb
+//! store exactly; each key also gets a Redis expiry (`PEXPIRE`, the record's
+//! TTL plus a small slack) so Redis reclaims memory by itself and the reaper
+//! has nothing to do here.
+//!
+//! Key layout (`P` is the configured prefix):
+//! - `{P}:c:{key}` claims and `{P}:fence` the fence counter: one hash tag,
+//!   so a claim and the counter are in one slot and a claim's fence is taken
+//!   atomically with it. In a Redis Cluster all claims live in that slot.
+//! - `P:{s:{stream}}:head` and `P:{s:{stream}}:e:{event}`: a stream's head
+//!   and its applied events share a hash tag, so one slot holds a stream.
+//! - `P:{e:{event}}:seen`: which stream an event id was first applied to, so
+//!   an id is a duplicate on every stream, as in the redb store.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{FromRedisValue, RedisError, Script};
+use tokio::sync::OnceCell;
+
+use super::{
+    ApplyOutcome, ApplyResult, ClaimOutcome, ClaimState, ClaimView, DoneOutcome, ExtendOutcome,
+    Head, PurgeReport, ReleaseOutcome, Store, StoreError, WriteStats,
+};
+use crate::clock::Millis;
+use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+
+/// How to reach Redis.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// `redis://host:port/db`, `rediss://…` or `redis+unix:///path/redis.sock`.
+    pub url: String,
+    /// Cluster nodes (`redis://host:port`); when set, the cluster client is
+    /// used and `url` is ignored.
+    pub cluster_nodes: Vec<String>,
+    /// Prefix of every key; no `{` or `}`.
+    pub prefix: String,
+    /// Redis keeps a key this long past its record's expiry.
+    pub expiry_slack: Duration,
+    /// Time allowed to connect.
+    pub connect_timeout: Duration,
+    /// Time allowed for an answer.
+    pub response_timeout: Duration,
+}
+
+/// A connection to one node or to a cluster; both reconnect by themselves.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// The scripts, hashed once.
+struct Scripts {
+    claim: Script,
+    done: Script,
+    release: Script,
+    extend: Script,
+    apply: Script,
+    mark: Script,
+}
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{}\n{}", include_str!("common.lua"), body))
+}
+
+/// The Redis-backed [`Store`].
+pub struct RedisStore {
+    opts: RedisOptions,
+    /// Connected on first use, so dedupd starts (not ready) while Redis is
+    /// down and recovers when it comes back.
+    conn: OnceCell<Conn>,
+    scripts: Scripts,
+    slack_ms: u64,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("cluster", &!self.opts.cluster_nodes.is_empty())
+            .field("prefix", &self.opts.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Maps a Redis error: a script or type error is a bug (500); anything else
+/// (refused, dropped, timed out, cluster down, loading) means "not now" (503).
+fn map_err(e: RedisError) -> StoreError {
+    use redis::{ErrorKind, ServerErrorKind};
+    match e.kind() {
+        ErrorKind::Server(ServerErrorKind::ResponseError) | ErrorKind::UnexpectedReturnType => {
+            StoreError::Failed(format!("redis: {e}"))
+        }
+        _ => StoreError::Unavailable(format!("redis: {e}")),
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn num(s: Option<&String>) -> Result<u64, StoreError> {
+    s.and_then(|v| v.parse().ok())
+        .ok_or_else(|| StoreError::Failed("redis script returned a malformed number".into()))
+}
+
+fn state(s: Option<&String>) -> ClaimState {
+    if s.map(String::as_str) == Some("p") {
+        ClaimState::Processing
+    } else {
+        ClaimState::Done
+    }
+}
+
+fn unexpected(what: &str, reply: &[String]) -> StoreError {
+    StoreError::Failed(format!("redis {what} script answered {reply:?}"))
+}
+
+impl RedisStore {
+    /// A store that connects on first use.
+    pub fn new(opts: RedisOptions) -> Self {
+        Self {
+            slack_ms: ms(opts.expiry_slack),
+            opts,
+            conn: OnceCell::new(),
+            scripts: Scripts {
+                claim: script(include_str!("claim.lua")),
+                done: script(include_str!("done.lua")),
+                release: script(include_str!("release.lua")),
+                extend: script(include_str!("extend.lua")),
+                apply: script(include_str!("apply.lua")),
+                mark: script(include_str!("mark.lua")),
+            },
+        }
+    }
+
+    async fn connect(&self) -> Result<Conn, StoreError> {
+        if self.opts.cluster_nodes.is_empty() {
+            let client = redis::Client::open(self.opts.url.as_str()).map_err(map_err)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.opts.connect_timeout))
+                .set_response_timeout(Some(self.opts.response_timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_secs(1));
+            let manager = ConnectionManager::new_with_config(client, config)
+                .await
+                .map_err(map_err)?;
+            Ok(Conn::Single(manager))
+        } else {
+            let client = redis::cluster::ClusterClient::builder(self.opts.cluster_nodes.clone())
+                .connection_timeout(self.opts.connect_timeout)
+                .response_timeout(self.opts.response_timeout)
+                .retries(1)
+                .build()
+                .map_err(map_err)?;
+            Ok(Conn::Cluster(
+                client.get_async_connection().await.map_err(map_err)?,
+            ))
+        }
+    }
+
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        self.conn.get_or_try_init(|| self.connect()).await.cloned()
+    }
+
+    /// Runs `script` with `keys` and `args` and reads its reply.
+    async fn run<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<T, StoreError> {
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(*k);
+        }
+        for a in args {
+            inv.arg(a.as_str());
+        }
+        match self.conn().await? {
+            Conn::Single(mut c) => inv.invoke_async(&mut c).await,
+            Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
+        }
+        .map_err(map_err)
+    }
+
+    /// Runs one plain command.
+    async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        match self.conn().await? {
+            Conn::Single(mut c) => query_on(&mut c, cmd).await,
+            Conn::Cluster(mut c) => query_on(&mut c, cmd).await,
+        }
+    }
+
+    fn claim_key(&self, k: &ScopedKey) -> String {
+        format!("{{{}}}:c:{}", self.opts.prefix, k.as_str())
+    }
+
+    fn fence_key(&self) -> String {
+        format!("{{{}}}:fence", self.opts.prefix)
+    }
+
+    fn head_key(&self, stream: &ScopedKey) -> String {
+        format!("{}:{{s:{}}}:head", self.opts.prefix, stream.as_str())
+    }
+
+    fn event_key(&self, stream: &ScopedKey, event: &ScopedKey) -> String {
+        format!(
+            "{}:{{s:{}}}:e:{}",
+            self.opts.prefix,
+            stream.as_str(),
+            event.as_str()
+        )
+    }
+
+    fn marker_key(&self, event: &ScopedKey) -> String {
+        format!("{}:{{e:{}}}:seen", self.opts.prefix, event.as_str())
+    }
+
+    async fn read_head(&self, stream: &ScopedKey, now: Millis) -> Result<Option<Head>, StoreError> {
+        let reply: Vec<Option<String>> = self
+            .query(
+                redis::cmd("HMGET")
+                    .arg(self.head_key(stream))
+                    .arg(&["cs", "cn", "id", "e"]),
+            )
+            .await?;
+        match reply.as_slice() {
+            [Some(cs), Some(cn), Some(id), Some(e)] if e.parse::<u64>().is_ok_and(|e| e > now) => {
+                Ok(Some(head_from(cs, cn, id)?))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+async fn query_on<C: ConnectionLike, T: FromRedisValue>(
+    c: &mut C,
+    cmd: &redis::Cmd,
+) -> Result<T, StoreError> {
+    cmd.query_async(c).await.map_err(map_err)
+}
+
+fn head_from(cs: &str, cn: &str, id: &str) -> Result<Head, StoreError> {
+    let bad = || StoreError::Failed("redis holds a malformed stream head".into());
+    let secs: i128 = cs.parse().map_err(|_| bad())?;
+    let nanos: i128 = cn.parse().map_err(|_| bad())?;
+    Ok(Head {
+        created_at: CreatedAt::from_unix_nanos(secs * 1_000_000_000 + nanos),
+        event_id: ScopedKey::from_stored(id.to_owned()),
+    })
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn claim(
+        &self,
+        key: &ScopedKey,
+        ttl: Ttl,
+        fingerprint: Option<Fingerprint>,
+        now: Millis,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let token = Token::random();
+        let args = [
+            now.to_string(),
+            ttl.as_ms().to_string(),
+            fingerprint
+                .as_ref()
+                .map_or("", Fingerprint::as_str)
+                .to_owned(),
+            token.to_hex(),
+            self.slack_ms.to_string(),
+        ];
+        let reply: Vec<String> = self
+            .run(
+                &self.scripts.claim,
+                &[&self.claim_key(key), &self.fence_key()],
+                &args,
+            )
+            .await?;
+        match reply.first().map(String::as_str) {
+            Some("claimed") => Ok(ClaimOutcome::Claimed {
+                token,
+                fence: num(reply.get(1))?,
+                expires_at_ms: num(reply.get(2))?,
+            }),
+            Some("busy") => Ok(ClaimOutcome::Busy {
+                expires_at_ms: num(reply.get(2))?,
+            }),
+            Some("done") => Ok(ClaimOutcome::Done {
+                expires_at_ms: num(reply.get(2))?,
+            }),
+            Some("mismatch") => Ok(ClaimOutcome::FingerprintMismatch {
+                state: state(reply.get(1)),
+                expires_at_ms: num(reply.get(2))?,
+            }),
+            _ => Err(unexpected("claim", &reply)),
+        }
+    }
+
+    async fn done(
+        &self,
+        key: &ScopedKey,
+        token: Token,
+        ttl: Ttl,
+        now: Millis,
+    ) -> Result<DoneOutcome, StoreError> {
+        let args = [
+            now.to_string(),
+            ttl.as_ms().to_string(),
+            token.to_hex(),
+            self.slack_ms.to_string(),
+        ];
+        let reply: Vec<String> = self
+            .run(
+                &self.scripts.done,
+                &[&self.claim_key(key), &self.fence_key()],
+                &args,
+            )
+            .await?;
+        match reply.first().map(String::as_str) {
+            Some("done") => Ok(DoneOutcome::Done {
+                expires_at_ms: num(reply.get(1))?,
+            }),
+            Some("not_owner") => Ok(DoneOutcome::NotOwner {
+                state: state(reply.get(1)),
+                expires_at_ms: num(reply.get(2))?,
+            }),
+            _ => Err(unexpected("done", &reply)),
+        }
+    }
+
+    async fn release(
+        &self,
+        key: &ScopedKey,
+        token: Token,
+        now: Millis,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let args = [now.to_string(), token.to_hex()];
+        let reply: Vec<String> = self
+            .run(&self.scripts.release, &[&self.claim_key(key)], &args)
+            .await?;
+        match reply.first().map(String::as_str) {
+            Some("released") => Ok(ReleaseOutcome::Released),
+            Some("not_held") => Ok(ReleaseOutcome::NotHeld),
+            Some("not_owner") => Ok(ReleaseOutcome::NotOwner {
+                expires_at_ms: num(reply.get(1))?,
+            }),
+            Some("done") => Ok(ReleaseOutcome::Done {
+                expires_at_ms: num(reply.get(1))?,
+            }),
+            _ => Err(unexpected("release", &reply)),
+        }
+    }
+
+    async fn extend(
+        &self,
+        key: &ScopedKey,
+        token: Token,
+        ttl: Ttl,
+        now: Millis,
+    ) -> Result<ExtendOutcome, StoreError> {
+        let args = [
+            now.to_string(),
+            ttl.as_ms().to_string(),
+            token.to_hex(),
+            self.slack_ms.to_string(),
+        ];
+        let reply: Vec<String> = self
+            .run(&self.scripts.extend, &[&self.claim_key(key)], &args)
+            .await?;
+        match reply.first().map(String::as_str) {
+            Some("extended") => Ok(ExtendOutcome::Extended {
+                expires_at_ms: num(reply.get(1))?,
+            }),
+            Some("lost") => Ok(ExtendOutcome::Lost),
+            Some("not_owner") => Ok(ExtendOutcome::NotOwner {
+                expires_at_ms: num(reply.get(1))?,
+            }),
+            Some("done") => Ok(ExtendOutcome::Done {
+                expires_at_ms: num(reply.get(1))?,
+            }),
+            _ => Err(unexpected("extend", &reply)),
+        }
+    }
+
+    async fn get(&self, key: &ScopedKey, now: Millis) -> Result<Option<ClaimView>, StoreError> {
+        let reply: Vec<Option<String>> = self
+            .query(
+                redis::cmd("HMGET")
+                    .arg(self.claim_key(key))
+                    .arg(&["s", "f", "e"]),
+            )
+            .await?;
+        match reply.as_slice() {
+            [Some(s), Some(f), Some(e)] => {
+                let expires_at_ms: u64 = num(Some(e))?;
+                Ok((expires_at_ms > now).then(|| ClaimView {
+                    state: state(Some(s)),
+                    fence: f.parse().unwrap_or(0),
+                    expires_at_ms,
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn apply(
+        &self,
+        stream: &ScopedKey,
+        event_id: &ScopedKey,
+        created_at: CreatedAt,
+        retention_ms: u64,
+        now: Millis,
+    ) -> Result<ApplyResult, StoreError> {
+        let marker_args = [
+            now.to_string(),
+            stream.as_str().to_owned(),
+            retention_ms.to_string(),
+            self.slack_ms.to_string(),
+        ];
+        let fresh: i64 = self
+            .run(
+                &self.scripts.mark,
+                &[&self.marker_key(event_id)],
+                &marker_args,
+            )
+            .await?;
+        if fresh == 0 {
+            return Ok(ApplyResult {
+                outcome: ApplyOutcome::Duplicate,
+                head: self.read_head(stream, now).await?,
+            });
+        }
+        let nanos = created_at.unix_nanos();
+        let args = [
+            now.to_string(),
+            nanos.div_euclid(1_000_000_000).to_string(),
+            nanos.rem_euclid(1_000_000_000).to_string(),
+            event_id.as_str().to_owned(),
+            retention_ms.to_string(),
+            self.slack_ms.to_string(),
+        ];
+        let reply: Vec<String> = self
+            .run(
+                &self.scripts.apply,
+                &[&self.head_key(stream), &self.event_key(stream, event_id)],
+                &args,
+            )
+            .await?;
+        let outcome = match reply.first().map(String::as_str) {
+            Some("applied") => ApplyOutcome::Applied,
+            Some("stale") => ApplyOutcome::Stale,
+            Some("duplicate") => ApplyOutcome::Duplicate,
+            _ => return Err(unexpected("apply", &reply)),
+        };
+        let head = match &reply[1..] {
+            [cs, cn, id] => Some(head_from(cs, cn, id)?),
+            _ => None,
+        };
+        Ok(ApplyResult { outcome, head })
+    }
+
+    async fn head(&self, stream: &ScopedKey, now: Millis) -> Result<Option<Head>, StoreError> {
+        self.read_head(stream, now).await
+    }
+
+    /// Redis expires its keys by itself: nothing to reap.
+    async fn purge_expired(&self, _now: Millis, _limit: u64) -> Result<PurgeReport, StoreError> {
+        Ok(PurgeReport::default())
+    }
+
+    async fn next_expiry(&self) -> Result<Option<Millis>, StoreError> {
+        Ok(None)
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        let pong: String = self.query(&redis::cmd("PING")).await?;
+        if pong == "PONG" {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable(format!(
+                "redis answered PING with {pong}"
+            )))
+        }
+    }
+
+    fn write_stats(&self) -> WriteStats {
+        WriteStats::default()
+    }
+
+    async fn close(&self) {}
+}
