@@ -48,8 +48,48 @@ pub struct Dispatcher {
     done_ttl: Ttl,
     /// Retention of applied events and heads, ms.
     ordering_retention_ms: u64,
-    /// `(source, stream)` pairs with a delivery in flight.
-    busy_streams: Mutex<HashSet<(String, String)>>,
+    /// Events and streams with a delivery in flight.
+    in_flight: Mutex<InFlight>,
+}
+
+/// What is being delivered right now.
+#[derive(Debug, Default)]
+struct InFlight {
+    /// `(source, event id)`.
+    events: HashSet<(String, String)>,
+    /// `(source, stream)`: one delivery per stream at a time.
+    streams: HashSet<(String, String)>,
+}
+
+/// An event's place in [`InFlight`], given back when dropped — also when a
+/// delivery panics — and the dispatcher woken.
+struct Slot {
+    dispatcher: Arc<Dispatcher>,
+    event: (String, String),
+    stream: Option<(String, String)>,
+}
+
+impl Slot {
+    fn new(dispatcher: Arc<Dispatcher>, ev: &InboxEvent) -> Self {
+        Self {
+            dispatcher,
+            event: (ev.source.clone(), ev.event_id.clone()),
+            stream: ev.stream.clone().map(|s| (ev.source.clone(), s)),
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        {
+            let mut flying = self.dispatcher.in_flight();
+            flying.events.remove(&self.event);
+            if let Some(stream) = &self.stream {
+                flying.streams.remove(stream);
+            }
+        }
+        self.dispatcher.gateway.wake.notify_one();
+    }
 }
 
 impl Dispatcher {
@@ -75,7 +115,7 @@ impl Dispatcher {
             workers: workers.max(1),
             done_ttl,
             ordering_retention_ms,
-            busy_streams: Mutex::new(HashSet::new()),
+            in_flight: Mutex::new(InFlight::default()),
         })
     }
 
@@ -115,8 +155,12 @@ impl Dispatcher {
             return None;
         }
         let now = self.clock.now_ms();
-        let busy = self.busy_streams.lock().map(|b| b.len()).unwrap_or(0);
-        let (events, next) = match self.gateway.inbox.due_events(now, free + busy + 1).await {
+        let busy_streams = self.in_flight().streams.len();
+        // Runnable events blocked by a stream in flight number at most one
+        // per such stream, so this limit always reaches `free` others.
+        let limit = free + busy_streams + 1;
+        let sources = self.gateway.sources.keys().cloned().collect();
+        let (events, next) = match self.gateway.inbox.due_events(now, limit, sources).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the inbox; retrying");
@@ -125,70 +169,85 @@ impl Dispatcher {
         };
         let mut picked = Vec::new();
         let mut more = false;
-        for ev in events {
-            if picked.len() == free {
-                // More is runnable than workers are free: a finishing
-                // delivery wakes the dispatcher.
-                more = true;
-                break;
-            }
-            let Some(source) = self.gateway.source(&ev.source).cloned() else {
-                // Its source left the configuration; it stays pending.
-                continue;
-            };
-            if let Some(stream) = &ev.stream {
-                let Ok(mut busy) = self.busy_streams.lock() else {
+        {
+            let mut flying = self.in_flight();
+            for ev in events {
+                if picked.len() == free {
+                    // More is runnable than workers are free: a finishing
+                    // delivery wakes the dispatcher.
+                    more = true;
+                    break;
+                }
+                let Some(source) = self.gateway.source(&ev.source).cloned() else {
                     continue;
                 };
-                if !busy.insert((ev.source.clone(), stream.clone())) {
+                let key = (ev.source.clone(), ev.event_id.clone());
+                if flying.events.contains(&key) {
                     continue;
                 }
+                if let Some(stream) = &ev.stream
+                    && !flying.streams.insert((ev.source.clone(), stream.clone()))
+                {
+                    continue;
+                }
+                flying.events.insert(key);
+                picked.push((source, ev));
             }
-            picked.push((source, ev));
         }
+        let slots: Vec<Slot> = picked
+            .iter()
+            .map(|(_, ev)| Slot::new(self.clone(), ev))
+            .collect();
         if picked.is_empty() {
-            return next;
+            // Never spin: only a due time still ahead is worth waiting for.
+            return next.filter(|t| *t > now);
         }
         let leases = picked
             .iter()
             .map(|(s, ev)| {
-                let timeout = u64::try_from(s.forward_timeout.as_millis()).unwrap_or(u64::MAX);
-                (
-                    ev.source.clone(),
-                    ev.event_id.clone(),
-                    now.saturating_add(timeout).saturating_add(GRACE_MS),
-                )
+                let until = now
+                    .saturating_add(millis(s.forward_timeout))
+                    .saturating_add(GRACE_MS);
+                (ev.source.clone(), ev.event_id.clone(), until)
             })
             .collect();
-        if let Err(e) = self.gateway.inbox.lease(leases, now).await {
-            tracing::warn!(error = %e, "cannot lease events; retrying");
-            for (_, ev) in &picked {
-                self.unbusy(ev);
+        let leased = match self.gateway.inbox.lease(leases, now).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot lease events; retrying");
+                return None;
             }
-            return None;
-        }
-        for (source, ev) in picked {
+        };
+        for ((source, ev), slot) in picked.into_iter().zip(slots) {
+            // Only events still pending and runnable were leased.
+            let Some(generation) = leased
+                .iter()
+                .find(|(s, id, _)| *s == ev.source && *id == ev.event_id)
+                .map(|(_, _, g)| *g)
+            else {
+                continue;
+            };
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
             };
             let this = self.clone();
             tasks.spawn(async move {
-                this.deliver(&source, &ev).await;
-                this.unbusy(&ev);
+                this.deliver(&source, &ev, generation).await;
+                drop(slot);
                 drop(permit);
-                this.gateway.wake.notify_one();
             });
         }
         if more { None } else { next }
     }
 
-    fn unbusy(&self, ev: &InboxEvent) {
-        if let (Some(stream), Ok(mut busy)) = (&ev.stream, self.busy_streams.lock()) {
-            busy.remove(&(ev.source.clone(), stream.clone()));
-        }
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, InFlight> {
+        // A panicking delivery cannot leave the sets locked for good.
+        self.in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    async fn settle(&self, ev: &InboxEvent, settle: Settle) {
+    async fn settle(&self, ev: &InboxEvent, lease: u64, settle: Settle) {
         let now = self.clock.now_ms();
         if let Err(e) = self
             .gateway
@@ -196,6 +255,7 @@ impl Dispatcher {
             .settle(
                 &ev.source,
                 &ev.event_id,
+                lease,
                 settle,
                 self.gateway.retention,
                 now,
@@ -208,13 +268,14 @@ impl Dispatcher {
     }
 
     /// One delivery turn of one event.
-    async fn deliver(&self, source: &Source, ev: &InboxEvent) {
+    async fn deliver(&self, source: &Source, ev: &InboxEvent, lease: u64) {
         let ns = Namespace::Gateway(source.name.clone());
         let now = self.clock.now_ms();
         let retry_soon = now.saturating_add(millis(source.backoff_min));
         let Ok(id) = Key::parse(&ev.event_id, "event_id") else {
             self.settle(
                 ev,
+                lease,
                 Settle::Dead {
                     error: "stored event id is not a valid key".into(),
                 },
@@ -228,8 +289,11 @@ impl Dispatcher {
         let token = match self.store.claim(&key, claim_ttl, None, now).await {
             Ok(ClaimOutcome::Claimed { token, .. }) => token,
             Ok(ClaimOutcome::Done { .. }) => {
-                // Delivered already, by another instance sharing the store.
-                self.settle(ev, Settle::Delivered { attempted: false })
+                // Delivered already: by another instance sharing the store,
+                // or by this one before a crash cut the turn short. Make
+                // sure the head moved (apply is idempotent).
+                self.apply(source, ev, self.clock.now_ms()).await;
+                self.settle(ev, lease, Settle::Delivered { attempted: false })
                     .await;
                 return;
             }
@@ -237,6 +301,7 @@ impl Dispatcher {
                 let error = "another worker holds this event's claim".to_owned();
                 self.settle(
                     ev,
+                    lease,
                     Settle::Retry {
                         retry_at: retry_soon,
                         error,
@@ -249,6 +314,7 @@ impl Dispatcher {
             Err(e) => {
                 self.settle(
                     ev,
+                    lease,
                     Settle::Retry {
                         retry_at: retry_soon,
                         error: e.to_string(),
@@ -271,7 +337,7 @@ impl Dispatcher {
                 Ok(Some(head)) if ev.created_at < head.created_at => {
                     self.release(&key, token).await;
                     tracing::info!(source = %source.name, event_id = %ev.event_id, "stale: older than its stream's head");
-                    self.settle(ev, Settle::Stale).await;
+                    self.settle(ev, lease, Settle::Stale).await;
                     return;
                 }
                 Ok(_) => {}
@@ -279,6 +345,7 @@ impl Dispatcher {
                     self.release(&key, token).await;
                     self.settle(
                         ev,
+                        lease,
                         Settle::Retry {
                             retry_at: retry_soon,
                             error: e.to_string(),
@@ -295,36 +362,28 @@ impl Dispatcher {
         let now = self.clock.now_ms();
         match result {
             Ok(()) => {
+                // Head first, then done: a crash between the two leaves a
+                // claim that expires and a redelivery, never a done event
+                // whose stream head did not move.
+                self.apply(source, ev, now).await;
                 if let Err(e) = self.store.done(&key, token, self.done_ttl, now).await {
                     tracing::warn!(error = %e, "cannot mark the delivered event done");
                 }
-                if let Some(stream_key) = &stream_key
-                    && let Err(e) = self
-                        .store
-                        .apply(
-                            stream_key,
-                            &key,
-                            ev.created_at,
-                            self.ordering_retention_ms,
-                            now,
-                        )
-                        .await
-                {
-                    tracing::warn!(error = %e, "cannot move the stream head");
-                }
                 tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, "delivered");
-                self.settle(ev, Settle::Delivered { attempted: true }).await;
+                self.settle(ev, lease, Settle::Delivered { attempted: true })
+                    .await;
             }
             Err(error) => {
                 self.release(&key, token).await;
                 if attempt >= source.max_attempts {
                     tracing::warn!(source = %source.name, event_id = %ev.event_id, attempt, %error, "dead: every attempt failed");
-                    self.settle(ev, Settle::Dead { error }).await;
+                    self.settle(ev, lease, Settle::Dead { error }).await;
                 } else {
                     let retry_at = now.saturating_add(backoff(source, attempt));
                     tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, %error, retry_at, "delivery failed; will retry");
                     self.settle(
                         ev,
+                        lease,
                         Settle::Retry {
                             retry_at,
                             error,
@@ -334,6 +393,27 @@ impl Dispatcher {
                     .await;
                 }
             }
+        }
+    }
+
+    /// Moves the event's stream head to it (if it has a stream).
+    async fn apply(&self, source: &Source, ev: &InboxEvent, now: Millis) {
+        let ns = Namespace::Gateway(source.name.clone());
+        let (Some(stream), Ok(id)) = (
+            ev.stream
+                .as_deref()
+                .and_then(|s| Key::parse(s, "stream").ok()),
+            Key::parse(&ev.event_id, "event_id"),
+        ) else {
+            return;
+        };
+        let (stream, id) = (ScopedKey::new(&ns, &stream), ScopedKey::new(&ns, &id));
+        if let Err(e) = self
+            .store
+            .apply(&stream, &id, ev.created_at, self.ordering_retention_ms, now)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot move the stream head");
         }
     }
 
@@ -374,7 +454,7 @@ impl Dispatcher {
             Err(e) if e.is_timeout() => {
                 Err(format!("no answer within {:?}", source.forward_timeout))
             }
-            Err(e) => Err(format!("request failed: {}", error_chain(&e))),
+            Err(e) => Err(format!("request failed: {}", error_chain(&e.without_url()))),
         }
     }
 }

@@ -6,8 +6,26 @@ use super::locate::Locator;
 use super::signature::{Scheme, Verifier, parse_whsec};
 use crate::config::sources::SourceSettings;
 
+/// Largest `max_body_bytes` a source may set: bodies are held in memory
+/// while they are verified and stored.
+pub const MAX_BODY_LIMIT: usize = 16 * 1024 * 1024;
+
+/// Headers dedupd sets on forwarded requests itself (or that belong to the
+/// connection), which `forward_headers` may not copy.
+const RESERVED_HEADERS: &[&str] = &[
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "dedupd-attempt",
+    "dedupd-source",
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+];
+
 /// A source ready to serve: every setting parsed and checked.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Source {
     /// Name in `/ingest/{name}` and in the config table.
     pub name: String,
@@ -37,6 +55,18 @@ pub struct Source {
     pub forward_headers: Vec<String>,
     /// Largest accepted body, bytes.
     pub max_body_bytes: usize,
+}
+
+impl std::fmt::Debug for Source {
+    // The destination key is a secret: keep it out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source")
+            .field("name", &self.name)
+            .field("scheme", &self.scheme)
+            .field("forward_to", &self.forward_to.as_str())
+            .field("destination_key", &"<redacted>")
+            .finish_non_exhaustive()
+    }
 }
 
 /// A source's setting that is wrong: the key under `sources.{name}` and why.
@@ -121,12 +151,19 @@ impl Source {
         if s.backoff_max < s.backoff_min {
             errors.push(("backoff_max", "must not be less than backoff_min".into()));
         }
-        if s.max_body_bytes == 0 {
-            errors.push(("max_body_bytes", "must be at least 1".into()));
+        if !(1..=MAX_BODY_LIMIT).contains(&s.max_body_bytes) {
+            errors.push((
+                "max_body_bytes",
+                format!("must be 1 to {MAX_BODY_LIMIT} (16 MiB)"),
+            ));
         }
         let mut forward_headers = Vec::new();
         for h in &s.forward_headers {
             match actix_web::http::header::HeaderName::from_bytes(h.as_bytes()) {
+                Ok(_) if RESERVED_HEADERS.contains(&h.to_ascii_lowercase().as_str()) => errors.push((
+                    "forward_headers",
+                    format!("{h:?} is set by dedupd itself (or by the connection) and cannot be forwarded"),
+                )),
                 Ok(_) => forward_headers.push(h.to_ascii_lowercase()),
                 Err(_) => errors.push(("forward_headers", format!("{h:?} is not a header name"))),
             }

@@ -102,6 +102,11 @@ pub struct InboxEvent {
     pub body: Vec<u8>,
     /// Settled events: when the record is reaped (0 while pending).
     pub expires_at_ms: Millis,
+    /// Lease generation: grows with every lease and redeliver, so the
+    /// outcome of a delivery turn whose lease was superseded is ignored.
+    pub lease: u64,
+    /// Size of the body (listings leave `body` empty).
+    pub body_bytes: usize,
 }
 
 /// Answer to an insert.

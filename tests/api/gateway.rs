@@ -517,3 +517,191 @@ async fn stopping_waits_for_a_delivery_in_flight_to_finish() {
     assert_eq!(app.event_ids("delivered").await, ["slow"]);
     assert_eq!(receiver.received().len(), 1);
 }
+
+/// The ids of the receiver's successful deliveries, in order (each event's
+/// last request is its successful one).
+fn delivered_order(receiver: &Receiver) -> Vec<String> {
+    let got = receiver.received();
+    let mut order = Vec::new();
+    for (i, r) in got.iter().enumerate() {
+        let id = r.header("webhook-id").to_owned();
+        if !got[i + 1..]
+            .iter()
+            .any(|later| later.header("webhook-id") == id)
+        {
+            order.push(id);
+        }
+    }
+    order
+}
+
+#[tokio::test]
+async fn no_answer_within_the_forward_timeout_is_a_failed_attempt() {
+    let receiver = Receiver::start(Behaviour::Delay(3_000)).await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.forward_timeout = Duration::from_millis(200);
+        s.max_attempts = 2;
+    })
+    .await;
+    app.ingest_ok(&body("slowpoke", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("dead", || async {
+        app.event_ids("dead").await == ["slowpoke"]
+    })
+    .await;
+    let ev = &app.events("dead").await[0];
+    assert_eq!(ev["attempts"], 2);
+    assert!(
+        ev["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("no answer within"),
+        "{ev}"
+    );
+}
+
+#[tokio::test]
+async fn an_older_event_arriving_while_a_newer_one_is_in_flight_becomes_stale() {
+    let receiver = Receiver::start(Behaviour::Delay(300)).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    app.ingest_ok(&body("newer", "run_1", "2026-11-29T10:05:00Z"))
+        .await;
+    eventually("the newer event is in flight", || async {
+        !receiver.received().is_empty()
+    })
+    .await;
+    app.ingest_ok(&body("older", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("older is stale", || async {
+        app.event_ids("stale").await == ["older"]
+    })
+    .await;
+    assert_eq!(app.event_ids("delivered").await, ["newer"]);
+    assert_eq!(ids(&receiver.received()), ["newer"]);
+}
+
+#[tokio::test]
+async fn an_older_event_arriving_while_a_newer_one_backs_off_is_delivered_first() {
+    let receiver = Receiver::start(Behaviour::FailTimes(1)).await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.backoff_min = Duration::from_millis(300);
+        s.backoff_max = Duration::from_millis(300);
+    })
+    .await;
+    app.ingest_ok(&body("newer", "run_1", "2026-11-29T10:05:00Z"))
+        .await;
+    eventually("the newer event failed once", || async {
+        receiver.received().len() == 1
+    })
+    .await;
+    app.ingest_ok(&body("older", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("both delivered", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+    assert_eq!(delivered_order(&receiver), ["older", "newer"]);
+}
+
+#[tokio::test]
+async fn a_redelivered_stale_event_is_delivered_although_it_is_older_than_the_head() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    app.ingest_ok(&body("new", "run_1", "2026-11-29T10:05:00Z"))
+        .await;
+    eventually("delivered", || async {
+        app.event_ids("delivered").await == ["new"]
+    })
+    .await;
+    app.ingest_ok(&body("old", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("stale", || async {
+        app.event_ids("stale").await == ["old"]
+    })
+    .await;
+    let res = app
+        .request(Method::POST, "/v1/sources/sume/events/old/redeliver")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    eventually("the operator's choice is delivered", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+    assert_eq!(ids(&receiver.received()), ["new", "old"]);
+}
+
+#[tokio::test]
+async fn a_stream_never_has_two_deliveries_in_flight_while_streams_run_in_parallel() {
+    let receiver = Receiver::start(Behaviour::Delay(50)).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    for i in 0..6 {
+        for run in ["run_a", "run_b", "run_c"] {
+            let id = format!("{run}-{i}");
+            app.ingest_ok(&body(&id, run, &format!("2026-11-29T10:0{i}:00Z")))
+                .await;
+        }
+    }
+    eventually("all delivered", || async {
+        app.event_ids("delivered").await.len() == 18
+    })
+    .await;
+    let (per_run, total) = receiver.max_concurrency();
+    assert_eq!(per_run, 1, "one delivery per stream at a time");
+    assert!(total > 1, "different streams are delivered in parallel");
+    for run in ["run_a", "run_b", "run_c"] {
+        let order: Vec<String> = ids(&receiver.received())
+            .into_iter()
+            .filter(|id| id.starts_with(run))
+            .collect();
+        let want: Vec<String> = (0..6).map(|i| format!("{run}-{i}")).collect();
+        assert_eq!(order, want, "{run} in created_at order");
+    }
+}
+
+#[tokio::test]
+async fn events_of_a_source_that_left_the_configuration_do_not_block_the_others() {
+    let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&receiver.url, |s| s.max_attempts = 1000).await;
+    for i in 0..8 {
+        app.ingest_ok(&body(
+            &format!("o{i}"),
+            &format!("run_{i}"),
+            "2026-11-29T10:00:00Z",
+        ))
+        .await;
+    }
+    let (mut loaded, dir, clock, real_time) = app.stop().await;
+    // The source is renamed: the old events have no source any more.
+    receiver.set(Behaviour::Accept);
+    let mut s = settings(&receiver.url);
+    s.max_attempts = 1000;
+    let renamed = Source::build("sume2", &s, &[SECRET.to_owned()], Some(DESTINATION)).unwrap();
+    loaded.settings.sources.clear();
+    loaded.settings.sources.insert("sume2".into(), s);
+    loaded.sources = vec![Arc::new(renamed)];
+    let before = receiver.received().len();
+    let app = crate::helpers::start_again(loaded, dir, clock, real_time).await;
+    let res = app
+        .post_signed_at(
+            "sume2",
+            &body("fresh", "run_x", "2026-11-29T10:00:00Z"),
+            now_s(),
+            SECRET,
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    eventually("the new source's event is delivered", || async {
+        receiver
+            .received()
+            .iter()
+            .any(|r| r.header("webhook-id") == "fresh")
+    })
+    .await;
+    assert_eq!(
+        receiver.received().len(),
+        before + 1,
+        "orphaned events are not delivered"
+    );
+}

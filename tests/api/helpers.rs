@@ -110,6 +110,18 @@ async fn start(loaded: Loaded, dir: Arc<TempDir>, clock: ManualClock, real_time:
     }
 }
 
+/// Starts a stopped app again (see [`TestApp::stop`]), perhaps with
+/// changed settings, on the same data file and clock.
+pub async fn start_again(
+    mut loaded: Loaded,
+    dir: Arc<TempDir>,
+    clock: ManualClock,
+    real_time: bool,
+) -> TestApp {
+    loaded.settings.listen = "127.0.0.1:0".parse().expect("addr");
+    start(loaded, dir, clock, real_time).await
+}
+
 /// Adds API tokens to the settings.
 pub fn with_tokens(loaded: &mut Loaded, tokens: &[&str]) {
     loaded.api_tokens = tokens.iter().map(|t| Secret::new(*t)).collect();
@@ -126,9 +138,8 @@ impl TestApp {
 
     /// Stops and starts again on the same data file and clock.
     pub async fn restart(self) -> TestApp {
-        let (mut loaded, dir, clock, real_time) = self.stop().await;
-        loaded.settings.listen = "127.0.0.1:0".parse().expect("addr");
-        start(loaded, dir, clock, real_time).await
+        let (loaded, dir, clock, real_time) = self.stop().await;
+        start_again(loaded, dir, clock, real_time).await
     }
 
     /// Full URL of `path`.

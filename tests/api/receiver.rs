@@ -41,10 +41,23 @@ pub enum Behaviour {
     Delay(u64),
 }
 
+#[derive(Debug, Default)]
+struct Concurrency {
+    /// Requests being answered now, by the body's `run_id`.
+    by_run: HashMap<String, usize>,
+    /// Most requests of one run answered at once.
+    max_per_run: usize,
+    /// Requests being answered now.
+    total: usize,
+    /// Most requests answered at once.
+    max_total: usize,
+}
+
 #[derive(Debug)]
 struct State {
     received: Mutex<Vec<Received>>,
     behaviour: Mutex<Behaviour>,
+    concurrency: Mutex<Concurrency>,
 }
 
 /// A running receiver.
@@ -84,7 +97,23 @@ async fn hook(req: HttpRequest, body: web::Bytes, state: web::Data<State>) -> Ht
         _ => 0,
     };
     if delay > 0 {
+        let run = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["run_id"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        {
+            let mut c = state.concurrency.lock().unwrap();
+            let n = c.by_run.entry(run.clone()).or_default();
+            *n += 1;
+            let n = *n;
+            c.max_per_run = c.max_per_run.max(n);
+            c.total += 1;
+            c.max_total = c.max_total.max(c.total);
+        }
         tokio::time::sleep(Duration::from_millis(delay)).await;
+        let mut c = state.concurrency.lock().unwrap();
+        *c.by_run.entry(run).or_default() -= 1;
+        c.total -= 1;
         return HttpResponse::NoContent().finish();
     }
     let mut behaviour = state.behaviour.lock().unwrap();
@@ -118,6 +147,7 @@ impl Receiver {
         let state = Arc::new(State {
             received: Mutex::new(Vec::new()),
             behaviour: Mutex::new(behaviour),
+            concurrency: Mutex::new(Concurrency::default()),
         });
         let data = web::Data::from(state.clone());
         let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
@@ -150,6 +180,13 @@ impl Receiver {
     /// Changes how the receiver answers from now on.
     pub fn set(&self, behaviour: Behaviour) {
         *self.state.behaviour.lock().unwrap() = behaviour;
+    }
+
+    /// With [`Behaviour::Delay`]: the most requests of one `run_id`, and
+    /// of all runs, that were being answered at the same time.
+    pub fn max_concurrency(&self) -> (usize, usize) {
+        let c = self.state.concurrency.lock().unwrap();
+        (c.max_per_run, c.max_total)
     }
 
     /// Stops the receiver.

@@ -126,7 +126,7 @@ mod inbox {
     }
 
     async fn due_ids(s: &RedbStore, now: u64) -> Vec<String> {
-        s.due_events(now, 100)
+        s.due_events(now, 100, vec!["sume".to_owned()])
             .await
             .unwrap()
             .0
@@ -160,12 +160,13 @@ mod inbox {
             error: "HTTP 500".into(),
             attempted: true,
         };
-        s.settle("sume", "a", retry, RETENTION, T).await.unwrap();
+        s.settle("sume", "a", 0, retry, RETENTION, T).await.unwrap();
         assert_eq!(due_ids(&s, T).await, ["x"]);
         assert_eq!(due_ids(&s, T + 500).await, ["x", "a"]);
         s.settle(
             "sume",
             "a",
+            0,
             Settle::Delivered { attempted: true },
             RETENTION,
             T + 600,
@@ -188,6 +189,7 @@ mod inbox {
         s.settle(
             "sume",
             "ok",
+            0,
             Settle::Delivered { attempted: true },
             RETENTION,
             T,
@@ -197,6 +199,7 @@ mod inbox {
         s.settle(
             "sume",
             "gone",
+            0,
             Settle::Dead {
                 error: "down".into(),
             },
@@ -205,7 +208,7 @@ mod inbox {
         )
         .await
         .unwrap();
-        s.settle("sume", "stale", Settle::Stale, RETENTION, T)
+        s.settle("sume", "stale", 0, Settle::Stale, RETENTION, T)
             .await
             .unwrap();
         assert!(due_ids(&s, T + 10_000).await.is_empty());
@@ -240,7 +243,8 @@ mod inbox {
         let e = s.inbox_event("sume", "gone").await.unwrap().unwrap();
         assert_eq!(
             (e.status, e.attempts, e.force),
-            (EventStatus::Pending, 0, true)
+            (EventStatus::Pending, 0, false),
+            "a dead event is redelivered in order: it still yields to newer events"
         );
         s.close().await;
     }

@@ -34,6 +34,8 @@ pub enum InboxRequest {
         source: String,
         /// Event id.
         event_id: String,
+        /// The lease generation the turn ran under.
+        lease: u64,
         /// The ending.
         settle: Settle,
         /// Retentions for settled events.
@@ -53,7 +55,10 @@ pub enum InboxRequest {
 pub enum InboxResponse {
     /// Answer to an insert.
     Inserted(IngestOutcome),
-    /// Lease or settle done.
+    /// The events actually leased (pending and runnable), with their new
+    /// lease generation.
+    Leased(Vec<(String, String, u64)>),
+    /// Settle done.
     Done,
     /// Answer to a redeliver.
     Redelivered(RedeliverOutcome),
@@ -81,11 +86,17 @@ fn to_row<'a>(e: &'a InboxEvent, headers: &'a str) -> InboxRow<'a> {
         headers,
         &e.body,
         e.expires_at_ms,
+        e.lease,
     )
 }
 
 /// Decodes a row.
 pub fn from_row(source: &str, event_id: &str, row: InboxRow<'_>) -> InboxEvent {
+    decode(source, event_id, row, true)
+}
+
+/// Decodes a row, copying the body only when `with_body`.
+fn decode(source: &str, event_id: &str, row: InboxRow<'_>, with_body: bool) -> InboxEvent {
     let (
         status,
         received_at_ms,
@@ -98,6 +109,7 @@ pub fn from_row(source: &str, event_id: &str, row: InboxRow<'_>) -> InboxEvent {
         headers,
         body,
         expires_at_ms,
+        lease,
     ) = row;
     InboxEvent {
         source: source.to_owned(),
@@ -111,8 +123,10 @@ pub fn from_row(source: &str, event_id: &str, row: InboxRow<'_>) -> InboxEvent {
         last_error: last_error.map(str::to_owned),
         force,
         headers: serde_json::from_str(headers).unwrap_or_default(),
-        body: body.to_vec(),
+        body: if with_body { body.to_vec() } else { Vec::new() },
         expires_at_ms,
+        lease,
+        body_bytes: body.len(),
     }
 }
 
@@ -137,18 +151,22 @@ impl<'txn> InboxTables<'txn> {
         Ok(match req {
             InboxRequest::Insert(new) => InboxResponse::Inserted(self.insert(new, now)?),
             InboxRequest::Lease { events } => {
+                let mut leased = Vec::new();
                 for (source, id, until) in events {
-                    self.lease(source, id, *until)?;
+                    if let Some(generation) = self.lease(source, id, *until)? {
+                        leased.push((source.clone(), id.clone(), generation));
+                    }
                 }
-                InboxResponse::Done
+                InboxResponse::Leased(leased)
             }
             InboxRequest::Settle {
                 source,
                 event_id,
+                lease,
                 settle,
                 retention,
             } => {
-                self.settle(source, event_id, settle, *retention, now)?;
+                self.settle(source, event_id, *lease, settle, *retention, now)?;
                 InboxResponse::Done
             }
             InboxRequest::Redeliver { source, event_id } => {
@@ -195,6 +213,8 @@ impl<'txn> InboxTables<'txn> {
             headers: new.headers.clone(),
             body: new.body.clone(),
             expires_at_ms: 0,
+            lease: 0,
+            body_bytes: new.body.len(),
         };
         self.save(&e)?;
         self.status.insert(
@@ -278,26 +298,29 @@ impl<'txn> InboxTables<'txn> {
         Ok(())
     }
 
-    fn lease(&mut self, source: &str, id: &str, until: Millis) -> Result<(), redb::Error> {
+    /// Leases a pending, runnable event until `until`; its new generation,
+    /// or `None` when it is not runnable (settled, or queued behind an
+    /// older event of its stream since the dispatcher read it).
+    fn lease(&mut self, source: &str, id: &str, until: Millis) -> Result<Option<u64>, redb::Error> {
         let Some(mut e) = self.load(source, id)? else {
-            return Ok(());
+            return Ok(None);
         };
-        if e.status != EventStatus::Pending {
-            return Ok(());
+        if e.status != EventStatus::Pending || self.due.remove((e.due_at_ms, source, id))?.is_none()
+        {
+            return Ok(None);
         }
-        let was_runnable = self.due.remove((e.due_at_ms, source, id))?.is_some();
         e.due_at_ms = until;
+        e.lease += 1;
         self.save(&e)?;
-        if was_runnable {
-            self.due.insert((until, source, id), ())?;
-        }
-        Ok(())
+        self.due.insert((until, source, id), ())?;
+        Ok(Some(e.lease))
     }
 
     fn settle(
         &mut self,
         source: &str,
         id: &str,
+        lease: u64,
         settle: &Settle,
         retention: Retention,
         now: Millis,
@@ -305,8 +328,9 @@ impl<'txn> InboxTables<'txn> {
         let Some(mut e) = self.load(source, id)? else {
             return Ok(());
         };
-        if e.status != EventStatus::Pending {
-            // Settled already (a redeliver raced a late answer): keep it.
+        if e.status != EventStatus::Pending || e.lease != lease {
+            // A later turn (after this one's lease ran out) or a redeliver
+            // owns the event now: this turn's late outcome is ignored.
             return Ok(());
         }
         let (status, attempted, error, retry_at) = match settle {
@@ -372,10 +396,13 @@ impl<'txn> InboxTables<'txn> {
         self.status
             .remove((source, e.status.to_byte(), e.received_at_ms, id))?;
         self.expiry.remove((e.expires_at_ms, source, id))?;
+        // Only a stale event is delivered despite the head: the operator
+        // asked for it. A dead one still yields to newer events.
+        e.force = e.status == EventStatus::Stale;
         e.status = EventStatus::Pending;
         e.attempts = 0;
         e.due_at_ms = now;
-        e.force = true;
+        e.lease += 1;
         e.expires_at_ms = 0;
         self.save(&e)?;
         self.status
@@ -430,6 +457,7 @@ pub fn due(
     tx: &ReadTransaction,
     now: Millis,
     limit: usize,
+    sources: &[String],
 ) -> Result<(Vec<InboxEvent>, Option<Millis>), redb::Error> {
     let due = tx.open_table(INBOX_DUE)?;
     let rows = tx.open_table(INBOX)?;
@@ -438,6 +466,10 @@ pub fn due(
     for entry in due.iter()? {
         let (k, _) = entry?;
         let (at, source, id) = k.value();
+        if !sources.iter().any(|s| s == source) {
+            // Its source left the configuration: it waits, uncounted.
+            continue;
+        }
         if at > now {
             next = Some(at);
             break;
@@ -494,7 +526,7 @@ pub fn list(
             break;
         }
         if let Some(row) = rows.get((src, id))? {
-            events.push(from_row(src, id, row.value()));
+            events.push(decode(src, id, row.value(), false));
         }
     }
     let next = if more {

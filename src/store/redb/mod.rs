@@ -225,22 +225,29 @@ impl RedbStore {
     }
 
     /// Leases runnable events, each until its own time, while they are
-    /// being delivered: `(source, event id, until)`.
+    /// being delivered: `(source, event id, until)`. Returns those actually
+    /// leased, with their lease generation.
     pub async fn lease(
         &self,
         events: Vec<(String, String, Millis)>,
         now: Millis,
-    ) -> Result<(), StoreError> {
-        self.inbox_write(InboxRequest::Lease { events }, now)
-            .await
-            .map(|_| ())
+    ) -> Result<Vec<(String, String, u64)>, StoreError> {
+        match self
+            .inbox_write(InboxRequest::Lease { events }, now)
+            .await?
+        {
+            InboxResponse::Leased(l) => Ok(l),
+            _ => Err(unexpected("lease")),
+        }
     }
 
-    /// Records how a delivery turn ended.
+    /// Records how a delivery turn under lease generation `lease` ended;
+    /// ignored when another turn or a redeliver has taken the event since.
     pub async fn settle(
         &self,
         source: &str,
         event_id: &str,
+        lease: u64,
         settle: Settle,
         retention: Retention,
         now: Millis,
@@ -248,6 +255,7 @@ impl RedbStore {
         let request = InboxRequest::Settle {
             source: source.to_owned(),
             event_id: event_id.to_owned(),
+            lease,
             settle,
             retention,
         };
@@ -271,14 +279,16 @@ impl RedbStore {
         }
     }
 
-    /// Runnable events due at `now` (at most `limit`), and the next due
-    /// time after them.
+    /// Runnable events of `sources` due at `now` (at most `limit`), and
+    /// the next due time after them.
     pub async fn due_events(
         &self,
         now: Millis,
         limit: usize,
+        sources: Vec<String>,
     ) -> Result<(Vec<InboxEvent>, Option<Millis>), StoreError> {
-        self.read(move |tx| inbox::due(tx, now, limit)).await
+        self.read(move |tx| inbox::due(tx, now, limit, &sources))
+            .await
     }
 
     /// One inbox event.

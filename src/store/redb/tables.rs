@@ -118,7 +118,8 @@ pub fn head_from_row(row: HeadRow<'_>) -> (Head, Millis) {
 }
 
 /// Row of [`INBOX`]: (status, received_at_ms, created_at ns, stream, attempts,
-/// due_at_ms, last_error, force, headers as JSON, body, expires_at_ms).
+/// due_at_ms, last_error, force, headers as JSON, body, expires_at_ms,
+/// lease generation).
 pub type InboxRow<'a> = (
     u8,
     u64,
@@ -130,6 +131,7 @@ pub type InboxRow<'a> = (
     bool,
     &'a str,
     &'a [u8],
+    u64,
     u64,
 );
 /// Gateway events by (source, event id).
