@@ -9,5 +9,10 @@ mod concurrency;
 mod gateway;
 mod helpers;
 mod receiver;
+#[cfg(feature = "redis")]
+mod redis_backend;
+#[cfg(feature = "redis")]
+#[path = "../common/redis_server.rs"]
+mod redis_server;
 mod restart;
 mod streams;
