@@ -267,6 +267,23 @@ impl Dispatcher {
         }
     }
 
+    /// Puts the event back for `retry_at` after a turn that sent nothing
+    /// (claim busy, store unavailable): no attempt is counted.
+    async fn retry_without_attempt(
+        &self,
+        ev: &InboxEvent,
+        lease: u64,
+        retry_at: Millis,
+        error: String,
+    ) {
+        let settle = Settle::Retry {
+            retry_at,
+            error,
+            attempted: false,
+        };
+        self.settle(ev, lease, settle).await;
+    }
+
     /// One delivery turn of one event.
     async fn deliver(&self, source: &Source, ev: &InboxEvent, lease: u64) {
         let ns = Namespace::Gateway(source.name.clone());
@@ -299,29 +316,13 @@ impl Dispatcher {
             }
             Ok(_) => {
                 let error = "another worker holds this event's claim".to_owned();
-                self.settle(
-                    ev,
-                    lease,
-                    Settle::Retry {
-                        retry_at: retry_soon,
-                        error,
-                        attempted: false,
-                    },
-                )
-                .await;
+                self.retry_without_attempt(ev, lease, retry_soon, error)
+                    .await;
                 return;
             }
             Err(e) => {
-                self.settle(
-                    ev,
-                    lease,
-                    Settle::Retry {
-                        retry_at: retry_soon,
-                        error: e.to_string(),
-                        attempted: false,
-                    },
-                )
-                .await;
+                self.retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                    .await;
                 return;
             }
         };
@@ -343,16 +344,8 @@ impl Dispatcher {
                 Ok(_) => {}
                 Err(e) => {
                     self.release(&key, token).await;
-                    self.settle(
-                        ev,
-                        lease,
-                        Settle::Retry {
-                            retry_at: retry_soon,
-                            error: e.to_string(),
-                            attempted: false,
-                        },
-                    )
-                    .await;
+                    self.retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                        .await;
                     return;
                 }
             }
