@@ -89,7 +89,7 @@ impl Application {
                         connect_timeout: r.connect_timeout,
                         response_timeout: r.response_timeout,
                     },
-                ))
+                )?)
             }
             #[cfg(not(feature = "redis"))]
             Backend::Redis => {

@@ -166,8 +166,9 @@ pub struct RedisSettings {
     pub cluster_nodes: Vec<Secret>,
     /// Prefix of every key dedupd writes; no `{` or `}`.
     pub prefix: String,
-    /// Redis keeps a key this long past its record's expiry (records read as
-    /// absent from their expiry on; this only delays freeing memory).
+    /// Redis keeps a key this long past its record's expiry. Records read
+    /// as absent from their expiry on, by dedupd's clock; the slack covers
+    /// clock differences between instances, so it should exceed them.
     #[serde(with = "humantime_serde")]
     pub expiry_slack: Duration,
     /// Time allowed to connect.
@@ -224,7 +225,7 @@ impl Default for Settings {
                     url: Secret::new("redis://127.0.0.1:6379"),
                     cluster_nodes: Vec::new(),
                     prefix: "dedupd".into(),
-                    expiry_slack: Duration::from_secs(1),
+                    expiry_slack: Duration::from_secs(60),
                     connect_timeout: Duration::from_secs(2),
                     response_timeout: Duration::from_secs(2),
                 },

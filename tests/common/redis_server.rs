@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-const MISSING: &str = "redis-server was not found on the PATH. The Redis backend's tests run \
+const MISSING: &str = "not found on the PATH (redis-server and redis-cli are both needed). The Redis backend's tests run \
     against a real server: install it (Debian/Ubuntu: `apt-get install redis-server`; \
     macOS: `brew install redis`) or run the tests without `--features redis`.";
 
@@ -18,8 +18,10 @@ const MISSING: &str = "redis-server was not found on the PATH. The Redis backend
 /// returned child kills the server at once (as a crash would), and the server
 /// also goes when this test process exits, even if it never ran `Drop`.
 fn spawn(dir: &TempDir, args: &[String]) -> Child {
-    let found = Command::new("redis-server").arg("--version").output();
-    assert!(found.is_ok_and(|o| o.status.success()), "{MISSING}");
+    for tool in ["redis-server", "redis-cli"] {
+        let found = Command::new(tool).arg("--version").output();
+        assert!(found.is_ok_and(|o| o.status.success()), "{tool}: {MISSING}");
+    }
     let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
     let script = format!(
         "redis-server {} & pid=$!; trap 'kill -9 $pid; exit 0' TERM; \
@@ -151,8 +153,11 @@ impl RedisCluster {
         let mut ports = Vec::new();
         while ports.len() < 3 {
             let port = free_port();
-            // The cluster bus uses port + 10000.
-            if port > 55_000 || ports.contains(&port) {
+            // The cluster bus uses port + 10000: it must be free too.
+            if port > 55_000
+                || ports.contains(&port)
+                || TcpListener::bind(("127.0.0.1", port + 10_000)).is_err()
+            {
                 continue;
             }
             ports.push(port);

@@ -516,3 +516,73 @@ pub async fn the_background_reaper_wakes_for_the_next_expiry_and_stops_when_told
         .unwrap()
         .unwrap();
 }
+
+pub async fn names_with_braces_and_colons_never_collide(b: &mut dyn Backend) {
+    let s = b.store();
+    let t = at("2026-11-29T10:00:00Z");
+    // In a naive Redis layout the head of stream "s}:e:a/x" and the record
+    // of event "x}:head" in stream "s" would be one key.
+    let r = s
+        .apply(&key("s}:e:a/x"), &key("y"), t, 60_000, T)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, ApplyOutcome::Applied);
+    let r = s
+        .apply(&key("s"), &key("x}:head"), t, 60_000, T)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, ApplyOutcome::Applied);
+    assert_eq!(
+        s.head(&key("s}:e:a/x"), T).await.unwrap().unwrap().event_id,
+        key("y")
+    );
+    for k in ["{a}", "a", "{a", "a}", "}{", ":fence", "c:x"] {
+        claim(&*s, k, 1_000, T).await;
+    }
+    assert_eq!(
+        s.get(&key("{a}"), T).await.unwrap().unwrap().state,
+        ClaimState::Processing
+    );
+}
+
+pub async fn created_at_is_compared_to_the_nanosecond_also_before_1970(b: &mut dyn Backend) {
+    let s = b.store();
+    let apply = |stream: &'static str, id: &'static str, ts: &'static str| {
+        let s = s.clone();
+        async move {
+            s.apply(&key(stream), &key(id), at(ts), 60_000, T)
+                .await
+                .unwrap()
+                .outcome
+        }
+    };
+    assert_eq!(
+        apply("moon", "e1", "1969-07-20T20:17:40.000000001Z").await,
+        ApplyOutcome::Applied
+    );
+    assert_eq!(
+        apply("moon", "e2", "1969-07-20T20:17:40Z").await,
+        ApplyOutcome::Stale
+    );
+    assert_eq!(
+        apply("moon", "e3", "1969-07-20T21:17:40.000000001+01:00").await,
+        ApplyOutcome::Applied
+    );
+    let head = s.head(&key("moon"), T).await.unwrap().unwrap();
+    assert_eq!(
+        (head.event_id, head.created_at),
+        (key("e3"), at("1969-07-20T20:17:40.000000001Z"))
+    );
+    assert_eq!(
+        apply("now", "n1", "2026-11-29T10:00:00.123456789Z").await,
+        ApplyOutcome::Applied
+    );
+    assert_eq!(
+        apply("now", "n2", "2026-11-29T10:00:00.123456788Z").await,
+        ApplyOutcome::Stale
+    );
+    assert_eq!(
+        apply("now", "n3", "2026-11-29T10:00:00.12345679Z").await,
+        ApplyOutcome::Applied
+    );
+}

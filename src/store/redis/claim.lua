@@ -3,6 +3,10 @@
 local now = tonumber(ARGV[1])
 local r = live_claim(KEYS[1], now)
 if r then
+  if r[1] == 'p' and r[2] == ARGV[4] then
+    -- The same claim again: a retry after a lost answer. Idempotent.
+    return {'claimed', r[3], r[4]}
+  end
   if r[5] ~= '' and ARGV[3] ~= '' and r[5] ~= ARGV[3] then
     return {'mismatch', r[1], r[4]}
   end
@@ -14,4 +18,4 @@ end
 local fence = redis.call('INCR', KEYS[2])
 local e = now + tonumber(ARGV[2])
 put_claim(KEYS[1], 'p', ARGV[4], fence, e, ARGV[3], now, tonumber(ARGV[5]))
-return {'claimed', tostring(fence), fmt(e)}
+return {'claimed', fmt(fence), fmt(e)}

@@ -8,14 +8,17 @@
 //! TTL plus a small slack) so Redis reclaims memory by itself and the reaper
 //! has nothing to do here.
 //!
-//! Key layout (`P` is the configured prefix):
+//! Key layout (`P` is the configured prefix; `hex(…)` keeps user text out
+//! of hash tags, so no name can end a tag early or collide with another key):
 //! - `{P}:c:{key}` claims and `{P}:fence` the fence counter: one hash tag,
 //!   so a claim and the counter are in one slot and a claim's fence is taken
 //!   atomically with it. In a Redis Cluster all claims live in that slot.
-//! - `P:{s:{stream}}:head` and `P:{s:{stream}}:e:{event}`: a stream's head
-//!   and its applied events share a hash tag, so one slot holds a stream.
-//! - `P:{e:{event}}:seen`: which stream an event id was first applied to, so
-//!   an id is a duplicate on every stream, as in the redb store.
+//! - `P:{s:hex(stream)}:head` and `P:{s:hex(stream)}:e:{event}`: a stream's
+//!   head and its applied events share a hash tag, so one slot holds a stream.
+//! - `P:{e:hex(event)}:seen`: which stream an event id was first applied to,
+//!   so an id is a duplicate on every stream, as in the redb store. It is
+//!   another slot, so it is set (briefly) before the stream's script runs and
+//!   confirmed for the retention after it.
 
 use std::time::Duration;
 
@@ -65,7 +68,11 @@ struct Scripts {
     extend: Script,
     apply: Script,
     mark: Script,
+    confirm: Script,
 }
+
+/// How long a new event-id marker lives before its apply confirms it.
+const PENDING_MARKER_MS: u64 = 60_000;
 
 fn script(body: &str) -> Script {
     Script::new(&format!("{}\n{}", include_str!("common.lua"), body))
@@ -75,10 +82,15 @@ fn script(body: &str) -> Script {
 pub struct RedisStore {
     opts: RedisOptions,
     /// Connected on first use, so dedupd starts (not ready) while Redis is
-    /// down and recovers when it comes back.
+    /// down and recovers when it comes back. A single node's connection
+    /// manager is created lazily at once and reconnects by itself.
     conn: OnceCell<Conn>,
+    /// Held while a first cluster connect is under way.
+    connecting: tokio::sync::Mutex<()>,
     scripts: Scripts,
     slack_ms: u64,
+    /// Set by `close`.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -94,12 +106,28 @@ impl std::fmt::Debug for RedisStore {
 /// (refused, dropped, timed out, cluster down, loading) means "not now" (503).
 fn map_err(e: RedisError) -> StoreError {
     use redis::{ErrorKind, ServerErrorKind};
+    let text = e.to_string();
     match e.kind() {
-        ErrorKind::Server(ServerErrorKind::ResponseError) | ErrorKind::UnexpectedReturnType => {
-            StoreError::Failed(format!("redis: {e}"))
+        // Full, loading or otherwise busy servers answer with plain errors.
+        ErrorKind::Server(ServerErrorKind::ResponseError)
+            if text.contains("max number of clients") || text.contains("OOM") =>
+        {
+            StoreError::Unavailable(format!("redis: {text}"))
         }
-        _ => StoreError::Unavailable(format!("redis: {e}")),
+        ErrorKind::Server(
+            ServerErrorKind::ResponseError | ServerErrorKind::CrossSlot | ServerErrorKind::NoPerm,
+        )
+        | ErrorKind::UnexpectedReturnType => StoreError::Failed(format!("redis: {text}")),
+        _ => StoreError::Unavailable(format!("redis: {text}")),
     }
+}
+
+fn manager_config(opts: &RedisOptions) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(opts.connect_timeout))
+        .set_response_timeout(Some(opts.response_timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_secs(1))
 }
 
 fn ms(d: Duration) -> u64 {
@@ -124,12 +152,21 @@ fn unexpected(what: &str, reply: &[String]) -> StoreError {
 }
 
 impl RedisStore {
-    /// A store that connects on first use.
-    pub fn new(opts: RedisOptions) -> Self {
-        Self {
+    /// A store that connects on first use. Call inside a tokio runtime.
+    pub fn new(opts: RedisOptions) -> Result<Self, StoreError> {
+        let conn = OnceCell::new();
+        if opts.cluster_nodes.is_empty() {
+            let client = redis::Client::open(opts.url.as_str()).map_err(map_err)?;
+            let manager = ConnectionManager::new_lazy_with_config(client, manager_config(&opts))
+                .map_err(map_err)?;
+            let _ = conn.set(Conn::Single(manager));
+        }
+        Ok(Self {
             slack_ms: ms(opts.expiry_slack),
             opts,
-            conn: OnceCell::new(),
+            conn,
+            connecting: tokio::sync::Mutex::new(()),
+            closed: std::sync::atomic::AtomicBool::new(false),
             scripts: Scripts {
                 claim: script(include_str!("claim.lua")),
                 done: script(include_str!("done.lua")),
@@ -137,37 +174,41 @@ impl RedisStore {
                 extend: script(include_str!("extend.lua")),
                 apply: script(include_str!("apply.lua")),
                 mark: script(include_str!("mark.lua")),
+                confirm: script(include_str!("confirm.lua")),
             },
-        }
+        })
     }
 
-    async fn connect(&self) -> Result<Conn, StoreError> {
-        if self.opts.cluster_nodes.is_empty() {
-            let client = redis::Client::open(self.opts.url.as_str()).map_err(map_err)?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(self.opts.connect_timeout))
-                .set_response_timeout(Some(self.opts.response_timeout))
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_secs(1));
-            let manager = ConnectionManager::new_with_config(client, config)
-                .await
-                .map_err(map_err)?;
-            Ok(Conn::Single(manager))
-        } else {
-            let client = redis::cluster::ClusterClient::builder(self.opts.cluster_nodes.clone())
-                .connection_timeout(self.opts.connect_timeout)
-                .response_timeout(self.opts.response_timeout)
-                .retries(1)
-                .build()
-                .map_err(map_err)?;
-            Ok(Conn::Cluster(
-                client.get_async_connection().await.map_err(map_err)?,
-            ))
-        }
+    async fn connect_cluster(&self) -> Result<Conn, StoreError> {
+        let client = redis::cluster::ClusterClient::builder(self.opts.cluster_nodes.clone())
+            .connection_timeout(self.opts.connect_timeout)
+            .response_timeout(self.opts.response_timeout)
+            .retries(1)
+            .build()
+            .map_err(map_err)?;
+        Ok(Conn::Cluster(
+            client.get_async_connection().await.map_err(map_err)?,
+        ))
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
-        self.conn.get_or_try_init(|| self.connect()).await.cloned()
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Unavailable("the store is shut down".into()));
+        }
+        if let Some(c) = self.conn.get() {
+            return Ok(c.clone());
+        }
+        // Callers wait for a first connect under way, but never longer than
+        // a connect may take: requests cannot pile up behind a dead cluster.
+        let _connecting = tokio::time::timeout(self.opts.connect_timeout, self.connecting.lock())
+            .await
+            .map_err(|_| StoreError::Unavailable("connecting to the Redis cluster".into()))?;
+        if let Some(c) = self.conn.get() {
+            return Ok(c.clone());
+        }
+        let conn = self.connect_cluster().await?;
+        let _ = self.conn.set(conn.clone());
+        Ok(conn)
     }
 
     /// Runs `script` with `keys` and `args` and reads its reply.
@@ -208,20 +249,28 @@ impl RedisStore {
     }
 
     fn head_key(&self, stream: &ScopedKey) -> String {
-        format!("{}:{{s:{}}}:head", self.opts.prefix, stream.as_str())
+        format!(
+            "{}:{{s:{}}}:head",
+            self.opts.prefix,
+            hex::encode(stream.as_str())
+        )
     }
 
     fn event_key(&self, stream: &ScopedKey, event: &ScopedKey) -> String {
         format!(
             "{}:{{s:{}}}:e:{}",
             self.opts.prefix,
-            stream.as_str(),
+            hex::encode(stream.as_str()),
             event.as_str()
         )
     }
 
     fn marker_key(&self, event: &ScopedKey) -> String {
-        format!("{}:{{e:{}}}:seen", self.opts.prefix, event.as_str())
+        format!(
+            "{}:{{e:{}}}:seen",
+            self.opts.prefix,
+            hex::encode(event.as_str())
+        )
     }
 
     async fn read_head(&self, stream: &ScopedKey, now: Millis) -> Result<Option<Head>, StoreError> {
@@ -278,13 +327,15 @@ impl Store for RedisStore {
             token.to_hex(),
             self.slack_ms.to_string(),
         ];
-        let reply: Vec<String> = self
-            .run(
-                &self.scripts.claim,
-                &[&self.claim_key(key), &self.fence_key()],
-                &args,
-            )
-            .await?;
+        let keys = [self.claim_key(key), self.fence_key()];
+        let keys = [keys[0].as_str(), keys[1].as_str()];
+        // An answer lost on the way back would leave a claim nobody holds
+        // the token of: retry once with the same token (the script answers
+        // its own claim as claimed again).
+        let reply: Vec<String> = match self.run(&self.scripts.claim, &keys, &args).await {
+            Err(StoreError::Unavailable(_)) => self.run(&self.scripts.claim, &keys, &args).await?,
+            other => other?,
+        };
         match reply.first().map(String::as_str) {
             Some("claimed") => Ok(ClaimOutcome::Claimed {
                 token,
@@ -402,9 +453,12 @@ impl Store for RedisStore {
         match reply.as_slice() {
             [Some(s), Some(f), Some(e)] => {
                 let expires_at_ms: u64 = num(Some(e))?;
-                Ok((expires_at_ms > now).then(|| ClaimView {
+                if expires_at_ms <= now {
+                    return Ok(None);
+                }
+                Ok(Some(ClaimView {
                     state: state(Some(s)),
-                    fence: f.parse().unwrap_or(0),
+                    fence: num(Some(f))?,
                     expires_at_ms,
                 }))
             }
@@ -420,18 +474,15 @@ impl Store for RedisStore {
         retention_ms: u64,
         now: Millis,
     ) -> Result<ApplyResult, StoreError> {
+        let marker = self.marker_key(event_id);
         let marker_args = [
             now.to_string(),
             stream.as_str().to_owned(),
-            retention_ms.to_string(),
+            PENDING_MARKER_MS.min(retention_ms).to_string(),
             self.slack_ms.to_string(),
         ];
         let fresh: i64 = self
-            .run(
-                &self.scripts.mark,
-                &[&self.marker_key(event_id)],
-                &marker_args,
-            )
+            .run(&self.scripts.mark, &[&marker], &marker_args)
             .await?;
         if fresh == 0 {
             return Ok(ApplyResult {
@@ -465,6 +516,22 @@ impl Store for RedisStore {
             [cs, cn, id] => Some(head_from(cs, cn, id)?),
             _ => None,
         };
+        if outcome != ApplyOutcome::Duplicate {
+            let confirm_args = [
+                now.to_string(),
+                stream.as_str().to_owned(),
+                retention_ms.to_string(),
+                self.slack_ms.to_string(),
+            ];
+            // The stream recorded the event: that is the answer. A marker
+            // left pending only narrows cross-stream duplicate detection.
+            if let Err(e) = self
+                .run::<i64>(&self.scripts.confirm, &[&marker], &confirm_args)
+                .await
+            {
+                tracing::warn!(error = %e, "cannot confirm an event-id marker");
+            }
+        }
         Ok(ApplyResult { outcome, head })
     }
 
@@ -496,5 +563,8 @@ impl Store for RedisStore {
         WriteStats::default()
     }
 
-    async fn close(&self) {}
+    async fn close(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
