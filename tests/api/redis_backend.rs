@@ -56,6 +56,13 @@ async fn with_redis_down_claims_and_applies_answer_503_and_recover_when_it_retur
         "store_unavailable",
     )
     .await;
+    for res in [
+        app.done("k", json!({ "token": token })).await,
+        app.extend("k", json!({ "token": token })).await,
+        app.release("k", &token).await,
+    ] {
+        assert_problem(res, StatusCode::SERVICE_UNAVAILABLE, "store_unavailable").await;
+    }
     let res = app.request(Method::GET, "/readyz").send().await.unwrap();
     assert_problem(res, StatusCode::SERVICE_UNAVAILABLE, "store_unavailable").await;
 
