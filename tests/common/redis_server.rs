@@ -24,9 +24,9 @@ fn spawn(dir: &TempDir, args: &[String]) -> Child {
     }
     let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
     let script = format!(
-        "redis-server {} & pid=$!; trap 'kill -9 $pid; exit 0' TERM; \
+        "redis-server {} & pid=$!; trap 'kill -9 $pid; wait $pid; exit 0' TERM; \
          while kill -0 {parent} 2>/dev/null && kill -0 $pid 2>/dev/null; do sleep 0.2; done; \
-         kill -9 $pid 2>/dev/null; exit 0",
+         kill -9 $pid 2>/dev/null; wait $pid; exit 0",
         quoted.join(" "),
         parent = std::process::id()
     );
