@@ -189,22 +189,7 @@ async fn events_of_one_stream_pending_together_are_delivered_in_created_at_order
         app.event_ids("delivered").await.len() == 4
     })
     .await;
-    let successes: Vec<String> = {
-        // Each event's last request is its successful one; order them by arrival.
-        let got = receiver.received();
-        let mut order = Vec::new();
-        for (i, r) in got.iter().enumerate() {
-            let id = r.header("webhook-id").to_owned();
-            if !got[i + 1..]
-                .iter()
-                .any(|later| later.header("webhook-id") == id)
-            {
-                order.push(id);
-            }
-        }
-        order
-    };
-    assert_eq!(successes, ["e1", "e2", "e3", "e4"]);
+    assert_eq!(delivered_order(&receiver), ["e1", "e2", "e3", "e4"]);
     let res = app
         .request(Method::GET, "/v1/streams/run_7")
         .send()

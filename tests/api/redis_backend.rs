@@ -11,9 +11,29 @@ use crate::helpers::{assert_problem, spawn_app_with};
 use crate::receiver::eventually;
 use crate::redis_server::RedisServer;
 
+/// Stops the server (off the async threads: it waits for the process).
+async fn stopped(mut server: RedisServer) -> RedisServer {
+    tokio::task::spawn_blocking(move || {
+        server.stop();
+        server
+    })
+    .await
+    .unwrap()
+}
+
+/// Starts the server again on its socket, empty.
+async fn restarted(mut server: RedisServer) -> RedisServer {
+    tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn with_redis_down_claims_and_applies_answer_503_and_recover_when_it_returns() {
-    let mut server = tokio::task::spawn_blocking(RedisServer::start)
+    let server = tokio::task::spawn_blocking(RedisServer::start)
         .await
         .unwrap();
     let url = server.url();
@@ -36,12 +56,7 @@ async fn with_redis_down_claims_and_applies_answer_503_and_recover_when_it_retur
         StatusCode::OK
     );
 
-    server = tokio::task::spawn_blocking(move || {
-        server.stop();
-        server
-    })
-    .await
-    .unwrap();
+    let server = stopped(server).await;
     let res = app.claim("k2", json!({})).await;
     let v = assert_problem(res, StatusCode::SERVICE_UNAVAILABLE, "store_unavailable").await;
     assert!(
@@ -67,12 +82,7 @@ async fn with_redis_down_claims_and_applies_answer_503_and_recover_when_it_retur
     assert_problem(res, StatusCode::SERVICE_UNAVAILABLE, "store_unavailable").await;
 
     // Redis comes back (empty: this test server keeps nothing on disk).
-    let server = tokio::task::spawn_blocking(move || {
-        server.restart();
-        server
-    })
-    .await
-    .unwrap();
+    let server = restarted(server).await;
     eventually("dedupd reconnects by itself", || async {
         app.client
             .get(app.url("/readyz"))
@@ -98,16 +108,11 @@ async fn with_redis_down_claims_and_applies_answer_503_and_recover_when_it_retur
 
 #[tokio::test]
 async fn dedupd_starts_not_ready_while_redis_is_down_and_becomes_ready_when_it_appears() {
-    let mut server = tokio::task::spawn_blocking(RedisServer::start)
+    let server = tokio::task::spawn_blocking(RedisServer::start)
         .await
         .unwrap();
     let url = server.url();
-    server = tokio::task::spawn_blocking(move || {
-        server.stop();
-        server
-    })
-    .await
-    .unwrap();
+    let server = stopped(server).await;
     let app = spawn_app_with(|l| {
         l.settings.storage.backend = Backend::Redis;
         l.settings.storage.redis.url = Secret::new(url);
@@ -122,12 +127,7 @@ async fn dedupd_starts_not_ready_while_redis_is_down_and_becomes_ready_when_it_a
         "store_unavailable",
     )
     .await;
-    let server = tokio::task::spawn_blocking(move || {
-        server.restart();
-        server
-    })
-    .await
-    .unwrap();
+    let server = restarted(server).await;
     eventually("ready", || async {
         app.client
             .get(app.url("/readyz"))
