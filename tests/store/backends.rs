@@ -125,6 +125,60 @@ pub mod redis {
         }
     }
 
+    /// Runs one of dedupd's scripts (with its shared prelude) by EVAL.
+    fn eval(server: &RedisServer, file: &str, keys: &[&str], args: &[&str]) -> Vec<String> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/store/redis/");
+        let script = format!(
+            "{}\n{}",
+            std::fs::read_to_string(format!("{dir}common.lua")).unwrap(),
+            std::fs::read_to_string(format!("{dir}{file}")).unwrap()
+        );
+        let n = keys.len().to_string();
+        let mut cmd = std::process::Command::new("redis-cli");
+        cmd.args(["-s", server.socket.to_str().unwrap(), "eval", &script, &n]);
+        cmd.args(keys).args(args);
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_claim_retried_with_its_own_token_is_answered_as_the_same_claim() {
+        // RedisStore retries a claim once, with the same token, when the
+        // answer was lost: the script must recognise its own claim.
+        let server = tokio::task::spawn_blocking(RedisServer::start)
+            .await
+            .unwrap();
+        let keys = ["{t}:c:k", "{t}:fence"];
+        let claim = |token: &str| {
+            eval(
+                &server,
+                "claim.lua",
+                &keys,
+                &["1000", "500", "", token, "0"],
+            )
+        };
+        let first = claim("aaaa");
+        assert_eq!(first, ["claimed", "1", "1500"]);
+        assert_eq!(
+            claim("aaaa"),
+            first,
+            "the retry gets the same fence and expiry"
+        );
+        assert_eq!(
+            claim("bbbb"),
+            ["busy", "p", "1500"],
+            "anyone else is refused"
+        );
+    }
+
     /// Counts the keys Redis holds under `prefix`.
     fn keys(server: &RedisServer, prefix: &str) -> usize {
         let out = std::process::Command::new("redis-cli")

@@ -586,3 +586,32 @@ pub async fn created_at_is_compared_to_the_nanosecond_also_before_1970(b: &mut d
         ApplyOutcome::Applied
     );
 }
+
+pub async fn an_event_id_stays_a_duplicate_on_other_streams_for_the_whole_retention(
+    b: &mut dyn Backend,
+) {
+    let s = b.store();
+    let t = at("2026-11-29T10:00:00Z");
+    let hour = 3_600_000;
+    assert_eq!(
+        s.apply(&key("a"), &key("e"), t, hour, T)
+            .await
+            .unwrap()
+            .outcome,
+        ApplyOutcome::Applied
+    );
+    // Well past any short-lived bookkeeping, still inside the retention.
+    for later in [T + 120_000, T + hour - 1] {
+        let r = s.apply(&key("b"), &key("e"), t, hour, later).await.unwrap();
+        assert_eq!(r.outcome, ApplyOutcome::Duplicate, "at +{} ms", later - T);
+    }
+    let r = s
+        .apply(&key("b"), &key("e"), t, hour, T + hour)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.outcome,
+        ApplyOutcome::Applied,
+        "forgotten after the retention"
+    );
+}

@@ -64,6 +64,7 @@ macro_rules! conformance {
             case!(sixty_four_concurrent_claims_give_one_owner);
             case!(thirty_two_concurrent_applies_give_one_applied);
             case!(names_with_braces_and_colons_never_collide);
+            case!(an_event_id_stays_a_duplicate_on_other_streams_for_the_whole_retention);
             case!(created_at_is_compared_to_the_nanosecond_also_before_1970);
             case!(the_background_reaper_wakes_for_the_next_expiry_and_stops_when_told);
 
