@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio::sync::watch;
+
 /// Unix time in milliseconds.
 pub type Millis = u64;
 
@@ -15,6 +17,13 @@ pub type Millis = u64;
 pub trait Clock: Send + Sync + Debug + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> Millis;
+
+    /// For a clock moved by hand: a receiver that sees every move, so a
+    /// task waiting for a time wakes when the clock is moved rather than on
+    /// its next real-time poll. `None` for a clock that moves by itself.
+    fn moves(&self) -> Option<watch::Receiver<Millis>> {
+        None
+    }
 }
 
 /// The system's real-time clock.
@@ -35,6 +44,8 @@ impl Clock for SystemClock {
 pub struct ManualClock {
     /// Current time in Unix milliseconds, shared by every clone.
     now: Arc<AtomicU64>,
+    /// Tells waiters that the clock moved.
+    moved: Arc<watch::Sender<Millis>>,
 }
 
 impl ManualClock {
@@ -42,24 +53,31 @@ impl ManualClock {
     pub fn new(start_ms: Millis) -> Self {
         Self {
             now: Arc::new(AtomicU64::new(start_ms)),
+            moved: Arc::new(watch::Sender::new(start_ms)),
         }
     }
 
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
         let ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
-        self.now.fetch_add(ms, Ordering::SeqCst);
+        let now = self.now.fetch_add(ms, Ordering::SeqCst).saturating_add(ms);
+        self.moved.send_replace(now);
     }
 
     /// Sets the clock to `ms`, which may be earlier than now.
     pub fn set(&self, ms: Millis) {
         self.now.store(ms, Ordering::SeqCst);
+        self.moved.send_replace(ms);
     }
 }
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> Millis {
         self.now.load(Ordering::SeqCst)
+    }
+
+    fn moves(&self) -> Option<watch::Receiver<Millis>> {
+        Some(self.moved.subscribe())
     }
 }
 

@@ -46,6 +46,7 @@ fn main() -> ExitCode {
                         source.name, source.scheme, source.name, source.forward_to
                     );
                 }
+                removed_sources(&loaded);
                 println!(
                     "\n# {} API token(s) in effect; {}",
                     loaded.api_tokens.len(),
@@ -80,6 +81,31 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+/// Names each source that left the configuration but still has events in
+/// the data file, with its count of pending events.
+fn removed_sources(loaded: &dedupd::config::Loaded) {
+    let path = &loaded.settings.data_path;
+    match dedupd::store::redb::inbox_sources_in_file(path) {
+        Ok(None) => {}
+        Ok(Some(found)) => {
+            for (name, pending) in found {
+                if loaded.sources.iter().all(|s| s.name != name) {
+                    println!(
+                        "\n# removed source {name}: {pending} pending event(s) in {}; not \
+                         delivered, listable under /v1/sources/{name}/events, reaped after \
+                         gateway.dead_retention",
+                        path.display()
+                    );
+                }
+            }
+        }
+        Err(e) => println!(
+            "\n# events of removed sources not checked: cannot read {}: {e}",
+            path.display()
+        ),
     }
 }
 

@@ -15,7 +15,21 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::clock::{Millis, SharedClock};
+use crate::store::redb::RedbStore;
 use crate::store::{PurgeReport, Store, StoreError};
+
+/// Pending events of sources that left the configuration: never delivered,
+/// so they never settle and never get an expiry. They go once they are
+/// older than the dead-event retention.
+#[derive(Debug, Clone)]
+pub struct Orphans {
+    /// The inbox.
+    pub inbox: Arc<RedbStore>,
+    /// The configured source names.
+    pub configured: Vec<String>,
+    /// How long after receipt they are kept, ms (`gateway.dead_retention`).
+    pub retention_ms: u64,
+}
 
 /// The reaper's handle on the store and its limits.
 #[derive(Debug, Clone)]
@@ -26,6 +40,8 @@ pub struct Reaper {
     interval: Duration,
     /// Most deletions per write transaction.
     batch_size: u64,
+    /// Pending events of removed sources, if the reaper looks after them.
+    orphans: Option<Orphans>,
 }
 
 impl Reaper {
@@ -41,6 +57,62 @@ impl Reaper {
             clock,
             interval,
             batch_size: batch_size.max(1),
+            orphans: None,
+        }
+    }
+
+    /// Also removes pending events of sources that left the configuration
+    /// once they are older than their retention; names those sources (and
+    /// their pending counts) in the log when it starts.
+    pub fn with_orphans(mut self, orphans: Orphans) -> Self {
+        self.orphans = Some(orphans);
+        self
+    }
+
+    /// The removed sources that still have events, named in the log.
+    async fn removed_sources(&self) -> Vec<String> {
+        let Some(o) = &self.orphans else {
+            return Vec::new();
+        };
+        match o.inbox.inbox_sources().await {
+            Ok(found) => found
+                .into_iter()
+                .filter(|(name, _)| !o.configured.contains(name))
+                .map(|(name, pending)| {
+                    tracing::warn!(
+                        source = %name,
+                        pending,
+                        "source removed from the configuration still has events: they are \
+                         not delivered, stay listable under /v1/sources/{name}/events, and \
+                         are reaped after gateway.dead_retention"
+                    );
+                    name
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the inbox's sources");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Deletes the pending events of `removed` sources past retention.
+    async fn purge_orphans(&self, removed: &[String], now: Millis) -> Result<u64, StoreError> {
+        let Some(o) = self.orphans.as_ref().filter(|_| !removed.is_empty()) else {
+            return Ok(0);
+        };
+        let before = now.saturating_sub(o.retention_ms);
+        let mut total = 0;
+        loop {
+            let n = o
+                .inbox
+                .purge_pending(removed.to_vec(), before, self.batch_size, now)
+                .await?;
+            total += n;
+            if n < self.batch_size {
+                return Ok(total);
+            }
+            tokio::task::yield_now().await;
         }
     }
 
@@ -64,9 +136,21 @@ impl Reaper {
 
     /// Runs until `stop` turns true.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let removed = self.removed_sources().await;
         loop {
             let now = self.clock.now_ms();
             let mut failed = false;
+            match self.purge_orphans(&removed, now).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    events = n,
+                    "reaped pending events of removed sources past their retention"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reaper pass failed; will retry after the interval");
+                    failed = true;
+                }
+            }
             match self.purge_once(now).await {
                 Ok(r) if r.total() > 0 => tracing::debug!(
                     claims = r.claims,

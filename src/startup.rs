@@ -21,9 +21,9 @@ use tracing_actix_web::TracingLogger;
 use crate::auth::{ApiTokens, require_bearer};
 use crate::clock::SharedClock;
 use crate::config::{Backend, Loaded};
-use crate::gateway::delivery::Dispatcher;
+use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
 use crate::gateway::{self, Gateway};
-use crate::reaper::Reaper;
+use crate::reaper::{Orphans, Reaper};
 use crate::routes::{self, AppState};
 use crate::store::Store;
 use crate::store::inbox::Retention;
@@ -96,17 +96,23 @@ impl Application {
                 anyhow::bail!("storage.backend = \"redis\" needs a build with `--features redis`")
             }
         };
-        Self::build_with_store(loaded, clock, store, file)
+        let coordination = match s.storage.backend {
+            Backend::Redb => Coordination::Local,
+            Backend::Redis => Coordination::Shared(store.clone()),
+        };
+        Self::build_with_store(loaded, clock, store, file, coordination)
     }
 
     /// Builds the app over an already open store and the redb file that
-    /// holds the gateway inbox (the same object with the redb backend). The
-    /// reaper works on the file: Redis expires its own keys.
+    /// holds the gateway inbox (the same object with the redb backend), with
+    /// delivery coordinated as `coordination` says. The reaper works on the
+    /// file: Redis expires its own keys.
     pub fn build_with_store(
         loaded: Loaded,
         clock: SharedClock,
         store: Arc<dyn Store>,
         inbox: Arc<RedbStore>,
+        coordination: Coordination,
     ) -> anyhow::Result<Self> {
         let s = &loaded.settings;
         let listener = TcpListener::bind(s.listen)
@@ -126,6 +132,18 @@ impl Application {
                 dead_ms: ms(s.gateway.dead_retention),
             },
         });
+        let dispatcher = Arc::new(
+            Dispatcher::new(
+                gateway.clone(),
+                coordination,
+                clock.clone(),
+                DeliverySettings {
+                    max_in_flight: s.gateway.max_in_flight,
+                    ordering_retention_ms: ms(s.ordering.retention),
+                },
+            )
+            .context("cannot build the delivery HTTP client")?,
+        );
         let state = web::Data::new(AppState {
             store: store.clone(),
             clock: clock.clone(),
@@ -133,6 +151,7 @@ impl Application {
             retention_ms: ms(s.ordering.retention),
             max_body_bytes: s.http.max_body_bytes,
             gateway: gateway.clone(),
+            dispatcher: dispatcher.clone(),
         });
         let tokens = web::Data::new(ApiTokens::new(&loaded.api_tokens));
         let server = HttpServer::new(move || {
@@ -158,18 +177,13 @@ impl Application {
         .run();
 
         let (stop, stop_rx) = watch::channel(false);
-        let dispatcher = Arc::new(
-            Dispatcher::new(
-                gateway,
-                store.clone(),
-                clock.clone(),
-                s.gateway.workers,
-                ms(s.ordering.retention),
-            )
-            .context("cannot build the delivery HTTP client")?,
-        );
         let dispatcher = tokio::spawn(dispatcher.run(stop_rx.clone()));
-        let reaper = Reaper::new(inbox.clone(), clock, s.reaper.interval, s.reaper.batch_size);
+        let reaper = Reaper::new(inbox.clone(), clock, s.reaper.interval, s.reaper.batch_size)
+            .with_orphans(Orphans {
+                inbox: inbox.clone(),
+                configured: loaded.sources.iter().map(|s| s.name.clone()).collect(),
+                retention_ms: ms(s.gateway.dead_retention),
+            });
         let reaper = tokio::spawn(reaper.run(stop_rx));
         Ok(Self {
             port,

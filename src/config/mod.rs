@@ -464,8 +464,19 @@ impl Settings {
             bad("data_path", "must not be empty".into());
         }
 
-        if !(1..=256).contains(&self.gateway.workers) {
-            bad("gateway.workers", "must be between 1 and 256".into());
+        if self.gateway.workers.is_some() {
+            bad(
+                "gateway.workers",
+                "was replaced: set gateway.max_in_flight (deliveries in flight over all \
+                 sources, default 256) and sources.NAME.max_in_flight (per source, default 16)"
+                    .into(),
+            );
+        }
+        if !(1..=crate::gateway::source::MAX_IN_FLIGHT).contains(&self.gateway.max_in_flight) {
+            bad(
+                "gateway.max_in_flight",
+                format!("must be 1 to {}", crate::gateway::source::MAX_IN_FLIGHT),
+            );
         }
         for (key, d) in [
             (

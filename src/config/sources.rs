@@ -12,8 +12,13 @@ use crate::gateway::signature::Scheme;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatewaySettings {
-    /// Deliveries in flight at once, over all sources.
-    pub workers: usize,
+    /// Deliveries in flight at once, over all sources; each source also
+    /// has its own limit (`sources.NAME.max_in_flight`).
+    pub max_in_flight: usize,
+    /// Replaced by `max_in_flight` (here and per source); only read to
+    /// refuse it with a message that says so.
+    #[serde(default, skip_serializing)]
+    pub workers: Option<usize>,
     /// How long delivered and stale events are kept (for listing and as
     /// the dedupe window of repeated deliveries).
     #[serde(with = "humantime_serde")]
@@ -26,7 +31,8 @@ pub struct GatewaySettings {
 impl Default for GatewaySettings {
     fn default() -> Self {
         Self {
-            workers: 4,
+            max_in_flight: 256,
+            workers: None,
             delivered_retention: Duration::from_secs(7 * 86_400),
             dead_retention: Duration::from_secs(30 * 86_400),
         }
@@ -82,6 +88,14 @@ pub struct SourceSettings {
     /// Largest accepted body, bytes (larger: 413).
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Deliveries of this source in flight at once (under the gateway's
+    /// global `max_in_flight`): what a hanging destination can hold.
+    #[serde(default = "default_source_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Consecutive failed attempts after which the source's deliveries
+    /// pause and one probe tests the destination; 0 never pauses.
+    #[serde(default = "default_pause_after")]
+    pub pause_after: u32,
 }
 
 fn default_tolerance() -> Duration {
@@ -101,6 +115,12 @@ fn default_backoff_max() -> Duration {
 }
 fn default_forward_headers() -> Vec<String> {
     vec!["content-type".into()]
+}
+fn default_source_max_in_flight() -> usize {
+    16
+}
+fn default_pause_after() -> u32 {
+    5
 }
 fn default_max_body_bytes() -> usize {
     256 * 1024

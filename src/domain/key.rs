@@ -59,11 +59,15 @@ pub enum Namespace {
     Api,
     /// Keys the gateway makes for one configured source.
     Gateway(String),
+    /// The gateway's per-stream delivery leases of one source (claims held
+    /// while one instance delivers the stream), apart from its event ids.
+    GatewayStream(String),
 }
 
 /// A [`Key`] placed in a [`Namespace`]: what the store actually keys on.
 ///
-/// Encoding: `a/{key}` for the API and `g/{source}/{key}` for the gateway.
+/// Encoding: `a/{key}` for the API, `g/{source}/{key}` for the gateway and
+/// `s/{source}/{stream}` for its stream leases.
 /// Source names cannot contain `/`, so the encoding is unambiguous.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ScopedKey(String);
@@ -74,6 +78,7 @@ impl ScopedKey {
         match namespace {
             Namespace::Api => Self(format!("a/{}", key.as_str())),
             Namespace::Gateway(source) => Self(format!("g/{source}/{}", key.as_str())),
+            Namespace::GatewayStream(source) => Self(format!("s/{source}/{}", key.as_str())),
         }
     }
 
@@ -96,7 +101,7 @@ impl ScopedKey {
     /// The key without its namespace, as the client named it.
     pub fn key_part(&self) -> &str {
         match self.0.split_once('/') {
-            Some(("g", rest)) => rest.split_once('/').map_or(rest, |(_, k)| k),
+            Some(("g" | "s", rest)) => rest.split_once('/').map_or(rest, |(_, k)| k),
             Some((_, rest)) => rest,
             None => &self.0,
         }

@@ -10,11 +10,10 @@ use serde_json::{Value, json};
 
 use super::locate::{Found, Locator};
 use crate::clock::Millis;
-use crate::domain::{CreatedAt, Invalid, Key, Namespace, ScopedKey};
+use crate::domain::{CreatedAt, Invalid, Key};
 use crate::error::ApiError;
 use crate::routes::AppState;
 use crate::routes::body::read_bytes;
-use crate::store::ClaimState;
 use crate::store::inbox::{IngestOutcome, NewEvent};
 
 /// Registers the ingest route.
@@ -116,7 +115,15 @@ async fn ingest(
         }
     };
 
-    let outcome = if known(&state, &source.name, &event_id, received_at).await? {
+    // Only the local inbox is asked: ingest keeps working while a shared
+    // store is down, and an event another instance received too is
+    // resolved at delivery, by its claim in the shared store.
+    let known = gw
+        .inbox
+        .inbox_event(&source.name, event_id.as_str())
+        .await?
+        .is_some();
+    let outcome = if known {
         IngestOutcome::Duplicate
     } else {
         let headers = source
@@ -145,24 +152,4 @@ async fn ingest(
         IngestOutcome::Duplicate => "duplicate",
     };
     Ok(HttpResponse::Ok().json(json!({ "status": status, "event_id": event_id.as_str() })))
-}
-
-/// Whether the event is already in the inbox, or was delivered by another
-/// dedupd instance sharing the store.
-async fn known(state: &AppState, source: &str, id: &Key, now: Millis) -> Result<bool, ApiError> {
-    if state
-        .gateway
-        .inbox
-        .inbox_event(source, id.as_str())
-        .await?
-        .is_some()
-    {
-        return Ok(true);
-    }
-    let key = ScopedKey::new(&Namespace::Gateway(source.to_owned()), id);
-    Ok(state
-        .store
-        .get(&key, now)
-        .await?
-        .is_some_and(|v| v.state == ClaimState::Done))
 }

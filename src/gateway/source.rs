@@ -10,6 +10,9 @@ use crate::config::sources::SourceSettings;
 /// while they are verified and stored.
 pub const MAX_BODY_LIMIT: usize = 16 * 1024 * 1024;
 
+/// Largest `max_in_flight`, per source and over all sources.
+pub const MAX_IN_FLIGHT: usize = 4096;
+
 /// Headers dedupd sets on forwarded requests itself (or that belong to the
 /// connection), which `forward_headers` may not copy.
 const RESERVED_HEADERS: &[&str] = &[
@@ -55,6 +58,10 @@ pub struct Source {
     pub forward_headers: Vec<String>,
     /// Largest accepted body, bytes.
     pub max_body_bytes: usize,
+    /// Deliveries in flight at once.
+    pub max_in_flight: usize,
+    /// Consecutive failures that pause deliveries (0: never).
+    pub pause_after: u32,
 }
 
 impl std::fmt::Debug for Source {
@@ -157,6 +164,9 @@ impl Source {
                 format!("must be 1 to {MAX_BODY_LIMIT} (16 MiB)"),
             ));
         }
+        if !(1..=MAX_IN_FLIGHT).contains(&s.max_in_flight) {
+            errors.push(("max_in_flight", format!("must be 1 to {MAX_IN_FLIGHT}")));
+        }
         let mut forward_headers = Vec::new();
         for h in &s.forward_headers {
             match actix_web::http::header::HeaderName::from_bytes(h.as_bytes()) {
@@ -198,6 +208,8 @@ impl Source {
                 destination_key,
                 forward_headers,
                 max_body_bytes: s.max_body_bytes,
+                max_in_flight: s.max_in_flight,
+                pause_after: s.pause_after,
             }),
             _ => Err(errors),
         }

@@ -15,6 +15,7 @@ use crate::clock::SharedClock;
 use crate::domain::{Invalid, TtlBounds};
 use crate::error::ApiError;
 use crate::gateway::Gateway;
+use crate::gateway::delivery::Dispatcher;
 use crate::store::Store;
 
 /// What every handler shares.
@@ -32,6 +33,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// The webhook gateway (sources, inbox).
     pub gateway: Arc<Gateway>,
+    /// The delivery dispatcher, for each source's delivery state.
+    pub dispatcher: Arc<Dispatcher>,
 }
 
 /// Registers the `/v1` resources on `cfg` (the caller adds auth).

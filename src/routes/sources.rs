@@ -10,11 +10,17 @@ use super::{AppState, method_not_allowed, path_segment};
 use crate::clock::Millis;
 use crate::domain::Invalid;
 use crate::error::ApiError;
+use crate::gateway::delivery::circuit::State as CircuitState;
 use crate::store::inbox::{EventStatus, InboxEvent, RedeliverOutcome};
 
 /// Registers the source routes.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
+        web::resource("/sources/{source}")
+            .route(web::get().to(show))
+            .default_service(method_not_allowed("GET")),
+    )
+    .service(
         web::resource("/sources/{source}/events")
             .route(web::get().to(list))
             .default_service(method_not_allowed("GET")),
@@ -59,7 +65,7 @@ struct EventView {
 impl From<InboxEvent> for EventView {
     fn from(e: InboxEvent) -> Self {
         Self {
-            body_bytes: e.body.len(),
+            body_bytes: e.body_bytes,
             event_id: e.event_id,
             status: e.status,
             stream: e.stream,
@@ -70,6 +76,17 @@ impl From<InboxEvent> for EventView {
             last_error: e.last_error,
             expires_at_ms: (e.expires_at_ms > 0).then_some(e.expires_at_ms),
         }
+    }
+}
+
+/// A source is known while it is configured, and after it left the
+/// configuration for as long as the inbox holds events of it: those stay
+/// listable and redeliverable (delivered when the source comes back).
+async fn known_source(state: &AppState, name: &str) -> Result<(), ApiError> {
+    if state.gateway.source(name).is_some() || state.gateway.inbox.has_source(name).await? {
+        Ok(())
+    } else {
+        Err(unknown_source(name))
     }
 }
 
@@ -101,15 +118,43 @@ fn decode_cursor(raw: &str) -> Result<(u64, String), ApiError> {
     Ok((at.parse().map_err(|_| bad())?, id.to_owned()))
 }
 
+/// A source's delivery state: its limit and what is in flight, and its
+/// circuit breaker (`running`, `paused` until a time, or `probing`).
+async fn show(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let source = path_segment(&req, 3, "source")?;
+    let Some(lane) = state.dispatcher.lane(&source) else {
+        known_source(&state, &source).await?;
+        return Ok(HttpResponse::Ok().json(serde_json::json!({
+            "source": source,
+            "configured": false,
+            "delivery": null,
+        })));
+    };
+    let (circuit, paused_until_ms) = match lane.state {
+        CircuitState::Closed => ("running", None),
+        CircuitState::Open { until } => ("paused", Some(until)),
+        CircuitState::Probing { .. } => ("probing", None),
+    };
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "source": source,
+        "configured": true,
+        "delivery": {
+            "state": circuit,
+            "paused_until_ms": paused_until_ms,
+            "consecutive_failures": lane.consecutive_failures,
+            "in_flight": lane.in_flight,
+            "max_in_flight": lane.max_in_flight,
+        },
+    })))
+}
+
 async fn list(
     state: web::Data<AppState>,
     req: HttpRequest,
     query: Result<web::Query<ListQuery>, actix_web::Error>,
 ) -> Result<HttpResponse, ApiError> {
     let source = path_segment(&req, 3, "source")?;
-    if state.gateway.source(&source).is_none() {
-        return Err(unknown_source(&source));
-    }
+    known_source(&state, &source).await?;
     let query = query
         .map_err(|e| ApiError::Invalid(Invalid::new("invalid_query", "query", e.to_string())))?;
     let status = EventStatus::parse(&query.status).ok_or_else(|| {
@@ -147,9 +192,7 @@ async fn list(
 async fn redeliver(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let source = path_segment(&req, 3, "source")?;
     let event_id = path_segment(&req, 5, "event_id")?;
-    if state.gateway.source(&source).is_none() {
-        return Err(unknown_source(&source));
-    }
+    known_source(&state, &source).await?;
     let now = state.clock.now_ms();
     match state
         .gateway

@@ -144,6 +144,16 @@ pub enum Settle {
     },
 }
 
+/// What a lease did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Leased {
+    /// Leased for delivery: (source, event id, lease generation).
+    pub leased: Vec<(String, String, u64)>,
+    /// Found older than their stream's head and settled as stale instead:
+    /// (source, event id).
+    pub stale: Vec<(String, String)>,
+}
+
 /// Answer to an operator's redeliver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RedeliverOutcome {

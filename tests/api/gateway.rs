@@ -1,16 +1,22 @@
 //! The webhook gateway end to end: a signed post to `/ingest/sume`, a real
 //! receiver behind it, the operator API to look inside.
+//!
+//! The app runs on a manual clock: a retry or a paused source waits until
+//! the test moves the clock ([`TestApp::retrying_until`]), so no test
+//! depends on how fast anything runs.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use dedupd::clock::Clock;
 use dedupd::config::sources::SourceSettings;
 use dedupd::gateway::Source;
 use dedupd::gateway::signature::{Scheme, Verifier, sign};
 use reqwest::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, assert_problem, spawn_real_time_app_with};
+use crate::helpers::{TestApp, assert_problem, spawn_app_with};
 use crate::receiver::{Behaviour, Receiver, eventually, free_port};
 
 const SECRET: &str = "sume_test_secret";
@@ -38,21 +44,11 @@ async fn gateway_app(forward_to: &str, tweak: impl FnOnce(&mut SourceSettings)) 
     let mut s = settings(forward_to);
     tweak(&mut s);
     let source = Source::build("sume", &s, &[SECRET.to_owned()], Some(DESTINATION)).unwrap();
-    spawn_real_time_app_with(move |l| {
+    spawn_app_with(move |l| {
         l.settings.sources.insert("sume".into(), s);
         l.sources = vec![Arc::new(source)];
     })
     .await
-}
-
-fn now_s() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
-    )
-    .unwrap()
 }
 
 fn body(id: &str, run: &str, created_at: &str) -> Vec<u8> {
@@ -63,6 +59,30 @@ fn body(id: &str, run: &str, created_at: &str) -> Vec<u8> {
 }
 
 impl TestApp {
+    /// The app's clock, in Unix seconds: what signatures are checked against.
+    fn now_s(&self) -> i64 {
+        i64::try_from(self.clock.now_ms() / 1000).unwrap()
+    }
+
+    /// Waits until `check` holds, moving the app's clock on by 50 ms (past
+    /// the test sources' longest backoff) between looks, so retries and
+    /// pauses come due without anyone sleeping through them.
+    async fn retrying_until<F, Fut>(&self, what: &str, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !check().await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for: {what}"
+            );
+            self.clock.advance(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Posts `body` to `/ingest/{source}` signed the way Sume signs, at `ts`.
     async fn post_signed_at(&self, source: &str, body: &[u8], ts: i64, secret: &str) -> Response {
         let mut req = self
@@ -77,7 +97,8 @@ impl TestApp {
     }
 
     async fn ingest(&self, body: &[u8]) -> Response {
-        self.post_signed_at("sume", body, now_s(), SECRET).await
+        self.post_signed_at("sume", body, self.now_s(), SECRET)
+            .await
     }
 
     async fn ingest_ok(&self, body: &[u8]) -> Value {
@@ -125,17 +146,21 @@ async fn fifty_concurrent_posts_of_one_event_are_all_answered_200_and_delivered_
     let answers = futures_util::future::join_all((0..50).map(|_| app.ingest_ok(&b))).await;
     let accepted = answers.iter().filter(|v| v["status"] == "accepted").count();
     assert_eq!(accepted, 1, "{answers:?}");
-    eventually("the event is delivered", || async {
+    app.retrying_until("the event is delivered", || async {
         app.event_ids("delivered").await == ["req_1"]
     })
     .await;
-    // Give a wrongly repeated delivery the chance to show up.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(ids(&receiver.received()), ["req_1"]);
-    // A repeat after delivery is a duplicate too, and is not delivered again.
+    // A repeat after delivery is a duplicate too, and is not delivered again:
+    // long after it (past any lease), a later event is delivered alone.
     assert_eq!(app.ingest_ok(&b).await["status"], "duplicate");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(receiver.received().len(), 1);
+    app.clock.advance(Duration::from_secs(3600));
+    app.ingest_ok(&body("req_2", "run_2", "2026-11-29T10:00:00Z"))
+        .await;
+    app.retrying_until("the later event is delivered", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+    assert_eq!(ids(&receiver.received()), ["req_1", "req_2"]);
 }
 
 #[tokio::test]
@@ -144,7 +169,8 @@ async fn the_forwarded_request_is_the_original_body_signed_with_standard_webhook
     let app = gateway_app(&receiver.url, |_| {}).await;
     let b = body("req_sig", "run_1", "2026-11-29T10:00:00Z");
     app.ingest_ok(&b).await;
-    eventually("delivery", || async { !receiver.received().is_empty() }).await;
+    app.retrying_until("delivery", || async { !receiver.received().is_empty() })
+        .await;
     let got = &receiver.received()[0];
     assert_eq!(got.body, b, "the body is forwarded byte for byte");
     assert_eq!(got.header("webhook-id"), "req_sig");
@@ -160,14 +186,14 @@ async fn the_forwarded_request_is_the_original_body_signed_with_standard_webhook
     )
     .unwrap();
     let lookup = |name: &str| got.headers.get(name).map(String::as_str);
-    verifier.verify(&lookup, &got.body, now_s()).unwrap();
+    verifier.verify(&lookup, &got.body, app.now_s()).unwrap();
     let wrong = Verifier::new(
         Scheme::StandardWebhooks,
         &["whsec_c2VjcmV0LW90aGVy".to_owned()],
         Duration::from_secs(300),
     )
     .unwrap();
-    assert!(wrong.verify(&lookup, &got.body, now_s()).is_err());
+    assert!(wrong.verify(&lookup, &got.body, app.now_s()).is_err());
 }
 
 #[tokio::test]
@@ -180,12 +206,12 @@ async fn events_of_one_stream_pending_together_are_delivered_in_created_at_order
         app.ingest_ok(&body(id, "run_7", &format!("2026-11-29T10:0{minute}:00Z")))
             .await;
     }
-    eventually("every event was tried", || async {
+    app.retrying_until("every event was tried", || async {
         receiver.received().len() >= 4
     })
     .await;
     receiver.set(Behaviour::Accept);
-    eventually("all delivered", || async {
+    app.retrying_until("all delivered", || async {
         app.event_ids("delivered").await.len() == 4
     })
     .await;
@@ -208,13 +234,13 @@ async fn an_event_older_than_a_delivered_one_is_stale_and_not_delivered() {
     let app = gateway_app(&receiver.url, |_| {}).await;
     app.ingest_ok(&body("new", "run_1", "2026-11-29T10:05:00Z"))
         .await;
-    eventually("the newer event is delivered", || async {
+    app.retrying_until("the newer event is delivered", || async {
         app.event_ids("delivered").await == ["new"]
     })
     .await;
     app.ingest_ok(&body("old", "run_1", "2026-11-29T10:00:00Z"))
         .await;
-    eventually("the older event is stale", || async {
+    app.retrying_until("the older event is stale", || async {
         app.event_ids("stale").await == ["old"]
     })
     .await;
@@ -222,7 +248,7 @@ async fn an_event_older_than_a_delivered_one_is_stale_and_not_delivered() {
     // Another stream is not affected.
     app.ingest_ok(&body("other", "run_2", "2026-11-29T09:00:00Z"))
         .await;
-    eventually("delivered", || async {
+    app.retrying_until("delivered", || async {
         app.event_ids("delivered").await.len() == 2
     })
     .await;
@@ -234,7 +260,7 @@ async fn a_receiver_failing_three_times_gets_the_event_once_after_four_attempts(
     let app = gateway_app(&receiver.url, |s| s.max_attempts = 10).await;
     app.ingest_ok(&body("flaky", "run_1", "2026-11-29T10:00:00Z"))
         .await;
-    eventually("delivered", || async {
+    app.retrying_until("delivered", || async {
         app.event_ids("delivered").await == ["flaky"]
     })
     .await;
@@ -252,7 +278,7 @@ async fn a_redirect_is_a_failed_delivery_and_is_not_followed() {
     let app = gateway_app(&receiver.url, |s| s.max_attempts = 2).await;
     app.ingest_ok(&body("moved", "run_1", "2026-11-29T10:00:00Z"))
         .await;
-    eventually("dead", || async {
+    app.retrying_until("dead", || async {
         app.event_ids("dead").await == ["moved"]
     })
     .await;
@@ -273,7 +299,8 @@ async fn a_receiver_that_is_down_makes_the_event_dead_and_redeliver_brings_it_th
     let app = gateway_app(&url, |s| s.max_attempts = 3).await;
     app.ingest_ok(&body("lost", "run_1", "2026-11-29T10:00:00Z"))
         .await;
-    eventually("dead", || async { app.event_ids("dead").await == ["lost"] }).await;
+    app.retrying_until("dead", || async { app.event_ids("dead").await == ["lost"] })
+        .await;
     let ev = &app.events("dead").await[0];
     assert_eq!(ev["attempts"], 3);
     assert!(
@@ -291,7 +318,7 @@ async fn a_receiver_that_is_down_makes_the_event_dead_and_redeliver_brings_it_th
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::ACCEPTED);
-    eventually("delivered", || async {
+    app.retrying_until("delivered", || async {
         app.event_ids("delivered").await == ["lost"]
     })
     .await;
@@ -318,10 +345,12 @@ async fn refused_posts_get_the_right_status_and_store_nothing() {
     let b = body("req_x", "run_1", "2026-11-29T10:00:00Z");
 
     let res = app
-        .post_signed_at("sume", &b, now_s(), "not-the-secret")
+        .post_signed_at("sume", &b, app.now_s(), "not-the-secret")
         .await;
     assert_problem(res, StatusCode::UNAUTHORIZED, "bad_signature").await;
-    let res = app.post_signed_at("sume", &b, now_s() - 3600, SECRET).await;
+    let res = app
+        .post_signed_at("sume", &b, app.now_s() - 3600, SECRET)
+        .await;
     assert_problem(res, StatusCode::UNAUTHORIZED, "timestamp_out_of_tolerance").await;
     let res = app
         .client
@@ -366,7 +395,7 @@ async fn refused_posts_get_the_right_status_and_store_nothing() {
     )
     .await;
 
-    let res = app.post_signed_at("nosuch", &b, now_s(), SECRET).await;
+    let res = app.post_signed_at("nosuch", &b, app.now_s(), SECRET).await;
     assert_problem(res, StatusCode::NOT_FOUND, "unknown_source").await;
     let res = app
         .request(Method::GET, "/v1/sources/nosuch/events?status=dead")
@@ -378,10 +407,14 @@ async fn refused_posts_get_the_right_status_and_store_nothing() {
     for status in ["pending", "delivered", "stale", "dead"] {
         assert!(app.events(status).await.is_empty(), "{status}");
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(receiver.received().is_empty());
-    // The same event, correctly signed, is still new.
+    // The same event, correctly signed, is still new, and it is the only
+    // one the application gets.
     assert_eq!(app.ingest_ok(&b).await["status"], "accepted");
+    app.retrying_until("delivered", || async {
+        app.event_ids("delivered").await == ["req_x"]
+    })
+    .await;
+    assert_eq!(ids(&receiver.received()), ["req_x"]);
 }
 
 #[tokio::test]
@@ -404,7 +437,7 @@ async fn pending_events_are_delivered_after_a_restart() {
         ))
         .await;
     }
-    eventually("every event was tried", || async {
+    app.retrying_until("every event was tried", || async {
         receiver.received().len() >= 5
     })
     .await;
@@ -417,7 +450,7 @@ async fn pending_events_are_delivered_after_a_restart() {
         "nothing acknowledged was lost"
     );
     let receiver = Receiver::start_on(port, Behaviour::Accept).await;
-    eventually("all delivered after the restart", || async {
+    app.retrying_until("all delivered after the restart", || async {
         app.event_ids("delivered").await.len() == 5
     })
     .await;
@@ -441,7 +474,7 @@ async fn the_event_list_pages_with_a_cursor_and_checks_its_query() {
         ))
         .await;
     }
-    eventually("all dead", || async {
+    app.retrying_until("all dead", || async {
         app.event_ids("dead").await.len() == 5
     })
     .await;
@@ -492,7 +525,7 @@ async fn stopping_waits_for_a_delivery_in_flight_to_finish() {
     let app = gateway_app(&receiver.url, |_| {}).await;
     app.ingest_ok(&body("slow", "run_1", "2026-11-29T10:00:00Z"))
         .await;
-    eventually("the delivery started", || async {
+    app.retrying_until("the delivery started", || async {
         !receiver.received().is_empty()
     })
     .await;
@@ -530,7 +563,7 @@ async fn no_answer_within_the_forward_timeout_is_a_failed_attempt() {
     .await;
     app.ingest_ok(&body("slowpoke", "run_1", "2026-11-29T10:00:00Z"))
         .await;
-    eventually("dead", || async {
+    app.retrying_until("dead", || async {
         app.event_ids("dead").await == ["slowpoke"]
     })
     .await;
@@ -551,13 +584,13 @@ async fn an_older_event_arriving_while_a_newer_one_is_in_flight_becomes_stale() 
     let app = gateway_app(&receiver.url, |_| {}).await;
     app.ingest_ok(&body("newer", "run_1", "2026-11-29T10:05:00Z"))
         .await;
-    eventually("the newer event is in flight", || async {
+    app.retrying_until("the newer event is in flight", || async {
         !receiver.received().is_empty()
     })
     .await;
     app.ingest_ok(&body("older", "run_1", "2026-11-29T10:00:00Z"))
         .await;
-    eventually("older is stale", || async {
+    app.retrying_until("older is stale", || async {
         app.event_ids("stale").await == ["older"]
     })
     .await;
@@ -575,13 +608,14 @@ async fn an_older_event_arriving_while_a_newer_one_backs_off_is_delivered_first(
     .await;
     app.ingest_ok(&body("newer", "run_1", "2026-11-29T10:05:00Z"))
         .await;
+    // The clock stands still: the newer event's retry is not due yet.
     eventually("the newer event failed once", || async {
         receiver.received().len() == 1
     })
     .await;
     app.ingest_ok(&body("older", "run_1", "2026-11-29T10:00:00Z"))
         .await;
-    eventually("both delivered", || async {
+    app.retrying_until("both delivered", || async {
         app.event_ids("delivered").await.len() == 2
     })
     .await;
@@ -594,13 +628,13 @@ async fn a_redelivered_stale_event_is_delivered_although_it_is_older_than_the_he
     let app = gateway_app(&receiver.url, |_| {}).await;
     app.ingest_ok(&body("new", "run_1", "2026-11-29T10:05:00Z"))
         .await;
-    eventually("delivered", || async {
+    app.retrying_until("delivered", || async {
         app.event_ids("delivered").await == ["new"]
     })
     .await;
     app.ingest_ok(&body("old", "run_1", "2026-11-29T10:00:00Z"))
         .await;
-    eventually("stale", || async {
+    app.retrying_until("stale", || async {
         app.event_ids("stale").await == ["old"]
     })
     .await;
@@ -610,7 +644,7 @@ async fn a_redelivered_stale_event_is_delivered_although_it_is_older_than_the_he
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::ACCEPTED);
-    eventually("the operator's choice is delivered", || async {
+    app.retrying_until("the operator's choice is delivered", || async {
         app.event_ids("delivered").await.len() == 2
     })
     .await;
@@ -628,7 +662,7 @@ async fn a_stream_never_has_two_deliveries_in_flight_while_streams_run_in_parall
                 .await;
         }
     }
-    eventually("all delivered", || async {
+    app.retrying_until("all delivered", || async {
         app.event_ids("delivered").await.len() == 18
     })
     .await;
@@ -672,12 +706,12 @@ async fn events_of_a_source_that_left_the_configuration_do_not_block_the_others(
         .post_signed_at(
             "sume2",
             &body("fresh", "run_x", "2026-11-29T10:00:00Z"),
-            now_s(),
+            app.now_s(),
             SECRET,
         )
         .await;
     assert_eq!(res.status(), StatusCode::OK);
-    eventually("the new source's event is delivered", || async {
+    app.retrying_until("the new source's event is delivered", || async {
         receiver
             .received()
             .iter()

@@ -7,8 +7,10 @@ use std::time::Duration;
 use actix_web::dev::ServerHandle;
 use dedupd::clock::ManualClock;
 use dedupd::config::{Loaded, Secret, Settings};
+use dedupd::gateway::delivery::Coordination;
 use dedupd::startup::Application;
 use dedupd::store::Store;
+use dedupd::store::redb::{RedbOptions, RedbStore};
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -70,13 +72,30 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Loaded)) -> TestApp {
     start(loaded, dir, ManualClock::new(T0), false).await
 }
 
-/// Starts an app on the system clock (deliveries and retries happen in
-/// real time) after `tweak` adjusts the settings.
-pub async fn spawn_real_time_app_with(tweak: impl FnOnce(&mut Loaded)) -> TestApp {
+/// Starts an app whose claims and stream heads go through `wrap(file)`,
+/// with delivery coordinated as with a store several instances share
+/// (Redis): stream leases and event claims in that store.
+pub async fn spawn_shared_app_with(
+    tweak: impl FnOnce(&mut Loaded),
+    wrap: impl FnOnce(Arc<RedbStore>) -> Arc<dyn Store>,
+) -> TestApp {
     let dir = Arc::new(TempDir::new().expect("temp dir"));
     let mut loaded = test_settings(&dir);
     tweak(&mut loaded);
-    start(loaded, dir, ManualClock::new(T0), true).await
+    let clock = ManualClock::new(T0);
+    let mut opts = RedbOptions::new(&loaded.settings.data_path);
+    opts.cache_bytes = loaded.settings.storage.cache_bytes;
+    let file = Arc::new(RedbStore::open(&opts).expect("open store"));
+    let store = wrap(file.clone());
+    let app = Application::build_with_store(
+        loaded.clone(),
+        Arc::new(clock.clone()),
+        store.clone(),
+        file,
+        Coordination::Shared(store),
+    )
+    .expect("build app");
+    running(app, loaded, dir, clock, false)
 }
 
 async fn start(loaded: Loaded, dir: Arc<TempDir>, clock: ManualClock, real_time: bool) -> TestApp {
@@ -88,6 +107,16 @@ async fn start(loaded: Loaded, dir: Arc<TempDir>, clock: ManualClock, real_time:
     let app = Application::build(loaded.clone(), app_clock)
         .await
         .expect("build app");
+    running(app, loaded, dir, clock, real_time)
+}
+
+fn running(
+    app: Application,
+    loaded: Loaded,
+    dir: Arc<TempDir>,
+    clock: ManualClock,
+    real_time: bool,
+) -> TestApp {
     let address = format!("http://127.0.0.1:{}", app.port());
     let handle = app.handle();
     let store = app.store();

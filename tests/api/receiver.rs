@@ -39,6 +39,10 @@ pub enum Behaviour {
     Redirect,
     /// 204 after this many milliseconds.
     Delay(u64),
+    /// Holds requests (of this `run_id` only, or all) unanswered until
+    /// [`Receiver::release`], then 204: a receiver that hangs, for as long
+    /// as the test wants and no longer.
+    Hold(Option<&'static str>),
 }
 
 #[derive(Debug, Default)]
@@ -58,6 +62,10 @@ struct State {
     received: Mutex<Vec<Received>>,
     behaviour: Mutex<Behaviour>,
     concurrency: Mutex<Concurrency>,
+    /// Requests being held by [`Behaviour::Hold`] now.
+    held: Mutex<usize>,
+    /// Opens when the test releases held requests.
+    released: tokio::sync::watch::Sender<bool>,
 }
 
 /// A running receiver.
@@ -92,6 +100,24 @@ async fn hook(req: HttpRequest, body: web::Bytes, state: web::Data<State>) -> Ht
         headers,
         body: body.to_vec(),
     });
+    let run_of = |body: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["run_id"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    let hold = match *state.behaviour.lock().unwrap() {
+        Behaviour::Hold(None) => true,
+        Behaviour::Hold(Some(run)) => run_of(&body) == run,
+        _ => false,
+    };
+    if hold {
+        *state.held.lock().unwrap() += 1;
+        let mut released = state.released.subscribe();
+        let _ = released.wait_for(|r| *r).await;
+        *state.held.lock().unwrap() -= 1;
+        return HttpResponse::NoContent().finish();
+    }
     let delay = match *state.behaviour.lock().unwrap() {
         Behaviour::Delay(ms) => ms,
         _ => 0,
@@ -118,7 +144,9 @@ async fn hook(req: HttpRequest, body: web::Bytes, state: web::Data<State>) -> Ht
     }
     let mut behaviour = state.behaviour.lock().unwrap();
     match *behaviour {
-        Behaviour::Accept | Behaviour::Delay(_) => HttpResponse::NoContent().finish(),
+        Behaviour::Accept | Behaviour::Delay(_) | Behaviour::Hold(_) => {
+            HttpResponse::NoContent().finish()
+        }
         Behaviour::FailTimes(0) => {
             *behaviour = Behaviour::Accept;
             HttpResponse::NoContent().finish()
@@ -148,6 +176,8 @@ impl Receiver {
             received: Mutex::new(Vec::new()),
             behaviour: Mutex::new(behaviour),
             concurrency: Mutex::new(Concurrency::default()),
+            held: Mutex::new(0),
+            released: tokio::sync::watch::Sender::new(false),
         });
         let data = web::Data::from(state.clone());
         let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
@@ -159,6 +189,7 @@ impl Receiver {
                 .route("/elsewhere", web::post().to(hook))
         })
         .workers(1)
+        .max_connections(100_000)
         .disable_signals()
         .listen(listener)
         .unwrap()
@@ -189,6 +220,17 @@ impl Receiver {
         (c.max_per_run, c.max_total)
     }
 
+    /// Requests held unanswered right now ([`Behaviour::Hold`]).
+    pub fn held(&self) -> usize {
+        *self.state.held.lock().unwrap()
+    }
+
+    /// Answers every held request, and every later one, with 204.
+    pub fn release(&self) {
+        self.set(Behaviour::Accept);
+        self.state.released.send_replace(true);
+    }
+
     /// Stops the receiver.
     pub async fn stop(self) {
         self.handle.stop(false).await;
@@ -196,8 +238,8 @@ impl Receiver {
 }
 
 /// Waits until `check` holds, up to 30 s; panics with `what` otherwise.
-/// Deliveries and retries run in real time, so tests wait for outcomes —
-/// they never assert how long those took.
+/// Tests wait for outcomes this way — they never assert how long those
+/// took; backoff and pauses only pass when a test moves the app's clock.
 pub async fn eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,

@@ -126,10 +126,11 @@ mod inbox {
     }
 
     async fn due_ids(s: &RedbStore, now: u64) -> Vec<String> {
-        s.due_events(now, 100, vec!["sume".to_owned()])
+        s.due_events(now, vec![("sume".to_owned(), 100)])
             .await
             .unwrap()
-            .0
+            .remove(0)
+            .events
             .into_iter()
             .map(|e| e.event_id)
             .collect()

@@ -14,7 +14,8 @@ use super::tables::{INBOX, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, I
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
 use crate::store::inbox::{
-    Cursor, EventStatus, InboxEvent, IngestOutcome, NewEvent, RedeliverOutcome, Retention, Settle,
+    Cursor, EventStatus, InboxEvent, IngestOutcome, Leased, NewEvent, RedeliverOutcome, Retention,
+    Settle,
 };
 
 /// An inbox write.
@@ -27,6 +28,11 @@ pub enum InboxRequest {
     Lease {
         /// (source, event id, lease expiry in Unix ms).
         events: Vec<(String, String, Millis)>,
+        /// `Some`: an event older than its stream's head is settled as
+        /// stale in the same transaction instead of leased, with these
+        /// retentions. Only where this file holds the heads and one
+        /// process delivers, so no other turn can move a head in between.
+        stale_check: Option<Retention>,
     },
     /// Record how a delivery turn ended.
     Settle {
@@ -55,9 +61,8 @@ pub enum InboxRequest {
 pub enum InboxResponse {
     /// Answer to an insert.
     Inserted(IngestOutcome),
-    /// The events actually leased (pending and runnable), with their new
-    /// lease generation.
-    Leased(Vec<(String, String, u64)>),
+    /// What the lease did.
+    Leased(Leased),
     /// Settle done.
     Done,
     /// Answer to a redeliver.
@@ -67,7 +72,7 @@ pub enum InboxResponse {
 /// The inbox tables of one write transaction.
 pub struct InboxTables<'txn> {
     rows: Table<'txn, (&'static str, &'static str), InboxRow<'static>>,
-    due: Table<'txn, (u64, &'static str, &'static str), ()>,
+    due: Table<'txn, (&'static str, u64, &'static str), ()>,
     queue: Table<'txn, (&'static str, &'static str, i128, u64, &'static str), ()>,
     status: Table<'txn, (&'static str, u8, u64, &'static str), ()>,
     expiry: Table<'txn, (u64, &'static str, &'static str), ()>,
@@ -142,22 +147,40 @@ impl<'txn> InboxTables<'txn> {
         })
     }
 
-    /// Performs one request.
+    /// Performs one request. `head` reads the `created_at` of a stream's
+    /// live head (source, stream) for the stale check of a lease.
     pub fn execute(
         &mut self,
         req: &InboxRequest,
         now: Millis,
+        head: &dyn Fn(&str, &str) -> Result<Option<CreatedAt>, redb::Error>,
     ) -> Result<InboxResponse, redb::Error> {
         Ok(match req {
             InboxRequest::Insert(new) => InboxResponse::Inserted(self.insert(new, now)?),
-            InboxRequest::Lease { events } => {
-                let mut leased = Vec::new();
+            InboxRequest::Lease {
+                events,
+                stale_check,
+            } => {
+                let mut out = Leased::default();
                 for (source, id, until) in events {
-                    if let Some(generation) = self.lease(source, id, *until)? {
-                        leased.push((source.clone(), id.clone(), generation));
+                    let Some(e) = self.lease(source, id, *until)? else {
+                        continue;
+                    };
+                    let behind = match (stale_check, &e.stream) {
+                        (Some(_), Some(stream)) if !e.force => {
+                            head(source, stream)?.is_some_and(|h| e.created_at < h)
+                        }
+                        _ => false,
+                    };
+                    match stale_check {
+                        Some(retention) if behind => {
+                            self.settle(source, id, e.lease, &Settle::Stale, *retention, now)?;
+                            out.stale.push((source.clone(), id.clone()));
+                        }
+                        _ => out.leased.push((source.clone(), id.clone(), e.lease)),
                     }
                 }
-                InboxResponse::Leased(leased)
+                InboxResponse::Leased(out)
             }
             InboxRequest::Settle {
                 source,
@@ -235,7 +258,7 @@ impl<'txn> InboxTables<'txn> {
         match &e.stream {
             None => {
                 self.due
-                    .insert((e.due_at_ms, e.source.as_str(), e.event_id.as_str()), ())?;
+                    .insert((e.source.as_str(), e.due_at_ms, e.event_id.as_str()), ())?;
             }
             Some(stream) => {
                 self.queue.insert(
@@ -257,7 +280,7 @@ impl<'txn> InboxTables<'txn> {
     /// Takes a pending row out of the queue and due index.
     fn dequeue(&mut self, e: &InboxEvent) -> Result<(), redb::Error> {
         self.due
-            .remove((e.due_at_ms, e.source.as_str(), e.event_id.as_str()))?;
+            .remove((e.source.as_str(), e.due_at_ms, e.event_id.as_str()))?;
         if let Some(stream) = &e.stream {
             self.queue.remove((
                 e.source.as_str(),
@@ -289,31 +312,37 @@ impl<'txn> InboxTables<'txn> {
             let due_at = self.rows.get((source, id.as_str()))?.map(|g| g.value().5);
             if let Some(due_at) = due_at {
                 if i == 0 {
-                    self.due.insert((due_at, source, id.as_str()), ())?;
+                    self.due.insert((source, due_at, id.as_str()), ())?;
                 } else {
-                    self.due.remove((due_at, source, id.as_str()))?;
+                    self.due.remove((source, due_at, id.as_str()))?;
                 }
             }
         }
         Ok(())
     }
 
-    /// Leases a pending, runnable event until `until`; its new generation,
-    /// or `None` when it is not runnable (settled, or queued behind an
-    /// older event of its stream since the dispatcher read it).
-    fn lease(&mut self, source: &str, id: &str, until: Millis) -> Result<Option<u64>, redb::Error> {
+    /// Leases a pending, runnable event until `until`; the leased row (with
+    /// its new generation), or `None` when it is not runnable (settled, or
+    /// queued behind an older event of its stream since the dispatcher read
+    /// it).
+    fn lease(
+        &mut self,
+        source: &str,
+        id: &str,
+        until: Millis,
+    ) -> Result<Option<InboxEvent>, redb::Error> {
         let Some(mut e) = self.load(source, id)? else {
             return Ok(None);
         };
-        if e.status != EventStatus::Pending || self.due.remove((e.due_at_ms, source, id))?.is_none()
+        if e.status != EventStatus::Pending || self.due.remove((source, e.due_at_ms, id))?.is_none()
         {
             return Ok(None);
         }
         e.due_at_ms = until;
         e.lease += 1;
         self.save(&e)?;
-        self.due.insert((until, source, id), ())?;
-        Ok(Some(e.lease))
+        self.due.insert((source, until, id), ())?;
+        Ok(Some(e))
     }
 
     fn settle(
@@ -357,11 +386,11 @@ impl<'txn> InboxTables<'txn> {
             e.last_error = None;
         }
         if let Some(retry_at) = retry_at {
-            let was_runnable = self.due.remove((e.due_at_ms, source, id))?.is_some();
+            let was_runnable = self.due.remove((source, e.due_at_ms, id))?.is_some();
             e.due_at_ms = retry_at;
             self.save(&e)?;
             if was_runnable {
-                self.due.insert((retry_at, source, id), ())?;
+                self.due.insert((source, retry_at, id), ())?;
             }
             return Ok(());
         }
@@ -442,6 +471,37 @@ impl<'txn> InboxTables<'txn> {
         Ok(due.len() as u64)
     }
 
+    /// Deletes up to `limit` pending events of `source` received before
+    /// `before`: the events of a source that left the configuration, once
+    /// they are older than the dead-event retention. Returns how many.
+    pub fn purge_pending(
+        &mut self,
+        source: &str,
+        before: Millis,
+        limit: u64,
+    ) -> Result<u64, redb::Error> {
+        let pending = EventStatus::Pending.to_byte();
+        let ids: Vec<(u64, String)> = self
+            .status
+            .range((source, pending, 0u64, "")..(source, pending, before, ""))?
+            .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            .map(|e| {
+                e.map(|(k, _)| {
+                    let (_, _, at, id) = k.value();
+                    (at, id.to_owned())
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        for (at, id) in &ids {
+            self.status.remove((source, pending, *at, id.as_str()))?;
+            if let Some(e) = self.load(source, id)? {
+                self.dequeue(&e)?;
+                self.rows.remove((source, id.as_str()))?;
+            }
+        }
+        Ok(ids.len() as u64)
+    }
+
     /// Whether expired settled events remain at `now`.
     pub fn has_due_expiry(&self, now: Millis) -> Result<bool, redb::Error> {
         Ok(self
@@ -451,38 +511,86 @@ impl<'txn> InboxTables<'txn> {
     }
 }
 
-/// Runnable events due at `now`, in due order, at most `limit`; and the
-/// earliest due time after `now`, if any.
+/// Runnable events of one source: those due, and when the next one is.
+#[derive(Debug, Clone, Default)]
+pub struct SourceDue {
+    /// Due at `now`, in due order, at most the limit asked for.
+    pub events: Vec<InboxEvent>,
+    /// The earliest due time among the events not returned, if any.
+    pub next: Option<Millis>,
+}
+
+/// For each `(source, limit)`: its runnable events due at `now`, in due
+/// order, at most `limit`. Reads only the asked sources' ranges of the
+/// runnable index, so a source left out costs nothing however many events
+/// it holds.
 pub fn due(
     tx: &ReadTransaction,
     now: Millis,
-    limit: usize,
-    sources: &[String],
-) -> Result<(Vec<InboxEvent>, Option<Millis>), redb::Error> {
+    wants: &[(String, usize)],
+) -> Result<Vec<SourceDue>, redb::Error> {
     let due = tx.open_table(INBOX_DUE)?;
     let rows = tx.open_table(INBOX)?;
-    let mut events = Vec::new();
-    let mut next = None;
-    for entry in due.iter()? {
-        let (k, _) = entry?;
-        let (at, source, id) = k.value();
-        if !sources.iter().any(|s| s == source) {
-            // Its source left the configuration: it waits, uncounted.
-            continue;
+    let mut out = Vec::with_capacity(wants.len());
+    for (source, limit) in wants {
+        let mut found = SourceDue::default();
+        let source = source.as_str();
+        for entry in due.range((source, 0u64, "")..)? {
+            let (k, _) = entry?;
+            let (s, at, id) = k.value();
+            if s != source {
+                break;
+            }
+            if at > now || found.events.len() >= *limit {
+                found.next = Some(at);
+                break;
+            }
+            if let Some(row) = rows.get((s, id))? {
+                found.events.push(from_row(s, id, row.value()));
+            }
         }
-        if at > now {
-            next = Some(at);
-            break;
-        }
-        if events.len() >= limit {
-            next = Some(at);
-            break;
-        }
-        if let Some(row) = rows.get((source, id))? {
-            events.push(from_row(source, id, row.value()));
-        }
+        out.push(found);
     }
-    Ok((events, next))
+    Ok(out)
+}
+
+/// Every source with events in the inbox, with its count of pending events,
+/// in name order. Skips from source to source, so it reads one index entry
+/// per source plus one per pending event.
+pub fn sources(tx: &ReadTransaction) -> Result<Vec<(String, u64)>, redb::Error> {
+    let index = tx.open_table(INBOX_STATUS)?;
+    let pending = EventStatus::Pending.to_byte();
+    let mut out = Vec::new();
+    let mut first = index.first()?.map(|(k, _)| k.value().0.to_owned());
+    while let Some(source) = first {
+        let count = index
+            .range((source.as_str(), pending, 0u64, "")..)?
+            .map_while(|e| {
+                let (k, _) = e.ok()?;
+                let (s, st, _, _) = k.value();
+                (s == source && st == pending).then_some(())
+            })
+            .count() as u64;
+        // Status bytes stop at 3, so (source, 255, ..) is past all of its
+        // entries.
+        first = index
+            .range((source.as_str(), u8::MAX, u64::MAX, "")..)?
+            .map(|e| e.map(|(k, _)| k.value().0.to_owned()))
+            .find(|s| s.as_ref().map_or(true, |s| *s != source))
+            .transpose()?;
+        out.push((source, count));
+    }
+    Ok(out)
+}
+
+/// Whether the inbox holds any event of `source`.
+pub fn has_source(tx: &ReadTransaction, source: &str) -> Result<bool, redb::Error> {
+    let index = tx.open_table(INBOX_STATUS)?;
+    Ok(index
+        .range((source, 0u8, 0u64, "")..)?
+        .next()
+        .transpose()?
+        .is_some_and(|(k, _)| k.value().0 == source))
 }
 
 /// One event.
@@ -537,4 +645,51 @@ pub fn list(
         None
     };
     Ok((events, next))
+}
+
+/// Every inbox index as stored, for consistency checks in tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InboxIndexes {
+    /// Rows: (source, event id) → the row, decoded.
+    pub rows: Vec<InboxEvent>,
+    /// Runnable index: (source, due_at_ms, event id).
+    pub runnable: Vec<(String, u64, String)>,
+    /// Stream queues: (source, stream, created_at ns, received_at_ms, event id).
+    pub queue: Vec<(String, String, i128, u64, String)>,
+    /// Status index: (source, status byte, received_at_ms, event id).
+    pub status: Vec<(String, u8, u64, String)>,
+    /// Expiry index: (expires_at_ms, source, event id).
+    pub expiry: Vec<(u64, String, String)>,
+}
+
+/// Reads every inbox table whole (tests only: it reads everything).
+pub fn indexes(tx: &ReadTransaction) -> Result<InboxIndexes, redb::Error> {
+    let mut out = InboxIndexes::default();
+    for entry in tx.open_table(INBOX)?.iter()? {
+        let (k, v) = entry?;
+        let (s, id) = k.value();
+        out.rows.push(from_row(s, id, v.value()));
+    }
+    for entry in tx.open_table(INBOX_DUE)?.iter()? {
+        let (k, _) = entry?;
+        let (s, at, id) = k.value();
+        out.runnable.push((s.to_owned(), at, id.to_owned()));
+    }
+    for entry in tx.open_table(INBOX_QUEUE)?.iter()? {
+        let (k, _) = entry?;
+        let (s, st, c, r, id) = k.value();
+        out.queue
+            .push((s.to_owned(), st.to_owned(), c, r, id.to_owned()));
+    }
+    for entry in tx.open_table(INBOX_STATUS)?.iter()? {
+        let (k, _) = entry?;
+        let (s, st, at, id) = k.value();
+        out.status.push((s.to_owned(), st, at, id.to_owned()));
+    }
+    for entry in tx.open_table(INBOX_EXPIRY)?.iter()? {
+        let (k, _) = entry?;
+        let (at, s, id) = k.value();
+        out.expiry.push((at, s.to_owned(), id.to_owned()));
+    }
+    Ok(out)
 }

@@ -32,8 +32,11 @@ use super::{
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::inbox::{
-    Cursor, EventStatus, InboxEvent, IngestOutcome, NewEvent, RedeliverOutcome, Retention, Settle,
+    Cursor, EventStatus, InboxEvent, IngestOutcome, Leased, NewEvent, RedeliverOutcome, Retention,
+    Settle,
 };
+
+pub use self::inbox::{InboxIndexes, SourceDue};
 
 /// How the redb store is opened.
 #[derive(Debug, Clone)]
@@ -225,19 +228,70 @@ impl RedbStore {
     }
 
     /// Leases runnable events, each until its own time, while they are
-    /// being delivered: `(source, event id, until)`. Returns those actually
-    /// leased, with their lease generation.
+    /// being delivered: `(source, event id, until)`. With `stale_check`, an
+    /// event older than its stream's head (in this file) is settled as
+    /// stale instead, in the same transaction.
     pub async fn lease(
         &self,
         events: Vec<(String, String, Millis)>,
+        stale_check: Option<Retention>,
         now: Millis,
-    ) -> Result<Vec<(String, String, u64)>, StoreError> {
-        match self
-            .inbox_write(InboxRequest::Lease { events }, now)
-            .await?
-        {
+    ) -> Result<Leased, StoreError> {
+        let request = InboxRequest::Lease {
+            events,
+            stale_check,
+        };
+        match self.inbox_write(request, now).await? {
             InboxResponse::Leased(l) => Ok(l),
             _ => Err(unexpected("lease")),
+        }
+    }
+
+    /// Settles a delivered event and moves its stream head in this file in
+    /// one transaction: `apply` is (stream, event id, created_at,
+    /// retention ms) when the event has a stream.
+    pub async fn settle_delivered(
+        &self,
+        source: &str,
+        event_id: &str,
+        lease: u64,
+        apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let settle = InboxRequest::Settle {
+            source: source.to_owned(),
+            event_id: event_id.to_owned(),
+            lease,
+            settle: Settle::Delivered { attempted: true },
+            retention,
+        };
+        match self
+            .write(Request::Delivered { apply, settle }, now)
+            .await?
+        {
+            Response::Inbox(_) => Ok(()),
+            _ => Err(unexpected("a delivered settle")),
+        }
+    }
+
+    /// Deletes at most `limit` pending events of `sources` (removed from
+    /// the configuration) received before `before`; how many went.
+    pub async fn purge_pending(
+        &self,
+        sources: Vec<String>,
+        before: Millis,
+        limit: u64,
+        now: Millis,
+    ) -> Result<u64, StoreError> {
+        let request = Request::PurgePending {
+            sources,
+            before,
+            limit,
+        };
+        match self.write(request, now).await? {
+            Response::Purged(n) => Ok(n),
+            _ => Err(unexpected("purge of pending events")),
         }
     }
 
@@ -279,16 +333,32 @@ impl RedbStore {
         }
     }
 
-    /// Runnable events of `sources` due at `now` (at most `limit`), and
-    /// the next due time after them.
+    /// For each `(source, limit)`: its runnable events due at `now` (at
+    /// most `limit`) and its next due time after them.
     pub async fn due_events(
         &self,
         now: Millis,
-        limit: usize,
-        sources: Vec<String>,
-    ) -> Result<(Vec<InboxEvent>, Option<Millis>), StoreError> {
-        self.read(move |tx| inbox::due(tx, now, limit, &sources))
-            .await
+        wants: Vec<(String, usize)>,
+    ) -> Result<Vec<SourceDue>, StoreError> {
+        self.read(move |tx| inbox::due(tx, now, &wants)).await
+    }
+
+    /// Every source with events in the inbox, with its pending count.
+    pub async fn inbox_sources(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.read(|tx| inbox::sources(tx)).await
+    }
+
+    /// Every inbox table as stored, for consistency checks in tests (it
+    /// reads the whole inbox).
+    #[doc(hidden)]
+    pub async fn inbox_indexes(&self) -> Result<InboxIndexes, StoreError> {
+        self.read(|tx| inbox::indexes(tx)).await
+    }
+
+    /// Whether the inbox holds any event of `source`.
+    pub async fn has_source(&self, source: &str) -> Result<bool, StoreError> {
+        let source = source.to_owned();
+        self.read(move |tx| inbox::has_source(tx, &source)).await
     }
 
     /// One inbox event.
@@ -313,6 +383,24 @@ impl RedbStore {
         self.read(move |tx| inbox::list(tx, &source, status, after, limit))
             .await
     }
+}
+
+/// The sources with events in the data file at `path`, with their pending
+/// counts, read without writing (for `check-config`). `Ok(None)` when there
+/// is no file yet; an error (such as the file being in use by a running
+/// dedupd) says why it could not be read.
+pub fn inbox_sources_in_file(path: &Path) -> Result<Option<Vec<(String, u64)>>, String> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let db = redb::ReadOnlyDatabase::open(path).map_err(|e| match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => {
+            "it is open in a running dedupd (redb holds an exclusive lock)".to_owned()
+        }
+        e => e.to_string(),
+    })?;
+    let tx = db.begin_read().map_err(|e| e.to_string())?;
+    inbox::sources(&tx).map(Some).map_err(|e| e.to_string())
 }
 
 fn closed() -> StoreError {
@@ -345,6 +433,11 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
             .map(|g| g.value());
         match version {
             Some(SCHEMA_VERSION) => {}
+            Some(1) => {
+                migrate_v1(&tx).map_err(other)?;
+                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
+                    .map_err(|e| other(e.into()))?;
+            }
             Some(found) => {
                 return Err(OpenError::UnknownSchema {
                     path: path.to_owned(),
@@ -367,6 +460,23 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
         inbox::InboxTables::open(&tx).map_err(other)?;
     }
     tx.commit().map_err(|e| other(e.into()))
+}
+
+/// Schema 1 → 2: the runnable index is keyed by source first. Its entries
+/// move to the new table; every other table is unchanged.
+fn migrate_v1(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    {
+        let old = tx.open_table(tables::INBOX_DUE_V1)?;
+        let mut new = tx.open_table(tables::INBOX_DUE)?;
+        for entry in old.iter()? {
+            let (k, _) = entry?;
+            let (at, source, id) = k.value();
+            new.insert((source, at, id), ())?;
+        }
+    }
+    tx.delete_table(tables::INBOX_DUE_V1)?;
+    tracing::info!("data file migrated from schema version 1 to 2");
+    Ok(())
 }
 
 #[async_trait]

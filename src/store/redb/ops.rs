@@ -12,7 +12,7 @@ use super::tables::{
     META, META_FENCE, claim_from_row, claim_to_row, event_from_row, event_to_row, head_from_row,
 };
 use crate::clock::Millis;
-use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+use crate::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
 use crate::store::claims::{self, Change, ClaimRecord};
 use crate::store::ordering::{self, EventRecord};
 use crate::store::{
@@ -74,6 +74,26 @@ pub enum Request {
     },
     /// A gateway inbox write.
     Inbox(InboxRequest),
+    /// A delivered gateway event: its stream head moves and it settles as
+    /// delivered in one transaction, so it is never delivered with its head
+    /// behind.
+    Delivered {
+        /// The head move, when the event has a stream: (stream, event id,
+        /// created_at, retention ms), as for [`Request::Apply`].
+        apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
+        /// The settle (an [`InboxRequest::Settle`]).
+        settle: InboxRequest,
+    },
+    /// Deletes pending events of sources that left the configuration once
+    /// they were received before `before`.
+    PurgePending {
+        /// The removed sources.
+        sources: Vec<String>,
+        /// Received before this (Unix ms): old enough to go.
+        before: Millis,
+        /// Most events to delete.
+        limit: u64,
+    },
 }
 
 /// The answer to a [`Request`], variant for variant.
@@ -91,8 +111,10 @@ pub enum Response {
     Apply(ApplyResult),
     /// Answer to [`Request::Purge`].
     Purge(PurgeReport),
-    /// Answer to [`Request::Inbox`].
+    /// Answer to [`Request::Inbox`] and [`Request::Delivered`].
     Inbox(InboxResponse),
+    /// Answer to [`Request::PurgePending`]: events deleted.
+    Purged(u64),
 }
 
 /// The tables of one write transaction, plus the fence counter.
@@ -192,8 +214,45 @@ impl<'txn> Tables<'txn> {
                 retention_ms,
             } => Response::Apply(self.apply(stream, event_id, *created_at, *retention_ms, now)?),
             Request::Purge { limit } => Response::Purge(self.purge(now, *limit)?),
-            Request::Inbox(req) => Response::Inbox(self.inbox.execute(req, now)?),
+            Request::Inbox(req) => Response::Inbox(self.inbox_execute(req, now)?),
+            Request::Delivered { apply, settle } => {
+                if let Some((stream, id, created_at, retention_ms)) = apply {
+                    self.apply(stream, id, *created_at, *retention_ms, now)?;
+                }
+                Response::Inbox(self.inbox_execute(settle, now)?)
+            }
+            Request::PurgePending {
+                sources,
+                before,
+                limit,
+            } => {
+                let mut left = *limit;
+                for source in sources {
+                    left -= self.inbox.purge_pending(source, *before, left)?;
+                }
+                Response::Purged(limit - left)
+            }
         })
+    }
+
+    fn inbox_execute(
+        &mut self,
+        req: &InboxRequest,
+        now: Millis,
+    ) -> Result<InboxResponse, redb::Error> {
+        let heads = &self.heads;
+        let head = |source: &str, stream: &str| -> Result<Option<CreatedAt>, redb::Error> {
+            let Ok(stream) = Key::parse(stream, "stream") else {
+                return Ok(None);
+            };
+            let key = ScopedKey::new(&Namespace::Gateway(source.to_owned()), &stream);
+            Ok(heads
+                .get(key.as_str())?
+                .map(|g| head_from_row(g.value()))
+                .filter(|(_, exp)| *exp > now)
+                .map(|(h, _)| h.created_at))
+        };
+        self.inbox.execute(req, now, &head)
     }
 
     fn load_claim(&self, key: &ScopedKey) -> Result<Option<ClaimRecord>, redb::Error> {

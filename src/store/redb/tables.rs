@@ -1,6 +1,7 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 1. Every table with expiring rows has an index table keyed
+//! Schema version 2 (version 1 keyed the runnable index by due time first;
+//! opening such a file migrates it). Every table with expiring rows has an index table keyed
 //! by `(expires_at_ms, key)`, so the reaper reads expired rows in expiry
 //! order and its cost follows what expired, not what is stored. Invariant:
 //! each row has exactly one index entry, at the row's current expiry;
@@ -13,7 +14,7 @@ use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token};
 use crate::store::{ApplyOutcome, ClaimRecord, ClaimState, Head, ordering::EventRecord};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 1;
+pub const SCHEMA_VERSION: u64 = 2;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -136,10 +137,17 @@ pub type InboxRow<'a> = (
 );
 /// Gateway events by (source, event id).
 pub const INBOX: TableDefinition<(&str, &str), InboxRow<'static>> = TableDefinition::new("inbox");
-/// Runnable pending events by (due_at_ms, source, event id). Invariant: holds
-/// every pending event without a stream, and for each stream only its first
-/// pending event in queue order, at the row's `due_at_ms`.
-pub const INBOX_DUE: TableDefinition<(u64, &str, &str), ()> = TableDefinition::new("inbox_due");
+/// Runnable pending events by (source, due_at_ms, event id): each source's
+/// runnable events in due order, so the dispatcher reads every source on its
+/// own (fairness, per-source limits) and never reads a source that left the
+/// configuration. Invariant: holds every pending event without a stream, and
+/// for each stream only its first pending event in queue order, at the row's
+/// `due_at_ms`.
+pub const INBOX_DUE: TableDefinition<(&str, u64, &str), ()> =
+    TableDefinition::new("inbox_runnable");
+/// Schema 1's runnable index, keyed (due_at_ms, source, event id); read
+/// only to migrate a version 1 file.
+pub const INBOX_DUE_V1: TableDefinition<(u64, &str, &str), ()> = TableDefinition::new("inbox_due");
 /// Pending events of each stream in delivery order:
 /// (source, stream, created_at ns, received_at_ms, event id).
 pub const INBOX_QUEUE: TableDefinition<(&str, &str, i128, u64, &str), ()> =

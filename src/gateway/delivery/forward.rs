@@ -1,0 +1,109 @@
+//! Forwarding one event to the application over HTTP: the original body,
+//! signed with the Standard Webhooks scheme under the destination secret.
+//!
+//! One client serves every source. It keeps connections alive and reuses
+//! them (a pool per destination host), so a busy destination is not paying
+//! a TCP (and TLS) handshake per event.
+
+use std::time::Duration;
+
+use crate::gateway::Source;
+use crate::gateway::signature::sign_standard_webhooks;
+use crate::store::inbox::InboxEvent;
+
+/// Idle connections are closed after this long.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+
+/// Most answer bytes read to keep a connection reusable.
+const DRAIN_LIMIT: usize = 64 * 1024;
+
+/// The HTTP side of delivery.
+#[derive(Debug, Clone)]
+pub struct Forwarder {
+    /// Shared client: its connection pool is what makes keep-alive work.
+    client: reqwest::Client,
+}
+
+impl Forwarder {
+    /// A forwarder keeping up to `idle_per_host` idle connections to each
+    /// destination host.
+    pub fn new(idle_per_host: usize) -> reqwest::Result<Self> {
+        let client = reqwest::Client::builder()
+            // A redirect is a failed delivery, never followed.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("dedupd/", env!("CARGO_PKG_VERSION")))
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_max_idle_per_host(idle_per_host)
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Self { client })
+    }
+
+    /// POSTs the event to the source's destination as attempt `attempt`,
+    /// signed at `now_s` (Unix seconds). Ok only for a 2xx; the error says
+    /// what failed, without the URL (it may hold credentials).
+    pub async fn post(
+        &self,
+        source: &Source,
+        ev: &InboxEvent,
+        attempt: u32,
+        now_s: i64,
+    ) -> Result<(), String> {
+        let signature =
+            sign_standard_webhooks(&source.destination_key, &ev.event_id, now_s, &ev.body);
+        let mut req = self
+            .client
+            .post(source.forward_to.clone())
+            .timeout(source.forward_timeout)
+            .body(ev.body.clone());
+        for (name, value) in &ev.headers {
+            req = req.header(name.as_str(), value.as_str());
+        }
+        let res = req
+            .header("webhook-id", ev.event_id.as_str())
+            .header("webhook-timestamp", now_s.to_string())
+            .header("webhook-signature", signature)
+            .header("dedupd-attempt", attempt.to_string())
+            .header("dedupd-source", source.name.as_str())
+            .send()
+            .await;
+        match res {
+            Ok(r) if r.status().is_success() => {
+                drain(r).await;
+                Ok(())
+            }
+            Ok(r) if r.status().is_redirection() => Err(format!(
+                "HTTP {} (redirects count as failures and are not followed)",
+                r.status()
+            )),
+            Ok(r) => Err(format!("HTTP {}", r.status())),
+            Err(e) if e.is_timeout() => {
+                Err(format!("no answer within {:?}", source.forward_timeout))
+            }
+            Err(e) => Err(format!("request failed: {}", error_chain(&e.without_url()))),
+        }
+    }
+}
+
+/// Reads what is left of a small answer so its connection goes back to the
+/// pool; a large one is dropped (closing its connection) rather than read.
+async fn drain(mut r: reqwest::Response) {
+    let mut read = 0usize;
+    while let Ok(Some(chunk)) = r.chunk().await {
+        read += chunk.len();
+        if read > DRAIN_LIMIT {
+            return;
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

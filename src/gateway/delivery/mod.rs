@@ -1,0 +1,322 @@
+//! Delivery: from the inbox to the application, once in effect, per stream
+//! in `created_at` order.
+//!
+//! - [`schedule`]: which runnable events start now — per-source and global
+//!   limits, one delivery per stream, fair shares, paused sources.
+//! - [`circuit`]: a source's circuit breaker.
+//! - [`turn`]: one delivery turn of one event, and how it settles.
+//! - [`forward`]: the HTTP request to the application.
+//! - [`backoff`]: the retry delay of one event.
+//!
+//! The dispatcher loop reads each source's runnable events (the inbox's
+//! runnable index holds, per stream, only its oldest pending event), picks
+//! what the limits allow, leases the picked events in one write (their due
+//! time moves past the attempt's timeout, so after a crash they simply come
+//! due again), and starts one task per turn. A finishing turn frees its
+//! slots and wakes the loop. Time comes from the [`crate::clock::Clock`],
+//! so tests move it by hand.
+
+pub mod backoff;
+pub mod circuit;
+pub mod forward;
+pub mod schedule;
+mod turn;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use self::backoff::millis;
+use self::circuit::Transition;
+use self::forward::Forwarder;
+use self::schedule::{LaneView, Reached, Schedule};
+use super::{Gateway, Source};
+use crate::clock::{Millis, SharedClock};
+use crate::domain::Ttl;
+use crate::store::Store;
+use crate::store::inbox::InboxEvent;
+
+pub use backoff::backoff;
+
+/// Longest the dispatcher sleeps without being woken.
+const POLL: Duration = Duration::from_millis(500);
+/// Extra claim and lease time beyond the attempt's timeout.
+const GRACE_MS: u64 = 30_000;
+
+/// Where the ordering and dedupe state of delivery lives.
+#[derive(Debug, Clone)]
+pub enum Coordination {
+    /// In the inbox's own redb file, which only this process opens: an
+    /// event older than its stream's head is found stale when it is leased,
+    /// and a delivered event moves its head and settles in one transaction.
+    Local,
+    /// In a store several instances share (Redis): a turn holds a lease on
+    /// its stream and a claim on its event id in that store, checks the
+    /// head under the lease, and moves the head before it settles.
+    Shared(Arc<dyn Store>),
+}
+
+/// Delivery settings shared by all sources.
+#[derive(Debug, Clone, Copy)]
+pub struct DeliverySettings {
+    /// Deliveries in flight at once, over all sources.
+    pub max_in_flight: usize,
+    /// Retention of applied events and stream heads, ms.
+    pub ordering_retention_ms: u64,
+}
+
+/// The dispatcher and what its turns need.
+#[derive(Debug)]
+pub struct Dispatcher {
+    /// Sources, inbox, wake-ups.
+    gateway: Arc<Gateway>,
+    /// Where heads and claims live.
+    coordination: Coordination,
+    /// Decides due times, leases, backoff and pauses.
+    clock: SharedClock,
+    /// Sends the requests.
+    forwarder: Forwarder,
+    /// TTL of the done claim of a delivered event (shared coordination).
+    done_ttl: Ttl,
+    /// Retention of applied events and heads, ms.
+    ordering_retention_ms: u64,
+    /// What is in flight, limits and circuits.
+    schedule: Mutex<Schedule>,
+}
+
+/// A picked event's place in the schedule, given back when dropped — also
+/// when a turn panics — and the dispatcher woken.
+struct Slot {
+    /// The dispatcher whose schedule holds the place.
+    dispatcher: Arc<Dispatcher>,
+    /// The event's source.
+    source: Arc<Source>,
+    /// The event id.
+    event_id: String,
+    /// Its stream, if any.
+    stream: Option<String>,
+    /// How the turn went, for the circuit breaker.
+    reached: Reached,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let now = self.dispatcher.clock.now_ms();
+        let transition = self.dispatcher.schedule().finish(
+            &self.source.name,
+            &self.event_id,
+            self.stream.as_deref(),
+            self.reached,
+            now,
+            |trips| backoff::ceiling(&self.source, trips),
+        );
+        if let Some(t) = transition {
+            log_transition(&self.source.name, t, now);
+        }
+        self.dispatcher.gateway.wake.notify_one();
+    }
+}
+
+fn log_transition(source: &str, t: Transition, now: Millis) {
+    match t {
+        Transition::Paused { failures, until } => tracing::warn!(
+            source,
+            failures,
+            paused_ms = until.saturating_sub(now),
+            "destination failing: deliveries of this source paused"
+        ),
+        Transition::Probing => {
+            tracing::info!(
+                source,
+                "pause over: probing the destination with one delivery"
+            );
+        }
+        Transition::PausedAgain { until } => tracing::warn!(
+            source,
+            paused_ms = until.saturating_sub(now),
+            "probe failed: deliveries of this source paused again"
+        ),
+        Transition::Resumed => {
+            tracing::info!(source, "destination answers again: deliveries resumed");
+        }
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher over the gateway's configured sources.
+    pub fn new(
+        gateway: Arc<Gateway>,
+        coordination: Coordination,
+        clock: SharedClock,
+        settings: DeliverySettings,
+    ) -> reqwest::Result<Self> {
+        let lanes = gateway
+            .sources
+            .values()
+            .map(|s| (s.name.clone(), s.max_in_flight, s.pause_after))
+            .collect::<Vec<_>>();
+        let idle = lanes
+            .iter()
+            .map(|(_, n, _)| *n)
+            .max()
+            .unwrap_or(1)
+            .min(settings.max_in_flight);
+        let done_ttl = Ttl::from_ms_unchecked(gateway.retention.delivered_ms);
+        Ok(Self {
+            gateway,
+            coordination,
+            clock,
+            forwarder: Forwarder::new(idle)?,
+            done_ttl,
+            ordering_retention_ms: settings.ordering_retention_ms,
+            schedule: Mutex::new(Schedule::new(settings.max_in_flight, lanes)),
+        })
+    }
+
+    /// The delivery state of a configured source.
+    pub fn lane(&self, source: &str) -> Option<LaneView> {
+        self.schedule().view(source)
+    }
+
+    /// Dispatches until `stop` turns true, then waits for deliveries in
+    /// flight to finish.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut tasks = JoinSet::new();
+        let mut moves = self.clock.moves();
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            while tasks.try_join_next().is_some() {}
+            let wake_at = self.dispatch(&mut tasks).await;
+            let now = self.clock.now_ms();
+            let sleep = wake_at.map_or(POLL, |t| {
+                Duration::from_millis(t.saturating_sub(now)).min(POLL)
+            });
+            let moved = async {
+                match &mut moves {
+                    Some(m) => m.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = self.gateway.wake.notified() => {}
+                () = tokio::time::sleep(sleep) => {}
+                _ = stop.changed() => {}
+                ok = moved => if !ok { moves = None },
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+        tracing::debug!("dispatcher stopped");
+    }
+
+    /// Starts deliveries for what may start now; returns when to look
+    /// again (`None`: when woken, or after the poll interval).
+    async fn dispatch(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Option<Millis> {
+        let now = self.clock.now_ms();
+        let (wants, transitions, reopens) = self.schedule().wants(now);
+        for (source, t) in transitions {
+            log_transition(&source, t, now);
+        }
+        if wants.is_empty() {
+            return reopens;
+        }
+        let due = match self.gateway.inbox.due_events(now, wants.clone()).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the inbox; retrying");
+                return None;
+            }
+        };
+        // Only a time still ahead is worth waiting for: events due now but
+        // held back by a limit start when a finishing turn wakes the loop.
+        let mut next = reopens;
+        let mut candidates = Vec::with_capacity(wants.len());
+        for ((source, _), found) in wants.into_iter().zip(due) {
+            if let Some(at) = found.next.filter(|at| *at > now) {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+            candidates.push((source, found.events));
+        }
+        let (picked, _) = self.schedule().pick(candidates);
+        if picked.is_empty() {
+            return next;
+        }
+        self.start(picked, now, tasks).await;
+        next
+    }
+
+    /// Leases the picked events in one write and starts a turn for each
+    /// one leased.
+    async fn start(
+        self: &Arc<Self>,
+        picked: Vec<InboxEvent>,
+        now: Millis,
+        tasks: &mut JoinSet<()>,
+    ) {
+        let mut slots = Vec::with_capacity(picked.len());
+        for ev in picked {
+            let Some(source) = self.gateway.source(&ev.source).cloned() else {
+                continue;
+            };
+            let slot = Slot {
+                dispatcher: self.clone(),
+                source: source.clone(),
+                event_id: ev.event_id.clone(),
+                stream: ev.stream.clone(),
+                reached: Reached::Nothing,
+            };
+            slots.push((source, ev, slot));
+        }
+        let leases = slots
+            .iter()
+            .map(|(s, ev, _)| {
+                let until = now
+                    .saturating_add(millis(s.forward_timeout))
+                    .saturating_add(GRACE_MS);
+                (ev.source.clone(), ev.event_id.clone(), until)
+            })
+            .collect();
+        let stale_check = match self.coordination {
+            Coordination::Local => Some(self.gateway.retention),
+            Coordination::Shared(_) => None,
+        };
+        let leased = match self.gateway.inbox.lease(leases, stale_check, now).await {
+            Ok(l) => l,
+            Err(e) => {
+                // Dropping the slots frees them; the events stay runnable.
+                tracing::warn!(error = %e, "cannot lease events; retrying");
+                return;
+            }
+        };
+        for (source, id) in &leased.stale {
+            tracing::info!(source = %source, event_id = %id, "stale: older than its stream's head");
+        }
+        let generations: HashMap<(String, String), u64> = leased
+            .leased
+            .into_iter()
+            .map(|(s, id, g)| ((s, id), g))
+            .collect();
+        for (source, ev, mut slot) in slots {
+            // Only events still pending and runnable were leased.
+            let Some(generation) = generations.get(&(ev.source.clone(), ev.event_id.clone()))
+            else {
+                continue;
+            };
+            let generation = *generation;
+            let this = self.clone();
+            tasks.spawn(async move {
+                slot.reached = this.turn(&source, &ev, generation).await;
+                drop(slot);
+            });
+        }
+    }
+
+    fn schedule(&self) -> MutexGuard<'_, Schedule> {
+        // A panicking turn cannot leave the schedule locked for good.
+        self.schedule.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,401 @@
+//! Scheduling: which runnable events start now.
+//!
+//! Limits, all counted in deliveries in flight: each source has its own
+//! (`sources.NAME.max_in_flight`) under a global one
+//! (`gateway.max_in_flight`); a stream has at most one; a source whose
+//! circuit is open has none. Free global slots are shared round-robin, one
+//! event per source per round, starting at a source that rotates from pass
+//! to pass, so a source with a deep backlog cannot crowd out the others.
+//! A hanging receiver holds only its own source's slots.
+
+use std::collections::HashSet;
+
+use super::circuit::{Circuit, State, Transition};
+use crate::clock::Millis;
+use crate::store::inbox::InboxEvent;
+
+/// One configured source's share of the scheduler.
+#[derive(Debug)]
+struct Lane {
+    /// Its `max_in_flight`.
+    limit: usize,
+    /// Deliveries of it in flight.
+    in_flight: usize,
+    /// Its destination's circuit breaker.
+    circuit: Circuit,
+    /// The event id of the probe in flight, while probing.
+    probe: Option<String>,
+}
+
+/// What is in flight and what may start.
+#[derive(Debug)]
+pub struct Schedule {
+    /// `gateway.max_in_flight`.
+    limit: usize,
+    /// Deliveries in flight over all sources.
+    in_flight: usize,
+    /// Per configured source, in name order.
+    lanes: Vec<(String, Lane)>,
+    /// Index of the lane that goes first in the next pass.
+    turn: usize,
+    /// `(source, event id)` in flight.
+    events: HashSet<(String, String)>,
+    /// `(source, stream)` with a delivery in flight.
+    streams: HashSet<(String, String)>,
+}
+
+/// How a delivery turn ended, as the circuit breaker sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reached {
+    /// The destination answered 2xx.
+    Success,
+    /// The attempt failed (non-2xx, timeout, connection error).
+    Failure,
+    /// No request was sent (stale, claim busy, store unavailable).
+    Nothing,
+}
+
+/// A source's delivery state, for the operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneView {
+    /// Deliveries in flight.
+    pub in_flight: usize,
+    /// Its limit.
+    pub max_in_flight: usize,
+    /// Consecutive failed attempts.
+    pub consecutive_failures: u32,
+    /// The circuit.
+    pub state: State,
+}
+
+impl Schedule {
+    /// A schedule for `sources` as `(name, max_in_flight, pause_after)`
+    /// under a global limit.
+    pub fn new(limit: usize, sources: impl IntoIterator<Item = (String, usize, u32)>) -> Self {
+        let mut lanes: Vec<(String, Lane)> = sources
+            .into_iter()
+            .map(|(name, limit, pause_after)| {
+                let lane = Lane {
+                    limit: limit.max(1),
+                    in_flight: 0,
+                    circuit: Circuit::new(pause_after),
+                    probe: None,
+                };
+                (name, lane)
+            })
+            .collect();
+        lanes.sort_by(|a, b| a.0.cmp(&b.0));
+        Self {
+            limit: limit.max(1),
+            in_flight: 0,
+            lanes,
+            turn: 0,
+            events: HashSet::new(),
+            streams: HashSet::new(),
+        }
+    }
+
+    /// Free global slots.
+    pub fn free(&self) -> usize {
+        self.limit.saturating_sub(self.in_flight)
+    }
+
+    /// Deliveries in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// For each source that may start deliveries at `now`: how many events
+    /// to read (its free slots, or one probe). Also returns circuit
+    /// transitions to log, and the earliest time a paused source reopens.
+    pub fn wants(
+        &mut self,
+        now: Millis,
+    ) -> (
+        Vec<(String, usize)>,
+        Vec<(String, Transition)>,
+        Option<Millis>,
+    ) {
+        let mut wants = Vec::new();
+        let mut transitions = Vec::new();
+        let mut reopens: Option<Millis> = None;
+        if self.free() == 0 {
+            return (wants, transitions, None);
+        }
+        for (name, lane) in &mut self.lanes {
+            let free = lane.limit.saturating_sub(lane.in_flight);
+            let (n, t) = lane.circuit.allowance(free, now);
+            if let Some(t) = t {
+                transitions.push((name.clone(), t));
+            }
+            if let Some(at) = lane.circuit.reopens_at() {
+                reopens = Some(reopens.map_or(at, |r| r.min(at)));
+            }
+            if n > 0 {
+                wants.push((name.clone(), n));
+            }
+        }
+        (wants, transitions, reopens)
+    }
+
+    /// Picks from each source's runnable events (as read for
+    /// [`Schedule::wants`]) round-robin until the global slots run out, and
+    /// marks the picked ones in flight. Returns them, and whether runnable
+    /// events were left for lack of slots.
+    pub fn pick(
+        &mut self,
+        mut candidates: Vec<(String, Vec<InboxEvent>)>,
+    ) -> (Vec<InboxEvent>, bool) {
+        let n = self.lanes.len().max(1);
+        let start = self.turn % n;
+        self.turn = self.turn.wrapping_add(1);
+        // Order candidate lists by lane, starting at this pass's first lane.
+        let pos = |name: &str| {
+            self.lanes
+                .iter()
+                .position(|(l, _)| l == name)
+                .map_or(usize::MAX, |i| (i + n - start) % n)
+        };
+        candidates.sort_by_key(|(name, _)| pos(name));
+        let mut queues: Vec<(String, std::vec::IntoIter<InboxEvent>)> = candidates
+            .into_iter()
+            .map(|(name, events)| (name, events.into_iter()))
+            .collect();
+        let mut picked = Vec::new();
+        let mut progress = true;
+        while progress && self.free() > 0 {
+            progress = false;
+            for (name, queue) in &mut queues {
+                if self.free() == 0 {
+                    break;
+                }
+                let Some(lane) = self
+                    .lanes
+                    .iter_mut()
+                    .find(|(l, _)| l == name)
+                    .map(|(_, l)| l)
+                else {
+                    continue;
+                };
+                if lane.in_flight >= lane.limit {
+                    continue;
+                }
+                if matches!(lane.circuit.state(), State::Probing { in_flight: true }) {
+                    continue;
+                }
+                for ev in queue.by_ref() {
+                    let key = (ev.source.clone(), ev.event_id.clone());
+                    if self.events.contains(&key) {
+                        continue;
+                    }
+                    if let Some(stream) = &ev.stream
+                        && !self.streams.insert((ev.source.clone(), stream.clone()))
+                    {
+                        continue;
+                    }
+                    self.events.insert(key);
+                    lane.in_flight += 1;
+                    if matches!(lane.circuit.state(), State::Probing { .. }) {
+                        lane.probe = Some(ev.event_id.clone());
+                    }
+                    lane.circuit.started();
+                    self.in_flight += 1;
+                    picked.push(ev);
+                    progress = true;
+                    break;
+                }
+            }
+        }
+        let left = queues.iter_mut().any(|(_, q)| q.len() > 0);
+        (picked, left)
+    }
+
+    /// A picked event's delivery ended (or never started): its slots are
+    /// free again, and its outcome feeds its source's circuit. `pause` gives
+    /// the circuit's pause after its n-th opening in a row.
+    pub fn finish(
+        &mut self,
+        source: &str,
+        event_id: &str,
+        stream: Option<&str>,
+        reached: Reached,
+        now: Millis,
+        pause: impl Fn(u32) -> Millis,
+    ) -> Option<Transition> {
+        if !self
+            .events
+            .remove(&(source.to_owned(), event_id.to_owned()))
+        {
+            return None;
+        }
+        if let Some(stream) = stream {
+            self.streams.remove(&(source.to_owned(), stream.to_owned()));
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let lane = self
+            .lanes
+            .iter_mut()
+            .find(|(l, _)| l == source)
+            .map(|(_, l)| l)?;
+        lane.in_flight = lane.in_flight.saturating_sub(1);
+        let was_probe = lane.probe.as_deref() == Some(event_id);
+        if was_probe {
+            lane.probe = None;
+        }
+        match reached {
+            Reached::Success => lane.circuit.succeeded(),
+            Reached::Failure => lane.circuit.failed(now, pause),
+            // Only the probe's slot is the circuit's business.
+            Reached::Nothing if was_probe => {
+                lane.circuit.neutral();
+                None
+            }
+            Reached::Nothing => None,
+        }
+    }
+
+    /// The delivery state of `source`, if it is configured.
+    pub fn view(&self, source: &str) -> Option<LaneView> {
+        self.lanes
+            .iter()
+            .find(|(l, _)| l == source)
+            .map(|(_, l)| LaneView {
+                in_flight: l.in_flight,
+                max_in_flight: l.limit,
+                consecutive_failures: l.circuit.failures(),
+                state: l.circuit.state(),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::CreatedAt;
+    use crate::store::inbox::EventStatus;
+
+    fn ev(source: &str, id: &str, stream: Option<&str>) -> InboxEvent {
+        InboxEvent {
+            source: source.into(),
+            event_id: id.into(),
+            status: EventStatus::Pending,
+            stream: stream.map(Into::into),
+            created_at: CreatedAt::from_unix_nanos(0),
+            received_at_ms: 0,
+            attempts: 0,
+            due_at_ms: 0,
+            last_error: None,
+            force: false,
+            headers: Vec::new(),
+            body: Vec::new(),
+            expires_at_ms: 0,
+            lease: 0,
+            body_bytes: 0,
+        }
+    }
+
+    fn events(source: &str, n: usize) -> Vec<InboxEvent> {
+        (0..n)
+            .map(|i| ev(source, &format!("{source}{i}"), None))
+            .collect()
+    }
+
+    fn ids(v: &[InboxEvent]) -> Vec<&str> {
+        v.iter().map(|e| e.event_id.as_str()).collect()
+    }
+
+    fn pause(_: u32) -> Millis {
+        1_000
+    }
+
+    #[test]
+    fn free_slots_are_shared_round_robin_so_a_backlog_cannot_crowd_out_a_source() {
+        let mut s = Schedule::new(4, [("big".into(), 16, 5), ("small".into(), 16, 5)]);
+        let (picked, left) = s.pick(vec![
+            ("big".into(), events("big", 16)),
+            ("small".into(), events("small", 2)),
+        ]);
+        assert_eq!(ids(&picked), ["big0", "small0", "big1", "small1"]);
+        assert!(left);
+        assert_eq!(s.free(), 0);
+        let (wants, _, _) = s.wants(0);
+        assert!(wants.is_empty(), "no global slot left: nothing is read");
+    }
+
+    #[test]
+    fn each_source_stops_at_its_own_limit_while_others_go_on() {
+        let mut s = Schedule::new(256, [("hung".into(), 2, 5), ("ok".into(), 16, 5)]);
+        let (picked, _) = s.pick(vec![
+            ("hung".into(), events("hung", 10)),
+            ("ok".into(), events("ok", 3)),
+        ]);
+        assert_eq!(picked.iter().filter(|e| e.source == "hung").count(), 2);
+        assert_eq!(picked.iter().filter(|e| e.source == "ok").count(), 3);
+        let (wants, _, _) = s.wants(0);
+        assert_eq!(
+            wants,
+            [("ok".to_owned(), 13)],
+            "a full source reads nothing"
+        );
+    }
+
+    #[test]
+    fn a_stream_in_flight_is_skipped_but_other_streams_of_its_source_start() {
+        let mut s = Schedule::new(8, [("a".into(), 8, 5)]);
+        let (first, _) = s.pick(vec![("a".into(), vec![ev("a", "1", Some("r1"))])]);
+        assert_eq!(ids(&first), ["1"]);
+        let (next, _) = s.pick(vec![(
+            "a".into(),
+            vec![ev("a", "2", Some("r1")), ev("a", "3", Some("r2"))],
+        )]);
+        assert_eq!(ids(&next), ["3"]);
+        s.finish("a", "1", Some("r1"), Reached::Success, 0, pause);
+        let (again, _) = s.pick(vec![("a".into(), vec![ev("a", "2", Some("r1"))])]);
+        assert_eq!(ids(&again), ["2"]);
+    }
+
+    #[test]
+    fn a_paused_source_reads_nothing_until_its_pause_ends_then_one_probe() {
+        let mut s = Schedule::new(8, [("a".into(), 8, 2)]);
+        let (p, _) = s.pick(vec![("a".into(), events("a", 2))]);
+        assert_eq!(p.len(), 2);
+        assert_eq!(
+            s.finish("a", "a0", None, Reached::Failure, 100, pause),
+            None
+        );
+        assert_eq!(
+            s.finish("a", "a1", None, Reached::Failure, 100, pause),
+            Some(Transition::Paused {
+                failures: 2,
+                until: 1_100
+            })
+        );
+        let (wants, t, reopens) = s.wants(500);
+        assert!(wants.is_empty() && t.is_empty());
+        assert_eq!(reopens, Some(1_100));
+        let (wants, t, _) = s.wants(1_100);
+        assert_eq!(wants, [("a".to_owned(), 1)]);
+        assert_eq!(t, [("a".to_owned(), Transition::Probing)]);
+        let (p, _) = s.pick(vec![("a".into(), events("a", 5))]);
+        assert_eq!(p.len(), 1, "one probe");
+        assert!(
+            s.wants(1_100).0.is_empty(),
+            "no second probe while one runs"
+        );
+        assert_eq!(
+            s.finish("a", &p[0].event_id, None, Reached::Success, 1_200, pause),
+            Some(Transition::Resumed)
+        );
+        assert_eq!(s.wants(1_200).0, [("a".to_owned(), 8)]);
+    }
+
+    #[test]
+    fn finishing_an_event_twice_frees_its_slot_once() {
+        let mut s = Schedule::new(2, [("a".into(), 2, 5)]);
+        s.pick(vec![("a".into(), events("a", 2))]);
+        s.finish("a", "a0", None, Reached::Nothing, 0, pause);
+        s.finish("a", "a0", None, Reached::Nothing, 0, pause);
+        assert_eq!(s.in_flight(), 1);
+        assert_eq!(s.free(), 1);
+    }
+}

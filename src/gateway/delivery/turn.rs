@@ -1,0 +1,341 @@
+//! One delivery turn of one leased event, and how it settles.
+//!
+//! Invariant: an event is settled as delivered only once its stream head
+//! has moved to it (or past it). With [`Coordination::Local`] both happen in
+//! one transaction; with [`Coordination::Shared`] the head moves first and a
+//! failure to move it puts the event back to pending, to be sent again —
+//! the application dedupes on `webhook-id` — rather than settling it with
+//! the head behind, where an older event arriving later would pass the
+//! stale check.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::backoff::{backoff, millis};
+use super::schedule::Reached;
+use super::{Coordination, Dispatcher, GRACE_MS};
+use crate::clock::Millis;
+use crate::domain::{Key, Namespace, ScopedKey, Token, Ttl};
+use crate::gateway::Source;
+use crate::store::inbox::{InboxEvent, Settle};
+use crate::store::{ClaimOutcome, Store};
+
+/// Times a turn tries to record a delivery the destination acknowledged
+/// before it gives the event back.
+const RECORD_TRIES: u32 = 4;
+/// First pause between those tries; doubles each time.
+const RECORD_PAUSE: Duration = Duration::from_millis(50);
+
+impl Dispatcher {
+    /// Runs one turn under lease generation `lease`; says whether it
+    /// reached the destination, for the source's circuit breaker.
+    pub(super) async fn turn(&self, source: &Source, ev: &InboxEvent, lease: u64) -> Reached {
+        match &self.coordination {
+            Coordination::Local => self.turn_local(source, ev, lease).await,
+            Coordination::Shared(store) => self.turn_shared(store, source, ev, lease).await,
+        }
+    }
+
+    /// The stale check already ran when the event was leased.
+    async fn turn_local(&self, source: &Source, ev: &InboxEvent, lease: u64) -> Reached {
+        let attempt = ev.attempts.saturating_add(1);
+        if let Err(error) = self.post(source, ev, attempt).await {
+            self.settle_failure(source, ev, lease, attempt, error).await;
+            return Reached::Failure;
+        }
+        let apply = self
+            .ordering_keys(source, ev)
+            .map(|(stream, id)| (stream, id, ev.created_at, self.ordering_retention_ms));
+        let mut pause = RECORD_PAUSE;
+        for _ in 0..RECORD_TRIES {
+            let now = self.clock.now_ms();
+            match self
+                .gateway
+                .inbox
+                .settle_delivered(
+                    &ev.source,
+                    &ev.event_id,
+                    lease,
+                    apply.clone(),
+                    self.gateway.retention,
+                    now,
+                )
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, "delivered");
+                    return Reached::Success;
+                }
+                Err(e) => {
+                    tracing::warn!(source = %source.name, event_id = %ev.event_id, error = %e, "delivered, but cannot record it yet");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+            }
+        }
+        // Neither the head nor the status moved: when the lease runs out
+        // the event comes due and is sent again.
+        tracing::error!(source = %source.name, event_id = %ev.event_id, "delivered, but could not record it; it will be sent again");
+        Reached::Success
+    }
+
+    async fn turn_shared(
+        &self,
+        store: &Arc<dyn Store>,
+        source: &Source,
+        ev: &InboxEvent,
+        lease: u64,
+    ) -> Reached {
+        let now = self.clock.now_ms();
+        let retry_soon = now.saturating_add(millis(source.backoff_min));
+        let Some((key, stream_key)) = self.claim_keys(source, ev) else {
+            let error = "stored event id or stream is not a valid key".to_owned();
+            self.settle(ev, lease, Settle::Dead { error }).await;
+            return Reached::Nothing;
+        };
+        let ttl = Ttl::from_ms_unchecked(millis(source.forward_timeout).saturating_add(GRACE_MS));
+        // One instance at a time delivers a stream: the lease is a claim in
+        // the shared store, held for the whole turn.
+        let stream_lease = match &stream_key {
+            None => None,
+            Some(k) => match store.claim(k, ttl, None, now).await {
+                Ok(ClaimOutcome::Claimed { token, .. }) => Some((k.clone(), token)),
+                Ok(_) => {
+                    let error = "another instance is delivering this stream".to_owned();
+                    self.retry_without_attempt(ev, lease, retry_soon, error)
+                        .await;
+                    return Reached::Nothing;
+                }
+                Err(e) => {
+                    self.retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                        .await;
+                    return Reached::Nothing;
+                }
+            },
+        };
+        let reached = self
+            .turn_claimed(store, source, ev, lease, &key, ttl, retry_soon)
+            .await;
+        if let Some((k, token)) = stream_lease {
+            self.release(store, &k, token).await;
+        }
+        reached
+    }
+
+    /// The rest of a shared turn, under the stream lease.
+    #[allow(clippy::too_many_arguments)]
+    async fn turn_claimed(
+        &self,
+        store: &Arc<dyn Store>,
+        source: &Source,
+        ev: &InboxEvent,
+        lease: u64,
+        key: &ScopedKey,
+        ttl: Ttl,
+        retry_soon: Millis,
+    ) -> Reached {
+        let now = self.clock.now_ms();
+        let token = match store.claim(key, ttl, None, now).await {
+            Ok(ClaimOutcome::Claimed { token, .. }) => token,
+            Ok(ClaimOutcome::Done { .. }) => {
+                // Delivered already, by another instance that received it
+                // too, or by this one before a crash cut the turn short.
+                // The done claim is written after the head moved, so the
+                // head is in place.
+                self.settle(ev, lease, Settle::Delivered { attempted: false })
+                    .await;
+                return Reached::Nothing;
+            }
+            Ok(_) => {
+                let error = "another worker holds this event's claim".to_owned();
+                self.retry_without_attempt(ev, lease, retry_soon, error)
+                    .await;
+                return Reached::Nothing;
+            }
+            Err(e) => {
+                self.retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                    .await;
+                return Reached::Nothing;
+            }
+        };
+        let ordering = self.ordering_keys(source, ev);
+        if let Some((stream, _)) = &ordering
+            && !ev.force
+        {
+            match store.head(stream, now).await {
+                Ok(Some(head)) if ev.created_at < head.created_at => {
+                    self.release(store, key, token).await;
+                    tracing::info!(source = %source.name, event_id = %ev.event_id, "stale: older than its stream's head");
+                    self.settle(ev, lease, Settle::Stale).await;
+                    return Reached::Nothing;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.release(store, key, token).await;
+                    self.retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                        .await;
+                    return Reached::Nothing;
+                }
+            }
+        }
+        let attempt = ev.attempts.saturating_add(1);
+        if let Err(error) = self.post(source, ev, attempt).await {
+            self.release(store, key, token).await;
+            self.settle_failure(source, ev, lease, attempt, error).await;
+            return Reached::Failure;
+        }
+        if let Some((stream, id)) = &ordering
+            && let Err(error) = self.move_head(store, stream, id, ev).await
+        {
+            // Never settled with the head behind: back to pending, and the
+            // next turn sends it again and moves the head then.
+            self.release(store, key, token).await;
+            let now = self.clock.now_ms();
+            let settle = Settle::Retry {
+                retry_at: now.saturating_add(millis(source.backoff_min)),
+                error: format!("delivered, but the stream head could not be moved: {error}"),
+                attempted: true,
+            };
+            tracing::warn!(source = %source.name, event_id = %ev.event_id, %error, "delivered, but the stream head could not be moved; will send again");
+            self.settle(ev, lease, settle).await;
+            return Reached::Success;
+        }
+        let now = self.clock.now_ms();
+        if let Err(e) = store.done(key, token, self.done_ttl, now).await {
+            // The claim expires; the local inbox still says delivered.
+            tracing::warn!(error = %e, "cannot mark the delivered event done");
+        }
+        tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, "delivered");
+        self.settle(ev, lease, Settle::Delivered { attempted: true })
+            .await;
+        Reached::Success
+    }
+
+    /// Moves the stream head to the event, trying a few times.
+    async fn move_head(
+        &self,
+        store: &Arc<dyn Store>,
+        stream: &ScopedKey,
+        id: &ScopedKey,
+        ev: &InboxEvent,
+    ) -> Result<(), String> {
+        let mut pause = RECORD_PAUSE;
+        let mut last = String::new();
+        for _ in 0..RECORD_TRIES {
+            let now = self.clock.now_ms();
+            match store
+                .apply(stream, id, ev.created_at, self.ordering_retention_ms, now)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+        }
+        Err(last)
+    }
+
+    /// The event's claim key and its stream's lease key; `None` when a
+    /// stored id is no longer a valid key.
+    fn claim_keys(
+        &self,
+        source: &Source,
+        ev: &InboxEvent,
+    ) -> Option<(ScopedKey, Option<ScopedKey>)> {
+        let id = Key::parse(&ev.event_id, "event_id").ok()?;
+        let key = ScopedKey::new(&Namespace::Gateway(source.name.clone()), &id);
+        let stream = match &ev.stream {
+            None => None,
+            Some(s) => {
+                let s = Key::parse(s, "stream").ok()?;
+                Some(ScopedKey::new(
+                    &Namespace::GatewayStream(source.name.clone()),
+                    &s,
+                ))
+            }
+        };
+        Some((key, stream))
+    }
+
+    /// The event's stream and id as the ordering table keys them.
+    fn ordering_keys(&self, source: &Source, ev: &InboxEvent) -> Option<(ScopedKey, ScopedKey)> {
+        let ns = Namespace::Gateway(source.name.clone());
+        let stream = Key::parse(ev.stream.as_deref()?, "stream").ok()?;
+        let id = Key::parse(&ev.event_id, "event_id").ok()?;
+        Some((ScopedKey::new(&ns, &stream), ScopedKey::new(&ns, &id)))
+    }
+
+    async fn post(&self, source: &Source, ev: &InboxEvent, attempt: u32) -> Result<(), String> {
+        let now_s = i64::try_from(self.clock.now_ms() / 1000).unwrap_or(i64::MAX);
+        self.forwarder.post(source, ev, attempt, now_s).await
+    }
+
+    /// Settles a failed attempt: retry later, or dead after the last one.
+    async fn settle_failure(
+        &self,
+        source: &Source,
+        ev: &InboxEvent,
+        lease: u64,
+        attempt: u32,
+        error: String,
+    ) {
+        if attempt >= source.max_attempts {
+            tracing::warn!(source = %source.name, event_id = %ev.event_id, attempt, %error, "dead: every attempt failed");
+            self.settle(ev, lease, Settle::Dead { error }).await;
+        } else {
+            let retry_at = self.clock.now_ms().saturating_add(backoff(source, attempt));
+            tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, %error, retry_at, "delivery failed; will retry");
+            let settle = Settle::Retry {
+                retry_at,
+                error,
+                attempted: true,
+            };
+            self.settle(ev, lease, settle).await;
+        }
+    }
+
+    /// Puts the event back for `retry_at` after a turn that sent nothing
+    /// (claim busy, store unavailable): no attempt is counted.
+    async fn retry_without_attempt(
+        &self,
+        ev: &InboxEvent,
+        lease: u64,
+        retry_at: Millis,
+        error: String,
+    ) {
+        let settle = Settle::Retry {
+            retry_at,
+            error,
+            attempted: false,
+        };
+        self.settle(ev, lease, settle).await;
+    }
+
+    async fn settle(&self, ev: &InboxEvent, lease: u64, settle: Settle) {
+        let now = self.clock.now_ms();
+        if let Err(e) = self
+            .gateway
+            .inbox
+            .settle(
+                &ev.source,
+                &ev.event_id,
+                lease,
+                settle,
+                self.gateway.retention,
+                now,
+            )
+            .await
+        {
+            // The lease runs out and the event comes due again.
+            tracing::warn!(source = %ev.source, event_id = %ev.event_id, error = %e, "cannot record the delivery outcome");
+        }
+    }
+
+    async fn release(&self, store: &Arc<dyn Store>, key: &ScopedKey, token: Token) {
+        if let Err(e) = store.release(key, token, self.clock.now_ms()).await {
+            // The claim expires by itself after its TTL.
+            tracing::warn!(error = %e, "cannot release a delivery claim");
+        }
+    }
+}
