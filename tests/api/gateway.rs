@@ -19,10 +19,10 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, assert_problem, spawn_app_with};
 use crate::receiver::{Behaviour, Receiver, eventually, free_port};
 
-const SECRET: &str = "sume_test_secret";
-const DESTINATION: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const SECRET: &str = "sume_test_secret";
+pub(crate) const DESTINATION: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-fn settings(forward_to: &str) -> SourceSettings {
+pub(crate) fn settings(forward_to: &str) -> SourceSettings {
     let toml = format!(
         r#"
         scheme = "sume"
@@ -40,7 +40,10 @@ fn settings(forward_to: &str) -> SourceSettings {
     toml::from_str(&toml).unwrap()
 }
 
-async fn gateway_app(forward_to: &str, tweak: impl FnOnce(&mut SourceSettings)) -> TestApp {
+pub(crate) async fn gateway_app(
+    forward_to: &str,
+    tweak: impl FnOnce(&mut SourceSettings),
+) -> TestApp {
     let mut s = settings(forward_to);
     tweak(&mut s);
     let source = Source::build("sume", &s, &[SECRET.to_owned()], Some(DESTINATION)).unwrap();
@@ -51,7 +54,7 @@ async fn gateway_app(forward_to: &str, tweak: impl FnOnce(&mut SourceSettings)) 
     .await
 }
 
-fn body(id: &str, run: &str, created_at: &str) -> Vec<u8> {
+pub(crate) fn body(id: &str, run: &str, created_at: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "request_id": id, "run_id": run, "created_at": created_at, "type": "run.updated",
     }))
@@ -60,14 +63,14 @@ fn body(id: &str, run: &str, created_at: &str) -> Vec<u8> {
 
 impl TestApp {
     /// The app's clock, in Unix seconds: what signatures are checked against.
-    fn now_s(&self) -> i64 {
+    pub(crate) fn now_s(&self) -> i64 {
         i64::try_from(self.clock.now_ms() / 1000).unwrap()
     }
 
     /// Waits until `check` holds, moving the app's clock on by 50 ms (past
     /// the test sources' longest backoff) between looks, so retries and
     /// pauses come due without anyone sleeping through them.
-    async fn retrying_until<F, Fut>(&self, what: &str, mut check: F)
+    pub(crate) async fn retrying_until<F, Fut>(&self, what: &str, mut check: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,
@@ -84,7 +87,13 @@ impl TestApp {
     }
 
     /// Posts `body` to `/ingest/{source}` signed the way Sume signs, at `ts`.
-    async fn post_signed_at(&self, source: &str, body: &[u8], ts: i64, secret: &str) -> Response {
+    pub(crate) async fn post_signed_at(
+        &self,
+        source: &str,
+        body: &[u8],
+        ts: i64,
+        secret: &str,
+    ) -> Response {
         let mut req = self
             .client
             .post(self.url(&format!("/ingest/{source}")))
@@ -96,19 +105,19 @@ impl TestApp {
         req.send().await.unwrap()
     }
 
-    async fn ingest(&self, body: &[u8]) -> Response {
+    pub(crate) async fn ingest(&self, body: &[u8]) -> Response {
         self.post_signed_at("sume", body, self.now_s(), SECRET)
             .await
     }
 
-    async fn ingest_ok(&self, body: &[u8]) -> Value {
+    pub(crate) async fn ingest_ok(&self, body: &[u8]) -> Value {
         let res = self.ingest(body).await;
         assert_eq!(res.status(), StatusCode::OK);
         res.json().await.unwrap()
     }
 
     /// The source's events with `status`, from the operator API.
-    async fn events(&self, status: &str) -> Vec<Value> {
+    pub(crate) async fn events(&self, status: &str) -> Vec<Value> {
         let res = self
             .request(
                 Method::GET,
@@ -122,7 +131,7 @@ impl TestApp {
         v["events"].as_array().unwrap().clone()
     }
 
-    async fn event_ids(&self, status: &str) -> Vec<String> {
+    pub(crate) async fn event_ids(&self, status: &str) -> Vec<String> {
         self.events(status)
             .await
             .iter()
@@ -131,7 +140,7 @@ impl TestApp {
     }
 }
 
-fn ids(received: &[crate::receiver::Received]) -> Vec<String> {
+pub(crate) fn ids(received: &[crate::receiver::Received]) -> Vec<String> {
     received
         .iter()
         .map(|r| r.header("webhook-id").to_owned())
@@ -538,7 +547,7 @@ async fn stopping_waits_for_a_delivery_in_flight_to_finish() {
 
 /// The ids of the receiver's successful deliveries, in order (each event's
 /// last request is its successful one).
-fn delivered_order(receiver: &Receiver) -> Vec<String> {
+pub(crate) fn delivered_order(receiver: &Receiver) -> Vec<String> {
     let got = receiver.received();
     let mut order = Vec::new();
     for (i, r) in got.iter().enumerate() {

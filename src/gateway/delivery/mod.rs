@@ -23,6 +23,7 @@ pub mod schedule;
 mod turn;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -85,6 +86,9 @@ pub struct Dispatcher {
     ordering_retention_ms: u64,
     /// What is in flight, limits and circuits.
     schedule: Mutex<Schedule>,
+    /// Set once the dispatcher is stopping: turns waiting to record an
+    /// acknowledged delivery give up, so shutdown does not wait forever.
+    stopping: AtomicBool,
 }
 
 /// A picked event's place in the schedule, given back when dropped — also
@@ -173,6 +177,7 @@ impl Dispatcher {
             done_ttl,
             ordering_retention_ms: settings.ordering_retention_ms,
             schedule: Mutex::new(Schedule::new(settings.max_in_flight, lanes)),
+            stopping: AtomicBool::new(false),
         })
     }
 
@@ -209,6 +214,7 @@ impl Dispatcher {
                 ok = moved => if !ok { moves = None },
             }
         }
+        self.stopping.store(true, Ordering::SeqCst);
         while tasks.join_next().await.is_some() {}
         tracing::debug!("dispatcher stopped");
     }
@@ -313,6 +319,10 @@ impl Dispatcher {
                 drop(slot);
             });
         }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
     }
 
     fn schedule(&self) -> MutexGuard<'_, Schedule> {

@@ -2,11 +2,14 @@
 //!
 //! Invariant: an event is settled as delivered only once its stream head
 //! has moved to it (or past it). With [`Coordination::Local`] both happen in
-//! one transaction; with [`Coordination::Shared`] the head moves first and a
-//! failure to move it puts the event back to pending, to be sent again —
-//! the application dedupes on `webhook-id` — rather than settling it with
-//! the head behind, where an older event arriving later would pass the
-//! stale check.
+//! one transaction; with [`Coordination::Shared`] the head moves first, then
+//! the event's claim is marked done, then the inbox settles. If recording
+//! an acknowledged delivery fails, the turn keeps the event — and so its
+//! stream — in flight and retries until it succeeds: settling it otherwise,
+//! or letting the stream move on, would let an older event of the stream
+//! pass the stale check after it. Only a shutdown ends that wait; the event
+//! is then still pending and is sent again after the restart (the
+//! application dedupes on `webhook-id`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,11 +23,11 @@ use crate::gateway::Source;
 use crate::store::inbox::{InboxEvent, Settle};
 use crate::store::{ClaimOutcome, Store};
 
-/// Times a turn tries to record a delivery the destination acknowledged
-/// before it gives the event back.
-const RECORD_TRIES: u32 = 4;
-/// First pause between those tries; doubles each time.
+/// First pause between tries to record an acknowledged delivery; doubles
+/// each time up to [`RECORD_PAUSE_MAX`].
 const RECORD_PAUSE: Duration = Duration::from_millis(50);
+/// Longest pause between those tries.
+const RECORD_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 impl Dispatcher {
     /// Runs one turn under lease generation `lease`; says whether it
@@ -46,13 +49,10 @@ impl Dispatcher {
         let apply = self
             .ordering_keys(source, ev)
             .map(|(stream, id)| (stream, id, ev.created_at, self.ordering_retention_ms));
-        let mut pause = RECORD_PAUSE;
-        for _ in 0..RECORD_TRIES {
-            let now = self.clock.now_ms();
-            match self
-                .gateway
-                .inbox
-                .settle_delivered(
+        let recorded = self
+            .until_recorded(source, ev, || {
+                let now = self.clock.now_ms();
+                self.gateway.inbox.settle_delivered(
                     &ev.source,
                     &ev.event_id,
                     lease,
@@ -60,23 +60,53 @@ impl Dispatcher {
                     self.gateway.retention,
                     now,
                 )
-                .await
-            {
-                Ok(()) => {
-                    tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, "delivered");
-                    return Reached::Success;
-                }
-                Err(e) => {
-                    tracing::warn!(source = %source.name, event_id = %ev.event_id, error = %e, "delivered, but cannot record it yet");
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
+            })
+            .await;
+        match recorded {
+            Ok(()) => {
+                tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, "delivered");
+            }
+            Err(_) => {
+                // Shutting down: neither the head nor the status moved, so
+                // the event is sent again after the restart.
+                tracing::warn!(source = %source.name, event_id = %ev.event_id, "delivered, but not recorded before shutdown; it will be sent again");
             }
         }
-        // Neither the head nor the status moved: when the lease runs out
-        // the event comes due and is sent again.
-        tracing::error!(source = %source.name, event_id = %ev.event_id, "delivered, but could not record it; it will be sent again");
         Reached::Success
+    }
+
+    /// Retries `write` — recording a delivery the destination acknowledged —
+    /// until it succeeds, keeping the event (and so its stream) in flight
+    /// meanwhile: settling it any other way, or letting its stream move on,
+    /// could let an older event of the stream through after it. Gives up
+    /// only when the dispatcher stops, with the last error.
+    async fn until_recorded<F, Fut>(
+        &self,
+        source: &Source,
+        ev: &InboxEvent,
+        mut write: F,
+    ) -> Result<(), String>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), crate::store::StoreError>>,
+    {
+        let mut pause = RECORD_PAUSE;
+        let mut logged = false;
+        loop {
+            let error = match write().await {
+                Ok(()) => return Ok(()),
+                Err(e) => e.to_string(),
+            };
+            if !logged {
+                tracing::warn!(source = %source.name, event_id = %ev.event_id, %error, "delivered, but cannot record it yet; retrying while the stream waits");
+                logged = true;
+            }
+            if self.stopping() {
+                return Err(error);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RECORD_PAUSE_MAX);
+        }
     }
 
     async fn turn_shared(
@@ -114,7 +144,16 @@ impl Dispatcher {
             },
         };
         let reached = self
-            .turn_claimed(store, source, ev, lease, &key, ttl, retry_soon)
+            .turn_claimed(
+                store,
+                source,
+                ev,
+                lease,
+                &key,
+                stream_lease.as_ref(),
+                ttl,
+                retry_soon,
+            )
             .await;
         if let Some((k, token)) = stream_lease {
             self.release(store, &k, token).await;
@@ -131,6 +170,7 @@ impl Dispatcher {
         ev: &InboxEvent,
         lease: u64,
         key: &ScopedKey,
+        stream_lease: Option<&(ScopedKey, Token)>,
         ttl: Ttl,
         retry_soon: Millis,
     ) -> Reached {
@@ -184,21 +224,33 @@ impl Dispatcher {
             self.settle_failure(source, ev, lease, attempt, error).await;
             return Reached::Failure;
         }
-        if let Some((stream, id)) = &ordering
-            && let Err(error) = self.move_head(store, stream, id, ev).await
-        {
-            // Never settled with the head behind: back to pending, and the
-            // next turn sends it again and moves the head then.
-            self.release(store, key, token).await;
-            let now = self.clock.now_ms();
-            let settle = Settle::Retry {
-                retry_at: now.saturating_add(millis(source.backoff_min)),
-                error: format!("delivered, but the stream head could not be moved: {error}"),
-                attempted: true,
-            };
-            tracing::warn!(source = %source.name, event_id = %ev.event_id, %error, "delivered, but the stream head could not be moved; will send again");
-            self.settle(ev, lease, settle).await;
-            return Reached::Success;
+        if let Some((stream, id)) = &ordering {
+            let moved = self
+                .until_recorded(source, ev, || async {
+                    let now = self.clock.now_ms();
+                    // Keep this turn's claims alive while it waits.
+                    let _ = store.extend(key, token, ttl, now).await;
+                    if let Some((k, t)) = stream_lease {
+                        let _ = store.extend(k, *t, ttl, now).await;
+                    }
+                    store
+                        .apply(stream, id, ev.created_at, self.ordering_retention_ms, now)
+                        .await
+                        .map(|_| ())
+                })
+                .await;
+            if let Err(error) = moved {
+                // Shutting down with the head behind: never settled as
+                // delivered; back to pending, sent again after the restart.
+                self.release(store, key, token).await;
+                let settle = Settle::Retry {
+                    retry_at: self.clock.now_ms(),
+                    error: format!("delivered, but the stream head could not be moved: {error}"),
+                    attempted: true,
+                };
+                self.settle(ev, lease, settle).await;
+                return Reached::Success;
+            }
         }
         let now = self.clock.now_ms();
         if let Err(e) = store.done(key, token, self.done_ttl, now).await {
@@ -209,31 +261,6 @@ impl Dispatcher {
         self.settle(ev, lease, Settle::Delivered { attempted: true })
             .await;
         Reached::Success
-    }
-
-    /// Moves the stream head to the event, trying a few times.
-    async fn move_head(
-        &self,
-        store: &Arc<dyn Store>,
-        stream: &ScopedKey,
-        id: &ScopedKey,
-        ev: &InboxEvent,
-    ) -> Result<(), String> {
-        let mut pause = RECORD_PAUSE;
-        let mut last = String::new();
-        for _ in 0..RECORD_TRIES {
-            let now = self.clock.now_ms();
-            match store
-                .apply(stream, id, ev.created_at, self.ordering_retention_ms, now)
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) => last = e.to_string(),
-            }
-            tokio::time::sleep(pause).await;
-            pause *= 2;
-        }
-        Err(last)
     }
 
     /// The event's claim key and its stream's lease key; `None` when a
