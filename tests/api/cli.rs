@@ -451,3 +451,58 @@ fn a_valid_source_with_secrets_from_files_passes_check_config_redacted() {
         "{stdout}"
     );
 }
+
+#[test]
+fn check_config_says_what_replaced_gateway_workers() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("old.toml");
+    std::fs::write(&file, "[gateway]\nworkers = 4\nmax_in_flight = 0\n").unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("gateway.workers")
+            && stderr.contains("gateway.max_in_flight")
+            && stderr.contains("sources.NAME.max_in_flight"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("must be 1 to 4096"), "{stderr}");
+}
+
+#[tokio::test]
+async fn check_config_names_removed_sources_that_still_have_pending_events() {
+    use crate::gateway::{body, gateway_app};
+    use crate::receiver::{Behaviour, Receiver, eventually};
+
+    let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&receiver.url, |s| s.max_attempts = 100).await;
+    for id in ["a", "b"] {
+        app.ingest_ok(&body(id, id, "2026-11-29T10:00:00Z")).await;
+    }
+    eventually("both tried", || async { receiver.received().len() >= 2 }).await;
+    let (loaded, dir, _, _) = app.stop().await;
+    let file = dir.path().join("no-sources.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "data_path = {:?}\n",
+            loaded.settings.data_path.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("removed source sume: 2 pending event(s)"),
+        "{stdout}"
+    );
+}

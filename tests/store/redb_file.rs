@@ -30,9 +30,97 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schema version 99") && msg.contains("reads version 1"),
+        msg.contains("schema version 99") && msg.contains("reads version 2"),
         "{msg}"
     );
+}
+
+/// Schema 1's inbox row, as the previous release wrote it.
+type InboxRowV1<'a> = (
+    u8,
+    u64,
+    i128,
+    Option<&'a str>,
+    u32,
+    u64,
+    Option<&'a str>,
+    bool,
+    &'a str,
+    &'a [u8],
+    u64,
+    u64,
+);
+
+#[tokio::test]
+async fn a_schema_1_file_is_migrated_and_its_pending_events_stay_runnable() {
+    const T: u64 = 1_800_000_000_000;
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("v1.redb");
+    {
+        // What the previous release left: meta at version 1, one pending
+        // event in the inbox, runnable in the due index keyed by time first.
+        let db = redb::Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        {
+            let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+            tx.open_table(meta)
+                .unwrap()
+                .insert("schema_version", 1)
+                .unwrap();
+            let rows: redb::TableDefinition<(&str, &str), InboxRowV1<'static>> =
+                redb::TableDefinition::new("inbox");
+            let row: InboxRowV1<'_> = (
+                0,
+                T,
+                1_000,
+                None,
+                0,
+                T,
+                None,
+                false,
+                "[]",
+                b"{}".as_slice(),
+                0,
+                0,
+            );
+            tx.open_table(rows)
+                .unwrap()
+                .insert(("sume", "ev1"), row)
+                .unwrap();
+            let status: redb::TableDefinition<(&str, u8, u64, &str), ()> =
+                redb::TableDefinition::new("inbox_status");
+            tx.open_table(status)
+                .unwrap()
+                .insert(("sume", 0, T, "ev1"), ())
+                .unwrap();
+            let due: redb::TableDefinition<(u64, &str, &str), ()> =
+                redb::TableDefinition::new("inbox_due");
+            tx.open_table(due)
+                .unwrap()
+                .insert((T, "sume", "ev1"), ())
+                .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let due = s
+        .due_events(T, vec![("sume".to_owned(), 10)])
+        .await
+        .unwrap();
+    let ids: Vec<&str> = due[0].events.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids, ["ev1"]);
+    s.close().await;
+    // Migrated once: it opens again as version 2.
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    assert_eq!(
+        s.due_events(T, vec![("sume".to_owned(), 10)])
+            .await
+            .unwrap()[0]
+            .events
+            .len(),
+        1
+    );
+    s.close().await;
 }
 
 #[test]
@@ -247,6 +335,92 @@ mod inbox {
             (EventStatus::Pending, 0, false),
             "a dead event is redelivered in order: it still yields to newer events"
         );
+        s.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_delivered_event_moves_its_head_and_a_later_older_one_is_stale_at_lease() {
+        use dedupd::domain::{Key, Namespace, ScopedKey};
+        let dir = TempDir::new().unwrap();
+        let s = RedbStore::open(&RedbOptions::new(dir.path().join("i.redb"))).unwrap();
+        let ns = Namespace::Gateway("sume".into());
+        let scoped = |k: &str| ScopedKey::new(&ns, &Key::parse(k, "k").unwrap());
+        s.ingest(event("new", Some("r"), 5), T).await.unwrap();
+        let leased = s
+            .lease(
+                vec![("sume".into(), "new".into(), T + 60_000)],
+                Some(RETENTION),
+                T,
+            )
+            .await
+            .unwrap();
+        assert!(leased.stale.is_empty());
+        let generation = leased.leased[0].2;
+        let created = event("new", Some("r"), 5).created_at;
+        s.settle_delivered(
+            "sume",
+            "new",
+            generation,
+            Some((scoped("r"), scoped("new"), created, 86_400_000)),
+            RETENTION,
+            T,
+        )
+        .await
+        .unwrap();
+        let head = s.head(&scoped("r"), T).await.unwrap().unwrap();
+        assert_eq!(
+            head.created_at, created,
+            "delivered and head moved together"
+        );
+        let new = s.inbox_event("sume", "new").await.unwrap().unwrap();
+        assert_eq!(new.status, EventStatus::Delivered);
+
+        s.ingest(event("old", Some("r"), 1), T).await.unwrap();
+        let leased = s
+            .lease(
+                vec![("sume".into(), "old".into(), T + 60_000)],
+                Some(RETENTION),
+                T,
+            )
+            .await
+            .unwrap();
+        assert!(leased.leased.is_empty());
+        assert_eq!(leased.stale, [("sume".to_owned(), "old".to_owned())]);
+        let old = s.inbox_event("sume", "old").await.unwrap().unwrap();
+        assert_eq!(old.status, EventStatus::Stale);
+        s.close().await;
+    }
+
+    #[tokio::test]
+    async fn due_events_reads_only_the_sources_asked_for_and_lists_every_source() {
+        let dir = TempDir::new().unwrap();
+        let s = RedbStore::open(&RedbOptions::new(dir.path().join("i.redb"))).unwrap();
+        s.ingest(event("a", None, 1), T).await.unwrap();
+        let mut other = event("b", None, 1);
+        other.source = "gone".into();
+        s.ingest(other, T).await.unwrap();
+        let due = s
+            .due_events(T, vec![("sume".to_owned(), 10)])
+            .await
+            .unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].events.len(), 1);
+        assert_eq!(due[0].events[0].source, "sume");
+        assert_eq!(
+            s.inbox_sources().await.unwrap(),
+            [("gone".to_owned(), 1), ("sume".to_owned(), 1)]
+        );
+        assert!(s.has_source("gone").await.unwrap());
+        assert!(!s.has_source("go").await.unwrap());
+        // Pending events of a removed source go once old enough, and only
+        // those of the sources named.
+        assert_eq!(
+            s.purge_pending(vec!["gone".into()], T + 1, 100, T + 1)
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(s.inbox_sources().await.unwrap(), [("sume".to_owned(), 1)]);
         s.close().await;
     }
 }
