@@ -13,6 +13,8 @@ mod receiver;
 #[cfg(feature = "redis")]
 mod redis_backend;
 #[cfg(feature = "redis")]
+mod redis_gateway;
+#[cfg(feature = "redis")]
 #[path = "../common/redis_server.rs"]
 mod redis_server;
 mod restart;
