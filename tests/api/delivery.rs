@@ -23,9 +23,12 @@ use crate::gateway::{DESTINATION, SECRET, body, gateway_app, ids, settings};
 use crate::helpers::{TestApp, assert_problem, spawn_app_with, spawn_shared_app_with};
 use crate::receiver::{Behaviour, Receiver, eventually};
 
+/// Changes a test source's settings.
+type Tweak = Box<dyn FnOnce(&mut SourceSettings)>;
+
 /// An app with one source per `(name, receiver url, tweak)`.
 async fn app_with_sources(
-    sources: Vec<(&str, String, Box<dyn FnOnce(&mut SourceSettings)>)>,
+    sources: Vec<(&str, String, Tweak)>,
 ) -> TestApp {
     let built: Vec<(String, SourceSettings, Arc<Source>)> = sources
         .into_iter()

@@ -33,7 +33,7 @@ use tokio::task::JoinSet;
 use self::backoff::millis;
 use self::circuit::Transition;
 use self::forward::Forwarder;
-use self::schedule::{LaneView, Reached, Schedule};
+use self::schedule::{LaneView, Reached, Schedule, Wants};
 use super::{Gateway, Source};
 use crate::clock::{Millis, SharedClock};
 use crate::domain::Ttl;
@@ -223,7 +223,11 @@ impl Dispatcher {
     /// again (`None`: when woken, or after the poll interval).
     async fn dispatch(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Option<Millis> {
         let now = self.clock.now_ms();
-        let (wants, transitions, reopens) = self.schedule().wants(now);
+        let Wants {
+            reads: wants,
+            transitions,
+            reopens_at: reopens,
+        } = self.schedule().wants(now);
         for (source, t) in transitions {
             log_transition(&source, t, now);
         }

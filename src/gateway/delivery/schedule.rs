@@ -55,6 +55,17 @@ pub enum Reached {
     Nothing,
 }
 
+/// What a dispatch pass should read, and what changed.
+#[derive(Debug, Default)]
+pub struct Wants {
+    /// Per source that may start deliveries: how many events to read.
+    pub reads: Vec<(String, usize)>,
+    /// Circuit transitions to log.
+    pub transitions: Vec<(String, Transition)>,
+    /// The earliest time a paused source lets a probe through.
+    pub reopens_at: Option<Millis>,
+}
+
 /// A source's delivery state, for the operator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneView {
@@ -108,34 +119,25 @@ impl Schedule {
     /// For each source that may start deliveries at `now`: how many events
     /// to read (its free slots, or one probe). Also returns circuit
     /// transitions to log, and the earliest time a paused source reopens.
-    pub fn wants(
-        &mut self,
-        now: Millis,
-    ) -> (
-        Vec<(String, usize)>,
-        Vec<(String, Transition)>,
-        Option<Millis>,
-    ) {
-        let mut wants = Vec::new();
-        let mut transitions = Vec::new();
-        let mut reopens: Option<Millis> = None;
+    pub fn wants(&mut self, now: Millis) -> Wants {
+        let mut wants = Wants::default();
         if self.free() == 0 {
-            return (wants, transitions, None);
+            return wants;
         }
         for (name, lane) in &mut self.lanes {
             let free = lane.limit.saturating_sub(lane.in_flight);
             let (n, t) = lane.circuit.allowance(free, now);
             if let Some(t) = t {
-                transitions.push((name.clone(), t));
+                wants.transitions.push((name.clone(), t));
             }
             if let Some(at) = lane.circuit.reopens_at() {
-                reopens = Some(reopens.map_or(at, |r| r.min(at)));
+                wants.reopens_at = Some(wants.reopens_at.map_or(at, |r| r.min(at)));
             }
             if n > 0 {
-                wants.push((name.clone(), n));
+                wants.reads.push((name.clone(), n));
             }
         }
-        (wants, transitions, reopens)
+        wants
     }
 
     /// Picks from each source's runnable events (as read for
@@ -318,8 +320,10 @@ mod tests {
         assert_eq!(ids(&picked), ["big0", "small0", "big1", "small1"]);
         assert!(left);
         assert_eq!(s.free(), 0);
-        let (wants, _, _) = s.wants(0);
-        assert!(wants.is_empty(), "no global slot left: nothing is read");
+        assert!(
+            s.wants(0).reads.is_empty(),
+            "no global slot left: nothing is read"
+        );
     }
 
     #[test]
@@ -331,9 +335,8 @@ mod tests {
         ]);
         assert_eq!(picked.iter().filter(|e| e.source == "hung").count(), 2);
         assert_eq!(picked.iter().filter(|e| e.source == "ok").count(), 3);
-        let (wants, _, _) = s.wants(0);
         assert_eq!(
-            wants,
+            s.wants(0).reads,
             [("ok".to_owned(), 13)],
             "a full source reads nothing"
         );
@@ -370,23 +373,23 @@ mod tests {
                 until: 1_100
             })
         );
-        let (wants, t, reopens) = s.wants(500);
-        assert!(wants.is_empty() && t.is_empty());
-        assert_eq!(reopens, Some(1_100));
-        let (wants, t, _) = s.wants(1_100);
-        assert_eq!(wants, [("a".to_owned(), 1)]);
-        assert_eq!(t, [("a".to_owned(), Transition::Probing)]);
+        let w = s.wants(500);
+        assert!(w.reads.is_empty() && w.transitions.is_empty());
+        assert_eq!(w.reopens_at, Some(1_100));
+        let w = s.wants(1_100);
+        assert_eq!(w.reads, [("a".to_owned(), 1)]);
+        assert_eq!(w.transitions, [("a".to_owned(), Transition::Probing)]);
         let (p, _) = s.pick(vec![("a".into(), events("a", 5))]);
         assert_eq!(p.len(), 1, "one probe");
         assert!(
-            s.wants(1_100).0.is_empty(),
+            s.wants(1_100).reads.is_empty(),
             "no second probe while one runs"
         );
         assert_eq!(
             s.finish("a", &p[0].event_id, None, Reached::Success, 1_200, pause),
             Some(Transition::Resumed)
         );
-        assert_eq!(s.wants(1_200).0, [("a".to_owned(), 8)]);
+        assert_eq!(s.wants(1_200).reads, [("a".to_owned(), 8)]);
     }
 
     #[test]

@@ -69,6 +69,9 @@ pub enum InboxResponse {
     Redelivered(RedeliverOutcome),
 }
 
+/// Reads the `created_at` of a stream's live head: (source, stream).
+pub type HeadLookup<'a> = dyn Fn(&str, &str) -> Result<Option<CreatedAt>, redb::Error> + 'a;
+
 /// The inbox tables of one write transaction.
 pub struct InboxTables<'txn> {
     rows: Table<'txn, (&'static str, &'static str), InboxRow<'static>>,
@@ -153,7 +156,7 @@ impl<'txn> InboxTables<'txn> {
         &mut self,
         req: &InboxRequest,
         now: Millis,
-        head: &dyn Fn(&str, &str) -> Result<Option<CreatedAt>, redb::Error>,
+        head: &HeadLookup<'_>,
     ) -> Result<InboxResponse, redb::Error> {
         Ok(match req {
             InboxRequest::Insert(new) => InboxResponse::Inserted(self.insert(new, now)?),

@@ -267,7 +267,13 @@ impl RedbStore {
             retention,
         };
         match self
-            .write(Request::Delivered { apply, settle }, now)
+            .write(
+                Request::Delivered {
+                    apply,
+                    settle: Box::new(settle),
+                },
+                now,
+            )
             .await?
         {
             Response::Inbox(_) => Ok(()),
@@ -345,14 +351,14 @@ impl RedbStore {
 
     /// Every source with events in the inbox, with its pending count.
     pub async fn inbox_sources(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        self.read(|tx| inbox::sources(tx)).await
+        self.read(inbox::sources).await
     }
 
     /// Every inbox table as stored, for consistency checks in tests (it
     /// reads the whole inbox).
     #[doc(hidden)]
     pub async fn inbox_indexes(&self) -> Result<InboxIndexes, StoreError> {
-        self.read(|tx| inbox::indexes(tx)).await
+        self.read(inbox::indexes).await
     }
 
     /// Whether the inbox holds any event of `source`.

@@ -82,7 +82,7 @@ pub enum Request {
         /// created_at, retention ms), as for [`Request::Apply`].
         apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
         /// The settle (an [`InboxRequest::Settle`]).
-        settle: InboxRequest,
+        settle: Box<InboxRequest>,
     },
     /// Deletes pending events of sources that left the configuration once
     /// they were received before `before`.
