@@ -1,0 +1,1113 @@
+//! End-to-end delivery rate of the webhook gateway, measured against the
+//! real release binary: how fast events posted to `/ingest/bench` reach the
+//! application behind dedupd, and whether each arrives exactly once.
+//!
+//! Run: `cargo bench --bench delivery`. Nothing is asserted: each scenario
+//! prints what it measured. Scenarios, each against a fresh `dedupd serve`
+//! (its own temp dir and free loopback port) and a fresh receiver:
+//!
+//! - `a`: an in-process receiver (actix-web, one worker) answering 204 at
+//!   once; events are posted for `DURATION_S` seconds.
+//! - `nginx`: the same load with nginx (`return 204;`) as the receiver,
+//!   counting deliveries from its access log; only when `nginx` is on PATH.
+//! - `b`: the in-process receiver answering after `DELAY_MS` (50 ms);
+//!   `EVENTS` events are posted as fast as possible, and the delivery rate
+//!   is measured from the first delivery to the last.
+//!
+//! Load: unique events (`request_id` unique, `run_id` = i % `STREAMS`,
+//! `created_at` increasing) signed with the Sume scheme, posted with
+//! `CONCURRENCY` keep-alive connections. Settings by environment variable
+//! (defaults): `DURATION_S` (3), `CONCURRENCY` (64), `STREAMS` (1000),
+//! `EVENTS` (10000), `DELAY_MS` (50), `MAX_IN_FLIGHT` (256, for the gateway
+//! and the source), `WAIT_S` (120: longest wait for deliveries after
+//! posting), `SCENARIOS` (`a,nginx,b`). A quick run:
+//! `DURATION_S=1 EVENTS=2000 STREAMS=100 cargo bench --bench delivery`.
+//!
+//! Under `cargo test --all-targets` (no `--bench` argument) it does nothing.
+
+#![allow(clippy::expect_used)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix_web::dev::ServerHandle;
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use anyhow::{Context, bail};
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+use tempfile::TempDir;
+
+/// The source's signing secret (what "Sume" signs with).
+const SECRET: &str = "sume_bench_secret_3f9a1c0d";
+/// The secret dedupd signs forwarded requests with.
+const DESTINATION_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// After the last expected delivery, how long to keep counting repeats.
+const DUPLICATE_GRACE: Duration = Duration::from_secs(1);
+/// How often the wait loop looks, and the sampler asks dedupd.
+const POLL: Duration = Duration::from_millis(20);
+const SAMPLE: Duration = Duration::from_millis(100);
+
+/// The webhook-id of the request that checks nginx is up.
+const PROBE_ID: &str = "bench-probe";
+
+/// One origin for every time the bench records, in seconds since it:
+/// in-process times come from the monotonic clock, nginx's access log gives
+/// wall-clock times, converted with the wall-clock reading taken with it.
+static ORIGIN: LazyLock<(Instant, SystemTime)> =
+    LazyLock::new(|| (Instant::now(), SystemTime::now()));
+
+fn now_s() -> f64 {
+    ORIGIN.0.elapsed().as_secs_f64()
+}
+
+fn wall_to_s(unix_s: f64) -> f64 {
+    let origin = ORIGIN
+        .1
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    unix_s - origin
+}
+
+#[derive(Debug, Clone)]
+struct Params {
+    duration: Duration,
+    concurrency: usize,
+    streams: u64,
+    events: u64,
+    delay_ms: u64,
+    max_in_flight: usize,
+    wait: Duration,
+    scenarios: Vec<String>,
+}
+
+fn env_or<T: FromStr>(name: &str, default: T) -> anyhow::Result<T> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{name}={v:?} is not a valid value")),
+        Err(_) => Ok(default),
+    }
+}
+
+impl Params {
+    fn from_env() -> anyhow::Result<Self> {
+        let p = Self {
+            duration: Duration::from_secs_f64(env_or("DURATION_S", 3.0)?),
+            concurrency: env_or("CONCURRENCY", 64)?,
+            streams: env_or("STREAMS", 1000)?,
+            events: env_or("EVENTS", 10_000)?,
+            delay_ms: env_or("DELAY_MS", 50)?,
+            max_in_flight: env_or("MAX_IN_FLIGHT", 256)?,
+            wait: Duration::from_secs_f64(env_or("WAIT_S", 120.0)?),
+            scenarios: env_or("SCENARIOS", "a,nginx,b".to_owned())?
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
+        };
+        if p.concurrency == 0 || p.streams == 0 || p.events == 0 {
+            bail!("CONCURRENCY, STREAMS and EVENTS must be at least 1");
+        }
+        Ok(p)
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("delivery: a benchmark; run it with `cargo bench --bench delivery`");
+        return Ok(());
+    }
+    let params = Params::from_env()?;
+    LazyLock::force(&ORIGIN);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(run(params))
+}
+
+async fn run(p: Params) -> anyhow::Result<()> {
+    println!(
+        "delivery bench: dedupd {} | concurrency {}, {} streams, max_in_flight {}, \
+         {} s posting (a), {} events through a {} ms receiver (b), waits bounded at {} s",
+        env!("CARGO_BIN_EXE_dedupd"),
+        p.concurrency,
+        p.streams,
+        p.max_in_flight,
+        p.duration.as_secs_f64(),
+        p.events,
+        p.delay_ms,
+        p.wait.as_secs_f64(),
+    );
+    for name in &p.scenarios {
+        let scenario = match name.as_str() {
+            "a" => Scenario {
+                title: "(a) receiver answers 204 at once".into(),
+                receiver: ReceiverKind::InProcess { delay: None },
+                load: Load::For(p.duration),
+            },
+            "nginx" => {
+                if !on_path("nginx") {
+                    println!("\n(a') nginx: skipped, `nginx` is not on PATH");
+                    continue;
+                }
+                Scenario {
+                    title: "(a') nginx answers 204 at once".into(),
+                    receiver: ReceiverKind::Nginx,
+                    load: Load::For(p.duration),
+                }
+            }
+            "b" => Scenario {
+                title: format!("(b) receiver answers 204 after {} ms", p.delay_ms),
+                receiver: ReceiverKind::InProcess {
+                    delay: Some(Duration::from_millis(p.delay_ms)),
+                },
+                load: Load::Count(p.events),
+            },
+            other => bail!("unknown scenario {other:?} in SCENARIOS (a, nginx, b)"),
+        };
+        println!("\n{}", scenario.title);
+        if let Err(e) = run_scenario(&p, &scenario).await {
+            println!("  FAILED: {e:#}");
+        }
+    }
+    Ok(())
+}
+
+struct Scenario {
+    title: String,
+    receiver: ReceiverKind,
+    load: Load,
+}
+
+#[derive(Clone, Copy)]
+enum ReceiverKind {
+    InProcess { delay: Option<Duration> },
+    Nginx,
+}
+
+#[derive(Clone, Copy)]
+enum Load {
+    /// Post for this long.
+    For(Duration),
+    /// Post this many events.
+    Count(u64),
+}
+
+async fn run_scenario(p: &Params, s: &Scenario) -> anyhow::Result<()> {
+    let receiver = Receiver::start(s.receiver).await?;
+    let server = Dedupd::start(p, &receiver.url).await?;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(p.concurrency)
+        .tcp_nodelay(true)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = tokio::spawn(sample_lane(
+        client.clone(),
+        server.base.clone(),
+        sampling.clone(),
+    ));
+
+    let posted = post_load(&client, &server.base, p, s.load).await;
+    let accepted = posted.accepted;
+
+    // Wait for every accepted event to arrive once, bounded.
+    let deadline = Instant::now() + p.wait;
+    let mut next_note = Instant::now() + Duration::from_secs(10);
+    let mut last_distinct = 0;
+    let mut last_change = Instant::now();
+    let all_in = loop {
+        let distinct = receiver.tracker().distinct();
+        if distinct as u64 >= accepted {
+            break true;
+        }
+        if distinct != last_distinct {
+            last_distinct = distinct;
+            last_change = Instant::now();
+        } else if last_change.elapsed() >= Duration::from_secs(1) {
+            // Nothing new for a second: if nothing is pending either, the
+            // rest will never come (stale or dead), so stop waiting.
+            if matches!(
+                count_status(&client, &server.base, "pending", 1).await,
+                Ok(0)
+            ) {
+                break false;
+            }
+            last_change = Instant::now();
+        }
+        if Instant::now() >= deadline {
+            break false;
+        }
+        if Instant::now() >= next_note {
+            println!(
+                "  ... {:.0} s after posting ended: {distinct} of {accepted} delivered",
+                now_s() - posted.end
+            );
+            next_note += Duration::from_secs(10);
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    // Repeats of events already delivered would come after them.
+    tokio::time::sleep(DUPLICATE_GRACE).await;
+    sampling.store(false, Ordering::Relaxed);
+    let lane = sampler.await.unwrap_or_default();
+    let statuses = count_statuses(&client, &server.base).await;
+    let tracker = receiver.tracker().clone();
+    let max_at_receiver = receiver.max_in_flight();
+    let server_log = server.stop();
+    receiver.stop().await;
+
+    report(
+        p,
+        s,
+        &posted,
+        &tracker,
+        all_in,
+        &lane,
+        max_at_receiver,
+        &statuses,
+    );
+    let log = server_log.trim();
+    if !log.is_empty() {
+        let lines: Vec<&str> = log.lines().collect();
+        println!(
+            "  dedupd wrote {} log line(s) at warn or above; the last ones:",
+            lines.len()
+        );
+        for line in lines.iter().rev().take(5).rev() {
+            println!("    {}", truncate(line, 300));
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments, clippy::cast_precision_loss)]
+fn report(
+    p: &Params,
+    s: &Scenario,
+    posted: &Posted,
+    t: &Tracker,
+    all_in: bool,
+    lane: &LaneSamples,
+    max_at_receiver: Option<usize>,
+    statuses: &BTreeMap<&'static str, Result<u64, String>>,
+) {
+    let post_time = posted.end - posted.start;
+    let distinct = t.distinct() as u64;
+    println!(
+        "  posted {} events in {:.2} s: {} accepted, {} duplicate, {} failed{} -> ingest {:.0} events/s",
+        posted.posted,
+        post_time,
+        posted.accepted,
+        posted.duplicate,
+        posted.failed,
+        posted
+            .first_error
+            .as_ref()
+            .map(|e| format!(" (first: {})", truncate(e, 160)))
+            .unwrap_or_default(),
+        posted.accepted as f64 / post_time,
+    );
+    if !all_in {
+        let why = if now_s() - posted.end >= p.wait.as_secs_f64() {
+            format!(
+                "GAVE UP after waiting {:.0} s past the end of posting",
+                p.wait.as_secs_f64()
+            )
+        } else {
+            "stopped waiting: nothing new delivered for 1 s and nothing pending".to_owned()
+        };
+        println!(
+            "  {why}: {} of {} accepted events delivered",
+            distinct, posted.accepted
+        );
+    }
+    let (Some(first), Some(last)) = (t.first, t.last_new) else {
+        println!("  nothing was delivered");
+        print_statuses(statuses);
+        return;
+    };
+    let e2e = last - posted.start;
+    println!(
+        "  first delivery {:.3} s after the first post; last delivery {:.2} s after the first post \
+         ({:.2} s after posting ended)",
+        first - posted.start,
+        e2e,
+        last - posted.end,
+    );
+    let done_by_post_end = t.times.iter().filter(|&&x| x <= posted.end).count();
+    println!(
+        "  first post -> last delivery: {:.2} s = {:.2}x the posting time{}",
+        e2e,
+        e2e / post_time,
+        match s.load {
+            Load::For(_) => " (target <= 2x)",
+            Load::Count(_) => "",
+        }
+    );
+    println!(
+        "  end-to-end {:.0} delivered events/s; delivery rate from first to last delivery {:.0} events/s{}; \
+         {} delivered while posting",
+        distinct as f64 / e2e,
+        distinct as f64 / (last - first).max(1e-9),
+        match s.load {
+            Load::Count(_) => " (target >= 2000)",
+            Load::For(_) => "",
+        },
+        done_by_post_end,
+    );
+    let repeated = t.seen.values().filter(|&&n| n > 1).count();
+    let extra: u64 = t
+        .seen
+        .values()
+        .map(|&n| u64::from(n.saturating_sub(1)))
+        .sum();
+    let missing = posted.accepted.saturating_sub(distinct);
+    let exactly_once = repeated == 0 && missing == 0 && t.no_id == 0;
+    println!(
+        "  exactly once: {} ({} requests, {} distinct webhook-id, {} ids delivered more than once \
+         ({} extra requests), {} accepted but not delivered{})",
+        if exactly_once { "yes" } else { "NO" },
+        t.requests,
+        distinct,
+        repeated,
+        extra,
+        missing,
+        if t.no_id > 0 {
+            format!(", {} requests without webhook-id", t.no_id)
+        } else {
+            String::new()
+        }
+    );
+    if repeated > 0 {
+        let mut examples: Vec<_> = t.seen.iter().filter(|(_, n)| **n > 1).collect();
+        examples.sort();
+        let shown: Vec<String> = examples
+            .iter()
+            .take(5)
+            .map(|(id, n)| format!("{id} x{n}"))
+            .collect();
+        println!("    repeated: {}", shown.join(", "));
+    }
+    print_statuses(statuses);
+    let mut lane_line = format!(
+        "  in flight (sampled from /v1/sources/bench every {} ms): max {}, mean {:.0} over {} samples",
+        SAMPLE.as_millis(),
+        lane.max,
+        lane.mean(),
+        lane.samples
+    );
+    if let Some(m) = max_at_receiver {
+        let _ = write!(lane_line, "; most requests at the receiver at once: {m}");
+    }
+    if lane.paused > 0 {
+        let _ = write!(
+            lane_line,
+            "; circuit not running in {} samples",
+            lane.paused
+        );
+    }
+    println!("{lane_line}");
+    println!(
+        "  deliveries per second since the first post: {}",
+        t.timeline(posted.start)
+    );
+}
+
+fn print_statuses(statuses: &BTreeMap<&'static str, Result<u64, String>>) {
+    let parts: Vec<String> = statuses
+        .iter()
+        .map(|(k, v)| match v {
+            Ok(n) => format!("{k} {n}"),
+            Err(e) => format!("{k} ? ({})", truncate(e, 80)),
+        })
+        .collect();
+    println!("  inbox at the end: {}", parts.join(", "));
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+// ---------------------------------------------------------------- receiver
+
+/// What the receiver saw.
+#[derive(Debug, Default, Clone)]
+struct Tracker {
+    /// Requests.
+    requests: u64,
+    /// Requests per webhook-id.
+    seen: HashMap<String, u32>,
+    /// Requests without a webhook-id.
+    no_id: u64,
+    /// When the first request was answered.
+    first: Option<f64>,
+    /// When the last new webhook-id was answered.
+    last_new: Option<f64>,
+    /// When each new webhook-id was answered.
+    times: Vec<f64>,
+}
+
+impl Tracker {
+    fn record(&mut self, id: Option<&str>, at: f64) {
+        self.requests += 1;
+        self.first = Some(self.first.map_or(at, |f| f.min(at)));
+        let Some(id) = id.filter(|i| !i.is_empty()) else {
+            self.no_id += 1;
+            return;
+        };
+        let n = self.seen.entry(id.to_owned()).or_default();
+        *n += 1;
+        if *n == 1 {
+            self.last_new = Some(self.last_new.map_or(at, |l| l.max(at)));
+            self.times.push(at);
+        }
+    }
+
+    fn distinct(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// New deliveries in each second since `start`.
+    fn timeline(&self, start: f64) -> String {
+        let mut buckets: Vec<u64> = Vec::new();
+        for &t in &self.times {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let i = (t - start).max(0.0).floor() as usize;
+            if buckets.len() <= i {
+                buckets.resize(i + 1, 0);
+            }
+            buckets[i] += 1;
+        }
+        // A long stall is shown compressed: runs of empty seconds as one entry.
+        let mut out = Vec::new();
+        let mut zeros = 0;
+        for b in buckets {
+            if b == 0 {
+                zeros += 1;
+                continue;
+            }
+            if zeros > 3 {
+                out.push(format!("[{zeros} s of 0]"));
+            } else {
+                out.extend(std::iter::repeat_n("0".to_owned(), zeros));
+            }
+            zeros = 0;
+            out.push(b.to_string());
+        }
+        out.join(" ")
+    }
+}
+
+/// The in-process receiver's shared state.
+#[derive(Debug)]
+struct ReceiverState {
+    tracker: Mutex<Tracker>,
+    delay: Option<Duration>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+}
+
+async fn hook(
+    req: HttpRequest,
+    _body: web::Bytes,
+    state: web::Data<ReceiverState>,
+) -> HttpResponse {
+    let now = state.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+    state.max_in_flight.fetch_max(now, Ordering::Relaxed);
+    if let Some(d) = state.delay {
+        tokio::time::sleep(d).await;
+    }
+    let id = req
+        .headers()
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok());
+    state
+        .tracker
+        .lock()
+        .expect("receiver tracker")
+        .record(id, now_s());
+    state.in_flight.fetch_sub(1, Ordering::Relaxed);
+    HttpResponse::NoContent().finish()
+}
+
+enum ReceiverImpl {
+    InProcess {
+        state: Arc<ReceiverState>,
+        handle: ServerHandle,
+    },
+    Nginx {
+        child: ChildGuard,
+        tracker: Arc<Mutex<Tracker>>,
+        tail: tokio::task::JoinHandle<()>,
+        tailing: Arc<AtomicBool>,
+        _dir: TempDir,
+    },
+}
+
+struct Receiver {
+    url: String,
+    inner: ReceiverImpl,
+}
+
+impl Receiver {
+    async fn start(kind: ReceiverKind) -> anyhow::Result<Self> {
+        match kind {
+            ReceiverKind::InProcess { delay } => {
+                let state = Arc::new(ReceiverState {
+                    tracker: Mutex::new(Tracker::default()),
+                    delay,
+                    in_flight: AtomicUsize::new(0),
+                    max_in_flight: AtomicUsize::new(0),
+                });
+                let data = web::Data::from(state.clone());
+                let listener = TcpListener::bind("127.0.0.1:0")?;
+                let port = listener.local_addr()?.port();
+                let server = HttpServer::new(move || {
+                    App::new()
+                        .app_data(data.clone())
+                        .default_service(web::to(hook))
+                })
+                .workers(1)
+                .backlog(4096)
+                .disable_signals()
+                .listen(listener)?
+                .run();
+                let handle = server.handle();
+                tokio::spawn(server);
+                Ok(Self {
+                    url: format!("http://127.0.0.1:{port}/hooks"),
+                    inner: ReceiverImpl::InProcess { state, handle },
+                })
+            }
+            ReceiverKind::Nginx => Self::start_nginx().await,
+        }
+    }
+
+    async fn start_nginx() -> anyhow::Result<Self> {
+        let dir = TempDir::new()?;
+        let port = free_port()?;
+        let log = dir.path().join("access.log");
+        let conf = dir.path().join("nginx.conf");
+        let p = |name: &str| dir.path().join(name).display().to_string();
+        std::fs::write(
+            &conf,
+            format!(
+                "worker_processes 1;\n\
+                 pid {pid};\n\
+                 error_log {err} warn;\n\
+                 events {{ worker_connections 4096; }}\n\
+                 http {{\n\
+                   client_body_temp_path {body};\n\
+                   proxy_temp_path {proxy};\n\
+                   fastcgi_temp_path {fcgi};\n\
+                   uwsgi_temp_path {uwsgi};\n\
+                   scgi_temp_path {scgi};\n\
+                   log_format bench '$msec $http_webhook_id';\n\
+                   access_log {log} bench;\n\
+                   keepalive_requests 1000000;\n\
+                   keepalive_timeout 65s;\n\
+                   server {{\n\
+                     listen 127.0.0.1:{port};\n\
+                     location / {{ return 204; }}\n\
+                   }}\n\
+                 }}\n",
+                pid = p("nginx.pid"),
+                err = p("error.log"),
+                body = p("body"),
+                proxy = p("proxy"),
+                fcgi = p("fastcgi"),
+                uwsgi = p("uwsgi"),
+                scgi = p("scgi"),
+                log = log.display(),
+            ),
+        )?;
+        let child = Command::new("nginx")
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-e")
+            .arg(dir.path().join("error.log"))
+            .arg("-c")
+            .arg(&conf)
+            .args(["-g", "daemon off;"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting nginx")?;
+        // nginx's workers outlive a killed master: stop it with SIGTERM.
+        let mut child = ChildGuard {
+            child,
+            terminate: true,
+        };
+        let url = format!("http://127.0.0.1:{port}/hooks");
+        let probe = reqwest::Client::builder().no_proxy().build()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.child.try_wait()? {
+                let err = std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
+                bail!("nginx exited ({status}): {}", err.trim());
+            }
+            // The probe's id is left out of the counts.
+            if probe
+                .get(&url)
+                .header("webhook-id", PROBE_ID)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().as_u16() == 204)
+            {
+                break;
+            }
+            if Instant::now() >= deadline {
+                bail!("nginx did not answer within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let tracker = Arc::new(Mutex::new(Tracker::default()));
+        let tailing = Arc::new(AtomicBool::new(true));
+        let tail = tokio::spawn(tail_access_log(log, tracker.clone(), tailing.clone()));
+        Ok(Self {
+            url,
+            inner: ReceiverImpl::Nginx {
+                child,
+                tracker,
+                tail,
+                tailing,
+                _dir: dir,
+            },
+        })
+    }
+
+    fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
+        match &self.inner {
+            ReceiverImpl::InProcess { state, .. } => state.tracker.lock(),
+            ReceiverImpl::Nginx { tracker, .. } => tracker.lock(),
+        }
+        .expect("receiver tracker")
+    }
+
+    fn max_in_flight(&self) -> Option<usize> {
+        match &self.inner {
+            ReceiverImpl::InProcess { state, .. } => {
+                Some(state.max_in_flight.load(Ordering::Relaxed))
+            }
+            ReceiverImpl::Nginx { .. } => None,
+        }
+    }
+
+    async fn stop(self) {
+        match self.inner {
+            ReceiverImpl::InProcess { handle, .. } => handle.stop(false).await,
+            ReceiverImpl::Nginx {
+                child,
+                tail,
+                tailing,
+                ..
+            } => {
+                tailing.store(false, Ordering::Relaxed);
+                let _ = tail.await;
+                drop(child);
+            }
+        }
+    }
+}
+
+/// Feeds nginx's access log (`$msec $http_webhook_id` lines) into the
+/// tracker until told to stop, then reads what is left.
+async fn tail_access_log(path: PathBuf, tracker: Arc<Mutex<Tracker>>, tailing: Arc<AtomicBool>) {
+    let mut offset = 0usize;
+    loop {
+        let still = tailing.load(Ordering::Relaxed);
+        if let Ok(bytes) = tokio::fs::read(&path).await
+            && bytes.len() > offset
+        {
+            // Only whole lines: a line being written is read next time.
+            let end = bytes[offset..]
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(offset, |i| offset + i + 1);
+            let text = String::from_utf8_lossy(&bytes[offset..end]);
+            let mut t = tracker.lock().expect("nginx tracker");
+            for line in text.lines() {
+                let (ts, id) = line.split_once(' ').unwrap_or((line, ""));
+                let Ok(ts) = ts.parse::<f64>() else { continue };
+                if id == PROBE_ID {
+                    continue;
+                }
+                // nginx logs an absent header as "-".
+                t.record(Some(id).filter(|i| *i != "-"), wall_to_s(ts));
+            }
+            drop(t);
+            offset = end;
+        }
+        if !still {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------- dedupd
+
+/// A child process, stopped when dropped (also when the bench fails).
+struct ChildGuard {
+    child: Child,
+    /// Ask it to stop with SIGTERM first (killed after 5 s regardless).
+    terminate: bool,
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if self.terminate {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.child.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running `dedupd serve`, killed when dropped.
+struct Dedupd {
+    child: ChildGuard,
+    base: String,
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+impl Dedupd {
+    async fn start(p: &Params, forward_to: &str) -> anyhow::Result<Self> {
+        let dir = TempDir::new()?;
+        let port = free_port()?;
+        let config = dir.path().join("dedupd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:{port}\"\n\
+                 data_path = {data:?}\n\
+                 [log]\n\
+                 level = \"warn\"\n\
+                 [gateway]\n\
+                 max_in_flight = {mif}\n\
+                 [sources.bench]\n\
+                 scheme = \"sume\"\n\
+                 secrets = [\"{SECRET}\"]\n\
+                 event_id = \"body:/request_id\"\n\
+                 created_at = \"body:/created_at\"\n\
+                 stream = \"body:/run_id\"\n\
+                 forward_to = \"{forward_to}\"\n\
+                 destination_secret = \"{DESTINATION_SECRET}\"\n\
+                 max_in_flight = {mif}\n",
+                data = dir.path().join("dedupd.redb").display().to_string(),
+                mif = p.max_in_flight,
+            ),
+        )?;
+        let log = dir.path().join("dedupd.log");
+        let out = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
+        for (k, _) in std::env::vars() {
+            let lower = k.to_ascii_lowercase();
+            if k.starts_with("DEDUPD_") || k == "RUST_LOG" || lower.ends_with("_proxy") {
+                cmd.env_remove(&k);
+            }
+        }
+        let child = cmd
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .context("starting dedupd")?;
+        let mut server = Self {
+            child: ChildGuard {
+                child,
+                terminate: false,
+            },
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+            _dir: dir,
+        };
+        server.wait_ready().await?;
+        Ok(server)
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let client = reqwest::Client::builder().no_proxy().build()?;
+        let url = format!("{}/readyz", self.base);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.child.try_wait()? {
+                bail!("dedupd exited ({status}): {}", read(&self.log).trim());
+            }
+            if client
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "dedupd not ready within 30 s: {}",
+                    truncate(read(&self.log).trim(), 500)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills the server; returns what it logged.
+    fn stop(self) -> String {
+        let Self { child, log, .. } = self;
+        drop(child);
+        read(&log)
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// What the delivery lane looked like, sampled during the run.
+#[derive(Debug, Default)]
+struct LaneSamples {
+    samples: u64,
+    sum: u64,
+    max: u64,
+    paused: u64,
+}
+
+impl LaneSamples {
+    #[allow(clippy::cast_precision_loss)]
+    fn mean(&self) -> f64 {
+        if self.samples == 0 {
+            0.0
+        } else {
+            self.sum as f64 / self.samples as f64
+        }
+    }
+}
+
+async fn sample_lane(client: reqwest::Client, base: String, on: Arc<AtomicBool>) -> LaneSamples {
+    let url = format!("{base}/v1/sources/bench");
+    let mut s = LaneSamples::default();
+    while on.load(Ordering::Relaxed) {
+        if let Ok(r) = client.get(&url).send().await
+            && let Ok(v) = r.json::<serde_json::Value>().await
+        {
+            let d = &v["delivery"];
+            if let Some(n) = d["in_flight"].as_u64() {
+                s.samples += 1;
+                s.sum += n;
+                s.max = s.max.max(n);
+                if d["state"].as_str() != Some("running") {
+                    s.paused += 1;
+                }
+            }
+        }
+        tokio::time::sleep(SAMPLE).await;
+    }
+    s
+}
+
+/// Events of each status in the inbox, counted through the operator API.
+async fn count_statuses(
+    client: &reqwest::Client,
+    base: &str,
+) -> BTreeMap<&'static str, Result<u64, String>> {
+    let mut out = BTreeMap::new();
+    for status in ["delivered", "pending", "stale", "dead"] {
+        out.insert(status, count_status(client, base, status, u64::MAX).await);
+    }
+    out
+}
+
+/// Events with `status`, counting up to at least `enough`.
+async fn count_status(
+    client: &reqwest::Client,
+    base: &str,
+    status: &str,
+    enough: u64,
+) -> Result<u64, String> {
+    let mut n = 0u64;
+    let mut after: Option<String> = None;
+    let limit = enough.clamp(1, 500);
+    for _ in 0..1000 {
+        let mut url = format!("{base}/v1/sources/bench/events?status={status}&limit={limit}");
+        if let Some(a) = &after {
+            url.push_str("&after=");
+            url.push_str(a);
+        }
+        let r = client.get(&url).send().await.map_err(|e| e.to_string())?;
+        if !r.status().is_success() {
+            return Err(format!("HTTP {}", r.status()));
+        }
+        let v: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
+        n += v["events"].as_array().map_or(0, |a| a.len() as u64);
+        match v["next"].as_str() {
+            Some(next) if n < enough => after = Some(next.to_owned()),
+            _ => return Ok(n),
+        }
+    }
+    Err(format!("more than {n}, stopped counting"))
+}
+
+// ---------------------------------------------------------------- load
+
+/// What posting did.
+#[derive(Debug, Default)]
+struct Posted {
+    posted: u64,
+    accepted: u64,
+    duplicate: u64,
+    failed: u64,
+    first_error: Option<String>,
+    /// When the first post was sent and the last answer came, seconds
+    /// since [`ORIGIN`].
+    start: f64,
+    end: f64,
+}
+
+async fn post_load(client: &reqwest::Client, base: &str, p: &Params, load: Load) -> Posted {
+    let url = format!("{base}/ingest/bench");
+    let next = Arc::new(AtomicU64::new(0));
+    let accepted = Arc::new(AtomicU64::new(0));
+    let duplicate = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let first_error = Arc::new(Mutex::new(None::<String>));
+    // created_at: increasing by one microsecond per event from now.
+    let base_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    let start = now_s();
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(p.concurrency);
+    for _ in 0..p.concurrency {
+        let client = client.clone();
+        let url = url.clone();
+        let next = next.clone();
+        let accepted = accepted.clone();
+        let duplicate = duplicate.clone();
+        let failed = failed.clone();
+        let first_error = first_error.clone();
+        let streams = p.streams;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let more = match load {
+                    Load::For(d) => started.elapsed() < d,
+                    Load::Count(n) => i < n,
+                };
+                if !more {
+                    return;
+                }
+                let created = UNIX_EPOCH + Duration::from_micros(base_us as u64 + i);
+                let body = format!(
+                    r#"{{"request_id":"req_{i}","run_id":"run_{}","created_at":"{}","type":"run.step","data":{{"step":{i},"note":"delivery bench"}}}}"#,
+                    i % streams,
+                    humantime::format_rfc3339_micros(created),
+                );
+                let ts = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs();
+                let signature = sign(ts, body.as_bytes());
+                let res = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .header("X-Sume-Timestamp", ts.to_string())
+                    .header("X-Sume-Signature", signature)
+                    .body(body)
+                    .send()
+                    .await;
+                let outcome = match res {
+                    Ok(r) if r.status().is_success() => match r.json::<serde_json::Value>().await {
+                        Ok(v) if v["status"] == "accepted" => Ok(true),
+                        Ok(v) if v["status"] == "duplicate" => Ok(false),
+                        Ok(v) => Err(format!("unexpected answer {v}")),
+                        Err(e) => Err(format!("unreadable answer: {e}")),
+                    },
+                    Ok(r) => {
+                        let status = r.status();
+                        Err(format!("HTTP {status}: {}", r.text().await.unwrap_or_default()))
+                    }
+                    Err(e) => Err(format!("request failed: {e}")),
+                };
+                match outcome {
+                    Ok(true) => accepted.fetch_add(1, Ordering::Relaxed),
+                    Ok(false) => duplicate.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => {
+                        first_error.lock().expect("first error").get_or_insert(e);
+                        failed.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let end = now_s();
+    let accepted = accepted.load(Ordering::Relaxed);
+    let duplicate = duplicate.load(Ordering::Relaxed);
+    let failed = failed.load(Ordering::Relaxed);
+    let first_error = first_error.lock().expect("first error").take();
+    Posted {
+        posted: accepted + duplicate + failed,
+        accepted,
+        duplicate,
+        failed,
+        first_error,
+        start,
+        end,
+    }
+}
+
+/// `v1=<hex HMAC-SHA256(secret, "{ts}.{body}")>`, as Sume signs.
+fn sign(ts: u64, body: &[u8]) -> String {
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).expect("HMAC takes any key length");
+    mac.update(format!("{ts}.").as_bytes());
+    mac.update(body);
+    format!("v1={}", hex::encode(mac.finalize().into_bytes()))
+}
