@@ -54,7 +54,15 @@ pub async fn require_bearer(
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let allowed = match req.app_data::<web::Data<ApiTokens>>() {
-        Some(tokens) if !tokens.is_empty() => req
+        // Fail closed: a route wired without its token set refuses
+        // everyone rather than letting everyone in.
+        None => {
+            tracing::error!("bearer auth has no token set in the app state: refusing the request");
+            false
+        }
+        // No tokens configured: open, which startup allows on loopback only.
+        Some(tokens) if tokens.is_empty() => true,
+        Some(tokens) => req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -62,7 +70,6 @@ pub async fn require_bearer(
             // The scheme name is case-insensitive (RFC 9110, 11.1).
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .is_some_and(|(_, t)| tokens.accepts(t.trim())),
-        _ => true,
     };
     if !allowed {
         return Err(ApiError::Unauthorized.into());
@@ -84,5 +91,47 @@ mod tests {
         assert!(t.accepts("second-token-abcdefg"));
         assert!(!t.accepts("first-token-abcdefg"));
         assert!(!t.accepts(""));
+    }
+
+    async fn status_of(app_tokens: Option<ApiTokens>, bearer: Option<&str>) -> u16 {
+        use actix_web::{App, HttpResponse, middleware::from_fn, test};
+        let mut app = App::new();
+        if let Some(t) = app_tokens {
+            app = app.app_data(web::Data::new(t));
+        }
+        let app = test::init_service(
+            app.wrap(from_fn(require_bearer))
+                .route("/x", web::get().to(HttpResponse::Ok)),
+        )
+        .await;
+        let mut req = test::TestRequest::get().uri("/x");
+        if let Some(b) = bearer {
+            req = req.insert_header((header::AUTHORIZATION, format!("Bearer {b}")));
+        }
+        match test::try_call_service(&app, req.to_request()).await {
+            Ok(res) => res.status().as_u16(),
+            Err(e) => e.as_response_error().status_code().as_u16(),
+        }
+    }
+
+    #[actix_web::test]
+    async fn without_its_token_set_the_middleware_refuses_everyone() {
+        assert_eq!(status_of(None, None).await, 401);
+        assert_eq!(status_of(None, Some("first-token-abcdefgh")).await, 401);
+    }
+
+    #[actix_web::test]
+    async fn with_tokens_only_a_configured_bearer_passes_and_without_tokens_all_do() {
+        let tokens = || ApiTokens::new(&[Secret::new("first-token-abcdefgh")]);
+        assert_eq!(
+            status_of(Some(tokens()), Some("first-token-abcdefgh")).await,
+            200
+        );
+        assert_eq!(
+            status_of(Some(tokens()), Some("nope-nope-nope-nope")).await,
+            401
+        );
+        assert_eq!(status_of(Some(tokens()), None).await, 401);
+        assert_eq!(status_of(Some(ApiTokens::new(&[])), None).await, 200);
     }
 }

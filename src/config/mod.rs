@@ -27,6 +27,10 @@ use crate::gateway::source::valid_name;
 
 use crate::domain::TtlBounds;
 
+/// Largest `claims.max_ttl`: far beyond any retry horizon, and an expiry
+/// (now + TTL, in ms) that redb and Redis's `PEXPIRE` both store.
+pub const MAX_TTL_BOUND: Duration = Duration::from_secs(3650 * 86_400);
+
 /// Environment variable naming the config file when `--config` is absent.
 pub const CONFIG_ENV: &str = "DEDUPD_CONFIG";
 
@@ -411,6 +415,14 @@ impl Settings {
         let c = &self.claims;
         if c.max_ttl.is_zero() {
             bad("claims.max_ttl", "must be more than 0".into());
+        } else if c.max_ttl > MAX_TTL_BOUND {
+            bad(
+                "claims.max_ttl",
+                format!(
+                    "must be at most {} (3650 days): every backend can store an expiry that far ahead",
+                    humantime::format_duration(MAX_TTL_BOUND)
+                ),
+            );
         }
         for (key, ttl) in [
             ("claims.default_ttl", c.default_ttl),

@@ -10,6 +10,17 @@ use crate::config::sources::SourceSettings;
 /// while they are verified and stored.
 pub const MAX_BODY_LIMIT: usize = 16 * 1024 * 1024;
 
+/// Shortest allowed replay window.
+const MIN_TOLERANCE: Duration = Duration::from_secs(1);
+/// Longest allowed replay window.
+const MAX_TOLERANCE: Duration = Duration::from_secs(3600);
+
+/// Whether the scheme's signature covers header `name` (lowercased): only
+/// standard-webhooks signs one a locator may read, `webhook-id`.
+fn signed_header(scheme: Scheme, name: &str) -> bool {
+    scheme == Scheme::StandardWebhooks && name.eq_ignore_ascii_case("webhook-id")
+}
+
 /// Largest `max_in_flight`, per source and over all sources.
 pub const MAX_IN_FLIGHT: usize = 4096;
 
@@ -115,6 +126,42 @@ impl Source {
         let event_id = locate("event_id", &s.event_id);
         let created_at = s.created_at.as_deref().map(|r| locate("created_at", r));
         let stream = s.stream.as_deref().map(|r| locate("stream", r));
+        // A field read from a header the signature does not cover can be
+        // changed by anyone holding one captured request: fresh ids in the
+        // replay window would each be delivered as a new event.
+        for (key, l) in [
+            ("event_id", event_id.as_ref()),
+            ("created_at", created_at.as_ref().and_then(Option::as_ref)),
+            ("stream", stream.as_ref().and_then(Option::as_ref)),
+        ] {
+            if let Some(Locator::Header(name)) = l
+                && !signed_header(s.scheme, name)
+            {
+                errors.push((
+                    key,
+                    format!(
+                        "header {name:?} is not covered by the {} signature, so anyone could \
+                         change it in a captured request; read it from the body (body:/…){}",
+                        s.scheme.name(),
+                        if s.scheme == Scheme::StandardWebhooks {
+                            " or use header:webhook-id"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+            }
+        }
+        if !(MIN_TOLERANCE..=MAX_TOLERANCE).contains(&s.tolerance) {
+            errors.push((
+                "tolerance",
+                format!(
+                    "must be 1s to 1h (got {}): shorter rejects honest clock skew, longer \
+                     weakens replay protection",
+                    humantime::format_duration(s.tolerance)
+                ),
+            ));
+        }
         let forward_to = match reqwest::Url::parse(&s.forward_to) {
             Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Some(u),
             Ok(u) => {

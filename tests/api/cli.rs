@@ -506,3 +506,57 @@ async fn check_config_names_removed_sources_that_still_have_pending_events() {
         "{stdout}"
     );
 }
+
+#[test]
+fn check_config_refuses_settings_that_open_holes_and_says_why() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("holes.toml");
+    std::fs::write(
+        &file,
+        r#"
+[claims]
+max_ttl = "4000d"
+
+[sources.sume]
+scheme = "sume"
+secrets = ["sume-secret"]
+tolerance = "500ms"
+event_id = "header:X-Sume-Event-Id"
+stream = "header:X-Run"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+[sources.sw]
+scheme = "standard-webhooks"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+tolerance = "2h"
+event_id = "header:webhook-id"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"#,
+    )
+    .unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for (key, why) in [
+        ("claims.max_ttl", "3650 days"),
+        ("sources.sume.event_id", "not covered by the sume signature"),
+        ("sources.sume.stream", "not covered by the sume signature"),
+        ("sources.sume.tolerance", "must be 1s to 1h"),
+        ("sources.sw.tolerance", "must be 1s to 1h"),
+    ] {
+        assert!(
+            stderr.lines().any(|l| l.contains(key) && l.contains(why)),
+            "{key}: {why} missing in:\n{stderr}"
+        );
+    }
+    assert!(
+        !stderr.contains("sources.sw.event_id"),
+        "webhook-id is signed by standard-webhooks: {stderr}"
+    );
+}

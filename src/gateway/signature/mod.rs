@@ -36,6 +36,18 @@ pub enum Scheme {
     Github,
 }
 
+impl Scheme {
+    /// The name as written in a source's `scheme` setting.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::Sume => "sume",
+            Scheme::StandardWebhooks => "standard-webhooks",
+            Scheme::Stripe => "stripe",
+            Scheme::Github => "github",
+        }
+    }
+}
+
 /// Why a request's signature was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
