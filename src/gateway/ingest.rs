@@ -25,6 +25,13 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     );
 }
 
+/// A key read from an event, refused with the ingest code of its field
+/// (`invalid_event_id`, `invalid_stream`) rather than the API's
+/// `invalid_key`.
+fn ingest_key(raw: &str, field: &'static str, code: &'static str) -> Result<Key, ApiError> {
+    Key::parse(raw, field).map_err(|e| invalid(code, field, e.reason))
+}
+
 fn invalid(code: &'static str, field: &'static str, reason: String) -> ApiError {
     ApiError::Invalid(Invalid::new(code, field, reason))
 }
@@ -63,7 +70,7 @@ async fn ingest(
         None
     };
     let event_id = match source.event_id.find(&header, json.as_ref()) {
-        Found::Text(s) => Key::parse(s, "event_id")?,
+        Found::Text(s) => ingest_key(s, "event_id", "invalid_event_id")?,
         Found::Missing => {
             return Err(invalid(
                 "missing_event_id",
@@ -103,9 +110,11 @@ async fn ingest(
         .map(|l| (l, l.find(&header, json.as_ref())))
     {
         None | Some((_, Found::Missing)) => None,
-        Some((_, Found::Text(s))) => Some(Key::parse(s, "stream")?),
+        Some((_, Found::Text(s))) => Some(ingest_key(s, "stream", "invalid_stream")?),
         // Run ids are sometimes numbers: use their JSON text.
-        Some((_, Found::Other(v))) if v.is_number() => Some(Key::parse(&v.to_string(), "stream")?),
+        Some((_, Found::Other(v))) if v.is_number() => {
+            Some(ingest_key(&v.to_string(), "stream", "invalid_stream")?)
+        }
         Some((l, Found::Other(v))) => {
             return Err(invalid(
                 "invalid_stream",

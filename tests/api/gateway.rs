@@ -277,6 +277,12 @@ async fn a_receiver_failing_three_times_gets_the_event_once_after_four_attempts(
     let attempts: Vec<&str> = got.iter().map(|r| r.header("dedupd-attempt")).collect();
     assert_eq!(attempts, ["1", "2", "3", "4"]);
     let ev = &app.events("delivered").await[0];
+    let sent = body("flaky", "run_1", "2026-11-29T10:00:00Z");
+    assert_eq!(
+        ev["body_bytes"],
+        sent.len(),
+        "listings give the stored body's size"
+    );
     assert_eq!(ev["attempts"], 4);
     assert_eq!(ev["last_error"], Value::Null);
 }
@@ -386,6 +392,28 @@ async fn refused_posts_get_the_right_status_and_store_nothing() {
         app.ingest(&numeric_id).await,
         StatusCode::BAD_REQUEST,
         "invalid_event_id",
+    )
+    .await;
+    let long_id = body(&"x".repeat(513), "run_1", "2026-11-29T10:00:00Z");
+    let v = assert_problem(
+        app.ingest(&long_id).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_event_id",
+    )
+    .await;
+    assert_eq!(v["field"], "event_id", "{v}");
+    let control_id = body("req\u{7}x", "run_1", "2026-11-29T10:00:00Z");
+    assert_problem(
+        app.ingest(&control_id).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_event_id",
+    )
+    .await;
+    let control_stream = body("req_s", "run\n1", "2026-11-29T10:00:00Z");
+    assert_problem(
+        app.ingest(&control_stream).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_stream",
     )
     .await;
     assert_problem(
