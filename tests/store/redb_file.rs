@@ -123,6 +123,94 @@ async fn a_schema_1_file_is_migrated_and_its_pending_events_stay_runnable() {
     s.close().await;
 }
 
+/// The earliest schema 1 inbox row: no lease generation.
+type InboxRowNoLease<'a> = (
+    u8,
+    u64,
+    i128,
+    Option<&'a str>,
+    u32,
+    u64,
+    Option<&'a str>,
+    bool,
+    &'a str,
+    &'a [u8],
+    u64,
+);
+
+#[tokio::test]
+async fn an_early_schema_1_file_without_lease_generations_is_migrated_too() {
+    const T: u64 = 1_800_000_000_000;
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("v1-early.redb");
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        {
+            let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+            tx.open_table(meta)
+                .unwrap()
+                .insert("schema_version", 1)
+                .unwrap();
+            let rows: redb::TableDefinition<(&str, &str), InboxRowNoLease<'static>> =
+                redb::TableDefinition::new("inbox");
+            let row: InboxRowNoLease<'_> = (
+                0,
+                T,
+                1_000,
+                Some("run_1"),
+                2,
+                T,
+                Some("HTTP 503"),
+                false,
+                "[]",
+                b"{\"a\":1}".as_slice(),
+                0,
+            );
+            tx.open_table(rows)
+                .unwrap()
+                .insert(("sume", "early"), row)
+                .unwrap();
+            let status: redb::TableDefinition<(&str, u8, u64, &str), ()> =
+                redb::TableDefinition::new("inbox_status");
+            tx.open_table(status)
+                .unwrap()
+                .insert(("sume", 0, T, "early"), ())
+                .unwrap();
+            let queue: redb::TableDefinition<(&str, &str, i128, u64, &str), ()> =
+                redb::TableDefinition::new("inbox_queue");
+            tx.open_table(queue)
+                .unwrap()
+                .insert(("sume", "run_1", 1_000, T, "early"), ())
+                .unwrap();
+            let due: redb::TableDefinition<(u64, &str, &str), ()> =
+                redb::TableDefinition::new("inbox_due");
+            tx.open_table(due)
+                .unwrap()
+                .insert((T, "sume", "early"), ())
+                .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let e = s.inbox_event("sume", "early").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            e.attempts,
+            e.lease,
+            e.body.as_slice(),
+            e.last_error.as_deref()
+        ),
+        (2, 0, b"{\"a\":1}".as_slice(), Some("HTTP 503"))
+    );
+    let due = s
+        .due_events(T, vec![("sume".to_owned(), 10)])
+        .await
+        .unwrap();
+    assert_eq!(due[0].events.len(), 1);
+    s.close().await;
+}
+
 #[test]
 fn a_redb_file_of_another_program_is_refused() {
     let dir = TempDir::new().unwrap();

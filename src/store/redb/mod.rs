@@ -471,6 +471,14 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
 /// Schema 1 → 2: the runnable index is keyed by source first. Its entries
 /// move to the new table; every other table is unchanged.
 fn migrate_v1(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    // The first releases of schema 1 stored inbox rows without the lease
+    // generation; later ones added it without a version bump. Both are
+    // version 1: tell them apart by the table's stored type.
+    match tx.open_table(tables::INBOX) {
+        Ok(_) => {}
+        Err(redb::TableError::TableTypeMismatch { .. }) => add_lease_generation(tx)?,
+        Err(e) => return Err(e.into()),
+    }
     {
         let old = tx.open_table(tables::INBOX_DUE_V1)?;
         let mut new = tx.open_table(tables::INBOX_DUE)?;
@@ -482,6 +490,75 @@ fn migrate_v1(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
     }
     tx.delete_table(tables::INBOX_DUE_V1)?;
     tracing::info!("data file migrated from schema version 1 to 2");
+    Ok(())
+}
+
+/// Rewrites inbox rows of the earliest schema 1 format (no lease
+/// generation) with generation 0.
+fn add_lease_generation(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    type Key = (String, String);
+    type Old = (
+        u8,
+        u64,
+        i128,
+        Option<String>,
+        u32,
+        u64,
+        Option<String>,
+        bool,
+        String,
+        Vec<u8>,
+        u64,
+    );
+    let rows: Vec<(Key, Old)> = {
+        let old = tx.open_table(tables::INBOX_NO_LEASE)?;
+        old.iter()?
+            .map(|e| {
+                e.map(|(k, v)| {
+                    let (s, id) = k.value();
+                    let (a, b, c, d, e, f, g, h, i, j, k) = v.value();
+                    (
+                        (s.to_owned(), id.to_owned()),
+                        (
+                            a,
+                            b,
+                            c,
+                            d.map(str::to_owned),
+                            e,
+                            f,
+                            g.map(str::to_owned),
+                            h,
+                            i.to_owned(),
+                            j.to_vec(),
+                            k,
+                        ),
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?
+    };
+    tx.delete_table(tables::INBOX_NO_LEASE)?;
+    let mut new = tx.open_table(tables::INBOX)?;
+    for ((s, id), (a, b, c, d, e, f, g, h, i, j, k)) in &rows {
+        new.insert(
+            (s.as_str(), id.as_str()),
+            (
+                *a,
+                *b,
+                *c,
+                d.as_deref(),
+                *e,
+                *f,
+                g.as_deref(),
+                *h,
+                i.as_str(),
+                j.as_slice(),
+                *k,
+                0u64,
+            ),
+        )?;
+    }
+    tracing::info!(rows = rows.len(), "inbox rows given a lease generation");
     Ok(())
 }
 

@@ -1,7 +1,9 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 2 (version 1 keyed the runnable index by due time first;
-//! opening such a file migrates it). Every table with expiring rows has an index table keyed
+//! Schema version 2 (version 1 keyed the runnable index by due time first,
+//! and its earliest files had inbox rows without a lease generation; opening
+//! such a file migrates it). Any change to a table's key or row format bumps
+//! the version and adds a migration (or a refusal) to `init_schema`. Every table with expiring rows has an index table keyed
 //! by `(expires_at_ms, key)`, so the reaper reads expired rows in expiry
 //! order and its cost follows what expired, not what is stored. Invariant:
 //! each row has exactly one index entry, at the row's current expiry;
@@ -135,6 +137,24 @@ pub type InboxRow<'a> = (
     u64,
     u64,
 );
+/// The earliest schema 1 inbox row: as [`InboxRow`] without the lease
+/// generation. Read only to migrate such a file.
+pub type InboxRowNoLease<'a> = (
+    u8,
+    u64,
+    i128,
+    Option<&'a str>,
+    u32,
+    u64,
+    Option<&'a str>,
+    bool,
+    &'a str,
+    &'a [u8],
+    u64,
+);
+/// [`INBOX`] as the earliest schema 1 files typed it.
+pub const INBOX_NO_LEASE: TableDefinition<(&str, &str), InboxRowNoLease<'static>> =
+    TableDefinition::new("inbox");
 /// Gateway events by (source, event id).
 pub const INBOX: TableDefinition<(&str, &str), InboxRow<'static>> = TableDefinition::new("inbox");
 /// Runnable pending events by (source, due_at_ms, event id): each source's
