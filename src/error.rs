@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::clock::Millis;
 use crate::domain::Invalid;
+use crate::gateway::ingest::IngestError;
 use crate::gateway::signature::VerifyError;
 use crate::store::inbox::EventStatus;
 use crate::store::{ClaimState, StoreError};
@@ -29,6 +30,12 @@ pub enum ApiError {
     BodyTooLarge {
         /// The limit, in bytes.
         limit: usize,
+    },
+    /// The body did not arrive in time (408).
+    #[error("the request body did not arrive within {after:?}")]
+    BodyTimeout {
+        /// The configured `http.body_timeout`.
+        after: std::time::Duration,
     },
     /// No valid bearer token (401).
     #[error("missing or invalid bearer token")]
@@ -83,6 +90,16 @@ pub enum ApiError {
     Store(#[from] StoreError),
 }
 
+impl From<IngestError> for ApiError {
+    fn from(e: IngestError) -> Self {
+        match e {
+            IngestError::Signature(e) => ApiError::Signature(e),
+            IngestError::MalformedBody(m) => ApiError::MalformedBody(m),
+            IngestError::Invalid(i) => ApiError::Invalid(i),
+        }
+    }
+}
+
 /// An RFC 9457 problem document.
 #[derive(Debug, Serialize)]
 struct Problem<'a> {
@@ -107,6 +124,7 @@ impl ApiError {
             ApiError::Invalid(i) => i.code,
             ApiError::MalformedBody(_) => "malformed_body",
             ApiError::BodyTooLarge { .. } => "body_too_large",
+            ApiError::BodyTimeout { .. } => "body_timeout",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Signature(e) => match e {
                 VerifyError::MissingHeader(_) => "missing_signature",
@@ -128,6 +146,7 @@ impl ApiError {
             ApiError::Invalid(_) => "Invalid input",
             ApiError::MalformedBody(_) => "Malformed request body",
             ApiError::BodyTooLarge { .. } => "Request body too large",
+            ApiError::BodyTimeout { .. } => "Request timeout",
             ApiError::Unauthorized => "Unauthorized",
             ApiError::Signature(_) => "Signature refused",
             ApiError::NotFound { .. } => "Not found",
@@ -145,6 +164,7 @@ impl ResponseError for ApiError {
         match self {
             ApiError::Invalid(_) | ApiError::MalformedBody(_) => StatusCode::BAD_REQUEST,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized | ApiError::Signature(_) => StatusCode::UNAUTHORIZED,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,

@@ -22,7 +22,7 @@ use crate::auth::{ApiTokens, require_bearer};
 use crate::clock::SharedClock;
 use crate::config::{Backend, Loaded};
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
-use crate::gateway::{self, Gateway};
+use crate::gateway::Gateway;
 use crate::reaper::{Orphans, Reaper};
 use crate::routes::{self, AppState};
 use crate::store::Store;
@@ -152,6 +152,7 @@ impl Application {
             max_body_bytes: s.http.max_body_bytes,
             gateway: gateway.clone(),
             dispatcher: dispatcher.clone(),
+            body_timeout: s.http.body_timeout,
         });
         let tokens = web::Data::new(ApiTokens::new(&loaded.api_tokens));
         let server = HttpServer::new(move || {
@@ -160,7 +161,7 @@ impl Application {
                 .app_data(state.clone())
                 .app_data(tokens.clone())
                 .configure(routes::health::configure)
-                .configure(gateway::ingest::configure)
+                .configure(routes::ingest::configure)
                 .service(
                     web::scope("/v1")
                         .wrap(from_fn(require_bearer))
@@ -172,6 +173,10 @@ impl Application {
         // as a forced stop, and both must finish in-flight requests.
         .disable_signals()
         .workers(s.http.workers)
+        // actix counts connections per worker.
+        .max_connections(s.http.max_connections.div_ceil(s.http.workers.max(1)))
+        .client_request_timeout(s.http.header_timeout)
+        .client_disconnect_timeout(std::time::Duration::from_secs(1))
         .shutdown_timeout(s.http.shutdown_timeout.as_secs().max(1))
         .listen(listener)?
         .run();

@@ -95,6 +95,15 @@ pub struct HttpSettings {
     /// How long shutdown waits for in-flight requests.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// How long a webhook's body may take to arrive once its headers did
+    /// (408 and the connection closed after that).
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// How long a client may take to send a request's headers.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Most open client connections, over all workers.
+    pub max_connections: usize,
 }
 
 /// `/v1` API settings.
@@ -207,6 +216,9 @@ impl Default for Settings {
                 workers: 2,
                 max_body_bytes: 64 * 1024,
                 shutdown_timeout: Duration::from_secs(30),
+                body_timeout: Duration::from_secs(10),
+                header_timeout: Duration::from_secs(5),
+                max_connections: 1024,
             },
             api: ApiSettings {
                 tokens: Vec::new(),
@@ -446,6 +458,17 @@ impl Settings {
         }
         if !(1..=256).contains(&self.http.workers) {
             bad("http.workers", "must be between 1 and 256".into());
+        }
+        for (key, d) in [
+            ("http.body_timeout", self.http.body_timeout),
+            ("http.header_timeout", self.http.header_timeout),
+        ] {
+            if d.is_zero() || d > Duration::from_secs(300) {
+                bad(key, "must be more than 0 and at most 5m".into());
+            }
+        }
+        if !(16..=1_000_000).contains(&self.http.max_connections) {
+            bad("http.max_connections", "must be 16 to 1000000".into());
         }
         if self.http.max_body_bytes < 1024 {
             bad("http.max_body_bytes", "must be at least 1024".into());

@@ -58,10 +58,10 @@ impl Locator {
     }
 
     /// Reads the location from the request.
-    pub fn find<'a>(
+    pub fn find<'a, 'h: 'a, 'b: 'a>(
         &self,
-        header: &dyn Fn(&str) -> Option<&'a str>,
-        body: Option<&'a Value>,
+        header: &dyn Fn(&str) -> Option<&'h str>,
+        body: Option<&'b Value>,
     ) -> Found<'a> {
         match self {
             Self::Header(name) => header(name).map_or(Found::Missing, Found::Text),

@@ -3,7 +3,8 @@
 //! - [`signature`]: the providers' signature schemes.
 //! - [`locate`]: `header:NAME` / `body:/pointer` field locations.
 //! - [`source`]: a configured source, parsed.
-//! - [`ingest`]: `POST /ingest/{source}`: verify, extract, store durably, 200.
+//! - [`ingest`]: headers, then body → a verified, parsed event (the HTTP
+//!   handler is `routes::ingest`).
 //! - [`delivery`]: the dispatcher and its workers: per stream in order,
 //!   retries with backoff, dead letters.
 

@@ -4,6 +4,7 @@
 pub(crate) mod body;
 pub mod claims;
 pub mod health;
+pub mod ingest;
 pub mod sources;
 pub mod streams;
 
@@ -35,6 +36,8 @@ pub struct AppState {
     pub gateway: Arc<Gateway>,
     /// The delivery dispatcher, for each source's delivery state.
     pub dispatcher: Arc<Dispatcher>,
+    /// How long ingest waits for a request body.
+    pub body_timeout: std::time::Duration,
 }
 
 /// Registers the `/v1` resources on `cfg` (the caller adds auth).

@@ -1,0 +1,105 @@
+//! `POST /ingest/{source}`, in this order, each step refusing before the
+//! next costs anything:
+//!
+//! 1. from the headers alone: unknown source (404), signature headers
+//!    absent or malformed or a signed timestamp out of tolerance (401), a
+//!    declared length over the limit (413) — answered at once, without
+//!    reading the body, and the connection is closed;
+//! 2. the body, within `http.body_timeout` (408 and closed otherwise) and
+//!    the source's `max_body_bytes` (413);
+//! 3. the signature over the body (401; nothing stored), then the event id
+//!    (400), stream and `created_at`;
+//! 4. a known event id: 200 duplicate; otherwise a durable insert into the
+//!    inbox, then 200.
+//!
+//! The request never waits on the application: delivery happens later, in
+//! the dispatcher.
+
+use actix_web::http::ConnectionType;
+use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
+use serde_json::json;
+
+use super::AppState;
+use super::body::read_bytes;
+use crate::clock::Millis;
+use crate::error::ApiError;
+use crate::gateway::ingest::{check_headers, parse_event};
+use crate::store::inbox::IngestOutcome;
+
+/// Registers the ingest route.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::resource("/ingest/{source}")
+            .route(web::post().to(ingest))
+            .default_service(super::method_not_allowed("POST")),
+    );
+}
+
+/// A refusal before (or instead of) reading the body: the connection is
+/// closed, so a client cannot go on sending what will never be read.
+fn refuse_and_close(e: &ApiError) -> HttpResponse {
+    let mut res = e.error_response();
+    res.head_mut().set_connection_type(ConnectionType::Close);
+    res
+}
+
+async fn ingest(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let gw = &state.gateway;
+    let name = match super::path_segment(&req, 2, "source") {
+        Ok(n) => n,
+        Err(e) => return Ok(refuse_and_close(&e)),
+    };
+    let Some(source) = gw.source(&name).cloned() else {
+        return Ok(refuse_and_close(&ApiError::NotFound {
+            code: "unknown_source",
+            detail: format!("no source named {name:?} is configured"),
+        }));
+    };
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    if let Err(e) = check_headers(&source, &header, state.clock.now_ms()) {
+        return Ok(refuse_and_close(&e.into()));
+    }
+    let body = match tokio::time::timeout(
+        state.body_timeout,
+        read_bytes(&req, payload, source.max_body_bytes),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => return Ok(refuse_and_close(&e)),
+        Err(_) => {
+            return Ok(refuse_and_close(&ApiError::BodyTimeout {
+                after: state.body_timeout,
+            }));
+        }
+    };
+    let received_at: Millis = state.clock.now_ms();
+    let event = parse_event(&source, &header, &body, received_at)?;
+    // Only the local inbox is asked: ingest keeps working while a shared
+    // store is down, and an event another instance received too is
+    // resolved at delivery, by its claim in the shared store.
+    let known = gw
+        .inbox
+        .inbox_event(&source.name, &event.event_id)
+        .await?
+        .is_some();
+    let event_id = event.event_id.clone();
+    let outcome = if known {
+        IngestOutcome::Duplicate
+    } else {
+        gw.inbox.ingest(event, received_at).await?
+    };
+    let status = match outcome {
+        IngestOutcome::Accepted => {
+            gw.wake.notify_one();
+            tracing::info!(source = %source.name, event_id = %event_id, "event accepted");
+            "accepted"
+        }
+        IngestOutcome::Duplicate => "duplicate",
+    };
+    Ok(HttpResponse::Ok().json(json!({ "status": status, "event_id": event_id })))
+}
