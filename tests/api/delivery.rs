@@ -27,9 +27,7 @@ use crate::receiver::{Behaviour, Receiver, eventually};
 type Tweak = Box<dyn FnOnce(&mut SourceSettings)>;
 
 /// An app with one source per `(name, receiver url, tweak)`.
-async fn app_with_sources(
-    sources: Vec<(&str, String, Tweak)>,
-) -> TestApp {
+async fn app_with_sources(sources: Vec<(&str, String, Tweak)>) -> TestApp {
     let built: Vec<(String, SourceSettings, Arc<Source>)> = sources
         .into_iter()
         .map(|(name, url, tweak)| {

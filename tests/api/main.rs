@@ -7,6 +7,7 @@ mod claims;
 mod cli;
 mod concurrency;
 mod delivery;
+mod edge;
 mod gateway;
 mod helpers;
 mod receiver;

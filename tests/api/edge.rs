@@ -1,0 +1,177 @@
+//! The public edge against hostile clients, over real sockets: refusals
+//! from the headers alone, bodies that never finish, many slow uploads.
+
+use std::time::Duration;
+
+use dedupd::gateway::signature::{Scheme, sign};
+use reqwest::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::gateway::{SECRET, body};
+use crate::helpers::TestApp;
+use crate::receiver::{Behaviour, Receiver};
+
+/// Opens a connection and sends a POST's headers announcing `length`
+/// bytes, then only `sent` of them.
+async fn start_upload(
+    app: &TestApp,
+    path: &str,
+    headers: &[(&str, String)],
+    length: usize,
+    sent: &[u8],
+) -> TcpStream {
+    let addr = app.address.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n"
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(sent).await.unwrap();
+    s
+}
+
+/// Reads until the server closes the connection (30 s at most); returns the
+/// status of the answer, if one came.
+async fn answer_then_close(mut s: TcpStream) -> Option<u16> {
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the server kept the connection open");
+    let text = String::from_utf8_lossy(&got);
+    text.split(' ').nth(1).and_then(|c| c.parse().ok())
+}
+
+fn sume_headers(app: &TestApp, body: &[u8], secret: &str) -> Vec<(&'static str, String)> {
+    sign(Scheme::Sume, secret, app.now_s(), "", body)
+}
+
+async fn edge_app(body_timeout: Duration) -> (TestApp, Receiver) {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app_with_timeout(&receiver.url, body_timeout).await;
+    (app, receiver)
+}
+
+async fn gateway_app_with_timeout(url: &str, body_timeout: Duration) -> TestApp {
+    use std::sync::Arc;
+    let s = crate::gateway::settings(url);
+    let source = dedupd::gateway::Source::build(
+        "sume",
+        &s,
+        &[SECRET.to_owned()],
+        Some(crate::gateway::DESTINATION),
+    )
+    .unwrap();
+    crate::helpers::spawn_app_with(move |l| {
+        l.settings.http.body_timeout = body_timeout;
+        l.settings.sources.insert("sume".into(), s);
+        l.sources = vec![Arc::new(source)];
+    })
+    .await
+}
+
+#[tokio::test]
+async fn refusals_from_the_headers_come_before_the_body_and_close_the_connection() {
+    let (app, _receiver) = edge_app(Duration::from_secs(60)).await;
+    // No signature headers: 401 at once, though the body never comes.
+    let s = start_upload(&app, "/ingest/sume", &[], 262_144, b"{").await;
+    assert_eq!(answer_then_close(s).await, Some(401));
+    // Unknown source: 404 at once.
+    let s = start_upload(&app, "/ingest/nosuch", &[], 262_144, b"{").await;
+    assert_eq!(answer_then_close(s).await, Some(404));
+    // A signed timestamp outside the tolerance: 401 before the body.
+    let stale = sign(Scheme::Sume, SECRET, app.now_s() - 3600, "", b"{}");
+    let s = start_upload(&app, "/ingest/sume", &stale, 262_144, b"{").await;
+    assert_eq!(answer_then_close(s).await, Some(401));
+    // A declared length over the source's limit: 413 before the body.
+    let h = sume_headers(&app, b"{}", SECRET);
+    let s = start_upload(&app, "/ingest/sume", &h, 1_000_000, b"{").await;
+    assert_eq!(answer_then_close(s).await, Some(413));
+    // The server is fine, and a proper post still works.
+    assert_eq!(
+        app.ingest(&body("ok", "run_1", "2026-11-29T10:00:00Z"))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_gets_408_and_the_connection_closes() {
+    let (app, _receiver) = edge_app(Duration::from_millis(300)).await;
+    let b = body("slow", "run_1", "2026-11-29T10:00:00Z");
+    let h = sume_headers(&app, &b, SECRET);
+    let s = start_upload(&app, "/ingest/sume", &h, b.len(), &b[..5]).await;
+    assert_eq!(answer_then_close(s).await, Some(408));
+    assert!(app.events("pending").await.is_empty(), "nothing stored");
+}
+
+/// Resident memory of this process (where the app runs), in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_slow_uploads_leave_the_api_answering_and_memory_bounded() {
+    let (app, _receiver) = edge_app(Duration::from_secs(2)).await;
+    let before = rss();
+    let forged = body("forged", "run_1", "2026-11-29T10:00:00Z");
+    let mut uploads = Vec::new();
+    for i in 0..1000 {
+        let headers = if i % 2 == 0 {
+            Vec::new()
+        } else {
+            // Well-formed headers with a fresh timestamp and a wrong key:
+            // only the body could show the forgery, and it never comes.
+            sume_headers(&app, &forged, "not-the-secret")
+        };
+        // Under the test source's 4 KiB limit, so only the deadline ends it.
+        uploads
+            .push(start_upload(&app, "/ingest/sume", &headers, 4_000, b"{\"request_id\":").await);
+    }
+    // While they hang, the API answers.
+    let res = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        app.ingest(&body("real", "run_2", "2026-11-29T10:00:00Z"))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    let grown = rss().saturating_sub(before);
+    assert!(grown < 150 * 1024 * 1024, "RSS grew by {} MiB", grown >> 20);
+    // Every one of them ends: refused at once, or cut off at the deadline.
+    let answers = futures_util::future::join_all(uploads.into_iter().map(answer_then_close)).await;
+    let unsigned = answers
+        .iter()
+        .step_by(2)
+        .filter(|a| **a == Some(401))
+        .count();
+    let timed_out = answers
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .filter(|a| **a == Some(408))
+        .count();
+    let other: Vec<_> = answers
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .filter(|a| **a != Some(408))
+        .take(5)
+        .collect();
+    assert_eq!((unsigned, timed_out), (500, 500), "{other:?}");
+    assert_eq!(
+        app.event_ids("pending").await.len() + app.event_ids("delivered").await.len(),
+        1
+    );
+}
