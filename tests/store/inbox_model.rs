@@ -1,0 +1,889 @@
+//! Random gateway-inbox operations, clock moves and restarts against a plain
+//! in-memory model of the inbox rules documented in `src/store/inbox.rs` and
+//! `src/store/redb/inbox.rs`. After every step the store must hold exactly
+//! the model's events, its indexes must keep their documented invariants,
+//! and its runnable events must be the model's.
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+
+use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey};
+use dedupd::store::Store;
+use dedupd::store::inbox::{
+    EventStatus, InboxEvent, IngestOutcome, Leased, NewEvent, RedeliverOutcome, Retention, Settle,
+};
+use dedupd::store::redb::{InboxIndexes, RedbOptions, RedbStore};
+use proptest::prelude::*;
+use tempfile::TempDir;
+
+/// One source name is a prefix of the other, so range scans that stop at
+/// the end of a source are tested.
+const SOURCES: [&str; 2] = ["gh", "gh-x"];
+/// The same for stream names.
+const STREAMS: [&str; 3] = ["a", "ab", "b"];
+/// Event ids per source: few, so duplicates happen.
+const IDS: u8 = 6;
+const T0: u64 = 1_800_000_000_000;
+const RETENTION: Retention = Retention {
+    delivered_ms: 1_500,
+    dead_ms: 3_500,
+};
+/// Retention of applied events and stream heads (ordering state).
+const ORDERING_MS: u64 = 6_000;
+
+#[derive(Debug, Clone)]
+enum How {
+    Delivered { attempted: bool },
+    Stale,
+    Retry { after: u64, attempted: bool },
+    Dead,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A new event; `created` in whole seconds around the epoch (some
+    /// before 1970), independent of the clock, so older events arrive late.
+    Ingest {
+        source: u8,
+        id: u8,
+        stream: Option<u8>,
+        created: u8,
+    },
+    /// Leases the due events picked by `mask` (bit i: the i-th due event),
+    /// plus `extra` (any event, runnable or not), until now + `hold`.
+    Lease {
+        mask: u16,
+        extra: Option<(u8, u8)>,
+        hold: u64,
+        stale_check: bool,
+    },
+    /// Settles one of the leases handed out so far under its generation
+    /// shifted by `skew` (so sometimes a generation that must be ignored).
+    Settle {
+        pick: Pick,
+        skew: i8,
+        how: How,
+    },
+    /// `settle_delivered`: moves the stream head, then settles.
+    Delivered {
+        pick: Pick,
+        skew: i8,
+    },
+    Redeliver {
+        target: Target,
+    },
+    Due {
+        limits: [usize; 2],
+    },
+    List {
+        source: u8,
+        status: u8,
+        page: usize,
+    },
+    /// The reaper, with a limit small enough at times to stop it early.
+    PurgeExpired {
+        limit: u64,
+    },
+    PurgePending {
+        both: bool,
+        source: u8,
+        back: u64,
+        limit: u64,
+    },
+    Advance(u64),
+    Restart,
+}
+
+/// The turn a settle ends (index modulo the number of candidates).
+#[derive(Debug, Clone)]
+enum Pick {
+    /// A lease handed out that is still current (its event pending under
+    /// that generation); else as `Pending`.
+    Current(usize),
+    /// A pending event under its current generation, leased or not (a turn
+    /// whose lease ran out, or generation 0); else as `Any`.
+    Pending(usize),
+    /// Any lease handed out so far, however old.
+    Any(usize),
+}
+
+/// An event to redeliver.
+#[derive(Debug, Clone)]
+enum Target {
+    /// One of the settled events (index modulo their number), if any.
+    Settled(usize),
+    /// Any id, stored or not.
+    Id(u8, u8),
+}
+
+fn pick() -> impl Strategy<Value = Pick> {
+    prop_oneof![
+        3 => any::<usize>().prop_map(Pick::Current),
+        1 => any::<usize>().prop_map(Pick::Pending),
+        1 => any::<usize>().prop_map(Pick::Any),
+    ]
+}
+
+fn how() -> impl Strategy<Value = How> {
+    prop_oneof![
+        3 => any::<bool>().prop_map(|attempted| How::Delivered { attempted }),
+        1 => Just(How::Stale),
+        3 => (0u64..3_000, any::<bool>())
+            .prop_map(|(after, attempted)| How::Retry { after, attempted }),
+        1 => Just(How::Dead),
+    ]
+}
+
+fn skew() -> impl Strategy<Value = i8> {
+    prop_oneof![6 => Just(0i8), 1 => Just(-1i8), 1 => Just(1i8)]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let source = 0u8..2;
+    let id = 0u8..IDS;
+    let stream = prop_oneof![1 => Just(None), 3 => (0u8..3).prop_map(Some)];
+    prop_oneof![
+        8 => (source.clone(), id.clone(), stream, 0u8..6)
+            .prop_map(|(source, id, stream, created)| Op::Ingest { source, id, stream, created }),
+        6 => (
+            any::<u16>(),
+            proptest::option::weighted(0.3, (source.clone(), id.clone())),
+            0u64..3_000,
+            proptest::bool::weighted(0.75),
+        )
+            .prop_map(|(mask, extra, hold, stale_check)| Op::Lease { mask, extra, hold, stale_check }),
+        6 => (pick(), skew(), how())
+            .prop_map(|(pick, skew, how)| Op::Settle { pick, skew, how }),
+        5 => (pick(), skew()).prop_map(|(pick, skew)| Op::Delivered { pick, skew }),
+        3 => prop_oneof![
+            3 => any::<usize>().prop_map(Target::Settled),
+            1 => (source.clone(), id.clone()).prop_map(|(s, i)| Target::Id(s, i)),
+        ]
+        .prop_map(|target| Op::Redeliver { target }),
+        1 => (0usize..4, 0usize..4).prop_map(|(a, b)| Op::Due { limits: [a, b] }),
+        1 => (source.clone(), 0u8..4, 1usize..4)
+            .prop_map(|(source, status, page)| Op::List { source, status, page }),
+        2 => prop_oneof![2 => Just(10_000u64), 1 => 1u64..4]
+            .prop_map(|limit| Op::PurgeExpired { limit }),
+        1 => (any::<bool>(), source, 0u64..4_000, 1u64..5)
+            .prop_map(|(both, source, back, limit)| Op::PurgePending { both, source, back, limit }),
+        5 => prop_oneof![1 => Just(0u64), 4 => 1u64..1_500].prop_map(Op::Advance),
+        1 => Just(Op::Restart),
+    ]
+}
+
+/// A lease handed out: what the dispatcher keeps for its turn.
+#[derive(Debug, Clone)]
+struct LeaseRec {
+    source: String,
+    id: String,
+    generation: u64,
+    stream: Option<String>,
+    created_at: CreatedAt,
+}
+
+type Id = (String, String);
+
+#[derive(Debug, Default)]
+struct Model {
+    now: u64,
+    events: BTreeMap<Id, InboxEvent>,
+    /// Ordering state of `settle_delivered`: (source, stream) → (created_at, expiry).
+    heads: BTreeMap<Id, (CreatedAt, u64)>,
+    /// (source, event id) → expiry of its applied (or stale) record.
+    applied: BTreeMap<Id, u64>,
+    leases: Vec<LeaseRec>,
+}
+
+fn queue_key(e: &InboxEvent) -> (i128, u64, &str) {
+    (
+        e.created_at.unix_nanos(),
+        e.received_at_ms,
+        e.event_id.as_str(),
+    )
+}
+
+/// Whether a pending event is runnable: without a stream, or first of its
+/// stream's pending events in (created_at, received_at, id) order.
+fn runnable(events: &BTreeMap<Id, InboxEvent>, e: &InboxEvent) -> bool {
+    if e.status != EventStatus::Pending {
+        return false;
+    }
+    let Some(stream) = &e.stream else {
+        return true;
+    };
+    !events.values().any(|o| {
+        o.source == e.source
+            && o.status == EventStatus::Pending
+            && o.stream.as_ref() == Some(stream)
+            && queue_key(o) < queue_key(e)
+    })
+}
+
+/// The index entries `rows` must have, per the invariants of
+/// `src/store/redb/inbox.rs`; each list sorted.
+fn derived(rows: &[InboxEvent]) -> InboxIndexes {
+    let map: BTreeMap<Id, InboxEvent> = rows
+        .iter()
+        .map(|e| ((e.source.clone(), e.event_id.clone()), e.clone()))
+        .collect();
+    let mut out = InboxIndexes {
+        rows: map.values().cloned().collect(),
+        ..InboxIndexes::default()
+    };
+    for e in map.values() {
+        let (s, id) = (e.source.clone(), e.event_id.clone());
+        out.status
+            .push((s.clone(), e.status.to_byte(), e.received_at_ms, id.clone()));
+        if e.status == EventStatus::Pending {
+            if let Some(stream) = &e.stream {
+                out.queue.push((
+                    s.clone(),
+                    stream.clone(),
+                    e.created_at.unix_nanos(),
+                    e.received_at_ms,
+                    id.clone(),
+                ));
+            }
+            if runnable(&map, e) {
+                out.runnable.push((s, e.due_at_ms, id));
+            }
+        } else {
+            out.expiry.push((e.expires_at_ms, s, id));
+        }
+    }
+    sort_indexes(&mut out);
+    out
+}
+
+fn sort_indexes(i: &mut InboxIndexes) {
+    i.rows
+        .sort_by(|a, b| (&a.source, &a.event_id).cmp(&(&b.source, &b.event_id)));
+    i.runnable.sort();
+    i.queue.sort();
+    i.status.sort();
+    i.expiry.sort();
+}
+
+impl Model {
+    fn get(&self, source: &str, id: &str) -> Option<&InboxEvent> {
+        self.events.get(&(source.to_owned(), id.to_owned()))
+    }
+
+    fn get_mut(&mut self, source: &str, id: &str) -> Option<&mut InboxEvent> {
+        self.events.get_mut(&(source.to_owned(), id.to_owned()))
+    }
+
+    /// A source's runnable events in due order.
+    fn runnable_of(&self, source: &str) -> Vec<InboxEvent> {
+        let mut out: Vec<InboxEvent> = self
+            .events
+            .values()
+            .filter(|e| e.source == source && runnable(&self.events, e))
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| (a.due_at_ms, &a.event_id).cmp(&(b.due_at_ms, &b.event_id)));
+        out
+    }
+
+    /// What `due_events` must answer for one source: (events, next).
+    fn due(&self, source: &str, limit: usize) -> (Vec<InboxEvent>, Option<u64>) {
+        let all = self.runnable_of(source);
+        let events: Vec<InboxEvent> = all
+            .iter()
+            .take_while(|e| e.due_at_ms <= self.now)
+            .take(limit)
+            .cloned()
+            .collect();
+        let next = all.get(events.len()).map(|e| e.due_at_ms);
+        (events, next)
+    }
+
+    fn live_head(&self, source: &str, stream: &str) -> Option<CreatedAt> {
+        self.heads
+            .get(&(source.to_owned(), stream.to_owned()))
+            .filter(|(_, exp)| *exp > self.now)
+            .map(|(c, _)| *c)
+    }
+
+    fn settle(&mut self, source: &str, id: &str, generation: u64, settle: &Settle) {
+        let now = self.now;
+        let Some(e) = self.get_mut(source, id) else {
+            return;
+        };
+        if e.status != EventStatus::Pending || e.lease != generation {
+            return;
+        }
+        let terminal = |e: &mut InboxEvent, status: EventStatus, keep_ms: u64| {
+            e.status = status;
+            e.due_at_ms = now;
+            e.expires_at_ms = now + keep_ms;
+        };
+        match settle {
+            Settle::Delivered { attempted } => {
+                e.attempts += u32::from(*attempted);
+                e.last_error = None;
+                terminal(e, EventStatus::Delivered, RETENTION.delivered_ms);
+            }
+            Settle::Stale => terminal(e, EventStatus::Stale, RETENTION.delivered_ms),
+            Settle::Retry {
+                retry_at,
+                error,
+                attempted,
+            } => {
+                e.attempts += u32::from(*attempted);
+                e.last_error = Some(error.clone());
+                e.due_at_ms = *retry_at;
+            }
+            Settle::Dead { error } => {
+                e.attempts += 1;
+                e.last_error = Some(error.clone());
+                terminal(e, EventStatus::Dead, RETENTION.dead_ms);
+            }
+        }
+    }
+
+    /// The ordering rule of `apply`, as `settle_delivered` runs it.
+    fn apply(&mut self, source: &str, stream: &str, id: &str, created_at: CreatedAt) {
+        let now = self.now;
+        let key = (source.to_owned(), id.to_owned());
+        if self.applied.get(&key).is_some_and(|exp| *exp > now) {
+            return;
+        }
+        self.applied.insert(key, now + ORDERING_MS);
+        if self
+            .live_head(source, stream)
+            .is_some_and(|h| created_at < h)
+        {
+            return;
+        }
+        self.heads.insert(
+            (source.to_owned(), stream.to_owned()),
+            (created_at, now + ORDERING_MS),
+        );
+    }
+
+    fn lease(&mut self, events: &[(String, String, u64)], stale_check: bool) -> Leased {
+        let mut out = Leased::default();
+        for (source, id, until) in events {
+            let Some(e) = self.get(source, id) else {
+                continue;
+            };
+            if !runnable(&self.events, e) {
+                continue;
+            }
+            let behind = stale_check
+                && !e.force
+                && e.stream
+                    .as_deref()
+                    .and_then(|st| self.live_head(source, st))
+                    .is_some_and(|h| e.created_at < h);
+            let e = self.get_mut(source, id).expect("present");
+            e.due_at_ms = *until;
+            e.lease += 1;
+            let rec = LeaseRec {
+                source: source.clone(),
+                id: id.clone(),
+                generation: e.lease,
+                stream: e.stream.clone(),
+                created_at: e.created_at,
+            };
+            if behind {
+                self.settle(source, id, rec.generation, &Settle::Stale);
+                out.stale.push((source.clone(), id.clone()));
+            } else {
+                out.leased
+                    .push((source.clone(), id.clone(), rec.generation));
+                self.leases.push(rec);
+            }
+        }
+        out
+    }
+
+    fn redeliver(&mut self, source: &str, id: &str) -> RedeliverOutcome {
+        let now = self.now;
+        let Some(e) = self.get_mut(source, id) else {
+            return RedeliverOutcome::NotFound;
+        };
+        match e.status {
+            EventStatus::Dead | EventStatus::Stale => {
+                e.force = e.status == EventStatus::Stale;
+                e.status = EventStatus::Pending;
+                e.attempts = 0;
+                e.due_at_ms = now;
+                e.lease += 1;
+                e.expires_at_ms = 0;
+                RedeliverOutcome::Requeued
+            }
+            other => RedeliverOutcome::NotRedeliverable(other),
+        }
+    }
+
+    /// The reaper: up to `limit` expired records, applied events first,
+    /// then heads, then settled inbox events, each in (expiry, key) order;
+    /// the report as (claims, events, heads, inbox, more).
+    fn purge_expired(&mut self, limit: u64) -> (u64, u64, u64, u64, bool) {
+        let now = self.now;
+        let mut budget = usize::try_from(limit).unwrap();
+        // The ordering tables' keys as stored.
+        let mut applied: Vec<(u64, String, Id)> = self
+            .applied
+            .iter()
+            .filter(|(_, exp)| **exp <= now)
+            .map(|(k, exp)| {
+                (
+                    *exp,
+                    gateway_key(&k.0, &k.1, "event_id").as_str().to_owned(),
+                    k.clone(),
+                )
+            })
+            .collect();
+        applied.sort();
+        applied.truncate(budget);
+        budget -= applied.len();
+        for (_, _, k) in &applied {
+            self.applied.remove(k);
+        }
+        let mut heads: Vec<(u64, String, Id)> = self
+            .heads
+            .iter()
+            .filter(|(_, (_, exp))| *exp <= now)
+            .map(|(k, (_, exp))| {
+                (
+                    *exp,
+                    gateway_key(&k.0, &k.1, "stream").as_str().to_owned(),
+                    k.clone(),
+                )
+            })
+            .collect();
+        heads.sort();
+        heads.truncate(budget);
+        budget -= heads.len();
+        for (_, _, k) in &heads {
+            self.heads.remove(k);
+        }
+        let mut inbox: Vec<(u64, Id)> = self
+            .events
+            .iter()
+            .filter(|(_, e)| e.status != EventStatus::Pending && e.expires_at_ms <= now)
+            .map(|(k, e)| (e.expires_at_ms, k.clone()))
+            .collect();
+        inbox.sort();
+        inbox.truncate(budget);
+        for (_, k) in &inbox {
+            self.events.remove(k);
+        }
+        let more = self.applied.values().any(|exp| *exp <= now)
+            || self.heads.values().any(|(_, exp)| *exp <= now)
+            || self
+                .events
+                .values()
+                .any(|e| e.status != EventStatus::Pending && e.expires_at_ms <= now);
+        (
+            0,
+            applied.len() as u64,
+            heads.len() as u64,
+            inbox.len() as u64,
+            more,
+        )
+    }
+
+    /// (source, pending count) of every source with events.
+    fn sources(&self) -> Vec<(String, u64)> {
+        let mut out: BTreeMap<String, u64> = BTreeMap::new();
+        for e in self.events.values() {
+            *out.entry(e.source.clone()).or_default() +=
+                u64::from(e.status == EventStatus::Pending);
+        }
+        out.into_iter().collect()
+    }
+}
+
+fn event_id(id: u8) -> String {
+    format!("e{id}")
+}
+
+fn created(c: u8) -> CreatedAt {
+    CreatedAt::from_unix_nanos((i128::from(c) - 2) * 1_000_000_000)
+}
+
+fn status_of(n: u8) -> EventStatus {
+    match n {
+        0 => EventStatus::Pending,
+        1 => EventStatus::Delivered,
+        2 => EventStatus::Stale,
+        _ => EventStatus::Dead,
+    }
+}
+
+fn gateway_key(source: &str, key: &str, field: &'static str) -> ScopedKey {
+    ScopedKey::new(
+        &Namespace::Gateway(source.to_owned()),
+        &Key::parse(key, field).unwrap(),
+    )
+}
+
+/// Compares the store with the model: rows, index invariants, single
+/// reads, the runnable events and the source summary.
+async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
+    let mut got = s.inbox_indexes().await.unwrap();
+    sort_indexes(&mut got);
+    // First the store against its own invariants, whatever the model says.
+    let want = derived(&got.rows);
+    assert_eq!(
+        got.status, want.status,
+        "{ctx}: status index != one entry per row"
+    );
+    assert_eq!(
+        got.expiry, want.expiry,
+        "{ctx}: expiry index != settled rows"
+    );
+    assert_eq!(
+        got.queue, want.queue,
+        "{ctx}: queue index != pending rows with a stream"
+    );
+    assert_eq!(
+        got.runnable, want.runnable,
+        "{ctx}: runnable index != runnable pending rows at their due time"
+    );
+    // Then the rows against the model.
+    let model_rows: Vec<InboxEvent> = m.events.values().cloned().collect();
+    assert_eq!(got.rows, model_rows, "{ctx}: rows differ from the model");
+    for source in SOURCES {
+        for id in 0..IDS {
+            let id = event_id(id);
+            let e = s.inbox_event(source, &id).await.unwrap();
+            assert_eq!(e.as_ref(), m.get(source, &id), "{ctx}: {source}/{id}");
+        }
+    }
+    let wants = vec![
+        (SOURCES[0].to_owned(), 100),
+        (SOURCES[1].to_owned(), 100),
+        ("gh-".to_owned(), 100),
+    ];
+    let due = s.due_events(m.now, wants.clone()).await.unwrap();
+    assert_eq!(due.len(), wants.len(), "{ctx}");
+    for ((source, limit), got) in wants.iter().zip(due) {
+        let (events, next) = m.due(source, *limit);
+        assert_eq!(got.events, events, "{ctx}: due events of {source}");
+        assert_eq!(got.next, next, "{ctx}: next due time of {source}");
+    }
+    let sources = m.sources();
+    assert_eq!(s.inbox_sources().await.unwrap(), sources, "{ctx}: sources");
+    for source in SOURCES {
+        let has = sources.iter().any(|(s, _)| s == source);
+        assert_eq!(s.has_source(source).await.unwrap(), has, "{ctx}: {source}");
+    }
+}
+
+async fn run(ops: Vec<Op>) {
+    let dir = TempDir::new().unwrap();
+    let opts = RedbOptions {
+        cache_bytes: 1024 * 1024,
+        ..RedbOptions::new(dir.path().join("inbox.redb"))
+    };
+    let mut store = RedbStore::open(&opts).unwrap();
+    let mut m = Model {
+        now: T0,
+        ..Model::default()
+    };
+    for (step, op) in ops.into_iter().enumerate() {
+        let now = m.now;
+        let ctx = format!("step {step} (now {now}): {op:?}");
+        match op {
+            Op::Ingest {
+                source,
+                id,
+                stream,
+                created: c,
+            } => {
+                let new = NewEvent {
+                    source: SOURCES[usize::from(source)].to_owned(),
+                    event_id: event_id(id),
+                    stream: stream.map(|st| STREAMS[usize::from(st)].to_owned()),
+                    created_at: created(c),
+                    received_at_ms: now,
+                    headers: vec![("x-step".to_owned(), step.to_string())],
+                    body: format!("body of step {step}").into_bytes(),
+                };
+                let key = (new.source.clone(), new.event_id.clone());
+                let want = match m.events.entry(key) {
+                    Entry::Occupied(_) => IngestOutcome::Duplicate,
+                    Entry::Vacant(slot) => {
+                        slot.insert(InboxEvent {
+                            source: new.source.clone(),
+                            event_id: new.event_id.clone(),
+                            status: EventStatus::Pending,
+                            stream: new.stream.clone(),
+                            created_at: new.created_at,
+                            received_at_ms: new.received_at_ms,
+                            attempts: 0,
+                            due_at_ms: now,
+                            last_error: None,
+                            force: false,
+                            headers: new.headers.clone(),
+                            body: new.body.clone(),
+                            expires_at_ms: 0,
+                            lease: 0,
+                            body_bytes: new.body.len(),
+                        });
+                        IngestOutcome::Accepted
+                    }
+                };
+                assert_eq!(store.ingest(new, now).await.unwrap(), want, "{ctx}");
+            }
+            Op::Lease {
+                mask,
+                extra,
+                hold,
+                stale_check,
+            } => {
+                let due: Vec<InboxEvent> = SOURCES
+                    .iter()
+                    .flat_map(|s| m.due(s, usize::MAX).0)
+                    .collect();
+                let mut events: Vec<(String, String, u64)> = due
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << (i % 16)) != 0)
+                    .map(|(_, e)| (e.source, e.event_id, now + hold))
+                    .collect();
+                if let Some((source, id)) = extra {
+                    events.push((
+                        SOURCES[usize::from(source)].to_owned(),
+                        event_id(id),
+                        now + hold,
+                    ));
+                }
+                let want = m.lease(&events, stale_check);
+                let got = store
+                    .lease(events, stale_check.then_some(RETENTION), now)
+                    .await
+                    .unwrap();
+                assert_eq!(got, want, "{ctx}");
+            }
+            Op::Settle { pick, skew, how } => {
+                let rec = pick_lease(&m, pick);
+                let generation = rec.generation.saturating_add_signed(i64::from(skew));
+                let settle = match how {
+                    How::Delivered { attempted } => Settle::Delivered { attempted },
+                    How::Stale => Settle::Stale,
+                    How::Retry { after, attempted } => Settle::Retry {
+                        retry_at: now + after,
+                        error: format!("retry at step {step}"),
+                        attempted,
+                    },
+                    How::Dead => Settle::Dead {
+                        error: format!("dead at step {step}"),
+                    },
+                };
+                m.settle(&rec.source, &rec.id, generation, &settle);
+                store
+                    .settle(&rec.source, &rec.id, generation, settle, RETENTION, now)
+                    .await
+                    .unwrap();
+            }
+            Op::Delivered { pick, skew } => {
+                let rec = pick_lease(&m, pick);
+                let generation = rec.generation.saturating_add_signed(i64::from(skew));
+                let apply = rec.stream.as_deref().map(|stream| {
+                    (
+                        gateway_key(&rec.source, stream, "stream"),
+                        gateway_key(&rec.source, &rec.id, "event_id"),
+                        rec.created_at,
+                        ORDERING_MS,
+                    )
+                });
+                if let Some(stream) = &rec.stream {
+                    m.apply(&rec.source, stream, &rec.id, rec.created_at);
+                }
+                m.settle(
+                    &rec.source,
+                    &rec.id,
+                    generation,
+                    &Settle::Delivered { attempted: true },
+                );
+                store
+                    .settle_delivered(&rec.source, &rec.id, generation, apply, RETENTION, now)
+                    .await
+                    .unwrap();
+            }
+            Op::Redeliver { target } => {
+                let settled: Vec<&Id> = m
+                    .events
+                    .iter()
+                    .filter(|(_, e)| e.status != EventStatus::Pending)
+                    .map(|(k, _)| k)
+                    .collect();
+                let (source, id) = match target {
+                    Target::Settled(i) if !settled.is_empty() => settled[i % settled.len()].clone(),
+                    Target::Settled(_) => (SOURCES[0].to_owned(), event_id(0)),
+                    Target::Id(s, i) => (SOURCES[usize::from(s)].to_owned(), event_id(i)),
+                };
+                let want = m.redeliver(&source, &id);
+                let got = store.redeliver(&source, &id, now).await.unwrap();
+                assert_eq!(got, want, "{ctx}");
+            }
+            Op::Due { limits } => {
+                let wants: Vec<(String, usize)> = SOURCES
+                    .iter()
+                    .zip(limits)
+                    .map(|(s, l)| ((*s).to_owned(), l))
+                    .collect();
+                let got = store.due_events(now, wants.clone()).await.unwrap();
+                assert_eq!(got.len(), wants.len(), "{ctx}");
+                for ((source, limit), got) in wants.iter().zip(got) {
+                    let (events, next) = m.due(source, *limit);
+                    assert_eq!(got.events, events, "{ctx}: {source}");
+                    assert_eq!(got.next, next, "{ctx}: {source}");
+                }
+            }
+            Op::List {
+                source,
+                status,
+                page,
+            } => {
+                let (source, status) = (SOURCES[usize::from(source)], status_of(status));
+                let mut want: Vec<InboxEvent> = m
+                    .events
+                    .values()
+                    .filter(|e| e.source == source && e.status == status)
+                    .map(|e| InboxEvent {
+                        body: Vec::new(),
+                        ..e.clone()
+                    })
+                    .collect();
+                want.sort_by(|a, b| {
+                    (a.received_at_ms, &a.event_id).cmp(&(b.received_at_ms, &b.event_id))
+                });
+                let mut got = Vec::new();
+                let mut after = None;
+                loop {
+                    let (events, next) = store
+                        .list_events(source, status, after, page)
+                        .await
+                        .unwrap();
+                    assert!(events.len() <= page, "{ctx}: page too long");
+                    got.extend(events);
+                    assert!(got.len() <= want.len(), "{ctx}: listing runs on");
+                    match next {
+                        Some(cursor) => after = Some(cursor),
+                        None => break,
+                    }
+                }
+                assert_eq!(got, want, "{ctx}");
+            }
+            Op::PurgeExpired { limit } => {
+                let want = m.purge_expired(limit);
+                let got = store.purge_expired(now, limit).await.unwrap();
+                assert_eq!(
+                    (got.claims, got.events, got.heads, got.inbox, got.more),
+                    want,
+                    "{ctx}"
+                );
+            }
+            Op::PurgePending {
+                both,
+                source,
+                back,
+                limit,
+            } => {
+                let sources: Vec<String> = if both {
+                    SOURCES.iter().map(|s| (*s).to_owned()).collect()
+                } else {
+                    vec![SOURCES[usize::from(source)].to_owned()]
+                };
+                let before = now - back;
+                let mut left = limit;
+                for source in &sources {
+                    let mut gone: Vec<(u64, String)> = m
+                        .events
+                        .values()
+                        .filter(|e| {
+                            &e.source == source
+                                && e.status == EventStatus::Pending
+                                && e.received_at_ms < before
+                        })
+                        .map(|e| (e.received_at_ms, e.event_id.clone()))
+                        .collect();
+                    gone.sort();
+                    gone.truncate(usize::try_from(left).unwrap());
+                    left -= gone.len() as u64;
+                    for (_, id) in gone {
+                        m.events.remove(&(source.clone(), id));
+                    }
+                }
+                let got = store
+                    .purge_pending(sources, before, limit, now)
+                    .await
+                    .unwrap();
+                assert_eq!(got, limit - left, "{ctx}");
+            }
+            Op::Advance(ms) => m.now += ms,
+            Op::Restart => {
+                store.close().await;
+                store = RedbStore::open(&opts).unwrap();
+            }
+        }
+        check_state(&store, &m, &ctx).await;
+    }
+    store.close().await;
+}
+
+/// The turn `pick` names: (source, event id, generation, stream,
+/// created_at) as the dispatcher would hold them.
+fn pick_lease(m: &Model, pick: Pick) -> LeaseRec {
+    let current: Vec<&LeaseRec> = m
+        .leases
+        .iter()
+        .filter(|l| {
+            m.get(&l.source, &l.id)
+                .is_some_and(|e| e.status == EventStatus::Pending && e.lease == l.generation)
+        })
+        .collect();
+    let pending: Vec<LeaseRec> = m
+        .events
+        .values()
+        .filter(|e| e.status == EventStatus::Pending)
+        .map(|e| LeaseRec {
+            source: e.source.clone(),
+            id: e.event_id.clone(),
+            generation: e.lease,
+            stream: e.stream.clone(),
+            created_at: e.created_at,
+        })
+        .collect();
+    match pick {
+        Pick::Current(i) if !current.is_empty() => current[i % current.len()].clone(),
+        Pick::Current(i) | Pick::Pending(i) if !pending.is_empty() => {
+            pending[i % pending.len()].clone()
+        }
+        Pick::Current(i) | Pick::Pending(i) | Pick::Any(i) if !m.leases.is_empty() => {
+            m.leases[i % m.leases.len()].clone()
+        }
+        _ => LeaseRec {
+            source: SOURCES[0].to_owned(),
+            id: event_id(0),
+            generation: 0,
+            stream: None,
+            created_at: created(0),
+        },
+    }
+}
+
+#[test]
+fn random_inbox_operations_agree_with_the_model() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(ops in proptest::collection::vec(op(), 1..100))| {
+        rt.block_on(run(ops));
+    });
+}
