@@ -21,8 +21,8 @@ use tracing_actix_web::TracingLogger;
 use crate::auth::{ApiTokens, require_bearer};
 use crate::clock::SharedClock;
 use crate::config::{Backend, Loaded};
-use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
 use crate::gateway::Gateway;
+use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
 use crate::reaper::{Orphans, Reaper};
 use crate::routes::{self, AppState};
 use crate::store::Store;
@@ -66,6 +66,7 @@ impl Application {
             cache_bytes: s.storage.cache_bytes,
             queue_capacity: s.storage.queue_capacity,
             max_batch: s.storage.max_batch,
+            faults: None,
         };
         let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
             .await

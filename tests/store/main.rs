@@ -4,6 +4,8 @@
 
 mod backends;
 mod cases;
+mod disk_faults;
+mod inbox_model;
 mod model;
 mod redb_file;
 #[cfg(feature = "redis")]

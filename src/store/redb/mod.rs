@@ -5,12 +5,14 @@
 //! tokio's blocking pool, and no read transaction is held across an `.await`
 //! (a read transaction pins pages and would make the file grow).
 
+pub mod faults;
 mod inbox;
 mod ops;
 mod tables;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -50,6 +52,9 @@ pub struct RedbOptions {
     pub queue_capacity: usize,
     /// Most writes in one transaction.
     pub max_batch: usize,
+    /// Storage faults to inject (tests only): the file is then opened
+    /// through a backend that fails writes and syncs as the plan says.
+    pub faults: Option<Arc<faults::FaultPlan>>,
 }
 
 impl RedbOptions {
@@ -60,6 +65,7 @@ impl RedbOptions {
             cache_bytes: 64 * 1024 * 1024,
             queue_capacity: 4096,
             max_batch: 512,
+            faults: None,
         }
     }
 }
@@ -96,18 +102,80 @@ pub enum OpenError {
     },
 }
 
+/// What the store, its readers and its writer share.
+#[derive(Debug)]
+pub struct Shared {
+    /// The database. `None` once closed, and while the writer reopens it
+    /// after a disk fault; readers clone the `Arc` for the length of one
+    /// read.
+    db: Mutex<Option<Arc<Database>>>,
+    /// False while the data file cannot commit (disk full or failing):
+    /// writes answer `Unavailable`, `/readyz` fails, and the writer reopens
+    /// the file until a commit succeeds again.
+    healthy: AtomicBool,
+}
+
+impl Shared {
+    fn db(&self) -> Option<Arc<Database>> {
+        self.db.lock().ok().and_then(|d| d.clone())
+    }
+
+    fn set_db(&self, db: Option<Arc<Database>>) -> Option<Arc<Database>> {
+        match self.db.lock() {
+            Ok(mut d) => std::mem::replace(&mut *d, db),
+            Err(_) => None,
+        }
+    }
+
+    fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::SeqCst)
+    }
+}
+
 /// The redb-backed [`Store`].
 #[derive(Debug)]
 pub struct RedbStore {
-    /// The database. `None` once closed; readers clone the `Arc` for the
-    /// length of one read.
-    db: Mutex<Option<Arc<Database>>>,
+    /// The database and its health, shared with the writer.
+    shared: Arc<Shared>,
     /// The writer's queue.
     writes: mpsc::Sender<Envelope>,
     /// The writer thread, joined on close.
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Group-commit counters.
     counters: Arc<Counters>,
+}
+
+/// Opens the data file as the options say (through the fault-injecting
+/// backend when they carry a plan).
+fn open_db(opts: &RedbOptions) -> Result<Database, redb::DatabaseError> {
+    let mut builder = redb::Builder::new();
+    builder.set_cache_size(opts.cache_bytes);
+    match &opts.faults {
+        None => builder.create(&opts.path),
+        Some(plan) => {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&opts.path)?;
+            builder.create_with_backend(faults::FaultyBackend::new(file, plan.clone())?)
+        }
+    }
+}
+
+/// Whether a redb error means the disk refused (full, failing), so the
+/// operation may work later: answered as `Unavailable`, and the file is
+/// reopened.
+pub(crate) fn is_disk_fault(e: &redb::Error) -> bool {
+    matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo)
+}
+
+/// The error of a write refused while the data file cannot commit.
+pub(crate) fn disk_unavailable() -> StoreError {
+    StoreError::Unavailable(
+        "the data file cannot be written now (disk full or failing); nothing was changed".into(),
+    )
 }
 
 impl RedbStore {
@@ -120,25 +188,20 @@ impl RedbStore {
         if let Some(parent) = opts.path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| other(redb::Error::Io(e)))?;
         }
-        let db = redb::Builder::new()
-            .set_cache_size(opts.cache_bytes)
-            .create(&opts.path)
-            .map_err(|e| match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(opts.path.clone()),
-                e => other(e.into()),
-            })?;
+        let db = open_db(opts).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(opts.path.clone()),
+            e => other(e.into()),
+        })?;
         init_schema(&db, &opts.path)?;
-        let db = Arc::new(db);
+        let shared = Arc::new(Shared {
+            db: Mutex::new(Some(Arc::new(db))),
+            healthy: AtomicBool::new(true),
+        });
         let counters = Arc::new(Counters::default());
-        let (writes, handle) = writer::spawn(
-            db.clone(),
-            opts.queue_capacity,
-            opts.max_batch,
-            counters.clone(),
-        )
-        .map_err(|e| other(redb::Error::Io(e)))?;
+        let (writes, handle) = writer::spawn(shared.clone(), opts.clone(), counters.clone())
+            .map_err(|e| other(redb::Error::Io(e)))?;
         Ok(Self {
-            db: Mutex::new(Some(db)),
+            shared,
             writes,
             writer: Mutex::new(Some(handle)),
             counters,
@@ -153,7 +216,7 @@ impl RedbStore {
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
-        let db = self.db.lock().ok().and_then(|mut d| d.take());
+        let db = self.shared.set_db(None);
         if let Some(mut db) = db {
             // Wait out reads that still hold a clone; each is one short read.
             loop {
@@ -189,19 +252,26 @@ impl RedbStore {
         &self,
         f: impl FnOnce(&ReadTransaction) -> Result<T, redb::Error> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let db = self
-            .db
-            .lock()
-            .ok()
-            .and_then(|d| d.clone())
-            .ok_or_else(closed)?;
+        let Some(db) = self.shared.db() else {
+            return Err(if self.shared.is_healthy() {
+                closed()
+            } else {
+                disk_unavailable()
+            });
+        };
         tokio::task::spawn_blocking(move || {
             let tx = db.begin_read().map_err(redb::Error::from)?;
             f(&tx)
         })
         .await
         .map_err(|e| StoreError::Failed(format!("read task failed: {e}")))?
-        .map_err(|e| StoreError::Failed(e.to_string()))
+        .map_err(|e| {
+            if is_disk_fault(&e) {
+                StoreError::Unavailable(format!("the data file cannot be read now: {e}"))
+            } else {
+                StoreError::Failed(e.to_string())
+            }
+        })
     }
 }
 
@@ -705,6 +775,9 @@ impl Store for RedbStore {
     async fn ready(&self) -> Result<(), StoreError> {
         if self.writes.is_closed() {
             return Err(closed());
+        }
+        if !self.shared.is_healthy() {
+            return Err(disk_unavailable());
         }
         self.read(|tx| tx.open_table(META).map(|_| ()).map_err(Into::into))
             .await

@@ -1,0 +1,232 @@
+//! Disk faults on every write path of the redb store, injected through a
+//! storage backend that fails writes and syncs on demand: each refused
+//! write answers `Unavailable` and changes nothing, readiness fails while
+//! the file cannot commit, the store recovers by itself once the disk takes
+//! writes again, and nothing acknowledged is lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey, Ttl};
+use dedupd::store::inbox::{EventStatus, NewEvent, Retention, Settle};
+use dedupd::store::redb::faults::FaultPlan;
+use dedupd::store::redb::{RedbOptions, RedbStore};
+use dedupd::store::{ClaimOutcome, ClaimState, Store, StoreError};
+use tempfile::TempDir;
+
+const T: u64 = 1_800_000_000_000;
+const RETENTION: Retention = Retention {
+    delivered_ms: 1_000,
+    dead_ms: 5_000,
+};
+
+fn key(k: &str) -> ScopedKey {
+    ScopedKey::api(&Key::parse(k, "key").unwrap())
+}
+
+fn event(id: &str) -> NewEvent {
+    NewEvent {
+        source: "sume".into(),
+        event_id: id.into(),
+        stream: Some("run".into()),
+        created_at: CreatedAt::parse("2026-11-29T10:00:00Z", "created_at").unwrap(),
+        received_at_ms: T,
+        headers: Vec::new(),
+        body: b"{}".to_vec(),
+    }
+}
+
+fn ttl(ms: u64) -> Ttl {
+    Ttl::from_ms_unchecked(ms)
+}
+
+struct Faulty {
+    _dir: TempDir,
+    opts: RedbOptions,
+    plan: Arc<FaultPlan>,
+    store: RedbStore,
+}
+
+impl Faulty {
+    fn open() -> Self {
+        let dir = TempDir::new().unwrap();
+        let plan = FaultPlan::new();
+        let mut opts = RedbOptions::new(dir.path().join("faulty.redb"));
+        opts.cache_bytes = 2 * 1024 * 1024;
+        opts.faults = Some(plan.clone());
+        let store = RedbStore::open(&opts).unwrap();
+        Self {
+            _dir: dir,
+            opts,
+            plan,
+            store,
+        }
+    }
+
+    /// Fills the disk, runs `op`, which must be refused as unavailable,
+    /// checks readiness fails, frees the disk and waits for the store to
+    /// recover by itself.
+    async fn refused_then_recovered<T: std::fmt::Debug>(
+        &self,
+        what: &str,
+        op: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) {
+        self.plan.set_full(true);
+        match op.await {
+            Err(StoreError::Unavailable(_)) => {}
+            other => panic!("{what}: expected Unavailable on a full disk, got {other:?}"),
+        }
+        assert!(
+            self.store.ready().await.is_err(),
+            "{what}: not ready while the disk is full"
+        );
+        self.plan.set_full(false);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.store.ready().await.is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: no recovery within 30 s of the disk taking writes"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_write_path_is_refused_unchanged_on_a_full_disk_and_recovers_by_itself() {
+    let f = Faulty::open();
+    let s = &f.store;
+
+    // Acknowledged before any fault.
+    let kept = match s.claim(&key("kept"), ttl(60_000), None, T).await.unwrap() {
+        ClaimOutcome::Claimed { token, .. } => token,
+        o => panic!("{o:?}"),
+    };
+    s.done(&key("kept"), kept, ttl(86_400_000), T)
+        .await
+        .unwrap();
+
+    // Claims.
+    f.refused_then_recovered("claim", s.claim(&key("a"), ttl(60_000), None, T))
+        .await;
+    assert!(
+        s.get(&key("a"), T).await.unwrap().is_none(),
+        "claim left nothing"
+    );
+    let token = match s.claim(&key("a"), ttl(60_000), None, T).await.unwrap() {
+        ClaimOutcome::Claimed { token, .. } => token,
+        o => panic!("{o:?}"),
+    };
+    f.refused_then_recovered("extend", s.extend(&key("a"), token, ttl(90_000), T))
+        .await;
+    assert_eq!(
+        s.get(&key("a"), T).await.unwrap().unwrap().expires_at_ms,
+        T + 60_000,
+        "extend left the expiry"
+    );
+    f.refused_then_recovered("done", s.done(&key("a"), token, ttl(60_000), T))
+        .await;
+    assert_eq!(
+        s.get(&key("a"), T).await.unwrap().unwrap().state,
+        ClaimState::Processing
+    );
+    f.refused_then_recovered("release", s.release(&key("a"), token, T))
+        .await;
+    assert!(
+        s.get(&key("a"), T).await.unwrap().is_some(),
+        "release left it"
+    );
+    s.release(&key("a"), token, T).await.unwrap();
+
+    // Ordering.
+    let ns = Namespace::Api;
+    let stream = ScopedKey::new(&ns, &Key::parse("st", "k").unwrap());
+    let created = CreatedAt::parse("2026-11-29T10:00:00Z", "c").unwrap();
+    f.refused_then_recovered(
+        "apply",
+        s.apply(&stream, &key("e1"), created, 86_400_000, T),
+    )
+    .await;
+    assert!(
+        s.head(&stream, T).await.unwrap().is_none(),
+        "apply left no head"
+    );
+    s.apply(&stream, &key("e1"), created, 86_400_000, T)
+        .await
+        .unwrap();
+
+    // The inbox: ingest, lease, settle, redeliver.
+    f.refused_then_recovered("ingest", s.ingest(event("ev"), T))
+        .await;
+    assert!(s.inbox_event("sume", "ev").await.unwrap().is_none());
+    s.ingest(event("ev"), T).await.unwrap();
+    let lease = vec![("sume".to_owned(), "ev".to_owned(), T + 60_000)];
+    f.refused_then_recovered("lease", s.lease(lease.clone(), None, T))
+        .await;
+    assert_eq!(s.inbox_event("sume", "ev").await.unwrap().unwrap().lease, 0);
+    let generation = s.lease(lease, None, T).await.unwrap().leased[0].2;
+    let dead = Settle::Dead {
+        error: "HTTP 503".into(),
+    };
+    f.refused_then_recovered(
+        "settle",
+        s.settle("sume", "ev", generation, dead.clone(), RETENTION, T),
+    )
+    .await;
+    assert_eq!(
+        s.inbox_event("sume", "ev").await.unwrap().unwrap().status,
+        EventStatus::Pending
+    );
+    s.settle("sume", "ev", generation, dead, RETENTION, T)
+        .await
+        .unwrap();
+    f.refused_then_recovered("redeliver", s.redeliver("sume", "ev", T))
+        .await;
+    assert_eq!(
+        s.inbox_event("sume", "ev").await.unwrap().unwrap().status,
+        EventStatus::Dead
+    );
+
+    // The reaper.
+    let later = T + 120_000;
+    f.refused_then_recovered("purge", s.purge_expired(later, 100))
+        .await;
+    assert!(s.inbox_event("sume", "ev").await.unwrap().is_some());
+    assert!(s.purge_expired(later, 100).await.unwrap().total() > 0);
+    assert!(f.plan.injected() > 0);
+
+    // Nothing acknowledged was lost: open the file afresh, without faults.
+    s.close().await;
+    let mut opts = f.opts.clone();
+    opts.faults = None;
+    let s = RedbStore::open(&opts).unwrap();
+    assert_eq!(
+        s.get(&key("kept"), T).await.unwrap().unwrap().state,
+        ClaimState::Done
+    );
+    assert!(s.head(&stream, T).await.unwrap().is_some());
+    s.close().await;
+}
+
+#[tokio::test]
+async fn a_failed_sync_is_refused_and_recovered_from_with_the_outcome_left_to_the_disk() {
+    let f = Faulty::open();
+    f.plan.fail_next_syncs(1);
+    let r = f.store.claim(&key("x"), ttl(60_000), None, T).await;
+    assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+    // Whether the pages written before the failed sync count is the disk's
+    // word, as in any database; either way the store recovers and answers
+    // consistently: the key is free to claim, or held by that claim.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match f.store.claim(&key("x"), ttl(60_000), None, T).await {
+            Ok(ClaimOutcome::Claimed { .. } | ClaimOutcome::Busy { .. }) => break,
+            Err(StoreError::Unavailable(_)) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(f.store.ready().await.is_ok());
+    f.store.close().await;
+}
