@@ -137,19 +137,17 @@ impl Reaper {
     /// Runs until `stop` turns true.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let removed = self.removed_sources().await;
+        let mut was_failing = false;
         loop {
             let now = self.clock.now_ms();
-            let mut failed = false;
+            let mut error = None;
             match self.purge_orphans(&removed, now).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(
                     events = n,
                     "reaped pending events of removed sources past their retention"
                 ),
-                Err(e) => {
-                    tracing::warn!(error = %e, "reaper pass failed; will retry after the interval");
-                    failed = true;
-                }
+                Err(e) => error = Some(e),
             }
             match self.purge_once(now).await {
                 Ok(r) if r.total() > 0 => tracing::debug!(
@@ -160,14 +158,20 @@ impl Reaper {
                     "reaped expired records"
                 ),
                 Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "reaper pass failed; will retry after the interval");
-                    failed = true;
-                }
+                Err(e) => error = Some(e),
             }
+            // Logged once per transition, not once per pass.
+            match (&error, was_failing) {
+                (Some(e), false) => {
+                    tracing::warn!(error = %e, "reaper cannot write: it retries every interval until the store recovers")
+                }
+                (None, true) => tracing::info!("reaper writes again"),
+                _ => {}
+            }
+            was_failing = error.is_some();
             let sleep = match self.store.next_expiry().await {
                 // A failing store must not turn the reaper into a busy loop.
-                _ if failed => self.interval,
+                _ if was_failing => self.interval,
                 Ok(Some(at)) => {
                     Duration::from_millis(at.saturating_sub(self.clock.now_ms()).max(1))
                         .min(self.interval)

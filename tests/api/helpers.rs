@@ -72,6 +72,31 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Loaded)) -> TestApp {
     start(loaded, dir, ManualClock::new(T0), false).await
 }
 
+/// Starts an app on a data file whose storage fails as `plan` says (the
+/// embedded store, as `serve` runs it otherwise).
+pub async fn spawn_faulty_app_with(
+    tweak: impl FnOnce(&mut Loaded),
+    plan: Arc<dedupd::store::redb::faults::FaultPlan>,
+) -> TestApp {
+    let dir = Arc::new(TempDir::new().expect("temp dir"));
+    let mut loaded = test_settings(&dir);
+    tweak(&mut loaded);
+    let clock = ManualClock::new(T0);
+    let mut opts = RedbOptions::new(&loaded.settings.data_path);
+    opts.cache_bytes = loaded.settings.storage.cache_bytes;
+    opts.faults = Some(plan);
+    let file = Arc::new(RedbStore::open(&opts).expect("open store"));
+    let app = Application::build_with_store(
+        loaded.clone(),
+        Arc::new(clock.clone()),
+        file.clone(),
+        file,
+        Coordination::Local,
+    )
+    .expect("build app");
+    running(app, loaded, dir, clock, false)
+}
+
 /// Starts an app whose claims and stream heads go through `wrap(file)`,
 /// with delivery coordinated as with a store several instances share
 /// (Redis): stream leases and event claims in that store.

@@ -7,6 +7,7 @@ mod claims;
 mod cli;
 mod concurrency;
 mod delivery;
+mod disk;
 mod edge;
 mod gateway;
 mod helpers;

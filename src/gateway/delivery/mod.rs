@@ -37,13 +37,18 @@ use self::schedule::{LaneView, Reached, Schedule, Wants};
 use super::{Gateway, Source};
 use crate::clock::{Millis, SharedClock};
 use crate::domain::Ttl;
-use crate::store::Store;
 use crate::store::inbox::InboxEvent;
+use crate::store::{Store, StoreError};
 
 pub use backoff::backoff;
 
 /// Longest the dispatcher sleeps without being woken.
 const POLL: Duration = Duration::from_millis(500);
+/// First pause of the dispatcher while the store fails; doubles up to
+/// [`STORE_BACKOFF_MAX`].
+const STORE_BACKOFF_FIRST: Duration = Duration::from_millis(500);
+/// Longest pause of the dispatcher while the store fails.
+const STORE_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Extra claim and lease time beyond the attempt's timeout.
 const GRACE_MS: u64 = 30_000;
 
@@ -191,12 +196,37 @@ impl Dispatcher {
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let mut tasks = JoinSet::new();
         let mut moves = self.clock.moves();
+        let mut failing: Option<Duration> = None;
         loop {
             if *stop.borrow() {
                 break;
             }
             while tasks.try_join_next().is_some() {}
-            let wake_at = self.dispatch(&mut tasks).await;
+            let wake_at = match self.dispatch(&mut tasks).await {
+                Ok(w) => {
+                    if failing.take().is_some() {
+                        tracing::info!("inbox readable and writable again: deliveries resume");
+                    }
+                    w
+                }
+                Err(e) => {
+                    // Back off while the store fails (disk full, file being
+                    // reopened), logging the transition once, not each pass.
+                    let wait = match failing {
+                        None => {
+                            tracing::warn!(error = %e, "cannot read or lease from the inbox: deliveries wait for the store");
+                            STORE_BACKOFF_FIRST
+                        }
+                        Some(w) => (w * 2).min(STORE_BACKOFF_MAX),
+                    };
+                    failing = Some(wait);
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        _ = stop.changed() => {}
+                    }
+                    continue;
+                }
+            };
             let now = self.clock.now_ms();
             let sleep = wake_at.map_or(POLL, |t| {
                 Duration::from_millis(t.saturating_sub(now)).min(POLL)
@@ -221,7 +251,10 @@ impl Dispatcher {
 
     /// Starts deliveries for what may start now; returns when to look
     /// again (`None`: when woken, or after the poll interval).
-    async fn dispatch(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Option<Millis> {
+    async fn dispatch(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+    ) -> Result<Option<Millis>, StoreError> {
         let now = self.clock.now_ms();
         let Wants {
             reads: wants,
@@ -232,15 +265,9 @@ impl Dispatcher {
             log_transition(&source, t, now);
         }
         if wants.is_empty() {
-            return reopens;
+            return Ok(reopens);
         }
-        let due = match self.gateway.inbox.due_events(now, wants.clone()).await {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the inbox; retrying");
-                return None;
-            }
-        };
+        let due = self.gateway.inbox.due_events(now, wants.clone()).await?;
         // Only a time still ahead is worth waiting for: events due now but
         // held back by a limit start when a finishing turn wakes the loop.
         let mut next = reopens;
@@ -253,10 +280,10 @@ impl Dispatcher {
         }
         let (picked, _) = self.schedule().pick(candidates);
         if picked.is_empty() {
-            return next;
+            return Ok(next);
         }
-        self.start(picked, now, tasks).await;
-        next
+        self.start(picked, now, tasks).await?;
+        Ok(next)
     }
 
     /// Leases the picked events in one write and starts a turn for each
@@ -266,7 +293,7 @@ impl Dispatcher {
         picked: Vec<InboxEvent>,
         now: Millis,
         tasks: &mut JoinSet<()>,
-    ) {
+    ) -> Result<(), StoreError> {
         let mut slots = Vec::with_capacity(picked.len());
         for ev in picked {
             let Some(source) = self.gateway.source(&ev.source).cloned() else {
@@ -294,14 +321,9 @@ impl Dispatcher {
             Coordination::Local => Some(self.gateway.retention),
             Coordination::Shared(_) => None,
         };
-        let leased = match self.gateway.inbox.lease(leases, stale_check, now).await {
-            Ok(l) => l,
-            Err(e) => {
-                // Dropping the slots frees them; the events stay runnable.
-                tracing::warn!(error = %e, "cannot lease events; retrying");
-                return;
-            }
-        };
+        // On an error, dropping the slots frees them; the events stay
+        // runnable.
+        let leased = self.gateway.inbox.lease(leases, stale_check, now).await?;
         for (source, id) in &leased.stale {
             tracing::info!(source = %source, event_id = %id, "stale: older than its stream's head");
         }
@@ -323,6 +345,7 @@ impl Dispatcher {
                 drop(slot);
             });
         }
+        Ok(())
     }
 
     fn stopping(&self) -> bool {
