@@ -560,3 +560,184 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
         "webhook-id is signed by standard-webhooks: {stderr}"
     );
 }
+
+/// Mounts a 24 MiB tmpfs on a new temp dir (root only); unmounted on drop.
+struct Tmpfs(TempDir);
+
+impl Tmpfs {
+    fn mount() -> Self {
+        let dir = TempDir::new().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mounting a tmpfs needs root");
+        Self(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// Starts `dedupd serve --config FILE`; returns it with its port.
+fn serve_config(file: &std::path::Path) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+    let mut child = dedupd()
+        .args(["serve", "--config"])
+        .arg(file)
+        .env("DEDUPD_LOG__FORMAT", "json")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = loop {
+        let line = lines.next().expect("dedupd exited before serving").unwrap();
+        if let Ok(v) = serde_json::from_str::<Value>(&line)
+            && let Some(p) = v["port"].as_u64()
+        {
+            break u16::try_from(p).unwrap();
+        }
+    };
+    let drain = std::thread::spawn(move || for _ in lines {});
+    (child, port, drain)
+}
+
+#[tokio::test]
+#[ignore = "needs root to mount a tmpfs: .ci/run runs it"]
+async fn a_real_full_disk_refuses_writes_recovers_when_space_frees_and_loses_nothing() {
+    use dedupd::gateway::signature::{Scheme, sign};
+
+    let disk = Tmpfs::mount();
+    let ballast = disk.0.path().join("ballast");
+    std::fs::write(&ballast, vec![7u8; 6 * 1024 * 1024]).unwrap();
+    let conf = TempDir::new().unwrap();
+    let file = conf.path().join("drill.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+listen = "127.0.0.1:0"
+data_path = "{}"
+[storage]
+cache_bytes = 2097152
+[sources.drill]
+scheme = "sume"
+secrets = ["drill-secret"]
+event_id = "body:/request_id"
+forward_to = "http://127.0.0.1:9/nobody"
+max_attempts = 1000
+backoff_min = "1h"
+backoff_max = "1h"
+max_body_bytes = 1048576
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"#,
+            disk.0.path().join("dedupd.redb").display()
+        ),
+    )
+    .unwrap();
+    let client = reqwest::Client::new();
+    let post = |base: String, id: String| {
+        let client = client.clone();
+        async move {
+            let body = serde_json::to_vec(&serde_json::json!({
+                "request_id": id, "pad": "x".repeat(200 * 1024),
+            }))
+            .unwrap();
+            let ts = i64::try_from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs(),
+            )
+            .unwrap();
+            let mut req = client
+                .post(format!("{base}/ingest/drill"))
+                .body(body.clone());
+            for (k, v) in sign(Scheme::Sume, "drill-secret", ts, "", &body) {
+                req = req.header(k, v);
+            }
+            req.send().await.unwrap().status().as_u16()
+        }
+    };
+    let ready = |base: String| {
+        let client = client.clone();
+        async move {
+            client
+                .get(format!("{base}/readyz"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+
+    let (child, port, _drain) = serve_config(&file);
+    let base = format!("http://127.0.0.1:{port}");
+    // Fill the disk through the API.
+    let mut acknowledged = Vec::new();
+    let mut refused = 0;
+    for i in 0..400 {
+        match post(base.clone(), format!("ev{i}")).await {
+            200 => acknowledged.push(format!("ev{i}")),
+            503 => {
+                refused += 1;
+                if refused == 3 {
+                    break;
+                }
+            }
+            other => panic!("unexpected status {other} while filling the disk"),
+        }
+    }
+    assert_eq!(refused, 3, "the disk never filled");
+    assert!(!acknowledged.is_empty());
+    assert_eq!(ready(base.clone()).await, 503, "not ready on a full disk");
+
+    // Space comes back: writes and readiness recover without a restart.
+    std::fs::remove_file(&ballast).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while ready(base.clone()).await != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no recovery after space was freed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(post(base.clone(), "after".into()).await, 200);
+    acknowledged.push("after".into());
+
+    // After a restart, every acknowledged event is there.
+    sigterm(&child);
+    assert!(wait(child).success());
+    let (child, port, _drain) = serve_config(&file);
+    let base = format!("http://127.0.0.1:{port}");
+    let mut stored = Vec::new();
+    let mut path = "/v1/sources/drill/events?status=pending&limit=500".to_owned();
+    loop {
+        let v: Value = client
+            .get(format!("{base}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        for e in v["events"].as_array().unwrap() {
+            stored.push(e["event_id"].as_str().unwrap().to_owned());
+        }
+        match v["next"].as_str() {
+            Some(n) => {
+                path = format!("/v1/sources/drill/events?status=pending&limit=500&after={n}")
+            }
+            None => break,
+        }
+    }
+    for id in &acknowledged {
+        assert!(stored.contains(id), "{id} was acknowledged and is gone");
+    }
+    sigterm(&child);
+    assert!(wait(child).success());
+}
