@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use dedupd::clock::SystemClock;
-use dedupd::config::{CONFIG_ENV, Settings};
-use dedupd::startup::Application;
+use dedupd::config::{CONFIG_ENV, ConfigErrors, Settings};
+use dedupd::startup::{Application, build_sources};
 
 /// Webhook processing that happens once in effect.
 #[derive(Debug, Parser)]
@@ -37,10 +37,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { config } => match Settings::load(config.as_deref()) {
-            Ok(loaded) => {
+        Command::CheckConfig { config } => match load(config.as_deref()) {
+            Ok((loaded, sources)) => {
                 print!("{}", loaded.settings.to_redacted_toml());
-                for source in &loaded.sources {
+                for source in &sources {
                     println!(
                         "\n# source {}: {:?} signatures, /ingest/{} -> {}",
                         source.name, source.scheme, source.name, source.forward_to
@@ -64,8 +64,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { config } => {
-            let loaded = match Settings::load(config.as_deref()) {
-                Ok(l) => l,
+            let loaded = match load(config.as_deref()) {
+                Ok((l, _)) => l,
                 Err(errors) => {
                     eprintln!("{errors}");
                     return ExitCode::FAILURE;
@@ -84,6 +84,16 @@ fn main() -> ExitCode {
     }
 }
 
+/// Loads the settings and builds the sources from them: every mistake of
+/// either kind, each naming its key and where its value came from.
+fn load(
+    file: Option<&std::path::Path>,
+) -> Result<(dedupd::config::Loaded, Vec<Arc<dedupd::gateway::Source>>), ConfigErrors> {
+    let loaded = Settings::load_checked(file, |l| build_sources(l).map(|_| ()))?;
+    let sources = build_sources(&loaded)?;
+    Ok((loaded, sources))
+}
+
 /// Names each source that left the configuration but still has events in
 /// the data file, with its count of pending events.
 fn removed_sources(loaded: &dedupd::config::Loaded) {
@@ -92,7 +102,7 @@ fn removed_sources(loaded: &dedupd::config::Loaded) {
         Ok(None) => {}
         Ok(Some(found)) => {
             for (name, pending) in found {
-                if loaded.sources.iter().all(|s| s.name != name) {
+                if !loaded.settings.sources.contains_key(&name) {
                     println!(
                         "\n# removed source {name}: {pending} pending event(s) in {}; not \
                          delivered, listable under /v1/sources/{name}/events, reaped after \

@@ -20,8 +20,9 @@ use tracing_actix_web::TracingLogger;
 
 use crate::auth::{ApiTokens, require_bearer};
 use crate::clock::SharedClock;
-use crate::config::{Backend, Loaded};
+use crate::config::{Backend, ConfigErrors, Loaded};
 use crate::gateway::Gateway;
+use crate::gateway::Source;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
 use crate::reaper::{Orphans, Reaper};
 use crate::routes::{self, AppState};
@@ -29,6 +30,30 @@ use crate::store::Store;
 use crate::store::inbox::Retention;
 use crate::store::redb::{RedbOptions, RedbStore};
 use crate::telemetry::RequestSpans;
+
+/// Builds the configured sources: every setting parsed and checked. Each
+/// error names its key (`sources.NAME.KEY`) and where the value came from.
+pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> {
+    let mut sources = Vec::new();
+    let mut errors = Vec::new();
+    for (name, src) in &loaded.settings.sources {
+        let secrets: Vec<String> = src.secrets.iter().map(|s| s.expose().to_owned()).collect();
+        let destination = src.destination_secret.as_ref().map(|s| s.expose());
+        match Source::build(name, src, &secrets, destination) {
+            Ok(source) => sources.push(Arc::new(source)),
+            Err(problems) => errors.extend(
+                problems
+                    .into_iter()
+                    .map(|(key, message)| loaded.error(&format!("sources.{name}.{key}"), message)),
+            ),
+        }
+    }
+    if errors.is_empty() {
+        Ok(sources)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
 
 /// A built, bound, not yet running application.
 pub struct Application {
@@ -116,13 +141,13 @@ impl Application {
         coordination: Coordination,
     ) -> anyhow::Result<Self> {
         let s = &loaded.settings;
+        let sources = build_sources(&loaded)?;
         let listener = TcpListener::bind(s.listen)
             .with_context(|| format!("cannot listen on {}", s.listen))?;
         let port = listener.local_addr()?.port();
         let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let gateway = Arc::new(Gateway {
-            sources: loaded
-                .sources
+            sources: sources
                 .iter()
                 .map(|src| (src.name.clone(), src.clone()))
                 .collect(),
@@ -187,7 +212,7 @@ impl Application {
         let reaper = Reaper::new(inbox.clone(), clock, s.reaper.interval, s.reaper.batch_size)
             .with_orphans(Orphans {
                 inbox: inbox.clone(),
-                configured: loaded.sources.iter().map(|s| s.name.clone()).collect(),
+                configured: sources.iter().map(|s| s.name.clone()).collect(),
                 retention_ms: ms(s.gateway.dead_retention),
             });
         let reaper = tokio::spawn(reaper.run(stop_rx));

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use figment::Figment;
@@ -21,9 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use secret::Secret;
 
-use self::sources::{GatewaySettings, SourceSettings};
-use crate::gateway::Source;
-use crate::gateway::source::valid_name;
+use self::sources::{GatewaySettings, SourceSettings, valid_name};
 
 use crate::domain::TtlBounds;
 
@@ -296,15 +293,39 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
-/// Settings plus what was read on their behalf (token files).
+/// Settings plus what was read on their behalf (token and secret files).
 #[derive(Debug, Clone)]
 pub struct Loaded {
-    /// The settings.
+    /// The settings; each source's secrets include those of its files.
     pub settings: Settings,
     /// Every accepted API token, inline and from `api.tokens_file`.
     pub api_tokens: Vec<Secret>,
-    /// The gateway's sources, parsed.
-    pub sources: Vec<Arc<Source>>,
+    /// Where each value came from, for errors found after loading (`None`
+    /// for settings built in code).
+    pub figment: Option<Figment>,
+}
+
+impl Loaded {
+    /// Settings built in code, as they are (tests, embedding).
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            api_tokens: Vec::new(),
+            figment: None,
+        }
+    }
+
+    /// An error about `key`, naming where its value came from.
+    pub fn error(&self, key: &str, message: String) -> ConfigError {
+        ConfigError {
+            key: key.to_owned(),
+            origin: self
+                .figment
+                .as_ref()
+                .map_or_else(|| "settings built in code".into(), |f| origin(f, key)),
+            message,
+        }
+    }
 }
 
 impl Settings {
@@ -320,6 +341,17 @@ impl Settings {
     /// Loads from `file` (or the file named by `DEDUPD_CONFIG`) and the
     /// environment, then validates.
     pub fn load(file: Option<&Path>) -> Result<Loaded, ConfigErrors> {
+        Self::load_checked(file, |_| Ok(()))
+    }
+
+    /// As [`Settings::load`], then `check` (which builds what the settings
+    /// describe, such as the gateway's sources) runs on the loaded settings
+    /// even when they have errors of their own, so every mistake is
+    /// reported at once.
+    pub fn load_checked(
+        file: Option<&Path>,
+        check: impl FnOnce(&Loaded) -> Result<(), ConfigErrors>,
+    ) -> Result<Loaded, ConfigErrors> {
         let from_env = std::env::var_os(CONFIG_ENV).map(PathBuf::from);
         let file = file.map(Path::to_path_buf).or(from_env);
         if let Some(f) = &file
@@ -334,11 +366,18 @@ impl Settings {
                 ),
             }]));
         }
-        Self::load_from(&Self::figment(file.as_deref()))
+        Self::load_from_checked(&Self::figment(file.as_deref()), check)
     }
 
     /// Extracts and validates settings from a prepared figment.
     pub fn load_from(fig: &Figment) -> Result<Loaded, ConfigErrors> {
+        Self::load_from_checked(fig, |_| Ok(()))
+    }
+
+    fn load_from_checked(
+        fig: &Figment,
+        check: impl FnOnce(&Loaded) -> Result<(), ConfigErrors>,
+    ) -> Result<Loaded, ConfigErrors> {
         let settings: Settings = fig.extract().map_err(|e| {
             ConfigErrors(
                 e.into_iter()
@@ -353,7 +392,15 @@ impl Settings {
                     .collect(),
             )
         })?;
-        settings.validate(fig)
+        let (loaded, mut errors) = settings.validate(fig);
+        if let Err(more) = check(&loaded) {
+            errors.extend(more.0);
+        }
+        if errors.is_empty() {
+            Ok(loaded)
+        } else {
+            Err(ConfigErrors(errors))
+        }
     }
 
     /// The TTL bounds the API enforces.
@@ -415,7 +462,7 @@ impl Settings {
         }
     }
 
-    fn validate(self, fig: &Figment) -> Result<Loaded, ConfigErrors> {
+    fn validate(mut self, fig: &Figment) -> (Loaded, Vec<ConfigError>) {
         let mut errors = Vec::new();
         let mut bad = |key: &str, message: String| {
             errors.push(ConfigError {
@@ -507,10 +554,10 @@ impl Settings {
                     .into(),
             );
         }
-        if !(1..=crate::gateway::source::MAX_IN_FLIGHT).contains(&self.gateway.max_in_flight) {
+        if !(1..=sources::MAX_IN_FLIGHT).contains(&self.gateway.max_in_flight) {
             bad(
                 "gateway.max_in_flight",
-                format!("must be 1 to {}", crate::gateway::source::MAX_IN_FLIGHT),
+                format!("must be 1 to {}", sources::MAX_IN_FLIGHT),
             );
         }
         for (key, d) in [
@@ -558,8 +605,10 @@ impl Settings {
                 ),
             );
         }
-        let mut sources = Vec::new();
-        for (name, src) in &self.sources {
+        // Secrets named by file are read here and kept with the inline ones,
+        // so what is loaded is complete; the rest of a source is checked
+        // when startup builds it (`startup::build_sources`).
+        for (name, src) in &mut self.sources {
             if !valid_name(name) {
                 bad(
                     &format!("sources.{name}"),
@@ -567,42 +616,31 @@ impl Settings {
                 );
                 continue;
             }
-            let mut secrets: Vec<String> =
-                src.secrets.iter().map(|s| s.expose().to_owned()).collect();
-            if let Some(path) = &src.secrets_file {
-                match read_lines(path) {
-                    Ok(lines) => secrets.extend(lines),
+            if let Some(path) = src.secrets_file.take() {
+                match read_lines(&path) {
+                    Ok(lines) => src.secrets.extend(lines.into_iter().map(Secret::new)),
                     Err(e) => bad(&format!("sources.{name}.secrets_file"), e),
                 }
+                src.secrets_file = Some(path);
             }
-            let mut destination = src
-                .destination_secret
-                .as_ref()
-                .map(|s| s.expose().to_owned());
-            if let Some(path) = &src.destination_secret_file {
-                match read_lines(path) {
-                    Ok(lines) => destination = lines.into_iter().next().or(destination),
+            if let Some(path) = src.destination_secret_file.take() {
+                match read_lines(&path) {
+                    Ok(lines) => {
+                        if let Some(first) = lines.into_iter().next() {
+                            src.destination_secret = Some(Secret::new(first));
+                        }
+                    }
                     Err(e) => bad(&format!("sources.{name}.destination_secret_file"), e),
                 }
-            }
-            match Source::build(name, src, &secrets, destination.as_deref()) {
-                Ok(source) => sources.push(Arc::new(source)),
-                Err(problems) => {
-                    for (key, message) in problems {
-                        bad(&format!("sources.{name}.{key}"), message);
-                    }
-                }
+                src.destination_secret_file = Some(path);
             }
         }
-        if errors.is_empty() {
-            Ok(Loaded {
-                settings: self,
-                api_tokens,
-                sources,
-            })
-        } else {
-            Err(ConfigErrors(errors))
-        }
+        let loaded = Loaded {
+            settings: self,
+            api_tokens,
+            figment: Some(fig.clone()),
+        };
+        (loaded, errors)
     }
 }
 

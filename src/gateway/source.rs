@@ -21,8 +21,7 @@ fn signed_header(scheme: Scheme, name: &str) -> bool {
     scheme == Scheme::StandardWebhooks && name.eq_ignore_ascii_case("webhook-id")
 }
 
-/// Largest `max_in_flight`, per source and over all sources.
-pub const MAX_IN_FLIGHT: usize = 4096;
+pub use crate::config::sources::MAX_IN_FLIGHT;
 
 /// Headers dedupd sets on forwarded requests itself (or that belong to the
 /// connection), which `forward_headers` may not copy.
@@ -90,14 +89,7 @@ impl std::fmt::Debug for Source {
 /// A source's setting that is wrong: the key under `sources.{name}` and why.
 pub type SourceError = (&'static str, String);
 
-/// Whether `name` may name a source: 1 to 64 of `[A-Za-z0-9_-]`. (No `/`:
-/// the store's namespace encoding depends on it.)
-pub fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-}
+pub use crate::config::sources::valid_name;
 
 impl Source {
     /// Builds a source from its settings, with secrets already read from

@@ -10,7 +10,6 @@ use async_trait::async_trait;
 use dedupd::clock::Millis;
 use dedupd::config::sources::SourceSettings;
 use dedupd::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
-use dedupd::gateway::Source;
 use dedupd::store::redb::RedbStore;
 use dedupd::store::{
     ApplyResult, ClaimOutcome, ClaimView, DoneOutcome, ExtendOutcome, Head, PurgeReport,
@@ -19,7 +18,7 @@ use dedupd::store::{
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use crate::gateway::{DESTINATION, SECRET, body, gateway_app, ids, settings};
+use crate::gateway::{SECRET, body, gateway_app, ids, settings};
 use crate::helpers::{TestApp, assert_problem, spawn_app_with, spawn_shared_app_with};
 use crate::receiver::{Behaviour, Receiver, eventually};
 
@@ -28,19 +27,17 @@ type Tweak = Box<dyn FnOnce(&mut SourceSettings)>;
 
 /// An app with one source per `(name, receiver url, tweak)`.
 async fn app_with_sources(sources: Vec<(&str, String, Tweak)>) -> TestApp {
-    let built: Vec<(String, SourceSettings, Arc<Source>)> = sources
+    let built: Vec<(String, SourceSettings)> = sources
         .into_iter()
         .map(|(name, url, tweak)| {
             let mut s = settings(&url);
             tweak(&mut s);
-            let src = Source::build(name, &s, &[SECRET.to_owned()], Some(DESTINATION)).unwrap();
-            (name.to_owned(), s, Arc::new(src))
+            (name.to_owned(), s)
         })
         .collect();
     spawn_app_with(move |l| {
-        for (name, s, src) in built {
+        for (name, s) in built {
             l.settings.sources.insert(name, s);
-            l.sources.push(src);
         }
     })
     .await
@@ -324,11 +321,9 @@ async fn an_event_is_settled_delivered_only_after_its_stream_head_moved() {
     let flag = failing.clone();
     let url = receiver.url.clone();
     let s = settings(&url);
-    let source = Source::build("sume", &s, &[SECRET.to_owned()], Some(DESTINATION)).unwrap();
     let app = spawn_shared_app_with(
         move |l| {
             l.settings.sources.insert("sume".into(), s);
-            l.sources = vec![Arc::new(source)];
         },
         move |file| {
             Arc::new(FailingApply {
@@ -387,7 +382,6 @@ async fn events_of_a_removed_source_stay_listable_and_go_after_their_retention()
     .await;
     let (mut loaded, dir, clock, real_time) = app.stop().await;
     loaded.settings.sources.clear();
-    loaded.sources.clear();
     loaded.settings.reaper.interval = Duration::from_millis(20);
     loaded.settings.gateway.dead_retention = Duration::from_secs(3600);
     let tried = receiver.received().len();

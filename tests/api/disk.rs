@@ -2,14 +2,11 @@
 //! `Retry-After` and nothing changed, `/readyz` failing meanwhile, and
 //! recovery without a restart.
 
-use std::sync::Arc;
-
-use dedupd::gateway::Source;
 use dedupd::store::redb::faults::FaultPlan;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::gateway::{DESTINATION, SECRET, body, ids, settings};
+use crate::gateway::{body, ids, settings};
 use crate::helpers::{TestApp, assert_problem, spawn_faulty_app_with};
 use crate::receiver::{Behaviour, Receiver, eventually};
 
@@ -58,11 +55,9 @@ async fn a_delivery_acknowledged_while_the_disk_is_full_is_recorded_once_it_free
     let plan = FaultPlan::new();
     let receiver = Receiver::start(Behaviour::Hold(None)).await;
     let s = settings(&receiver.url);
-    let source = Source::build("sume", &s, &[SECRET.to_owned()], Some(DESTINATION)).unwrap();
     let app = spawn_faulty_app_with(
         move |l| {
             l.settings.sources.insert("sume".into(), s);
-            l.sources = vec![Arc::new(source)];
         },
         plan.clone(),
     )

@@ -56,19 +56,10 @@ async fn edge_app(body_timeout: Duration) -> (TestApp, Receiver) {
 }
 
 async fn gateway_app_with_timeout(url: &str, body_timeout: Duration) -> TestApp {
-    use std::sync::Arc;
     let s = crate::gateway::settings(url);
-    let source = dedupd::gateway::Source::build(
-        "sume",
-        &s,
-        &[SECRET.to_owned()],
-        Some(crate::gateway::DESTINATION),
-    )
-    .unwrap();
     crate::helpers::spawn_app_with(move |l| {
         l.settings.http.body_timeout = body_timeout;
         l.settings.sources.insert("sume".into(), s);
-        l.sources = vec![Arc::new(source)];
     })
     .await
 }

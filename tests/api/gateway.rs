@@ -6,12 +6,10 @@
 //! depends on how fast anything runs.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use dedupd::clock::Clock;
 use dedupd::config::sources::SourceSettings;
-use dedupd::gateway::Source;
 use dedupd::gateway::signature::{Scheme, Verifier, sign};
 use reqwest::{Method, Response, StatusCode};
 use serde_json::{Value, json};
@@ -35,6 +33,8 @@ pub(crate) fn settings(forward_to: &str) -> SourceSettings {
         backoff_max = "40ms"
         forward_timeout = "2s"
         max_body_bytes = 4096
+        secrets = ["{SECRET}"]
+        destination_secret = "{DESTINATION}"
         "#
     );
     toml::from_str(&toml).unwrap()
@@ -46,10 +46,8 @@ pub(crate) async fn gateway_app(
 ) -> TestApp {
     let mut s = settings(forward_to);
     tweak(&mut s);
-    let source = Source::build("sume", &s, &[SECRET.to_owned()], Some(DESTINATION)).unwrap();
     spawn_app_with(move |l| {
         l.settings.sources.insert("sume".into(), s);
-        l.sources = vec![Arc::new(source)];
     })
     .await
 }
@@ -733,10 +731,8 @@ async fn events_of_a_source_that_left_the_configuration_do_not_block_the_others(
     receiver.set(Behaviour::Accept);
     let mut s = settings(&receiver.url);
     s.max_attempts = 1000;
-    let renamed = Source::build("sume2", &s, &[SECRET.to_owned()], Some(DESTINATION)).unwrap();
     loaded.settings.sources.clear();
     loaded.settings.sources.insert("sume2".into(), s);
-    loaded.sources = vec![Arc::new(renamed)];
     let before = receiver.received().len();
     let app = crate::helpers::start_again(loaded, dir, clock, real_time).await;
     let res = app

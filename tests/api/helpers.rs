@@ -52,11 +52,7 @@ pub fn test_settings(dir: &TempDir) -> Loaded {
     settings.http.workers = 1;
     settings.storage.cache_bytes = 4 * 1024 * 1024;
     settings.http.shutdown_timeout = Duration::from_secs(5);
-    Loaded {
-        settings,
-        api_tokens: Vec::new(),
-        sources: Vec::new(),
-    }
+    Loaded::new(settings)
 }
 
 /// Starts an app with default test settings.

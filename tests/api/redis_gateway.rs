@@ -1,28 +1,24 @@
 //! The gateway on the Redis backend: ingest that does not need Redis, and
 //! several instances delivering one stream in turn.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use dedupd::clock::Clock;
 use dedupd::config::{Backend, Secret};
-use dedupd::gateway::Source;
 
-use crate::gateway::{DESTINATION, SECRET, body, ids, settings};
+use crate::gateway::{body, ids, settings};
 use crate::helpers::{TestApp, spawn_app_with};
 use crate::receiver::{Behaviour, Receiver, eventually};
 use crate::redis_server::RedisServer;
 
 async fn redis_gateway_app(redis_url: String, forward_to: &str) -> TestApp {
     let s = settings(forward_to);
-    let source = Source::build("sume", &s, &[SECRET.to_owned()], Some(DESTINATION)).unwrap();
     spawn_app_with(move |l| {
         l.settings.storage.backend = Backend::Redis;
         l.settings.storage.redis.url = Secret::new(redis_url);
         l.settings.storage.redis.response_timeout = Duration::from_millis(500);
         l.settings.storage.redis.connect_timeout = Duration::from_millis(500);
         l.settings.sources.insert("sume".into(), s);
-        l.sources = vec![Arc::new(source)];
     })
     .await
 }

@@ -18,35 +18,10 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
+pub use crate::config::sources::Scheme;
 pub use standard::{parse_whsec, sign_standard_webhooks};
 
 type HmacSha256 = Hmac<Sha256>;
-
-/// A provider's signature scheme, as named in a source's `scheme` setting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Scheme {
-    /// `X-Sume-Timestamp` and `X-Sume-Signature: v1=<hex>` over `"{timestamp}.{body}"`.
-    Sume,
-    /// `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64>` over `"{id}.{timestamp}.{body}"`.
-    StandardWebhooks,
-    /// `Stripe-Signature: t=<ts>,v1=<hex>` over `"{t}.{body}"`.
-    Stripe,
-    /// `X-Hub-Signature-256: sha256=<hex>` over the body, without a timestamp.
-    Github,
-}
-
-impl Scheme {
-    /// The name as written in a source's `scheme` setting.
-    pub fn name(self) -> &'static str {
-        match self {
-            Scheme::Sume => "sume",
-            Scheme::StandardWebhooks => "standard-webhooks",
-            Scheme::Stripe => "stripe",
-            Scheme::Github => "github",
-        }
-    }
-}
 
 /// Why a request's signature was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
