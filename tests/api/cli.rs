@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 
-fn dedupd() -> Command {
+pub(crate) fn dedupd() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
     // The tests' own environment must not leak settings in.
     for (k, _) in std::env::vars() {
@@ -142,7 +142,7 @@ fn serve_refuses_a_non_loopback_address_without_tokens_and_says_why() {
 
 /// Starts `dedupd serve` in `dir` and returns it with its port, read from
 /// its JSON log.
-fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+pub(crate) fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
     let mut child = dedupd()
         .arg("serve")
         .current_dir(dir.path())
@@ -165,7 +165,7 @@ fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::JoinHandle<()
     (child, port, drain)
 }
 
-fn signal(child: &std::process::Child, sig: &str) {
+pub(crate) fn signal(child: &std::process::Child, sig: &str) {
     let status = Command::new("kill")
         .args([sig, &child.id().to_string()])
         .status()
@@ -173,7 +173,7 @@ fn signal(child: &std::process::Child, sig: &str) {
     assert!(status.success());
 }
 
-fn sigterm(child: &std::process::Child) {
+pub(crate) fn sigterm(child: &std::process::Child) {
     signal(child, "-TERM");
 }
 
@@ -210,7 +210,7 @@ async fn assert_fences(base: &str, prefix: &str, fences: &[u64]) {
     }
 }
 
-fn wait(mut child: std::process::Child) -> std::process::ExitStatus {
+pub(crate) fn wait(mut child: std::process::Child) -> std::process::ExitStatus {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(s) = child.try_wait().unwrap() {

@@ -6,6 +6,7 @@ mod bad_input;
 mod claims;
 mod cli;
 mod concurrency;
+mod crash;
 mod delivery;
 mod disk;
 mod edge;
