@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# Durable claims: dedupd (release build, redb on disk) against Redis made as
+# durable (AOF, appendfsync always), with Redis without persistence for
+# reference. Same concurrency levels, random keys, fixed duration each.
+#
+#   benches/claims_vs_redis.sh                       # 10 s per run, 16 64 256
+#   DURATION=3 CONCURRENCY="64" KEEP=1 benches/claims_vs_redis.sh
+#
+# Env: DURATION (s, default 10), CONCURRENCY (default "16 64 256"),
+# KEEP=1 (keep the temp dir), MIX=0 (skip the claim->done mix),
+# BENCH_TMP (parent of the temp dir, default /var/tmp; must not be tmpfs),
+# QUIET_WAIT (s to wait for other builds to finish, default 900),
+# WRK_THREADS (default 2), RB_THREADS (redis-benchmark --threads, default 2;
+# 1 = its classic single-threaded client, which is faster on 2 cores).
+set -euo pipefail
+
+DURATION=${DURATION:-10}
+CONCURRENCY=${CONCURRENCY:-16 64 256}
+KEEP=${KEEP:-0}
+MIX=${MIX:-1}
+QUIET_WAIT=${QUIET_WAIT:-900}
+WRK_THREADS=${WRK_THREADS:-2}
+RB_THREADS=${RB_THREADS:-2}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+die() { echo "claims_vs_redis: $*" >&2; exit 1; }
+log() { echo "== $*" >&2; }
+
+# --- tools --------------------------------------------------------------
+need() { # need CMD DEBIAN_PACKAGE...
+    command -v "$1" >/dev/null && return
+    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null ||
+        die "'$1' is missing: install the Debian package(s) ${*:2}"
+    log "installing ${*:2}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${@:2}" >/dev/null ||
+        { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y "${@:2}" >/dev/null; } ||
+        die "could not install ${*:2}"
+}
+need redis-server redis-server redis-tools
+need redis-benchmark redis-tools
+need redis-cli redis-tools
+need wrk wrk
+for t in curl cargo ss awk; do command -v $t >/dev/null || die "'$t' is missing"; done
+
+# --- temp dir, processes, cleanup ------------------------------------------
+TMP=$(mktemp -d "${BENCH_TMP:-/var/tmp}/claims-vs-redis.XXXXXX")
+case $(stat -f -c %T "$TMP") in tmpfs | ramfs) die "$TMP is on $(stat -f -c %T "$TMP"): set BENCH_TMP to a disk" ;; esac
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [ "$KEEP" = 1 ]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'echo "claims_vs_redis: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
+trap 'exit 130' INT TERM
+
+free_port() {
+    local p i
+    for i in $(seq 200); do
+        p=$((20000 + RANDOM % 40000))
+        [ -z "$(ss -Hltn "( sport = :$p )")" ] && { echo "$p"; return; }
+    done
+    die "no free port found"
+}
+
+# --- build -----------------------------------------------------------------
+log "cargo build --release"
+(cd "$ROOT" && cargo build --release --quiet) || die "cargo build --release failed"
+BIN=$ROOT/target/release/dedupd
+
+# --- wait for a quiet machine ------------------------------------------------
+# Builds (and cargo test runs) pollute the figures: before each measurement,
+# wait until none has run for 5 s, up to QUIET_WAIT seconds in all.
+busy() { pgrep -x rustc >/dev/null || pgrep -x cc1 >/dev/null || pgrep -x clippy-driver >/dev/null || pgrep -x cargo >/dev/null; }
+waited=0
+wait_quiet() {
+    local calm=0 said=0 t0
+    while [ "$calm" -lt 2 ]; do
+        if busy; then
+            [ "$waited" -ge "$QUIET_WAIT" ] && return
+            [ "$said" = 1 ] || log "a build is running (rustc/cc1/clippy-driver/cargo): waiting (${waited}s of ${QUIET_WAIT}s used)"
+            said=1; calm=0; t0=$(date +%s); sleep 5; waited=$((waited + $(date +%s) - t0))
+        else calm=$((calm + 1)); sleep 2.5; fi
+    done
+}
+wait_quiet
+log "waited ${waited}s for other builds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# --- servers -------------------------------------------------------------------
+DPORT=$(free_port)
+mkdir -p "$TMP/dedupd"
+cat >"$TMP/dedupd/dedupd.toml" <<EOF
+listen = "127.0.0.1:$DPORT"
+data_path = "$TMP/dedupd/dedupd.redb"
+[log]
+level = "warn"
+[http]
+workers = 2
+EOF
+"$BIN" serve --config "$TMP/dedupd/dedupd.toml" >"$TMP/dedupd/dedupd.log" 2>&1 &
+DPID=$!; PIDS+=("$DPID")
+for i in $(seq 300); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$DPORT/readyz")" = 200 ] && break
+    kill -0 "$DPID" 2>/dev/null || { cat "$TMP/dedupd/dedupd.log" >&2; die "dedupd exited"; }
+    [ "$i" = 300 ] && die "dedupd not ready after 30 s"
+    sleep 0.1
+done
+code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$DPORT/v1/claims/smoke-$$")
+[ "$code" = 201 ] || die "a first claim answered $code, not 201"
+
+start_redis() { # NAME ARGS... ; sets PORT
+    local name=$1 port; shift
+    port=$(free_port); mkdir -p "$TMP/$name"
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$TMP/$name" --daemonize no \
+        --logfile "$TMP/$name/redis.log" "$@" >/dev/null 2>&1 &
+    PIDS+=($!)
+    for i in $(seq 100); do
+        [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ] && { PORT=$port; return; }
+        sleep 0.1
+    done
+    die "redis $name did not start (see $TMP/$name/redis.log)"
+}
+AOF_ARGS=(--appendonly yes --appendfsync always --save "")
+NONE_ARGS=(--appendonly no --save "")
+start_redis redis-aof "${AOF_ARGS[@]}"; RAOF=$PORT
+start_redis redis-none "${NONE_ARGS[@]}"; RNONE=$PORT
+[ "$(redis-cli -p "$RAOF" config get appendfsync | tail -1)" = always ] || die "AOF redis is not appendfsync always"
+
+# --- wrk scripts -------------------------------------------------------------------
+cat >"$TMP/claim.lua" <<'EOF'
+-- POST /v1/claims/<random key>, empty body. arg 1: key prefix of this run.
+local threads = {}
+function setup(thread) threads[#threads + 1] = thread; thread:set("id", #threads) end
+function init(args)
+  prefix = "/v1/claims/" .. (args[1] or "k") .. "-" .. id .. "-"
+  math.randomseed(os.time() + id * 7919)
+  hdrs = { ["Content-Length"] = "0" }
+end
+function request()
+  return wrk.format("POST", prefix .. math.random(0, 2147483646) .. "x" .. math.random(0, 2147483646), hdrs)
+end
+function done(s, lat)
+  local e = s.errors
+  io.write(string.format("RESULT %d %d %d %d %d %d\n", s.requests, s.duration, e.status,
+    e.connect + e.read + e.write + e.timeout, lat:percentile(50), lat:percentile(99)))
+  for _, t in ipairs(threads) do
+    if t:get("claims") then io.write(string.format("MIX %d %d %d\n", t:get("claims"), t:get("dones"), t:get("bad"))) end
+  end
+end
+EOF
+# claim -> done: each 201 pushes its key and token; the next request on the
+# thread (usually the same connection's) marks it done with that token.
+cat "$TMP/claim.lua" >"$TMP/mix.lua"
+cat >>"$TMP/mix.lua" <<'EOF'
+claims, dones, bad = 0, 0, 0
+local q, n = {}, 0
+local jhdr = { ["Content-Type"] = "application/json" }
+function request()
+  if n > 0 then
+    local p = q[n]; q[n] = nil; n = n - 1
+    return wrk.format("POST", p[1], jhdr, p[2])
+  end
+  return wrk.format("POST", prefix .. math.random(0, 2147483646) .. "x" .. math.random(0, 2147483646), hdrs)
+end
+function response(status, headers, body)
+  if status == 201 then
+    claims = claims + 1
+    local key, tok = body:match('"key":"([^"]*)"'), body:match('"token":"([^"]*)"')
+    n = n + 1; q[n] = { "/v1/claims/" .. key .. "/done", '{"token":"' .. tok .. '"}' }
+  elseif status == 200 then dones = dones + 1
+  else bad = bad + 1 end
+end
+EOF
+
+# --- runs ------------------------------------------------------------------------------
+RES=$TMP/results; : >"$RES"
+flag() { busy && echo "BUILD" || echo "-"; }
+run_wrk() { # KIND C SCRIPT
+    local out f0
+    wait_quiet; f0=$(flag)
+    out=$(wrk -t "$WRK_THREADS" -c "$2" -d "${DURATION}s" --timeout 10s -s "$3" "http://127.0.0.1:$DPORT" -- "$1$2-$RANDOM$RANDOM")
+    echo "$out" >"$TMP/wrk-$1-$2.txt"
+    local r; r=$(grep '^RESULT' <<<"$out") || die "no wrk result for $1 c=$2: $out"
+    set -- "$1" "$2" $r
+    # kind c rps p50ms p99ms non2xx sockerr flag
+    awk -v k="$1" -v c="$2" -v f="$f0/$(flag)" -v n="$4" -v d="$5" -v s="$6" -v e="$7" -v a="$8" -v b="$9" \
+        'BEGIN { printf "%s %s %.0f %.3f %.3f %d %d %s\n", k, c, n / d * 1e6, a / 1000, b / 1000, s, e, f }' >>"$RES"
+    { grep '^MIX' <<<"$out" || true; } | awk -v c="$2" '{ cl += $2; dn += $3; bd += $4 } END { if (NR) print "mixcount", c, cl, dn, bd }' >>"$RES"
+}
+RB_CMD=(SET k:__rand_int__ processing NX EX 300)
+RB_OPTS=(-r 100000000 --csv); [ "$RB_THREADS" -gt 1 ] && RB_OPTS+=(--threads "$RB_THREADS")
+run_redis() { # KIND PORT C
+    local probe rps n f0 t0 line
+    wait_quiet
+    probe=$(( $3 * 200 > 50000 ? $3 * 200 : 50000 ))
+    rps=$(redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -n "$probe" "${RB_OPTS[@]}" "${RB_CMD[@]}" |
+        awk -F'"' 'NR == 2 { print int($4) }')
+    n=$(( rps * DURATION > probe ? rps * DURATION : probe ))
+    f0=$(flag); t0=$(date +%s.%N)
+    line=$(redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -n "$n" "${RB_OPTS[@]}" "${RB_CMD[@]}" | sed -n 2p)
+    [ -n "$line" ] || die "no redis-benchmark result for $1 c=$3"
+    log "   $n requests in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+    awk -F'"' -v k="$1" -v c="$3" -v f="$f0/$(flag)" '{ printf "%s %s %.0f %.3f %.3f 0 0 %s\n", k, c, $4, $10, $14, f }' <<<"$line" >>"$RES"
+}
+for c in $CONCURRENCY; do
+    log "c=$c: dedupd claims";          run_wrk claim "$c" "$TMP/claim.lua"
+    log "c=$c: redis appendfsync always"; run_redis aof "$RAOF" "$c"
+    log "c=$c: redis no persistence";   run_redis none "$RNONE" "$c"
+    if [ "$MIX" = 1 ]; then log "c=$c: dedupd claim->done"; run_wrk mix "$c" "$TMP/mix.lua"; fi
+done
+
+# --- report -----------------------------------------------------------------------
+dev=$(findmnt -n -o SOURCE -T "$TMP")
+echo
+echo "Machine: $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p')), $(uname -r), $(free -g | awk '/Mem:/ { print $2 }') GiB RAM"
+echo "Temp dir: $TMP on $dev ($(findmnt -n -o FSTYPE,OPTIONS -T "$TMP")); disk: $(lsblk -dn -o NAME,SIZE,ROTA,MODEL "$dev" 2>/dev/null | xargs || echo '?') (lsblk ROTA; virtio disks often claim 1)"
+echo "Quiet: waited ${waited}s in all for other builds (limit QUIET_WAIT=${QUIET_WAIT}s); load average now $(cut -d' ' -f1-3 /proc/loadavg)."
+echo "       'build' column: a rustc/cc1/clippy-driver/cargo process was running at the start/end of that run ('-' = none)."
+echo "Duration: ${DURATION}s per run; dedupd $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' + uncommitted src changes'), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
+echo
+echo "Claims (latencies in ms; ratio = dedupd / Redis AOF-always):"
+awk '
+    { k[$1 " " $2] = $0; if (!($2 in seen)) { seen[$2] = 1; cs[++nc] = $2 } }
+    END {
+        printf "%5s | %-30s | %-22s | %-22s | %-13s | %s\n", "", "dedupd claims (wrk)", "Redis AOF always", "Redis no persistence", "dedupd/AOF", ""
+        printf "%5s | %8s %6s %6s %7s | %8s %6s %6s | %8s %6s %6s | %6s %6s | %s\n", "conns", "claims/s", "p50", "p99", "non2xx", "ops/s", "p50", "p99", "ops/s", "p50", "p99", "tput", "p99", "build d/aof/none"
+        for (i = 1; i <= nc; i++) {
+            c = cs[i]; split(k["claim " c], d, " "); split(k["aof " c], a, " "); split(k["none " c], z, " ")
+            printf "%5s | %8d %6.2f %6.2f %7s | %8d %6.2f %6.2f | %8d %6.2f %6.2f | %5.2fx %5.2fx | %s %s %s\n", c,
+                d[3], d[4], d[5], d[6] + d[7], a[3], a[4], a[5], z[3], z[4], z[5],
+                a[3] ? d[3] / a[3] : 0, a[5] ? d[5] / a[5] : 0, d[8], a[8], z[8]
+        }
+    }' "$RES"
+if [ "$MIX" = 1 ]; then
+    echo
+    echo "dedupd claim->done mix (each 201 claim is followed by POST /done with its token; ops = claims + dones):"
+    awk '
+        $1 == "mix" { m[$2] = $0; cs[++nc] = $2 } $1 == "mixcount" { x[$2] = $0 }
+        END {
+            printf "%5s | %8s %11s %6s %6s | %9s %9s %6s | %s\n", "conns", "ops/s", "claim+done/s", "p50", "p99", "201", "200", "other", "build"
+            for (i = 1; i <= nc; i++) {
+                c = cs[i]; split(m[c], r, " "); split(x[c], y, " ")
+                printf "%5s | %8d %11d %6.2f %6.2f | %9d %9d %6d | %s\n", c, r[3], r[3] / 2, r[4], r[5], y[3], y[4], y[5] + r[7], r[8]
+            }
+        }' "$RES"
+fi
+grep -q 'rewriting started' "$TMP/redis-aof/redis.log" &&
+    echo "Note: the AOF redis ran a background AOF rewrite during the runs (see its log)."
+echo
+echo "Commands:"
+echo "  dedupd:  $BIN serve --config dedupd.toml   (listen 127.0.0.1:$DPORT, data_path in the temp dir, log.level warn, http.workers 2)"
+echo "  redis:   redis-server --port P --bind 127.0.0.1 --dir D --appendonly yes --appendfsync always --save \"\""
+echo "           redis-server --port P --bind 127.0.0.1 --dir D --appendonly no --save \"\"   (reference)"
+echo "  claims:  wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s claim.lua http://127.0.0.1:$DPORT -- <prefix>   (POST /v1/claims/<prefix>-<thread>-<rand>x<rand>, empty body)"
+[ "$MIX" = 1 ] && echo "  mix:     wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s mix.lua http://127.0.0.1:$DPORT -- <prefix>"
+echo "  redis:   redis-benchmark -c N -n <probe rps x ${DURATION}> ${RB_OPTS[*]} ${RB_CMD[*]}"
+echo "           (n from a probe run of max(50000, 200 N) requests, so each run lasts about ${DURATION}s)"
+echo "  non2xx = wrk's non-2xx/3xx answers + socket errors (connect/read/write/timeout); must be 0."
