@@ -122,7 +122,9 @@ start_redis() { # NAME ARGS... ; sets PORT
     done
     die "redis $name did not start (see $TMP/$name/redis.log)"
 }
-AOF_ARGS=(--appendonly yes --appendfsync always --save "")
+# Automatic AOF rewrites are off: a rewrite forks and writes the whole data
+# set, which would land in whichever run (dedupd's too) happens to follow.
+AOF_ARGS=(--appendonly yes --appendfsync always --save "" --auto-aof-rewrite-percentage 0)
 NONE_ARGS=(--appendonly no --save "")
 start_redis redis-aof "${AOF_ARGS[@]}"; RAOF=$PORT
 start_redis redis-none "${NONE_ARGS[@]}"; RNONE=$PORT

@@ -16,7 +16,6 @@ use actix_web::{App, HttpServer, web};
 use anyhow::Context;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
-use tracing_actix_web::TracingLogger;
 
 use crate::auth::{ApiTokens, require_bearer};
 use crate::clock::SharedClock;
@@ -29,7 +28,7 @@ use crate::routes::{self, AppState};
 use crate::store::Store;
 use crate::store::inbox::Retention;
 use crate::store::redb::{RedbOptions, RedbStore};
-use crate::telemetry::RequestSpans;
+use crate::telemetry::log_requests;
 
 /// Builds the configured sources: every setting parsed and checked. Each
 /// error names its key (`sources.NAME.KEY`) and where the value came from.
@@ -183,7 +182,7 @@ impl Application {
         let tokens = web::Data::new(ApiTokens::new(&loaded.api_tokens));
         let server = HttpServer::new(move || {
             App::new()
-                .wrap(TracingLogger::<RequestSpans>::new())
+                .wrap(from_fn(log_requests))
                 .app_data(state.clone())
                 .app_data(tokens.clone())
                 .configure(routes::health::configure)

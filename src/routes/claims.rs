@@ -1,34 +1,57 @@
 //! `/v1/claims/{key}`: claim, done, extend, release, inspect.
 
+use actix_web::http::Method;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
 use super::body::read_json;
-use super::{AppState, method_not_allowed, path_segment};
+use super::{AppState, path_segment};
 use crate::clock::Millis;
 use crate::domain::{Fingerprint, Key, ScopedKey, Token};
 use crate::error::ApiError;
 use crate::store::{ClaimOutcome, ClaimState, DoneOutcome, ExtendOutcome, ReleaseOutcome};
 
-/// Registers the claim routes.
+/// Registers the claim routes: `/claims/{key}` (POST claim, GET inspect,
+/// DELETE release), `/claims/{key}/done` and `/claims/{key}/extend` (POST).
+///
+/// The hottest routes of the service are dispatched here by hand under a
+/// static prefix: actix matches `{key}` patterns with a regex engine, which
+/// cost about a tenth of a request's CPU in a profile of the claims path.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/claims/{key}")
-            .route(web::post().to(claim))
-            .route(web::get().to(inspect))
-            .route(web::delete().to(release))
-            .default_service(method_not_allowed("GET, POST, DELETE")),
-    )
-    .service(
-        web::resource("/claims/{key}/done")
-            .route(web::post().to(done))
-            .default_service(method_not_allowed("POST")),
-    )
-    .service(
-        web::resource("/claims/{key}/extend")
-            .route(web::post().to(extend))
-            .default_service(method_not_allowed("POST")),
-    );
+    cfg.service(web::scope("/claims").default_service(web::to(dispatch)));
+}
+
+/// Routes `/claims/...` by its segments and method.
+async fn dispatch(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    // An empty key is no resource (404), as with the `{key}` pattern.
+    let segments = req
+        .uri()
+        .path()
+        .strip_prefix("/v1/claims/")
+        .filter(|rest| !rest.is_empty() && !rest.starts_with('/'))
+        .map_or(0, |rest| rest.split('/').count());
+    let action = req.uri().path().split('/').nth(4);
+    let method = req.method();
+    let not_allowed = |allowed: &'static str| {
+        Err(ApiError::MethodNotAllowed {
+            method: method.to_string(),
+            allowed,
+        })
+    };
+    match (segments, action) {
+        (1, _) if method == Method::POST => claim(state, req, payload).await,
+        (1, _) if method == Method::GET => inspect(state, req).await,
+        (1, _) if method == Method::DELETE => release(state, req, payload).await,
+        (1, _) => not_allowed("GET, POST, DELETE"),
+        (2, Some("done")) if method == Method::POST => done(state, req, payload).await,
+        (2, Some("extend")) if method == Method::POST => extend(state, req, payload).await,
+        (2, Some("done" | "extend")) => not_allowed("POST"),
+        _ => super::not_found(req).await,
+    }
 }
 
 /// Body of a claim; every field optional.
