@@ -91,6 +91,7 @@ impl Application {
             queue_capacity: s.storage.queue_capacity,
             max_batch: s.storage.max_batch,
             faults: None,
+            ..RedbOptions::new(&s.data_path)
         };
         let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
             .await

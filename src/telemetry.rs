@@ -50,7 +50,10 @@ pub async fn log_requests(
     let ms = start.elapsed().as_secs_f64() * 1e3;
     if status.is_server_error() {
         let (method, path) = match &res {
-            Ok(r) => (r.request().method().to_string(), r.request().path().to_owned()),
+            Ok(r) => (
+                r.request().method().to_string(),
+                r.request().path().to_owned(),
+            ),
             Err(_) => (method.to_string(), path),
         };
         tracing::error!(%method, %path, status = status.as_u16(), ms, "request failed");

@@ -7,7 +7,9 @@ use super::Invalid;
 
 /// An event's `created_at`, as nanoseconds since the Unix epoch (UTC).
 /// Two timestamps in different offsets that name the same instant are equal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct CreatedAt(i128);
 
 impl CreatedAt {

@@ -7,7 +7,7 @@ pub const MAX_FINGERPRINT_BYTES: usize = 256;
 
 /// An opaque fingerprint such as a hex SHA-256 of the payload: 1 to 256
 /// bytes, no control characters. Compared exactly.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fingerprint(String);
 
 impl Fingerprint {

@@ -69,7 +69,9 @@ pub enum Namespace {
 /// Encoding: `a/{key}` for the API, `g/{source}/{key}` for the gateway and
 /// `s/{source}/{stream}` for its stream leases.
 /// Source names cannot contain `/`, so the encoding is unambiguous.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct ScopedKey(String);
 
 impl ScopedKey {

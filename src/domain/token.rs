@@ -7,7 +7,8 @@ use subtle::ConstantTimeEq;
 use super::Invalid;
 
 /// An owner token. Shown to clients as 32 lowercase hex digits.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+// Serialized only into the store's write-ahead log, never into answers.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Token([u8; 16]);
 
 impl Token {

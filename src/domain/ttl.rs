@@ -6,7 +6,9 @@ use super::Invalid;
 use crate::clock::Millis;
 
 /// A TTL in milliseconds, at least 1 and at most the configured maximum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Ttl(u64);
 
 impl Ttl {

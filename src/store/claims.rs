@@ -168,13 +168,14 @@ pub fn claim(
     ttl: Ttl,
     fingerprint: Option<Fingerprint>,
     now: Millis,
+    token: Token,
     next_fence: impl FnOnce() -> u64,
 ) -> (ClaimOutcome, Change) {
     match current {
         None => {
             let record = ClaimRecord {
                 state: ClaimState::Processing,
-                token: Token::random(),
+                token,
                 fence: next_fence(),
                 expires_at_ms: ttl.expires_at(now),
                 fingerprint,

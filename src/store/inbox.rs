@@ -55,7 +55,7 @@ impl EventStatus {
 }
 
 /// An event as ingest stores it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NewEvent {
     /// Configured source name.
     pub source: String,
@@ -119,7 +119,7 @@ pub enum IngestOutcome {
 }
 
 /// How one delivery turn ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Settle {
     /// 2xx from the application (or another instance delivered it).
     Delivered {
@@ -166,7 +166,7 @@ pub enum RedeliverOutcome {
 }
 
 /// Retentions of settled events.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Retention {
     /// Delivered and stale events, ms.
     pub delivered_ms: u64,

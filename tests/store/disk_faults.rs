@@ -180,6 +180,10 @@ async fn every_write_path_is_refused_unchanged_on_a_full_disk_and_recovers_by_it
     s.settle("sume", "ev", generation, dead, RETENTION, T)
         .await
         .unwrap();
+    assert_eq!(
+        s.inbox_event("sume", "ev").await.unwrap().unwrap().status,
+        EventStatus::Dead
+    );
     f.refused_then_recovered("redeliver", s.redeliver("sume", "ev", T))
         .await;
     assert_eq!(

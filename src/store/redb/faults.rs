@@ -49,6 +49,12 @@ impl FaultPlan {
         self.injected.load(Ordering::SeqCst)
     }
 
+    /// Whether the next write (or sync, with `sync`) of another file on the
+    /// same disk — the write-ahead log — fails.
+    pub fn trip(&self, sync: bool) -> bool {
+        self.take(if sync { &self.syncs } else { &self.writes })
+    }
+
     fn take(&self, counter: &AtomicU64) -> bool {
         let hit = self.full.load(Ordering::SeqCst)
             || counter

@@ -19,7 +19,7 @@ use crate::store::inbox::{
 };
 
 /// An inbox write.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub enum InboxRequest {
     /// Store a new event unless its id is known.
     Insert(NewEvent),

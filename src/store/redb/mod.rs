@@ -9,6 +9,7 @@ pub mod faults;
 mod inbox;
 mod ops;
 mod tables;
+mod wal;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -55,6 +56,10 @@ pub struct RedbOptions {
     /// Storage faults to inject (tests only): the file is then opened
     /// through a backend that fails writes and syncs as the plan says.
     pub faults: Option<Arc<faults::FaultPlan>>,
+    /// A checkpoint is made once the write-ahead log holds this many bytes.
+    pub checkpoint_bytes: u64,
+    /// ... or once this long passed since the last one (with anything logged).
+    pub checkpoint_interval: std::time::Duration,
 }
 
 impl RedbOptions {
@@ -66,6 +71,8 @@ impl RedbOptions {
             queue_capacity: 4096,
             max_batch: 512,
             faults: None,
+            checkpoint_bytes: 64 * 1024 * 1024,
+            checkpoint_interval: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -193,13 +200,25 @@ impl RedbStore {
             e => other(e.into()),
         })?;
         init_schema(&db, &opts.path)?;
+        // Batches acknowledged after the last checkpoint are in the log.
+        let wal_path = wal::path_for(&opts.path);
+        let (mut log, batches) = wal::Wal::open(wal_path.clone(), opts.faults.clone())
+            .map_err(|e| other(redb::Error::Io(e)))?;
+        let seq = writer::replay(&db, batches).map_err(other)?;
+        log.reset().map_err(|e| other(redb::Error::Io(e)))?;
+        let logged = writer::Logged {
+            wal: log,
+            seq,
+            checkpointed: std::time::Instant::now(),
+        };
         let shared = Arc::new(Shared {
             db: Mutex::new(Some(Arc::new(db))),
             healthy: AtomicBool::new(true),
         });
         let counters = Arc::new(Counters::default());
-        let (writes, handle) = writer::spawn(shared.clone(), opts.clone(), counters.clone())
-            .map_err(|e| other(redb::Error::Io(e)))?;
+        let (writes, handle) =
+            writer::spawn(shared.clone(), opts.clone(), counters.clone(), logged)
+                .map_err(|e| other(redb::Error::Io(e)))?;
         Ok(Self {
             shared,
             writes,
@@ -514,6 +533,12 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
                 meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
                     .map_err(|e| other(e.into()))?;
             }
+            // Version 3 adds the write-ahead log beside the file; a version
+            // 2 file (which has none) is complete as it is.
+            Some(2) => {
+                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
+                    .map_err(|e| other(e.into()))?;
+            }
             Some(found) => {
                 return Err(OpenError::UnknownSchema {
                     path: path.to_owned(),
@@ -645,6 +670,7 @@ impl Store for RedbStore {
             key: key.clone(),
             ttl,
             fingerprint,
+            token: Token::random(),
         };
         match self.write(request, now).await? {
             Response::Claim(o) => Ok(o),

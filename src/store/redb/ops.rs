@@ -9,7 +9,8 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use super::inbox::{InboxRequest, InboxResponse, InboxTables};
 use super::tables::{
     CLAIM_EXPIRY, CLAIMS, ClaimRow, EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow,
-    META, META_FENCE, claim_from_row, claim_to_row, event_from_row, event_to_row, head_from_row,
+    META, META_FENCE, META_WAL_SEQ, claim_from_row, claim_to_row, event_from_row, event_to_row,
+    head_from_row,
 };
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
@@ -19,8 +20,11 @@ use crate::store::{
     ApplyResult, ClaimOutcome, DoneOutcome, ExtendOutcome, Head, PurgeReport, ReleaseOutcome,
 };
 
-/// A write the writer thread performs.
-#[derive(Debug)]
+/// A write the writer thread performs. Serializable for the write-ahead
+/// log: replaying the same requests with the same clock readings on the
+/// same state gives the same result (nothing here draws randomness; a
+/// claim's token comes with its request).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub enum Request {
     /// See [`crate::store::Store::claim`].
     Claim {
@@ -30,6 +34,8 @@ pub enum Request {
         ttl: Ttl,
         /// Optional fingerprint.
         fingerprint: Option<Fingerprint>,
+        /// The token a new claim gets (drawn by the caller).
+        token: Token,
     },
     /// See [`crate::store::Store::done`].
     Done {
@@ -152,6 +158,15 @@ impl<'txn> Tables<'txn> {
         })
     }
 
+    /// Records that this transaction holds write-ahead-log batch `seq`, so
+    /// whatever state of the file survives (a checkpoint, or redb's own
+    /// flush when the database is dropped) says which batches it holds, and
+    /// a replay never applies one twice.
+    pub fn set_wal_seq(&mut self, seq: u64) -> Result<(), redb::Error> {
+        self.meta.insert(META_WAL_SEQ, seq)?;
+        Ok(())
+    }
+
     /// Writes the fence counter back if it moved. Call before commit.
     pub fn finish(mut self) -> Result<(), redb::Error> {
         if self.fence_dirty {
@@ -167,16 +182,18 @@ impl<'txn> Tables<'txn> {
                 key,
                 ttl,
                 fingerprint,
+                token,
             } => {
                 let stored = self.load_claim(key)?;
                 let live = stored.as_ref().filter(|r| !r.is_expired(now));
                 let fence = &mut self.fence;
                 let dirty = &mut self.fence_dirty;
-                let (outcome, change) = claims::claim(live, *ttl, fingerprint.clone(), now, || {
-                    *fence += 1;
-                    *dirty = true;
-                    *fence
-                });
+                let (outcome, change) =
+                    claims::claim(live, *ttl, fingerprint.clone(), now, *token, || {
+                        *fence += 1;
+                        *dirty = true;
+                        *fence
+                    });
                 self.change_claim(key, stored.as_ref(), change)?;
                 Response::Claim(outcome)
             }

@@ -1,8 +1,9 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 2 (version 1 keyed the runnable index by due time first,
-//! and its earliest files had inbox rows without a lease generation; opening
-//! such a file migrates it). Any change to a table's key or row format bumps
+//! Schema version 3. Version 2 files have no write-ahead log (opening one
+//! just records the new version); version 1 keyed the runnable index by due
+//! time first, and its earliest files had inbox rows without a lease
+//! generation (opening such a file migrates it). Any change to a table's key or row format bumps
 //! the version and adds a migration (or a refusal) to `init_schema`. Every table with expiring rows has an index table keyed
 //! by `(expires_at_ms, key)`, so the reaper reads expired rows in expiry
 //! order and its cost follows what expired, not what is stored. Invariant:
@@ -16,12 +17,15 @@ use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token};
 use crate::store::{ApplyOutcome, ClaimRecord, ClaimState, Head, ordering::EventRecord};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 2;
+pub const SCHEMA_VERSION: u64 = 3;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Key in [`META`] of the schema version.
 pub const META_SCHEMA_VERSION: &str = "schema_version";
+/// Key in [`META`] of the sequence number of the last write-ahead-log batch
+/// the file holds durably (see `wal`).
+pub const META_WAL_SEQ: &str = "wal_seq";
 /// Key in [`META`] of the last fence handed out.
 pub const META_FENCE: &str = "fence";
 

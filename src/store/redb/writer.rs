@@ -8,9 +8,10 @@
 //! commit, so throughput grows with concurrency instead of being capped at one
 //! fsync per operation.
 //!
-//! Invariant: no caller is answered `Ok` before the commit that holds its
-//! write is durable; if the transaction fails, every caller in the batch gets
-//! the error and nothing in the batch took effect.
+//! Invariant: no caller is answered `Ok` before its write is durable (in the
+//! synced log, or in a durable commit); if the batch fails, every caller in
+//! it gets the error and nothing in it took effect (the transaction is
+//! dropped, and a log record of a failed batch is cut off).
 //!
 //! Disk faults: after a commit fails with an I/O error (a full or failing
 //! disk), redb refuses every later write until the file is reopened. The
@@ -25,11 +26,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use redb::{Database, Durability};
+use redb::{Database, Durability, ReadableDatabase};
 use tokio::sync::{mpsc, oneshot};
 
 use super::ops::{Request, Response, Tables};
-use super::tables::{META, META_SCHEMA_VERSION, SCHEMA_VERSION};
+use super::tables::{META, META_WAL_SEQ};
+use super::wal::{self, Batch, Wal};
 use super::{RedbOptions, Shared, disk_unavailable, is_disk_fault, open_db};
 use crate::clock::Millis;
 use crate::store::{StoreError, WriteStats};
@@ -79,23 +81,59 @@ pub fn spawn(
     shared: Arc<Shared>,
     opts: RedbOptions,
     counters: Arc<Counters>,
+    log: Logged,
 ) -> std::io::Result<(mpsc::Sender<Envelope>, JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel(opts.queue_capacity.max(1));
     let handle = std::thread::Builder::new()
         .name("dedupd-writer".into())
-        .spawn(move || run(&shared, rx, &opts, &counters))?;
+        .spawn(move || run(&shared, rx, &opts, &counters, log))?;
     Ok((tx, handle))
 }
 
-fn run(shared: &Shared, mut rx: mpsc::Receiver<Envelope>, opts: &RedbOptions, counters: &Counters) {
+/// The write-ahead log and where it stands.
+#[derive(Debug)]
+pub struct Logged {
+    /// The log file.
+    pub wal: Wal,
+    /// Sequence number of the last batch logged (or checkpointed).
+    pub seq: u64,
+    /// When the last checkpoint was made.
+    pub checkpointed: Instant,
+}
+
+impl Logged {
+    /// Whether a checkpoint is due.
+    fn checkpoint_due(&self, opts: &RedbOptions) -> bool {
+        !self.wal.is_empty()
+            && (self.wal.len() >= opts.checkpoint_bytes
+                || self.checkpointed.elapsed() >= opts.checkpoint_interval)
+    }
+
+    /// Makes everything committed durable in the file, then empties the log.
+    fn checkpoint(&mut self, db: &Database) -> Result<(), redb::Error> {
+        checkpoint(db, self.seq)?;
+        self.wal.reset()?;
+        self.checkpointed = Instant::now();
+        Ok(())
+    }
+}
+
+fn run(
+    shared: &Shared,
+    mut rx: mpsc::Receiver<Envelope>,
+    opts: &RedbOptions,
+    counters: &Counters,
+    log: Logged,
+) {
     let max_batch = opts.max_batch.max(1);
     let mut db = shared.db();
+    let mut log = Some(log);
     let mut batch = Vec::with_capacity(max_batch);
     let mut stopping = false;
     let mut reopen_wait = REOPEN_FIRST;
     while !stopping {
         if !shared.is_healthy() {
-            match reopen(shared, &mut db, opts) {
+            match reopen(shared, &mut db, opts, &mut log) {
                 Ok(()) => {
                     shared.healthy.store(true, Ordering::SeqCst);
                     reopen_wait = REOPEN_FIRST;
@@ -142,52 +180,141 @@ fn run(shared: &Shared, mut rx: mpsc::Receiver<Envelope>, opts: &RedbOptions, co
                 break;
             }
         }
-        if batch.is_empty() {
-            continue;
+        if !batch.is_empty() {
+            let result = match (&db, log.as_mut()) {
+                (Some(db), Some(log)) => commit(db, log, &batch),
+                _ => Err(redb::Error::PreviousIo),
+            };
+            match result {
+                Ok(responses) => {
+                    // Only committed batches count, so operations per
+                    // commit is what group commit achieved.
+                    counters
+                        .operations
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    counters.commits.fetch_add(1, Ordering::Relaxed);
+                    for ((_, _, reply), response) in batch.drain(..).zip(responses) {
+                        // A caller that went away no longer needs its answer;
+                        // its write is committed all the same.
+                        let _ = reply.send(Ok(response));
+                    }
+                }
+                Err(e) if is_disk_fault(&e) => {
+                    tracing::error!(error = %e, batch = batch.len(), "the data file cannot be written: writes answer 503 until it can again");
+                    shared.healthy.store(false, Ordering::SeqCst);
+                    for (_, _, reply) in batch.drain(..) {
+                        let _ = reply.send(Err(disk_unavailable()));
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, batch = batch.len(), "write transaction failed");
+                    let err = StoreError::Failed(e.to_string());
+                    for (_, _, reply) in batch.drain(..) {
+                        let _ = reply.send(Err(err.clone()));
+                    }
+                }
+            }
         }
-        let result = match &db {
-            Some(db) => commit(db, &batch),
-            None => Err(redb::Error::PreviousIo),
-        };
-        match result {
-            Ok(responses) => {
-                // Only committed batches count, so operations per commit
-                // is what group commit achieved.
-                counters
-                    .operations
-                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                counters.commits.fetch_add(1, Ordering::Relaxed);
-                for ((_, _, reply), response) in batch.drain(..).zip(responses) {
-                    // A caller that went away no longer needs its answer;
-                    // its write is committed all the same.
-                    let _ = reply.send(Ok(response));
-                }
-            }
-            Err(e) if is_disk_fault(&e) => {
-                tracing::error!(error = %e, batch = batch.len(), "the data file cannot be written: writes answer 503 until it can again");
-                shared.healthy.store(false, Ordering::SeqCst);
-                for (_, _, reply) in batch.drain(..) {
-                    let _ = reply.send(Err(disk_unavailable()));
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, batch = batch.len(), "write transaction failed");
-                let err = StoreError::Failed(e.to_string());
-                for (_, _, reply) in batch.drain(..) {
-                    let _ = reply.send(Err(err.clone()));
-                }
-            }
+        // A checkpoint when due, and always before stopping, so a clean
+        // shutdown leaves an empty log.
+        if let (Some(db), Some(l)) = (&db, log.as_mut())
+            && (stopping || l.checkpoint_due(opts))
+            && let Err(e) = l.checkpoint(db)
+        {
+            tracing::error!(error = %e, "checkpoint failed: writes answer 503 until the data file can be written");
+            shared.healthy.store(false, Ordering::SeqCst);
         }
     }
     tracing::debug!("writer stopped");
 }
 
+/// Runs a batch in one transaction, logs it, then commits without a sync.
+fn commit(
+    db: &Database,
+    log: &mut Logged,
+    batch: &[Pending],
+) -> Result<Vec<Response>, redb::Error> {
+    let mut tx = db.begin_write()?;
+    tx.set_durability(Durability::None)
+        .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+    let mut responses = Vec::with_capacity(batch.len());
+    {
+        let mut tables = Tables::open(&tx)?;
+        for (request, now, _) in batch {
+            responses.push(tables.execute(request, *now)?);
+        }
+        tables.set_wal_seq(log.seq + 1)?;
+        tables.finish()?;
+    }
+    let ops: Vec<(Millis, &Request)> = batch.iter().map(|(r, now, _)| (*now, r)).collect();
+    let before = log.wal.len();
+    // Dropping `tx` on an error aborts it: nothing took effect.
+    log.wal.append(log.seq + 1, &ops)?;
+    if let Err(e) = tx.commit() {
+        // Logged but not applied: cut the record, or a replay would apply
+        // what was refused.
+        let _ = log.wal.cut_to(before);
+        return Err(e.into());
+    }
+    log.seq += 1;
+    Ok(responses)
+}
+
+/// A durable commit recording that the file holds every batch up to `seq`.
+pub fn checkpoint(db: &Database, seq: u64) -> Result<(), redb::Error> {
+    let mut tx = db.begin_write()?;
+    tx.set_durability(Durability::Immediate)
+        .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+    {
+        let mut meta = tx.open_table(META)?;
+        meta.insert(META_WAL_SEQ, seq)?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Applies the logged batches the file does not hold yet (those after its
+/// `wal_seq`), in order, each as it ran; then a checkpoint makes them
+/// durable. Returns the sequence number of the last batch.
+pub fn replay(db: &Database, batches: Vec<Batch>) -> Result<u64, redb::Error> {
+    let mut seq = {
+        let tx = db.begin_read()?;
+        let meta = tx.open_table(META)?;
+        meta.get(META_WAL_SEQ)?.map_or(0, |g| g.value())
+    };
+    let mut replayed = 0usize;
+    let durable = seq;
+    for batch in batches.into_iter().filter(|b| b.seq > durable) {
+        let mut tx = db.begin_write()?;
+        tx.set_durability(Durability::None)
+            .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+        {
+            let mut tables = Tables::open(&tx)?;
+            for (now, request) in &batch.ops {
+                tables.execute(request, *now)?;
+            }
+            tables.set_wal_seq(batch.seq)?;
+            tables.finish()?;
+        }
+        tx.commit()?;
+        seq = batch.seq;
+        replayed += 1;
+    }
+    checkpoint(db, seq)?;
+    if replayed > 0 {
+        tracing::info!(batches = replayed, "replayed the write-ahead log");
+    }
+    Ok(seq)
+}
+
 /// Closes the faulty database (once readers let go of it), opens the file
-/// again and proves it with a durable commit.
+/// again, replays the log onto it and proves it with a durable commit.
 fn reopen(
     shared: &Shared,
     db: &mut Option<Arc<Database>>,
     opts: &RedbOptions,
+    log: &mut Option<Logged>,
 ) -> Result<(), redb::Error> {
     // Readers get `Unavailable` from here until the file is back.
     let old = shared.set_db(None).or_else(|| db.take());
@@ -212,24 +339,20 @@ fn reopen(
             }
         }
     }
+    // Non-durable commits went with the old handle; the log has them all.
+    *log = None;
     let fresh = open_db(opts)?;
-    probe(&fresh)?;
+    let (mut wal, batches) = Wal::open(wal::path_for(&opts.path), opts.faults.clone())?;
+    let seq = replay(&fresh, batches)?;
+    wal.reset()?;
     let fresh = Arc::new(fresh);
     shared.set_db(Some(fresh.clone()));
     *db = Some(fresh);
-    Ok(())
-}
-
-/// A durable commit that writes a page: the disk takes writes and syncs.
-fn probe(db: &Database) -> Result<(), redb::Error> {
-    let mut tx = db.begin_write()?;
-    tx.set_durability(Durability::Immediate)
-        .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
-    {
-        let mut meta = tx.open_table(META)?;
-        meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)?;
-    }
-    tx.commit()?;
+    *log = Some(Logged {
+        wal,
+        seq,
+        checkpointed: Instant::now(),
+    });
     Ok(())
 }
 
@@ -238,19 +361,3 @@ type Pending = (
     Millis,
     oneshot::Sender<Result<Response, StoreError>>,
 );
-
-fn commit(db: &Database, batch: &[Pending]) -> Result<Vec<Response>, redb::Error> {
-    let mut tx = db.begin_write()?;
-    tx.set_durability(Durability::Immediate)
-        .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
-    let mut responses = Vec::with_capacity(batch.len());
-    {
-        let mut tables = Tables::open(&tx)?;
-        for (request, now, _) in batch {
-            responses.push(tables.execute(request, *now)?);
-        }
-        tables.finish()?;
-    }
-    tx.commit()?;
-    Ok(responses)
-}
