@@ -91,7 +91,8 @@ impl Application {
             queue_capacity: s.storage.queue_capacity,
             max_batch: s.storage.max_batch,
             faults: None,
-            ..RedbOptions::new(&s.data_path)
+            checkpoint_bytes: s.storage.checkpoint_bytes,
+            checkpoint_interval: s.storage.checkpoint_interval,
         };
         let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
             .await

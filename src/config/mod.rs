@@ -151,6 +151,12 @@ pub struct StorageSettings {
     pub queue_capacity: usize,
     /// Most writes per commit.
     pub max_batch: usize,
+    /// A checkpoint (a durable commit of the data file, after which the
+    /// write-ahead log starts over) once the log holds this many bytes.
+    pub checkpoint_bytes: u64,
+    /// ... or once this long passed since the last one.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_interval: Duration,
     /// The Redis backend.
     pub redis: RedisSettings,
 }
@@ -234,6 +240,8 @@ impl Default for Settings {
                 cache_bytes: 64 * 1024 * 1024,
                 queue_capacity: 4096,
                 max_batch: 512,
+                checkpoint_bytes: 64 * 1024 * 1024,
+                checkpoint_interval: Duration::from_secs(30),
                 redis: RedisSettings {
                     url: Secret::new("redis://127.0.0.1:6379"),
                     cluster_nodes: Vec::new(),
@@ -531,6 +539,17 @@ impl Settings {
         }
         if self.storage.max_batch == 0 {
             bad("storage.max_batch", "must be at least 1".into());
+        }
+        if !(1024 * 1024..=1024 * 1024 * 1024).contains(&self.storage.checkpoint_bytes) {
+            bad(
+                "storage.checkpoint_bytes",
+                "must be 1048576 (1 MiB) to 1073741824 (1 GiB)".into(),
+            );
+        }
+        if self.storage.checkpoint_interval < Duration::from_millis(100)
+            || self.storage.checkpoint_interval > Duration::from_secs(3600)
+        {
+            bad("storage.checkpoint_interval", "must be 100ms to 1h".into());
         }
         self.validate_redis(&mut bad);
         if self.reaper.interval.as_millis() == 0 {

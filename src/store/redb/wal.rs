@@ -18,7 +18,8 @@
 //! the replay and is cut off; it was never acknowledged.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -52,11 +53,18 @@ struct BatchRef<'a> {
 pub struct Wal {
     /// The file.
     file: File,
-    /// Bytes of valid records (and the magic) from the start.
+    /// Where the next record goes: the end of the valid records.
     len: u64,
+    /// Bytes allocated on disk. Records are written into space already
+    /// allocated (zeros written ahead), so syncing a record never has to
+    /// sync a change of the file's size or extents as well.
+    capacity: u64,
     /// Faults to inject (tests only).
     faults: Option<Arc<FaultPlan>>,
 }
+
+/// Space the log grows by at a time.
+const GROW: u64 = 8 * 1024 * 1024;
 
 /// The log's path for a data file: `dedupd.redb` → `dedupd.redb.wal`.
 pub fn path_for(data: &Path) -> PathBuf {
@@ -75,9 +83,39 @@ fn fault(faults: Option<&Arc<FaultPlan>>, sync: bool) -> std::io::Result<()> {
     }
 }
 
+/// The valid records of `bytes` (after the magic): each intact, and each
+/// numbered one more than the one before. Whatever follows — a torn record
+/// of a crash mid-append, zeros written ahead, records left from before the
+/// last checkpoint — ends the log. Returns the batches and where they end.
+fn parse(bytes: &[u8]) -> (Vec<Batch>, usize) {
+    let mut batches: Vec<Batch> = Vec::new();
+    let mut at = MAGIC.len();
+    while let Some(head) = bytes.get(at..at + 8) {
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        if len == 0 {
+            break;
+        }
+        let Some(payload) = bytes.get(at + 8..at + 8 + len) else {
+            break;
+        };
+        if crc32fast::hash(payload) != crc {
+            break;
+        }
+        let Ok(batch) = postcard::from_bytes::<Batch>(payload) else {
+            break;
+        };
+        if batches.last().is_some_and(|b| batch.seq != b.seq + 1) {
+            break;
+        }
+        batches.push(batch);
+        at += 8 + len;
+    }
+    (batches, at)
+}
+
 impl Wal {
-    /// Opens (or creates) the log and reads the valid batches in it; a torn
-    /// or corrupt tail is cut off.
+    /// Opens (or creates) the log and reads the valid batches in it.
     pub fn open(
         path: PathBuf,
         faults: Option<Arc<FaultPlan>>,
@@ -90,57 +128,31 @@ impl Wal {
             .open(&path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let mut batches = Vec::new();
-        let mut valid = MAGIC.len();
-        if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
-            if !bytes.is_empty() && !MAGIC.starts_with(&bytes) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("{} is not a dedupd write-ahead log", path.display()),
-                ));
-            }
+        let (batches, end) = if bytes.len() >= MAGIC.len() && &bytes[..MAGIC.len()] == MAGIC {
+            parse(&bytes)
+        } else if bytes.is_empty() || MAGIC.starts_with(&bytes) {
             // New (or torn while being created): start it.
             file.set_len(0)?;
-            file.seek(SeekFrom::Start(0))?;
-            file.write_all(MAGIC)?;
+            file.write_all_at(MAGIC, 0)?;
+            file.sync_data()?;
+            (Vec::new(), MAGIC.len())
         } else {
-            let mut at = MAGIC.len();
-            while let Some(head) = bytes.get(at..at + 8) {
-                let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-                let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-                let Some(payload) = bytes.get(at + 8..at + 8 + len) else {
-                    break;
-                };
-                if crc32fast::hash(payload) != crc {
-                    break;
-                }
-                let Ok(batch) = postcard::from_bytes::<Batch>(payload) else {
-                    break;
-                };
-                batches.push(batch);
-                at += 8 + len;
-                valid = at;
-            }
-            if valid < bytes.len() {
-                tracing::warn!(
-                    path = %path.display(),
-                    cut = bytes.len() - valid,
-                    "write-ahead log ends in a torn record (a crash while appending); it was never acknowledged and is cut off"
-                );
-                file.set_len(valid as u64)?;
-            }
-        }
-        file.sync_data()?;
-        file.seek(SeekFrom::Start(valid as u64))?;
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} is not a dedupd write-ahead log", path.display()),
+            ));
+        };
+        let capacity = file.metadata()?.len();
         let wal = Self {
             file,
-            len: valid as u64,
+            len: end as u64,
+            capacity,
             faults,
         };
         Ok((wal, batches))
     }
 
-    /// Bytes in the log.
+    /// Bytes of records in the log.
     pub fn len(&self) -> u64 {
         self.len
     }
@@ -150,8 +162,25 @@ impl Wal {
         self.len <= MAGIC.len() as u64
     }
 
-    /// Appends a batch and syncs it. On an error the log is cut back to
-    /// where it was, so a batch that was not acknowledged is never replayed.
+    /// Allocates at least `need` more bytes after the records by writing
+    /// zeros, and syncs that (size and all) once, ahead of the records.
+    fn grow(&mut self, need: u64) -> std::io::Result<()> {
+        let target = (self.len + need).max(self.capacity).div_ceil(GROW) * GROW;
+        let zeros = vec![0u8; 1024 * 1024];
+        let mut at = self.capacity;
+        while at < target {
+            let n = (target - at).min(zeros.len() as u64) as usize;
+            fault(self.faults.as_ref(), false)?;
+            self.file.write_all_at(&zeros[..n], at)?;
+            at += n as u64;
+        }
+        self.file.sync_all()?;
+        self.capacity = target;
+        Ok(())
+    }
+
+    /// Appends a batch and syncs it. On an error the record is made
+    /// invalid, so a batch that was not acknowledged is never replayed.
     pub fn append(&mut self, seq: u64, ops: &[(Millis, &Request)]) -> std::io::Result<()> {
         let payload = postcard::to_stdvec(&BatchRef { seq, ops })
             .map_err(|e| std::io::Error::other(format!("cannot encode a batch: {e}")))?;
@@ -161,8 +190,11 @@ impl Wal {
         record.extend_from_slice(&len.to_le_bytes());
         record.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
         record.extend_from_slice(&payload);
+        if self.len + record.len() as u64 > self.capacity {
+            self.grow(record.len() as u64)?;
+        }
         let written = fault(self.faults.as_ref(), false)
-            .and_then(|()| self.file.write_all(&record))
+            .and_then(|()| self.file.write_all_at(&record, self.len))
             .and_then(|()| fault(self.faults.as_ref(), true))
             .and_then(|()| self.file.sync_data());
         match written {
@@ -171,33 +203,149 @@ impl Wal {
                 Ok(())
             }
             Err(e) => {
-                let _ = self.cut_back();
+                let _ = self.invalidate(self.len);
                 Err(e)
             }
         }
     }
 
-    /// Cuts the log back to `len` bytes: the record of a batch whose
-    /// commit failed after it was logged.
-    pub fn cut_to(&mut self, len: u64) -> std::io::Result<()> {
-        self.len = len.max(MAGIC.len() as u64);
-        self.cut_back()
-    }
-
-    /// Cuts the file back to its valid records (after a failed append).
-    fn cut_back(&mut self) -> std::io::Result<()> {
-        self.file.set_len(self.len)?;
-        self.file.seek(SeekFrom::Start(self.len))?;
+    /// Zeros the header of a record at `at`, so it reads as the end.
+    fn invalidate(&mut self, at: u64) -> std::io::Result<()> {
+        self.file.write_all_at(&[0u8; 8], at)?;
         self.file.sync_data()
     }
 
+    /// Takes back the last record, written at `len`: the record of a batch
+    /// whose commit failed after it was logged.
+    pub fn cut_to(&mut self, len: u64) -> std::io::Result<()> {
+        self.len = len.max(MAGIC.len() as u64);
+        self.invalidate(self.len)
+    }
+
     /// Empties the log after a checkpoint made its batches durable in redb.
+    /// The old records stay on disk but end the log: the next record is
+    /// numbered after them, and the ones that follow it are not.
     pub fn reset(&mut self) -> std::io::Result<()> {
         fault(self.faults.as_ref(), false)?;
-        self.file.set_len(MAGIC.len() as u64)?;
-        self.file.seek(SeekFrom::Start(MAGIC.len() as u64))?;
-        self.file.sync_data()?;
         self.len = MAGIC.len() as u64;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn purge(limit: u64) -> Request {
+        Request::Purge { limit }
+    }
+
+    fn seqs(batches: &[Batch]) -> Vec<u64> {
+        batches.iter().map(|b| b.seq).collect()
+    }
+
+    fn limits(batch: &Batch) -> Vec<(Millis, u64)> {
+        batch
+            .ops
+            .iter()
+            .map(|(now, r)| match r {
+                Request::Purge { limit } => (*now, *limit),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batches_come_back_in_order_with_their_clock_readings() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        let (mut wal, found) = Wal::open(path.clone(), None).unwrap();
+        assert!(found.is_empty() && wal.is_empty());
+        for seq in 1..=3 {
+            let (a, b) = (purge(seq * 10), purge(seq * 10 + 1));
+            wal.append(seq, &[(100 + seq, &a), (200 + seq, &b)])
+                .unwrap();
+        }
+        drop(wal);
+        let (_, found) = Wal::open(path, None).unwrap();
+        assert_eq!(seqs(&found), [1, 2, 3]);
+        assert_eq!(limits(&found[1]), [(102, 20), (202, 21)]);
+    }
+
+    #[test]
+    fn a_torn_tail_ends_the_log_and_the_next_append_replaces_it() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        let (mut wal, _) = Wal::open(path.clone(), None).unwrap();
+        wal.append(1, &[(1, &purge(1))]).unwrap();
+        let end = wal.len();
+        wal.append(2, &[(2, &purge(2))]).unwrap();
+        drop(wal);
+        // A crash mid-append: the second record is half there.
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&[0xFF; 5], end + 9).unwrap();
+        let (mut wal, found) = Wal::open(path.clone(), None).unwrap();
+        assert_eq!(seqs(&found), [1]);
+        wal.append(2, &[(3, &purge(3))]).unwrap();
+        drop(wal);
+        let (_, found) = Wal::open(path, None).unwrap();
+        assert_eq!(seqs(&found), [1, 2]);
+        assert_eq!(limits(&found[1]), [(3, 3)]);
+    }
+
+    #[test]
+    fn after_a_reset_records_left_from_before_are_not_read_again() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        let (mut wal, _) = Wal::open(path.clone(), None).unwrap();
+        for seq in 1..=5 {
+            wal.append(seq, &[(seq, &purge(seq))]).unwrap();
+        }
+        wal.reset().unwrap();
+        assert!(wal.is_empty());
+        wal.append(6, &[(6, &purge(6))]).unwrap();
+        drop(wal);
+        let (_, found) = Wal::open(path, None).unwrap();
+        assert_eq!(seqs(&found), [6], "the old records 2..5 after it are stale");
+    }
+
+    #[test]
+    fn a_record_taken_back_is_not_replayed() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        let (mut wal, _) = Wal::open(path.clone(), None).unwrap();
+        wal.append(1, &[(1, &purge(1))]).unwrap();
+        let before = wal.len();
+        wal.append(2, &[(2, &purge(2))]).unwrap();
+        wal.cut_to(before).unwrap();
+        drop(wal);
+        let (_, found) = Wal::open(path, None).unwrap();
+        assert_eq!(seqs(&found), [1]);
+    }
+
+    #[test]
+    fn a_failed_append_leaves_nothing_to_replay() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        let plan = FaultPlan::new();
+        let (mut wal, _) = Wal::open(path.clone(), Some(plan.clone())).unwrap();
+        wal.append(1, &[(1, &purge(1))]).unwrap();
+        plan.fail_next_syncs(1);
+        assert!(wal.append(2, &[(2, &purge(2))]).is_err());
+        drop(wal);
+        let (_, found) = Wal::open(path, None).unwrap();
+        assert_eq!(
+            seqs(&found),
+            [1],
+            "written but not synced: never acknowledged"
+        );
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_log_is_refused() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        std::fs::write(&path, b"something else entirely").unwrap();
+        assert!(Wal::open(path, None).is_err());
     }
 }
