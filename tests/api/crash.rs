@@ -11,7 +11,7 @@ use tempfile::TempDir;
 use crate::cli::{serve, signal, sigterm, wait};
 
 /// What the server acknowledged, by key.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Acked {
     /// Claimed keys and their fences.
     claims: HashMap<String, u64>,
@@ -123,7 +123,8 @@ async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_onl
         let (child, port, drain) = serve(&dir);
         let base = format!("http://127.0.0.1:{port}");
         if round > 0 {
-            check(&base, &acked.lock().unwrap()).await;
+            let seen = acked.lock().unwrap().clone();
+            check(&base, &seen).await;
         }
         let before = acked.lock().unwrap().claims.len();
         let workers: Vec<_> = (0..16)
@@ -150,7 +151,8 @@ async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_onl
         // After the restart, a new claim's fence is above every fence seen.
         let (child, port, drain) = serve(&dir);
         let base = format!("http://127.0.0.1:{port}");
-        check(&base, &acked.lock().unwrap()).await;
+        let seen = acked.lock().unwrap().clone();
+        check(&base, &seen).await;
         let v: Value = reqwest::Client::new()
             .post(format!("{base}/v1/claims/fence-probe-{round}"))
             .send()

@@ -6,6 +6,7 @@
 //! (a read transaction pins pages and would make the file grow).
 
 pub mod faults;
+mod flusher;
 mod inbox;
 mod ops;
 mod tables;
@@ -148,6 +149,8 @@ pub struct RedbStore {
     writes: mpsc::Sender<Envelope>,
     /// The writer thread, joined on close.
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Syncs the data file in the background between checkpoints.
+    flusher: Mutex<Option<flusher::Flusher>>,
     /// Group-commit counters.
     counters: Arc<Counters>,
 }
@@ -223,6 +226,11 @@ impl RedbStore {
             shared,
             writes,
             writer: Mutex::new(Some(handle)),
+            flusher: Mutex::new(
+                flusher::Flusher::start(&opts.path)
+                    .map_err(|e| other(redb::Error::Io(e)))
+                    .map(Some)?,
+            ),
             counters,
         })
     }
@@ -230,6 +238,9 @@ impl RedbStore {
     /// Finishes queued writes, stops the writer and releases the file, so the
     /// same path can be opened again. Later calls answer `Unavailable`.
     pub async fn close(&self) {
+        let flusher = self.flusher.lock().ok().and_then(|mut f| f.take());
+        // Joining it waits out one sync: off the async threads.
+        let _ = tokio::task::spawn_blocking(move || drop(flusher)).await;
         let _ = self.writes.send(Envelope::Shutdown).await;
         let handle = self.writer.lock().ok().and_then(|mut h| h.take());
         if let Some(handle) = handle {
