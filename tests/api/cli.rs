@@ -143,10 +143,25 @@ fn serve_refuses_a_non_loopback_address_without_tokens_and_says_why() {
 /// Starts `dedupd serve` in `dir` and returns it with its port, read from
 /// its JSON log.
 pub(crate) fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
-    let mut child = dedupd()
-        .arg("serve")
+    let mut cmd = dedupd();
+    cmd.arg("serve")
         .current_dir(dir.path())
-        .env("DEDUPD_LISTEN", "127.0.0.1:0")
+        .env("DEDUPD_LISTEN", "127.0.0.1:0");
+    spawn_serving(cmd)
+}
+
+/// Starts `dedupd serve --config FILE`; returns it with its port.
+fn serve_config(file: &std::path::Path) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+    let mut cmd = dedupd();
+    cmd.args(["serve", "--config"]).arg(file);
+    spawn_serving(cmd)
+}
+
+/// Runs `cmd` (a `serve`) with JSON logs until it says which port it
+/// serves on; the log is then drained so the child never blocks on a full
+/// pipe.
+fn spawn_serving(mut cmd: Command) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+    let mut child = cmd
         .env("DEDUPD_LOG__FORMAT", "json")
         .stderr(Stdio::piped())
         .spawn()
@@ -160,7 +175,6 @@ pub(crate) fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::Jo
             break u16::try_from(p).unwrap();
         }
     };
-    // Keep draining the log so the child never blocks on a full pipe.
     let drain = std::thread::spawn(move || for _ in lines {});
     (child, port, drain)
 }
@@ -581,28 +595,6 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(self.0.path()).status();
     }
-}
-
-/// Starts `dedupd serve --config FILE`; returns it with its port.
-fn serve_config(file: &std::path::Path) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
-    let mut child = dedupd()
-        .args(["serve", "--config"])
-        .arg(file)
-        .env("DEDUPD_LOG__FORMAT", "json")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let port = loop {
-        let line = lines.next().expect("dedupd exited before serving").unwrap();
-        if let Ok(v) = serde_json::from_str::<Value>(&line)
-            && let Some(p) = v["port"].as_u64()
-        {
-            break u16::try_from(p).unwrap();
-        }
-    };
-    let drain = std::thread::spawn(move || for _ in lines {});
-    (child, port, drain)
 }
 
 #[tokio::test]

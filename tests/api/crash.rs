@@ -76,41 +76,31 @@ async fn work(base: String, worker: usize, round: usize, acked: Arc<Mutex<Acked>
     }
 }
 
+/// Sends `req` and reads its JSON answer.
+async fn answer(req: reqwest::RequestBuilder) -> Value {
+    req.send().await.unwrap().json().await.unwrap()
+}
+
 /// Checks that everything acknowledged so far is in the restarted server.
 async fn check(base: &str, acked: &Acked) {
     let client = reqwest::Client::new();
+    let claim = |key: &str| answer(client.get(format!("{base}/v1/claims/{key}")));
     for (key, fence) in &acked.claims {
-        let v: Value = client
-            .get(format!("{base}/v1/claims/{key}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = claim(key).await;
         assert_eq!(v["fence"].as_u64(), Some(*fence), "claim {key}: {v}");
     }
     for key in &acked.done {
-        let v: Value = client
-            .get(format!("{base}/v1/claims/{key}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = claim(key).await;
         assert_eq!(v["state"], "done", "done {key}: {v}");
     }
     for (stream, event, _) in &acked.applies {
-        let v: Value = client
-            .post(format!("{base}/v1/streams/{stream}/apply"))
-            .json(&json!({ "event_id": event, "created_at": "2026-11-29T00:00:00Z" }))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let again = json!({ "event_id": event, "created_at": "2026-11-29T00:00:00Z" });
+        let v = answer(
+            client
+                .post(format!("{base}/v1/streams/{stream}/apply"))
+                .json(&again),
+        )
+        .await;
         assert_eq!(v["outcome"], "duplicate", "apply {event} on {stream}: {v}");
     }
 }
@@ -153,14 +143,9 @@ async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_onl
         let base = format!("http://127.0.0.1:{port}");
         let seen = acked.lock().unwrap().clone();
         check(&base, &seen).await;
-        let v: Value = reqwest::Client::new()
-            .post(format!("{base}/v1/claims/fence-probe-{round}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v =
+            answer(reqwest::Client::new().post(format!("{base}/v1/claims/fence-probe-{round}")))
+                .await;
         let probe = v["fence"].as_u64().unwrap();
         assert!(
             probe > acked.lock().unwrap().max_fence.max(fence_before_kill),

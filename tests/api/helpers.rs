@@ -74,23 +74,7 @@ pub async fn spawn_faulty_app_with(
     tweak: impl FnOnce(&mut Loaded),
     plan: Arc<dedupd::store::redb::faults::FaultPlan>,
 ) -> TestApp {
-    let dir = Arc::new(TempDir::new().expect("temp dir"));
-    let mut loaded = test_settings(&dir);
-    tweak(&mut loaded);
-    let clock = ManualClock::new(T0);
-    let mut opts = RedbOptions::new(&loaded.settings.data_path);
-    opts.cache_bytes = loaded.settings.storage.cache_bytes;
-    opts.faults = Some(plan);
-    let file = Arc::new(RedbStore::open(&opts).expect("open store"));
-    let app = Application::build_with_store(
-        loaded.clone(),
-        Arc::new(clock.clone()),
-        file.clone(),
-        file,
-        Coordination::Local,
-    )
-    .expect("build app");
-    running(app, loaded, dir, clock, false)
+    spawn_over_file(tweak, Some(plan), |file| (file, Coordination::Local))
 }
 
 /// Starts an app whose claims and stream heads go through `wrap(file)`,
@@ -100,20 +84,34 @@ pub async fn spawn_shared_app_with(
     tweak: impl FnOnce(&mut Loaded),
     wrap: impl FnOnce(Arc<RedbStore>) -> Arc<dyn Store>,
 ) -> TestApp {
+    spawn_over_file(tweak, None, |file| {
+        let store = wrap(file);
+        (store.clone(), Coordination::Shared(store))
+    })
+}
+
+/// Opens the data file itself (with `faults`, if any) and builds the app
+/// over the store and coordination `pick` makes of it.
+fn spawn_over_file(
+    tweak: impl FnOnce(&mut Loaded),
+    faults: Option<Arc<dedupd::store::redb::faults::FaultPlan>>,
+    pick: impl FnOnce(Arc<RedbStore>) -> (Arc<dyn Store>, Coordination),
+) -> TestApp {
     let dir = Arc::new(TempDir::new().expect("temp dir"));
     let mut loaded = test_settings(&dir);
     tweak(&mut loaded);
     let clock = ManualClock::new(T0);
     let mut opts = RedbOptions::new(&loaded.settings.data_path);
     opts.cache_bytes = loaded.settings.storage.cache_bytes;
+    opts.faults = faults;
     let file = Arc::new(RedbStore::open(&opts).expect("open store"));
-    let store = wrap(file.clone());
+    let (store, coordination) = pick(file.clone());
     let app = Application::build_with_store(
         loaded.clone(),
         Arc::new(clock.clone()),
-        store.clone(),
+        store,
         file,
-        Coordination::Shared(store),
+        coordination,
     )
     .expect("build app");
     running(app, loaded, dir, clock, false)
