@@ -132,14 +132,14 @@ impl Dispatcher {
                 Ok(ClaimOutcome::Claimed { token, .. }) => Some((k.clone(), token)),
                 Ok(_) => {
                     let error = "another instance is delivering this stream".to_owned();
-                    self.retry_without_attempt(ev, lease, retry_soon, error)
+                    return self
+                        .retry_without_attempt(ev, lease, retry_soon, error)
                         .await;
-                    return Reached::Nothing;
                 }
                 Err(e) => {
-                    self.retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                    return self
+                        .retry_without_attempt(ev, lease, retry_soon, e.to_string())
                         .await;
-                    return Reached::Nothing;
                 }
             },
         };
@@ -188,14 +188,14 @@ impl Dispatcher {
             }
             Ok(_) => {
                 let error = "another worker holds this event's claim".to_owned();
-                self.retry_without_attempt(ev, lease, retry_soon, error)
+                return self
+                    .retry_without_attempt(ev, lease, retry_soon, error)
                     .await;
-                return Reached::Nothing;
             }
             Err(e) => {
-                self.retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                return self
+                    .retry_without_attempt(ev, lease, retry_soon, e.to_string())
                     .await;
-                return Reached::Nothing;
             }
         };
         let ordering = self.ordering_keys(source, ev);
@@ -212,9 +212,9 @@ impl Dispatcher {
                 Ok(_) => {}
                 Err(e) => {
                     self.release(store, key, token).await;
-                    self.retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                    return self
+                        .retry_without_attempt(ev, lease, retry_soon, e.to_string())
                         .await;
-                    return Reached::Nothing;
                 }
             }
         }
@@ -330,13 +330,14 @@ impl Dispatcher {
         lease: u64,
         retry_at: Millis,
         error: String,
-    ) {
+    ) -> Reached {
         let settle = Settle::Retry {
             retry_at,
             error,
             attempted: false,
         };
         self.settle(ev, lease, settle).await;
+        Reached::Nothing
     }
 
     async fn settle(&self, ev: &InboxEvent, lease: u64, settle: Settle) {
