@@ -253,7 +253,7 @@ impl Default for Settings {
             },
             reaper: ReaperSettings {
                 interval: Duration::from_secs(60),
-                batch_size: 1000,
+                batch_size: 100,
             },
             gateway: GatewaySettings::default(),
             sources: BTreeMap::new(),
