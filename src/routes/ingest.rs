@@ -81,12 +81,10 @@ async fn ingest(
     let event = parse_event(&source, &header, &body, received_at)?;
     // Only the local inbox is asked: ingest keeps working while a shared
     // store is down, and an event another instance received too is
-    // resolved at delivery, by its claim in the shared store.
-    let known = gw
-        .inbox
-        .inbox_event(&source.name, &event.event_id)
-        .await?
-        .is_some();
+    // resolved at delivery, by its claim in the shared store. A repeat is
+    // answered from a read, sparing the writer (and its log) the body; the
+    // insert checks again, so a race between two posts stays a duplicate.
+    let known = gw.inbox.has_event(&source.name, &event.event_id).await?;
     let event_id = event.event_id.clone();
     let outcome = if known {
         IngestOutcome::Duplicate

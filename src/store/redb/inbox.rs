@@ -596,6 +596,11 @@ pub fn has_source(tx: &ReadTransaction, source: &str) -> Result<bool, redb::Erro
         .is_some_and(|(k, _)| k.value().0 == source))
 }
 
+/// Whether the inbox holds one event, without decoding (or copying) it.
+pub fn contains(tx: &ReadTransaction, source: &str, id: &str) -> Result<bool, redb::Error> {
+    Ok(tx.open_table(INBOX)?.get((source, id))?.is_some())
+}
+
 /// One event.
 pub fn get(
     tx: &ReadTransaction,

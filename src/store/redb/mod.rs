@@ -449,6 +449,12 @@ impl RedbStore {
         self.read(move |tx| inbox::due(tx, now, &wants)).await
     }
 
+    /// Whether the inbox holds this event (its row is not decoded).
+    pub async fn has_event(&self, source: &str, event_id: &str) -> Result<bool, StoreError> {
+        let (source, id) = (source.to_owned(), event_id.to_owned());
+        self.read(move |tx| inbox::contains(tx, &source, &id)).await
+    }
+
     /// Every source with events in the inbox, with its pending count.
     pub async fn inbox_sources(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.read(inbox::sources).await
