@@ -7,6 +7,15 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 
+/// `dedupd check-config --config FILE`, run to completion.
+fn check_config(file: &std::path::Path) -> std::process::Output {
+    dedupd()
+        .args(["check-config", "--config"])
+        .arg(file)
+        .output()
+        .unwrap()
+}
+
 pub(crate) fn dedupd() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
     // The tests' own environment must not leak settings in.
@@ -61,11 +70,7 @@ fn check_config_names_the_bad_key_and_the_file_it_came_from() {
     let dir = TempDir::new().unwrap();
     let file = dir.path().join("bad.toml");
     std::fs::write(&file, "[claims]\ndefault_ttl = \"forever\"\n").unwrap();
-    let out = dedupd()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = check_config(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("claims.default_ttl"), "{stderr}");
@@ -104,11 +109,7 @@ fn unknown_keys_and_missing_files_are_errors() {
     let dir = TempDir::new().unwrap();
     let file = dir.path().join("typo.toml");
     std::fs::write(&file, "[claims]\nmax_tll = \"1d\"\n").unwrap();
-    let out = dedupd()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = check_config(&file);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_tll"));
 
@@ -388,11 +389,7 @@ destination_secret = "not base64!"
 "#,
     )
     .unwrap();
-    let out = dedupd()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = check_config(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     for key in [
@@ -414,11 +411,7 @@ destination_secret = "not base64!"
     );
 
     std::fs::write(&file, "[sources.x]\nscheme = \"smoke-signals\"\nevent_id = \"body:/id\"\nforward_to = \"http://127.0.0.1:1/\"\n").unwrap();
-    let out = dedupd()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = check_config(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -444,11 +437,7 @@ fn a_valid_source_with_secrets_from_files_passes_check_config_redacted() {
         ),
     )
     .unwrap();
-    let out = dedupd()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = check_config(&file);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -471,11 +460,7 @@ fn check_config_says_what_replaced_gateway_workers() {
     let dir = TempDir::new().unwrap();
     let file = dir.path().join("old.toml");
     std::fs::write(&file, "[gateway]\nworkers = 4\nmax_in_flight = 0\n").unwrap();
-    let out = dedupd()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = check_config(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -508,11 +493,7 @@ async fn check_config_names_removed_sources_that_still_have_pending_events() {
         ),
     )
     .unwrap();
-    let out = dedupd()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = check_config(&file);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(
@@ -550,11 +531,7 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 "#,
     )
     .unwrap();
-    let out = dedupd()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = check_config(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     for (key, why) in [
