@@ -51,78 +51,6 @@ type InboxRowV1<'a> = (
     u64,
 );
 
-#[tokio::test]
-async fn a_schema_1_file_is_migrated_and_its_pending_events_stay_runnable() {
-    const T: u64 = 1_800_000_000_000;
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("v1.redb");
-    {
-        // What the previous release left: meta at version 1, one pending
-        // event in the inbox, runnable in the due index keyed by time first.
-        let db = redb::Database::create(&path).unwrap();
-        let tx = db.begin_write().unwrap();
-        {
-            let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
-            tx.open_table(meta)
-                .unwrap()
-                .insert("schema_version", 1)
-                .unwrap();
-            let rows: redb::TableDefinition<(&str, &str), InboxRowV1<'static>> =
-                redb::TableDefinition::new("inbox");
-            let row: InboxRowV1<'_> = (
-                0,
-                T,
-                1_000,
-                None,
-                0,
-                T,
-                None,
-                false,
-                "[]",
-                b"{}".as_slice(),
-                0,
-                0,
-            );
-            tx.open_table(rows)
-                .unwrap()
-                .insert(("sume", "ev1"), row)
-                .unwrap();
-            let status: redb::TableDefinition<(&str, u8, u64, &str), ()> =
-                redb::TableDefinition::new("inbox_status");
-            tx.open_table(status)
-                .unwrap()
-                .insert(("sume", 0, T, "ev1"), ())
-                .unwrap();
-            let due: redb::TableDefinition<(u64, &str, &str), ()> =
-                redb::TableDefinition::new("inbox_due");
-            tx.open_table(due)
-                .unwrap()
-                .insert((T, "sume", "ev1"), ())
-                .unwrap();
-        }
-        tx.commit().unwrap();
-    }
-    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
-    let due = s
-        .due_events(T, vec![("sume".to_owned(), 10)])
-        .await
-        .unwrap();
-    let ids: Vec<&str> = due[0].events.iter().map(|e| e.event_id.as_str()).collect();
-    assert_eq!(ids, ["ev1"]);
-    s.close().await;
-    // Migrated once: it opens again as version 2.
-    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
-    assert_eq!(
-        s.due_events(T, vec![("sume".to_owned(), 10)])
-            .await
-            .unwrap()[0]
-            .events
-            .len(),
-        1
-    );
-    s.close().await;
-}
-
 /// The earliest schema 1 inbox row: no lease generation.
 type InboxRowNoLease<'a> = (
     u8,
@@ -138,60 +66,122 @@ type InboxRowNoLease<'a> = (
     u64,
 );
 
-#[tokio::test]
-async fn an_early_schema_1_file_without_lease_generations_is_migrated_too() {
-    const T: u64 = 1_800_000_000_000;
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("v1-early.redb");
+const T1: u64 = 1_800_000_000_000;
+
+/// Writes what a schema 1 release left: meta at version 1 and one pending
+/// event `id` (received at `T1`, on `stream` if any) indexed as that
+/// release did — its runnable entry keyed by time first. `insert_row` puts
+/// the event's row into `inbox`, in the row format under test.
+fn write_v1_file(
+    path: &std::path::Path,
+    id: &str,
+    stream: Option<&str>,
+    insert_row: impl FnOnce(&redb::WriteTransaction),
+) {
+    let db = redb::Database::create(path).unwrap();
+    let tx = db.begin_write().unwrap();
     {
-        let db = redb::Database::create(&path).unwrap();
-        let tx = db.begin_write().unwrap();
-        {
-            let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
-            tx.open_table(meta)
-                .unwrap()
-                .insert("schema_version", 1)
-                .unwrap();
-            let rows: redb::TableDefinition<(&str, &str), InboxRowNoLease<'static>> =
-                redb::TableDefinition::new("inbox");
-            let row: InboxRowNoLease<'_> = (
-                0,
-                T,
-                1_000,
-                Some("run_1"),
-                2,
-                T,
-                Some("HTTP 503"),
-                false,
-                "[]",
-                b"{\"a\":1}".as_slice(),
-                0,
-            );
-            tx.open_table(rows)
-                .unwrap()
-                .insert(("sume", "early"), row)
-                .unwrap();
-            let status: redb::TableDefinition<(&str, u8, u64, &str), ()> =
-                redb::TableDefinition::new("inbox_status");
-            tx.open_table(status)
-                .unwrap()
-                .insert(("sume", 0, T, "early"), ())
-                .unwrap();
+        let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+        tx.open_table(meta)
+            .unwrap()
+            .insert("schema_version", 1)
+            .unwrap();
+        insert_row(&tx);
+        let status: redb::TableDefinition<(&str, u8, u64, &str), ()> =
+            redb::TableDefinition::new("inbox_status");
+        tx.open_table(status)
+            .unwrap()
+            .insert(("sume", 0, T1, id), ())
+            .unwrap();
+        if let Some(stream) = stream {
             let queue: redb::TableDefinition<(&str, &str, i128, u64, &str), ()> =
                 redb::TableDefinition::new("inbox_queue");
             tx.open_table(queue)
                 .unwrap()
-                .insert(("sume", "run_1", 1_000, T, "early"), ())
-                .unwrap();
-            let due: redb::TableDefinition<(u64, &str, &str), ()> =
-                redb::TableDefinition::new("inbox_due");
-            tx.open_table(due)
-                .unwrap()
-                .insert((T, "sume", "early"), ())
+                .insert(("sume", stream, 1_000, T1, id), ())
                 .unwrap();
         }
-        tx.commit().unwrap();
+        let due: redb::TableDefinition<(u64, &str, &str), ()> =
+            redb::TableDefinition::new("inbox_due");
+        tx.open_table(due)
+            .unwrap()
+            .insert((T1, "sume", id), ())
+            .unwrap();
     }
+    tx.commit().unwrap();
+}
+
+async fn runnable(s: &RedbStore) -> Vec<String> {
+    s.due_events(T1, vec![("sume".to_owned(), 10)])
+        .await
+        .unwrap()
+        .remove(0)
+        .events
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_schema_1_file_is_migrated_and_its_pending_events_stay_runnable() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("v1.redb");
+    write_v1_file(&path, "ev1", None, |tx| {
+        let rows: redb::TableDefinition<(&str, &str), InboxRowV1<'static>> =
+            redb::TableDefinition::new("inbox");
+        let row: InboxRowV1<'_> = (
+            0,
+            T1,
+            1_000,
+            None,
+            0,
+            T1,
+            None,
+            false,
+            "[]",
+            b"{}".as_slice(),
+            0,
+            0,
+        );
+        tx.open_table(rows)
+            .unwrap()
+            .insert(("sume", "ev1"), row)
+            .unwrap();
+    });
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    assert_eq!(runnable(&s).await, ["ev1"]);
+    s.close().await;
+    // Migrated once: it opens again as the current version.
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    assert_eq!(runnable(&s).await, ["ev1"]);
+    s.close().await;
+}
+
+#[tokio::test]
+async fn an_early_schema_1_file_without_lease_generations_is_migrated_too() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("v1-early.redb");
+    write_v1_file(&path, "early", Some("run_1"), |tx| {
+        let rows: redb::TableDefinition<(&str, &str), InboxRowNoLease<'static>> =
+            redb::TableDefinition::new("inbox");
+        let row: InboxRowNoLease<'_> = (
+            0,
+            T1,
+            1_000,
+            Some("run_1"),
+            2,
+            T1,
+            Some("HTTP 503"),
+            false,
+            "[]",
+            b"{\"a\":1}".as_slice(),
+            0,
+        );
+        tx.open_table(rows)
+            .unwrap()
+            .insert(("sume", "early"), row)
+            .unwrap();
+    });
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
     let e = s.inbox_event("sume", "early").await.unwrap().unwrap();
     assert_eq!(
@@ -203,11 +193,7 @@ async fn an_early_schema_1_file_without_lease_generations_is_migrated_too() {
         ),
         (2, 0, b"{\"a\":1}".as_slice(), Some("HTTP 503"))
     );
-    let due = s
-        .due_events(T, vec![("sume".to_owned(), 10)])
-        .await
-        .unwrap();
-    assert_eq!(due[0].events.len(), 1);
+    assert_eq!(runnable(&s).await, ["early"]);
     s.close().await;
 }
 
