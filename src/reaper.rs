@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use crate::clock::{Millis, SharedClock};
 use crate::store::redb::RedbStore;
 use crate::store::{PurgeReport, Store, StoreError};
+use crate::telemetry::metrics::Metrics;
 
 /// Pending events of sources that left the configuration: never delivered,
 /// so they never settle and never get an expiry. They go once they are
@@ -42,6 +43,8 @@ pub struct Reaper {
     batch_size: u64,
     /// Pending events of removed sources, if the reaper looks after them.
     orphans: Option<Orphans>,
+    /// Where deletions are counted, if anywhere.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Reaper {
@@ -58,6 +61,19 @@ impl Reaper {
             interval,
             batch_size: batch_size.max(1),
             orphans: None,
+            metrics: None,
+        }
+    }
+
+    /// Counts deletions in `dedupd_reaper_deleted_total`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn count(&self, table: &'static str, n: u64) {
+        if let Some(m) = &self.metrics {
+            m.reaped(table, n);
         }
     }
 
@@ -109,6 +125,7 @@ impl Reaper {
                 .purge_pending(removed.to_vec(), before, self.batch_size, now)
                 .await?;
             total += n;
+            self.count("inbox", n);
             if n < self.batch_size {
                 return Ok(total);
             }
@@ -127,6 +144,10 @@ impl Reaper {
             total.events += r.events;
             total.heads += r.heads;
             total.inbox += r.inbox;
+            self.count("claims", r.claims);
+            self.count("applied_events", r.events);
+            self.count("stream_heads", r.heads);
+            self.count("inbox", r.inbox);
             if !r.more {
                 return Ok(total);
             }

@@ -27,8 +27,9 @@ use crate::reaper::{Orphans, Reaper};
 use crate::routes::{self, AppState};
 use crate::store::Store;
 use crate::store::inbox::Retention;
-use crate::store::redb::{RedbOptions, RedbStore};
-use crate::telemetry::log_requests;
+use crate::store::redb::{CommitMetrics, RedbOptions, RedbStore};
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::observe_requests;
 
 /// Builds the configured sources: every setting parsed and checked. Each
 /// error names its key (`sources.NAME.KEY`) and where the value came from.
@@ -85,6 +86,7 @@ impl Application {
     /// Opens the store named by the settings and builds the app over it.
     pub async fn build(loaded: Loaded, clock: SharedClock) -> anyhow::Result<Self> {
         let s = &loaded.settings;
+        let metrics = Arc::new(Metrics::new(&s.sources.keys().cloned().collect::<Vec<_>>()));
         let opts = RedbOptions {
             path: s.data_path.clone(),
             cache_bytes: s.storage.cache_bytes,
@@ -93,6 +95,10 @@ impl Application {
             faults: None,
             checkpoint_bytes: s.storage.checkpoint_bytes,
             checkpoint_interval: s.storage.checkpoint_interval,
+            commit_metrics: CommitMetrics {
+                seconds: metrics.store_commit.clone(),
+                batch_size: metrics.store_batch.clone(),
+            },
         };
         let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
             .await
@@ -127,7 +133,7 @@ impl Application {
             Backend::Redb => Coordination::Local,
             Backend::Redis => Coordination::Shared(store.clone()),
         };
-        Self::build_with_store(loaded, clock, store, file, coordination)
+        Self::build_over(loaded, clock, store, file, coordination, metrics)
     }
 
     /// Builds the app over an already open store and the redb file that
@@ -140,6 +146,22 @@ impl Application {
         store: Arc<dyn Store>,
         inbox: Arc<RedbStore>,
         coordination: Coordination,
+    ) -> anyhow::Result<Self> {
+        // The store was opened without these: its commit histograms stay
+        // empty.
+        let metrics = Arc::new(Metrics::new(
+            &loaded.settings.sources.keys().cloned().collect::<Vec<_>>(),
+        ));
+        Self::build_over(loaded, clock, store, inbox, coordination, metrics)
+    }
+
+    fn build_over(
+        loaded: Loaded,
+        clock: SharedClock,
+        store: Arc<dyn Store>,
+        inbox: Arc<RedbStore>,
+        coordination: Coordination,
+        metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
         let s = &loaded.settings;
         let sources = build_sources(&loaded)?;
@@ -167,6 +189,7 @@ impl Application {
                 DeliverySettings {
                     max_in_flight: s.gateway.max_in_flight,
                     ordering_retention_ms: ms(s.ordering.retention),
+                    metrics: metrics.clone(),
                 },
             )
             .context("cannot build the delivery HTTP client")?,
@@ -180,15 +203,17 @@ impl Application {
             gateway: gateway.clone(),
             dispatcher: dispatcher.clone(),
             body_timeout: s.http.body_timeout,
+            metrics: metrics.clone(),
         });
         let tokens = web::Data::new(ApiTokens::new(&loaded.api_tokens));
         let server = HttpServer::new(move || {
             App::new()
-                .wrap(from_fn(log_requests))
+                .wrap(from_fn(observe_requests))
                 .app_data(state.clone())
                 .app_data(tokens.clone())
                 .configure(routes::health::configure)
                 .configure(routes::ingest::configure)
+                .configure(routes::metrics::configure)
                 .service(
                     web::scope("/v1")
                         .wrap(from_fn(require_bearer))
@@ -211,12 +236,14 @@ impl Application {
         let (stop, stop_rx) = watch::channel(false);
         let dispatcher = tokio::spawn(dispatcher.run(stop_rx.clone()));
         let reaper = Reaper::new(inbox.clone(), clock, s.reaper.interval, s.reaper.batch_size)
+            .with_metrics(metrics.clone())
             .with_orphans(Orphans {
                 inbox: inbox.clone(),
                 configured: sources.iter().map(|s| s.name.clone()).collect(),
                 retention_ms: ms(s.gateway.dead_retention),
             });
-        let reaper = tokio::spawn(reaper.run(stop_rx));
+        let reaper = tokio::spawn(reaper.run(stop_rx.clone()));
+        tokio::spawn(upkeep(metrics, stop_rx));
         Ok(Self {
             port,
             server,
@@ -255,5 +282,17 @@ impl Application {
         RedbStore::close(&self.inbox).await;
         tracing::info!("stopped");
         served
+    }
+}
+
+/// Folds histogram samples into buckets every few seconds, so memory stays
+/// bounded between scrapes (or without any).
+async fn upkeep(metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => metrics.upkeep(),
+            _ = stop.changed() => return,
+        }
     }
 }

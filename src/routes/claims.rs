@@ -1,7 +1,7 @@
 //! `/v1/claims/{key}`: claim, done, extend, release, inspect.
 
 use actix_web::http::Method;
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
 use super::body::read_json;
@@ -10,6 +10,7 @@ use crate::clock::Millis;
 use crate::domain::{Fingerprint, Key, ScopedKey, Token};
 use crate::error::ApiError;
 use crate::store::{ClaimOutcome, ClaimState, DoneOutcome, ExtendOutcome, ReleaseOutcome};
+use crate::telemetry::RouteName;
 
 /// Registers the claim routes: `/claims/{key}` (POST claim, GET inspect,
 /// DELETE release), `/claims/{key}/done` and `/claims/{key}/extend` (POST).
@@ -42,6 +43,13 @@ async fn dispatch(
             allowed,
         })
     };
+    let route = match (segments, action) {
+        (2, Some("done")) => "/v1/claims/{key}/done",
+        (2, Some("extend")) => "/v1/claims/{key}/extend",
+        (1, _) => "/v1/claims/{key}",
+        _ => "unmatched",
+    };
+    req.extensions_mut().insert(RouteName(route));
     match (segments, action) {
         (1, _) if method == Method::POST => claim(state, req, payload).await,
         (1, _) if method == Method::GET => inspect(state, req).await,
@@ -147,7 +155,14 @@ async fn claim(
         .map(Fingerprint::parse)
         .transpose()?;
     let now = state.clock.now_ms();
-    match state.store.claim(&scoped, ttl, fingerprint, now).await? {
+    let outcome = state.store.claim(&scoped, ttl, fingerprint, now).await?;
+    state.metrics.claim(match outcome {
+        ClaimOutcome::Claimed { .. } => "claimed",
+        ClaimOutcome::Busy { .. } => "busy",
+        ClaimOutcome::Done { .. } => "done",
+        ClaimOutcome::FingerprintMismatch { .. } => "fingerprint_mismatch",
+    });
+    match outcome {
         ClaimOutcome::Claimed {
             token,
             fence,
@@ -181,7 +196,15 @@ async fn done(
     let token = Token::parse(&body.token)?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_done)?;
     let now = state.clock.now_ms();
-    match state.store.done(&scoped, token, ttl, now).await? {
+    let outcome = state.store.done(&scoped, token, ttl, now).await?;
+    state.metrics.claim_op(
+        "done",
+        match outcome {
+            DoneOutcome::Done { .. } => "done",
+            DoneOutcome::NotOwner { .. } => "not_owner",
+        },
+    );
+    match outcome {
         DoneOutcome::Done { expires_at_ms } => Ok(HttpResponse::Ok().json(StateAnswer {
             key: key.as_str(),
             state: ClaimState::Done,
@@ -205,7 +228,17 @@ async fn extend(
     let token = Token::parse(&body.token)?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_claim)?;
     let now = state.clock.now_ms();
-    match state.store.extend(&scoped, token, ttl, now).await? {
+    let outcome = state.store.extend(&scoped, token, ttl, now).await?;
+    state.metrics.claim_op(
+        "extend",
+        match outcome {
+            ExtendOutcome::Extended { .. } => "extended",
+            ExtendOutcome::Lost => "lost",
+            ExtendOutcome::NotOwner { .. } => "not_owner",
+            ExtendOutcome::Done { .. } => "done",
+        },
+    );
+    match outcome {
         ExtendOutcome::Extended { expires_at_ms } => Ok(HttpResponse::Ok().json(StateAnswer {
             key: key.as_str(),
             state: ClaimState::Processing,
@@ -232,7 +265,17 @@ async fn release(
     let body: TokenBody = read_json(&req, payload, state.max_body_bytes).await?;
     let token = Token::parse(&body.token)?;
     let now = state.clock.now_ms();
-    match state.store.release(&scoped, token, now).await? {
+    let outcome = state.store.release(&scoped, token, now).await?;
+    state.metrics.claim_op(
+        "release",
+        match outcome {
+            ReleaseOutcome::Released => "released",
+            ReleaseOutcome::NotHeld => "not_held",
+            ReleaseOutcome::NotOwner { .. } => "not_owner",
+            ReleaseOutcome::Done { .. } => "done",
+        },
+    );
+    match outcome {
         ReleaseOutcome::Released | ReleaseOutcome::NotHeld => {
             Ok(HttpResponse::NoContent().finish())
         }

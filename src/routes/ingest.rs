@@ -47,57 +47,108 @@ async fn ingest(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    let gw = &state.gateway;
-    let name = match super::path_segment(&req, 2, "source") {
-        Ok(n) => n,
-        Err(e) => return Ok(refuse_and_close(&e)),
+) -> HttpResponse {
+    let mut source = None;
+    let result = receive(&state, &req, payload, &mut source).await;
+    let (outcome, response) = match result {
+        Ok((outcome, event_id)) => {
+            let status = match outcome {
+                IngestOutcome::Accepted => "accepted",
+                IngestOutcome::Duplicate => "duplicate",
+            };
+            let body = json!({ "status": status, "event_id": event_id });
+            (status, HttpResponse::Ok().json(body))
+        }
+        Err(Refused { error, close }) => (
+            error.code(),
+            if close {
+                refuse_and_close(&error)
+            } else {
+                error.error_response()
+            },
+        ),
     };
+    if let Some(source) = source {
+        state.metrics.ingest(&source, outcome);
+    }
+    response
+}
+
+/// Why ingest refused a request, and whether the connection is closed.
+struct Refused {
+    /// The answer.
+    error: ApiError,
+    /// True for refusals made before the body was read (or while reading
+    /// it): the client would otherwise go on sending it.
+    close: bool,
+}
+
+impl From<ApiError> for Refused {
+    fn from(error: ApiError) -> Self {
+        Self {
+            error,
+            close: false,
+        }
+    }
+}
+
+/// Steps 1–4; `source` names the configured source once it is known.
+async fn receive(
+    state: &AppState,
+    req: &HttpRequest,
+    payload: web::Payload,
+    source_name: &mut Option<String>,
+) -> Result<(IngestOutcome, String), Refused> {
+    let closing = |error: ApiError| Refused { error, close: true };
+    let gw = &state.gateway;
+    let name = super::path_segment(req, 2, "source").map_err(closing)?;
     let Some(source) = gw.source(&name).cloned() else {
-        return Ok(refuse_and_close(&ApiError::NotFound {
+        return Err(closing(ApiError::NotFound {
             code: "unknown_source",
             detail: format!("no source named {name:?} is configured"),
         }));
     };
+    *source_name = Some(source.name.clone());
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
-    if let Err(e) = check_headers(&source, &header, state.clock.now_ms()) {
-        return Ok(refuse_and_close(&e.into()));
-    }
+    check_headers(&source, &header, state.clock.now_ms()).map_err(|e| closing(e.into()))?;
     let body = match tokio::time::timeout(
         state.body_timeout,
-        read_bytes(&req, payload, source.max_body_bytes),
+        read_bytes(req, payload, source.max_body_bytes),
     )
     .await
     {
         Ok(Ok(body)) => body,
-        Ok(Err(e)) => return Ok(refuse_and_close(&e)),
+        Ok(Err(e)) => return Err(closing(e)),
         Err(_) => {
-            return Ok(refuse_and_close(&ApiError::BodyTimeout {
+            return Err(closing(ApiError::BodyTimeout {
                 after: state.body_timeout,
             }));
         }
     };
     let received_at: Millis = state.clock.now_ms();
-    let event = parse_event(&source, &header, &body, received_at)?;
+    let event = parse_event(&source, &header, &body, received_at).map_err(ApiError::from)?;
     // Only the local inbox is asked: ingest keeps working while a shared
     // store is down, and an event another instance received too is
     // resolved at delivery, by its claim in the shared store. A repeat is
     // answered from a read, sparing the writer (and its log) the body; the
     // insert checks again, so a race between two posts stays a duplicate.
-    let known = gw.inbox.has_event(&source.name, &event.event_id).await?;
+    let known = gw
+        .inbox
+        .has_event(&source.name, &event.event_id)
+        .await
+        .map_err(ApiError::from)?;
     let event_id = event.event_id.clone();
     let outcome = if known {
         IngestOutcome::Duplicate
     } else {
-        gw.inbox.ingest(event, received_at).await?
+        gw.inbox
+            .ingest(event, received_at)
+            .await
+            .map_err(ApiError::from)?
     };
-    let status = match outcome {
-        IngestOutcome::Accepted => {
-            gw.wake.notify_one();
-            tracing::info!(source = %source.name, event_id = %event_id, "event accepted");
-            "accepted"
-        }
-        IngestOutcome::Duplicate => "duplicate",
-    };
-    Ok(HttpResponse::Ok().json(json!({ "status": status, "event_id": event_id })))
+    if outcome == IngestOutcome::Accepted {
+        gw.wake.notify_one();
+        tracing::info!(source = %source.name, event_id = %event_id, "event accepted");
+    }
+    Ok((outcome, event_id))
 }

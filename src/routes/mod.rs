@@ -5,6 +5,7 @@ pub(crate) mod body;
 pub mod claims;
 pub mod health;
 pub mod ingest;
+pub mod metrics;
 pub mod sources;
 pub mod streams;
 
@@ -38,6 +39,8 @@ pub struct AppState {
     pub dispatcher: Arc<Dispatcher>,
     /// How long ingest waits for a request body.
     pub body_timeout: std::time::Duration,
+    /// Counters and histograms behind `GET /metrics`.
+    pub metrics: Arc<crate::telemetry::metrics::Metrics>,
 }
 
 /// Registers the `/v1` resources on `cfg` (the caller adds auth).

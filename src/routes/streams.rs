@@ -78,6 +78,11 @@ async fn apply(
             now,
         )
         .await?;
+    state.metrics.apply(match result.outcome {
+        ApplyOutcome::Applied => "applied",
+        ApplyOutcome::Stale => "stale",
+        ApplyOutcome::Duplicate => "duplicate",
+    });
     Ok(HttpResponse::Ok().json(Applied {
         stream: stream.as_str(),
         outcome: result.outcome,

@@ -109,6 +109,23 @@ pub struct InboxEvent {
     pub body_bytes: usize,
 }
 
+/// A source's events at a glance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourceSummary {
+    /// Source name (configured or not).
+    pub source: String,
+    /// Events waiting for delivery.
+    pub pending: u64,
+    /// Delivered events kept for their retention.
+    pub delivered: u64,
+    /// Stale events kept for their retention.
+    pub stale: u64,
+    /// Dead events kept for their retention.
+    pub dead: u64,
+    /// When the oldest pending event was received, Unix ms.
+    pub oldest_pending_ms: Option<Millis>,
+}
+
 /// Answer to an insert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IngestOutcome {

@@ -12,6 +12,7 @@ mod disk;
 mod edge;
 mod gateway;
 mod helpers;
+mod metrics;
 mod receiver;
 #[cfg(feature = "redis")]
 mod redis_backend;

@@ -11,6 +11,7 @@ use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey};
 use dedupd::store::Store;
 use dedupd::store::inbox::{
     EventStatus, InboxEvent, IngestOutcome, Leased, NewEvent, RedeliverOutcome, Retention, Settle,
+    SourceSummary,
 };
 use dedupd::store::redb::{InboxIndexes, RedbOptions, RedbStore};
 use proptest::prelude::*;
@@ -568,6 +569,34 @@ async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
         assert_eq!(got.events, events, "{ctx}: due events of {source}");
         assert_eq!(got.next, next, "{ctx}: next due time of {source}");
     }
+    // The counts kept in memory (and taken again on restart) match the rows.
+    let mut summary: BTreeMap<String, SourceSummary> = BTreeMap::new();
+    for e in m.events.values() {
+        let x = summary
+            .entry(e.source.clone())
+            .or_insert_with(|| SourceSummary {
+                source: e.source.clone(),
+                pending: 0,
+                delivered: 0,
+                stale: 0,
+                dead: 0,
+                oldest_pending_ms: None,
+            });
+        match e.status {
+            EventStatus::Pending => {
+                x.pending += 1;
+                x.oldest_pending_ms = Some(
+                    x.oldest_pending_ms
+                        .map_or(e.received_at_ms, |at| at.min(e.received_at_ms)),
+                );
+            }
+            EventStatus::Delivered => x.delivered += 1,
+            EventStatus::Stale => x.stale += 1,
+            EventStatus::Dead => x.dead += 1,
+        }
+    }
+    let summary: Vec<SourceSummary> = summary.into_values().collect();
+    assert_eq!(s.inbox_summary().await.unwrap(), summary, "{ctx}: summary");
     let sources = m.sources();
     assert_eq!(s.inbox_sources().await.unwrap(), sources, "{ctx}: sources");
     for source in SOURCES {

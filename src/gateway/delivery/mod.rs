@@ -39,6 +39,7 @@ use crate::clock::{Millis, SharedClock};
 use crate::domain::Ttl;
 use crate::store::inbox::InboxEvent;
 use crate::store::{Store, StoreError};
+use crate::telemetry::metrics::Metrics;
 
 pub use backoff::backoff;
 
@@ -66,12 +67,14 @@ pub enum Coordination {
 }
 
 /// Delivery settings shared by all sources.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct DeliverySettings {
     /// Deliveries in flight at once, over all sources.
     pub max_in_flight: usize,
     /// Retention of applied events and stream heads, ms.
     pub ordering_retention_ms: u64,
+    /// Where delivery outcomes and durations are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 /// The dispatcher and what its turns need.
@@ -91,6 +94,8 @@ pub struct Dispatcher {
     ordering_retention_ms: u64,
     /// What is in flight, limits and circuits.
     schedule: Mutex<Schedule>,
+    /// Delivery outcomes and durations.
+    metrics: Arc<Metrics>,
     /// Set once the dispatcher is stopping: turns waiting to record an
     /// acknowledged delivery give up, so shutdown does not wait forever.
     stopping: AtomicBool,
@@ -182,6 +187,7 @@ impl Dispatcher {
             done_ttl,
             ordering_retention_ms: settings.ordering_retention_ms,
             schedule: Mutex::new(Schedule::new(settings.max_in_flight, lanes)),
+            metrics: settings.metrics,
             stopping: AtomicBool::new(false),
         })
     }
@@ -326,6 +332,7 @@ impl Dispatcher {
         let leased = self.gateway.inbox.lease(leases, stale_check, now).await?;
         for (source, id) in &leased.stale {
             tracing::info!(source = %source, event_id = %id, "stale: older than its stream's head");
+            self.metrics.delivery(source, "stale");
         }
         let generations: HashMap<(String, String), u64> = leased
             .leased

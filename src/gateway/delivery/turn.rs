@@ -64,6 +64,7 @@ impl Dispatcher {
             .await;
         match recorded {
             Ok(()) => {
+                self.metrics.delivery(&source.name, "delivered");
                 tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, "delivered");
             }
             Err(_) => {
@@ -295,7 +296,11 @@ impl Dispatcher {
 
     async fn post(&self, source: &Source, ev: &InboxEvent, attempt: u32) -> Result<(), String> {
         let now_s = i64::try_from(self.clock.now_ms() / 1000).unwrap_or(i64::MAX);
-        self.forwarder.post(source, ev, attempt, now_s).await
+        let started = std::time::Instant::now();
+        let result = self.forwarder.post(source, ev, attempt, now_s).await;
+        self.metrics
+            .delivery_duration(&source.name, started.elapsed().as_secs_f64());
+        result
     }
 
     /// Settles a failed attempt: retry later, or dead after the last one.
@@ -342,6 +347,16 @@ impl Dispatcher {
 
     async fn settle(&self, ev: &InboxEvent, lease: u64, settle: Settle) {
         let now = self.clock.now_ms();
+        let outcome = match &settle {
+            Settle::Delivered { .. } => Some("delivered"),
+            Settle::Stale => Some("stale"),
+            Settle::Retry {
+                attempted: true, ..
+            } => Some("failed"),
+            // Nothing was sent: no delivery outcome to count.
+            Settle::Retry { .. } => None,
+            Settle::Dead { .. } => Some("dead"),
+        };
         if let Err(e) = self
             .gateway
             .inbox
@@ -357,6 +372,8 @@ impl Dispatcher {
         {
             // The lease runs out and the event comes due again.
             tracing::warn!(source = %ev.source, event_id = %ev.event_id, error = %e, "cannot record the delivery outcome");
+        } else if let Some(outcome) = outcome {
+            self.metrics.delivery(&ev.source, outcome);
         }
     }
 

@@ -10,6 +10,7 @@
 
 use redb::{ReadTransaction, ReadableTable, Table, WriteTransaction};
 
+use super::counts::StatusDeltas;
 use super::tables::{INBOX, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, InboxRow};
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
@@ -78,6 +79,9 @@ pub struct InboxTables<'txn> {
     due: Table<'txn, (&'static str, u64, &'static str), ()>,
     queue: Table<'txn, (&'static str, &'static str, i128, u64, &'static str), ()>,
     status: Table<'txn, (&'static str, u8, u64, &'static str), ()>,
+    /// How this transaction changed each (source, status) count, for the
+    /// in-memory counts once it commits.
+    deltas: StatusDeltas,
     expiry: Table<'txn, (u64, &'static str, &'static str), ()>,
 }
 
@@ -146,8 +150,30 @@ impl<'txn> InboxTables<'txn> {
             due: tx.open_table(INBOX_DUE)?,
             queue: tx.open_table(INBOX_QUEUE)?,
             status: tx.open_table(INBOX_STATUS)?,
+            deltas: StatusDeltas::default(),
             expiry: tx.open_table(INBOX_EXPIRY)?,
         })
+    }
+
+    /// How the transaction changed the counts so far.
+    pub fn take_deltas(&mut self) -> StatusDeltas {
+        std::mem::take(&mut self.deltas)
+    }
+
+    /// Adds a row's [`INBOX_STATUS`] entry, counting it.
+    fn index_status(&mut self, key: (&str, u8, u64, &str), v: ()) -> Result<(), redb::Error> {
+        if self.status.insert(key, v)?.is_none() {
+            self.deltas.add(key.0, key.1, 1);
+        }
+        Ok(())
+    }
+
+    /// Removes a row's [`INBOX_STATUS`] entry, uncounting it.
+    fn unindex_status(&mut self, key: (&str, u8, u64, &str)) -> Result<(), redb::Error> {
+        if self.status.remove(key)?.is_some() {
+            self.deltas.add(key.0, key.1, -1);
+        }
+        Ok(())
     }
 
     /// Performs one request. `head` reads the `created_at` of a stream's
@@ -243,7 +269,7 @@ impl<'txn> InboxTables<'txn> {
             body_bytes: new.body.len(),
         };
         self.save(&e)?;
-        self.status.insert(
+        self.index_status(
             (
                 e.source.as_str(),
                 e.status.to_byte(),
@@ -398,8 +424,7 @@ impl<'txn> InboxTables<'txn> {
             return Ok(());
         }
         self.dequeue(&e)?;
-        self.status
-            .remove((source, e.status.to_byte(), e.received_at_ms, id))?;
+        self.unindex_status((source, e.status.to_byte(), e.received_at_ms, id))?;
         e.status = status;
         e.due_at_ms = now;
         e.expires_at_ms = now.saturating_add(match status {
@@ -407,8 +432,7 @@ impl<'txn> InboxTables<'txn> {
             _ => retention.delivered_ms,
         });
         self.save(&e)?;
-        self.status
-            .insert((source, e.status.to_byte(), e.received_at_ms, id), ())?;
+        self.index_status((source, e.status.to_byte(), e.received_at_ms, id), ())?;
         self.expiry.insert((e.expires_at_ms, source, id), ())?;
         Ok(())
     }
@@ -425,8 +449,7 @@ impl<'txn> InboxTables<'txn> {
         if !matches!(e.status, EventStatus::Dead | EventStatus::Stale) {
             return Ok(RedeliverOutcome::NotRedeliverable(e.status));
         }
-        self.status
-            .remove((source, e.status.to_byte(), e.received_at_ms, id))?;
+        self.unindex_status((source, e.status.to_byte(), e.received_at_ms, id))?;
         self.expiry.remove((e.expires_at_ms, source, id))?;
         // Only a stale event is delivered despite the head: the operator
         // asked for it. A dead one still yields to newer events.
@@ -437,8 +460,7 @@ impl<'txn> InboxTables<'txn> {
         e.lease += 1;
         e.expires_at_ms = 0;
         self.save(&e)?;
-        self.status
-            .insert((source, e.status.to_byte(), e.received_at_ms, id), ())?;
+        self.index_status((source, e.status.to_byte(), e.received_at_ms, id), ())?;
         self.enqueue(&e)?;
         Ok(RedeliverOutcome::Requeued)
     }
@@ -462,7 +484,7 @@ impl<'txn> InboxTables<'txn> {
                 && e.status != EventStatus::Pending
                 && e.expires_at_ms == *at
             {
-                self.status.remove((
+                self.unindex_status((
                     source.as_str(),
                     e.status.to_byte(),
                     e.received_at_ms,
@@ -496,7 +518,7 @@ impl<'txn> InboxTables<'txn> {
             })
             .collect::<Result<_, _>>()?;
         for (at, id) in &ids {
-            self.status.remove((source, pending, *at, id.as_str()))?;
+            self.unindex_status((source, pending, *at, id.as_str()))?;
             if let Some(e) = self.load(source, id)? {
                 self.dequeue(&e)?;
                 self.rows.remove((source, id.as_str()))?;
@@ -584,6 +606,20 @@ pub fn sources(tx: &ReadTransaction) -> Result<Vec<(String, u64)>, redb::Error> 
         out.push((source, count));
     }
     Ok(out)
+}
+
+/// When the oldest pending event of `source` was received.
+pub fn oldest_pending(tx: &ReadTransaction, source: &str) -> Result<Option<Millis>, redb::Error> {
+    let pending = EventStatus::Pending.to_byte();
+    let index = tx.open_table(INBOX_STATUS)?;
+    let first = index
+        .range((source, pending, 0u64, "")..)?
+        .next()
+        .transpose()?;
+    Ok(first.and_then(|(k, _)| {
+        let (s, st, at, _) = k.value();
+        (s == source && st == pending).then_some(at)
+    }))
 }
 
 /// Whether the inbox holds any event of `source`.

@@ -5,6 +5,7 @@
 //! tokio's blocking pool, and no read transaction is held across an `.await`
 //! (a read transaction pins pages and would make the file grow).
 
+mod counts;
 pub mod faults;
 mod flusher;
 mod inbox;
@@ -37,7 +38,7 @@ use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::inbox::{
     Cursor, EventStatus, InboxEvent, IngestOutcome, Leased, NewEvent, RedeliverOutcome, Retention,
-    Settle,
+    Settle, SourceSummary,
 };
 
 pub use self::inbox::{InboxIndexes, SourceDue};
@@ -61,6 +62,28 @@ pub struct RedbOptions {
     pub checkpoint_bytes: u64,
     /// ... or once this long passed since the last one (with anything logged).
     pub checkpoint_interval: std::time::Duration,
+    /// Where the writer records each group commit.
+    pub commit_metrics: CommitMetrics,
+}
+
+/// Histograms the writer records each successful group commit in; no-ops
+/// unless the application hands in real ones.
+#[derive(Debug, Clone)]
+pub struct CommitMetrics {
+    /// Seconds from the start of the transaction to the commit (the log's
+    /// sync included), observed once per commit.
+    pub seconds: metrics::Histogram,
+    /// Writes in the commit.
+    pub batch_size: metrics::Histogram,
+}
+
+impl Default for CommitMetrics {
+    fn default() -> Self {
+        Self {
+            seconds: metrics::Histogram::noop(),
+            batch_size: metrics::Histogram::noop(),
+        }
+    }
 }
 
 impl RedbOptions {
@@ -74,6 +97,7 @@ impl RedbOptions {
             faults: None,
             checkpoint_bytes: 64 * 1024 * 1024,
             checkpoint_interval: std::time::Duration::from_secs(30),
+            commit_metrics: CommitMetrics::default(),
         }
     }
 }
@@ -121,6 +145,8 @@ pub struct Shared {
     /// writes answer `Unavailable`, `/readyz` fails, and the writer reopens
     /// the file until a commit succeeds again.
     healthy: AtomicBool,
+    /// Inbox events by source and status, as committed.
+    counts: counts::StatusCounts,
 }
 
 impl Shared {
@@ -214,9 +240,12 @@ impl RedbStore {
             seq,
             checkpointed: std::time::Instant::now(),
         };
+        let counts = counts::StatusCounts::default();
+        counts.recount(&db).map_err(other)?;
         let shared = Arc::new(Shared {
             db: Mutex::new(Some(Arc::new(db))),
             healthy: AtomicBool::new(true),
+            counts,
         });
         let counters = Arc::new(Counters::default());
         let (writes, handle) =
@@ -458,6 +487,33 @@ impl RedbStore {
     /// Every source with events in the inbox, with its pending count.
     pub async fn inbox_sources(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.read(inbox::sources).await
+    }
+
+    /// Each source with events in the inbox: its counts by status (kept in
+    /// memory) and when its oldest pending event was received (one index
+    /// read per source). Nothing here scans the inbox.
+    pub async fn inbox_summary(&self) -> Result<Vec<SourceSummary>, StoreError> {
+        let counts = self.shared.counts.snapshot();
+        self.read(move |tx| {
+            let mut out = Vec::with_capacity(counts.len());
+            for (source, c) in counts {
+                let oldest_pending_ms = if c[0] > 0 {
+                    inbox::oldest_pending(tx, &source)?
+                } else {
+                    None
+                };
+                out.push(SourceSummary {
+                    pending: c[0],
+                    delivered: c[1],
+                    stale: c[2],
+                    dead: c[3],
+                    oldest_pending_ms,
+                    source,
+                });
+            }
+            Ok(out)
+        })
+        .await
     }
 
     /// Every inbox table as stored, for consistency checks in tests (it

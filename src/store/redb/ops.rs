@@ -6,6 +6,7 @@
 
 use redb::{ReadableTable, Table, WriteTransaction};
 
+use super::counts::StatusDeltas;
 use super::inbox::{InboxRequest, InboxResponse, InboxTables};
 use super::tables::{
     CLAIM_EXPIRY, CLAIMS, ClaimRow, EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow,
@@ -168,11 +169,11 @@ impl<'txn> Tables<'txn> {
     }
 
     /// Writes the fence counter back if it moved. Call before commit.
-    pub fn finish(mut self) -> Result<(), redb::Error> {
+    pub fn finish(mut self) -> Result<StatusDeltas, redb::Error> {
         if self.fence_dirty {
             self.meta.insert(META_FENCE, self.fence)?;
         }
-        Ok(())
+        Ok(self.inbox.take_deltas())
     }
 
     /// Performs one request.

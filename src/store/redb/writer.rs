@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use redb::{Database, Durability, ReadableDatabase};
 use tokio::sync::{mpsc, oneshot};
 
+use super::counts::StatusDeltas;
 use super::ops::{Request, Response, Tables};
 use super::tables::{META, META_WAL_SEQ};
 use super::wal::{self, Batch, Wal};
@@ -181,12 +182,18 @@ fn run(
             }
         }
         if !batch.is_empty() {
+            let started = Instant::now();
             let result = match (&db, log.as_mut()) {
                 (Some(db), Some(log)) => commit(db, log, &batch),
                 _ => Err(redb::Error::PreviousIo),
             };
             match result {
-                Ok(responses) => {
+                Ok((responses, deltas)) => {
+                    shared.counts.apply(deltas);
+                    opts.commit_metrics
+                        .seconds
+                        .record(started.elapsed().as_secs_f64());
+                    opts.commit_metrics.batch_size.record(batch.len() as f64);
                     // Only committed batches count, so operations per
                     // commit is what group commit achieved.
                     counters
@@ -234,18 +241,19 @@ fn commit(
     db: &Database,
     log: &mut Logged,
     batch: &[Pending],
-) -> Result<Vec<Response>, redb::Error> {
+) -> Result<(Vec<Response>, StatusDeltas), redb::Error> {
     let mut tx = db.begin_write()?;
     tx.set_durability(Durability::None)
         .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
     let mut responses = Vec::with_capacity(batch.len());
+    let deltas;
     {
         let mut tables = Tables::open(&tx)?;
         for (request, now, _) in batch {
             responses.push(tables.execute(request, *now)?);
         }
         tables.set_wal_seq(log.seq + 1)?;
-        tables.finish()?;
+        deltas = tables.finish()?;
     }
     let ops: Vec<(Millis, &Request)> = batch.iter().map(|(r, now, _)| (*now, r)).collect();
     let before = log.wal.len();
@@ -258,7 +266,7 @@ fn commit(
         return Err(e.into());
     }
     log.seq += 1;
-    Ok(responses)
+    Ok((responses, deltas))
 }
 
 /// A durable commit recording that the file holds every batch up to `seq`.
@@ -295,7 +303,8 @@ pub fn replay(db: &Database, batches: Vec<Batch>) -> Result<u64, redb::Error> {
                 tables.execute(request, *now)?;
             }
             tables.set_wal_seq(batch.seq)?;
-            tables.finish()?;
+            // The counts are taken once the file is ready.
+            let _ = tables.finish()?;
         }
         tx.commit()?;
         seq = batch.seq;
@@ -345,6 +354,7 @@ fn reopen(
     let (mut wal, batches) = Wal::open(wal::path_for(&opts.path), opts.faults.clone())?;
     let seq = replay(&fresh, batches)?;
     wal.reset()?;
+    shared.counts.recount(&fresh)?;
     let fresh = Arc::new(fresh);
     shared.set_db(Some(fresh.clone()));
     *db = Some(fresh);

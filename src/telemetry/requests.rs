@@ -1,41 +1,35 @@
-//! Tracing setup: level from `RUST_LOG` or the settings, text or JSON lines.
+//! One record per answered request: a log line and the latency histogram.
 
 use std::time::Instant;
 
+use actix_web::HttpMessage;
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
-use tracing_subscriber::EnvFilter;
+use actix_web::web;
 
-use crate::config::{LogFormat, LogSettings};
+use crate::routes::AppState;
 
-/// Installs the global subscriber. Call once, before anything logs.
-pub fn init(log: &LogSettings) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&log.level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // A second init (tests) keeps the first subscriber.
-    let _ = match log.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
-}
+/// The route pattern of a request that actix does not match by pattern
+/// (the claims routes are dispatched by hand), set by its handler as a
+/// request extension for the latency histogram's `route` label.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteName(pub &'static str);
 
-/// Logs one event per request once it is answered: `info` with method,
+/// Records each request once it is answered in the latency histogram, and
+/// logs it: `info` with method,
 /// path, status and duration, `error` for 5xx. Client refusals such as
 /// `409 busy` are ordinary outcomes of a dedupe service, not warnings.
 ///
 /// Nothing is formatted unless the event is enabled: a request path costs
 /// a clock read and a status check (a span-per-request logger with a random
 /// request id cost several percent of the claims path's CPU).
-pub async fn log_requests(
+pub async fn observe_requests(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let start = Instant::now();
+    let state = req.app_data::<web::Data<AppState>>().cloned();
     let info = tracing::enabled!(tracing::Level::INFO);
     let (method, path) = if info {
         (req.method().clone(), req.path().to_owned())
@@ -47,7 +41,24 @@ pub async fn log_requests(
         Ok(r) => r.status(),
         Err(e) => e.as_response_error().status_code(),
     };
-    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let elapsed = start.elapsed().as_secs_f64();
+    if let (Some(state), Ok(r)) = (&state, &res) {
+        let route = r
+            .request()
+            .extensions()
+            .get::<RouteName>()
+            .map(|n| n.0.to_owned())
+            .or_else(|| r.request().match_pattern())
+            // Never the raw path: anyone could grow the label set.
+            .unwrap_or_else(|| "unmatched".to_owned());
+        state.metrics.http_request(
+            r.request().method().as_str(),
+            &route,
+            status.as_u16(),
+            elapsed,
+        );
+    }
+    let ms = elapsed * 1e3;
     if status.is_server_error() {
         let (method, path) = match &res {
             Ok(r) => (

@@ -1,0 +1,459 @@
+//! Prometheus metrics: the families, their labels, and the registry behind
+//! `GET /metrics`.
+//!
+//! Each application owns its registry (no global recorder), so two apps in
+//! one process — the tests start many — count only their own traffic.
+//! Every family is registered when the app is built, with every label
+//! value known then (sources, outcomes, refusal codes), so a dashboard sees
+//! zeros from the first scrape instead of missing series.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
+
+use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+use crate::clock::Millis;
+use crate::store::inbox::SourceSummary;
+
+/// HTTP request latency by `method`, `route` (the pattern), `status`.
+pub const HTTP_DURATION: &str = "dedupd_http_request_duration_seconds";
+/// Claim requests by `outcome`.
+pub const CLAIMS: &str = "dedupd_claims_total";
+/// done / release / extend requests by `op` and `outcome`.
+pub const CLAIM_OPS: &str = "dedupd_claim_ops_total";
+/// Stream applies by `outcome`.
+pub const APPLIES: &str = "dedupd_applies_total";
+/// Webhooks received by `source` and `outcome` (accepted, duplicate, or
+/// the refusal's error code).
+pub const INGEST: &str = "dedupd_ingest_total";
+/// Delivery turns by `source` and `outcome`.
+pub const DELIVERIES: &str = "dedupd_deliveries_total";
+/// Time of one delivery request to the application, by `source`.
+pub const DELIVERY_DURATION: &str = "dedupd_delivery_duration_seconds";
+/// Events in the inbox by `source` and `status`.
+pub const INBOX_EVENTS: &str = "dedupd_inbox_events";
+/// Age of each source's oldest pending event.
+pub const OLDEST_PENDING: &str = "dedupd_oldest_pending_seconds";
+/// Time of one group commit of the embedded store.
+pub const STORE_COMMIT: &str = "dedupd_store_commit_seconds";
+/// Writes per group commit.
+pub const STORE_BATCH: &str = "dedupd_store_batch_size";
+/// Records the reaper deleted, by `table`.
+pub const REAPER_DELETED: &str = "dedupd_reaper_deleted_total";
+/// Always 1; the `version` label carries the build's version.
+pub const BUILD_INFO: &str = "dedupd_build_info";
+
+/// Outcomes of a claim request.
+pub const CLAIM_OUTCOMES: [&str; 4] = ["claimed", "busy", "done", "fingerprint_mismatch"];
+/// Outcomes of done, release and extend, by op.
+pub const CLAIM_OP_OUTCOMES: [(&str, &[&str]); 3] = [
+    ("done", &["done", "not_owner"]),
+    ("release", &["released", "not_held", "not_owner", "done"]),
+    ("extend", &["extended", "lost", "not_owner", "done"]),
+];
+/// Outcomes of an apply.
+pub const APPLY_OUTCOMES: [&str; 3] = ["applied", "stale", "duplicate"];
+/// Outcomes of ingest known up front: the answers and every refusal code.
+pub const INGEST_OUTCOMES: [&str; 14] = [
+    "accepted",
+    "duplicate",
+    "missing_signature",
+    "malformed_signature",
+    "timestamp_out_of_tolerance",
+    "bad_signature",
+    "body_too_large",
+    "body_timeout",
+    "missing_event_id",
+    "invalid_event_id",
+    "invalid_stream",
+    "invalid_created_at",
+    "store_unavailable",
+    "internal",
+];
+/// Outcomes of a delivery turn: `failed` is an attempt to be retried,
+/// `dead` the attempt after which no more are made.
+pub const DELIVERY_OUTCOMES: [&str; 4] = ["delivered", "failed", "stale", "dead"];
+/// Inbox statuses.
+pub const STATUSES: [&str; 4] = ["pending", "delivered", "stale", "dead"];
+/// Tables the reaper deletes from.
+pub const REAPED_TABLES: [&str; 4] = ["claims", "applied_events", "stream_heads", "inbox"];
+
+/// Latency buckets, seconds: 0.1 ms to 30 s.
+const SECONDS_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    10.0, 30.0,
+];
+/// Batch-size buckets, writes per commit.
+const BATCH_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+
+/// Metadata the recorder asks for; the Prometheus exporter ignores it.
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// Counters of one source's ingest and delivery.
+#[derive(Debug, Clone)]
+struct SourceHandles {
+    /// `dedupd_ingest_total` by outcome.
+    ingest: HashMap<&'static str, Counter>,
+    /// `dedupd_deliveries_total` by outcome.
+    deliveries: HashMap<&'static str, Counter>,
+    /// `dedupd_delivery_duration_seconds`.
+    delivery_duration: Histogram,
+}
+
+/// The application's metrics.
+pub struct Metrics {
+    /// The registry every handle records into.
+    recorder: PrometheusRecorder,
+    /// Renders the registry.
+    handle: PrometheusHandle,
+    /// `dedupd_claims_total` by outcome, in [`CLAIM_OUTCOMES`] order.
+    claims: [Counter; 4],
+    /// `dedupd_applies_total` by outcome, in [`APPLY_OUTCOMES`] order.
+    applies: [Counter; 3],
+    /// Per configured source.
+    sources: HashMap<String, SourceHandles>,
+    /// Sources whose inbox gauges were set: configured ones, and removed
+    /// ones once they had events.
+    gauge_sources: Mutex<BTreeSet<String>>,
+    /// `dedupd_store_commit_seconds`.
+    pub store_commit: Histogram,
+    /// `dedupd_store_batch_size`.
+    pub store_batch: Histogram,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// A registry with every family registered for `sources`.
+    pub fn new(sources: &[String]) -> Self {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(STORE_BATCH.into()), &BATCH_BUCKETS)
+            })
+            .expect("the bucket lists are not empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        describe(&recorder);
+        let counter = |name: &'static str, labels: Vec<Label>| {
+            recorder.register_counter(&Key::from_parts(name, labels), &METADATA)
+        };
+        let claims = CLAIM_OUTCOMES.map(|o| counter(CLAIMS, vec![Label::new("outcome", o)]));
+        for (op, outcomes) in CLAIM_OP_OUTCOMES {
+            for o in outcomes {
+                counter(
+                    CLAIM_OPS,
+                    vec![Label::new("op", op), Label::new("outcome", *o)],
+                )
+                .increment(0);
+            }
+        }
+        let applies = APPLY_OUTCOMES.map(|o| counter(APPLIES, vec![Label::new("outcome", o)]));
+        let sources: HashMap<String, SourceHandles> = sources
+            .iter()
+            .map(|s| {
+                let source = || Label::new("source", s.clone());
+                let handles = SourceHandles {
+                    ingest: INGEST_OUTCOMES
+                        .iter()
+                        .map(|o| {
+                            (
+                                *o,
+                                counter(INGEST, vec![source(), Label::new("outcome", *o)]),
+                            )
+                        })
+                        .collect(),
+                    deliveries: DELIVERY_OUTCOMES
+                        .iter()
+                        .map(|o| {
+                            (
+                                *o,
+                                counter(DELIVERIES, vec![source(), Label::new("outcome", *o)]),
+                            )
+                        })
+                        .collect(),
+                    delivery_duration: recorder.register_histogram(
+                        &Key::from_parts(DELIVERY_DURATION, vec![source()]),
+                        &METADATA,
+                    ),
+                };
+                (s.clone(), handles)
+            })
+            .collect();
+        for table in REAPED_TABLES {
+            counter(REAPER_DELETED, vec![Label::new("table", table)]).increment(0);
+        }
+        recorder
+            .register_gauge(
+                &Key::from_parts(
+                    BUILD_INFO,
+                    vec![Label::new("version", env!("CARGO_PKG_VERSION"))],
+                ),
+                &METADATA,
+            )
+            .set(1.0);
+        // The latency family exists before any request; its first series is
+        // the one the first scrape is counted in.
+        let _first_series = recorder.register_histogram(
+            &Key::from_parts(
+                HTTP_DURATION,
+                vec![
+                    Label::new("method", "GET"),
+                    Label::new("route", "/metrics"),
+                    Label::new("status", "200"),
+                ],
+            ),
+            &METADATA,
+        );
+        let store_commit = recorder.register_histogram(&Key::from_name(STORE_COMMIT), &METADATA);
+        let store_batch = recorder.register_histogram(&Key::from_name(STORE_BATCH), &METADATA);
+        let metrics = Self {
+            recorder,
+            handle,
+            claims,
+            applies,
+            gauge_sources: Mutex::new(sources.keys().cloned().collect()),
+            sources,
+            store_commit,
+            store_batch,
+        };
+        // The gauges exist (at zero) before the first scrape sets them.
+        metrics.set_inbox(&[], 0);
+        metrics
+    }
+
+    /// Counts a claim request's outcome (one of [`CLAIM_OUTCOMES`]).
+    pub fn claim(&self, outcome: &'static str) {
+        if let Some(i) = CLAIM_OUTCOMES.iter().position(|o| *o == outcome) {
+            self.claims[i].increment(1);
+        }
+    }
+
+    /// Counts a done, release or extend.
+    pub fn claim_op(&self, op: &'static str, outcome: &'static str) {
+        self.counter(
+            CLAIM_OPS,
+            vec![Label::new("op", op), Label::new("outcome", outcome)],
+        )
+        .increment(1);
+    }
+
+    /// Counts an apply's outcome (one of [`APPLY_OUTCOMES`]).
+    pub fn apply(&self, outcome: &'static str) {
+        if let Some(i) = APPLY_OUTCOMES.iter().position(|o| *o == outcome) {
+            self.applies[i].increment(1);
+        }
+    }
+
+    /// Counts a webhook of a configured source: accepted, duplicate, or
+    /// the error code that refused it. Unknown sources are not counted (the
+    /// name comes from the request path: anyone could grow the label set).
+    pub fn ingest(&self, source: &str, outcome: &'static str) {
+        let Some(handles) = self.sources.get(source) else {
+            return;
+        };
+        match handles.ingest.get(outcome) {
+            Some(c) => c.increment(1),
+            None => self
+                .counter(
+                    INGEST,
+                    vec![
+                        Label::new("source", source.to_owned()),
+                        Label::new("outcome", outcome),
+                    ],
+                )
+                .increment(1),
+        }
+    }
+
+    /// Counts a delivery turn's outcome (one of [`DELIVERY_OUTCOMES`]).
+    pub fn delivery(&self, source: &str, outcome: &'static str) {
+        if let Some(c) = self
+            .sources
+            .get(source)
+            .and_then(|h| h.deliveries.get(outcome))
+        {
+            c.increment(1);
+        }
+    }
+
+    /// Records how long one delivery request took.
+    pub fn delivery_duration(&self, source: &str, seconds: f64) {
+        if let Some(h) = self.sources.get(source) {
+            h.delivery_duration.record(seconds);
+        }
+    }
+
+    /// Records one answered HTTP request.
+    pub fn http_request(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        self.recorder
+            .register_histogram(
+                &Key::from_parts(
+                    HTTP_DURATION,
+                    vec![
+                        Label::new("method", method.to_owned()),
+                        Label::new("route", route.to_owned()),
+                        Label::new("status", status.to_string()),
+                    ],
+                ),
+                &METADATA,
+            )
+            .record(seconds);
+    }
+
+    /// Counts records the reaper deleted from `table` (one of
+    /// [`REAPED_TABLES`]).
+    pub fn reaped(&self, table: &'static str, n: u64) {
+        if n > 0 {
+            self.counter(REAPER_DELETED, vec![Label::new("table", table)])
+                .increment(n);
+        }
+    }
+
+    /// The `dedupd_inbox_events` gauge of a source and status.
+    pub fn inbox_events(&self, source: &str, status: &'static str) -> Gauge {
+        self.recorder.register_gauge(
+            &Key::from_parts(
+                INBOX_EVENTS,
+                vec![
+                    Label::new("source", source.to_owned()),
+                    Label::new("status", status),
+                ],
+            ),
+            &METADATA,
+        )
+    }
+
+    /// The `dedupd_oldest_pending_seconds` gauge of a source.
+    pub fn oldest_pending(&self, source: &str) -> Gauge {
+        self.recorder.register_gauge(
+            &Key::from_parts(
+                OLDEST_PENDING,
+                vec![Label::new("source", source.to_owned())],
+            ),
+            &METADATA,
+        )
+    }
+
+    /// Sets the inbox gauges from `summary` (sources with events) at `now`:
+    /// every source seen before and not in `summary` now reads zero.
+    pub fn set_inbox(&self, summary: &[SourceSummary], now: Millis) {
+        let mut seen = self
+            .gauge_sources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for gone in seen
+            .iter()
+            .filter(|s| !summary.iter().any(|x| &x.source == *s))
+        {
+            for status in STATUSES {
+                self.inbox_events(gone, status).set(0.0);
+            }
+            self.oldest_pending(gone).set(0.0);
+        }
+        for s in summary {
+            let counts = [s.pending, s.delivered, s.stale, s.dead];
+            for (status, n) in STATUSES.iter().zip(counts) {
+                self.inbox_events(&s.source, status).set(n as f64);
+            }
+            let age_ms = s.oldest_pending_ms.map_or(0, |at| now.saturating_sub(at));
+            self.oldest_pending(&s.source).set(age_ms as f64 / 1e3);
+            seen.insert(s.source.clone());
+        }
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// Folds recorded histogram samples into their buckets, so memory stays
+    /// bounded when nobody scrapes. Call every few seconds.
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
+    fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
+        self.recorder
+            .register_counter(&Key::from_parts(name, labels), &METADATA)
+    }
+}
+
+/// The HELP lines.
+fn describe(r: &PrometheusRecorder) {
+    let seconds = Some(Unit::Seconds);
+    r.describe_histogram(
+        HTTP_DURATION.into(),
+        seconds,
+        "HTTP requests by method, route pattern and status".into(),
+    );
+    r.describe_counter(
+        CLAIMS.into(),
+        None,
+        "Claim requests by outcome: claimed, busy, done, fingerprint_mismatch".into(),
+    );
+    r.describe_counter(
+        CLAIM_OPS.into(),
+        None,
+        "done, release and extend requests by op and outcome".into(),
+    );
+    r.describe_counter(
+        APPLIES.into(),
+        None,
+        "Stream applies by outcome: applied, stale, duplicate".into(),
+    );
+    r.describe_counter(
+        INGEST.into(),
+        None,
+        "Webhooks received by source and outcome: accepted, duplicate, or the refusal's code"
+            .into(),
+    );
+    r.describe_counter(
+        DELIVERIES.into(),
+        None,
+        "Delivery turns by source and outcome: delivered, failed (retried), stale, dead".into(),
+    );
+    r.describe_histogram(
+        DELIVERY_DURATION.into(),
+        seconds,
+        "Time of one delivery request to the application".into(),
+    );
+    r.describe_gauge(
+        INBOX_EVENTS.into(),
+        None,
+        "Events in the inbox by source and status".into(),
+    );
+    r.describe_gauge(
+        OLDEST_PENDING.into(),
+        seconds,
+        "Age of the source's oldest pending event (0 when none): alert on this".into(),
+    );
+    r.describe_histogram(
+        STORE_COMMIT.into(),
+        seconds,
+        "Time of one group commit of the embedded store (log write and sync included)".into(),
+    );
+    r.describe_histogram(
+        STORE_BATCH.into(),
+        None,
+        "Writes per group commit of the embedded store".into(),
+    );
+    r.describe_counter(
+        REAPER_DELETED.into(),
+        None,
+        "Expired records the reaper deleted, by table".into(),
+    );
+    r.describe_gauge(
+        BUILD_INFO.into(),
+        None,
+        "Always 1; the version label names the running build".into(),
+    );
+}
