@@ -27,4 +27,5 @@ pub mod reaper;
 pub mod routes;
 pub mod startup;
 pub mod store;
+pub mod systemd;
 pub mod telemetry;

@@ -131,12 +131,21 @@ async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
         "dedupd serving"
     );
     let handle = app.handle();
+    if let Some(period) = dedupd::systemd::watchdog_period() {
+        tokio::spawn(dedupd::systemd::watchdog(
+            app.liveness(),
+            period,
+            app.stopped(),
+        ));
+    }
+    dedupd::systemd::ready(&format!("serving on {}:{}", listen.ip(), app.port()));
     tokio::spawn(async move {
         let signal = shutdown_signal().await;
         tracing::info!(
             signal,
             "shutting down: finishing in-flight requests and deliveries"
         );
+        dedupd::systemd::stopping("stopping: finishing in-flight requests and deliveries");
         handle.stop(true).await;
     });
     app.run_until_stopped().await?;

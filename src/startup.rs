@@ -28,6 +28,7 @@ use crate::routes::{self, AppState};
 use crate::store::Store;
 use crate::store::inbox::Retention;
 use crate::store::redb::{CommitMetrics, RedbOptions, RedbStore};
+use crate::systemd::Liveness;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::observe_requests;
 
@@ -69,6 +70,8 @@ pub struct Application {
     stop: watch::Sender<bool>,
     /// The delivery dispatcher task.
     dispatcher: JoinHandle<()>,
+    /// The dispatcher itself, for the watchdog.
+    dispatch: Arc<Dispatcher>,
     /// The reaper task.
     reaper: JoinHandle<()>,
 }
@@ -234,6 +237,7 @@ impl Application {
         .run();
 
         let (stop, stop_rx) = watch::channel(false);
+        let dispatch = dispatcher.clone();
         let dispatcher = tokio::spawn(dispatcher.run(stop_rx.clone()));
         let reaper = Reaper::new(inbox.clone(), clock, s.reaper.interval, s.reaper.batch_size)
             .with_metrics(metrics.clone())
@@ -251,6 +255,7 @@ impl Application {
             inbox,
             stop,
             dispatcher,
+            dispatch,
             reaper,
         })
     }
@@ -263,6 +268,19 @@ impl Application {
     /// A handle that stops the server gracefully.
     pub fn handle(&self) -> ServerHandle {
         self.server.handle()
+    }
+
+    /// What the systemd watchdog checks: the writer and the dispatcher.
+    pub fn liveness(&self) -> Liveness {
+        Liveness {
+            inbox: self.inbox.clone(),
+            dispatcher: self.dispatch.clone(),
+        }
+    }
+
+    /// Turns true once the app has stopped serving.
+    pub fn stopped(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
     }
 
     /// The store the app serves.

@@ -161,7 +161,9 @@ fn serve_config(file: &std::path::Path) -> (std::process::Child, u16, std::threa
 /// Runs `cmd` (a `serve`) with JSON logs until it says which port it
 /// serves on; the log is then drained so the child never blocks on a full
 /// pipe.
-fn spawn_serving(mut cmd: Command) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+pub(crate) fn spawn_serving(
+    mut cmd: Command,
+) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
     let mut child = cmd
         .env("DEDUPD_LOG__FORMAT", "json")
         .stderr(Stdio::piped())

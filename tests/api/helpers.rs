@@ -29,6 +29,8 @@ pub struct TestApp {
     pub clock: ManualClock,
     /// The app's store, for reaper tests.
     pub store: Arc<dyn Store>,
+    /// What the systemd watchdog checks.
+    pub liveness: dedupd::systemd::Liveness,
     /// The settings it runs with.
     pub loaded: Loaded,
     /// The data directory, kept across restarts.
@@ -139,6 +141,7 @@ fn running(
     let address = format!("http://127.0.0.1:{}", app.port());
     let handle = app.handle();
     let store = app.store();
+    let liveness = app.liveness();
     let join = tokio::spawn(app.run_until_stopped());
     let token = loaded.api_tokens.first().map(|t| t.expose().to_owned());
     TestApp {
@@ -149,6 +152,7 @@ fn running(
             .expect("client"),
         clock,
         store,
+        liveness,
         loaded,
         dir,
         token,

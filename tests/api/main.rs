@@ -23,3 +23,4 @@ mod redis_gateway;
 mod redis_server;
 mod restart;
 mod streams;
+mod systemd;

@@ -25,7 +25,7 @@ mod turn;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -96,6 +96,9 @@ pub struct Dispatcher {
     schedule: Mutex<Schedule>,
     /// Delivery outcomes and durations.
     metrics: Arc<Metrics>,
+    /// When the dispatch loop last went round (it does at least every
+    /// [`POLL`], or every [`STORE_BACKOFF_MAX`] while the store fails).
+    last_pass: Mutex<Instant>,
     /// Set once the dispatcher is stopping: turns waiting to record an
     /// acknowledged delivery give up, so shutdown does not wait forever.
     stopping: AtomicBool,
@@ -188,6 +191,7 @@ impl Dispatcher {
             ordering_retention_ms: settings.ordering_retention_ms,
             schedule: Mutex::new(Schedule::new(settings.max_in_flight, lanes)),
             metrics: settings.metrics,
+            last_pass: Mutex::new(Instant::now()),
             stopping: AtomicBool::new(false),
         })
     }
@@ -207,6 +211,10 @@ impl Dispatcher {
             if *stop.borrow() {
                 break;
             }
+            *self
+                .last_pass
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Instant::now();
             while tasks.try_join_next().is_some() {}
             let wake_at = match self.dispatch(&mut tasks).await {
                 Ok(w) => {
@@ -253,6 +261,16 @@ impl Dispatcher {
         self.stopping.store(true, Ordering::SeqCst);
         while tasks.join_next().await.is_some() {}
         tracing::debug!("dispatcher stopped");
+    }
+
+    /// Whether the dispatch loop went round within `within` (its longest
+    /// wait is [`STORE_BACKOFF_MAX`]): false once it hangs or has ended.
+    pub fn is_alive(&self, within: Duration) -> bool {
+        let last = *self
+            .last_pass
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        last.elapsed() <= within.max(STORE_BACKOFF_MAX + POLL)
     }
 
     /// Starts deliveries for what may start now; returns when to look

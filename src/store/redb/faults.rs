@@ -4,8 +4,8 @@
 
 use std::fs::File;
 use std::ops::Bound;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
@@ -21,6 +21,10 @@ pub struct FaultPlan {
     full: AtomicBool,
     /// Faults injected so far.
     injected: AtomicU64,
+    /// While true, every sync blocks (a disk that stopped answering).
+    hung: Mutex<bool>,
+    /// Wakes the syncs blocked by `hung`.
+    unhang: Condvar,
 }
 
 impl FaultPlan {
@@ -44,6 +48,23 @@ impl FaultPlan {
         self.full.store(full, Ordering::SeqCst);
     }
 
+    /// Makes every sync block until called with `false`: the writer hangs
+    /// the way it does on a disk that stopped answering.
+    pub fn set_hung(&self, hung: bool) {
+        *self.hung.lock().unwrap_or_else(PoisonError::into_inner) = hung;
+        self.unhang.notify_all();
+    }
+
+    fn wait_while_hung(&self) {
+        let mut hung = self.hung.lock().unwrap_or_else(PoisonError::into_inner);
+        while *hung {
+            hung = self
+                .unhang
+                .wait(hung)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
     /// Faults injected so far.
     pub fn injected(&self) -> u64 {
         self.injected.load(Ordering::SeqCst)
@@ -52,6 +73,9 @@ impl FaultPlan {
     /// Whether the next write (or sync, with `sync`) of another file on the
     /// same disk — the write-ahead log — fails.
     pub fn trip(&self, sync: bool) -> bool {
+        if sync {
+            self.wait_while_hung();
+        }
         self.take(if sync { &self.syncs } else { &self.writes })
     }
 
@@ -110,6 +134,7 @@ impl StorageBackend for FaultyBackend {
     }
 
     fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.plan.wait_while_hung();
         if self.plan.take(&self.plan.syncs) {
             return Err(no_space());
         }

@@ -489,6 +489,17 @@ impl RedbStore {
         self.read(inbox::sources).await
     }
 
+    /// Whether the writer takes a request from its queue within `within`:
+    /// false while it is stuck in a commit or a sync (or has stopped).
+    pub async fn writer_responds(&self, within: std::time::Duration) -> bool {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let asked = async {
+            self.writes.send(Envelope::Ping(tx)).await.ok()?;
+            rx.await.ok()
+        };
+        matches!(tokio::time::timeout(within, asked).await, Ok(Some(())))
+    }
+
     /// Each source with events in the inbox: its counts by status (kept in
     /// memory) and when its oldest pending event was received (one index
     /// read per source). Nothing here scans the inbox.

@@ -51,6 +51,9 @@ pub enum Envelope {
     },
     /// Finish what is queued before this, then stop.
     Shutdown,
+    /// Answered as soon as the writer takes it from the queue: proof that
+    /// it is not stuck in a commit (the watchdog asks).
+    Ping(oneshot::Sender<()>),
 }
 
 /// Counters shared between the writer and the store.
@@ -151,6 +154,9 @@ fn run(
                                 Ok(Envelope::Write { reply, .. }) => {
                                     let _ = reply.send(Err(disk_unavailable()));
                                 }
+                                Ok(Envelope::Ping(reply)) => {
+                                    let _ = reply.send(());
+                                }
                                 Ok(Envelope::Shutdown)
                                 | Err(mpsc::error::TryRecvError::Disconnected) => return,
                                 Err(mpsc::error::TryRecvError::Empty) => break,
@@ -172,6 +178,9 @@ fn run(
                     now,
                     reply,
                 } => batch.push((request, now, reply)),
+                Envelope::Ping(reply) => {
+                    let _ = reply.send(());
+                }
                 Envelope::Shutdown => {
                     stopping = true;
                     break;

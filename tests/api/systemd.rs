@@ -1,0 +1,128 @@
+//! systemd integration: the real binary talks to a real notify socket, and
+//! the watchdog's liveness check notices a writer stuck in a sync.
+
+use std::os::unix::net::UnixDatagram;
+use std::time::Duration;
+
+use dedupd::store::redb::faults::FaultPlan;
+use serde_json::json;
+use tempfile::TempDir;
+
+use crate::cli::{dedupd, sigterm, spawn_serving};
+use crate::helpers::spawn_faulty_app_with;
+
+/// The next datagram on `socket`, as text; fails the test after 10 s.
+fn next_message(socket: &UnixDatagram) -> String {
+    let mut buf = [0u8; 4096];
+    let n = socket.recv(&mut buf).expect("a notify message within 10 s");
+    String::from_utf8(buf[..n].to_vec()).unwrap()
+}
+
+/// `GET /healthz` over a plain socket: the status line and the rest.
+fn healthz(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn serve_says_ready_pings_the_watchdog_and_says_stopping_on_sigterm() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut cmd = dedupd();
+    cmd.arg("serve")
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "127.0.0.1:0")
+        .env("NOTIFY_SOCKET", &path)
+        // Pings every 100 ms.
+        .env("WATCHDOG_USEC", "200000");
+    let (mut child, port, drain) = spawn_serving(cmd);
+
+    // READY comes once the store is open and the port bound (it answers).
+    let ready = next_message(&socket);
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+    assert!(
+        ready
+            .lines()
+            .any(|l| l == format!("STATUS=serving on 127.0.0.1:{port}")),
+        "{ready:?}"
+    );
+    assert!(healthz(port).starts_with("HTTP/1.1 200"));
+
+    // Then watchdog pings, again and again.
+    for _ in 0..3 {
+        assert_eq!(next_message(&socket), "WATCHDOG=1\n");
+    }
+
+    sigterm(&child);
+    let stopping = loop {
+        let m = next_message(&socket);
+        if m != "WATCHDOG=1\n" {
+            break m;
+        }
+    };
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
+    assert!(
+        stopping.lines().any(|l| l.starts_with("STATUS=stopping")),
+        "{stopping:?}"
+    );
+    assert!(child.wait().unwrap().success());
+    drain.join().unwrap();
+}
+
+#[test]
+fn without_a_notify_socket_serve_runs_as_before() {
+    let dir = TempDir::new().unwrap();
+    let mut cmd = dedupd();
+    cmd.arg("serve")
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "127.0.0.1:0")
+        .env_remove("NOTIFY_SOCKET")
+        .env("WATCHDOG_USEC", "200000");
+    let (mut child, port, drain) = spawn_serving(cmd);
+    assert!(healthz(port).starts_with("HTTP/1.1 200"));
+    sigterm(&child);
+    assert!(child.wait().unwrap().success());
+    drain.join().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_stuck_in_a_sync_fails_the_liveness_check_until_it_returns() {
+    let plan = FaultPlan::new();
+    let app = spawn_faulty_app_with(|_| {}, plan.clone()).await;
+    let liveness = app.liveness.clone();
+    let within = Duration::from_millis(200);
+    assert_eq!(liveness.check(within).await, Ok(()));
+
+    // A claim whose sync never returns: the writer is stuck in it.
+    plan.set_hung(true);
+    let claim = tokio::spawn({
+        let req = app.request(reqwest::Method::POST, "/v1/claims/stuck");
+        async move { req.json(&json!({})).send().await.unwrap().status() }
+    });
+    let mut refused = false;
+    for _ in 0..50 {
+        if liveness.check(within).await.is_err() {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "the check kept passing while the writer hung");
+    assert_eq!(
+        liveness.check(within).await,
+        Err("the store's writer does not respond")
+    );
+
+    // The sync returns: the writer answers again, and the claim succeeds.
+    plan.set_hung(false);
+    assert_eq!(claim.await.unwrap(), 201);
+    assert_eq!(liveness.check(within).await, Ok(()));
+}
