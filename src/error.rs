@@ -56,8 +56,8 @@ pub enum ApiError {
     MethodNotAllowed {
         /// The method used.
         method: String,
-        /// The methods the resource takes.
-        allowed: &'static str,
+        /// The methods the resource takes, comma-separated.
+        allowed: String,
     },
     /// The state of the key refuses the operation (409).
     #[error("{detail}")]
@@ -100,19 +100,29 @@ impl From<IngestError> for ApiError {
     }
 }
 
-/// An RFC 9457 problem document.
-#[derive(Debug, Serialize)]
-struct Problem<'a> {
+/// An RFC 9457 problem document (`application/problem+json`): every error
+/// answer of the API.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Problem<'a> {
+    /// `urn:dedupd:problem:{code}`.
     #[serde(rename = "type")]
     type_: String,
+    /// A short summary of the kind of problem.
     title: &'a str,
+    /// The HTTP status.
     status: u16,
+    /// What happened, for people.
     detail: String,
+    /// Stable machine-readable code: branch on this (e.g. `busy`, `done`,
+    /// `not_owner`, `invalid_key`, `bad_signature`, `store_unavailable`).
     code: &'a str,
+    /// The input field at fault (400 only).
     #[serde(skip_serializing_if = "Option::is_none")]
     field: Option<&'a str>,
+    /// The key's state (409 and 422 of the claims API).
     #[serde(skip_serializing_if = "Option::is_none")]
     state: Option<ClaimState>,
+    /// When the key's current state expires, Unix ms (409 and 422).
     #[serde(skip_serializing_if = "Option::is_none")]
     expires_at_ms: Option<Millis>,
 }
@@ -224,7 +234,9 @@ impl ResponseError for ApiError {
                 res.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
             }
             ApiError::MethodNotAllowed { allowed, .. } => {
-                res.insert_header((header::ALLOW, HeaderValue::from_static(allowed)));
+                if let Ok(v) = HeaderValue::from_str(allowed) {
+                    res.insert_header((header::ALLOW, v));
+                }
             }
             ApiError::Store(StoreError::Unavailable(_)) => {
                 res.insert_header((header::RETRY_AFTER, HeaderValue::from_static("1")));

@@ -217,6 +217,7 @@ impl Application {
                 .configure(routes::health::configure)
                 .configure(routes::ingest::configure)
                 .configure(routes::metrics::configure)
+                .configure(routes::openapi::configure)
                 .service(
                     web::scope("/v1")
                         .wrap(from_fn(require_bearer))

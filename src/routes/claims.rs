@@ -3,12 +3,13 @@
 use actix_web::http::Method;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::body::read_json;
-use super::{AppState, path_segment};
+use super::{AppState, Endpoint, path_segment};
 use crate::clock::Millis;
 use crate::domain::{Fingerprint, Key, ScopedKey, Token};
-use crate::error::ApiError;
+use crate::error::{ApiError, Problem};
 use crate::store::{ClaimOutcome, ClaimState, DoneOutcome, ExtendOutcome, ReleaseOutcome};
 use crate::telemetry::RouteName;
 
@@ -21,6 +22,22 @@ use crate::telemetry::RouteName;
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(web::scope("/claims").default_service(web::to(dispatch)));
 }
+
+/// The claims routes, all dispatched by hand in [`dispatch`].
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::by_hand(Method::POST, KEY),
+        Endpoint::by_hand(Method::GET, KEY),
+        Endpoint::by_hand(Method::DELETE, KEY),
+        Endpoint::by_hand(Method::POST, DONE),
+        Endpoint::by_hand(Method::POST, EXTEND),
+    ]
+}
+
+/// The patterns, relative to `/v1`.
+const KEY: &str = "/claims/{key}";
+const DONE: &str = "/claims/{key}/done";
+const EXTEND: &str = "/claims/{key}/extend";
 
 /// Routes `/claims/...` by its segments and method.
 async fn dispatch(
@@ -40,7 +57,7 @@ async fn dispatch(
     let not_allowed = |allowed: &'static str| {
         Err(ApiError::MethodNotAllowed {
             method: method.to_string(),
-            allowed,
+            allowed: allowed.to_owned(),
         })
     };
     let route = match (segments, action) {
@@ -63,9 +80,9 @@ async fn dispatch(
 }
 
 /// Body of a claim; every field optional.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ClaimBody {
+pub struct ClaimBody {
     /// TTL of the claim; the configured default when absent.
     ttl_ms: Option<u64>,
     /// Digest of the payload.
@@ -73,9 +90,9 @@ struct ClaimBody {
 }
 
 /// Body of done and extend.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TokenTtlBody {
+pub struct TokenTtlBody {
     /// The owner token from the claim.
     token: String,
     /// New TTL; the configured default when absent.
@@ -83,28 +100,40 @@ struct TokenTtlBody {
 }
 
 /// Body of release.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TokenBody {
+pub struct TokenBody {
     /// The owner token from the claim.
     token: String,
 }
 
-#[derive(Debug, Serialize)]
-struct Claimed<'a> {
+/// A new claim: the token is shown once, here.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Claimed<'a> {
+    /// The key as given.
     key: &'a str,
+    /// Always `processing`.
     state: ClaimState,
+    /// The owner token (32 hex digits) that done, extend and release need.
     token: String,
+    /// Grows with every claim of any key: pass it to downstream writes to
+    /// refuse a slower, older owner's.
     fence: u64,
+    /// When the claim lapses unless extended or done, Unix ms.
     expires_at_ms: Millis,
 }
 
-#[derive(Debug, Serialize)]
-struct StateAnswer<'a> {
+/// A key's state.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StateAnswer<'a> {
+    /// The key as given.
     key: &'a str,
+    /// `processing` or `done`.
     state: ClaimState,
+    /// The fence of the claim that holds the key (inspect only).
     #[serde(skip_serializing_if = "Option::is_none")]
     fence: Option<u64>,
+    /// When this state lapses, Unix ms.
     expires_at_ms: Millis,
 }
 
@@ -141,7 +170,21 @@ fn not_owner(state: ClaimState, expires_at_ms: Millis) -> ApiError {
     }
 }
 
-async fn claim(
+/// Claims a key for processing: the first caller gets the token.
+#[utoipa::path(post, path = "/v1/claims/{key}", tag = "claims",
+    security(("bearer" = [])),
+    params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
+    request_body(content = ClaimBody, content_type = "application/json",
+        description = "Optional; an empty body takes the default TTL"),
+    responses(
+        (status = 201, description = "Claimed: do the work, then done (or release)", body = Claimed),
+        (status = 409, description = "`busy` (another worker holds it) or `done` (already processed)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`fingerprint_mismatch`: the key was claimed with another payload digest", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid key, token, TTL or body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be reached or written; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn claim(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
@@ -186,7 +229,20 @@ async fn claim(
     }
 }
 
-async fn done(
+/// Marks the owner's claim done: repeats of the key are refused for the
+/// TTL.
+#[utoipa::path(post, path = "/v1/claims/{key}/done", tag = "claims",
+    security(("bearer" = [])),
+    params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
+    request_body(content = TokenTtlBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Done", body = StateAnswer),
+        (status = 409, description = "`not_owner`: the token does not hold this key", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid key, token, TTL or body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be reached or written; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn done(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
@@ -218,7 +274,20 @@ async fn done(
     }
 }
 
-async fn extend(
+/// Extends the owner's claim.
+#[utoipa::path(post, path = "/v1/claims/{key}/extend", tag = "claims",
+    security(("bearer" = [])),
+    params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
+    request_body(content = TokenTtlBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Extended", body = StateAnswer),
+        (status = 404, description = "`lost`: the claim expired; claim again", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`not_owner` or `done`", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid key, token, TTL or body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be reached or written; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn extend(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
@@ -256,7 +325,19 @@ async fn extend(
     }
 }
 
-async fn release(
+/// Releases the owner's claim so a retry can claim the key again.
+#[utoipa::path(delete, path = "/v1/claims/{key}", tag = "claims",
+    security(("bearer" = [])),
+    params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
+    request_body(content = TokenBody, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Released (or not held by anyone)"),
+        (status = 409, description = "`not_owner` or `done`", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid key, token, TTL or body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be reached or written; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn release(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
@@ -286,7 +367,21 @@ async fn release(
     }
 }
 
-async fn inspect(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+/// A key's live state.
+#[utoipa::path(get, path = "/v1/claims/{key}", tag = "claims",
+    security(("bearer" = [])),
+    params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
+    responses(
+        (status = 200, description = "The key's state", body = StateAnswer),
+        (status = 404, description = "No live claim for this key", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid key, token, TTL or body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be reached or written; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn inspect(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
     let (key, scoped) = parse_key(&req)?;
     let now = state.clock.now_ms();
     match state.store.get(&scoped, now).await? {

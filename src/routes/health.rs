@@ -1,29 +1,54 @@
 //! Liveness and readiness.
 
+use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
+use serde::Serialize;
+use utoipa::ToSchema;
 
-use super::AppState;
-use crate::error::ApiError;
+use super::{AppState, Endpoint, Guard, register};
+use crate::error::{ApiError, Problem};
 use crate::store::StoreError;
 
-/// Registers `/healthz` and `/readyz`.
+/// `/healthz` and `/readyz`.
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::new(Method::GET, "/healthz", || web::route().to(healthz)),
+        Endpoint::new(Method::GET, "/readyz", || web::route().to(readyz)),
+    ]
+}
+
+/// Registers `/healthz` and `/readyz` (no token needed).
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(healthz))
-        .route("/readyz", web::get().to(readyz));
+    register(cfg, endpoints(), Guard::Open);
+}
+
+/// The answer of both probes.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` (healthz) or `ready` (readyz).
+    pub status: &'static str,
 }
 
 /// The process is up and serving HTTP.
-async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(serde_json::json!({ "status": "ok" }))
+#[utoipa::path(get, path = "/healthz", tag = "health",
+    responses((status = 200, description = "The process serves HTTP", body = Health)))]
+pub(super) async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(Health { status: "ok" })
 }
 
 /// The store answers: requests can be served.
-async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(get, path = "/readyz", tag = "health",
+    responses(
+        (status = 200, description = "The store answers", body = Health),
+        (status = 503, description = "The store cannot be reached or written (a full disk)",
+            body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     // Any failure means "not ready": 503, so load balancers route around us.
     state
         .store
         .ready()
         .await
         .map_err(|e| ApiError::Store(StoreError::Unavailable(e.to_string())))?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "status": "ready" })))
+    Ok(HttpResponse::Ok().json(Health { status: "ready" }))
 }

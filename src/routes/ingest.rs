@@ -15,24 +15,38 @@
 //! The request never waits on the application: delivery happens later, in
 //! the dispatcher.
 
-use actix_web::http::ConnectionType;
+use actix_web::http::{ConnectionType, Method};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
-use super::AppState;
 use super::body::read_bytes;
+use super::{AppState, Endpoint, Guard, register};
 use crate::clock::Millis;
-use crate::error::ApiError;
+use crate::error::{ApiError, Problem};
 use crate::gateway::ingest::{check_headers, parse_event};
 use crate::store::inbox::IngestOutcome;
 
-/// Registers the ingest route.
+/// `POST /ingest/{source}`.
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![Endpoint::new(Method::POST, "/ingest/{source}", || {
+        web::route().to(ingest)
+    })]
+}
+
+/// Registers the ingest route: providers sign, they hold no API token.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/ingest/{source}")
-            .route(web::post().to(ingest))
-            .default_service(super::method_not_allowed("POST")),
-    );
+    register(cfg, endpoints(), Guard::Open);
+}
+
+/// The answer to an accepted or repeated webhook.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Ingested {
+    /// `accepted` (stored; it will be delivered) or `duplicate` (this
+    /// source's inbox already holds the event id).
+    pub status: &'static str,
+    /// The provider's event id.
+    pub event_id: String,
 }
 
 /// A refusal before (or instead of) reading the body: the connection is
@@ -43,7 +57,25 @@ fn refuse_and_close(e: &ApiError) -> HttpResponse {
     res
 }
 
-async fn ingest(
+/// Receives a provider's webhook: verified, stored durably, answered at
+/// once; delivery to the application happens later.
+#[utoipa::path(post, path = "/ingest/{source}", tag = "gateway",
+    params(("source" = String, Path, description = "A configured source's name")),
+    request_body(content = String, content_type = "application/json",
+        description = "The provider's event, byte for byte as signed, with the signature \
+            headers of the source's scheme (Sume: `X-Sume-Timestamp`, `X-Sume-Signature`; \
+            Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature`; \
+            Stripe: `Stripe-Signature`; GitHub: `X-Hub-Signature-256`)"),
+    responses(
+        (status = 200, description = "Stored durably (accepted) or already held (duplicate)", body = Ingested),
+        (status = 400, description = "No usable event id, stream or created_at", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Signature missing, malformed, wrong, or its timestamp out of tolerance", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such source", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body did not arrive within http.body_timeout", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over the source's max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot write now; the provider retries", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn ingest(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
@@ -56,8 +88,10 @@ async fn ingest(
                 IngestOutcome::Accepted => "accepted",
                 IngestOutcome::Duplicate => "duplicate",
             };
-            let body = json!({ "status": status, "event_id": event_id });
-            (status, HttpResponse::Ok().json(body))
+            (
+                status,
+                HttpResponse::Ok().json(Ingested { status, event_id }),
+            )
         }
         Err(Refused { error, close }) => (
             error.code(),

@@ -1,26 +1,36 @@
 //! `GET /metrics`: the Prometheus text format, behind the same bearer
 //! tokens as `/v1`.
 
-use actix_web::middleware::from_fn;
+use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 
-use super::AppState;
-use crate::auth::require_bearer;
-use crate::error::ApiError;
+use super::{AppState, Endpoint, Guard, register};
+use crate::error::{ApiError, Problem};
+
+/// `GET /metrics`.
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![Endpoint::new(Method::GET, "/metrics", || {
+        web::route().to(scrape)
+    })]
+}
 
 /// Registers `/metrics`.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/metrics")
-            .wrap(from_fn(require_bearer))
-            .route(web::get().to(scrape))
-            .default_service(super::method_not_allowed("GET")),
-    );
+    register(cfg, endpoints(), Guard::Bearer);
 }
 
-/// Sets the inbox gauges from the store's counts (kept in memory, never a
-/// scan), then renders every family.
-async fn scrape(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+/// Every metric in the Prometheus text format (see the README's
+/// "Monitoring" for the families).
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Prometheus text exposition format 0.0.4", body = String,
+            content_type = "text/plain; version=0.0.4; charset=utf-8"),
+        (status = 401, description = "Tokens are configured and none was given", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The data file cannot be read now", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn scrape(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    // The gauges come from counts kept in memory: no scan per scrape.
     let summary = state.gateway.inbox.inbox_summary().await?;
     state.metrics.set_inbox(&summary, state.clock.now_ms());
     Ok(HttpResponse::Ok()

@@ -6,13 +6,18 @@ pub mod claims;
 pub mod health;
 pub mod ingest;
 pub mod metrics;
+pub mod openapi;
 pub mod sources;
 pub mod streams;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
+use actix_web::http::Method;
+use actix_web::middleware::from_fn;
 use actix_web::{HttpRequest, web};
 
+use crate::auth::require_bearer;
 use crate::clock::SharedClock;
 use crate::domain::{Invalid, TtlBounds};
 use crate::error::ApiError;
@@ -86,13 +91,116 @@ pub fn path_segment(
 }
 
 /// The answer for a known path with a method it does not take.
-pub fn method_not_allowed(allowed: &'static str) -> actix_web::Route {
-    web::route().to(move |req: HttpRequest| async move {
-        Err::<actix_web::HttpResponse, _>(ApiError::MethodNotAllowed {
-            method: req.method().to_string(),
-            allowed,
-        })
+pub fn method_not_allowed(allowed: String) -> actix_web::Route {
+    web::route().to(move |req: HttpRequest| {
+        let allowed = allowed.clone();
+        async move {
+            Err::<actix_web::HttpResponse, _>(ApiError::MethodNotAllowed {
+                method: req.method().to_string(),
+                allowed,
+            })
+        }
     })
+}
+
+/// One route the app serves: its method, its path pattern relative to the
+/// scope it is registered in, and its handler. The app registers routes
+/// only through [`register`] (or, for the claims routes, dispatches
+/// exactly these by hand), and [`endpoints`] lists them all: the OpenAPI
+/// document is checked against that list, so the two cannot drift.
+#[derive(Clone)]
+pub struct Endpoint {
+    /// The HTTP method.
+    pub method: Method,
+    /// The pattern, relative to the scope.
+    pub path: Cow<'static, str>,
+    /// The handler; `None` where the scope dispatches by hand.
+    pub route: Option<fn() -> actix_web::Route>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.method, self.path)
+    }
+}
+
+impl Endpoint {
+    /// A route served by `route`.
+    pub fn new(method: Method, path: &'static str, route: fn() -> actix_web::Route) -> Self {
+        Self {
+            method,
+            path: path.into(),
+            route: Some(route),
+        }
+    }
+
+    /// A route its scope dispatches by hand.
+    pub fn by_hand(method: Method, path: &'static str) -> Self {
+        Self {
+            method,
+            path: path.into(),
+            route: None,
+        }
+    }
+}
+
+/// Whether [`register`] puts each resource behind the API tokens (routes
+/// outside `/v1`, whose scope has them already).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// Anyone who reaches the listener.
+    Open,
+    /// A bearer token, when tokens are configured.
+    Bearer,
+}
+
+/// Registers `endpoints` as resources, one per path, each answering other
+/// methods with 405 and the `Allow` header.
+pub fn register(cfg: &mut web::ServiceConfig, endpoints: Vec<Endpoint>, guard: Guard) {
+    let mut paths: Vec<Cow<'static, str>> = Vec::new();
+    for e in &endpoints {
+        if e.route.is_some() && !paths.contains(&e.path) {
+            paths.push(e.path.clone());
+        }
+    }
+    for path in paths {
+        let here: Vec<&Endpoint> = endpoints.iter().filter(|e| e.path == path).collect();
+        let allowed = here
+            .iter()
+            .map(|e| e.method.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut resource = web::resource(path.into_owned());
+        for e in here {
+            if let Some(route) = e.route {
+                resource = resource.route(route().method(e.method.clone()));
+            }
+        }
+        let resource = resource.default_service(method_not_allowed(allowed));
+        match guard {
+            Guard::Open => cfg.service(resource),
+            Guard::Bearer => cfg.service(resource.wrap(from_fn(require_bearer))),
+        };
+    }
+}
+
+/// Every route the app serves, with full paths.
+pub fn endpoints() -> Vec<Endpoint> {
+    let mut all: Vec<Endpoint> = health::endpoints()
+        .into_iter()
+        .chain(ingest::endpoints())
+        .chain(metrics::endpoints())
+        .chain(openapi::endpoints())
+        .collect();
+    for mut e in claims::endpoints()
+        .into_iter()
+        .chain(streams::endpoints())
+        .chain(sources::endpoints())
+    {
+        e.path = format!("/v1{}", e.path).into();
+        all.push(e);
+    }
+    all
 }
 
 /// The answer for a path that does not exist.

@@ -1,41 +1,45 @@
 //! The operator API of the gateway: list a source's events by status, and
 //! redeliver dead or stale ones.
 
+use actix_web::http::Method;
 use actix_web::{HttpRequest, HttpResponse, web};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
-use super::{AppState, method_not_allowed, path_segment};
+use super::{AppState, Endpoint, Guard, path_segment, register};
 use crate::clock::Millis;
 use crate::domain::Invalid;
-use crate::error::ApiError;
+use crate::error::{ApiError, Problem};
 use crate::gateway::delivery::circuit::State as CircuitState;
 use crate::store::inbox::{EventStatus, InboxEvent, RedeliverOutcome};
 
-/// Registers the source routes.
+/// The source routes, relative to `/v1`.
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::new(Method::GET, "/sources/{source}", || web::route().to(show)),
+        Endpoint::new(Method::GET, "/sources/{source}/events", || {
+            web::route().to(list)
+        }),
+        Endpoint::new(
+            Method::POST,
+            "/sources/{source}/events/{event_id}/redeliver",
+            || web::route().to(redeliver),
+        ),
+    ]
+}
+
+/// Registers the source routes (in the `/v1` scope, behind its tokens).
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/sources/{source}")
-            .route(web::get().to(show))
-            .default_service(method_not_allowed("GET")),
-    )
-    .service(
-        web::resource("/sources/{source}/events")
-            .route(web::get().to(list))
-            .default_service(method_not_allowed("GET")),
-    )
-    .service(
-        web::resource("/sources/{source}/events/{event_id}/redeliver")
-            .route(web::post().to(redeliver))
-            .default_service(method_not_allowed("POST")),
-    );
+    register(cfg, endpoints(), Guard::Open);
 }
 
 /// Query of the list endpoint.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
-struct ListQuery {
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
     /// pending | delivered | stale | dead
     status: String,
     /// Page size, 1 to 500 (default 100).
@@ -45,21 +49,80 @@ struct ListQuery {
 }
 
 /// An event as the operator API shows it (without its body).
-#[derive(Debug, Serialize)]
-struct EventView {
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventView {
+    /// The provider's event id.
     event_id: String,
+    /// Where it is in its life.
     status: EventStatus,
+    /// Its stream, if the source orders events.
     stream: Option<String>,
+    /// Its `created_at` (or its receive time), RFC 3339.
     created_at: String,
+    /// When dedupd accepted it, Unix ms.
     received_at_ms: Millis,
+    /// Delivery attempts made.
     attempts: u32,
     /// Pending: next attempt. Settled: when it settled.
     due_at_ms: Millis,
+    /// What went wrong last, if anything.
     last_error: Option<String>,
     /// Settled: when the record is reaped.
     #[serde(skip_serializing_if = "Option::is_none")]
     expires_at_ms: Option<Millis>,
+    /// Size of the stored body.
     body_bytes: usize,
+}
+
+/// A page of a source's events.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventsPage {
+    /// The source.
+    source: String,
+    /// The status listed.
+    status: EventStatus,
+    /// Oldest received first.
+    events: Vec<EventView>,
+    /// Pass as `after` for the next page; absent on the last.
+    next: Option<String>,
+}
+
+/// A source's delivery state.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SourceView {
+    /// The source.
+    source: String,
+    /// False for a source that left the configuration but still has events.
+    configured: bool,
+    /// Its delivery lane; null when not configured.
+    delivery: Option<DeliveryView>,
+}
+
+/// A configured source's delivery lane and circuit breaker.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveryView {
+    /// `running`, `paused` (after `pause_after` failures in a row) or
+    /// `probing` (one delivery tests the destination).
+    state: &'static str,
+    /// While paused: when it probes again, Unix ms.
+    paused_until_ms: Option<Millis>,
+    /// Failed deliveries in a row.
+    consecutive_failures: u32,
+    /// Deliveries in flight now.
+    in_flight: usize,
+    /// The source's `max_in_flight`.
+    max_in_flight: usize,
+}
+
+/// A redelivered event's new status.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Redelivered {
+    /// The source.
+    source: String,
+    /// The event.
+    event_id: String,
+    /// Always `pending`.
+    status: EventStatus,
 }
 
 impl From<InboxEvent> for EventView {
@@ -120,35 +183,59 @@ fn decode_cursor(raw: &str) -> Result<(u64, String), ApiError> {
 
 /// A source's delivery state: its limit and what is in flight, and its
 /// circuit breaker (`running`, `paused` until a time, or `probing`).
-async fn show(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(get, path = "/v1/sources/{source}", tag = "gateway",
+    security(("bearer" = [])),
+    params(("source" = String, Path, description = "A source name: configured, or removed with events still stored")),
+    responses(
+        (status = 200, description = "The source's delivery state", body = SourceView),
+        (status = 404, description = "`unknown_source`", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be read or written now; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn show(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
     let source = path_segment(&req, 3, "source")?;
     let Some(lane) = state.dispatcher.lane(&source) else {
         known_source(&state, &source).await?;
-        return Ok(HttpResponse::Ok().json(serde_json::json!({
-            "source": source,
-            "configured": false,
-            "delivery": null,
-        })));
+        return Ok(HttpResponse::Ok().json(SourceView {
+            source,
+            configured: false,
+            delivery: None,
+        }));
     };
     let (circuit, paused_until_ms) = match lane.state {
         CircuitState::Closed => ("running", None),
         CircuitState::Open { until } => ("paused", Some(until)),
         CircuitState::Probing { .. } => ("probing", None),
     };
-    Ok(HttpResponse::Ok().json(serde_json::json!({
-        "source": source,
-        "configured": true,
-        "delivery": {
-            "state": circuit,
-            "paused_until_ms": paused_until_ms,
-            "consecutive_failures": lane.consecutive_failures,
-            "in_flight": lane.in_flight,
-            "max_in_flight": lane.max_in_flight,
-        },
-    })))
+    Ok(HttpResponse::Ok().json(SourceView {
+        source,
+        configured: true,
+        delivery: Some(DeliveryView {
+            state: circuit,
+            paused_until_ms,
+            consecutive_failures: lane.consecutive_failures,
+            in_flight: lane.in_flight,
+            max_in_flight: lane.max_in_flight,
+        }),
+    }))
 }
 
-async fn list(
+/// A source's events with one status, oldest received first, a page at a
+/// time.
+#[utoipa::path(get, path = "/v1/sources/{source}/events", tag = "gateway",
+    security(("bearer" = [])),
+    params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), ListQuery),
+    responses(
+        (status = 200, description = "A page of events", body = EventsPage),
+        (status = 400, description = "Bad status, limit or cursor", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`unknown_source`", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be read or written now; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn list(
     state: web::Data<AppState>,
     req: HttpRequest,
     query: Result<web::Query<ListQuery>, actix_web::Error>,
@@ -181,15 +268,30 @@ async fn list(
         .inbox
         .list_events(&source, status, after, limit)
         .await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({
-        "source": source,
-        "status": status,
-        "events": events.into_iter().map(EventView::from).collect::<Vec<_>>(),
-        "next": next.as_ref().map(encode_cursor),
-    })))
+    Ok(HttpResponse::Ok().json(EventsPage {
+        source,
+        status,
+        events: events.into_iter().map(EventView::from).collect(),
+        next: next.as_ref().map(encode_cursor),
+    }))
 }
 
-async fn redeliver(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+/// Puts a dead or stale event back to pending (a stale one is then
+/// delivered even though it is older than its stream's head).
+#[utoipa::path(post, path = "/v1/sources/{source}/events/{event_id}/redeliver", tag = "gateway",
+    security(("bearer" = [])),
+    params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), ("event_id" = String, Path, description = "The provider's event id")),
+    responses(
+        (status = 202, description = "Pending again", body = Redelivered),
+        (status = 404, description = "`unknown_source` or `unknown_event`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`not_redeliverable`: pending or delivered", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be read or written now; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn redeliver(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
     let source = path_segment(&req, 3, "source")?;
     let event_id = path_segment(&req, 5, "event_id")?;
     known_source(&state, &source).await?;
@@ -202,9 +304,11 @@ async fn redeliver(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpR
     {
         RedeliverOutcome::Requeued => {
             state.gateway.wake.notify_one();
-            Ok(HttpResponse::Accepted().json(serde_json::json!({
-                "source": source, "event_id": event_id, "status": EventStatus::Pending,
-            })))
+            Ok(HttpResponse::Accepted().json(Redelivered {
+                source,
+                event_id,
+                status: EventStatus::Pending,
+            }))
         }
         RedeliverOutcome::NotFound => Err(ApiError::NotFound {
             code: "unknown_event",

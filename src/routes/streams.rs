@@ -1,32 +1,37 @@
 //! `/v1/streams/{stream}`: apply events in order, read the head.
 
+use actix_web::http::Method;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::body::read_json;
-use super::{AppState, method_not_allowed, path_segment};
+use super::{AppState, Endpoint, Guard, path_segment, register};
 use crate::domain::{CreatedAt, Key, ScopedKey};
-use crate::error::ApiError;
+use crate::error::{ApiError, Problem};
 use crate::store::{ApplyOutcome, Head};
 
-/// Registers the stream routes.
+/// The stream routes, relative to `/v1`.
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::new(Method::GET, "/streams/{stream}", || {
+            web::route().to(get_head)
+        }),
+        Endpoint::new(Method::POST, "/streams/{stream}/apply", || {
+            web::route().to(apply)
+        }),
+    ]
+}
+
+/// Registers the stream routes (in the `/v1` scope, behind its tokens).
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/streams/{stream}")
-            .route(web::get().to(get_head))
-            .default_service(method_not_allowed("GET")),
-    )
-    .service(
-        web::resource("/streams/{stream}/apply")
-            .route(web::post().to(apply))
-            .default_service(method_not_allowed("POST")),
-    );
+    register(cfg, endpoints(), Guard::Open);
 }
 
 /// Body of apply.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ApplyBody {
+pub struct ApplyBody {
     /// The event's unique id.
     event_id: String,
     /// The event's RFC 3339 timestamp.
@@ -34,7 +39,7 @@ struct ApplyBody {
 }
 
 /// A head as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct HeadView {
     /// Id of the newest applied event.
     pub event_id: String,
@@ -51,14 +56,40 @@ impl From<&Head> for HeadView {
     }
 }
 
-#[derive(Debug, Serialize)]
-struct Applied<'a> {
+/// What an apply did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Applied<'a> {
+    /// The stream as given.
     stream: &'a str,
+    /// `applied` (apply it: it is the newest), `stale` (do not: newer state
+    /// is in place) or `duplicate` (already applied).
     outcome: ApplyOutcome,
+    /// The stream's head after the apply.
     head: Option<HeadView>,
 }
 
-async fn apply(
+/// A stream's head.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamHead<'a> {
+    /// The stream as given.
+    stream: &'a str,
+    /// The newest applied event.
+    head: HeadView,
+}
+
+/// Records an event of a stream in `created_at` order: tells whether to
+/// apply it.
+#[utoipa::path(post, path = "/v1/streams/{stream}/apply", tag = "streams",
+    security(("bearer" = [])),
+    params(("stream" = String, Path, description = "The ordering scope (an order, a run, …), 1 to 512 bytes of UTF-8")),
+    request_body(content = ApplyBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The outcome and the head", body = Applied),
+        (status = 400, description = "Invalid stream, event id, created_at or body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be reached or written; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn apply(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
@@ -90,14 +121,28 @@ async fn apply(
     }))
 }
 
-async fn get_head(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+/// The newest applied event of a stream.
+#[utoipa::path(get, path = "/v1/streams/{stream}", tag = "streams",
+    security(("bearer" = [])),
+    params(("stream" = String, Path, description = "The ordering scope (an order, a run, …), 1 to 512 bytes of UTF-8")),
+    responses(
+        (status = 200, description = "The head", body = StreamHead),
+        (status = 404, description = "Nothing applied to this stream (or its retention passed)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid stream, event id, created_at or body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be reached or written; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn get_head(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
     let stream = Key::parse(&path_segment(&req, 3, "stream")?, "stream")?;
     let now = state.clock.now_ms();
     match state.store.head(&ScopedKey::api(&stream), now).await? {
-        Some(head) => Ok(HttpResponse::Ok().json(serde_json::json!({
-            "stream": stream.as_str(),
-            "head": HeadView::from(&head),
-        }))),
+        Some(head) => Ok(HttpResponse::Ok().json(StreamHead {
+            stream: stream.as_str(),
+            head: HeadView::from(&head),
+        })),
         None => Err(ApiError::NotFound {
             code: "not_found",
             detail: "no event has been applied to this stream (or its retention passed)".into(),

@@ -10,7 +10,7 @@ use crate::clock::Millis;
 use crate::domain::{Fingerprint, Token, Ttl};
 
 /// The two stored states; absent is the absence of a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ClaimState {
     /// A worker holds the key and is doing the work.

@@ -8,7 +8,7 @@ use crate::clock::Millis;
 use crate::domain::CreatedAt;
 
 /// Where an event is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EventStatus {
     /// Waiting for delivery (or between attempts).

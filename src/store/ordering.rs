@@ -7,7 +7,7 @@ use crate::clock::Millis;
 use crate::domain::{CreatedAt, ScopedKey};
 
 /// Result of applying an event to its stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ApplyOutcome {
     /// The event is the newest seen: the head moved to it.

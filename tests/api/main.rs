@@ -13,6 +13,7 @@ mod edge;
 mod gateway;
 mod helpers;
 mod metrics;
+mod openapi;
 mod receiver;
 #[cfg(feature = "redis")]
 mod redis_backend;
