@@ -112,22 +112,29 @@ impl Receive {
 
 /// A config written by `dedupd init`, a server and a receiver running on it.
 struct Tour {
+    /// The source `init` wrote.
+    source: String,
     config: PathBuf,
     _serve: Running,
     _drain: std::thread::JoinHandle<()>,
     port: u16,
     receive: Receive,
     /// Removed last, after the processes using it stopped.
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Tour {
     /// `init`, then `receive` with `receive_args`, then `serve` delivering
     /// to it. Retries are fast: the test config's source backs off 10 ms.
     fn start(receive_args: &[&str]) -> Self {
+        Self::start_with("sume", receive_args)
+    }
+
+    /// As [`Tour::start`], with `init --source SOURCE`.
+    fn start_with(source: &str, receive_args: &[&str]) -> Self {
         let dir = TempDir::new().unwrap();
         let config = dir.path().join("dedupd.toml");
-        let out = init(&config, &[]);
+        let out = init(&config, &["--source", source]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         let receive = Receive::start(&config, receive_args);
         let written = std::fs::read_to_string(&config).unwrap();
@@ -147,19 +154,20 @@ impl Tour {
             .env("DEDUPD_LISTEN", "127.0.0.1:0");
         let (serve, port, drain) = spawn_serving(cmd);
         Self {
+            source: source.to_owned(),
             config,
             _serve: Running(serve),
             _drain: drain,
             port,
             receive,
-            _dir: dir,
+            dir,
         }
     }
 
-    /// `dedupd trigger sume ARGS…` against this server, run to completion.
+    /// `dedupd trigger SOURCE ARGS…` against this server, run to completion.
     fn trigger(&self, args: &[&str]) -> Output {
         let out = dedupd()
-            .args(["trigger", "sume", "--config"])
+            .args(["trigger", &self.source, "--config"])
             .arg(&self.config)
             .args(["--url", &format!("http://127.0.0.1:{}", self.port)])
             .args(args)
@@ -177,13 +185,23 @@ impl Tour {
     /// Triggers one event and returns its id and what trigger printed.
     fn trigger_one(&self, args: &[&str]) -> (String, String) {
         let stdout = text(&self.trigger(args).stdout);
-        (event_id_after(&stdout, "sume event "), stdout)
+        (
+            event_id_after(&stdout, &format!("{} event ", self.source)),
+            stdout,
+        )
     }
 
     /// The source's events with `status`, read with `dedupd events list`.
     fn events(&self, status: &str) -> Vec<String> {
         let out = dedupd()
-            .args(["events", "list", "--source", "sume", "--status", status])
+            .args([
+                "events",
+                "list",
+                "--source",
+                &self.source,
+                "--status",
+                status,
+            ])
             .args(["--json", "--config"])
             .arg(&self.config)
             .args(["--url", &format!("http://127.0.0.1:{}", self.port)])
@@ -285,6 +303,30 @@ fn a_triggered_event_is_received_once_verified() {
     assert!(line.contains("stream run_"), "{line}");
     assert!(line.contains("  verified  "), "{line}");
     assert!(line.ends_with("-> 204"), "{line}");
+}
+
+#[test]
+fn a_standard_webhooks_source_is_triggered_and_verified_the_same_way() {
+    let mut tour = Tour::start_with("hooks", &[]);
+    let (id, stdout) = tour.trigger_one(&["--duplicate"]);
+    assert!(id.starts_with("msg_"), "{stdout}");
+    assert!(stdout.contains("\"duplicate\""), "{stdout}");
+    let line = tour.receive.until(&[&id]);
+    assert!(line.contains("  verified  "), "{line}");
+    assert!(line.ends_with("-> 204"), "{line}");
+}
+
+#[test]
+fn trigger_posts_a_file_as_it_is() {
+    let mut tour = Tour::start(&[]);
+    let file = tour.dir.path().join("event.json");
+    let body = r#"{"request_id":"req_from_file","run_id":"run_f","created_at":"2026-11-30T07:00:00Z","type":"run.failed"}"#;
+    std::fs::write(&file, body).unwrap();
+    let (id, _) = tour.trigger_one(&["--body", file.to_str().unwrap()]);
+    assert_eq!(id, "req_from_file");
+    let line = tour.receive.until(&["req_from_file"]);
+    assert!(line.contains("stream run_f"), "{line}");
+    assert!(line.contains("  verified  "), "{line}");
 }
 
 #[test]
