@@ -224,3 +224,33 @@ fn root_cause(e: &dyn std::error::Error) -> String {
     }
     cur.to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wildcard_listen_address_is_reached_over_loopback() {
+        let url = |listen: &str| listen_url(listen.parse().expect("addr")).map(String::from);
+        assert_eq!(
+            url("0.0.0.0:8080").ok().as_deref(),
+            Some("http://127.0.0.1:8080/")
+        );
+        assert_eq!(url("[::]:9000").ok().as_deref(), Some("http://[::1]:9000/"));
+        assert_eq!(url("10.0.0.5:80").ok().as_deref(), Some("http://10.0.0.5/"));
+    }
+
+    #[test]
+    fn path_segments_are_percent_encoded() {
+        let args = ServerArgs {
+            config: None,
+            url: Some("http://127.0.0.1:8080/base/".into()),
+            token: None,
+        };
+        let client = args.client(None).expect("client");
+        assert_eq!(
+            client.url(&["v1", "claims", "run/7 a?"]).as_str(),
+            "http://127.0.0.1:8080/base/v1/claims/run%2F7%20a%3F"
+        );
+    }
+}
