@@ -1,14 +1,17 @@
-//! The `dedupd` command line.
+//! The `dedupd` command line: `serve` here, the other subcommands in `cli/`.
 #![forbid(unsafe_code)]
+
+mod cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use cli::load;
 use dedupd::clock::SystemClock;
-use dedupd::config::{CONFIG_ENV, ConfigErrors, Settings};
-use dedupd::startup::{Application, build_sources};
+use dedupd::config::CONFIG_ENV;
+use dedupd::startup::Application;
 
 /// Webhook processing that happens once in effect.
 #[derive(Debug, Parser)]
@@ -32,37 +35,33 @@ enum Command {
         #[arg(long, env = CONFIG_ENV)]
         config: Option<PathBuf>,
     },
+    /// Write a commented dedupd.toml with one source and fresh secrets.
+    Init(cli::init::Args),
+    /// Post a signed sample event to a running server's /ingest/SOURCE.
+    Trigger(cli::trigger::Args),
+    /// Listen as your application would: verify, print and answer deliveries.
+    Receive(cli::receive::Args),
+    /// A running server's gateway events: list, redeliver.
+    #[command(subcommand)]
+    Events(cli::operator::EventsCommand),
+    /// A running server's claims.
+    #[command(subcommand)]
+    Claims(cli::operator::ClaimsCommand),
+    /// A running server's stream heads.
+    #[command(subcommand)]
+    Streams(cli::operator::StreamsCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::CheckConfig { config } => match load(config.as_deref()) {
-            Ok((loaded, sources)) => {
-                print!("{}", loaded.settings.to_redacted_toml());
-                for source in &sources {
-                    println!(
-                        "\n# source {}: {:?} signatures, /ingest/{} -> {}",
-                        source.name, source.scheme, source.name, source.forward_to
-                    );
-                }
-                removed_sources(&loaded);
-                println!(
-                    "\n# {} API token(s) in effect; {}",
-                    loaded.api_tokens.len(),
-                    if loaded.api_tokens.is_empty() {
-                        "/v1 is open to anyone who can reach the listener"
-                    } else {
-                        "/v1 requires a bearer token"
-                    }
-                );
-                ExitCode::SUCCESS
-            }
-            Err(errors) => {
-                eprintln!("{errors}");
-                ExitCode::FAILURE
-            }
-        },
+    let outcome = match cli.command {
+        Command::CheckConfig { config } => return cli::check_config::run(config.as_deref()),
+        Command::Init(args) => cli::init::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Trigger(args) => cli::trigger::run(&args),
+        Command::Receive(args) => cli::receive::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Events(cmd) => cli::operator::events(&cmd),
+        Command::Claims(cmd) => cli::operator::claims(&cmd),
+        Command::Streams(cmd) => cli::operator::streams(&cmd),
         Command::Serve { config } => {
             let loaded = match load(config.as_deref()) {
                 Ok((l, _)) => l,
@@ -72,51 +71,20 @@ fn main() -> ExitCode {
                 }
             };
             dedupd::telemetry::init(&loaded.settings.log);
-            match serve(loaded) {
+            Ok(match serve(loaded) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "dedupd failed");
                     eprintln!("dedupd: {e:#}");
                     ExitCode::FAILURE
                 }
-            }
+            })
         }
-    }
-}
-
-/// Loads the settings and builds the sources from them: every mistake of
-/// either kind, each naming its key and where its value came from.
-fn load(
-    file: Option<&std::path::Path>,
-) -> Result<(dedupd::config::Loaded, Vec<Arc<dedupd::gateway::Source>>), ConfigErrors> {
-    let loaded = Settings::load_checked(file, |l| build_sources(l).map(|_| ()))?;
-    let sources = build_sources(&loaded)?;
-    Ok((loaded, sources))
-}
-
-/// Names each source that left the configuration but still has events in
-/// the data file, with its count of pending events.
-fn removed_sources(loaded: &dedupd::config::Loaded) {
-    let path = &loaded.settings.data_path;
-    match dedupd::store::redb::inbox_sources_in_file(path) {
-        Ok(None) => {}
-        Ok(Some(found)) => {
-            for (name, pending) in found {
-                if !loaded.settings.sources.contains_key(&name) {
-                    println!(
-                        "\n# removed source {name}: {pending} pending event(s) in {}; not \
-                         delivered, listable under /v1/sources/{name}/events, reaped after \
-                         gateway.dead_retention",
-                        path.display()
-                    );
-                }
-            }
-        }
-        Err(e) => println!(
-            "\n# events of removed sources not checked: cannot read {}: {e}",
-            path.display()
-        ),
-    }
+    };
+    outcome.unwrap_or_else(|e| {
+        eprintln!("dedupd: {e:#}");
+        ExitCode::FAILURE
+    })
 }
 
 #[tokio::main]

@@ -343,7 +343,13 @@ impl Settings {
         if let Some(file) = file {
             fig = fig.merge(Toml::file_exact(file));
         }
-        fig.merge(Env::prefixed("DEDUPD_").split("__").ignore(&["config"]))
+        // DEDUPD_URL and DEDUPD_TOKEN belong to the CLI's client commands,
+        // not to the server's settings.
+        fig.merge(
+            Env::prefixed("DEDUPD_")
+                .split("__")
+                .ignore(&["config", "url", "token"]),
+        )
     }
 
     /// Loads from `file` (or the file named by `DEDUPD_CONFIG`) and the

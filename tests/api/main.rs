@@ -5,6 +5,8 @@ mod auth;
 mod bad_input;
 mod claims;
 mod cli;
+mod cli_operator;
+mod cli_tour;
 mod concurrency;
 mod crash;
 mod delivery;

@@ -1,0 +1,63 @@
+//! `dedupd check-config`: the effective settings (secrets redacted), or
+//! every mistake with the key and where its value came from.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use dedupd::config::Loaded;
+
+/// Prints the effective settings and sources; FAILURE with the errors on
+/// stderr when the configuration is wrong.
+pub fn run(config: Option<&Path>) -> ExitCode {
+    match super::load(config) {
+        Ok((loaded, sources)) => {
+            print!("{}", loaded.settings.to_redacted_toml());
+            for source in &sources {
+                println!(
+                    "\n# source {}: {:?} signatures, /ingest/{} -> {}",
+                    source.name, source.scheme, source.name, source.forward_to
+                );
+            }
+            removed_sources(&loaded);
+            println!(
+                "\n# {} API token(s) in effect; {}",
+                loaded.api_tokens.len(),
+                if loaded.api_tokens.is_empty() {
+                    "/v1 is open to anyone who can reach the listener"
+                } else {
+                    "/v1 requires a bearer token"
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Names each source that left the configuration but still has events in
+/// the data file, with its count of pending events.
+fn removed_sources(loaded: &Loaded) {
+    let path = &loaded.settings.data_path;
+    match dedupd::store::redb::inbox_sources_in_file(path) {
+        Ok(None) => {}
+        Ok(Some(found)) => {
+            for (name, pending) in found {
+                if !loaded.settings.sources.contains_key(&name) {
+                    println!(
+                        "\n# removed source {name}: {pending} pending event(s) in {}; not \
+                         delivered, listable under /v1/sources/{name}/events, reaped after \
+                         gateway.dead_retention",
+                        path.display()
+                    );
+                }
+            }
+        }
+        Err(e) => println!(
+            "\n# events of removed sources not checked: cannot read {}: {e}",
+            path.display()
+        ),
+    }
+}

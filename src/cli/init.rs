@@ -1,0 +1,266 @@
+//! `dedupd init`: writes a commented `dedupd.toml` with one source, fresh
+//! random secrets and an API token, checked before it is written and never
+//! written over an existing file.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow, bail};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use dedupd::config::sources::{Scheme, valid_name};
+use dedupd::config::{CONFIG_ENV, Settings};
+use dedupd::startup::build_sources;
+use figment::Figment;
+use figment::providers::{Format, Serialized, Toml};
+
+/// `dedupd init` arguments.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// File to write; an existing file is never overwritten.
+    #[arg(long, env = CONFIG_ENV, default_value = "dedupd.toml")]
+    config: PathBuf,
+    /// Name of the source, served at /ingest/NAME.
+    #[arg(long, default_value = "sume")]
+    source: String,
+    /// Signature scheme: sume, standard-webhooks, stripe or github [default:
+    /// the source's own when its name is one, otherwise standard-webhooks].
+    #[arg(long, value_parser = parse_scheme)]
+    scheme: Option<Scheme>,
+    /// Where dedupd delivers the source's events (your application).
+    #[arg(long, default_value = "http://127.0.0.1:3000/hooks")]
+    forward_to: String,
+}
+
+/// Parses a scheme as the `scheme` setting names it.
+pub fn parse_scheme(raw: &str) -> Result<Scheme, String> {
+    [
+        Scheme::Sume,
+        Scheme::StandardWebhooks,
+        Scheme::Stripe,
+        Scheme::Github,
+    ]
+    .into_iter()
+    .find(|s| s.name() == raw)
+    .ok_or_else(|| "expected sume, standard-webhooks, stripe or github".to_owned())
+}
+
+/// Writes the file and says what to run next.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    if !valid_name(&args.source) {
+        bail!(
+            "--source {:?}: a source name is 1 to 64 of A-Z a-z 0-9 _ -",
+            args.source
+        );
+    }
+    let scheme = args
+        .scheme
+        .or_else(|| parse_scheme(&args.source).ok())
+        .unwrap_or(Scheme::StandardWebhooks);
+    let text = render(&args.source, scheme, &args.forward_to);
+    check(&text).context("nothing was written")?;
+    let path = &args.config;
+    let mut file = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        // It holds secrets.
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
+            "{} already exists: not overwriting it. Remove it first, or write \
+             another file with --config PATH",
+            path.display()
+        ),
+        Err(e) => return Err(anyhow!(e).context(format!("cannot create {}", path.display()))),
+    };
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", path.display()))?;
+    let shown = path.display();
+    println!(
+        "wrote {shown}: source {name} ({scheme} signatures) at /ingest/{name}, \
+         delivering to {to}\n\
+         \n\
+         Next, each in its own terminal:\n\
+         \x20 dedupd serve --config {shown}\n\
+         \x20 dedupd receive --config {shown}\n\
+         \x20 dedupd trigger {name} --config {shown} --duplicate",
+        name = args.source,
+        scheme = scheme.name(),
+        to = args.forward_to,
+    );
+    Ok(())
+}
+
+/// Loads `text` as `check-config` would (defaults under it, no
+/// environment) and builds its sources.
+fn check(text: &str) -> anyhow::Result<()> {
+    let fig = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(text));
+    let loaded = Settings::load_from(&fig)?;
+    build_sources(&loaded)?;
+    Ok(())
+}
+
+/// `n` random bytes.
+fn random(n: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; n];
+    rand::fill(bytes.as_mut_slice());
+    bytes
+}
+
+/// A TOML string literal.
+fn quoted(s: &str) -> String {
+    toml::Value::String(s.to_owned()).to_string()
+}
+
+/// `line` with `comment` after it, comments lined up.
+fn commented(line: &str, comment: &str) -> String {
+    if comment.is_empty() {
+        format!("{line}\n")
+    } else {
+        format!("{line:<38} # {comment}\n")
+    }
+}
+
+/// The file's text.
+fn render(name: &str, scheme: Scheme, forward_to: &str) -> String {
+    // Standard Webhooks secrets are keys in base64; the others are used as
+    // text.
+    let provider_secret = match scheme {
+        Scheme::StandardWebhooks => format!("whsec_{}", STANDARD.encode(random(24))),
+        Scheme::Sume | Scheme::Stripe | Scheme::Github => hex::encode(random(24)),
+    };
+    let destination_secret = format!("whsec_{}", STANDARD.encode(random(32)));
+    let api_token = hex::encode(random(32));
+    let fields: &[(&str, &str)] = match scheme {
+        Scheme::Sume => &[
+            (
+                "event_id = \"body:/request_id\"",
+                "dedupe on the envelope's request_id",
+            ),
+            (
+                "created_at = \"body:/created_at\"",
+                "order by created_at ...",
+            ),
+            ("stream = \"body:/run_id\"", "... within a run"),
+        ],
+        Scheme::StandardWebhooks => &[
+            (
+                "event_id = \"header:webhook-id\"",
+                "covered by the signature: dedupe on it",
+            ),
+            (
+                "created_at = \"body:/timestamp\"",
+                "order by the payload's timestamp ...",
+            ),
+            (
+                "# stream = \"body:/data/id\"",
+                "... within a stream, if events have one",
+            ),
+        ],
+        Scheme::Stripe => &[
+            ("event_id = \"body:/id\"", "the event's evt_... id"),
+            (
+                "# Stripe's `created` is Unix seconds, not RFC 3339: without created_at,",
+                "",
+            ),
+            ("# events are ordered by the time dedupd received them.", ""),
+            (
+                "# stream = \"body:/data/object/id\"",
+                "order per object, if you need it",
+            ),
+        ],
+        Scheme::Github => &[
+            (
+                "# GitHub's X-GitHub-Delivery header is not covered by its signature, so",
+                "",
+            ),
+            (
+                "# dedupd will not read an id from it: point event_id at a field that is",
+                "",
+            ),
+            ("# unique to each of your events.", ""),
+            ("event_id = \"body:/id\"", ""),
+        ],
+    };
+    let fields: String = fields.iter().map(|(l, c)| commented(l, c)).collect();
+    format!(
+        r#"# dedupd settings, written by `dedupd init`. Check them with
+#   dedupd check-config --config <this file>
+# Any key may be overridden by a DEDUPD_* environment variable, nested keys
+# joined with "__" (DEDUPD_LISTEN=127.0.0.1:9000). The README's "Settings"
+# lists every key. This file holds secrets: keep it out of version control.
+
+# Where `dedupd serve` listens; `dedupd trigger` and the operator commands
+# (`dedupd events`, `claims`, `streams`) find the server here too.
+listen = "127.0.0.1:8080"
+# The embedded store, relative to the directory dedupd runs in.
+data_path = "dedupd.redb"
+
+[api]
+# Bearer token for /v1; the operator commands send it from here.
+tokens = [{api_token}]
+
+# The provider posts to /ingest/{name}.
+[sources.{name}]
+scheme = {scheme}
+# The provider's signing secret. This fresh one lets `dedupd trigger` sign
+# test events; put the provider's own secret first when you connect it
+# (several may be listed during a rotation).
+secrets = [{provider_secret}]
+tolerance = "5m"                       # replay window on the signed timestamp
+{fields}# Your application. `dedupd receive` listens on 127.0.0.1:3000.
+forward_to = {forward_to}
+# dedupd signs what it forwards (Standard Webhooks) with this secret; give
+# it to your application (`dedupd receive` reads it from here).
+destination_secret = {destination_secret}
+max_attempts = 12                      # then the event is dead
+backoff_min = "1s"                     # the first retry's delay, doubled per failure ...
+backoff_max = "1h"                     # ... up to this
+"#,
+        api_token = quoted(&api_token),
+        scheme = quoted(scheme.name()),
+        provider_secret = quoted(&provider_secret),
+        forward_to = quoted(forward_to),
+        destination_secret = quoted(&destination_secret),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scheme_renders_a_file_that_passes_the_checks() {
+        for scheme in [
+            Scheme::Sume,
+            Scheme::StandardWebhooks,
+            Scheme::Stripe,
+            Scheme::Github,
+        ] {
+            let text = render("src", scheme, "http://127.0.0.1:3000/hooks");
+            assert!(
+                check(&text).is_ok(),
+                "{scheme:?}: {:?}\n{text}",
+                check(&text)
+            );
+        }
+    }
+
+    #[test]
+    fn secrets_are_fresh_each_time() {
+        let a = render("sume", Scheme::Sume, "http://127.0.0.1:3000/hooks");
+        let b = render("sume", Scheme::Sume, "http://127.0.0.1:3000/hooks");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_bad_forward_to_is_named() {
+        let text = render("sume", Scheme::Sume, "not a url");
+        let err = format!("{:#}", check(&text).expect_err("bad url"));
+        assert!(err.contains("sources.sume.forward_to"), "{err}");
+    }
+}

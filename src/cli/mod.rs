@@ -1,0 +1,46 @@
+//! The subcommands beside `serve`, one file per family:
+//!
+//! - `check_config`: print the effective settings or what is wrong;
+//! - `init`: write a commented `dedupd.toml` with one source and fresh secrets;
+//! - `trigger`: post a signed sample event to a running server;
+//! - `receive`: a local application that verifies and prints deliveries;
+//! - `operator`: the `/v1` operator API from the terminal (`events`,
+//!   `claims`, `streams`), over `client`, printed with `table`.
+
+pub mod check_config;
+pub mod client;
+pub mod init;
+pub mod operator;
+pub mod receive;
+mod table;
+pub mod trigger;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use dedupd::config::{ConfigErrors, Loaded, Settings};
+use dedupd::gateway::Source;
+use dedupd::startup::build_sources;
+
+/// Loads the settings and builds the sources from them: every mistake of
+/// either kind, each naming its key and where its value came from.
+pub fn load(file: Option<&Path>) -> Result<(Loaded, Vec<Arc<Source>>), ConfigErrors> {
+    let loaded = Settings::load_checked(file, |l| build_sources(l).map(|_| ()))?;
+    let sources = build_sources(&loaded)?;
+    Ok((loaded, sources))
+}
+
+/// A runtime for a client command: one thread is plenty.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// Now, in Unix seconds: what signatures carry.
+pub fn now_unix_s() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(now.as_secs()).unwrap_or(i64::MAX)
+}

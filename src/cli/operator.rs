@@ -1,0 +1,256 @@
+//! The operator API from the terminal: `dedupd events list|redeliver`,
+//! `dedupd claims get`, `dedupd streams get`. Tables for people by
+//! default; `--json` prints the server's answer as it is, for scripts.
+
+use std::process::ExitCode;
+
+use reqwest::Method;
+use serde_json::Value;
+
+use super::client::{Client, Refusal, ServerArgs};
+use super::table;
+
+/// Flags every operator command takes.
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    /// Print the server's JSON answer instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    server: ServerArgs,
+}
+
+/// `dedupd events …`
+#[derive(Debug, clap::Subcommand)]
+pub enum EventsCommand {
+    /// A source's gateway events with one status, oldest received first.
+    List {
+        /// The source.
+        #[arg(long)]
+        source: String,
+        /// pending, delivered, stale or dead.
+        #[arg(long, default_value = "dead",
+              value_parser = ["pending", "delivered", "stale", "dead"])]
+        status: String,
+        /// Events per page, 1 to 500.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Continue after this cursor (the `next` of the previous page).
+        #[arg(long)]
+        after: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Puts a dead or stale event back to pending, to be delivered again.
+    Redeliver {
+        /// The source.
+        #[arg(long)]
+        source: String,
+        /// The event id.
+        id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// `dedupd claims …`
+#[derive(Debug, clap::Subcommand)]
+pub enum ClaimsCommand {
+    /// A key's claim: its state, fence and expiry.
+    Get {
+        /// The key, as API clients name it (unencoded).
+        key: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// `dedupd streams …`
+#[derive(Debug, clap::Subcommand)]
+pub enum StreamsCommand {
+    /// A stream's head: the newest event applied to it.
+    Get {
+        /// The stream, as API clients name it (unencoded).
+        stream: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Runs `dedupd events …`.
+pub fn events(cmd: &EventsCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        EventsCommand::List {
+            source,
+            status,
+            limit,
+            after,
+            common,
+        } => common.call(
+            &format!("events of source {source}"),
+            |c| {
+                let mut query = vec![("status", status.clone()), ("limit", limit.to_string())];
+                if let Some(a) = after {
+                    query.push(("after", a.clone()));
+                }
+                c.request(
+                    Method::GET,
+                    c.url_with(&["v1", "sources", source, "events"], &query),
+                )
+            },
+            |v| print_events(v, source, status),
+        ),
+        EventsCommand::Redeliver { source, id, common } => common.call(
+            &format!("event {id} of source {source}"),
+            |c| {
+                c.request(
+                    Method::POST,
+                    c.url(&["v1", "sources", source, "events", id, "redeliver"]),
+                )
+            },
+            |v| {
+                println!(
+                    "{} of source {}: {} again; it will be delivered",
+                    text(&v["event_id"]),
+                    text(&v["source"]),
+                    text(&v["status"])
+                );
+            },
+        ),
+    }
+}
+
+/// Runs `dedupd claims …`.
+pub fn claims(cmd: &ClaimsCommand) -> anyhow::Result<ExitCode> {
+    let ClaimsCommand::Get { key, common } = cmd;
+    common.call(
+        &format!("claim {key}"),
+        |c| c.request(Method::GET, c.url(&["v1", "claims", key])),
+        |v| {
+            let now = table::now_ms();
+            print!(
+                "{}",
+                table::render(
+                    &["KEY", "STATE", "FENCE", "EXPIRES AT"],
+                    &[vec![
+                        text(&v["key"]),
+                        text(&v["state"]),
+                        text(&v["fence"]),
+                        v["expires_at_ms"]
+                            .as_u64()
+                            .map_or_else(|| "-".into(), |ms| table::when(ms, now)),
+                    ]],
+                )
+            );
+        },
+    )
+}
+
+/// Runs `dedupd streams …`.
+pub fn streams(cmd: &StreamsCommand) -> anyhow::Result<ExitCode> {
+    let StreamsCommand::Get { stream, common } = cmd;
+    common.call(
+        &format!("stream {stream}"),
+        |c| c.request(Method::GET, c.url(&["v1", "streams", stream])),
+        |v| {
+            print!(
+                "{}",
+                table::render(
+                    &["STREAM", "HEAD EVENT", "HEAD CREATED AT"],
+                    &[vec![
+                        text(&v["stream"]),
+                        text(&v["head"]["event_id"]),
+                        text(&v["head"]["created_at"]),
+                    ]],
+                )
+            );
+        },
+    )
+}
+
+impl Common {
+    /// Sends the request `build` makes and prints the answer: as JSON with
+    /// `--json`, else with `show`. A refusal of `what` is printed to stderr
+    /// (and its problem document to stdout with `--json`) and fails.
+    fn call(
+        &self,
+        what: &str,
+        build: impl FnOnce(&Client) -> reqwest::RequestBuilder,
+        show: impl FnOnce(&Value),
+    ) -> anyhow::Result<ExitCode> {
+        let loaded = if self.server.needs_config() {
+            Some(self.server.load()?)
+        } else {
+            None
+        };
+        let client = self.server.client(loaded.as_ref())?;
+        let answer = super::runtime()?.block_on(client.json(build(&client)));
+        match answer {
+            Ok(v) if self.json => {
+                println!("{v}");
+                Ok(ExitCode::SUCCESS)
+            }
+            Ok(v) => {
+                show(&v);
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => match e.downcast_ref::<Refusal>() {
+                Some(r) => {
+                    if self.json {
+                        println!("{}", r.body.trim());
+                    }
+                    eprintln!("dedupd: {what}: {r}");
+                    Ok(ExitCode::FAILURE)
+                }
+                None => Err(e),
+            },
+        }
+    }
+}
+
+/// A JSON value as plain text: strings unquoted, null as "-".
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn print_events(v: &Value, source: &str, status: &str) {
+    let events = v["events"].as_array().map_or(&[][..], Vec::as_slice);
+    if events.is_empty() {
+        println!("no {status} events in source {source}");
+    } else {
+        let rows: Vec<Vec<String>> = events
+            .iter()
+            .map(|e| {
+                vec![
+                    text(&e["event_id"]),
+                    text(&e["status"]),
+                    text(&e["stream"]),
+                    text(&e["created_at"]),
+                    text(&e["attempts"]),
+                    text(&e["last_error"]),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table::render(
+                &[
+                    "EVENT ID",
+                    "STATUS",
+                    "STREAM",
+                    "CREATED AT",
+                    "ATTEMPTS",
+                    "LAST ERROR"
+                ],
+                &rows,
+            )
+        );
+    }
+    if let Some(next) = v["next"].as_str() {
+        println!("more: dedupd events list --source {source} --status {status} --after {next}");
+    }
+}

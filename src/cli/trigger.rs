@@ -1,0 +1,382 @@
+//! `dedupd trigger SOURCE`: builds a sample event for a configured source
+//! (or takes a file), signs it as the provider would — the source's scheme,
+//! its first secret — and posts it to the running server's
+//! `/ingest/SOURCE`, printing each answer.
+//!
+//! `--duplicate` posts the same event twice. `--out-of-order` posts two
+//! events of one stream, the newer first; it waits (through the operator
+//! API) until the newer one is delivered, then posts the older, which the
+//! gateway settles as stale instead of delivering it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use dedupd::gateway::Source;
+use dedupd::gateway::locate::Locator;
+use dedupd::gateway::signature::{Scheme, sign};
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::client::{Client, ServerArgs};
+
+/// How often `--out-of-order` looks at an event's status.
+const POLL: Duration = Duration::from_millis(50);
+
+/// `dedupd trigger` arguments.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The source to post to: a `[sources.NAME]` of the configuration.
+    source: String,
+    /// Post this file's bytes instead of a sample event.
+    #[arg(long, value_name = "FILE", conflicts_with = "out_of_order")]
+    body: Option<PathBuf>,
+    /// Post the same event twice: the second is answered as a duplicate.
+    #[arg(long)]
+    duplicate: bool,
+    /// Post two events of one stream, the newer first; once the newer is
+    /// delivered, the older is posted and settled as stale.
+    #[arg(long, conflicts_with = "duplicate")]
+    out_of_order: bool,
+    /// How long --out-of-order waits for each event to settle.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    wait: Duration,
+    #[command(flatten)]
+    server: ServerArgs,
+}
+
+/// One event to post.
+#[derive(Debug, Clone)]
+struct Sample {
+    /// Its event id, as the source reads it.
+    id: String,
+    /// Its stream, if the source has streams.
+    stream: Option<String>,
+    /// Its `created_at`, if the source reads one.
+    created_at: Option<String>,
+    /// The body, byte for byte.
+    body: Vec<u8>,
+}
+
+impl Sample {
+    fn describe(&self) -> String {
+        let mut s = self.id.clone();
+        match (&self.stream, &self.created_at) {
+            (Some(st), Some(c)) => s.push_str(&format!(" (stream {st}, created_at {c})")),
+            (Some(st), None) => s.push_str(&format!(" (stream {st})")),
+            (None, Some(c)) => s.push_str(&format!(" (created_at {c})")),
+            (None, None) => {}
+        }
+        s
+    }
+}
+
+/// Posts, prints, and fails if any post was refused.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let (loaded, sources) = super::load(args.server.config.as_deref())?;
+    let Some(source) = sources.iter().find(|s| s.name == args.source) else {
+        let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+        bail!(
+            "no source named {:?} in the configuration ({}); `dedupd init` writes one",
+            args.source,
+            if names.is_empty() {
+                "it has none: pass --config FILE or set DEDUPD_CONFIG".to_owned()
+            } else {
+                format!("it has: {}", names.join(", "))
+            }
+        );
+    };
+    let secret = loaded.settings.sources[&args.source]
+        .secrets
+        .first()
+        .map(|s| s.expose().to_owned())
+        .ok_or_else(|| anyhow!("source {} has no secret", args.source))?;
+    let client = args.server.client(Some(&loaded))?;
+    let poster = Poster {
+        client,
+        source,
+        secret,
+    };
+    super::runtime()?.block_on(async {
+        if args.out_of_order {
+            return poster.out_of_order(args.wait).await;
+        }
+        let sample = match &args.body {
+            Some(path) => from_file(source, path)?,
+            None => sample(
+                source,
+                &new_stream(source.scheme),
+                OffsetDateTime::now_utc(),
+            ),
+        };
+        println!("{} event {}", source.name, sample.describe());
+        let mut ok = poster.post(&sample).await?;
+        if args.duplicate {
+            println!("the same event again");
+            ok &= poster.post(&sample).await?;
+        }
+        Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
+    })
+}
+
+/// Signs and posts for one source.
+struct Poster<'a> {
+    client: Client,
+    source: &'a Source,
+    /// The source's first signing secret.
+    secret: String,
+}
+
+impl Poster<'_> {
+    /// Posts `sample` signed now and prints the answer; true for a 2xx.
+    async fn post(&self, sample: &Sample) -> anyhow::Result<bool> {
+        let url = self.client.url(&["ingest", &self.source.name]);
+        let mut req = self
+            .client
+            .request(reqwest::Method::POST, url)
+            .header("content-type", "application/json")
+            .body(sample.body.clone());
+        for (name, value) in sign(
+            self.source.scheme,
+            &self.secret,
+            super::now_unix_s(),
+            &sample.id,
+            &sample.body,
+        ) {
+            req = req.header(name, value);
+        }
+        let res = self.client.send(req).await?;
+        let status = res.status();
+        let body = res.text().await.unwrap_or_default();
+        println!("  -> {status} {}", body.trim());
+        Ok(status.is_success())
+    }
+
+    /// The newer event, its delivery, then the older one and its fate.
+    async fn out_of_order(&self, wait: Duration) -> anyhow::Result<ExitCode> {
+        let (Some(_), Some(_)) = (&self.source.stream, &self.source.created_at) else {
+            bail!(
+                "--out-of-order needs a source whose events have a stream and a \
+                 created_at (the `stream` and `created_at` settings of \
+                 sources.{}): without them events are not ordered",
+                self.source.name
+            );
+        };
+        let stream = new_stream(self.source.scheme);
+        let now = OffsetDateTime::now_utc();
+        let newer = sample(self.source, &stream, now);
+        let older = sample(self.source, &stream, now - time::Duration::minutes(1));
+        println!("newer event {}", newer.describe());
+        if !self.post(&newer).await? {
+            return Ok(ExitCode::FAILURE);
+        }
+        println!("waiting for {} to be delivered", newer.id);
+        match self.settled(&newer.id, wait).await? {
+            "delivered" => println!("  -> delivered"),
+            other => bail!(
+                "{} was not delivered (it is {other}); the older event was not sent",
+                newer.id
+            ),
+        }
+        println!("older event {}", older.describe());
+        if !self.post(&older).await? {
+            return Ok(ExitCode::FAILURE);
+        }
+        match self.settled(&older.id, wait).await? {
+            "stale" => println!(
+                "  -> stale: not delivered, an event of its stream created later was \
+                 delivered first"
+            ),
+            other => println!("  -> {other}"),
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    /// Waits until event `id` is no longer pending and returns its status.
+    async fn settled(&self, id: &str, wait: Duration) -> anyhow::Result<&'static str> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if !self.listed(id, "pending").await? {
+                for status in ["stale", "dead", "delivered"] {
+                    if self.listed(id, status).await? {
+                        return Ok(status);
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{id} is still pending after {}: is the application at {} answering? \
+                     (`dedupd receive` is one)",
+                    humantime::format_duration(wait),
+                    self.source.forward_to
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Whether the source's events with `status` include `id`, page by page.
+    async fn listed(&self, id: &str, status: &str) -> anyhow::Result<bool> {
+        let mut after: Option<String> = None;
+        loop {
+            let mut query = vec![("status", status.to_owned()), ("limit", "500".into())];
+            if let Some(a) = after.take() {
+                query.push(("after", a));
+            }
+            let url = self
+                .client
+                .url_with(&["v1", "sources", &self.source.name, "events"], &query);
+            let page = self
+                .client
+                .json(self.client.request(reqwest::Method::GET, url))
+                .await
+                .context("following the events through the operator API")?;
+            let events = page["events"].as_array().map_or(&[][..], Vec::as_slice);
+            if events.iter().any(|e| e["event_id"] == id) {
+                return Ok(true);
+            }
+            match page["next"].as_str() {
+                Some(next) => after = Some(next.to_owned()),
+                None => return Ok(false),
+            }
+        }
+    }
+}
+
+/// `n` random bytes as hex.
+fn random_hex(n: usize) -> String {
+    let mut bytes = vec![0u8; n];
+    rand::fill(bytes.as_mut_slice());
+    hex::encode(bytes)
+}
+
+/// A fresh stream name in the provider's style.
+fn new_stream(scheme: Scheme) -> String {
+    match scheme {
+        Scheme::Sume => format!("run_{}", random_hex(6)),
+        _ => format!("stream_{}", random_hex(6)),
+    }
+}
+
+/// A fresh event id in the provider's style.
+fn new_id(scheme: Scheme) -> String {
+    match scheme {
+        Scheme::Sume => format!("req_{}", random_hex(8)),
+        Scheme::StandardWebhooks => format!("msg_{}", random_hex(8)),
+        Scheme::Stripe | Scheme::Github => format!("evt_{}", random_hex(8)),
+    }
+}
+
+/// A sample event of `source`: its provider's envelope, with a fresh id
+/// and the given stream and `created_at` wherever the source reads them.
+fn sample(source: &Source, stream: &str, created_at: OffsetDateTime) -> Sample {
+    let id = new_id(source.scheme);
+    let created = created_at
+        .replace_nanosecond(u32::from(created_at.millisecond()) * 1_000_000)
+        .unwrap_or(created_at)
+        .format(&Rfc3339)
+        .unwrap_or_default();
+    let mut body = match source.scheme {
+        Scheme::Sume => json!({
+            "type": "run.completed",
+            "data": {"status": "succeeded", "message": "sent by dedupd trigger"},
+        }),
+        Scheme::StandardWebhooks => json!({
+            "type": "test.event",
+            "data": {"message": "sent by dedupd trigger"},
+        }),
+        Scheme::Stripe => json!({
+            "object": "event",
+            "type": "invoice.paid",
+            "data": {"object": {"object": "invoice", "status": "paid"}},
+        }),
+        Scheme::Github => json!({
+            "action": "opened",
+            "zen": "sent by dedupd trigger",
+        }),
+    };
+    put(&mut body, &source.event_id, &id);
+    let created_at = source.created_at.as_ref().map(|l| {
+        put(&mut body, l, &created);
+        created.clone()
+    });
+    let stream = source.stream.as_ref().map(|l| {
+        put(&mut body, l, stream);
+        stream.to_owned()
+    });
+    Sample {
+        id,
+        stream,
+        created_at,
+        body: serde_json::to_vec(&body).unwrap_or_default(),
+    }
+}
+
+/// A body from a file; its id is read where the source reads it (a header
+/// such as `webhook-id` is given a fresh one).
+fn from_file(source: &Source, path: &std::path::Path) -> anyhow::Result<Sample> {
+    let body = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let json: Option<Value> = serde_json::from_slice(&body).ok();
+    let text = |l: &Option<Locator>| match (l, &json) {
+        (Some(Locator::Body(p)), Some(v)) => {
+            v.pointer(p).and_then(Value::as_str).map(str::to_owned)
+        }
+        _ => None,
+    };
+    let id = match &source.event_id {
+        Locator::Body(_) => text(&Some(source.event_id.clone())).ok_or_else(|| {
+            anyhow!(
+                "{} has no string at {} (the source's event_id): the server would refuse it",
+                path.display(),
+                source.event_id
+            )
+        })?,
+        Locator::Header(_) => new_id(source.scheme),
+    };
+    Ok(Sample {
+        id,
+        stream: text(&source.stream),
+        created_at: text(&source.created_at),
+        body,
+    })
+}
+
+/// Sets the string at `locator` in `body`, making the objects on the way;
+/// a header locator is carried by the signature (`webhook-id`) instead.
+fn put(body: &mut Value, locator: &Locator, value: &str) {
+    let Locator::Body(pointer) = locator else {
+        return;
+    };
+    let mut at = body;
+    for token in pointer.split('/').skip(1) {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        if !at.is_object() {
+            *at = json!({});
+        }
+        let Value::Object(map) = at else { return };
+        at = map.entry(token).or_insert(Value::Null);
+    }
+    *at = Value::String(value.to_owned());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_makes_the_objects_on_the_way() {
+        let mut v = json!({"type": "x"});
+        put(&mut v, &Locator::Body("/data/a~1b".into()), "1");
+        put(&mut v, &Locator::Body("/request_id".into()), "req");
+        assert_eq!(
+            v,
+            json!({"type": "x", "request_id": "req", "data": {"a/b": "1"}})
+        );
+    }
+}
