@@ -14,118 +14,26 @@
 # 1 = its classic single-threaded client, which is faster on 2 cores).
 set -euo pipefail
 
+BENCH=claims_vs_redis
 DURATION=${DURATION:-10}
 CONCURRENCY=${CONCURRENCY:-16 64 256}
-KEEP=${KEEP:-0}
 MIX=${MIX:-1}
-QUIET_WAIT=${QUIET_WAIT:-900}
 WRK_THREADS=${WRK_THREADS:-2}
 RB_THREADS=${RB_THREADS:-2}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=benches/lib.sh
+. "$(dirname "$0")/lib.sh"
 
-die() { echo "claims_vs_redis: $*" >&2; exit 1; }
-log() { echo "== $*" >&2; }
-
-# --- tools --------------------------------------------------------------
-need() { # need CMD DEBIAN_PACKAGE...
-    command -v "$1" >/dev/null && return
-    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null ||
-        die "'$1' is missing: install the Debian package(s) ${*:2}"
-    log "installing ${*:2}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "${@:2}" >/dev/null ||
-        { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y "${@:2}" >/dev/null; } ||
-        die "could not install ${*:2}"
-}
 need redis-server redis-server redis-tools
 need redis-benchmark redis-tools
 need redis-cli redis-tools
 need wrk wrk
 for t in curl cargo ss awk; do command -v $t >/dev/null || die "'$t' is missing"; done
 
-# --- temp dir, processes, cleanup ------------------------------------------
-TMP=$(mktemp -d "${BENCH_TMP:-/var/tmp}/claims-vs-redis.XXXXXX")
-case $(stat -f -c %T "$TMP") in tmpfs | ramfs) die "$TMP is on $(stat -f -c %T "$TMP"): set BENCH_TMP to a disk" ;; esac
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    if [ "$KEEP" = 1 ]; then log "kept $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-trap 'echo "claims_vs_redis: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
-trap 'exit 130' INT TERM
-
-free_port() {
-    local p i
-    for i in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        [ -z "$(ss -Hltn "( sport = :$p )")" ] && { echo "$p"; return; }
-    done
-    die "no free port found"
-}
-
-# --- build -----------------------------------------------------------------
-log "cargo build --release"
-(cd "$ROOT" && cargo build --release --quiet) || die "cargo build --release failed"
-BIN=$ROOT/target/release/dedupd
-
-# --- wait for a quiet machine ------------------------------------------------
-# Builds (and cargo test runs) pollute the figures: before each measurement,
-# wait until none has run for 5 s, up to QUIET_WAIT seconds in all.
-busy() { pgrep -x rustc >/dev/null || pgrep -x cc1 >/dev/null || pgrep -x clippy-driver >/dev/null || pgrep -x cargo >/dev/null; }
-waited=0
-wait_quiet() {
-    local calm=0 said=0 t0
-    while [ "$calm" -lt 2 ]; do
-        if busy; then
-            [ "$waited" -ge "$QUIET_WAIT" ] && return
-            [ "$said" = 1 ] || log "a build is running (rustc/cc1/clippy-driver/cargo): waiting (${waited}s of ${QUIET_WAIT}s used)"
-            said=1; calm=0; t0=$(date +%s); sleep 5; waited=$((waited + $(date +%s) - t0))
-        else calm=$((calm + 1)); sleep 2.5; fi
-    done
-}
+build_release
 wait_quiet
 log "waited ${waited}s for other builds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# --- servers -------------------------------------------------------------------
-DPORT=$(free_port)
-mkdir -p "$TMP/dedupd"
-cat >"$TMP/dedupd/dedupd.toml" <<EOF
-listen = "127.0.0.1:$DPORT"
-data_path = "$TMP/dedupd/dedupd.redb"
-[log]
-level = "warn"
-[http]
-workers = 2
-EOF
-"$BIN" serve --config "$TMP/dedupd/dedupd.toml" >"$TMP/dedupd/dedupd.log" 2>&1 &
-DPID=$!; PIDS+=("$DPID")
-for i in $(seq 300); do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$DPORT/readyz")" = 200 ] && break
-    kill -0 "$DPID" 2>/dev/null || { cat "$TMP/dedupd/dedupd.log" >&2; die "dedupd exited"; }
-    [ "$i" = 300 ] && die "dedupd not ready after 30 s"
-    sleep 0.1
-done
-code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$DPORT/v1/claims/smoke-$$")
-[ "$code" = 201 ] || die "a first claim answered $code, not 201"
-
-start_redis() { # NAME ARGS... ; sets PORT
-    local name=$1 port; shift
-    port=$(free_port); mkdir -p "$TMP/$name"
-    redis-server --port "$port" --bind 127.0.0.1 --dir "$TMP/$name" --daemonize no \
-        --logfile "$TMP/$name/redis.log" "$@" >/dev/null 2>&1 &
-    PIDS+=($!)
-    for i in $(seq 100); do
-        [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ] && { PORT=$port; return; }
-        sleep 0.1
-    done
-    die "redis $name did not start (see $TMP/$name/redis.log)"
-}
-# Automatic AOF rewrites are off: a rewrite forks and writes the whole data
-# set, which would land in whichever run (dedupd's too) happens to follow.
-AOF_ARGS=(--appendonly yes --appendfsync always --save "" --auto-aof-rewrite-percentage 0)
-NONE_ARGS=(--appendonly no --save "")
+start_dedupd dedupd
 start_redis redis-aof "${AOF_ARGS[@]}"; RAOF=$PORT
 start_redis redis-none "${NONE_ARGS[@]}"; RNONE=$PORT
 [ "$(redis-cli -p "$RAOF" config get appendfsync | tail -1)" = always ] || die "AOF redis is not appendfsync always"
@@ -178,7 +86,6 @@ EOF
 
 # --- runs ------------------------------------------------------------------------------
 RES=$TMP/results; : >"$RES"
-flag() { busy && echo "BUILD" || echo "-"; }
 run_wrk() { # KIND C SCRIPT
     local out f0
     wait_quiet; f0=$(flag)
@@ -214,11 +121,8 @@ for c in $CONCURRENCY; do
 done
 
 # --- report -----------------------------------------------------------------------
-dev=$(findmnt -n -o SOURCE -T "$TMP")
 echo
-echo "Machine: $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p')), $(uname -r), $(free -g | awk '/Mem:/ { print $2 }') GiB RAM"
-echo "Temp dir: $TMP on $dev ($(findmnt -n -o FSTYPE,OPTIONS -T "$TMP")); disk: $(lsblk -dn -o NAME,SIZE,ROTA,MODEL "$dev" 2>/dev/null | xargs || echo '?') (lsblk ROTA; virtio disks often claim 1)"
-echo "Quiet: waited ${waited}s in all for other builds (limit QUIET_WAIT=${QUIET_WAIT}s); load average now $(cut -d' ' -f1-3 /proc/loadavg)."
+machine
 echo "       'build' column: a rustc/cc1/clippy-driver/cargo process was running at the start/end of that run ('-' = none)."
 echo "Duration: ${DURATION}s per run; dedupd $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' + uncommitted src changes'), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
 echo

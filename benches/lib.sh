@@ -1,0 +1,117 @@
+# Shared by the benchmark scripts in benches/: tools, a temp dir on disk,
+# free ports, the release build, waiting for a quiet machine, starting
+# dedupd and redis-server. Source it after setting BENCH (the script's name,
+# for messages); it honours KEEP=1, BENCH_TMP and QUIET_WAIT.
+# shellcheck shell=bash
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+KEEP=${KEEP:-0}
+QUIET_WAIT=${QUIET_WAIT:-900}
+
+die() { echo "$BENCH: $*" >&2; exit 1; }
+log() { echo "== $*" >&2; }
+
+need() { # need CMD DEBIAN_PACKAGE...
+    command -v "$1" >/dev/null && return
+    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null ||
+        die "'$1' is missing: install the Debian package(s) ${*:2}"
+    log "installing ${*:2}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${@:2}" >/dev/null ||
+        { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y "${@:2}" >/dev/null; } ||
+        die "could not install ${*:2}"
+}
+
+# The temp dir: on a disk (tmpfs would flatter every sync), removed at exit
+# with every process in PIDS stopped first.
+TMP=$(mktemp -d "${BENCH_TMP:-/var/tmp}/$BENCH.XXXXXX")
+case $(stat -f -c %T "$TMP") in tmpfs | ramfs) die "$TMP is on $(stat -f -c %T "$TMP"): set BENCH_TMP to a disk" ;; esac
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [ "$KEEP" = 1 ]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'echo "$BENCH: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
+trap 'exit 130' INT TERM
+
+free_port() {
+    local p i
+    for i in $(seq 200); do
+        p=$((20000 + RANDOM % 40000))
+        [ -z "$(ss -Hltn "( sport = :$p )")" ] && { echo "$p"; return; }
+    done
+    die "no free port found"
+}
+
+build_release() { # sets BIN
+    log "cargo build --release"
+    (cd "$ROOT" && cargo build --release --quiet "$@") || die "cargo build --release failed"
+    BIN=$ROOT/target/release/dedupd
+}
+
+# Builds (and cargo test runs) pollute the figures: before each measurement,
+# wait until none has run for 5 s, up to QUIET_WAIT seconds in all.
+busy() { pgrep -x rustc >/dev/null || pgrep -x cc1 >/dev/null || pgrep -x clippy-driver >/dev/null || pgrep -x cargo >/dev/null; }
+waited=0
+wait_quiet() {
+    local calm=0 said=0 t0
+    while [ "$calm" -lt 2 ]; do
+        if busy; then
+            [ "$waited" -ge "$QUIET_WAIT" ] && return
+            [ "$said" = 1 ] || log "a build is running (rustc/cc1/clippy-driver/cargo): waiting (${waited}s of ${QUIET_WAIT}s used)"
+            said=1; calm=0; t0=$(date +%s); sleep 5; waited=$((waited + $(date +%s) - t0))
+        else calm=$((calm + 1)); sleep 2.5; fi
+    done
+}
+flag() { busy && echo "BUILD" || echo "-"; }
+
+start_dedupd() { # start_dedupd NAME [EXTRA TOML] ; sets DPORT, DPID
+    local name=$1 i code
+    DPORT=$(free_port)
+    mkdir -p "$TMP/$name"
+    cat >"$TMP/$name/dedupd.toml" <<TOML
+listen = "127.0.0.1:$DPORT"
+data_path = "$TMP/$name/dedupd.redb"
+${2:-}
+[log]
+level = "warn"
+[http]
+workers = 2
+TOML
+    "$BIN" serve --config "$TMP/$name/dedupd.toml" >"$TMP/$name/dedupd.log" 2>&1 &
+    DPID=$!; PIDS+=("$DPID")
+    for i in $(seq 600); do
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$DPORT/readyz")" = 200 ] && break
+        kill -0 "$DPID" 2>/dev/null || { cat "$TMP/$name/dedupd.log" >&2; die "dedupd exited"; }
+        [ "$i" = 600 ] && die "dedupd not ready after 60 s"
+        sleep 0.1
+    done
+    code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$DPORT/v1/claims/smoke-$$-$RANDOM")
+    [ "$code" = 201 ] || die "a first claim answered $code, not 201"
+}
+
+start_redis() { # start_redis NAME ARGS... ; sets PORT
+    local name=$1 port i; shift
+    port=$(free_port); mkdir -p "$TMP/$name"
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$TMP/$name" --daemonize no \
+        --logfile "$TMP/$name/redis.log" "$@" >/dev/null 2>&1 &
+    PIDS+=($!)
+    for i in $(seq 100); do
+        [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ] && { PORT=$port; return; }
+        sleep 0.1
+    done
+    die "redis $name did not start (see $TMP/$name/redis.log)"
+}
+# Automatic AOF rewrites are off: a rewrite forks and writes the whole data
+# set, which would land in whichever run (dedupd's too) happens to follow.
+AOF_ARGS=(--appendonly yes --appendfsync always --save "" --auto-aof-rewrite-percentage 0)
+NONE_ARGS=(--appendonly no --save "")
+
+machine() { # one line about the machine and the temp dir's disk
+    local dev; dev=$(findmnt -n -o SOURCE -T "$TMP")
+    echo "Machine: $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p')), $(uname -r), $(free -g | awk '/Mem:/ { print $2 }') GiB RAM"
+    echo "Temp dir: $TMP on $dev ($(findmnt -n -o FSTYPE,OPTIONS -T "$TMP")); disk: $(lsblk -dn -o NAME,SIZE,ROTA,MODEL "$dev" 2>/dev/null | xargs || echo '?')"
+    echo "Quiet: waited ${waited}s in all for other builds (limit QUIET_WAIT=${QUIET_WAIT}s); load average now $(cut -d' ' -f1-3 /proc/loadavg)."
+}
