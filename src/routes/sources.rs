@@ -266,7 +266,13 @@ pub(super) async fn list(
     let (events, next) = state
         .gateway
         .inbox
-        .list_events(&source, status, after, limit)
+        .list_events(
+            &source,
+            status,
+            crate::store::inbox::ListOrder::OldestFirst,
+            after,
+            limit,
+        )
         .await?;
     Ok(HttpResponse::Ok().json(EventsPage {
         source,

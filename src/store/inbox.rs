@@ -193,3 +193,13 @@ pub struct Retention {
 
 /// Where a listing page ends: `(received_at_ms, event id)` of its last event.
 pub type Cursor = (u64, String);
+
+/// Which end of a listing comes first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ListOrder {
+    /// Oldest received first; the cursor pages towards newer events.
+    #[default]
+    OldestFirst,
+    /// Newest received first; the cursor pages towards older events.
+    NewestFirst,
+}

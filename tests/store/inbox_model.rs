@@ -10,8 +10,8 @@ use std::collections::btree_map::Entry;
 use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey};
 use dedupd::store::Store;
 use dedupd::store::inbox::{
-    EventStatus, InboxEvent, IngestOutcome, Leased, NewEvent, RedeliverOutcome, Retention, Settle,
-    SourceSummary,
+    EventStatus, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome,
+    Retention, Settle, SourceSummary,
 };
 use dedupd::store::redb::{InboxIndexes, RedbOptions, RedbStore};
 use proptest::prelude::*;
@@ -80,6 +80,7 @@ enum Op {
         source: u8,
         status: u8,
         page: usize,
+        newest: bool,
     },
     /// The reaper, with a limit small enough at times to stop it early.
     PurgeExpired {
@@ -162,8 +163,8 @@ fn op() -> impl Strategy<Value = Op> {
         ]
         .prop_map(|target| Op::Redeliver { target }),
         1 => (0usize..4, 0usize..4).prop_map(|(a, b)| Op::Due { limits: [a, b] }),
-        1 => (source.clone(), 0u8..4, 1usize..4)
-            .prop_map(|(source, status, page)| Op::List { source, status, page }),
+        1 => (source.clone(), 0u8..4, 1usize..4, any::<bool>())
+            .prop_map(|(source, status, page, newest)| Op::List { source, status, page, newest }),
         2 => prop_oneof![2 => Just(10_000u64), 1 => 1u64..4]
             .prop_map(|limit| Op::PurgeExpired { limit }),
         1 => (any::<bool>(), source, 0u64..4_000, 1u64..5)
@@ -771,6 +772,7 @@ async fn run(ops: Vec<Op>) {
                 source,
                 status,
                 page,
+                newest,
             } => {
                 let (source, status) = (SOURCES[usize::from(source)], status_of(status));
                 let mut want: Vec<InboxEvent> = m
@@ -785,11 +787,17 @@ async fn run(ops: Vec<Op>) {
                 want.sort_by(|a, b| {
                     (a.received_at_ms, &a.event_id).cmp(&(b.received_at_ms, &b.event_id))
                 });
+                let order = if newest {
+                    want.reverse();
+                    ListOrder::NewestFirst
+                } else {
+                    ListOrder::OldestFirst
+                };
                 let mut got = Vec::new();
                 let mut after = None;
                 loop {
                     let (events, next) = store
-                        .list_events(source, status, after, page)
+                        .list_events(source, status, order, after, page)
                         .await
                         .unwrap();
                     assert!(events.len() <= page, "{ctx}: page too long");

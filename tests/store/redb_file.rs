@@ -263,7 +263,7 @@ mod inbox {
     use dedupd::domain::CreatedAt;
     use dedupd::store::Store;
     use dedupd::store::inbox::{
-        EventStatus, IngestOutcome, NewEvent, RedeliverOutcome, Retention, Settle,
+        EventStatus, IngestOutcome, ListOrder, NewEvent, RedeliverOutcome, Retention, Settle,
     };
     use dedupd::store::redb::{RedbOptions, RedbStore};
     use tempfile::TempDir;
@@ -390,7 +390,7 @@ mod inbox {
         assert!(s.inbox_event("sume", "ok").await.unwrap().is_none());
         assert!(s.inbox_event("sume", "gone").await.unwrap().is_some());
         let (dead, _) = s
-            .list_events("sume", EventStatus::Dead, None, 10)
+            .list_events("sume", EventStatus::Dead, ListOrder::OldestFirst, None, 10)
             .await
             .unwrap();
         assert_eq!(dead.len(), 1);

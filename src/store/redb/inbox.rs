@@ -15,8 +15,8 @@ use super::tables::{INBOX, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, I
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
 use crate::store::inbox::{
-    Cursor, EventStatus, InboxEvent, IngestOutcome, Leased, NewEvent, RedeliverOutcome, Retention,
-    Settle,
+    Cursor, EventStatus, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome,
+    Retention, Settle,
 };
 
 /// An inbox write.
@@ -649,30 +649,40 @@ pub fn get(
         .map(|g| from_row(source, id, g.value())))
 }
 
-/// A page of a source's events with `status`, oldest received first,
-/// starting after the cursor `(received_at_ms, event id)`.
+/// A page of a source's events with `status` in `order` (by received time,
+/// then id), starting after the cursor `(received_at_ms, event id)` of the
+/// previous page's last event.
 pub fn list(
     tx: &ReadTransaction,
     source: &str,
     status: EventStatus,
+    order: ListOrder,
     after: Option<Cursor>,
     limit: usize,
 ) -> Result<(Vec<InboxEvent>, Option<Cursor>), redb::Error> {
+    use std::ops::Bound::{Excluded, Included};
     let index = tx.open_table(INBOX_STATUS)?;
     let rows = tx.open_table(INBOX)?;
     let s = status.to_byte();
-    let (from_at, from_id) = after.clone().unwrap_or((0, String::new()));
+    // Status bytes stop at 3, so (source, s + 1, 0, "") is past every entry
+    // of this status.
+    let first = (source, s, 0u64, "");
+    let end = (source, s + 1, 0u64, "");
+    let cursor = after.as_ref().map(|(at, id)| (source, s, *at, id.as_str()));
+    let range = match (order, cursor) {
+        (_, None) => index.range((Included(first), Excluded(end)))?,
+        (ListOrder::OldestFirst, Some(c)) => index.range((Excluded(c), Excluded(end)))?,
+        (ListOrder::NewestFirst, Some(c)) => index.range((Included(first), Excluded(c)))?,
+    };
+    let entries: Box<dyn Iterator<Item = _>> = match order {
+        ListOrder::OldestFirst => Box::new(range),
+        ListOrder::NewestFirst => Box::new(range.rev()),
+    };
     let mut events = Vec::new();
     let mut more = false;
-    for entry in index.range((source, s, from_at, from_id.as_str())..)? {
+    for entry in entries {
         let (k, _) = entry?;
-        let (src, st, at, id) = k.value();
-        if src != source || st != s {
-            break;
-        }
-        if after.as_ref().is_some_and(|(a, i)| *a == at && i == id) {
-            continue;
-        }
+        let (src, _, _, id) = k.value();
         if events.len() == limit {
             more = true;
             break;

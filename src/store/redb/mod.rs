@@ -37,8 +37,8 @@ use super::{
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::inbox::{
-    Cursor, EventStatus, InboxEvent, IngestOutcome, Leased, NewEvent, RedeliverOutcome, Retention,
-    Settle, SourceSummary,
+    Cursor, EventStatus, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome,
+    Retention, Settle, SourceSummary,
 };
 
 pub use self::inbox::{InboxIndexes, SourceDue};
@@ -550,16 +550,18 @@ impl RedbStore {
         self.read(move |tx| inbox::get(tx, &source, &id)).await
     }
 
-    /// A page of a source's events with `status`.
+    /// A page of a source's events with `status`, in `order`, after the
+    /// cursor of the previous page (bodies left out: see `body_bytes`).
     pub async fn list_events(
         &self,
         source: &str,
         status: EventStatus,
+        order: ListOrder,
         after: Option<Cursor>,
         limit: usize,
     ) -> Result<(Vec<InboxEvent>, Option<Cursor>), StoreError> {
         let source = source.to_owned();
-        self.read(move |tx| inbox::list(tx, &source, status, after, limit))
+        self.read(move |tx| inbox::list(tx, &source, status, order, after, limit))
             .await
     }
 }
