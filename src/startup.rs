@@ -218,6 +218,7 @@ impl Application {
                 .configure(routes::ingest::configure)
                 .configure(routes::metrics::configure)
                 .configure(routes::openapi::configure)
+                .configure(routes::ui::configure)
                 .service(
                     web::scope("/v1")
                         .wrap(from_fn(require_bearer))

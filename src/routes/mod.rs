@@ -3,12 +3,15 @@
 
 pub(crate) mod body;
 pub mod claims;
+pub mod event;
 pub mod health;
 pub mod ingest;
 pub mod metrics;
 pub mod openapi;
+pub mod overview;
 pub mod sources;
 pub mod streams;
+pub mod ui;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -52,7 +55,9 @@ pub struct AppState {
 pub fn configure_v1(cfg: &mut web::ServiceConfig) {
     claims::configure(cfg);
     streams::configure(cfg);
+    overview::configure(cfg);
     sources::configure(cfg);
+    event::configure(cfg);
 }
 
 /// Segment `index` of the request path (`/v1/claims/{key}` has the key at
@@ -191,11 +196,14 @@ pub fn endpoints() -> Vec<Endpoint> {
         .chain(ingest::endpoints())
         .chain(metrics::endpoints())
         .chain(openapi::endpoints())
+        .chain(ui::endpoints())
         .collect();
     for mut e in claims::endpoints()
         .into_iter()
         .chain(streams::endpoints())
+        .chain(overview::endpoints())
         .chain(sources::endpoints())
+        .chain(event::endpoints())
     {
         e.path = format!("/v1{}", e.path).into();
         all.push(e);

@@ -31,9 +31,13 @@ use super::{Endpoint, Guard, register};
         super::claims::extend,
         super::streams::apply,
         super::streams::get_head,
+        super::overview::list,
         super::sources::show,
         super::sources::list,
+        super::event::show,
         super::sources::redeliver,
+        super::ui::page,
+        super::ui::file,
     ),
     modifiers(&BearerAuth),
     tags(
@@ -41,6 +45,7 @@ use super::{Endpoint, Guard, register};
         (name = "streams", description = "Apply events of a stream in created_at order"),
         (name = "gateway", description = "Receive webhooks; see and redeliver what was received"),
         (name = "operations", description = "Metrics and this document"),
+        (name = "console", description = "The operator console: a page in the binary that reads the /v1 API"),
         (name = "health", description = "Liveness and readiness"),
     )
 )]

@@ -13,7 +13,8 @@ use crate::clock::Millis;
 use crate::domain::Invalid;
 use crate::error::{ApiError, Problem};
 use crate::gateway::delivery::circuit::State as CircuitState;
-use crate::store::inbox::{EventStatus, InboxEvent, RedeliverOutcome};
+use crate::gateway::delivery::schedule::LaneView;
+use crate::store::inbox::{EventStatus, InboxEvent, ListOrder, RedeliverOutcome};
 
 /// The source routes, relative to `/v1`.
 pub fn endpoints() -> Vec<Endpoint> {
@@ -46,6 +47,8 @@ pub struct ListQuery {
     limit: Option<usize>,
     /// The `next` cursor of the previous page.
     after: Option<String>,
+    /// `oldest` (default) or `newest`: which end comes first.
+    order: Option<String>,
 }
 
 /// An event as the operator API shows it (without its body).
@@ -81,7 +84,7 @@ pub struct EventsPage {
     source: String,
     /// The status listed.
     status: EventStatus,
-    /// Oldest received first.
+    /// In the order asked for (oldest received first by default).
     events: Vec<EventView>,
     /// Pass as `after` for the next page; absent on the last.
     next: Option<String>,
@@ -145,7 +148,7 @@ impl From<InboxEvent> for EventView {
 /// A source is known while it is configured, and after it left the
 /// configuration for as long as the inbox holds events of it: those stay
 /// listable and redeliverable (delivered when the source comes back).
-async fn known_source(state: &AppState, name: &str) -> Result<(), ApiError> {
+pub(super) async fn known_source(state: &AppState, name: &str) -> Result<(), ApiError> {
     if state.gateway.source(name).is_some() || state.gateway.inbox.has_source(name).await? {
         Ok(())
     } else {
@@ -205,32 +208,38 @@ pub(super) async fn show(
             delivery: None,
         }));
     };
-    let (circuit, paused_until_ms) = match lane.state {
-        CircuitState::Closed => ("running", None),
-        CircuitState::Open { until } => ("paused", Some(until)),
-        CircuitState::Probing { .. } => ("probing", None),
-    };
     Ok(HttpResponse::Ok().json(SourceView {
         source,
         configured: true,
-        delivery: Some(DeliveryView {
-            state: circuit,
+        delivery: Some(DeliveryView::from(&lane)),
+    }))
+}
+
+impl From<&LaneView> for DeliveryView {
+    fn from(lane: &LaneView) -> Self {
+        let (state, paused_until_ms) = match lane.state {
+            CircuitState::Closed => ("running", None),
+            CircuitState::Open { until } => ("paused", Some(until)),
+            CircuitState::Probing { .. } => ("probing", None),
+        };
+        Self {
+            state,
             paused_until_ms,
             consecutive_failures: lane.consecutive_failures,
             in_flight: lane.in_flight,
             max_in_flight: lane.max_in_flight,
-        }),
-    }))
+        }
+    }
 }
 
-/// A source's events with one status, oldest received first, a page at a
-/// time.
+/// A source's events with one status, oldest (or newest) received first, a
+/// page at a time.
 #[utoipa::path(get, path = "/v1/sources/{source}/events", tag = "gateway",
     security(("bearer" = [])),
     params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), ListQuery),
     responses(
         (status = 200, description = "A page of events", body = EventsPage),
-        (status = 400, description = "Bad status, limit or cursor", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Bad status, limit, order or cursor", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`unknown_source`", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store cannot be read or written now; retry", body = Problem, content_type = "application/problem+json"),
@@ -262,17 +271,22 @@ pub(super) async fn list(
             "must be 1 to 500",
         )));
     }
+    let order = match query.order.as_deref() {
+        None | Some("oldest") => ListOrder::OldestFirst,
+        Some("newest") => ListOrder::NewestFirst,
+        Some(other) => {
+            return Err(ApiError::Invalid(Invalid::new(
+                "invalid_order",
+                "order",
+                format!("must be oldest or newest; got {other:?}"),
+            )));
+        }
+    };
     let after = query.after.as_deref().map(decode_cursor).transpose()?;
     let (events, next) = state
         .gateway
         .inbox
-        .list_events(
-            &source,
-            status,
-            crate::store::inbox::ListOrder::OldestFirst,
-            after,
-            limit,
-        )
+        .list_events(&source, status, order, after, limit)
         .await?;
     Ok(HttpResponse::Ok().json(EventsPage {
         source,

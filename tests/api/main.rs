@@ -8,6 +8,7 @@ mod cli;
 mod cli_operator;
 mod cli_tour;
 mod concurrency;
+mod console;
 mod crash;
 mod delivery;
 mod disk;

@@ -1,0 +1,94 @@
+//! `GET /v1/sources/{source}/events/{event_id}`: one stored event whole —
+//! its times, attempts and last error, the headers kept for forwarding and
+//! the body — for the operator console's event view.
+
+use actix_web::http::Method;
+use actix_web::{HttpRequest, HttpResponse, web};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::sources::{EventView, known_source};
+use super::{AppState, Endpoint, Guard, path_segment, register};
+use crate::error::{ApiError, Problem};
+
+/// The event route, relative to `/v1`.
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![Endpoint::new(
+        Method::GET,
+        "/sources/{source}/events/{event_id}",
+        || web::route().to(show),
+    )]
+}
+
+/// Registers the event route (in the `/v1` scope, behind its tokens).
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    register(cfg, endpoints(), Guard::Open);
+}
+
+/// A stored header.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HeaderView {
+    /// Header name, as received.
+    name: String,
+    /// Its value.
+    value: String,
+}
+
+/// An event with its headers and body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventDetail {
+    /// Everything a listing shows.
+    #[serde(flatten)]
+    event: EventView,
+    /// The headers kept for forwarding (`forward_headers`), in order.
+    headers: Vec<HeaderView>,
+    /// The body as text, when it is UTF-8; null otherwise.
+    body: Option<String>,
+    /// The body in base64 (standard, padded), when it is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_base64: Option<String>,
+}
+
+/// One event whole: what a listing shows, plus its stored headers and body.
+#[utoipa::path(get, path = "/v1/sources/{source}/events/{event_id}", tag = "gateway",
+    security(("bearer" = [])),
+    params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), ("event_id" = String, Path, description = "The provider's event id")),
+    responses(
+        (status = 200, description = "The event", body = EventDetail),
+        (status = 404, description = "`unknown_source` or `unknown_event`", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be read or written now; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn show(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let source = path_segment(&req, 3, "source")?;
+    let event_id = path_segment(&req, 5, "event_id")?;
+    known_source(&state, &source).await?;
+    let Some(mut event) = state.gateway.inbox.inbox_event(&source, &event_id).await? else {
+        return Err(ApiError::NotFound {
+            code: "unknown_event",
+            detail: format!(
+                "source {source:?} has no event {event_id:?} (it may have been reaped)"
+            ),
+        });
+    };
+    let raw = std::mem::take(&mut event.body);
+    let headers = std::mem::take(&mut event.headers)
+        .into_iter()
+        .map(|(name, value)| HeaderView { name, value })
+        .collect();
+    let (body, body_base64) = match String::from_utf8(raw) {
+        Ok(text) => (Some(text), None),
+        Err(e) => (None, Some(STANDARD.encode(e.as_bytes()))),
+    };
+    Ok(HttpResponse::Ok().json(EventDetail {
+        event: EventView::from(event),
+        headers,
+        body,
+        body_base64,
+    }))
+}
