@@ -1,0 +1,409 @@
+//! The console's views, as an operator uses them.
+
+use std::time::Duration;
+
+use dedupd::clock::Clock;
+use dedupd::config::sources::SourceSettings;
+use dedupd::gateway::signature::{Scheme, sign};
+use fantoccini::Locator;
+use fantoccini::key::Key;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::browser::{Page, in_browser};
+use crate::helpers::{TestApp, spawn_app_with, with_tokens};
+use crate::receiver::{Behaviour, Receiver, eventually};
+
+const SECRET: &str = "sume_test_secret";
+const TOKEN: &str = "console-token-0123456789";
+
+/// A Sume-signed source forwarding to `forward_to`.
+fn source(forward_to: &str, max_attempts: u32) -> SourceSettings {
+    toml::from_str(&format!(
+        r#"
+        scheme = "sume"
+        event_id = "body:/request_id"
+        created_at = "body:/created_at"
+        stream = "body:/run_id"
+        forward_to = "{forward_to}"
+        max_attempts = {max_attempts}
+        backoff_min = "10ms"
+        backoff_max = "40ms"
+        secrets = ["{SECRET}"]
+        destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        "#
+    ))
+    .unwrap()
+}
+
+fn body(id: &str, run: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "request_id": id, "run_id": run, "created_at": "2026-11-29T10:00:00Z",
+        "type": "run.updated", "data": {"status": "succeeded", "cost_cents": 42},
+    }))
+    .unwrap()
+}
+
+/// Posts a signed event to `/ingest/{source}`, asserting a 200.
+async fn ingest(app: &TestApp, source: &str, id: &str, run: &str) {
+    let b = body(id, run);
+    let ts = i64::try_from(app.clock.now_ms() / 1000).unwrap();
+    let mut req = app
+        .client
+        .post(app.url(&format!("/ingest/{source}")))
+        .header("content-type", "application/json")
+        .body(b.clone());
+    for (name, value) in sign(Scheme::Sume, SECRET, ts, "", &b) {
+        req = req.header(name, value);
+    }
+    assert_eq!(req.send().await.unwrap().status(), StatusCode::OK);
+}
+
+/// How many events `source` has with `status`, from the API.
+async fn count(app: &TestApp, source: &str, status: &str) -> usize {
+    let res = app
+        .request(
+            Method::GET,
+            &format!("/v1/sources/{source}/events?status={status}"),
+        )
+        .send()
+        .await
+        .unwrap();
+    let v: Value = res.json().await.unwrap();
+    v["events"].as_array().map_or(0, Vec::len)
+}
+
+/// The overview cell of `source` for `status`.
+fn cell(source: &str, status: &str) -> String {
+    format!("tr[data-source=\"{source}\"] td[data-count=\"{status}\"]")
+}
+
+#[tokio::test]
+async fn the_overview_shows_every_sources_counts_and_refreshes_itself() {
+    let ok = Receiver::start(Behaviour::Accept).await;
+    let down = Receiver::start(Behaviour::Always(503)).await;
+    let held = Receiver::start(Behaviour::Hold(None)).await;
+    let app = spawn_app_with(|l| {
+        let s = &mut l.settings.sources;
+        s.insert("sume".into(), source(&ok.url, 12));
+        // Five failures in a row pause a source (pause_after = 5) for
+        // backoff_min: long enough to still show after the clock moves.
+        let mut billing = source(&down.url, 1);
+        billing.backoff_min = Duration::from_secs(600);
+        billing.backoff_max = Duration::from_secs(3600);
+        s.insert("billing".into(), billing);
+        s.insert("crm".into(), source(&held.url, 12));
+    })
+    .await;
+    let url = app.url("/ui");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        // Configured sources show before any event arrives.
+        c.until_text(&cell("sume", "delivered"), "0", |t| t == "0")
+            .await;
+        assert!(
+            !c.find(Locator::Id("login"))
+                .await
+                .unwrap()
+                .is_displayed()
+                .await
+                .unwrap(),
+            "no token configured: no prompt"
+        );
+
+        for i in 0..3 {
+            ingest(&app, "sume", &format!("ord_{i}"), &format!("run_{i}")).await;
+        }
+        for i in 0..5 {
+            ingest(&app, "billing", &format!("inv_{i}"), &format!("cust_{i}")).await;
+        }
+        // One stream: the first is held in flight, the second waits behind it.
+        ingest(&app, "crm", "contact_1", "acct_1").await;
+        ingest(&app, "crm", "contact_2", "acct_1").await;
+        eventually("deliveries settle", || async {
+            count(&app, "sume", "delivered").await == 3
+                && count(&app, "billing", "dead").await == 5
+                && held.held() == 1
+        })
+        .await;
+        app.clock.advance(Duration::from_secs(95));
+
+        // The page was not reloaded: it refreshes itself.
+        c.until_text(&cell("sume", "delivered"), "3", |t| t == "3")
+            .await;
+        c.until_text(&cell("billing", "dead"), "5", |t| t == "5")
+            .await;
+        c.until_text(&cell("crm", "pending"), "2", |t| t == "2")
+            .await;
+        c.until_text("tr[data-source=\"crm\"] td[data-age]", "1 min", |t| {
+            t == "1 min"
+        })
+        .await;
+        for (source, pending, delivered, stale, dead) in [
+            ("billing", "0", "0", "0", "5"),
+            ("crm", "2", "0", "0", "0"),
+            ("sume", "0", "3", "0", "0"),
+        ] {
+            for (status, want) in [
+                ("pending", pending),
+                ("delivered", delivered),
+                ("stale", stale),
+                ("dead", dead),
+            ] {
+                assert_eq!(
+                    c.text_of(&cell(source, status)).await.as_deref(),
+                    Some(want),
+                    "{source} {status}"
+                );
+            }
+        }
+        let crm = c.text_of("tr[data-source=\"crm\"]").await.unwrap();
+        assert!(crm.contains("running, 1/16 in flight"), "{crm}");
+        let billing = c.text_of("tr[data-source=\"billing\"]").await.unwrap();
+        assert!(
+            billing.contains("paused until") && billing.contains("after 5 failures"),
+            "{billing}"
+        );
+        let rows = c
+            .find_all(Locator::Css("#overview tbody tr"))
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 3);
+
+        // The README's picture: the table without the empty page below it.
+        c.set_window_size(1280, 540).await.unwrap();
+        let png = c.screenshot().await.unwrap();
+        save_screenshot(&png);
+
+        // At a phone's width nothing but the table scrolls sideways.
+        c.set_window_size(390, 844).await.unwrap();
+        c.until_js(
+            "document.documentElement.scrollWidth <= window.innerWidth",
+            "no page-wide horizontal scroll at 390 px",
+        )
+        .await;
+        held.release();
+    })
+    .await;
+}
+
+/// Keeps the overview's screenshot in the target dir; with
+/// `DEDUPD_UPDATE_SCREENSHOT=1` also as the README's `docs/console.png`.
+fn save_screenshot(png: &[u8]) {
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console.png");
+    std::fs::write(&tmp, png).unwrap();
+    if std::env::var_os("DEDUPD_UPDATE_SCREENSHOT").is_some() {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+        std::fs::create_dir_all(&docs).unwrap();
+        std::fs::write(docs.join("console.png"), png).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_dead_list_shows_the_failing_event_and_redeliver_brings_it_through() {
+    let down = Receiver::start(Behaviour::Always(503)).await;
+    let app = spawn_app_with(|l| {
+        l.settings
+            .sources
+            .insert("billing".into(), source(&down.url, 1));
+    })
+    .await;
+    ingest(&app, "billing", "inv_1", "cust_1").await;
+    eventually("inv_1 dead", || async {
+        count(&app, "billing", "dead").await == 1
+    })
+    .await;
+    let url = app.url("/ui");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        // From the overview's dead count to the dead list.
+        c.until_text(&cell("billing", "dead"), "1", |t| t == "1")
+            .await;
+        c.find(Locator::Css(&format!("{} a", cell("billing", "dead"))))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let row = "tr[data-event=\"inv_1\"]";
+        let text = c
+            .until_text(row, "inv_1 and its error", |t| {
+                t.contains("inv_1") && t.contains("HTTP 503")
+            })
+            .await;
+        assert!(text.contains("cust_1"), "stream shown: {text}");
+        c.find(Locator::Css(&format!("{row} a")))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+
+        // The detail: status, error, headers, the body pretty-printed.
+        c.until_text("#event-status", "dead", |t| t == "dead").await;
+        let error = c.text_of("#event-error").await.unwrap();
+        assert!(error.contains("HTTP 503"), "{error}");
+        let headers = c.text_of("#headers").await.unwrap();
+        assert!(headers.contains("content-type") && headers.contains("application/json"));
+        let body = c.text_of("#body").await.unwrap();
+        assert!(
+            body.contains("\"request_id\": \"inv_1\""),
+            "pretty JSON: {body}"
+        );
+        assert!(body.contains("\n  \"data\": {\n"), "indented: {body}");
+
+        // Redeliver, confirmed from the keyboard; the receiver now holds the
+        // request, so the event is seen pending, then delivered on release.
+        down.set(Behaviour::Hold(None));
+        c.find(Locator::Id("redeliver"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let confirm = c.element("#redeliver-confirm").await;
+        c.until_js(
+            "document.activeElement && document.activeElement.id === 'redeliver-confirm'",
+            "the confirmation has the focus",
+        )
+        .await;
+        confirm.send_keys(&Key::Enter.to_string()).await.unwrap();
+        c.until_text("#actions", "the new status", |t| {
+            t.contains("Redelivered: the event is pending again.")
+        })
+        .await;
+        c.until_text("#event-status", "pending", |t| t == "pending")
+            .await;
+        eventually("the redelivery reaches the receiver", || async {
+            down.held() == 1
+        })
+        .await;
+        assert_eq!(c.text_of("#event-status").await.as_deref(), Some("pending"));
+        down.release();
+        c.until_text("#event-status", "delivered", |t| t == "delivered")
+            .await;
+        assert!(
+            c.find(Locator::Id("redeliver")).await.is_err(),
+            "no button once delivered"
+        );
+        assert_eq!(count(&app, "billing", "delivered").await, 1);
+        assert_eq!(down.received().len(), 2, "one failed attempt, one delivery");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn with_tokens_the_page_shows_nothing_until_it_gets_one_and_says_when_one_is_refused() {
+    let ok = Receiver::start(Behaviour::Accept).await;
+    let app = spawn_app_with(|l| {
+        with_tokens(l, &[TOKEN]);
+        l.settings
+            .sources
+            .insert("secretsource".into(), source(&ok.url, 12));
+    })
+    .await;
+    ingest(&app, "secretsource", "ev_1", "run_1").await;
+    let url = app.url("/ui");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        let login = c.element("#login").await;
+        c.until_js(
+            "!document.getElementById('login').hidden",
+            "the token prompt",
+        )
+        .await;
+        let page = c.text_of("body").await.unwrap();
+        assert!(!page.contains("secretsource"), "nothing shown: {page}");
+        assert_eq!(c.text_of("#view").await.as_deref(), Some(""));
+
+        // A wrong token: refused, said so, still nothing shown.
+        let input = c.find(Locator::Id("token")).await.unwrap();
+        input.send_keys("not-the-right-token").await.unwrap();
+        input.send_keys(&Key::Enter.to_string()).await.unwrap();
+        c.until_text("#login-error", "a refusal", |t| t.contains("refused"))
+            .await;
+        assert!(login.is_displayed().await.unwrap());
+        let page = c.text_of("body").await.unwrap();
+        assert!(!page.contains("secretsource"), "nothing shown: {page}");
+
+        // The right one: the overview, and the token kept for this tab.
+        let input = c.find(Locator::Id("token")).await.unwrap();
+        input.send_keys(TOKEN).await.unwrap();
+        c.find(Locator::Css("#login-form button"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        c.until_text(&cell("secretsource", "delivered"), "1", |t| t == "1")
+            .await;
+        assert!(!login.is_displayed().await.unwrap());
+        let kept = c
+            .execute("return sessionStorage.getItem('dedupd.token');", vec![])
+            .await
+            .unwrap();
+        assert_eq!(kept, TOKEN);
+        // A reload keeps working without asking again.
+        c.refresh().await.unwrap();
+        c.until_text(&cell("secretsource", "delivered"), "1", |t| t == "1")
+            .await;
+
+        // Forgetting it hides everything again.
+        c.find(Locator::Id("forget"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        c.until_js(
+            "!document.getElementById('login').hidden",
+            "the token prompt again",
+        )
+        .await;
+        assert_eq!(c.text_of("#view").await.as_deref(), Some(""));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn lookups_show_a_claim_and_a_streams_head() {
+    let app = spawn_app_with(|_| {}).await;
+    let (_, fence, _) = app.claim_ok("order/42", json!({})).await;
+    app.apply_ok("run-7", "evt_9", "2026-11-29T10:05:00Z").await;
+    let url = app.url("/ui#/lookups");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        let key = c.element("#claim-key").await;
+        key.send_keys("order/42").await.unwrap();
+        key.send_keys(&Key::Enter.to_string()).await.unwrap();
+        let claim = c
+            .until_text("#claim-result", "the claim", |t| t.contains("processing"))
+            .await;
+        assert!(claim.contains(&fence.to_string()), "{claim}");
+        let key = c.find(Locator::Id("claim-key")).await.unwrap();
+        key.clear().await.unwrap();
+        key.send_keys("nobody").await.unwrap();
+        key.send_keys(&Key::Enter.to_string()).await.unwrap();
+        c.until_text("#claim-result", "no claim", |t| {
+            t.contains("No live claim for nobody")
+        })
+        .await;
+
+        let stream = c.find(Locator::Id("stream-name")).await.unwrap();
+        stream.send_keys("run-7").await.unwrap();
+        stream.send_keys(&Key::Enter.to_string()).await.unwrap();
+        c.until_text("#stream-result", "the head", |t| t.contains("evt_9"))
+            .await;
+        // Times carry their UTC value on hover.
+        let title = c
+            .find(Locator::Css("#stream-result time"))
+            .await
+            .unwrap()
+            .attr("title")
+            .await
+            .unwrap();
+        assert_eq!(title.as_deref(), Some("2026-11-29 10:05:00 UTC"));
+    })
+    .await;
+}
