@@ -367,12 +367,19 @@ async fn with_tokens_the_page_shows_nothing_until_it_gets_one_and_says_when_one_
 }
 
 #[tokio::test]
-async fn lookups_show_a_claim_and_a_streams_head() {
+async fn without_sources_the_overview_says_what_to_do_and_lookups_show_a_claim_and_a_head() {
     let app = spawn_app_with(|_| {}).await;
     let (_, fence, _) = app.claim_ok("order/42", json!({})).await;
     app.apply_ok("run-7", "evt_9", "2026-11-29T10:05:00Z").await;
+    let overview = app.url("/ui");
     let url = app.url("/ui#/lookups");
     in_browser(move |c| async move {
+        // No source configured: the overview says what to do.
+        c.goto(&overview).await.unwrap();
+        c.until_text(".empty", "the empty state", |t| {
+            t.starts_with("No sources configured: add a [sources.NAME] table to dedupd.toml")
+        })
+        .await;
         c.goto(&url).await.unwrap();
         let key = c.element("#claim-key").await;
         key.send_keys("order/42").await.unwrap();
