@@ -224,3 +224,41 @@ async fn the_console_is_served_without_a_token_under_a_strict_content_security_p
     let res = app.client.post(app.url("/ui")).send().await.unwrap();
     assert_problem(res, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed").await;
 }
+
+#[tokio::test]
+async fn a_body_that_is_not_utf8_is_shown_in_base64() {
+    use dedupd::gateway::signature::{Scheme, sign};
+    const WHSEC: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let receiver = Receiver::start(Behaviour::Hold(None)).await;
+    let s: dedupd::config::sources::SourceSettings = toml::from_str(&format!(
+        r#"
+        scheme = "standard-webhooks"
+        secrets = ["{WHSEC}"]
+        event_id = "header:webhook-id"
+        forward_to = "{}"
+        destination_secret = "{WHSEC}"
+        "#,
+        receiver.url
+    ))
+    .unwrap();
+    let app = spawn_app_with(move |l| {
+        l.settings.sources.insert("bin".into(), s);
+    })
+    .await;
+    let raw = vec![0xff, 0x00, 0xfe, b'a'];
+    let ts = i64::try_from(dedupd::clock::Clock::now_ms(&app.clock) / 1000).unwrap();
+    let mut req = app
+        .client
+        .post(app.url("/ingest/bin"))
+        .header("content-type", "application/octet-stream")
+        .body(raw.clone());
+    for (name, value) in sign(Scheme::StandardWebhooks, WHSEC, ts, "msg_bin", &raw) {
+        req = req.header(name, value);
+    }
+    assert_eq!(req.send().await.unwrap().status(), StatusCode::OK);
+    let v = get_json(&app, "/v1/sources/bin/events/msg_bin").await;
+    assert_eq!(v["body"], Value::Null, "{v}");
+    assert_eq!(v["body_base64"], "/wD+YQ==", "{v}");
+    assert_eq!(v["body_bytes"], 4);
+    receiver.release();
+}

@@ -36,10 +36,12 @@ fn source(forward_to: &str, max_attempts: u32) -> SourceSettings {
     .unwrap()
 }
 
+/// An event body; its `note` is markup, which the page must show as text.
 fn body(id: &str, run: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "request_id": id, "run_id": run, "created_at": "2026-11-29T10:00:00Z",
         "type": "run.updated", "data": {"status": "succeeded", "cost_cents": 42},
+        "note": "<img src=x id=injected>",
     }))
     .unwrap()
 }
@@ -110,6 +112,16 @@ async fn the_overview_shows_every_sources_counts_and_refreshes_itself() {
                 .unwrap(),
             "no token configured: no prompt"
         );
+        // The stylesheet applies under the Content-Security-Policy (the
+        // script does too, or nothing above would show).
+        let bar = c
+            .execute(
+                "return getComputedStyle(document.querySelector('.top')).backgroundColor;",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(bar, "rgb(15, 23, 42)");
 
         for i in 0..3 {
             ingest(&app, "sume", &format!("ord_{i}"), &format!("run_{i}")).await;
@@ -252,6 +264,12 @@ async fn the_dead_list_shows_the_failing_event_and_redeliver_brings_it_through()
             "pretty JSON: {body}"
         );
         assert!(body.contains("\n  \"data\": {\n"), "indented: {body}");
+        // Untrusted bodies are text, never markup.
+        assert!(body.contains("<img src=x id=injected>"), "{body}");
+        assert!(
+            c.find(Locator::Id("injected")).await.is_err(),
+            "no element made from the body"
+        );
 
         // Redeliver, confirmed from the keyboard; the receiver now holds the
         // request, so the event is seen pending, then delivered on release.
