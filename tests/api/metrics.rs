@@ -143,10 +143,17 @@ async fn a_scrape_counts_the_traffic_that_happened() {
         .await;
     assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
     assert_ne!(SECRET, "not_the_secret");
-    app.retrying_until("the event is delivered", || async {
-        app.event_ids("delivered").await == ["req_1"]
+    // The dispatcher counts a delivery once the store has recorded it.
+    app.retrying_until("the delivery is counted", || async {
+        let s = app.scrape().await;
+        sample(
+            &s,
+            "dedupd_deliveries_total",
+            &[("source", "sume"), ("outcome", "delivered")],
+        ) == Some(1.0)
     })
     .await;
+    assert_eq!(app.event_ids("delivered").await, ["req_1"]);
 
     let s = app.scrape().await;
     let claims = |o| count(&s, "dedupd_claims_total", &[("outcome", o)]);

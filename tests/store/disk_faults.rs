@@ -213,24 +213,67 @@ async fn every_write_path_is_refused_unchanged_on_a_full_disk_and_recovers_by_it
 }
 
 #[tokio::test]
-async fn a_failed_sync_is_refused_and_recovered_from_with_the_outcome_left_to_the_disk() {
+async fn a_write_whose_log_sync_failed_is_refused_and_gone_once_the_store_recovers() {
     let f = Faulty::open();
+    let held = match f.store.claim(&key("before"), ttl(60_000), None, T).await {
+        Ok(ClaimOutcome::Claimed { fence, .. }) => fence,
+        other => panic!("{other:?}"),
+    };
     f.plan.fail_next_syncs(1);
     let r = f.store.claim(&key("x"), ttl(60_000), None, T).await;
     assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
-    // Whether the pages written before the failed sync count is the disk's
-    // word, as in any database; either way the store recovers and answers
-    // consistently: the key is free to claim, or held by that claim.
+    // The writer reopens the file and replays the log up to the last batch
+    // answered `Ok`: the refused claim is not there, the earlier one is.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         match f.store.claim(&key("x"), ttl(60_000), None, T).await {
-            Ok(ClaimOutcome::Claimed { .. } | ClaimOutcome::Busy { .. }) => break,
+            Ok(ClaimOutcome::Claimed { .. }) => break,
             Err(StoreError::Unavailable(_)) if std::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            other => panic!("{other:?}"),
+            other => panic!("the refused claim must be gone: {other:?}"),
         }
     }
+    let before = f.store.get(&key("before"), T).await.unwrap().unwrap();
+    assert_eq!(before.fence, held);
     assert!(f.store.ready().await.is_ok());
     f.store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_never_shows_a_write_whose_sync_has_not_returned() {
+    let f = Arc::new(Faulty::open());
+    f.plan.set_hung(true);
+    let claim = tokio::spawn({
+        let f = f.clone();
+        async move { f.store.claim(&key("slow"), ttl(60_000), None, T).await }
+    });
+    // Until the sync returns, a read of the key waits (it would otherwise
+    // show a claim that a crash now would lose).
+    let mut read = tokio::spawn({
+        let f = f.clone();
+        async move {
+            loop {
+                // The first read may run before the claim's batch commits.
+                if let Some(v) = f.store.get(&key("slow"), T).await.unwrap() {
+                    return v.state;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    // Reads of the key answer "absent" until the batch commits; from then
+    // on they wait for its sync. Either way none answers before the claim.
+    let hang = Duration::from_millis(300);
+    assert!(
+        tokio::time::timeout(hang, &mut read).await.is_err(),
+        "a read showed the claim while its sync hung"
+    );
+    assert!(!claim.is_finished());
+    f.plan.set_hung(false);
+    assert!(matches!(
+        claim.await.unwrap(),
+        Ok(ClaimOutcome::Claimed { .. })
+    ));
+    assert_eq!(read.await.unwrap(), ClaimState::Processing);
 }

@@ -8,8 +8,10 @@
 mod counts;
 pub mod faults;
 mod flusher;
+mod guard;
 mod inbox;
 mod ops;
+mod syncer;
 mod tables;
 mod wal;
 mod writer;
@@ -147,9 +149,19 @@ pub struct Shared {
     healthy: AtomicBool,
     /// Inbox events by source and status, as committed.
     counts: counts::StatusCounts,
+    /// Which batches readers may see, and which are on disk.
+    watermark: syncer::Watermark,
+    /// The open file's switch that refuses its writes (see [`guard`]).
+    refuse: Mutex<Arc<AtomicBool>>,
 }
 
 impl Shared {
+    /// Marks the file as not writable: writes answer `Unavailable` and the
+    /// writer reopens it.
+    fn set_unhealthy(&self) {
+        self.healthy.store(false, Ordering::SeqCst);
+    }
+
     fn db(&self) -> Option<Arc<Database>> {
         self.db.lock().ok().and_then(|d| d.clone())
     }
@@ -183,21 +195,22 @@ pub struct RedbStore {
 
 /// Opens the data file as the options say (through the fault-injecting
 /// backend when they carry a plan).
-fn open_db(opts: &RedbOptions) -> Result<Database, redb::DatabaseError> {
+/// `refuse` is the switch the writer throws before giving the file up (see
+/// [`guard`]).
+fn open_db(opts: &RedbOptions, refuse: Arc<AtomicBool>) -> Result<Database, redb::DatabaseError> {
     let mut builder = redb::Builder::new();
     builder.set_cache_size(opts.cache_bytes);
-    match &opts.faults {
-        None => builder.create(&opts.path),
-        Some(plan) => {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&opts.path)?;
-            builder.create_with_backend(faults::FaultyBackend::new(file, plan.clone())?)
-        }
-    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&opts.path)?;
+    builder.create_with_backend(guard::GuardedBackend::new(
+        file,
+        opts.faults.clone(),
+        refuse,
+    )?)
 }
 
 /// Whether a redb error means the disk refused (full, failing), so the
@@ -224,7 +237,8 @@ impl RedbStore {
         if let Some(parent) = opts.path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| other(redb::Error::Io(e)))?;
         }
-        let db = open_db(opts).map_err(|e| match e {
+        let refuse = Arc::new(AtomicBool::new(false));
+        let db = open_db(opts, refuse.clone()).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(opts.path.clone()),
             e => other(e.into()),
         })?;
@@ -246,6 +260,8 @@ impl RedbStore {
             db: Mutex::new(Some(Arc::new(db))),
             healthy: AtomicBool::new(true),
             counts,
+            watermark: syncer::Watermark::new(seq),
+            refuse: Mutex::new(refuse),
         });
         let counters = Arc::new(Counters::default());
         let (writes, handle) =
@@ -318,9 +334,13 @@ impl RedbStore {
                 disk_unavailable()
             });
         };
-        tokio::task::spawn_blocking(move || {
+        let shared = self.shared.clone();
+        let epoch = shared.watermark.epoch();
+        let (value, seen) = tokio::task::spawn_blocking(move || {
             let tx = db.begin_read().map_err(redb::Error::from)?;
-            f(&tx)
+            // Any batch the transaction sees is at or below this.
+            let seen = shared.watermark.visible();
+            f(&tx).map(|v| (v, seen))
         })
         .await
         .map_err(|e| StoreError::Failed(format!("read task failed: {e}")))?
@@ -330,7 +350,11 @@ impl RedbStore {
             } else {
                 StoreError::Failed(e.to_string())
             }
-        })
+        })?;
+        // Nothing that is not on disk is shown: a batch still syncing is
+        // waited for (one sync at most).
+        self.shared.watermark.wait(epoch, seen).await?;
+        Ok(value)
     }
 }
 

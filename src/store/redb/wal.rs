@@ -63,6 +63,24 @@ pub struct Wal {
     faults: Option<Arc<FaultPlan>>,
 }
 
+/// Syncs a log's records to disk; used by the syncer thread while the
+/// writer appends.
+#[derive(Debug)]
+pub struct WalSync {
+    /// The log file (another handle on it).
+    file: File,
+    /// Faults to inject (tests only).
+    faults: Option<Arc<FaultPlan>>,
+}
+
+impl WalSync {
+    /// Makes every record appended so far durable.
+    pub fn sync(&self) -> std::io::Result<()> {
+        fault(self.faults.as_ref(), true)?;
+        self.file.sync_data()
+    }
+}
+
 /// Space the log grows by at a time.
 const GROW: u64 = 8 * 1024 * 1024;
 
@@ -179,8 +197,17 @@ impl Wal {
         Ok(())
     }
 
-    /// Appends a batch and syncs it. On an error the record is made
-    /// invalid, so a batch that was not acknowledged is never replayed.
+    /// A handle that syncs this log from another thread.
+    pub fn syncer(&self) -> std::io::Result<WalSync> {
+        Ok(WalSync {
+            file: self.file.try_clone()?,
+            faults: self.faults.clone(),
+        })
+    }
+
+    /// Appends a batch, without a sync: [`WalSync::sync`] makes it
+    /// durable. On an error the record is made invalid, so a batch that was
+    /// not acknowledged is never replayed.
     pub fn append(&mut self, seq: u64, ops: &[(Millis, &Request)]) -> std::io::Result<()> {
         let payload = postcard::to_stdvec(&BatchRef { seq, ops })
             .map_err(|e| std::io::Error::other(format!("cannot encode a batch: {e}")))?;
@@ -194,9 +221,7 @@ impl Wal {
             self.grow(record.len() as u64)?;
         }
         let written = fault(self.faults.as_ref(), false)
-            .and_then(|()| self.file.write_all_at(&record, self.len))
-            .and_then(|()| fault(self.faults.as_ref(), true))
-            .and_then(|()| self.file.sync_data());
+            .and_then(|()| self.file.write_all_at(&record, self.len));
         match written {
             Ok(()) => {
                 self.len += record.len() as u64;
@@ -330,15 +355,25 @@ mod tests {
         let plan = FaultPlan::new();
         let (mut wal, _) = Wal::open(path.clone(), Some(plan.clone())).unwrap();
         wal.append(1, &[(1, &purge(1))]).unwrap();
-        plan.fail_next_syncs(1);
+        plan.fail_next_writes(1);
         assert!(wal.append(2, &[(2, &purge(2))]).is_err());
         drop(wal);
         let (_, found) = Wal::open(path, None).unwrap();
-        assert_eq!(
-            seqs(&found),
-            [1],
-            "written but not synced: never acknowledged"
-        );
+        assert_eq!(seqs(&found), [1], "not written: never acknowledged");
+    }
+
+    #[test]
+    fn a_failed_sync_is_reported_to_the_syncer() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let plan = FaultPlan::new();
+        let (mut wal, _) = Wal::open(dir.path().join("x.wal"), Some(plan.clone())).unwrap();
+        let sync = wal.syncer().unwrap();
+        wal.append(1, &[(1, &purge(1))]).unwrap();
+        sync.sync().unwrap();
+        plan.fail_next_syncs(1);
+        wal.append(2, &[(2, &purge(2))]).unwrap();
+        assert!(sync.sync().is_err());
+        sync.sync().unwrap();
     }
 
     #[test]

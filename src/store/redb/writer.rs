@@ -3,15 +3,17 @@
 //! Every write goes through one bounded queue to one thread. The thread takes
 //! the first waiting request, drains whatever else is already queued (up to
 //! `max_batch`), runs them all in one write transaction in arrival order,
-//! commits with `Durability::Immediate`, and only then answers each caller.
-//! While one commit is syncing, new requests pile up and share the next
-//! commit, so throughput grows with concurrency instead of being capped at one
-//! fsync per operation.
+//! appends the batch to the write-ahead log, commits to redb without a sync,
+//! and hands the answers to the syncer thread ([`super::syncer`]), which
+//! syncs the log and only then answers each caller. While one batch's record
+//! is syncing, the writer already runs the next, so throughput grows with
+//! concurrency instead of being capped at one fsync per operation.
 //!
 //! Invariant: no caller is answered `Ok` before its write is durable (in the
 //! synced log, or in a durable commit); if the batch fails, every caller in
 //! it gets the error and nothing in it took effect (the transaction is
-//! dropped, and a log record of a failed batch is cut off).
+//! dropped, and a log record of a failed batch is cut off — or, after a
+//! failed sync, left out of the replay when the file is reopened).
 //!
 //! Disk faults: after a commit fails with an I/O error (a full or failing
 //! disk), redb refuses every later write until the file is reopened. The
@@ -22,7 +24,8 @@
 //! the fault is all there: only committed data is ever acknowledged.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -31,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::counts::StatusDeltas;
 use super::ops::{Request, Response, Tables};
+use super::syncer::{self, Job, Synced, Watermark};
 use super::tables::{META, META_WAL_SEQ};
 use super::wal::{self, Batch, Wal};
 use super::{RedbOptions, Shared, disk_unavailable, is_disk_fault, open_db};
@@ -51,8 +55,9 @@ pub enum Envelope {
     },
     /// Finish what is queued before this, then stop.
     Shutdown,
-    /// Answered as soon as the writer takes it from the queue: proof that
-    /// it is not stuck in a commit (the watchdog asks).
+    /// Answered once the writer took it from the queue and the syncer has
+    /// answered everything before it: proof that neither is stuck in a
+    /// commit or a sync (the watchdog asks).
     Ping(oneshot::Sender<()>),
 }
 
@@ -123,11 +128,47 @@ impl Logged {
 }
 
 fn run(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     mut rx: mpsc::Receiver<Envelope>,
     opts: &RedbOptions,
     counters: &Counters,
     log: Logged,
+) {
+    let started = log
+        .wal
+        .syncer()
+        .and_then(|sync| syncer::spawn(shared.clone(), sync, opts.commit_metrics.clone(), 64));
+    let (jobs, syncer) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the log's syncer thread: writes answer 503");
+            shared.set_unhealthy();
+            while let Some(env) = rx.blocking_recv() {
+                match env {
+                    Envelope::Write { reply, .. } => {
+                        let _ = reply.send(Err(disk_unavailable()));
+                    }
+                    Envelope::Ping(_) => {}
+                    Envelope::Shutdown => return,
+                }
+            }
+            return;
+        }
+    };
+    write_loop(shared, &mut rx, opts, counters, log, &jobs);
+    // The syncer answers what it holds, then stops.
+    drop(jobs);
+    let _ = syncer.join();
+    tracing::debug!("writer stopped");
+}
+
+fn write_loop(
+    shared: &Shared,
+    rx: &mut mpsc::Receiver<Envelope>,
+    opts: &RedbOptions,
+    counters: &Counters,
+    log: Logged,
+    jobs: &SyncSender<Job>,
 ) {
     let max_batch = opts.max_batch.max(1);
     let mut db = shared.db();
@@ -137,7 +178,7 @@ fn run(
     let mut reopen_wait = REOPEN_FIRST;
     while !stopping {
         if !shared.is_healthy() {
-            match reopen(shared, &mut db, opts, &mut log) {
+            match reopen(shared, &mut db, opts, &mut log, jobs) {
                 Ok(()) => {
                     shared.healthy.store(true, Ordering::SeqCst);
                     reopen_wait = REOPEN_FIRST;
@@ -155,7 +196,7 @@ fn run(
                                     let _ = reply.send(Err(disk_unavailable()));
                                 }
                                 Ok(Envelope::Ping(reply)) => {
-                                    let _ = reply.send(());
+                                    let _ = jobs.send(Job::Ping(reply));
                                 }
                                 Ok(Envelope::Shutdown)
                                 | Err(mpsc::error::TryRecvError::Disconnected) => return,
@@ -179,7 +220,7 @@ fn run(
                     reply,
                 } => batch.push((request, now, reply)),
                 Envelope::Ping(reply) => {
-                    let _ = reply.send(());
+                    let _ = jobs.send(Job::Ping(reply));
                 }
                 Envelope::Shutdown => {
                     stopping = true;
@@ -190,29 +231,47 @@ fn run(
                 break;
             }
         }
+        // The syncer may have found a failed sync while this batch was
+        // collected: its batches (and what ran after them) must be gone
+        // before this one runs, so the file is reopened first.
+        if !batch.is_empty() && !shared.is_healthy() {
+            match reopen(shared, &mut db, opts, &mut log, jobs) {
+                Ok(()) => {
+                    shared.healthy.store(true, Ordering::SeqCst);
+                    tracing::info!("data file writable again: writes resume");
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "data file still cannot be written");
+                    for (_, _, reply) in batch.drain(..) {
+                        let _ = reply.send(Err(disk_unavailable()));
+                    }
+                }
+            }
+        }
         if !batch.is_empty() {
             let started = Instant::now();
             let result = match (&db, log.as_mut()) {
-                (Some(db), Some(log)) => commit(db, log, &batch),
+                (Some(db), Some(log)) => commit(db, log, &batch, &shared.watermark),
                 _ => Err(redb::Error::PreviousIo),
             };
             match result {
                 Ok((responses, deltas)) => {
                     shared.counts.apply(deltas);
-                    opts.commit_metrics
-                        .seconds
-                        .record(started.elapsed().as_secs_f64());
-                    opts.commit_metrics.batch_size.record(batch.len() as f64);
                     // Only committed batches count, so operations per
                     // commit is what group commit achieved.
                     counters
                         .operations
                         .fetch_add(batch.len() as u64, Ordering::Relaxed);
                     counters.commits.fetch_add(1, Ordering::Relaxed);
-                    for ((_, _, reply), response) in batch.drain(..).zip(responses) {
-                        // A caller that went away no longer needs its answer;
-                        // its write is committed all the same.
-                        let _ = reply.send(Ok(response));
+                    let job = Job::Batch(Synced {
+                        seq: log.as_ref().map_or(0, |l| l.seq),
+                        started,
+                        replies: batch.drain(..).map(|(_, _, r)| r).zip(responses).collect(),
+                    });
+                    if let Err(std::sync::mpsc::SendError(Job::Batch(lost))) = jobs.send(job) {
+                        for (reply, _) in lost.replies {
+                            let _ = reply.send(Err(disk_unavailable()));
+                        }
                     }
                 }
                 Err(e) if is_disk_fault(&e) => {
@@ -236,20 +295,26 @@ fn run(
         // shutdown leaves an empty log.
         if let (Some(db), Some(l)) = (&db, log.as_mut())
             && (stopping || l.checkpoint_due(opts))
-            && let Err(e) = l.checkpoint(db)
         {
-            tracing::error!(error = %e, "checkpoint failed: writes answer 503 until the data file can be written");
-            shared.healthy.store(false, Ordering::SeqCst);
+            match l.checkpoint(db) {
+                // Everything committed is durable in the file now.
+                Ok(()) => shared.watermark.synced(l.seq),
+                Err(e) => {
+                    tracing::error!(error = %e, "checkpoint failed: writes answer 503 until the data file can be written");
+                    shared.healthy.store(false, Ordering::SeqCst);
+                }
+            }
         }
     }
-    tracing::debug!("writer stopped");
 }
 
-/// Runs a batch in one transaction, logs it, then commits without a sync.
+/// Runs a batch in one transaction, logs it (the syncer syncs the record),
+/// then commits without a sync.
 fn commit(
     db: &Database,
     log: &mut Logged,
     batch: &[Pending],
+    watermark: &Watermark,
 ) -> Result<(Vec<Response>, StatusDeltas), redb::Error> {
     let mut tx = db.begin_write()?;
     tx.set_durability(Durability::None)
@@ -268,11 +333,17 @@ fn commit(
     let before = log.wal.len();
     // Dropping `tx` on an error aborts it: nothing took effect.
     log.wal.append(log.seq + 1, &ops)?;
+    // Readers that see this batch wait for its sync (see `syncer`).
+    watermark.show(log.seq + 1);
     if let Err(e) = tx.commit() {
         // Logged but not applied: cut the record, or a replay would apply
         // what was refused.
         let _ = log.wal.cut_to(before);
-        return Err(e.into());
+        // A reader may have taken this batch's number as one it has to wait
+        // for; the reopen that follows tells it to retry.
+        return Err(redb::Error::Io(std::io::Error::other(format!(
+            "the commit failed: {e}"
+        ))));
     }
     log.seq += 1;
     Ok((responses, deltas))
@@ -295,6 +366,11 @@ pub fn checkpoint(db: &Database, seq: u64) -> Result<(), redb::Error> {
 /// `wal_seq`), in order, each as it ran; then a checkpoint makes them
 /// durable. Returns the sequence number of the last batch.
 pub fn replay(db: &Database, batches: Vec<Batch>) -> Result<u64, redb::Error> {
+    replay_up_to(db, batches, u64::MAX)
+}
+
+/// [`replay`], leaving out batches after `last` (ones that were refused).
+fn replay_up_to(db: &Database, batches: Vec<Batch>, last: u64) -> Result<u64, redb::Error> {
     let mut seq = {
         let tx = db.begin_read()?;
         let meta = tx.open_table(META)?;
@@ -302,7 +378,10 @@ pub fn replay(db: &Database, batches: Vec<Batch>) -> Result<u64, redb::Error> {
     };
     let mut replayed = 0usize;
     let durable = seq;
-    for batch in batches.into_iter().filter(|b| b.seq > durable) {
+    for batch in batches
+        .into_iter()
+        .filter(|b| b.seq > durable && b.seq <= last)
+    {
         let mut tx = db.begin_write()?;
         tx.set_durability(Durability::None)
             .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
@@ -333,7 +412,19 @@ fn reopen(
     db: &mut Option<Arc<Database>>,
     opts: &RedbOptions,
     log: &mut Option<Logged>,
+    jobs: &SyncSender<Job>,
 ) -> Result<(), redb::Error> {
+    // Once the syncer has answered everything handed to it, the batches
+    // answered `Ok` are exactly those up to the watermark's durable one.
+    let (done, wait) = std::sync::mpsc::sync_channel(1);
+    if jobs.send(Job::Barrier(done)).is_ok() {
+        let _ = wait.recv();
+    }
+    let acknowledged = shared.watermark.durable();
+    // Commits after the last answered batch must not survive the close.
+    if let Ok(refuse) = shared.refuse.lock() {
+        refuse.store(true, Ordering::SeqCst);
+    }
     // Readers get `Unavailable` from here until the file is back.
     let old = shared.set_db(None).or_else(|| db.take());
     *db = None;
@@ -359,11 +450,17 @@ fn reopen(
     }
     // Non-durable commits went with the old handle; the log has them all.
     *log = None;
-    let fresh = open_db(opts)?;
+    let refuse = Arc::new(AtomicBool::new(false));
+    let fresh = open_db(opts, refuse.clone())?;
+    if let Ok(mut current) = shared.refuse.lock() {
+        *current = refuse;
+    }
     let (mut wal, batches) = Wal::open(wal::path_for(&opts.path), opts.faults.clone())?;
-    let seq = replay(&fresh, batches)?;
+    let seq = replay_up_to(&fresh, batches, acknowledged)?;
     wal.reset()?;
     shared.counts.recount(&fresh)?;
+    let _ = jobs.send(Job::Resume(wal.syncer()?));
+    shared.watermark.reopened(seq);
     let fresh = Arc::new(fresh);
     shared.set_db(Some(fresh.clone()));
     *db = Some(fresh);

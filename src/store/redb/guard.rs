@@ -1,0 +1,111 @@
+//! The data file's storage backend: the file (or, in tests, the
+//! fault-injecting one) behind a switch that refuses every later write.
+//!
+//! Commits to redb are not durable until a checkpoint; the write-ahead log
+//! holds what was answered. When the writer gives a file up — a failed log
+//! sync, a disk fault — the commits after the last answered batch must not
+//! survive: redb's clean close would make them durable. Throwing the switch
+//! first makes that close fail, so the next open starts from the last
+//! checkpoint and the log is replayed onto it up to the last batch answered
+//! `Ok`.
+
+use std::fs::File;
+use std::ops::Bound;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redb::backends::FileBackend;
+use redb::{BackendError, StorageBackend};
+
+use super::faults::{FaultPlan, FaultyBackend};
+
+/// The backend with its switch.
+#[derive(Debug)]
+pub struct GuardedBackend {
+    /// The file, or the fault-injecting backend over it.
+    inner: Box<dyn StorageBackend>,
+    /// Once set, writes, syncs and resizes fail.
+    refuse: Arc<AtomicBool>,
+}
+
+impl GuardedBackend {
+    /// Wraps `file` (through `faults`, if any); `refuse` is the switch.
+    pub fn new(
+        file: File,
+        faults: Option<Arc<FaultPlan>>,
+        refuse: Arc<AtomicBool>,
+    ) -> Result<Self, redb::DatabaseError> {
+        let inner: Box<dyn StorageBackend> = match faults {
+            Some(plan) => Box::new(FaultyBackend::new(file, plan)?),
+            None => Box::new(FileBackend::new(file)?),
+        };
+        Ok(Self { inner, refuse })
+    }
+
+    fn check(&self) -> Result<(), std::io::Error> {
+        if self.refuse.load(Ordering::SeqCst) {
+            Err(std::io::Error::other(
+                "the data file was given up: commits after the last answered batch are discarded",
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl StorageBackend for GuardedBackend {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.check()?;
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.check()?;
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.check()?;
+        self.inner.write(offset, data)
+    }
+
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.inner.close()
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.query_lock_range(start, end)
+    }
+}
