@@ -89,6 +89,9 @@ fn main() -> ExitCode {
 
 #[tokio::main]
 async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
+    // Watched before anything else: a SIGTERM from here on stops gracefully
+    // (one during the start waits until the app is up, then stops it).
+    let signals = Signals::install()?;
     let listen = loaded.settings.listen;
     let data = loaded.settings.data_path.clone();
     let app = Application::build(loaded, Arc::new(SystemClock)).await?;
@@ -108,7 +111,7 @@ async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
     }
     dedupd::systemd::ready(&format!("serving on {}:{}", listen.ip(), app.port()));
     tokio::spawn(async move {
-        let signal = shutdown_signal().await;
+        let signal = signals.wait().await;
         tracing::info!(
             signal,
             "shutting down: finishing in-flight requests and deliveries"
@@ -120,18 +123,29 @@ async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits for SIGTERM or SIGINT; both stop gracefully.
-async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-        },
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops dedupd");
-            let _ = tokio::signal::ctrl_c().await;
-            "SIGINT"
+/// SIGTERM and SIGINT, both graceful stops.
+struct Signals {
+    /// SIGTERM (systemd's stop).
+    term: tokio::signal::unix::Signal,
+    /// SIGINT (Ctrl-C).
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Takes both signals over from their default (which kills the process).
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Waits for either; names it.
+    async fn wait(mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
         }
     }
 }

@@ -101,6 +101,7 @@ impl Application {
             commit_metrics: CommitMetrics {
                 seconds: metrics.store_commit.clone(),
                 batch_size: metrics.store_batch.clone(),
+                checkpoint_seconds: metrics.store_checkpoint.clone(),
             },
         };
         let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))

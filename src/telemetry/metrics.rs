@@ -41,6 +41,8 @@ pub const OLDEST_PENDING: &str = "dedupd_oldest_pending_seconds";
 pub const STORE_COMMIT: &str = "dedupd_store_commit_seconds";
 /// Writes per group commit.
 pub const STORE_BATCH: &str = "dedupd_store_batch_size";
+/// Time of one checkpoint of the embedded store.
+pub const STORE_CHECKPOINT: &str = "dedupd_store_checkpoint_seconds";
 /// Records the reaper deleted, by `table`.
 pub const REAPER_DELETED: &str = "dedupd_reaper_deleted_total";
 /// Always 1; the `version` label carries the build's version.
@@ -123,6 +125,8 @@ pub struct Metrics {
     pub store_commit: Histogram,
     /// `dedupd_store_batch_size`.
     pub store_batch: Histogram,
+    /// `dedupd_store_checkpoint_seconds`.
+    pub store_checkpoint: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -215,6 +219,8 @@ impl Metrics {
         );
         let store_commit = recorder.register_histogram(&Key::from_name(STORE_COMMIT), &METADATA);
         let store_batch = recorder.register_histogram(&Key::from_name(STORE_BATCH), &METADATA);
+        let store_checkpoint =
+            recorder.register_histogram(&Key::from_name(STORE_CHECKPOINT), &METADATA);
         let metrics = Self {
             recorder,
             handle,
@@ -224,6 +230,7 @@ impl Metrics {
             sources,
             store_commit,
             store_batch,
+            store_checkpoint,
         };
         // The gauges exist (at zero) before the first scrape sets them.
         metrics.set_inbox(&[], 0);
@@ -445,6 +452,12 @@ fn describe(r: &PrometheusRecorder) {
         STORE_BATCH.into(),
         None,
         "Writes per group commit of the embedded store".into(),
+    );
+    r.describe_histogram(
+        STORE_CHECKPOINT.into(),
+        seconds,
+        "Time of one checkpoint of the embedded store (a durable commit; writes wait for it)"
+            .into(),
     );
     r.describe_counter(
         REAPER_DELETED.into(),

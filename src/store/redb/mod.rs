@@ -77,6 +77,8 @@ pub struct CommitMetrics {
     pub seconds: metrics::Histogram,
     /// Writes in the commit.
     pub batch_size: metrics::Histogram,
+    /// Seconds of each checkpoint (a durable redb commit; writes wait).
+    pub checkpoint_seconds: metrics::Histogram,
 }
 
 impl Default for CommitMetrics {
@@ -84,6 +86,7 @@ impl Default for CommitMetrics {
         Self {
             seconds: metrics::Histogram::noop(),
             batch_size: metrics::Histogram::noop(),
+            checkpoint_seconds: metrics::Histogram::noop(),
         }
     }
 }

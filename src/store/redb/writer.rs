@@ -296,9 +296,17 @@ fn write_loop(
         if let (Some(db), Some(l)) = (&db, log.as_mut())
             && (stopping || l.checkpoint_due(opts))
         {
+            let started = Instant::now();
             match l.checkpoint(db) {
                 // Everything committed is durable in the file now.
-                Ok(()) => shared.watermark.synced(l.seq),
+                Ok(()) => {
+                    shared.watermark.synced(l.seq);
+                    let took = started.elapsed();
+                    opts.commit_metrics
+                        .checkpoint_seconds
+                        .record(took.as_secs_f64());
+                    tracing::debug!(ms = took.as_millis() as u64, "checkpoint");
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "checkpoint failed: writes answer 503 until the data file can be written");
                     shared.healthy.store(false, Ordering::SeqCst);
