@@ -1,0 +1,1 @@
+//! Clients nobody here wrote.

@@ -1,0 +1,1 @@
+//! SIGKILL under concurrent SETs.
