@@ -93,7 +93,11 @@ pub async fn ttl(ctx: &Context, args: &[Bytes], ms: bool) -> Reply {
             None => Reply::Int(-1),
             Some(at) => {
                 let left = i64::try_from(at.saturating_sub(now)).unwrap_or(i64::MAX);
-                Reply::Int(if ms { left } else { left.saturating_add(500) / 1000 })
+                Reply::Int(if ms {
+                    left
+                } else {
+                    left.saturating_add(500) / 1000
+                })
             }
         },
         Err(e) => store_error(&e),

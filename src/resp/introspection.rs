@@ -3,20 +3,34 @@
 
 use bytes::Bytes;
 
+use super::Context;
 use super::command::{is, lossy, table};
 use super::reply::Reply;
 use super::session::REDIS_VERSION;
-use super::Context;
 
 /// One command's `COMMAND INFO` entry: name, arity, flags, first key,
 /// last key, key step.
 fn entry(name: &str, arity: i32) -> Reply {
     let keyed = !matches!(
         name,
-        "ping" | "echo" | "hello" | "auth" | "select" | "client" | "quit" | "reset" | "command"
+        "ping"
+            | "echo"
+            | "hello"
+            | "auth"
+            | "select"
+            | "client"
+            | "quit"
+            | "reset"
+            | "command"
             | "info"
     );
-    let last = if keyed && arity < -2 { 1 } else if keyed && arity == -2 { -1 } else { i64::from(keyed) };
+    let last = if keyed && arity < -2 {
+        1
+    } else if keyed && arity == -2 {
+        -1
+    } else {
+        i64::from(keyed)
+    };
     Reply::Array(vec![
         Reply::text(name),
         Reply::Int(i64::from(arity)),

@@ -52,9 +52,8 @@ fn parse_set(args: &[Bytes]) -> Result<SetOptions, Reply> {
     while j < args.len() {
         let opt = &args[j];
         let next = args.get(j + 1);
-        let timed = |this: ExpiryOption| {
-            matches!(o.expiry, ExpiryOption::Clear) || o.expiry == this
-        };
+        let timed =
+            |this: ExpiryOption| matches!(o.expiry, ExpiryOption::Clear) || o.expiry == this;
         if is(opt, "nx") && o.condition != SetCondition::IfPresent {
             o.condition = SetCondition::IfAbsent;
         } else if is(opt, "xx") && o.condition != SetCondition::IfAbsent {

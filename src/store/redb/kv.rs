@@ -202,11 +202,7 @@ impl<'txn> KvTables<'txn> {
                 }
                 KvResponse::Count(removed)
             }
-            KvRequest::Expire {
-                key,
-                at,
-                condition,
-            } => {
+            KvRequest::Expire { key, at, condition } => {
                 let stored = self.load(key)?;
                 let Some(live) = stored.as_ref().filter(|e| e.is_live(now)) else {
                     return Ok(KvResponse::Count(0));
@@ -311,7 +307,10 @@ impl<'txn> KvTables<'txn> {
 
     /// Whether an expired key waits for the reaper.
     pub fn has_due(&self, now: Millis) -> Result<bool, redb::Error> {
-        Ok(self.expiry.first()?.is_some_and(|(k, _)| k.value().0 <= now))
+        Ok(self
+            .expiry
+            .first()?
+            .is_some_and(|(k, _)| k.value().0 <= now))
     }
 }
 

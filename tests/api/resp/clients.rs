@@ -11,7 +11,10 @@ const TOKEN: &str = "client-test-token-0123456789";
 async fn the_redis_crate_runs_the_recipe_over_resp2_and_resp3_and_pipelines() {
     let app = spawn_resp_app().await;
     let addr = resp_addr(&app);
-    for url in [format!("redis://{addr}/"), format!("redis://{addr}/?protocol=resp3")] {
+    for url in [
+        format!("redis://{addr}/"),
+        format!("redis://{addr}/?protocol=resp3"),
+    ] {
         let client = redis::Client::open(url.as_str()).unwrap();
         let mut con = client.get_multiplexed_async_connection().await.unwrap();
         let key = format!("sume:wh:{url}");
@@ -44,15 +47,26 @@ async fn the_redis_crate_runs_the_recipe_over_resp2_and_resp3_and_pipelines() {
             .await
             .unwrap();
         assert_eq!((value.as_str(), ttl), ("done", 86_400), "{url}");
-        let deleted: i64 = redis::cmd("DEL").arg(&key).query_async(&mut con).await.unwrap();
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
         assert_eq!(deleted, 1);
-        let missing: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut con).await.unwrap();
+        let missing: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
         assert_eq!(missing, None);
         let err = redis::cmd("FLUSHALL")
             .query_async::<()>(&mut con)
             .await
             .unwrap_err();
-        assert!(err.to_string().contains("unknown command 'FLUSHALL'"), "{err}");
+        assert!(
+            err.to_string().contains("unknown command 'FLUSHALL'"),
+            "{err}"
+        );
         let pong: String = redis::cmd("PING").query_async(&mut con).await.unwrap();
         assert_eq!(pong, "PONG", "the connection stays usable");
     }
@@ -65,7 +79,12 @@ async fn the_redis_crate_authenticates_with_a_token_and_is_refused_without() {
     for proto in ["", "?protocol=resp3"] {
         let client = redis::Client::open(format!("redis://:{TOKEN}@{addr}/{proto}")).unwrap();
         let mut con = client.get_multiplexed_async_connection().await.unwrap();
-        let ok: String = redis::cmd("SET").arg("k").arg("v").query_async(&mut con).await.unwrap();
+        let ok: String = redis::cmd("SET")
+            .arg("k")
+            .arg("v")
+            .query_async(&mut con)
+            .await
+            .unwrap();
         assert_eq!(ok, "OK");
 
         let client = redis::Client::open(format!("redis://{addr}/{proto}")).unwrap();
@@ -104,7 +123,9 @@ async fn redis_cli(args: Vec<String>, stdin: Option<&'static str>) -> (bool, Str
             .spawn()
             .expect("redis-cli");
         let mut input = child.stdin.take().unwrap();
-        input.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+        input
+            .write_all(stdin.unwrap_or_default().as_bytes())
+            .unwrap();
         drop(input);
         let out = child.wait_with_output().unwrap();
         (
@@ -126,7 +147,11 @@ async fn redis_cli_runs_the_recipe_in_resp2_and_resp3() {
     let app = spawn_resp_app().await;
     let port = app.resp_port.unwrap().to_string();
     let cli = |extra: &[&str]| -> Vec<String> {
-        ["-p", &port].iter().chain(extra).map(|s| (*s).to_owned()).collect()
+        ["-p", &port]
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect()
     };
     for proto in ["-2", "-3"] {
         let key = format!("sume:wh:cli{proto}");
@@ -152,7 +177,11 @@ async fn redis_cli_authenticates_with_a_token() {
     let app = spawn_resp_app_at(T0, |l| with_tokens(l, &[TOKEN])).await;
     let port = app.resp_port.unwrap().to_string();
     let args = |extra: &[&str]| -> Vec<String> {
-        ["-p", &port].iter().chain(extra).map(|s| (*s).to_owned()).collect()
+        ["-p", &port]
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect()
     };
     let (_, out) = redis_cli(args(&["PING"]), None).await;
     assert_eq!(out, "NOAUTH Authentication required.\n\n");
@@ -170,7 +199,10 @@ fn the_articles_code_here_is_the_articles_code_unchanged() {
         eprintln!("{} not found: nothing to compare with", article.display());
         return;
     };
-    assert!(text.contains(ours), "tests/api/resp/article.py differs from the article's block");
+    assert!(
+        text.contains(ours),
+        "tests/api/resp/article.py differs from the article's block"
+    );
 }
 
 /// The article's Python block, unchanged, against dedupd: it prints
@@ -197,7 +229,11 @@ async fn the_articles_python_code_prints_true_false_against_dedupd() {
         .await
         .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         // The second run prints the same: the first one released its claim.
         assert_eq!(stdout, "True False\n", "run {round}");
     }

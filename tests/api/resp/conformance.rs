@@ -42,7 +42,9 @@ fn int_of(reply: &[u8]) -> Option<i64> {
 fn is_hello(reply: &[u8], resp3: bool, proto: i64) -> bool {
     use redis_protocol::resp2::types::{OwnedFrame as F2, Resp2Frame};
     use redis_protocol::resp3::types::Resp3Frame;
-    let keys = ["server", "version", "proto", "id", "mode", "role", "modules"];
+    let keys = [
+        "server", "version", "proto", "id", "mode", "role", "modules",
+    ];
     let pairs: Vec<(String, Option<i64>)> = if resp3 {
         match redis_protocol::resp3::decode::complete::decode(reply) {
             Ok(Some((OwnedFrame::Map { data, .. }, _))) => data
@@ -85,7 +87,14 @@ fn matches(expect: &Expect, reply: &[u8], resp3: bool, prefix: &str, now_ms: u64
     match expect {
         Expect::Ok => reply == b"+OK\r\n",
         Expect::Status(s) => reply == format!("+{s}\r\n").as_bytes(),
-        Expect::Nil => reply == if resp3 { &b"_\r\n"[..] } else { &b"$-1\r\n"[..] },
+        Expect::Nil => {
+            reply
+                == if resp3 {
+                    &b"_\r\n"[..]
+                } else {
+                    &b"$-1\r\n"[..]
+                }
+        }
         Expect::Int(n) => int_of(reply) == Some(*n),
         Expect::IntIn(lo, hi) => int_of(reply).is_some_and(|n| (*lo..=*hi).contains(&n)),
         Expect::AnyInt => int_of(reply).is_some(),
@@ -181,7 +190,14 @@ async fn every_cell_answers_on_dedupd_as_redis_answers() {
 #[tokio::test]
 async fn every_authentication_cell_answers_on_dedupd_as_redis_answers() {
     let app = spawn_resp_app_at(system_now_ms(), |l| with_tokens(l, &[PASSWORD])).await;
-    let failures = run(&resp_addr(&app), &auth_cases(), Some(&app.clock), (99, 0), Some(PASSWORD)).await;
+    let failures = run(
+        &resp_addr(&app),
+        &auth_cases(),
+        Some(&app.clock),
+        (99, 0),
+        Some(PASSWORD),
+    )
+    .await;
     assert_none(&failures, "dedupd");
 }
 

@@ -51,7 +51,11 @@ async fn work(addr: String, worker: usize, round: usize, acked: Acked) {
             let key = format!("r{round}-w{worker}-b{batch}-{j}");
             let value = format!("v{batch}.{j}");
             let timed = j % 2 == 0;
-            let mut args = vec![b"SET".to_vec(), key.clone().into_bytes(), value.clone().into_bytes()];
+            let mut args = vec![
+                b"SET".to_vec(),
+                key.clone().into_bytes(),
+                value.clone().into_bytes(),
+            ];
             if timed {
                 args.extend([b"EX".to_vec(), b"86400".to_vec()]);
             }
@@ -105,7 +109,9 @@ async fn sigkill_under_concurrent_sets_loses_no_acknowledged_set() {
         for w in workers {
             w.await.unwrap();
         }
-        let status = tokio::task::spawn_blocking(move || wait(child)).await.unwrap();
+        let status = tokio::task::spawn_blocking(move || wait(child))
+            .await
+            .unwrap();
         assert!(!status.success(), "killed, not exited");
         drain.join().unwrap();
 
@@ -113,7 +119,12 @@ async fn sigkill_under_concurrent_sets_loses_no_acknowledged_set() {
         let seen = acked.lock().unwrap().clone();
         check(&format!("127.0.0.1:{port}"), &seen).await;
         sigterm(&child);
-        assert!(tokio::task::spawn_blocking(move || wait(child)).await.unwrap().success());
+        assert!(
+            tokio::task::spawn_blocking(move || wait(child))
+                .await
+                .unwrap()
+                .success()
+        );
         drain.join().unwrap();
     }
     assert!(acked.lock().unwrap().len() >= 1800);

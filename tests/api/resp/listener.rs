@@ -10,11 +10,17 @@ use crate::helpers::T0;
 async fn a_key_reads_as_absent_from_its_expiry_on_and_the_reaper_then_removes_it() {
     let app = spawn_resp_app().await;
     let mut c = Raw::connect(&resp_addr(&app)).await;
-    assert_eq!(c.cmd("SET sume:wh:req_1 processing NX EX 300").await, b"+OK\r\n");
+    assert_eq!(
+        c.cmd("SET sume:wh:req_1 processing NX EX 300").await,
+        b"+OK\r\n"
+    );
     assert_eq!(c.cmd("SET forever v").await, b"+OK\r\n");
     app.clock.advance(Duration::from_millis(299_999));
     assert_eq!(c.cmd("PTTL sume:wh:req_1").await, b":1\r\n");
-    assert_eq!(c.cmd("SET sume:wh:req_1 processing NX EX 300").await, b"$-1\r\n");
+    assert_eq!(
+        c.cmd("SET sume:wh:req_1 processing NX EX 300").await,
+        b"$-1\r\n"
+    );
     // Nothing has reaped it yet: it is absent by the clock alone.
     app.clock.advance(Duration::from_millis(1));
     assert_eq!(c.cmd("GET sume:wh:req_1").await, b"$-1\r\n");
@@ -35,7 +41,10 @@ async fn a_key_reads_as_absent_from_its_expiry_on_and_the_reaper_then_removes_it
     assert_eq!(app.store.purge_expired(now, 100).await.unwrap().kv, 0);
     assert_eq!(c.cmd("GET forever").await, b"$1\r\nv\r\n");
     // A claim after the reap starts afresh.
-    assert_eq!(c.cmd("SET sume:wh:req_1 processing NX EX 300").await, b"+OK\r\n");
+    assert_eq!(
+        c.cmd("SET sume:wh:req_1 processing NX EX 300").await,
+        b"+OK\r\n"
+    );
 }
 
 #[tokio::test]
@@ -54,10 +63,7 @@ async fn the_reaper_removes_keys_in_bounded_batches_and_only_expired_ones() {
     let second = app.store.purge_expired(now, 100).await.unwrap();
     assert_eq!((second.kv, second.more), (14, false));
     assert_eq!(c.cmd("EXISTS k0 k-late k1 k24").await, b":2\r\n");
-    assert_eq!(
-        app.store.next_expiry().await.unwrap(),
-        Some(T0 + 3_600_000)
-    );
+    assert_eq!(app.store.next_expiry().await.unwrap(), Some(T0 + 3_600_000));
 }
 
 #[tokio::test]
@@ -145,7 +151,11 @@ async fn a_request_that_is_not_resp_gets_a_protocol_error_and_the_connection_clo
         assert_eq!(c.cmd("SET before v").await, b"+OK\r\n");
         c.send_raw(bad).await;
         let reply = c.reply().await.expect("an error first");
-        assert!(reply.starts_with(b"-ERR Protocol error"), "{}", super::show(&reply));
+        assert!(
+            reply.starts_with(b"-ERR Protocol error"),
+            "{}",
+            super::show(&reply)
+        );
         assert_eq!(c.reply().await, None, "then closed");
     }
     let mut c = Raw::connect(&addr).await;
@@ -231,7 +241,10 @@ fn check_config_refuses_resp_with_the_redis_backend_and_beyond_loopback_without_
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("resp.listen"), "{stderr}");
-    assert!(stderr.contains("point your Redis clients at it directly"), "{stderr}");
+    assert!(
+        stderr.contains("point your Redis clients at it directly"),
+        "{stderr}"
+    );
     assert!(stderr.contains("DEDUPD_RESP__LISTEN"), "{stderr}");
 
     let out = crate::cli::dedupd()
@@ -252,7 +265,11 @@ fn check_config_refuses_resp_with_the_redis_backend_and_beyond_loopback_without_
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("[resp]"), "{stdout}");
     assert!(stdout.contains("listen = \"0.0.0.0:6380\""), "{stdout}");
     assert!(stdout.contains("idle_timeout = \"1m 30s\""), "{stdout}");

@@ -115,13 +115,11 @@ impl Raw {
                 self.buf.advance(n);
                 return Some(bytes);
             }
-            let read = tokio::time::timeout(
-                Duration::from_secs(30),
-                self.stream.read_buf(&mut self.buf),
-            )
-            .await
-            .expect("a reply within 30 s")
-            .unwrap_or(0);
+            let read =
+                tokio::time::timeout(Duration::from_secs(30), self.stream.read_buf(&mut self.buf))
+                    .await
+                    .expect("a reply within 30 s")
+                    .unwrap_or(0);
             if read == 0 {
                 return None;
             }
