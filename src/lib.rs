@@ -13,6 +13,8 @@
 //! - [`store`]: the [`store::Store`] trait (claims, ordering, expiry) and its
 //!   embedded redb implementation with a group-commit writer.
 //! - [`reaper`]: the task that deletes expired records in expiry order.
+//! - [`resp`]: the Redis-protocol listener (SET/GET/DEL/EXPIRE/… over a
+//!   keyspace in the redb file).
 //! - [`clock`]: wall-clock time in Unix milliseconds, replaceable in tests.
 //! - [`telemetry`]: tracing setup.
 #![forbid(unsafe_code)]
@@ -24,6 +26,7 @@ pub mod domain;
 pub mod error;
 pub mod gateway;
 pub mod reaper;
+pub mod resp;
 pub mod routes;
 pub mod startup;
 pub mod store;

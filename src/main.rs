@@ -98,6 +98,7 @@ async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
     tracing::info!(
         %listen,
         port = app.port(),
+        resp_port = app.resp_port(),
         data = %data.display(),
         "dedupd serving"
     );

@@ -144,10 +144,12 @@ impl Reaper {
             total.events += r.events;
             total.heads += r.heads;
             total.inbox += r.inbox;
+            total.kv += r.kv;
             self.count("claims", r.claims);
             self.count("applied_events", r.events);
             self.count("stream_heads", r.heads);
             self.count("inbox", r.inbox);
+            self.count("kv", r.kv);
             if !r.more {
                 return Ok(total);
             }
@@ -179,6 +181,7 @@ impl Reaper {
                     events = r.events,
                     heads = r.heads,
                     inbox = r.inbox,
+                    kv = r.kv,
                     "reaped expired records"
                 ),
                 Ok(_) => {}

@@ -24,6 +24,8 @@ use crate::gateway::Gateway;
 use crate::gateway::Source;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
 use crate::reaper::{Orphans, Reaper};
+use crate::resp::RespServer;
+use crate::resp::connection::RespOptions;
 use crate::routes::{self, AppState};
 use crate::store::Store;
 use crate::store::inbox::Retention;
@@ -74,6 +76,10 @@ pub struct Application {
     dispatch: Arc<Dispatcher>,
     /// The reaper task.
     reaper: JoinHandle<()>,
+    /// The Redis-protocol listener's port, when it is on.
+    resp_port: Option<u16>,
+    /// The Redis-protocol listener's task, when it is on.
+    resp: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Application {
@@ -172,6 +178,25 @@ impl Application {
         let listener = TcpListener::bind(s.listen)
             .with_context(|| format!("cannot listen on {}", s.listen))?;
         let port = listener.local_addr()?.port();
+        let resp = match s.resp.listen {
+            None => None,
+            Some(_) if s.storage.backend == Backend::Redis => anyhow::bail!(
+                "resp.listen: with storage.backend = \"redis\", point Redis clients at that Redis directly"
+            ),
+            Some(addr) => Some(
+                RespServer::bind(
+                    addr,
+                    inbox.clone(),
+                    clock.clone(),
+                    ApiTokens::new(&loaded.api_tokens),
+                    &RespOptions {
+                        max_connections: s.resp.max_connections,
+                        idle_timeout: s.resp.idle_timeout,
+                    },
+                )
+                .with_context(|| format!("cannot listen for the Redis protocol on {addr}"))?,
+            ),
+        };
         let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let gateway = Arc::new(Gateway {
             sources: sources
@@ -249,6 +274,8 @@ impl Application {
                 configured: sources.iter().map(|s| s.name.clone()).collect(),
                 retention_ms: ms(s.gateway.dead_retention),
             });
+        let resp_port = resp.as_ref().map(RespServer::port);
+        let resp = resp.map(|r| tokio::spawn(r.run(stop_rx.clone())));
         let reaper = tokio::spawn(reaper.run(stop_rx.clone()));
         tokio::spawn(upkeep(metrics, stop_rx));
         Ok(Self {
@@ -260,7 +287,14 @@ impl Application {
             dispatcher,
             dispatch,
             reaper,
+            resp_port,
+            resp,
         })
+    }
+
+    /// The port the Redis-protocol listener listens on, when it is on.
+    pub fn resp_port(&self) -> Option<u16> {
+        self.resp_port
     }
 
     /// The port the server listens on.
@@ -292,11 +326,15 @@ impl Application {
     }
 
     /// Serves until stopped, then shuts down in order: HTTP (in-flight
-    /// requests finish), deliveries in flight, reaper, store and inbox
-    /// (queued writes commit).
+    /// requests finish), the Redis-protocol listener (commands read are
+    /// answered), deliveries in flight, reaper, store and inbox (queued
+    /// writes commit).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
         let _ = self.stop.send(true);
+        if let Some(resp) = self.resp {
+            let _ = resp.await;
+        }
         let _ = self.dispatcher.await;
         let _ = self.reaper.await;
         self.store.close().await;

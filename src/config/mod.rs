@@ -58,6 +58,23 @@ pub struct Settings {
     pub gateway: GatewaySettings,
     /// Webhook sources by name (`[sources.NAME]`), served at `/ingest/NAME`.
     pub sources: BTreeMap<String, SourceSettings>,
+    /// The Redis-protocol listener.
+    pub resp: RespSettings,
+}
+
+/// The Redis-protocol (RESP2/RESP3) listener: SET/GET/DEL/EXPIRE/… on a
+/// keyspace in the redb file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RespSettings {
+    /// Address to listen on, such as `127.0.0.1:6380`; absent: no listener.
+    pub listen: Option<SocketAddr>,
+    /// Most open client connections; more are answered
+    /// `ERR max number of clients reached` and closed.
+    pub max_connections: usize,
+    /// A connection that sends no command for this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
 }
 
 /// Logging settings.
@@ -257,6 +274,11 @@ impl Default for Settings {
             },
             gateway: GatewaySettings::default(),
             sources: BTreeMap::new(),
+            resp: RespSettings {
+                listen: None,
+                max_connections: 1024,
+                idle_timeout: Duration::from_secs(300),
+            },
         }
     }
 }
@@ -476,6 +498,47 @@ impl Settings {
         }
     }
 
+    fn validate_resp(&self, no_tokens: bool, bad: &mut impl FnMut(&str, String)) {
+        let r = &self.resp;
+        if !(1..=1_000_000).contains(&r.max_connections) {
+            bad("resp.max_connections", "must be 1 to 1000000".into());
+        }
+        if r.idle_timeout.is_zero() || r.idle_timeout > Duration::from_secs(7 * 86_400) {
+            bad(
+                "resp.idle_timeout",
+                "must be more than 0 and at most 7d".into(),
+            );
+        }
+        let Some(listen) = r.listen else {
+            return;
+        };
+        if self.storage.backend == Backend::Redis {
+            bad(
+                "resp.listen",
+                "the Redis-protocol listener serves a keyspace in the redb file; with \
+                 storage.backend = \"redis\" there is a Redis already: point your Redis \
+                 clients at it directly, and remove [resp] listen"
+                    .into(),
+            );
+        }
+        if no_tokens && !listen.ip().is_loopback() {
+            bad(
+                "resp.listen",
+                format!(
+                    "refusing to listen on {listen} without API tokens: anyone who can reach \
+                     it could read and write keys. Set api.tokens or api.tokens_file (clients \
+                     then AUTH with a token), or listen on a loopback address such as 127.0.0.1"
+                ),
+            );
+        }
+        if listen == self.listen && listen.port() != 0 {
+            bad(
+                "resp.listen",
+                format!("{listen} is the HTTP listen address too: pick another port"),
+            );
+        }
+    }
+
     fn validate(mut self, fig: &Figment) -> (Loaded, Vec<ConfigError>) {
         let mut errors = Vec::new();
         let mut bad = |key: &str, message: String| {
@@ -630,6 +693,7 @@ impl Settings {
                 ),
             );
         }
+        self.validate_resp(api_tokens.is_empty(), &mut bad);
         // Secrets named by file are read here and kept with the inline ones,
         // so what is loaded is complete; the rest of a source is checked
         // when startup builds it (`startup::build_sources`).

@@ -48,6 +48,8 @@ pub struct PurgeReport {
     pub heads: u64,
     /// Settled gateway events removed after their retention.
     pub inbox: u64,
+    /// Expired keys of the Redis-protocol keyspace removed.
+    pub kv: u64,
     /// True when the pass stopped at its limit with more expired records left.
     pub more: bool,
 }
@@ -55,7 +57,7 @@ pub struct PurgeReport {
 impl PurgeReport {
     /// Records removed in all.
     pub fn total(&self) -> u64 {
-        self.claims + self.events + self.heads + self.inbox
+        self.claims + self.events + self.heads + self.inbox + self.kv
     }
 }
 

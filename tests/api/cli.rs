@@ -8,7 +8,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 /// `dedupd check-config --config FILE`, run to completion.
-fn check_config(file: &std::path::Path) -> std::process::Output {
+pub(crate) fn check_config(file: &std::path::Path) -> std::process::Output {
     dedupd()
         .args(["check-config", "--config"])
         .arg(file)

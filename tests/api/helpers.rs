@@ -40,6 +40,8 @@ pub struct TestApp {
     /// Whether the app runs on the system clock (gateway tests) instead of
     /// [`TestApp::clock`].
     pub real_time: bool,
+    /// The Redis-protocol listener's port, when `resp.listen` is set.
+    pub resp_port: Option<u16>,
     handle: ServerHandle,
     join: JoinHandle<std::io::Result<()>>,
 }
@@ -55,6 +57,15 @@ pub fn test_settings(dir: &TempDir) -> Loaded {
     settings.storage.cache_bytes = 4 * 1024 * 1024;
     settings.http.shutdown_timeout = Duration::from_secs(5);
     Loaded::new(settings)
+}
+
+/// Starts an app whose clock stands at `clock` (moved by hand), after
+/// `tweak` adjusts the settings.
+pub async fn spawn_app_at(clock: ManualClock, tweak: impl FnOnce(&mut Loaded)) -> TestApp {
+    let dir = Arc::new(TempDir::new().expect("temp dir"));
+    let mut loaded = test_settings(&dir);
+    tweak(&mut loaded);
+    start(loaded, dir, clock, false).await
 }
 
 /// Starts an app with default test settings.
@@ -139,6 +150,7 @@ fn running(
     real_time: bool,
 ) -> TestApp {
     let address = format!("http://127.0.0.1:{}", app.port());
+    let resp_port = app.resp_port();
     let handle = app.handle();
     let store = app.store();
     let liveness = app.liveness();
@@ -157,6 +169,7 @@ fn running(
         dir,
         token,
         real_time,
+        resp_port,
         handle,
         join,
     }
@@ -171,6 +184,9 @@ pub async fn start_again(
     real_time: bool,
 ) -> TestApp {
     loaded.settings.listen = "127.0.0.1:0".parse().expect("addr");
+    if loaded.settings.resp.listen.is_some() {
+        loaded.settings.resp.listen = Some("127.0.0.1:0".parse().expect("addr"));
+    }
     start(loaded, dir, clock, real_time).await
 }
 

@@ -65,6 +65,8 @@ fn cli(args: &[&str]) -> Option<String> {
 pub struct RedisServer {
     dir: TempDir,
     child: Option<Child>,
+    /// Further `redis-server` arguments.
+    extra: Vec<String>,
     /// The socket path.
     pub socket: PathBuf,
 }
@@ -72,11 +74,17 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a server and waits until it answers.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with further arguments (such as `--databases 1`).
+    pub fn start_with(extra: &[&str]) -> Self {
         let dir = TempDir::new().unwrap();
         let socket = dir.path().join("redis.sock");
         let mut server = Self {
             dir,
             child: None,
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
             socket,
         };
         server.launch();
@@ -95,6 +103,7 @@ impl RedisServer {
             "no",
         ]
         .map(str::to_owned);
+        let args: Vec<String> = args.into_iter().chain(self.extra.clone()).collect();
         self.child = Some(spawn(&self.dir, &args));
         let sock = self.socket.to_str().unwrap().to_owned();
         wait_until("redis-server to answer", || {

@@ -30,7 +30,7 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schema version 99") && msg.contains("reads version 3"),
+        msg.contains("schema version 99") && msg.contains("reads version 4"),
         "{msg}"
     );
 }
@@ -497,4 +497,70 @@ mod inbox {
         assert_eq!(s.inbox_sources().await.unwrap(), [("sume".to_owned(), 1)]);
         s.close().await;
     }
+}
+
+#[tokio::test]
+async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
+    use dedupd::store::redb::{KvRequest, KvResponse, SetCondition, SetExpiry};
+    let dir = TempDir::new().unwrap();
+    let opts = RedbOptions::new(dir.path().join("v3.redb"));
+    let key = ScopedKey::api(&Key::parse("kept", "key").unwrap());
+    let ttl = Ttl::from_ms_unchecked(60_000);
+    {
+        let s = RedbStore::open(&opts).unwrap();
+        s.claim(&key, ttl, None, 1_000).await.unwrap();
+        s.close().await;
+    }
+    // As the previous release left it: version 3, no keyspace tables.
+    {
+        let db = redb::Database::create(&opts.path).unwrap();
+        let tx = db.begin_write().unwrap();
+        let kv: redb::TableDefinition<&[u8], (&[u8], Option<u64>)> =
+            redb::TableDefinition::new("kv");
+        let kv_expiry: redb::TableDefinition<(u64, &[u8]), ()> =
+            redb::TableDefinition::new("kv_expiry");
+        assert!(tx.delete_table(kv).unwrap());
+        assert!(tx.delete_table(kv_expiry).unwrap());
+        {
+            let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+            tx.open_table(meta)
+                .unwrap()
+                .insert("schema_version", 3)
+                .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let s = RedbStore::open(&opts).unwrap();
+    assert!(
+        s.get(&key, 2_000).await.unwrap().is_some(),
+        "the claim is kept"
+    );
+    let set = KvRequest::Set {
+        key: b"k".to_vec(),
+        value: b"v".to_vec(),
+        condition: SetCondition::IfAbsent,
+        expiry: SetExpiry::At(10_000),
+        get: false,
+    };
+    let answer = s.kv_submit(set, 2_000).await.unwrap().await.unwrap();
+    assert_eq!(
+        answer,
+        KvResponse::Set {
+            written: true,
+            old: None
+        }
+    );
+    assert_eq!(s.kv_count(vec![b"k".to_vec()], 2_000).await.unwrap(), 1);
+    s.close().await;
+    let db = redb::Database::create(&opts.path).unwrap();
+    let tx = redb::ReadableDatabase::begin_read(&db).unwrap();
+    let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+    let version = tx
+        .open_table(meta)
+        .unwrap()
+        .get("schema_version")
+        .unwrap()
+        .unwrap()
+        .value();
+    assert_eq!(version, 4);
 }

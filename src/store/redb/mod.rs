@@ -10,6 +10,7 @@ pub mod faults;
 mod flusher;
 mod guard;
 mod inbox;
+mod kv;
 mod ops;
 mod syncer;
 mod tables;
@@ -44,6 +45,7 @@ use crate::store::inbox::{
 };
 
 pub use self::inbox::{InboxIndexes, SourceDue};
+pub use self::kv::{ExpireCondition, KvEntry, KvRequest, KvResponse, SetCondition, SetExpiry};
 
 /// How the redb store is opened.
 #[derive(Debug, Clone)]
@@ -593,6 +595,46 @@ impl RedbStore {
     }
 }
 
+/// The Redis-protocol keyspace. It lives in the redb file (with the Redis
+/// backend, Redis clients should use that Redis directly).
+impl RedbStore {
+    /// Hands a keyspace write to the writer without waiting for it, so a
+    /// connection can queue a pipeline's writes into one commit; the
+    /// returned future answers after the commit (in queue order).
+    pub async fn kv_submit(
+        &self,
+        request: KvRequest,
+        now: Millis,
+    ) -> Result<impl Future<Output = Result<KvResponse, StoreError>> + Send + 'static, StoreError>
+    {
+        let (reply, answer) = oneshot::channel();
+        self.writes
+            .send(Envelope::Write {
+                request: Request::Kv(request),
+                now,
+                reply,
+            })
+            .await
+            .map_err(|_| closed())?;
+        Ok(async move {
+            match answer.await.map_err(|_| closed())?? {
+                Response::Kv(r) => Ok(r),
+                _ => Err(unexpected("a keyspace write")),
+            }
+        })
+    }
+
+    /// The live entry of `key` at `now`.
+    pub async fn kv_get(&self, key: Vec<u8>, now: Millis) -> Result<Option<KvEntry>, StoreError> {
+        self.read(move |tx| kv::get(tx, &key, now)).await
+    }
+
+    /// How many of `keys` exist at `now`, a repeated key each time.
+    pub async fn kv_count(&self, keys: Vec<Vec<u8>>, now: Millis) -> Result<u64, StoreError> {
+        self.read(move |tx| kv::count_live(tx, &keys, now)).await
+    }
+}
+
 /// The sources with events in the data file at `path`, with their pending
 /// counts, read without writing (for `check-config`). `Ok(None)` when there
 /// is no file yet; an error (such as the file being in use by a running
@@ -646,9 +688,11 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
                 meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
                     .map_err(|e| other(e.into()))?;
             }
-            // Version 3 adds the write-ahead log beside the file; a version
-            // 2 file (which has none) is complete as it is.
-            Some(2) => {
+            // Version 3 adds the write-ahead log beside the file (a version
+            // 2 file has none), version 4 the keyspace tables (created
+            // below): older files are complete as they are. Logged
+            // requests keep their encoding, so a version 3 log replays.
+            Some(2 | 3) => {
                 meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
                     .map_err(|e| other(e.into()))?;
             }
@@ -672,6 +716,7 @@ fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
         tx.open_table(HEADS).map_err(|e| other(e.into()))?;
         tx.open_table(HEAD_EXPIRY).map_err(|e| other(e.into()))?;
         inbox::InboxTables::open(&tx).map_err(other)?;
+        kv::KvTables::open(&tx).map_err(other)?;
     }
     tx.commit().map_err(|e| other(e.into()))
 }
@@ -904,6 +949,9 @@ impl Store for RedbStore {
             }
             if let Some((k, _)) = tx.open_table(tables::INBOX_EXPIRY)?.first()? {
                 let at = k.value().0;
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+            if let Some(at) = kv::next_expiry(tx)? {
                 next = Some(next.map_or(at, |n| n.min(at)));
             }
             Ok(next)

@@ -8,6 +8,7 @@ use redb::{ReadableTable, Table, WriteTransaction};
 
 use super::counts::StatusDeltas;
 use super::inbox::{InboxRequest, InboxResponse, InboxTables};
+use super::kv::{KvRequest, KvResponse, KvTables};
 use super::tables::{
     CLAIM_EXPIRY, CLAIMS, ClaimRow, EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow,
     META, META_FENCE, META_WAL_SEQ, claim_from_row, claim_to_row, event_from_row, event_to_row,
@@ -101,6 +102,9 @@ pub enum Request {
         /// Most events to delete.
         limit: u64,
     },
+    /// A write to the Redis-protocol keyspace. (Variants are logged by
+    /// index: new ones go last, so a log written before them still reads.)
+    Kv(KvRequest),
 }
 
 /// The answer to a [`Request`], variant for variant.
@@ -122,6 +126,8 @@ pub enum Response {
     Inbox(InboxResponse),
     /// Answer to [`Request::PurgePending`]: events deleted.
     Purged(u64),
+    /// Answer to [`Request::Kv`].
+    Kv(KvResponse),
 }
 
 /// The tables of one write transaction, plus the fence counter.
@@ -134,6 +140,7 @@ pub struct Tables<'txn> {
     heads: Table<'txn, &'static str, HeadRow<'static>>,
     head_expiry: Table<'txn, (u64, &'static str), ()>,
     inbox: InboxTables<'txn>,
+    kv: KvTables<'txn>,
     /// Last fence handed out, including in this transaction.
     fence: u64,
     /// Whether `fence` moved and must be written back.
@@ -154,6 +161,7 @@ impl<'txn> Tables<'txn> {
             heads: tx.open_table(HEADS)?,
             head_expiry: tx.open_table(HEAD_EXPIRY)?,
             inbox: InboxTables::open(tx)?,
+            kv: KvTables::open(tx)?,
             fence,
             fence_dirty: false,
         })
@@ -239,6 +247,7 @@ impl<'txn> Tables<'txn> {
                 }
                 Response::Inbox(self.inbox_execute(settle, now)?)
             }
+            Request::Kv(req) => Response::Kv(self.kv.execute(req, now)?),
             Request::PurgePending {
                 sources,
                 before,
@@ -371,7 +380,8 @@ impl<'txn> Tables<'txn> {
         })
     }
 
-    /// Deletes up to `limit` expired rows, claims first, each table in
+    /// Deletes up to `limit` expired rows, claims first (then applied
+    /// events, stream heads, keyspace keys, settled inbox events), each table in
     /// expiry order. Reads only index entries that are due.
     fn purge(&mut self, now: Millis, limit: u64) -> Result<PurgeReport, redb::Error> {
         let mut report = PurgeReport::default();
@@ -400,8 +410,10 @@ impl<'txn> Tables<'txn> {
             Ok(())
         })?;
         budget -= report.heads;
+        report.kv = self.kv.purge(now, budget)?;
+        budget -= report.kv;
         report.inbox = self.inbox.purge(now, budget)?;
-        let mut more = self.inbox.has_due_expiry(now)?;
+        let mut more = self.inbox.has_due_expiry(now)? || self.kv.has_due(now)?;
         for index in [&self.claim_expiry, &self.event_expiry, &self.head_expiry] {
             more |= index.first()?.is_some_and(|(k, _)| k.value().0 <= now);
         }

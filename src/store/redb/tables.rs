@@ -1,6 +1,7 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 3. Version 2 files have no write-ahead log (opening one
+//! Schema version 4. Version 3 files have no key-value tables (opening one
+//! creates them); version 2 files have no write-ahead log (opening one
 //! just records the new version); version 1 keyed the runnable index by due
 //! time first, and its earliest files had inbox rows without a lease
 //! generation (opening such a file migrates it). Any change to a table's key or row format bumps
@@ -17,7 +18,7 @@ use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token};
 use crate::store::{ApplyOutcome, ClaimRecord, ClaimState, Head, ordering::EventRecord};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 3;
+pub const SCHEMA_VERSION: u64 = 4;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -182,3 +183,10 @@ pub const INBOX_STATUS: TableDefinition<(&str, u8, u64, &str), ()> =
 /// Settled events by (expires_at_ms, source, event id), for the reaper.
 pub const INBOX_EXPIRY: TableDefinition<(u64, &str, &str), ()> =
     TableDefinition::new("inbox_expiry");
+
+/// Row of [`KV`]: (value, expires_at_ms; `None` = no expiry).
+pub type KvRow<'a> = (&'a [u8], Option<u64>);
+/// The Redis-protocol keyspace: binary keys to values.
+pub const KV: TableDefinition<&[u8], KvRow<'static>> = TableDefinition::new("kv");
+/// Expiry index of [`KV`]: only keys that have an expiry.
+pub const KV_EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("kv_expiry");

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# The article's claim, `SET k:<random> processing NX EX 300`, sent by
+# redis-benchmark to dedupd's Redis-protocol listener (release build, redb
+# on disk, every write synced before its reply) and to redis-server made as
+# durable (AOF, appendfsync always), in one run, with and without
+# pipelining; redis-server without persistence for reference.
+#
+#   benches/resp_vs_redis.sh                          # 10 s per run, c64, P1 and P16
+#   DURATION=5 CONCURRENCY="16 64" PIPELINE="1 16" benches/resp_vs_redis.sh
+#
+# Env: DURATION (s, default 10), CONCURRENCY (default "64"), PIPELINE
+# (default "1 16"), KEEP=1 (keep the temp dir), BENCH_TMP (parent of the
+# temp dir, default /var/tmp; must not be tmpfs), QUIET_WAIT (s to wait for
+# other builds to finish, default 900), RB_THREADS (redis-benchmark
+# --threads, default 2).
+set -euo pipefail
+
+DURATION=${DURATION:-10}
+CONCURRENCY=${CONCURRENCY:-64}
+PIPELINE=${PIPELINE:-1 16}
+KEEP=${KEEP:-0}
+QUIET_WAIT=${QUIET_WAIT:-900}
+RB_THREADS=${RB_THREADS:-2}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+die() { echo "resp_vs_redis: $*" >&2; exit 1; }
+log() { echo "== $*" >&2; }
+
+need() { # need CMD DEBIAN_PACKAGE...
+    command -v "$1" >/dev/null && return
+    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null ||
+        die "'$1' is missing: install the Debian package(s) ${*:2}"
+    log "installing ${*:2}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${@:2}" >/dev/null ||
+        { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y "${@:2}" >/dev/null; } ||
+        die "could not install ${*:2}"
+}
+need redis-server redis-server redis-tools
+need redis-benchmark redis-tools
+need redis-cli redis-tools
+for t in cargo ss awk; do command -v $t >/dev/null || die "'$t' is missing"; done
+
+TMP=$(mktemp -d "${BENCH_TMP:-/var/tmp}/resp-vs-redis.XXXXXX")
+case $(stat -f -c %T "$TMP") in tmpfs | ramfs) die "$TMP is on $(stat -f -c %T "$TMP"): set BENCH_TMP to a disk" ;; esac
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [ "$KEEP" = 1 ]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'echo "resp_vs_redis: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
+trap 'exit 130' INT TERM
+
+free_port() {
+    local p i
+    for i in $(seq 200); do
+        p=$((20000 + RANDOM % 40000))
+        [ -z "$(ss -Hltn "( sport = :$p )")" ] && { echo "$p"; return; }
+    done
+    die "no free port found"
+}
+
+log "cargo build --release"
+(cd "$ROOT" && cargo build --release --quiet) || die "cargo build --release failed"
+BIN=$ROOT/target/release/dedupd
+
+# Builds (and test runs) pollute the figures: before each measurement, wait
+# until none has run for 5 s, up to QUIET_WAIT seconds in all.
+busy() { pgrep -x rustc >/dev/null || pgrep -x cc1 >/dev/null || pgrep -x clippy-driver >/dev/null || pgrep -x cargo >/dev/null; }
+waited=0
+wait_quiet() {
+    local calm=0 said=0 t0
+    while [ "$calm" -lt 2 ]; do
+        if busy; then
+            [ "$waited" -ge "$QUIET_WAIT" ] && return
+            [ "$said" = 1 ] || log "a build is running (rustc/cc1/clippy-driver/cargo): waiting (${waited}s of ${QUIET_WAIT}s used)"
+            said=1; calm=0; t0=$(date +%s); sleep 5; waited=$((waited + $(date +%s) - t0))
+        else calm=$((calm + 1)); sleep 2.5; fi
+    done
+}
+wait_quiet
+log "waited ${waited}s for other builds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+answers() { [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]; }
+
+HPORT=$(free_port); DPORT=$(free_port)
+mkdir -p "$TMP/dedupd"
+cat >"$TMP/dedupd/dedupd.toml" <<TOML
+listen = "127.0.0.1:$HPORT"
+data_path = "$TMP/dedupd/dedupd.redb"
+[log]
+level = "warn"
+[resp]
+listen = "127.0.0.1:$DPORT"
+TOML
+"$BIN" serve --config "$TMP/dedupd/dedupd.toml" >"$TMP/dedupd/dedupd.log" 2>&1 &
+PIDS+=($!)
+for i in $(seq 300); do
+    answers "$DPORT" && break
+    [ "$i" = 300 ] && { cat "$TMP/dedupd/dedupd.log" >&2; die "dedupd not answering after 30 s"; }
+    sleep 0.1
+done
+
+start_redis() { # NAME ARGS... ; sets PORT
+    local name=$1 port; shift
+    port=$(free_port); mkdir -p "$TMP/$name"
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$TMP/$name" --daemonize no \
+        --logfile "$TMP/$name/redis.log" "$@" >/dev/null 2>&1 &
+    PIDS+=($!)
+    for i in $(seq 100); do answers "$port" && { PORT=$port; return; }; sleep 0.1; done
+    die "redis $name did not start (see $TMP/$name/redis.log)"
+}
+# AOF rewrites are off: a rewrite forks and writes the whole data set.
+start_redis redis-aof --appendonly yes --appendfsync always --save "" --auto-aof-rewrite-percentage 0; RAOF=$PORT
+start_redis redis-none --appendonly no --save ""; RNONE=$PORT
+[ "$(redis-cli -p "$RAOF" config get appendfsync | tail -1)" = always ] || die "AOF redis is not appendfsync always"
+
+RB_CMD=(SET k:__rand_int__ processing NX EX 300)
+RB_OPTS=(-r 100000000 --csv); [ "$RB_THREADS" -gt 1 ] && RB_OPTS+=(--threads "$RB_THREADS")
+RES=$TMP/results; : >"$RES"
+flag() { busy && echo "BUILD" || echo "-"; }
+run() { # KIND PORT C P
+    local probe rps n f0 line
+    wait_quiet
+    probe=$(( $3 * $4 * 300 > 50000 ? $3 * $4 * 300 : 50000 ))
+    rps=$(redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -P "$4" -n "$probe" "${RB_OPTS[@]}" "${RB_CMD[@]}" 2>/dev/null |
+        awk -F'"' 'NR == 2 { print int($4) }')
+    n=$(( rps * DURATION > probe ? rps * DURATION : probe ))
+    f0=$(flag)
+    line=$(redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -P "$4" -n "$n" "${RB_OPTS[@]}" "${RB_CMD[@]}" 2>/dev/null | sed -n 2p)
+    [ -n "$line" ] || die "no redis-benchmark result for $1 c=$3 P=$4"
+    awk -F'"' -v k="$1" -v c="$3" -v p="$4" -v f="$f0/$(flag)" \
+        '{ printf "%s %s %s %.0f %.3f %.3f %s\n", k, c, p, $4, $10, $14, f }' <<<"$line" >>"$RES"
+}
+for c in $CONCURRENCY; do
+    for p in $PIPELINE; do
+        log "c=$c P=$p: dedupd";                      run dedupd "$DPORT" "$c" "$p"
+        log "c=$c P=$p: redis appendfsync always";    run aof "$RAOF" "$c" "$p"
+        log "c=$c P=$p: redis no persistence";        run none "$RNONE" "$c" "$p"
+    done
+done
+
+dev=$(findmnt -n -o SOURCE -T "$TMP")
+echo
+echo "Machine: $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p')), $(uname -r), $(free -g | awk '/Mem:/ { print $2 }') GiB RAM"
+echo "Temp dir: $TMP on $dev ($(findmnt -n -o FSTYPE,OPTIONS -T "$TMP"))"
+echo "Quiet: waited ${waited}s in all for other builds (limit QUIET_WAIT=${QUIET_WAIT}s); load average now $(cut -d' ' -f1-3 /proc/loadavg)."
+echo "       'build' column: a rustc/cc1/clippy-driver/cargo process was running at the start/end of that run ('-' = none)."
+echo "Duration: about ${DURATION}s per run; dedupd $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' + uncommitted src changes'), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
+echo
+echo "SET k:__rand_int__ processing NX EX 300 (ops/s; latencies in ms; ratio = dedupd / Redis AOF always; goal: tput >= 0.80x, p99 <= 2x):"
+awk '
+    { k[$1 " " $2 " " $3] = $0; if (!(($2 " " $3) in seen)) { seen[$2 " " $3] = 1; cs[++nc] = $2 " " $3 } }
+    END {
+        printf "%5s %3s | %-22s | %-22s | %-22s | %-13s | %s\n", "", "", "dedupd (RESP)", "Redis AOF always", "Redis no persistence", "dedupd/AOF", ""
+        printf "%5s %3s | %8s %6s %6s | %8s %6s %6s | %8s %6s %6s | %6s %6s | %s\n", "conns", "P", "ops/s", "p50", "p99", "ops/s", "p50", "p99", "ops/s", "p50", "p99", "tput", "p99", "build d/aof/none"
+        for (i = 1; i <= nc; i++) {
+            split(cs[i], cp, " "); split(k["dedupd " cs[i]], d, " "); split(k["aof " cs[i]], a, " "); split(k["none " cs[i]], z, " ")
+            printf "%5s %3s | %8d %6.2f %6.2f | %8d %6.2f %6.2f | %8d %6.2f %6.2f | %5.2fx %5.2fx | %s %s %s\n", cp[1], cp[2],
+                d[4], d[5], d[6], a[4], a[5], a[6], z[4], z[5], z[6],
+                a[4] ? d[4] / a[4] : 0, a[6] ? d[6] / a[6] : 0, d[7], a[7], z[7]
+        }
+    }' "$RES"
+echo
+echo "Commands:"
+echo "  dedupd:  $BIN serve --config dedupd.toml   ([resp] listen 127.0.0.1:$DPORT, data_path in the temp dir, log.level warn)"
+echo "  redis:   redis-server --port P --bind 127.0.0.1 --dir D --appendonly yes --appendfsync always --save \"\" --auto-aof-rewrite-percentage 0"
+echo "           redis-server --port P --bind 127.0.0.1 --dir D --appendonly no --save \"\"   (reference)"
+echo "  load:    redis-benchmark -h 127.0.0.1 -p PORT -c N -P P -n <probe ops/s x ${DURATION}> ${RB_OPTS[*]} ${RB_CMD[*]}"
