@@ -15,112 +15,34 @@
 # --threads, default 2).
 set -euo pipefail
 
+BENCH=resp_vs_redis
 DURATION=${DURATION:-10}
 CONCURRENCY=${CONCURRENCY:-64}
 PIPELINE=${PIPELINE:-1 16}
-KEEP=${KEEP:-0}
-QUIET_WAIT=${QUIET_WAIT:-900}
 RB_THREADS=${RB_THREADS:-2}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=benches/lib.sh
+. "$(dirname "$0")/lib.sh"
 
-die() { echo "resp_vs_redis: $*" >&2; exit 1; }
-log() { echo "== $*" >&2; }
-
-need() { # need CMD DEBIAN_PACKAGE...
-    command -v "$1" >/dev/null && return
-    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null ||
-        die "'$1' is missing: install the Debian package(s) ${*:2}"
-    log "installing ${*:2}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "${@:2}" >/dev/null ||
-        { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y "${@:2}" >/dev/null; } ||
-        die "could not install ${*:2}"
-}
 need redis-server redis-server redis-tools
 need redis-benchmark redis-tools
 need redis-cli redis-tools
-for t in cargo ss awk; do command -v $t >/dev/null || die "'$t' is missing"; done
+for t in cargo ss awk curl; do command -v $t >/dev/null || die "'$t' is missing"; done
 
-TMP=$(mktemp -d "${BENCH_TMP:-/var/tmp}/resp-vs-redis.XXXXXX")
-case $(stat -f -c %T "$TMP") in tmpfs | ramfs) die "$TMP is on $(stat -f -c %T "$TMP"): set BENCH_TMP to a disk" ;; esac
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    if [ "$KEEP" = 1 ]; then log "kept $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-trap 'echo "resp_vs_redis: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
-trap 'exit 130' INT TERM
-
-free_port() {
-    local p i
-    for i in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        [ -z "$(ss -Hltn "( sport = :$p )")" ] && { echo "$p"; return; }
-    done
-    die "no free port found"
-}
-
-log "cargo build --release"
-(cd "$ROOT" && cargo build --release --quiet) || die "cargo build --release failed"
-BIN=$ROOT/target/release/dedupd
-
-# Builds (and test runs) pollute the figures: before each measurement, wait
-# until none has run for 5 s, up to QUIET_WAIT seconds in all.
-busy() { pgrep -x rustc >/dev/null || pgrep -x cc1 >/dev/null || pgrep -x clippy-driver >/dev/null || pgrep -x cargo >/dev/null; }
-waited=0
-wait_quiet() {
-    local calm=0 said=0 t0
-    while [ "$calm" -lt 2 ]; do
-        if busy; then
-            [ "$waited" -ge "$QUIET_WAIT" ] && return
-            [ "$said" = 1 ] || log "a build is running (rustc/cc1/clippy-driver/cargo): waiting (${waited}s of ${QUIET_WAIT}s used)"
-            said=1; calm=0; t0=$(date +%s); sleep 5; waited=$((waited + $(date +%s) - t0))
-        else calm=$((calm + 1)); sleep 2.5; fi
-    done
-}
+build_release
 wait_quiet
 log "waited ${waited}s for other builds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
-answers() { [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]; }
-
-HPORT=$(free_port); DPORT=$(free_port)
-mkdir -p "$TMP/dedupd"
-cat >"$TMP/dedupd/dedupd.toml" <<TOML
-listen = "127.0.0.1:$HPORT"
-data_path = "$TMP/dedupd/dedupd.redb"
-[log]
-level = "warn"
-[resp]
-listen = "127.0.0.1:$DPORT"
-TOML
-"$BIN" serve --config "$TMP/dedupd/dedupd.toml" >"$TMP/dedupd/dedupd.log" 2>&1 &
-PIDS+=($!)
-for i in $(seq 300); do
-    answers "$DPORT" && break
-    [ "$i" = 300 ] && { cat "$TMP/dedupd/dedupd.log" >&2; die "dedupd not answering after 30 s"; }
-    sleep 0.1
-done
-
-start_redis() { # NAME ARGS... ; sets PORT
-    local name=$1 port; shift
-    port=$(free_port); mkdir -p "$TMP/$name"
-    redis-server --port "$port" --bind 127.0.0.1 --dir "$TMP/$name" --daemonize no \
-        --logfile "$TMP/$name/redis.log" "$@" >/dev/null 2>&1 &
-    PIDS+=($!)
-    for i in $(seq 100); do answers "$port" && { PORT=$port; return; }; sleep 0.1; done
-    die "redis $name did not start (see $TMP/$name/redis.log)"
-}
-# AOF rewrites are off: a rewrite forks and writes the whole data set.
-start_redis redis-aof --appendonly yes --appendfsync always --save "" --auto-aof-rewrite-percentage 0; RAOF=$PORT
-start_redis redis-none --appendonly no --save ""; RNONE=$PORT
+RPORT=$(free_port)
+start_dedupd dedupd "[resp]
+listen = \"127.0.0.1:$RPORT\""
+[ "$(redis-cli -h 127.0.0.1 -p "$RPORT" ping 2>/dev/null)" = PONG ] || die "dedupd's RESP listener does not answer"
+start_redis redis-aof "${AOF_ARGS[@]}"; RAOF=$PORT
+start_redis redis-none "${NONE_ARGS[@]}"; RNONE=$PORT
 [ "$(redis-cli -p "$RAOF" config get appendfsync | tail -1)" = always ] || die "AOF redis is not appendfsync always"
 
 RB_CMD=(SET k:__rand_int__ processing NX EX 300)
 RB_OPTS=(-r 100000000 --csv); [ "$RB_THREADS" -gt 1 ] && RB_OPTS+=(--threads "$RB_THREADS")
 RES=$TMP/results; : >"$RES"
-flag() { busy && echo "BUILD" || echo "-"; }
 run() { # KIND PORT C P
     local probe rps n f0 line
     wait_quiet
@@ -136,17 +58,14 @@ run() { # KIND PORT C P
 }
 for c in $CONCURRENCY; do
     for p in $PIPELINE; do
-        log "c=$c P=$p: dedupd";                      run dedupd "$DPORT" "$c" "$p"
+        log "c=$c P=$p: dedupd";                      run dedupd "$RPORT" "$c" "$p"
         log "c=$c P=$p: redis appendfsync always";    run aof "$RAOF" "$c" "$p"
         log "c=$c P=$p: redis no persistence";        run none "$RNONE" "$c" "$p"
     done
 done
 
-dev=$(findmnt -n -o SOURCE -T "$TMP")
 echo
-echo "Machine: $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p')), $(uname -r), $(free -g | awk '/Mem:/ { print $2 }') GiB RAM"
-echo "Temp dir: $TMP on $dev ($(findmnt -n -o FSTYPE,OPTIONS -T "$TMP"))"
-echo "Quiet: waited ${waited}s in all for other builds (limit QUIET_WAIT=${QUIET_WAIT}s); load average now $(cut -d' ' -f1-3 /proc/loadavg)."
+machine
 echo "       'build' column: a rustc/cc1/clippy-driver/cargo process was running at the start/end of that run ('-' = none)."
 echo "Duration: about ${DURATION}s per run; dedupd $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' + uncommitted src changes'), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
 echo
@@ -165,7 +84,7 @@ awk '
     }' "$RES"
 echo
 echo "Commands:"
-echo "  dedupd:  $BIN serve --config dedupd.toml   ([resp] listen 127.0.0.1:$DPORT, data_path in the temp dir, log.level warn)"
+echo "  dedupd:  $BIN serve --config dedupd.toml   ([resp] listen 127.0.0.1:$RPORT, data_path in the temp dir, log.level warn, http.workers 2)"
 echo "  redis:   redis-server --port P --bind 127.0.0.1 --dir D --appendonly yes --appendfsync always --save \"\" --auto-aof-rewrite-percentage 0"
 echo "           redis-server --port P --bind 127.0.0.1 --dir D --appendonly no --save \"\"   (reference)"
 echo "  load:    redis-benchmark -h 127.0.0.1 -p PORT -c N -P P -n <probe ops/s x ${DURATION}> ${RB_OPTS[*]} ${RB_CMD[*]}"
