@@ -162,7 +162,16 @@ fn serve_config(file: &std::path::Path) -> (std::process::Child, u16, std::threa
 /// serves on; the log is then drained so the child never blocks on a full
 /// pipe.
 pub(crate) fn spawn_serving(
+    cmd: Command,
+) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+    spawn_serving_on(cmd, "port")
+}
+
+/// [`spawn_serving`], returning the port its log names in `field` (the
+/// startup line carries `port` and, with a RESP listener, `resp_port`).
+pub(crate) fn spawn_serving_on(
     mut cmd: Command,
+    field: &str,
 ) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
     let mut child = cmd
         .env("DEDUPD_LOG__FORMAT", "json")
@@ -173,7 +182,7 @@ pub(crate) fn spawn_serving(
     let port = loop {
         let line = lines.next().expect("dedupd exited before serving").unwrap();
         if let Ok(v) = serde_json::from_str::<Value>(&line)
-            && let Some(p) = v["port"].as_u64()
+            && let Some(p) = v[field].as_u64()
         {
             break u16::try_from(p).unwrap();
         }

@@ -10,6 +10,24 @@ use tempfile::TempDir;
 
 use crate::cli::{serve, signal, sigterm, wait};
 
+/// SIGKILLs `child` while `workers` load it, waits for them to see it go,
+/// and checks it died of the kill.
+pub(crate) async fn kill_under_load(
+    child: std::process::Child,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+    drain: std::thread::JoinHandle<()>,
+) {
+    signal(&child, "-KILL");
+    for w in workers {
+        w.await.unwrap();
+    }
+    let status = tokio::task::spawn_blocking(move || wait(child))
+        .await
+        .unwrap();
+    assert!(!status.success(), "killed, not exited");
+    drain.join().unwrap();
+}
+
 /// What the server acknowledged, by key.
 #[derive(Debug, Default, Clone)]
 struct Acked {
@@ -128,15 +146,7 @@ async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_onl
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         let fence_before_kill = acked.lock().unwrap().max_fence;
-        signal(&child, "-KILL");
-        for w in workers {
-            w.await.unwrap();
-        }
-        let status = tokio::task::spawn_blocking(move || wait(child))
-            .await
-            .unwrap();
-        assert!(!status.success(), "killed, not exited");
-        drain.join().unwrap();
+        kill_under_load(child, workers, drain).await;
 
         // After the restart, a new claim's fence is above every fence seen.
         let (child, port, drain) = serve(&dir);

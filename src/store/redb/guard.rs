@@ -1,5 +1,6 @@
-//! The data file's storage backend: the file (or, in tests, the
-//! fault-injecting one) behind a switch that refuses every later write.
+//! The data file's storage backend: the file behind a switch that refuses
+//! every later write, and (in tests) a [`FaultPlan`] that fails writes and
+//! syncs on demand.
 //!
 //! Commits to redb are not durable until a checkpoint; the write-ahead log
 //! holds what was answered. When the writer gives a file up — a failed log
@@ -17,38 +18,46 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
 
-use super::faults::{FaultPlan, FaultyBackend};
+use super::faults::FaultPlan;
 
 /// The backend with its switch.
 #[derive(Debug)]
 pub struct GuardedBackend {
-    /// The file, or the fault-injecting backend over it.
-    inner: Box<dyn StorageBackend>,
+    /// The file.
+    inner: FileBackend,
     /// Once set, writes, syncs and resizes fail.
     refuse: Arc<AtomicBool>,
+    /// Faults to inject (tests only).
+    faults: Option<Arc<FaultPlan>>,
 }
 
 impl GuardedBackend {
-    /// Wraps `file` (through `faults`, if any); `refuse` is the switch.
+    /// Wraps `file`; `refuse` is the switch, `faults` the test's plan.
     pub fn new(
         file: File,
         faults: Option<Arc<FaultPlan>>,
         refuse: Arc<AtomicBool>,
     ) -> Result<Self, redb::DatabaseError> {
-        let inner: Box<dyn StorageBackend> = match faults {
-            Some(plan) => Box::new(FaultyBackend::new(file, plan)?),
-            None => Box::new(FileBackend::new(file)?),
-        };
-        Ok(Self { inner, refuse })
+        Ok(Self {
+            inner: FileBackend::new(file)?,
+            refuse,
+            faults,
+        })
     }
 
-    fn check(&self) -> Result<(), std::io::Error> {
+    /// Whether a write (or, with `sync`, a sync) may go to the file.
+    fn check(&self, sync: bool) -> Result<(), std::io::Error> {
         if self.refuse.load(Ordering::SeqCst) {
-            Err(std::io::Error::other(
+            return Err(std::io::Error::other(
                 "the data file was given up: commits after the last answered batch are discarded",
-            ))
-        } else {
-            Ok(())
+            ));
+        }
+        match &self.faults {
+            Some(plan) if plan.trip(sync) => Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "injected fault: no space left on device",
+            )),
+            _ => Ok(()),
         }
     }
 }
@@ -63,17 +72,17 @@ impl StorageBackend for GuardedBackend {
     }
 
     fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.check()?;
+        self.check(false)?;
         self.inner.set_len(len)
     }
 
     fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.check()?;
+        self.check(true)?;
         self.inner.sync_data()
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.check()?;
+        self.check(false)?;
         self.inner.write(offset, data)
     }
 

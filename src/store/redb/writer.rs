@@ -178,14 +178,9 @@ fn write_loop(
     let mut reopen_wait = REOPEN_FIRST;
     while !stopping {
         if !shared.is_healthy() {
-            match reopen(shared, &mut db, opts, &mut log, jobs) {
-                Ok(()) => {
-                    shared.healthy.store(true, Ordering::SeqCst);
-                    reopen_wait = REOPEN_FIRST;
-                    tracing::info!("data file writable again: writes resume");
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "data file still cannot be written");
+            match recover(shared, &mut db, opts, &mut log, jobs) {
+                Ok(()) => reopen_wait = REOPEN_FIRST,
+                Err(()) => {
                     // Refuse what waits, then try again a little later.
                     let deadline = Instant::now() + reopen_wait;
                     reopen_wait = (reopen_wait * 2).min(REOPEN_MAX);
@@ -234,18 +229,12 @@ fn write_loop(
         // The syncer may have found a failed sync while this batch was
         // collected: its batches (and what ran after them) must be gone
         // before this one runs, so the file is reopened first.
-        if !batch.is_empty() && !shared.is_healthy() {
-            match reopen(shared, &mut db, opts, &mut log, jobs) {
-                Ok(()) => {
-                    shared.healthy.store(true, Ordering::SeqCst);
-                    tracing::info!("data file writable again: writes resume");
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "data file still cannot be written");
-                    for (_, _, reply) in batch.drain(..) {
-                        let _ = reply.send(Err(disk_unavailable()));
-                    }
-                }
+        if !batch.is_empty()
+            && !shared.is_healthy()
+            && recover(shared, &mut db, opts, &mut log, jobs).is_err()
+        {
+            for (_, _, reply) in batch.drain(..) {
+                let _ = reply.send(Err(disk_unavailable()));
             }
         }
         if !batch.is_empty() {
@@ -411,6 +400,27 @@ fn replay_up_to(db: &Database, batches: Vec<Batch>, last: u64) -> Result<u64, re
         tracing::info!(batches = replayed, "replayed the write-ahead log");
     }
     Ok(seq)
+}
+
+/// Reopens the file after a fault ([`reopen`]) and marks it writable.
+fn recover(
+    shared: &Shared,
+    db: &mut Option<Arc<Database>>,
+    opts: &RedbOptions,
+    log: &mut Option<Logged>,
+    jobs: &SyncSender<Job>,
+) -> Result<(), ()> {
+    match reopen(shared, db, opts, log, jobs) {
+        Ok(()) => {
+            shared.healthy.store(true, Ordering::SeqCst);
+            tracing::info!("data file writable again: writes resume");
+            Ok(())
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "data file still cannot be written");
+            Err(())
+        }
+    }
 }
 
 /// Closes the faulty database (once readers let go of it), opens the file

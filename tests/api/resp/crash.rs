@@ -2,39 +2,23 @@
 //! acknowledged SET is there, with its value and its expiry.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use serde_json::Value;
 use tempfile::TempDir;
 
 use super::Raw;
-use crate::cli::{dedupd, signal, sigterm, wait};
+use crate::cli::{dedupd, sigterm, spawn_serving_on, wait};
+use crate::crash::kill_under_load;
 
 /// Starts `dedupd serve` in `dir` with the RESP listener; returns it with
 /// its RESP port (from its JSON log) and the thread draining that log.
 fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
-    let mut child = dedupd()
-        .arg("serve")
+    let mut cmd = dedupd();
+    cmd.arg("serve")
         .current_dir(dir.path())
         .env("DEDUPD_LISTEN", "127.0.0.1:0")
-        .env("DEDUPD_RESP__LISTEN", "127.0.0.1:0")
-        .env("DEDUPD_LOG__FORMAT", "json")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let port = loop {
-        let line = lines.next().expect("dedupd exited before serving").unwrap();
-        if let Ok(v) = serde_json::from_str::<Value>(&line)
-            && let Some(p) = v["resp_port"].as_u64()
-        {
-            break u16::try_from(p).unwrap();
-        }
-    };
-    let drain = std::thread::spawn(move || for _ in lines {});
-    (child, port, drain)
+        .env("DEDUPD_RESP__LISTEN", "127.0.0.1:0");
+    spawn_serving_on(cmd, "resp_port")
 }
 
 /// Acknowledged SETs: key → (value, with an expiry).
@@ -105,15 +89,7 @@ async fn sigkill_under_concurrent_sets_loses_no_acknowledged_set() {
         while acked.lock().unwrap().len() < before + 600 {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        signal(&child, "-KILL");
-        for w in workers {
-            w.await.unwrap();
-        }
-        let status = tokio::task::spawn_blocking(move || wait(child))
-            .await
-            .unwrap();
-        assert!(!status.success(), "killed, not exited");
-        drain.join().unwrap();
+        kill_under_load(child, workers, drain).await;
 
         let (child, port, drain) = serve(&dir);
         let seen = acked.lock().unwrap().clone();
