@@ -187,7 +187,14 @@ pub(crate) fn spawn_serving_on(
             break u16::try_from(p).unwrap();
         }
     };
-    let drain = std::thread::spawn(move || for _ in lines {});
+    let echo = std::env::var_os("DEDUPD_TEST_ECHO").is_some();
+    let drain = std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if echo {
+                eprintln!("{line}");
+            }
+        }
+    });
     (child, port, drain)
 }
 
@@ -697,14 +704,21 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     let mut stored = Vec::new();
     let mut path = "/v1/sources/drill/events?status=pending&limit=500".to_owned();
     loop {
-        let v: Value = client
-            .get(format!("{base}{path}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        // Deliveries resume at once and may fill the disk again: a read
+        // waits out the store's reopen, and a client retries a 503.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let v = loop {
+            let res = client.get(format!("{base}{path}")).send().await.unwrap();
+            let status = res.status().as_u16();
+            let v: Value = res.json().await.unwrap();
+            match status {
+                200 => break v,
+                503 if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ => panic!("listing after the restart: {status} {v}"),
+            }
+        };
         for e in v["events"].as_array().unwrap() {
             stored.push(e["event_id"].as_str().unwrap().to_owned());
         }

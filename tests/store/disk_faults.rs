@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey, Ttl};
-use dedupd::store::inbox::{EventStatus, NewEvent, Retention, Settle};
+use dedupd::store::inbox::{EventStatus, ListOrder, NewEvent, Retention, Settle};
 use dedupd::store::redb::faults::FaultPlan;
 use dedupd::store::redb::{RedbOptions, RedbStore};
 use dedupd::store::{ClaimOutcome, ClaimState, Store, StoreError};
@@ -276,4 +276,62 @@ async fn a_read_never_shows_a_write_whose_sync_has_not_returned() {
         Ok(ClaimOutcome::Claimed { .. })
     ));
     assert_eq!(read.await.unwrap(), ClaimState::Processing);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_wait_out_the_reopen_after_a_disk_fault_instead_of_failing() {
+    let f = Arc::new(Faulty::open());
+    let s = &f.store;
+    assert!(matches!(
+        s.claim(&key("kept"), ttl(60_000), None, T).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    s.ingest(event("e1"), T).await.unwrap();
+
+    // A write fails: redb poisons the handle, and the writer gives it up
+    // and reopens the file, which fails while the disk is full.
+    f.plan.set_full(true);
+    assert!(matches!(
+        s.claim(&key("refused"), ttl(60_000), None, T).await,
+        Err(StoreError::Unavailable(_))
+    ));
+    let after_claim = f.plan.injected();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while f.plan.injected() == after_claim {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer never tried to reopen"
+        );
+        tokio::task::yield_now().await;
+    }
+    // Reads issued now find no open file; they wait for it rather than
+    // answering 503 to an operator looking at the inbox.
+    let reads = tokio::spawn({
+        let f = f.clone();
+        async move {
+            let claim = f.store.get(&key("kept"), T).await;
+            let listing = f
+                .store
+                .list_events(
+                    "sume",
+                    EventStatus::Pending,
+                    ListOrder::OldestFirst,
+                    None,
+                    10,
+                )
+                .await;
+            let refused = f.store.get(&key("refused"), T).await;
+            (claim, listing, refused)
+        }
+    });
+    f.plan.set_full(false);
+    let (claim, listing, refused) = reads.await.unwrap();
+    assert_eq!(
+        claim.expect("a read across the reopen").unwrap().state,
+        ClaimState::Processing
+    );
+    let (events, _) = listing.expect("a listing across the reopen");
+    assert_eq!(events.len(), 1);
+    assert!(refused.unwrap().is_none(), "the refused claim left nothing");
+    Arc::try_unwrap(f).ok().unwrap().store.close().await;
 }

@@ -327,20 +327,45 @@ impl RedbStore {
         answer.await.map_err(|_| closed())?
     }
 
-    /// Runs `f` on a read transaction on the blocking pool.
-    async fn read<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&ReadTransaction) -> Result<T, redb::Error> + Send + 'static,
-    ) -> Result<T, StoreError> {
+    /// Runs `f` on a read transaction on the blocking pool. A read that
+    /// meets the file being reopened after a disk fault (the writer drops
+    /// the handle redb poisoned and opens the file again, usually within
+    /// milliseconds) waits for the reopen, up to [`READ_REOPEN_WAIT`], and
+    /// runs again: reads keep answering while writes are refused.
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: Fn(&ReadTransaction) -> Result<T, redb::Error> + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        let deadline = tokio::time::Instant::now() + READ_REOPEN_WAIT;
+        loop {
+            let epoch = self.shared.watermark.epoch();
+            match self.read_once(epoch, f.clone()).await {
+                Ok(value) => return Ok(value),
+                Err(ReadFailure::Final(e)) => return Err(e),
+                Err(ReadFailure::Reopening(e)) => {
+                    if !self.shared.watermark.reopened_since(epoch, deadline).await {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read_once<T, F>(&self, epoch: u64, f: Arc<F>) -> Result<T, ReadFailure>
+    where
+        T: Send + 'static,
+        F: Fn(&ReadTransaction) -> Result<T, redb::Error> + Send + Sync + 'static,
+    {
         let Some(db) = self.shared.db() else {
             return Err(if self.shared.is_healthy() {
-                closed()
+                ReadFailure::Final(closed())
             } else {
-                disk_unavailable()
+                ReadFailure::Reopening(disk_unavailable())
             });
         };
         let shared = self.shared.clone();
-        let epoch = shared.watermark.epoch();
         let (value, seen) = tokio::task::spawn_blocking(move || {
             let tx = db.begin_read().map_err(redb::Error::from)?;
             // Any batch the transaction sees is at or below this.
@@ -348,19 +373,38 @@ impl RedbStore {
             f(&tx).map(|v| (v, seen))
         })
         .await
-        .map_err(|e| StoreError::Failed(format!("read task failed: {e}")))?
+        .map_err(|e| ReadFailure::Final(StoreError::Failed(format!("read task failed: {e}"))))?
         .map_err(|e| {
             if is_disk_fault(&e) {
-                StoreError::Unavailable(format!("the data file cannot be read now: {e}"))
+                ReadFailure::Reopening(StoreError::Unavailable(format!(
+                    "the data file cannot be read now: {e}"
+                )))
             } else {
-                StoreError::Failed(e.to_string())
+                ReadFailure::Final(StoreError::Failed(e.to_string()))
             }
         })?;
         // Nothing that is not on disk is shown: a batch still syncing is
-        // waited for (one sync at most).
-        self.shared.watermark.wait(epoch, seen).await?;
+        // waited for (one sync at most); if the file was reopened meanwhile,
+        // what was seen may be gone, so the read runs again.
+        self.shared
+            .watermark
+            .wait(epoch, seen)
+            .await
+            .map_err(ReadFailure::Reopening)?;
         Ok(value)
     }
+}
+
+/// How long a read waits for the file to be reopened after a disk fault
+/// before it answers `Unavailable`.
+const READ_REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Why one read attempt failed.
+enum ReadFailure {
+    /// The file is being reopened: worth running again once it is.
+    Reopening(StoreError),
+    /// Anything else: the answer.
+    Final(StoreError),
 }
 
 /// The gateway inbox. It lives in the redb file whatever backend holds
@@ -536,9 +580,9 @@ impl RedbStore {
         let counts = self.shared.counts.snapshot();
         self.read(move |tx| {
             let mut out = Vec::with_capacity(counts.len());
-            for (source, c) in counts {
+            for (source, c) in &counts {
                 let oldest_pending_ms = if c[0] > 0 {
-                    inbox::oldest_pending(tx, &source)?
+                    inbox::oldest_pending(tx, source)?
                 } else {
                     None
                 };
@@ -548,7 +592,7 @@ impl RedbStore {
                     stale: c[2],
                     dead: c[3],
                     oldest_pending_ms,
-                    source,
+                    source: source.clone(),
                 });
             }
             Ok(out)
@@ -590,7 +634,7 @@ impl RedbStore {
         limit: usize,
     ) -> Result<(Vec<InboxEvent>, Option<Cursor>), StoreError> {
         let source = source.to_owned();
-        self.read(move |tx| inbox::list(tx, &source, status, order, after, limit))
+        self.read(move |tx| inbox::list(tx, &source, status, order, after.clone(), limit))
             .await
     }
 }

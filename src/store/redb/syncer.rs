@@ -86,6 +86,16 @@ impl Watermark {
         self.visible.load(Ordering::SeqCst)
     }
 
+    /// Waits until the file is reopened after `epoch` (true), or until
+    /// `deadline` (false).
+    pub async fn reopened_since(&self, epoch: u64, deadline: tokio::time::Instant) -> bool {
+        let mut rx = self.durable.subscribe();
+        matches!(
+            tokio::time::timeout_at(deadline, rx.wait_for(|(e, _)| *e != epoch)).await,
+            Ok(Ok(_))
+        )
+    }
+
     /// Waits until batch `seq` of `epoch` is on disk; `Unavailable` when
     /// the file was reopened meanwhile (what the read saw may be gone).
     pub async fn wait(&self, epoch: u64, seq: u64) -> Result<(), StoreError> {

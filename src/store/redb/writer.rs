@@ -478,9 +478,11 @@ fn reopen(
     wal.reset()?;
     shared.counts.recount(&fresh)?;
     let _ = jobs.send(Job::Resume(wal.syncer()?));
-    shared.watermark.reopened(seq);
+    // The file first, then the epoch: a read that sees the new epoch finds
+    // the file open (one that took the file with the old epoch runs again).
     let fresh = Arc::new(fresh);
     shared.set_db(Some(fresh.clone()));
+    shared.watermark.reopened(seq);
     *db = Some(fresh);
     *log = Some(Logged {
         wal,
