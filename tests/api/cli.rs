@@ -570,8 +570,10 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     );
 }
 
-/// Mounts a 24 MiB tmpfs on a new temp dir (root only); unmounted on drop.
-struct Tmpfs(TempDir);
+/// Mounts a 24 MiB tmpfs on a new temp dir (root only); on drop, the
+/// servers it was told of are killed (a failed assertion leaves them
+/// running) and it is unmounted.
+struct Tmpfs(TempDir, std::cell::RefCell<Vec<u32>>);
 
 impl Tmpfs {
     fn mount() -> Self {
@@ -582,13 +584,40 @@ impl Tmpfs {
             .status()
             .expect("mount");
         assert!(status.success(), "mounting a tmpfs needs root");
-        Self(dir)
+        Self(dir, Default::default())
+    }
+
+    /// Kills `child` on drop unless it has exited by then.
+    fn holds(&self, child: &std::process::Child) {
+        self.1.borrow_mut().push(child.id());
     }
 }
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
+        for pid in self.1.borrow().iter() {
+            // Only if that pid is still a dedupd (not a reused one).
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if !String::from_utf8_lossy(&cmdline).contains("dedupd") {
+                continue;
+            }
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        // The kernel releases a killed process's files a moment later.
+        for _ in 0..50 {
+            if Command::new("umount")
+                .arg(self.0.path())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 
@@ -663,6 +692,7 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     };
 
     let (child, port, _drain) = serve_config(&file);
+    disk.holds(&child);
     let base = format!("http://127.0.0.1:{port}");
     // Fill the disk through the API.
     let mut acknowledged = Vec::new();
@@ -700,6 +730,7 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     sigterm(&child);
     assert!(wait(child).success());
     let (child, port, _drain) = serve_config(&file);
+    disk.holds(&child);
     let base = format!("http://127.0.0.1:{port}");
     let mut stored = Vec::new();
     let mut path = "/v1/sources/drill/events?status=pending&limit=500".to_owned();
