@@ -1,17 +1,23 @@
 //! Store claim throughput, one caller against 64 concurrent callers, to show
 //! what group commit buys: with one caller every claim pays its own durable
 //! commit; with 64, claims that arrive during a commit share the next one.
+//! And a failing destination's retry turns (lease, then settle for a later
+//! attempt) on events with small and large bodies: since the bodies have a
+//! table of their own, a turn costs the same whatever the body's size.
 //!
 //! Run: `cargo bench --bench store`. Besides divan's timings (items/s is
-//! claims per second), each case prints the claims per commit it achieved.
+//! claims or turns per second), each claim case prints the claims per
+//! commit it achieved.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use dedupd::domain::CreatedAt;
 use dedupd::domain::{Key, ScopedKey, Ttl};
 use dedupd::store::Store;
+use dedupd::store::inbox::{NewEvent, Retention, Settle};
 use dedupd::store::redb::{RedbOptions, RedbStore};
 use divan::Bencher;
 use divan::counter::ItemsCount;
@@ -66,5 +72,73 @@ fn claim(bencher: Bencher, callers: usize) {
         "claim, {callers} caller(s): {ops} claims in {commits} commits = {:.1} claims per commit",
         ops as f64 / commits as f64
     );
+    rt.block_on(store.close());
+}
+
+/// Events per retry-turn iteration, all turned concurrently.
+const EVENTS: usize = 64;
+
+#[divan::bench(args = [1, 256], sample_count = 10, sample_size = 1)]
+fn retry_turn(bencher: Bencher, body_kib: usize) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::TempDir::new().unwrap();
+    let store =
+        Arc::new(RedbStore::open(&RedbOptions::new(dir.path().join("bench.redb"))).unwrap());
+    let ids: Vec<String> = (0..EVENTS).map(|i| format!("ev{i}")).collect();
+    rt.block_on(async {
+        for id in &ids {
+            let event = NewEvent {
+                source: "sume".into(),
+                event_id: id.clone(),
+                stream: None,
+                created_at: CreatedAt::from_unix_nanos(1),
+                received_at_ms: 1,
+                headers: vec![("x-sume-signature".into(), "t=1,v1=00".into())],
+                body: vec![b'x'; body_kib * 1024],
+            };
+            store.ingest(event, 1).await.unwrap();
+        }
+    });
+    let retention = Retention {
+        delivered_ms: 60_000,
+        dead_ms: 60_000,
+    };
+    let turn = Arc::new(AtomicU64::new(1));
+    bencher.counter(ItemsCount::new(EVENTS)).bench_local(|| {
+        rt.block_on(async {
+            // Every event is due at `now`: the last turn moved it there.
+            let now = turn.fetch_add(1, Ordering::Relaxed);
+            let tasks: Vec<_> = ids
+                .iter()
+                .map(|id| {
+                    let store = store.clone();
+                    let id = id.clone();
+                    tokio::spawn(async move {
+                        let leased = store
+                            .lease(vec![("sume".into(), id.clone(), now + 30_000)], None, now)
+                            .await
+                            .unwrap();
+                        let (_, _, lease) = leased.leased[0];
+                        let settle = Settle::Retry {
+                            retry_at: now + 1,
+                            error: "HTTP 503".into(),
+                            attempted: true,
+                        };
+                        store
+                            .settle("sume", &id, lease, settle, retention, now)
+                            .await
+                            .unwrap();
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+    });
     rt.block_on(store.close());
 }

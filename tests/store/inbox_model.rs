@@ -548,7 +548,12 @@ async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
         got.runnable, want.runnable,
         "{ctx}: runnable index != runnable pending rows at their due time"
     );
-    // Then the rows against the model.
+    assert!(
+        got.orphan_bodies.is_empty(),
+        "{ctx}: bodies without an event: {:?}",
+        got.orphan_bodies
+    );
+    // Then the rows against the model (bodies included).
     let model_rows: Vec<InboxEvent> = m.events.values().cloned().collect();
     assert_eq!(got.rows, model_rows, "{ctx}: rows differ from the model");
     for source in SOURCES {

@@ -30,7 +30,7 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schema version 99") && msg.contains("reads version 4"),
+        msg.contains("schema version 99") && msg.contains("reads version 5"),
         "{msg}"
     );
 }
@@ -562,5 +562,161 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
         .unwrap()
         .unwrap()
         .value();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
+}
+
+#[tokio::test]
+async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_table() {
+    use dedupd::store::inbox::{EventStatus, ListOrder, Retention, Settle};
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("v4.redb");
+    let body = vec![42u8; 300 * 1024];
+    let headers = r#"[["x-sume-signature","t=1,v1=ab"]]"#;
+    // As the previous release left it: version 4, each row with its
+    // headers and body; one pending event and one dead one.
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        {
+            let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+            tx.open_table(meta)
+                .unwrap()
+                .insert("schema_version", 4)
+                .unwrap();
+            let rows: redb::TableDefinition<(&str, &str), InboxRowV1<'static>> =
+                redb::TableDefinition::new("inbox");
+            let mut rows = tx.open_table(rows).unwrap();
+            rows.insert(
+                ("sume", "pending"),
+                (
+                    0,
+                    T1,
+                    1_000,
+                    None,
+                    0,
+                    T1,
+                    None,
+                    false,
+                    headers,
+                    body.as_slice(),
+                    0,
+                    3,
+                ),
+            )
+            .unwrap();
+            rows.insert(
+                ("sume", "dead"),
+                (
+                    3,
+                    T1,
+                    2_000,
+                    None,
+                    5,
+                    T1,
+                    Some("HTTP 500"),
+                    false,
+                    "[]",
+                    b"{}".as_slice(),
+                    T1 + 60_000,
+                    7,
+                ),
+            )
+            .unwrap();
+            let status: redb::TableDefinition<(&str, u8, u64, &str), ()> =
+                redb::TableDefinition::new("inbox_status");
+            let mut status = tx.open_table(status).unwrap();
+            status.insert(("sume", 0, T1, "pending"), ()).unwrap();
+            status.insert(("sume", 3, T1, "dead"), ()).unwrap();
+            let runnable: redb::TableDefinition<(&str, u64, &str), ()> =
+                redb::TableDefinition::new("inbox_runnable");
+            tx.open_table(runnable)
+                .unwrap()
+                .insert(("sume", T1, "pending"), ())
+                .unwrap();
+            let expiry: redb::TableDefinition<(u64, &str, &str), ()> =
+                redb::TableDefinition::new("inbox_expiry");
+            tx.open_table(expiry)
+                .unwrap()
+                .insert((T1 + 60_000, "sume", "dead"), ())
+                .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let due = s
+        .due_events(T1, vec![("sume".to_owned(), 10)])
+        .await
+        .unwrap()
+        .remove(0)
+        .events;
+    assert_eq!(due.len(), 1);
+    let e = &due[0];
+    assert_eq!((e.event_id.as_str(), e.lease), ("pending", 3));
+    assert_eq!(e.body, body, "the body survived the move");
+    assert_eq!(
+        e.headers,
+        [("x-sume-signature".to_owned(), "t=1,v1=ab".to_owned())]
+    );
+    let dead = s.inbox_event("sume", "dead").await.unwrap().unwrap();
+    assert_eq!(dead.status, EventStatus::Dead);
+    assert_eq!(dead.last_error.as_deref(), Some("HTTP 500"));
+    assert_eq!((dead.attempts, dead.body.as_slice()), (5, b"{}".as_slice()));
+    let (listed, _) = s
+        .list_events(
+            "sume",
+            EventStatus::Pending,
+            ListOrder::OldestFirst,
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed[0].body_bytes, body.len());
+    // It delivers as before; settled events are reaped whole, body too.
+    let retention = Retention {
+        delivered_ms: 1,
+        dead_ms: 1,
+    };
+    let leased = s
+        .lease(
+            vec![("sume".into(), "pending".into(), T1 + 30_000)],
+            None,
+            T1,
+        )
+        .await
+        .unwrap();
+    let lease = leased.leased[0].2;
+    s.settle(
+        "sume",
+        "pending",
+        lease,
+        Settle::Delivered { attempted: true },
+        retention,
+        T1,
+    )
+    .await
+    .unwrap();
+    s.purge_expired(T1 + 120_000, 100).await.unwrap();
+    let left = s.inbox_indexes().await.unwrap();
+    assert!(left.rows.is_empty(), "{:?}", left.rows);
+    assert!(left.orphan_bodies.is_empty(), "{:?}", left.orphan_bodies);
+    s.close().await;
+
+    let db = redb::Database::create(&path).unwrap();
+    let tx = redb::ReadableDatabase::begin_read(&db).unwrap();
+    let names: Vec<String> = tx
+        .list_tables()
+        .unwrap()
+        .map(|t| redb::TableHandle::name(&t).to_owned())
+        .collect();
+    assert!(!names.contains(&"inbox".to_owned()), "{names:?}");
+    let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+    let version = tx
+        .open_table(meta)
+        .unwrap()
+        .get("schema_version")
+        .unwrap()
+        .unwrap()
+        .value();
+    assert_eq!(version, 5);
 }

@@ -6,12 +6,17 @@
 //! - a settled row has one [`INBOX_EXPIRY`] entry, a pending row none;
 //! - a pending row with a stream has one [`INBOX_QUEUE`] entry;
 //! - [`INBOX_DUE`] holds exactly the runnable pending rows (see its doc):
-//!   per stream one event at a time, oldest `created_at` first.
+//!   per stream one event at a time, oldest `created_at` first;
+//! - each row has one [`INBOX_BODIES`] entry, written with the row and
+//!   deleted with it, and no body is without a row. Writes after the
+//!   insert touch the row only.
 
 use redb::{ReadTransaction, ReadableTable, Table, WriteTransaction};
 
 use super::counts::StatusDeltas;
-use super::tables::{INBOX, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, InboxRow};
+use super::tables::{
+    INBOX, INBOX_BODIES, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, InboxRow,
+};
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
 use crate::store::inbox::{
@@ -76,6 +81,7 @@ pub type HeadLookup<'a> = dyn Fn(&str, &str) -> Result<Option<CreatedAt>, redb::
 /// The inbox tables of one write transaction.
 pub struct InboxTables<'txn> {
     rows: Table<'txn, (&'static str, &'static str), InboxRow<'static>>,
+    bodies: Table<'txn, (&'static str, &'static str), &'static [u8]>,
     due: Table<'txn, (&'static str, u64, &'static str), ()>,
     queue: Table<'txn, (&'static str, &'static str, i128, u64, &'static str), ()>,
     status: Table<'txn, (&'static str, u8, u64, &'static str), ()>,
@@ -96,19 +102,14 @@ fn to_row<'a>(e: &'a InboxEvent, headers: &'a str) -> InboxRow<'a> {
         e.last_error.as_deref(),
         e.force,
         headers,
-        &e.body,
         e.expires_at_ms,
         e.lease,
+        e.body_bytes as u64,
     )
 }
 
-/// Decodes a row.
-pub fn from_row(source: &str, event_id: &str, row: InboxRow<'_>) -> InboxEvent {
-    decode(source, event_id, row, true)
-}
-
-/// Decodes a row, copying the body only when `with_body`.
-fn decode(source: &str, event_id: &str, row: InboxRow<'_>, with_body: bool) -> InboxEvent {
+/// Decodes a row: the event without its body (see [`with_body`]).
+fn decode(source: &str, event_id: &str, row: InboxRow<'_>) -> InboxEvent {
     let (
         status,
         received_at_ms,
@@ -119,9 +120,9 @@ fn decode(source: &str, event_id: &str, row: InboxRow<'_>, with_body: bool) -> I
         last_error,
         force,
         headers,
-        body,
         expires_at_ms,
         lease,
+        body_bytes,
     ) = row;
     InboxEvent {
         source: source.to_owned(),
@@ -135,10 +136,34 @@ fn decode(source: &str, event_id: &str, row: InboxRow<'_>, with_body: bool) -> I
         last_error: last_error.map(str::to_owned),
         force,
         headers: serde_json::from_str(headers).unwrap_or_default(),
-        body: if with_body { body.to_vec() } else { Vec::new() },
+        body: Vec::new(),
         expires_at_ms,
         lease,
-        body_bytes: body.len(),
+        body_bytes: usize::try_from(body_bytes).unwrap_or(usize::MAX),
+    }
+}
+
+/// Fills in an event's body.
+fn with_body(
+    bodies: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    mut e: InboxEvent,
+) -> Result<InboxEvent, redb::Error> {
+    if let Some(body) = bodies.get((e.source.as_str(), e.event_id.as_str()))? {
+        e.body = body.value().to_vec();
+    }
+    Ok(e)
+}
+
+/// Reads one whole event: its row and its body.
+fn read_whole(
+    rows: &impl ReadableTable<(&'static str, &'static str), InboxRow<'static>>,
+    bodies: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    source: &str,
+    id: &str,
+) -> Result<Option<InboxEvent>, redb::Error> {
+    match rows.get((source, id))? {
+        Some(row) => with_body(bodies, decode(source, id, row.value())).map(Some),
+        None => Ok(None),
     }
 }
 
@@ -147,6 +172,7 @@ impl<'txn> InboxTables<'txn> {
     pub fn open(tx: &'txn WriteTransaction) -> Result<Self, redb::Error> {
         Ok(Self {
             rows: tx.open_table(INBOX)?,
+            bodies: tx.open_table(INBOX_BODIES)?,
             due: tx.open_table(INBOX_DUE)?,
             queue: tx.open_table(INBOX_QUEUE)?,
             status: tx.open_table(INBOX_STATUS)?,
@@ -227,19 +253,29 @@ impl<'txn> InboxTables<'txn> {
         })
     }
 
+    /// An event's row, without its body: no write after the insert needs
+    /// it.
     fn load(&self, source: &str, id: &str) -> Result<Option<InboxEvent>, redb::Error> {
         Ok(self
             .rows
             .get((source, id))?
-            .map(|g| from_row(source, id, g.value())))
+            .map(|g| decode(source, id, g.value())))
     }
 
+    /// Writes an event's row (not its body).
     fn save(&mut self, e: &InboxEvent) -> Result<(), redb::Error> {
         let headers = serde_json::to_string(&e.headers).unwrap_or_else(|_| "[]".into());
         self.rows.insert(
             (e.source.as_str(), e.event_id.as_str()),
             to_row(e, &headers),
         )?;
+        Ok(())
+    }
+
+    /// Deletes an event's row and body.
+    fn delete(&mut self, source: &str, id: &str) -> Result<(), redb::Error> {
+        self.rows.remove((source, id))?;
+        self.bodies.remove((source, id))?;
         Ok(())
     }
 
@@ -263,12 +299,16 @@ impl<'txn> InboxTables<'txn> {
             last_error: None,
             force: false,
             headers: new.headers.clone(),
-            body: new.body.clone(),
+            body: Vec::new(),
             expires_at_ms: 0,
             lease: 0,
             body_bytes: new.body.len(),
         };
         self.save(&e)?;
+        self.bodies.insert(
+            (e.source.as_str(), e.event_id.as_str()),
+            new.body.as_slice(),
+        )?;
         self.index_status(
             (
                 e.source.as_str(),
@@ -490,7 +530,7 @@ impl<'txn> InboxTables<'txn> {
                     e.received_at_ms,
                     id.as_str(),
                 ))?;
-                self.rows.remove((source.as_str(), id.as_str()))?;
+                self.delete(source, id)?;
             }
         }
         Ok(due.len() as u64)
@@ -521,7 +561,7 @@ impl<'txn> InboxTables<'txn> {
             self.unindex_status((source, pending, *at, id.as_str()))?;
             if let Some(e) = self.load(source, id)? {
                 self.dequeue(&e)?;
-                self.rows.remove((source, id.as_str()))?;
+                self.delete(source, id)?;
             }
         }
         Ok(ids.len() as u64)
@@ -556,6 +596,7 @@ pub fn due(
 ) -> Result<Vec<SourceDue>, redb::Error> {
     let due = tx.open_table(INBOX_DUE)?;
     let rows = tx.open_table(INBOX)?;
+    let bodies = tx.open_table(INBOX_BODIES)?;
     let mut out = Vec::with_capacity(wants.len());
     for (source, limit) in wants {
         let mut found = SourceDue::default();
@@ -570,8 +611,8 @@ pub fn due(
                 found.next = Some(at);
                 break;
             }
-            if let Some(row) = rows.get((s, id))? {
-                found.events.push(from_row(s, id, row.value()));
+            if let Some(e) = read_whole(&rows, &bodies, s, id)? {
+                found.events.push(e);
             }
         }
         out.push(found);
@@ -644,9 +685,8 @@ pub fn get(
     id: &str,
 ) -> Result<Option<InboxEvent>, redb::Error> {
     let rows = tx.open_table(INBOX)?;
-    Ok(rows
-        .get((source, id))?
-        .map(|g| from_row(source, id, g.value())))
+    let bodies = tx.open_table(INBOX_BODIES)?;
+    read_whole(&rows, &bodies, source, id)
 }
 
 /// A page of a source's events with `status` in `order` (by received time,
@@ -688,7 +728,7 @@ pub fn list(
             break;
         }
         if let Some(row) = rows.get((src, id))? {
-            events.push(decode(src, id, row.value(), false));
+            events.push(decode(src, id, row.value()));
         }
     }
     let next = if more {
@@ -714,15 +754,26 @@ pub struct InboxIndexes {
     pub status: Vec<(String, u8, u64, String)>,
     /// Expiry index: (expires_at_ms, source, event id).
     pub expiry: Vec<(u64, String, String)>,
+    /// Bodies without a row: (source, event id). Always empty.
+    pub orphan_bodies: Vec<(String, String)>,
 }
 
 /// Reads every inbox table whole (tests only: it reads everything).
 pub fn indexes(tx: &ReadTransaction) -> Result<InboxIndexes, redb::Error> {
     let mut out = InboxIndexes::default();
-    for entry in tx.open_table(INBOX)?.iter()? {
+    let rows = tx.open_table(INBOX)?;
+    let bodies = tx.open_table(INBOX_BODIES)?;
+    for entry in rows.iter()? {
         let (k, v) = entry?;
         let (s, id) = k.value();
-        out.rows.push(from_row(s, id, v.value()));
+        out.rows.push(with_body(&bodies, decode(s, id, v.value()))?);
+    }
+    for entry in bodies.iter()? {
+        let (k, _) = entry?;
+        let (s, id) = k.value();
+        if rows.get((s, id))?.is_none() {
+            out.orphan_bodies.push((s.to_owned(), id.to_owned()));
+        }
     }
     for entry in tx.open_table(INBOX_DUE)?.iter()? {
         let (k, _) = entry?;

@@ -11,6 +11,7 @@ mod flusher;
 mod guard;
 mod inbox;
 mod kv;
+mod migrate;
 mod ops;
 mod syncer;
 mod tables;
@@ -29,8 +30,8 @@ use tokio::sync::{mpsc, oneshot};
 use self::inbox::{InboxRequest, InboxResponse};
 use self::ops::{Request, Response};
 use self::tables::{
-    CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_SCHEMA_VERSION,
-    SCHEMA_VERSION, claim_from_row, head_from_row,
+    CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, SCHEMA_VERSION, claim_from_row,
+    head_from_row,
 };
 use self::writer::{Counters, Envelope};
 use super::{
@@ -247,7 +248,7 @@ impl RedbStore {
             redb::DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(opts.path.clone()),
             e => other(e.into()),
         })?;
-        init_schema(&db, &opts.path)?;
+        migrate::init_schema(&db, &opts.path)?;
         // Batches acknowledged after the last checkpoint are in the log.
         let wal_path = wal::path_for(&opts.path);
         let (mut log, batches) = wal::Wal::open(wal_path.clone(), opts.faults.clone())
@@ -705,158 +706,6 @@ fn unexpected(what: &str) -> StoreError {
     StoreError::Failed(format!(
         "writer answered {what} with another kind of response"
     ))
-}
-
-/// Creates the tables of a new file, or checks the schema of an old one.
-fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
-    let other = |e: redb::Error| OpenError::Other {
-        path: path.to_owned(),
-        source: e,
-    };
-    let tx = db.begin_write().map_err(|e| other(e.into()))?;
-    {
-        let has_tables = tx
-            .list_tables()
-            .map_err(|e| other(e.into()))?
-            .next()
-            .is_some();
-        let mut meta = tx.open_table(META).map_err(|e| other(e.into()))?;
-        let version = meta
-            .get(META_SCHEMA_VERSION)
-            .map_err(|e| other(e.into()))?
-            .map(|g| g.value());
-        match version {
-            Some(SCHEMA_VERSION) => {}
-            Some(1) => {
-                migrate_v1(&tx).map_err(other)?;
-                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
-                    .map_err(|e| other(e.into()))?;
-            }
-            // Version 3 adds the write-ahead log beside the file (a version
-            // 2 file has none), version 4 the keyspace tables (created
-            // below): older files are complete as they are. Logged
-            // requests keep their encoding, so a version 3 log replays.
-            Some(2 | 3) => {
-                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
-                    .map_err(|e| other(e.into()))?;
-            }
-            Some(found) => {
-                return Err(OpenError::UnknownSchema {
-                    path: path.to_owned(),
-                    found,
-                });
-            }
-            None if has_tables => return Err(OpenError::Foreign(path.to_owned())),
-            None => {
-                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
-                    .map_err(|e| other(e.into()))?;
-            }
-        }
-        // Create every table now, so readers never meet a missing one.
-        tx.open_table(CLAIMS).map_err(|e| other(e.into()))?;
-        tx.open_table(CLAIM_EXPIRY).map_err(|e| other(e.into()))?;
-        tx.open_table(tables::EVENTS).map_err(|e| other(e.into()))?;
-        tx.open_table(EVENT_EXPIRY).map_err(|e| other(e.into()))?;
-        tx.open_table(HEADS).map_err(|e| other(e.into()))?;
-        tx.open_table(HEAD_EXPIRY).map_err(|e| other(e.into()))?;
-        inbox::InboxTables::open(&tx).map_err(other)?;
-        kv::KvTables::open(&tx).map_err(other)?;
-    }
-    tx.commit().map_err(|e| other(e.into()))
-}
-
-/// Schema 1 → 2: the runnable index is keyed by source first. Its entries
-/// move to the new table; every other table is unchanged.
-fn migrate_v1(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
-    // The first releases of schema 1 stored inbox rows without the lease
-    // generation; later ones added it without a version bump. Both are
-    // version 1: tell them apart by the table's stored type.
-    match tx.open_table(tables::INBOX) {
-        Ok(_) => {}
-        Err(redb::TableError::TableTypeMismatch { .. }) => add_lease_generation(tx)?,
-        Err(e) => return Err(e.into()),
-    }
-    {
-        let old = tx.open_table(tables::INBOX_DUE_V1)?;
-        let mut new = tx.open_table(tables::INBOX_DUE)?;
-        for entry in old.iter()? {
-            let (k, _) = entry?;
-            let (at, source, id) = k.value();
-            new.insert((source, at, id), ())?;
-        }
-    }
-    tx.delete_table(tables::INBOX_DUE_V1)?;
-    tracing::info!("data file migrated from schema version 1 to 2");
-    Ok(())
-}
-
-/// Rewrites inbox rows of the earliest schema 1 format (no lease
-/// generation) with generation 0.
-fn add_lease_generation(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
-    type Key = (String, String);
-    type Old = (
-        u8,
-        u64,
-        i128,
-        Option<String>,
-        u32,
-        u64,
-        Option<String>,
-        bool,
-        String,
-        Vec<u8>,
-        u64,
-    );
-    let rows: Vec<(Key, Old)> = {
-        let old = tx.open_table(tables::INBOX_NO_LEASE)?;
-        old.iter()?
-            .map(|e| {
-                e.map(|(k, v)| {
-                    let (s, id) = k.value();
-                    let (a, b, c, d, e, f, g, h, i, j, k) = v.value();
-                    (
-                        (s.to_owned(), id.to_owned()),
-                        (
-                            a,
-                            b,
-                            c,
-                            d.map(str::to_owned),
-                            e,
-                            f,
-                            g.map(str::to_owned),
-                            h,
-                            i.to_owned(),
-                            j.to_vec(),
-                            k,
-                        ),
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?
-    };
-    tx.delete_table(tables::INBOX_NO_LEASE)?;
-    let mut new = tx.open_table(tables::INBOX)?;
-    for ((s, id), (a, b, c, d, e, f, g, h, i, j, k)) in &rows {
-        new.insert(
-            (s.as_str(), id.as_str()),
-            (
-                *a,
-                *b,
-                *c,
-                d.as_deref(),
-                *e,
-                *f,
-                g.as_deref(),
-                *h,
-                i.as_str(),
-                j.as_slice(),
-                *k,
-                0u64,
-            ),
-        )?;
-    }
-    tracing::info!(rows = rows.len(), "inbox rows given a lease generation");
-    Ok(())
 }
 
 #[async_trait]

@@ -1,11 +1,14 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 4. Version 3 files have no key-value tables (opening one
-//! creates them); version 2 files have no write-ahead log (opening one
-//! just records the new version); version 1 keyed the runnable index by due
-//! time first, and its earliest files had inbox rows without a lease
-//! generation (opening such a file migrates it). Any change to a table's key or row format bumps
-//! the version and adds a migration (or a refusal) to `init_schema`. Every table with expiring rows has an index table keyed
+//! Schema version 5. Version 4 files keep each inbox event's body in its
+//! row (opening one moves the bodies to their own table); version 3
+//! files have no key-value tables (opening one creates them); version 2
+//! files have no write-ahead log (opening one just records the new
+//! version); version 1 keyed the runnable index by due time first, and its
+//! earliest files had inbox rows without a lease generation (opening such a
+//! file migrates it). Any change to a table's key or row format bumps the
+//! version and adds a migration (or a refusal) to `migrate`. Every table
+//! with expiring rows has an index table keyed
 //! by `(expires_at_ms, key)`, so the reaper reads expired rows in expiry
 //! order and its cost follows what expired, not what is stored. Invariant:
 //! each row has exactly one index entry, at the row's current expiry;
@@ -18,7 +21,7 @@ use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token};
 use crate::store::{ApplyOutcome, ClaimRecord, ClaimState, Head, ordering::EventRecord};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 4;
+pub const SCHEMA_VERSION: u64 = 5;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -126,9 +129,34 @@ pub fn head_from_row(row: HeadRow<'_>) -> (Head, Millis) {
 }
 
 /// Row of [`INBOX`]: (status, received_at_ms, created_at ns, stream, attempts,
-/// due_at_ms, last_error, force, headers as JSON, body, expires_at_ms,
-/// lease generation).
+/// due_at_ms, last_error, force, headers as JSON, expires_at_ms, lease
+/// generation, body bytes). What a delivery attempt changes, and what a
+/// listing shows; the body, written once, is in [`INBOX_BODIES`].
 pub type InboxRow<'a> = (
+    u8,
+    u64,
+    i128,
+    Option<&'a str>,
+    u32,
+    u64,
+    Option<&'a str>,
+    bool,
+    &'a str,
+    u64,
+    u64,
+    u64,
+);
+/// Gateway events by (source, event id).
+pub const INBOX: TableDefinition<(&str, &str), InboxRow<'static>> =
+    TableDefinition::new("inbox_events");
+/// Each event's body by (source, event id): written at ingest, deleted with
+/// the event, never rewritten (a delivery attempt changes only the
+/// [`INBOX`] row).
+pub const INBOX_BODIES: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("inbox_bodies");
+/// Schema 1 to 4 inbox rows: (status, received_at_ms, created_at ns,
+/// stream, attempts, due_at_ms, last_error, force, headers as JSON, body,
+/// expires_at_ms, lease generation). Read only to migrate such a file.
+pub type InboxRowV4<'a> = (
     u8,
     u64,
     i128,
@@ -142,7 +170,10 @@ pub type InboxRow<'a> = (
     u64,
     u64,
 );
-/// The earliest schema 1 inbox row: as [`InboxRow`] without the lease
+/// Schema 1 to 4's inbox, headers and body in each row.
+pub const INBOX_V4: TableDefinition<(&str, &str), InboxRowV4<'static>> =
+    TableDefinition::new("inbox");
+/// The earliest schema 1 inbox row: as [`InboxRowV4`] without the lease
 /// generation. Read only to migrate such a file.
 pub type InboxRowNoLease<'a> = (
     u8,
@@ -157,11 +188,9 @@ pub type InboxRowNoLease<'a> = (
     &'a [u8],
     u64,
 );
-/// [`INBOX`] as the earliest schema 1 files typed it.
+/// [`INBOX_V4`] as the earliest schema 1 files typed it.
 pub const INBOX_NO_LEASE: TableDefinition<(&str, &str), InboxRowNoLease<'static>> =
     TableDefinition::new("inbox");
-/// Gateway events by (source, event id).
-pub const INBOX: TableDefinition<(&str, &str), InboxRow<'static>> = TableDefinition::new("inbox");
 /// Runnable pending events by (source, due_at_ms, event id): each source's
 /// runnable events in due order, so the dispatcher reads every source on its
 /// own (fairness, per-source limits) and never reads a source that left the

@@ -1,0 +1,228 @@
+//! The file's schema: creating the tables of a new file, checking an old
+//! one's version, and migrating older versions in place (each in the same
+//! transaction as its version bump, so a crash leaves the old version).
+
+use std::path::Path;
+
+use redb::{Database, ReadableTable, TableHandle};
+
+use super::tables::{
+    self, CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+};
+use super::{OpenError, inbox, kv};
+
+/// Creates the tables of a new file, or checks the schema of an old one.
+pub(super) fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
+    let other = |e: redb::Error| OpenError::Other {
+        path: path.to_owned(),
+        source: e,
+    };
+    let tx = db.begin_write().map_err(|e| other(e.into()))?;
+    {
+        let has_tables = tx
+            .list_tables()
+            .map_err(|e| other(e.into()))?
+            .next()
+            .is_some();
+        let mut meta = tx.open_table(META).map_err(|e| other(e.into()))?;
+        let version = meta
+            .get(META_SCHEMA_VERSION)
+            .map_err(|e| other(e.into()))?
+            .map(|g| g.value());
+        match version {
+            Some(SCHEMA_VERSION) => {}
+            // Version 3 adds the write-ahead log beside the file (a version
+            // 2 file has none), version 4 the keyspace tables (created
+            // below), version 5 the inbox body table. Logged requests
+            // keep their encoding, so an older log replays.
+            Some(old @ 1..=4) => {
+                if old == 1 {
+                    migrate_v1(&tx).map_err(other)?;
+                }
+                split_bodies(&tx).map_err(other)?;
+                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
+                    .map_err(|e| other(e.into()))?;
+            }
+            Some(found) => {
+                return Err(OpenError::UnknownSchema {
+                    path: path.to_owned(),
+                    found,
+                });
+            }
+            None if has_tables => return Err(OpenError::Foreign(path.to_owned())),
+            None => {
+                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
+                    .map_err(|e| other(e.into()))?;
+            }
+        }
+        // Create every table now, so readers never meet a missing one.
+        tx.open_table(CLAIMS).map_err(|e| other(e.into()))?;
+        tx.open_table(CLAIM_EXPIRY).map_err(|e| other(e.into()))?;
+        tx.open_table(tables::EVENTS).map_err(|e| other(e.into()))?;
+        tx.open_table(EVENT_EXPIRY).map_err(|e| other(e.into()))?;
+        tx.open_table(HEADS).map_err(|e| other(e.into()))?;
+        tx.open_table(HEAD_EXPIRY).map_err(|e| other(e.into()))?;
+        inbox::InboxTables::open(&tx).map_err(other)?;
+        kv::KvTables::open(&tx).map_err(other)?;
+    }
+    tx.commit().map_err(|e| other(e.into()))
+}
+
+/// Schema 1 → 2: the runnable index is keyed by source first. Its entries
+/// move to the new table; every other table is unchanged.
+fn migrate_v1(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    // The first releases of schema 1 stored inbox rows without the lease
+    // generation; later ones added it without a version bump. Both are
+    // version 1: tell them apart by the table's stored type.
+    match tx.open_table(tables::INBOX_V4) {
+        Ok(_) => {}
+        Err(redb::TableError::TableTypeMismatch { .. }) => add_lease_generation(tx)?,
+        Err(e) => return Err(e.into()),
+    }
+    {
+        let old = tx.open_table(tables::INBOX_DUE_V1)?;
+        let mut new = tx.open_table(tables::INBOX_DUE)?;
+        for entry in old.iter()? {
+            let (k, _) = entry?;
+            let (at, source, id) = k.value();
+            new.insert((source, at, id), ())?;
+        }
+    }
+    tx.delete_table(tables::INBOX_DUE_V1)?;
+    tracing::info!("data file migrated from schema version 1 to 2");
+    Ok(())
+}
+
+/// Rewrites inbox rows of the earliest schema 1 format (no lease
+/// generation) with generation 0.
+fn add_lease_generation(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    type Key = (String, String);
+    type Old = (
+        u8,
+        u64,
+        i128,
+        Option<String>,
+        u32,
+        u64,
+        Option<String>,
+        bool,
+        String,
+        Vec<u8>,
+        u64,
+    );
+    let rows: Vec<(Key, Old)> = {
+        let old = tx.open_table(tables::INBOX_NO_LEASE)?;
+        old.iter()?
+            .map(|e| {
+                e.map(|(k, v)| {
+                    let (s, id) = k.value();
+                    let (a, b, c, d, e, f, g, h, i, j, k) = v.value();
+                    (
+                        (s.to_owned(), id.to_owned()),
+                        (
+                            a,
+                            b,
+                            c,
+                            d.map(str::to_owned),
+                            e,
+                            f,
+                            g.map(str::to_owned),
+                            h,
+                            i.to_owned(),
+                            j.to_vec(),
+                            k,
+                        ),
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?
+    };
+    tx.delete_table(tables::INBOX_NO_LEASE)?;
+    let mut new = tx.open_table(tables::INBOX_V4)?;
+    for ((s, id), (a, b, c, d, e, f, g, h, i, j, k)) in &rows {
+        new.insert(
+            (s.as_str(), id.as_str()),
+            (
+                *a,
+                *b,
+                *c,
+                d.as_deref(),
+                *e,
+                *f,
+                g.as_deref(),
+                *h,
+                i.as_str(),
+                j.as_slice(),
+                *k,
+                0u64,
+            ),
+        )?;
+    }
+    tracing::info!(rows = rows.len(), "inbox rows given a lease generation");
+    Ok(())
+}
+
+/// Schema 4 → 5: each inbox row's body moves to the body table, so a
+/// delivery attempt rewrites a small row instead of the body.
+/// Done in one transaction with the version bump: a crash leaves the file
+/// at version 4, and the next open migrates it again.
+fn split_bodies(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    if !tx
+        .list_tables()?
+        .any(|t| t.name() == tables::INBOX_V4.name())
+    {
+        return Ok(());
+    }
+    let mut moved = 0usize;
+    {
+        let old = tx.open_table(tables::INBOX_V4)?;
+        let mut rows = tx.open_table(tables::INBOX)?;
+        let mut bodies = tx.open_table(tables::INBOX_BODIES)?;
+        for entry in old.iter()? {
+            let (k, v) = entry?;
+            let (source, id) = k.value();
+            let (
+                status,
+                received,
+                created,
+                stream,
+                attempts,
+                due,
+                error,
+                force,
+                headers,
+                body,
+                expires,
+                lease,
+            ) = v.value();
+            rows.insert(
+                (source, id),
+                (
+                    status,
+                    received,
+                    created,
+                    stream,
+                    attempts,
+                    due,
+                    error,
+                    force,
+                    headers,
+                    expires,
+                    lease,
+                    body.len() as u64,
+                ),
+            )?;
+            bodies.insert((source, id), body)?;
+            moved += 1;
+        }
+    }
+    tx.delete_table(tables::INBOX_V4)?;
+    if moved > 0 {
+        tracing::info!(
+            events = moved,
+            "inbox bodies moved to their own table (schema 5)"
+        );
+    }
+    Ok(())
+}
