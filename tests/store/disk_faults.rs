@@ -324,6 +324,13 @@ async fn reads_wait_out_the_reopen_after_a_disk_fault_instead_of_failing() {
             (claim, listing, refused)
         }
     });
+    let mut reads = reads;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut reads)
+            .await
+            .is_err(),
+        "the reads answered while the file could not be opened"
+    );
     f.plan.set_full(false);
     let (claim, listing, refused) = reads.await.unwrap();
     assert_eq!(

@@ -148,9 +148,15 @@ fn with_body(
     bodies: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
     mut e: InboxEvent,
 ) -> Result<InboxEvent, redb::Error> {
-    if let Some(body) = bodies.get((e.source.as_str(), e.event_id.as_str()))? {
-        e.body = body.value().to_vec();
-    }
+    // Every row has its body (written together, deleted together): a
+    // missing one is never delivered as an empty body.
+    let Some(body) = bodies.get((e.source.as_str(), e.event_id.as_str()))? else {
+        return Err(redb::Error::Corrupted(format!(
+            "inbox event {}/{} has no body",
+            e.source, e.event_id
+        )));
+    };
+    e.body = body.value().to_vec();
     Ok(e)
 }
 

@@ -159,6 +159,11 @@ pub struct Shared {
     watermark: syncer::Watermark,
     /// The open file's switch that refuses its writes (see [`guard`]).
     refuse: Mutex<Arc<AtomicBool>>,
+    /// Set by a read waiting for the file to be reopened: the writer tries
+    /// again soon instead of after its backoff.
+    reopen_wanted: AtomicBool,
+    /// Set once `close` began: reads answer at once, nothing will reopen.
+    closing: AtomicBool,
 }
 
 impl Shared {
@@ -268,6 +273,8 @@ impl RedbStore {
             counts,
             watermark: syncer::Watermark::new(seq),
             refuse: Mutex::new(refuse),
+            reopen_wanted: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
         });
         let counters = Arc::new(Counters::default());
         let (writes, handle) =
@@ -289,6 +296,7 @@ impl RedbStore {
     /// Finishes queued writes, stops the writer and releases the file, so the
     /// same path can be opened again. Later calls answer `Unavailable`.
     pub async fn close(&self) {
+        self.shared.closing.store(true, Ordering::SeqCst);
         let flusher = self.flusher.lock().ok().and_then(|mut f| f.take());
         // Joining it waits out one sync: off the async threads.
         let _ = tokio::task::spawn_blocking(move || drop(flusher)).await;
@@ -331,8 +339,11 @@ impl RedbStore {
     /// Runs `f` on a read transaction on the blocking pool. A read that
     /// meets the file being reopened after a disk fault (the writer drops
     /// the handle redb poisoned and opens the file again, usually within
-    /// milliseconds) waits for the reopen, up to [`READ_REOPEN_WAIT`], and
-    /// runs again: reads keep answering while writes are refused.
+    /// milliseconds) asks the writer to try now, waits for the reopen, up
+    /// to [`READ_REOPEN_WAIT`], and runs again: reads keep answering while
+    /// writes are refused, as long as the file can be opened. While it
+    /// cannot (every write failing), they answer `Unavailable` after that
+    /// wait.
     async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
@@ -342,10 +353,15 @@ impl RedbStore {
         let deadline = tokio::time::Instant::now() + READ_REOPEN_WAIT;
         loop {
             let epoch = self.shared.watermark.epoch();
-            match self.read_once(epoch, f.clone()).await {
+            match self.read_once(epoch, f.clone(), deadline).await {
                 Ok(value) => return Ok(value),
                 Err(ReadFailure::Final(e)) => return Err(e),
                 Err(ReadFailure::Reopening(e)) => {
+                    self.shared.reopen_wanted.store(true, Ordering::SeqCst);
+                    // A writer idle since a failed sync starts its reopen
+                    // on its next message.
+                    let (ping, _) = oneshot::channel();
+                    let _ = self.writes.try_send(Envelope::Ping(ping));
                     if !self.shared.watermark.reopened_since(epoch, deadline).await {
                         return Err(e);
                     }
@@ -354,13 +370,20 @@ impl RedbStore {
         }
     }
 
-    async fn read_once<T, F>(&self, epoch: u64, f: Arc<F>) -> Result<T, ReadFailure>
+    async fn read_once<T, F>(
+        &self,
+        epoch: u64,
+        f: Arc<F>,
+        deadline: tokio::time::Instant,
+    ) -> Result<T, ReadFailure>
     where
         T: Send + 'static,
         F: Fn(&ReadTransaction) -> Result<T, redb::Error> + Send + Sync + 'static,
     {
         let Some(db) = self.shared.db() else {
-            return Err(if self.shared.is_healthy() {
+            return Err(if self.shared.closing.load(Ordering::SeqCst) {
+                ReadFailure::Final(closed())
+            } else if self.shared.is_healthy() {
                 ReadFailure::Final(closed())
             } else {
                 ReadFailure::Reopening(disk_unavailable())
@@ -386,10 +409,12 @@ impl RedbStore {
         })?;
         // Nothing that is not on disk is shown: a batch still syncing is
         // waited for (one sync at most); if the file was reopened meanwhile,
-        // what was seen may be gone, so the read runs again.
+        // what was seen may be gone, so the read runs again. A sync that
+        // failed leaves the batch unsynced until the reopen: waited for up
+        // to the same deadline.
         self.shared
             .watermark
-            .wait(epoch, seen)
+            .wait(epoch, seen, deadline)
             .await
             .map_err(ReadFailure::Reopening)?;
         Ok(value)

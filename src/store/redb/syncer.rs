@@ -97,13 +97,20 @@ impl Watermark {
     }
 
     /// Waits until batch `seq` of `epoch` is on disk; `Unavailable` when
-    /// the file was reopened meanwhile (what the read saw may be gone).
-    pub async fn wait(&self, epoch: u64, seq: u64) -> Result<(), StoreError> {
+    /// the file was reopened meanwhile (what the read saw may be gone), or
+    /// at `deadline` (a failed sync leaves the batch unsynced until the
+    /// file is reopened).
+    pub async fn wait(
+        &self,
+        epoch: u64,
+        seq: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), StoreError> {
         let reached = |(e, d): &(u64, u64)| *e != epoch || *d >= seq;
         let mut rx = self.durable.subscribe();
-        let now = match rx.wait_for(reached).await {
-            Ok(v) => *v,
-            Err(_) => return Err(disk_unavailable()),
+        let now = match tokio::time::timeout_at(deadline, rx.wait_for(reached)).await {
+            Ok(Ok(v)) => *v,
+            Ok(Err(_)) | Err(_) => return Err(disk_unavailable()),
         };
         if now.0 == epoch {
             Ok(())

@@ -184,7 +184,14 @@ fn write_loop(
                     // Refuse what waits, then try again a little later.
                     let deadline = Instant::now() + reopen_wait;
                     reopen_wait = (reopen_wait * 2).min(REOPEN_MAX);
+                    let tried = Instant::now();
                     while Instant::now() < deadline {
+                        // A read waits for the file: try again soon.
+                        if tried.elapsed() >= REOPEN_FIRST
+                            && shared.reopen_wanted.swap(false, Ordering::SeqCst)
+                        {
+                            break;
+                        }
                         loop {
                             match rx.try_recv() {
                                 Ok(Envelope::Write { reply, .. }) => {
@@ -443,7 +450,7 @@ fn reopen(
     if let Ok(refuse) = shared.refuse.lock() {
         refuse.store(true, Ordering::SeqCst);
     }
-    // Readers get `Unavailable` from here until the file is back.
+    // Readers wait (up to their deadline) from here until the file is back.
     let old = shared.set_db(None).or_else(|| db.take());
     *db = None;
     if let Some(mut old) = old {
