@@ -381,9 +381,9 @@ impl RedbStore {
         F: Fn(&ReadTransaction) -> Result<T, redb::Error> + Send + Sync + 'static,
     {
         let Some(db) = self.shared.db() else {
-            return Err(if self.shared.closing.load(Ordering::SeqCst) {
-                ReadFailure::Final(closed())
-            } else if self.shared.is_healthy() {
+            let closed_for_good =
+                self.shared.closing.load(Ordering::SeqCst) || self.shared.is_healthy();
+            return Err(if closed_for_good {
                 ReadFailure::Final(closed())
             } else {
                 ReadFailure::Reopening(disk_unavailable())
