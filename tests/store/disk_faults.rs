@@ -342,3 +342,26 @@ async fn reads_wait_out_the_reopen_after_a_disk_fault_instead_of_failing() {
     assert!(refused.unwrap().is_none(), "the refused claim left nothing");
     Arc::try_unwrap(f).ok().unwrap().store.close().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_read_answers_unavailable_when_the_file_cannot_be_reopened_at_all() {
+    let f = Faulty::open();
+    let s = &f.store;
+    f.plan.set_full(true);
+    assert!(matches!(
+        s.claim(&key("refused"), ttl(60_000), None, T).await,
+        Err(StoreError::Unavailable(_))
+    ));
+    let after_claim = f.plan.injected();
+    while f.plan.injected() == after_claim {
+        tokio::task::yield_now().await;
+    }
+    // Every write fails, so the file never reopens: the read gives up at
+    // its deadline (on the paused clock) instead of hanging.
+    match s.get(&key("refused"), T).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    f.plan.set_full(false);
+    f.store.close().await;
+}
