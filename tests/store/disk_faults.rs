@@ -365,3 +365,21 @@ async fn a_read_answers_unavailable_when_the_file_cannot_be_reopened_at_all() {
     f.plan.set_full(false);
     f.store.close().await;
 }
+
+#[tokio::test]
+async fn a_read_after_a_failed_sync_wakes_the_idle_writer_and_answers() {
+    let f = Faulty::open();
+    f.plan.fail_next_syncs(1);
+    let r = f.store.claim(&key("x"), ttl(60_000), None, T).await;
+    assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+    // Nothing else is written, so the writer sits idle with the refused
+    // claim committed but unsynced. A read of it must not wait for a write
+    // that never comes: it wakes the writer, which reopens the file without
+    // the refused claim, and the read answers from the reopened file.
+    let got = f.store.get(&key("x"), T).await;
+    assert!(
+        matches!(got, Ok(None)),
+        "the read answers, and the refused claim is gone: {got:?}"
+    );
+    f.store.close().await;
+}

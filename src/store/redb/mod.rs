@@ -357,17 +357,22 @@ impl RedbStore {
                 Ok(value) => return Ok(value),
                 Err(ReadFailure::Final(e)) => return Err(e),
                 Err(ReadFailure::Reopening(e)) => {
-                    self.shared.reopen_wanted.store(true, Ordering::SeqCst);
-                    // A writer idle since a failed sync starts its reopen
-                    // on its next message.
-                    let (ping, _) = oneshot::channel();
-                    let _ = self.writes.try_send(Envelope::Ping(ping));
+                    self.want_reopen();
                     if !self.shared.watermark.reopened_since(epoch, deadline).await {
                         return Err(e);
                     }
                 }
             }
         }
+    }
+
+    /// Asks the writer to reopen the file now: past its backoff, and
+    /// woken if it sits idle since a failed sync (it starts a reopen on its
+    /// next message).
+    fn want_reopen(&self) {
+        self.shared.reopen_wanted.store(true, Ordering::SeqCst);
+        let (ping, _) = oneshot::channel();
+        let _ = self.writes.try_send(Envelope::Ping(ping));
     }
 
     async fn read_once<T, F>(
@@ -412,6 +417,9 @@ impl RedbStore {
         // what was seen may be gone, so the read runs again. A sync that
         // failed leaves the batch unsynced until the reopen: waited for up
         // to the same deadline.
+        if !self.shared.is_healthy() {
+            self.want_reopen();
+        }
         self.shared
             .watermark
             .wait(epoch, seen, deadline)
