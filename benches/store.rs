@@ -26,11 +26,9 @@ fn main() {
     divan::main();
 }
 
-/// Claims per benchmark iteration, split evenly among the callers.
-const CLAIMS: usize = 640;
-
-#[divan::bench(args = [1, 64], sample_count = 10, sample_size = 1)]
-fn claim(bencher: Bencher, callers: usize) {
+/// A two-thread runtime and a store on a fresh file (kept while the
+/// returned directory lives).
+fn setup() -> (tokio::runtime::Runtime, tempfile::TempDir, Arc<RedbStore>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -39,6 +37,15 @@ fn claim(bencher: Bencher, callers: usize) {
     let dir = tempfile::TempDir::new().unwrap();
     let store =
         Arc::new(RedbStore::open(&RedbOptions::new(dir.path().join("bench.redb"))).unwrap());
+    (rt, dir, store)
+}
+
+/// Claims per benchmark iteration, split evenly among the callers.
+const CLAIMS: usize = 640;
+
+#[divan::bench(args = [1, 64], sample_count = 10, sample_size = 1)]
+fn claim(bencher: Bencher, callers: usize) {
+    let (rt, _dir, store) = setup();
     let next = Arc::new(AtomicU64::new(0));
     let before = store.write_stats();
     bencher.counter(ItemsCount::new(CLAIMS)).bench_local(|| {
@@ -80,14 +87,7 @@ const EVENTS: usize = 64;
 
 #[divan::bench(args = [1, 256], sample_count = 10, sample_size = 1)]
 fn retry_turn(bencher: Bencher, body_kib: usize) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = tempfile::TempDir::new().unwrap();
-    let store =
-        Arc::new(RedbStore::open(&RedbOptions::new(dir.path().join("bench.redb"))).unwrap());
+    let (rt, _dir, store) = setup();
     let ids: Vec<String> = (0..EVENTS).map(|i| format!("ev{i}")).collect();
     rt.block_on(async {
         for id in &ids {

@@ -552,17 +552,7 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
     );
     assert_eq!(s.kv_count(vec![b"k".to_vec()], 2_000).await.unwrap(), 1);
     s.close().await;
-    let db = redb::Database::create(&opts.path).unwrap();
-    let tx = redb::ReadableDatabase::begin_read(&db).unwrap();
-    let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
-    let version = tx
-        .open_table(meta)
-        .unwrap()
-        .get("schema_version")
-        .unwrap()
-        .unwrap()
-        .value();
-    assert_eq!(version, 5);
+    assert_eq!(stored_schema(&opts.path).0, 5);
 }
 
 #[tokio::test]
@@ -702,14 +692,20 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
     assert!(left.orphan_bodies.is_empty(), "{:?}", left.orphan_bodies);
     s.close().await;
 
-    let db = redb::Database::create(&path).unwrap();
+    let (version, tables) = stored_schema(&path);
+    assert_eq!(version, 5);
+    assert!(!tables.contains(&"inbox".to_owned()), "{tables:?}");
+}
+
+/// The schema version a closed file records, and its tables' names.
+fn stored_schema(path: &std::path::Path) -> (u64, Vec<String>) {
+    let db = redb::Database::create(path).unwrap();
     let tx = redb::ReadableDatabase::begin_read(&db).unwrap();
-    let names: Vec<String> = tx
+    let tables = tx
         .list_tables()
         .unwrap()
         .map(|t| redb::TableHandle::name(&t).to_owned())
         .collect();
-    assert!(!names.contains(&"inbox".to_owned()), "{names:?}");
     let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
     let version = tx
         .open_table(meta)
@@ -718,5 +714,5 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
         .unwrap()
         .unwrap()
         .value();
-    assert_eq!(version, 5);
+    (version, tables)
 }
