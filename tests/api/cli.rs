@@ -206,6 +206,21 @@ pub(crate) fn signal(child: &std::process::Child, sig: &str) {
     assert!(status.success());
 }
 
+/// Sends `sig` to a served dedupd and waits (off the async threads) for it
+/// to exit and for its log to drain; its exit status.
+pub(crate) async fn stop(
+    child: std::process::Child,
+    sig: &str,
+    drain: std::thread::JoinHandle<()>,
+) -> std::process::ExitStatus {
+    signal(&child, sig);
+    let status = tokio::task::spawn_blocking(move || wait(child))
+        .await
+        .unwrap();
+    drain.join().unwrap();
+    status
+}
+
 pub(crate) fn sigterm(child: &std::process::Child) {
     signal(child, "-TERM");
 }
@@ -260,22 +275,11 @@ async fn sigint_stops_gracefully_too() {
     let (child, port, drain) = serve(&dir);
     let base = format!("http://127.0.0.1:{port}");
     let fences = claim_many(&base, "i", 5).await;
-    signal(&child, "-INT");
-    let status = tokio::task::spawn_blocking(move || wait(child))
-        .await
-        .unwrap();
+    let status = stop(child, "-INT", drain).await;
     assert!(status.success(), "exit status {status}");
-    drain.join().unwrap();
     let (child, port, drain) = serve(&dir);
     assert_fences(&format!("http://127.0.0.1:{port}"), "i", &fences).await;
-    sigterm(&child);
-    assert!(
-        tokio::task::spawn_blocking(move || wait(child))
-            .await
-            .unwrap()
-            .success()
-    );
-    drain.join().unwrap();
+    assert!(stop(child, "-TERM", drain).await.success());
 }
 
 #[tokio::test]
@@ -284,22 +288,11 @@ async fn every_acknowledged_claim_survives_a_kill_9() {
     let (child, port, drain) = serve(&dir);
     let base = format!("http://127.0.0.1:{port}");
     let fences = claim_many(&base, "k9-", 30).await;
-    signal(&child, "-KILL");
-    let status = tokio::task::spawn_blocking(move || wait(child))
-        .await
-        .unwrap();
+    let status = stop(child, "-KILL", drain).await;
     assert!(!status.success(), "killed, not exited");
-    drain.join().unwrap();
     let (child, port, drain) = serve(&dir);
     assert_fences(&format!("http://127.0.0.1:{port}"), "k9-", &fences).await;
-    sigterm(&child);
-    assert!(
-        tokio::task::spawn_blocking(move || wait(child))
-            .await
-            .unwrap()
-            .success()
-    );
-    drain.join().unwrap();
+    assert!(stop(child, "-TERM", drain).await.success());
 }
 
 #[tokio::test]

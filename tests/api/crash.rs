@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use crate::cli::{serve, signal, sigterm, wait};
+use crate::cli::{serve, signal, stop, wait};
 
 /// SIGKILLs `child` while `workers` load it, waits for them to see it go,
 /// and checks it died of the kill.
@@ -161,14 +161,7 @@ async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_onl
             probe > acked.lock().unwrap().max_fence.max(fence_before_kill),
             "fence went backwards: {probe}"
         );
-        sigterm(&child);
-        assert!(
-            tokio::task::spawn_blocking(move || wait(child))
-                .await
-                .unwrap()
-                .success()
-        );
-        drain.join().unwrap();
+        assert!(stop(child, "-TERM", drain).await.success());
     }
     let a = acked.lock().unwrap();
     assert!(a.claims.len() >= 1200 && !a.done.is_empty() && !a.applies.is_empty());

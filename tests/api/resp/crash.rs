@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use tempfile::TempDir;
 
 use super::Raw;
-use crate::cli::{dedupd, sigterm, spawn_serving_on, wait};
+use crate::cli::{dedupd, spawn_serving_on, stop};
 use crate::crash::kill_under_load;
 
 /// Starts `dedupd serve` in `dir` with the RESP listener; returns it with
@@ -94,14 +94,7 @@ async fn sigkill_under_concurrent_sets_loses_no_acknowledged_set() {
         let (child, port, drain) = serve(&dir);
         let seen = acked.lock().unwrap().clone();
         check(&format!("127.0.0.1:{port}"), &seen).await;
-        sigterm(&child);
-        assert!(
-            tokio::task::spawn_blocking(move || wait(child))
-                .await
-                .unwrap()
-                .success()
-        );
-        drain.join().unwrap();
+        assert!(stop(child, "-TERM", drain).await.success());
     }
     assert!(acked.lock().unwrap().len() >= 1800);
 }
