@@ -11,11 +11,11 @@
 //!   deleted with it, and no body is without a row. Writes after the
 //!   insert touch the row only.
 
-use redb::{ReadTransaction, ReadableTable, Table, WriteTransaction};
+use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::counts::StatusDeltas;
 use super::tables::{
-    INBOX, INBOX_BODIES, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, InboxRow,
+    INBOX, INBOX_BODIES, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, InboxRow, Lazy,
 };
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
@@ -80,15 +80,15 @@ pub type HeadLookup<'a> = dyn Fn(&str, &str) -> Result<Option<CreatedAt>, redb::
 
 /// The inbox tables of one write transaction.
 pub struct InboxTables<'txn> {
-    rows: Table<'txn, (&'static str, &'static str), InboxRow<'static>>,
-    bodies: Table<'txn, (&'static str, &'static str), &'static [u8]>,
-    due: Table<'txn, (&'static str, u64, &'static str), ()>,
-    queue: Table<'txn, (&'static str, &'static str, i128, u64, &'static str), ()>,
-    status: Table<'txn, (&'static str, u8, u64, &'static str), ()>,
+    rows: Lazy<'txn, (&'static str, &'static str), InboxRow<'static>>,
+    bodies: Lazy<'txn, (&'static str, &'static str), &'static [u8]>,
+    due: Lazy<'txn, (&'static str, u64, &'static str), ()>,
+    queue: Lazy<'txn, (&'static str, &'static str, i128, u64, &'static str), ()>,
+    status: Lazy<'txn, (&'static str, u8, u64, &'static str), ()>,
     /// How this transaction changed each (source, status) count, for the
     /// in-memory counts once it commits.
     deltas: StatusDeltas,
-    expiry: Table<'txn, (u64, &'static str, &'static str), ()>,
+    expiry: Lazy<'txn, (u64, &'static str, &'static str), ()>,
 }
 
 fn to_row<'a>(e: &'a InboxEvent, headers: &'a str) -> InboxRow<'a> {
@@ -174,17 +174,17 @@ fn read_whole(
 }
 
 impl<'txn> InboxTables<'txn> {
-    /// Opens the inbox tables in `tx`.
-    pub fn open(tx: &'txn WriteTransaction) -> Result<Self, redb::Error> {
-        Ok(Self {
-            rows: tx.open_table(INBOX)?,
-            bodies: tx.open_table(INBOX_BODIES)?,
-            due: tx.open_table(INBOX_DUE)?,
-            queue: tx.open_table(INBOX_QUEUE)?,
-            status: tx.open_table(INBOX_STATUS)?,
+    /// The inbox tables of `tx` (each opened on first use).
+    pub fn open(tx: &'txn WriteTransaction) -> Self {
+        Self {
+            rows: Lazy::new(tx, INBOX),
+            bodies: Lazy::new(tx, INBOX_BODIES),
+            due: Lazy::new(tx, INBOX_DUE),
+            queue: Lazy::new(tx, INBOX_QUEUE),
+            status: Lazy::new(tx, INBOX_STATUS),
             deltas: StatusDeltas::default(),
-            expiry: tx.open_table(INBOX_EXPIRY)?,
-        })
+            expiry: Lazy::new(tx, INBOX_EXPIRY),
+        }
     }
 
     /// How the transaction changed the counts so far.
@@ -194,7 +194,7 @@ impl<'txn> InboxTables<'txn> {
 
     /// Adds a row's [`INBOX_STATUS`] entry, counting it.
     fn index_status(&mut self, key: (&str, u8, u64, &str), v: ()) -> Result<(), redb::Error> {
-        if self.status.insert(key, v)?.is_none() {
+        if self.status.open()?.insert(key, v)?.is_none() {
             self.deltas.add(key.0, key.1, 1);
         }
         Ok(())
@@ -202,7 +202,7 @@ impl<'txn> InboxTables<'txn> {
 
     /// Removes a row's [`INBOX_STATUS`] entry, uncounting it.
     fn unindex_status(&mut self, key: (&str, u8, u64, &str)) -> Result<(), redb::Error> {
-        if self.status.remove(key)?.is_some() {
+        if self.status.open()?.remove(key)?.is_some() {
             self.deltas.add(key.0, key.1, -1);
         }
         Ok(())
@@ -261,9 +261,10 @@ impl<'txn> InboxTables<'txn> {
 
     /// An event's row, without its body: no write after the insert needs
     /// it.
-    fn load(&self, source: &str, id: &str) -> Result<Option<InboxEvent>, redb::Error> {
+    fn load(&mut self, source: &str, id: &str) -> Result<Option<InboxEvent>, redb::Error> {
         Ok(self
             .rows
+            .open()?
             .get((source, id))?
             .map(|g| decode(source, id, g.value())))
     }
@@ -271,7 +272,7 @@ impl<'txn> InboxTables<'txn> {
     /// Writes an event's row (not its body).
     fn save(&mut self, e: &InboxEvent) -> Result<(), redb::Error> {
         let headers = serde_json::to_string(&e.headers).unwrap_or_else(|_| "[]".into());
-        self.rows.insert(
+        self.rows.open()?.insert(
             (e.source.as_str(), e.event_id.as_str()),
             to_row(e, &headers),
         )?;
@@ -280,14 +281,15 @@ impl<'txn> InboxTables<'txn> {
 
     /// Deletes an event's row and body.
     fn delete(&mut self, source: &str, id: &str) -> Result<(), redb::Error> {
-        self.rows.remove((source, id))?;
-        self.bodies.remove((source, id))?;
+        self.rows.open()?.remove((source, id))?;
+        self.bodies.open()?.remove((source, id))?;
         Ok(())
     }
 
     fn insert(&mut self, new: &NewEvent, now: Millis) -> Result<IngestOutcome, redb::Error> {
         if self
             .rows
+            .open()?
             .get((new.source.as_str(), new.event_id.as_str()))?
             .is_some()
         {
@@ -311,7 +313,7 @@ impl<'txn> InboxTables<'txn> {
             body_bytes: new.body.len(),
         };
         self.save(&e)?;
-        self.bodies.insert(
+        self.bodies.open()?.insert(
             (e.source.as_str(), e.event_id.as_str()),
             new.body.as_slice(),
         )?;
@@ -333,10 +335,11 @@ impl<'txn> InboxTables<'txn> {
         match &e.stream {
             None => {
                 self.due
+                    .open()?
                     .insert((e.source.as_str(), e.due_at_ms, e.event_id.as_str()), ())?;
             }
             Some(stream) => {
-                self.queue.insert(
+                self.queue.open()?.insert(
                     (
                         e.source.as_str(),
                         stream.as_str(),
@@ -355,9 +358,10 @@ impl<'txn> InboxTables<'txn> {
     /// Takes a pending row out of the queue and due index.
     fn dequeue(&mut self, e: &InboxEvent) -> Result<(), redb::Error> {
         self.due
+            .open()?
             .remove((e.source.as_str(), e.due_at_ms, e.event_id.as_str()))?;
         if let Some(stream) = &e.stream {
-            self.queue.remove((
+            self.queue.open()?.remove((
                 e.source.as_str(),
                 stream.as_str(),
                 e.created_at.unix_nanos(),
@@ -375,6 +379,7 @@ impl<'txn> InboxTables<'txn> {
     fn fix_stream(&mut self, source: &str, stream: &str) -> Result<(), redb::Error> {
         let firsts: Vec<String> = self
             .queue
+            .open()?
             .range((source, stream, i128::MIN, 0u64, "")..)?
             .map_while(|entry| {
                 let (k, _) = entry.ok()?;
@@ -384,12 +389,16 @@ impl<'txn> InboxTables<'txn> {
             .take(2)
             .collect();
         for (i, id) in firsts.iter().enumerate() {
-            let due_at = self.rows.get((source, id.as_str()))?.map(|g| g.value().5);
+            let due_at = self
+                .rows
+                .open()?
+                .get((source, id.as_str()))?
+                .map(|g| g.value().5);
             if let Some(due_at) = due_at {
                 if i == 0 {
-                    self.due.insert((source, due_at, id.as_str()), ())?;
+                    self.due.open()?.insert((source, due_at, id.as_str()), ())?;
                 } else {
-                    self.due.remove((source, due_at, id.as_str()))?;
+                    self.due.open()?.remove((source, due_at, id.as_str()))?;
                 }
             }
         }
@@ -409,14 +418,19 @@ impl<'txn> InboxTables<'txn> {
         let Some(mut e) = self.load(source, id)? else {
             return Ok(None);
         };
-        if e.status != EventStatus::Pending || self.due.remove((source, e.due_at_ms, id))?.is_none()
+        if e.status != EventStatus::Pending
+            || self
+                .due
+                .open()?
+                .remove((source, e.due_at_ms, id))?
+                .is_none()
         {
             return Ok(None);
         }
         e.due_at_ms = until;
         e.lease += 1;
         self.save(&e)?;
-        self.due.insert((source, until, id), ())?;
+        self.due.open()?.insert((source, until, id), ())?;
         Ok(Some(e))
     }
 
@@ -461,11 +475,15 @@ impl<'txn> InboxTables<'txn> {
             e.last_error = None;
         }
         if let Some(retry_at) = retry_at {
-            let was_runnable = self.due.remove((source, e.due_at_ms, id))?.is_some();
+            let was_runnable = self
+                .due
+                .open()?
+                .remove((source, e.due_at_ms, id))?
+                .is_some();
             e.due_at_ms = retry_at;
             self.save(&e)?;
             if was_runnable {
-                self.due.insert((source, retry_at, id), ())?;
+                self.due.open()?.insert((source, retry_at, id), ())?;
             }
             return Ok(());
         }
@@ -479,7 +497,9 @@ impl<'txn> InboxTables<'txn> {
         });
         self.save(&e)?;
         self.index_status((source, e.status.to_byte(), e.received_at_ms, id), ())?;
-        self.expiry.insert((e.expires_at_ms, source, id), ())?;
+        self.expiry
+            .open()?
+            .insert((e.expires_at_ms, source, id), ())?;
         Ok(())
     }
 
@@ -496,7 +516,7 @@ impl<'txn> InboxTables<'txn> {
             return Ok(RedeliverOutcome::NotRedeliverable(e.status));
         }
         self.unindex_status((source, e.status.to_byte(), e.received_at_ms, id))?;
-        self.expiry.remove((e.expires_at_ms, source, id))?;
+        self.expiry.open()?.remove((e.expires_at_ms, source, id))?;
         // Only a stale event is delivered despite the head: the operator
         // asked for it. A dead one still yields to newer events.
         e.force = e.status == EventStatus::Stale;
@@ -515,6 +535,7 @@ impl<'txn> InboxTables<'txn> {
     pub fn purge(&mut self, now: Millis, limit: u64) -> Result<u64, redb::Error> {
         let due: Vec<(u64, String, String)> = self
             .expiry
+            .open()?
             .range(..(now.saturating_add(1), "", ""))?
             .take(usize::try_from(limit).unwrap_or(usize::MAX))
             .map(|e| {
@@ -525,7 +546,9 @@ impl<'txn> InboxTables<'txn> {
             })
             .collect::<Result<_, _>>()?;
         for (at, source, id) in &due {
-            self.expiry.remove((*at, source.as_str(), id.as_str()))?;
+            self.expiry
+                .open()?
+                .remove((*at, source.as_str(), id.as_str()))?;
             if let Some(e) = self.load(source, id)?
                 && e.status != EventStatus::Pending
                 && e.expires_at_ms == *at
@@ -554,6 +577,7 @@ impl<'txn> InboxTables<'txn> {
         let pending = EventStatus::Pending.to_byte();
         let ids: Vec<(u64, String)> = self
             .status
+            .open()?
             .range((source, pending, 0u64, "")..(source, pending, before, ""))?
             .take(usize::try_from(limit).unwrap_or(usize::MAX))
             .map(|e| {
@@ -574,9 +598,10 @@ impl<'txn> InboxTables<'txn> {
     }
 
     /// Whether expired settled events remain at `now`.
-    pub fn has_due_expiry(&self, now: Millis) -> Result<bool, redb::Error> {
+    pub fn has_due_expiry(&mut self, now: Millis) -> Result<bool, redb::Error> {
         Ok(self
             .expiry
+            .open()?
             .first()?
             .is_some_and(|(k, _)| k.value().0 <= now))
     }

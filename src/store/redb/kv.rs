@@ -12,10 +12,10 @@
 //! A key whose expiry is `<= now` reads as absent everywhere, whether or
 //! not the reaper has removed it yet.
 
-use redb::{ReadTransaction, ReadableTable, Table, WriteTransaction};
+use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
-use super::tables::{KV, KV_EXPIRY, KvRow};
+use super::tables::{KV, KV_EXPIRY, KvRow, Lazy};
 use crate::clock::Millis;
 
 /// A stored value and its expiry.
@@ -138,17 +138,17 @@ pub enum KvResponse {
 
 /// The keyspace tables of one write transaction.
 pub struct KvTables<'txn> {
-    rows: Table<'txn, &'static [u8], KvRow<'static>>,
-    expiry: Table<'txn, (u64, &'static [u8]), ()>,
+    rows: Lazy<'txn, &'static [u8], KvRow<'static>>,
+    expiry: Lazy<'txn, (u64, &'static [u8]), ()>,
 }
 
 impl<'txn> KvTables<'txn> {
-    /// Opens the keyspace tables in `tx`.
-    pub fn open(tx: &'txn WriteTransaction) -> Result<Self, redb::Error> {
-        Ok(Self {
-            rows: tx.open_table(KV)?,
-            expiry: tx.open_table(KV_EXPIRY)?,
-        })
+    /// The keyspace tables of `tx` (each opened on first use).
+    pub fn open(tx: &'txn WriteTransaction) -> Self {
+        Self {
+            rows: Lazy::new(tx, KV),
+            expiry: Lazy::new(tx, KV_EXPIRY),
+        }
     }
 
     /// Performs one write at `now`.
@@ -209,12 +209,13 @@ impl<'txn> KvTables<'txn> {
                 for key in keys {
                     let gone = self
                         .rows
+                        .open()?
                         .remove(key.as_slice())?
                         .map(|g| KvEntry::from_row(g.value()));
                     if let Some(e) = gone {
                         removed += u64::from(e.is_live(now));
                         if let Some(at) = e.expires_at_ms {
-                            self.expiry.remove((at, key.as_slice()))?;
+                            self.expiry.open()?.remove((at, key.as_slice()))?;
                         }
                     }
                 }
@@ -275,6 +276,7 @@ impl<'txn> KvTables<'txn> {
     ) -> Result<KvResponse, redb::Error> {
         let replaced = self
             .rows
+            .open()?
             .insert(key, (value, expires))?
             .map(|g| KvEntry::from_row(g.value()));
         let live = replaced.as_ref().filter(|e| e.is_live(now));
@@ -287,6 +289,7 @@ impl<'txn> KvTables<'txn> {
             && let Some(kept) = live
         {
             self.rows
+                .open()?
                 .insert(key, (kept.value.as_slice(), kept.expires_at_ms))?;
             return Ok(KvResponse::Set {
                 written: false,
@@ -294,17 +297,21 @@ impl<'txn> KvTables<'txn> {
             });
         }
         if let Some(at) = replaced.as_ref().and_then(|e| e.expires_at_ms) {
-            self.expiry.remove((at, key))?;
+            self.expiry.open()?.remove((at, key))?;
         }
         if let Some(at) = expires {
-            self.expiry.insert((at, key), ())?;
+            self.expiry.open()?.insert((at, key), ())?;
         }
         Ok(KvResponse::Set { written: true, old })
     }
 
     /// The row as stored, expired or not.
-    fn load(&self, key: &[u8]) -> Result<Option<KvEntry>, redb::Error> {
-        Ok(self.rows.get(key)?.map(|g| KvEntry::from_row(g.value())))
+    fn load(&mut self, key: &[u8]) -> Result<Option<KvEntry>, redb::Error> {
+        Ok(self
+            .rows
+            .open()?
+            .get(key)?
+            .map(|g| KvEntry::from_row(g.value())))
     }
 
     /// Stores `value` with `expires`; `stored` is the row it replaces, whose
@@ -317,11 +324,11 @@ impl<'txn> KvTables<'txn> {
         expires: Option<Millis>,
     ) -> Result<(), redb::Error> {
         if let Some(at) = stored.and_then(|e| e.expires_at_ms) {
-            self.expiry.remove((at, key))?;
+            self.expiry.open()?.remove((at, key))?;
         }
-        self.rows.insert(key, (value, expires))?;
+        self.rows.open()?.insert(key, (value, expires))?;
         if let Some(at) = expires {
-            self.expiry.insert((at, key), ())?;
+            self.expiry.open()?.insert((at, key), ())?;
         }
         Ok(())
     }
@@ -330,9 +337,9 @@ impl<'txn> KvTables<'txn> {
     fn remove(&mut self, key: &[u8], stored: Option<&KvEntry>) -> Result<(), redb::Error> {
         if let Some(e) = stored {
             if let Some(at) = e.expires_at_ms {
-                self.expiry.remove((at, key))?;
+                self.expiry.open()?.remove((at, key))?;
             }
-            self.rows.remove(key)?;
+            self.rows.open()?.remove(key)?;
         }
         Ok(())
     }
@@ -346,28 +353,31 @@ impl<'txn> KvTables<'txn> {
         let empty: &[u8] = &[];
         let due: Vec<(u64, Vec<u8>)> = self
             .expiry
+            .open()?
             .range(..(now.saturating_add(1), empty))?
             .take(usize::try_from(limit).unwrap_or(usize::MAX))
             .map(|e| e.map(|(k, _)| (k.value().0, k.value().1.to_vec())))
             .collect::<Result<_, _>>()?;
         for (at, key) in &due {
-            self.expiry.remove((*at, key.as_slice()))?;
+            self.expiry.open()?.remove((*at, key.as_slice()))?;
             // An index entry is never trusted over its row.
             let matches = self
                 .rows
+                .open()?
                 .get(key.as_slice())?
                 .is_some_and(|g| g.value().1 == Some(*at));
             if matches {
-                self.rows.remove(key.as_slice())?;
+                self.rows.open()?.remove(key.as_slice())?;
             }
         }
         Ok(due.len() as u64)
     }
 
     /// Whether an expired key waits for the reaper.
-    pub fn has_due(&self, now: Millis) -> Result<bool, redb::Error> {
+    pub fn has_due(&mut self, now: Millis) -> Result<bool, redb::Error> {
         Ok(self
             .expiry
+            .open()?
             .first()?
             .is_some_and(|(k, _)| k.value().0 <= now))
     }

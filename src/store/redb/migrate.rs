@@ -6,11 +6,11 @@ use std::path::Path;
 
 use redb::{Database, ReadableTable, TableHandle};
 
+use super::OpenError;
 use super::tables::{
     self, CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_SCHEMA_VERSION,
     SCHEMA_VERSION,
 };
-use super::{OpenError, inbox, kv};
 
 /// Creates the tables of a new file, or checks the schema of an old one.
 pub(super) fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
@@ -63,8 +63,20 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
         tx.open_table(EVENT_EXPIRY).map_err(|e| other(e.into()))?;
         tx.open_table(HEADS).map_err(|e| other(e.into()))?;
         tx.open_table(HEAD_EXPIRY).map_err(|e| other(e.into()))?;
-        inbox::InboxTables::open(&tx).map_err(other)?;
-        kv::KvTables::open(&tx).map_err(other)?;
+        tx.open_table(tables::INBOX).map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_BODIES)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_DUE)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_QUEUE)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_STATUS)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_EXPIRY)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::KV).map_err(|e| other(e.into()))?;
+        tx.open_table(tables::KV_EXPIRY)
+            .map_err(|e| other(e.into()))?;
     }
     tx.commit().map_err(|e| other(e.into()))
 }

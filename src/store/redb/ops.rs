@@ -11,8 +11,8 @@ use super::inbox::{InboxRequest, InboxResponse, InboxTables};
 use super::kv::{KvRequest, KvResponse, KvTables};
 use super::tables::{
     CLAIM_EXPIRY, CLAIMS, ClaimRow, EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow,
-    META, META_FENCE, META_WAL_SEQ, claim_from_row, claim_to_row, event_from_row, event_to_row,
-    head_from_row,
+    Lazy, META, META_FENCE, META_WAL_SEQ, claim_from_row, claim_to_row, event_from_row,
+    event_to_row, head_from_row,
 };
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
@@ -133,12 +133,12 @@ pub enum Response {
 /// The tables of one write transaction, plus the fence counter.
 pub struct Tables<'txn> {
     meta: Table<'txn, &'static str, u64>,
-    claims: Table<'txn, &'static str, ClaimRow<'static>>,
-    claim_expiry: Table<'txn, (u64, &'static str), ()>,
-    events: Table<'txn, &'static str, EventRow<'static>>,
-    event_expiry: Table<'txn, (u64, &'static str), ()>,
-    heads: Table<'txn, &'static str, HeadRow<'static>>,
-    head_expiry: Table<'txn, (u64, &'static str), ()>,
+    claims: Lazy<'txn, &'static str, ClaimRow<'static>>,
+    claim_expiry: Lazy<'txn, (u64, &'static str), ()>,
+    events: Lazy<'txn, &'static str, EventRow<'static>>,
+    event_expiry: Lazy<'txn, (u64, &'static str), ()>,
+    heads: Lazy<'txn, &'static str, HeadRow<'static>>,
+    head_expiry: Lazy<'txn, (u64, &'static str), ()>,
     inbox: InboxTables<'txn>,
     kv: KvTables<'txn>,
     /// Last fence handed out, including in this transaction.
@@ -154,14 +154,14 @@ impl<'txn> Tables<'txn> {
         let fence = meta.get(META_FENCE)?.map_or(0, |g| g.value());
         Ok(Self {
             meta,
-            claims: tx.open_table(CLAIMS)?,
-            claim_expiry: tx.open_table(CLAIM_EXPIRY)?,
-            events: tx.open_table(EVENTS)?,
-            event_expiry: tx.open_table(EVENT_EXPIRY)?,
-            heads: tx.open_table(HEADS)?,
-            head_expiry: tx.open_table(HEAD_EXPIRY)?,
-            inbox: InboxTables::open(tx)?,
-            kv: KvTables::open(tx)?,
+            claims: Lazy::new(tx, CLAIMS),
+            claim_expiry: Lazy::new(tx, CLAIM_EXPIRY),
+            events: Lazy::new(tx, EVENTS),
+            event_expiry: Lazy::new(tx, EVENT_EXPIRY),
+            heads: Lazy::new(tx, HEADS),
+            head_expiry: Lazy::new(tx, HEAD_EXPIRY),
+            inbox: InboxTables::open(tx),
+            kv: KvTables::open(tx),
             fence,
             fence_dirty: false,
         })
@@ -267,7 +267,7 @@ impl<'txn> Tables<'txn> {
         req: &InboxRequest,
         now: Millis,
     ) -> Result<InboxResponse, redb::Error> {
-        let heads = &self.heads;
+        let heads = &*self.heads.open()?;
         let head = |source: &str, stream: &str| -> Result<Option<CreatedAt>, redb::Error> {
             let Ok(stream) = Key::parse(stream, "stream") else {
                 return Ok(None);
@@ -282,9 +282,10 @@ impl<'txn> Tables<'txn> {
         self.inbox.execute(req, now, &head)
     }
 
-    fn load_claim(&self, key: &ScopedKey) -> Result<Option<ClaimRecord>, redb::Error> {
+    fn load_claim(&mut self, key: &ScopedKey) -> Result<Option<ClaimRecord>, redb::Error> {
         Ok(self
             .claims
+            .open()?
             .get(key.as_str())?
             .map(|g| claim_from_row(g.value())))
     }
@@ -302,16 +303,18 @@ impl<'txn> Tables<'txn> {
             Change::Keep => {}
             Change::Put(new) => {
                 if let Some(old) = stored {
-                    self.claim_expiry.remove((old.expires_at_ms, k))?;
+                    self.claim_expiry.open()?.remove((old.expires_at_ms, k))?;
                 }
-                self.claims.insert(k, claim_to_row(&new))?;
-                self.claim_expiry.insert((new.expires_at_ms, k), ())?;
+                self.claims.open()?.insert(k, claim_to_row(&new))?;
+                self.claim_expiry
+                    .open()?
+                    .insert((new.expires_at_ms, k), ())?;
             }
             Change::Delete => {
                 if let Some(old) = stored {
-                    self.claim_expiry.remove((old.expires_at_ms, k))?;
+                    self.claim_expiry.open()?.remove((old.expires_at_ms, k))?;
                 }
-                self.claims.remove(k)?;
+                self.claims.open()?.remove(k)?;
             }
         }
         Ok(())
@@ -327,11 +330,13 @@ impl<'txn> Tables<'txn> {
     ) -> Result<ApplyResult, redb::Error> {
         let stored_event = self
             .events
+            .open()?
             .get(event_id.as_str())?
             .map(|g| event_from_row(g.value()));
         let seen = stored_event.as_ref().is_some_and(|e| e.expires_at_ms > now);
         let stored_head = self
             .heads
+            .open()?
             .get(stream.as_str())?
             .map(|g| head_from_row(g.value()));
         let live_head = stored_head
@@ -343,6 +348,7 @@ impl<'txn> Tables<'txn> {
         if decision.record {
             if let Some(old) = &stored_event {
                 self.event_expiry
+                    .open()?
                     .remove((old.expires_at_ms, event_id.as_str()))?;
             }
             let record = EventRecord {
@@ -353,19 +359,24 @@ impl<'txn> Tables<'txn> {
                 outcome: decision.outcome,
             };
             self.events
+                .open()?
                 .insert(event_id.as_str(), event_to_row(&record))?;
             self.event_expiry
+                .open()?
                 .insert((expires_at_ms, event_id.as_str()), ())?;
         }
         let head = if decision.move_head {
             if let Some((_, old_exp)) = &stored_head {
-                self.head_expiry.remove((*old_exp, stream.as_str()))?;
+                self.head_expiry
+                    .open()?
+                    .remove((*old_exp, stream.as_str()))?;
             }
-            self.heads.insert(
+            self.heads.open()?.insert(
                 stream.as_str(),
                 (created_at.unix_nanos(), event_id.as_str(), expires_at_ms),
             )?;
             self.head_expiry
+                .open()?
                 .insert((expires_at_ms, stream.as_str()), ())?;
             Some(Head {
                 created_at,
@@ -386,26 +397,38 @@ impl<'txn> Tables<'txn> {
     fn purge(&mut self, now: Millis, limit: u64) -> Result<PurgeReport, redb::Error> {
         let mut report = PurgeReport::default();
         let mut budget = limit;
-        report.claims = purge_table(&mut self.claim_expiry, now, budget, |k, at| {
-            let matches = self.claims.get(k)?.is_some_and(|g| g.value().3 == at);
+        report.claims = purge_table(self.claim_expiry.open()?, now, budget, |k, at| {
+            let matches = self
+                .claims
+                .open()?
+                .get(k)?
+                .is_some_and(|g| g.value().3 == at);
             if matches {
-                self.claims.remove(k)?;
+                self.claims.open()?.remove(k)?;
             }
             Ok(())
         })?;
         budget -= report.claims;
-        report.events = purge_table(&mut self.event_expiry, now, budget, |k, at| {
-            let matches = self.events.get(k)?.is_some_and(|g| g.value().3 == at);
+        report.events = purge_table(self.event_expiry.open()?, now, budget, |k, at| {
+            let matches = self
+                .events
+                .open()?
+                .get(k)?
+                .is_some_and(|g| g.value().3 == at);
             if matches {
-                self.events.remove(k)?;
+                self.events.open()?.remove(k)?;
             }
             Ok(())
         })?;
         budget -= report.events;
-        report.heads = purge_table(&mut self.head_expiry, now, budget, |k, at| {
-            let matches = self.heads.get(k)?.is_some_and(|g| g.value().2 == at);
+        report.heads = purge_table(self.head_expiry.open()?, now, budget, |k, at| {
+            let matches = self
+                .heads
+                .open()?
+                .get(k)?
+                .is_some_and(|g| g.value().2 == at);
             if matches {
-                self.heads.remove(k)?;
+                self.heads.open()?.remove(k)?;
             }
             Ok(())
         })?;
@@ -414,8 +437,15 @@ impl<'txn> Tables<'txn> {
         budget -= report.kv;
         report.inbox = self.inbox.purge(now, budget)?;
         let mut more = self.inbox.has_due_expiry(now)? || self.kv.has_due(now)?;
-        for index in [&self.claim_expiry, &self.event_expiry, &self.head_expiry] {
-            more |= index.first()?.is_some_and(|(k, _)| k.value().0 <= now);
+        for index in [
+            &mut self.claim_expiry,
+            &mut self.event_expiry,
+            &mut self.head_expiry,
+        ] {
+            more |= index
+                .open()?
+                .first()?
+                .is_some_and(|(k, _)| k.value().0 <= now);
         }
         report.more = more;
         Ok(report)

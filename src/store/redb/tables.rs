@@ -219,3 +219,36 @@ pub type KvRow<'a> = (&'a [u8], Option<u64>);
 pub const KV: TableDefinition<&[u8], KvRow<'static>> = TableDefinition::new("kv");
 /// Expiry index of [`KV`]: only keys that have an expiry.
 pub const KV_EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("kv_expiry");
+
+/// A table of a write transaction, opened on first use. Each batch runs in
+/// its own transaction; opening a table and closing it again costs lookups
+/// in redb's table tree (and, at commit, another), so a batch opens only
+/// the tables its requests touch: a batch of claims opens three of sixteen.
+pub struct Lazy<'txn, K: redb::Key + 'static, V: redb::Value + 'static> {
+    /// The transaction.
+    tx: &'txn redb::WriteTransaction,
+    /// Which table.
+    def: TableDefinition<'static, K, V>,
+    /// The table, once opened.
+    table: Option<redb::Table<'txn, K, V>>,
+}
+
+impl<'txn, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'txn, K, V> {
+    /// The table `def` of `tx`, not opened yet.
+    pub fn new(tx: &'txn redb::WriteTransaction, def: TableDefinition<'static, K, V>) -> Self {
+        Self {
+            tx,
+            def,
+            table: None,
+        }
+    }
+
+    /// The table, opened now if this is its first use.
+    pub fn open(&mut self) -> Result<&mut redb::Table<'txn, K, V>, redb::Error> {
+        let table = match self.table.take() {
+            Some(t) => t,
+            None => self.tx.open_table(self.def)?,
+        };
+        Ok(self.table.insert(table))
+    }
+}
