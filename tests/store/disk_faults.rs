@@ -49,11 +49,16 @@ struct Faulty {
 
 impl Faulty {
     fn open() -> Self {
+        Self::with(|_| {})
+    }
+
+    fn with(tune: impl FnOnce(&mut RedbOptions)) -> Self {
         let dir = TempDir::new().unwrap();
         let plan = FaultPlan::new();
         let mut opts = RedbOptions::new(dir.path().join("faulty.redb"));
         opts.cache_bytes = 2 * 1024 * 1024;
         opts.faults = Some(plan.clone());
+        tune(&mut opts);
         let store = RedbStore::open(&opts).unwrap();
         Self {
             _dir: dir,
@@ -238,6 +243,58 @@ async fn a_write_whose_log_sync_failed_is_refused_and_gone_once_the_store_recove
     assert_eq!(before.fence, held);
     assert!(f.store.ready().await.is_ok());
     f.store.close().await;
+}
+
+/// Under load several batches are in flight: the writer runs the next while
+/// the syncer thread syncs the log for the last. A sync that fails refuses
+/// the batches it covered and every one after them until the file is
+/// reopened: afterwards, every claim answered `Ok` is there with its fence,
+/// and no refused one is.
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_sync_under_load_refuses_exactly_what_was_not_acknowledged() {
+    // Batches of at most 8 out of 400 queued claims; one sync goes
+    // through, the next fails.
+    let f = Arc::new(Faulty::with(|o| o.max_batch = 8));
+    let before = f.store.claim(&key("before"), ttl(60_000), None, T).await;
+    assert!(matches!(before, Ok(ClaimOutcome::Claimed { .. })));
+    f.plan.fail_syncs_after(1, 1);
+    let claims: Vec<_> = (0..400)
+        .map(|i| {
+            let f = f.clone();
+            tokio::spawn(async move {
+                f.store
+                    .claim(&key(&format!("k{i}")), ttl(60_000), None, T)
+                    .await
+            })
+        })
+        .collect();
+    let (mut acknowledged, mut refused) = (Vec::new(), Vec::new());
+    for (i, c) in claims.into_iter().enumerate() {
+        match c.await.unwrap() {
+            Ok(ClaimOutcome::Claimed { fence, .. }) => acknowledged.push((i, fence)),
+            Err(StoreError::Unavailable(_)) => refused.push(i),
+            other => panic!("k{i}: {other:?}"),
+        }
+    }
+    assert_eq!(f.plan.injected(), 1);
+    assert!(!refused.is_empty(), "the failed sync refused nothing");
+    assert!(acknowledged.len() > 8, "only one batch was acknowledged");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while f.store.ready().await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store did not recover"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, fence) in acknowledged {
+        let got = f.store.get(&key(&format!("k{i}")), T).await.unwrap();
+        assert_eq!(got.map(|c| c.fence), Some(fence), "acknowledged claim k{i}");
+    }
+    for i in refused {
+        let got = f.store.get(&key(&format!("k{i}")), T).await.unwrap();
+        assert!(got.is_none(), "refused claim k{i} is there: {got:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

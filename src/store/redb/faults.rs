@@ -13,6 +13,8 @@ pub struct FaultPlan {
     writes: AtomicU64,
     /// Syncs still to fail.
     syncs: AtomicU64,
+    /// Syncs to let through before those fail.
+    pass_syncs: AtomicU64,
     /// While set, every write and sync fails (a full disk).
     full: AtomicBool,
     /// Faults injected so far.
@@ -36,6 +38,12 @@ impl FaultPlan {
 
     /// Fails the next `n` syncs.
     pub fn fail_next_syncs(&self, n: u64) {
+        self.syncs.store(n, Ordering::SeqCst);
+    }
+
+    /// Lets the next `pass` syncs through, then fails the `n` after them.
+    pub fn fail_syncs_after(&self, pass: u64, n: u64) {
+        self.pass_syncs.store(pass, Ordering::SeqCst);
         self.syncs.store(n, Ordering::SeqCst);
     }
 
@@ -71,18 +79,25 @@ impl FaultPlan {
     pub fn trip(&self, sync: bool) -> bool {
         if sync {
             self.wait_while_hung();
+            if !self.full.load(Ordering::SeqCst) && decrement(&self.pass_syncs) {
+                return false;
+            }
         }
         self.take(if sync { &self.syncs } else { &self.writes })
     }
 
     fn take(&self, counter: &AtomicU64) -> bool {
-        let hit = self.full.load(Ordering::SeqCst)
-            || counter
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
+        let hit = self.full.load(Ordering::SeqCst) || decrement(counter);
         if hit {
             self.injected.fetch_add(1, Ordering::SeqCst);
         }
         hit
     }
+}
+
+/// Takes one from `counter` if it is above zero; whether it was.
+fn decrement(counter: &AtomicU64) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
