@@ -7,7 +7,8 @@
 #   DURATION=3 CONCURRENCY="64" KEEP=1 benches/claims_vs_redis.sh
 #
 # Env: DURATION (s, default 10), CONCURRENCY (default "16 64 256"),
-# KEEP=1 (keep the temp dir), MIX=0 (skip the claim->done mix),
+# KEEP=1 (keep the temp dir), MIX=0 (skip the claim->done mix), FLOOR=0
+# (skip the GET /healthz runs that show wrk's own latency floor),
 # BENCH_TMP (parent of the temp dir, default /var/tmp; must not be tmpfs),
 # QUIET_WAIT (s to wait for other builds to finish, default 900),
 # WRK_THREADS (default 2), RB_THREADS (redis-benchmark --threads, default 2;
@@ -18,6 +19,7 @@ BENCH=claims_vs_redis
 DURATION=${DURATION:-10}
 CONCURRENCY=${CONCURRENCY:-16 64 256}
 MIX=${MIX:-1}
+FLOOR=${FLOOR:-1}
 WRK_THREADS=${WRK_THREADS:-2}
 RB_THREADS=${RB_THREADS:-2}
 # shellcheck source=benches/lib.sh
@@ -84,6 +86,14 @@ function response(status, headers, body)
 end
 EOF
 
+# The floor: the same wrk against GET /healthz, which touches no store.
+# What this shows of p99 is the load generator, the kernel and the HTTP
+# server on this machine, before any claim work.
+cat "$TMP/claim.lua" >"$TMP/floor.lua"
+cat >>"$TMP/floor.lua" <<'EOF'
+function request() return wrk.format("GET", "/healthz") end
+EOF
+
 # --- runs ------------------------------------------------------------------------------
 RES=$TMP/results; : >"$RES"
 run_wrk() { # KIND C SCRIPT
@@ -118,6 +128,7 @@ for c in $CONCURRENCY; do
     log "c=$c: redis appendfsync always"; run_redis aof "$RAOF" "$c"
     log "c=$c: redis no persistence";   run_redis none "$RNONE" "$c"
     if [ "$MIX" = 1 ]; then log "c=$c: dedupd claim->done"; run_wrk mix "$c" "$TMP/mix.lua"; fi
+    if [ "$FLOOR" = 1 ]; then log "c=$c: dedupd GET /healthz"; run_wrk floor "$c" "$TMP/floor.lua"; fi
 done
 
 # --- report -----------------------------------------------------------------------
@@ -152,6 +163,20 @@ if [ "$MIX" = 1 ]; then
             }
         }' "$RES"
 fi
+if [ "$FLOOR" = 1 ]; then
+    echo
+    echo "The floor: the same wrk against GET /healthz (no store work) — the p99 that wrk, the kernel"
+    echo "and the HTTP server give on this machine at this concurrency, before any claim work:"
+    awk '
+        $1 == "floor" { f[$2] = $0; cs[++nc] = $2 } $1 == "claim" { d[$2] = $0 }
+        END {
+            printf "%5s | %9s %6s %6s | %s\n", "conns", "req/s", "p50", "p99", "claims p99 / floor p99"
+            for (i = 1; i <= nc; i++) {
+                c = cs[i]; split(f[c], r, " "); split(d[c], x, " ")
+                printf "%5s | %9d %6.2f %6.2f | %5.2fx\n", c, r[3], r[4], r[5], r[5] ? x[5] / r[5] : 0
+            }
+        }' "$RES"
+fi
 grep -q 'rewriting started' "$TMP/redis-aof/redis.log" &&
     echo "Note: the AOF redis ran a background AOF rewrite during the runs (see its log)."
 echo
@@ -160,6 +185,7 @@ echo "  dedupd:  $BIN serve --config dedupd.toml   (listen 127.0.0.1:$DPORT, dat
 echo "  redis:   redis-server --port P --bind 127.0.0.1 --dir D --appendonly yes --appendfsync always --save \"\""
 echo "           redis-server --port P --bind 127.0.0.1 --dir D --appendonly no --save \"\"   (reference)"
 echo "  claims:  wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s claim.lua http://127.0.0.1:$DPORT -- <prefix>   (POST /v1/claims/<prefix>-<thread>-<rand>x<rand>, empty body)"
+[ "$FLOOR" = 1 ] && echo "  floor:   wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s floor.lua http://127.0.0.1:$DPORT   (GET /healthz)"
 [ "$MIX" = 1 ] && echo "  mix:     wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s mix.lua http://127.0.0.1:$DPORT -- <prefix>"
 echo "  redis:   redis-benchmark -c N -n <probe rps x ${DURATION}> ${RB_OPTS[*]} ${RB_CMD[*]}"
 echo "           (n from a probe run of max(50000, 200 N) requests, so each run lasts about ${DURATION}s)"
