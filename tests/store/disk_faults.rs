@@ -86,6 +86,11 @@ impl Faulty {
             "{what}: not ready while the disk is full"
         );
         self.plan.set_full(false);
+        self.recovered(what).await;
+    }
+
+    /// Waits (up to 30 s) for the store to be ready again by itself.
+    async fn recovered(&self, what: &str) {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while self.store.ready().await.is_err() {
             assert!(
@@ -279,14 +284,7 @@ async fn a_failed_sync_under_load_refuses_exactly_what_was_not_acknowledged() {
     assert_eq!(f.plan.injected(), 1);
     assert!(!refused.is_empty(), "the failed sync refused nothing");
     assert!(acknowledged.len() > 8, "only one batch was acknowledged");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while f.store.ready().await.is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the store did not recover"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    f.recovered("after the failed sync").await;
     for (i, fence) in acknowledged {
         let got = f.store.get(&key(&format!("k{i}")), T).await.unwrap();
         assert_eq!(got.map(|c| c.fence), Some(fence), "acknowledged claim k{i}");

@@ -14,13 +14,7 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
     {
         let db = redb::Database::create(&path).unwrap();
         let tx = db.begin_write().unwrap();
-        {
-            let def: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
-            tx.open_table(def)
-                .unwrap()
-                .insert("schema_version", 99)
-                .unwrap();
-        }
+        set_schema_version(&tx, 99);
         tx.commit().unwrap();
     }
     let err = RedbStore::open(&RedbOptions::new(&path)).unwrap_err();
@@ -33,6 +27,16 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
         msg.contains("schema version 99") && msg.contains("reads version 5"),
         "{msg}"
     );
+}
+
+/// Writes `version` into a hand-made file's `meta` table, as a release
+/// with that schema would have.
+fn set_schema_version(tx: &redb::WriteTransaction, version: u64) {
+    let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+    tx.open_table(meta)
+        .unwrap()
+        .insert("schema_version", version)
+        .unwrap();
 }
 
 /// Schema 1's inbox row, as the previous release wrote it.
@@ -81,11 +85,7 @@ fn write_v1_file(
     let db = redb::Database::create(path).unwrap();
     let tx = db.begin_write().unwrap();
     {
-        let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
-        tx.open_table(meta)
-            .unwrap()
-            .insert("schema_version", 1)
-            .unwrap();
+        set_schema_version(&tx, 1);
         insert_row(&tx);
         let status: redb::TableDefinition<(&str, u8, u64, &str), ()> =
             redb::TableDefinition::new("inbox_status");
@@ -521,13 +521,7 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
             redb::TableDefinition::new("kv_expiry");
         assert!(tx.delete_table(kv).unwrap());
         assert!(tx.delete_table(kv_expiry).unwrap());
-        {
-            let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
-            tx.open_table(meta)
-                .unwrap()
-                .insert("schema_version", 3)
-                .unwrap();
-        }
+        set_schema_version(&tx, 3);
         tx.commit().unwrap();
     }
     let s = RedbStore::open(&opts).unwrap();
@@ -568,11 +562,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
         let db = redb::Database::create(&path).unwrap();
         let tx = db.begin_write().unwrap();
         {
-            let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
-            tx.open_table(meta)
-                .unwrap()
-                .insert("schema_version", 4)
-                .unwrap();
+            set_schema_version(&tx, 4);
             let rows: redb::TableDefinition<(&str, &str), InboxRowV1<'static>> =
                 redb::TableDefinition::new("inbox");
             let mut rows = tx.open_table(rows).unwrap();

@@ -148,7 +148,8 @@ pub struct Tables<'txn> {
 }
 
 impl<'txn> Tables<'txn> {
-    /// Opens every table in `tx`.
+    /// The tables of `tx`: `meta` now (for the fence), the others on first
+    /// use (see [`Lazy`]).
     pub fn open(tx: &'txn WriteTransaction) -> Result<Self, redb::Error> {
         let meta = tx.open_table(META)?;
         let fence = meta.get(META_FENCE)?.map_or(0, |g| g.value());
@@ -397,38 +398,26 @@ impl<'txn> Tables<'txn> {
     fn purge(&mut self, now: Millis, limit: u64) -> Result<PurgeReport, redb::Error> {
         let mut report = PurgeReport::default();
         let mut budget = limit;
+        let claims = self.claims.open()?;
         report.claims = purge_table(self.claim_expiry.open()?, now, budget, |k, at| {
-            let matches = self
-                .claims
-                .open()?
-                .get(k)?
-                .is_some_and(|g| g.value().3 == at);
-            if matches {
-                self.claims.open()?.remove(k)?;
+            if claims.get(k)?.is_some_and(|g| g.value().3 == at) {
+                claims.remove(k)?;
             }
             Ok(())
         })?;
         budget -= report.claims;
+        let events = self.events.open()?;
         report.events = purge_table(self.event_expiry.open()?, now, budget, |k, at| {
-            let matches = self
-                .events
-                .open()?
-                .get(k)?
-                .is_some_and(|g| g.value().3 == at);
-            if matches {
-                self.events.open()?.remove(k)?;
+            if events.get(k)?.is_some_and(|g| g.value().3 == at) {
+                events.remove(k)?;
             }
             Ok(())
         })?;
         budget -= report.events;
+        let heads = self.heads.open()?;
         report.heads = purge_table(self.head_expiry.open()?, now, budget, |k, at| {
-            let matches = self
-                .heads
-                .open()?
-                .get(k)?
-                .is_some_and(|g| g.value().2 == at);
-            if matches {
-                self.heads.open()?.remove(k)?;
+            if heads.get(k)?.is_some_and(|g| g.value().2 == at) {
+                heads.remove(k)?;
             }
             Ok(())
         })?;
