@@ -13,6 +13,8 @@
 # QUIET_WAIT (s to wait for other builds to finish, default 900),
 # WRK_THREADS (default 2), RB_THREADS (redis-benchmark --threads, default 2;
 # 1 = its classic single-threaded client, which is faster on 2 cores).
+# Besides requests per second, it prints the CPU time each server spent
+# per request, by thread (from /proc): where the time goes.
 set -euo pipefail
 
 BENCH=claims_vs_redis
@@ -36,8 +38,8 @@ wait_quiet
 log "waited ${waited}s for other builds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 start_dedupd dedupd
-start_redis redis-aof "${AOF_ARGS[@]}"; RAOF=$PORT
-start_redis redis-none "${NONE_ARGS[@]}"; RNONE=$PORT
+start_redis redis-aof "${AOF_ARGS[@]}"; RAOF=$PORT; PAOF=$RPID
+start_redis redis-none "${NONE_ARGS[@]}"; RNONE=$PORT; PNONE=$RPID
 [ "$(redis-cli -p "$RAOF" config get appendfsync | tail -1)" = always ] || die "AOF redis is not appendfsync always"
 
 # --- wrk scripts -------------------------------------------------------------------
@@ -96,13 +98,20 @@ EOF
 
 # --- runs ------------------------------------------------------------------------------
 RES=$TMP/results; : >"$RES"
+CPU=$TMP/cpu; : >"$CPU"
+cpu_row() { # KIND C OPS: the server's CPU per request over the run just measured
+    printf '  c=%-4s %-6s %s\n' "$2" "$1" "$(cpu_per_op "$TMP/cpu0" "$TMP/cpu1" "$3")" >>"$CPU"
+}
 run_wrk() { # KIND C SCRIPT
     local out f0
     wait_quiet; f0=$(flag)
+    threads_cpu "$DPID" >"$TMP/cpu0"
     out=$(wrk -t "$WRK_THREADS" -c "$2" -d "${DURATION}s" --timeout 10s -s "$3" "http://127.0.0.1:$DPORT" -- "$1$2-$RANDOM$RANDOM")
+    threads_cpu "$DPID" >"$TMP/cpu1"
     echo "$out" >"$TMP/wrk-$1-$2.txt"
     local r; r=$(grep '^RESULT' <<<"$out") || die "no wrk result for $1 c=$2: $out"
     set -- "$1" "$2" $r
+    cpu_row "$1" "$2" "$4"
     # kind c rps p50ms p99ms non2xx sockerr flag
     awk -v k="$1" -v c="$2" -v f="$f0/$(flag)" -v n="$4" -v d="$5" -v s="$6" -v e="$7" -v a="$8" -v b="$9" \
         'BEGIN { printf "%s %s %.0f %.3f %.3f %d %d %s\n", k, c, n / d * 1e6, a / 1000, b / 1000, s, e, f }' >>"$RES"
@@ -110,23 +119,27 @@ run_wrk() { # KIND C SCRIPT
 }
 RB_CMD=(SET k:__rand_int__ processing NX EX 300)
 RB_OPTS=(-r 100000000 --csv); [ "$RB_THREADS" -gt 1 ] && RB_OPTS+=(--threads "$RB_THREADS")
-run_redis() { # KIND PORT C
-    local probe rps n f0 t0 line
+run_redis() { # KIND PORT PID C
+    local probe rps n f0 t0 line pid=$3
+    set -- "$1" "$2" "$4"
     wait_quiet
     probe=$(( $3 * 200 > 50000 ? $3 * 200 : 50000 ))
     rps=$(redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -n "$probe" "${RB_OPTS[@]}" "${RB_CMD[@]}" |
         awk -F'"' 'NR == 2 { print int($4) }')
     n=$(( rps * DURATION > probe ? rps * DURATION : probe ))
     f0=$(flag); t0=$(date +%s.%N)
+    threads_cpu "$pid" >"$TMP/cpu0"
     line=$(redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -n "$n" "${RB_OPTS[@]}" "${RB_CMD[@]}" | sed -n 2p)
+    threads_cpu "$pid" >"$TMP/cpu1"
+    cpu_row "$1" "$3" "$n"
     [ -n "$line" ] || die "no redis-benchmark result for $1 c=$3"
     log "   $n requests in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
     awk -F'"' -v k="$1" -v c="$3" -v f="$f0/$(flag)" '{ printf "%s %s %.0f %.3f %.3f 0 0 %s\n", k, c, $4, $10, $14, f }' <<<"$line" >>"$RES"
 }
 for c in $CONCURRENCY; do
     log "c=$c: dedupd claims";          run_wrk claim "$c" "$TMP/claim.lua"
-    log "c=$c: redis appendfsync always"; run_redis aof "$RAOF" "$c"
-    log "c=$c: redis no persistence";   run_redis none "$RNONE" "$c"
+    log "c=$c: redis appendfsync always"; run_redis aof "$RAOF" "$PAOF" "$c"
+    log "c=$c: redis no persistence";   run_redis none "$RNONE" "$PNONE" "$c"
     if [ "$MIX" = 1 ]; then log "c=$c: dedupd claim->done"; run_wrk mix "$c" "$TMP/mix.lua"; fi
     if [ "$FLOOR" = 1 ]; then log "c=$c: dedupd GET /healthz"; run_wrk floor "$c" "$TMP/floor.lua"; fi
 done
@@ -177,6 +190,9 @@ if [ "$FLOOR" = 1 ]; then
             }
         }' "$RES"
 fi
+echo
+echo "Server CPU per request, in microseconds (user + system time of each thread name, from /proc, over the measured run):"
+cat "$CPU"
 grep -q 'rewriting started' "$TMP/redis-aof/redis.log" &&
     echo "Note: the AOF redis ran a background AOF rewrite during the runs (see its log)."
 echo

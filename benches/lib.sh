@@ -92,12 +92,12 @@ TOML
     [ "$code" = 201 ] || die "a first claim answered $code, not 201"
 }
 
-start_redis() { # start_redis NAME ARGS... ; sets PORT
+start_redis() { # start_redis NAME ARGS... ; sets PORT and RPID
     local name=$1 port i; shift
     port=$(free_port); mkdir -p "$TMP/$name"
     redis-server --port "$port" --bind 127.0.0.1 --dir "$TMP/$name" --daemonize no \
         --logfile "$TMP/$name/redis.log" "$@" >/dev/null 2>&1 &
-    PIDS+=($!)
+    RPID=$!; PIDS+=("$RPID")
     for i in $(seq 100); do
         [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ] && { PORT=$port; return; }
         sleep 0.1
@@ -108,6 +108,21 @@ start_redis() { # start_redis NAME ARGS... ; sets PORT
 # set, which would land in whichever run (dedupd's too) happens to follow.
 AOF_ARGS=(--appendonly yes --appendfsync always --save "" --auto-aof-rewrite-percentage 0)
 NONE_ARGS=(--appendonly no --save "")
+
+# CPU time a server spends per request, from the kernel's accounting: far
+# steadier between runs on this VM than requests per second are.
+TICK_US=$(( 1000000 / $(getconf CLK_TCK) ))
+threads_cpu() { # threads_cpu PID: "<thread name> <user+system ticks>" per thread name
+    local t
+    for t in /proc/"$1"/task/*; do
+        printf '%s %s\n' "$(tr ' ' _ <"$t/comm")" "$(awk '{ print $14 + $15 }' "$t/stat")"
+    done | awk '{ n[$1] += $2 } END { for (k in n) print k, n[k] }' | sort
+}
+cpu_per_op() { # cpu_per_op BEFORE AFTER OPS: "name=us ..." per thread name, then "total=us"
+    join -a 2 "$1" "$2" | awk -v ops="$3" -v us="$TICK_US" '
+        { d = (NF == 3 ? $3 - $2 : $2) * us / ops; t += d; if (d >= 0.05) printf "%s=%.1f ", $1, d }
+        END { printf "total=%.1f\n", t }'
+}
 
 machine() { # one line about the machine and the temp dir's disk
     local dev; dev=$(findmnt -n -o SOURCE -T "$TMP")

@@ -12,7 +12,8 @@
 # (default "1 16"), KEEP=1 (keep the temp dir), BENCH_TMP (parent of the
 # temp dir, default /var/tmp; must not be tmpfs), QUIET_WAIT (s to wait for
 # other builds to finish, default 900), RB_THREADS (redis-benchmark
-# --threads, default 2).
+# --threads, default 2). Besides requests per second, it prints the CPU time
+# each server spent per SET, by thread (from /proc): where the time goes.
 set -euo pipefail
 
 BENCH=resp_vs_redis
@@ -36,31 +37,35 @@ RPORT=$(free_port)
 start_dedupd dedupd "[resp]
 listen = \"127.0.0.1:$RPORT\""
 [ "$(redis-cli -h 127.0.0.1 -p "$RPORT" ping 2>/dev/null)" = PONG ] || die "dedupd's RESP listener does not answer"
-start_redis redis-aof "${AOF_ARGS[@]}"; RAOF=$PORT
-start_redis redis-none "${NONE_ARGS[@]}"; RNONE=$PORT
+start_redis redis-aof "${AOF_ARGS[@]}"; RAOF=$PORT; PAOF=$RPID
+start_redis redis-none "${NONE_ARGS[@]}"; RNONE=$PORT; PNONE=$RPID
 [ "$(redis-cli -p "$RAOF" config get appendfsync | tail -1)" = always ] || die "AOF redis is not appendfsync always"
 
 RB_CMD=(SET k:__rand_int__ processing NX EX 300)
 RB_OPTS=(-r 100000000 --csv); [ "$RB_THREADS" -gt 1 ] && RB_OPTS+=(--threads "$RB_THREADS")
 RES=$TMP/results; : >"$RES"
-run() { # KIND PORT C P
-    local probe rps n f0 line
+CPU=$TMP/cpu; : >"$CPU"
+run() { # KIND PORT PID C P
+    local kind=$1 port=$2 pid=$3 c=$4 p=$5 probe rps n f0 line
     wait_quiet
-    probe=$(( $3 * $4 * 300 > 50000 ? $3 * $4 * 300 : 50000 ))
-    rps=$(redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -P "$4" -n "$probe" "${RB_OPTS[@]}" "${RB_CMD[@]}" 2>/dev/null |
+    probe=$(( c * p * 300 > 50000 ? c * p * 300 : 50000 ))
+    rps=$(redis-benchmark -h 127.0.0.1 -p "$port" -c "$c" -P "$p" -n "$probe" "${RB_OPTS[@]}" "${RB_CMD[@]}" 2>/dev/null |
         awk -F'"' 'NR == 2 { print int($4) }')
     n=$(( rps * DURATION > probe ? rps * DURATION : probe ))
     f0=$(flag)
-    line=$(redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -P "$4" -n "$n" "${RB_OPTS[@]}" "${RB_CMD[@]}" 2>/dev/null | sed -n 2p)
-    [ -n "$line" ] || die "no redis-benchmark result for $1 c=$3 P=$4"
-    awk -F'"' -v k="$1" -v c="$3" -v p="$4" -v f="$f0/$(flag)" \
+    threads_cpu "$pid" >"$TMP/cpu0"
+    line=$(redis-benchmark -h 127.0.0.1 -p "$port" -c "$c" -P "$p" -n "$n" "${RB_OPTS[@]}" "${RB_CMD[@]}" 2>/dev/null | sed -n 2p)
+    threads_cpu "$pid" >"$TMP/cpu1"
+    [ -n "$line" ] || die "no redis-benchmark result for $kind c=$c P=$p"
+    awk -F'"' -v k="$kind" -v c="$c" -v p="$p" -v f="$f0/$(flag)" \
         '{ printf "%s %s %s %.0f %.3f %.3f %s\n", k, c, p, $4, $10, $14, f }' <<<"$line" >>"$RES"
+    printf '  c=%-4s P=%-3s %-7s %s\n' "$c" "$p" "$kind" "$(cpu_per_op "$TMP/cpu0" "$TMP/cpu1" "$n")" >>"$CPU"
 }
 for c in $CONCURRENCY; do
     for p in $PIPELINE; do
-        log "c=$c P=$p: dedupd";                      run dedupd "$RPORT" "$c" "$p"
-        log "c=$c P=$p: redis appendfsync always";    run aof "$RAOF" "$c" "$p"
-        log "c=$c P=$p: redis no persistence";        run none "$RNONE" "$c" "$p"
+        log "c=$c P=$p: dedupd";                      run dedupd "$RPORT" "$DPID" "$c" "$p"
+        log "c=$c P=$p: redis appendfsync always";    run aof "$RAOF" "$PAOF" "$c" "$p"
+        log "c=$c P=$p: redis no persistence";        run none "$RNONE" "$PNONE" "$c" "$p"
     done
 done
 
@@ -82,6 +87,9 @@ awk '
                 a[4] ? d[4] / a[4] : 0, a[6] ? d[6] / a[6] : 0, d[7], a[7], z[7]
         }
     }' "$RES"
+echo
+echo "Server CPU per SET, in microseconds (user + system time of each thread name, from /proc, over the measured run):"
+cat "$CPU"
 echo
 echo "Commands:"
 echo "  dedupd:  $BIN serve --config dedupd.toml   ([resp] listen 127.0.0.1:$RPORT, data_path in the temp dir, log.level warn, http.workers 2)"
