@@ -8,7 +8,8 @@
 #
 # Env: DURATION (s, default 10), CONCURRENCY (default "16 64 256"),
 # KEEP=1 (keep the temp dir), MIX=0 (skip the claim->done mix), FLOOR=0
-# (skip the GET /healthz runs that show wrk's own latency floor),
+# (skip the GET /healthz runs that show wrk's own latency floor), SAME=0
+# (skip the runs with one client for both sides, benches/loadgen.rs),
 # BENCH_TMP (parent of the temp dir, default /var/tmp; must not be tmpfs),
 # QUIET_WAIT (s to wait for other builds to finish, default 900),
 # WRK_THREADS (default 2), RB_THREADS (redis-benchmark --threads, default 2;
@@ -22,6 +23,7 @@ DURATION=${DURATION:-10}
 CONCURRENCY=${CONCURRENCY:-16 64 256}
 MIX=${MIX:-1}
 FLOOR=${FLOOR:-1}
+SAME=${SAME:-1}
 WRK_THREADS=${WRK_THREADS:-2}
 RB_THREADS=${RB_THREADS:-2}
 # shellcheck source=benches/lib.sh
@@ -34,6 +36,11 @@ need wrk wrk
 for t in curl cargo ss awk; do command -v $t >/dev/null || die "'$t' is missing"; done
 
 build_release
+if [ "$SAME" = 1 ]; then
+    LOADGEN=$(cd "$ROOT" && cargo bench --quiet --bench loadgen --no-run --message-format=json |
+        sed -n 's/.*"executable":"\([^"]*loadgen[^"]*\)".*/\1/p' | tail -1)
+    [ -x "$LOADGEN" ] || die "could not build benches/loadgen.rs"
+fi
 wait_quiet
 log "waited ${waited}s for other builds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -136,7 +143,27 @@ run_redis() { # KIND PORT PID C
     log "   $n requests in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
     awk -F'"' -v k="$1" -v c="$3" -v f="$f0/$(flag)" '{ printf "%s %s %.0f %.3f %.3f 0 0 %s\n", k, c, $4, $10, $14, f }' <<<"$line" >>"$RES"
 }
+run_same() { # KIND LOADGEN-KIND PORT PID C: the same client (benches/loadgen.rs) for every server
+    local out f0 r
+    wait_quiet; f0=$(flag)
+    threads_cpu "$4" >"$TMP/cpu0"
+    out=$("$LOADGEN" "$2" "127.0.0.1:$3" "$5" "$DURATION" 2 1) || die "loadgen $2 c=$5 failed: $out"
+    threads_cpu "$4" >"$TMP/cpu1"
+    r=$(grep '^RESULT' <<<"$out") || die "no loadgen result for $1 c=$5: $out"
+    # kind c rps p50ms p99ms errors 0 flag
+    awk -v k="$1" -v c="$5" -v f="$f0/$(flag)" '{
+        for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        printf "%s %s %.0f %.3f %.3f %d 0 %s\n", k, c, v["rps"], v["p50_ms"], v["p99_ms"], v["errors"], f
+    }' <<<"$r" >>"$RES"
+    cpu_row "$1" "$5" "$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$r")"
+}
 for c in $CONCURRENCY; do
+    if [ "$SAME" = 1 ]; then
+        log "c=$c: same client: dedupd claims";  run_same same-claim http-claim "$DPORT" "$DPID" "$c"
+        log "c=$c: same client: redis AOF";      run_same same-aof resp-set "$RAOF" "$PAOF" "$c"
+        log "c=$c: same client: redis none";     run_same same-none resp-set "$RNONE" "$PNONE" "$c"
+        log "c=$c: same client: GET /healthz";   run_same same-floor http-healthz "$DPORT" "$DPID" "$c"
+    fi
     log "c=$c: dedupd claims";          run_wrk claim "$c" "$TMP/claim.lua"
     log "c=$c: redis appendfsync always"; run_redis aof "$RAOF" "$PAOF" "$c"
     log "c=$c: redis no persistence";   run_redis none "$RNONE" "$PNONE" "$c"
@@ -190,6 +217,23 @@ if [ "$FLOOR" = 1 ]; then
             }
         }' "$RES"
 fi
+if [ "$SAME" = 1 ]; then
+    echo
+    echo "One client for both (benches/loadgen.rs, 2 threads, closed loop, 1 s warm-up, ${DURATION}s): dedupd claims over HTTP,"
+    echo "Redis SET k:<random> processing NX EX 300 over RESP; the client's own cost is the same on both sides:"
+    awk '
+        { k[$1 " " $2] = $0; if ($1 == "same-claim") cs[++nc] = $2 }
+        END {
+            printf "%5s | %-22s | %-22s | %-22s | %-13s | %-15s | %s\n", "", "dedupd claims", "Redis AOF always", "Redis no persistence", "dedupd/AOF", "GET /healthz", ""
+            printf "%5s | %8s %6s %6s | %8s %6s %6s | %8s %6s %6s | %6s %6s | %8s %6s | %s\n", "conns", "claims/s", "p50", "p99", "ops/s", "p50", "p99", "ops/s", "p50", "p99", "tput", "p99", "req/s", "p99", "errors, build d/aof/none"
+            for (i = 1; i <= nc; i++) {
+                c = cs[i]; split(k["same-claim " c], d, " "); split(k["same-aof " c], a, " "); split(k["same-none " c], z, " "); split(k["same-floor " c], f, " ")
+                printf "%5s | %8d %6.2f %6.2f | %8d %6.2f %6.2f | %8d %6.2f %6.2f | %5.2fx %5.2fx | %8d %6.2f | %d/%d/%d, %s %s %s\n", c,
+                    d[3], d[4], d[5], a[3], a[4], a[5], z[3], z[4], z[5],
+                    a[3] ? d[3] / a[3] : 0, a[5] ? d[5] / a[5] : 0, f[3], f[5], d[6], a[6], z[6], d[8], a[8], z[8]
+            }
+        }' "$RES"
+fi
 echo
 echo "Server CPU per request, in microseconds (user + system time of each thread name, from /proc, over the measured run):"
 cat "$CPU"
@@ -205,4 +249,5 @@ echo "  claims:  wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s claim
 [ "$MIX" = 1 ] && echo "  mix:     wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s mix.lua http://127.0.0.1:$DPORT -- <prefix>"
 echo "  redis:   redis-benchmark -c N -n <probe rps x ${DURATION}> ${RB_OPTS[*]} ${RB_CMD[*]}"
 echo "           (n from a probe run of max(50000, 200 N) requests, so each run lasts about ${DURATION}s)"
+[ "$SAME" = 1 ] && echo "  same:    $LOADGEN KIND 127.0.0.1:PORT N ${DURATION} 2 1   (= cargo bench --bench loadgen -- KIND ADDRESS N ${DURATION} 2 1; KIND http-claim, resp-set, http-healthz)"
 echo "  non2xx = wrk's non-2xx/3xx answers + socket errors (connect/read/write/timeout); must be 0."

@@ -1,0 +1,304 @@
+//! One closed-loop load generator for both sides of the Redis comparison:
+//! `wrk` drives dedupd's claims and `redis-benchmark` drives Redis, and the
+//! two tools differ in what they cost the shared cores and in what they
+//! count as latency. This one sends dedupd's claim over HTTP/1.1 and
+//! Redis's `SET k:<random> processing NX EX 300` over RESP from the same
+//! loop: N connections, each sending one request and reading the whole
+//! answer before the next, for a fixed time after a warm-up.
+//!
+//! ```sh
+//! cargo bench --bench loadgen -- http-claim 127.0.0.1:8080 64 10
+//! cargo bench --bench loadgen -- resp-set 127.0.0.1:6379 64 10
+//! cargo bench --bench loadgen -- http-healthz 127.0.0.1:8080 64 10
+//! ```
+//!
+//! Arguments: KIND ADDRESS CONNECTIONS SECONDS [THREADS (default 2)]
+//! [WARM-UP SECONDS (default 1)]. Prints one line:
+//! `RESULT kind=.. conns=.. requests=.. rps=.. p50_ms=.. p90_ms=.. p99_ms=.. p999_ms=.. max_ms=.. errors=..`
+//! (`errors`: answers that were not 2xx, `+OK` or a nil; the run stops at
+//! the first broken connection).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How long a request may go unanswered before the run fails.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `POST /v1/claims/<unique key>`, empty body; 201 expected.
+    HttpClaim,
+    /// `GET /healthz`: no store work (the floor).
+    HttpHealthz,
+    /// `SET k:<12 random digits> processing NX EX 300`.
+    RespSet,
+}
+
+#[derive(Debug)]
+struct Args {
+    kind: Kind,
+    addr: SocketAddr,
+    conns: usize,
+    seconds: f64,
+    threads: usize,
+    warmup: f64,
+}
+
+fn parse_args() -> Result<Args, String> {
+    // `cargo bench` adds `--bench`.
+    let a: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let usage = "usage: loadgen KIND ADDRESS CONNECTIONS SECONDS [THREADS] [WARM-UP SECONDS]; KIND: http-claim | http-healthz | resp-set";
+    if a.len() < 4 {
+        return Err(usage.into());
+    }
+    let kind = match a[0].as_str() {
+        "http-claim" => Kind::HttpClaim,
+        "http-healthz" => Kind::HttpHealthz,
+        "resp-set" => Kind::RespSet,
+        other => return Err(format!("unknown kind '{other}'; {usage}")),
+    };
+    let num = |i: usize, what: &str, default: f64| -> Result<f64, String> {
+        match a.get(i) {
+            None => Ok(default),
+            Some(s) => s
+                .parse::<f64>()
+                .ok()
+                .filter(|v| *v > 0.0 || (what == "warm-up" && *v == 0.0))
+                .ok_or_else(|| format!("{what} must be a positive number, not '{s}'")),
+        }
+    };
+    Ok(Args {
+        kind,
+        addr: a[1]
+            .parse()
+            .map_err(|e| format!("address '{}': {e}", a[1]))?,
+        conns: num(2, "connections", 0.0)? as usize,
+        seconds: num(3, "seconds", 0.0)?,
+        threads: num(4, "threads", 2.0)? as usize,
+        warmup: num(5, "warm-up", 1.0)?,
+    })
+}
+
+/// A small fast generator (xorshift64*), one per connection.
+#[derive(Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// What one connection measured.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Latencies after the warm-up, in microseconds.
+    latencies: Vec<u32>,
+    errors: u64,
+}
+
+fn request(kind: Kind, run: u64, conn: usize, n: u64, rng: &mut Rng, out: &mut Vec<u8>) {
+    use std::io::Write;
+    out.clear();
+    // Writing into a Vec cannot fail.
+    let _ = match kind {
+        // Unique per run, connection and request: a key claimed by an
+        // earlier run would answer 409.
+        Kind::HttpClaim => write!(
+            out,
+            "POST /v1/claims/lg{run:x}-{conn}-{n}x{} HTTP/1.1\r\nHost: bench\r\nContent-Length: 0\r\n\r\n",
+            rng.next() % 2_147_483_647
+        ),
+        Kind::HttpHealthz => write!(out, "GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"),
+        Kind::RespSet => {
+            let key = format!("k:{:012}", rng.next() % 100_000_000);
+            write!(
+                out,
+                "*6\r\n$3\r\nSET\r\n${}\r\n{key}\r\n$10\r\nprocessing\r\n$2\r\nNX\r\n$2\r\nEX\r\n$3\r\n300\r\n",
+                key.len()
+            )
+        }
+    };
+}
+
+/// The length of the first whole answer in `buf` and whether it was a
+/// success, or `None` while it is incomplete.
+fn answer(kind: Kind, buf: &[u8]) -> Result<Option<(usize, bool)>, String> {
+    match kind {
+        Kind::HttpClaim | Kind::HttpHealthz => {
+            let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                return Ok(None);
+            };
+            let head = std::str::from_utf8(&buf[..end]).map_err(|_| "non-UTF-8 HTTP head")?;
+            let status: u16 = head
+                .split(' ')
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| format!("bad status line: {head:.60}"))?;
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())
+                        .flatten()
+                })
+                .ok_or("an answer without Content-Length")?;
+            let total = end + 4 + len;
+            Ok((buf.len() >= total).then_some((total, (200..300).contains(&status))))
+        }
+        Kind::RespSet => {
+            let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
+                return Ok(None);
+            };
+            match buf.first() {
+                Some(b'+') => Ok(Some((eol + 2, true))),
+                Some(b'-') => Ok(Some((eol + 2, false))),
+                Some(b'$') => {
+                    let len: i64 = std::str::from_utf8(&buf[1..eol])
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or("bad bulk length")?;
+                    if len < 0 {
+                        return Ok(Some((eol + 2, true)));
+                    }
+                    let total = eol + 2 + len as usize + 2;
+                    Ok((buf.len() >= total).then_some((total, true)))
+                }
+                _ => Err(format!("unexpected RESP answer: {:?}", &buf[..eol.min(40)])),
+            }
+        }
+    }
+}
+
+async fn connection(
+    kind: Kind,
+    addr: SocketAddr,
+    run: u64,
+    conn: usize,
+    measure_from: Instant,
+    until: Instant,
+) -> Result<Tally, String> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut rng =
+        Rng(0x9E37_79B9_7F4A_7C15 ^ (conn as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+    let mut tally = Tally {
+        latencies: Vec::with_capacity(1 << 16),
+        errors: 0,
+    };
+    let mut out = Vec::with_capacity(256);
+    let mut buf = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    let mut n = 0u64;
+    loop {
+        let sent = Instant::now();
+        if sent >= until {
+            return Ok(tally);
+        }
+        n += 1;
+        request(kind, run, conn, n, &mut rng, &mut out);
+        stream
+            .write_all(&out)
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let ok = loop {
+            if let Some((len, ok)) = answer(kind, &buf)? {
+                buf.drain(..len);
+                break ok;
+            }
+            let got = tokio::time::timeout(ANSWER_WITHIN, stream.read(&mut chunk))
+                .await
+                .map_err(|_| format!("no answer within {ANSWER_WITHIN:?}"))?
+                .map_err(|e| format!("read: {e}"))?;
+            if got == 0 {
+                return Err("the server closed the connection".into());
+            }
+            buf.extend_from_slice(&chunk[..got]);
+        };
+        if sent >= measure_from {
+            let us = sent.elapsed().as_micros();
+            tally.latencies.push(u32::try_from(us).unwrap_or(u32::MAX));
+            tally.errors += u64::from(!ok);
+        }
+    }
+}
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    f64::from(sorted[i.min(sorted.len() - 1)]) / 1000.0
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            std::process::exit(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let (kind, conns) = (args.kind, args.conns);
+    // Tells this run's keys from an earlier run's.
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    let result = rt.block_on(async move {
+        let start = Instant::now();
+        let measure_from = start + Duration::from_secs_f64(args.warmup);
+        let until = measure_from + Duration::from_secs_f64(args.seconds);
+        let tasks: Vec<_> = (0..args.conns)
+            .map(|c| tokio::spawn(connection(kind, args.addr, run, c, measure_from, until)))
+            .collect();
+        let mut all = Vec::new();
+        let mut errors = 0;
+        for t in tasks {
+            let tally = t.await.map_err(|e| e.to_string())??;
+            all.extend(tally.latencies);
+            errors += tally.errors;
+        }
+        Ok::<_, String>((all, errors, args.seconds))
+    });
+    let (mut all, errors, seconds) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            std::process::exit(1);
+        }
+    };
+    all.sort_unstable();
+    let name = match kind {
+        Kind::HttpClaim => "http-claim",
+        Kind::HttpHealthz => "http-healthz",
+        Kind::RespSet => "resp-set",
+    };
+    println!(
+        "RESULT kind={name} conns={} requests={} rps={:.0} p50_ms={:.3} p90_ms={:.3} p99_ms={:.3} p999_ms={:.3} max_ms={:.3} errors={errors}",
+        conns,
+        all.len(),
+        all.len() as f64 / seconds,
+        percentile(&all, 50.0),
+        percentile(&all, 90.0),
+        percentile(&all, 99.0),
+        percentile(&all, 99.9),
+        all.last().map_or(0.0, |v| f64::from(*v) / 1000.0),
+    );
+}
