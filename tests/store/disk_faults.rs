@@ -438,3 +438,163 @@ async fn a_read_after_a_failed_sync_wakes_the_idle_writer_and_answers() {
     );
     f.store.close().await;
 }
+
+/// The keyspace's keys are found through a map in memory that the writer
+/// changes as it runs a batch, before the batch's log record is synced.
+/// What a read finds there must wait for that sync like any other read,
+/// and a write refused after it was in the map must be gone from the map
+/// once the file is reopened. Small values are answered from the map,
+/// large ones from their rows: both are checked.
+mod keyspace {
+    use super::*;
+    use dedupd::store::redb::{KvRequest, KvResponse, SetCondition, SetExpiry};
+
+    fn set(key: &str, value: Vec<u8>) -> KvRequest {
+        KvRequest::Set {
+            key: key.as_bytes().to_vec(),
+            value,
+            condition: SetCondition::IfAbsent,
+            expiry: SetExpiry::At((T + 60_000) as i64),
+            get: false,
+        }
+    }
+
+    async fn submit(s: &RedbStore, req: KvRequest) -> Result<KvResponse, StoreError> {
+        s.kv_submit(req, T).await?.await
+    }
+
+    const WRITTEN: KvResponse = KvResponse::Set {
+        written: true,
+        old: None,
+    };
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_never_shows_a_set_whose_sync_has_not_returned() {
+        for value in [b"processing".to_vec(), vec![9u8; 4_000]] {
+            let f = Arc::new(Faulty::open());
+            f.plan.set_hung(true);
+            let write = tokio::spawn({
+                let f = f.clone();
+                let value = value.clone();
+                async move { submit(&f.store, set("slow", value)).await }
+            });
+            let mut read = tokio::spawn({
+                let f = f.clone();
+                async move {
+                    loop {
+                        if let Some(e) = f.store.kv_get(b"slow".to_vec(), T).await.unwrap() {
+                            return e.value;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                }
+            });
+            let mut count = tokio::spawn({
+                let f = f.clone();
+                async move {
+                    loop {
+                        if f.store.kv_count(vec![b"slow".to_vec()], T).await.unwrap() == 1 {
+                            return;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                }
+            });
+            let hang = Duration::from_millis(300);
+            assert!(
+                tokio::time::timeout(hang, &mut read).await.is_err(),
+                "GET showed the key while its sync hung"
+            );
+            assert!(
+                tokio::time::timeout(hang, &mut count).await.is_err(),
+                "EXISTS showed the key while its sync hung"
+            );
+            assert!(!write.is_finished());
+            f.plan.set_hung(false);
+            assert_eq!(write.await.unwrap().unwrap(), WRITTEN);
+            assert_eq!(read.await.unwrap(), value);
+            count.await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_set_whose_sync_failed_is_gone_from_reads_once_the_file_is_reopened() {
+        for value in [b"processing".to_vec(), vec![9u8; 4_000]] {
+            let f = Faulty::open();
+            assert_eq!(
+                submit(&f.store, set("before", value.clone()))
+                    .await
+                    .unwrap(),
+                WRITTEN
+            );
+            f.plan.fail_next_syncs(1);
+            let r = submit(&f.store, set("x", value.clone())).await;
+            assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+            // The refused SET was in the map; the read wakes the writer,
+            // which reopens the file and rebuilds the map without it.
+            let got = f.store.kv_get(b"x".to_vec(), T).await;
+            assert!(matches!(got, Ok(None)), "the refused SET is gone: {got:?}");
+            let n = f
+                .store
+                .kv_count(vec![b"x".to_vec(), b"before".to_vec()], T)
+                .await;
+            assert!(matches!(n, Ok(1)), "only the acknowledged key: {n:?}");
+            let before = f.store.kv_get(b"before".to_vec(), T).await.unwrap();
+            assert_eq!(before.map(|e| e.value), Some(value.clone()));
+            // And NX now writes it: the writer's map agrees.
+            assert_eq!(submit(&f.store, set("x", value)).await.unwrap(), WRITTEN);
+            f.store.close().await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_sync_under_load_loses_no_acknowledged_set_and_keeps_no_refused_one() {
+        let f = Arc::new(Faulty::with(|o| o.max_batch = 8));
+        f.plan.fail_syncs_after(1, 1);
+        let writes: Vec<_> = (0..400)
+            .map(|i| {
+                let f = f.clone();
+                // Every third value is read from its row.
+                let value = if i % 3 == 0 {
+                    vec![1u8; 600]
+                } else {
+                    vec![2u8; 10]
+                };
+                tokio::spawn(async move { submit(&f.store, set(&format!("k{i}"), value)).await })
+            })
+            .collect();
+        let (mut acknowledged, mut refused) = (Vec::new(), Vec::new());
+        for (i, w) in writes.into_iter().enumerate() {
+            match w.await.unwrap() {
+                Ok(r) if r == WRITTEN => acknowledged.push(i),
+                Err(StoreError::Unavailable(_)) => refused.push(i),
+                other => panic!("k{i}: {other:?}"),
+            }
+        }
+        assert_eq!(f.plan.injected(), 1);
+        assert!(!refused.is_empty(), "the failed sync refused nothing");
+        assert!(acknowledged.len() > 8, "only one batch was acknowledged");
+        f.recovered("after the failed sync").await;
+        for i in acknowledged {
+            let got = f
+                .store
+                .kv_get(format!("k{i}").into_bytes(), T)
+                .await
+                .unwrap();
+            assert!(got.is_some(), "acknowledged SET k{i} is missing");
+        }
+        for i in refused {
+            let got = f
+                .store
+                .kv_get(format!("k{i}").into_bytes(), T)
+                .await
+                .unwrap();
+            assert!(got.is_none(), "refused SET k{i} is there: {got:?}");
+            // The writer's map agrees: NX writes it now.
+            let again = submit(&f.store, set(&format!("k{i}"), vec![3]))
+                .await
+                .unwrap();
+            assert_eq!(again, WRITTEN, "k{i}");
+        }
+    }
+}

@@ -6,6 +6,7 @@ mod backends;
 mod cases;
 mod disk_faults;
 mod inbox_model;
+mod keyspace;
 mod model;
 mod redb_file;
 #[cfg(feature = "redis")]

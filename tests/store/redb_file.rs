@@ -24,10 +24,14 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schema version 99") && msg.contains("reads version 5"),
+        msg.contains("schema version 99") && msg.contains("reads version 6"),
         "{msg}"
     );
 }
+
+/// The keyspace's rows as schema 6 keeps them: row id to (key, value,
+/// expiry).
+type KvRows = redb::TableDefinition<'static, u64, (&'static [u8], &'static [u8], Option<u64>)>;
 
 /// Writes `version` into a hand-made file's `meta` table, as a release
 /// with that schema would have.
@@ -515,10 +519,9 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
     {
         let db = redb::Database::create(&opts.path).unwrap();
         let tx = db.begin_write().unwrap();
-        let kv: redb::TableDefinition<&[u8], (&[u8], Option<u64>)> =
-            redb::TableDefinition::new("kv");
-        let kv_expiry: redb::TableDefinition<(u64, &[u8]), ()> =
-            redb::TableDefinition::new("kv_expiry");
+        let kv: KvRows = redb::TableDefinition::new("kv_rows");
+        let kv_expiry: redb::TableDefinition<(u64, u64), ()> =
+            redb::TableDefinition::new("kv_row_expiry");
         assert!(tx.delete_table(kv).unwrap());
         assert!(tx.delete_table(kv_expiry).unwrap());
         set_schema_version(&tx, 3);
@@ -546,7 +549,7 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
     );
     assert_eq!(s.kv_count(vec![b"k".to_vec()], 2_000).await.unwrap(), 1);
     s.close().await;
-    assert_eq!(stored_schema(&opts.path).0, 5);
+    assert_eq!(stored_schema(&opts.path).0, 6);
 }
 
 #[tokio::test]
@@ -683,8 +686,123 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
     s.close().await;
 
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
     assert!(!tables.contains(&"inbox".to_owned()), "{tables:?}");
+}
+
+#[tokio::test]
+async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
+    use dedupd::store::redb::{KvRequest, KvResponse, SetCondition, SetExpiry};
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("v5.redb");
+    let big = vec![7u8; 5000];
+    {
+        let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+        s.close().await;
+    }
+    // As the previous release left it: version 5, rows keyed by the key,
+    // an expiry index keyed by (expiry, key).
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        let rows: KvRows = redb::TableDefinition::new("kv_rows");
+        let index: redb::TableDefinition<(u64, u64), ()> =
+            redb::TableDefinition::new("kv_row_expiry");
+        assert!(tx.delete_table(rows).unwrap());
+        assert!(tx.delete_table(index).unwrap());
+        let kv: redb::TableDefinition<&[u8], (&[u8], Option<u64>)> =
+            redb::TableDefinition::new("kv");
+        let kv_expiry: redb::TableDefinition<(u64, &[u8]), ()> =
+            redb::TableDefinition::new("kv_expiry");
+        {
+            let mut kv = tx.open_table(kv).unwrap();
+            let mut kv_expiry = tx.open_table(kv_expiry).unwrap();
+            kv.insert(b"forever".as_slice(), (b"v1".as_slice(), None))
+                .unwrap();
+            kv.insert(b"big".as_slice(), (big.as_slice(), Some(50_000)))
+                .unwrap();
+            kv_expiry.insert((50_000, b"big".as_slice()), ()).unwrap();
+            kv.insert(b"soon".as_slice(), (b"v3".as_slice(), Some(3_000)))
+                .unwrap();
+            kv_expiry.insert((3_000, b"soon".as_slice()), ()).unwrap();
+        }
+        set_schema_version(&tx, 5);
+        tx.commit().unwrap();
+    }
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let get = |k: &'static [u8], now| s.kv_get(k.to_vec(), now);
+    let forever = get(b"forever", 2_000).await.unwrap().unwrap();
+    assert_eq!(
+        (forever.value, forever.expires_at_ms),
+        (b"v1".to_vec(), None)
+    );
+    let stored = get(b"big", 2_000).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.value, stored.expires_at_ms),
+        (big.clone(), Some(50_000))
+    );
+    assert_eq!(get(b"soon", 2_000).await.unwrap().unwrap().value, b"v3");
+    // Expiries still work: `soon` is gone at 3 000 and the reaper removes
+    // it; a new key lands after the moved ones, and NX sees the old keys.
+    assert!(get(b"soon", 3_000).await.unwrap().is_none());
+    assert_eq!(s.purge_expired(3_000, 100).await.unwrap().kv, 1);
+    let set = |key: &[u8]| KvRequest::Set {
+        key: key.to_vec(),
+        value: b"new".to_vec(),
+        condition: SetCondition::IfAbsent,
+        expiry: SetExpiry::At(60_000),
+        get: false,
+    };
+    let refused = s
+        .kv_submit(set(b"forever"), 3_000)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(
+        refused,
+        KvResponse::Set {
+            written: false,
+            old: None
+        }
+    );
+    let added = s
+        .kv_submit(set(b"fresh"), 3_000)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(
+        added,
+        KvResponse::Set {
+            written: true,
+            old: None
+        }
+    );
+    s.close().await;
+
+    let (version, tables) = stored_schema(&path);
+    assert_eq!(version, 6);
+    assert!(!tables.contains(&"kv".to_owned()), "{tables:?}");
+    assert!(!tables.contains(&"kv_expiry".to_owned()), "{tables:?}");
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    assert_eq!(
+        s.kv_count(
+            vec![
+                b"forever".to_vec(),
+                b"big".to_vec(),
+                b"soon".to_vec(),
+                b"fresh".to_vec()
+            ],
+            3_000
+        )
+        .await
+        .unwrap(),
+        3
+    );
+    let fresh = s.kv_get(b"fresh".to_vec(), 3_000).await.unwrap().unwrap();
+    assert_eq!(fresh.value, b"new");
+    s.close().await;
 }
 
 /// The schema version a closed file records, and its tables' names.

@@ -2,9 +2,14 @@
 //! optional expiry, written through the same group-commit writer (and
 //! write-ahead log) as claims.
 //!
+//! Rows are keyed by a row id, and the map from key to row id is in memory
+//! ([`super::kv_index`]); this module changes both in the same steps.
+//!
 //! Invariants (kept by every write here):
-//! - a key with an expiry has exactly one [`KV_EXPIRY`] entry, at that
-//!   expiry; a key without one has none;
+//! - each key in the index has exactly one row, at its slot's id, holding
+//!   the same key, value and expiry; every row is in the index;
+//! - a row with an expiry has exactly one [`KV_ROW_EXPIRY`] entry, at that
+//!   expiry; a row without one has none;
 //! - a stored expiry is always later than the clock reading of the write
 //!   that stored it (a write whose expiry has already passed deletes the
 //!   key instead, as Redis does).
@@ -12,10 +17,13 @@
 //! A key whose expiry is `<= now` reads as absent everywhere, whether or
 //! not the reaper has removed it yet.
 
-use redb::{ReadTransaction, ReadableTable, WriteTransaction};
+use std::time::{Duration, Instant};
+
+use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
-use super::tables::{KV, KV_EXPIRY, KvRow, Lazy};
+use super::kv_index::{Inner, KvIndex, Slot};
+use super::tables::{KV_ROW_EXPIRY, KV_ROWS, KvRow, Lazy};
 use crate::clock::Millis;
 
 /// A stored value and its expiry.
@@ -31,13 +39,6 @@ impl KvEntry {
     /// True while the key exists at `now`.
     pub fn is_live(&self, now: Millis) -> bool {
         self.expires_at_ms.is_none_or(|at| at > now)
-    }
-
-    fn from_row(row: KvRow<'_>) -> Self {
-        Self {
-            value: row.0.to_vec(),
-            expires_at_ms: row.1,
-        }
     }
 }
 
@@ -136,23 +137,28 @@ pub enum KvResponse {
     Count(u64),
 }
 
-/// The keyspace tables of one write transaction.
+/// The keyspace tables of one write transaction, and the index.
 pub struct KvTables<'txn> {
-    rows: Lazy<'txn, &'static [u8], KvRow<'static>>,
-    expiry: Lazy<'txn, (u64, &'static [u8]), ()>,
+    rows: Lazy<'txn, u64, KvRow<'static>>,
+    expiry: Lazy<'txn, (u64, u64), ()>,
+    index: &'txn KvIndex,
 }
 
 impl<'txn> KvTables<'txn> {
-    /// The keyspace tables of `tx` (each opened on first use).
-    pub fn open(tx: &'txn WriteTransaction) -> Self {
+    /// The keyspace tables of `tx` (each opened on first use), changed
+    /// together with `index`.
+    pub fn open(tx: &'txn WriteTransaction, index: &'txn KvIndex) -> Self {
         Self {
-            rows: Lazy::new(tx, KV),
-            expiry: Lazy::new(tx, KV_EXPIRY),
+            rows: Lazy::new(tx, KV_ROWS),
+            expiry: Lazy::new(tx, KV_ROW_EXPIRY),
+            index,
         }
     }
 
     /// Performs one write at `now`.
     pub fn execute(&mut self, req: &KvRequest, now: Millis) -> Result<KvResponse, redb::Error> {
+        let index = self.index;
+        let mut ix = index.write();
         Ok(match req {
             KvRequest::Set {
                 key,
@@ -161,25 +167,11 @@ impl<'txn> KvTables<'txn> {
                 expiry,
                 get,
             } => {
-                // The usual write (NX or none, with a new expiry or none)
-                // stores first and looks at what it replaced: one B-tree
-                // descent instead of two.
-                let fixed = match *expiry {
-                    SetExpiry::Clear => Some(None),
-                    SetExpiry::At(at) => future(at, now).map(Some),
-                    SetExpiry::Keep => None,
-                };
-                if let Some(expires) = fixed
-                    && *condition != SetCondition::IfPresent
-                {
-                    return self.set_blind(key, value, expires, *condition, *get, now);
-                }
-                let stored = self.load(key)?;
-                let live = stored.as_ref().filter(|e| e.is_live(now));
-                let old = if *get {
-                    live.map(|e| e.value.clone())
-                } else {
-                    None
+                let stored = ix.get(key).cloned();
+                let live = stored.as_ref().filter(|s| s.is_live(now));
+                let old = match live {
+                    Some(slot) if *get => Some(self.value_of(slot)?),
+                    _ => None,
                 };
                 let proceed = match condition {
                     SetCondition::Always => true,
@@ -187,16 +179,14 @@ impl<'txn> KvTables<'txn> {
                     SetCondition::IfPresent => live.is_some(),
                 };
                 if proceed {
-                    match *expiry {
-                        SetExpiry::Clear => self.put(key, stored.as_ref(), value, None)?,
-                        SetExpiry::Keep => {
-                            let keep = live.and_then(|e| e.expires_at_ms);
-                            self.put(key, stored.as_ref(), value, keep)?;
-                        }
-                        SetExpiry::At(at) => match future(at, now) {
-                            Some(at) => self.put(key, stored.as_ref(), value, Some(at))?,
-                            None => self.remove(key, stored.as_ref())?,
-                        },
+                    let expires = match *expiry {
+                        SetExpiry::Clear => Some(None),
+                        SetExpiry::Keep => Some(live.and_then(|s| s.expires_at_ms)),
+                        SetExpiry::At(at) => future(at, now).map(Some),
+                    };
+                    match expires {
+                        Some(expires) => self.put(&mut ix, key, stored.as_ref(), value, expires)?,
+                        None => self.remove(&mut ix, key, stored.as_ref())?,
                     }
                 }
                 KvResponse::Set {
@@ -207,23 +197,16 @@ impl<'txn> KvTables<'txn> {
             KvRequest::Delete { keys } => {
                 let mut removed = 0;
                 for key in keys {
-                    let gone = self
-                        .rows
-                        .open()?
-                        .remove(key.as_slice())?
-                        .map(|g| KvEntry::from_row(g.value()));
-                    if let Some(e) = gone {
-                        removed += u64::from(e.is_live(now));
-                        if let Some(at) = e.expires_at_ms {
-                            self.expiry.open()?.remove((at, key.as_slice()))?;
-                        }
+                    if let Some(stored) = ix.get(key).cloned() {
+                        removed += u64::from(stored.is_live(now));
+                        self.remove(&mut ix, key, Some(&stored))?;
                     }
                 }
                 KvResponse::Count(removed)
             }
             KvRequest::Expire { key, at, condition } => {
-                let stored = self.load(key)?;
-                let Some(live) = stored.as_ref().filter(|e| e.is_live(now)) else {
+                let stored = ix.get(key).cloned();
+                let Some(live) = stored.as_ref().filter(|s| s.is_live(now)) else {
                     return Ok(KvResponse::Count(0));
                 };
                 let current = live.expires_at_ms.map(i128::from);
@@ -241,19 +224,19 @@ impl<'txn> KvTables<'txn> {
                 }
                 match future(*at, now) {
                     Some(at) => {
-                        let value = live.value.clone();
-                        self.put(key, stored.as_ref(), &value, Some(at))?;
+                        let value = self.value_of(live)?;
+                        self.put(&mut ix, key, stored.as_ref(), &value, Some(at))?;
                     }
-                    None => self.remove(key, stored.as_ref())?,
+                    None => self.remove(&mut ix, key, stored.as_ref())?,
                 }
                 KvResponse::Count(1)
             }
             KvRequest::Persist { key } => {
-                let stored = self.load(key)?;
-                match stored.as_ref().filter(|e| e.is_live(now)) {
+                let stored = ix.get(key).cloned();
+                match stored.as_ref().filter(|s| s.is_live(now)) {
                     Some(live) if live.expires_at_ms.is_some() => {
-                        let value = live.value.clone();
-                        self.put(key, stored.as_ref(), &value, None)?;
+                        let value = self.value_of(live)?;
+                        self.put(&mut ix, key, stored.as_ref(), &value, None)?;
                         KvResponse::Count(1)
                     }
                     _ => KvResponse::Count(0),
@@ -262,84 +245,60 @@ impl<'txn> KvTables<'txn> {
         })
     }
 
-    /// SET with a fixed expiry (`None`: none) and no XX: stores the row,
-    /// then, if NX finds the replaced row live, puts that row back (inside
-    /// the transaction, so nothing else ever sees the attempt).
-    fn set_blind(
-        &mut self,
-        key: &[u8],
-        value: &[u8],
-        expires: Option<Millis>,
-        condition: SetCondition,
-        get: bool,
-        now: Millis,
-    ) -> Result<KvResponse, redb::Error> {
-        let replaced = self
-            .rows
+    /// The value of the key in `slot`: from the index when it is small,
+    /// else from its row.
+    fn value_of(&mut self, slot: &Slot) -> Result<Vec<u8>, redb::Error> {
+        if let Some(v) = &slot.inline {
+            return Ok(v.to_vec());
+        }
+        self.rows
             .open()?
-            .insert(key, (value, expires))?
-            .map(|g| KvEntry::from_row(g.value()));
-        let live = replaced.as_ref().filter(|e| e.is_live(now));
-        let old = if get {
-            live.map(|e| e.value.clone())
-        } else {
-            None
-        };
-        if condition == SetCondition::IfAbsent
-            && let Some(kept) = live
-        {
-            self.rows
-                .open()?
-                .insert(key, (kept.value.as_slice(), kept.expires_at_ms))?;
-            return Ok(KvResponse::Set {
-                written: false,
-                old,
-            });
-        }
-        if let Some(at) = replaced.as_ref().and_then(|e| e.expires_at_ms) {
-            self.expiry.open()?.remove((at, key))?;
-        }
-        if let Some(at) = expires {
-            self.expiry.open()?.insert((at, key), ())?;
-        }
-        Ok(KvResponse::Set { written: true, old })
+            .get(slot.id)?
+            .map(|g| g.value().1.to_vec())
+            .ok_or_else(|| missing_row(slot.id))
     }
 
-    /// The row as stored, expired or not.
-    fn load(&mut self, key: &[u8]) -> Result<Option<KvEntry>, redb::Error> {
-        Ok(self
-            .rows
-            .open()?
-            .get(key)?
-            .map(|g| KvEntry::from_row(g.value())))
-    }
-
-    /// Stores `value` with `expires`; `stored` is the row it replaces, whose
-    /// index entry goes first.
+    /// Stores `value` with `expires` under `key`; `stored` is the slot it
+    /// replaces (its row id is kept, its index entry goes first). A new
+    /// key gets the next row id: an append at the table's end.
     fn put(
         &mut self,
+        ix: &mut Inner,
         key: &[u8],
-        stored: Option<&KvEntry>,
+        stored: Option<&Slot>,
         value: &[u8],
         expires: Option<Millis>,
     ) -> Result<(), redb::Error> {
-        if let Some(at) = stored.and_then(|e| e.expires_at_ms) {
-            self.expiry.open()?.remove((at, key))?;
-        }
-        self.rows.open()?.insert(key, (value, expires))?;
+        let id = match stored {
+            Some(slot) => {
+                if let Some(at) = slot.expires_at_ms {
+                    self.expiry.open()?.remove((at, slot.id))?;
+                }
+                slot.id
+            }
+            None => ix.allocate(),
+        };
+        self.rows.open()?.insert(id, (key, value, expires))?;
         if let Some(at) = expires {
-            self.expiry.open()?.insert((at, key), ())?;
+            self.expiry.open()?.insert((at, id), ())?;
         }
+        ix.put(key, Slot::new(id, value, expires));
         Ok(())
     }
 
-    /// Removes the row `stored` and its index entry.
-    fn remove(&mut self, key: &[u8], stored: Option<&KvEntry>) -> Result<(), redb::Error> {
-        if let Some(e) = stored {
-            if let Some(at) = e.expires_at_ms {
-                self.expiry.open()?.remove((at, key))?;
+    /// Removes the key of `stored`: its row, its index entry, its slot.
+    fn remove(
+        &mut self,
+        ix: &mut Inner,
+        key: &[u8],
+        stored: Option<&Slot>,
+    ) -> Result<(), redb::Error> {
+        if let Some(slot) = stored {
+            if let Some(at) = slot.expires_at_ms {
+                self.expiry.open()?.remove((at, slot.id))?;
             }
-            self.rows.open()?.remove(key)?;
+            self.rows.open()?.remove(slot.id)?;
+            ix.remove(key);
         }
         Ok(())
     }
@@ -350,24 +309,29 @@ impl<'txn> KvTables<'txn> {
         if limit == 0 {
             return Ok(0);
         }
-        let empty: &[u8] = &[];
-        let due: Vec<(u64, Vec<u8>)> = self
+        let due: Vec<(u64, u64)> = self
             .expiry
             .open()?
-            .range(..(now.saturating_add(1), empty))?
+            .range(..(now.saturating_add(1), 0))?
             .take(usize::try_from(limit).unwrap_or(usize::MAX))
-            .map(|e| e.map(|(k, _)| (k.value().0, k.value().1.to_vec())))
+            .map(|e| e.map(|(k, _)| k.value()))
             .collect::<Result<_, _>>()?;
-        for (at, key) in &due {
-            self.expiry.open()?.remove((*at, key.as_slice()))?;
+        let index = self.index;
+        let mut ix = index.write();
+        for &(at, id) in &due {
+            self.expiry.open()?.remove((at, id))?;
             // An index entry is never trusted over its row.
-            let matches = self
+            let key = self
                 .rows
                 .open()?
-                .get(key.as_slice())?
-                .is_some_and(|g| g.value().1 == Some(*at));
-            if matches {
-                self.rows.open()?.remove(key.as_slice())?;
+                .get(id)?
+                .filter(|g| g.value().2 == Some(at))
+                .map(|g| g.value().0.to_vec());
+            if let Some(key) = key {
+                self.rows.open()?.remove(id)?;
+                if ix.get(&key).is_some_and(|s| s.id == id) {
+                    ix.remove(&key);
+                }
             }
         }
         Ok(due.len() as u64)
@@ -389,28 +353,84 @@ fn future(at: i64, now: Millis) -> Option<Millis> {
     u64::try_from(at).ok().filter(|&at| at > now)
 }
 
-/// The live entry of `key` at `now`.
-pub fn get(tx: &ReadTransaction, key: &[u8], now: Millis) -> Result<Option<KvEntry>, redb::Error> {
-    let rows = tx.open_table(KV)?;
-    Ok(rows
-        .get(key)?
-        .map(|g| KvEntry::from_row(g.value()))
-        .filter(|e| e.is_live(now)))
+fn missing_row(id: u64) -> redb::Error {
+    redb::Error::Corrupted(format!(
+        "keyspace row {id} is in the index but not in the table"
+    ))
 }
 
-/// How many of `keys` exist at `now`; a repeated key counts each time.
-pub fn count_live(tx: &ReadTransaction, keys: &[Vec<u8>], now: Millis) -> Result<u64, redb::Error> {
-    let rows = tx.open_table(KV)?;
-    let mut n = 0;
-    for key in keys {
-        if let Some(g) = rows.get(key.as_slice())? {
-            n += u64::from(g.value().1.is_none_or(|at| at > now));
+/// How long a read of a large value waits for the batch that wrote it to
+/// commit (it is in the index from the moment the writer runs it).
+const ROW_WAIT: Duration = Duration::from_secs(2);
+
+/// The live entry of `key` at `now`, and the last batch the answer may
+/// come from (the read waits for it to be on disk). `visible` gives the
+/// last batch a read transaction begun now may see.
+pub fn get(
+    db: &Database,
+    index: &KvIndex,
+    visible: impl Fn() -> u64,
+    key: &[u8],
+    now: Millis,
+) -> Result<(Option<KvEntry>, u64), redb::Error> {
+    let deadline = Instant::now() + ROW_WAIT;
+    loop {
+        let (slot, seq) = {
+            let ix = index.read();
+            (ix.get(key).filter(|s| s.is_live(now)).cloned(), ix.seq())
+        };
+        let Some(slot) = slot else {
+            return Ok((None, seq));
+        };
+        if let Some(value) = slot.inline {
+            let entry = KvEntry {
+                value: value.into_vec(),
+                expires_at_ms: slot.expires_at_ms,
+            };
+            return Ok((Some(entry), seq));
         }
+        // A large value: from its row, as a read transaction begun now sees
+        // it. The row may be missing there (the batch that wrote it has not
+        // committed yet) or belong to a newer state of the key (the index
+        // was read first): either way the row is the answer once it holds
+        // this key, and the read waits for whichever batch is later.
+        let tx = db.begin_read()?;
+        let seen = visible().max(seq);
+        let rows = tx.open_table(KV_ROWS)?;
+        if let Some(g) = rows.get(slot.id)? {
+            let (k, value, expires_at_ms) = g.value();
+            if k == key {
+                let entry = KvEntry {
+                    value: value.to_vec(),
+                    expires_at_ms,
+                };
+                return Ok((Some(entry).filter(|e| e.is_live(now)), seen));
+            }
+        }
+        drop(rows);
+        drop(tx);
+        if Instant::now() >= deadline {
+            return Err(missing_row(slot.id));
+        }
+        std::thread::yield_now();
     }
-    Ok(n)
+}
+
+/// How many of `keys` exist at `now` (a repeated key counts each time),
+/// and the last batch the answer may come from.
+pub fn count_live(index: &KvIndex, keys: &[Vec<u8>], now: Millis) -> (u64, u64) {
+    let ix = index.read();
+    let n = keys
+        .iter()
+        .filter(|k| ix.get(k).is_some_and(|s| s.is_live(now)))
+        .count();
+    (n as u64, ix.seq())
 }
 
 /// The earliest expiry in the keyspace.
-pub fn next_expiry(tx: &ReadTransaction) -> Result<Option<Millis>, redb::Error> {
-    Ok(tx.open_table(KV_EXPIRY)?.first()?.map(|(k, _)| k.value().0))
+pub fn next_expiry(tx: &redb::ReadTransaction) -> Result<Option<Millis>, redb::Error> {
+    Ok(tx
+        .open_table(KV_ROW_EXPIRY)?
+        .first()?
+        .map(|(k, _)| k.value().0))
 }

@@ -34,13 +34,15 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
             Some(SCHEMA_VERSION) => {}
             // Version 3 adds the write-ahead log beside the file (a version
             // 2 file has none), version 4 the keyspace tables (created
-            // below), version 5 the inbox body table. Logged requests
-            // keep their encoding, so an older log replays.
-            Some(old @ 1..=4) => {
+            // below), version 5 the inbox body table, version 6 keys the
+            // keyspace's rows by row id. Logged requests keep their
+            // encoding, so an older log replays.
+            Some(old @ 1..=5) => {
                 if old == 1 {
                     migrate_v1(&tx).map_err(other)?;
                 }
                 split_bodies(&tx).map_err(other)?;
+                keyspace_by_row_id(&tx).map_err(other)?;
                 meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
                     .map_err(|e| other(e.into()))?;
             }
@@ -74,8 +76,9 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
             .map_err(|e| other(e.into()))?;
         tx.open_table(tables::INBOX_EXPIRY)
             .map_err(|e| other(e.into()))?;
-        tx.open_table(tables::KV).map_err(|e| other(e.into()))?;
-        tx.open_table(tables::KV_EXPIRY)
+        tx.open_table(tables::KV_ROWS)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::KV_ROW_EXPIRY)
             .map_err(|e| other(e.into()))?;
     }
     tx.commit().map_err(|e| other(e.into()))
@@ -235,6 +238,36 @@ fn split_bodies(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
             events = moved,
             "inbox bodies moved to their own table (schema 5)"
         );
+    }
+    Ok(())
+}
+
+/// Schema 5 → 6: the keyspace's rows move from a table keyed by the key to
+/// one keyed by row id (handed out in key order here), with their expiry
+/// index. Done in the transaction of the version bump, like the others.
+fn keyspace_by_row_id(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    if !tx.list_tables()?.any(|t| t.name() == tables::KV_V5.name()) {
+        return Ok(());
+    }
+    let mut moved = 0u64;
+    {
+        let old = tx.open_table(tables::KV_V5)?;
+        let mut rows = tx.open_table(tables::KV_ROWS)?;
+        let mut expiry = tx.open_table(tables::KV_ROW_EXPIRY)?;
+        for entry in old.iter()? {
+            let (k, v) = entry?;
+            let (value, expires) = v.value();
+            moved += 1;
+            rows.insert(moved, (k.value(), value, expires))?;
+            if let Some(at) = expires {
+                expiry.insert((at, moved), ())?;
+            }
+        }
+    }
+    tx.delete_table(tables::KV_V5)?;
+    tx.delete_table(tables::KV_EXPIRY_V5)?;
+    if moved > 0 {
+        tracing::info!(keys = moved, "keyspace rows keyed by row id (schema 6)");
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ mod flusher;
 mod guard;
 mod inbox;
 mod kv;
+mod kv_index;
 mod migrate;
 mod ops;
 mod syncer;
@@ -155,6 +156,8 @@ pub struct Shared {
     healthy: AtomicBool,
     /// Inbox events by source and status, as committed.
     counts: counts::StatusCounts,
+    /// The keyspace's keys (the writer changes it with the rows).
+    kv: kv_index::KvIndex,
     /// Which batches readers may see, and which are on disk.
     watermark: syncer::Watermark,
     /// The open file's switch that refuses its writes (see [`guard`]).
@@ -258,7 +261,8 @@ impl RedbStore {
         let wal_path = wal::path_for(&opts.path);
         let (mut log, batches) = wal::Wal::open(wal_path.clone(), opts.faults.clone())
             .map_err(|e| other(redb::Error::Io(e)))?;
-        let seq = writer::replay(&db, batches).map_err(other)?;
+        let kv = kv_index::KvIndex::default();
+        let seq = writer::replay(&db, &kv, batches).map_err(other)?;
         log.reset().map_err(|e| other(redb::Error::Io(e)))?;
         let logged = writer::Logged {
             wal: log,
@@ -271,6 +275,7 @@ impl RedbStore {
             db: Mutex::new(Some(Arc::new(db))),
             healthy: AtomicBool::new(true),
             counts,
+            kv,
             watermark: syncer::Watermark::new(seq),
             refuse: Mutex::new(refuse),
             reopen_wanted: AtomicBool::new(false),
@@ -349,6 +354,22 @@ impl RedbStore {
         T: Send + 'static,
         F: Fn(&ReadTransaction) -> Result<T, redb::Error> + Send + Sync + 'static,
     {
+        self.read_seen(move |db, shared| {
+            let tx = db.begin_read()?;
+            // Any batch the transaction sees is at or below this.
+            let seen = shared.watermark.visible();
+            f(&tx).map(|v| (v, seen))
+        })
+        .await
+    }
+
+    /// [`RedbStore::read`] for a read that says itself which batch it may
+    /// have seen (the keyspace's, which also reads the index in memory).
+    async fn read_seen<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: Fn(&Database, &Shared) -> Result<(T, u64), redb::Error> + Send + Sync + 'static,
+    {
         let f = Arc::new(f);
         let deadline = tokio::time::Instant::now() + READ_REOPEN_WAIT;
         loop {
@@ -383,7 +404,7 @@ impl RedbStore {
     ) -> Result<T, ReadFailure>
     where
         T: Send + 'static,
-        F: Fn(&ReadTransaction) -> Result<T, redb::Error> + Send + Sync + 'static,
+        F: Fn(&Database, &Shared) -> Result<(T, u64), redb::Error> + Send + Sync + 'static,
     {
         let Some(db) = self.shared.db() else {
             let closed_for_good =
@@ -395,23 +416,18 @@ impl RedbStore {
             });
         };
         let shared = self.shared.clone();
-        let (value, seen) = tokio::task::spawn_blocking(move || {
-            let tx = db.begin_read().map_err(redb::Error::from)?;
-            // Any batch the transaction sees is at or below this.
-            let seen = shared.watermark.visible();
-            f(&tx).map(|v| (v, seen))
-        })
-        .await
-        .map_err(|e| ReadFailure::Final(StoreError::Failed(format!("read task failed: {e}"))))?
-        .map_err(|e| {
-            if is_disk_fault(&e) {
-                ReadFailure::Reopening(StoreError::Unavailable(format!(
-                    "the data file cannot be read now: {e}"
-                )))
-            } else {
-                ReadFailure::Final(StoreError::Failed(e.to_string()))
-            }
-        })?;
+        let (value, seen) = tokio::task::spawn_blocking(move || f(&db, &shared))
+            .await
+            .map_err(|e| ReadFailure::Final(StoreError::Failed(format!("read task failed: {e}"))))?
+            .map_err(|e| {
+                if is_disk_fault(&e) {
+                    ReadFailure::Reopening(StoreError::Unavailable(format!(
+                        "the data file cannot be read now: {e}"
+                    )))
+                } else {
+                    ReadFailure::Final(StoreError::Failed(e.to_string()))
+                }
+            })?;
         // Nothing that is not on disk is shown: a batch still syncing is
         // waited for (one sync at most); if the file was reopened meanwhile,
         // what was seen may be gone, so the read runs again. A sync that
@@ -704,12 +720,16 @@ impl RedbStore {
 
     /// The live entry of `key` at `now`.
     pub async fn kv_get(&self, key: Vec<u8>, now: Millis) -> Result<Option<KvEntry>, StoreError> {
-        self.read(move |tx| kv::get(tx, &key, now)).await
+        self.read_seen(move |db, shared| {
+            kv::get(db, &shared.kv, || shared.watermark.visible(), &key, now)
+        })
+        .await
     }
 
     /// How many of `keys` exist at `now`, a repeated key each time.
     pub async fn kv_count(&self, keys: Vec<Vec<u8>>, now: Millis) -> Result<u64, StoreError> {
-        self.read(move |tx| kv::count_live(tx, &keys, now)).await
+        self.read_seen(move |_, shared| Ok(kv::count_live(&shared.kv, &keys, now)))
+            .await
     }
 }
 

@@ -9,10 +9,11 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use super::counts::StatusDeltas;
 use super::inbox::{InboxRequest, InboxResponse, InboxTables};
 use super::kv::{KvRequest, KvResponse, KvTables};
+use super::kv_index::KvIndex;
 use super::tables::{
     CLAIM_EXPIRY, CLAIMS, ClaimRow, EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow,
-    Lazy, META, META_FENCE, META_WAL_SEQ, claim_from_row, claim_to_row, event_from_row,
-    event_to_row, head_from_row,
+    Lazy, META, META_FENCE, META_KV_NEXT_ID, META_WAL_SEQ, claim_from_row, claim_to_row,
+    event_from_row, event_to_row, head_from_row,
 };
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
@@ -141,6 +142,7 @@ pub struct Tables<'txn> {
     head_expiry: Lazy<'txn, (u64, &'static str), ()>,
     inbox: InboxTables<'txn>,
     kv: KvTables<'txn>,
+    kv_index: &'txn KvIndex,
     /// Last fence handed out, including in this transaction.
     fence: u64,
     /// Whether `fence` moved and must be written back.
@@ -148,10 +150,16 @@ pub struct Tables<'txn> {
 }
 
 impl<'txn> Tables<'txn> {
-    /// The tables of `tx`: `meta` now (for the fence), the others on first
-    /// use (see [`Lazy`]).
-    pub fn open(tx: &'txn WriteTransaction) -> Result<Self, redb::Error> {
+    /// The tables of `tx`, which runs batch `seq`: `meta` now (for the
+    /// fence), the others on first use (see [`Lazy`]). The keyspace's
+    /// changes go to `kv` as well, undoable until the writer keeps them.
+    pub fn open(
+        tx: &'txn WriteTransaction,
+        kv: &'txn KvIndex,
+        seq: u64,
+    ) -> Result<Self, redb::Error> {
         let meta = tx.open_table(META)?;
+        kv.begin(seq);
         let fence = meta.get(META_FENCE)?.map_or(0, |g| g.value());
         Ok(Self {
             meta,
@@ -162,7 +170,8 @@ impl<'txn> Tables<'txn> {
             heads: Lazy::new(tx, HEADS),
             head_expiry: Lazy::new(tx, HEAD_EXPIRY),
             inbox: InboxTables::open(tx),
-            kv: KvTables::open(tx),
+            kv: KvTables::open(tx, kv),
+            kv_index: kv,
             fence,
             fence_dirty: false,
         })
@@ -181,6 +190,9 @@ impl<'txn> Tables<'txn> {
     pub fn finish(mut self) -> Result<StatusDeltas, redb::Error> {
         if self.fence_dirty {
             self.meta.insert(META_FENCE, self.fence)?;
+        }
+        if let Some(next) = self.kv_index.next_id_moved() {
+            self.meta.insert(META_KV_NEXT_ID, next)?;
         }
         Ok(self.inbox.take_deltas())
     }

@@ -35,6 +35,7 @@ pub struct Watermark {
     /// transaction that sees a batch finds it here when it looks afterwards.
     visible: AtomicU64,
     /// (epoch, the last batch on disk). The epoch grows when the writer
+    /// undoes a batch a read may have seen (see `kv_index`), and when it
     /// reopens the file: the batches not on disk are gone then.
     durable: watch::Sender<(u64, u64)>,
 }
@@ -69,6 +70,12 @@ impl Watermark {
             *e += 1;
             *d = seq;
         });
+    }
+
+    /// A batch a read may have seen was undone (it failed before its
+    /// commit): reads waiting now run again.
+    pub fn abandoned(&self) {
+        self.durable.send_modify(|(e, _)| *e += 1);
     }
 
     /// The last batch on disk.

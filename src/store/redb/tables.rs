@@ -1,6 +1,8 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 5. Version 4 files keep each inbox event's body in its
+//! Schema version 6. Version 5 and 4 files key the Redis-protocol
+//! keyspace by the key itself (opening one moves its rows to row ids).
+//! Version 4 files keep each inbox event's body in its
 //! row (opening one moves the bodies to their own table); version 3
 //! files have no key-value tables (opening one creates them); version 2
 //! files have no write-ahead log (opening one just records the new
@@ -21,7 +23,7 @@ use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token};
 use crate::store::{ApplyOutcome, ClaimRecord, ClaimState, Head, ordering::EventRecord};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 5;
+pub const SCHEMA_VERSION: u64 = 6;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -213,12 +215,24 @@ pub const INBOX_STATUS: TableDefinition<(&str, u8, u64, &str), ()> =
 pub const INBOX_EXPIRY: TableDefinition<(u64, &str, &str), ()> =
     TableDefinition::new("inbox_expiry");
 
-/// Row of [`KV`]: (value, expires_at_ms; `None` = no expiry).
-pub type KvRow<'a> = (&'a [u8], Option<u64>);
-/// The Redis-protocol keyspace: binary keys to values.
-pub const KV: TableDefinition<&[u8], KvRow<'static>> = TableDefinition::new("kv");
-/// Expiry index of [`KV`]: only keys that have an expiry.
-pub const KV_EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("kv_expiry");
+/// Row of [`KV_ROWS`]: (key, value, expires_at_ms; `None` = no expiry).
+pub type KvRow<'a> = (&'a [u8], &'a [u8], Option<u64>);
+/// The Redis-protocol keyspace: rows by a row id the writer hands out in
+/// increasing order, so a new key is an append at the end of the table
+/// instead of an insert at a random place in it (see `kv_index`: the key
+/// to row id map lives in memory, rebuilt from this table on open).
+/// Invariant: one row per key; an overwrite keeps the key's row id.
+pub const KV_ROWS: TableDefinition<u64, KvRow<'static>> = TableDefinition::new("kv_rows");
+/// Expiry index of [`KV_ROWS`], by (expires_at_ms, row id): only rows that
+/// have an expiry.
+pub const KV_ROW_EXPIRY: TableDefinition<(u64, u64), ()> = TableDefinition::new("kv_row_expiry");
+/// Key in [`META`] of the next keyspace row id (written when it moves).
+pub const META_KV_NEXT_ID: &str = "kv_next_id";
+/// Schema 4 and 5's keyspace, keyed by the key itself; read only to
+/// migrate such a file.
+pub const KV_V5: TableDefinition<&[u8], (&[u8], Option<u64>)> = TableDefinition::new("kv");
+/// Schema 4 and 5's keyspace expiry index (dropped by the migration).
+pub const KV_EXPIRY_V5: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("kv_expiry");
 
 /// A table of a write transaction, opened on first use. Each batch runs in
 /// its own transaction; opening a table and closing it again costs lookups

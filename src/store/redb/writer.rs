@@ -33,8 +33,9 @@ use redb::{Database, Durability, ReadableDatabase};
 use tokio::sync::{mpsc, oneshot};
 
 use super::counts::StatusDeltas;
+use super::kv_index::KvIndex;
 use super::ops::{Request, Response, Tables};
-use super::syncer::{self, Job, Synced, Watermark};
+use super::syncer::{self, Job, Synced};
 use super::tables::{META, META_WAL_SEQ};
 use super::wal::{self, Batch, Wal};
 use super::{RedbOptions, Shared, disk_unavailable, is_disk_fault, open_db};
@@ -247,7 +248,7 @@ fn write_loop(
         if !batch.is_empty() {
             let started = Instant::now();
             let result = match (&db, log.as_mut()) {
-                (Some(db), Some(log)) => commit(db, log, &batch, &shared.watermark),
+                (Some(db), Some(log)) => commit(db, log, &batch, shared),
                 _ => Err(redb::Error::PreviousIo),
             };
             match result {
@@ -313,20 +314,41 @@ fn write_loop(
 }
 
 /// Runs a batch in one transaction, logs it (the syncer syncs the record),
-/// then commits without a sync.
+/// then commits without a sync. The keyspace index keeps the batch's
+/// changes only if it committed; if a read may have seen changes that are
+/// undone, the watermark's epoch moves, so that read runs again.
 fn commit(
     db: &Database,
     log: &mut Logged,
     batch: &[Pending],
-    watermark: &Watermark,
+    shared: &Shared,
 ) -> Result<(Vec<Response>, StatusDeltas), redb::Error> {
+    let result = run_batch(db, log, batch, shared);
+    match &result {
+        Ok(_) => shared.kv.keep(),
+        Err(_) => {
+            if shared.kv.rollback() {
+                shared.watermark.abandoned();
+            }
+        }
+    }
+    result
+}
+
+fn run_batch(
+    db: &Database,
+    log: &mut Logged,
+    batch: &[Pending],
+    shared: &Shared,
+) -> Result<(Vec<Response>, StatusDeltas), redb::Error> {
+    let watermark = &shared.watermark;
     let mut tx = db.begin_write()?;
     tx.set_durability(Durability::None)
         .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
     let mut responses = Vec::with_capacity(batch.len());
     let deltas;
     {
-        let mut tables = Tables::open(&tx)?;
+        let mut tables = Tables::open(&tx, &shared.kv, log.seq + 1)?;
         for (request, now, _) in batch {
             responses.push(tables.execute(request, *now)?);
         }
@@ -366,20 +388,27 @@ pub fn checkpoint(db: &Database, seq: u64) -> Result<(), redb::Error> {
     Ok(())
 }
 
-/// Applies the logged batches the file does not hold yet (those after its
-/// `wal_seq`), in order, each as it ran; then a checkpoint makes them
-/// durable. Returns the sequence number of the last batch.
-pub fn replay(db: &Database, batches: Vec<Batch>) -> Result<u64, redb::Error> {
-    replay_up_to(db, batches, u64::MAX)
+/// Builds the keyspace index `kv` from the file, then applies the logged
+/// batches the file does not hold yet (those after its `wal_seq`), in
+/// order, each as it ran; then a checkpoint makes them durable. Returns
+/// the sequence number of the last batch.
+pub fn replay(db: &Database, kv: &KvIndex, batches: Vec<Batch>) -> Result<u64, redb::Error> {
+    replay_up_to(db, kv, batches, u64::MAX)
 }
 
 /// [`replay`], leaving out batches after `last` (ones that were refused).
-fn replay_up_to(db: &Database, batches: Vec<Batch>, last: u64) -> Result<u64, redb::Error> {
+fn replay_up_to(
+    db: &Database,
+    kv: &KvIndex,
+    batches: Vec<Batch>,
+    last: u64,
+) -> Result<u64, redb::Error> {
     let mut seq = {
         let tx = db.begin_read()?;
         let meta = tx.open_table(META)?;
         meta.get(META_WAL_SEQ)?.map_or(0, |g| g.value())
     };
+    kv.rebuild(db, seq)?;
     let mut replayed = 0usize;
     let durable = seq;
     for batch in batches
@@ -390,7 +419,7 @@ fn replay_up_to(db: &Database, batches: Vec<Batch>, last: u64) -> Result<u64, re
         tx.set_durability(Durability::None)
             .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
         {
-            let mut tables = Tables::open(&tx)?;
+            let mut tables = Tables::open(&tx, kv, batch.seq)?;
             for (now, request) in &batch.ops {
                 tables.execute(request, *now)?;
             }
@@ -399,6 +428,7 @@ fn replay_up_to(db: &Database, batches: Vec<Batch>, last: u64) -> Result<u64, re
             let _ = tables.finish()?;
         }
         tx.commit()?;
+        kv.keep();
         seq = batch.seq;
         replayed += 1;
     }
@@ -481,7 +511,7 @@ fn reopen(
         *current = refuse;
     }
     let (mut wal, batches) = Wal::open(wal::path_for(&opts.path), opts.faults.clone())?;
-    let seq = replay_up_to(&fresh, batches, acknowledged)?;
+    let seq = replay_up_to(&fresh, &shared.kv, batches, acknowledged)?;
     wal.reset()?;
     shared.counts.recount(&fresh)?;
     let _ = jobs.send(Job::Resume(wal.syncer()?));
