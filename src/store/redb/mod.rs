@@ -259,7 +259,8 @@ impl RedbStore {
         migrate::init_schema(&db, &opts.path)?;
         // Batches acknowledged after the last checkpoint are in the log.
         let wal_path = wal::path_for(&opts.path);
-        let (mut log, batches) = wal::Wal::open(wal_path.clone(), opts.faults.clone())
+        let stored = writer::stored_seq(&db).map_err(other)?;
+        let (mut log, batches) = wal::Wal::open(wal_path.clone(), opts.faults.clone(), stored)
             .map_err(|e| other(redb::Error::Io(e)))?;
         let kv = kv_index::KvIndex::default();
         let seq = writer::replay(&db, &kv, batches).map_err(other)?;

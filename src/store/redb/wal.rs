@@ -104,9 +104,13 @@ fn fault(faults: Option<&Arc<FaultPlan>>, sync: bool) -> std::io::Result<()> {
 /// The valid records of `bytes` (after the magic): each intact, and each
 /// numbered one more than the one before. Whatever follows — a torn record
 /// of a crash mid-append, zeros written ahead, records left from before the
-/// last checkpoint — ends the log. Returns the batches and where they end.
-fn parse(bytes: &[u8]) -> (Vec<Batch>, usize) {
+/// last checkpoint — ends the log. Returns the batches numbered after
+/// `after` (those before are only checked, not decoded: a log that a clean
+/// shutdown emptied still holds its old records, up to 64 MiB of them) and
+/// where the valid records end.
+fn parse(bytes: &[u8], after: u64) -> (Vec<Batch>, usize) {
     let mut batches: Vec<Batch> = Vec::new();
+    let mut last: Option<u64> = None;
     let mut at = MAGIC.len();
     while let Some(head) = bytes.get(at..at + 8) {
         let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
@@ -120,23 +124,32 @@ fn parse(bytes: &[u8]) -> (Vec<Batch>, usize) {
         if crc32fast::hash(payload) != crc {
             break;
         }
-        let Ok(batch) = postcard::from_bytes::<Batch>(payload) else {
+        // A batch's sequence number is its first field.
+        let Ok((seq, _)) = postcard::take_from_bytes::<u64>(payload) else {
             break;
         };
-        if batches.last().is_some_and(|b| batch.seq != b.seq + 1) {
+        if last.is_some_and(|l| seq != l + 1) {
             break;
         }
-        batches.push(batch);
+        if seq > after {
+            let Ok(batch) = postcard::from_bytes::<Batch>(payload) else {
+                break;
+            };
+            batches.push(batch);
+        }
+        last = Some(seq);
         at += 8 + len;
     }
     (batches, at)
 }
 
 impl Wal {
-    /// Opens (or creates) the log and reads the valid batches in it.
+    /// Opens (or creates) the log and reads the valid batches in it
+    /// numbered after `after` (the last batch the data file holds).
     pub fn open(
         path: PathBuf,
         faults: Option<Arc<FaultPlan>>,
+        after: u64,
     ) -> std::io::Result<(Self, Vec<Batch>)> {
         let mut file = OpenOptions::new()
             .read(true)
@@ -147,7 +160,7 @@ impl Wal {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         let (batches, end) = if bytes.len() >= MAGIC.len() && &bytes[..MAGIC.len()] == MAGIC {
-            parse(&bytes)
+            parse(&bytes, after)
         } else if bytes.is_empty() || MAGIC.starts_with(&bytes) {
             // New (or torn while being created): start it.
             file.set_len(0)?;
@@ -281,10 +294,28 @@ mod tests {
     }
 
     #[test]
+    fn batches_the_file_already_holds_are_checked_but_not_returned() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        let (mut wal, _) = Wal::open(path.clone(), None, 0).unwrap();
+        for seq in 1..=5 {
+            wal.append(seq, &[(seq, &purge(seq))]).unwrap();
+        }
+        drop(wal);
+        let (_, found) = Wal::open(path.clone(), None, 3).unwrap();
+        assert_eq!(seqs(&found), [4, 5]);
+        assert_eq!(limits(&found[0]), [(4, 4)]);
+        let (wal, found) = Wal::open(path, None, 5).unwrap();
+        assert!(found.is_empty());
+        // The log still ends after the fifth: the next record goes there.
+        assert!(!wal.is_empty());
+    }
+
+    #[test]
     fn batches_come_back_in_order_with_their_clock_readings() {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
-        let (mut wal, found) = Wal::open(path.clone(), None).unwrap();
+        let (mut wal, found) = Wal::open(path.clone(), None, 0).unwrap();
         assert!(found.is_empty() && wal.is_empty());
         for seq in 1..=3 {
             let (a, b) = (purge(seq * 10), purge(seq * 10 + 1));
@@ -292,7 +323,7 @@ mod tests {
                 .unwrap();
         }
         drop(wal);
-        let (_, found) = Wal::open(path, None).unwrap();
+        let (_, found) = Wal::open(path, None, 0).unwrap();
         assert_eq!(seqs(&found), [1, 2, 3]);
         assert_eq!(limits(&found[1]), [(102, 20), (202, 21)]);
     }
@@ -301,7 +332,7 @@ mod tests {
     fn a_torn_tail_ends_the_log_and_the_next_append_replaces_it() {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
-        let (mut wal, _) = Wal::open(path.clone(), None).unwrap();
+        let (mut wal, _) = Wal::open(path.clone(), None, 0).unwrap();
         wal.append(1, &[(1, &purge(1))]).unwrap();
         let end = wal.len();
         wal.append(2, &[(2, &purge(2))]).unwrap();
@@ -309,11 +340,11 @@ mod tests {
         // A crash mid-append: the second record is half there.
         let file = OpenOptions::new().write(true).open(&path).unwrap();
         file.write_all_at(&[0xFF; 5], end + 9).unwrap();
-        let (mut wal, found) = Wal::open(path.clone(), None).unwrap();
+        let (mut wal, found) = Wal::open(path.clone(), None, 0).unwrap();
         assert_eq!(seqs(&found), [1]);
         wal.append(2, &[(3, &purge(3))]).unwrap();
         drop(wal);
-        let (_, found) = Wal::open(path, None).unwrap();
+        let (_, found) = Wal::open(path, None, 0).unwrap();
         assert_eq!(seqs(&found), [1, 2]);
         assert_eq!(limits(&found[1]), [(3, 3)]);
     }
@@ -322,7 +353,7 @@ mod tests {
     fn after_a_reset_records_left_from_before_are_not_read_again() {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
-        let (mut wal, _) = Wal::open(path.clone(), None).unwrap();
+        let (mut wal, _) = Wal::open(path.clone(), None, 0).unwrap();
         for seq in 1..=5 {
             wal.append(seq, &[(seq, &purge(seq))]).unwrap();
         }
@@ -330,7 +361,7 @@ mod tests {
         assert!(wal.is_empty());
         wal.append(6, &[(6, &purge(6))]).unwrap();
         drop(wal);
-        let (_, found) = Wal::open(path, None).unwrap();
+        let (_, found) = Wal::open(path, None, 0).unwrap();
         assert_eq!(seqs(&found), [6], "the old records 2..5 after it are stale");
     }
 
@@ -338,13 +369,13 @@ mod tests {
     fn a_record_taken_back_is_not_replayed() {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
-        let (mut wal, _) = Wal::open(path.clone(), None).unwrap();
+        let (mut wal, _) = Wal::open(path.clone(), None, 0).unwrap();
         wal.append(1, &[(1, &purge(1))]).unwrap();
         let before = wal.len();
         wal.append(2, &[(2, &purge(2))]).unwrap();
         wal.cut_to(before).unwrap();
         drop(wal);
-        let (_, found) = Wal::open(path, None).unwrap();
+        let (_, found) = Wal::open(path, None, 0).unwrap();
         assert_eq!(seqs(&found), [1]);
     }
 
@@ -353,12 +384,12 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
         let plan = FaultPlan::new();
-        let (mut wal, _) = Wal::open(path.clone(), Some(plan.clone())).unwrap();
+        let (mut wal, _) = Wal::open(path.clone(), Some(plan.clone()), 0).unwrap();
         wal.append(1, &[(1, &purge(1))]).unwrap();
         plan.fail_next_writes(1);
         assert!(wal.append(2, &[(2, &purge(2))]).is_err());
         drop(wal);
-        let (_, found) = Wal::open(path, None).unwrap();
+        let (_, found) = Wal::open(path, None, 0).unwrap();
         assert_eq!(seqs(&found), [1], "not written: never acknowledged");
     }
 
@@ -366,7 +397,7 @@ mod tests {
     fn a_failed_sync_is_reported_to_the_syncer() {
         let dir = tempfile::TempDir::new().unwrap();
         let plan = FaultPlan::new();
-        let (mut wal, _) = Wal::open(dir.path().join("x.wal"), Some(plan.clone())).unwrap();
+        let (mut wal, _) = Wal::open(dir.path().join("x.wal"), Some(plan.clone()), 0).unwrap();
         let sync = wal.syncer().unwrap();
         wal.append(1, &[(1, &purge(1))]).unwrap();
         sync.sync().unwrap();
@@ -381,6 +412,6 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
         std::fs::write(&path, b"something else entirely").unwrap();
-        assert!(Wal::open(path, None).is_err());
+        assert!(Wal::open(path, None, 0).is_err());
     }
 }

@@ -388,6 +388,13 @@ pub fn checkpoint(db: &Database, seq: u64) -> Result<(), redb::Error> {
     Ok(())
 }
 
+/// The last write-ahead-log batch the file holds.
+pub fn stored_seq(db: &Database) -> Result<u64, redb::Error> {
+    let tx = db.begin_read()?;
+    let meta = tx.open_table(META)?;
+    Ok(meta.get(META_WAL_SEQ)?.map_or(0, |g| g.value()))
+}
+
 /// Builds the keyspace index `kv` from the file, then applies the logged
 /// batches the file does not hold yet (those after its `wal_seq`), in
 /// order, each as it ran; then a checkpoint makes them durable. Returns
@@ -403,11 +410,7 @@ fn replay_up_to(
     batches: Vec<Batch>,
     last: u64,
 ) -> Result<u64, redb::Error> {
-    let mut seq = {
-        let tx = db.begin_read()?;
-        let meta = tx.open_table(META)?;
-        meta.get(META_WAL_SEQ)?.map_or(0, |g| g.value())
-    };
+    let mut seq = stored_seq(db)?;
     kv.rebuild(db, seq)?;
     let mut replayed = 0usize;
     let durable = seq;
@@ -510,7 +513,11 @@ fn reopen(
     if let Ok(mut current) = shared.refuse.lock() {
         *current = refuse;
     }
-    let (mut wal, batches) = Wal::open(wal::path_for(&opts.path), opts.faults.clone())?;
+    let (mut wal, batches) = Wal::open(
+        wal::path_for(&opts.path),
+        opts.faults.clone(),
+        stored_seq(&fresh)?,
+    )?;
     let seq = replay_up_to(&fresh, &shared.kv, batches, acknowledged)?;
     wal.reset()?;
     shared.counts.recount(&fresh)?;
