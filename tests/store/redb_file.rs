@@ -24,7 +24,7 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schema version 99") && msg.contains("reads version 7"),
+        msg.contains("schema version 99") && msg.contains("reads version 6"),
         "{msg}"
     );
 }
@@ -549,7 +549,7 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
     );
     assert_eq!(s.kv_count(vec![b"k".to_vec()], 2_000).await.unwrap(), 1);
     s.close().await;
-    assert_eq!(stored_schema(&opts.path).0, 7);
+    assert_eq!(stored_schema(&opts.path).0, 6);
 }
 
 #[tokio::test]
@@ -686,7 +686,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
     s.close().await;
 
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 7);
+    assert_eq!(version, 6);
     assert!(!tables.contains(&"inbox".to_owned()), "{tables:?}");
 }
 
@@ -782,7 +782,7 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
     s.close().await;
 
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 7);
+    assert_eq!(version, 6);
     assert!(!tables.contains(&"kv".to_owned()), "{tables:?}");
     assert!(!tables.contains(&"kv_expiry".to_owned()), "{tables:?}");
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
@@ -804,101 +804,6 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
     assert_eq!(fresh.value, b"new");
     s.close().await;
 }
-
-#[tokio::test]
-async fn a_schema_6_files_claims_move_to_row_ids_with_token_fence_and_expiry() {
-    use dedupd::store::{ClaimOutcome, ClaimState, DoneOutcome};
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("v6.redb");
-    let ttl = Ttl::from_ms_unchecked(60_000);
-    let k = |s: &str| ScopedKey::api(&Key::parse(s, "key").unwrap());
-    let (fence, token) = {
-        let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
-        let claimed = s.claim(&k("fresh-fence"), ttl, None, 1_000).await.unwrap();
-        let ClaimOutcome::Claimed { fence, .. } = claimed else {
-            panic!("{claimed:?}")
-        };
-        s.close().await;
-        (fence, [5u8; 16])
-    };
-    // As the previous release left it: version 6, claims keyed by the
-    // scoped key, an expiry index keyed by (expiry, key); the fence
-    // counter in `meta` stays as it is.
-    {
-        let db = redb::Database::create(&path).unwrap();
-        let tx = db.begin_write().unwrap();
-        let rows: ClaimRows = redb::TableDefinition::new("claim_rows");
-        let index: redb::TableDefinition<(u64, u64), ()> =
-            redb::TableDefinition::new("claim_row_expiry");
-        assert!(tx.delete_table(rows).unwrap());
-        assert!(tx.delete_table(index).unwrap());
-        let claims: OldClaims = redb::TableDefinition::new("claims");
-        let claim_expiry: redb::TableDefinition<(u64, &str), ()> =
-            redb::TableDefinition::new("claim_expiry");
-        {
-            let mut claims = tx.open_table(claims).unwrap();
-            let mut claim_expiry = tx.open_table(claim_expiry).unwrap();
-            let busy = k("busy");
-            claims
-                .insert(busy.as_str(), (0, token, fence, 50_000, None))
-                .unwrap();
-            claim_expiry.insert((50_000, busy.as_str()), ()).unwrap();
-            let soon = k("soon");
-            claims
-                .insert(soon.as_str(), (1, [6; 16], fence - 1, 3_000, None))
-                .unwrap();
-            claim_expiry.insert((3_000, soon.as_str()), ()).unwrap();
-        }
-        set_schema_version(&tx, 6);
-        tx.commit().unwrap();
-    }
-    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
-    let busy = s.get(&k("busy"), 2_000).await.unwrap().unwrap();
-    assert_eq!((busy.state, busy.fence), (ClaimState::Processing, fence));
-    let soon = s.get(&k("soon"), 2_000).await.unwrap().unwrap();
-    assert_eq!(soon.state, ClaimState::Done);
-    // The token still works, the expiry still holds, and a new claim gets
-    // a row after them and a later fence.
-    let done = s
-        .done(
-            &k("busy"),
-            dedupd::domain::Token::from_bytes(token),
-            ttl,
-            2_000,
-        )
-        .await
-        .unwrap();
-    assert!(matches!(done, DoneOutcome::Done { .. }), "{done:?}");
-    assert!(s.get(&k("soon"), 3_000).await.unwrap().is_none());
-    assert_eq!(s.purge_expired(3_000, 100).await.unwrap().claims, 1);
-    let again = s.claim(&k("soon"), ttl, None, 3_000).await.unwrap();
-    assert!(
-        matches!(again, ClaimOutcome::Claimed { fence: f, .. } if f > fence),
-        "{again:?}"
-    );
-    s.close().await;
-    let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 7);
-    assert!(!tables.contains(&"claims".to_owned()), "{tables:?}");
-    assert!(!tables.contains(&"claim_expiry".to_owned()), "{tables:?}");
-    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
-    // (`fresh-fence` was only made to move the fence counter: its row went
-    // with the table dropped above.)
-    for key in ["busy", "soon"] {
-        assert!(s.get(&k(key), 3_000).await.unwrap().is_some(), "{key}");
-    }
-    s.close().await;
-}
-
-/// Claims as schema 7 keeps them: row id to (scoped key, claim).
-type ClaimRows = redb::TableDefinition<
-    'static,
-    u64,
-    (&'static str, (u8, [u8; 16], u64, u64, Option<&'static str>)),
->;
-/// Claims as schema 6 kept them: scoped key to claim.
-type OldClaims =
-    redb::TableDefinition<'static, &'static str, (u8, [u8; 16], u64, u64, Option<&'static str>)>;
 
 /// The schema version a closed file records, and its tables' names.
 fn stored_schema(path: &std::path::Path) -> (u64, Vec<String>) {

@@ -8,7 +8,8 @@ use redb::{Database, ReadableTable, TableHandle};
 
 use super::OpenError;
 use super::tables::{
-    self, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_SCHEMA_VERSION, SCHEMA_VERSION,
+    self, CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_SCHEMA_VERSION,
+    SCHEMA_VERSION,
 };
 
 /// Creates the tables of a new file, or checks the schema of an old one.
@@ -34,15 +35,14 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
             // Version 3 adds the write-ahead log beside the file (a version
             // 2 file has none), version 4 the keyspace tables (created
             // below), version 5 the inbox body table, version 6 keys the
-            // keyspace's rows by row id, version 7 the claims'. Logged
-            // requests keep their encoding, so an older log replays.
-            Some(old @ 1..=6) => {
+            // keyspace's rows by row id. Logged requests keep their
+            // encoding, so an older log replays.
+            Some(old @ 1..=5) => {
                 if old == 1 {
                     migrate_v1(&tx).map_err(other)?;
                 }
                 split_bodies(&tx).map_err(other)?;
                 keyspace_by_row_id(&tx).map_err(other)?;
-                claims_by_row_id(&tx).map_err(other)?;
                 meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
                     .map_err(|e| other(e.into()))?;
             }
@@ -59,10 +59,8 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
             }
         }
         // Create every table now, so readers never meet a missing one.
-        tx.open_table(tables::CLAIM_ROWS)
-            .map_err(|e| other(e.into()))?;
-        tx.open_table(tables::CLAIM_ROW_EXPIRY)
-            .map_err(|e| other(e.into()))?;
+        tx.open_table(CLAIMS).map_err(|e| other(e.into()))?;
+        tx.open_table(CLAIM_EXPIRY).map_err(|e| other(e.into()))?;
         tx.open_table(tables::EVENTS).map_err(|e| other(e.into()))?;
         tx.open_table(EVENT_EXPIRY).map_err(|e| other(e.into()))?;
         tx.open_table(HEADS).map_err(|e| other(e.into()))?;
@@ -270,36 +268,6 @@ fn keyspace_by_row_id(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
     tx.delete_table(tables::KV_EXPIRY_V5)?;
     if moved > 0 {
         tracing::info!(keys = moved, "keyspace rows keyed by row id (schema 6)");
-    }
-    Ok(())
-}
-
-/// Schema 6 → 7: claims move from a table keyed by the scoped key to one
-/// keyed by row id (handed out in key order here), with their expiry index.
-fn claims_by_row_id(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
-    if !tx
-        .list_tables()?
-        .any(|t| t.name() == tables::CLAIMS_V6.name())
-    {
-        return Ok(());
-    }
-    let mut moved = 0u64;
-    {
-        let old = tx.open_table(tables::CLAIMS_V6)?;
-        let mut rows = tx.open_table(tables::CLAIM_ROWS)?;
-        let mut expiry = tx.open_table(tables::CLAIM_ROW_EXPIRY)?;
-        for entry in old.iter()? {
-            let (k, v) = entry?;
-            let row = v.value();
-            moved += 1;
-            rows.insert(moved, (k.value(), row))?;
-            expiry.insert((row.3, moved), ())?;
-        }
-    }
-    tx.delete_table(tables::CLAIMS_V6)?;
-    tx.delete_table(tables::CLAIM_EXPIRY_V6)?;
-    if moved > 0 {
-        tracing::info!(claims = moved, "claims keyed by row id (schema 7)");
     }
     Ok(())
 }

@@ -5,18 +5,15 @@
 //! tokio's blocking pool, and no read transaction is held across an `.await`
 //! (a read transaction pins pages and would make the file grow).
 
-mod claim_rows;
 mod counts;
 pub mod faults;
 mod flusher;
 mod guard;
 mod inbox;
-mod indexes;
 mod kv;
 mod kv_index;
 mod migrate;
 mod ops;
-mod row_index;
 mod syncer;
 mod tables;
 mod wal;
@@ -33,7 +30,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::inbox::{InboxRequest, InboxResponse};
 use self::ops::{Request, Response};
-use self::tables::{EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, SCHEMA_VERSION, head_from_row};
+use self::tables::{
+    CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, SCHEMA_VERSION, claim_from_row,
+    head_from_row,
+};
 use self::writer::{Counters, Envelope};
 use super::{
     ApplyResult, ClaimOutcome, ClaimView, DoneOutcome, ExtendOutcome, Head, PurgeReport,
@@ -156,9 +156,8 @@ pub struct Shared {
     healthy: AtomicBool,
     /// Inbox events by source and status, as committed.
     counts: counts::StatusCounts,
-    /// The maps of the tables keyed by row id (the writer changes them
-    /// with the rows).
-    indexes: indexes::Indexes,
+    /// The keyspace's keys (the writer changes it with the rows).
+    kv: kv_index::KvIndex,
     /// Which batches readers may see, and which are on disk.
     watermark: syncer::Watermark,
     /// The open file's switch that refuses its writes (see [`guard`]).
@@ -263,8 +262,8 @@ impl RedbStore {
         let stored = writer::stored_seq(&db).map_err(other)?;
         let (mut log, batches) = wal::Wal::open(wal_path.clone(), opts.faults.clone(), stored)
             .map_err(|e| other(redb::Error::Io(e)))?;
-        let indexes = indexes::Indexes::default();
-        let seq = writer::replay(&db, &indexes, batches).map_err(other)?;
+        let kv = kv_index::KvIndex::default();
+        let seq = writer::replay(&db, &kv, batches).map_err(other)?;
         log.reset().map_err(|e| other(redb::Error::Io(e)))?;
         let logged = writer::Logged {
             wal: log,
@@ -277,7 +276,7 @@ impl RedbStore {
             db: Mutex::new(Some(Arc::new(db))),
             healthy: AtomicBool::new(true),
             counts,
-            indexes,
+            kv,
             watermark: syncer::Watermark::new(seq),
             refuse: Mutex::new(refuse),
             reopen_wanted: AtomicBool::new(false),
@@ -723,20 +722,14 @@ impl RedbStore {
     /// The live entry of `key` at `now`.
     pub async fn kv_get(&self, key: Vec<u8>, now: Millis) -> Result<Option<KvEntry>, StoreError> {
         self.read_seen(move |db, shared| {
-            kv::get(
-                db,
-                &shared.indexes.kv,
-                || shared.watermark.visible(),
-                &key,
-                now,
-            )
+            kv::get(db, &shared.kv, || shared.watermark.visible(), &key, now)
         })
         .await
     }
 
     /// How many of `keys` exist at `now`, a repeated key each time.
     pub async fn kv_count(&self, keys: Vec<Vec<u8>>, now: Millis) -> Result<u64, StoreError> {
-        self.read_seen(move |_, shared| Ok(kv::count_live(&shared.indexes.kv, &keys, now)))
+        self.read_seen(move |_, shared| Ok(kv::count_live(&shared.kv, &keys, now)))
             .await
     }
 }
@@ -844,10 +837,10 @@ impl Store for RedbStore {
 
     async fn get(&self, key: &ScopedKey, now: Millis) -> Result<Option<ClaimView>, StoreError> {
         let key = key.clone();
-        self.read_seen(move |db, shared| {
-            let visible = || shared.watermark.visible();
-            let (record, seen) = claim_rows::get(db, &shared.indexes.claims, visible, &key, now)?;
-            Ok((record.map(|r| r.view()), seen))
+        self.read(move |tx| {
+            let table = tx.open_table(CLAIMS)?;
+            let record = table.get(key.as_str())?.map(|g| claim_from_row(g.value()));
+            Ok(record.filter(|r| !r.is_expired(now)).map(|r| r.view()))
         })
         .await
     }
@@ -893,8 +886,8 @@ impl Store for RedbStore {
 
     async fn next_expiry(&self) -> Result<Option<Millis>, StoreError> {
         self.read(|tx| {
-            let mut next: Option<Millis> = claim_rows::next_expiry(tx)?;
-            for def in [EVENT_EXPIRY, HEAD_EXPIRY] {
+            let mut next: Option<Millis> = None;
+            for def in [CLAIM_EXPIRY, EVENT_EXPIRY, HEAD_EXPIRY] {
                 let table = tx.open_table(def)?;
                 if let Some((k, _)) = table.first()? {
                     let at = k.value().0;

@@ -6,18 +6,18 @@
 
 use redb::{ReadableTable, Table, WriteTransaction};
 
-use super::claim_rows::ClaimTables;
 use super::counts::StatusDeltas;
 use super::inbox::{InboxRequest, InboxResponse, InboxTables};
-use super::indexes::Indexes;
 use super::kv::{KvRequest, KvResponse, KvTables};
+use super::kv_index::KvIndex;
 use super::tables::{
-    EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow, Lazy, META, META_CLAIM_NEXT_ID,
-    META_FENCE, META_KV_NEXT_ID, META_WAL_SEQ, event_from_row, event_to_row, head_from_row,
+    CLAIM_EXPIRY, CLAIMS, ClaimRow, EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow,
+    Lazy, META, META_FENCE, META_KV_NEXT_ID, META_WAL_SEQ, claim_from_row, claim_to_row,
+    event_from_row, event_to_row, head_from_row,
 };
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
-use crate::store::claims;
+use crate::store::claims::{self, Change, ClaimRecord};
 use crate::store::ordering::{self, EventRecord};
 use crate::store::{
     ApplyResult, ClaimOutcome, DoneOutcome, ExtendOutcome, Head, PurgeReport, ReleaseOutcome,
@@ -134,14 +134,15 @@ pub enum Response {
 /// The tables of one write transaction, plus the fence counter.
 pub struct Tables<'txn> {
     meta: Table<'txn, &'static str, u64>,
-    claims: ClaimTables<'txn>,
+    claims: Lazy<'txn, &'static str, ClaimRow<'static>>,
+    claim_expiry: Lazy<'txn, (u64, &'static str), ()>,
     events: Lazy<'txn, &'static str, EventRow<'static>>,
     event_expiry: Lazy<'txn, (u64, &'static str), ()>,
     heads: Lazy<'txn, &'static str, HeadRow<'static>>,
     head_expiry: Lazy<'txn, (u64, &'static str), ()>,
     inbox: InboxTables<'txn>,
     kv: KvTables<'txn>,
-    indexes: &'txn Indexes,
+    kv_index: &'txn KvIndex,
     /// Last fence handed out, including in this transaction.
     fence: u64,
     /// Whether `fence` moved and must be written back.
@@ -151,26 +152,26 @@ pub struct Tables<'txn> {
 impl<'txn> Tables<'txn> {
     /// The tables of `tx`, which runs batch `seq`: `meta` now (for the
     /// fence), the others on first use (see [`Lazy`]). The keyspace's
-    /// and claims' changes go to `indexes` as well, undoable until the
-    /// writer keeps them.
+    /// changes go to `kv` as well, undoable until the writer keeps them.
     pub fn open(
         tx: &'txn WriteTransaction,
-        indexes: &'txn Indexes,
+        kv: &'txn KvIndex,
         seq: u64,
     ) -> Result<Self, redb::Error> {
         let meta = tx.open_table(META)?;
-        indexes.begin(seq);
+        kv.begin(seq);
         let fence = meta.get(META_FENCE)?.map_or(0, |g| g.value());
         Ok(Self {
             meta,
-            claims: ClaimTables::open(tx, &indexes.claims),
+            claims: Lazy::new(tx, CLAIMS),
+            claim_expiry: Lazy::new(tx, CLAIM_EXPIRY),
             events: Lazy::new(tx, EVENTS),
             event_expiry: Lazy::new(tx, EVENT_EXPIRY),
             heads: Lazy::new(tx, HEADS),
             head_expiry: Lazy::new(tx, HEAD_EXPIRY),
             inbox: InboxTables::open(tx),
-            kv: KvTables::open(tx, &indexes.kv),
-            indexes,
+            kv: KvTables::open(tx, kv),
+            kv_index: kv,
             fence,
             fence_dirty: false,
         })
@@ -190,11 +191,8 @@ impl<'txn> Tables<'txn> {
         if self.fence_dirty {
             self.meta.insert(META_FENCE, self.fence)?;
         }
-        if let Some(next) = self.indexes.kv.next_id_moved() {
+        if let Some(next) = self.kv_index.next_id_moved() {
             self.meta.insert(META_KV_NEXT_ID, next)?;
-        }
-        if let Some(next) = self.indexes.claims.next_id_moved() {
-            self.meta.insert(META_CLAIM_NEXT_ID, next)?;
         }
         Ok(self.inbox.take_deltas())
     }
@@ -208,11 +206,8 @@ impl<'txn> Tables<'txn> {
                 fingerprint,
                 token,
             } => {
-                let stored = self.claims.load(key)?;
-                let live = stored
-                    .as_ref()
-                    .map(|(_, r)| r)
-                    .filter(|r| !r.is_expired(now));
+                let stored = self.load_claim(key)?;
+                let live = stored.as_ref().filter(|r| !r.is_expired(now));
                 let fence = &mut self.fence;
                 let dirty = &mut self.fence_dirty;
                 let (outcome, change) =
@@ -221,15 +216,12 @@ impl<'txn> Tables<'txn> {
                         *dirty = true;
                         *fence
                     });
-                self.claims.change(key, stored.as_ref(), change)?;
+                self.change_claim(key, stored.as_ref(), change)?;
                 Response::Claim(outcome)
             }
             Request::Done { key, token, ttl } => {
-                let stored = self.claims.load(key)?;
-                let live = stored
-                    .as_ref()
-                    .map(|(_, r)| r)
-                    .filter(|r| !r.is_expired(now));
+                let stored = self.load_claim(key)?;
+                let live = stored.as_ref().filter(|r| !r.is_expired(now));
                 let fence = &mut self.fence;
                 let dirty = &mut self.fence_dirty;
                 let (outcome, change) = claims::done(live, *token, *ttl, now, || {
@@ -237,27 +229,21 @@ impl<'txn> Tables<'txn> {
                     *dirty = true;
                     *fence
                 });
-                self.claims.change(key, stored.as_ref(), change)?;
+                self.change_claim(key, stored.as_ref(), change)?;
                 Response::Done(outcome)
             }
             Request::Release { key, token } => {
-                let stored = self.claims.load(key)?;
-                let live = stored
-                    .as_ref()
-                    .map(|(_, r)| r)
-                    .filter(|r| !r.is_expired(now));
+                let stored = self.load_claim(key)?;
+                let live = stored.as_ref().filter(|r| !r.is_expired(now));
                 let (outcome, change) = claims::release(live, *token);
-                self.claims.change(key, stored.as_ref(), change)?;
+                self.change_claim(key, stored.as_ref(), change)?;
                 Response::Release(outcome)
             }
             Request::Extend { key, token, ttl } => {
-                let stored = self.claims.load(key)?;
-                let live = stored
-                    .as_ref()
-                    .map(|(_, r)| r)
-                    .filter(|r| !r.is_expired(now));
+                let stored = self.load_claim(key)?;
+                let live = stored.as_ref().filter(|r| !r.is_expired(now));
                 let (outcome, change) = claims::extend(live, *token, *ttl, now);
-                self.claims.change(key, stored.as_ref(), change)?;
+                self.change_claim(key, stored.as_ref(), change)?;
                 Response::Extend(outcome)
             }
             Request::Apply {
@@ -307,6 +293,44 @@ impl<'txn> Tables<'txn> {
                 .map(|(h, _)| h.created_at))
         };
         self.inbox.execute(req, now, &head)
+    }
+
+    fn load_claim(&mut self, key: &ScopedKey) -> Result<Option<ClaimRecord>, redb::Error> {
+        Ok(self
+            .claims
+            .open()?
+            .get(key.as_str())?
+            .map(|g| claim_from_row(g.value())))
+    }
+
+    /// Applies `change`; `stored` is the row as stored (expired or not), whose
+    /// index entry must go when the row is replaced or removed.
+    fn change_claim(
+        &mut self,
+        key: &ScopedKey,
+        stored: Option<&ClaimRecord>,
+        change: Change,
+    ) -> Result<(), redb::Error> {
+        let k = key.as_str();
+        match change {
+            Change::Keep => {}
+            Change::Put(new) => {
+                if let Some(old) = stored {
+                    self.claim_expiry.open()?.remove((old.expires_at_ms, k))?;
+                }
+                self.claims.open()?.insert(k, claim_to_row(&new))?;
+                self.claim_expiry
+                    .open()?
+                    .insert((new.expires_at_ms, k), ())?;
+            }
+            Change::Delete => {
+                if let Some(old) = stored {
+                    self.claim_expiry.open()?.remove((old.expires_at_ms, k))?;
+                }
+                self.claims.open()?.remove(k)?;
+            }
+        }
+        Ok(())
     }
 
     fn apply(
@@ -386,7 +410,13 @@ impl<'txn> Tables<'txn> {
     fn purge(&mut self, now: Millis, limit: u64) -> Result<PurgeReport, redb::Error> {
         let mut report = PurgeReport::default();
         let mut budget = limit;
-        report.claims = self.claims.purge(now, budget)?;
+        let claims = self.claims.open()?;
+        report.claims = purge_table(self.claim_expiry.open()?, now, budget, |k, at| {
+            if claims.get(k)?.is_some_and(|g| g.value().3 == at) {
+                claims.remove(k)?;
+            }
+            Ok(())
+        })?;
         budget -= report.claims;
         let events = self.events.open()?;
         report.events = purge_table(self.event_expiry.open()?, now, budget, |k, at| {
@@ -407,9 +437,12 @@ impl<'txn> Tables<'txn> {
         report.kv = self.kv.purge(now, budget)?;
         budget -= report.kv;
         report.inbox = self.inbox.purge(now, budget)?;
-        let mut more =
-            self.inbox.has_due_expiry(now)? || self.kv.has_due(now)? || self.claims.has_due(now)?;
-        for index in [&mut self.event_expiry, &mut self.head_expiry] {
+        let mut more = self.inbox.has_due_expiry(now)? || self.kv.has_due(now)?;
+        for index in [
+            &mut self.claim_expiry,
+            &mut self.event_expiry,
+            &mut self.head_expiry,
+        ] {
             more |= index
                 .open()?
                 .first()?

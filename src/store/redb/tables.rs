@@ -1,8 +1,7 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 7. Version 6 and earlier files key claims by the key
-//! itself, and version 5 and 4 files the Redis-protocol keyspace too
-//! (opening one moves those rows to row ids).
+//! Schema version 6. Version 5 and 4 files key the Redis-protocol
+//! keyspace by the key itself (opening one moves its rows to row ids).
 //! Version 4 files keep each inbox event's body in its
 //! row (opening one moves the bodies to their own table); version 3
 //! files have no key-value tables (opening one creates them); version 2
@@ -12,7 +11,7 @@
 //! file migrates it). Any change to a table's key or row format bumps the
 //! version and adds a migration (or a refusal) to `migrate`. Every table
 //! with expiring rows has an index table keyed
-//! by `(expires_at_ms, key)` (or row id), so the reaper reads expired rows in expiry
+//! by `(expires_at_ms, key)`, so the reaper reads expired rows in expiry
 //! order and its cost follows what expired, not what is stored. Invariant:
 //! each row has exactly one index entry, at the row's current expiry;
 //! overwriting a row removes its old index entry first.
@@ -24,7 +23,7 @@ use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token};
 use crate::store::{ApplyOutcome, ClaimRecord, ClaimState, Head, ordering::EventRecord};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 7;
+pub const SCHEMA_VERSION: u64 = 6;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -36,25 +35,12 @@ pub const META_WAL_SEQ: &str = "wal_seq";
 /// Key in [`META`] of the last fence handed out.
 pub const META_FENCE: &str = "fence";
 
-/// A claim: (state, token, fence, expires_at_ms, fingerprint).
+/// Row of [`CLAIMS`]: (state, token, fence, expires_at_ms, fingerprint).
 pub type ClaimRow<'a> = (u8, [u8; 16], u64, u64, Option<&'a str>);
-/// Row of [`CLAIM_ROWS`]: (scoped key, the claim).
-pub type ClaimIdRow<'a> = (&'a str, ClaimRow<'a>);
-/// Claims by a row id handed out in increasing order, so a new claim is an
-/// append at the table's end (see `row_index`: which row holds each key is
-/// kept in memory, rebuilt from this table on open). Invariant: one row
-/// per key; a changed claim keeps its key's row id.
-pub const CLAIM_ROWS: TableDefinition<u64, ClaimIdRow<'static>> =
-    TableDefinition::new("claim_rows");
-/// Expiry index of [`CLAIM_ROWS`], by (expires_at_ms, row id).
-pub const CLAIM_ROW_EXPIRY: TableDefinition<(u64, u64), ()> =
-    TableDefinition::new("claim_row_expiry");
-/// Key in [`META`] of the next claim row id (written when it moves).
-pub const META_CLAIM_NEXT_ID: &str = "claim_next_id";
-/// Schema 1-6's claims, keyed by the scoped key; read only to migrate.
-pub const CLAIMS_V6: TableDefinition<&str, ClaimRow<'static>> = TableDefinition::new("claims");
-/// Schema 1-6's claim expiry index (dropped by the migration).
-pub const CLAIM_EXPIRY_V6: TableDefinition<(u64, &str), ()> = TableDefinition::new("claim_expiry");
+/// Claims by scoped key.
+pub const CLAIMS: TableDefinition<&str, ClaimRow<'static>> = TableDefinition::new("claims");
+/// Expiry index of [`CLAIMS`].
+pub const CLAIM_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("claim_expiry");
 
 /// Row of [`EVENTS`]: (stream, created_at ns, applied_at_ms, expires_at_ms, outcome).
 pub type EventRow<'a> = (&'a str, i128, u64, u64, u8);

@@ -33,7 +33,7 @@ use redb::{Database, Durability, ReadableDatabase};
 use tokio::sync::{mpsc, oneshot};
 
 use super::counts::StatusDeltas;
-use super::indexes::Indexes;
+use super::kv_index::KvIndex;
 use super::ops::{Request, Response, Tables};
 use super::syncer::{self, Job, Synced};
 use super::tables::{META, META_WAL_SEQ};
@@ -325,9 +325,9 @@ fn commit(
 ) -> Result<(Vec<Response>, StatusDeltas), redb::Error> {
     let result = run_batch(db, log, batch, shared);
     match &result {
-        Ok(_) => shared.indexes.keep(),
+        Ok(_) => shared.kv.keep(),
         Err(_) => {
-            if shared.indexes.rollback() {
+            if shared.kv.rollback() {
                 shared.watermark.abandoned();
             }
         }
@@ -348,7 +348,7 @@ fn run_batch(
     let mut responses = Vec::with_capacity(batch.len());
     let deltas;
     {
-        let mut tables = Tables::open(&tx, &shared.indexes, log.seq + 1)?;
+        let mut tables = Tables::open(&tx, &shared.kv, log.seq + 1)?;
         for (request, now, _) in batch {
             responses.push(tables.execute(request, *now)?);
         }
@@ -395,23 +395,23 @@ pub fn stored_seq(db: &Database) -> Result<u64, redb::Error> {
     Ok(meta.get(META_WAL_SEQ)?.map_or(0, |g| g.value()))
 }
 
-/// Builds the maps in memory (`indexes`) from the file, then applies the logged
+/// Builds the keyspace index `kv` from the file, then applies the logged
 /// batches the file does not hold yet (those after its `wal_seq`), in
 /// order, each as it ran; then a checkpoint makes them durable. Returns
 /// the sequence number of the last batch.
-pub fn replay(db: &Database, indexes: &Indexes, batches: Vec<Batch>) -> Result<u64, redb::Error> {
-    replay_up_to(db, indexes, batches, u64::MAX)
+pub fn replay(db: &Database, kv: &KvIndex, batches: Vec<Batch>) -> Result<u64, redb::Error> {
+    replay_up_to(db, kv, batches, u64::MAX)
 }
 
 /// [`replay`], leaving out batches after `last` (ones that were refused).
 fn replay_up_to(
     db: &Database,
-    indexes: &Indexes,
+    kv: &KvIndex,
     batches: Vec<Batch>,
     last: u64,
 ) -> Result<u64, redb::Error> {
     let mut seq = stored_seq(db)?;
-    indexes.rebuild(db, seq)?;
+    kv.rebuild(db, seq)?;
     let mut replayed = 0usize;
     let durable = seq;
     for batch in batches
@@ -422,7 +422,7 @@ fn replay_up_to(
         tx.set_durability(Durability::None)
             .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
         {
-            let mut tables = Tables::open(&tx, indexes, batch.seq)?;
+            let mut tables = Tables::open(&tx, kv, batch.seq)?;
             for (now, request) in &batch.ops {
                 tables.execute(request, *now)?;
             }
@@ -431,7 +431,7 @@ fn replay_up_to(
             let _ = tables.finish()?;
         }
         tx.commit()?;
-        indexes.keep();
+        kv.keep();
         seq = batch.seq;
         replayed += 1;
     }
@@ -518,7 +518,7 @@ fn reopen(
         opts.faults.clone(),
         stored_seq(&fresh)?,
     )?;
-    let seq = replay_up_to(&fresh, &shared.indexes, batches, acknowledged)?;
+    let seq = replay_up_to(&fresh, &shared.kv, batches, acknowledged)?;
     wal.reset()?;
     shared.counts.recount(&fresh)?;
     let _ = jobs.send(Job::Resume(wal.syncer()?));
