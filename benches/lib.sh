@@ -45,10 +45,10 @@ free_port() {
     die "no free port found"
 }
 
-build_release() { # sets BIN
+build_release() { # sets BIN (BIN_OVERRIDE: measure that binary instead, for A/B runs)
     log "cargo build --release"
     (cd "$ROOT" && cargo build --release --quiet "$@") || die "cargo build --release failed"
-    BIN=$ROOT/target/release/dedupd
+    BIN=${BIN_OVERRIDE:-$ROOT/target/release/dedupd}
 }
 
 # Builds (and cargo test runs) pollute the figures: before each measurement,
