@@ -598,3 +598,75 @@ mod keyspace {
         }
     }
 }
+
+/// The keyspace's map names a new key's row from the moment the writer
+/// runs its SET, and the row is there only once the batch commits, after
+/// its log append. While the append hangs (a slow or stuck disk), a GET of
+/// the key waits and never answers an error of its own: it answers
+/// "unavailable" (retry) at its deadline, or the value once the write is
+/// acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_of_a_large_value_whose_batch_has_not_committed_waits_for_it() {
+    use dedupd::store::redb::{KvRequest, KvResponse, SetCondition, SetExpiry};
+    let f = Arc::new(Faulty::open());
+    let value = vec![7u8; 4_000];
+    f.plan.set_appends_hung(true);
+    let write = tokio::spawn({
+        let f = f.clone();
+        let value = value.clone();
+        async move {
+            let req = KvRequest::Set {
+                key: b"big".to_vec(),
+                value,
+                condition: SetCondition::IfAbsent,
+                expiry: SetExpiry::Clear,
+                get: false,
+            };
+            f.store.kv_submit(req, T).await?.await
+        }
+    });
+    // Until the writer has run the SET, the key reads as absent; from then
+    // on, reads wait for it.
+    let mut read = tokio::spawn({
+        let f = f.clone();
+        async move {
+            loop {
+                match f.store.kv_get(b"big".to_vec(), T).await {
+                    Ok(None) => tokio::task::yield_now().await,
+                    other => return other,
+                }
+            }
+        }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut read)
+            .await
+            .is_err(),
+        "a GET answered while the SET's batch had not committed"
+    );
+    // Held past the reads' own deadline (2 s): they answer "unavailable",
+    // never an error of another kind, and never the value.
+    let held = tokio::time::timeout(Duration::from_millis(2_500), &mut read).await;
+    if let Ok(answer) = held {
+        let answer = answer.unwrap();
+        assert!(
+            matches!(answer, Err(StoreError::Unavailable(_))),
+            "while the append hangs: {answer:?}"
+        );
+    }
+    f.plan.set_appends_hung(false);
+    let written = write.await.unwrap().unwrap();
+    assert_eq!(
+        written,
+        KvResponse::Set {
+            written: true,
+            old: None
+        }
+    );
+    let got = f.store.kv_get(b"big".to_vec(), T).await.unwrap();
+    assert_eq!(got.map(|e| e.value), Some(value));
+    if !read.is_finished() {
+        let answer = read.await.unwrap().unwrap();
+        assert_eq!(answer.map(|e| e.value.len()), Some(4_000));
+    }
+}

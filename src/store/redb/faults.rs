@@ -6,6 +6,13 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
+/// What blocks while the disk "hangs".
+#[derive(Debug, Default, Clone, Copy)]
+struct Hang {
+    syncs: bool,
+    appends: bool,
+}
+
 /// What to fail, shared by a test and the backend. All counts start at 0.
 #[derive(Debug, Default)]
 pub struct FaultPlan {
@@ -19,9 +26,10 @@ pub struct FaultPlan {
     full: AtomicBool,
     /// Faults injected so far.
     injected: AtomicU64,
-    /// While true, every sync blocks (a disk that stopped answering).
-    hung: Mutex<bool>,
-    /// Wakes the syncs blocked by `hung`.
+    /// While set, every sync (and, with `appends`, every append to the
+    /// log) blocks: a disk that stopped answering.
+    hung: Mutex<Hang>,
+    /// Wakes what `hung` blocks.
     unhang: Condvar,
 }
 
@@ -55,18 +63,36 @@ impl FaultPlan {
     /// Makes every sync block until called with `false`: the writer hangs
     /// the way it does on a disk that stopped answering.
     pub fn set_hung(&self, hung: bool) {
-        *self.hung.lock().unwrap_or_else(PoisonError::into_inner) = hung;
+        self.hung
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .syncs = hung;
         self.unhang.notify_all();
     }
 
-    fn wait_while_hung(&self) {
+    /// Makes every append to the write-ahead log block until called with
+    /// `false`: the writer hangs after running a batch, before its commit.
+    pub fn set_appends_hung(&self, hung: bool) {
+        self.hung
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .appends = hung;
+        self.unhang.notify_all();
+    }
+
+    fn wait_while(&self, blocked: impl Fn(Hang) -> bool) {
         let mut hung = self.hung.lock().unwrap_or_else(PoisonError::into_inner);
-        while *hung {
+        while blocked(*hung) {
             hung = self
                 .unhang
                 .wait(hung)
                 .unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// Called before each append to the log: waits while appends hang.
+    pub fn before_append(&self) {
+        self.wait_while(|h| h.appends);
     }
 
     /// Faults injected so far.
@@ -78,7 +104,7 @@ impl FaultPlan {
     /// waits while the plan hangs syncs.
     pub fn trip(&self, sync: bool) -> bool {
         if sync {
-            self.wait_while_hung();
+            self.wait_while(|h| h.syncs);
             if !self.full.load(Ordering::SeqCst) && decrement(&self.pass_syncs) {
                 return false;
             }

@@ -17,8 +17,6 @@
 //! A key whose expiry is `<= now` reads as absent everywhere, whether or
 //! not the reaper has removed it yet.
 
-use std::time::{Duration, Instant};
-
 use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
@@ -359,41 +357,54 @@ fn missing_row(id: u64) -> redb::Error {
     ))
 }
 
-/// How long a read of a large value waits for the batch that wrote it to
-/// commit (it is in the index from the moment the writer runs it).
-const ROW_WAIT: Duration = Duration::from_secs(2);
+/// How often a read of a large value looks again for its row before it
+/// hands the wait to the caller (see [`Lookup::Pending`]).
+const ROW_TRIES: usize = 64;
 
-/// The live entry of `key` at `now`, and the last batch the answer may
-/// come from (the read waits for it to be on disk). `visible` gives the
-/// last batch a read transaction begun now may see.
+/// What a read of one key found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// The answer: the live entry, or `None`.
+    Found(Option<KvEntry>),
+    /// The map names a row that a read transaction does not see yet: the
+    /// batch that wrote it has not committed. Once the batch the answer
+    /// comes with is on disk (and so committed), read again.
+    Pending,
+}
+
+/// What `key` holds at `now`, and the last batch the answer may come from
+/// (the read waits for it to be on disk). `visible` gives the last batch a
+/// read transaction begun now may see.
 pub fn get(
     db: &Database,
     index: &KvIndex,
     visible: impl Fn() -> u64,
     key: &[u8],
     now: Millis,
-) -> Result<(Option<KvEntry>, u64), redb::Error> {
-    let deadline = Instant::now() + ROW_WAIT;
-    loop {
-        let (slot, seq) = {
+) -> Result<(Lookup, u64), redb::Error> {
+    let mut seq = 0;
+    for _ in 0..ROW_TRIES {
+        let slot;
+        (slot, seq) = {
             let ix = index.read();
             (ix.get(key).filter(|s| s.is_live(now)).cloned(), ix.seq())
         };
         let Some(slot) = slot else {
-            return Ok((None, seq));
+            return Ok((Lookup::Found(None), seq));
         };
         if let Some(value) = slot.inline {
             let entry = KvEntry {
                 value: value.into_vec(),
                 expires_at_ms: slot.expires_at_ms,
             };
-            return Ok((Some(entry), seq));
+            return Ok((Lookup::Found(Some(entry)), seq));
         }
         // A large value: from its row, as a read transaction begun now sees
-        // it. The row may be missing there (the batch that wrote it has not
-        // committed yet) or belong to a newer state of the key (the index
-        // was read first): either way the row is the answer once it holds
-        // this key, and the read waits for whichever batch is later.
+        // it. The row may belong to a newer state of the key than the map
+        // showed (the map was read first): the row is the answer once it
+        // holds this key, and the read waits for whichever batch is later.
+        // It may be missing: the batch that wrote it has not committed, or
+        // one that removed it committed after the map was read.
         let tx = db.begin_read()?;
         let seen = visible().max(seq);
         let rows = tx.open_table(KV_ROWS)?;
@@ -404,16 +415,16 @@ pub fn get(
                     value: value.to_vec(),
                     expires_at_ms,
                 };
-                return Ok((Some(entry).filter(|e| e.is_live(now)), seen));
+                return Ok((Lookup::Found(Some(entry).filter(|e| e.is_live(now))), seen));
             }
         }
         drop(rows);
         drop(tx);
-        if Instant::now() >= deadline {
-            return Err(missing_row(slot.id));
-        }
         std::thread::yield_now();
     }
+    // Still not committed (a slow log append or sync): wait for that batch
+    // without holding a thread.
+    Ok((Lookup::Pending, seq))
 }
 
 /// How many of `keys` exist at `now` (a repeated key counts each time),

@@ -446,6 +446,10 @@ impl RedbStore {
     }
 }
 
+/// How many times a keyspace read waits for the batch writing the row it
+/// looks for (each wait is one batch's sync, or up to [`READ_REOPEN_WAIT`]).
+const KV_PENDING_TRIES: usize = 16;
+
 /// How long a read waits for the file to be reopened after a disk fault
 /// before it answers `Unavailable`.
 const READ_REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -721,10 +725,23 @@ impl RedbStore {
 
     /// The live entry of `key` at `now`.
     pub async fn kv_get(&self, key: Vec<u8>, now: Millis) -> Result<Option<KvEntry>, StoreError> {
-        self.read_seen(move |db, shared| {
-            kv::get(db, &shared.kv, || shared.watermark.visible(), &key, now)
-        })
-        .await
+        let key = Arc::new(key);
+        // A pending row's batch is on disk (so committed) by the time
+        // `read_seen` returns: the next look finds the row, or a newer state.
+        for _ in 0..KV_PENDING_TRIES {
+            let key = key.clone();
+            let found = self
+                .read_seen(move |db, shared| {
+                    kv::get(db, &shared.kv, || shared.watermark.visible(), &key, now)
+                })
+                .await?;
+            if let kv::Lookup::Found(entry) = found {
+                return Ok(entry);
+            }
+        }
+        Err(StoreError::Unavailable(
+            "a value being written was not committed in time; retry".into(),
+        ))
     }
 
     /// How many of `keys` exist at `now`, a repeated key each time.

@@ -233,6 +233,9 @@ impl Wal {
         if self.len + record.len() as u64 > self.capacity {
             self.grow(record.len() as u64)?;
         }
+        if let Some(plan) = &self.faults {
+            plan.before_append();
+        }
         let written = fault(self.faults.as_ref(), false)
             .and_then(|()| self.file.write_all_at(&record, self.len));
         match written {
