@@ -240,16 +240,19 @@ impl Application {
                 .wrap(from_fn(observe_requests))
                 .app_data(state.clone())
                 .app_data(tokens.clone())
-                .configure(routes::health::configure)
-                .configure(routes::ingest::configure)
-                .configure(routes::metrics::configure)
-                .configure(routes::openapi::configure)
-                .configure(routes::ui::configure)
+                // `/v1` first: actix tries resources in order, and the claims
+                // (the hottest routes) then skip the regex matches of
+                // `/ingest/{source}` and `/ui/{file}`. No path overlaps.
                 .service(
                     web::scope("/v1")
                         .wrap(from_fn(require_bearer))
                         .configure(routes::configure_v1),
                 )
+                .configure(routes::health::configure)
+                .configure(routes::ingest::configure)
+                .configure(routes::metrics::configure)
+                .configure(routes::openapi::configure)
+                .configure(routes::ui::configure)
                 .default_service(web::to(routes::not_found))
         })
         // Signals are handled by the caller (see `main`): actix treats SIGINT
