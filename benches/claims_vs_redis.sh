@@ -3,10 +3,14 @@
 # durable (AOF, appendfsync always), with Redis without persistence for
 # reference. Same concurrency levels, random keys, fixed duration each.
 #
-#   benches/claims_vs_redis.sh                       # 10 s per run, 16 64 256
-#   DURATION=3 CONCURRENCY="64" KEEP=1 benches/claims_vs_redis.sh
+#   benches/claims_vs_redis.sh                       # 3 rounds, 10 s per run, 16 64 256
+#   ROUNDS=1 DURATION=3 CONCURRENCY="64" KEEP=1 benches/claims_vs_redis.sh
 #
-# Env: DURATION (s, default 10), CONCURRENCY (default "16 64 256"),
+# Env: ROUNDS (default 3: every run is repeated this many times, rounds one
+# after the other, and the tables show each figure's median over the rounds
+# beside every round's ratios: this VM's disk latency moves Redis's and
+# dedupd's figures by 30 % from one run to the next), DURATION (s, default
+# 10), CONCURRENCY (default "16 64 256"),
 # KEEP=1 (keep the temp dir), MIX=0 (skip the claim->done mix), FLOOR=0
 # (skip the GET /healthz runs that show wrk's own latency floor), SAME=0
 # (skip the runs with one client for both sides, benches/loadgen.rs),
@@ -19,6 +23,7 @@
 set -euo pipefail
 
 BENCH=claims_vs_redis
+ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
 CONCURRENCY=${CONCURRENCY:-16 64 256}
 MIX=${MIX:-1}
@@ -33,6 +38,7 @@ need redis-server redis-server redis-tools
 need redis-benchmark redis-tools
 need redis-cli redis-tools
 need wrk wrk
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive number, not '$ROUNDS'"
 for t in curl cargo ss awk; do command -v $t >/dev/null || die "'$t' is missing"; done
 
 build_release
@@ -107,7 +113,7 @@ EOF
 RES=$TMP/results; : >"$RES"
 CPU=$TMP/cpu; : >"$CPU"
 cpu_row() { # KIND C OPS: the server's CPU per request over the run just measured
-    printf '  c=%-4s %-6s %s\n' "$2" "$1" "$(cpu_per_op "$TMP/cpu0" "$TMP/cpu1" "$3")" >>"$CPU"
+    printf '  round %s  c=%-4s %-10s %s\n' "$ROUND" "$2" "$1" "$(cpu_per_op "$TMP/cpu0" "$TMP/cpu1" "$3")" >>"$CPU"
 }
 run_wrk() { # KIND C SCRIPT
     local out f0
@@ -121,8 +127,8 @@ run_wrk() { # KIND C SCRIPT
     cpu_row "$1" "$2" "$4"
     # kind c rps p50ms p99ms non2xx sockerr flag
     awk -v k="$1" -v c="$2" -v f="$f0/$(flag)" -v n="$4" -v d="$5" -v s="$6" -v e="$7" -v a="$8" -v b="$9" \
-        'BEGIN { printf "%s %s %.0f %.3f %.3f %d %d %s\n", k, c, n / d * 1e6, a / 1000, b / 1000, s, e, f }' >>"$RES"
-    { grep '^MIX' <<<"$out" || true; } | awk -v c="$2" '{ cl += $2; dn += $3; bd += $4 } END { if (NR) print "mixcount", c, cl, dn, bd }' >>"$RES"
+        -v r="$ROUND" 'BEGIN { printf "%s %s %.0f %.3f %.3f %d %d %s %s\n", k, c, n / d * 1e6, a / 1000, b / 1000, s, e, f, r }' >>"$RES"
+    { grep '^MIX' <<<"$out" || true; } | awk -v c="$2" -v r="$ROUND" '{ cl += $2; dn += $3; bd += $4 } END { if (NR) print "mixcount", c, cl, dn, bd, 0, 0, "-", r }' >>"$RES"
 }
 RB_CMD=(SET k:__rand_int__ processing NX EX 300)
 RB_OPTS=(-r 100000000 --csv); [ "$RB_THREADS" -gt 1 ] && RB_OPTS+=(--threads "$RB_THREADS")
@@ -141,7 +147,7 @@ run_redis() { # KIND PORT PID C
     cpu_row "$1" "$3" "$n"
     [ -n "$line" ] || die "no redis-benchmark result for $1 c=$3"
     log "   $n requests in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
-    awk -F'"' -v k="$1" -v c="$3" -v f="$f0/$(flag)" '{ printf "%s %s %.0f %.3f %.3f 0 0 %s\n", k, c, $4, $10, $14, f }' <<<"$line" >>"$RES"
+    awk -F'"' -v k="$1" -v c="$3" -v f="$f0/$(flag)" -v r="$ROUND" '{ printf "%s %s %.0f %.3f %.3f 0 0 %s %s\n", k, c, $4, $10, $14, f, r }' <<<"$line" >>"$RES"
 }
 run_same() { # KIND LOADGEN-KIND PORT PID C: the same client (benches/loadgen.rs) for every server
     local out f0 r
@@ -151,13 +157,15 @@ run_same() { # KIND LOADGEN-KIND PORT PID C: the same client (benches/loadgen.rs
     threads_cpu "$4" >"$TMP/cpu1"
     r=$(grep '^RESULT' <<<"$out") || die "no loadgen result for $1 c=$5: $out"
     # kind c rps p50ms p99ms errors 0 flag
-    awk -v k="$1" -v c="$5" -v f="$f0/$(flag)" '{
+    awk -v k="$1" -v c="$5" -v f="$f0/$(flag)" -v r="$ROUND" '{
         for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-        printf "%s %s %.0f %.3f %.3f %d 0 %s\n", k, c, v["rps"], v["p50_ms"], v["p99_ms"], v["errors"], f
+        printf "%s %s %.0f %.3f %.3f %d 0 %s %s\n", k, c, v["rps"], v["p50_ms"], v["p99_ms"], v["errors"], f, r
     }' <<<"$r" >>"$RES"
     cpu_row "$1" "$5" "$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$r")"
 }
+for ROUND in $(seq "$ROUNDS"); do
 for c in $CONCURRENCY; do
+    log "round $ROUND of $ROUNDS"
     if [ "$SAME" = 1 ]; then
         log "c=$c: same client: dedupd claims";  run_same same-claim http-claim "$DPORT" "$DPID" "$c"
         log "c=$c: same client: redis AOF";      run_same same-aof resp-set "$RAOF" "$PAOF" "$c"
@@ -170,6 +178,28 @@ for c in $CONCURRENCY; do
     if [ "$MIX" = 1 ]; then log "c=$c: dedupd claim->done"; run_wrk mix "$c" "$TMP/mix.lua"; fi
     if [ "$FLOOR" = 1 ]; then log "c=$c: dedupd GET /healthz"; run_wrk floor "$c" "$TMP/floor.lua"; fi
 done
+done
+
+# Each (kind, connections): the median of every figure over the rounds
+# (errors summed), so the tables below read as one run's.
+MED=$TMP/medians
+awk '
+    function med(list,    v, n, i, j, t) {
+        n = split(list, v, " ")
+        for (i = 2; i <= n; i++) { t = v[i] + 0; for (j = i - 1; j >= 1 && v[j] + 0 > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    }
+    {
+        id = $1 " " $2; if (!(id in seen)) { seen[id] = 1; ids[++m] = id }
+        for (i = 3; i <= 5; i++) f[id, i] = f[id, i] " " $i
+        e6[id] += $6; e7[id] += $7; fl[id] = fl[id] (fl[id] == "" ? "" : ",") $8
+    }
+    END {
+        for (x = 1; x <= m; x++) {
+            id = ids[x]; split(id, k, " ")
+            printf "%s %s %.0f %.3f %.3f %d %d %s\n", k[1], k[2], med(f[id, 3]), med(f[id, 4]), med(f[id, 5]), e6[id], e7[id], fl[id]
+        }
+    }' "$RES" >"$MED"
 
 # --- report -----------------------------------------------------------------------
 echo
@@ -189,7 +219,7 @@ awk '
                 d[3], d[4], d[5], d[6] + d[7], a[3], a[4], a[5], z[3], z[4], z[5],
                 a[3] ? d[3] / a[3] : 0, a[5] ? d[5] / a[5] : 0, d[8], a[8], z[8]
         }
-    }' "$RES"
+    }' "$MED"
 if [ "$MIX" = 1 ]; then
     echo
     echo "dedupd claim->done mix (each 201 claim is followed by POST /done with its token; ops = claims + dones):"
@@ -201,7 +231,7 @@ if [ "$MIX" = 1 ]; then
                 c = cs[i]; split(m[c], r, " "); split(x[c], y, " ")
                 printf "%5s | %8d %11d %6.2f %6.2f | %9d %9d %6d | %s\n", c, r[3], r[3] / 2, r[4], r[5], y[3], y[4], y[5] + r[7], r[8]
             }
-        }' "$RES"
+        }' "$MED"
 fi
 if [ "$FLOOR" = 1 ]; then
     echo
@@ -215,7 +245,7 @@ if [ "$FLOOR" = 1 ]; then
                 c = cs[i]; split(f[c], r, " "); split(d[c], x, " ")
                 printf "%5s | %9d %6.2f %6.2f | %5.2fx\n", c, r[3], r[4], r[5], r[5] ? x[5] / r[5] : 0
             }
-        }' "$RES"
+        }' "$MED"
 fi
 if [ "$SAME" = 1 ]; then
     echo
@@ -232,8 +262,31 @@ if [ "$SAME" = 1 ]; then
                     d[3], d[4], d[5], a[3], a[4], a[5], z[3], z[4], z[5],
                     a[3] ? d[3] / a[3] : 0, a[5] ? d[5] / a[5] : 0, f[3], f[5], d[6], a[6], z[6], d[8], a[8], z[8]
             }
-        }' "$RES"
+        }' "$MED"
 fi
+echo
+echo "dedupd / Redis AOF always in each round (throughput, p99; each pair ran back to back), and the median of each:"
+awk '
+    function med(list,    v, n, i, j, t) {
+        n = split(list, v, " ")
+        for (i = 2; i <= n; i++) { t = v[i] + 0; for (j = i - 1; j >= 1 && v[j] + 0 > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    }
+    { r[$1 " " $2 " " $9] = $3 " " $5; if ($9 > nr) nr = $9; if ($1 == "claim" && !($2 in seen)) { seen[$2] = 1; cs[++nc] = $2 } }
+    END {
+        split("claim,aof,wrk / redis-benchmark,same-claim,same-aof,one client (loadgen)", p, ",")
+        for (i = 1; i <= nc; i++) for (q = 1; q <= 4; q += 3) {
+            line = ""; tl = ""; pl = ""
+            for (k = 1; k <= nr; k++) {
+                d = r[p[q] " " cs[i] " " k]; a = r[p[q + 1] " " cs[i] " " k]
+                if (d == "" || a == "") continue
+                split(d, dv, " "); split(a, av, " ")
+                t = av[1] ? dv[1] / av[1] : 0; l = av[2] ? dv[2] / av[2] : 0
+                line = line sprintf(" %5.2fx %5.2fx |", t, l); tl = tl " " t; pl = pl " " l
+            }
+            if (line != "") printf "  c=%-4s %-24s |%s median %5.2fx %5.2fx\n", cs[i], p[q + 2] ":", line, med(tl), med(pl)
+        }
+    }' "$RES"
 echo
 echo "Server CPU per request, in microseconds (user + system time of each thread name, from /proc, over the measured run):"
 cat "$CPU"
