@@ -180,15 +180,18 @@ for c in $CONCURRENCY; do
 done
 done
 
-# Each (kind, connections): the median of every figure over the rounds
-# (errors summed), so the tables below read as one run's.
-MED=$TMP/medians
-awk '
+# med(list): the median of a space-separated list of numbers (insertion
+# sort: a list holds one value per round).
+AWK_MED='
     function med(list,    v, n, i, j, t) {
         n = split(list, v, " ")
         for (i = 2; i <= n; i++) { t = v[i] + 0; for (j = i - 1; j >= 1 && v[j] + 0 > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
         return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-    }
+    }'
+# Each (kind, connections): the median of every figure over the rounds
+# (errors summed), so the tables below read as one run's.
+MED=$TMP/medians
+awk "$AWK_MED"'
     {
         id = $1 " " $2; if (!(id in seen)) { seen[id] = 1; ids[++m] = id }
         for (i = 3; i <= 5; i++) f[id, i] = f[id, i] " " $i
@@ -266,12 +269,7 @@ if [ "$SAME" = 1 ]; then
 fi
 echo
 echo "dedupd / Redis AOF always in each round (throughput, p99; each pair ran back to back), and the median of each:"
-awk '
-    function med(list,    v, n, i, j, t) {
-        n = split(list, v, " ")
-        for (i = 2; i <= n; i++) { t = v[i] + 0; for (j = i - 1; j >= 1 && v[j] + 0 > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
-        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-    }
+awk "$AWK_MED"'
     { r[$1 " " $2 " " $9] = $3 " " $5; if ($9 > nr) nr = $9; if ($1 == "claim" && !($2 in seen)) { seen[$2] = 1; cs[++nc] = $2 } }
     END {
         split("claim,aof,wrk / redis-benchmark,same-claim,same-aof,one client (loadgen)", p, ",")
