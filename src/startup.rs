@@ -104,6 +104,7 @@ impl Application {
             faults: None,
             checkpoint_bytes: s.storage.checkpoint_bytes,
             checkpoint_interval: s.storage.checkpoint_interval,
+            checkpoint_idle: s.storage.checkpoint_idle,
             commit_metrics: CommitMetrics {
                 seconds: metrics.store_commit.clone(),
                 batch_size: metrics.store_batch.clone(),

@@ -174,6 +174,10 @@ pub struct StorageSettings {
     /// ... or once this long passed since the last one.
     #[serde(with = "humantime_serde")]
     pub checkpoint_interval: Duration,
+    /// ... or once no write came for this long (with anything logged), so
+    /// a quiet moment takes the checkpoint instead of the next burst.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_idle: Duration,
     /// The Redis backend.
     pub redis: RedisSettings,
 }
@@ -259,6 +263,7 @@ impl Default for Settings {
                 max_batch: 512,
                 checkpoint_bytes: 64 * 1024 * 1024,
                 checkpoint_interval: Duration::from_secs(30),
+                checkpoint_idle: Duration::from_secs(1),
                 redis: RedisSettings {
                     url: Secret::new("redis://127.0.0.1:6379"),
                     cluster_nodes: Vec::new(),
@@ -619,6 +624,11 @@ impl Settings {
             || self.storage.checkpoint_interval > Duration::from_secs(3600)
         {
             bad("storage.checkpoint_interval", "must be 100ms to 1h".into());
+        }
+        if self.storage.checkpoint_idle < Duration::from_millis(10)
+            || self.storage.checkpoint_idle > Duration::from_secs(3600)
+        {
+            bad("storage.checkpoint_idle", "must be 10ms to 1h".into());
         }
         self.validate_redis(&mut bad);
         if self.reaper.interval.as_millis() == 0 {

@@ -523,6 +523,9 @@ fn check_config_refuses_settings_that_open_holes_and_says_why() {
 [claims]
 max_ttl = "4000d"
 
+[storage]
+checkpoint_idle = "5ms"
+
 [sources.sume]
 scheme = "sume"
 secrets = ["sume-secret"]
@@ -551,6 +554,7 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
         ("sources.sume.stream", "not covered by the sume signature"),
         ("sources.sume.tolerance", "must be 1s to 1h"),
         ("sources.sw.tolerance", "must be 1s to 1h"),
+        ("storage.checkpoint_idle", "must be 10ms to 1h"),
     ] {
         assert!(
             stderr.lines().any(|l| l.contains(key) && l.contains(why)),

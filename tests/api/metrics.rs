@@ -1,6 +1,8 @@
 //! `GET /metrics`: every family from the first scrape, then the counts
 //! after known traffic, read back from a real scrape.
 
+use std::time::{Duration, Instant};
+
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -254,6 +256,45 @@ async fn metrics_need_a_token_when_tokens_are_configured() {
         .client
         .get(app.url("/metrics"))
         .bearer_auth("metrics-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+/// A quiet moment takes the checkpoint: once no write has come for
+/// `storage.checkpoint_idle`, the writer checkpoints what is logged, so
+/// the stall falls there and not on the first writes of the next burst.
+/// (Otherwise nothing here would checkpoint: the log holds a few hundred
+/// bytes of its 64 MiB, and the interval is an hour.)
+#[tokio::test]
+async fn a_quiet_moment_takes_the_checkpoint() {
+    let app = spawn_app_with(|l| {
+        l.settings.storage.checkpoint_idle = Duration::from_millis(50);
+        l.settings.storage.checkpoint_interval = Duration::from_secs(3600);
+    })
+    .await;
+    let res = app
+        .request(Method::POST, "/v1/claims/quiet-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let scrape = app.scrape().await;
+        if count(&scrape, "dedupd_store_checkpoint_seconds_count", &[]) >= 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint 10 s after the last write:\n{scrape}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The claim was made durable in the file, and still answers.
+    let res = app
+        .request(Method::GET, "/v1/claims/quiet-1")
         .send()
         .await
         .unwrap();

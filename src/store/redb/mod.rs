@@ -68,6 +68,10 @@ pub struct RedbOptions {
     pub checkpoint_bytes: u64,
     /// ... or once this long passed since the last one (with anything logged).
     pub checkpoint_interval: std::time::Duration,
+    /// ... or once no write came for this long (with anything logged): the
+    /// checkpoint's stall then falls in a quiet moment, not on the first
+    /// writes after it.
+    pub checkpoint_idle: std::time::Duration,
     /// Where the writer records each group commit.
     pub commit_metrics: CommitMetrics,
 }
@@ -106,6 +110,7 @@ impl RedbOptions {
             faults: None,
             checkpoint_bytes: 64 * 1024 * 1024,
             checkpoint_interval: std::time::Duration::from_secs(30),
+            checkpoint_idle: std::time::Duration::from_secs(1),
             commit_metrics: CommitMetrics::default(),
         }
     }

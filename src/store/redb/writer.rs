@@ -177,6 +177,16 @@ fn write_loop(
     let mut batch = Vec::with_capacity(max_batch);
     let mut stopping = false;
     let mut reopen_wait = REOPEN_FIRST;
+    // Waits for the next write with a timeout while something is logged,
+    // so a quiet moment takes the checkpoint instead of the first writes
+    // after it (the queue's blocking receive has no timeout).
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .inspect_err(
+            |e| tracing::warn!(error = %e, "no checkpoints when idle: cannot start a timer"),
+        )
+        .ok();
     while !stopping {
         if !shared.is_healthy() {
             match recover(shared, &mut db, opts, &mut log, jobs) {
@@ -212,7 +222,29 @@ fn write_loop(
                 }
             }
         }
-        let Some(first) = rx.blocking_recv() else {
+        let logged = log.as_ref().is_some_and(|l| !l.wal.is_empty());
+        let first = match &idle {
+            Some(rt) if logged => match rx.try_recv() {
+                Ok(env) => Some(env),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    // The timer is made inside: it needs the runtime.
+                    let wait =
+                        async { tokio::time::timeout(opts.checkpoint_idle, rx.recv()).await };
+                    match rt.block_on(wait) {
+                        Ok(env) => env,
+                        Err(_) => {
+                            if let (Some(db), Some(l)) = (&db, log.as_mut()) {
+                                checkpoint_now(shared, db, l, opts, "idle");
+                            }
+                            continue;
+                        }
+                    }
+                }
+            },
+            _ => rx.blocking_recv(),
+        };
+        let Some(first) = first else {
             break;
         };
         for env in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
@@ -293,22 +325,29 @@ fn write_loop(
         if let (Some(db), Some(l)) = (&db, log.as_mut())
             && (stopping || l.checkpoint_due(opts))
         {
-            let started = Instant::now();
-            match l.checkpoint(db) {
-                // Everything committed is durable in the file now.
-                Ok(()) => {
-                    shared.watermark.synced(l.seq);
-                    let took = started.elapsed();
-                    opts.commit_metrics
-                        .checkpoint_seconds
-                        .record(took.as_secs_f64());
-                    tracing::debug!(ms = took.as_millis() as u64, "checkpoint");
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "checkpoint failed: writes answer 503 until the data file can be written");
-                    shared.healthy.store(false, Ordering::SeqCst);
-                }
-            }
+            checkpoint_now(shared, db, l, opts, if stopping { "stop" } else { "due" });
+        }
+    }
+}
+
+/// Makes everything committed durable in the file and empties the log; a
+/// failure marks the store unhealthy (writes answer 503 until the file is
+/// reopened). `why` is for the log line.
+fn checkpoint_now(shared: &Shared, db: &Database, log: &mut Logged, opts: &RedbOptions, why: &str) {
+    let started = Instant::now();
+    match log.checkpoint(db) {
+        // Everything committed is durable in the file now.
+        Ok(()) => {
+            shared.watermark.synced(log.seq);
+            let took = started.elapsed();
+            opts.commit_metrics
+                .checkpoint_seconds
+                .record(took.as_secs_f64());
+            tracing::debug!(ms = took.as_millis() as u64, why, "checkpoint");
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "checkpoint failed: writes answer 503 until the data file can be written");
+            shared.healthy.store(false, Ordering::SeqCst);
         }
     }
 }
