@@ -117,7 +117,9 @@ cpu_row() { # KIND C OPS: the server's CPU per request over the run just measure
 }
 # dedupd checkpoints once no write came for storage.checkpoint_idle (1 s):
 # after a run that wrote, wait for that (up to 5 s), so its disk writes do
-# not land in the next server's run; its CPU counts in the run's.
+# not land in the next server's run. (Not counted in the run's CPU: while
+# earlier runs' claims expire, the reaper's deletes would be too; once
+# they do, 5 min after the first run, the writer is rarely idle for 1 s.)
 checkpoints() { curl -s "http://127.0.0.1:$DPORT/metrics" | awk '$1 == "dedupd_store_checkpoint_seconds_count" { print $2 }'; }
 settle() {
     local n0 i; n0=$(checkpoints)
@@ -129,8 +131,8 @@ run_wrk() { # KIND C SCRIPT
     wait_quiet; f0=$(flag)
     threads_cpu "$DPID" >"$TMP/cpu0"
     out=$(wrk -t "$WRK_THREADS" -c "$2" -d "${DURATION}s" --timeout 10s -s "$3" "http://127.0.0.1:$DPORT" -- "$1$2-$RANDOM$RANDOM")
-    [ "$1" = floor ] || settle
     threads_cpu "$DPID" >"$TMP/cpu1"
+    [ "$1" = floor ] || settle
     echo "$out" >"$TMP/wrk-$1-$2.txt"
     local r; r=$(grep '^RESULT' <<<"$out") || die "no wrk result for $1 c=$2: $out"
     set -- "$1" "$2" $r
@@ -164,8 +166,8 @@ run_same() { # KIND LOADGEN-KIND PORT PID C: the same client (benches/loadgen.rs
     wait_quiet; f0=$(flag)
     threads_cpu "$4" >"$TMP/cpu0"
     out=$("$LOADGEN" "$2" "127.0.0.1:$3" "$5" "$DURATION" 2 1) || die "loadgen $2 c=$5 failed: $out"
-    if [ "$1" = same-claim ]; then settle; fi
     threads_cpu "$4" >"$TMP/cpu1"
+    if [ "$1" = same-claim ]; then settle; fi
     r=$(grep '^RESULT' <<<"$out") || die "no loadgen result for $1 c=$5: $out"
     # kind c rps p50ms p99ms errors 0 flag round p99ms-with-wrk's-correction
     awk -v k="$1" -v c="$5" -v f="$f0/$(flag)" -v r="$ROUND" '{
