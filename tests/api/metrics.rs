@@ -274,12 +274,7 @@ async fn a_quiet_moment_takes_the_checkpoint() {
         l.settings.storage.checkpoint_interval = Duration::from_secs(3600);
     })
     .await;
-    let res = app
-        .request(Method::POST, "/v1/claims/quiet-1")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::CREATED);
+    app.claim_ok("quiet-1", json!({})).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let scrape = app.scrape().await;
@@ -293,10 +288,5 @@ async fn a_quiet_moment_takes_the_checkpoint() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The claim was made durable in the file, and still answers.
-    let res = app
-        .request(Method::GET, "/v1/claims/quiet-1")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(app.get("quiet-1").await.status(), StatusCode::OK);
 }
