@@ -42,8 +42,10 @@ fn serve_says_ready_pings_the_watchdog_and_says_stopping_on_sigterm() {
         .current_dir(dir.path())
         .env("DEDUPD_LISTEN", "127.0.0.1:0")
         .env("NOTIFY_SOCKET", &path)
-        // Pings every 100 ms.
-        .env("WATCHDOG_USEC", "200000");
+        // Pings every 500 ms, each after the writer and the dispatcher
+        // answered within 250 ms: at 200 ms (answers within 50 ms) one
+        // ping failed in CI while the whole suite loaded the disk and cores.
+        .env("WATCHDOG_USEC", "1000000");
     let (mut child, port, drain) = spawn_serving(cmd);
 
     // READY comes once the store is open and the port bound (it answers).
