@@ -5,6 +5,9 @@
 //! attempt) on events with small and large bodies: since the bodies have a
 //! table of their own, a turn costs the same whatever the body's size.
 //!
+//! And the reaper: deleting expired claims, spread over a table of
+//! 200,000, 100 or 2,000 per write request.
+//!
 //! Run: `cargo bench --bench store`. Besides divan's timings (items/s is
 //! claims or turns per second), each claim case prints the claims per
 //! commit it achieved.
@@ -140,5 +143,62 @@ fn retry_turn(bencher: Bencher, body_kib: usize) {
             }
         });
     });
+    rt.block_on(store.close());
+}
+
+/// Claims stored before the reaper's benchmark, in [`SLICES`] slices that
+/// expire one second apart: each iteration deletes one slice.
+const STORED: u64 = 200_000;
+/// Expiry times among the stored claims.
+const SLICES: u64 = 10;
+
+/// The reaper's deletions: what it costs the writer to delete expired
+/// claims (keys spread over the table, as random keys are), `limit` per
+/// write request (the reaper's `batch_size`, default 100).
+#[divan::bench(args = [100, 2000], sample_count = 10, sample_size = 1)]
+fn purge(bencher: Bencher, limit: u64) {
+    let (rt, _dir, store) = setup();
+    let next = Arc::new(AtomicU64::new(0));
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let store = store.clone();
+                let next = next.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        if n >= STORED {
+                            break;
+                        }
+                        // Keys in no relation to their expiry order.
+                        let name = format!("k{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                        let key = ScopedKey::api(&Key::parse(&name, "key").unwrap());
+                        let ttl = Ttl::from_ms_unchecked(60_000 + (n % SLICES) * 1_000);
+                        store.claim(&key, ttl, None, 1).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let slice = Arc::new(AtomicU64::new(0));
+    bencher
+        .counter(ItemsCount::new(STORED / SLICES))
+        .bench_local(|| {
+            let now = 1 + 60_000 + slice.fetch_add(1, Ordering::Relaxed) * 1_000;
+            rt.block_on(async {
+                let mut deleted = 0;
+                loop {
+                    let r = store.purge_expired(now, limit).await.unwrap();
+                    deleted += r.claims;
+                    if !r.more {
+                        break;
+                    }
+                }
+                assert_eq!(deleted, STORED / SLICES, "one slice expires at a time");
+            });
+        });
     rt.block_on(store.close());
 }

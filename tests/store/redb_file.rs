@@ -824,3 +824,43 @@ fn stored_schema(path: &std::path::Path) -> (u64, Vec<String>) {
         .value();
     (version, tables)
 }
+
+/// The reaper trusts a claim's row over its expiry index: an index entry
+/// whose row now expires at another time (as a file written by a bug or by
+/// hand could hold) removes only itself, and the claim lives on until its
+/// own expiry.
+#[tokio::test]
+async fn a_stray_expiry_entry_does_not_reap_a_claim_that_expires_later() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("stray.redb");
+    let key = ScopedKey::api(&Key::parse("order-1", "key").unwrap());
+    let fence = {
+        let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+        s.claim(&key, Ttl::from_ms_unchecked(60_000), None, 1_000)
+            .await
+            .unwrap();
+        let fence = s.get(&key, 1_000).await.unwrap().unwrap().fence;
+        s.close().await;
+        fence
+    };
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        let index: redb::TableDefinition<(u64, &str), ()> =
+            redb::TableDefinition::new("claim_expiry");
+        tx.open_table(index)
+            .unwrap()
+            .insert((2_000, key.as_str()), ())
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let r = s.purge_expired(5_000, 100).await.unwrap();
+    assert_eq!(r.claims, 1, "the stray entry is gone");
+    let view = s.get(&key, 5_000).await.unwrap().expect("the claim stays");
+    assert_eq!((view.fence, view.expires_at_ms), (fence, 61_000));
+    assert_eq!(s.purge_expired(5_000, 100).await.unwrap().claims, 0);
+    assert_eq!(s.purge_expired(61_000, 100).await.unwrap().claims, 1);
+    assert!(s.get(&key, 1_000).await.unwrap().is_none(), "then it goes");
+    s.close().await;
+}

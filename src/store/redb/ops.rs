@@ -4,7 +4,7 @@
 //! [`crate::store::claims`] / [`crate::store::ordering`] what to do, and keeps
 //! the expiry indexes in step with the rows.
 
-use redb::{ReadableTable, Table, WriteTransaction};
+use redb::{ReadableTable, Table, Value, WriteTransaction};
 
 use super::counts::StatusDeltas;
 use super::inbox::{InboxRequest, InboxResponse, InboxTables};
@@ -412,26 +412,17 @@ impl<'txn> Tables<'txn> {
         let mut budget = limit;
         let claims = self.claims.open()?;
         report.claims = purge_table(self.claim_expiry.open()?, now, budget, |k, at| {
-            if claims.get(k)?.is_some_and(|g| g.value().3 == at) {
-                claims.remove(k)?;
-            }
-            Ok(())
+            remove_expiring(claims, k, at, |r| r.3)
         })?;
         budget -= report.claims;
         let events = self.events.open()?;
         report.events = purge_table(self.event_expiry.open()?, now, budget, |k, at| {
-            if events.get(k)?.is_some_and(|g| g.value().3 == at) {
-                events.remove(k)?;
-            }
-            Ok(())
+            remove_expiring(events, k, at, |r| r.3)
         })?;
         budget -= report.events;
         let heads = self.heads.open()?;
         report.heads = purge_table(self.head_expiry.open()?, now, budget, |k, at| {
-            if heads.get(k)?.is_some_and(|g| g.value().2 == at) {
-                heads.remove(k)?;
-            }
-            Ok(())
+            remove_expiring(heads, k, at, |r| r.2)
         })?;
         budget -= report.heads;
         report.kv = self.kv.purge(now, budget)?;
@@ -454,8 +445,11 @@ impl<'txn> Tables<'txn> {
 }
 
 /// Removes up to `limit` due entries of one expiry index, calling `remove_row`
-/// for each so the indexed row goes too (if the row's expiry still matches:
-/// an index entry is never trusted over its row).
+/// for each so the indexed row goes too.
+///
+/// The due entries are the index's first ones (it sorts by expiry): one
+/// cursor pass takes them off. Their rows then go in key order, so walks to
+/// neighbouring keys share the upper pages of the table.
 fn purge_table(
     index: &mut Table<'_, (u64, &'static str), ()>,
     now: Millis,
@@ -465,14 +459,39 @@ fn purge_table(
     if limit == 0 {
         return Ok(0);
     }
-    let due: Vec<(u64, String)> = index
-        .range(..(now.saturating_add(1), ""))?
-        .take(usize::try_from(limit).unwrap_or(usize::MAX))
-        .map(|e| e.map(|(k, _)| (k.value().0, k.value().1.to_owned())))
-        .collect::<Result<_, _>>()?;
-    for (at, key) in &due {
-        index.remove((*at, key.as_str()))?;
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let mut due: Vec<(String, u64)> = Vec::new();
+    let mut taken = index.extract_from_if(..(now.saturating_add(1), ""), |_, _| true)?;
+    for entry in taken.by_ref().take(limit) {
+        let (k, _) = entry?;
+        let (at, key) = k.value();
+        due.push((key.to_owned(), at));
+    }
+    taken.close()?;
+    due.sort_unstable();
+    for (key, at) in &due {
         remove_row(key, *at)?;
     }
     Ok(due.len() as u64)
+}
+
+/// Removes `key`'s row if it still expires at `at`: an index entry is never
+/// trusted over its row. One walk of the table: the row is taken out, and
+/// put back in the rare case that it was rewritten with another expiry.
+fn remove_expiring<V: Value + 'static>(
+    table: &mut Table<'_, &'static str, V>,
+    key: &str,
+    at: Millis,
+    expires_at: impl for<'a> Fn(V::SelfType<'a>) -> u64,
+) -> Result<(), redb::Error> {
+    let rewritten = match table.remove(key)? {
+        Some(old) if expires_at(old.value()) != at => {
+            Some(V::as_bytes(&old.value()).as_ref().to_vec())
+        }
+        _ => None,
+    };
+    if let Some(bytes) = rewritten {
+        table.insert(key, V::from_bytes(&bytes))?;
+    }
+    Ok(())
 }
