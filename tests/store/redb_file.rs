@@ -861,6 +861,8 @@ async fn a_stray_expiry_entry_does_not_reap_a_claim_that_expires_later() {
     assert_eq!((view.fence, view.expires_at_ms), (fence, 61_000));
     assert_eq!(s.purge_expired(5_000, 100).await.unwrap().claims, 0);
     assert_eq!(s.purge_expired(61_000, 100).await.unwrap().claims, 1);
+    // Read as of 1 000, when the row would still be live: it is deleted,
+    // not merely expired.
     assert!(s.get(&key, 1_000).await.unwrap().is_none(), "then it goes");
     s.close().await;
 }
