@@ -105,6 +105,7 @@ impl Application {
             checkpoint_bytes: s.storage.checkpoint_bytes,
             checkpoint_interval: s.storage.checkpoint_interval,
             checkpoint_idle: s.storage.checkpoint_idle,
+            commit_hold: s.storage.commit_hold,
             commit_metrics: CommitMetrics {
                 seconds: metrics.store_commit.clone(),
                 batch_size: metrics.store_batch.clone(),

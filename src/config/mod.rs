@@ -178,6 +178,12 @@ pub struct StorageSettings {
     /// a quiet moment takes the checkpoint instead of the next burst.
     #[serde(with = "humantime_serde")]
     pub checkpoint_idle: Duration,
+    /// How long the writer may keep one redb transaction open over several
+    /// batches before committing it (each batch is durable in the
+    /// write-ahead log before it is answered; a read commits at once).
+    /// `0s` commits every batch.
+    #[serde(with = "humantime_serde")]
+    pub commit_hold: Duration,
     /// The Redis backend.
     pub redis: RedisSettings,
 }
@@ -264,6 +270,7 @@ impl Default for Settings {
                 checkpoint_bytes: 64 * 1024 * 1024,
                 checkpoint_interval: Duration::from_secs(30),
                 checkpoint_idle: Duration::from_secs(1),
+                commit_hold: Duration::from_millis(2),
                 redis: RedisSettings {
                     url: Secret::new("redis://127.0.0.1:6379"),
                     cluster_nodes: Vec::new(),
@@ -629,6 +636,9 @@ impl Settings {
             || self.storage.checkpoint_idle > Duration::from_secs(3600)
         {
             bad("storage.checkpoint_idle", "must be 10ms to 1h".into());
+        }
+        if self.storage.commit_hold > Duration::from_millis(100) {
+            bad("storage.commit_hold", "must be 0s to 100ms".into());
         }
         self.validate_redis(&mut bad);
         if self.reaper.interval.as_millis() == 0 {

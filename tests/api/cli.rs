@@ -525,6 +525,7 @@ max_ttl = "4000d"
 
 [storage]
 checkpoint_idle = "5ms"
+commit_hold = "1s"
 
 [sources.sume]
 scheme = "sume"
@@ -555,6 +556,7 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
         ("sources.sume.tolerance", "must be 1s to 1h"),
         ("sources.sw.tolerance", "must be 1s to 1h"),
         ("storage.checkpoint_idle", "must be 10ms to 1h"),
+        ("storage.commit_hold", "must be 0s to 100ms"),
     ] {
         assert!(
             stderr.lines().any(|l| l.contains(key) && l.contains(why)),

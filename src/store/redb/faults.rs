@@ -22,6 +22,9 @@ pub struct FaultPlan {
     syncs: AtomicU64,
     /// Syncs to let through before those fail.
     pass_syncs: AtomicU64,
+    /// Write batches still to fail once they ran, before they are logged,
+    /// with an error that is not a disk fault.
+    batches: AtomicU64,
     /// While set, every write and sync fails (a full disk).
     full: AtomicBool,
     /// Faults injected so far.
@@ -53,6 +56,22 @@ impl FaultPlan {
     pub fn fail_syncs_after(&self, pass: u64, n: u64) {
         self.pass_syncs.store(pass, Ordering::SeqCst);
         self.syncs.store(n, Ordering::SeqCst);
+    }
+
+    /// Fails the next `n` write batches after they ran, before they are
+    /// logged, with an error that is not a disk fault (as a bug or a
+    /// corrupt page would): the writer drops its transaction.
+    pub fn fail_next_batches(&self, n: u64) {
+        self.batches.store(n, Ordering::SeqCst);
+    }
+
+    /// Whether the batch that just ran fails.
+    pub fn trip_batch(&self) -> bool {
+        let hit = decrement(&self.batches);
+        if hit {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+        }
+        hit
     }
 
     /// Fails every write and sync until called with `false`.

@@ -379,6 +379,7 @@ pub fn get(
     db: &Database,
     index: &KvIndex,
     visible: impl Fn() -> u64,
+    committed: impl Fn() -> u64,
     key: &[u8],
     now: Millis,
 ) -> Result<(Lookup, u64), redb::Error> {
@@ -399,8 +400,13 @@ pub fn get(
             };
             return Ok((Lookup::Found(Some(entry)), seq));
         }
-        // A large value: from its row, as a read transaction begun now sees
-        // it. The row may belong to a newer state of the key than the map
+        // A large value: from its row, once the batch that last changed
+        // the map is committed (the writer may hold it in an open
+        // transaction; the row there may still be this key's old value).
+        if committed() < seq {
+            break;
+        }
+        // The row as a read transaction begun now sees it. The row may belong to a newer state of the key than the map
         // showed (the map was read first): the row is the answer once it
         // holds this key, and the read waits for whichever batch is later.
         // It may be missing: the batch that wrote it has not committed, or
@@ -422,8 +428,8 @@ pub fn get(
         drop(tx);
         std::thread::yield_now();
     }
-    // Still not committed (a slow log append or sync): wait for that batch
-    // without holding a thread.
+    // Still not committed (a slow log append or sync, or a transaction the
+    // writer holds open): wait for that batch without holding a thread.
     Ok((Lookup::Pending, seq))
 }
 

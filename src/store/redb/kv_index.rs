@@ -10,14 +10,15 @@
 //! (and after a disk fault), before the write-ahead log is replayed.
 //!
 //! Who changes it: only the writer thread, inside a batch, in the same
-//! steps as the rows ([`super::kv::KvTables`]). A batch that fails is
-//! undone here too ([`KvIndex::rollback`]).
+//! steps as the rows ([`super::kv::KvTables`]). A transaction that is
+//! dropped is undone here too ([`KvIndex::rollback`]), back to the last
+//! commit.
 //!
 //! Who reads it: reads of the keyspace. What they see may be a batch that
 //! is not committed or not on disk yet, so each read also takes
 //! [`Inner::seq`] — the last batch that changed the map — and waits for it
 //! to be on disk, as every read waits for the batch it saw (see
-//! `syncer::Watermark`). If that batch is undone instead, the writer moves
+//! `watermark::Watermark`). If that batch is undone instead, the writer moves
 //! the watermark's epoch, and the read runs again.
 //!
 //! Memory: about 100 bytes per key plus the key's length (and the value's,
@@ -76,16 +77,17 @@ pub struct Inner {
     next_id: u64,
     /// The last batch that changed the map (readers wait for it).
     seq: u64,
-    /// The batch running now, and how to undo it.
+    /// How to undo the batches since the last commit (`None` right after
+    /// one).
     batch: Option<Undo>,
 }
 
-/// How to put the map back as it was before a batch.
+/// How to put the map back as it was at the last commit.
 #[derive(Debug)]
 struct Undo {
-    /// The batch's sequence number.
+    /// The running batch's sequence number.
     seq: u64,
-    /// `next_id` and `seq` before it.
+    /// `next_id` and `seq` at the last commit.
     next_id: u64,
     prev_seq: u64,
     /// Each key it changed, with its slot before, oldest first.
@@ -170,18 +172,24 @@ impl KvIndex {
     }
 
     /// A batch with sequence number `seq` begins: what it changes can be
-    /// undone until [`KvIndex::keep`].
+    /// undone until [`KvIndex::keep`]. In a transaction that holds several
+    /// batches, the undo covers them all (back to the last commit).
     pub fn begin(&self, seq: u64) {
         let mut inner = self.write();
-        inner.batch = Some(Undo {
-            seq,
-            next_id: inner.next_id,
-            prev_seq: inner.seq,
-            slots: Vec::new(),
-        });
+        let (next_id, prev_seq) = (inner.next_id, inner.seq);
+        inner
+            .batch
+            .get_or_insert_with(|| Undo {
+                seq,
+                next_id,
+                prev_seq,
+                slots: Vec::new(),
+            })
+            .seq = seq;
     }
 
-    /// The next row id to store, if the running batch handed out any.
+    /// The next row id to store, if the batches since the last commit
+    /// handed out any.
     pub fn next_id_moved(&self) -> Option<u64> {
         let inner = self.read();
         inner
@@ -191,13 +199,14 @@ impl KvIndex {
             .map(|_| inner.next_id)
     }
 
-    /// The running batch was committed.
+    /// The batches since the last commit were committed.
     pub fn keep(&self) {
         self.write().batch = None;
     }
 
-    /// The running batch failed: puts back what it changed. True if it had
-    /// changed anything (a read may have seen it).
+    /// The transaction was dropped: puts back what every batch since the
+    /// last commit changed. True if they had changed anything (a read may
+    /// have seen it).
     pub fn rollback(&self) -> bool {
         let mut inner = self.write();
         let Some(undo) = inner.batch.take() else {

@@ -17,6 +17,7 @@ mod ops;
 mod syncer;
 mod tables;
 mod wal;
+mod watermark;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -72,6 +73,10 @@ pub struct RedbOptions {
     /// checkpoint's stall then falls in a quiet moment, not on the first
     /// writes after it.
     pub checkpoint_idle: std::time::Duration,
+    /// How long the writer may keep its transaction open over several
+    /// batches before it commits (each batch is durable in the log
+    /// already); zero commits every batch. A read commits it at once.
+    pub commit_hold: std::time::Duration,
     /// Where the writer records each group commit.
     pub commit_metrics: CommitMetrics,
 }
@@ -111,6 +116,7 @@ impl RedbOptions {
             checkpoint_bytes: 64 * 1024 * 1024,
             checkpoint_interval: std::time::Duration::from_secs(30),
             checkpoint_idle: std::time::Duration::from_secs(1),
+            commit_hold: std::time::Duration::from_millis(2),
             commit_metrics: CommitMetrics::default(),
         }
     }
@@ -164,7 +170,7 @@ pub struct Shared {
     /// The keyspace's keys (the writer changes it with the rows).
     kv: kv_index::KvIndex,
     /// Which batches readers may see, and which are on disk.
-    watermark: syncer::Watermark,
+    watermark: watermark::Watermark,
     /// The open file's switch that refuses its writes (see [`guard`]).
     refuse: Mutex<Arc<AtomicBool>>,
     /// Set by a read waiting for the file to be reopened: the writer tries
@@ -282,7 +288,7 @@ impl RedbStore {
             healthy: AtomicBool::new(true),
             counts,
             kv,
-            watermark: syncer::Watermark::new(seq),
+            watermark: watermark::Watermark::new(seq),
             refuse: Mutex::new(refuse),
             reopen_wanted: AtomicBool::new(false),
             closing: AtomicBool::new(false),
@@ -360,7 +366,7 @@ impl RedbStore {
         T: Send + 'static,
         F: Fn(&ReadTransaction) -> Result<T, redb::Error> + Send + Sync + 'static,
     {
-        self.read_seen(move |db, shared| {
+        self.read_seen(Fresh::Acknowledged, move |db, shared| {
             let tx = db.begin_read()?;
             // Any batch the transaction sees is at or below this.
             let seen = shared.watermark.visible();
@@ -371,7 +377,7 @@ impl RedbStore {
 
     /// [`RedbStore::read`] for a read that says itself which batch it may
     /// have seen (the keyspace's, which also reads the index in memory).
-    async fn read_seen<T, F>(&self, f: F) -> Result<T, StoreError>
+    async fn read_seen<T, F>(&self, fresh: Fresh, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: Fn(&Database, &Shared) -> Result<(T, u64), redb::Error> + Send + Sync + 'static,
@@ -380,7 +386,7 @@ impl RedbStore {
         let deadline = tokio::time::Instant::now() + READ_REOPEN_WAIT;
         loop {
             let epoch = self.shared.watermark.epoch();
-            match self.read_once(epoch, f.clone(), deadline).await {
+            match self.read_once(epoch, fresh, f.clone(), deadline).await {
                 Ok(value) => return Ok(value),
                 Err(ReadFailure::Final(e)) => return Err(e),
                 Err(ReadFailure::Reopening(e)) => {
@@ -405,6 +411,7 @@ impl RedbStore {
     async fn read_once<T, F>(
         &self,
         epoch: u64,
+        fresh: Fresh,
         f: Arc<F>,
         deadline: tokio::time::Instant,
     ) -> Result<T, ReadFailure>
@@ -421,6 +428,13 @@ impl RedbStore {
                 ReadFailure::Reopening(disk_unavailable())
             });
         };
+        if fresh == Fresh::Acknowledged {
+            self.shared
+                .watermark
+                .committed_through(epoch, deadline)
+                .await
+                .map_err(ReadFailure::Reopening)?;
+        }
         let shared = self.shared.clone();
         let (value, seen) = tokio::task::spawn_blocking(move || f(&db, &shared))
             .await
@@ -458,6 +472,17 @@ const KV_PENDING_TRIES: usize = 16;
 /// How long a read waits for the file to be reopened after a disk fault
 /// before it answers `Unavailable`.
 const READ_REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What a read must see from its first look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fresh {
+    /// Every batch on disk when it begins (every write answered `Ok`): the
+    /// writer's open transaction is committed first if it holds one.
+    Acknowledged,
+    /// What the file and the keyspace index show; the read itself finds out
+    /// when it needs more (a keyspace row not yet committed).
+    Shown,
+}
 
 /// Why one read attempt failed.
 enum ReadFailure {
@@ -733,11 +758,25 @@ impl RedbStore {
         let key = Arc::new(key);
         // A pending row's batch is on disk (so committed) by the time
         // `read_seen` returns: the next look finds the row, or a newer state.
-        for _ in 0..KV_PENDING_TRIES {
+        for attempt in 0..KV_PENDING_TRIES {
             let key = key.clone();
+            // A small value is in the index; a row not committed yet is
+            // waited for on the next attempt.
+            let fresh = if attempt == 0 {
+                Fresh::Shown
+            } else {
+                Fresh::Acknowledged
+            };
             let found = self
-                .read_seen(move |db, shared| {
-                    kv::get(db, &shared.kv, || shared.watermark.visible(), &key, now)
+                .read_seen(fresh, move |db, shared| {
+                    kv::get(
+                        db,
+                        &shared.kv,
+                        || shared.watermark.visible(),
+                        || shared.watermark.last_committed(),
+                        &key,
+                        now,
+                    )
                 })
                 .await?;
             if let kv::Lookup::Found(entry) = found {
@@ -751,8 +790,10 @@ impl RedbStore {
 
     /// How many of `keys` exist at `now`, a repeated key each time.
     pub async fn kv_count(&self, keys: Vec<Vec<u8>>, now: Millis) -> Result<u64, StoreError> {
-        self.read_seen(move |_, shared| Ok(kv::count_live(&shared.kv, &keys, now)))
-            .await
+        self.read_seen(Fresh::Shown, move |_, shared| {
+            Ok(kv::count_live(&shared.kv, &keys, now))
+        })
+        .await
     }
 }
 

@@ -1,135 +1,34 @@
 //! The log's sync, on its own thread, so the writer runs the next batch
 //! while the last one's log record goes to disk.
 //!
-//! The writer logs a batch (written, not synced), commits it to redb
-//! without a sync, and hands its answers here. This thread syncs the log
+//! The writer logs a batch (written, not synced), runs it in its redb
+//! transaction (committed without a sync, now or a little later), and
+//! hands its answers here. This thread syncs the log
 //! once for everything handed over since its last sync, then answers: no
 //! caller hears `Ok` before its batch's record is on disk.
 //!
 //! Readers must not see what is not durable either (an ingest answered
 //! "duplicate" from a batch lost in a crash would lose the event): the
-//! [`Watermark`] says which batch readers may see and which is on disk, and
-//! every read waits until what it saw is on disk.
+//! [`super::watermark::Watermark`] says which batch readers may see and
+//! which is on disk, and every read waits until what it saw is on disk.
 //!
 //! After a failed sync, every later batch is refused until the writer has
 //! reopened the file; the reopened file holds exactly the batches that were
 //! answered `Ok` (the log is replayed up to the last one synced).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 use super::wal::WalSync;
 use super::{CommitMetrics, Shared, disk_unavailable};
 use crate::store::StoreError;
 use crate::store::redb::ops::Response;
 
-/// Batches readers may see, and batches on disk.
-#[derive(Debug)]
-pub struct Watermark {
-    /// The last batch readers may see: set just before its commit, so a read
-    /// transaction that sees a batch finds it here when it looks afterwards.
-    visible: AtomicU64,
-    /// (epoch, the last batch on disk). The epoch grows when the writer
-    /// undoes a batch a read may have seen (see `kv_index`), and when it
-    /// reopens the file: the batches not on disk are gone then.
-    durable: watch::Sender<(u64, u64)>,
-}
-
-impl Watermark {
-    /// A file whose batches up to `seq` are on disk.
-    pub fn new(seq: u64) -> Self {
-        Self {
-            visible: AtomicU64::new(seq),
-            durable: watch::Sender::new((0, seq)),
-        }
-    }
-
-    /// Batch `seq` is about to be committed: readers may see it from now.
-    pub fn show(&self, seq: u64) {
-        self.visible.store(seq, Ordering::SeqCst);
-    }
-
-    /// Batches up to `seq` are on disk.
-    pub fn synced(&self, seq: u64) {
-        self.durable.send_if_modified(|(_, d)| {
-            let moved = seq > *d;
-            *d = (*d).max(seq);
-            moved
-        });
-    }
-
-    /// The file was reopened holding batches up to `seq`, all on disk.
-    pub fn reopened(&self, seq: u64) {
-        self.visible.store(seq, Ordering::SeqCst);
-        self.durable.send_modify(|(e, d)| {
-            *e += 1;
-            *d = seq;
-        });
-    }
-
-    /// A batch a read may have seen was undone (it failed before its
-    /// commit): reads waiting now run again.
-    pub fn abandoned(&self) {
-        self.durable.send_modify(|(e, _)| *e += 1);
-    }
-
-    /// The last batch on disk.
-    pub fn durable(&self) -> u64 {
-        self.durable.borrow().1
-    }
-
-    /// The epoch: take it before a read transaction begins.
-    pub fn epoch(&self) -> u64 {
-        self.durable.borrow().0
-    }
-
-    /// The last batch a read transaction that has begun may see.
-    pub fn visible(&self) -> u64 {
-        self.visible.load(Ordering::SeqCst)
-    }
-
-    /// Waits until the file is reopened after `epoch` (true), or until
-    /// `deadline` (false).
-    pub async fn reopened_since(&self, epoch: u64, deadline: tokio::time::Instant) -> bool {
-        let mut rx = self.durable.subscribe();
-        matches!(
-            tokio::time::timeout_at(deadline, rx.wait_for(|(e, _)| *e != epoch)).await,
-            Ok(Ok(_))
-        )
-    }
-
-    /// Waits until batch `seq` of `epoch` is on disk; `Unavailable` when
-    /// the file was reopened meanwhile (what the read saw may be gone), or
-    /// at `deadline` (a failed sync leaves the batch unsynced until the
-    /// file is reopened).
-    pub async fn wait(
-        &self,
-        epoch: u64,
-        seq: u64,
-        deadline: tokio::time::Instant,
-    ) -> Result<(), StoreError> {
-        let reached = |(e, d): &(u64, u64)| *e != epoch || *d >= seq;
-        let mut rx = self.durable.subscribe();
-        let now = match tokio::time::timeout_at(deadline, rx.wait_for(reached)).await {
-            Ok(Ok(v)) => *v,
-            Ok(Err(_)) | Err(_) => return Err(disk_unavailable()),
-        };
-        if now.0 == epoch {
-            Ok(())
-        } else {
-            Err(StoreError::Unavailable(
-                "the data file was reopened after a disk fault while this was read; retry".into(),
-            ))
-        }
-    }
-}
-
-/// A batch committed to redb, waiting for its log record's sync.
+/// A batch that ran and was logged, waiting for its log record's sync.
 #[derive(Debug)]
 pub struct Synced {
     /// Its sequence number.
