@@ -43,16 +43,17 @@ pub async fn observe_requests(
     };
     let elapsed = start.elapsed().as_secs_f64();
     if let (Some(state), Ok(r)) = (&state, &res) {
-        let route = r
-            .request()
-            .extensions()
-            .get::<RouteName>()
-            .map(|n| n.0.to_owned())
-            .or_else(|| r.request().match_pattern())
-            // Never the raw path: anyone could grow the label set.
-            .unwrap_or_else(|| "unmatched".to_owned());
+        let named = r.request().extensions().get::<RouteName>().map(|n| n.0);
+        let route: std::borrow::Cow<'static, str> = match named {
+            Some(name) => name.into(),
+            None => r
+                .request()
+                .match_pattern()
+                // Never the raw path: anyone could grow the label set.
+                .map_or("unmatched".into(), Into::into),
+        };
         state.metrics.http_request(
-            r.request().method().as_str(),
+            method_label(r.request().method()),
             &route,
             status.as_u16(),
             elapsed,
@@ -72,4 +73,22 @@ pub async fn observe_requests(
         tracing::info!(%method, %path, status = status.as_u16(), ms, "request done");
     }
     res
+}
+
+/// The `method` label: the standard methods by name, any other as `OTHER`
+/// (a client may send any token as a method; each would be a new series).
+fn method_label(method: &actix_web::http::Method) -> &'static str {
+    use actix_web::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "OTHER",
+    }
 }

@@ -225,6 +225,29 @@ async fn a_scrape_counts_the_traffic_that_happened() {
     assert!(!s.contains("route=\"/v1/claims/k1\""), "{s}");
 }
 
+/// A client picks the method; only the standard ones become label values,
+/// so made-up methods cannot grow the series without bound.
+#[tokio::test]
+async fn made_up_methods_share_one_series() {
+    let app = spawn_app_with(|_| {}).await;
+    for method in ["BREW", "WHEN", "BREW"] {
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        let res = app.request(method, "/v1/claims/k1").send().await.unwrap();
+        assert!(res.status().is_client_error(), "{}", res.status());
+    }
+    let s = app.scrape().await;
+    assert!(!s.contains("BREW") && !s.contains("WHEN"), "{s}");
+    let other: f64 = s
+        .lines()
+        .filter(|l| {
+            l.starts_with("dedupd_http_request_duration_seconds_count{")
+                && l.contains("method=\"OTHER\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(other, 3.0, "{s}");
+}
+
 #[tokio::test]
 async fn the_oldest_pending_age_grows_while_the_application_is_down() {
     let receiver = Receiver::start(Behaviour::Always(503)).await;
