@@ -21,7 +21,7 @@ use dedupd::domain::CreatedAt;
 use dedupd::domain::{Key, ScopedKey, Ttl};
 use dedupd::store::Store;
 use dedupd::store::inbox::{NewEvent, Retention, Settle};
-use dedupd::store::redb::{RedbOptions, RedbStore};
+use dedupd::store::redb::{KvRequest, RedbOptions, RedbStore, SetCondition, SetExpiry};
 use divan::Bencher;
 use divan::counter::ItemsCount;
 
@@ -193,6 +193,61 @@ fn purge(bencher: Bencher, limit: u64) {
                 loop {
                     let r = store.purge_expired(now, limit).await.unwrap();
                     deleted += r.claims;
+                    if !r.more {
+                        break;
+                    }
+                }
+                assert_eq!(deleted, STORED / SLICES, "one slice expires at a time");
+            });
+        });
+    rt.block_on(store.close());
+}
+
+/// The reaper's deletions in the Redis-protocol keyspace: [`STORED`] keys
+/// set with an expiry (row ids in the order they were set, expiries in
+/// [`SLICES`] slices unrelated to it), one slice deleted per iteration,
+/// `limit` per write request.
+#[divan::bench(args = [100, 2000], sample_count = 10, sample_size = 1)]
+fn kv_purge(bencher: Bencher, limit: u64) {
+    let (rt, _dir, store) = setup();
+    let next = Arc::new(AtomicU64::new(0));
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let store = store.clone();
+                let next = next.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        if n >= STORED {
+                            break;
+                        }
+                        let request = KvRequest::Set {
+                            key: format!("k{n}").into_bytes(),
+                            value: b"processing".to_vec(),
+                            condition: SetCondition::IfAbsent,
+                            expiry: SetExpiry::At((60_000 + (n % SLICES) * 1_000) as i64),
+                            get: false,
+                        };
+                        store.kv_submit(request, 1).await.unwrap().await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let slice = Arc::new(AtomicU64::new(0));
+    bencher
+        .counter(ItemsCount::new(STORED / SLICES))
+        .bench_local(|| {
+            let now = 60_000 + slice.fetch_add(1, Ordering::Relaxed) * 1_000;
+            rt.block_on(async {
+                let mut deleted = 0;
+                loop {
+                    let r = store.purge_expired(now, limit).await.unwrap();
+                    deleted += r.kv;
                     if !r.more {
                         break;
                     }

@@ -37,7 +37,8 @@ pub const DELIVERY_DURATION: &str = "dedupd_delivery_duration_seconds";
 pub const INBOX_EVENTS: &str = "dedupd_inbox_events";
 /// Age of each source's oldest pending event.
 pub const OLDEST_PENDING: &str = "dedupd_oldest_pending_seconds";
-/// Time of one group commit of the embedded store.
+/// Time of one group commit (a batch: one log record and sync) of the
+/// embedded store.
 pub const STORE_COMMIT: &str = "dedupd_store_commit_seconds";
 /// Writes per group commit.
 pub const STORE_BATCH: &str = "dedupd_store_batch_size";
@@ -474,7 +475,7 @@ fn describe(r: &PrometheusRecorder) {
     r.describe_histogram(
         STORE_COMMIT.into(),
         seconds,
-        "Time of one group commit of the embedded store (log write and sync included)".into(),
+        "Time of one group commit (a batch: one log record and sync) of the embedded store, from the writer taking it to the answers".into(),
     );
     r.describe_histogram(
         STORE_BATCH.into(),

@@ -302,34 +302,42 @@ impl<'txn> KvTables<'txn> {
     }
 
     /// Deletes up to `limit` expired keys in expiry order, reading only due
-    /// index entries. Returns how many went.
+    /// index entries: they are taken off the index in one cursor pass, then
+    /// each row is removed in row-id order (an index entry is never trusted
+    /// over its row: a row rewritten with another expiry is put back).
+    /// Returns how many index entries went.
     pub fn purge(&mut self, now: Millis, limit: u64) -> Result<u64, redb::Error> {
         if limit == 0 {
             return Ok(0);
         }
-        let due: Vec<(u64, u64)> = self
-            .expiry
-            .open()?
-            .range(..(now.saturating_add(1), 0))?
-            .take(usize::try_from(limit).unwrap_or(usize::MAX))
-            .map(|e| e.map(|(k, _)| k.value()))
-            .collect::<Result<_, _>>()?;
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let mut due: Vec<(u64, u64)> = Vec::new();
+        {
+            let expiry = self.expiry.open()?;
+            let mut taken = expiry.extract_from_if(..(now.saturating_add(1), 0), |_, _| true)?;
+            for entry in taken.by_ref().take(limit) {
+                let (at, id) = entry?.0.value();
+                due.push((id, at));
+            }
+            taken.close()?;
+        }
+        due.sort_unstable();
         let index = self.index;
         let mut ix = index.write();
-        for &(at, id) in &due {
-            self.expiry.open()?.remove((at, id))?;
-            // An index entry is never trusted over its row.
-            let key = self
-                .rows
-                .open()?
-                .get(id)?
-                .filter(|g| g.value().2 == Some(at))
-                .map(|g| g.value().0.to_vec());
-            if let Some(key) = key {
-                self.rows.open()?.remove(id)?;
-                if ix.get(&key).is_some_and(|s| s.id == id) {
-                    ix.remove(&key);
+        let rows = self.rows.open()?;
+        for &(id, at) in &due {
+            let Some(old) = rows.remove(id)? else {
+                continue;
+            };
+            let (key, value, expires) = old.value();
+            if expires == Some(at) {
+                if ix.get(key).is_some_and(|s| s.id == id) {
+                    ix.remove(key);
                 }
+            } else {
+                let (key, value) = (key.to_vec(), value.to_vec());
+                drop(old);
+                rows.insert(id, (key.as_slice(), value.as_slice(), expires))?;
             }
         }
         Ok(due.len() as u64)
