@@ -190,3 +190,38 @@ async fn a_disk_fault_after_answered_uncommitted_batches_keeps_them() {
     assert_eq!(h.state("b").await, Some(ClaimState::Processing));
     assert_eq!(h.state("refused").await, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_value_reads_while_other_keys_are_written_without_pause() {
+    let h = Arc::new(Held::open());
+    let big = vec![b'b'; 4096];
+    h.set("big", big.clone()).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Many writers, each with one set in flight: a batch is always running.
+    let writers: Vec<_> = (0..64)
+        .map(|w| {
+            let (h, stop) = (h.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    h.set(&format!("other-{w}-{n}"), vec![b'o'; 512]).await;
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for _ in 0..50 {
+        assert_eq!(
+            h.value("big").await,
+            Some(big.clone()),
+            "the big key's own batch is long committed: later batches of other keys do not hold its read back"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut written = 0;
+    for w in writers {
+        written += w.await.unwrap();
+    }
+    assert!(written > 0, "other keys were written meanwhile");
+}

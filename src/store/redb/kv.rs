@@ -395,7 +395,9 @@ pub fn get(
     for _ in 0..ROW_TRIES {
         let slot;
         (slot, seq) = {
-            let ix = index.read();
+            let Some(ix) = index.settled() else {
+                break;
+            };
             (ix.get(key).filter(|s| s.is_live(now)).cloned(), ix.seq())
         };
         let Some(slot) = slot else {
@@ -411,7 +413,7 @@ pub fn get(
         // A large value: from its row, once the batch that last changed
         // the map is committed (the writer may hold it in an open
         // transaction; the row there may still be this key's old value).
-        if committed() < seq {
+        if committed() < slot.seq {
             break;
         }
         // The row as a read transaction begun now sees it. The row may belong to a newer state of the key than the map
@@ -443,13 +445,21 @@ pub fn get(
 
 /// How many of `keys` exist at `now` (a repeated key counts each time),
 /// and the last batch the answer may come from.
-pub fn count_live(index: &KvIndex, keys: &[Vec<u8>], now: Millis) -> (u64, u64) {
-    let ix = index.read();
+pub fn count_live(
+    index: &KvIndex,
+    keys: &[Vec<u8>],
+    now: Millis,
+) -> Result<(u64, u64), redb::Error> {
+    let ix = index.settled().ok_or_else(|| {
+        redb::Error::Io(std::io::Error::other(
+            "the keyspace is being restored after a failed write",
+        ))
+    })?;
     let n = keys
         .iter()
         .filter(|k| ix.get(k).is_some_and(|s| s.is_live(now)))
         .count();
-    (n as u64, ix.seq())
+    Ok((n as u64, ix.seq()))
 }
 
 /// The earliest expiry in the keyspace.

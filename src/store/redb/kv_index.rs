@@ -36,6 +36,9 @@ use crate::clock::Millis;
 /// them needs no read transaction.
 pub const INLINE_MAX: usize = 256;
 
+/// Longest a read waits for the writer to run answered batches again.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Where a key is, and what the index knows of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slot {
@@ -45,6 +48,9 @@ pub struct Slot {
     pub expires_at_ms: Option<Millis>,
     /// The value, when at most [`INLINE_MAX`] bytes.
     pub inline: Option<Box<[u8]>>,
+    /// The batch that wrote it (0: committed before the map was built). Its
+    /// row is readable once that batch is committed.
+    pub seq: u64,
 }
 
 impl Slot {
@@ -54,6 +60,7 @@ impl Slot {
             id,
             expires_at_ms,
             inline: (value.len() <= INLINE_MAX).then(|| value.into()),
+            seq: 0,
         }
     }
 
@@ -80,6 +87,10 @@ pub struct Inner {
     /// How to undo the batches since the last commit (`None` right after
     /// one).
     batch: Option<Undo>,
+    /// Set while the writer runs answered batches again after a later one
+    /// failed: the map is behind what was answered until it is done, so
+    /// readers wait ([`KvIndex::settled`]).
+    redoing: bool,
 }
 
 /// How to put the map back as it was at the last commit.
@@ -112,8 +123,9 @@ impl Inner {
         id
     }
 
-    /// Sets the slot of `key`.
-    pub fn put(&mut self, key: &[u8], slot: Slot) {
+    /// Sets the slot of `key` (as written by the running batch).
+    pub fn put(&mut self, key: &[u8], mut slot: Slot) {
+        slot.seq = self.batch.as_ref().map_or(self.seq, |u| u.seq);
         let before = self.map.insert(key.into(), slot);
         self.record(key, before);
     }
@@ -136,6 +148,30 @@ impl KvIndex {
     /// The map, for reading.
     pub fn read(&self) -> RwLockReadGuard<'_, Inner> {
         self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The map for reading once it shows every answered batch: after a
+    /// failed batch, the writer runs the ones before it again (a few
+    /// milliseconds). Blocking; `None` if that takes longer than
+    /// [`SETTLE_WAIT`].
+    pub fn settled(&self) -> Option<RwLockReadGuard<'_, Inner>> {
+        let deadline = std::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            let inner = self.read();
+            if !inner.redoing {
+                return Some(inner);
+            }
+            drop(inner);
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+
+    /// The answered batches were run again: readers may look.
+    pub fn redone(&self) {
+        self.write().redoing = false;
     }
 
     /// The map, for the writer.
@@ -167,6 +203,7 @@ impl KvIndex {
             next_id: next_id.max(stored),
             seq,
             batch: None,
+            redoing: false,
         };
         Ok(())
     }
@@ -206,9 +243,11 @@ impl KvIndex {
 
     /// The transaction was dropped: puts back what every batch since the
     /// last commit changed. True if they had changed anything (a read may
-    /// have seen it).
-    pub fn rollback(&self) -> bool {
+    /// have seen it). With `redo`, readers wait until [`KvIndex::redone`]:
+    /// the writer runs the answered batches among them again.
+    pub fn rollback(&self, redo: bool) -> bool {
         let mut inner = self.write();
+        inner.redoing = redo;
         let Some(undo) = inner.batch.take() else {
             return false;
         };

@@ -419,6 +419,14 @@ impl RedbStore {
         T: Send + 'static,
         F: Fn(&Database, &Shared) -> Result<(T, u64), redb::Error> + Send + Sync + 'static,
     {
+        // Before the file is taken: a reopen waits for every read holding it.
+        if fresh == Fresh::Acknowledged {
+            self.shared
+                .watermark
+                .committed_through(epoch, deadline)
+                .await
+                .map_err(ReadFailure::Reopening)?;
+        }
         let Some(db) = self.shared.db() else {
             let closed_for_good =
                 self.shared.closing.load(Ordering::SeqCst) || self.shared.is_healthy();
@@ -428,13 +436,6 @@ impl RedbStore {
                 ReadFailure::Reopening(disk_unavailable())
             });
         };
-        if fresh == Fresh::Acknowledged {
-            self.shared
-                .watermark
-                .committed_through(epoch, deadline)
-                .await
-                .map_err(ReadFailure::Reopening)?;
-        }
         let shared = self.shared.clone();
         let (value, seen) = tokio::task::spawn_blocking(move || f(&db, &shared))
             .await
@@ -791,7 +792,7 @@ impl RedbStore {
     /// How many of `keys` exist at `now`, a repeated key each time.
     pub async fn kv_count(&self, keys: Vec<Vec<u8>>, now: Millis) -> Result<u64, StoreError> {
         self.read_seen(Fresh::Shown, move |_, shared| {
-            Ok(kv::count_live(&shared.kv, &keys, now))
+            kv::count_live(&shared.kv, &keys, now)
         })
         .await
     }

@@ -487,10 +487,12 @@ fn commit_open(shared: &Shared, counters: &Counters, open: &mut Option<Open>) {
     }
 }
 
-/// Commits `open` without a sync (its batches are in the log). The keyspace
-/// index keeps their changes only if it committed; if a read may have seen
-/// changes that are undone, the watermark's epoch moves, so that read runs
-/// again.
+/// Commits `open` without a sync (its batches are in the log). If that
+/// fails, the keyspace index keeps their changes: its batches before the
+/// last are answered (or will be) and must stay visible; the caller marks
+/// the store unhealthy, and the reopen rebuilds the index from the file and
+/// the log (a read that saw the last batch waits for its sync, which comes
+/// only if it is replayed).
 fn commit(shared: &Shared, counters: &Counters, open: Open) -> Result<(), redb::Error> {
     let last = open.last();
     // Readers that see these batches wait for their sync (see `syncer`).
@@ -503,9 +505,6 @@ fn commit(shared: &Shared, counters: &Counters, open: Open) -> Result<(), redb::
             Ok(())
         }
         Err(e) => {
-            if shared.kv.rollback() {
-                shared.watermark.abandoned();
-            }
             // A reader may have taken one of these batches' numbers as one
             // it has to wait for; the reopen that follows tells it to retry.
             Err(redb::Error::Io(std::io::Error::other(format!(
@@ -554,15 +553,18 @@ fn run_batch(
                 batches,
             } = o;
             drop(tx);
-            if shared.kv.rollback() {
+            if shared.kv.rollback(!batches.is_empty()) {
                 shared.watermark.abandoned();
             }
             if !batches.is_empty() {
+                // If this fails too, keyspace readers wait until the reopen
+                // rebuilds the map.
                 *open = Some(redo(db, &shared.kv, since, first, batches).map_err(|again| {
                     redb::Error::Io(std::io::Error::other(format!(
                         "a batch failed ({e}), and running the ones before it again failed too: {again}"
                     )))
                 })?);
+                shared.kv.redone();
             }
             Err(e)
         }
