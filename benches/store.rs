@@ -157,24 +157,70 @@ const SLICES: u64 = 10;
 /// write request (the reaper's `batch_size`, default 100).
 #[divan::bench(args = [100, 2000], sample_count = 10, sample_size = 1)]
 fn purge(bencher: Bencher, limit: u64) {
+    fill_then_purge(
+        bencher,
+        limit,
+        |store, n| async move {
+            // Keys in no relation to their expiry order.
+            let name = format!("k{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let key = ScopedKey::api(&Key::parse(&name, "key").unwrap());
+            let ttl = Ttl::from_ms_unchecked(60_000 + (n % SLICES) * 1_000);
+            store.claim(&key, ttl, None, 1).await.unwrap();
+        },
+        |r| r.claims,
+    );
+}
+
+/// The reaper's deletions in the Redis-protocol keyspace: [`STORED`] keys
+/// set with an expiry (row ids in the order they were set, expiries in
+/// [`SLICES`] slices unrelated to it), one slice deleted per iteration,
+/// `limit` per write request.
+#[divan::bench(args = [100, 2000], sample_count = 10, sample_size = 1)]
+fn kv_purge(bencher: Bencher, limit: u64) {
+    fill_then_purge(
+        bencher,
+        limit,
+        |store, n| async move {
+            let request = KvRequest::Set {
+                key: format!("k{n}").into_bytes(),
+                value: b"processing".to_vec(),
+                condition: SetCondition::IfAbsent,
+                // Stored at 1 with an expiry 60 s later, as the claims above.
+                expiry: SetExpiry::At((1 + 60_000 + (n % SLICES) * 1_000) as i64),
+                get: false,
+            };
+            store.kv_submit(request, 1).await.unwrap().await.unwrap();
+        },
+        |r| r.kv,
+    );
+}
+
+/// Stores [`STORED`] records with `write` (record `n`, from 64 callers),
+/// then measures deleting one of [`SLICES`] expiry slices per iteration
+/// (`limit` per request); `deleted` says which of a report's counts is
+/// the slice's.
+fn fill_then_purge<W, F>(
+    bencher: Bencher,
+    limit: u64,
+    write: W,
+    deleted: fn(&dedupd::store::PurgeReport) -> u64,
+) where
+    W: Fn(Arc<RedbStore>, u64) -> F + Clone + Send + 'static,
+    F: std::future::Future<Output = ()> + Send,
+{
     let (rt, _dir, store) = setup();
     let next = Arc::new(AtomicU64::new(0));
     rt.block_on(async {
         let tasks: Vec<_> = (0..64)
             .map(|_| {
-                let store = store.clone();
-                let next = next.clone();
+                let (store, next, write) = (store.clone(), next.clone(), write.clone());
                 tokio::spawn(async move {
                     loop {
                         let n = next.fetch_add(1, Ordering::Relaxed);
                         if n >= STORED {
                             break;
                         }
-                        // Keys in no relation to their expiry order.
-                        let name = format!("k{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                        let key = ScopedKey::api(&Key::parse(&name, "key").unwrap());
-                        let ttl = Ttl::from_ms_unchecked(60_000 + (n % SLICES) * 1_000);
-                        store.claim(&key, ttl, None, 1).await.unwrap();
+                        write(store.clone(), n).await;
                     }
                 })
             })
@@ -189,70 +235,15 @@ fn purge(bencher: Bencher, limit: u64) {
         .bench_local(|| {
             let now = 1 + 60_000 + slice.fetch_add(1, Ordering::Relaxed) * 1_000;
             rt.block_on(async {
-                let mut deleted = 0;
+                let mut gone = 0;
                 loop {
                     let r = store.purge_expired(now, limit).await.unwrap();
-                    deleted += r.claims;
+                    gone += deleted(&r);
                     if !r.more {
                         break;
                     }
                 }
-                assert_eq!(deleted, STORED / SLICES, "one slice expires at a time");
-            });
-        });
-    rt.block_on(store.close());
-}
-
-/// The reaper's deletions in the Redis-protocol keyspace: [`STORED`] keys
-/// set with an expiry (row ids in the order they were set, expiries in
-/// [`SLICES`] slices unrelated to it), one slice deleted per iteration,
-/// `limit` per write request.
-#[divan::bench(args = [100, 2000], sample_count = 10, sample_size = 1)]
-fn kv_purge(bencher: Bencher, limit: u64) {
-    let (rt, _dir, store) = setup();
-    let next = Arc::new(AtomicU64::new(0));
-    rt.block_on(async {
-        let tasks: Vec<_> = (0..64)
-            .map(|_| {
-                let store = store.clone();
-                let next = next.clone();
-                tokio::spawn(async move {
-                    loop {
-                        let n = next.fetch_add(1, Ordering::Relaxed);
-                        if n >= STORED {
-                            break;
-                        }
-                        let request = KvRequest::Set {
-                            key: format!("k{n}").into_bytes(),
-                            value: b"processing".to_vec(),
-                            condition: SetCondition::IfAbsent,
-                            expiry: SetExpiry::At((60_000 + (n % SLICES) * 1_000) as i64),
-                            get: false,
-                        };
-                        store.kv_submit(request, 1).await.unwrap().await.unwrap();
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap();
-        }
-    });
-    let slice = Arc::new(AtomicU64::new(0));
-    bencher
-        .counter(ItemsCount::new(STORED / SLICES))
-        .bench_local(|| {
-            let now = 60_000 + slice.fetch_add(1, Ordering::Relaxed) * 1_000;
-            rt.block_on(async {
-                let mut deleted = 0;
-                loop {
-                    let r = store.purge_expired(now, limit).await.unwrap();
-                    deleted += r.kv;
-                    if !r.more {
-                        break;
-                    }
-                }
-                assert_eq!(deleted, STORED / SLICES, "one slice expires at a time");
+                assert_eq!(gone, STORED / SLICES, "one slice expires at a time");
             });
         });
     rt.block_on(store.close());
