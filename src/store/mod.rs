@@ -66,7 +66,8 @@ impl PurgeReport {
 pub struct WriteStats {
     /// Write operations answered.
     pub operations: u64,
-    /// Durable commits made for them.
+    /// Commits made for them (with the embedded store, redb commits; several
+    /// batches may share one).
     pub commits: u64,
 }
 

@@ -77,9 +77,9 @@ pub enum Envelope {
 /// Counters shared between the writer and the store.
 #[derive(Debug, Default)]
 pub struct Counters {
-    /// Requests answered after a successful commit.
+    /// Requests that ran and were logged (answered once the log is synced).
     pub operations: AtomicU64,
-    /// Commits made.
+    /// redb commits made for them (several batches may share one).
     pub commits: AtomicU64,
 }
 
@@ -243,10 +243,7 @@ fn write_loop(
                 }
             }
         }
-        // A read waits for the open transaction, or it is old enough.
-        if open.as_ref().is_some_and(|o| o.since.elapsed() >= hold)
-            | shared.watermark.take_commit_wanted()
-        {
+        if commit_due(&open, hold, shared) {
             commit_open(shared, counters, &mut open);
         }
         let logged = log.as_ref().is_some_and(|l| !l.wal.is_empty());
@@ -345,8 +342,7 @@ fn write_loop(
             let result = result.and_then(|ran| {
                 let due = stopping
                     || log.as_ref().is_some_and(|l| l.checkpoint_due(opts))
-                    || open.as_ref().is_some_and(|o| o.since.elapsed() >= hold)
-                    || shared.watermark.take_commit_wanted();
+                    || commit_due(&open, hold, shared);
                 if due && let (Some(log), Some(o)) = (log.as_mut(), open.take()) {
                     commit(shared, counters, o).inspect_err(|_| {
                         // Logged but not applied: cut the record, or a
@@ -461,6 +457,14 @@ impl Open {
     fn last(&self) -> u64 {
         self.first + self.batches.len() as u64 - 1
     }
+}
+
+/// Whether the open transaction is due for its commit: it is `hold` old,
+/// or a read waits for it (that request is taken either way).
+fn commit_due(open: &Option<Open>, hold: Duration, shared: &Shared) -> bool {
+    let wanted = shared.watermark.take_commit_wanted();
+    open.as_ref()
+        .is_some_and(|o| wanted || o.since.elapsed() >= hold)
 }
 
 /// A batch that ran and was logged.
