@@ -270,7 +270,7 @@ impl Default for Settings {
                 checkpoint_bytes: 64 * 1024 * 1024,
                 checkpoint_interval: Duration::from_secs(30),
                 checkpoint_idle: Duration::from_secs(1),
-                commit_hold: Duration::from_millis(2),
+                commit_hold: Duration::from_millis(20),
                 redis: RedisSettings {
                     url: Secret::new("redis://127.0.0.1:6379"),
                     cluster_nodes: Vec::new(),

@@ -116,7 +116,7 @@ impl RedbOptions {
             checkpoint_bytes: 64 * 1024 * 1024,
             checkpoint_interval: std::time::Duration::from_secs(30),
             checkpoint_idle: std::time::Duration::from_secs(1),
-            commit_hold: std::time::Duration::from_millis(2),
+            commit_hold: std::time::Duration::from_millis(20),
             commit_metrics: CommitMetrics::default(),
         }
     }

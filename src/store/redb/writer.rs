@@ -10,7 +10,7 @@
 //! being capped at one fsync per operation.
 //!
 //! The transaction stays open for the next batches until it is
-//! `storage.commit_hold` old (2 ms by default), then it is committed to
+//! `storage.commit_hold` old (20 ms by default), then it is committed to
 //! redb without a sync: a commit's fixed cost (tables opened, roots and
 //! checksums written) is paid once for all of them, which is most of the
 //! writer's time when batches are small. It is committed at once when a
