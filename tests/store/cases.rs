@@ -55,13 +55,21 @@ pub async fn claim_from_absent_gives_processing_token_and_fence(b: &mut dyn Back
 
 pub async fn claim_refuses_busy_and_done_keys(b: &mut dyn Backend) {
     let s = b.store();
-    let (token, _) = claim(&*s, "k", 1_000, T).await;
+    let (token, fence) = claim(&*s, "k", 1_000, T).await;
     assert_eq!(
         s.claim(&key("k"), ttl(5), None, T + 1).await.unwrap(),
         ClaimOutcome::Busy {
             expires_at_ms: T + 1_000
         }
     );
+    // The refused claim changed nothing: the owner's claim is as it was.
+    let held = s.get(&key("k"), T + 1).await.unwrap().unwrap();
+    assert_eq!(
+        (held.state, held.fence, held.expires_at_ms),
+        (ClaimState::Processing, fence, T + 1_000)
+    );
+    let (_, next) = claim(&*s, "other", 1_000, T + 1).await;
+    assert_eq!(next, fence + 1, "a refused claim takes no fence");
     s.done(&key("k"), token, ttl(10_000), T + 2).await.unwrap();
     assert_eq!(
         s.claim(&key("k"), ttl(5), None, T + 3).await.unwrap(),
