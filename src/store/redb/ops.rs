@@ -205,7 +205,20 @@ impl<'txn> Tables<'txn> {
                 ttl,
                 fingerprint,
                 token,
-            } => Response::Claim(self.claim(key, *ttl, fingerprint.as_ref(), *token, now)?),
+            } => {
+                let stored = self.load_claim(key)?;
+                let live = stored.as_ref().filter(|r| !r.is_expired(now));
+                let fence = &mut self.fence;
+                let dirty = &mut self.fence_dirty;
+                let (outcome, change) =
+                    claims::claim(live, *ttl, fingerprint.clone(), now, *token, || {
+                        *fence += 1;
+                        *dirty = true;
+                        *fence
+                    });
+                self.change_claim(key, stored.as_ref(), change)?;
+                Response::Claim(outcome)
+            }
             Request::Done { key, token, ttl } => {
                 let stored = self.load_claim(key)?;
                 let live = stored.as_ref().filter(|r| !r.is_expired(now));
@@ -280,56 +293,6 @@ impl<'txn> Tables<'txn> {
                 .map(|(h, _)| h.created_at))
         };
         self.inbox.execute(req, now, &head)
-    }
-
-    /// A claim. Most claims are of keys that are not stored, so the new
-    /// row goes in first (one walk of the table instead of a lookup and an
-    /// insert), and the row it replaced, if live, is put back: the key
-    /// was held, and the claim is decided against it (refused: nothing
-    /// changes, and the fence moves only for a stored claim).
-    fn claim(
-        &mut self,
-        key: &ScopedKey,
-        ttl: Ttl,
-        fingerprint: Option<&Fingerprint>,
-        token: Token,
-        now: Millis,
-    ) -> Result<ClaimOutcome, redb::Error> {
-        let next = self.fence + 1;
-        let (outcome, change) = claims::claim(None, ttl, fingerprint.cloned(), now, token, || next);
-        let Change::Put(new) = change else {
-            unreachable!("a claim of an absent key stores it");
-        };
-        let k = key.as_str();
-        let claims_table = self.claims.open()?;
-        let replaced = claims_table
-            .insert(k, claim_to_row(&new))?
-            .map(|g| claim_from_row(g.value()));
-        match replaced {
-            Some(live) if !live.is_expired(now) => {
-                // As it was; then the transition of a held key (a refusal).
-                claims_table.insert(k, claim_to_row(&live))?;
-                let fence = &mut self.fence;
-                let dirty = &mut self.fence_dirty;
-                let (outcome, change) =
-                    claims::claim(Some(&live), ttl, fingerprint.cloned(), now, token, || {
-                        *fence += 1;
-                        *dirty = true;
-                        *fence
-                    });
-                self.change_claim(key, Some(&live), change)?;
-                Ok(outcome)
-            }
-            expired => {
-                let index = self.claim_expiry.open()?;
-                if let Some(old) = expired {
-                    index.remove((old.expires_at_ms, k))?;
-                }
-                index.insert((new.expires_at_ms, k), ())?;
-                (self.fence, self.fence_dirty) = (new.fence, true);
-                Ok(outcome)
-            }
-        }
     }
 
     fn load_claim(&mut self, key: &ScopedKey) -> Result<Option<ClaimRecord>, redb::Error> {
