@@ -263,3 +263,45 @@ impl KvIndex {
         changed
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::{KvIndex, Slot};
+
+    #[test]
+    fn readers_wait_while_answered_batches_run_again() {
+        let index = Arc::new(KvIndex::default());
+        index.begin(1);
+        index.write().put(b"k", Slot::new(1, b"answered", None));
+        // A later batch failed: the map goes back to the last commit, and
+        // the answered batch is run again.
+        assert!(index.rollback(true));
+        let (tx, rx) = mpsc::channel();
+        let reader = {
+            let index = index.clone();
+            std::thread::spawn(move || {
+                let seen = index.settled().map(|ix| ix.get(b"k").is_some());
+                tx.send(seen).unwrap();
+            })
+        };
+        // Until the writer says it is done, no reader sees the older map
+        // (a correct index never answers here, however long this waits).
+        assert!(
+            rx.recv_timeout(Duration::from_millis(100)).is_err(),
+            "a reader saw the map while answered batches were missing from it"
+        );
+        index.begin(1);
+        index.write().put(b"k", Slot::new(1, b"answered", None));
+        index.redone();
+        assert_eq!(
+            rx.recv().unwrap(),
+            Some(true),
+            "the reader sees the redone batch"
+        );
+        reader.join().unwrap();
+    }
+}
