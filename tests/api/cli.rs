@@ -765,3 +765,71 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     sigterm(&child);
     assert!(wait(child).success());
 }
+
+/// The JSON log of `dedupd serve` at `level` that answered one claim, up to
+/// its exit after SIGTERM.
+fn log_around_a_claim(level: &str) -> Vec<Value> {
+    use std::io::{Read, Write};
+    let dir = TempDir::new().unwrap();
+    let mut child = dedupd()
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "127.0.0.1:0")
+        .env("DEDUPD_LOG__LEVEL", level)
+        .env("DEDUPD_LOG__FORMAT", "json")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut log = Vec::new();
+    let port = loop {
+        let line = lines.next().expect("dedupd exited before serving").unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+        log.push(v.clone());
+        if let Some(p) = v["port"].as_u64() {
+            break p;
+        }
+    };
+    let mut conn =
+        std::net::TcpStream::connect(("127.0.0.1", u16::try_from(port).unwrap())).unwrap();
+    conn.write_all(
+        b"POST /v1/claims/log-probe HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    signal(&child, "-TERM");
+    log.extend(
+        lines
+            .map_while(Result::ok)
+            .map(|l| serde_json::from_str(&l).unwrap_or(Value::Null)),
+    );
+    assert!(child.wait().unwrap().success());
+    log
+}
+
+fn request_lines(log: &[Value]) -> Vec<&Value> {
+    log.iter()
+        .filter(|v| v["message"] == "request done")
+        .collect()
+}
+
+#[test]
+fn the_default_log_level_writes_no_line_per_request_and_debug_does() {
+    let info = log_around_a_claim("info");
+    assert!(
+        info.iter().any(|v| v["message"] == "dedupd serving"),
+        "{info:?}"
+    );
+    assert!(request_lines(&info).is_empty(), "{info:?}");
+
+    let debug = log_around_a_claim("debug");
+    let lines = request_lines(&debug);
+    assert!(
+        lines
+            .iter()
+            .any(|v| v["path"] == "/v1/claims/log-probe" && v["status"] == 201),
+        "{debug:?}"
+    );
+}
