@@ -8,7 +8,7 @@
 # 3. at size: the same wrk run                                     -> rate1, p99_1, peak RSS
 # 4. once the reaper starts on them, the same run while it deletes  -> rate2, p99_2
 # Prints rate1 / rate0 (target >= 0.8), the peak RSS (target <= 256 MiB,
-# storage.cache_bytes is 16 MiB) and p99_2 against p99_0 and p99_1 (target
+# storage.cache_bytes is 64 MiB) and p99_2 against p99_0 and p99_1 (target
 # <= 2).
 #
 # Env: KEYS, DURATION, C, KEEP=1, BENCH_TMP, QUIET_WAIT, EXTRA_TOML (added to

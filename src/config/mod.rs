@@ -266,7 +266,7 @@ impl Default for Settings {
             },
             storage: StorageSettings {
                 backend: Backend::Redb,
-                cache_bytes: 16 * 1024 * 1024,
+                cache_bytes: 64 * 1024 * 1024,
                 queue_capacity: 4096,
                 max_batch: 512,
                 checkpoint_bytes: 64 * 1024 * 1024,

@@ -109,7 +109,7 @@ impl RedbOptions {
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
-            cache_bytes: 16 * 1024 * 1024,
+            cache_bytes: 64 * 1024 * 1024,
             queue_capacity: 4096,
             max_batch: 512,
             faults: None,
