@@ -143,7 +143,7 @@ fn serve_refuses_a_non_loopback_address_without_tokens_and_says_why() {
 
 /// Starts `dedupd serve` in `dir` and returns it with its port, read from
 /// its JSON log.
-pub(crate) fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+pub(crate) fn serve(dir: &TempDir) -> (std::process::Child, u16, crate::cli::Drain) {
     let mut cmd = dedupd();
     cmd.arg("serve")
         .current_dir(dir.path())
@@ -152,7 +152,7 @@ pub(crate) fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::Jo
 }
 
 /// Starts `dedupd serve --config FILE`; returns it with its port.
-fn serve_config(file: &std::path::Path) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+fn serve_config(file: &std::path::Path) -> (std::process::Child, u16, crate::cli::Drain) {
     let mut cmd = dedupd();
     cmd.args(["serve", "--config"]).arg(file);
     spawn_serving(cmd)
@@ -161,9 +161,7 @@ fn serve_config(file: &std::path::Path) -> (std::process::Child, u16, std::threa
 /// Runs `cmd` (a `serve`) with JSON logs until it says which port it
 /// serves on; the log is then drained so the child never blocks on a full
 /// pipe.
-pub(crate) fn spawn_serving(
-    cmd: Command,
-) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+pub(crate) fn spawn_serving(cmd: Command) -> (std::process::Child, u16, crate::cli::Drain) {
     spawn_serving_on(cmd, "port")
 }
 
@@ -172,7 +170,7 @@ pub(crate) fn spawn_serving(
 pub(crate) fn spawn_serving_on(
     mut cmd: Command,
     field: &str,
-) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+) -> (std::process::Child, u16, crate::cli::Drain) {
     let mut child = cmd
         .env("DEDUPD_LOG__FORMAT", "json")
         .stderr(Stdio::piped())
@@ -189,14 +187,21 @@ pub(crate) fn spawn_serving_on(
     };
     let echo = std::env::var_os("DEDUPD_TEST_ECHO").is_some();
     let drain = std::thread::spawn(move || {
+        let mut rest = Vec::new();
         for line in lines.map_while(Result::ok) {
             if echo {
                 eprintln!("{line}");
             }
+            rest.push(line);
         }
+        rest
     });
     (child, port, drain)
 }
+
+/// The thread reading a served dedupd's log after the line that named its
+/// port: joined once the process exits, it gives the rest of the log.
+pub(crate) type Drain = std::thread::JoinHandle<Vec<String>>;
 
 pub(crate) fn signal(child: &std::process::Child, sig: &str) {
     let status = Command::new("kill")
@@ -211,14 +216,22 @@ pub(crate) fn signal(child: &std::process::Child, sig: &str) {
 pub(crate) async fn stop(
     child: std::process::Child,
     sig: &str,
-    drain: std::thread::JoinHandle<()>,
+    drain: Drain,
 ) -> std::process::ExitStatus {
+    stop_logged(child, sig, drain).await.0
+}
+
+/// [`stop`], also giving the log's lines after the one naming the port.
+pub(crate) async fn stop_logged(
+    child: std::process::Child,
+    sig: &str,
+    drain: Drain,
+) -> (std::process::ExitStatus, Vec<String>) {
     signal(&child, sig);
     let status = tokio::task::spawn_blocking(move || wait(child))
         .await
         .unwrap();
-    drain.join().unwrap();
-    status
+    (status, drain.join().unwrap())
 }
 
 pub(crate) fn sigterm(child: &std::process::Child) {
@@ -766,47 +779,27 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     assert!(wait(child).success());
 }
 
-/// The JSON log of `dedupd serve` at `level` that answered one claim, up to
-/// its exit after SIGTERM.
-fn log_around_a_claim(level: &str) -> Vec<Value> {
-    use std::io::{Read, Write};
+/// The JSON log of `dedupd serve` at `level` after the line naming its
+/// port, through one answered claim and a SIGTERM, line by line.
+async fn log_around_a_claim(level: &str) -> Vec<Value> {
     let dir = TempDir::new().unwrap();
-    let mut child = dedupd()
-        .arg("serve")
+    let mut cmd = dedupd();
+    cmd.arg("serve")
         .current_dir(dir.path())
         .env("DEDUPD_LISTEN", "127.0.0.1:0")
-        .env("DEDUPD_LOG__LEVEL", level)
-        .env("DEDUPD_LOG__FORMAT", "json")
-        .stderr(Stdio::piped())
-        .spawn()
+        .env("DEDUPD_LOG__LEVEL", level);
+    let (child, port, drain) = spawn_serving(cmd);
+    let res = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/claims/log-probe"))
+        .send()
+        .await
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut log = Vec::new();
-    let port = loop {
-        let line = lines.next().expect("dedupd exited before serving").unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-        log.push(v.clone());
-        if let Some(p) = v["port"].as_u64() {
-            break p;
-        }
-    };
-    let mut conn =
-        std::net::TcpStream::connect(("127.0.0.1", u16::try_from(port).unwrap())).unwrap();
-    conn.write_all(
-        b"POST /v1/claims/log-probe HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-    )
-    .unwrap();
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
-    signal(&child, "-TERM");
-    log.extend(
-        lines
-            .map_while(Result::ok)
-            .map(|l| serde_json::from_str(&l).unwrap_or(Value::Null)),
-    );
-    assert!(child.wait().unwrap().success());
-    log
+    assert_eq!(res.status(), reqwest::StatusCode::CREATED);
+    let (status, log) = stop_logged(child, "-TERM", drain).await;
+    assert!(status.success());
+    log.iter()
+        .map(|l| serde_json::from_str(l).unwrap_or(Value::Null))
+        .collect()
 }
 
 fn request_lines(log: &[Value]) -> Vec<&Value> {
@@ -815,16 +808,16 @@ fn request_lines(log: &[Value]) -> Vec<&Value> {
         .collect()
 }
 
-#[test]
-fn the_default_log_level_writes_no_line_per_request_and_debug_does() {
-    let info = log_around_a_claim("info");
+#[tokio::test]
+async fn the_default_log_level_writes_no_line_per_request_and_debug_does() {
+    let info = log_around_a_claim("info").await;
     assert!(
-        info.iter().any(|v| v["message"] == "dedupd serving"),
-        "{info:?}"
+        info.iter().any(|v| v["signal"] == "SIGTERM"),
+        "the log was read: {info:?}"
     );
     assert!(request_lines(&info).is_empty(), "{info:?}");
 
-    let debug = log_around_a_claim("debug");
+    let debug = log_around_a_claim("debug").await;
     let lines = request_lines(&debug);
     assert!(
         lines

@@ -21,7 +21,7 @@ struct Server {
     url: String,
     client: reqwest::Client,
     _serve: Running,
-    _drain: std::thread::JoinHandle<()>,
+    _drain: crate::cli::Drain,
     _dir: TempDir,
 }
 

@@ -116,7 +116,7 @@ struct Tour {
     source: String,
     config: PathBuf,
     _serve: Running,
-    _drain: std::thread::JoinHandle<()>,
+    _drain: crate::cli::Drain,
     port: u16,
     receive: Receive,
     /// Removed last, after the processes using it stopped.

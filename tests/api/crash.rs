@@ -15,7 +15,7 @@ use crate::cli::{serve, signal, stop, wait};
 pub(crate) async fn kill_under_load(
     child: std::process::Child,
     workers: Vec<tokio::task::JoinHandle<()>>,
-    drain: std::thread::JoinHandle<()>,
+    drain: crate::cli::Drain,
 ) {
     signal(&child, "-KILL");
     for w in workers {

@@ -12,7 +12,7 @@ use crate::crash::kill_under_load;
 
 /// Starts `dedupd serve` in `dir` with the RESP listener; returns it with
 /// its RESP port (from its JSON log) and the thread draining that log.
-fn serve(dir: &TempDir) -> (std::process::Child, u16, std::thread::JoinHandle<()>) {
+fn serve(dir: &TempDir) -> (std::process::Child, u16, crate::cli::Drain) {
     let mut cmd = dedupd();
     cmd.arg("serve")
         .current_dir(dir.path())
