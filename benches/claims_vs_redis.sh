@@ -11,7 +11,7 @@
 # beside every round's ratios: this VM's disk latency moves Redis's and
 # dedupd's figures by 30 % from one run to the next), DURATION (s, default
 # 10), CONCURRENCY (default "16 64 256"),
-# KEEP=1 (keep the temp dir), MIX=0 (skip the claim->done mix), FLOOR=0
+# KEEP=1 (keep the temp dir, with each run's raw output: wrk-*.txt, same-*.txt), MIX=0 (skip the claim->done mix), FLOOR=0
 # (skip the GET /healthz runs that show wrk's own latency floor), SAME=0
 # (skip the runs with one client for both sides, benches/loadgen.rs),
 # BENCH_TMP (parent of the temp dir, default /var/tmp; must not be tmpfs),
@@ -168,6 +168,7 @@ run_same() { # KIND LOADGEN-KIND PORT PID C: the same client (benches/loadgen.rs
     out=$("$LOADGEN" "$2" "127.0.0.1:$3" "$5" "$DURATION" 2 1) || die "loadgen $2 c=$5 failed: $out"
     threads_cpu "$4" >"$TMP/cpu1"
     if [ "$1" = same-claim ]; then settle; fi
+    echo "$out" >"$TMP/same-$1-$5.txt"
     r=$(grep '^RESULT' <<<"$out") || die "no loadgen result for $1 c=$5: $out"
     # kind c rps p50ms p99ms errors 0 flag round p99ms-with-wrk's-correction
     awk -v k="$1" -v c="$5" -v f="$f0/$(flag)" -v r="$ROUND" '{
