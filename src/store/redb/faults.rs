@@ -20,8 +20,6 @@ pub struct FaultPlan {
     writes: AtomicU64,
     /// Syncs still to fail.
     syncs: AtomicU64,
-    /// Syncs to let through before those fail.
-    pass_syncs: AtomicU64,
     /// Write batches still to fail once they ran, before they are logged,
     /// with an error that is not a disk fault.
     batches: AtomicU64,
@@ -49,12 +47,6 @@ impl FaultPlan {
 
     /// Fails the next `n` syncs.
     pub fn fail_next_syncs(&self, n: u64) {
-        self.syncs.store(n, Ordering::SeqCst);
-    }
-
-    /// Lets the next `pass` syncs through, then fails the `n` after them.
-    pub fn fail_syncs_after(&self, pass: u64, n: u64) {
-        self.pass_syncs.store(pass, Ordering::SeqCst);
         self.syncs.store(n, Ordering::SeqCst);
     }
 
@@ -124,9 +116,6 @@ impl FaultPlan {
     pub fn trip(&self, sync: bool) -> bool {
         if sync {
             self.wait_while(|h| h.syncs);
-            if !self.full.load(Ordering::SeqCst) && decrement(&self.pass_syncs) {
-                return false;
-            }
         }
         self.take(if sync { &self.syncs } else { &self.writes })
     }
