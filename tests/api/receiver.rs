@@ -227,7 +227,12 @@ impl Receiver {
 
     /// Answers every held request, and every later one, with 204.
     pub fn release(&self) {
-        self.set(Behaviour::Accept);
+        self.release_to(Behaviour::Accept);
+    }
+
+    /// Answers every held request with 204, and later ones as `behaviour`.
+    pub fn release_to(&self, behaviour: Behaviour) {
+        self.set(behaviour);
         self.state.released.send_replace(true);
     }
 
