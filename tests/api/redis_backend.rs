@@ -41,8 +41,8 @@ async fn with_redis_down_claims_and_applies_answer_503_and_recover_when_it_retur
         l.settings.storage.backend = Backend::Redis;
         l.settings.storage.redis.url = Secret::new(url);
         l.settings.storage.redis.expiry_slack = Duration::from_secs(600);
-        l.settings.storage.redis.response_timeout = Duration::from_millis(500);
-        l.settings.storage.redis.connect_timeout = Duration::from_millis(500);
+        l.settings.storage.redis.response_timeout = Duration::from_secs(5);
+        l.settings.storage.redis.connect_timeout = Duration::from_secs(5);
     })
     .await;
     let (token, _, _) = app.claim_ok("k", json!({})).await;
@@ -116,7 +116,7 @@ async fn dedupd_starts_not_ready_while_redis_is_down_and_becomes_ready_when_it_a
     let app = spawn_app_with(|l| {
         l.settings.storage.backend = Backend::Redis;
         l.settings.storage.redis.url = Secret::new(url);
-        l.settings.storage.redis.connect_timeout = Duration::from_millis(500);
+        l.settings.storage.redis.connect_timeout = Duration::from_secs(5);
     })
     .await;
     let res = app.request(Method::GET, "/readyz").send().await.unwrap();

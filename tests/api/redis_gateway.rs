@@ -16,8 +16,8 @@ async fn redis_gateway_app(redis_url: String, forward_to: &str) -> TestApp {
     spawn_app_with(move |l| {
         l.settings.storage.backend = Backend::Redis;
         l.settings.storage.redis.url = Secret::new(redis_url);
-        l.settings.storage.redis.response_timeout = Duration::from_millis(500);
-        l.settings.storage.redis.connect_timeout = Duration::from_millis(500);
+        l.settings.storage.redis.response_timeout = Duration::from_secs(5);
+        l.settings.storage.redis.connect_timeout = Duration::from_secs(5);
         l.settings.sources.insert("sume".into(), s);
     })
     .await

@@ -73,8 +73,8 @@ pub mod redis {
             cluster_nodes,
             prefix,
             expiry_slack: Duration::from_secs(600),
-            connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(10),
+            response_timeout: Duration::from_secs(10),
         }
     }
 
@@ -206,14 +206,15 @@ pub mod redis {
         let now = dedupd::clock::Clock::now_ms(&dedupd::clock::SystemClock);
         let k = |s: &str| ScopedKey::api(&Key::parse(s, "key").unwrap());
         store
-            .claim(&k("short"), Ttl::from_ms_unchecked(100), None, now)
+            .claim(&k("short"), Ttl::from_ms_unchecked(3_000), None, now)
             .await
             .unwrap();
         let at = CreatedAt::parse("2026-11-29T10:00:00Z", "created_at").unwrap();
-        store.apply(&k("s"), &k("e"), at, 100, now).await.unwrap();
-        // claim, fence counter, head, event record, event marker
+        store.apply(&k("s"), &k("e"), at, 3_000, now).await.unwrap();
+        // claim, fence counter, head, event record, event marker (3 s: long
+        // enough that none is gone before they are counted on a busy machine)
         assert_eq!(keys(&server, "exp"), 5);
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while keys(&server, "exp") > 1 {
             assert!(
                 std::time::Instant::now() < deadline,
