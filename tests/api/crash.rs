@@ -47,7 +47,12 @@ async fn work(base: String, worker: usize, round: usize, acked: Arc<Mutex<Acked>
     let client = reqwest::Client::new();
     for i in 0.. {
         let key = format!("r{round}-w{worker}-k{i}");
-        let Ok(res) = client.post(format!("{base}/v1/claims/{key}")).send().await else {
+        // A day: the last claim before a kill is never marked done, and a
+        // later round checks it, however long the rounds take.
+        let claim = client
+            .post(format!("{base}/v1/claims/{key}"))
+            .json(&json!({ "ttl_ms": 86_400_000 }));
+        let Ok(res) = claim.send().await else {
             return;
         };
         let Ok(v) = res.json::<Value>().await else {
