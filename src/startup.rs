@@ -29,7 +29,7 @@ use crate::resp::connection::RespOptions;
 use crate::routes::{self, AppState};
 use crate::store::Store;
 use crate::store::inbox::Retention;
-use crate::store::redb::{CommitMetrics, RedbOptions, RedbStore};
+use crate::store::redb::{CommitMetrics, READ_REOPEN_WAIT, RedbOptions, RedbStore};
 use crate::systemd::Liveness;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::observe_requests;
@@ -111,6 +111,7 @@ impl Application {
                 batch_size: metrics.store_batch.clone(),
                 checkpoint_seconds: metrics.store_checkpoint.clone(),
             },
+            read_reopen_wait: READ_REOPEN_WAIT,
         };
         let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
             .await

@@ -40,6 +40,13 @@ fn ttl(ms: u64) -> Ttl {
     Ttl::from_ms_unchecked(ms)
 }
 
+/// Reads that wait as long as a loaded machine may need for a reopen or a
+/// sync (the default 2 s is what a service wants; a test asserting that a
+/// read waits must not fail because the machine was slow).
+fn patient_reads(o: &mut RedbOptions) {
+    o.read_reopen_wait = Duration::from_secs(30);
+}
+
 struct Faulty {
     _dir: TempDir,
     opts: RedbOptions,
@@ -308,7 +315,7 @@ async fn a_failed_sync_under_load_refuses_exactly_what_was_not_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_never_shows_a_write_whose_sync_has_not_returned() {
-    let f = Arc::new(Faulty::open());
+    let f = Arc::new(Faulty::with(patient_reads));
     f.plan.set_hung(true);
     let claim = tokio::spawn({
         let f = f.clone();
@@ -346,7 +353,7 @@ async fn a_read_never_shows_a_write_whose_sync_has_not_returned() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_wait_out_the_reopen_after_a_disk_fault_instead_of_failing() {
-    let f = Arc::new(Faulty::open());
+    let f = Arc::new(Faulty::with(patient_reads));
     let s = &f.store;
     assert!(matches!(
         s.claim(&key("kept"), ttl(60_000), None, T).await.unwrap(),
@@ -482,7 +489,7 @@ mod keyspace {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_read_never_shows_a_set_whose_sync_has_not_returned() {
         for value in [b"processing".to_vec(), vec![9u8; 4_000]] {
-            let f = Arc::new(Faulty::open());
+            let f = Arc::new(Faulty::with(patient_reads));
             f.plan.set_hung(true);
             let write = tokio::spawn({
                 let f = f.clone();

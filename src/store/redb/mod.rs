@@ -79,6 +79,10 @@ pub struct RedbOptions {
     pub commit_hold: std::time::Duration,
     /// Where the writer records each group commit.
     pub commit_metrics: CommitMetrics,
+    /// How long a read waits for the file to be reopened after a disk
+    /// fault (or for the sync of a write it would show) before it answers
+    /// `Unavailable`: [`READ_REOPEN_WAIT`] unless a test needs longer.
+    pub read_reopen_wait: std::time::Duration,
 }
 
 /// Histograms the writer records each successful group commit in; no-ops
@@ -118,6 +122,7 @@ impl RedbOptions {
             checkpoint_idle: std::time::Duration::from_secs(1),
             commit_hold: std::time::Duration::from_millis(20),
             commit_metrics: CommitMetrics::default(),
+            read_reopen_wait: READ_REOPEN_WAIT,
         }
     }
 }
@@ -216,6 +221,8 @@ pub struct RedbStore {
     flusher: Mutex<Option<flusher::Flusher>>,
     /// Group-commit counters.
     counters: Arc<Counters>,
+    /// How long a read waits out a reopen ([`RedbOptions::read_reopen_wait`]).
+    read_reopen_wait: std::time::Duration,
 }
 
 /// Opens the data file as the options say (through the fault-injecting
@@ -307,6 +314,7 @@ impl RedbStore {
                     .map(Some)?,
             ),
             counters,
+            read_reopen_wait: opts.read_reopen_wait,
         })
     }
 
@@ -357,7 +365,7 @@ impl RedbStore {
     /// meets the file being reopened after a disk fault (the writer drops
     /// the handle redb poisoned and opens the file again, usually within
     /// milliseconds) asks the writer to try now, waits for the reopen, up
-    /// to [`READ_REOPEN_WAIT`], and runs again: reads keep answering while
+    /// to [`RedbOptions::read_reopen_wait`], and runs again: reads keep answering while
     /// writes are refused, as long as the file can be opened. While it
     /// cannot (every write failing), they answer `Unavailable` after that
     /// wait.
@@ -383,7 +391,7 @@ impl RedbStore {
         F: Fn(&Database, &Shared) -> Result<(T, u64), redb::Error> + Send + Sync + 'static,
     {
         let f = Arc::new(f);
-        let deadline = tokio::time::Instant::now() + READ_REOPEN_WAIT;
+        let deadline = tokio::time::Instant::now() + self.read_reopen_wait;
         loop {
             let epoch = self.shared.watermark.epoch();
             match self.read_once(epoch, fresh, f.clone(), deadline).await {
@@ -467,12 +475,13 @@ impl RedbStore {
 }
 
 /// How many times a keyspace read waits for the batch writing the row it
-/// looks for (each wait is one batch's sync, or up to [`READ_REOPEN_WAIT`]).
+/// looks for (each wait is one batch's sync, or up to
+/// [`RedbOptions::read_reopen_wait`]).
 const KV_PENDING_TRIES: usize = 16;
 
 /// How long a read waits for the file to be reopened after a disk fault
-/// before it answers `Unavailable`.
-const READ_REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// before it answers `Unavailable`, by default.
+pub const READ_REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What a read must see from its first look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
