@@ -109,6 +109,9 @@ async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
         "dedupd serving"
     );
     let handle = app.handle();
+    // READY first: the watchdog's first ping comes at once, and systemd
+    // (and the tests) must hear that the service is up before any ping.
+    dedupd::systemd::ready(&format!("serving on {}:{}", listen.ip(), app.port()));
     if let Some(period) = dedupd::systemd::watchdog_period() {
         tokio::spawn(dedupd::systemd::watchdog(
             app.liveness(),
@@ -116,7 +119,6 @@ async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
             app.stopped(),
         ));
     }
-    dedupd::systemd::ready(&format!("serving on {}:{}", listen.ip(), app.port()));
     tokio::spawn(async move {
         let signal = signals.wait().await;
         tracing::info!(
