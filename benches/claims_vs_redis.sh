@@ -14,6 +14,8 @@
 # KEEP=1 (keep the temp dir, with each run's raw output: wrk-*.txt, same-*.txt), MIX=0 (skip the claim->done mix), FLOOR=0
 # (skip the GET /healthz runs that show wrk's own latency floor), SAME=0
 # (skip the runs with one client for both sides, benches/loadgen.rs),
+# OPS=0 (skip the other writes with that client: apply, and a claim's
+# claim->extend->release; they need SAME=1),
 # BENCH_TMP (parent of the temp dir, default /var/tmp; must not be tmpfs),
 # QUIET_WAIT (s to wait for other builds to finish, default 900),
 # WRK_THREADS (default 2), RB_THREADS (redis-benchmark --threads, default 2;
@@ -29,6 +31,7 @@ CONCURRENCY=${CONCURRENCY:-16 64 256}
 MIX=${MIX:-1}
 FLOOR=${FLOOR:-1}
 SAME=${SAME:-1}
+OPS=${OPS:-1}
 WRK_THREADS=${WRK_THREADS:-2}
 RB_THREADS=${RB_THREADS:-2}
 # shellcheck source=benches/lib.sh
@@ -167,7 +170,7 @@ run_same() { # KIND LOADGEN-KIND PORT PID C: the same client (benches/loadgen.rs
     threads_cpu "$4" >"$TMP/cpu0"
     out=$("$LOADGEN" "$2" "127.0.0.1:$3" "$5" "$DURATION" 2 1) || die "loadgen $2 c=$5 failed: $out"
     threads_cpu "$4" >"$TMP/cpu1"
-    if [ "$1" = same-claim ]; then settle; fi
+    case $1 in same-claim | same-apply | same-cycle) settle ;; esac
     echo "$out" >"$TMP/same-$1-$5.txt"
     r=$(grep '^RESULT' <<<"$out") || die "no loadgen result for $1 c=$5: $out"
     # kind c rps p50ms p99ms errors 0 flag round p99ms-with-wrk's-correction
@@ -185,6 +188,11 @@ for c in $CONCURRENCY; do
         log "c=$c: same client: redis AOF";      run_same same-aof resp-set "$RAOF" "$PAOF" "$c"
         log "c=$c: same client: redis none";     run_same same-none resp-set "$RNONE" "$PNONE" "$c"
         log "c=$c: same client: GET /healthz";   run_same same-floor http-healthz "$DPORT" "$DPID" "$c"
+        if [ "$OPS" = 1 ]; then
+            log "c=$c: same client: dedupd apply"; run_same same-apply http-apply "$DPORT" "$DPID" "$c"
+            log "c=$c: same client: dedupd claim->extend->release"
+            run_same same-cycle http-claim-extend-release "$DPORT" "$DPID" "$c"
+        fi
     fi
     log "c=$c: dedupd claims";          run_wrk claim "$c" "$TMP/claim.lua"
     log "c=$c: redis appendfsync always"; run_redis aof "$RAOF" "$PAOF" "$c"
@@ -287,6 +295,23 @@ if [ "$SAME" = 1 ]; then
                     a[3] ? d[3] / a[3] : 0, a[5] ? d[5] / a[5] : 0, f[3], f[5], d[9], a[9], a[9] ? d[9] / a[9] : 0, d[6], a[6], z[6], d[8], a[8], z[8]
             }
         }' "$MED"
+    if [ "$OPS" = 1 ]; then
+        echo
+        echo "The other writes, same client: apply (POST /v1/streams/<random stream>/apply, one event) and a claim's life"
+        echo "(claim, extend with its token, release with its token; ops = every request), against Redis AOF always's SETs above:"
+        awk '
+            { k[$1 " " $2] = $0; if ($1 == "same-apply") cs[++nc] = $2 }
+            END {
+                printf "%5s | %-22s | %-22s | %-13s | %-13s | %s\n", "", "dedupd apply", "claim/extend/release", "apply/AOF", "c/e/r / AOF", ""
+                printf "%5s | %8s %6s %6s | %8s %6s %6s | %6s %6s | %6s %6s | %s\n", "conns", "ops/s", "p50", "p99", "ops/s", "p50", "p99", "tput", "p99", "tput", "p99", "errors, build apply/cycle"
+                for (i = 1; i <= nc; i++) {
+                    c = cs[i]; split(k["same-apply " c], p, " "); split(k["same-cycle " c], y, " "); split(k["same-aof " c], a, " ")
+                    printf "%5s | %8d %6.2f %6.2f | %8d %6.2f %6.2f | %5.2fx %5.2fx | %5.2fx %5.2fx | %d/%d, %s %s\n", c,
+                        p[3], p[4], p[5], y[3], y[4], y[5], a[3] ? p[3] / a[3] : 0, a[5] ? p[5] / a[5] : 0,
+                        a[3] ? y[3] / a[3] : 0, a[5] ? y[5] / a[5] : 0, p[6], y[6], p[8], y[8]
+                }
+            }' "$MED"
+    fi
 fi
 echo
 echo "dedupd / Redis AOF always in each round (throughput, p99; each pair ran back to back), and the median of each:"
@@ -296,8 +321,9 @@ awk "$AWK_MED"'
         if ($10 != "") r["co-" $1 " " $2 " " $9] = $3 " " $10
     }
     END {
-        split("claim,aof,wrk / redis-benchmark,same-claim,same-aof,one client (loadgen),co-same-claim,co-same-aof,one client (p99 corrected)", p, ",")
-        for (i = 1; i <= nc; i++) for (q = 1; q <= 7; q += 3) {
+        split("claim,aof,wrk / redis-benchmark,same-claim,same-aof,one client (loadgen),co-same-claim,co-same-aof,one client (p99 corrected)," \
+              "same-apply,same-aof,apply (loadgen),same-cycle,same-aof,claim/extend/release", p, ",")
+        for (i = 1; i <= nc; i++) for (q = 1; q <= 13; q += 3) {
             line = ""; tl = ""; pl = ""
             for (k = 1; k <= nr; k++) {
                 d = r[p[q] " " cs[i] " " k]; a = r[p[q + 1] " " cs[i] " " k]
@@ -324,5 +350,5 @@ echo "  claims:  wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s claim
 [ "$MIX" = 1 ] && echo "  mix:     wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s mix.lua http://127.0.0.1:$DPORT -- <prefix>"
 echo "  redis:   redis-benchmark -c N -n <probe rps x ${DURATION}> ${RB_OPTS[*]} ${RB_CMD[*]}"
 echo "           (n from a probe run of max(50000, 200 N) requests, so each run lasts about ${DURATION}s)"
-[ "$SAME" = 1 ] && echo "  same:    $LOADGEN KIND 127.0.0.1:PORT N ${DURATION} 2 1   (= cargo bench --bench loadgen -- KIND ADDRESS N ${DURATION} 2 1; KIND http-claim, resp-set, http-healthz)"
+[ "$SAME" = 1 ] && echo "  same:    $LOADGEN KIND 127.0.0.1:PORT N ${DURATION} 2 1   (= cargo bench --bench loadgen -- KIND ADDRESS N ${DURATION} 2 1; KIND http-claim, resp-set, http-healthz, http-apply, http-claim-extend-release)"
 echo "  non2xx = wrk's non-2xx/3xx answers + socket errors (connect/read/write/timeout); must be 0."

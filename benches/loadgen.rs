@@ -10,7 +10,12 @@
 //! cargo bench --bench loadgen -- http-claim 127.0.0.1:8080 64 10
 //! cargo bench --bench loadgen -- resp-set 127.0.0.1:6379 64 10
 //! cargo bench --bench loadgen -- http-healthz 127.0.0.1:8080 64 10
+//! cargo bench --bench loadgen -- http-apply 127.0.0.1:8080 64 10
+//! cargo bench --bench loadgen -- http-claim-extend-release 127.0.0.1:8080 64 10
 //! ```
+//!
+//! The last two show the other writes (`apply`, `extend`, `release`) on
+//! the claims' path; `done` is in `claims_vs_redis.sh`'s `wrk` mix.
 //!
 //! Arguments: KIND ADDRESS CONNECTIONS SECONDS [THREADS (default 2)]
 //! [WARM-UP SECONDS (default 1)]. Prints one line:
@@ -49,6 +54,37 @@ enum Kind {
     HttpHealthz,
     /// `SET k:<12 random digits> processing NX EX 300`.
     RespSet,
+    /// `POST /v1/streams/<unique stream>/apply` of one event: the
+    /// applied-events table and a stream head written; 200 expected.
+    HttpApply,
+    /// A claim's whole life on each connection, one request at a time:
+    /// `POST /v1/claims/<unique key>` (201), `POST .../extend` with its
+    /// token (200), `DELETE` with its token (204). Every request counts.
+    HttpCycle,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::HttpClaim => "http-claim",
+            Kind::HttpHealthz => "http-healthz",
+            Kind::RespSet => "resp-set",
+            Kind::HttpApply => "http-apply",
+            Kind::HttpCycle => "http-claim-extend-release",
+        }
+    }
+}
+
+/// Where a connection of [`Kind::HttpCycle`] is in its claim's life.
+#[derive(Debug, Default)]
+enum Step {
+    /// Next: a new claim.
+    #[default]
+    Claim,
+    /// Next: extend the claim of request `n` with this token.
+    Extend(u64, String),
+    /// Next: release it.
+    Release(u64, String),
 }
 
 #[derive(Debug)]
@@ -67,7 +103,7 @@ fn parse_args() -> Result<Args, String> {
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
-    let usage = "usage: loadgen KIND ADDRESS CONNECTIONS SECONDS [THREADS] [WARM-UP SECONDS]; KIND: http-claim | http-healthz | resp-set";
+    let usage = "usage: loadgen KIND ADDRESS CONNECTIONS SECONDS [THREADS] [WARM-UP SECONDS]; KIND: http-claim | http-healthz | resp-set | http-apply | http-claim-extend-release";
     if a.len() < 4 {
         return Err(usage.into());
     }
@@ -75,6 +111,8 @@ fn parse_args() -> Result<Args, String> {
         "http-claim" => Kind::HttpClaim,
         "http-healthz" => Kind::HttpHealthz,
         "resp-set" => Kind::RespSet,
+        "http-apply" => Kind::HttpApply,
+        "http-claim-extend-release" => Kind::HttpCycle,
         other => return Err(format!("unknown kind '{other}'; {usage}")),
     };
     let num = |i: usize, what: &str, default: f64| -> Result<f64, String> {
@@ -120,20 +158,60 @@ struct Tally {
     errors: u64,
 }
 
-fn request(kind: Kind, run: u64, conn: usize, n: u64, rng: &mut Rng, out: &mut Vec<u8>) {
+fn request(
+    kind: Kind,
+    step: &Step,
+    run: u64,
+    conn: usize,
+    n: u64,
+    rng: &mut Rng,
+    out: &mut Vec<u8>,
+) {
     use std::io::Write;
     out.clear();
     // Writing into a Vec cannot fail.
-    let _ = match kind {
+    let _ = match (kind, step) {
         // Unique per run, connection and request: a key claimed by an
         // earlier run would answer 409.
-        Kind::HttpClaim => write!(
+        (Kind::HttpCycle, Step::Claim) => write!(
+            out,
+            "POST /v1/claims/lg{run:x}-{conn}-{n} HTTP/1.1\r\nHost: bench\r\nContent-Length: 0\r\n\r\n"
+        ),
+        (Kind::HttpClaim, _) => write!(
             out,
             "POST /v1/claims/lg{run:x}-{conn}-{n}x{} HTTP/1.1\r\nHost: bench\r\nContent-Length: 0\r\n\r\n",
             rng.next() % 2_147_483_647
         ),
-        Kind::HttpHealthz => write!(out, "GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"),
-        Kind::RespSet => {
+        (Kind::HttpCycle, Step::Extend(key, token)) => {
+            let body = format!(r#"{{"token":"{token}"}}"#);
+            write!(
+                out,
+                "POST /v1/claims/lg{run:x}-{conn}-{key}/extend HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        }
+        (Kind::HttpCycle, Step::Release(key, token)) => {
+            let body = format!(r#"{{"token":"{token}"}}"#);
+            write!(
+                out,
+                "DELETE /v1/claims/lg{run:x}-{conn}-{key} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        }
+        (Kind::HttpApply, _) => {
+            // Event ids unique too: a duplicate would write nothing.
+            let body = format!(
+                r#"{{"event_id":"e{run:x}-{conn}-{n}","created_at":"2026-11-29T10:00:00Z"}}"#
+            );
+            write!(
+                out,
+                "POST /v1/streams/lg{run:x}-{conn}-{n}x{}/apply HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                rng.next() % 2_147_483_647,
+                body.len()
+            )
+        }
+        (Kind::HttpHealthz, _) => write!(out, "GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"),
+        (Kind::RespSet, _) => {
             let key = format!("k:{:012}", rng.next() % 100_000_000);
             write!(
                 out,
@@ -148,7 +226,7 @@ fn request(kind: Kind, run: u64, conn: usize, n: u64, rng: &mut Rng, out: &mut V
 /// success, or `None` while it is incomplete.
 fn answer(kind: Kind, buf: &[u8]) -> Result<Option<(usize, bool)>, String> {
     match kind {
-        Kind::HttpClaim | Kind::HttpHealthz => {
+        Kind::HttpClaim | Kind::HttpHealthz | Kind::HttpApply | Kind::HttpCycle => {
             let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
                 return Ok(None);
             };
@@ -166,6 +244,8 @@ fn answer(kind: Kind, buf: &[u8]) -> Result<Option<(usize, bool)>, String> {
                         .then(|| value.trim().parse::<usize>().ok())
                         .flatten()
                 })
+                // A 204 has no body, and no Content-Length.
+                .or((status == 204).then_some(0))
                 .ok_or("an answer without Content-Length")?;
             let total = end + 4 + len;
             Ok((buf.len() >= total).then_some((total, (200..300).contains(&status))))
@@ -194,6 +274,27 @@ fn answer(kind: Kind, buf: &[u8]) -> Result<Option<(usize, bool)>, String> {
     }
 }
 
+/// What a [`Kind::HttpCycle`] connection sends after an answer: extend
+/// a new claim with the token its answer shows, then release it, then
+/// claim the next key. A refused claim is claimed anew (the refusal counts
+/// as an error).
+fn next_step(step: Step, n: u64, ok: bool, answer: &[u8]) -> Step {
+    match step {
+        Step::Claim if ok => {
+            let text = String::from_utf8_lossy(answer);
+            match text.split_once(r#""token":""#) {
+                Some((_, rest)) => {
+                    Step::Extend(n, rest.chars().take_while(|c| *c != '"').collect())
+                }
+                None => Step::Claim,
+            }
+        }
+        Step::Claim => Step::Claim,
+        Step::Extend(key, token) => Step::Release(key, token),
+        Step::Release(..) => Step::Claim,
+    }
+}
+
 async fn connection(
     kind: Kind,
     addr: SocketAddr,
@@ -217,19 +318,23 @@ async fn connection(
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     let mut n = 0u64;
+    let mut step = Step::Claim;
     loop {
         let sent = Instant::now();
         if sent >= until {
             return Ok(tally);
         }
         n += 1;
-        request(kind, run, conn, n, &mut rng, &mut out);
+        request(kind, &step, run, conn, n, &mut rng, &mut out);
         stream
             .write_all(&out)
             .await
             .map_err(|e| format!("write: {e}"))?;
         let ok = loop {
             if let Some((len, ok)) = answer(kind, &buf)? {
+                if kind == Kind::HttpCycle {
+                    step = next_step(std::mem::take(&mut step), n, ok, &buf[..len]);
+                }
                 buf.drain(..len);
                 break ok;
             }
@@ -329,11 +434,7 @@ fn main() {
         }
     };
     all.sort_unstable();
-    let name = match kind {
-        Kind::HttpClaim => "http-claim",
-        Kind::HttpHealthz => "http-healthz",
-        Kind::RespSet => "resp-set",
-    };
+    let name = kind.name();
     let co = corrected(&all, conns, seconds);
     println!(
         "RESULT kind={name} conns={} requests={} rps={:.0} p50_ms={:.3} p90_ms={:.3} p99_ms={:.3} p999_ms={:.3} max_ms={:.3} p99co_ms={:.3} errors={errors}",
