@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::body::read_json;
-use super::{AppState, Endpoint, path_segment};
+use super::{AppState, Endpoint, below, path_segment};
 use crate::clock::Millis;
 use crate::domain::{Fingerprint, Key, ScopedKey, Token};
 use crate::error::{ApiError, Problem};
@@ -46,13 +46,7 @@ async fn dispatch(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     // An empty key is no resource (404), as with the `{key}` pattern.
-    let segments = req
-        .uri()
-        .path()
-        .strip_prefix("/v1/claims/")
-        .filter(|rest| !rest.is_empty() && !rest.starts_with('/'))
-        .map_or(0, |rest| rest.split('/').count());
-    let action = req.uri().path().split('/').nth(4);
+    let (segments, action) = below(&req, "/v1/claims/");
     let method = req.method();
     let not_allowed = |allowed: &'static str| {
         Err(ApiError::MethodNotAllowed {

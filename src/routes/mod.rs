@@ -60,6 +60,23 @@ pub fn configure_v1(cfg: &mut web::ServiceConfig) {
     event::configure(cfg);
 }
 
+/// The request path below `prefix`, for the scopes that dispatch by hand:
+/// how many segments it has, and the second one (the action). An empty
+/// first segment counts as none, as a `{param}` pattern would not match it:
+/// below `/v1/claims/`, `/v1/claims/k/done` is `(2, Some("done"))`, `/v1/claims/k`
+/// is `(1, None)` and `/v1/claims/` or `/v1/claims//x` is `(0, _)`.
+pub fn below<'a>(req: &'a HttpRequest, prefix: &str) -> (usize, Option<&'a str>) {
+    let rest = req
+        .uri()
+        .path()
+        .strip_prefix(prefix)
+        .filter(|rest| !rest.is_empty() && !rest.starts_with('/'));
+    match rest {
+        None => (0, None),
+        Some(rest) => (rest.split('/').count(), rest.split('/').nth(1)),
+    }
+}
+
 /// Segment `index` of the request path (`/v1/claims/{key}` has the key at
 /// 3), percent-decoded strictly: a malformed escape or bytes that are not
 /// UTF-8 are refused, never replaced, so two different raw keys can never
@@ -110,8 +127,8 @@ pub fn method_not_allowed(allowed: String) -> actix_web::Route {
 
 /// One route the app serves: its method, its path pattern relative to the
 /// scope it is registered in, and its handler. The app registers routes
-/// only through [`register`] (or, for the claims routes, dispatches
-/// exactly these by hand), and [`endpoints`] lists them all: the OpenAPI
+/// only through [`register`] (or, for the claims and streams routes,
+/// dispatches exactly these by hand), and [`endpoints`] lists them all: the OpenAPI
 /// document is checked against that list, so the two cannot drift.
 #[derive(Clone)]
 pub struct Endpoint {

@@ -1,31 +1,67 @@
 //! `/v1/streams/{stream}`: apply events in order, read the head.
 
 use actix_web::http::Method;
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::body::read_json;
-use super::{AppState, Endpoint, Guard, path_segment, register};
+use super::{AppState, Endpoint, below, path_segment};
 use crate::domain::{CreatedAt, Key, ScopedKey};
 use crate::error::{ApiError, Problem};
 use crate::store::{ApplyOutcome, Head};
+use crate::telemetry::RouteName;
 
-/// The stream routes, relative to `/v1`.
+/// The stream routes, relative to `/v1`, all dispatched by hand in
+/// [`dispatch`].
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
-        Endpoint::new(Method::GET, "/streams/{stream}", || {
-            web::route().to(get_head)
-        }),
-        Endpoint::new(Method::POST, "/streams/{stream}/apply", || {
-            web::route().to(apply)
-        }),
+        Endpoint::by_hand(Method::GET, HEAD),
+        Endpoint::by_hand(Method::POST, APPLY),
     ]
 }
 
+/// The patterns, relative to `/v1`.
+const HEAD: &str = "/streams/{stream}";
+const APPLY: &str = "/streams/{stream}/apply";
+
 /// Registers the stream routes (in the `/v1` scope, behind its tokens).
+///
+/// Dispatched by hand under a static prefix, as the claims routes are:
+/// actix matched the two `{stream}` patterns with a regex engine, about a
+/// fifth of an apply's CPU in the HTTP workers (see `docs/performance.md`).
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    register(cfg, endpoints(), Guard::Open);
+    cfg.service(web::scope("/streams").default_service(web::to(dispatch)));
+}
+
+/// Routes `/streams/...` by its segments and method.
+async fn dispatch(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    // An empty stream is no resource (404), as with the `{stream}` pattern.
+    let (segments, action) = below(&req, "/v1/streams/");
+    let method = req.method();
+    let not_allowed = |allowed: &'static str| {
+        Err(ApiError::MethodNotAllowed {
+            method: method.to_string(),
+            allowed: allowed.to_owned(),
+        })
+    };
+    let route = match (segments, action) {
+        (1, _) => "/v1/streams/{stream}",
+        (2, Some("apply")) => "/v1/streams/{stream}/apply",
+        _ => "unmatched",
+    };
+    req.extensions_mut().insert(RouteName(route));
+    match (segments, action) {
+        (1, _) if method == Method::GET => get_head(state, req).await,
+        (1, _) => not_allowed("GET"),
+        (2, Some("apply")) if method == Method::POST => apply(state, req, payload).await,
+        (2, Some("apply")) => not_allowed("POST"),
+        _ => super::not_found(req).await,
+    }
 }
 
 /// Body of apply.

@@ -17,6 +17,30 @@ async fn an_empty_key_is_not_a_resource() {
     assert_problem(res, StatusCode::NOT_FOUND, "not_found").await;
 }
 
+/// The claims and streams routes are dispatched by hand: paths their
+/// patterns would not match are 404, whatever the method.
+#[tokio::test]
+async fn paths_beside_the_claims_and_streams_routes_are_not_found() {
+    let app = spawn_app().await;
+    for (method, path) in [
+        (Method::POST, "/v1/claims"),
+        (Method::POST, "/v1/claims//done"),
+        (Method::POST, "/v1/claims/k/"),
+        (Method::POST, "/v1/claims/k/finish"),
+        (Method::POST, "/v1/claims/k/done/more"),
+        (Method::GET, "/v1/streams"),
+        (Method::GET, "/v1/streams/"),
+        (Method::POST, "/v1/streams//apply"),
+        (Method::GET, "/v1/streams/s/"),
+        (Method::POST, "/v1/streams/s/append"),
+        (Method::POST, "/v1/streams/s/apply/more"),
+    ] {
+        let res = app.request(method.clone(), path).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "{method} {path}");
+        assert_problem(res, StatusCode::NOT_FOUND, "not_found").await;
+    }
+}
+
 #[tokio::test]
 async fn a_key_over_512_bytes_returns_400_naming_the_limit() {
     let app = spawn_app().await;

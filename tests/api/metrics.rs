@@ -221,8 +221,11 @@ async fn a_scrape_counts_the_traffic_that_happened() {
     assert_eq!(http("POST", "/v1/claims/{key}", "201"), Some(1.0));
     assert_eq!(http("POST", "/v1/claims/{key}", "409"), Some(2.0));
     assert_eq!(http("POST", "/v1/claims/{key}/done", "200"), Some(1.0));
+    assert_eq!(http("DELETE", "/v1/claims/{key}", "204"), Some(1.0));
+    assert_eq!(http("POST", "/v1/streams/{stream}/apply", "200"), Some(3.0));
     assert_eq!(http("POST", "/ingest/{source}", "401"), Some(1.0));
     assert!(!s.contains("route=\"/v1/claims/k1\""), "{s}");
+    assert!(!s.contains("route=\"/v1/streams/run"), "{s}");
 }
 
 /// A client picks the method; only the standard ones become label values,
