@@ -1,6 +1,13 @@
 //! Crash consistency of the real binary: SIGKILL under concurrent load, again
 //! and again, and after every restart each acknowledged claim, done and apply
 //! is there, and fences never go backwards.
+//!
+//! Small enough for CI by default; `benches/crash_drill.sh` runs the same
+//! drill at scale through the environment: `DEDUPD_CRASH_ROUNDS` (kills,
+//! default 4), `DEDUPD_CRASH_WORKERS` (concurrent workers, default 16),
+//! `DEDUPD_CRASH_CLAIMS` (new claims acknowledged before each kill,
+//! default 300) and `DEDUPD_CRASH_DIR` (where the data directory goes,
+//! default the system's temp dir).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -104,19 +111,38 @@ async fn answer(req: reqwest::RequestBuilder) -> Value {
     req.send().await.unwrap().json().await.unwrap()
 }
 
-/// Checks that everything acknowledged so far is in the restarted server.
+/// Checks that everything acknowledged so far is in the restarted server,
+/// with [`CHECKERS`] clients at once (at the drill's scale there are many).
 async fn check(base: &str, acked: &Acked) {
+    let acked = Arc::new(acked.clone());
+    let mut checkers = tokio::task::JoinSet::new();
+    for part in 0..CHECKERS {
+        let (base, acked) = (base.to_owned(), acked.clone());
+        checkers.spawn(async move { check_part(&base, &acked, part).await });
+    }
+    while let Some(done) = checkers.join_next().await {
+        // A failed check panics in its task: fail the test with it.
+        done.unwrap();
+    }
+}
+
+/// How many clients [`check`] reads back with.
+const CHECKERS: usize = 8;
+
+/// [`check`] for every [`CHECKERS`]th record, from `part`.
+async fn check_part(base: &str, acked: &Acked, part: usize) {
+    let mine = |i: &usize| i % CHECKERS == part;
     let client = reqwest::Client::new();
     let claim = |key: &str| answer(client.get(format!("{base}/v1/claims/{key}")));
-    for (key, fence) in &acked.claims {
+    for (_, (key, fence)) in acked.claims.iter().enumerate().filter(|(i, _)| mine(i)) {
         let v = claim(key).await;
         assert_eq!(v["fence"].as_u64(), Some(*fence), "claim {key}: {v}");
     }
-    for key in &acked.done {
+    for (_, key) in acked.done.iter().enumerate().filter(|(i, _)| mine(i)) {
         let v = claim(key).await;
         assert_eq!(v["state"], "done", "done {key}: {v}");
     }
-    for (stream, event, _) in &acked.applies {
+    for (_, (stream, event, _)) in acked.applies.iter().enumerate().filter(|(i, _)| mine(i)) {
         let again = json!({ "event_id": event, "created_at": "2026-11-29T00:00:00Z" });
         let v = answer(
             client
@@ -128,11 +154,31 @@ async fn check(base: &str, acked: &Acked) {
     }
 }
 
+/// A drill size from the environment, or `default`.
+fn knob(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Err(_) => default,
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| panic!("{name} must be a positive number, not {v:?}")),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_only_grow() {
-    let dir = TempDir::new().unwrap();
+    let (rounds, workers, per_round) = (
+        knob("DEDUPD_CRASH_ROUNDS", 4),
+        knob("DEDUPD_CRASH_WORKERS", 16),
+        knob("DEDUPD_CRASH_CLAIMS", 300),
+    );
+    let dir = match std::env::var_os("DEDUPD_CRASH_DIR") {
+        Some(parent) => TempDir::new_in(parent).unwrap(),
+        None => TempDir::new().unwrap(),
+    };
     let acked = Arc::new(Mutex::new(Acked::default()));
-    for round in 0..4 {
+    for round in 0..rounds {
         let (child, port, drain) = serve(&dir);
         let base = format!("http://127.0.0.1:{port}");
         if round > 0 {
@@ -140,12 +186,12 @@ async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_onl
             check(&base, &seen).await;
         }
         let before = acked.lock().unwrap().claims.len();
-        let workers: Vec<_> = (0..16)
+        let workers: Vec<_> = (0..workers)
             .map(|w| tokio::spawn(work(base.clone(), w, round, acked.clone())))
             .collect();
         // Kill mid-load, once a few hundred new claims were acknowledged.
         loop {
-            if acked.lock().unwrap().claims.len() >= before + 300 {
+            if acked.lock().unwrap().claims.len() >= before + per_round {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -169,5 +215,11 @@ async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_onl
         assert!(stop(child, "-TERM", drain).await.success());
     }
     let a = acked.lock().unwrap();
-    assert!(a.claims.len() >= 1200 && !a.done.is_empty() && !a.applies.is_empty());
+    assert!(a.claims.len() >= rounds * per_round && !a.done.is_empty() && !a.applies.is_empty());
+    eprintln!(
+        "crash drill: {rounds} SIGKILLs under {workers} workers; after each restart all of {} claims, {} dones and {} applies acknowledged so far were there, and fences only grew",
+        a.claims.len(),
+        a.done.len(),
+        a.applies.len()
+    );
 }
