@@ -92,7 +92,13 @@ async fn work(base: String, worker: usize, round: usize, acked: Arc<Mutex<Acked>
             .post(format!("{base}/v1/streams/{stream}/apply"))
             .json(&json!({
                 "event_id": event,
-                "created_at": format!("2026-11-29T{:02}:{:02}:00Z", round + 1, minute),
+                // Later in every round: an hour each, from 2026-12-01.
+                "created_at": format!(
+                    "2026-12-{:02}T{:02}:{:02}:00Z",
+                    1 + round / 24,
+                    round % 24,
+                    minute
+                ),
             }))
             .send()
             .await
@@ -173,6 +179,8 @@ async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_onl
         knob("DEDUPD_CRASH_WORKERS", 16),
         knob("DEDUPD_CRASH_CLAIMS", 300),
     );
+    // Each round's applies are an hour later than the last's, in December.
+    assert!(rounds <= 24 * 31, "DEDUPD_CRASH_ROUNDS: at most 744");
     let dir = match std::env::var_os("DEDUPD_CRASH_DIR") {
         Some(parent) => TempDir::new_in(parent).unwrap(),
         None => TempDir::new().unwrap(),
@@ -194,6 +202,10 @@ async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_onl
             if acked.lock().unwrap().claims.len() >= before + per_round {
                 break;
             }
+            assert!(
+                !workers.iter().all(|w| w.is_finished()),
+                "every worker stopped before the kill: a request failed while the server was up"
+            );
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         let fence_before_kill = acked.lock().unwrap().max_fence;
