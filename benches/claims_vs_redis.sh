@@ -14,7 +14,8 @@
 # KEEP=1 (keep the temp dir, with each run's raw output: wrk-*.txt, same-*.txt), MIX=0 (skip the claim->done mix), FLOOR=0
 # (skip the GET /healthz runs that show wrk's own latency floor), SAME=0
 # (skip the runs with one client for both sides, benches/loadgen.rs),
-# OPS=0 (skip the other writes with that client: apply, and a claim's
+# OPS=0 (skip the other writes with that client: apply against the same
+# ordering as a Lua script on the AOF Redis, and a claim's
 # claim->extend->release; they need SAME=1),
 # BENCH_TMP (parent of the temp dir, default /var/tmp; must not be tmpfs),
 # QUIET_WAIT (s to wait for other builds to finish, default 900),
@@ -190,6 +191,8 @@ for c in $CONCURRENCY; do
         log "c=$c: same client: GET /healthz";   run_same same-floor http-healthz "$DPORT" "$DPID" "$c"
         if [ "$OPS" = 1 ]; then
             log "c=$c: same client: dedupd apply"; run_same same-apply http-apply "$DPORT" "$DPID" "$c"
+            log "c=$c: same client: redis AOF, the recipe's apply (Lua)"
+            run_same same-aof-apply resp-apply "$RAOF" "$PAOF" "$c"
             log "c=$c: same client: dedupd claim->extend->release"
             run_same same-cycle http-claim-extend-release "$DPORT" "$DPID" "$c"
         fi
@@ -297,18 +300,21 @@ if [ "$SAME" = 1 ]; then
         }' "$MED"
     if [ "$OPS" = 1 ]; then
         echo
-        echo "The other writes, same client: apply (POST /v1/streams/<random stream>/apply, one event) and a claim's life"
-        echo "(claim, extend with its token, release with its token; ops = every request), against Redis AOF always's SETs above:"
+        echo "The other writes, same client: apply (POST /v1/streams/<random stream>/apply, one event) against the same"
+        echo "ordering on Redis AOF always as one Lua script (EVALSHA: GET the head, SET the event id NX EX, SET the head EX if"
+        echo "newer), and a claim's life (claim, extend with its token, release with its token; ops = every request) against"
+        echo "Redis AOF always's SETs above:"
         awk '
             { k[$1 " " $2] = $0; if ($1 == "same-apply") cs[++nc] = $2 }
             END {
-                printf "%5s | %-22s | %-22s | %-13s | %-13s | %s\n", "", "dedupd apply", "claim/extend/release", "apply/AOF", "c/e/r / AOF", ""
-                printf "%5s | %8s %6s %6s | %8s %6s %6s | %6s %6s | %6s %6s | %s\n", "conns", "ops/s", "p50", "p99", "ops/s", "p50", "p99", "tput", "p99", "tput", "p99", "errors, build apply/cycle"
+                printf "%5s | %-22s | %-22s | %-13s | %-22s | %-13s | %s\n", "", "dedupd apply", "Redis AOF, Lua apply", "apply/Lua", "claim/extend/release", "c/e/r / SET", ""
+                printf "%5s | %8s %6s %6s | %8s %6s %6s | %6s %6s | %8s %6s %6s | %6s %6s | %s\n", "conns", "ops/s", "p50", "p99", "ops/s", "p50", "p99", "tput", "p99", "ops/s", "p50", "p99", "tput", "p99", "errors, build apply/lua/cycle"
                 for (i = 1; i <= nc; i++) {
-                    c = cs[i]; split(k["same-apply " c], p, " "); split(k["same-cycle " c], y, " "); split(k["same-aof " c], a, " ")
-                    printf "%5s | %8d %6.2f %6.2f | %8d %6.2f %6.2f | %5.2fx %5.2fx | %5.2fx %5.2fx | %d/%d, %s %s\n", c,
-                        p[3], p[4], p[5], y[3], y[4], y[5], a[3] ? p[3] / a[3] : 0, a[5] ? p[5] / a[5] : 0,
-                        a[3] ? y[3] / a[3] : 0, a[5] ? y[5] / a[5] : 0, p[6], y[6], p[8], y[8]
+                    c = cs[i]; split(k["same-apply " c], p, " "); split(k["same-aof-apply " c], l, " ")
+                    split(k["same-cycle " c], y, " "); split(k["same-aof " c], a, " ")
+                    printf "%5s | %8d %6.2f %6.2f | %8d %6.2f %6.2f | %5.2fx %5.2fx | %8d %6.2f %6.2f | %5.2fx %5.2fx | %d/%d/%d, %s %s %s\n", c,
+                        p[3], p[4], p[5], l[3], l[4], l[5], l[3] ? p[3] / l[3] : 0, l[5] ? p[5] / l[5] : 0,
+                        y[3], y[4], y[5], a[3] ? y[3] / a[3] : 0, a[5] ? y[5] / a[5] : 0, p[6], l[6], y[6], p[8], l[8], y[8]
                 }
             }' "$MED"
     fi
@@ -322,7 +328,7 @@ awk "$AWK_MED"'
     }
     END {
         split("claim,aof,wrk / redis-benchmark,same-claim,same-aof,one client (loadgen),co-same-claim,co-same-aof,one client (p99 corrected)," \
-              "same-apply,same-aof,apply (loadgen),same-cycle,same-aof,claim/extend/release", p, ",")
+              "same-apply,same-aof-apply,apply / Lua apply,same-cycle,same-aof,claim/extend/release", p, ",")
         for (i = 1; i <= nc; i++) for (q = 1; q <= 13; q += 3) {
             line = ""; tl = ""; pl = ""
             for (k = 1; k <= nr; k++) {
@@ -350,5 +356,5 @@ echo "  claims:  wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s claim
 [ "$MIX" = 1 ] && echo "  mix:     wrk -t $WRK_THREADS -c N -d ${DURATION}s --timeout 10s -s mix.lua http://127.0.0.1:$DPORT -- <prefix>"
 echo "  redis:   redis-benchmark -c N -n <probe rps x ${DURATION}> ${RB_OPTS[*]} ${RB_CMD[*]}"
 echo "           (n from a probe run of max(50000, 200 N) requests, so each run lasts about ${DURATION}s)"
-[ "$SAME" = 1 ] && echo "  same:    $LOADGEN KIND 127.0.0.1:PORT N ${DURATION} 2 1   (= cargo bench --bench loadgen -- KIND ADDRESS N ${DURATION} 2 1; KIND http-claim, resp-set, http-healthz, http-apply, http-claim-extend-release)"
+[ "$SAME" = 1 ] && echo "  same:    $LOADGEN KIND 127.0.0.1:PORT N ${DURATION} 2 1   (= cargo bench --bench loadgen -- KIND ADDRESS N ${DURATION} 2 1; KIND http-claim, resp-set, http-healthz, http-apply, resp-apply, http-claim-extend-release)"
 echo "  non2xx = wrk's non-2xx/3xx answers + socket errors (connect/read/write/timeout); must be 0."

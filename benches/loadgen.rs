@@ -57,6 +57,12 @@ enum Kind {
     /// `POST /v1/streams/<unique stream>/apply` of one event: the
     /// applied-events table and a stream head written; 200 expected.
     HttpApply,
+    /// The recipe's counterpart of `apply` on Redis: one Lua script
+    /// (`EVALSHA`, loaded once per connection) that records the event id
+    /// with `SET NX EX` and moves the stream's head with `SET EX` when the
+    /// event is newer, reading the head first. A new stream and event each
+    /// time, as [`Kind::HttpApply`].
+    RespApply,
     /// A claim's whole life on each connection, one request at a time:
     /// `POST /v1/claims/<unique key>` (201), `POST .../extend` with its
     /// token (200), `DELETE` with its token (204). Every request counts.
@@ -70,6 +76,7 @@ impl Kind {
             Kind::HttpHealthz => "http-healthz",
             Kind::RespSet => "resp-set",
             Kind::HttpApply => "http-apply",
+            Kind::RespApply => "resp-apply",
             Kind::HttpCycle => "http-claim-extend-release",
         }
     }
@@ -85,6 +92,8 @@ enum Step {
     Extend(u64, String),
     /// Next: release it.
     Release(u64, String),
+    /// [`Kind::RespApply`]: the loaded script's SHA1.
+    Script(String),
 }
 
 #[derive(Debug)]
@@ -103,7 +112,7 @@ fn parse_args() -> Result<Args, String> {
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
-    let usage = "usage: loadgen KIND ADDRESS CONNECTIONS SECONDS [THREADS] [WARM-UP SECONDS]; KIND: http-claim | http-healthz | resp-set | http-apply | http-claim-extend-release";
+    let usage = "usage: loadgen KIND ADDRESS CONNECTIONS SECONDS [THREADS] [WARM-UP SECONDS]; KIND: http-claim | http-healthz | resp-set | http-apply | resp-apply | http-claim-extend-release";
     if a.len() < 4 {
         return Err(usage.into());
     }
@@ -112,6 +121,7 @@ fn parse_args() -> Result<Args, String> {
         "http-healthz" => Kind::HttpHealthz,
         "resp-set" => Kind::RespSet,
         "http-apply" => Kind::HttpApply,
+        "resp-apply" => Kind::RespApply,
         "http-claim-extend-release" => Kind::HttpCycle,
         other => return Err(format!("unknown kind '{other}'; {usage}")),
     };
@@ -156,6 +166,22 @@ struct Tally {
     /// Latencies after the warm-up, in microseconds.
     latencies: Vec<u32>,
     errors: u64,
+}
+
+/// The script of [`Kind::RespApply`]: KEYS[1] the event id, KEYS[2] the
+/// stream, ARGV[1] the event's `created_at` (RFC 3339 sorts as text).
+const APPLY_LUA: &str = "local h = redis.call('GET', KEYS[2]) \
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', 604800) then return 0 end \
+if (not h) or h < ARGV[1] then redis.call('SET', KEYS[2], ARGV[1], 'EX', 604800) end \
+return 1";
+
+/// A RESP command from its arguments.
+fn resp(out: &mut Vec<u8>, args: &[&str]) {
+    use std::io::Write;
+    let _ = write!(out, "*{}\r\n", args.len());
+    for a in args {
+        let _ = write!(out, "${}\r\n{a}\r\n", a.len());
+    }
 }
 
 fn request(
@@ -211,6 +237,17 @@ fn request(
             )
         }
         (Kind::HttpHealthz, _) => write!(out, "GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"),
+        (Kind::RespApply, Step::Script(sha)) => {
+            let event = format!("e:{run:x}-{conn}-{n}");
+            let stream = format!("s:{run:x}-{conn}-{n}x{}", rng.next() % 2_147_483_647);
+            resp(
+                out,
+                &["EVALSHA", sha, "2", &event, &stream, "2026-11-29T10:00:00Z"],
+            );
+            Ok(())
+        }
+        (Kind::RespApply, _) => unreachable!("a resp-apply connection loads its script first"),
+        (Kind::HttpCycle, Step::Script(_)) => unreachable!("only resp-apply loads a script"),
         (Kind::RespSet, _) => {
             let key = format!("k:{:012}", rng.next() % 100_000_000);
             write!(
@@ -250,12 +287,12 @@ fn answer(kind: Kind, buf: &[u8]) -> Result<Option<(usize, bool)>, String> {
             let total = end + 4 + len;
             Ok((buf.len() >= total).then_some((total, (200..300).contains(&status))))
         }
-        Kind::RespSet => {
+        Kind::RespSet | Kind::RespApply => {
             let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
                 return Ok(None);
             };
             match buf.first() {
-                Some(b'+') => Ok(Some((eol + 2, true))),
+                Some(b'+' | b':') => Ok(Some((eol + 2, true))),
                 Some(b'-') => Ok(Some((eol + 2, false))),
                 Some(b'$') => {
                     let len: i64 = std::str::from_utf8(&buf[1..eol])
@@ -292,6 +329,7 @@ fn next_step(step: Step, n: u64, ok: bool, answer: &[u8]) -> Step {
         Step::Claim => Step::Claim,
         Step::Extend(key, token) => Step::Release(key, token),
         Step::Release(..) => Step::Claim,
+        script @ Step::Script(_) => script,
     }
 }
 
@@ -319,6 +357,34 @@ async fn connection(
     let mut chunk = [0u8; 4096];
     let mut n = 0u64;
     let mut step = Step::Claim;
+    if kind == Kind::RespApply {
+        out.clear();
+        resp(&mut out, &["SCRIPT", "LOAD", APPLY_LUA]);
+        stream
+            .write_all(&out)
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let sha = loop {
+            if let Some((len, ok)) = answer(kind, &buf)? {
+                let reply = String::from_utf8_lossy(&buf[..len]).into_owned();
+                buf.drain(..len);
+                // `$40\r\n<sha1>\r\n`
+                match reply.split("\r\n").nth(1) {
+                    Some(sha) if ok && sha.len() == 40 => break sha.to_owned(),
+                    _ => return Err(format!("SCRIPT LOAD answered {reply:?}")),
+                }
+            }
+            let got = stream
+                .read(&mut chunk)
+                .await
+                .map_err(|e| format!("read: {e}"))?;
+            if got == 0 {
+                return Err("the server closed the connection".into());
+            }
+            buf.extend_from_slice(&chunk[..got]);
+        };
+        step = Step::Script(sha);
+    }
     loop {
         let sent = Instant::now();
         if sent >= until {
