@@ -175,6 +175,16 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', 604800) then return 0 end
 if (not h) or h < ARGV[1] then redis.call('SET', KEYS[2], ARGV[1], 'EX', 604800) end \
 return 1";
 
+/// An HTTP/1.1 request with a JSON body.
+fn http_json(out: &mut Vec<u8>, method: &str, path: &str, body: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    write!(
+        out,
+        "{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// A RESP command from its arguments.
 fn resp(out: &mut Vec<u8>, args: &[&str]) {
     use std::io::Write;
@@ -208,34 +218,28 @@ fn request(
             "POST /v1/claims/lg{run:x}-{conn}-{n}x{} HTTP/1.1\r\nHost: bench\r\nContent-Length: 0\r\n\r\n",
             rng.next() % 2_147_483_647
         ),
-        (Kind::HttpCycle, Step::Extend(key, token)) => {
-            let body = format!(r#"{{"token":"{token}"}}"#);
-            write!(
-                out,
-                "POST /v1/claims/lg{run:x}-{conn}-{key}/extend HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-        }
-        (Kind::HttpCycle, Step::Release(key, token)) => {
-            let body = format!(r#"{{"token":"{token}"}}"#);
-            write!(
-                out,
-                "DELETE /v1/claims/lg{run:x}-{conn}-{key} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-        }
-        (Kind::HttpApply, _) => {
-            // Event ids unique too: a duplicate would write nothing.
-            let body = format!(
-                r#"{{"event_id":"e{run:x}-{conn}-{n}","created_at":"2026-11-29T10:00:00Z"}}"#
-            );
-            write!(
-                out,
-                "POST /v1/streams/lg{run:x}-{conn}-{n}x{}/apply HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                rng.next() % 2_147_483_647,
-                body.len()
-            )
-        }
+        (Kind::HttpCycle, Step::Extend(key, token)) => http_json(
+            out,
+            "POST",
+            &format!("/v1/claims/lg{run:x}-{conn}-{key}/extend"),
+            &format!(r#"{{"token":"{token}"}}"#),
+        ),
+        (Kind::HttpCycle, Step::Release(key, token)) => http_json(
+            out,
+            "DELETE",
+            &format!("/v1/claims/lg{run:x}-{conn}-{key}"),
+            &format!(r#"{{"token":"{token}"}}"#),
+        ),
+        // Event ids unique too: a duplicate would write nothing.
+        (Kind::HttpApply, _) => http_json(
+            out,
+            "POST",
+            &format!(
+                "/v1/streams/lg{run:x}-{conn}-{n}x{}/apply",
+                rng.next() % 2_147_483_647
+            ),
+            &format!(r#"{{"event_id":"e{run:x}-{conn}-{n}","created_at":"2026-11-29T10:00:00Z"}}"#),
+        ),
         (Kind::HttpHealthz, _) => write!(out, "GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"),
         (Kind::RespApply, Step::Script(sha)) => {
             let event = format!("e:{run:x}-{conn}-{n}");
@@ -333,6 +337,23 @@ fn next_step(step: Step, n: u64, ok: bool, answer: &[u8]) -> Step {
     }
 }
 
+/// Reads what `stream` has into `buf`, waiting up to [`ANSWER_WITHIN`].
+async fn read_more(
+    stream: &mut TcpStream,
+    chunk: &mut [u8],
+    buf: &mut Vec<u8>,
+) -> Result<(), String> {
+    let got = tokio::time::timeout(ANSWER_WITHIN, stream.read(chunk))
+        .await
+        .map_err(|_| format!("no answer within {ANSWER_WITHIN:?}"))?
+        .map_err(|e| format!("read: {e}"))?;
+    if got == 0 {
+        return Err("the server closed the connection".into());
+    }
+    buf.extend_from_slice(&chunk[..got]);
+    Ok(())
+}
+
 async fn connection(
     kind: Kind,
     addr: SocketAddr,
@@ -374,14 +395,7 @@ async fn connection(
                     _ => return Err(format!("SCRIPT LOAD answered {reply:?}")),
                 }
             }
-            let got = stream
-                .read(&mut chunk)
-                .await
-                .map_err(|e| format!("read: {e}"))?;
-            if got == 0 {
-                return Err("the server closed the connection".into());
-            }
-            buf.extend_from_slice(&chunk[..got]);
+            read_more(&mut stream, &mut chunk, &mut buf).await?;
         };
         step = Step::Script(sha);
     }
@@ -404,14 +418,7 @@ async fn connection(
                 buf.drain(..len);
                 break ok;
             }
-            let got = tokio::time::timeout(ANSWER_WITHIN, stream.read(&mut chunk))
-                .await
-                .map_err(|_| format!("no answer within {ANSWER_WITHIN:?}"))?
-                .map_err(|e| format!("read: {e}"))?;
-            if got == 0 {
-                return Err("the server closed the connection".into());
-            }
-            buf.extend_from_slice(&chunk[..got]);
+            read_more(&mut stream, &mut chunk, &mut buf).await?;
         };
         if sent >= measure_from {
             let us = sent.elapsed().as_micros();

@@ -48,12 +48,6 @@ async fn dispatch(
     // An empty key is no resource (404), as with the `{key}` pattern.
     let (segments, action) = below(&req, "/v1/claims/");
     let method = req.method();
-    let not_allowed = |allowed: &'static str| {
-        Err(ApiError::MethodNotAllowed {
-            method: method.to_string(),
-            allowed: allowed.to_owned(),
-        })
-    };
     let route = match (segments, action) {
         (2, Some("done")) => "/v1/claims/{key}/done",
         (2, Some("extend")) => "/v1/claims/{key}/extend",
@@ -65,10 +59,10 @@ async fn dispatch(
         (1, _) if method == Method::POST => claim(state, req, payload).await,
         (1, _) if method == Method::GET => inspect(state, req).await,
         (1, _) if method == Method::DELETE => release(state, req, payload).await,
-        (1, _) => not_allowed("GET, POST, DELETE"),
+        (1, _) => super::not_allowed(&req, "GET, POST, DELETE"),
         (2, Some("done")) if method == Method::POST => done(state, req, payload).await,
         (2, Some("extend")) if method == Method::POST => extend(state, req, payload).await,
-        (2, Some("done" | "extend")) => not_allowed("POST"),
+        (2, Some("done" | "extend")) => super::not_allowed(&req, "POST"),
         _ => super::not_found(req).await,
     }
 }

@@ -77,6 +77,14 @@ pub fn below<'a>(req: &'a HttpRequest, prefix: &str) -> (usize, Option<&'a str>)
     }
 }
 
+/// The 405 of a scope dispatched by hand, naming the methods `allowed`.
+pub fn not_allowed(req: &HttpRequest, allowed: &str) -> Result<actix_web::HttpResponse, ApiError> {
+    Err(ApiError::MethodNotAllowed {
+        method: req.method().to_string(),
+        allowed: allowed.to_owned(),
+    })
+}
+
 /// Segment `index` of the request path (`/v1/claims/{key}` has the key at
 /// 3), percent-decoded strictly: a malformed escape or bytes that are not
 /// UTF-8 are refused, never replaced, so two different raw keys can never

@@ -43,12 +43,6 @@ async fn dispatch(
     // An empty stream is no resource (404), as with the `{stream}` pattern.
     let (segments, action) = below(&req, "/v1/streams/");
     let method = req.method();
-    let not_allowed = |allowed: &'static str| {
-        Err(ApiError::MethodNotAllowed {
-            method: method.to_string(),
-            allowed: allowed.to_owned(),
-        })
-    };
     let route = match (segments, action) {
         (1, _) => "/v1/streams/{stream}",
         (2, Some("apply")) => "/v1/streams/{stream}/apply",
@@ -57,9 +51,9 @@ async fn dispatch(
     req.extensions_mut().insert(RouteName(route));
     match (segments, action) {
         (1, _) if method == Method::GET => get_head(state, req).await,
-        (1, _) => not_allowed("GET"),
+        (1, _) => super::not_allowed(&req, "GET"),
         (2, Some("apply")) if method == Method::POST => apply(state, req, payload).await,
-        (2, Some("apply")) => not_allowed("POST"),
+        (2, Some("apply")) => super::not_allowed(&req, "POST"),
         _ => super::not_found(req).await,
     }
 }
