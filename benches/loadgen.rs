@@ -82,7 +82,9 @@ impl Kind {
     }
 }
 
-/// Where a connection of [`Kind::HttpCycle`] is in its claim's life.
+/// What a connection's next request depends on from the answers before:
+/// where a [`Kind::HttpCycle`] connection is in its claim's life, or the
+/// script a [`Kind::RespApply`] connection loaded.
 #[derive(Debug, Default)]
 enum Step {
     /// Next: a new claim.
@@ -254,11 +256,8 @@ fn request(
         (Kind::HttpCycle, Step::Script(_)) => unreachable!("only resp-apply loads a script"),
         (Kind::RespSet, _) => {
             let key = format!("k:{:012}", rng.next() % 100_000_000);
-            write!(
-                out,
-                "*6\r\n$3\r\nSET\r\n${}\r\n{key}\r\n$10\r\nprocessing\r\n$2\r\nNX\r\n$2\r\nEX\r\n$3\r\n300\r\n",
-                key.len()
-            )
+            resp(out, &["SET", &key, "processing", "NX", "EX", "300"]);
+            Ok(())
         }
     };
 }

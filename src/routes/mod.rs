@@ -71,13 +71,17 @@ pub fn below<'a>(req: &'a HttpRequest, prefix: &str) -> (usize, Option<&'a str>)
         .path()
         .strip_prefix(prefix)
         .filter(|rest| !rest.is_empty() && !rest.starts_with('/'));
-    match rest {
-        None => (0, None),
-        Some(rest) => (rest.split('/').count(), rest.split('/').nth(1)),
-    }
+    let Some(rest) = rest else {
+        return (0, None);
+    };
+    let mut segments = rest.split('/');
+    segments.next();
+    let action = segments.next();
+    (1 + usize::from(action.is_some()) + segments.count(), action)
 }
 
-/// The 405 of a scope dispatched by hand, naming the methods `allowed`.
+/// The 405 for a method a path does not take, naming the methods `allowed`
+/// (in the `Allow` header too).
 pub fn not_allowed(req: &HttpRequest, allowed: &str) -> Result<actix_web::HttpResponse, ApiError> {
     Err(ApiError::MethodNotAllowed {
         method: req.method().to_string(),
@@ -123,13 +127,8 @@ pub fn path_segment(
 /// The answer for a known path with a method it does not take.
 pub fn method_not_allowed(allowed: String) -> actix_web::Route {
     web::route().to(move |req: HttpRequest| {
-        let allowed = allowed.clone();
-        async move {
-            Err::<actix_web::HttpResponse, _>(ApiError::MethodNotAllowed {
-                method: req.method().to_string(),
-                allowed,
-            })
-        }
+        let answer = not_allowed(&req, &allowed);
+        async move { answer }
     })
 }
 
