@@ -194,7 +194,10 @@ impl Application {
                     ApiTokens::new(&loaded.api_tokens),
                     &RespOptions {
                         max_connections: s.resp.max_connections,
+                        max_unauthenticated: s.resp.max_unauthenticated,
                         idle_timeout: s.resp.idle_timeout,
+                        auth_timeout: s.resp.auth_timeout,
+                        write_timeout: s.resp.write_timeout,
                     },
                 )
                 .with_context(|| format!("cannot listen for the Redis protocol on {addr}"))?,

@@ -72,9 +72,23 @@ pub struct RespSettings {
     /// Most open client connections; more are answered
     /// `ERR max number of clients reached` and closed.
     pub max_connections: usize,
-    /// A connection that sends no command for this long is closed.
+    /// Most connections that have not authenticated yet (with API tokens
+    /// set; never more than `max_connections`); more are refused with an
+    /// error, so strangers cannot take the slots of clients that hold a
+    /// token.
+    pub max_unauthenticated: usize,
+    /// A connection that completes no command for this long is closed
+    /// (bytes that do not complete a command do not count).
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// With API tokens set, a connection that has not authenticated this
+    /// long after it opened is closed.
+    #[serde(with = "humantime_serde")]
+    pub auth_timeout: Duration,
+    /// A client that does not read a batch of replies within this long is
+    /// disconnected.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
 }
 
 /// Logging settings.
@@ -291,7 +305,10 @@ impl Default for Settings {
             resp: RespSettings {
                 listen: None,
                 max_connections: 1024,
+                max_unauthenticated: 64,
                 idle_timeout: Duration::from_secs(300),
+                auth_timeout: Duration::from_secs(10),
+                write_timeout: Duration::from_secs(30),
             },
         }
     }
@@ -517,11 +534,17 @@ impl Settings {
         if !(1..=1_000_000).contains(&r.max_connections) {
             bad("resp.max_connections", "must be 1 to 1000000".into());
         }
-        if r.idle_timeout.is_zero() || r.idle_timeout > Duration::from_secs(7 * 86_400) {
-            bad(
-                "resp.idle_timeout",
-                "must be more than 0 and at most 7d".into(),
-            );
+        if !(1..=1_000_000).contains(&r.max_unauthenticated) {
+            bad("resp.max_unauthenticated", "must be 1 to 1000000".into());
+        }
+        for (key, d) in [
+            ("resp.idle_timeout", r.idle_timeout),
+            ("resp.auth_timeout", r.auth_timeout),
+            ("resp.write_timeout", r.write_timeout),
+        ] {
+            if d.is_zero() || d > Duration::from_secs(7 * 86_400) {
+                bad(key, "must be more than 0 and at most 7d".into());
+            }
         }
         let Some(listen) = r.listen else {
             return;

@@ -7,7 +7,6 @@ use std::future::Future;
 use std::pin::Pin;
 
 use bytes::Bytes;
-use redis_protocol::resp2::types::BytesFrame;
 
 use super::reply::Reply;
 use super::{Context, Session, expiry, introspection, keys, session};
@@ -95,21 +94,6 @@ fn find(name: &[u8]) -> Option<&'static Spec> {
     COMMANDS
         .iter()
         .find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
-}
-
-/// The words of a request: an array of bulk strings, as every client
-/// sends them. `None` for any other frame (a protocol error).
-pub fn words(frame: BytesFrame) -> Option<Vec<Bytes>> {
-    match frame {
-        BytesFrame::Array(items) => items
-            .into_iter()
-            .map(|f| match f {
-                BytesFrame::BulkString(b) => Some(b),
-                _ => None,
-            })
-            .collect(),
-        _ => None,
-    }
 }
 
 /// Whether the command named by `name` may be queued behind writes whose

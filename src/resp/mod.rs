@@ -2,9 +2,11 @@
 //! written for Redis's `SET key value NX EX` recipe runs unchanged against
 //! dedupd, with every write synced to disk before its reply.
 //!
-//! - [`connection`]: the listener, connection limit, idle timeout, and one
-//!   task per connection that decodes requests (by `redis-protocol`) and
-//!   answers pipelined commands in order.
+//! - [`connection`]: the listener, its limits (connections, unauthenticated
+//!   connections, deadlines for authentication, progress and writes), and
+//!   one task per connection that answers pipelined commands in order.
+//! - [`frame`]: requests off the wire, parsed without recursion within
+//!   size limits checked before anything is allocated.
 //! - [`command`]: the command table, the checks before a command runs, and
 //!   dispatch.
 //! - [`keys`] (SET, GET, DEL, EXISTS), [`expiry`] (EXPIRE, PERSIST, TTL),
@@ -19,6 +21,7 @@
 pub mod command;
 pub mod connection;
 pub mod expiry;
+pub mod frame;
 pub mod introspection;
 pub mod keys;
 pub mod reply;
@@ -28,7 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use bytes::Bytes;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::ApiTokens;
 use crate::clock::SharedClock;
@@ -51,15 +54,65 @@ pub struct Context {
     pub max_connections: usize,
     /// One permit per open connection.
     slots: Arc<Semaphore>,
+    /// One permit per connection not yet authenticated.
+    unauthenticated: Arc<Semaphore>,
     /// The last connection id handed out.
     last_id: AtomicI64,
 }
 
+/// Redis's answer to a connection over `maxclients`.
+pub const TOO_MANY: &str = "-ERR max number of clients reached\r\n";
+/// The answer to a connection over the unauthenticated cap.
+pub const TOO_MANY_UNAUTHENTICATED: &str =
+    "-ERR max number of unauthenticated clients reached: authenticate promptly\r\n";
+
 impl Context {
+    /// The shared state of a listener on `port`.
+    pub fn new(
+        store: Arc<RedbStore>,
+        clock: SharedClock,
+        tokens: ApiTokens,
+        port: u16,
+        options: &connection::RespOptions,
+    ) -> Self {
+        let max = options.max_connections.max(1);
+        Self {
+            store,
+            clock,
+            tokens,
+            port,
+            max_connections: max,
+            slots: Arc::new(Semaphore::new(max)),
+            unauthenticated: Arc::new(Semaphore::new(options.max_unauthenticated.clamp(1, max))),
+            last_id: AtomicI64::new(0),
+        }
+    }
+
     /// Open connections now.
     pub fn connections(&self) -> usize {
         self.max_connections
             .saturating_sub(self.slots.available_permits())
+    }
+
+    /// A new connection's place: its slot, and (with tokens set) its place
+    /// among the unauthenticated; or the error to refuse it with.
+    pub fn admit(
+        &self,
+    ) -> Result<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>), &'static str> {
+        let slot = self
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| TOO_MANY)?;
+        if self.tokens.is_empty() {
+            return Ok((slot, None));
+        }
+        let unauthenticated = self
+            .unauthenticated
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| TOO_MANY_UNAUTHENTICATED)?;
+        Ok((slot, Some(unauthenticated)))
     }
 }
 

@@ -6,6 +6,7 @@ mod cases;
 mod clients;
 mod conformance;
 mod crash;
+mod hostile;
 mod listener;
 
 use std::time::Duration;
