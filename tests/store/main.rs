@@ -8,6 +8,7 @@ mod disk_faults;
 mod held_commit;
 mod inbox_model;
 mod keyspace;
+mod log_identity;
 mod model;
 mod redb_file;
 #[cfg(feature = "redis")]

@@ -4,21 +4,65 @@
 
 use std::path::Path;
 
-use redb::{Database, ReadableTable, TableHandle};
+use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
 
 use super::OpenError;
 use super::tables::{
-    self, CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_SCHEMA_VERSION,
-    SCHEMA_VERSION,
+    self, CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_FILE_ID,
+    META_SCHEMA_VERSION, SCHEMA_VERSION,
 };
 
-/// Creates the tables of a new file, or checks the schema of an old one.
-pub(super) fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
+/// The data file's id, and whether it had one before this open (a file of
+/// a build before logs were bound gets one now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FileId {
+    /// The id its log must carry.
+    pub id: u128,
+    /// It was there before this open.
+    pub bound: bool,
+}
+
+/// Reads the file's id, giving it one if it has none.
+fn file_id(meta: &mut redb::Table<&str, u64>) -> Result<FileId, redb::Error> {
+    let [hi, lo] = META_FILE_ID;
+    let stored = (
+        meta.get(hi)?.map(|g| g.value()),
+        meta.get(lo)?.map(|g| g.value()),
+    );
+    if let (Some(hi), Some(lo)) = stored {
+        return Ok(FileId {
+            id: u128::from(hi) << 64 | u128::from(lo),
+            bound: true,
+        });
+    }
+    let id: u128 = rand::random();
+    meta.insert(hi, (id >> 64) as u64)?;
+    meta.insert(lo, id as u64)?;
+    Ok(FileId { id, bound: false })
+}
+
+/// The id of an open file (it has one once [`init_schema`] ran).
+pub(super) fn stored_file_id(db: &Database) -> Result<u128, redb::Error> {
+    let tx = db.begin_read()?;
+    let meta = tx.open_table(META)?;
+    let [hi, lo] = META_FILE_ID;
+    let half = |k| -> Result<u64, redb::Error> {
+        meta.get(k)?
+            .map(|g| g.value())
+            .ok_or_else(|| redb::Error::Corrupted("the data file has no id".into()))
+    };
+    Ok(u128::from(half(hi)?) << 64 | u128::from(half(lo)?))
+}
+
+/// Creates the tables of a new file, or checks the schema of an old one;
+/// returns the file's id.
+pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenError> {
     let other = |e: redb::Error| OpenError::Other {
         path: path.to_owned(),
         source: e,
     };
     let tx = db.begin_write().map_err(|e| other(e.into()))?;
+    let id;
     {
         let has_tables = tx
             .list_tables()
@@ -58,6 +102,7 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
                     .map_err(|e| other(e.into()))?;
             }
         }
+        id = file_id(&mut meta).map_err(other)?;
         // Create every table now, so readers never meet a missing one.
         tx.open_table(CLAIMS).map_err(|e| other(e.into()))?;
         tx.open_table(CLAIM_EXPIRY).map_err(|e| other(e.into()))?;
@@ -81,7 +126,8 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<(), OpenError> {
         tx.open_table(tables::KV_ROW_EXPIRY)
             .map_err(|e| other(e.into()))?;
     }
-    tx.commit().map_err(|e| other(e.into()))
+    tx.commit().map_err(|e| other(e.into()))?;
+    Ok(id)
 }
 
 /// Schema 1 → 2: the runnable index is keyed by source first. Its entries

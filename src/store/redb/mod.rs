@@ -149,6 +149,76 @@ pub enum OpenError {
     /// The file holds redb tables but not dedupd's metadata.
     #[error("{0} is a redb file, but not a dedupd data file (it has no dedupd metadata)")]
     Foreign(PathBuf),
+    /// The write-ahead log exists but its data file does not.
+    #[error(
+        "write-ahead log {log} exists but its data file {data} does not: the log holds \
+         acknowledged writes of a data file that was moved or deleted. It was not replayed and \
+         is left as it is. Restore {data} (from where it was moved, or from a backup), or move \
+         {log} away to start with an empty store"
+    )]
+    OrphanLog {
+        /// The log.
+        log: PathBuf,
+        /// Its missing data file.
+        data: PathBuf,
+    },
+    /// The write-ahead log belongs to another data file.
+    #[error(
+        "write-ahead log {log} belongs to another data file than {data} ({}; {data} is \
+         {data_id:032x}): it was not replayed and is left as it is. This happens when {data} was \
+         restored from a backup, replaced or created anew while the log stayed. If {data} is the \
+         file to serve, move {log} away (it may hold writes that never reached {data}: keep it) \
+         and start again; otherwise put back the data file the log belongs to",
+        match log_id {
+            Some(id) => format!("the log names data file {id:032x}"),
+            None => "the log is of format 1, from before logs named their data file".into(),
+        }
+    )]
+    ForeignLog {
+        /// The log.
+        log: PathBuf,
+        /// The data file.
+        data: PathBuf,
+        /// The data file the log names, if it names one.
+        log_id: Option<u128>,
+        /// The data file's own id.
+        data_id: u128,
+    },
+    /// The log holds batches in a format this build cannot replay.
+    #[error(
+        "write-ahead log {log} is of format {found}, but this dedupd replays formats {:?} (and \
+         writes {}); it holds writes that were not checkpointed yet (the process that wrote it \
+         did not stop cleanly). It was not replayed and is left as it is. Start the dedupd \
+         release that wrote it once and stop it with SIGTERM, which checkpoints and empties the \
+         log, then start this one",
+        wal::DECODES,
+        wal::FORMAT
+    )]
+    LogVersion {
+        /// The log.
+        log: PathBuf,
+        /// Its format.
+        found: u32,
+    },
+    /// A logged record passes its checksum but does not decode.
+    #[error(
+        "write-ahead log {log}: {detail} (log format {version}, this build writes {}). That is \
+         corruption or a log of another build, not a torn tail, so dedupd does not drop it: \
+         the log is left as it is and nothing was replayed. Keep copies of {log} and its data \
+         file; start the dedupd release that wrote the log, or restore both from a backup",
+        wal::FORMAT
+    )]
+    CorruptLog {
+        /// The log.
+        log: PathBuf,
+        /// Its format.
+        version: u32,
+        /// What does not decode, and where.
+        detail: String,
+    },
+    /// The file beside the data file is not a write-ahead log.
+    #[error("{0} is not a dedupd write-ahead log; move it away")]
+    NotALog(PathBuf),
     /// Anything else redb or the OS reported.
     #[error("cannot open data file {path}: {source}")]
     Other {
@@ -245,6 +315,37 @@ fn open_db(opts: &RedbOptions, refuse: Arc<AtomicBool>) -> Result<Database, redb
     )?)
 }
 
+/// The open error for a log that cannot be opened.
+fn log_error(e: wal::LogError, log: &Path, data: &Path, data_id: u128) -> OpenError {
+    let (log, data) = (log.to_owned(), data.to_owned());
+    match e {
+        wal::LogError::Io(e) => OpenError::Other {
+            path: log,
+            source: redb::Error::Io(e),
+        },
+        wal::LogError::NotALog => OpenError::NotALog(log),
+        wal::LogError::Foreign { log_id } => OpenError::ForeignLog {
+            log,
+            data,
+            log_id,
+            data_id,
+        },
+        wal::LogError::Version { found } => OpenError::LogVersion { log, found },
+        wal::LogError::Undecodable {
+            version,
+            ref seq,
+            ref offset,
+            ref detail,
+        } => OpenError::CorruptLog {
+            log,
+            version,
+            detail: format!(
+                "record {seq} at byte {offset} passes its checksum but does not decode ({detail})"
+            ),
+        },
+    }
+}
+
 /// Whether a redb error means the disk refused (full, failing), so the
 /// operation may work later: answered as `Unavailable`, and the file is
 /// reopened.
@@ -269,17 +370,32 @@ impl RedbStore {
         if let Some(parent) = opts.path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| other(redb::Error::Io(e)))?;
         }
+        // A log without its data file is never replayed into a new one.
+        let wal_path = wal::path_for(&opts.path);
+        let has_data = std::fs::metadata(&opts.path).is_ok_and(|m| m.len() > 0);
+        let has_log = std::fs::metadata(&wal_path).is_ok_and(|m| m.len() > 0);
+        if has_log && !has_data {
+            return Err(OpenError::OrphanLog {
+                log: wal_path,
+                data: opts.path.clone(),
+            });
+        }
         let refuse = Arc::new(AtomicBool::new(false));
         let db = open_db(opts, refuse.clone()).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(opts.path.clone()),
             e => other(e.into()),
         })?;
-        migrate::init_schema(&db, &opts.path)?;
+        let id = migrate::init_schema(&db, &opts.path)?;
         // Batches acknowledged after the last checkpoint are in the log.
-        let wal_path = wal::path_for(&opts.path);
         let stored = writer::stored_seq(&db).map_err(other)?;
-        let (mut log, batches) = wal::Wal::open(wal_path.clone(), opts.faults.clone(), stored)
-            .map_err(|e| other(redb::Error::Io(e)))?;
+        let (mut log, batches) = wal::Wal::open(
+            wal_path.clone(),
+            opts.faults.clone(),
+            stored,
+            id.id,
+            id.bound,
+        )
+        .map_err(|e| log_error(e, &wal_path, &opts.path, id.id))?;
         let kv = kv_index::KvIndex::default();
         let seq = writer::replay(&db, &kv, batches).map_err(other)?;
         log.reset().map_err(|e| other(redb::Error::Io(e)))?;

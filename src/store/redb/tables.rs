@@ -34,6 +34,9 @@ pub const META_SCHEMA_VERSION: &str = "schema_version";
 pub const META_WAL_SEQ: &str = "wal_seq";
 /// Key in [`META`] of the last fence handed out.
 pub const META_FENCE: &str = "fence";
+/// Keys in [`META`] of the file's id (a random u128 in two halves), written
+/// when the file is created; its write-ahead log carries the same id.
+pub const META_FILE_ID: [&str; 2] = ["file_id_hi", "file_id_lo"];
 
 /// Row of [`CLAIMS`]: (state, token, fence, expires_at_ms, fingerprint).
 pub type ClaimRow<'a> = (u8, [u8; 16], u64, u64, Option<&'a str>);

@@ -13,9 +13,23 @@
 //! same operations: a batch holds each request with its clock reading (and a
 //! claim's token), so replay reproduces exactly what was answered.
 //!
+//! Header (format 2): `DDWAL02\n | data file id: u128 LE | crc32 of the
+//! 24 bytes before: u32 LE`. The id is the one the data file records when
+//! it is created (`meta`): a log is replayed only into the file it belongs
+//! to, never into a new or restored one. Format 1 (`DDWAL01\n`, the whole
+//! header) had no id; such a log is read only beside a data file that has
+//! no id either (both written before logs were bound), and its header is
+//! rewritten once its batches are checkpointed.
+//!
 //! Record layout: `len: u32 LE | crc32(payload): u32 LE | payload`, payload
-//! = postcard of [`Batch`]. A torn or corrupt tail (a crash mid-append) ends
-//! the replay and is cut off; it was never acknowledged.
+//! = postcard of [`Batch`]. A torn tail (a crash mid-append: a record whose
+//! checksum fails, or cut short) ends the replay and is cut off; it was
+//! never acknowledged. A record whose checksum holds but which does not
+//! decode is not a torn tail: it is corruption, or a log of another
+//! encoding, and opening refuses it ([`LogError::Undecodable`]) instead of
+//! dropping acknowledged writes. The encoding of every logged request is
+//! pinned by a golden test (`tests/store/golden.rs`): a change to it must
+//! bump [`FORMAT`].
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -29,8 +43,118 @@ use super::faults::FaultPlan;
 use super::ops::Request;
 use crate::clock::Millis;
 
-/// Bytes before the first record: a magic line naming the format.
-const MAGIC: &[u8; 8] = b"DDWAL01\n";
+/// The log format this build writes.
+pub const FORMAT: u32 = 2;
+/// Formats whose records this build decodes: format 1 and 2 records are
+/// encoded alike (only the header differs).
+pub const DECODES: &[u32] = &[1, 2];
+/// Every header starts `DDWAL`, two digits of format, and a newline.
+const MAGIC_PREFIX: &[u8; 5] = b"DDWAL";
+/// Bytes of a format 1 header.
+const V1_HEADER: usize = 8;
+/// Bytes of a header from format 2 on: magic, data file id, checksum.
+const HEADER: usize = 8 + 16 + 4;
+
+/// Why a log cannot be opened. None of these changes the file.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// Reading or writing failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The file does not start with a log header.
+    #[error("not a dedupd write-ahead log")]
+    NotALog,
+    /// The log belongs to another data file (`None`: it is a format 1 log,
+    /// bound to no file, beside a data file that has an id).
+    #[error("the log belongs to another data file")]
+    Foreign {
+        /// The id the log names.
+        log_id: Option<u128>,
+    },
+    /// The log holds batches to replay in a format this build cannot decode.
+    #[error("log format {found}, this build reads {DECODES:?}")]
+    Version {
+        /// The log's format.
+        found: u32,
+    },
+    /// A record passes its checksum but does not decode.
+    #[error("record {seq} at byte {offset} passes its checksum but does not decode: {detail}")]
+    Undecodable {
+        /// Its batch number.
+        seq: u64,
+        /// Where it starts in the file.
+        offset: usize,
+        /// The log's format.
+        version: u32,
+        /// The decoder's complaint.
+        detail: String,
+    },
+}
+
+/// A header for the data file `id`.
+fn header(id: u128) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..5].copy_from_slice(MAGIC_PREFIX);
+    h[5..8].copy_from_slice(format!("{FORMAT:02}\n").as_bytes());
+    h[8..24].copy_from_slice(&id.to_le_bytes());
+    let crc = crc32fast::hash(&h[..24]);
+    h[24..].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// What a log's header says: its format, its data file's id (none for
+/// format 1), and where its records start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Header {
+    format: u32,
+    id: Option<u128>,
+    len: usize,
+}
+
+/// Reads a header; `Ok(None)` if `bytes` is empty or a torn start of one
+/// (the log was being created).
+fn read_header(bytes: &[u8]) -> Result<Option<Header>, LogError> {
+    let magic_len = MAGIC_PREFIX.len();
+    if bytes.len() < 8 {
+        let torn = bytes.len() <= magic_len && MAGIC_PREFIX.starts_with(bytes)
+            || bytes.len() > magic_len && bytes.starts_with(MAGIC_PREFIX);
+        return if torn {
+            Ok(None)
+        } else {
+            Err(LogError::NotALog)
+        };
+    }
+    if !bytes.starts_with(MAGIC_PREFIX) || bytes[7] != b'\n' {
+        return Err(LogError::NotALog);
+    }
+    let format = std::str::from_utf8(&bytes[5..7])
+        .ok()
+        .filter(|d| d.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|d| d.parse::<u32>().ok())
+        .ok_or(LogError::NotALog)?;
+    match format {
+        0 => Err(LogError::NotALog),
+        1 => Ok(Some(Header {
+            format,
+            id: None,
+            len: V1_HEADER,
+        })),
+        _ if bytes.len() < HEADER => Ok(None),
+        _ => {
+            let crc = u32::from_le_bytes([bytes[24], bytes[25], bytes[26], bytes[27]]);
+            if crc32fast::hash(&bytes[..24]) != crc {
+                return Err(LogError::NotALog);
+            }
+            let mut id = [0u8; 16];
+            id.copy_from_slice(&bytes[8..24]);
+            Ok(Some(Header {
+                format,
+                id: Some(u128::from_le_bytes(id)),
+                len: HEADER,
+            }))
+        }
+    }
+}
 
 /// One batch as logged.
 #[derive(Debug, Serialize, Deserialize)]
@@ -53,6 +177,13 @@ struct BatchRef<'a> {
 pub struct Wal {
     /// The file.
     file: File,
+    /// Bytes of its header: records start there.
+    header: u64,
+    /// The data file it belongs to.
+    id: u128,
+    /// The header is of an older format: [`Wal::reset`] writes the current
+    /// one (the batches of the old format are checkpointed by then).
+    stale_header: bool,
     /// Where the next record goes: the end of the valid records.
     len: u64,
     /// Bytes allocated on disk. Records are written into space already
@@ -101,56 +232,89 @@ fn fault(faults: Option<&Arc<FaultPlan>>, sync: bool) -> std::io::Result<()> {
     }
 }
 
-/// The valid records of `bytes` (after the magic): each intact, and each
-/// numbered one more than the one before. Whatever follows — a torn record
-/// of a crash mid-append, zeros written ahead, records left from before the
-/// last checkpoint — ends the log. Returns the batches numbered after
-/// `after` (those before are only checked, not decoded: a log that a clean
-/// shutdown emptied still holds its old records, up to 64 MiB of them) and
-/// where the valid records end.
-fn parse(bytes: &[u8], after: u64) -> (Vec<Batch>, usize) {
+/// The valid records of `bytes` from `at` (past the header): each intact,
+/// and each numbered one more than the one before. Whatever follows — a
+/// torn record of a crash mid-append, zeros written ahead, records left
+/// from before the last checkpoint — ends the log. Returns the batches
+/// numbered after `after` (those before are only checked, not decoded: a
+/// log that a clean shutdown emptied still holds its old records, up to 64
+/// MiB of them) and where the valid records end.
+///
+/// A record to replay whose checksum holds but which does not decode, or
+/// any record to replay in a format this build does not decode, is an
+/// error: acknowledged writes are never dropped as if they were torn.
+pub fn parse(
+    bytes: &[u8],
+    mut at: usize,
+    format: u32,
+    after: u64,
+) -> Result<(Vec<Batch>, usize), LogError> {
     let mut batches: Vec<Batch> = Vec::new();
     let mut last: Option<u64> = None;
-    let mut at = MAGIC.len();
-    while let Some(head) = bytes.get(at..at + 8) {
+    while let Some(head) = bytes.get(at..at.saturating_add(8)) {
         let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
         let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
         if len == 0 {
             break;
         }
-        let Some(payload) = bytes.get(at + 8..at + 8 + len) else {
+        let Some(payload) = bytes.get(at + 8..(at + 8).saturating_add(len)) else {
             break;
         };
         if crc32fast::hash(payload) != crc {
             break;
         }
-        // A batch's sequence number is its first field.
-        let Ok((seq, _)) = postcard::take_from_bytes::<u64>(payload) else {
-            break;
+        // A batch's sequence number is its first field, in every format.
+        let seq = match postcard::take_from_bytes::<u64>(payload) {
+            Ok((seq, _)) => seq,
+            Err(e) => {
+                return Err(LogError::Undecodable {
+                    seq: last.map_or(0, |l| l + 1),
+                    offset: at,
+                    version: format,
+                    detail: e.to_string(),
+                });
+            }
         };
         if last.is_some_and(|l| seq != l + 1) {
             break;
         }
         if seq > after {
-            let Ok(batch) = postcard::from_bytes::<Batch>(payload) else {
-                break;
-            };
-            batches.push(batch);
+            if !DECODES.contains(&format) {
+                return Err(LogError::Version { found: format });
+            }
+            match postcard::from_bytes::<Batch>(payload) {
+                Ok(batch) => batches.push(batch),
+                Err(e) => {
+                    return Err(LogError::Undecodable {
+                        seq,
+                        offset: at,
+                        version: format,
+                        detail: e.to_string(),
+                    });
+                }
+            }
         }
         last = Some(seq);
         at += 8 + len;
     }
-    (batches, at)
+    Ok((batches, at))
 }
 
 impl Wal {
-    /// Opens (or creates) the log and reads the valid batches in it
-    /// numbered after `after` (the last batch the data file holds).
+    /// Opens (or creates) the log of the data file `id` and reads the valid
+    /// batches in it numbered after `after` (the last batch the data file
+    /// holds). `bound`: the data file had its id before this open (false
+    /// only for a file written before logs were bound, which may have a
+    /// format 1 log). A log of another file, of a format this build cannot
+    /// replay, or with a record that does not decode, is refused and left
+    /// as it is.
     pub fn open(
         path: PathBuf,
         faults: Option<Arc<FaultPlan>>,
         after: u64,
-    ) -> std::io::Result<(Self, Vec<Batch>)> {
+        id: u128,
+        bound: bool,
+    ) -> Result<(Self, Vec<Batch>), LogError> {
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -159,23 +323,38 @@ impl Wal {
             .open(&path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let (batches, end) = if bytes.len() >= MAGIC.len() && &bytes[..MAGIC.len()] == MAGIC {
-            parse(&bytes, after)
-        } else if bytes.is_empty() || MAGIC.starts_with(&bytes) {
-            // New (or torn while being created): start it.
-            file.set_len(0)?;
-            file.write_all_at(MAGIC, 0)?;
-            file.sync_data()?;
-            (Vec::new(), MAGIC.len())
-        } else {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{} is not a dedupd write-ahead log", path.display()),
-            ));
+        let (batches, end, stale_header) = match read_header(&bytes)? {
+            None => {
+                // New (or torn while being created): start it.
+                let h = header(id);
+                file.set_len(0)?;
+                file.write_all_at(&h, 0)?;
+                file.sync_all()?;
+                (Vec::new(), h.len(), false)
+            }
+            Some(h) => {
+                match h.id {
+                    Some(log_id) if log_id != id => {
+                        return Err(LogError::Foreign {
+                            log_id: Some(log_id),
+                        });
+                    }
+                    None if bound => return Err(LogError::Foreign { log_id: None }),
+                    _ => {}
+                }
+                if h.format > FORMAT {
+                    return Err(LogError::Version { found: h.format });
+                }
+                let (batches, end) = parse(&bytes, h.len, h.format, after)?;
+                (batches, end, h.format != FORMAT)
+            }
         };
         let capacity = file.metadata()?.len();
         let wal = Self {
             file,
+            header: if stale_header { V1_HEADER } else { HEADER } as u64,
+            id,
+            stale_header,
             len: end as u64,
             capacity,
             faults,
@@ -190,7 +369,7 @@ impl Wal {
 
     /// Whether the log holds no batch.
     pub fn is_empty(&self) -> bool {
-        self.len <= MAGIC.len() as u64
+        self.len <= self.header
     }
 
     /// Allocates at least `need` more bytes after the records by writing
@@ -259,7 +438,7 @@ impl Wal {
     /// Takes back the last record, written at `len`: the record of a batch
     /// whose commit failed after it was logged.
     pub fn cut_to(&mut self, len: u64) -> std::io::Result<()> {
-        self.len = len.max(MAGIC.len() as u64);
+        self.len = len.max(self.header);
         self.invalidate(self.len)
     }
 
@@ -268,7 +447,17 @@ impl Wal {
     /// numbered after them, and the ones that follow it are not.
     pub fn reset(&mut self) -> std::io::Result<()> {
         fault(self.faults.as_ref(), false)?;
-        self.len = MAGIC.len() as u64;
+        if self.stale_header {
+            // An older format's log, all checkpointed: start it over in
+            // this build's format, bound to its data file.
+            self.file.set_len(0)?;
+            self.file.write_all_at(&header(self.id), 0)?;
+            self.file.sync_all()?;
+            self.capacity = HEADER as u64;
+            self.header = HEADER as u64;
+            self.stale_header = false;
+        }
+        self.len = self.header;
         Ok(())
     }
 }
@@ -276,6 +465,8 @@ impl Wal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const ID: u128 = 0x0123_4567_89ab_cdef_0011_2233_4455_6677;
 
     fn purge(limit: u64) -> Request {
         Request::Purge { limit }
@@ -300,15 +491,15 @@ mod tests {
     fn batches_the_file_already_holds_are_checked_but_not_returned() {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
-        let (mut wal, _) = Wal::open(path.clone(), None, 0).unwrap();
+        let (mut wal, _) = Wal::open(path.clone(), None, 0, ID, true).unwrap();
         for seq in 1..=5 {
             wal.append(seq, &[(seq, &purge(seq))]).unwrap();
         }
         drop(wal);
-        let (_, found) = Wal::open(path.clone(), None, 3).unwrap();
+        let (_, found) = Wal::open(path.clone(), None, 3, ID, true).unwrap();
         assert_eq!(seqs(&found), [4, 5]);
         assert_eq!(limits(&found[0]), [(4, 4)]);
-        let (wal, found) = Wal::open(path, None, 5).unwrap();
+        let (wal, found) = Wal::open(path, None, 5, ID, true).unwrap();
         assert!(found.is_empty());
         // The log still ends after the fifth: the next record goes there.
         assert!(!wal.is_empty());
@@ -318,7 +509,7 @@ mod tests {
     fn batches_come_back_in_order_with_their_clock_readings() {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
-        let (mut wal, found) = Wal::open(path.clone(), None, 0).unwrap();
+        let (mut wal, found) = Wal::open(path.clone(), None, 0, ID, true).unwrap();
         assert!(found.is_empty() && wal.is_empty());
         for seq in 1..=3 {
             let (a, b) = (purge(seq * 10), purge(seq * 10 + 1));
@@ -326,7 +517,7 @@ mod tests {
                 .unwrap();
         }
         drop(wal);
-        let (_, found) = Wal::open(path, None, 0).unwrap();
+        let (_, found) = Wal::open(path, None, 0, ID, true).unwrap();
         assert_eq!(seqs(&found), [1, 2, 3]);
         assert_eq!(limits(&found[1]), [(102, 20), (202, 21)]);
     }
@@ -335,7 +526,7 @@ mod tests {
     fn a_torn_tail_ends_the_log_and_the_next_append_replaces_it() {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
-        let (mut wal, _) = Wal::open(path.clone(), None, 0).unwrap();
+        let (mut wal, _) = Wal::open(path.clone(), None, 0, ID, true).unwrap();
         wal.append(1, &[(1, &purge(1))]).unwrap();
         let end = wal.len();
         wal.append(2, &[(2, &purge(2))]).unwrap();
@@ -343,11 +534,11 @@ mod tests {
         // A crash mid-append: the second record is half there.
         let file = OpenOptions::new().write(true).open(&path).unwrap();
         file.write_all_at(&[0xFF; 5], end + 9).unwrap();
-        let (mut wal, found) = Wal::open(path.clone(), None, 0).unwrap();
+        let (mut wal, found) = Wal::open(path.clone(), None, 0, ID, true).unwrap();
         assert_eq!(seqs(&found), [1]);
         wal.append(2, &[(3, &purge(3))]).unwrap();
         drop(wal);
-        let (_, found) = Wal::open(path, None, 0).unwrap();
+        let (_, found) = Wal::open(path, None, 0, ID, true).unwrap();
         assert_eq!(seqs(&found), [1, 2]);
         assert_eq!(limits(&found[1]), [(3, 3)]);
     }
@@ -356,7 +547,7 @@ mod tests {
     fn after_a_reset_records_left_from_before_are_not_read_again() {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
-        let (mut wal, _) = Wal::open(path.clone(), None, 0).unwrap();
+        let (mut wal, _) = Wal::open(path.clone(), None, 0, ID, true).unwrap();
         for seq in 1..=5 {
             wal.append(seq, &[(seq, &purge(seq))]).unwrap();
         }
@@ -364,7 +555,7 @@ mod tests {
         assert!(wal.is_empty());
         wal.append(6, &[(6, &purge(6))]).unwrap();
         drop(wal);
-        let (_, found) = Wal::open(path, None, 0).unwrap();
+        let (_, found) = Wal::open(path, None, 0, ID, true).unwrap();
         assert_eq!(seqs(&found), [6], "the old records 2..5 after it are stale");
     }
 
@@ -372,13 +563,13 @@ mod tests {
     fn a_record_taken_back_is_not_replayed() {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
-        let (mut wal, _) = Wal::open(path.clone(), None, 0).unwrap();
+        let (mut wal, _) = Wal::open(path.clone(), None, 0, ID, true).unwrap();
         wal.append(1, &[(1, &purge(1))]).unwrap();
         let before = wal.len();
         wal.append(2, &[(2, &purge(2))]).unwrap();
         wal.cut_to(before).unwrap();
         drop(wal);
-        let (_, found) = Wal::open(path, None, 0).unwrap();
+        let (_, found) = Wal::open(path, None, 0, ID, true).unwrap();
         assert_eq!(seqs(&found), [1]);
     }
 
@@ -387,12 +578,12 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
         let plan = FaultPlan::new();
-        let (mut wal, _) = Wal::open(path.clone(), Some(plan.clone()), 0).unwrap();
+        let (mut wal, _) = Wal::open(path.clone(), Some(plan.clone()), 0, ID, true).unwrap();
         wal.append(1, &[(1, &purge(1))]).unwrap();
         plan.fail_next_writes(1);
         assert!(wal.append(2, &[(2, &purge(2))]).is_err());
         drop(wal);
-        let (_, found) = Wal::open(path, None, 0).unwrap();
+        let (_, found) = Wal::open(path, None, 0, ID, true).unwrap();
         assert_eq!(seqs(&found), [1], "not written: never acknowledged");
     }
 
@@ -400,7 +591,8 @@ mod tests {
     fn a_failed_sync_is_reported_to_the_syncer() {
         let dir = tempfile::TempDir::new().unwrap();
         let plan = FaultPlan::new();
-        let (mut wal, _) = Wal::open(dir.path().join("x.wal"), Some(plan.clone()), 0).unwrap();
+        let (mut wal, _) =
+            Wal::open(dir.path().join("x.wal"), Some(plan.clone()), 0, ID, true).unwrap();
         let sync = wal.syncer().unwrap();
         wal.append(1, &[(1, &purge(1))]).unwrap();
         sync.sync().unwrap();
@@ -415,6 +607,106 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("x.wal");
         std::fs::write(&path, b"something else entirely").unwrap();
-        assert!(Wal::open(path, None, 0).is_err());
+        assert!(Wal::open(path, None, 0, ID, true).is_err());
+    }
+
+    #[test]
+    fn a_log_of_another_data_file_is_refused_and_left_as_it_is() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        let (mut wal, _) = Wal::open(path.clone(), None, 0, ID, true).unwrap();
+        wal.append(1, &[(1, &purge(1))]).unwrap();
+        drop(wal);
+        let before = std::fs::read(&path).unwrap();
+        let err = Wal::open(path.clone(), None, 0, ID + 1, true).unwrap_err();
+        assert!(
+            matches!(err, LogError::Foreign { log_id: Some(id) } if id == ID),
+            "{err:?}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), before, "untouched");
+        let (_, found) = Wal::open(path, None, 0, ID, true).unwrap();
+        assert_eq!(seqs(&found), [1]);
+    }
+
+    /// A format 1 log: its header, then records as this build writes them.
+    fn v1_log(path: &Path, batches: u64) {
+        let (mut wal, _) = Wal::open(path.to_owned(), None, 0, ID, true).unwrap();
+        for seq in 1..=batches {
+            wal.append(seq, &[(seq, &purge(seq))]).unwrap();
+        }
+        drop(wal);
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes.splice(..HEADER, *b"DDWAL01\n");
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_format_1_log_replays_only_beside_an_unbound_file_and_is_then_rewritten() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        v1_log(&path, 3);
+        let err = Wal::open(path.clone(), None, 0, ID, true).unwrap_err();
+        assert!(matches!(err, LogError::Foreign { log_id: None }), "{err:?}");
+        let (mut wal, found) = Wal::open(path.clone(), None, 0, ID, false).unwrap();
+        assert_eq!(seqs(&found), [1, 2, 3]);
+        // Checkpointed: the log starts over, bound to its file.
+        wal.reset().unwrap();
+        wal.append(4, &[(4, &purge(4))]).unwrap();
+        drop(wal);
+        assert!(std::fs::read(&path).unwrap().starts_with(b"DDWAL02\n"));
+        let (_, found) = Wal::open(path, None, 3, ID, true).unwrap();
+        assert_eq!(seqs(&found), [4]);
+    }
+
+    #[test]
+    fn a_record_that_passes_its_checksum_but_does_not_decode_is_refused_not_cut() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        let (mut wal, _) = Wal::open(path.clone(), None, 0, ID, true).unwrap();
+        wal.append(1, &[(1, &purge(1))]).unwrap();
+        let second = wal.len() as usize;
+        wal.append(2, &[(2, &purge(2))]).unwrap();
+        drop(wal);
+        // Batch 2's payload replaced by its number and a request tag no
+        // build knows, with a checksum that holds: what a build with
+        // another request encoding would have written.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mut payload = postcard::to_stdvec(&2u64).unwrap();
+        payload.extend([1, 1, 0xEE, 0x7F]);
+        let mut record = (payload.len() as u32).to_le_bytes().to_vec();
+        record.extend(crc32fast::hash(&payload).to_le_bytes());
+        record.extend(&payload);
+        bytes.splice(second..second + record.len(), record);
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Wal::open(path.clone(), None, 0, ID, true).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LogError::Undecodable {
+                    seq: 2,
+                    version: FORMAT,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "not cut off");
+        // Once the data file holds batch 2, the record is not replayed.
+        let (_, found) = Wal::open(path, None, 2, ID, true).unwrap();
+        assert!(found.is_empty());
+    }
+
+    #[test]
+    fn a_log_of_a_newer_format_is_refused() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("x.wal");
+        let mut h = header(ID);
+        h[5..7].copy_from_slice(b"09");
+        let crc = crc32fast::hash(&h[..24]);
+        h[24..].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&path, h).unwrap();
+        let err = Wal::open(path.clone(), None, 0, ID, true).unwrap_err();
+        assert!(matches!(err, LogError::Version { found: 9 }), "{err:?}");
+        assert_eq!(std::fs::read(&path).unwrap(), h);
     }
 }

@@ -762,11 +762,19 @@ fn reopen(
     if let Ok(mut current) = shared.refuse.lock() {
         *current = refuse;
     }
+    // The same file, so the same id: a log refused now was replaced under
+    // the running process, and the file stays closed until it is fixed.
     let (mut wal, batches) = Wal::open(
         wal::path_for(&opts.path),
         opts.faults.clone(),
         stored_seq(&fresh)?,
-    )?;
+        super::migrate::stored_file_id(&fresh)?,
+        true,
+    )
+    .map_err(|e| match e {
+        wal::LogError::Io(e) => redb::Error::Io(e),
+        other => redb::Error::Corrupted(format!("write-ahead log: {other}")),
+    })?;
     let seq = replay_up_to(&fresh, &shared.kv, batches, acknowledged)?;
     wal.reset()?;
     shared.counts.recount(&fresh)?;
