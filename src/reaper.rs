@@ -157,11 +157,13 @@ impl Reaper {
             total.heads += r.heads;
             total.inbox += r.inbox;
             total.kv += r.kv;
+            total.dedupe += r.dedupe;
             self.count("claims", r.claims);
             self.count("applied_events", r.events);
             self.count("stream_heads", r.heads);
             self.count("inbox", r.inbox);
             self.count("kv", r.kv);
+            self.count("inbox_dedupe", r.dedupe);
             if !r.more {
                 return Ok(total);
             }
@@ -207,6 +209,7 @@ impl Reaper {
                     heads = r.heads,
                     inbox = r.inbox,
                     kv = r.kv,
+                    inbox_dedupe = r.dedupe,
                     "reaped expired records"
                 ),
                 Ok(_) => {}

@@ -112,6 +112,7 @@ impl Application {
                 checkpoint_seconds: metrics.store_checkpoint.clone(),
             },
             read_reopen_wait: READ_REOPEN_WAIT,
+            dedupe_window: s.gateway.dedupe_window,
         };
         let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
             .await
@@ -152,7 +153,8 @@ impl Application {
     /// Builds the app over an already open store and the redb file that
     /// holds the gateway inbox (the same object with the redb backend), with
     /// delivery coordinated as `coordination` says. The reaper works on the
-    /// file: Redis expires its own keys.
+    /// file: Redis expires its own keys. The file must have been opened
+    /// with the settings' `gateway.dedupe_window`.
     pub fn build_with_store(
         loaded: Loaded,
         clock: SharedClock,
@@ -177,6 +179,14 @@ impl Application {
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
         let s = &loaded.settings;
+        // The reaper writes the inbox's dedupe records with the file's
+        // window: one opened otherwise would quietly protect for less.
+        anyhow::ensure!(
+            inbox.dedupe_window() == s.gateway.dedupe_window,
+            "the data file was opened with a dedupe window of {}, not gateway.dedupe_window = {}",
+            humantime::format_duration(inbox.dedupe_window()),
+            humantime::format_duration(s.gateway.dedupe_window),
+        );
         let sources = build_sources(&loaded)?;
         let listener = TcpListener::bind(s.listen)
             .with_context(|| format!("cannot listen on {}", s.listen))?;

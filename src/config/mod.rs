@@ -576,6 +576,49 @@ impl Settings {
         }
     }
 
+    /// `gateway.dedupe_window` covers every replay a source's signature
+    /// check lets through. A signed timestamp `ts` is accepted while our
+    /// clock is within `tolerance` of it, so the first post may arrive as
+    /// early as `ts - tolerance` (a sender's clock ahead of ours) and a
+    /// replay as late as `ts + tolerance`: twice the tolerance after the
+    /// receipt the window counts from, plus a minute for the whole seconds
+    /// signatures carry and the time the body takes to arrive. Without a
+    /// signed timestamp (GitHub) any window is all the protection there
+    /// is, so only the minute is required.
+    fn validate_dedupe_window(&self, bad: &mut impl FnMut(&str, String)) {
+        const MARGIN: Duration = Duration::from_secs(60);
+        let window = self.gateway.dedupe_window;
+        if window < MARGIN {
+            bad(
+                "gateway.dedupe_window",
+                format!(
+                    "{} is too short: must be at least 1m",
+                    humantime::format_duration(window)
+                ),
+            );
+            return;
+        }
+        for (name, src) in &self.sources {
+            if !src.scheme.signs_timestamp() {
+                continue;
+            }
+            let least = src.tolerance.saturating_mul(2).saturating_add(MARGIN);
+            if window < least {
+                bad(
+                    "gateway.dedupe_window",
+                    format!(
+                        "{} is shorter than {}, twice sources.{name}.tolerance ({}) plus 1m: a \
+                         replay signed within the tolerance could outlive the event's dedupe \
+                         record and be delivered again",
+                        humantime::format_duration(window),
+                        humantime::format_duration(least),
+                        humantime::format_duration(src.tolerance),
+                    ),
+                );
+            }
+        }
+    }
+
     fn validate(mut self, fig: &Figment) -> (Loaded, Vec<ConfigError>) {
         let mut errors = Vec::new();
         let mut bad = |key: &str, message: String| {
@@ -704,6 +747,7 @@ impl Settings {
                 bad(key, "must be at least 1ms".into());
             }
         }
+        self.validate_dedupe_window(&mut bad);
 
         let weak = |t: &Secret| {
             let t = t.expose();

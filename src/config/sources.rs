@@ -22,6 +22,12 @@ pub enum Scheme {
 }
 
 impl Scheme {
+    /// Whether its signatures carry a timestamp that `tolerance` bounds.
+    /// Without one, a captured request verifies forever.
+    pub fn signs_timestamp(self) -> bool {
+        !matches!(self, Scheme::Github)
+    }
+
     /// The name as written in a source's `scheme` setting.
     pub fn name(self) -> &'static str {
         match self {
@@ -56,13 +62,20 @@ pub struct GatewaySettings {
     /// refuse it with a message that says so.
     #[serde(default, skip_serializing)]
     pub workers: Option<usize>,
-    /// How long delivered and stale events are kept (for listing and as
-    /// the dedupe window of repeated deliveries).
+    /// How long delivered and stale events are kept (for listing; while
+    /// kept, a repeat of one is a duplicate).
     #[serde(with = "humantime_serde")]
     pub delivered_retention: Duration,
     /// How long dead events wait for a redeliver before they are reaped.
     #[serde(with = "humantime_serde")]
     pub dead_retention: Duration,
+    /// How long after its receipt an event's id stays a duplicate once the
+    /// event itself is reaped: a small record (no body) replaces it until
+    /// then. All the replay protection a scheme without a signed timestamp
+    /// (GitHub) has; at least twice a timestamped source's `tolerance`
+    /// plus a minute (see `Settings::validate`).
+    #[serde(with = "humantime_serde")]
+    pub dedupe_window: Duration,
 }
 
 impl Default for GatewaySettings {
@@ -72,6 +85,7 @@ impl Default for GatewaySettings {
             workers: None,
             delivered_retention: Duration::from_secs(7 * 86_400),
             dead_retention: Duration::from_secs(30 * 86_400),
+            dedupe_window: Duration::from_secs(30 * 86_400),
         }
     }
 }

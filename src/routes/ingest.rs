@@ -164,11 +164,12 @@ async fn receive(
     // Only the local inbox is asked: ingest keeps working while a shared
     // store is down, and an event another instance received too is
     // resolved at delivery, by its claim in the shared store. A repeat is
-    // answered from a read, sparing the writer (and its log) the body; the
+    // answered from a read, sparing the writer (and its log) the body —
+    // a replay of an event reaped within `gateway.dedupe_window` too; the
     // insert checks again, so a race between two posts stays a duplicate.
     let known = gw
         .inbox
-        .has_event(&source.name, &event.event_id)
+        .knows_event(&source.name, &event.event_id, received_at)
         .await
         .map_err(ApiError::from)?;
     let event_id = event.event_id.clone();

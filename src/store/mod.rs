@@ -50,6 +50,9 @@ pub struct PurgeReport {
     pub inbox: u64,
     /// Expired keys of the Redis-protocol keyspace removed.
     pub kv: u64,
+    /// Dedupe records of reaped gateway events removed once their
+    /// `gateway.dedupe_window` passed.
+    pub dedupe: u64,
     /// True when the pass stopped at its limit with more expired records left.
     pub more: bool,
 }
@@ -57,7 +60,7 @@ pub struct PurgeReport {
 impl PurgeReport {
     /// Records removed in all.
     pub fn total(&self) -> u64 {
-        self.claims + self.events + self.heads + self.inbox + self.kv
+        self.claims + self.events + self.heads + self.inbox + self.kv + self.dedupe
     }
 }
 

@@ -82,7 +82,13 @@ pub const DELIVERY_OUTCOMES: [&str; 4] = ["delivered", "failed", "stale", "dead"
 /// Inbox statuses.
 pub const STATUSES: [&str; 4] = ["pending", "delivered", "stale", "dead"];
 /// Tables the reaper deletes from.
-pub const REAPED_TABLES: [&str; 4] = ["claims", "applied_events", "stream_heads", "inbox"];
+pub const REAPED_TABLES: [&str; 5] = [
+    "claims",
+    "applied_events",
+    "stream_heads",
+    "inbox",
+    "inbox_dedupe",
+];
 
 /// Latency buckets, seconds: 0.1 ms to 30 s.
 const SECONDS_BUCKETS: [f64; 16] = [

@@ -582,6 +582,78 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     );
 }
 
+/// A dedupe window that a replay within a source's `tolerance` could
+/// outlive is refused, naming the key, the source and both values; for a
+/// source without a signed timestamp (github) only the minute counts.
+#[test]
+fn check_config_refuses_a_dedupe_window_shorter_than_twice_a_tolerance() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("window.toml");
+    let config = |window: &str| {
+        format!(
+            r#"
+[gateway]
+dedupe_window = "{window}"
+
+[sources.sw]
+scheme = "standard-webhooks"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+tolerance = "1h"
+event_id = "header:webhook-id"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+[sources.gh]
+scheme = "github"
+secrets = ["github-secret"]
+tolerance = "1h"
+event_id = "body:/id"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"#
+        )
+    };
+    std::fs::write(&file, config("2h")).unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("gateway.dedupe_window"))
+        .unwrap_or_else(|| panic!("gateway.dedupe_window missing in:\n{stderr}"));
+    for part in ["window.toml", "2h", "sources.sw.tolerance", "1h", "2h 1m"] {
+        assert!(line.contains(part), "{part} missing in: {line}");
+    }
+    assert!(
+        !stderr.contains("sources.gh"),
+        "github signs no timestamp: {stderr}"
+    );
+
+    std::fs::write(&file, config("2h 1m")).unwrap();
+    let out = check_config(&file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("dedupe_window = \"2h 1m\""),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    std::fs::write(&file, "[gateway]\ndedupe_window = \"59s\"\n").unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("gateway.dedupe_window") && l.contains("at least 1m")),
+        "{stderr}"
+    );
+}
+
 /// Mounts a 24 MiB tmpfs on a new temp dir (root only); on drop, the
 /// servers it was told of are killed (a failed assertion leaves them
 /// running) and it is unmounted.

@@ -116,6 +116,7 @@ fn spawn_over_file(
     let clock = ManualClock::new(T0);
     let mut opts = RedbOptions::new(&loaded.settings.data_path);
     opts.cache_bytes = loaded.settings.storage.cache_bytes;
+    opts.dedupe_window = loaded.settings.gateway.dedupe_window;
     opts.faults = faults;
     let file = Arc::new(RedbStore::open(&opts).expect("open store"));
     let (store, coordination) = pick(file.clone());

@@ -25,6 +25,7 @@ mod redis_gateway;
 #[cfg(feature = "redis")]
 #[path = "../common/redis_server.rs"]
 mod redis_server;
+mod replay;
 mod resp;
 mod restart;
 mod streams;

@@ -31,6 +31,10 @@ const RETENTION: Retention = Retention {
 };
 /// Retention of applied events and stream heads (ordering state).
 const ORDERING_MS: u64 = 6_000;
+/// How long after its receipt a reaped event's id stays a duplicate: longer
+/// than the delivered retention, shorter than the dead one, so some reaped
+/// events leave a record and some do not.
+const DEDUPE_MS: u64 = 4_000;
 
 #[derive(Debug, Clone)]
 enum How {
@@ -194,6 +198,9 @@ struct Model {
     heads: BTreeMap<Id, (CreatedAt, u64)>,
     /// (source, event id) → expiry of its applied (or stale) record.
     applied: BTreeMap<Id, u64>,
+    /// (source, event id) of a reaped event → until when its id is a
+    /// duplicate.
+    dedupe: BTreeMap<Id, u64>,
     leases: Vec<LeaseRec>,
 }
 
@@ -265,6 +272,8 @@ fn sort_indexes(i: &mut InboxIndexes) {
     i.queue.sort();
     i.status.sort();
     i.expiry.sort();
+    i.dedupe.sort();
+    i.dedupe_expiry.sort();
 }
 
 impl Model {
@@ -422,9 +431,11 @@ impl Model {
     }
 
     /// The reaper: up to `limit` expired records, applied events first,
-    /// then heads, then settled inbox events, each in (expiry, key) order;
-    /// the report as (claims, events, heads, inbox, more).
-    fn purge_expired(&mut self, limit: u64) -> (u64, u64, u64, u64, bool) {
+    /// then heads, then settled inbox events (each received less than
+    /// `DEDUPE_MS` ago leaving a dedupe record), then dedupe records, each
+    /// in (expiry, key) order; the report as (claims, events, heads, inbox,
+    /// dedupe, more).
+    fn purge_expired(&mut self, limit: u64) -> (u64, u64, u64, u64, u64, bool) {
         let now = self.now;
         let mut budget = usize::try_from(limit).unwrap();
         // The ordering tables' keys as stored.
@@ -472,11 +483,27 @@ impl Model {
             .collect();
         inbox.sort();
         inbox.truncate(budget);
+        budget -= inbox.len();
         for (_, k) in &inbox {
-            self.events.remove(k);
+            let e = self.events.remove(k).expect("present");
+            if e.received_at_ms + DEDUPE_MS > now {
+                self.dedupe.insert(k.clone(), e.received_at_ms + DEDUPE_MS);
+            }
+        }
+        let mut dedupe: Vec<(u64, Id)> = self
+            .dedupe
+            .iter()
+            .filter(|(_, until)| **until <= now)
+            .map(|(k, until)| (*until, k.clone()))
+            .collect();
+        dedupe.sort();
+        dedupe.truncate(budget);
+        for (_, k) in &dedupe {
+            self.dedupe.remove(k);
         }
         let more = self.applied.values().any(|exp| *exp <= now)
             || self.heads.values().any(|(_, exp)| *exp <= now)
+            || self.dedupe.values().any(|until| *until <= now)
             || self
                 .events
                 .values()
@@ -486,6 +513,7 @@ impl Model {
             applied.len() as u64,
             heads.len() as u64,
             inbox.len() as u64,
+            dedupe.len() as u64,
             more,
         )
     }
@@ -553,6 +581,28 @@ async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
         "{ctx}: bodies without an event: {:?}",
         got.orphan_bodies
     );
+    let mut dedupe_index: Vec<(u64, String, String)> = got
+        .dedupe
+        .iter()
+        .map(|(s, id, until)| (*until, s.clone(), id.clone()))
+        .collect();
+    dedupe_index.sort();
+    assert_eq!(
+        got.dedupe_expiry, dedupe_index,
+        "{ctx}: dedupe expiry index != one entry per record"
+    );
+    assert!(
+        !got.dedupe
+            .iter()
+            .any(|(s, id, _)| got.rows.iter().any(|e| (&e.source, &e.event_id) == (s, id))),
+        "{ctx}: an id with both a row and a dedupe record"
+    );
+    let model_dedupe: Vec<(String, String, u64)> = m
+        .dedupe
+        .iter()
+        .map(|((s, id), until)| (s.clone(), id.clone(), *until))
+        .collect();
+    assert_eq!(got.dedupe, model_dedupe, "{ctx}: dedupe records");
     // Then the rows against the model (bodies included).
     let model_rows: Vec<InboxEvent> = m.events.values().cloned().collect();
     assert_eq!(got.rows, model_rows, "{ctx}: rows differ from the model");
@@ -561,6 +611,15 @@ async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
             let id = event_id(id);
             let e = s.inbox_event(source, &id).await.unwrap();
             assert_eq!(e.as_ref(), m.get(source, &id), "{ctx}: {source}/{id}");
+            let known = m.get(source, &id).is_some()
+                || m.dedupe
+                    .get(&(source.to_owned(), id.clone()))
+                    .is_some_and(|until| *until > m.now);
+            assert_eq!(
+                s.knows_event(source, &id, m.now).await.unwrap(),
+                known,
+                "{ctx}: whether {source}/{id} is a duplicate"
+            );
         }
     }
     let wants = vec![
@@ -615,6 +674,7 @@ async fn run(ops: Vec<Op>) {
     let dir = TempDir::new().unwrap();
     let opts = RedbOptions {
         cache_bytes: 1024 * 1024,
+        dedupe_window: std::time::Duration::from_millis(DEDUPE_MS),
         ..RedbOptions::new(dir.path().join("inbox.redb"))
     };
     let mut store = RedbStore::open(&opts).unwrap();
@@ -642,9 +702,13 @@ async fn run(ops: Vec<Op>) {
                     body: format!("body of step {step}").into_bytes(),
                 };
                 let key = (new.source.clone(), new.event_id.clone());
-                let want = match m.events.entry(key) {
+                let remembered = m.dedupe.get(&key).is_some_and(|until| *until > now);
+                let want = match m.events.entry(key.clone()) {
                     Entry::Occupied(_) => IngestOutcome::Duplicate,
+                    Entry::Vacant(_) if remembered => IngestOutcome::Duplicate,
                     Entry::Vacant(slot) => {
+                        // A record past its window goes with the insert.
+                        m.dedupe.remove(&key);
                         slot.insert(InboxEvent {
                             source: new.source.clone(),
                             event_id: new.event_id.clone(),
@@ -819,7 +883,9 @@ async fn run(ops: Vec<Op>) {
                 let want = m.purge_expired(limit);
                 let got = store.purge_expired(now, limit).await.unwrap();
                 assert_eq!(
-                    (got.claims, got.events, got.heads, got.inbox, got.more),
+                    (
+                        got.claims, got.events, got.heads, got.inbox, got.dedupe, got.more
+                    ),
                     want,
                     "{ctx}"
                 );

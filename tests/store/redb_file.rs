@@ -24,7 +24,7 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schema version 99") && msg.contains("reads version 6"),
+        msg.contains("schema version 99") && msg.contains("reads version 7"),
         "{msg}"
     );
 }
@@ -501,6 +501,239 @@ mod inbox {
         assert_eq!(s.inbox_sources().await.unwrap(), [("sume".to_owned(), 1)]);
         s.close().await;
     }
+
+    /// The dedupe window of the stores below, ms: longer than the delivered
+    /// retention, shorter than the dead one.
+    const WINDOW: u64 = 3_000;
+
+    fn open_with_window(dir: &TempDir) -> RedbStore {
+        let opts = RedbOptions {
+            dedupe_window: std::time::Duration::from_millis(WINDOW),
+            ..RedbOptions::new(dir.path().join("i.redb"))
+        };
+        RedbStore::open(&opts).unwrap()
+    }
+
+    async fn deliver(s: &RedbStore, id: &str, now: u64) {
+        s.settle(
+            "sume",
+            id,
+            0,
+            Settle::Delivered { attempted: true },
+            RETENTION,
+            now,
+        )
+        .await
+        .unwrap();
+    }
+
+    /// A reaped event leaves a record, not an event: its id stays a
+    /// duplicate (nothing stored) until the window from its receipt ends,
+    /// and nothing lists or counts it; then the reaper removes the record
+    /// and the id is new again.
+    #[tokio::test]
+    async fn a_reaped_event_stays_a_duplicate_until_its_dedupe_window_from_receipt_ends() {
+        let dir = TempDir::new().unwrap();
+        let s = open_with_window(&dir);
+        s.ingest(event("a", None, 1), T).await.unwrap();
+        deliver(&s, "a", T + 500).await;
+        let r = s.purge_expired(T + 1_500, 100).await.unwrap();
+        assert_eq!((r.inbox, r.dedupe, r.more), (1, 0, false));
+        assert!(s.inbox_event("sume", "a").await.unwrap().is_none());
+        let left = s.inbox_indexes().await.unwrap();
+        assert!(left.rows.is_empty() && left.status.is_empty() && left.expiry.is_empty());
+        assert_eq!(left.dedupe, [("sume".into(), "a".into(), T + WINDOW)]);
+        assert_eq!(
+            left.dedupe_expiry,
+            [(T + WINDOW, "sume".into(), "a".into())]
+        );
+        // Not an event: not listed, not counted, the source holds none.
+        let (delivered, _) = s
+            .list_events(
+                "sume",
+                EventStatus::Delivered,
+                ListOrder::OldestFirst,
+                None,
+                10,
+            )
+            .await
+            .unwrap();
+        assert!(delivered.is_empty());
+        assert!(s.inbox_summary().await.unwrap().is_empty());
+        assert!(s.inbox_sources().await.unwrap().is_empty());
+        assert!(!s.has_source("sume").await.unwrap());
+        assert_eq!(s.next_expiry().await.unwrap(), Some(T + WINDOW));
+
+        // A repeat within the window is a duplicate and is not stored.
+        for now in [T + 1_500, T + WINDOW - 1] {
+            assert!(s.knows_event("sume", "a", now).await.unwrap());
+            assert_eq!(
+                s.ingest(event("a", None, 1), now).await.unwrap(),
+                IngestOutcome::Duplicate
+            );
+        }
+        assert!(s.inbox_event("sume", "a").await.unwrap().is_none());
+        assert!(due_ids(&s, T + WINDOW).await.is_empty());
+        let r = s.purge_expired(T + WINDOW - 1, 100).await.unwrap();
+        assert_eq!((r.dedupe, r.more), (0, false), "not due before its end");
+
+        // Then the reaper removes the record, and the id is new.
+        assert!(!s.knows_event("sume", "a", T + WINDOW).await.unwrap());
+        let r = s.purge_expired(T + WINDOW, 100).await.unwrap();
+        assert_eq!((r.inbox, r.dedupe, r.more), (0, 1, false));
+        let left = s.inbox_indexes().await.unwrap();
+        assert!(left.dedupe.is_empty() && left.dedupe_expiry.is_empty());
+        assert_eq!(s.next_expiry().await.unwrap(), None);
+        assert_eq!(
+            s.ingest(event("a", None, 1), T + WINDOW).await.unwrap(),
+            IngestOutcome::Accepted
+        );
+        s.close().await;
+    }
+
+    /// The window counts from receipt: an event kept past it (dead events
+    /// here) leaves no record, its row having protected it all along; an
+    /// event of a removed source purged while pending leaves none either.
+    #[tokio::test]
+    async fn only_events_reaped_within_the_window_leave_a_record() {
+        let dir = TempDir::new().unwrap();
+        let s = open_with_window(&dir);
+        s.ingest(event("dead", None, 1), T).await.unwrap();
+        s.settle(
+            "sume",
+            "dead",
+            0,
+            Settle::Dead {
+                error: "down".into(),
+            },
+            RETENTION,
+            T,
+        )
+        .await
+        .unwrap();
+        let mut orphan = event("p", None, 1);
+        orphan.source = "gone".into();
+        s.ingest(orphan.clone(), T).await.unwrap();
+        assert_eq!(
+            s.ingest(event("dead", None, 1), T + WINDOW).await.unwrap(),
+            IngestOutcome::Duplicate,
+            "the row protects it past the window"
+        );
+        let r = s.purge_expired(T + 5_000, 100).await.unwrap();
+        assert_eq!((r.inbox, r.dedupe), (1, 0));
+        assert_eq!(
+            s.purge_pending(vec!["gone".into()], T + 1, 100, T + 5_000)
+                .await
+                .unwrap(),
+            1
+        );
+        let left = s.inbox_indexes().await.unwrap();
+        assert!(left.rows.is_empty() && left.dedupe.is_empty(), "{left:?}");
+        assert_eq!(
+            s.ingest(event("dead", None, 1), T + 5_000).await.unwrap(),
+            IngestOutcome::Accepted
+        );
+        assert_eq!(
+            s.ingest(orphan, T + 5_000).await.unwrap(),
+            IngestOutcome::Accepted
+        );
+        s.close().await;
+    }
+
+    /// A record past its window that the reaper has not reached yet does
+    /// not make its id a duplicate: the new event takes its place (record
+    /// and index entry go), and the reaper then has nothing left of it.
+    #[tokio::test]
+    async fn an_expired_record_not_yet_reaped_gives_way_to_the_new_event() {
+        let dir = TempDir::new().unwrap();
+        let s = open_with_window(&dir);
+        s.ingest(event("a", None, 1), T).await.unwrap();
+        deliver(&s, "a", T).await;
+        s.purge_expired(T + 1_000, 100).await.unwrap();
+        assert_eq!(
+            s.ingest(event("a", None, 1), T + WINDOW).await.unwrap(),
+            IngestOutcome::Accepted
+        );
+        let left = s.inbox_indexes().await.unwrap();
+        assert_eq!(left.rows.len(), 1);
+        assert!(
+            left.dedupe.is_empty() && left.dedupe_expiry.is_empty(),
+            "{left:?}"
+        );
+        let r = s.purge_expired(T + WINDOW, 100).await.unwrap();
+        assert_eq!((r.inbox, r.dedupe, r.more), (0, 0, false));
+        let e = s.inbox_event("sume", "a").await.unwrap().unwrap();
+        assert_eq!(e.status, EventStatus::Pending);
+        s.close().await;
+    }
+
+    /// Records are removed in expiry order, in batches of the reaper's
+    /// size shared with everything else it reaps, and a restart (a replay
+    /// of the log) keeps them.
+    #[tokio::test]
+    async fn dedupe_records_are_reaped_in_expiry_order_in_bounded_batches() {
+        let dir = TempDir::new().unwrap();
+        let mut s = open_with_window(&dir);
+        // 250 events received 1 ms apart, newest first by id, delivered
+        // together: their records expire in receipt order.
+        for i in 0..250u64 {
+            let mut e = event(&format!("e{:03}", 249 - i), None, 1);
+            e.received_at_ms = T + i;
+            s.ingest(e, T + i).await.unwrap();
+        }
+        for i in 0..250u64 {
+            deliver(&s, &format!("e{:03}", 249 - i), T + 250).await;
+        }
+        let mut reaped = 0;
+        loop {
+            let r = s.purge_expired(T + 1_250, 100).await.unwrap();
+            assert!(r.inbox <= 100 && r.dedupe == 0, "{r:?}");
+            reaped += r.inbox;
+            if !r.more {
+                break;
+            }
+        }
+        assert_eq!(reaped, 250);
+        s.close().await;
+        s = open_with_window(&dir);
+        assert_eq!(s.inbox_indexes().await.unwrap().dedupe.len(), 250);
+
+        // Ten more events reaped at the same pass as the first records.
+        for i in 0..10u64 {
+            let id = format!("late{i}");
+            let mut e = event(&id, None, 1);
+            e.received_at_ms = T + WINDOW;
+            s.ingest(e, T + WINDOW).await.unwrap();
+            deliver(&s, &id, T + WINDOW).await;
+        }
+        let end = T + WINDOW + 1_000;
+        assert_eq!(s.next_expiry().await.unwrap(), Some(T + WINDOW));
+        let r = s.purge_expired(end, 100).await.unwrap();
+        assert_eq!((r.inbox, r.dedupe, r.more), (10, 90, true));
+        let left = s.inbox_indexes().await.unwrap().dedupe;
+        // The 90 received first (ids e249 down to e160) went first.
+        let mut want: Vec<String> = (0..160).map(|i| format!("e{i:03}")).collect();
+        want.extend((0..10).map(|i| format!("late{i}")));
+        want.sort();
+        let mut got: Vec<String> = left.into_iter().map(|(_, id, _)| id).collect();
+        got.sort();
+        assert_eq!(got, want);
+        let r = s.purge_expired(end, 100).await.unwrap();
+        assert_eq!((r.dedupe, r.more), (100, true));
+        let r = s.purge_expired(end, 100).await.unwrap();
+        assert_eq!((r.dedupe, r.more), (60, false));
+        let left = s.inbox_indexes().await.unwrap();
+        assert_eq!(
+            left.dedupe
+                .iter()
+                .map(|(_, id, _)| id.as_str())
+                .collect::<Vec<_>>(),
+            (0..10).map(|i| format!("late{i}")).collect::<Vec<_>>(),
+            "the late events' records wait for their own window"
+        );
+        assert_eq!(left.dedupe_expiry.len(), 10);
+        s.close().await;
+    }
 }
 
 #[tokio::test]
@@ -549,7 +782,7 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
     );
     assert_eq!(s.kv_count(vec![b"k".to_vec()], 2_000).await.unwrap(), 1);
     s.close().await;
-    assert_eq!(stored_schema(&opts.path).0, 6);
+    assert_eq!(stored_schema(&opts.path).0, 7);
 }
 
 #[tokio::test]
@@ -686,7 +919,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
     s.close().await;
 
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     assert!(!tables.contains(&"inbox".to_owned()), "{tables:?}");
 }
 
@@ -782,7 +1015,7 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
     s.close().await;
 
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     assert!(!tables.contains(&"kv".to_owned()), "{tables:?}");
     assert!(!tables.contains(&"kv_expiry".to_owned()), "{tables:?}");
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
@@ -803,6 +1036,76 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
     let fresh = s.kv_get(b"fresh".to_vec(), 3_000).await.unwrap().unwrap();
     assert_eq!(fresh.value, b"new");
     s.close().await;
+}
+
+/// A file of the previous release (schema 6: no dedupe records) opens,
+/// keeps its events, gains the record tables, and from then on a reaped
+/// event's id stays a duplicate.
+#[tokio::test]
+async fn a_schema_6_file_gains_the_dedupe_tables_and_its_reaped_events_stay_duplicates() {
+    use dedupd::store::inbox::{EventStatus, IngestOutcome, NewEvent, Retention, Settle};
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("v6.redb");
+    let event = |id: &str| NewEvent {
+        source: "sume".into(),
+        event_id: id.into(),
+        stream: None,
+        created_at: dedupd::domain::CreatedAt::from_unix_nanos(0),
+        received_at_ms: T1,
+        headers: Vec::new(),
+        body: b"{}".to_vec(),
+    };
+    let retention = Retention {
+        delivered_ms: 1_000,
+        dead_ms: 1_000,
+    };
+    {
+        let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+        for id in ["pending", "done"] {
+            s.ingest(event(id), T1).await.unwrap();
+        }
+        s.settle(
+            "sume",
+            "done",
+            0,
+            Settle::Delivered { attempted: true },
+            retention,
+            T1,
+        )
+        .await
+        .unwrap();
+        s.close().await;
+    }
+    // As the previous release left it: version 6, no dedupe tables.
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        let records: redb::TableDefinition<(&str, &str), u64> =
+            redb::TableDefinition::new("inbox_dedupe");
+        let index: redb::TableDefinition<(u64, &str, &str), ()> =
+            redb::TableDefinition::new("inbox_dedupe_expiry");
+        assert!(tx.delete_table(records).unwrap());
+        assert!(tx.delete_table(index).unwrap());
+        set_schema_version(&tx, 6);
+        tx.commit().unwrap();
+    }
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let pending = s.inbox_event("sume", "pending").await.unwrap().unwrap();
+    assert_eq!(pending.status, EventStatus::Pending);
+    assert!(s.knows_event("sume", "pending", T1).await.unwrap());
+    let r = s.purge_expired(T1 + 1_000, 100).await.unwrap();
+    assert_eq!(r.inbox, 1);
+    assert_eq!(
+        s.ingest(event("done"), T1 + 2_000).await.unwrap(),
+        IngestOutcome::Duplicate,
+        "reaped, but within the window"
+    );
+    s.close().await;
+    let (version, tables) = stored_schema(&path);
+    assert_eq!(version, 7);
+    for table in ["inbox_dedupe", "inbox_dedupe_expiry"] {
+        assert!(tables.contains(&table.to_owned()), "{tables:?}");
+    }
 }
 
 /// The schema version a closed file records, and its tables' names.

@@ -10,12 +10,15 @@
 //! - each row has one [`INBOX_BODIES`] entry, written with the row and
 //!   deleted with it, and no body is without a row. Writes after the
 //!   insert touch the row only.
+//! - an id has a row or an [`INBOX_DEDUPE`] record, never both; each record
+//!   has one [`INBOX_DEDUPE_EXPIRY`] entry, at its expiry.
 
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::counts::StatusDeltas;
 use super::tables::{
-    INBOX, INBOX_BODIES, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, InboxRow, Lazy,
+    INBOX, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE,
+    INBOX_STATUS, InboxRow, Lazy,
 };
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
@@ -27,7 +30,8 @@ use crate::store::inbox::{
 /// An inbox write.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub enum InboxRequest {
-    /// Store a new event unless its id is known.
+    /// Store a new event unless its id is known: held in the inbox, or
+    /// reaped less than its dedupe window ago (see [`INBOX_DEDUPE`]).
     Insert(NewEvent),
     /// Take runnable events out of the due index until `until` while they
     /// are delivered; after a crash they come due again by themselves.
@@ -89,6 +93,8 @@ pub struct InboxTables<'txn> {
     /// in-memory counts once it commits.
     deltas: StatusDeltas,
     expiry: Lazy<'txn, (u64, &'static str, &'static str), ()>,
+    dedupe: Lazy<'txn, (&'static str, &'static str), u64>,
+    dedupe_expiry: Lazy<'txn, (u64, &'static str, &'static str), ()>,
 }
 
 fn to_row<'a>(e: &'a InboxEvent, headers: &'a str) -> InboxRow<'a> {
@@ -184,6 +190,8 @@ impl<'txn> InboxTables<'txn> {
             status: Lazy::new(tx, INBOX_STATUS),
             deltas: StatusDeltas::default(),
             expiry: Lazy::new(tx, INBOX_EXPIRY),
+            dedupe: Lazy::new(tx, INBOX_DEDUPE),
+            dedupe_expiry: Lazy::new(tx, INBOX_DEDUPE_EXPIRY),
         }
     }
 
@@ -287,13 +295,21 @@ impl<'txn> InboxTables<'txn> {
     }
 
     fn insert(&mut self, new: &NewEvent, now: Millis) -> Result<IngestOutcome, redb::Error> {
-        if self
-            .rows
-            .open()?
-            .get((new.source.as_str(), new.event_id.as_str()))?
-            .is_some()
-        {
+        let key = (new.source.as_str(), new.event_id.as_str());
+        if self.rows.open()?.get(key)?.is_some() {
             return Ok(IngestOutcome::Duplicate);
+        }
+        // The one lookup a new event pays for replay protection past its
+        // row's reaping.
+        let record = self.dedupe.open()?.get(key)?.map(|g| g.value());
+        if let Some(until) = record {
+            if until > now {
+                return Ok(IngestOutcome::Duplicate);
+            }
+            // Past its window but not reaped yet: the id is new again, and
+            // the row takes the record's place.
+            self.dedupe.open()?.remove(key)?;
+            self.dedupe_expiry.open()?.remove((until, key.0, key.1))?;
         }
         let e = InboxEvent {
             source: new.source.clone(),
@@ -531,8 +547,15 @@ impl<'txn> InboxTables<'txn> {
         Ok(RedeliverOutcome::Requeued)
     }
 
-    /// Deletes up to `limit` settled events whose retention passed.
-    pub fn purge(&mut self, now: Millis, limit: u64) -> Result<u64, redb::Error> {
+    /// Deletes up to `limit` settled events whose retention passed. Each
+    /// received less than `dedupe_window_ms` ago leaves a dedupe record
+    /// until then (0: none does).
+    pub fn purge(
+        &mut self,
+        now: Millis,
+        limit: u64,
+        dedupe_window_ms: u64,
+    ) -> Result<u64, redb::Error> {
         let due: Vec<(u64, String, String)> = self
             .expiry
             .open()?
@@ -560,6 +583,62 @@ impl<'txn> InboxTables<'txn> {
                     id.as_str(),
                 ))?;
                 self.delete(source, id)?;
+                let until = e.received_at_ms.saturating_add(dedupe_window_ms);
+                if until > now {
+                    self.remember(source, id, until)?;
+                }
+            }
+        }
+        Ok(due.len() as u64)
+    }
+
+    /// Writes the dedupe record of a reaped event, valid until `until`.
+    fn remember(&mut self, source: &str, id: &str, until: Millis) -> Result<(), redb::Error> {
+        // A record never outlives its row's deletion, so there is none to
+        // replace; should a file hold one anyway, its index entry goes.
+        let old = self
+            .dedupe
+            .open()?
+            .insert((source, id), until)?
+            .map(|g| g.value());
+        if let Some(old) = old.filter(|old| *old != until) {
+            self.dedupe_expiry.open()?.remove((old, source, id))?;
+        }
+        self.dedupe_expiry.open()?.insert((until, source, id), ())?;
+        Ok(())
+    }
+
+    /// Deletes up to `limit` dedupe records whose window passed, in expiry
+    /// order, reading only due index entries.
+    pub fn purge_dedupe(&mut self, now: Millis, limit: u64) -> Result<u64, redb::Error> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let mut due: Vec<(u64, String, String)> = Vec::new();
+        {
+            let index = self.dedupe_expiry.open()?;
+            let mut taken =
+                index.extract_from_if(..(now.saturating_add(1), "", ""), |_, _| true)?;
+            for entry in taken
+                .by_ref()
+                .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            {
+                let (k, _) = entry?;
+                let (at, s, id) = k.value();
+                due.push((at, s.to_owned(), id.to_owned()));
+            }
+            taken.close()?;
+        }
+        let records = self.dedupe.open()?;
+        for (at, source, id) in &due {
+            let key = (source.as_str(), id.as_str());
+            // An index entry is never trusted over its record.
+            let rewritten = match records.remove(key)? {
+                Some(g) if g.value() != *at => Some(g.value()),
+                _ => None,
+            };
+            if let Some(until) = rewritten {
+                records.insert(key, until)?;
             }
         }
         Ok(due.len() as u64)
@@ -597,13 +676,18 @@ impl<'txn> InboxTables<'txn> {
         Ok(ids.len() as u64)
     }
 
-    /// Whether expired settled events remain at `now`.
+    /// Whether expired settled events or dedupe records remain at `now`.
     pub fn has_due_expiry(&mut self, now: Millis) -> Result<bool, redb::Error> {
         Ok(self
             .expiry
             .open()?
             .first()?
-            .is_some_and(|(k, _)| k.value().0 <= now))
+            .is_some_and(|(k, _)| k.value().0 <= now)
+            || self
+                .dedupe_expiry
+                .open()?
+                .first()?
+                .is_some_and(|(k, _)| k.value().0 <= now))
     }
 }
 
@@ -704,9 +788,28 @@ pub fn has_source(tx: &ReadTransaction, source: &str) -> Result<bool, redb::Erro
         .is_some_and(|(k, _)| k.value().0 == source))
 }
 
-/// Whether the inbox holds one event, without decoding (or copying) it.
-pub fn contains(tx: &ReadTransaction, source: &str, id: &str) -> Result<bool, redb::Error> {
-    Ok(tx.open_table(INBOX)?.get((source, id))?.is_some())
+/// Whether a post of this id is a duplicate at `now`: the inbox holds the
+/// event (its row is not decoded), or it was reaped less than its dedupe
+/// window ago. The second lookup is made only for an id without a row.
+pub fn known(
+    tx: &ReadTransaction,
+    source: &str,
+    id: &str,
+    now: Millis,
+) -> Result<bool, redb::Error> {
+    Ok(tx.open_table(INBOX)?.get((source, id))?.is_some()
+        || tx
+            .open_table(INBOX_DEDUPE)?
+            .get((source, id))?
+            .is_some_and(|g| g.value() > now))
+}
+
+/// When the first dedupe record expires, if any.
+pub fn next_dedupe_expiry(tx: &ReadTransaction) -> Result<Option<Millis>, redb::Error> {
+    Ok(tx
+        .open_table(INBOX_DEDUPE_EXPIRY)?
+        .first()?
+        .map(|(k, _)| k.value().0))
 }
 
 /// One event.
@@ -787,6 +890,10 @@ pub struct InboxIndexes {
     pub expiry: Vec<(u64, String, String)>,
     /// Bodies without a row: (source, event id). Always empty.
     pub orphan_bodies: Vec<(String, String)>,
+    /// Dedupe records of reaped events: (source, event id, until).
+    pub dedupe: Vec<(String, String, u64)>,
+    /// Their expiry index: (until, source, event id).
+    pub dedupe_expiry: Vec<(u64, String, String)>,
 }
 
 /// Reads every inbox table whole (tests only: it reads everything).
@@ -826,6 +933,16 @@ pub fn indexes(tx: &ReadTransaction) -> Result<InboxIndexes, redb::Error> {
         let (k, _) = entry?;
         let (at, s, id) = k.value();
         out.expiry.push((at, s.to_owned(), id.to_owned()));
+    }
+    for entry in tx.open_table(INBOX_DEDUPE)?.iter()? {
+        let (k, v) = entry?;
+        let (s, id) = k.value();
+        out.dedupe.push((s.to_owned(), id.to_owned(), v.value()));
+    }
+    for entry in tx.open_table(INBOX_DEDUPE_EXPIRY)?.iter()? {
+        let (k, _) = entry?;
+        let (at, s, id) = k.value();
+        out.dedupe_expiry.push((at, s.to_owned(), id.to_owned()));
     }
     Ok(out)
 }

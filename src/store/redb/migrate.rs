@@ -79,9 +79,11 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
             // Version 3 adds the write-ahead log beside the file (a version
             // 2 file has none), version 4 the keyspace tables (created
             // below), version 5 the inbox body table, version 6 keys the
-            // keyspace's rows by row id. Logged requests keep their
-            // encoding, so an older log replays.
-            Some(old @ 1..=5) => {
+            // keyspace's rows by row id, version 7 adds the dedupe records
+            // of reaped inbox events (their tables are created below; a
+            // file without them simply has none). Logged requests keep
+            // their encoding, so an older log replays.
+            Some(old @ 1..=6) => {
                 if old == 1 {
                     migrate_v1(&tx).map_err(other)?;
                 }
@@ -120,6 +122,10 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
         tx.open_table(tables::INBOX_STATUS)
             .map_err(|e| other(e.into()))?;
         tx.open_table(tables::INBOX_EXPIRY)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_DEDUPE)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_DEDUPE_EXPIRY)
             .map_err(|e| other(e.into()))?;
         tx.open_table(tables::KV_ROWS)
             .map_err(|e| other(e.into()))?;

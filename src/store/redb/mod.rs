@@ -83,6 +83,10 @@ pub struct RedbOptions {
     /// fault (or for the sync of a write it would show) before it answers
     /// `Unavailable`: [`READ_REOPEN_WAIT`] unless a test needs longer.
     pub read_reopen_wait: std::time::Duration,
+    /// How long after its receipt a reaped inbox event's id stays a
+    /// duplicate (`gateway.dedupe_window`): the reaper leaves a dedupe
+    /// record that long.
+    pub dedupe_window: std::time::Duration,
 }
 
 /// Histograms the writer records each successful group commit in; no-ops
@@ -123,9 +127,14 @@ impl RedbOptions {
             commit_hold: std::time::Duration::from_millis(20),
             commit_metrics: CommitMetrics::default(),
             read_reopen_wait: READ_REOPEN_WAIT,
+            dedupe_window: DEDUPE_WINDOW,
         }
     }
 }
+
+/// The default of [`RedbOptions::dedupe_window`], as of
+/// `gateway.dedupe_window`: 30 days.
+pub const DEDUPE_WINDOW: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
 /// Why the data file could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -293,6 +302,8 @@ pub struct RedbStore {
     counters: Arc<Counters>,
     /// How long a read waits out a reopen ([`RedbOptions::read_reopen_wait`]).
     read_reopen_wait: std::time::Duration,
+    /// [`RedbOptions::dedupe_window`], ms.
+    dedupe_window_ms: u64,
 }
 
 /// Opens the data file as the options say (through the fault-injecting
@@ -431,6 +442,7 @@ impl RedbStore {
             ),
             counters,
             read_reopen_wait: opts.read_reopen_wait,
+            dedupe_window_ms: u64::try_from(opts.dedupe_window.as_millis()).unwrap_or(u64::MAX),
         })
     }
 
@@ -762,10 +774,24 @@ impl RedbStore {
         self.read(move |tx| inbox::due(tx, now, &wants)).await
     }
 
-    /// Whether the inbox holds this event (its row is not decoded).
-    pub async fn has_event(&self, source: &str, event_id: &str) -> Result<bool, StoreError> {
+    /// Whether a post of this event id is a duplicate at `now`: the inbox
+    /// holds the event, or reaped it less than the dedupe window after it
+    /// was received. Reads only; [`RedbStore::ingest`] checks again.
+    pub async fn knows_event(
+        &self,
+        source: &str,
+        event_id: &str,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
         let (source, id) = (source.to_owned(), event_id.to_owned());
-        self.read(move |tx| inbox::contains(tx, &source, &id)).await
+        self.read(move |tx| inbox::known(tx, &source, &id, now))
+            .await
+    }
+
+    /// How long after its receipt a reaped event's id stays a duplicate
+    /// ([`RedbOptions::dedupe_window`]).
+    pub fn dedupe_window(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.dedupe_window_ms)
     }
 
     /// Every source with events in the inbox, with its pending count.
@@ -1067,7 +1093,11 @@ impl Store for RedbStore {
     }
 
     async fn purge_expired(&self, now: Millis, limit: u64) -> Result<PurgeReport, StoreError> {
-        match self.write(Request::Purge { limit }, now).await? {
+        let request = Request::PurgeExpired {
+            limit,
+            dedupe_window_ms: self.dedupe_window_ms,
+        };
+        match self.write(request, now).await? {
             Response::Purge(r) => Ok(r),
             _ => Err(unexpected("purge")),
         }
@@ -1087,7 +1117,10 @@ impl Store for RedbStore {
                 let at = k.value().0;
                 next = Some(next.map_or(at, |n| n.min(at)));
             }
-            if let Some(at) = kv::next_expiry(tx)? {
+            for at in [kv::next_expiry(tx)?, inbox::next_dedupe_expiry(tx)?]
+                .into_iter()
+                .flatten()
+            {
                 next = Some(next.map_or(at, |n| n.min(at)));
             }
             Ok(next)

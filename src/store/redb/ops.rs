@@ -76,7 +76,8 @@ pub enum Request {
         /// How long the records live.
         retention_ms: u64,
     },
-    /// See [`crate::store::Store::purge_expired`].
+    /// [`Request::PurgeExpired`] without dedupe records, as builds before
+    /// them logged it: replayed from such a log, it leaves none, as it did.
     Purge {
         /// Most records to delete.
         limit: u64,
@@ -106,6 +107,16 @@ pub enum Request {
     /// A write to the Redis-protocol keyspace. (Variants are logged by
     /// index: new ones go last, so a log written before them still reads.)
     Kv(KvRequest),
+    /// See [`crate::store::Store::purge_expired`]. The window is logged
+    /// with the request, so a replay writes the same dedupe records
+    /// whatever the setting is when it runs.
+    PurgeExpired {
+        /// Most records to delete.
+        limit: u64,
+        /// How long after its receipt a reaped inbox event's id stays a
+        /// duplicate (`gateway.dedupe_window`), ms.
+        dedupe_window_ms: u64,
+    },
 }
 
 /// The answer to a [`Request`], variant for variant.
@@ -252,7 +263,11 @@ impl<'txn> Tables<'txn> {
                 created_at,
                 retention_ms,
             } => Response::Apply(self.apply(stream, event_id, *created_at, *retention_ms, now)?),
-            Request::Purge { limit } => Response::Purge(self.purge(now, *limit)?),
+            Request::Purge { limit } => Response::Purge(self.purge(now, *limit, 0)?),
+            Request::PurgeExpired {
+                limit,
+                dedupe_window_ms,
+            } => Response::Purge(self.purge(now, *limit, *dedupe_window_ms)?),
             Request::Inbox(req) => Response::Inbox(self.inbox_execute(req, now)?),
             Request::Delivered { apply, settle } => {
                 if let Some((stream, id, created_at, retention_ms)) = apply {
@@ -405,9 +420,17 @@ impl<'txn> Tables<'txn> {
     }
 
     /// Deletes up to `limit` expired rows, claims first (then applied
-    /// events, stream heads, keyspace keys, settled inbox events), each table in
-    /// expiry order. Reads only index entries that are due.
-    fn purge(&mut self, now: Millis, limit: u64) -> Result<PurgeReport, redb::Error> {
+    /// events, stream heads, keyspace keys, settled inbox events, dedupe
+    /// records of reaped inbox events), each table in expiry order. Reads
+    /// only index entries that are due. An inbox event received less than
+    /// `dedupe_window_ms` ago leaves a dedupe record (written, not counted:
+    /// at most one per event deleted).
+    fn purge(
+        &mut self,
+        now: Millis,
+        limit: u64,
+        dedupe_window_ms: u64,
+    ) -> Result<PurgeReport, redb::Error> {
         let mut report = PurgeReport::default();
         let mut budget = limit;
         let claims = self.claims.open()?;
@@ -427,7 +450,9 @@ impl<'txn> Tables<'txn> {
         budget -= report.heads;
         report.kv = self.kv.purge(now, budget)?;
         budget -= report.kv;
-        report.inbox = self.inbox.purge(now, budget)?;
+        report.inbox = self.inbox.purge(now, budget, dedupe_window_ms)?;
+        budget -= report.inbox;
+        report.dedupe = self.inbox.purge_dedupe(now, budget)?;
         let mut more = self.inbox.has_due_expiry(now)? || self.kv.has_due(now)?;
         for index in [
             &mut self.claim_expiry,

@@ -1,6 +1,7 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 6. Version 5 and 4 files key the Redis-protocol
+//! Schema version 7. Version 6 files have no dedupe records of reaped
+//! inbox events (opening one creates their tables). Version 5 and 4 files key the Redis-protocol
 //! keyspace by the key itself (opening one moves its rows to row ids).
 //! Version 4 files keep each inbox event's body in its
 //! row (opening one moves the bodies to their own table); version 3
@@ -23,7 +24,7 @@ use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token};
 use crate::store::{ApplyOutcome, ClaimRecord, ClaimState, Head, ordering::EventRecord};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 6;
+pub const SCHEMA_VERSION: u64 = 7;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -217,6 +218,20 @@ pub const INBOX_STATUS: TableDefinition<(&str, u8, u64, &str), ()> =
 /// Settled events by (expires_at_ms, source, event id), for the reaper.
 pub const INBOX_EXPIRY: TableDefinition<(u64, &str, &str), ()> =
     TableDefinition::new("inbox_expiry");
+
+/// Dedupe records of reaped inbox events: (source, event id) → until when
+/// (Unix ms) a post of that id is still a duplicate. Written when the
+/// reaper deletes a settled event less than `gateway.dedupe_window` after
+/// it was received, so a late retry or a replay of a request whose
+/// signature never expires (GitHub's has no timestamp) is not stored and
+/// delivered again. No body, no headers: not an event (never listed or
+/// counted). Invariant: an id has a row in [`INBOX`] or a record here,
+/// never both (the record is written as the row is deleted; an insert
+/// past the record's expiry takes the record out).
+pub const INBOX_DEDUPE: TableDefinition<(&str, &str), u64> = TableDefinition::new("inbox_dedupe");
+/// Expiry index of [`INBOX_DEDUPE`]: (until, source, event id).
+pub const INBOX_DEDUPE_EXPIRY: TableDefinition<(u64, &str, &str), ()> =
+    TableDefinition::new("inbox_dedupe_expiry");
 
 /// Row of [`KV_ROWS`]: (key, value, expires_at_ms; `None` = no expiry).
 pub type KvRow<'a> = (&'a [u8], &'a [u8], Option<u64>);

@@ -1,0 +1,213 @@
+//! A signed request posted again after its event was reaped: within
+//! `gateway.dedupe_window` of its receipt it is a duplicate, never stored
+//! or delivered again (dedupd signs each forward afresh, so the
+//! application's own timestamp check cannot catch it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupd::clock::Clock;
+use dedupd::config::sources::SourceSettings;
+use dedupd::gateway::signature::{Scheme, sign};
+use dedupd::reaper::Reaper;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::gateway::{DESTINATION, SECRET, ids};
+use crate::helpers::{TestApp, assert_problem, spawn_app_with};
+use crate::receiver::{Behaviour, Receiver, eventually};
+
+/// The Standard Webhooks signing secret of the provider.
+const PROVIDER_WHSEC: &str = "whsec_C2FtcGxlLXByb3ZpZGVyLXNlY3JldC0zMmJ5dGVz";
+
+/// A request as the provider signed it, to be posted again byte for byte.
+struct Captured {
+    headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+}
+
+/// An app with one source `name` of `scheme` (event id at `event_id`),
+/// delivered events kept for 2 s, the dedupe window at its default.
+async fn app_with(name: &str, scheme: &str, event_id: &str, secret: &str, to: &str) -> TestApp {
+    let source: SourceSettings = toml::from_str(&format!(
+        r#"
+        scheme = "{scheme}"
+        event_id = "{event_id}"
+        forward_to = "{to}"
+        secrets = ["{secret}"]
+        destination_secret = "{DESTINATION}"
+        "#
+    ))
+    .unwrap();
+    let name = name.to_owned();
+    spawn_app_with(move |l| {
+        l.settings.gateway.delivered_retention = Duration::from_secs(2);
+        l.settings.sources.insert(name, source);
+    })
+    .await
+}
+
+impl TestApp {
+    fn now_unix_s(&self) -> i64 {
+        i64::try_from(self.clock.now_ms() / 1000).unwrap()
+    }
+
+    async fn post_captured(&self, source: &str, c: &Captured) -> reqwest::Response {
+        let mut req = self
+            .client
+            .post(self.url(&format!("/ingest/{source}")))
+            .header("content-type", "application/json")
+            .body(c.body.clone());
+        for (name, value) in &c.headers {
+            req = req.header(*name, value);
+        }
+        req.send().await.unwrap()
+    }
+
+    /// Posts `c` and returns the `status` it was answered with (200 only).
+    async fn post_status(&self, source: &str, c: &Captured) -> String {
+        let res = self.post_captured(source, c).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let v: Value = res.json().await.unwrap();
+        v["status"].as_str().unwrap().to_owned()
+    }
+
+    async fn listed(&self, source: &str, status: &str) -> Vec<String> {
+        let res = self
+            .request(
+                Method::GET,
+                &format!("/v1/sources/{source}/events?status={status}"),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let v: Value = res.json().await.unwrap();
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["event_id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// One reaper pass at the app's clock, as the background reaper makes
+    /// it (which may have made it already: either way it is done after).
+    async fn reap(&self) {
+        Reaper::new(
+            self.store.clone(),
+            Arc::new(self.clock.clone()),
+            Duration::from_secs(60),
+            100,
+        )
+        .purge_once(self.clock.now_ms())
+        .await
+        .unwrap();
+    }
+}
+
+fn github(id: &str, ts: i64) -> Captured {
+    let body = serde_json::to_vec(&json!({ "request_id": id, "action": "opened" })).unwrap();
+    Captured {
+        headers: sign(Scheme::Github, SECRET, ts, "", &body),
+        body,
+    }
+}
+
+fn standard(id: &str, ts: i64) -> Captured {
+    let body = serde_json::to_vec(&json!({ "type": "invoice.paid" })).unwrap();
+    Captured {
+        headers: sign(Scheme::StandardWebhooks, PROVIDER_WHSEC, ts, id, &body),
+        body,
+    }
+}
+
+/// GitHub signs no timestamp: a captured request verifies forever. Past
+/// the delivered retention (2 s) its event is reaped, and the same request
+/// is still a duplicate, not delivered again, for the dedupe window (30
+/// days from its receipt); after that it is a new event.
+#[tokio::test]
+async fn a_github_request_replayed_after_its_event_is_reaped_is_a_duplicate_for_the_window() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = app_with("gh", "github", "body:/request_id", SECRET, &receiver.url).await;
+    let first = github("gh_1", app.now_unix_s());
+    assert_eq!(app.post_status("gh", &first).await, "accepted");
+    eventually("gh_1 is delivered", || async {
+        app.listed("gh", "delivered").await == ["gh_1"]
+    })
+    .await;
+
+    app.clock.advance(Duration::from_secs(3));
+    app.reap().await;
+    assert!(app.listed("gh", "delivered").await.is_empty(), "reaped");
+    assert_eq!(app.post_status("gh", &first).await, "duplicate");
+    assert!(app.listed("gh", "pending").await.is_empty(), "not stored");
+    // Nothing more reaches the receiver: the next event arrives alone.
+    assert_eq!(
+        app.post_status("gh", &github("gh_2", app.now_unix_s()))
+            .await,
+        "accepted"
+    );
+    eventually("gh_2 is delivered", || async {
+        receiver.received().len() >= 2
+    })
+    .await;
+    assert_eq!(ids(&receiver.received()), ["gh_1", "gh_2"]);
+
+    // A day before the window ends it still holds; once it has ended and
+    // the reaper has removed the record, the request is a new event.
+    app.clock.advance(Duration::from_secs(29 * 86_400));
+    app.reap().await;
+    assert_eq!(app.post_status("gh", &first).await, "duplicate");
+    app.clock.advance(Duration::from_secs(86_400));
+    app.reap().await;
+    assert_eq!(app.post_status("gh", &first).await, "accepted");
+    eventually("gh_1 is delivered again", || async {
+        receiver.received().len() >= 3
+    })
+    .await;
+    assert_eq!(ids(&receiver.received()), ["gh_1", "gh_2", "gh_1"]);
+}
+
+/// Standard Webhooks signs a timestamp, but with the delivered retention
+/// (2 s) shorter than `tolerance` (5 m) the event was reaped while a
+/// replay still verified: it is a duplicate all the same, and once the
+/// tolerance has passed the signature refuses it.
+#[tokio::test]
+async fn a_standard_webhooks_replay_within_tolerance_after_the_event_is_reaped_is_a_duplicate() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = app_with(
+        "sw",
+        "standard-webhooks",
+        "header:webhook-id",
+        PROVIDER_WHSEC,
+        &receiver.url,
+    )
+    .await;
+    let first = standard("msg_1", app.now_unix_s());
+    assert_eq!(app.post_status("sw", &first).await, "accepted");
+    eventually("msg_1 is delivered", || async {
+        app.listed("sw", "delivered").await == ["msg_1"]
+    })
+    .await;
+
+    app.clock.advance(Duration::from_secs(3));
+    app.reap().await;
+    assert!(app.listed("sw", "delivered").await.is_empty(), "reaped");
+    assert_eq!(app.post_status("sw", &first).await, "duplicate");
+    assert!(app.listed("sw", "pending").await.is_empty(), "not stored");
+    assert_eq!(
+        app.post_status("sw", &standard("msg_2", app.now_unix_s()))
+            .await,
+        "accepted"
+    );
+    eventually("msg_2 is delivered", || async {
+        receiver.received().len() >= 2
+    })
+    .await;
+    assert_eq!(ids(&receiver.received()), ["msg_1", "msg_2"]);
+
+    app.clock.advance(Duration::from_secs(300));
+    let res = app.post_captured("sw", &first).await;
+    assert_problem(res, StatusCode::UNAUTHORIZED, "timestamp_out_of_tolerance").await;
+}
