@@ -5,6 +5,7 @@
 mod backends;
 mod cases;
 mod disk_faults;
+mod golden;
 mod held_commit;
 mod inbox_model;
 mod keyspace;

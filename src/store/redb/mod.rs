@@ -17,6 +17,8 @@ mod ops;
 mod syncer;
 mod tables;
 mod wal;
+#[cfg(test)]
+mod wal_golden;
 mod watermark;
 mod writer;
 

@@ -28,8 +28,8 @@
 //! decode is not a torn tail: it is corruption, or a log of another
 //! encoding, and opening refuses it ([`LogError::Undecodable`]) instead of
 //! dropping acknowledged writes. The encoding of every logged request is
-//! pinned by a golden test (`tests/store/golden.rs`): a change to it must
-//! bump [`FORMAT`].
+//! pinned by a golden test (`wal_golden`): a change to it must bump
+//! [`FORMAT`]. A log of every format is replayed by `tests/store/golden.rs`.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -172,6 +172,18 @@ struct BatchRef<'a> {
     ops: &'a [(Millis, &'a Request)],
 }
 
+/// The payload of a record: the postcard encoding of a batch. The
+/// encoding of every request is pinned by `wal_golden` (a change to it
+/// must bump [`FORMAT`]).
+pub(super) fn encode(seq: u64, ops: &[(Millis, &Request)]) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_stdvec(&BatchRef { seq, ops })
+}
+
+/// Decodes a record's payload of a format in [`DECODES`].
+pub(super) fn decode(payload: &[u8]) -> Result<Batch, postcard::Error> {
+    postcard::from_bytes::<Batch>(payload)
+}
+
 /// The log file, opened for appending.
 #[derive(Debug)]
 pub struct Wal {
@@ -282,7 +294,7 @@ pub fn parse(
             if !DECODES.contains(&format) {
                 return Err(LogError::Version { found: format });
             }
-            match postcard::from_bytes::<Batch>(payload) {
+            match decode(payload) {
                 Ok(batch) => batches.push(batch),
                 Err(e) => {
                     return Err(LogError::Undecodable {
@@ -401,7 +413,7 @@ impl Wal {
     /// durable. On an error the record is made invalid, so a batch that was
     /// not acknowledged is never replayed.
     pub fn append(&mut self, seq: u64, ops: &[(Millis, &Request)]) -> std::io::Result<()> {
-        let payload = postcard::to_stdvec(&BatchRef { seq, ops })
+        let payload = encode(seq, ops)
             .map_err(|e| std::io::Error::other(format!("cannot encode a batch: {e}")))?;
         let len = u32::try_from(payload.len())
             .map_err(|_| std::io::Error::other("a batch of more than 4 GiB"))?;

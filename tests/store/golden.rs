@@ -1,0 +1,854 @@
+//! Upgrades lose nothing: for every schema version of the data file and
+//! every format of the write-ahead log there is a golden file under
+//! `tests/golden/`, left by a real build of that version after the same
+//! scenario (`tests/golden/make.sh`; its README says what each holds). This
+//! build opens a copy of each (never the committed file) and must find
+//! everything that build acknowledged, exactly: claims, applied events and
+//! heads, gateway inbox rows with their indexes, keyspace keys. A log of
+//! any format is replayed, then rewritten in the current one; the
+//! migration runs once and sticks (a second open finds the same).
+//!
+//! The generator froze the clock at [`T0`], so every time in the files is
+//! known here.
+
+use std::path::{Path, PathBuf};
+
+use dedupd::clock::Millis;
+use dedupd::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
+use dedupd::store::inbox::{EventStatus, IngestOutcome, NewEvent};
+use dedupd::store::redb::{KvEntry, RedbOptions, RedbStore};
+use dedupd::store::{
+    ApplyOutcome, ClaimOutcome, ClaimState, ClaimView, DoneOutcome, ExtendOutcome, Head, Store,
+};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use tempfile::TempDir;
+
+/// The generator's frozen clock: 2027-01-15T08:00:00Z.
+const T0: Millis = 1_800_000_000_000;
+/// When this test reads: everything written is still live.
+const NOW: Millis = T0 + 1;
+const HOUR: u64 = 3_600_000;
+const DAY: u64 = 24 * HOUR;
+
+/// Which gateway the build that wrote a case had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gateway {
+    /// None (claims and ordering only).
+    Absent,
+    /// The first releases: inbox rows without a lease generation, and a
+    /// claim per delivered event in the gateway's namespace.
+    NoLease,
+    /// Lease generations, and still the delivered events' claims.
+    WithClaims,
+    /// Lease generations, no claims.
+    Current,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    /// Its directory under `tests/golden/`.
+    name: &'static str,
+    /// The schema version the file records.
+    schema: u64,
+    /// The format of its write-ahead log, if it has one.
+    log: Option<u32>,
+    /// Whether the log holds batches the file does not (a SIGKILL before
+    /// any checkpoint): opening replays them.
+    replays: bool,
+    gateway: Gateway,
+    /// Whether the build had the Redis-protocol keyspace.
+    keyspace: bool,
+}
+
+const fn case(name: &'static str, schema: u64, gateway: Gateway) -> Case {
+    Case {
+        name,
+        schema,
+        log: None,
+        replays: false,
+        gateway,
+        keyspace: false,
+    }
+}
+
+fn golden_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name)
+}
+
+fn wal_of(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".wal");
+    p.into()
+}
+
+/// A copy of the case's files in a new directory: the data file, and its
+/// log unless `with_log` is false.
+fn copy(case: &Case, with_log: bool) -> (TempDir, PathBuf) {
+    let dir = TempDir::new().unwrap();
+    let src = golden_dir(case.name);
+    let path = dir.path().join("dedupd.redb");
+    std::fs::copy(src.join("dedupd.redb"), &path).unwrap();
+    let log = src.join("dedupd.redb.wal");
+    assert_eq!(log.exists(), case.log.is_some(), "{}: its log", case.name);
+    if with_log && log.exists() {
+        std::fs::copy(&log, wal_of(&path)).unwrap();
+    }
+    (dir, path)
+}
+
+fn options(path: &Path) -> RedbOptions {
+    RedbOptions::new(path)
+}
+
+/// The `meta` table of a closed data file (read on a copy: redb may write
+/// to a file it opens).
+fn meta(path: &Path) -> Vec<(String, u64)> {
+    let dir = TempDir::new().unwrap();
+    let copy = dir.path().join("copy.redb");
+    std::fs::copy(path, &copy).unwrap();
+    let db = redb::Database::open(&copy).unwrap();
+    let tx = db.begin_read().unwrap();
+    let def: TableDefinition<&str, u64> = TableDefinition::new("meta");
+    let table = tx.open_table(def).unwrap();
+    table
+        .iter()
+        .unwrap()
+        .map(|e| {
+            let (k, v) = e.unwrap();
+            (k.value().to_owned(), v.value())
+        })
+        .collect()
+}
+
+fn meta_value(path: &Path, key: &str) -> Option<u64> {
+    meta(path)
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+}
+
+/// The data file's id, as its log must name it.
+fn file_id(path: &Path) -> u128 {
+    let hi = meta_value(path, "file_id_hi").expect("the file has an id");
+    let lo = meta_value(path, "file_id_lo").expect("the file has an id");
+    u128::from(hi) << 64 | u128::from(lo)
+}
+
+/// The schema version this build gives a new file.
+async fn current_schema() -> u64 {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("new.redb");
+    RedbStore::open(&options(&path)).unwrap().close().await;
+    meta_value(&path, "schema_version").unwrap()
+}
+
+fn api(k: &str) -> ScopedKey {
+    ScopedKey::api(&Key::parse(k, "key").unwrap())
+}
+
+fn gateway_key(source: &str, k: &str) -> ScopedKey {
+    ScopedKey::new(
+        &Namespace::Gateway(source.to_owned()),
+        &Key::parse(k, "key").unwrap(),
+    )
+}
+
+fn at(rfc3339: &str) -> CreatedAt {
+    CreatedAt::parse(rfc3339, "created_at").unwrap()
+}
+
+/// The token the build answered for a claim of `key` (from the
+/// generator's record of every answer).
+fn token(case: &Case, key: &str) -> Token {
+    let answers = std::fs::read_to_string(golden_dir(case.name).join("answers.txt")).unwrap();
+    let line = answers
+        .lines()
+        .find(|l| l.starts_with(&format!("POST /v1/claims/{key} ")))
+        .unwrap_or_else(|| panic!("{}: no claim of {key} in answers.txt", case.name));
+    let (_, body) = line.split_once("-> 201 ").unwrap();
+    let body: serde_json::Value = serde_json::from_str(body).unwrap();
+    Token::parse(body["token"].as_str().unwrap()).unwrap()
+}
+
+fn claim_view(state: ClaimState, fence: u64, expires_at_ms: Millis) -> Option<ClaimView> {
+    Some(ClaimView {
+        state,
+        fence,
+        expires_at_ms,
+    })
+}
+
+/// The webhook bodies the generator posted, byte for byte.
+const BODIES: [(&str, &str, &str); 6] = [
+    (
+        "fragile",
+        "fail-2",
+        r#"{"id":"fail-2","created_at":"2027-01-15T07:40:00Z"}"#,
+    ),
+    (
+        "sume",
+        "fail-1",
+        r#"{"id":"fail-1","stream":"run-2","created_at":"2027-01-15T07:00:00Z"}"#,
+    ),
+    (
+        "sume",
+        "ok-0",
+        r#"{"id":"ok-0","stream":"run-1","created_at":"2027-01-15T06:00:00Z"}"#,
+    ),
+    (
+        "sume",
+        "ok-1",
+        r#"{"id":"ok-1","stream":"run-1","created_at":"2027-01-15T07:00:00Z"}"#,
+    ),
+    (
+        "sume",
+        "ok-2",
+        r#"{"id":"ok-2","stream":"run-2","created_at":"2027-01-15T07:30:00Z","note":"waits behind fail-1"}"#,
+    ),
+    (
+        "sume",
+        "ok-3",
+        r#"{"id":"ok-3","created_at":"2027-01-15T07:20:00Z"}"#,
+    ),
+];
+
+fn body(event_id: &str) -> &'static [u8] {
+    BODIES
+        .iter()
+        .find(|(_, id, _)| *id == event_id)
+        .unwrap()
+        .2
+        .as_bytes()
+}
+
+/// Everything the scenario left, read through the store without changing
+/// anything.
+async fn check_contents(case: &Case, store: &RedbStore) {
+    let name = case.name;
+    // Claims: state, fence, expiry; the released one is gone.
+    assert_eq!(
+        store.get(&api("job-processing"), NOW).await.unwrap(),
+        claim_view(ClaimState::Processing, 1, T0 + HOUR),
+        "{name}"
+    );
+    assert_eq!(
+        store.get(&api("job-done"), NOW).await.unwrap(),
+        claim_view(ClaimState::Done, 2, T0 + DAY),
+        "{name}"
+    );
+    assert_eq!(
+        store.get(&api("job-extended"), NOW).await.unwrap(),
+        claim_view(ClaimState::Processing, 3, T0 + 2 * HOUR),
+        "{name}"
+    );
+    assert_eq!(store.get(&api("job-released"), NOW).await.unwrap(), None);
+    // The fingerprint is kept: another one is refused as a mismatch, the
+    // same one as busy. (Neither changes anything.)
+    let fingerprint = |f: &str| Some(Fingerprint::parse(f).unwrap());
+    let ttl = Ttl::from_ms_unchecked(HOUR);
+    assert_eq!(
+        store
+            .claim(&api("job-processing"), ttl, fingerprint("sha256:bb"), NOW)
+            .await
+            .unwrap(),
+        ClaimOutcome::FingerprintMismatch {
+            state: ClaimState::Processing,
+            expires_at_ms: T0 + HOUR
+        },
+        "{name}"
+    );
+    assert_eq!(
+        store
+            .claim(&api("job-processing"), ttl, fingerprint("sha256:aa"), NOW)
+            .await
+            .unwrap(),
+        ClaimOutcome::Busy {
+            expires_at_ms: T0 + HOUR
+        },
+        "{name}"
+    );
+
+    // Stream heads.
+    let head = |event: ScopedKey, created_at: &str| {
+        Some(Head {
+            created_at: at(created_at),
+            event_id: event,
+        })
+    };
+    assert_eq!(
+        store.head(&api("orders"), NOW).await.unwrap(),
+        head(api("evt-b"), "2027-01-15T07:05:00Z"),
+        "{name}"
+    );
+    assert_eq!(
+        store.head(&api("payments"), NOW).await.unwrap(),
+        head(api("evt-c"), "2027-01-15T07:10:00Z"),
+        "{name}"
+    );
+    let run = |r: &str| gateway_key("sume", r);
+    assert_eq!(
+        store.head(&run("run-1"), NOW).await.unwrap(),
+        if case.gateway == Gateway::Absent {
+            None
+        } else {
+            head(gateway_key("sume", "ok-1"), "2027-01-15T07:00:00Z")
+        },
+        "{name}: a delivered event moves its stream's head"
+    );
+    assert_eq!(store.head(&run("run-2"), NOW).await.unwrap(), None);
+
+    if case.gateway != Gateway::Absent {
+        check_inbox(case, store).await;
+    } else {
+        let indexes = store.inbox_indexes().await.unwrap();
+        assert!(indexes.rows.is_empty() && indexes.status.is_empty());
+    }
+
+    // The keyspace.
+    let kv = |k: &str| store.kv_get(k.as_bytes().to_vec(), NOW);
+    let entry = |value: &[u8], expires_at_ms: Option<Millis>| {
+        Some(KvEntry {
+            value: value.to_vec(),
+            expires_at_ms,
+        })
+    };
+    let keys = [
+        ("kv:plain", entry(b"value-1", None)),
+        ("kv:temp", entry(b"value-2", Some(T0 + HOUR))),
+        ("kv:bin", entry(b"bin\x00\xff", None)),
+        ("kv:gone", None),
+        ("kv:persisted", entry(b"value-3", None)),
+    ];
+    for (key, expected) in keys {
+        let expected = if case.keyspace { expected } else { None };
+        assert_eq!(kv(key).await.unwrap(), expected, "{name}: {key}");
+    }
+}
+
+async fn check_inbox(case: &Case, store: &RedbStore) {
+    let name = case.name;
+    let indexes = store.inbox_indexes().await.unwrap();
+    // (source, id, status, stream, created_at, attempts, expires_at_ms)
+    let settled = T0 + 7 * DAY;
+    let dead = T0 + 30 * DAY;
+    let expected = [
+        (
+            "fragile",
+            "fail-2",
+            EventStatus::Dead,
+            None,
+            "07:40",
+            1,
+            dead,
+        ),
+        (
+            "sume",
+            "fail-1",
+            EventStatus::Pending,
+            Some("run-2"),
+            "07:00",
+            1,
+            0,
+        ),
+        (
+            "sume",
+            "ok-0",
+            EventStatus::Stale,
+            Some("run-1"),
+            "06:00",
+            0,
+            settled,
+        ),
+        (
+            "sume",
+            "ok-1",
+            EventStatus::Delivered,
+            Some("run-1"),
+            "07:00",
+            1,
+            settled,
+        ),
+        (
+            "sume",
+            "ok-2",
+            EventStatus::Pending,
+            Some("run-2"),
+            "07:30",
+            0,
+            0,
+        ),
+        (
+            "sume",
+            "ok-3",
+            EventStatus::Delivered,
+            None,
+            "07:20",
+            1,
+            settled,
+        ),
+    ];
+    assert_eq!(
+        indexes.rows.len(),
+        expected.len(),
+        "{name}: {:?}",
+        indexes.rows
+    );
+    // fail-1 failed once: retried after backoff_min (1 h) jittered to
+    // [30 min, 1 h].
+    let retry_at = indexes.rows[1].due_at_ms;
+    assert!(
+        (T0 + HOUR / 2..=T0 + HOUR).contains(&retry_at),
+        "{name}: fail-1 due at {retry_at}"
+    );
+    for (row, (source, id, status, stream, created, attempts, expires)) in
+        indexes.rows.iter().zip(expected)
+    {
+        let failed = id.starts_with("fail");
+        // Every event the build leased has generation 1, except in a file
+        // of the first releases, which had none (0 once migrated).
+        let leased = attempts > 0 || status == EventStatus::Stale;
+        let lease = u64::from(case.gateway != Gateway::NoLease && leased);
+        assert_eq!(
+            (row.source.as_str(), row.event_id.as_str()),
+            (source, id),
+            "{name}"
+        );
+        assert_eq!(row.status, status, "{name}: {id}");
+        assert_eq!(row.stream.as_deref(), stream, "{name}: {id}");
+        assert_eq!(
+            row.created_at,
+            at(&format!("2027-01-15T{created}:00Z")),
+            "{name}: {id}"
+        );
+        assert_eq!(row.received_at_ms, T0, "{name}: {id}");
+        assert_eq!(row.attempts, attempts, "{name}: {id}");
+        assert_eq!(
+            row.due_at_ms,
+            if id == "fail-1" { retry_at } else { T0 },
+            "{name}: {id}"
+        );
+        assert_eq!(
+            row.last_error.as_deref(),
+            failed.then_some("HTTP 503 Service Unavailable"),
+            "{name}: {id}"
+        );
+        assert!(!row.force, "{name}: {id}");
+        assert_eq!(
+            row.headers,
+            [("content-type".to_owned(), "application/json".to_owned())],
+            "{name}: {id}"
+        );
+        assert_eq!(row.body, body(id), "{name}: {id}");
+        assert_eq!(row.body_bytes, body(id).len(), "{name}: {id}");
+        assert_eq!(row.expires_at_ms, expires, "{name}: {id}");
+        assert_eq!(row.lease, lease, "{name}: {id}");
+    }
+    // The indexes, as migrated: only fail-1 is runnable (ok-2 waits behind
+    // it on run-2), both queue on run-2, one status entry per event, an
+    // expiry per settled event.
+    let s = |v: &str| v.to_owned();
+    let nanos = |hm: &str| at(&format!("2027-01-15T{hm}:00Z")).unix_nanos();
+    assert_eq!(
+        indexes.runnable,
+        [(s("sume"), retry_at, s("fail-1"))],
+        "{name}"
+    );
+    assert_eq!(
+        indexes.queue,
+        [
+            (s("sume"), s("run-2"), nanos("07:00"), T0, s("fail-1")),
+            (s("sume"), s("run-2"), nanos("07:30"), T0, s("ok-2")),
+        ],
+        "{name}"
+    );
+    assert_eq!(
+        indexes.status,
+        [
+            (s("fragile"), 3, T0, s("fail-2")),
+            (s("sume"), 0, T0, s("fail-1")),
+            (s("sume"), 0, T0, s("ok-2")),
+            (s("sume"), 1, T0, s("ok-1")),
+            (s("sume"), 1, T0, s("ok-3")),
+            (s("sume"), 2, T0, s("ok-0")),
+        ],
+        "{name}"
+    );
+    assert_eq!(
+        indexes.expiry,
+        [
+            (settled, s("sume"), s("ok-0")),
+            (settled, s("sume"), s("ok-1")),
+            (settled, s("sume"), s("ok-3")),
+            (dead, s("fragile"), s("fail-2")),
+        ],
+        "{name}"
+    );
+    assert!(indexes.orphan_bodies.is_empty(), "{name}");
+    // The counts a listing and /metrics show, rebuilt on open.
+    let summary: Vec<_> = store
+        .inbox_summary()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.source, s.pending, s.delivered, s.stale, s.dead))
+        .collect();
+    assert_eq!(
+        summary,
+        [(s("fragile"), 0, 0, 0, 1), (s("sume"), 2, 2, 1, 0)],
+        "{name}"
+    );
+}
+
+/// A claim row as schema 6 stores it: (state, token, fence, expires_at_ms,
+/// fingerprint).
+type ClaimRow = (u8, [u8; 16], u64, u64, Option<&'static str>);
+
+/// Every applied event as stored, and the delivered events' claims the
+/// first gateways kept, read from the closed file.
+fn check_tables(case: &Case, path: &Path) {
+    let dir = TempDir::new().unwrap();
+    let copy = dir.path().join("copy.redb");
+    std::fs::copy(path, &copy).unwrap();
+    let db = redb::Database::open(&copy).unwrap();
+    let tx = db.begin_read().unwrap();
+    let events: TableDefinition<&str, (&str, i128, u64, u64, u8)> =
+        TableDefinition::new("applied_events");
+    let events: Vec<_> = tx
+        .open_table(events)
+        .unwrap()
+        .iter()
+        .unwrap()
+        .map(|e| {
+            let (k, v) = e.unwrap();
+            let (stream, created_at, applied_at, expires_at, outcome) = v.value();
+            (
+                k.value().to_owned(),
+                stream.to_owned(),
+                created_at,
+                applied_at,
+                expires_at,
+                outcome,
+            )
+        })
+        .collect();
+    let retention = T0 + 30 * DAY;
+    let nanos = |t: &str| at(t).unix_nanos();
+    let mut expected = vec![
+        // (event, stream, created_at, applied at, expires, 0 applied / 1 stale)
+        (
+            "a/evt-a".to_owned(),
+            "a/orders".to_owned(),
+            nanos("2027-01-15T07:00:00Z"),
+            T0,
+            retention,
+            1,
+        ),
+        (
+            "a/evt-b".to_owned(),
+            "a/orders".to_owned(),
+            nanos("2027-01-15T07:05:00Z"),
+            T0,
+            retention,
+            0,
+        ),
+        (
+            "a/evt-c".to_owned(),
+            "a/payments".to_owned(),
+            nanos("2027-01-15T07:10:00Z"),
+            T0,
+            retention,
+            0,
+        ),
+    ];
+    if case.gateway != Gateway::Absent {
+        expected.push((
+            "g/sume/ok-1".to_owned(),
+            "g/sume/run-1".to_owned(),
+            nanos("2027-01-15T07:00:00Z"),
+            T0,
+            retention,
+            0,
+        ));
+    }
+    assert_eq!(events, expected, "{}", case.name);
+
+    let claims: TableDefinition<&str, ClaimRow> = TableDefinition::new("claims");
+    let claims: Vec<_> = tx
+        .open_table(claims)
+        .unwrap()
+        .iter()
+        .unwrap()
+        .map(|e| {
+            let (k, v) = e.unwrap();
+            let (state, _, fence, expires_at, _) = v.value();
+            (k.value().to_owned(), state, fence, expires_at)
+        })
+        .filter(|(k, ..)| k.starts_with("g/"))
+        .collect();
+    let gateway_claims = match case.gateway {
+        Gateway::NoLease | Gateway::WithClaims => vec![
+            ("g/sume/ok-1".to_owned(), 1, 5, T0 + 7 * DAY),
+            ("g/sume/ok-3".to_owned(), 1, 6, T0 + 7 * DAY),
+        ],
+        Gateway::Absent | Gateway::Current => Vec::new(),
+    };
+    assert_eq!(claims, gateway_claims, "{}", case.name);
+}
+
+/// What a user does next, on the file opened again: the claims' owners
+/// finish with their tokens, repeats stay duplicates.
+async fn check_use(case: &Case, store: &RedbStore, last_fence: u64) {
+    let name = case.name;
+    let ttl = Ttl::from_ms_unchecked(DAY);
+    assert_eq!(
+        store
+            .done(
+                &api("job-processing"),
+                token(case, "job-processing"),
+                ttl,
+                NOW
+            )
+            .await
+            .unwrap(),
+        DoneOutcome::Done {
+            expires_at_ms: NOW + DAY
+        },
+        "{name}: the claim's owner finishes it"
+    );
+    assert_eq!(
+        store
+            .extend(&api("job-extended"), token(case, "job-extended"), ttl, NOW)
+            .await
+            .unwrap(),
+        ExtendOutcome::Extended {
+            expires_at_ms: NOW + DAY
+        },
+        "{name}"
+    );
+    assert!(matches!(
+        store.claim(&api("job-done"), ttl, None, NOW).await.unwrap(),
+        ClaimOutcome::Done { .. }
+    ));
+    let claimed = store
+        .claim(&api("job-released"), ttl, None, NOW)
+        .await
+        .unwrap();
+    assert!(
+        matches!(claimed, ClaimOutcome::Claimed { fence, .. } if fence == last_fence + 1),
+        "{name}: fences go on from the last one handed out ({last_fence}): {claimed:?}"
+    );
+    for (stream, event, created_at) in [
+        ("orders", "evt-b", "2027-01-15T07:05:00Z"),
+        ("orders", "evt-a", "2027-01-15T07:00:00Z"),
+        ("payments", "evt-c", "2027-01-15T07:10:00Z"),
+    ] {
+        let result = store
+            .apply(&api(stream), &api(event), at(created_at), DAY, NOW)
+            .await
+            .unwrap();
+        assert_eq!(result.outcome, ApplyOutcome::Duplicate, "{name}: {event}");
+    }
+    if case.gateway != Gateway::Absent {
+        for (source, id, body) in BODIES {
+            let again = NewEvent {
+                source: source.to_owned(),
+                event_id: id.to_owned(),
+                stream: None,
+                created_at: at("2027-01-15T07:00:00Z"),
+                received_at_ms: NOW,
+                headers: Vec::new(),
+                body: body.as_bytes().to_vec(),
+            };
+            assert_eq!(
+                store.ingest(again, NOW).await.unwrap(),
+                IngestOutcome::Duplicate,
+                "{name}: {source}/{id} again"
+            );
+        }
+    }
+}
+
+/// Opens a copy of `case` twice with this build and checks both times.
+async fn open_golden(case: Case) {
+    let (_dir, path) = copy(&case, true);
+    let name = case.name;
+    // The file is what the case says: a guard against a golden file
+    // written by the wrong build.
+    assert_eq!(
+        meta_value(&path, "schema_version"),
+        Some(case.schema),
+        "{name}"
+    );
+    let log = wal_of(&path);
+    if let Some(format) = case.log {
+        let header = format!("DDWAL{format:02}\n");
+        assert!(
+            std::fs::read(&log).unwrap().starts_with(header.as_bytes()),
+            "{name}: a format {format} log"
+        );
+    }
+    let bound_before = meta_value(&path, "file_id_hi").is_some();
+    assert_eq!(bound_before, case.log == Some(2), "{name}: its id");
+
+    let store = RedbStore::open(&options(&path)).unwrap();
+    check_contents(&case, &store).await;
+    store.close().await;
+
+    // Migrated for good: this build's schema, an id, and a log bound to it
+    // in this build's format.
+    assert_eq!(
+        meta_value(&path, "schema_version"),
+        Some(current_schema().await),
+        "{name}"
+    );
+    let id = file_id(&path);
+    let header = std::fs::read(&log).unwrap();
+    assert!(
+        header.starts_with(b"DDWAL02\n"),
+        "{name}: {:?}",
+        &header[..8]
+    );
+    assert_eq!(
+        header[8..24],
+        id.to_le_bytes(),
+        "{name}: the log names its file"
+    );
+    check_tables(&case, &path);
+    let last_fence = meta_value(&path, "fence").unwrap();
+
+    let store = RedbStore::open(&options(&path)).unwrap();
+    check_contents(&case, &store).await;
+    check_use(&case, &store, last_fence).await;
+    store.close().await;
+    assert_eq!(file_id(&path), id, "{name}: the id is given once");
+}
+
+/// A log case's data file alone holds none of the scenario: what the
+/// first open finds came from replaying the log.
+async fn data_file_alone_is_empty(case: Case) {
+    assert!(case.replays);
+    let (_dir, path) = copy(&case, false);
+    let store = RedbStore::open(&options(&path)).unwrap();
+    assert_eq!(store.get(&api("job-processing"), NOW).await.unwrap(), None);
+    assert_eq!(store.head(&api("orders"), NOW).await.unwrap(), None);
+    assert!(store.inbox_indexes().await.unwrap().rows.is_empty());
+    assert_eq!(store.kv_get(b"kv:plain".to_vec(), NOW).await.unwrap(), None);
+    store.close().await;
+}
+
+const SCHEMA_1_CLAIMS: Case = case("schema-1-claims", 1, Gateway::Absent);
+const SCHEMA_1_NO_LEASE: Case = case("schema-1-no-lease", 1, Gateway::NoLease);
+const SCHEMA_1: Case = case("schema-1", 1, Gateway::WithClaims);
+const SCHEMA_2: Case = case("schema-2", 2, Gateway::Current);
+const SCHEMA_3: Case = Case {
+    log: Some(1),
+    ..case("schema-3", 3, Gateway::Current)
+};
+const SCHEMA_4: Case = Case {
+    log: Some(1),
+    keyspace: true,
+    ..case("schema-4", 4, Gateway::Current)
+};
+const SCHEMA_5: Case = Case {
+    log: Some(1),
+    keyspace: true,
+    ..case("schema-5", 5, Gateway::Current)
+};
+const SCHEMA_6: Case = Case {
+    log: Some(1),
+    keyspace: true,
+    ..case("schema-6", 6, Gateway::Current)
+};
+const LOG_FORMAT_1: Case = Case {
+    log: Some(1),
+    replays: true,
+    keyspace: true,
+    ..case("log-format-1", 6, Gateway::Current)
+};
+const LOG_FORMAT_2: Case = Case {
+    log: Some(2),
+    replays: true,
+    keyspace: true,
+    ..case("log-format-2", 6, Gateway::Current)
+};
+
+#[tokio::test]
+async fn a_schema_1_file_of_claims_only_opens_with_everything() {
+    open_golden(SCHEMA_1_CLAIMS).await;
+}
+
+#[tokio::test]
+async fn a_schema_1_file_without_lease_generations_opens_with_everything() {
+    open_golden(SCHEMA_1_NO_LEASE).await;
+}
+
+#[tokio::test]
+async fn a_schema_1_file_opens_with_everything() {
+    open_golden(SCHEMA_1).await;
+}
+
+#[tokio::test]
+async fn a_schema_2_file_opens_with_everything() {
+    open_golden(SCHEMA_2).await;
+}
+
+#[tokio::test]
+async fn a_schema_3_file_and_its_log_open_with_everything() {
+    open_golden(SCHEMA_3).await;
+}
+
+#[tokio::test]
+async fn a_schema_4_file_and_its_log_open_with_everything() {
+    open_golden(SCHEMA_4).await;
+}
+
+#[tokio::test]
+async fn a_schema_5_file_and_its_log_open_with_everything() {
+    open_golden(SCHEMA_5).await;
+}
+
+#[tokio::test]
+async fn a_schema_6_file_and_its_log_open_with_everything() {
+    open_golden(SCHEMA_6).await;
+}
+
+#[tokio::test]
+async fn a_format_1_log_is_replayed_then_rewritten_in_the_current_format() {
+    data_file_alone_is_empty(LOG_FORMAT_1).await;
+    open_golden(LOG_FORMAT_1).await;
+}
+
+#[tokio::test]
+async fn a_format_2_log_is_replayed() {
+    data_file_alone_is_empty(LOG_FORMAT_2).await;
+    open_golden(LOG_FORMAT_2).await;
+}
+
+/// Every directory under tests/golden/ is a case checked here.
+#[test]
+fn every_golden_file_is_checked() {
+    let cases = [
+        SCHEMA_1_CLAIMS,
+        SCHEMA_1_NO_LEASE,
+        SCHEMA_1,
+        SCHEMA_2,
+        SCHEMA_3,
+        SCHEMA_4,
+        SCHEMA_5,
+        SCHEMA_6,
+        LOG_FORMAT_1,
+        LOG_FORMAT_2,
+    ];
+    let mut dirs: Vec<String> = std::fs::read_dir(golden_dir(""))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_dir())
+        .map(|e| e.file_name().into_string().unwrap())
+        .collect();
+    dirs.sort();
+    let mut names: Vec<String> = cases.iter().map(|c| c.name.to_owned()).collect();
+    names.sort();
+    assert_eq!(dirs, names);
+}
