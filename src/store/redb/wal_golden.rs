@@ -115,6 +115,10 @@ fn samples() -> Vec<Request> {
             retention_ms: 2_592_000_000,
         },
         Request::Purge { limit: 1000 },
+        Request::PurgeExpired {
+            limit: 100,
+            dedupe_window_ms: 2_592_000_000,
+        },
         Request::Inbox(InboxRequest::Insert(NewEvent {
             source: "sume".into(),
             event_id: "evt_1".into(),
@@ -274,6 +278,10 @@ fn shape(req: &Request, cov: &mut Coverage) -> String {
             retention_ms: _,
         } => "apply".into(),
         Request::Purge { limit: _ } => "purge".into(),
+        Request::PurgeExpired {
+            limit: _,
+            dedupe_window_ms: _,
+        } => "purge_expired".into(),
         Request::Inbox(inbox) => format!("inbox.{}", inbox_shape(inbox, cov)),
         Request::Delivered { apply, settle } => format!(
             "delivered{}apply.{}",
