@@ -39,6 +39,7 @@ schema-5          cee9e51 resp    storage term
 schema-6          dc8992a resp    storage term
 log-format-1      bfe9ebb resp    storage kill
 log-format-2      3481e83 resp    storage kill
+schema-7          2cd3be3 resp    storage term
 "
 
 usage() {

@@ -761,6 +761,11 @@ const SCHEMA_6: Case = Case {
     keyspace: true,
     ..case("schema-6", 6, Gateway::Current)
 };
+const SCHEMA_7: Case = Case {
+    log: Some(2),
+    keyspace: true,
+    ..case("schema-7", 7, Gateway::Current)
+};
 const LOG_FORMAT_1: Case = Case {
     log: Some(1),
     replays: true,
@@ -792,6 +797,11 @@ async fn a_schema_1_file_opens_with_everything() {
 #[tokio::test]
 async fn a_schema_2_file_opens_with_everything() {
     open_golden(SCHEMA_2).await;
+}
+
+#[tokio::test]
+async fn a_schema_7_file_and_its_log_open_with_everything() {
+    open_golden(SCHEMA_7).await;
 }
 
 #[tokio::test]
@@ -838,6 +848,7 @@ fn every_golden_file_is_checked() {
         SCHEMA_4,
         SCHEMA_5,
         SCHEMA_6,
+        SCHEMA_7,
         LOG_FORMAT_1,
         LOG_FORMAT_2,
     ];
