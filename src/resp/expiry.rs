@@ -6,7 +6,7 @@ use super::Context;
 use super::command::{Step, is, lossy, not_an_integer, parse_i64, store_error};
 use super::keys::{count, write};
 use super::reply::Reply;
-use crate::store::redb::{ExpireCondition, KvRequest};
+use crate::store::keyspace::{ExpireCondition, KvRequest};
 
 /// Parses EXPIRE's options as Redis does: any of NX, XX, GT, LT, any
 /// number of times; NX with any other, or GT with LT, is refused.

@@ -9,7 +9,7 @@ use super::command::{
 };
 use super::reply::Reply;
 use crate::clock::Millis;
-use crate::store::redb::{KvRequest, KvResponse, SetCondition, SetExpiry};
+use crate::store::keyspace::{KvRequest, KvResponse, SetCondition, SetExpiry};
 
 /// The expiry option of a SET, before it is made absolute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,6 +9,7 @@
 
 pub mod claims;
 pub mod inbox;
+pub mod keyspace;
 pub mod ordering;
 pub mod redb;
 #[cfg(feature = "redis")]

@@ -16,6 +16,7 @@
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::counts::StatusDeltas;
+use super::record::InboxRequest;
 use super::tables::{
     INBOX, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE,
     INBOX_STATUS, InboxRow, Lazy,
@@ -26,45 +27,6 @@ use crate::store::inbox::{
     Cursor, EventStatus, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome,
     Retention, Settle,
 };
-
-/// An inbox write.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub enum InboxRequest {
-    /// Store a new event unless its id is known: held in the inbox, or
-    /// reaped less than its dedupe window ago (see [`INBOX_DEDUPE`]).
-    Insert(NewEvent),
-    /// Take runnable events out of the due index until `until` while they
-    /// are delivered; after a crash they come due again by themselves.
-    Lease {
-        /// (source, event id, lease expiry in Unix ms).
-        events: Vec<(String, String, Millis)>,
-        /// `Some`: an event older than its stream's head is settled as
-        /// stale in the same transaction instead of leased, with these
-        /// retentions. Only where this file holds the heads and one
-        /// process delivers, so no other turn can move a head in between.
-        stale_check: Option<Retention>,
-    },
-    /// Record how a delivery turn ended.
-    Settle {
-        /// Source name.
-        source: String,
-        /// Event id.
-        event_id: String,
-        /// The lease generation the turn ran under.
-        lease: u64,
-        /// The ending.
-        settle: Settle,
-        /// Retentions for settled events.
-        retention: Retention,
-    },
-    /// Put a dead or stale event back to pending.
-    Redeliver {
-        /// Source name.
-        source: String,
-        /// Event id.
-        event_id: String,
-    },
-}
 
 /// Answer to an [`InboxRequest`].
 #[derive(Debug)]

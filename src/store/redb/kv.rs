@@ -1,6 +1,6 @@
-//! The Redis-protocol keyspace in redb: binary keys to values with an
-//! optional expiry, written through the same group-commit writer (and
-//! write-ahead log) as claims.
+//! The Redis-protocol keyspace's tables: its writes
+//! ([`crate::store::keyspace::KvRequest`]) run in the writer's transaction,
+//! and its reads.
 //!
 //! Rows are keyed by a row id, and the map from key to row id is in memory
 //! ([`super::kv_index`]); this module changes both in the same steps.
@@ -18,122 +18,13 @@
 //! not the reaper has removed it yet.
 
 use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
-use serde::{Deserialize, Serialize};
 
 use super::kv_index::{Inner, KvIndex, Slot};
 use super::tables::{KV_ROW_EXPIRY, KV_ROWS, KvRow, Lazy};
 use crate::clock::Millis;
-
-/// A stored value and its expiry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KvEntry {
-    /// The value, as the client sent it.
-    pub value: Vec<u8>,
-    /// When the key stops existing, Unix ms (exclusive); `None`: never.
-    pub expires_at_ms: Option<Millis>,
-}
-
-impl KvEntry {
-    /// True while the key exists at `now`.
-    pub fn is_live(&self, now: Millis) -> bool {
-        self.expires_at_ms.is_none_or(|at| at > now)
-    }
-}
-
-/// When a SET writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SetCondition {
-    /// Always (no NX or XX).
-    Always,
-    /// Only if the key does not exist (NX).
-    IfAbsent,
-    /// Only if the key exists (XX).
-    IfPresent,
-}
-
-/// The expiry a SET leaves on the key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SetExpiry {
-    /// No expiry (a plain SET discards the old one).
-    Clear,
-    /// The key's current expiry (KEEPTTL).
-    Keep,
-    /// This Unix ms; at or before the write's clock reading the key is
-    /// deleted at once (EX/PX/EXAT/PXAT).
-    At(i64),
-}
-
-/// When an EXPIRE applies (its NX/XX/GT/LT option).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ExpireCondition {
-    /// Always.
-    Always,
-    /// Only if the key has no expiry (NX).
-    IfNone,
-    /// Only if the key has an expiry (XX).
-    IfSome,
-    /// Only if the new expiry is later than the current one; no expiry
-    /// counts as infinite (GT).
-    Later,
-    /// Only if the new expiry is earlier than the current one; no expiry
-    /// counts as infinite (LT).
-    Earlier,
-    /// Only if the key has an expiry and the new one is earlier (XX LT).
-    /// (XX GT is [`ExpireCondition::Later`]: GT already needs an expiry.)
-    SomeAndEarlier,
-}
-
-/// A keyspace write. Absolute times only, so a replay of the write-ahead
-/// log gives the same result.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum KvRequest {
-    /// SET.
-    Set {
-        /// The key.
-        key: Vec<u8>,
-        /// The new value.
-        value: Vec<u8>,
-        /// NX / XX.
-        condition: SetCondition,
-        /// The expiry to leave.
-        expiry: SetExpiry,
-        /// Whether to answer with the old value (GET).
-        get: bool,
-    },
-    /// DEL / UNLINK.
-    Delete {
-        /// The keys; a repeated key counts once.
-        keys: Vec<Vec<u8>>,
-    },
-    /// EXPIRE / PEXPIRE (relative times already made absolute).
-    Expire {
-        /// The key.
-        key: Vec<u8>,
-        /// The new expiry, Unix ms; may be in the past (the key goes).
-        at: i64,
-        /// NX / XX / GT / LT.
-        condition: ExpireCondition,
-    },
-    /// PERSIST.
-    Persist {
-        /// The key.
-        key: Vec<u8>,
-    },
-}
-
-/// Answer to a [`KvRequest`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KvResponse {
-    /// Answer to SET.
-    Set {
-        /// Whether the value was written (false: NX or XX refused it).
-        written: bool,
-        /// The value before, when GET was asked (`None`: absent).
-        old: Option<Vec<u8>>,
-    },
-    /// DEL: keys removed; EXPIRE / PERSIST: 1 when the key changed, else 0.
-    Count(u64),
-}
+use crate::store::keyspace::{
+    ExpireCondition, KvEntry, KvRequest, KvResponse, SetCondition, SetExpiry,
+};
 
 /// The keyspace tables of one write transaction, and the index.
 pub struct KvTables<'txn> {

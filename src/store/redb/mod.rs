@@ -14,6 +14,7 @@ mod kv;
 mod kv_index;
 mod migrate;
 mod ops;
+mod record;
 mod syncer;
 mod tables;
 mod wal;
@@ -31,8 +32,9 @@ use async_trait::async_trait;
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable};
 use tokio::sync::{mpsc, oneshot};
 
-use self::inbox::{InboxRequest, InboxResponse};
-use self::ops::{Request, Response};
+use self::inbox::InboxResponse;
+use self::ops::Response;
+use self::record::{InboxRequest, Request};
 use self::tables::{
     CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, SCHEMA_VERSION, claim_from_row,
     head_from_row,
@@ -50,7 +52,9 @@ use crate::store::inbox::{
 };
 
 pub use self::inbox::{InboxIndexes, SourceDue};
-pub use self::kv::{ExpireCondition, KvEntry, KvRequest, KvResponse, SetCondition, SetExpiry};
+pub use crate::store::keyspace::{
+    ExpireCondition, KvEntry, KvRequest, KvResponse, SetCondition, SetExpiry,
+};
 
 /// How the redb store is opened.
 #[derive(Debug, Clone)]

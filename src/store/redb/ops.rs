@@ -7,117 +7,23 @@
 use redb::{ReadableTable, Table, Value, WriteTransaction};
 
 use super::counts::StatusDeltas;
-use super::inbox::{InboxRequest, InboxResponse, InboxTables};
-use super::kv::{KvRequest, KvResponse, KvTables};
+use super::inbox::{InboxResponse, InboxTables};
+use super::kv::KvTables;
 use super::kv_index::KvIndex;
+use super::record::{InboxRequest, Request};
 use super::tables::{
     CLAIM_EXPIRY, CLAIMS, ClaimRow, EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow,
     Lazy, META, META_FENCE, META_KV_NEXT_ID, META_WAL_SEQ, claim_from_row, claim_to_row,
     event_from_row, event_to_row, head_from_row,
 };
 use crate::clock::Millis;
-use crate::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
+use crate::domain::{CreatedAt, Key, Namespace, ScopedKey};
 use crate::store::claims::{self, Change, ClaimRecord};
+use crate::store::keyspace::KvResponse;
 use crate::store::ordering::{self, EventRecord};
 use crate::store::{
     ApplyResult, ClaimOutcome, DoneOutcome, ExtendOutcome, Head, PurgeReport, ReleaseOutcome,
 };
-
-/// A write the writer thread performs. Serializable for the write-ahead
-/// log: replaying the same requests with the same clock readings on the
-/// same state gives the same result (nothing here draws randomness; a
-/// claim's token comes with its request).
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub enum Request {
-    /// See [`crate::store::Store::claim`].
-    Claim {
-        /// Scoped key.
-        key: ScopedKey,
-        /// Claim TTL.
-        ttl: Ttl,
-        /// Optional fingerprint.
-        fingerprint: Option<Fingerprint>,
-        /// The token a new claim gets (drawn by the caller).
-        token: Token,
-    },
-    /// See [`crate::store::Store::done`].
-    Done {
-        /// Scoped key.
-        key: ScopedKey,
-        /// Owner token.
-        token: Token,
-        /// Done TTL.
-        ttl: Ttl,
-    },
-    /// See [`crate::store::Store::release`].
-    Release {
-        /// Scoped key.
-        key: ScopedKey,
-        /// Owner token.
-        token: Token,
-    },
-    /// See [`crate::store::Store::extend`].
-    Extend {
-        /// Scoped key.
-        key: ScopedKey,
-        /// Owner token.
-        token: Token,
-        /// New TTL from now.
-        ttl: Ttl,
-    },
-    /// See [`crate::store::Store::apply`].
-    Apply {
-        /// Scoped stream.
-        stream: ScopedKey,
-        /// Scoped event id.
-        event_id: ScopedKey,
-        /// The event's timestamp.
-        created_at: CreatedAt,
-        /// How long the records live.
-        retention_ms: u64,
-    },
-    /// [`Request::PurgeExpired`] without dedupe records, as builds before
-    /// them logged it: replayed from such a log, it leaves none, as it did.
-    Purge {
-        /// Most records to delete.
-        limit: u64,
-    },
-    /// A gateway inbox write.
-    Inbox(InboxRequest),
-    /// A delivered gateway event: its stream head moves and it settles as
-    /// delivered in one transaction, so it is never delivered with its head
-    /// behind.
-    Delivered {
-        /// The head move, when the event has a stream: (stream, event id,
-        /// created_at, retention ms), as for [`Request::Apply`].
-        apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
-        /// The settle (an [`InboxRequest::Settle`]).
-        settle: Box<InboxRequest>,
-    },
-    /// Deletes pending events of sources that left the configuration once
-    /// they were received before `before`.
-    PurgePending {
-        /// The removed sources.
-        sources: Vec<String>,
-        /// Received before this (Unix ms): old enough to go.
-        before: Millis,
-        /// Most events to delete.
-        limit: u64,
-    },
-    /// A write to the Redis-protocol keyspace. (Variants are logged by
-    /// index: new ones go last, so a log written before them still reads.)
-    Kv(KvRequest),
-    /// See [`crate::store::Store::purge_expired`]. The window is logged
-    /// with the request, so a replay writes the same dedupe records
-    /// whatever the setting is when it runs.
-    PurgeExpired {
-        /// Most records to delete.
-        limit: u64,
-        /// How long after its receipt a reaped inbox event's id stays a
-        /// duplicate (`gateway.dedupe_window`), ms.
-        dedupe_window_ms: u64,
-    },
-}
 
 /// The answer to a [`Request`], variant for variant.
 #[derive(Debug)]

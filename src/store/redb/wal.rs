@@ -37,10 +37,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use super::faults::FaultPlan;
-use super::ops::Request;
+use super::record::{Batch, BatchRef, Request};
 use crate::clock::Millis;
 
 /// The log format this build writes.
@@ -154,22 +152,6 @@ fn read_header(bytes: &[u8]) -> Result<Option<Header>, LogError> {
             }))
         }
     }
-}
-
-/// One batch as logged.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Batch {
-    /// Sequence number: one more than the batch before.
-    pub seq: u64,
-    /// The requests, in execution order, each with its clock reading.
-    pub ops: Vec<(Millis, Request)>,
-}
-
-/// A logged batch as borrowed for encoding.
-#[derive(Debug, Serialize)]
-struct BatchRef<'a> {
-    seq: u64,
-    ops: &'a [(Millis, &'a Request)],
 }
 
 /// The payload of a record: the postcard encoding of a batch. The

@@ -23,13 +23,12 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::inbox::InboxRequest;
-use super::kv::{ExpireCondition, KvRequest, SetCondition, SetExpiry};
-use super::ops::Request;
+use super::record::{InboxRequest, Request};
 use super::wal::{self, DECODES, FORMAT};
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
 use crate::store::inbox::{NewEvent, Retention, Settle};
+use crate::store::keyspace::{ExpireCondition, KvRequest, SetCondition, SetExpiry};
 
 /// Every sample is logged as batch `SEQ` at clock reading `NOW`.
 const SEQ: u64 = 1;

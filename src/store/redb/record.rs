@@ -1,0 +1,179 @@
+//! The write-ahead log's records: the write requests the writer runs,
+//! logged batch by batch and replayed after a crash. Their execution is in
+//! `ops` (and the tables' modules), the log file's I/O in `wal`.
+//!
+//! A record is the postcard encoding of a [`Batch`], and postcard writes no
+//! field names and no type tags: a reordered field, a changed type, or a
+//! variant moved or inserted changes what logged bytes mean without
+//! changing the log's header. So the encoding of every request is pinned by
+//! a golden test (`wal_golden`, against `tests/golden/requests-format-N.hex`):
+//! a change to it must bump `wal::FORMAT`. That covers the types nested in
+//! the requests as well, wherever they are defined: the inbox's
+//! ([`NewEvent`](crate::store::inbox::NewEvent),
+//! [`Settle`](crate::store::inbox::Settle),
+//! [`Retention`](crate::store::inbox::Retention)), the keyspace's
+//! ([`KvRequest`] and its conditions), and the domain's keys, TTLs, tokens,
+//! fingerprints and timestamps. New variants go last; fields are renamed
+//! freely (names are not encoded) but never reordered.
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Millis;
+use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+use crate::store::inbox::{NewEvent, Retention, Settle};
+use crate::store::keyspace::KvRequest;
+
+/// A write the writer thread performs. Serializable for the write-ahead
+/// log: replaying the same requests with the same clock readings on the
+/// same state gives the same result (nothing here draws randomness; a
+/// claim's token comes with its request).
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// See [`crate::store::Store::claim`].
+    Claim {
+        /// Scoped key.
+        key: ScopedKey,
+        /// Claim TTL.
+        ttl: Ttl,
+        /// Optional fingerprint.
+        fingerprint: Option<Fingerprint>,
+        /// The token a new claim gets (drawn by the caller).
+        token: Token,
+    },
+    /// See [`crate::store::Store::done`].
+    Done {
+        /// Scoped key.
+        key: ScopedKey,
+        /// Owner token.
+        token: Token,
+        /// Done TTL.
+        ttl: Ttl,
+    },
+    /// See [`crate::store::Store::release`].
+    Release {
+        /// Scoped key.
+        key: ScopedKey,
+        /// Owner token.
+        token: Token,
+    },
+    /// See [`crate::store::Store::extend`].
+    Extend {
+        /// Scoped key.
+        key: ScopedKey,
+        /// Owner token.
+        token: Token,
+        /// New TTL from now.
+        ttl: Ttl,
+    },
+    /// See [`crate::store::Store::apply`].
+    Apply {
+        /// Scoped stream.
+        stream: ScopedKey,
+        /// Scoped event id.
+        event_id: ScopedKey,
+        /// The event's timestamp.
+        created_at: CreatedAt,
+        /// How long the records live.
+        retention_ms: u64,
+    },
+    /// [`Request::PurgeExpired`] without dedupe records, as builds before
+    /// them logged it: replayed from such a log, it leaves none, as it did.
+    Purge {
+        /// Most records to delete.
+        limit: u64,
+    },
+    /// A gateway inbox write.
+    Inbox(InboxRequest),
+    /// A delivered gateway event: its stream head moves and it settles as
+    /// delivered in one transaction, so it is never delivered with its head
+    /// behind.
+    Delivered {
+        /// The head move, when the event has a stream: (stream, event id,
+        /// created_at, retention ms), as for [`Request::Apply`].
+        apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
+        /// The settle (an [`InboxRequest::Settle`]).
+        settle: Box<InboxRequest>,
+    },
+    /// Deletes pending events of sources that left the configuration once
+    /// they were received before `before`.
+    PurgePending {
+        /// The removed sources.
+        sources: Vec<String>,
+        /// Received before this (Unix ms): old enough to go.
+        before: Millis,
+        /// Most events to delete.
+        limit: u64,
+    },
+    /// A write to the Redis-protocol keyspace. (Variants are logged by
+    /// index: new ones go last, so a log written before them still reads.)
+    Kv(KvRequest),
+    /// See [`crate::store::Store::purge_expired`]. The window is logged
+    /// with the request, so a replay writes the same dedupe records
+    /// whatever the setting is when it runs.
+    PurgeExpired {
+        /// Most records to delete.
+        limit: u64,
+        /// How long after its receipt a reaped inbox event's id stays a
+        /// duplicate (`gateway.dedupe_window`), ms.
+        dedupe_window_ms: u64,
+    },
+}
+
+/// An inbox write.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum InboxRequest {
+    /// Store a new event unless its id is known: held in the inbox, or
+    /// reaped less than its dedupe window ago (see `tables::INBOX_DEDUPE`).
+    Insert(NewEvent),
+    /// Take runnable events out of the due index until `until` while they
+    /// are delivered; after a crash they come due again by themselves.
+    Lease {
+        /// (source, event id, lease expiry in Unix ms).
+        events: Vec<(String, String, Millis)>,
+        /// `Some`: an event older than its stream's head is settled as
+        /// stale in the same transaction instead of leased, with these
+        /// retentions. Only where this file holds the heads and one
+        /// process delivers, so no other turn can move a head in between.
+        stale_check: Option<Retention>,
+    },
+    /// Record how a delivery turn ended.
+    Settle {
+        /// Source name.
+        source: String,
+        /// Event id.
+        event_id: String,
+        /// The lease generation the turn ran under.
+        lease: u64,
+        /// The ending.
+        settle: Settle,
+        /// Retentions for settled events.
+        retention: Retention,
+    },
+    /// Put a dead or stale event back to pending.
+    Redeliver {
+        /// Source name.
+        source: String,
+        /// Event id.
+        event_id: String,
+    },
+}
+
+/// One batch as logged.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Batch {
+    /// Sequence number: one more than the batch before.
+    pub seq: u64,
+    /// The requests, in execution order, each with its clock reading.
+    pub ops: Vec<(Millis, Request)>,
+}
+
+/// A [`Batch`] as borrowed for encoding: the writer logs its requests
+/// without moving them. Encodes exactly as a [`Batch`] does (same fields,
+/// same order).
+#[derive(Debug, Serialize)]
+pub(super) struct BatchRef<'a> {
+    /// See [`Batch::seq`].
+    pub seq: u64,
+    /// See [`Batch::ops`].
+    pub ops: &'a [(Millis, &'a Request)],
+}
