@@ -189,9 +189,12 @@ impl ResponseError for ApiError {
         let status = self.status_code();
         let detail = match self {
             ApiError::Store(e) => {
+                // The client hears nothing of the cause; the log has all of it.
                 match e {
-                    StoreError::Unavailable(_) => tracing::warn!(error = %e, "store unavailable"),
-                    StoreError::Failed(_) => tracing::error!(error = %e, "store error"),
+                    StoreError::Unavailable(_) => {
+                        tracing::warn!(error = %e.chain(), "store unavailable");
+                    }
+                    StoreError::Failed(_) => tracing::error!(error = %e.chain(), "store error"),
                 }
                 match e {
                     StoreError::Unavailable(_) => {

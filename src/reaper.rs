@@ -108,7 +108,7 @@ impl Reaper {
                 })
                 .collect(),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot list the inbox's sources");
+                tracing::warn!(error = %e.chain(), "cannot list the inbox's sources");
                 Vec::new()
             }
         }
@@ -218,7 +218,7 @@ impl Reaper {
             // Logged once per transition, not once per pass.
             match (&error, was_failing) {
                 (Some(e), false) => {
-                    tracing::warn!(error = %e, "reaper cannot write: it retries every interval until the store recovers")
+                    tracing::warn!(error = %e.chain(), "reaper cannot write: it retries every interval until the store recovers")
                 }
                 (None, true) => tracing::info!("reaper writes again"),
                 _ => {}

@@ -209,7 +209,8 @@ pub fn is(word: &[u8], option: &str) -> bool {
     word.eq_ignore_ascii_case(option.as_bytes())
 }
 
-/// An error reply for a store failure; nothing was changed.
+/// An error reply for a store failure; nothing was changed. It names the
+/// cause (`ERR store unavailable: the data file cannot be written now …`).
 pub fn store_error(e: &crate::store::StoreError) -> Reply {
-    Reply::err(e)
+    Reply::err(e.chain())
 }

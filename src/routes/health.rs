@@ -49,6 +49,6 @@ pub(super) async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, A
         .store
         .ready()
         .await
-        .map_err(|e| ApiError::Store(StoreError::Unavailable(e.to_string())))?;
+        .map_err(|e| ApiError::Store(StoreError::unavailable(e)))?;
     Ok(HttpResponse::Ok().json(Health { status: "ready" }))
 }

@@ -15,6 +15,8 @@ pub mod redb;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use serde::Serialize;
 
@@ -28,14 +30,73 @@ pub use ordering::{ApplyOutcome, ApplyResult, Head};
 
 /// Why a store could not answer. Refusals (busy, not owner, …) are not
 /// errors: they are outcomes.
-#[derive(Debug, Clone, thiserror::Error)]
+///
+/// The variant says what it means for the caller (retry later, or not);
+/// its cause, the error's [`source`](std::error::Error::source), says why.
+/// Its own message does not repeat the cause: [`StoreError::chain`] shows
+/// both, and is what logs, RESP error replies and an event's `last_error`
+/// show (`store unavailable: the data file cannot be written now …`).
+#[derive(Debug, Clone)]
 pub enum StoreError {
     /// The store cannot be reached now; retrying later may work (HTTP 503).
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(Cause),
     /// The store failed; the operation did not take effect (HTTP 500).
-    #[error("storage failure: {0}")]
-    Failed(String),
+    Failed(Cause),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StoreError::Unavailable(_) => "store unavailable",
+            StoreError::Failed(_) => "storage failure",
+        })
+    }
+}
+
+impl std::error::Error for StoreError {
+    /// The cause itself (not the `Arc` around it), so it can be downcast.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Unavailable(cause) | StoreError::Failed(cause) => Some(&**cause),
+        }
+    }
+}
+
+/// What a [`StoreError`] keeps as its cause. Shared, so the error stays
+/// `Clone`: every caller in a failed batch gets the same one.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+impl StoreError {
+    /// [`StoreError::Unavailable`] because of `cause` (an error, or a
+    /// message).
+    pub fn unavailable(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Unavailable(Arc::from(cause.into()))
+    }
+
+    /// [`StoreError::Failed`] because of `cause` (an error, or a message).
+    pub fn failed(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Failed(Arc::from(cause.into()))
+    }
+
+    /// The error and each of its causes, joined by `: ` on one line.
+    pub fn chain(&self) -> impl std::fmt::Display + '_ {
+        Chain(self)
+    }
+}
+
+/// An error with its sources, as [`StoreError::chain`] shows them.
+struct Chain<'a>(&'a (dyn std::error::Error + Send + Sync + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(e) = cause {
+            write!(f, ": {e}")?;
+            cause = e.source();
+        }
+        Ok(())
+    }
 }
 
 /// What one reaper pass removed.

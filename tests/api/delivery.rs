@@ -286,9 +286,7 @@ impl Store for FailingApply {
         now: Millis,
     ) -> Result<ApplyResult, StoreError> {
         if self.failing.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable(
-                "injected: head update refused".into(),
-            ));
+            return Err(StoreError::unavailable("injected: head update refused"));
         }
         self.inner
             .apply(stream, event_id, created_at, retention_ms, now)

@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::gateway::{body, ids, settings};
 use crate::helpers::{TestApp, assert_problem, spawn_faulty_app_with};
 use crate::receiver::{Behaviour, Receiver, eventually};
+use crate::resp::{Raw, resp_addr, with_resp};
 
 async fn ready(app: &TestApp) -> StatusCode {
     app.client
@@ -48,6 +49,30 @@ async fn a_full_disk_answers_503_with_retry_after_and_readyz_fails_until_it_free
     let app = app.restart().await;
     assert_eq!(app.get("before").await.status(), StatusCode::OK);
     assert_eq!(app.get("during").await.status(), StatusCode::OK);
+}
+
+/// What a refused write tells each client: HTTP says only "retry later"
+/// (the cause is logged), a Redis client reads the cause, in the words of
+/// the releases before.
+#[tokio::test]
+async fn a_full_disk_refuses_http_without_its_cause_and_resp_with_it() {
+    let plan = FaultPlan::new();
+    let app = spawn_faulty_app_with(with_resp, plan.clone()).await;
+    let mut c = Raw::connect(&resp_addr(&app)).await;
+    assert_eq!(c.cmd("SET before v").await, b"+OK\r\n");
+
+    plan.set_full(true);
+    let res = app.claim("during", json!({})).await;
+    let problem = assert_problem(res, StatusCode::SERVICE_UNAVAILABLE, "store_unavailable").await;
+    assert_eq!(
+        problem["detail"],
+        "the store cannot be reached; retry later"
+    );
+    assert_eq!(
+        crate::resp::show(&c.cmd("SET during v").await),
+        "-ERR store unavailable: the data file cannot be written now (disk full or failing); \
+         nothing was changed\\r\\n"
+    );
 }
 
 #[tokio::test]

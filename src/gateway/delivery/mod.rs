@@ -228,7 +228,7 @@ impl Dispatcher {
                     // reopened), logging the transition once, not each pass.
                     let wait = match failing {
                         None => {
-                            tracing::warn!(error = %e, "cannot read or lease from the inbox: deliveries wait for the store");
+                            tracing::warn!(error = %e.chain(), "cannot read or lease from the inbox: deliveries wait for the store");
                             STORE_BACKOFF_FIRST
                         }
                         Some(w) => (w * 2).min(STORE_BACKOFF_MAX),

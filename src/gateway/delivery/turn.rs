@@ -96,7 +96,7 @@ impl Dispatcher {
         loop {
             let error = match write().await {
                 Ok(()) => return Ok(()),
-                Err(e) => e.to_string(),
+                Err(e) => e.chain().to_string(),
             };
             if !logged {
                 tracing::warn!(source = %source.name, event_id = %ev.event_id, %error, "delivered, but cannot record it yet; retrying while the stream waits");
@@ -139,7 +139,7 @@ impl Dispatcher {
                 }
                 Err(e) => {
                     return self
-                        .retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                        .retry_without_attempt(ev, lease, retry_soon, e.chain().to_string())
                         .await;
                 }
             },
@@ -195,7 +195,7 @@ impl Dispatcher {
             }
             Err(e) => {
                 return self
-                    .retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                    .retry_without_attempt(ev, lease, retry_soon, e.chain().to_string())
                     .await;
             }
         };
@@ -214,7 +214,7 @@ impl Dispatcher {
                 Err(e) => {
                     self.release(store, key, token).await;
                     return self
-                        .retry_without_attempt(ev, lease, retry_soon, e.to_string())
+                        .retry_without_attempt(ev, lease, retry_soon, e.chain().to_string())
                         .await;
                 }
             }
@@ -256,7 +256,7 @@ impl Dispatcher {
         let now = self.clock.now_ms();
         if let Err(e) = store.done(key, token, self.done_ttl, now).await {
             // The claim expires; the local inbox still says delivered.
-            tracing::warn!(error = %e, "cannot mark the delivered event done");
+            tracing::warn!(error = %e.chain(), "cannot mark the delivered event done");
         }
         tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, "delivered");
         self.settle(ev, lease, Settle::Delivered { attempted: true })
@@ -371,7 +371,7 @@ impl Dispatcher {
             .await
         {
             // The lease runs out and the event comes due again.
-            tracing::warn!(source = %ev.source, event_id = %ev.event_id, error = %e, "cannot record the delivery outcome");
+            tracing::warn!(source = %ev.source, event_id = %ev.event_id, error = %e.chain(), "cannot record the delivery outcome");
         } else if let Some(outcome) = outcome {
             self.metrics.delivery(&ev.source, outcome);
         }
@@ -380,7 +380,7 @@ impl Dispatcher {
     async fn release(&self, store: &Arc<dyn Store>, key: &ScopedKey, token: Token) {
         if let Err(e) = store.release(key, token, self.clock.now_ms()).await {
             // The claim expires by itself after its TTL.
-            tracing::warn!(error = %e, "cannot release a delivery claim");
+            tracing::warn!(error = %e.chain(), "cannot release a delivery claim");
         }
     }
 }

@@ -6,6 +6,7 @@
 //! (a read transaction pins pages and would make the file grow).
 
 mod counts;
+mod error;
 pub mod faults;
 mod flusher;
 mod guard;
@@ -32,6 +33,7 @@ use async_trait::async_trait;
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable};
 use tokio::sync::{mpsc, oneshot};
 
+use self::error::{EngineError, is_disk_fault};
 use self::inbox::InboxResponse;
 use self::ops::Response;
 use self::record::{InboxRequest, Request};
@@ -363,20 +365,6 @@ fn log_error(e: wal::LogError, log: &Path, data: &Path, data_id: u128) -> OpenEr
     }
 }
 
-/// Whether a redb error means the disk refused (full, failing), so the
-/// operation may work later: answered as `Unavailable`, and the file is
-/// reopened.
-pub(crate) fn is_disk_fault(e: &redb::Error) -> bool {
-    matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo)
-}
-
-/// The error of a write refused while the data file cannot commit.
-pub(crate) fn disk_unavailable() -> StoreError {
-    StoreError::Unavailable(
-        "the data file cannot be written now (disk full or failing); nothing was changed".into(),
-    )
-}
-
 impl RedbStore {
     /// Opens (or creates) the data file and starts the writer.
     pub fn open(opts: &RedbOptions) -> Result<Self, OpenError> {
@@ -482,7 +470,7 @@ impl RedbStore {
         }
     }
 
-    async fn write(&self, request: Request, now: Millis) -> Result<Response, StoreError> {
+    async fn write(&self, request: Request, now: Millis) -> Result<Response, EngineError> {
         let (reply, answer) = oneshot::channel();
         self.writes
             .send(Envelope::Write {
@@ -491,8 +479,8 @@ impl RedbStore {
                 reply,
             })
             .await
-            .map_err(|_| closed())?;
-        answer.await.map_err(|_| closed())?
+            .map_err(|_| EngineError::Closed)?;
+        answer.await.map_err(|_| EngineError::Closed)?
     }
 
     /// Runs `f` on a read transaction on the blocking pool. A read that
@@ -530,11 +518,11 @@ impl RedbStore {
             let epoch = self.shared.watermark.epoch();
             match self.read_once(epoch, fresh, f.clone(), deadline).await {
                 Ok(value) => return Ok(value),
-                Err(ReadFailure::Final(e)) => return Err(e),
+                Err(ReadFailure::Final(e)) => return Err(e.into()),
                 Err(ReadFailure::Reopening(e)) => {
                     self.want_reopen();
                     if !self.shared.watermark.reopened_since(epoch, deadline).await {
-                        return Err(e);
+                        return Err(e.into());
                     }
                 }
             }
@@ -573,22 +561,20 @@ impl RedbStore {
             let closed_for_good =
                 self.shared.closing.load(Ordering::SeqCst) || self.shared.is_healthy();
             return Err(if closed_for_good {
-                ReadFailure::Final(closed())
+                ReadFailure::Final(EngineError::Closed)
             } else {
-                ReadFailure::Reopening(disk_unavailable())
+                ReadFailure::Reopening(EngineError::DiskRefused)
             });
         };
         let shared = self.shared.clone();
         let (value, seen) = tokio::task::spawn_blocking(move || f(&db, &shared))
             .await
-            .map_err(|e| ReadFailure::Final(StoreError::Failed(format!("read task failed: {e}"))))?
+            .map_err(|e| ReadFailure::Final(EngineError::ReadTask(Arc::new(e))))?
             .map_err(|e| {
                 if is_disk_fault(&e) {
-                    ReadFailure::Reopening(StoreError::Unavailable(format!(
-                        "the data file cannot be read now: {e}"
-                    )))
+                    ReadFailure::Reopening(EngineError::DiskRead(Arc::new(e)))
                 } else {
-                    ReadFailure::Final(StoreError::Failed(e.to_string()))
+                    ReadFailure::Final(e.into())
                 }
             })?;
         // Nothing that is not on disk is shown: a batch still syncing is
@@ -631,9 +617,9 @@ enum Fresh {
 /// Why one read attempt failed.
 enum ReadFailure {
     /// The file is being reopened: worth running again once it is.
-    Reopening(StoreError),
+    Reopening(EngineError),
     /// Anything else: the answer.
-    Final(StoreError),
+    Final(EngineError),
 }
 
 /// The gateway inbox. It lives in the redb file whatever backend holds
@@ -941,9 +927,7 @@ impl RedbStore {
                 return Ok(entry);
             }
         }
-        Err(StoreError::Unavailable(
-            "a value being written was not committed in time; retry".into(),
-        ))
+        Err(EngineError::NotCommitted.into())
     }
 
     /// How many of `keys` exist at `now`, a repeated key each time.
@@ -974,13 +958,11 @@ pub fn inbox_sources_in_file(path: &Path) -> Result<Option<Vec<(String, u64)>>, 
 }
 
 fn closed() -> StoreError {
-    StoreError::Unavailable("the store is shut down".into())
+    EngineError::Closed.into()
 }
 
-fn unexpected(what: &str) -> StoreError {
-    StoreError::Failed(format!(
-        "writer answered {what} with another kind of response"
-    ))
+fn unexpected(what: &'static str) -> StoreError {
+    EngineError::Unexpected(what).into()
 }
 
 #[async_trait]
@@ -1139,7 +1121,7 @@ impl Store for RedbStore {
             return Err(closed());
         }
         if !self.shared.is_healthy() {
-            return Err(disk_unavailable());
+            return Err(EngineError::DiskRefused.into());
         }
         self.read(|tx| tx.open_table(META).map(|_| ()).map_err(Into::into))
             .await

@@ -23,10 +23,10 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
+use super::error::EngineError;
+use super::ops::Response;
 use super::wal::WalSync;
-use super::{CommitMetrics, Shared, disk_unavailable};
-use crate::store::StoreError;
-use crate::store::redb::ops::Response;
+use super::{CommitMetrics, Shared};
 
 /// A batch that ran and was logged, waiting for its log record's sync.
 #[derive(Debug)]
@@ -36,7 +36,7 @@ pub struct Synced {
     /// When the writer took it from the queue.
     pub started: Instant,
     /// Each caller and its answer.
-    pub replies: Vec<(oneshot::Sender<Result<Response, StoreError>>, Response)>,
+    pub replies: Vec<(oneshot::Sender<Result<Response, EngineError>>, Response)>,
 }
 
 /// What the writer hands over, answered in order.
@@ -123,7 +123,7 @@ fn answer(
     for batch in waiting.drain(..) {
         if *failed {
             for (reply, _) in batch.replies {
-                let _ = reply.send(Err(disk_unavailable()));
+                let _ = reply.send(Err(EngineError::DiskRefused));
             }
             continue;
         }

@@ -20,8 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::{Notify, watch};
 
-use super::disk_unavailable;
-use crate::store::StoreError;
+use super::error::EngineError;
 
 /// Where the batches stand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,7 +156,7 @@ impl Watermark {
         &self,
         epoch: u64,
         deadline: tokio::time::Instant,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), EngineError> {
         let need = {
             let m = self.marks.borrow();
             if m.committed >= m.durable {
@@ -171,7 +170,7 @@ impl Watermark {
         let mut rx = self.marks.subscribe();
         match tokio::time::timeout_at(deadline, rx.wait_for(reached)).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) | Err(_) => Err(disk_unavailable()),
+            Ok(Err(_)) | Err(_) => Err(EngineError::DiskRefused),
         }
     }
 
@@ -184,19 +183,17 @@ impl Watermark {
         epoch: u64,
         seq: u64,
         deadline: tokio::time::Instant,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), EngineError> {
         let reached = |m: &Marks| m.epoch != epoch || m.durable >= seq;
         let mut rx = self.marks.subscribe();
         let now = match tokio::time::timeout_at(deadline, rx.wait_for(reached)).await {
             Ok(Ok(m)) => *m,
-            Ok(Err(_)) | Err(_) => return Err(disk_unavailable()),
+            Ok(Err(_)) | Err(_) => return Err(EngineError::DiskRefused),
         };
         if now.epoch == epoch {
             Ok(())
         } else {
-            Err(StoreError::Unavailable(
-                "the data file was reopened after a disk fault while this was read; retry".into(),
-            ))
+            Err(EngineError::Reopened)
         }
     }
 }

@@ -44,6 +44,7 @@ use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
 use super::counts::StatusDeltas;
+use super::error::{EngineError, is_disk_fault};
 use super::faults::FaultPlan;
 use super::kv_index::KvIndex;
 use super::ops::{Response, Tables};
@@ -51,9 +52,9 @@ use super::record::{Batch, Request};
 use super::syncer::{self, Job, Synced};
 use super::tables::{META, META_WAL_SEQ};
 use super::wal::{self, Wal};
-use super::{RedbOptions, Shared, disk_unavailable, is_disk_fault, open_db};
+use super::{RedbOptions, Shared, open_db};
 use crate::clock::Millis;
-use crate::store::{StoreError, WriteStats};
+use crate::store::WriteStats;
 
 /// A request on its way to the writer, with where to send the answer.
 #[derive(Debug)]
@@ -65,7 +66,7 @@ pub enum Envelope {
         /// The caller's clock reading.
         now: Millis,
         /// Where the answer goes, after the commit.
-        reply: oneshot::Sender<Result<Response, StoreError>>,
+        reply: oneshot::Sender<Result<Response, EngineError>>,
     },
     /// Finish what is queued before this, then stop.
     Shutdown,
@@ -160,7 +161,7 @@ fn run(
             while let Some(env) = rx.blocking_recv() {
                 match env {
                     Envelope::Write { reply, .. } => {
-                        let _ = reply.send(Err(disk_unavailable()));
+                        let _ = reply.send(Err(EngineError::DiskRefused));
                     }
                     Envelope::Ping(_) => {}
                     Envelope::Shutdown => return,
@@ -228,7 +229,7 @@ fn write_loop(
                         loop {
                             match rx.try_recv() {
                                 Ok(Envelope::Write { reply, .. }) => {
-                                    let _ = reply.send(Err(disk_unavailable()));
+                                    let _ = reply.send(Err(EngineError::DiskRefused));
                                 }
                                 Ok(Envelope::Ping(reply)) => {
                                     let _ = jobs.send(Job::Ping(reply));
@@ -321,7 +322,7 @@ fn write_loop(
             open = None;
             if recover(shared, &mut db, opts, &mut log, jobs).is_err() {
                 for (_, _, reply) in batch.drain(..) {
-                    let _ = reply.send(Err(disk_unavailable()));
+                    let _ = reply.send(Err(EngineError::DiskRefused));
                 }
             }
         }
@@ -368,7 +369,7 @@ fn write_loop(
                     });
                     if let Err(std::sync::mpsc::SendError(Job::Batch(lost))) = jobs.send(job) {
                         for (reply, _) in lost.replies {
-                            let _ = reply.send(Err(disk_unavailable()));
+                            let _ = reply.send(Err(EngineError::DiskRefused));
                         }
                     }
                 }
@@ -377,13 +378,13 @@ fn write_loop(
                     shared.healthy.store(false, Ordering::SeqCst);
                     open = None;
                     for reply in replies {
-                        let _ = reply.send(Err(disk_unavailable()));
+                        let _ = reply.send(Err(EngineError::DiskRefused));
                     }
                     continue;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, batch = replies.len(), "write transaction failed");
-                    let err = StoreError::Failed(e.to_string());
+                    let err = EngineError::from(e);
                     for reply in replies {
                         let _ = reply.send(Err(err.clone()));
                     }

@@ -102,24 +102,71 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// Maps a Redis error: a script or type error is a bug (500); anything else
-/// (refused, dropped, timed out, cluster down, loading) means "not now" (503).
-fn map_err(e: RedisError) -> StoreError {
-    use redis::{ErrorKind, ServerErrorKind};
-    let text = e.to_string();
-    match e.kind() {
-        // Full, loading or otherwise busy servers answer with plain errors.
-        ErrorKind::Server(ServerErrorKind::ResponseError)
-            if text.contains("max number of clients") || text.contains("OOM") =>
-        {
-            StoreError::Unavailable(format!("redis: {text}"))
+/// Why Redis did not answer as the store needs: the cause of its
+/// [`StoreError`]s.
+#[derive(Debug, thiserror::Error)]
+enum RedisFault {
+    /// The client or the server reported an error. Not given as the
+    /// source: redis's own text already repeats its causes.
+    #[error("redis: {0}")]
+    Client(RedisError),
+    /// The store was closed.
+    #[error("the store is shut down")]
+    Closed,
+    /// The first connection to the cluster took longer than a connect may.
+    #[error("connecting to the Redis cluster")]
+    Connecting,
+    /// `PING` was answered with something else than `PONG`.
+    #[error("redis answered PING with {0}")]
+    Ping(String),
+    /// A script answered a number that does not parse.
+    #[error("redis script returned a malformed number")]
+    MalformedNumber,
+    /// A stream head's fields do not parse.
+    #[error("redis holds a malformed stream head")]
+    MalformedHead,
+    /// A script answered what it never answers.
+    #[error("redis {what} script answered {reply:?}")]
+    Unexpected {
+        /// Which script.
+        what: &'static str,
+        /// Its answer.
+        reply: Vec<String>,
+    },
+}
+
+impl From<RedisFault> for StoreError {
+    /// A script or type error is a bug (500); anything else (refused,
+    /// dropped, timed out, cluster down, loading) means "not now" (503).
+    fn from(f: RedisFault) -> Self {
+        use redis::{ErrorKind, ServerErrorKind};
+        let transient = match &f {
+            RedisFault::Client(e) => match e.kind() {
+                // Full, loading or otherwise busy servers answer with plain
+                // errors.
+                ErrorKind::Server(ServerErrorKind::ResponseError) => {
+                    let text = e.to_string();
+                    text.contains("max number of clients") || text.contains("OOM")
+                }
+                ErrorKind::Server(ServerErrorKind::CrossSlot | ServerErrorKind::NoPerm)
+                | ErrorKind::UnexpectedReturnType => false,
+                _ => true,
+            },
+            RedisFault::Closed | RedisFault::Connecting | RedisFault::Ping(_) => true,
+            RedisFault::MalformedNumber
+            | RedisFault::MalformedHead
+            | RedisFault::Unexpected { .. } => false,
+        };
+        if transient {
+            StoreError::Unavailable(std::sync::Arc::new(f))
+        } else {
+            StoreError::Failed(std::sync::Arc::new(f))
         }
-        ErrorKind::Server(
-            ServerErrorKind::ResponseError | ServerErrorKind::CrossSlot | ServerErrorKind::NoPerm,
-        )
-        | ErrorKind::UnexpectedReturnType => StoreError::Failed(format!("redis: {text}")),
-        _ => StoreError::Unavailable(format!("redis: {text}")),
     }
+}
+
+fn map_err(e: RedisError) -> StoreError {
+    RedisFault::Client(e).into()
 }
 
 fn manager_config(opts: &RedisOptions) -> ConnectionManagerConfig {
@@ -136,7 +183,7 @@ fn ms(d: Duration) -> u64 {
 
 fn num(s: Option<&String>) -> Result<u64, StoreError> {
     s.and_then(|v| v.parse().ok())
-        .ok_or_else(|| StoreError::Failed("redis script returned a malformed number".into()))
+        .ok_or_else(|| RedisFault::MalformedNumber.into())
 }
 
 fn state(s: Option<&String>) -> ClaimState {
@@ -147,8 +194,12 @@ fn state(s: Option<&String>) -> ClaimState {
     }
 }
 
-fn unexpected(what: &str, reply: &[String]) -> StoreError {
-    StoreError::Failed(format!("redis {what} script answered {reply:?}"))
+fn unexpected(what: &'static str, reply: &[String]) -> StoreError {
+    RedisFault::Unexpected {
+        what,
+        reply: reply.to_vec(),
+    }
+    .into()
 }
 
 impl RedisStore {
@@ -193,7 +244,7 @@ impl RedisStore {
 
     async fn conn(&self) -> Result<Conn, StoreError> {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(StoreError::Unavailable("the store is shut down".into()));
+            return Err(RedisFault::Closed.into());
         }
         if let Some(c) = self.conn.get() {
             return Ok(c.clone());
@@ -202,7 +253,7 @@ impl RedisStore {
         // a connect may take: requests cannot pile up behind a dead cluster.
         let _connecting = tokio::time::timeout(self.opts.connect_timeout, self.connecting.lock())
             .await
-            .map_err(|_| StoreError::Unavailable("connecting to the Redis cluster".into()))?;
+            .map_err(|_| StoreError::from(RedisFault::Connecting))?;
         if let Some(c) = self.conn.get() {
             return Ok(c.clone());
         }
@@ -298,7 +349,7 @@ async fn query_on<C: ConnectionLike, T: FromRedisValue>(
 }
 
 fn head_from(cs: &str, cn: &str, id: &str) -> Result<Head, StoreError> {
-    let bad = || StoreError::Failed("redis holds a malformed stream head".into());
+    let bad = || StoreError::from(RedisFault::MalformedHead);
     let secs: i128 = cs.parse().map_err(|_| bad())?;
     let nanos: i128 = cn.parse().map_err(|_| bad())?;
     Ok(Head {
@@ -529,7 +580,7 @@ impl Store for RedisStore {
                 .run::<i64>(&self.scripts.confirm, &[&marker], &confirm_args)
                 .await
             {
-                tracing::warn!(error = %e, "cannot confirm an event-id marker");
+                tracing::warn!(error = %e.chain(), "cannot confirm an event-id marker");
             }
         }
         Ok(ApplyResult { outcome, head })
@@ -553,9 +604,7 @@ impl Store for RedisStore {
         if pong == "PONG" {
             Ok(())
         } else {
-            Err(StoreError::Unavailable(format!(
-                "redis answered PING with {pong}"
-            )))
+            Err(RedisFault::Ping(pong).into())
         }
     }
 
