@@ -59,55 +59,42 @@ pub struct InboxTables<'txn> {
     dedupe_expiry: Lazy<'txn, (u64, &'static str, &'static str), ()>,
 }
 
+/// Encodes an event's row (`headers`: its headers as JSON).
 fn to_row<'a>(e: &'a InboxEvent, headers: &'a str) -> InboxRow<'a> {
-    (
-        e.status.to_byte(),
-        e.received_at_ms,
-        e.created_at.unix_nanos(),
-        e.stream.as_deref(),
-        e.attempts,
-        e.due_at_ms,
-        e.last_error.as_deref(),
-        e.force,
+    InboxRow {
+        status: e.status.to_byte(),
+        received_at_ms: e.received_at_ms,
+        created_at_ns: e.created_at.unix_nanos(),
+        stream: e.stream.as_deref(),
+        attempts: e.attempts,
+        due_at_ms: e.due_at_ms,
+        last_error: e.last_error.as_deref(),
+        force: e.force,
         headers,
-        e.expires_at_ms,
-        e.lease,
-        e.body_bytes as u64,
-    )
+        expires_at_ms: e.expires_at_ms,
+        lease: e.lease,
+        body_bytes: e.body_bytes as u64,
+    }
 }
 
 /// Decodes a row: the event without its body (see [`with_body`]).
 fn decode(source: &str, event_id: &str, row: InboxRow<'_>) -> InboxEvent {
-    let (
-        status,
-        received_at_ms,
-        created_at,
-        stream,
-        attempts,
-        due_at_ms,
-        last_error,
-        force,
-        headers,
-        expires_at_ms,
-        lease,
-        body_bytes,
-    ) = row;
     InboxEvent {
         source: source.to_owned(),
         event_id: event_id.to_owned(),
-        status: EventStatus::from_byte(status),
-        stream: stream.map(str::to_owned),
-        created_at: CreatedAt::from_unix_nanos(created_at),
-        received_at_ms,
-        attempts,
-        due_at_ms,
-        last_error: last_error.map(str::to_owned),
-        force,
-        headers: serde_json::from_str(headers).unwrap_or_default(),
+        status: EventStatus::from_byte(row.status),
+        stream: row.stream.map(str::to_owned),
+        created_at: CreatedAt::from_unix_nanos(row.created_at_ns),
+        received_at_ms: row.received_at_ms,
+        attempts: row.attempts,
+        due_at_ms: row.due_at_ms,
+        last_error: row.last_error.map(str::to_owned),
+        force: row.force,
+        headers: serde_json::from_str(row.headers).unwrap_or_default(),
         body: Vec::new(),
-        expires_at_ms,
-        lease,
-        body_bytes: usize::try_from(body_bytes).unwrap_or(usize::MAX),
+        expires_at_ms: row.expires_at_ms,
+        lease: row.lease,
+        body_bytes: usize::try_from(row.body_bytes).unwrap_or(usize::MAX),
     }
 }
 
@@ -371,7 +358,7 @@ impl<'txn> InboxTables<'txn> {
                 .rows
                 .open()?
                 .get((source, id.as_str()))?
-                .map(|g| g.value().5);
+                .map(|g| g.value().due_at_ms);
             if let Some(due_at) = due_at {
                 if i == 0 {
                     self.due.open()?.insert((source, due_at, id.as_str()), ())?;

@@ -263,23 +263,21 @@ fn split_bodies(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
                 expires,
                 lease,
             ) = v.value();
-            rows.insert(
-                (source, id),
-                (
-                    status,
-                    received,
-                    created,
-                    stream,
-                    attempts,
-                    due,
-                    error,
-                    force,
-                    headers,
-                    expires,
-                    lease,
-                    body.len() as u64,
-                ),
-            )?;
+            let row = tables::InboxRow {
+                status,
+                received_at_ms: received,
+                created_at_ns: created,
+                stream,
+                attempts,
+                due_at_ms: due,
+                last_error: error,
+                force,
+                headers,
+                expires_at_ms: expires,
+                lease,
+                body_bytes: body.len() as u64,
+            };
+            rows.insert((source, id), row)?;
             bodies.insert((source, id), body)?;
             moved += 1;
         }

@@ -134,11 +134,43 @@ pub fn head_from_row(row: HeadRow<'_>) -> (Head, Millis) {
     )
 }
 
-/// Row of [`INBOX`]: (status, received_at_ms, created_at ns, stream, attempts,
-/// due_at_ms, last_error, force, headers as JSON, expires_at_ms, lease
-/// generation, body bytes). What a delivery attempt changes, and what a
-/// listing shows; the body, written once, is in [`INBOX_BODIES`].
-pub type InboxRow<'a> = (
+/// Row of [`INBOX`]: what a delivery attempt changes, and what a listing
+/// shows; the body, written once, is in [`INBOX_BODIES`].
+///
+/// Stored as the tuple [`InboxTuple`] of its fields in this order, under
+/// that tuple's redb type name (redb checks a table's value type by name):
+/// files written while the row was that tuple open unchanged. A field
+/// added, removed or moved is a new schema version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboxRow<'a> {
+    /// [`EventStatus::to_byte`](crate::store::inbox::EventStatus::to_byte).
+    pub status: u8,
+    /// When dedupd accepted the event, Unix ms.
+    pub received_at_ms: u64,
+    /// Its `created_at`, Unix ns.
+    pub created_at_ns: i128,
+    /// Its stream, if any.
+    pub stream: Option<&'a str>,
+    /// Delivery attempts made.
+    pub attempts: u32,
+    /// Pending: when it may next be tried. Settled: when it settled.
+    pub due_at_ms: u64,
+    /// What went wrong last, if anything.
+    pub last_error: Option<&'a str>,
+    /// Redelivered by an operator: delivered even if older than the head.
+    pub force: bool,
+    /// The headers to forward, as a JSON array of pairs.
+    pub headers: &'a str,
+    /// Settled events: when the row is reaped (0 while pending).
+    pub expires_at_ms: u64,
+    /// Lease generation.
+    pub lease: u64,
+    /// Size of the body in [`INBOX_BODIES`].
+    pub body_bytes: u64,
+}
+
+/// How an [`InboxRow`] is stored: its fields in order.
+pub type InboxTuple<'a> = (
     u8,
     u64,
     i128,
@@ -152,6 +184,94 @@ pub type InboxRow<'a> = (
     u64,
     u64,
 );
+
+impl<'a> InboxRow<'a> {
+    /// The row a stored tuple holds.
+    pub fn from_tuple(t: InboxTuple<'a>) -> Self {
+        let (
+            status,
+            received_at_ms,
+            created_at_ns,
+            stream,
+            attempts,
+            due_at_ms,
+            last_error,
+            force,
+            headers,
+            expires_at_ms,
+            lease,
+            body_bytes,
+        ) = t;
+        Self {
+            status,
+            received_at_ms,
+            created_at_ns,
+            stream,
+            attempts,
+            due_at_ms,
+            last_error,
+            force,
+            headers,
+            expires_at_ms,
+            lease,
+            body_bytes,
+        }
+    }
+
+    /// The tuple it is stored as.
+    pub fn to_tuple(&self) -> InboxTuple<'a> {
+        (
+            self.status,
+            self.received_at_ms,
+            self.created_at_ns,
+            self.stream,
+            self.attempts,
+            self.due_at_ms,
+            self.last_error,
+            self.force,
+            self.headers,
+            self.expires_at_ms,
+            self.lease,
+            self.body_bytes,
+        )
+    }
+}
+
+/// Stored exactly as [`InboxTuple`]: its bytes and its type name.
+impl redb::Value for InboxRow<'_> {
+    type SelfType<'a>
+        = InboxRow<'a>
+    where
+        Self: 'a;
+    type AsBytes<'a>
+        = Vec<u8>
+    where
+        Self: 'a;
+
+    const NICHE: Option<&'static [u8]> = <InboxTuple<'static> as redb::Value>::NICHE;
+
+    fn fixed_width() -> Option<usize> {
+        <InboxTuple<'static> as redb::Value>::fixed_width()
+    }
+
+    fn from_bytes<'a>(data: &'a [u8]) -> InboxRow<'a>
+    where
+        Self: 'a,
+    {
+        InboxRow::from_tuple(<InboxTuple<'static> as redb::Value>::from_bytes(data))
+    }
+
+    fn as_bytes<'a, 'b: 'a>(value: &'a InboxRow<'b>) -> Vec<u8>
+    where
+        Self: 'b,
+    {
+        <InboxTuple<'static> as redb::Value>::as_bytes(&value.to_tuple())
+    }
+
+    fn type_name() -> redb::TypeName {
+        <InboxTuple<'static> as redb::Value>::type_name()
+    }
+}
 /// Gateway events by (source, event id).
 pub const INBOX: TableDefinition<(&str, &str), InboxRow<'static>> =
     TableDefinition::new("inbox_events");
@@ -282,5 +402,43 @@ impl<'txn, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'txn, K, V> {
             None => self.tx.open_table(self.def)?,
         };
         Ok(self.table.insert(table))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redb::Value;
+
+    use super::*;
+
+    /// A file written while the inbox row was a tuple holds these bytes
+    /// under this type name: the struct must read and write both as they
+    /// are, field for field.
+    #[test]
+    fn an_inbox_row_is_stored_as_the_tuple_it_was() {
+        let tuple: InboxTuple<'_> = (
+            2,
+            1_800_000_000_123,
+            -1_700_000_000_000_000_007,
+            Some("orders"),
+            3,
+            1_800_000_060_000,
+            Some("HTTP 503"),
+            true,
+            r#"[["content-type","application/json"]]"#,
+            1_800_604_800_000,
+            5,
+            4096,
+        );
+        let row = InboxRow::from_tuple(tuple);
+        assert_eq!(row.status, 2);
+        assert_eq!(row.due_at_ms, 1_800_000_060_000);
+        assert_eq!(row.last_error, Some("HTTP 503"));
+        assert_eq!(row.body_bytes, 4096);
+        assert_eq!(InboxRow::type_name(), InboxTuple::type_name());
+        assert_eq!(InboxRow::fixed_width(), InboxTuple::fixed_width());
+        let bytes = InboxTuple::as_bytes(&tuple);
+        assert_eq!(InboxRow::as_bytes(&row), bytes);
+        assert_eq!(InboxRow::from_bytes(&bytes), row);
     }
 }
