@@ -18,6 +18,26 @@ pub enum ApplyOutcome {
     Duplicate,
 }
 
+/// What an event record says the event was. A duplicate is never recorded
+/// (the record of its first apply stays as it is), so it has no stored
+/// form: a store cannot write one by mistake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// It moved its stream's head.
+    Applied,
+    /// It was older than its stream's head.
+    Stale,
+}
+
+impl From<Recorded> for ApplyOutcome {
+    fn from(r: Recorded) -> Self {
+        match r {
+            Recorded::Applied => ApplyOutcome::Applied,
+            Recorded::Stale => ApplyOutcome::Stale,
+        }
+    }
+}
+
 /// The newest applied event of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
@@ -49,7 +69,7 @@ pub struct EventRecord {
     /// When the record expires (applied_at + retention).
     pub expires_at_ms: Millis,
     /// Applied or stale.
-    pub outcome: ApplyOutcome,
+    pub outcome: Recorded,
 }
 
 /// The decision for one apply, given live state only.
@@ -57,8 +77,8 @@ pub struct EventRecord {
 pub struct Decision {
     /// The answer.
     pub outcome: ApplyOutcome,
-    /// Record the event id (with this outcome) — false for duplicates.
-    pub record: bool,
+    /// Record the event id as this; `None` for a duplicate.
+    pub record: Option<Recorded>,
     /// Move the head to the event.
     pub move_head: bool,
 }
@@ -70,20 +90,60 @@ pub fn decide(seen: bool, head: Option<&Head>, created_at: CreatedAt) -> Decisio
     if seen {
         return Decision {
             outcome: ApplyOutcome::Duplicate,
-            record: false,
+            record: None,
             move_head: false,
         };
     }
     match head {
         Some(h) if created_at < h.created_at => Decision {
             outcome: ApplyOutcome::Stale,
-            record: true,
+            record: Some(Recorded::Stale),
             move_head: false,
         },
         _ => Decision {
             outcome: ApplyOutcome::Applied,
-            record: true,
+            record: Some(Recorded::Applied),
             move_head: true,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Key, Namespace};
+
+    fn head(nanos: i128) -> Head {
+        Head {
+            created_at: CreatedAt::from_unix_nanos(nanos),
+            event_id: ScopedKey::new(
+                &Namespace::Api,
+                &Key::parse("evt_0", "event_id").expect("a key"),
+            ),
+        }
+    }
+
+    /// What a store writes is what it answered: applied as applied, stale
+    /// as stale, and a duplicate leaves the first record alone.
+    #[test]
+    fn an_event_is_recorded_as_what_it_was_answered_and_a_duplicate_not_at_all() {
+        let older = CreatedAt::from_unix_nanos(1);
+        let newer = CreatedAt::from_unix_nanos(3);
+        let cases = [
+            (false, None, newer, Some(Recorded::Applied)),
+            (false, Some(head(2)), newer, Some(Recorded::Applied)),
+            (false, Some(head(2)), older, Some(Recorded::Stale)),
+            (true, Some(head(2)), newer, None),
+            (true, None, older, None),
+        ];
+        for (seen, head, created_at, recorded) in cases {
+            let d = decide(seen, head.as_ref(), created_at);
+            assert_eq!(d.record, recorded, "{d:?}");
+            match d.record {
+                Some(r) => assert_eq!(ApplyOutcome::from(r), d.outcome),
+                None => assert_eq!(d.outcome, ApplyOutcome::Duplicate),
+            }
+            assert_eq!(d.move_head, d.outcome == ApplyOutcome::Applied);
+        }
     }
 }

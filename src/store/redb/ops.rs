@@ -279,7 +279,7 @@ impl<'txn> Tables<'txn> {
             .map(|(h, _)| h.clone());
         let decision = ordering::decide(seen, live_head.as_ref(), created_at);
         let expires_at_ms = now.saturating_add(retention_ms);
-        if decision.record {
+        if let Some(outcome) = decision.record {
             if let Some(old) = &stored_event {
                 self.event_expiry
                     .open()?
@@ -290,7 +290,7 @@ impl<'txn> Tables<'txn> {
                 created_at,
                 applied_at_ms: now,
                 expires_at_ms,
-                outcome: decision.outcome,
+                outcome,
             };
             self.events
                 .open()?

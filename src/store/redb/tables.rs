@@ -21,7 +21,8 @@ use redb::TableDefinition;
 
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token};
-use crate::store::{ApplyOutcome, ClaimRecord, ClaimState, Head, ordering::EventRecord};
+use crate::store::ordering::{EventRecord, Recorded};
+use crate::store::{ClaimRecord, ClaimState, Head};
 
 /// The schema this build reads and writes.
 pub const SCHEMA_VERSION: u64 = 7;
@@ -100,10 +101,11 @@ pub fn event_from_row(row: EventRow<'_>) -> EventRecord {
         created_at: CreatedAt::from_unix_nanos(created_at),
         applied_at_ms,
         expires_at_ms,
+        // Only 0 and 1 were ever written.
         outcome: if outcome == 0 {
-            ApplyOutcome::Applied
+            Recorded::Applied
         } else {
-            ApplyOutcome::Stale
+            Recorded::Stale
         },
     }
 }
@@ -116,8 +118,8 @@ pub fn event_to_row(rec: &EventRecord) -> EventRow<'_> {
         rec.applied_at_ms,
         rec.expires_at_ms,
         match rec.outcome {
-            ApplyOutcome::Applied => 0,
-            _ => 1,
+            Recorded::Applied => 0,
+            Recorded::Stale => 1,
         },
     )
 }
