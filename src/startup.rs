@@ -29,7 +29,7 @@ use crate::resp::connection::RespOptions;
 use crate::routes::{self, AppState};
 use crate::store::Store;
 use crate::store::inbox::Retention;
-use crate::store::redb::{CommitMetrics, READ_REOPEN_WAIT, RedbOptions, RedbStore};
+use crate::store::redb::{CommitMetrics, RedbOptions, RedbStore};
 use crate::systemd::Liveness;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::observe_requests;
@@ -96,24 +96,14 @@ impl Application {
     pub async fn build(loaded: Loaded, clock: SharedClock) -> anyhow::Result<Self> {
         let s = &loaded.settings;
         let metrics = Arc::new(Metrics::new(&s.sources.keys().cloned().collect::<Vec<_>>()));
-        let opts = RedbOptions {
-            path: s.data_path.clone(),
-            cache_bytes: s.storage.cache_bytes,
-            queue_capacity: s.storage.queue_capacity,
-            max_batch: s.storage.max_batch,
-            faults: None,
-            checkpoint_bytes: s.storage.checkpoint_bytes,
-            checkpoint_interval: s.storage.checkpoint_interval,
-            checkpoint_idle: s.storage.checkpoint_idle,
-            commit_hold: s.storage.commit_hold,
-            commit_metrics: CommitMetrics {
+        let opts = RedbOptions::from_settings(
+            s,
+            CommitMetrics {
                 seconds: metrics.store_commit.clone(),
                 batch_size: metrics.store_batch.clone(),
                 checkpoint_seconds: metrics.store_checkpoint.clone(),
             },
-            read_reopen_wait: READ_REOPEN_WAIT,
-            dedupe_window: s.gateway.dedupe_window,
-        };
+        );
         let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
             .await
             .context("opening the store panicked")??;

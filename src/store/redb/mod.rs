@@ -47,6 +47,7 @@ use super::{
     ReleaseOutcome, Store, StoreError, WriteStats,
 };
 use crate::clock::Millis;
+use crate::config::Settings;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::inbox::{
     Cursor, EventStatus, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome,
@@ -121,28 +122,36 @@ impl Default for CommitMetrics {
 }
 
 impl RedbOptions {
-    /// Defaults that fit a 1 GB machine, for the file at `path`.
+    /// What `settings` ask for: the file at `data_path`, the `storage`
+    /// section, `gateway.dedupe_window`; each group commit recorded in
+    /// `commit_metrics`.
+    pub fn from_settings(settings: &Settings, commit_metrics: CommitMetrics) -> Self {
+        let s = &settings.storage;
+        Self {
+            path: settings.data_path.clone(),
+            cache_bytes: s.cache_bytes,
+            queue_capacity: s.queue_capacity,
+            max_batch: s.max_batch,
+            faults: None,
+            checkpoint_bytes: s.checkpoint_bytes,
+            checkpoint_interval: s.checkpoint_interval,
+            checkpoint_idle: s.checkpoint_idle,
+            commit_hold: s.commit_hold,
+            commit_metrics,
+            read_reopen_wait: READ_REOPEN_WAIT,
+            dedupe_window: settings.gateway.dedupe_window,
+        }
+    }
+
+    /// The settings' defaults (they fit a 1 GB machine), for the file at
+    /// `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
-            cache_bytes: 64 * 1024 * 1024,
-            queue_capacity: 4096,
-            max_batch: 512,
-            faults: None,
-            checkpoint_bytes: 64 * 1024 * 1024,
-            checkpoint_interval: std::time::Duration::from_secs(30),
-            checkpoint_idle: std::time::Duration::from_secs(1),
-            commit_hold: std::time::Duration::from_millis(20),
-            commit_metrics: CommitMetrics::default(),
-            read_reopen_wait: READ_REOPEN_WAIT,
-            dedupe_window: DEDUPE_WINDOW,
+            ..Self::from_settings(&Settings::default(), CommitMetrics::default())
         }
     }
 }
-
-/// The default of [`RedbOptions::dedupe_window`], as of
-/// `gateway.dedupe_window`: 30 days.
-pub const DEDUPE_WINDOW: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
 /// Why the data file could not be opened.
 #[derive(Debug, thiserror::Error)]
