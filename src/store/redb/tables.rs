@@ -221,7 +221,7 @@ impl<'a> InboxRow<'a> {
     }
 
     /// The tuple it is stored as.
-    pub fn to_tuple(&self) -> InboxTuple<'a> {
+    pub fn to_tuple(self) -> InboxTuple<'a> {
         (
             self.status,
             self.received_at_ms,

@@ -1,0 +1,276 @@
+//! The single writer thread and its group commit.
+//!
+//! Every write goes through one bounded queue to one thread. The thread takes
+//! the first waiting request, drains whatever else is already queued (up to
+//! `max_batch`), runs them all in one write transaction in arrival order,
+//! appends the batch to the write-ahead log, and hands the answers to the
+//! syncer thread ([`super::syncer`]), which syncs the log and only then
+//! answers each caller. While one batch's record is syncing, the writer
+//! already runs the next, so throughput grows with concurrency instead of
+//! being capped at one fsync per operation.
+//!
+//! The transaction stays open for the next batches until it is
+//! `storage.commit_hold` old (20 ms by default), then it is committed to
+//! redb without a sync: a commit's fixed cost (tables opened, roots and
+//! checksums written) is paid once for all of them, which is most of the
+//! writer's time when batches are small. It is committed at once when a
+//! read needs what it holds (see [`super::watermark`]), before a
+//! checkpoint, and before stopping. If a batch fails, the transaction is
+//! dropped and the batches before it run again in a fresh one.
+//!
+//! Invariant: no caller is answered `Ok` before its write is durable (in the
+//! synced log, or in a durable commit); if the batch fails, every caller in
+//! it gets the error and nothing in it took effect (the transaction is
+//! dropped, and a log record of a failed batch is cut off — or, after a
+//! failed sync, left out of the replay when the file is reopened). A batch
+//! answered `Ok` is never undone: if its transaction cannot be committed,
+//! the file is reopened and the log replayed.
+//!
+//! Disk faults: after a commit fails with an I/O error (a full or failing
+//! disk), redb refuses every later write until the file is reopened. The
+//! writer then marks the store unhealthy (writes answer `Unavailable` at
+//! once, `/readyz` fails), and reopens the file — waiting out readers,
+//! closing it, opening it again and proving it with a durable probe
+//! commit — every few seconds until that works. What was committed before
+//! the fault is all there: only committed data is ever acknowledged.
+//!
+//! The pieces: [`spawn`] starts the thread, whose state is a [`Writer`];
+//! `run` is its loop (take writes from the queue, run them as a batch,
+//! commit and checkpoint when due), `batch` the transaction it holds over
+//! batches, `reopen` the recovery after a disk fault, and `replay` the
+//! checkpoints and the replay of the log (also used when the file opens).
+
+mod batch;
+mod reopen;
+mod replay;
+mod run;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use redb::Database;
+use tokio::sync::{mpsc, oneshot};
+
+use self::batch::Open;
+use super::error::EngineError;
+use super::ops::Response;
+use super::record::Request;
+use super::syncer::{self, Job};
+use super::wal::Wal;
+use super::{RedbOptions, Shared};
+use crate::clock::Millis;
+use crate::store::WriteStats;
+
+pub use self::replay::{replay, stored_seq};
+
+/// A request on its way to the writer, with where to send the answer.
+#[derive(Debug)]
+pub enum Envelope {
+    /// One write.
+    Write {
+        /// What to do.
+        request: Request,
+        /// The caller's clock reading.
+        now: Millis,
+        /// Where the answer goes, after the commit.
+        reply: Reply,
+    },
+    /// Finish what is queued before this, then stop.
+    Shutdown,
+    /// Answered once the writer took it from the queue and the syncer has
+    /// answered everything before it: proof that neither is stuck in a
+    /// commit or a sync (the watchdog asks).
+    Ping(oneshot::Sender<()>),
+}
+
+/// Where a write's answer goes.
+pub type Reply = oneshot::Sender<Result<Response, EngineError>>;
+
+/// Counters shared between the writer and the store.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Requests that ran and were logged (answered once the log is synced).
+    pub operations: AtomicU64,
+    /// redb commits made for them (several batches may share one).
+    pub commits: AtomicU64,
+}
+
+impl Counters {
+    /// A snapshot.
+    pub fn snapshot(&self) -> WriteStats {
+        WriteStats {
+            operations: self.operations.load(Ordering::Relaxed),
+            commits: self.commits.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// First wait between attempts to reopen a faulty data file.
+const REOPEN_FIRST: Duration = Duration::from_millis(200);
+/// Longest wait between those attempts.
+const REOPEN_MAX: Duration = Duration::from_secs(5);
+
+/// Starts the writer thread.
+pub fn spawn(
+    shared: Arc<Shared>,
+    opts: RedbOptions,
+    counters: Arc<Counters>,
+    log: Logged,
+) -> std::io::Result<(mpsc::Sender<Envelope>, JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel(opts.queue_capacity.max(1));
+    let handle = std::thread::Builder::new()
+        .name("dedupd-writer".into())
+        .spawn(move || run(&shared, rx, &opts, &counters, log))?;
+    Ok((tx, handle))
+}
+
+/// The write-ahead log and where it stands.
+#[derive(Debug)]
+pub struct Logged {
+    /// The log file.
+    pub wal: Wal,
+    /// Sequence number of the last batch logged (or checkpointed).
+    pub seq: u64,
+    /// When the last checkpoint was made.
+    pub checkpointed: Instant,
+}
+
+impl Logged {
+    /// Whether a checkpoint is due.
+    fn checkpoint_due(&self, opts: &RedbOptions) -> bool {
+        !self.wal.is_empty()
+            && (self.wal.len() >= opts.checkpoint_bytes
+                || self.checkpointed.elapsed() >= opts.checkpoint_interval)
+    }
+
+    /// Makes everything committed durable in the file, then empties the log.
+    fn checkpoint(&mut self, db: &Database) -> Result<(), redb::Error> {
+        replay::checkpoint(db, self.seq)?;
+        self.wal.reset()?;
+        self.checkpointed = Instant::now();
+        Ok(())
+    }
+}
+
+/// The writer thread: starts the syncer, then runs the loop until the
+/// queue closes or a shutdown comes.
+fn run(
+    shared: &Arc<Shared>,
+    mut rx: mpsc::Receiver<Envelope>,
+    opts: &RedbOptions,
+    counters: &Counters,
+    log: Logged,
+) {
+    let started = log
+        .wal
+        .syncer()
+        .and_then(|sync| syncer::spawn(shared.clone(), sync, opts.commit_metrics.clone(), 64));
+    let (jobs, syncer) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the log's syncer thread: writes answer 503");
+            shared.set_unhealthy();
+            while let Some(env) = rx.blocking_recv() {
+                match env {
+                    Envelope::Write { reply, .. } => {
+                        let _ = reply.send(Err(EngineError::DiskRefused));
+                    }
+                    Envelope::Ping(_) => {}
+                    Envelope::Shutdown => return,
+                }
+            }
+            return;
+        }
+    };
+    Writer::new(shared, rx, opts, counters, log, &jobs).run();
+    // The syncer answers what it holds, then stops.
+    drop(jobs);
+    let _ = syncer.join();
+    tracing::debug!("writer stopped");
+}
+
+/// The writer thread's state from one message to the next.
+struct Writer<'a> {
+    /// What the store, its readers and the syncer share.
+    shared: &'a Shared,
+    /// The queue of writes.
+    rx: mpsc::Receiver<Envelope>,
+    /// How the store was opened.
+    opts: &'a RedbOptions,
+    /// Where operations and commits are counted.
+    counters: &'a Counters,
+    /// The syncer's queue: logged batches to answer once synced, pings,
+    /// barriers.
+    jobs: &'a SyncSender<Job>,
+    /// The database; `None` while a reopen after a disk fault has not
+    /// succeeded yet.
+    db: Option<Arc<Database>>,
+    /// The write-ahead log; `None` as `db` is.
+    log: Option<Logged>,
+    /// The transaction kept open over batches, if any.
+    open: Option<Open>,
+    /// The wait before the next reopen attempt: doubles with each failed
+    /// one, up to [`REOPEN_MAX`].
+    reopen_wait: Duration,
+    /// Waits for the next write with a timeout while something is logged,
+    /// so a quiet moment takes the checkpoint instead of the first writes
+    /// after it (the queue's blocking receive has no timeout); and while a
+    /// transaction is held, for the end of the hold. `None` if no timer
+    /// could be started.
+    timer: Option<tokio::runtime::Runtime>,
+    /// How long a transaction may stay open (`storage.commit_hold`); zero
+    /// without the timer, or an open transaction could wait for the next
+    /// write.
+    hold: Duration,
+    /// Most writes in one batch (at least one).
+    max_batch: usize,
+    /// The writes of the batch being collected (its allocation is reused).
+    batch: Vec<(Request, Millis, Reply)>,
+    /// A shutdown was taken from the queue: finish the batch, checkpoint
+    /// and stop.
+    stopping: bool,
+}
+
+impl<'a> Writer<'a> {
+    fn new(
+        shared: &'a Shared,
+        rx: mpsc::Receiver<Envelope>,
+        opts: &'a RedbOptions,
+        counters: &'a Counters,
+        log: Logged,
+        jobs: &'a SyncSender<Job>,
+    ) -> Self {
+        let max_batch = opts.max_batch.max(1);
+        let timer = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "no checkpoints when idle, and a commit per batch: cannot start a timer"),
+            )
+            .ok();
+        let hold = if timer.is_some() {
+            opts.commit_hold
+        } else {
+            Duration::ZERO
+        };
+        Self {
+            shared,
+            rx,
+            opts,
+            counters,
+            jobs,
+            db: shared.db(),
+            log: Some(log),
+            open: None,
+            reopen_wait: REOPEN_FIRST,
+            timer,
+            hold,
+            max_batch,
+            batch: Vec::with_capacity(max_batch),
+            stopping: false,
+        }
+    }
+}
