@@ -20,8 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dedupd::domain::CreatedAt;
 use dedupd::domain::{Key, ScopedKey, Ttl};
 use dedupd::store::Store;
-use dedupd::store::inbox::{NewEvent, Retention, Settle};
-use dedupd::store::redb::{KvRequest, RedbOptions, RedbStore, SetCondition, SetExpiry};
+use dedupd::store::inbox::{Inbox, NewEvent, Retention, Settle};
+use dedupd::store::keyspace::{KvRequest, SetCondition, SetExpiry};
+use dedupd::store::redb::{RedbOptions, RedbStore};
 use divan::Bencher;
 use divan::counter::ItemsCount;
 
@@ -91,6 +92,7 @@ const EVENTS: usize = 64;
 #[divan::bench(args = [1, 256], sample_count = 10, sample_size = 1)]
 fn retry_turn(bencher: Bencher, body_kib: usize) {
     let (rt, _dir, store) = setup();
+    let inbox = store.inbox();
     let ids: Vec<String> = (0..EVENTS).map(|i| format!("ev{i}")).collect();
     rt.block_on(async {
         for id in &ids {
@@ -103,7 +105,7 @@ fn retry_turn(bencher: Bencher, body_kib: usize) {
                 headers: vec![("x-sume-signature".into(), "t=1,v1=00".into())],
                 body: vec![b'x'; body_kib * 1024],
             };
-            store.ingest(event, 1).await.unwrap();
+            inbox.ingest(event, 1).await.unwrap();
         }
     });
     let retention = Retention {
@@ -118,10 +120,10 @@ fn retry_turn(bencher: Bencher, body_kib: usize) {
             let tasks: Vec<_> = ids
                 .iter()
                 .map(|id| {
-                    let store = store.clone();
+                    let inbox = inbox.clone();
                     let id = id.clone();
                     tokio::spawn(async move {
-                        let leased = store
+                        let leased = inbox
                             .lease(vec![("sume".into(), id.clone(), now + 30_000)], None, now)
                             .await
                             .unwrap();
@@ -131,7 +133,7 @@ fn retry_turn(bencher: Bencher, body_kib: usize) {
                             error: "HTTP 503".into(),
                             attempted: true,
                         };
-                        store
+                        inbox
                             .settle("sume", &id, lease, settle, retention, now)
                             .await
                             .unwrap();
@@ -189,7 +191,8 @@ fn kv_purge(bencher: Bencher, limit: u64) {
                 expiry: SetExpiry::At((1 + 60_000 + (n % SLICES) * 1_000) as i64),
                 get: false,
             };
-            store.kv_submit(request, 1).await.unwrap().await.unwrap();
+            let keyspace = store.keyspace();
+            keyspace.submit(request, 1).await.unwrap().await.unwrap();
         },
         |r| r.kv,
     );

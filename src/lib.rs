@@ -10,11 +10,13 @@
 //! - [`domain`]: types that cannot hold invalid input (keys, TTLs, tokens,
 //!   fingerprints, event timestamps).
 //! - [`error`]: the one error type the API renders as RFC 9457 problem details.
-//! - [`store`]: the [`store::Store`] trait (claims, ordering, expiry) and its
-//!   embedded redb implementation with a group-commit writer.
+//! - [`store`]: the [`store::Store`] trait (claims, ordering, expiry), the
+//!   gateway inbox and the Redis-protocol keyspace, opened from the settings
+//!   by [`store::open`]; the embedded redb engine (one data file, a
+//!   group-commit writer, a write-ahead log) and the Redis backend.
 //! - [`reaper`]: the task that deletes expired records in expiry order.
-//! - [`resp`]: the Redis-protocol listener (SET/GET/DEL/EXPIRE/… over a
-//!   keyspace in the redb file).
+//! - [`resp`]: the Redis-protocol listener (SET/GET/DEL/EXPIRE/… over the
+//!   keyspace in the data file).
 //! - [`clock`]: wall-clock time in Unix milliseconds, replaceable in tests.
 //! - [`telemetry`]: tracing setup.
 #![forbid(unsafe_code)]

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::clock::{Millis, SharedClock};
-use crate::store::redb::RedbStore;
+use crate::store::inbox::Inbox;
 use crate::store::{PurgeReport, Store, StoreError};
 use crate::telemetry::metrics::Metrics;
 
@@ -26,7 +26,7 @@ use crate::telemetry::metrics::Metrics;
 #[derive(Debug, Clone)]
 pub struct Orphans {
     /// The inbox.
-    pub inbox: Arc<RedbStore>,
+    pub inbox: Arc<dyn Inbox>,
     /// The configured source names.
     pub configured: Vec<String>,
     /// How long after receipt they are kept, ms (`gateway.dead_retention`).

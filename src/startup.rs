@@ -27,9 +27,8 @@ use crate::reaper::{Orphans, Reaper};
 use crate::resp::RespServer;
 use crate::resp::connection::RespOptions;
 use crate::routes::{self, AppState};
-use crate::store::Store;
-use crate::store::inbox::Retention;
-use crate::store::redb::{CommitMetrics, RedbOptions, RedbStore};
+use crate::store::inbox::{Inbox, Retention};
+use crate::store::{self, CommitMetrics, Opened, Store};
 use crate::systemd::Liveness;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::observe_requests;
@@ -64,10 +63,13 @@ pub struct Application {
     port: u16,
     /// The HTTP server future.
     server: Server,
-    /// The store, closed after the server stops.
+    /// Claims and ordering, closed after the server stops.
     store: Arc<dyn Store>,
-    /// The gateway inbox (the redb file), closed last.
-    inbox: Arc<RedbStore>,
+    /// The data file's own store, closed last (the same as `store` with
+    /// the embedded backend).
+    file: Arc<dyn Store>,
+    /// The gateway inbox, for the watchdog.
+    inbox: Arc<dyn Inbox>,
     /// Tells the dispatcher and the reaper to stop.
     stop: watch::Sender<bool>,
     /// The delivery dispatcher task.
@@ -96,60 +98,31 @@ impl Application {
     pub async fn build(loaded: Loaded, clock: SharedClock) -> anyhow::Result<Self> {
         let s = &loaded.settings;
         let metrics = Arc::new(Metrics::new(&s.sources.keys().cloned().collect::<Vec<_>>()));
-        let opts = RedbOptions::from_settings(
+        let opened = store::open(
             s,
             CommitMetrics {
                 seconds: metrics.store_commit.clone(),
                 batch_size: metrics.store_batch.clone(),
                 checkpoint_seconds: metrics.store_checkpoint.clone(),
             },
-        );
-        let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
-            .await
-            .context("opening the store panicked")??;
-        let file = Arc::new(file);
-        let store: Arc<dyn Store> = match s.storage.backend {
-            Backend::Redb => file.clone(),
-            #[cfg(feature = "redis")]
-            Backend::Redis => {
-                let r = &s.storage.redis;
-                Arc::new(crate::store::redis::RedisStore::new(
-                    crate::store::redis::RedisOptions {
-                        url: r.url.expose().to_owned(),
-                        cluster_nodes: r
-                            .cluster_nodes
-                            .iter()
-                            .map(|n| n.expose().to_owned())
-                            .collect(),
-                        prefix: r.prefix.clone(),
-                        expiry_slack: r.expiry_slack,
-                        connect_timeout: r.connect_timeout,
-                        response_timeout: r.response_timeout,
-                    },
-                )?)
-            }
-            #[cfg(not(feature = "redis"))]
-            Backend::Redis => {
-                anyhow::bail!("storage.backend = \"redis\" needs a build with `--features redis`")
-            }
-        };
+        )
+        .await?;
         let coordination = match s.storage.backend {
             Backend::Redb => Coordination::Local,
-            Backend::Redis => Coordination::Shared(store.clone()),
+            Backend::Redis => Coordination::Shared(opened.claims.clone()),
         };
-        Self::build_over(loaded, clock, store, file, coordination, metrics)
+        Self::build_over(loaded, clock, opened, coordination, metrics)
     }
 
-    /// Builds the app over an already open store and the redb file that
-    /// holds the gateway inbox (the same object with the redb backend), with
-    /// delivery coordinated as `coordination` says. The reaper works on the
-    /// file: Redis expires its own keys. The file must have been opened
-    /// with the settings' `gateway.dedupe_window`.
+    /// Builds the app over an already open store (see [`store::open`]),
+    /// with delivery coordinated as `coordination` says. The reaper works
+    /// on the data file (`opened.file`): Redis expires its own keys. The
+    /// file must have been opened with the settings'
+    /// `gateway.dedupe_window`.
     pub fn build_with_store(
         loaded: Loaded,
         clock: SharedClock,
-        store: Arc<dyn Store>,
-        inbox: Arc<RedbStore>,
+        opened: Opened,
         coordination: Coordination,
     ) -> anyhow::Result<Self> {
         // The store was opened without these: its commit histograms stay
@@ -157,18 +130,23 @@ impl Application {
         let metrics = Arc::new(Metrics::new(
             &loaded.settings.sources.keys().cloned().collect::<Vec<_>>(),
         ));
-        Self::build_over(loaded, clock, store, inbox, coordination, metrics)
+        Self::build_over(loaded, clock, opened, coordination, metrics)
     }
 
     fn build_over(
         loaded: Loaded,
         clock: SharedClock,
-        store: Arc<dyn Store>,
-        inbox: Arc<RedbStore>,
+        opened: Opened,
         coordination: Coordination,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
         let s = &loaded.settings;
+        let Opened {
+            claims: store,
+            file,
+            inbox,
+            keyspace,
+        } = opened;
         // The reaper writes the inbox's dedupe records with the file's
         // window: one opened otherwise would quietly protect for less.
         anyhow::ensure!(
@@ -189,7 +167,7 @@ impl Application {
             Some(addr) => Some(
                 RespServer::bind(
                     addr,
-                    inbox.clone(),
+                    keyspace,
                     clock.clone(),
                     ApiTokens::new(&loaded.api_tokens),
                     &RespOptions {
@@ -276,7 +254,7 @@ impl Application {
         let (stop, stop_rx) = watch::channel(false);
         let dispatch = dispatcher.clone();
         let dispatcher = tokio::spawn(dispatcher.run(stop_rx.clone()));
-        let reaper = Reaper::new(inbox.clone(), clock, s.reaper.interval, s.reaper.batch_size)
+        let reaper = Reaper::new(file.clone(), clock, s.reaper.interval, s.reaper.batch_size)
             .with_metrics(metrics.clone())
             .with_orphans(Orphans {
                 inbox: inbox.clone(),
@@ -291,6 +269,7 @@ impl Application {
             port,
             server,
             store,
+            file,
             inbox,
             stop,
             dispatcher,
@@ -347,7 +326,7 @@ impl Application {
         let _ = self.dispatcher.await;
         let _ = self.reaper.await;
         self.store.close().await;
-        RedbStore::close(&self.inbox).await;
+        self.file.close().await;
         tracing::info!("stopped");
         served
     }

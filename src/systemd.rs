@@ -10,14 +10,15 @@ use sd_notify::NotifyState;
 use tokio::sync::watch;
 
 use crate::gateway::delivery::Dispatcher;
-use crate::store::redb::RedbStore;
+use crate::store::inbox::Inbox;
 
 /// What must be alive for the service to be: the store's writer (a commit
 /// or sync that never returns stops it) and the delivery dispatcher.
 #[derive(Debug, Clone)]
 pub struct Liveness {
-    /// The data file whose writer is asked.
-    pub inbox: Arc<RedbStore>,
+    /// The inbox whose writer is asked (the data file's writer, which
+    /// every write of the file goes through).
+    pub inbox: Arc<dyn Inbox>,
     /// The dispatcher whose loop must go round.
     pub dispatcher: Arc<Dispatcher>,
 }

@@ -41,7 +41,7 @@ pub fn run(config: Option<&Path>) -> ExitCode {
 /// the data file, with its count of pending events.
 fn removed_sources(loaded: &Loaded) {
     let path = &loaded.settings.data_path;
-    match dedupd::store::redb::inbox_sources_in_file(path) {
+    match dedupd::store::inbox_sources_in_file(path) {
         Ok(None) => {}
         Ok(Some(found)) => {
             for (name, pending) in found {

@@ -19,8 +19,7 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-use crate::store::inbox::Retention;
-use crate::store::redb::RedbStore;
+use crate::store::inbox::{Inbox, Retention};
 
 pub use source::Source;
 
@@ -29,8 +28,8 @@ pub use source::Source;
 pub struct Gateway {
     /// Sources by name.
     pub sources: HashMap<String, Arc<Source>>,
-    /// The inbox (always the local redb file).
-    pub inbox: Arc<RedbStore>,
+    /// The inbox (always the local data file).
+    pub inbox: Arc<dyn Inbox>,
     /// Wakes the dispatcher when something became runnable.
     pub wake: Notify,
     /// Retentions of settled events.

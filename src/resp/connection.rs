@@ -25,7 +25,7 @@ use super::reply::{Protocol, Reply};
 use super::{Context, Session};
 use crate::auth::ApiTokens;
 use crate::clock::SharedClock;
-use crate::store::redb::RedbStore;
+use crate::store::keyspace::Keyspace;
 
 /// Largest request (one command with its arguments) accepted, in bytes: a
 /// key and a value of the largest sizes stored, and room for options.
@@ -81,7 +81,7 @@ impl RespServer {
     /// Binds `addr` (port 0 picks a free port).
     pub fn bind(
         addr: SocketAddr,
-        store: Arc<RedbStore>,
+        keyspace: Keyspace,
         clock: SharedClock,
         tokens: ApiTokens,
         options: &RespOptions,
@@ -91,7 +91,7 @@ impl RespServer {
         let port = listener.local_addr()?.port();
         Ok(Self {
             listener,
-            ctx: Arc::new(Context::new(store, clock, tokens, port, options)),
+            ctx: Arc::new(Context::new(keyspace, clock, tokens, port, options)),
             options: options.clone(),
         })
     }
@@ -364,7 +364,8 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::config::Secret;
-    use crate::store::redb::RedbOptions;
+    use crate::config::Settings;
+    use crate::store::CommitMetrics;
 
     const TOKEN: &str = "resp-test-token-0123456789";
 
@@ -379,15 +380,21 @@ mod tests {
     }
 
     /// A context over a fresh file; with `tokens`, AUTH needs [`TOKEN`].
-    fn context(dir: &tempfile::TempDir, tokens: bool, opts: &RespOptions) -> Arc<Context> {
-        let store = RedbStore::open(&RedbOptions::new(dir.path().join("resp.redb"))).unwrap();
+    async fn context(dir: &tempfile::TempDir, tokens: bool, opts: &RespOptions) -> Arc<Context> {
+        let settings = Settings {
+            data_path: dir.path().join("resp.redb"),
+            ..Settings::default()
+        };
+        let opened = crate::store::open(&settings, CommitMetrics::default())
+            .await
+            .unwrap();
         let tokens = if tokens {
             ApiTokens::new(&[Secret::new(TOKEN)])
         } else {
             ApiTokens::new(&[])
         };
         Arc::new(Context::new(
-            Arc::new(store),
+            opened.keyspace,
             Arc::new(ManualClock::new(1_800_000_000_000)),
             tokens,
             6380,
@@ -449,7 +456,7 @@ mod tests {
     async fn bytes_that_complete_no_command_do_not_keep_a_connection_open() {
         let dir = tempfile::tempdir().unwrap();
         let opts = options();
-        let ctx = context(&dir, false, &opts);
+        let ctx = context(&dir, false, &opts).await;
         let (mut client, task, _stop) = start(&ctx, &opts, 64 * 1024);
         client.write_all(&encode(&[b"PING"])).await.unwrap();
         assert_eq!(read_exact(&mut client, 7).await, b"+PONG\r\n");
@@ -475,7 +482,7 @@ mod tests {
     async fn a_client_that_never_reads_is_disconnected_after_the_write_timeout() {
         let dir = tempfile::tempdir().unwrap();
         let opts = options();
-        let ctx = context(&dir, false, &opts);
+        let ctx = context(&dir, false, &opts).await;
         // The pipe holds 4 KiB: the replies to 64 echoes of 8 KiB do not fit.
         let (mut client, task, _stop) = start(&ctx, &opts, 4 * 1024);
         let value = vec![b'v'; 8 * 1024];
@@ -498,7 +505,7 @@ mod tests {
     async fn a_connection_must_authenticate_within_the_auth_timeout_whatever_it_sends() {
         let dir = tempfile::tempdir().unwrap();
         let opts = options();
-        let ctx = context(&dir, true, &opts);
+        let ctx = context(&dir, true, &opts).await;
         let (mut client, task, _stop) = start(&ctx, &opts, 64 * 1024);
         let opened = Instant::now();
         let noauth = b"-NOAUTH Authentication required.\r\n";
@@ -526,7 +533,7 @@ mod tests {
     async fn an_authenticated_connection_has_no_auth_deadline() {
         let dir = tempfile::tempdir().unwrap();
         let opts = options();
-        let ctx = context(&dir, true, &opts);
+        let ctx = context(&dir, true, &opts).await;
         let (mut client, task, stop) = start(&ctx, &opts, 64 * 1024);
         client
             .write_all(&encode(&[b"AUTH", TOKEN.as_bytes()]))
@@ -544,7 +551,7 @@ mod tests {
     async fn before_auth_a_large_request_is_refused_from_its_header_and_after_auth_it_is_served() {
         let dir = tempfile::tempdir().unwrap();
         let opts = options();
-        let ctx = context(&dir, true, &opts);
+        let ctx = context(&dir, true, &opts).await;
         // A stranger declares 1.1 MB: refused before the bytes come.
         let (mut client, task, _stop) = start(&ctx, &opts, 64 * 1024);
         client
@@ -578,7 +585,7 @@ mod tests {
         let opts = options();
         for tokens in [true, false] {
             let dir = tempfile::tempdir().unwrap();
-            let ctx = context(&dir, tokens, &opts);
+            let ctx = context(&dir, tokens, &opts).await;
             let (mut client, task, _stop) = start(&ctx, &opts, 256 * 1024);
             let mut packet = b"*1\r\n".repeat(20_000);
             packet.extend(b"$1\r\nx\r\n");
@@ -600,7 +607,7 @@ mod tests {
     async fn unauthenticated_connections_are_capped_and_authenticating_frees_a_place() {
         let dir = tempfile::tempdir().unwrap();
         let opts = options();
-        let ctx = context(&dir, true, &opts);
+        let ctx = context(&dir, true, &opts).await;
         let (mut first, _t1, _s1) = start(&ctx, &opts, 64 * 1024);
         let (_second, _t2, _s2) = start(&ctx, &opts, 64 * 1024);
         assert_eq!(
@@ -615,7 +622,7 @@ mod tests {
         assert_eq!(read_exact(&mut first, 5).await, b"+OK\r\n");
         assert!(ctx.admit().is_ok(), "the authenticated one left the cap");
         // Without tokens there is no such cap.
-        let open = context(&tempfile::tempdir().unwrap(), false, &opts);
+        let open = context(&tempfile::tempdir().unwrap(), false, &opts).await;
         let held: Vec<_> = (0..5).map(|_| open.admit().unwrap()).collect();
         assert_eq!(held.len(), 5);
     }

@@ -87,7 +87,7 @@ pub async fn persist(ctx: &Context, args: &[Bytes]) -> Step {
 /// expiry.
 pub async fn ttl(ctx: &Context, args: &[Bytes], ms: bool) -> Reply {
     let now = ctx.clock.now_ms();
-    match ctx.store.kv_get(args[1].to_vec(), now).await {
+    match ctx.keyspace.get(args[1].to_vec(), now).await {
         Ok(None) => Reply::Int(-2),
         Ok(Some(e)) => match e.expires_at_ms {
             None => Reply::Int(-1),

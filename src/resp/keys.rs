@@ -154,7 +154,7 @@ pub async fn set(ctx: &Context, args: &[Bytes]) -> Step {
 /// `GET key`.
 pub async fn get(ctx: &Context, args: &[Bytes]) -> Reply {
     let now = ctx.clock.now_ms();
-    match ctx.store.kv_get(args[1].to_vec(), now).await {
+    match ctx.keyspace.get(args[1].to_vec(), now).await {
         Ok(Some(e)) => Reply::Bulk(e.value.into()),
         Ok(None) => Reply::Null,
         Err(e) => store_error(&e),
@@ -174,7 +174,7 @@ pub async fn del(ctx: &Context, args: &[Bytes]) -> Step {
 pub async fn exists(ctx: &Context, args: &[Bytes]) -> Reply {
     let now = ctx.clock.now_ms();
     let keys = args[1..].iter().map(|k| k.to_vec()).collect();
-    match ctx.store.kv_count(keys, now).await {
+    match ctx.keyspace.count(keys, now).await {
         Ok(n) => Reply::Int(i64::try_from(n).unwrap_or(i64::MAX)),
         Err(e) => store_error(&e),
     }
@@ -196,7 +196,7 @@ pub async fn write(
     now: Millis,
     answer: impl FnOnce(KvResponse) -> Reply + Send + 'static,
 ) -> Step {
-    match ctx.store.kv_submit(request, now).await {
+    match ctx.keyspace.submit(request, now).await {
         Ok(committed) => Step::Write(Box::pin(async move {
             match committed.await {
                 Ok(r) => answer(r),

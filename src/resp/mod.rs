@@ -15,7 +15,7 @@
 //!   included.
 //! - [`reply`]: replies encoded as RESP2 or RESP3.
 //!
-//! Keys live in the redb file (`store::redb::kv`), written through the
+//! Keys live in the data file ([`Keyspace`]), written through the
 //! group-commit writer; time comes from the [`Clock`](crate::clock::Clock).
 
 pub mod command;
@@ -35,15 +35,15 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::ApiTokens;
 use crate::clock::SharedClock;
-use crate::store::redb::RedbStore;
+use crate::store::keyspace::Keyspace;
 
 pub use connection::RespServer;
 
 /// What every connection's commands share.
 #[derive(Debug)]
 pub struct Context {
-    /// The redb file that holds the keyspace.
-    pub store: Arc<RedbStore>,
+    /// The keys.
+    pub keyspace: Keyspace,
     /// Decides expiry.
     pub clock: SharedClock,
     /// Passwords `AUTH` accepts; empty: no authentication.
@@ -69,7 +69,7 @@ pub const TOO_MANY_UNAUTHENTICATED: &str =
 impl Context {
     /// The shared state of a listener on `port`.
     pub fn new(
-        store: Arc<RedbStore>,
+        keyspace: Keyspace,
         clock: SharedClock,
         tokens: ApiTokens,
         port: u16,
@@ -77,7 +77,7 @@ impl Context {
     ) -> Self {
         let max = options.max_connections.max(1);
         Self {
-            store,
+            keyspace,
             clock,
             tokens,
             port,

@@ -1,11 +1,140 @@
 //! The gateway inbox: events accepted from providers, waiting for (or done
-//! with) delivery to the application. It always lives in the local redb file,
-//! whatever backend holds claims and streams.
+//! with) delivery to the application: the [`Inbox`] trait and its
+//! vocabulary. It lives in the data file (`store::redb`), whatever backend
+//! holds claims and streams.
+//!
+//! [`NewEvent`], [`Settle`] and [`Retention`] are logged in the data file's
+//! write-ahead log: their encoding is pinned (see `store::redb::record`).
+//! Add variants last, never reorder fields or variants.
 
+use std::time::Duration;
+
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::StoreError;
 use crate::clock::Millis;
-use crate::domain::CreatedAt;
+use crate::domain::{CreatedAt, ScopedKey};
+
+/// The inbox's operations: what ingest, the dispatcher, the reaper and the
+/// operator API do with events. Writes are durable before they answer;
+/// reads show nothing that is not.
+#[async_trait]
+pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
+    /// Stores a new event durably, unless the source already has its id
+    /// (or had it less than [`Inbox::dedupe_window`] ago).
+    async fn ingest(&self, event: NewEvent, now: Millis) -> Result<IngestOutcome, StoreError>;
+
+    /// Whether a post of this event id is a duplicate at `now`: the inbox
+    /// holds the event, or reaped it less than the dedupe window after it
+    /// was received. Reads only; [`Inbox::ingest`] checks again.
+    async fn knows_event(
+        &self,
+        source: &str,
+        event_id: &str,
+        now: Millis,
+    ) -> Result<bool, StoreError>;
+
+    /// How long after its receipt a reaped event's id stays a duplicate
+    /// (`gateway.dedupe_window`, as the inbox was opened with).
+    fn dedupe_window(&self) -> Duration;
+
+    /// Leases runnable events, each until its own time, while they are
+    /// being delivered: `(source, event id, until)`. With `stale_check`, an
+    /// event older than its stream's head (in the inbox's own store) is
+    /// settled as stale instead, in the same write.
+    async fn lease(
+        &self,
+        events: Vec<(String, String, Millis)>,
+        stale_check: Option<Retention>,
+        now: Millis,
+    ) -> Result<Leased, StoreError>;
+
+    /// Records how a delivery turn under lease generation `lease` ended;
+    /// ignored when another turn or a redeliver has taken the event since.
+    async fn settle(
+        &self,
+        source: &str,
+        event_id: &str,
+        lease: u64,
+        settle: Settle,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError>;
+
+    /// Settles a delivered event and moves its stream head in the inbox's
+    /// own store in one write: `apply` is (stream, event id, created_at,
+    /// retention ms) when the event has a stream.
+    async fn settle_delivered(
+        &self,
+        source: &str,
+        event_id: &str,
+        lease: u64,
+        apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError>;
+
+    /// Puts a dead or stale event back to pending.
+    async fn redeliver(
+        &self,
+        source: &str,
+        event_id: &str,
+        now: Millis,
+    ) -> Result<RedeliverOutcome, StoreError>;
+
+    /// Deletes at most `limit` pending events of `sources` (removed from
+    /// the configuration) received before `before`; how many went.
+    async fn purge_pending(
+        &self,
+        sources: Vec<String>,
+        before: Millis,
+        limit: u64,
+        now: Millis,
+    ) -> Result<u64, StoreError>;
+
+    /// For each `(source, limit)`: its runnable events due at `now` (at
+    /// most `limit`) and its next due time after them.
+    async fn due_events(
+        &self,
+        now: Millis,
+        wants: Vec<(String, usize)>,
+    ) -> Result<Vec<SourceDue>, StoreError>;
+
+    /// Every source with events in the inbox, with its pending count.
+    async fn inbox_sources(&self) -> Result<Vec<(String, u64)>, StoreError>;
+
+    /// Each source with events in the inbox: its counts by status and when
+    /// its oldest pending event was received, without scanning the inbox.
+    async fn inbox_summary(&self) -> Result<Vec<SourceSummary>, StoreError>;
+
+    /// Whether the inbox holds any event of `source`.
+    async fn has_source(&self, source: &str) -> Result<bool, StoreError>;
+
+    /// One event, with its body.
+    async fn inbox_event(
+        &self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<Option<InboxEvent>, StoreError>;
+
+    /// A page of a source's events with `status`, in `order`, after the
+    /// cursor of the previous page (bodies left out: see
+    /// [`InboxEvent::body_bytes`]).
+    async fn list_events(
+        &self,
+        source: &str,
+        status: EventStatus,
+        order: ListOrder,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<(Vec<InboxEvent>, Option<Cursor>), StoreError>;
+
+    /// Whether the inbox's writer takes a request within `within`: false
+    /// while it is stuck (in a commit or a sync) or has stopped. The
+    /// systemd watchdog asks.
+    async fn writer_responds(&self, within: Duration) -> bool;
+}
 
 /// Where an event is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -124,6 +253,15 @@ pub struct SourceSummary {
     pub dead: u64,
     /// When the oldest pending event was received, Unix ms.
     pub oldest_pending_ms: Option<Millis>,
+}
+
+/// Runnable events of one source: those due, and when the next one is.
+#[derive(Debug, Clone, Default)]
+pub struct SourceDue {
+    /// Due at `now`, in due order, at most the limit asked for.
+    pub events: Vec<InboxEvent>,
+    /// The earliest due time among the events not returned, if any.
+    pub next: Option<Millis>,
 }
 
 /// Answer to an insert.

@@ -124,3 +124,8 @@ pub enum KvResponse {
     /// DEL: keys removed; EXPIRE / PERSIST: 1 when the key changed, else 0.
     Count(u64),
 }
+
+/// The keyspace's handle (see [`crate::store::redb::Keyspace`]). One
+/// implementation, so a type and not a trait: a pipelined write costs no
+/// boxed future.
+pub use super::redb::Keyspace;

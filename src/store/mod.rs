@@ -1,4 +1,14 @@
-//! Storage: the [`Store`] trait and its implementations.
+//! Storage: what the rest of the crate asks of it, and the backends.
+//!
+//! - Claims, ordering and expiry: the [`Store`] trait here, with the pure
+//!   rules every backend shares in [`claims`] and [`ordering`].
+//! - The gateway inbox: the [`inbox::Inbox`] trait and its vocabulary.
+//! - The Redis-protocol keyspace: [`keyspace`].
+//! - [`open()`]: opens what the settings name and hands out a handle for
+//!   each ([`Opened`]). Nothing outside `store` names a backend.
+//! - The backends: [`redb`] (the data file: one engine under all three
+//!   handles) and, with the `redis` feature, `redis` (claims and ordering
+//!   shared by several instances).
 //!
 //! Every method takes `now` (Unix milliseconds) from the caller's clock, so a
 //! store never reads time itself: the same inputs give the same answers, which
@@ -10,6 +20,7 @@
 pub mod claims;
 pub mod inbox;
 pub mod keyspace;
+mod open;
 pub mod ordering;
 pub mod redb;
 #[cfg(feature = "redis")]
@@ -27,6 +38,9 @@ pub use claims::{
     ClaimOutcome, ClaimRecord, ClaimState, ClaimView, DoneOutcome, ExtendOutcome, ReleaseOutcome,
 };
 pub use ordering::{ApplyOutcome, ApplyResult, Head};
+
+pub use self::open::{Opened, open};
+pub use self::redb::{CommitMetrics, inbox_sources_in_file};
 
 /// Why a store could not answer. Refusals (busy, not owner, …) are not
 /// errors: they are outcomes.

@@ -10,7 +10,6 @@ use async_trait::async_trait;
 use dedupd::clock::Millis;
 use dedupd::config::sources::SourceSettings;
 use dedupd::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
-use dedupd::store::redb::RedbStore;
 use dedupd::store::{
     ApplyResult, ClaimOutcome, ClaimView, DoneOutcome, ExtendOutcome, Head, PurgeReport,
     ReleaseOutcome, Store, StoreError, WriteStats,
@@ -233,7 +232,7 @@ async fn a_failing_destination_pauses_its_source_and_one_probe_tests_recovery() 
 /// A store that refuses stream-head updates while `failing` is set.
 #[derive(Debug)]
 struct FailingApply {
-    inner: Arc<RedbStore>,
+    inner: Arc<dyn Store>,
     failing: Arc<AtomicBool>,
 }
 

@@ -9,8 +9,8 @@ use dedupd::clock::ManualClock;
 use dedupd::config::{Loaded, Secret, Settings};
 use dedupd::gateway::delivery::Coordination;
 use dedupd::startup::Application;
-use dedupd::store::Store;
 use dedupd::store::redb::{RedbOptions, RedbStore};
+use dedupd::store::{CommitMetrics, Opened, Store};
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -87,44 +87,42 @@ pub async fn spawn_faulty_app_with(
     tweak: impl FnOnce(&mut Loaded),
     plan: Arc<dedupd::store::redb::faults::FaultPlan>,
 ) -> TestApp {
-    spawn_over_file(tweak, Some(plan), |file| (file, Coordination::Local))
+    spawn_over_file(tweak, Some(plan), |opened| (opened, Coordination::Local))
 }
 
-/// Starts an app whose claims and stream heads go through `wrap(file)`,
-/// with delivery coordinated as with a store several instances share
-/// (Redis): stream leases and event claims in that store.
+/// Starts an app whose claims and stream heads go through `wrap(the data
+/// file's claims)`, with delivery coordinated as with a store several
+/// instances share (Redis): stream leases and event claims in that store.
 pub async fn spawn_shared_app_with(
     tweak: impl FnOnce(&mut Loaded),
-    wrap: impl FnOnce(Arc<RedbStore>) -> Arc<dyn Store>,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
 ) -> TestApp {
-    spawn_over_file(tweak, None, |file| {
-        let store = wrap(file);
-        (store.clone(), Coordination::Shared(store))
+    spawn_over_file(tweak, None, |opened| {
+        let claims = wrap(opened.file.clone());
+        let coordination = Coordination::Shared(claims.clone());
+        (Opened { claims, ..opened }, coordination)
     })
 }
 
 /// Opens the data file itself (with `faults`, if any) and builds the app
-/// over the store and coordination `pick` makes of it.
+/// over the handles and coordination `pick` makes of it.
 fn spawn_over_file(
     tweak: impl FnOnce(&mut Loaded),
     faults: Option<Arc<dedupd::store::redb::faults::FaultPlan>>,
-    pick: impl FnOnce(Arc<RedbStore>) -> (Arc<dyn Store>, Coordination),
+    pick: impl FnOnce(Opened) -> (Opened, Coordination),
 ) -> TestApp {
     let dir = Arc::new(TempDir::new().expect("temp dir"));
     let mut loaded = test_settings(&dir);
     tweak(&mut loaded);
     let clock = ManualClock::new(T0);
-    let mut opts = RedbOptions::new(&loaded.settings.data_path);
-    opts.cache_bytes = loaded.settings.storage.cache_bytes;
-    opts.dedupe_window = loaded.settings.gateway.dedupe_window;
+    let mut opts = RedbOptions::from_settings(&loaded.settings, CommitMetrics::default());
     opts.faults = faults;
-    let file = Arc::new(RedbStore::open(&opts).expect("open store"));
-    let (store, coordination) = pick(file.clone());
+    let file = RedbStore::open(&opts).expect("open store");
+    let (opened, coordination) = pick(Opened::embedded(file));
     let app = Application::build_with_store(
         loaded.clone(),
         Arc::new(clock.clone()),
-        store,
-        file,
+        opened,
         coordination,
     )
     .expect("build app");

@@ -191,7 +191,7 @@ proptest! {
         tokens in any::<bool>(),
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(RedbStore::open(&RedbOptions::new(dir.path().join("f.redb"))).unwrap());
+        let store = RedbStore::open(&RedbOptions::new(dir.path().join("f.redb"))).unwrap();
         let options = RespOptions {
             max_connections: 4,
             max_unauthenticated: 4,
@@ -205,7 +205,7 @@ proptest! {
             ApiTokens::new(&[])
         };
         let ctx = Arc::new(Context::new(
-            store,
+            store.keyspace(),
             Arc::new(ManualClock::new(1_800_000_000_000)),
             tokens,
             6380,
@@ -229,6 +229,6 @@ proptest! {
             matches!(ended, Ended::Closed | Ended::Protocol),
             "{:?}", ended
         );
-        rt.block_on(ctx.store.close());
+        rt.block_on(store.close());
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey, Ttl};
-use dedupd::store::inbox::{EventStatus, ListOrder, NewEvent, Retention, Settle};
+use dedupd::store::inbox::{EventStatus, Inbox, ListOrder, NewEvent, Retention, Settle};
 use dedupd::store::redb::faults::FaultPlan;
 use dedupd::store::redb::{RedbOptions, RedbStore};
 use dedupd::store::{ClaimOutcome, ClaimState, Store, StoreError};
@@ -173,38 +173,63 @@ async fn every_write_path_is_refused_unchanged_on_a_full_disk_and_recovers_by_it
         .unwrap();
 
     // The inbox: ingest, lease, settle, redeliver.
-    f.refused_then_recovered("ingest", s.ingest(event("ev"), T))
+    f.refused_then_recovered("ingest", s.inbox().ingest(event("ev"), T))
         .await;
-    assert!(s.inbox_event("sume", "ev").await.unwrap().is_none());
-    s.ingest(event("ev"), T).await.unwrap();
+    assert!(s.inbox().inbox_event("sume", "ev").await.unwrap().is_none());
+    s.inbox().ingest(event("ev"), T).await.unwrap();
     let lease = vec![("sume".to_owned(), "ev".to_owned(), T + 60_000)];
-    f.refused_then_recovered("lease", s.lease(lease.clone(), None, T))
+    f.refused_then_recovered("lease", s.inbox().lease(lease.clone(), None, T))
         .await;
-    assert_eq!(s.inbox_event("sume", "ev").await.unwrap().unwrap().lease, 0);
-    let generation = s.lease(lease, None, T).await.unwrap().leased[0].2;
+    assert_eq!(
+        s.inbox()
+            .inbox_event("sume", "ev")
+            .await
+            .unwrap()
+            .unwrap()
+            .lease,
+        0
+    );
+    let generation = s.inbox().lease(lease, None, T).await.unwrap().leased[0].2;
     let dead = Settle::Dead {
         error: "HTTP 503".into(),
     };
     f.refused_then_recovered(
         "settle",
-        s.settle("sume", "ev", generation, dead.clone(), RETENTION, T),
+        s.inbox()
+            .settle("sume", "ev", generation, dead.clone(), RETENTION, T),
     )
     .await;
     assert_eq!(
-        s.inbox_event("sume", "ev").await.unwrap().unwrap().status,
+        s.inbox()
+            .inbox_event("sume", "ev")
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
         EventStatus::Pending
     );
-    s.settle("sume", "ev", generation, dead, RETENTION, T)
+    s.inbox()
+        .settle("sume", "ev", generation, dead, RETENTION, T)
         .await
         .unwrap();
     assert_eq!(
-        s.inbox_event("sume", "ev").await.unwrap().unwrap().status,
+        s.inbox()
+            .inbox_event("sume", "ev")
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
         EventStatus::Dead
     );
-    f.refused_then_recovered("redeliver", s.redeliver("sume", "ev", T))
+    f.refused_then_recovered("redeliver", s.inbox().redeliver("sume", "ev", T))
         .await;
     assert_eq!(
-        s.inbox_event("sume", "ev").await.unwrap().unwrap().status,
+        s.inbox()
+            .inbox_event("sume", "ev")
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
         EventStatus::Dead
     );
 
@@ -212,7 +237,7 @@ async fn every_write_path_is_refused_unchanged_on_a_full_disk_and_recovers_by_it
     let later = T + 120_000;
     f.refused_then_recovered("purge", s.purge_expired(later, 100))
         .await;
-    assert!(s.inbox_event("sume", "ev").await.unwrap().is_some());
+    assert!(s.inbox().inbox_event("sume", "ev").await.unwrap().is_some());
     assert!(s.purge_expired(later, 100).await.unwrap().total() > 0);
     assert!(f.plan.injected() > 0);
 
@@ -359,7 +384,7 @@ async fn reads_wait_out_the_reopen_after_a_disk_fault_instead_of_failing() {
         s.claim(&key("kept"), ttl(60_000), None, T).await.unwrap(),
         ClaimOutcome::Claimed { .. }
     ));
-    s.ingest(event("e1"), T).await.unwrap();
+    s.inbox().ingest(event("e1"), T).await.unwrap();
 
     // A write fails: redb poisons the handle, and the writer gives it up
     // and reopens the file, which fails while the disk is full.
@@ -385,6 +410,7 @@ async fn reads_wait_out_the_reopen_after_a_disk_fault_instead_of_failing() {
             let claim = f.store.get(&key("kept"), T).await;
             let listing = f
                 .store
+                .inbox()
                 .list_events(
                     "sume",
                     EventStatus::Pending,
@@ -465,7 +491,7 @@ async fn a_read_after_a_failed_sync_wakes_the_idle_writer_and_answers() {
 /// large ones from their rows: both are checked.
 mod keyspace {
     use super::*;
-    use dedupd::store::redb::{KvRequest, KvResponse, SetCondition, SetExpiry};
+    use dedupd::store::keyspace::{KvRequest, KvResponse, SetCondition, SetExpiry};
 
     fn set(key: &str, value: Vec<u8>) -> KvRequest {
         KvRequest::Set {
@@ -478,7 +504,7 @@ mod keyspace {
     }
 
     async fn submit(s: &RedbStore, req: KvRequest) -> Result<KvResponse, StoreError> {
-        s.kv_submit(req, T).await?.await
+        s.keyspace().submit(req, T).await?.await
     }
 
     const WRITTEN: KvResponse = KvResponse::Set {
@@ -500,7 +526,8 @@ mod keyspace {
                 let f = f.clone();
                 async move {
                     loop {
-                        if let Some(e) = f.store.kv_get(b"slow".to_vec(), T).await.unwrap() {
+                        if let Some(e) = f.store.keyspace().get(b"slow".to_vec(), T).await.unwrap()
+                        {
                             return e.value;
                         }
                         tokio::task::yield_now().await;
@@ -511,7 +538,13 @@ mod keyspace {
                 let f = f.clone();
                 async move {
                     loop {
-                        if f.store.kv_count(vec![b"slow".to_vec()], T).await.unwrap() == 1 {
+                        if f.store
+                            .keyspace()
+                            .count(vec![b"slow".to_vec()], T)
+                            .await
+                            .unwrap()
+                            == 1
+                        {
                             return;
                         }
                         tokio::task::yield_now().await;
@@ -550,14 +583,15 @@ mod keyspace {
             assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
             // The refused SET was in the map; the read wakes the writer,
             // which reopens the file and rebuilds the map without it.
-            let got = f.store.kv_get(b"x".to_vec(), T).await;
+            let got = f.store.keyspace().get(b"x".to_vec(), T).await;
             assert!(matches!(got, Ok(None)), "the refused SET is gone: {got:?}");
             let n = f
                 .store
-                .kv_count(vec![b"x".to_vec(), b"before".to_vec()], T)
+                .keyspace()
+                .count(vec![b"x".to_vec(), b"before".to_vec()], T)
                 .await;
             assert!(matches!(n, Ok(1)), "only the acknowledged key: {n:?}");
-            let before = f.store.kv_get(b"before".to_vec(), T).await.unwrap();
+            let before = f.store.keyspace().get(b"before".to_vec(), T).await.unwrap();
             assert_eq!(before.map(|e| e.value), Some(value.clone()));
             // And NX now writes it: the writer's map agrees.
             assert_eq!(submit(&f.store, set("x", value)).await.unwrap(), WRITTEN);
@@ -607,7 +641,8 @@ mod keyspace {
         for i in acknowledged {
             let got = f
                 .store
-                .kv_get(format!("k{i}").into_bytes(), T)
+                .keyspace()
+                .get(format!("k{i}").into_bytes(), T)
                 .await
                 .unwrap();
             assert!(got.is_some(), "acknowledged SET k{i} is missing");
@@ -615,7 +650,8 @@ mod keyspace {
         for i in refused {
             let got = f
                 .store
-                .kv_get(format!("k{i}").into_bytes(), T)
+                .keyspace()
+                .get(format!("k{i}").into_bytes(), T)
                 .await
                 .unwrap();
             assert!(got.is_none(), "refused SET k{i} is there: {got:?}");
@@ -636,7 +672,7 @@ mod keyspace {
 /// acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_of_a_large_value_whose_batch_has_not_committed_waits_for_it() {
-    use dedupd::store::redb::{KvRequest, KvResponse, SetCondition, SetExpiry};
+    use dedupd::store::keyspace::{KvRequest, KvResponse, SetCondition, SetExpiry};
     let f = Arc::new(Faulty::open());
     let value = vec![7u8; 4_000];
     f.plan.set_appends_hung(true);
@@ -651,7 +687,7 @@ async fn a_get_of_a_large_value_whose_batch_has_not_committed_waits_for_it() {
                 expiry: SetExpiry::Clear,
                 get: false,
             };
-            f.store.kv_submit(req, T).await?.await
+            f.store.keyspace().submit(req, T).await?.await
         }
     });
     // Until the writer has run the SET, the key reads as absent; from then
@@ -660,7 +696,7 @@ async fn a_get_of_a_large_value_whose_batch_has_not_committed_waits_for_it() {
         let f = f.clone();
         async move {
             loop {
-                match f.store.kv_get(b"big".to_vec(), T).await {
+                match f.store.keyspace().get(b"big".to_vec(), T).await {
                     Ok(None) => tokio::task::yield_now().await,
                     other => return other,
                 }
@@ -692,7 +728,7 @@ async fn a_get_of_a_large_value_whose_batch_has_not_committed_waits_for_it() {
             old: None
         }
     );
-    let got = f.store.kv_get(b"big".to_vec(), T).await.unwrap();
+    let got = f.store.keyspace().get(b"big".to_vec(), T).await.unwrap();
     assert_eq!(got.map(|e| e.value), Some(value));
     if !read.is_finished() {
         let answer = read.await.unwrap().unwrap();

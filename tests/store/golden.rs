@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 
 use dedupd::clock::Millis;
 use dedupd::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
-use dedupd::store::inbox::{EventStatus, IngestOutcome, NewEvent};
-use dedupd::store::redb::{KvEntry, RedbOptions, RedbStore};
+use dedupd::store::inbox::{EventStatus, Inbox, IngestOutcome, NewEvent};
+use dedupd::store::keyspace::KvEntry;
+use dedupd::store::redb::{RedbOptions, RedbStore};
 use dedupd::store::{
     ApplyOutcome, ClaimOutcome, ClaimState, ClaimView, DoneOutcome, ExtendOutcome, Head, Store,
 };
@@ -302,12 +303,13 @@ async fn check_contents(case: &Case, store: &RedbStore) {
     if case.gateway != Gateway::Absent {
         check_inbox(case, store).await;
     } else {
-        let indexes = store.inbox_indexes().await.unwrap();
+        let indexes = store.inbox().inbox_indexes().await.unwrap();
         assert!(indexes.rows.is_empty() && indexes.status.is_empty());
     }
 
     // The keyspace.
-    let kv = |k: &str| store.kv_get(k.as_bytes().to_vec(), NOW);
+    let keyspace = store.keyspace();
+    let kv = |k: &str| keyspace.get(k.as_bytes().to_vec(), NOW);
     let entry = |value: &[u8], expires_at_ms: Option<Millis>| {
         Some(KvEntry {
             value: value.to_vec(),
@@ -329,7 +331,7 @@ async fn check_contents(case: &Case, store: &RedbStore) {
 
 async fn check_inbox(case: &Case, store: &RedbStore) {
     let name = case.name;
-    let indexes = store.inbox_indexes().await.unwrap();
+    let indexes = store.inbox().inbox_indexes().await.unwrap();
     // (source, id, status, stream, created_at, attempts, expires_at_ms)
     let settled = T0 + 7 * DAY;
     let dead = T0 + 30 * DAY;
@@ -488,6 +490,7 @@ async fn check_inbox(case: &Case, store: &RedbStore) {
     assert!(indexes.orphan_bodies.is_empty(), "{name}");
     // The counts a listing and /metrics show, rebuilt on open.
     let summary: Vec<_> = store
+        .inbox()
         .inbox_summary()
         .await
         .unwrap()
@@ -662,7 +665,7 @@ async fn check_use(case: &Case, store: &RedbStore, last_fence: u64) {
                 body: body.as_bytes().to_vec(),
             };
             assert_eq!(
-                store.ingest(again, NOW).await.unwrap(),
+                store.inbox().ingest(again, NOW).await.unwrap(),
                 IngestOutcome::Duplicate,
                 "{name}: {source}/{id} again"
             );
@@ -733,8 +736,15 @@ async fn data_file_alone_is_empty(case: Case) {
     let store = RedbStore::open(&options(&path)).unwrap();
     assert_eq!(store.get(&api("job-processing"), NOW).await.unwrap(), None);
     assert_eq!(store.head(&api("orders"), NOW).await.unwrap(), None);
-    assert!(store.inbox_indexes().await.unwrap().rows.is_empty());
-    assert_eq!(store.kv_get(b"kv:plain".to_vec(), NOW).await.unwrap(), None);
+    assert!(store.inbox().inbox_indexes().await.unwrap().rows.is_empty());
+    assert_eq!(
+        store
+            .keyspace()
+            .get(b"kv:plain".to_vec(), NOW)
+            .await
+            .unwrap(),
+        None
+    );
     store.close().await;
 }
 

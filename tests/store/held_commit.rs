@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dedupd::domain::{Key, ScopedKey, Ttl};
+use dedupd::store::keyspace::{KvRequest, KvResponse, SetCondition, SetExpiry};
 use dedupd::store::redb::faults::FaultPlan;
-use dedupd::store::redb::{KvRequest, KvResponse, RedbOptions, RedbStore, SetCondition, SetExpiry};
+use dedupd::store::redb::{RedbOptions, RedbStore};
 use dedupd::store::{ClaimOutcome, ClaimState, Store, StoreError};
 use tempfile::TempDir;
 
@@ -68,13 +69,20 @@ impl Held {
             expiry: SetExpiry::Clear,
             get: false,
         };
-        let answer = self.store.kv_submit(request, T).await.unwrap().await;
+        let answer = self
+            .store
+            .keyspace()
+            .submit(request, T)
+            .await
+            .unwrap()
+            .await;
         assert!(matches!(answer, Ok(KvResponse::Set { .. })), "{answer:?}");
     }
 
     async fn value(&self, k: &str) -> Option<Vec<u8>> {
         self.store
-            .kv_get(k.as_bytes().to_vec(), T)
+            .keyspace()
+            .get(k.as_bytes().to_vec(), T)
             .await
             .unwrap()
             .map(|e| e.value)

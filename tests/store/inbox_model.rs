@@ -10,7 +10,7 @@ use std::collections::btree_map::Entry;
 use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey};
 use dedupd::store::Store;
 use dedupd::store::inbox::{
-    EventStatus, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome,
+    EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome,
     Retention, Settle, SourceSummary,
 };
 use dedupd::store::redb::{InboxIndexes, RedbOptions, RedbStore};
@@ -556,7 +556,7 @@ fn gateway_key(source: &str, key: &str, field: &'static str) -> ScopedKey {
 /// Compares the store with the model: rows, index invariants, single
 /// reads, the runnable events and the source summary.
 async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
-    let mut got = s.inbox_indexes().await.unwrap();
+    let mut got = s.inbox().inbox_indexes().await.unwrap();
     sort_indexes(&mut got);
     // First the store against its own invariants, whatever the model says.
     let want = derived(&got.rows);
@@ -609,14 +609,14 @@ async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
     for source in SOURCES {
         for id in 0..IDS {
             let id = event_id(id);
-            let e = s.inbox_event(source, &id).await.unwrap();
+            let e = s.inbox().inbox_event(source, &id).await.unwrap();
             assert_eq!(e.as_ref(), m.get(source, &id), "{ctx}: {source}/{id}");
             let known = m.get(source, &id).is_some()
                 || m.dedupe
                     .get(&(source.to_owned(), id.clone()))
                     .is_some_and(|until| *until > m.now);
             assert_eq!(
-                s.knows_event(source, &id, m.now).await.unwrap(),
+                s.inbox().knows_event(source, &id, m.now).await.unwrap(),
                 known,
                 "{ctx}: whether {source}/{id} is a duplicate"
             );
@@ -627,7 +627,7 @@ async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
         (SOURCES[1].to_owned(), 100),
         ("gh-".to_owned(), 100),
     ];
-    let due = s.due_events(m.now, wants.clone()).await.unwrap();
+    let due = s.inbox().due_events(m.now, wants.clone()).await.unwrap();
     assert_eq!(due.len(), wants.len(), "{ctx}");
     for ((source, limit), got) in wants.iter().zip(due) {
         let (events, next) = m.due(source, *limit);
@@ -661,12 +661,24 @@ async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
         }
     }
     let summary: Vec<SourceSummary> = summary.into_values().collect();
-    assert_eq!(s.inbox_summary().await.unwrap(), summary, "{ctx}: summary");
+    assert_eq!(
+        s.inbox().inbox_summary().await.unwrap(),
+        summary,
+        "{ctx}: summary"
+    );
     let sources = m.sources();
-    assert_eq!(s.inbox_sources().await.unwrap(), sources, "{ctx}: sources");
+    assert_eq!(
+        s.inbox().inbox_sources().await.unwrap(),
+        sources,
+        "{ctx}: sources"
+    );
     for source in SOURCES {
         let has = sources.iter().any(|(s, _)| s == source);
-        assert_eq!(s.has_source(source).await.unwrap(), has, "{ctx}: {source}");
+        assert_eq!(
+            s.inbox().has_source(source).await.unwrap(),
+            has,
+            "{ctx}: {source}"
+        );
     }
 }
 
@@ -729,7 +741,7 @@ async fn run(ops: Vec<Op>) {
                         IngestOutcome::Accepted
                     }
                 };
-                assert_eq!(store.ingest(new, now).await.unwrap(), want, "{ctx}");
+                assert_eq!(store.inbox().ingest(new, now).await.unwrap(), want, "{ctx}");
             }
             Op::Lease {
                 mask,
@@ -756,6 +768,7 @@ async fn run(ops: Vec<Op>) {
                 }
                 let want = m.lease(&events, stale_check);
                 let got = store
+                    .inbox()
                     .lease(events, stale_check.then_some(RETENTION), now)
                     .await
                     .unwrap();
@@ -778,6 +791,7 @@ async fn run(ops: Vec<Op>) {
                 };
                 m.settle(&rec.source, &rec.id, generation, &settle);
                 store
+                    .inbox()
                     .settle(&rec.source, &rec.id, generation, settle, RETENTION, now)
                     .await
                     .unwrap();
@@ -803,6 +817,7 @@ async fn run(ops: Vec<Op>) {
                     &Settle::Delivered { attempted: true },
                 );
                 store
+                    .inbox()
                     .settle_delivered(&rec.source, &rec.id, generation, apply, RETENTION, now)
                     .await
                     .unwrap();
@@ -820,7 +835,7 @@ async fn run(ops: Vec<Op>) {
                     Target::Id(s, i) => (SOURCES[usize::from(s)].to_owned(), event_id(i)),
                 };
                 let want = m.redeliver(&source, &id);
-                let got = store.redeliver(&source, &id, now).await.unwrap();
+                let got = store.inbox().redeliver(&source, &id, now).await.unwrap();
                 assert_eq!(got, want, "{ctx}");
             }
             Op::Due { limits } => {
@@ -829,7 +844,7 @@ async fn run(ops: Vec<Op>) {
                     .zip(limits)
                     .map(|(s, l)| ((*s).to_owned(), l))
                     .collect();
-                let got = store.due_events(now, wants.clone()).await.unwrap();
+                let got = store.inbox().due_events(now, wants.clone()).await.unwrap();
                 assert_eq!(got.len(), wants.len(), "{ctx}");
                 for ((source, limit), got) in wants.iter().zip(got) {
                     let (events, next) = m.due(source, *limit);
@@ -866,6 +881,7 @@ async fn run(ops: Vec<Op>) {
                 let mut after = None;
                 loop {
                     let (events, next) = store
+                        .inbox()
                         .list_events(source, status, order, after, page)
                         .await
                         .unwrap();
@@ -922,6 +938,7 @@ async fn run(ops: Vec<Op>) {
                     }
                 }
                 let got = store
+                    .inbox()
                     .purge_pending(sources, before, limit, now)
                     .await
                     .unwrap();

@@ -11,10 +11,10 @@
 use std::sync::Arc;
 
 use dedupd::store::Store;
-use dedupd::store::redb::{
-    ExpireCondition, KvEntry, KvRequest, KvResponse, OpenError, RedbOptions, RedbStore,
-    SetCondition, SetExpiry,
+use dedupd::store::keyspace::{
+    ExpireCondition, KvEntry, KvRequest, KvResponse, SetCondition, SetExpiry,
 };
+use dedupd::store::redb::{OpenError, RedbOptions, RedbStore};
 use proptest::prelude::*;
 use tempfile::TempDir;
 
@@ -137,7 +137,7 @@ fn open(opts: &RedbOptions) -> RedbStore {
 async fn everything(store: &RedbStore, now: u64) -> Vec<Option<KvEntry>> {
     let mut all = Vec::new();
     for key in 0..KEYS {
-        all.push(store.kv_get(name(key), now).await.unwrap());
+        all.push(store.keyspace().get(name(key), now).await.unwrap());
     }
     all
 }
@@ -218,8 +218,8 @@ async fn check(ops: Vec<Op>) {
         // Submitted together, answered in order: one batch on each side.
         let mut pending = Vec::new();
         for req in &requests {
-            let a = kept.kv_submit(req.clone(), now).await.unwrap();
-            let b = store.kv_submit(req.clone(), now).await.unwrap();
+            let a = kept.keyspace().submit(req.clone(), now).await.unwrap();
+            let b = store.keyspace().submit(req.clone(), now).await.unwrap();
             pending.push((a, b));
         }
         for (a, b) in pending {
@@ -286,7 +286,7 @@ async fn a_thousand_keys_survive_a_drop_and_a_close_and_stay_gone_once_reaped() 
             expiry: SetExpiry::At((T0 + 60_000) as i64),
             get: false,
         };
-        answers.push(store.kv_submit(req, T0).await.unwrap());
+        answers.push(store.keyspace().submit(req, T0).await.unwrap());
     }
     for a in answers {
         assert_eq!(
@@ -301,14 +301,16 @@ async fn a_thousand_keys_survive_a_drop_and_a_close_and_stay_gone_once_reaped() 
     let store = tokio::task::block_in_place(|| open(&opts));
     for i in (0..1_000u32).step_by(7) {
         let got = store
-            .kv_get(format!("k{i}").into_bytes(), T0)
+            .keyspace()
+            .get(format!("k{i}").into_bytes(), T0)
             .await
             .unwrap();
         assert_eq!(got.map(|e| e.value), Some(big(i)), "k{i}");
     }
     assert_eq!(
         store
-            .kv_count(
+            .keyspace()
+            .count(
                 (0..1_000u32)
                     .map(|i| format!("k{i}").into_bytes())
                     .collect(),
@@ -322,7 +324,8 @@ async fn a_thousand_keys_survive_a_drop_and_a_close_and_stay_gone_once_reaped() 
     let store = RedbStore::open(&opts).unwrap();
     assert_eq!(
         store
-            .kv_count(
+            .keyspace()
+            .count(
                 (0..1_000u32)
                     .map(|i| format!("k{i}").into_bytes())
                     .collect(),
@@ -344,7 +347,10 @@ async fn a_thousand_keys_survive_a_drop_and_a_close_and_stay_gone_once_reaped() 
     assert_eq!(reaped, 1_000);
     store.close().await;
     let store = RedbStore::open(&opts).unwrap();
-    assert_eq!(store.kv_get(b"k1".to_vec(), T0).await.unwrap(), None);
+    assert_eq!(
+        store.keyspace().get(b"k1".to_vec(), T0).await.unwrap(),
+        None
+    );
     assert_eq!(store.purge_expired(later, 256).await.unwrap().kv, 0);
     store.close().await;
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use dedupd::domain::{Key, ScopedKey, Ttl};
 use dedupd::store::Store;
+use dedupd::store::inbox::Inbox;
 use dedupd::store::redb::{OpenError, RedbOptions, RedbStore};
 use tempfile::TempDir;
 
@@ -116,7 +117,8 @@ fn write_v1_file(
 }
 
 async fn runnable(s: &RedbStore) -> Vec<String> {
-    s.due_events(T1, vec![("sume".to_owned(), 10)])
+    s.inbox()
+        .due_events(T1, vec![("sume".to_owned(), 10)])
         .await
         .unwrap()
         .remove(0)
@@ -187,7 +189,12 @@ async fn an_early_schema_1_file_without_lease_generations_is_migrated_too() {
             .unwrap();
     });
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
-    let e = s.inbox_event("sume", "early").await.unwrap().unwrap();
+    let e = s
+        .inbox()
+        .inbox_event("sume", "early")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (
             e.attempts,
@@ -267,7 +274,7 @@ mod inbox {
     use dedupd::domain::CreatedAt;
     use dedupd::store::Store;
     use dedupd::store::inbox::{
-        EventStatus, IngestOutcome, ListOrder, NewEvent, RedeliverOutcome, Retention, Settle,
+        EventStatus, Inbox, IngestOutcome, ListOrder, NewEvent, RedeliverOutcome, Retention, Settle,
     };
     use dedupd::store::redb::{RedbOptions, RedbStore};
     use tempfile::TempDir;
@@ -292,7 +299,8 @@ mod inbox {
     }
 
     async fn due_ids(s: &RedbStore, now: u64) -> Vec<String> {
-        s.due_events(now, vec![("sume".to_owned(), 100)])
+        s.inbox()
+            .due_events(now, vec![("sume".to_owned(), 100)])
             .await
             .unwrap()
             .remove(0)
@@ -307,17 +315,17 @@ mod inbox {
         let dir = TempDir::new().unwrap();
         let s = RedbStore::open(&RedbOptions::new(dir.path().join("i.redb"))).unwrap();
         assert_eq!(
-            s.ingest(event("b", Some("r"), 5), T).await.unwrap(),
+            s.inbox().ingest(event("b", Some("r"), 5), T).await.unwrap(),
             IngestOutcome::Accepted
         );
         assert_eq!(
-            s.ingest(event("b", Some("r"), 5), T).await.unwrap(),
+            s.inbox().ingest(event("b", Some("r"), 5), T).await.unwrap(),
             IngestOutcome::Duplicate
         );
-        s.ingest(event("x", None, 9), T).await.unwrap();
+        s.inbox().ingest(event("x", None, 9), T).await.unwrap();
         assert_eq!(due_ids(&s, T).await, ["b", "x"]);
         // An older event of the stream arrives: it goes first, alone.
-        s.ingest(event("a", Some("r"), 1), T).await.unwrap();
+        s.inbox().ingest(event("a", Some("r"), 1), T).await.unwrap();
         let mut due = due_ids(&s, T).await;
         due.sort();
         assert_eq!(due, ["a", "x"]);
@@ -327,21 +335,25 @@ mod inbox {
             error: "HTTP 500".into(),
             attempted: true,
         };
-        s.settle("sume", "a", 0, retry, RETENTION, T).await.unwrap();
+        s.inbox()
+            .settle("sume", "a", 0, retry, RETENTION, T)
+            .await
+            .unwrap();
         assert_eq!(due_ids(&s, T).await, ["x"]);
         assert_eq!(due_ids(&s, T + 500).await, ["x", "a"]);
-        s.settle(
-            "sume",
-            "a",
-            0,
-            Settle::Delivered { attempted: true },
-            RETENTION,
-            T + 600,
-        )
-        .await
-        .unwrap();
+        s.inbox()
+            .settle(
+                "sume",
+                "a",
+                0,
+                Settle::Delivered { attempted: true },
+                RETENTION,
+                T + 600,
+            )
+            .await
+            .unwrap();
         assert_eq!(due_ids(&s, T + 600).await, ["b", "x"]);
-        let a = s.inbox_event("sume", "a").await.unwrap().unwrap();
+        let a = s.inbox().inbox_event("sume", "a").await.unwrap().unwrap();
         assert_eq!((a.status, a.attempts), (EventStatus::Delivered, 2));
         s.close().await;
     }
@@ -351,49 +363,59 @@ mod inbox {
         let dir = TempDir::new().unwrap();
         let s = RedbStore::open(&RedbOptions::new(dir.path().join("i.redb"))).unwrap();
         for id in ["ok", "gone", "stale"] {
-            s.ingest(event(id, None, 1), T).await.unwrap();
+            s.inbox().ingest(event(id, None, 1), T).await.unwrap();
         }
-        s.settle(
-            "sume",
-            "ok",
-            0,
-            Settle::Delivered { attempted: true },
-            RETENTION,
-            T,
-        )
-        .await
-        .unwrap();
-        s.settle(
-            "sume",
-            "gone",
-            0,
-            Settle::Dead {
-                error: "down".into(),
-            },
-            RETENTION,
-            T,
-        )
-        .await
-        .unwrap();
-        s.settle("sume", "stale", 0, Settle::Stale, RETENTION, T)
+        s.inbox()
+            .settle(
+                "sume",
+                "ok",
+                0,
+                Settle::Delivered { attempted: true },
+                RETENTION,
+                T,
+            )
+            .await
+            .unwrap();
+        s.inbox()
+            .settle(
+                "sume",
+                "gone",
+                0,
+                Settle::Dead {
+                    error: "down".into(),
+                },
+                RETENTION,
+                T,
+            )
+            .await
+            .unwrap();
+        s.inbox()
+            .settle("sume", "stale", 0, Settle::Stale, RETENTION, T)
             .await
             .unwrap();
         assert!(due_ids(&s, T + 10_000).await.is_empty());
         assert_eq!(
-            s.redeliver("sume", "ok", T).await.unwrap(),
+            s.inbox().redeliver("sume", "ok", T).await.unwrap(),
             RedeliverOutcome::NotRedeliverable(EventStatus::Delivered)
         );
         assert_eq!(
-            s.redeliver("sume", "nope", T).await.unwrap(),
+            s.inbox().redeliver("sume", "nope", T).await.unwrap(),
             RedeliverOutcome::NotFound
         );
 
         // Delivered and stale go after 1 s, dead after 5 s.
         let r = s.purge_expired(T + 1_000, 100).await.unwrap();
         assert_eq!(r.inbox, 2);
-        assert!(s.inbox_event("sume", "ok").await.unwrap().is_none());
-        assert!(s.inbox_event("sume", "gone").await.unwrap().is_some());
+        assert!(s.inbox().inbox_event("sume", "ok").await.unwrap().is_none());
+        assert!(
+            s.inbox()
+                .inbox_event("sume", "gone")
+                .await
+                .unwrap()
+                .is_some()
+        );
         let (dead, _) = s
+            .inbox()
             .list_events("sume", EventStatus::Dead, ListOrder::OldestFirst, None, 10)
             .await
             .unwrap();
@@ -401,13 +423,21 @@ mod inbox {
 
         // Redelivered, the dead event is pending again and no longer expires.
         assert_eq!(
-            s.redeliver("sume", "gone", T + 2_000).await.unwrap(),
+            s.inbox()
+                .redeliver("sume", "gone", T + 2_000)
+                .await
+                .unwrap(),
             RedeliverOutcome::Requeued
         );
         assert_eq!(due_ids(&s, T + 2_000).await, ["gone"]);
         let r = s.purge_expired(T + 60_000, 100).await.unwrap();
         assert_eq!(r.inbox, 0);
-        let e = s.inbox_event("sume", "gone").await.unwrap().unwrap();
+        let e = s
+            .inbox()
+            .inbox_event("sume", "gone")
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (e.status, e.attempts, e.force),
             (EventStatus::Pending, 0, false),
@@ -423,8 +453,12 @@ mod inbox {
         let s = RedbStore::open(&RedbOptions::new(dir.path().join("i.redb"))).unwrap();
         let ns = Namespace::Gateway("sume".into());
         let scoped = |k: &str| ScopedKey::new(&ns, &Key::parse(k, "k").unwrap());
-        s.ingest(event("new", Some("r"), 5), T).await.unwrap();
+        s.inbox()
+            .ingest(event("new", Some("r"), 5), T)
+            .await
+            .unwrap();
         let leased = s
+            .inbox()
             .lease(
                 vec![("sume".into(), "new".into(), T + 60_000)],
                 Some(RETENTION),
@@ -435,26 +469,31 @@ mod inbox {
         assert!(leased.stale.is_empty());
         let generation = leased.leased[0].2;
         let created = event("new", Some("r"), 5).created_at;
-        s.settle_delivered(
-            "sume",
-            "new",
-            generation,
-            Some((scoped("r"), scoped("new"), created, 86_400_000)),
-            RETENTION,
-            T,
-        )
-        .await
-        .unwrap();
+        s.inbox()
+            .settle_delivered(
+                "sume",
+                "new",
+                generation,
+                Some((scoped("r"), scoped("new"), created, 86_400_000)),
+                RETENTION,
+                T,
+            )
+            .await
+            .unwrap();
         let head = s.head(&scoped("r"), T).await.unwrap().unwrap();
         assert_eq!(
             head.created_at, created,
             "delivered and head moved together"
         );
-        let new = s.inbox_event("sume", "new").await.unwrap().unwrap();
+        let new = s.inbox().inbox_event("sume", "new").await.unwrap().unwrap();
         assert_eq!(new.status, EventStatus::Delivered);
 
-        s.ingest(event("old", Some("r"), 1), T).await.unwrap();
+        s.inbox()
+            .ingest(event("old", Some("r"), 1), T)
+            .await
+            .unwrap();
         let leased = s
+            .inbox()
             .lease(
                 vec![("sume".into(), "old".into(), T + 60_000)],
                 Some(RETENTION),
@@ -464,7 +503,7 @@ mod inbox {
             .unwrap();
         assert!(leased.leased.is_empty());
         assert_eq!(leased.stale, [("sume".to_owned(), "old".to_owned())]);
-        let old = s.inbox_event("sume", "old").await.unwrap().unwrap();
+        let old = s.inbox().inbox_event("sume", "old").await.unwrap().unwrap();
         assert_eq!(old.status, EventStatus::Stale);
         s.close().await;
     }
@@ -473,11 +512,12 @@ mod inbox {
     async fn due_events_reads_only_the_sources_asked_for_and_lists_every_source() {
         let dir = TempDir::new().unwrap();
         let s = RedbStore::open(&RedbOptions::new(dir.path().join("i.redb"))).unwrap();
-        s.ingest(event("a", None, 1), T).await.unwrap();
+        s.inbox().ingest(event("a", None, 1), T).await.unwrap();
         let mut other = event("b", None, 1);
         other.source = "gone".into();
-        s.ingest(other, T).await.unwrap();
+        s.inbox().ingest(other, T).await.unwrap();
         let due = s
+            .inbox()
             .due_events(T, vec![("sume".to_owned(), 10)])
             .await
             .unwrap();
@@ -485,20 +525,24 @@ mod inbox {
         assert_eq!(due[0].events.len(), 1);
         assert_eq!(due[0].events[0].source, "sume");
         assert_eq!(
-            s.inbox_sources().await.unwrap(),
+            s.inbox().inbox_sources().await.unwrap(),
             [("gone".to_owned(), 1), ("sume".to_owned(), 1)]
         );
-        assert!(s.has_source("gone").await.unwrap());
-        assert!(!s.has_source("go").await.unwrap());
+        assert!(s.inbox().has_source("gone").await.unwrap());
+        assert!(!s.inbox().has_source("go").await.unwrap());
         // Pending events of a removed source go once old enough, and only
         // those of the sources named.
         assert_eq!(
-            s.purge_pending(vec!["gone".into()], T + 1, 100, T + 1)
+            s.inbox()
+                .purge_pending(vec!["gone".into()], T + 1, 100, T + 1)
                 .await
                 .unwrap(),
             1
         );
-        assert_eq!(s.inbox_sources().await.unwrap(), [("sume".to_owned(), 1)]);
+        assert_eq!(
+            s.inbox().inbox_sources().await.unwrap(),
+            [("sume".to_owned(), 1)]
+        );
         s.close().await;
     }
 
@@ -515,16 +559,17 @@ mod inbox {
     }
 
     async fn deliver(s: &RedbStore, id: &str, now: u64) {
-        s.settle(
-            "sume",
-            id,
-            0,
-            Settle::Delivered { attempted: true },
-            RETENTION,
-            now,
-        )
-        .await
-        .unwrap();
+        s.inbox()
+            .settle(
+                "sume",
+                id,
+                0,
+                Settle::Delivered { attempted: true },
+                RETENTION,
+                now,
+            )
+            .await
+            .unwrap();
     }
 
     /// A reaped event leaves a record, not an event: its id stays a
@@ -535,12 +580,12 @@ mod inbox {
     async fn a_reaped_event_stays_a_duplicate_until_its_dedupe_window_from_receipt_ends() {
         let dir = TempDir::new().unwrap();
         let s = open_with_window(&dir);
-        s.ingest(event("a", None, 1), T).await.unwrap();
+        s.inbox().ingest(event("a", None, 1), T).await.unwrap();
         deliver(&s, "a", T + 500).await;
         let r = s.purge_expired(T + 1_500, 100).await.unwrap();
         assert_eq!((r.inbox, r.dedupe, r.more), (1, 0, false));
-        assert!(s.inbox_event("sume", "a").await.unwrap().is_none());
-        let left = s.inbox_indexes().await.unwrap();
+        assert!(s.inbox().inbox_event("sume", "a").await.unwrap().is_none());
+        let left = s.inbox().inbox_indexes().await.unwrap();
         assert!(left.rows.is_empty() && left.status.is_empty() && left.expiry.is_empty());
         assert_eq!(left.dedupe, [("sume".into(), "a".into(), T + WINDOW)]);
         assert_eq!(
@@ -549,6 +594,7 @@ mod inbox {
         );
         // Not an event: not listed, not counted, the source holds none.
         let (delivered, _) = s
+            .inbox()
             .list_events(
                 "sume",
                 EventStatus::Delivered,
@@ -559,33 +605,41 @@ mod inbox {
             .await
             .unwrap();
         assert!(delivered.is_empty());
-        assert!(s.inbox_summary().await.unwrap().is_empty());
-        assert!(s.inbox_sources().await.unwrap().is_empty());
-        assert!(!s.has_source("sume").await.unwrap());
+        assert!(s.inbox().inbox_summary().await.unwrap().is_empty());
+        assert!(s.inbox().inbox_sources().await.unwrap().is_empty());
+        assert!(!s.inbox().has_source("sume").await.unwrap());
         assert_eq!(s.next_expiry().await.unwrap(), Some(T + WINDOW));
 
         // A repeat within the window is a duplicate and is not stored.
         for now in [T + 1_500, T + WINDOW - 1] {
-            assert!(s.knows_event("sume", "a", now).await.unwrap());
+            assert!(s.inbox().knows_event("sume", "a", now).await.unwrap());
             assert_eq!(
-                s.ingest(event("a", None, 1), now).await.unwrap(),
+                s.inbox().ingest(event("a", None, 1), now).await.unwrap(),
                 IngestOutcome::Duplicate
             );
         }
-        assert!(s.inbox_event("sume", "a").await.unwrap().is_none());
+        assert!(s.inbox().inbox_event("sume", "a").await.unwrap().is_none());
         assert!(due_ids(&s, T + WINDOW).await.is_empty());
         let r = s.purge_expired(T + WINDOW - 1, 100).await.unwrap();
         assert_eq!((r.dedupe, r.more), (0, false), "not due before its end");
 
         // Then the reaper removes the record, and the id is new.
-        assert!(!s.knows_event("sume", "a", T + WINDOW).await.unwrap());
+        assert!(
+            !s.inbox()
+                .knows_event("sume", "a", T + WINDOW)
+                .await
+                .unwrap()
+        );
         let r = s.purge_expired(T + WINDOW, 100).await.unwrap();
         assert_eq!((r.inbox, r.dedupe, r.more), (0, 1, false));
-        let left = s.inbox_indexes().await.unwrap();
+        let left = s.inbox().inbox_indexes().await.unwrap();
         assert!(left.dedupe.is_empty() && left.dedupe_expiry.is_empty());
         assert_eq!(s.next_expiry().await.unwrap(), None);
         assert_eq!(
-            s.ingest(event("a", None, 1), T + WINDOW).await.unwrap(),
+            s.inbox()
+                .ingest(event("a", None, 1), T + WINDOW)
+                .await
+                .unwrap(),
             IngestOutcome::Accepted
         );
         s.close().await;
@@ -598,43 +652,51 @@ mod inbox {
     async fn only_events_reaped_within_the_window_leave_a_record() {
         let dir = TempDir::new().unwrap();
         let s = open_with_window(&dir);
-        s.ingest(event("dead", None, 1), T).await.unwrap();
-        s.settle(
-            "sume",
-            "dead",
-            0,
-            Settle::Dead {
-                error: "down".into(),
-            },
-            RETENTION,
-            T,
-        )
-        .await
-        .unwrap();
+        s.inbox().ingest(event("dead", None, 1), T).await.unwrap();
+        s.inbox()
+            .settle(
+                "sume",
+                "dead",
+                0,
+                Settle::Dead {
+                    error: "down".into(),
+                },
+                RETENTION,
+                T,
+            )
+            .await
+            .unwrap();
         let mut orphan = event("p", None, 1);
         orphan.source = "gone".into();
-        s.ingest(orphan.clone(), T).await.unwrap();
+        s.inbox().ingest(orphan.clone(), T).await.unwrap();
         assert_eq!(
-            s.ingest(event("dead", None, 1), T + WINDOW).await.unwrap(),
+            s.inbox()
+                .ingest(event("dead", None, 1), T + WINDOW)
+                .await
+                .unwrap(),
             IngestOutcome::Duplicate,
             "the row protects it past the window"
         );
         let r = s.purge_expired(T + 5_000, 100).await.unwrap();
         assert_eq!((r.inbox, r.dedupe), (1, 0));
         assert_eq!(
-            s.purge_pending(vec!["gone".into()], T + 1, 100, T + 5_000)
+            s.inbox()
+                .purge_pending(vec!["gone".into()], T + 1, 100, T + 5_000)
                 .await
                 .unwrap(),
             1
         );
-        let left = s.inbox_indexes().await.unwrap();
+        let left = s.inbox().inbox_indexes().await.unwrap();
         assert!(left.rows.is_empty() && left.dedupe.is_empty(), "{left:?}");
         assert_eq!(
-            s.ingest(event("dead", None, 1), T + 5_000).await.unwrap(),
+            s.inbox()
+                .ingest(event("dead", None, 1), T + 5_000)
+                .await
+                .unwrap(),
             IngestOutcome::Accepted
         );
         assert_eq!(
-            s.ingest(orphan, T + 5_000).await.unwrap(),
+            s.inbox().ingest(orphan, T + 5_000).await.unwrap(),
             IngestOutcome::Accepted
         );
         s.close().await;
@@ -647,14 +709,17 @@ mod inbox {
     async fn an_expired_record_not_yet_reaped_gives_way_to_the_new_event() {
         let dir = TempDir::new().unwrap();
         let s = open_with_window(&dir);
-        s.ingest(event("a", None, 1), T).await.unwrap();
+        s.inbox().ingest(event("a", None, 1), T).await.unwrap();
         deliver(&s, "a", T).await;
         s.purge_expired(T + 1_000, 100).await.unwrap();
         assert_eq!(
-            s.ingest(event("a", None, 1), T + WINDOW).await.unwrap(),
+            s.inbox()
+                .ingest(event("a", None, 1), T + WINDOW)
+                .await
+                .unwrap(),
             IngestOutcome::Accepted
         );
-        let left = s.inbox_indexes().await.unwrap();
+        let left = s.inbox().inbox_indexes().await.unwrap();
         assert_eq!(left.rows.len(), 1);
         assert!(
             left.dedupe.is_empty() && left.dedupe_expiry.is_empty(),
@@ -662,7 +727,7 @@ mod inbox {
         );
         let r = s.purge_expired(T + WINDOW, 100).await.unwrap();
         assert_eq!((r.inbox, r.dedupe, r.more), (0, 0, false));
-        let e = s.inbox_event("sume", "a").await.unwrap().unwrap();
+        let e = s.inbox().inbox_event("sume", "a").await.unwrap().unwrap();
         assert_eq!(e.status, EventStatus::Pending);
         s.close().await;
     }
@@ -679,7 +744,7 @@ mod inbox {
         for i in 0..250u64 {
             let mut e = event(&format!("e{:03}", 249 - i), None, 1);
             e.received_at_ms = T + i;
-            s.ingest(e, T + i).await.unwrap();
+            s.inbox().ingest(e, T + i).await.unwrap();
         }
         for i in 0..250u64 {
             deliver(&s, &format!("e{:03}", 249 - i), T + 250).await;
@@ -696,21 +761,21 @@ mod inbox {
         assert_eq!(reaped, 250);
         s.close().await;
         s = open_with_window(&dir);
-        assert_eq!(s.inbox_indexes().await.unwrap().dedupe.len(), 250);
+        assert_eq!(s.inbox().inbox_indexes().await.unwrap().dedupe.len(), 250);
 
         // Ten more events reaped at the same pass as the first records.
         for i in 0..10u64 {
             let id = format!("late{i}");
             let mut e = event(&id, None, 1);
             e.received_at_ms = T + WINDOW;
-            s.ingest(e, T + WINDOW).await.unwrap();
+            s.inbox().ingest(e, T + WINDOW).await.unwrap();
             deliver(&s, &id, T + WINDOW).await;
         }
         let end = T + WINDOW + 1_000;
         assert_eq!(s.next_expiry().await.unwrap(), Some(T + WINDOW));
         let r = s.purge_expired(end, 100).await.unwrap();
         assert_eq!((r.inbox, r.dedupe, r.more), (10, 90, true));
-        let left = s.inbox_indexes().await.unwrap().dedupe;
+        let left = s.inbox().inbox_indexes().await.unwrap().dedupe;
         // The 90 received first (ids e249 down to e160) went first.
         let mut want: Vec<String> = (0..160).map(|i| format!("e{i:03}")).collect();
         want.extend((0..10).map(|i| format!("late{i}")));
@@ -722,7 +787,7 @@ mod inbox {
         assert_eq!((r.dedupe, r.more), (100, true));
         let r = s.purge_expired(end, 100).await.unwrap();
         assert_eq!((r.dedupe, r.more), (60, false));
-        let left = s.inbox_indexes().await.unwrap();
+        let left = s.inbox().inbox_indexes().await.unwrap();
         assert_eq!(
             left.dedupe
                 .iter()
@@ -738,7 +803,7 @@ mod inbox {
 
 #[tokio::test]
 async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
-    use dedupd::store::redb::{KvRequest, KvResponse, SetCondition, SetExpiry};
+    use dedupd::store::keyspace::{KvRequest, KvResponse, SetCondition, SetExpiry};
     let dir = TempDir::new().unwrap();
     let opts = RedbOptions::new(dir.path().join("v3.redb"));
     let key = ScopedKey::api(&Key::parse("kept", "key").unwrap());
@@ -772,7 +837,13 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
         expiry: SetExpiry::At(10_000),
         get: false,
     };
-    let answer = s.kv_submit(set, 2_000).await.unwrap().await.unwrap();
+    let answer = s
+        .keyspace()
+        .submit(set, 2_000)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
     assert_eq!(
         answer,
         KvResponse::Set {
@@ -780,14 +851,20 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
             old: None
         }
     );
-    assert_eq!(s.kv_count(vec![b"k".to_vec()], 2_000).await.unwrap(), 1);
+    assert_eq!(
+        s.keyspace()
+            .count(vec![b"k".to_vec()], 2_000)
+            .await
+            .unwrap(),
+        1
+    );
     s.close().await;
     assert_eq!(stored_schema(&opts.path).0, 7);
 }
 
 #[tokio::test]
 async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_table() {
-    use dedupd::store::inbox::{EventStatus, ListOrder, Retention, Settle};
+    use dedupd::store::inbox::{EventStatus, Inbox, ListOrder, Retention, Settle};
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("v4.redb");
     let body = vec![42u8; 300 * 1024];
@@ -860,6 +937,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
     }
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
     let due = s
+        .inbox()
         .due_events(T1, vec![("sume".to_owned(), 10)])
         .await
         .unwrap()
@@ -873,11 +951,17 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
         e.headers,
         [("x-sume-signature".to_owned(), "t=1,v1=ab".to_owned())]
     );
-    let dead = s.inbox_event("sume", "dead").await.unwrap().unwrap();
+    let dead = s
+        .inbox()
+        .inbox_event("sume", "dead")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(dead.status, EventStatus::Dead);
     assert_eq!(dead.last_error.as_deref(), Some("HTTP 500"));
     assert_eq!((dead.attempts, dead.body.as_slice()), (5, b"{}".as_slice()));
     let (listed, _) = s
+        .inbox()
         .list_events(
             "sume",
             EventStatus::Pending,
@@ -894,6 +978,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
         dead_ms: 1,
     };
     let leased = s
+        .inbox()
         .lease(
             vec![("sume".into(), "pending".into(), T1 + 30_000)],
             None,
@@ -902,18 +987,19 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
         .await
         .unwrap();
     let lease = leased.leased[0].2;
-    s.settle(
-        "sume",
-        "pending",
-        lease,
-        Settle::Delivered { attempted: true },
-        retention,
-        T1,
-    )
-    .await
-    .unwrap();
+    s.inbox()
+        .settle(
+            "sume",
+            "pending",
+            lease,
+            Settle::Delivered { attempted: true },
+            retention,
+            T1,
+        )
+        .await
+        .unwrap();
     s.purge_expired(T1 + 120_000, 100).await.unwrap();
-    let left = s.inbox_indexes().await.unwrap();
+    let left = s.inbox().inbox_indexes().await.unwrap();
     assert!(left.rows.is_empty(), "{:?}", left.rows);
     assert!(left.orphan_bodies.is_empty(), "{:?}", left.orphan_bodies);
     s.close().await;
@@ -925,7 +1011,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
 
 #[tokio::test]
 async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
-    use dedupd::store::redb::{KvRequest, KvResponse, SetCondition, SetExpiry};
+    use dedupd::store::keyspace::{KvRequest, KvResponse, SetCondition, SetExpiry};
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("v5.redb");
     let big = vec![7u8; 5000];
@@ -963,7 +1049,8 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
         tx.commit().unwrap();
     }
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
-    let get = |k: &'static [u8], now| s.kv_get(k.to_vec(), now);
+    let keyspace = s.keyspace();
+    let get = |k: &'static [u8], now| keyspace.get(k.to_vec(), now);
     let forever = get(b"forever", 2_000).await.unwrap().unwrap();
     assert_eq!(
         (forever.value, forever.expires_at_ms),
@@ -987,7 +1074,8 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
         get: false,
     };
     let refused = s
-        .kv_submit(set(b"forever"), 3_000)
+        .keyspace()
+        .submit(set(b"forever"), 3_000)
         .await
         .unwrap()
         .await
@@ -1000,7 +1088,8 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
         }
     );
     let added = s
-        .kv_submit(set(b"fresh"), 3_000)
+        .keyspace()
+        .submit(set(b"fresh"), 3_000)
         .await
         .unwrap()
         .await
@@ -1020,20 +1109,26 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
     assert!(!tables.contains(&"kv_expiry".to_owned()), "{tables:?}");
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
     assert_eq!(
-        s.kv_count(
-            vec![
-                b"forever".to_vec(),
-                b"big".to_vec(),
-                b"soon".to_vec(),
-                b"fresh".to_vec()
-            ],
-            3_000
-        )
-        .await
-        .unwrap(),
+        s.keyspace()
+            .count(
+                vec![
+                    b"forever".to_vec(),
+                    b"big".to_vec(),
+                    b"soon".to_vec(),
+                    b"fresh".to_vec()
+                ],
+                3_000
+            )
+            .await
+            .unwrap(),
         3
     );
-    let fresh = s.kv_get(b"fresh".to_vec(), 3_000).await.unwrap().unwrap();
+    let fresh = s
+        .keyspace()
+        .get(b"fresh".to_vec(), 3_000)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(fresh.value, b"new");
     s.close().await;
 }
@@ -1043,7 +1138,7 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
 /// event's id stays a duplicate.
 #[tokio::test]
 async fn a_schema_6_file_gains_the_dedupe_tables_and_its_reaped_events_stay_duplicates() {
-    use dedupd::store::inbox::{EventStatus, IngestOutcome, NewEvent, Retention, Settle};
+    use dedupd::store::inbox::{EventStatus, Inbox, IngestOutcome, NewEvent, Retention, Settle};
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("v6.redb");
     let event = |id: &str| NewEvent {
@@ -1062,18 +1157,19 @@ async fn a_schema_6_file_gains_the_dedupe_tables_and_its_reaped_events_stay_dupl
     {
         let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
         for id in ["pending", "done"] {
-            s.ingest(event(id), T1).await.unwrap();
+            s.inbox().ingest(event(id), T1).await.unwrap();
         }
-        s.settle(
-            "sume",
-            "done",
-            0,
-            Settle::Delivered { attempted: true },
-            retention,
-            T1,
-        )
-        .await
-        .unwrap();
+        s.inbox()
+            .settle(
+                "sume",
+                "done",
+                0,
+                Settle::Delivered { attempted: true },
+                retention,
+                T1,
+            )
+            .await
+            .unwrap();
         s.close().await;
     }
     // As the previous release left it: version 6, no dedupe tables.
@@ -1090,13 +1186,18 @@ async fn a_schema_6_file_gains_the_dedupe_tables_and_its_reaped_events_stay_dupl
         tx.commit().unwrap();
     }
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
-    let pending = s.inbox_event("sume", "pending").await.unwrap().unwrap();
+    let pending = s
+        .inbox()
+        .inbox_event("sume", "pending")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(pending.status, EventStatus::Pending);
-    assert!(s.knows_event("sume", "pending", T1).await.unwrap());
+    assert!(s.inbox().knows_event("sume", "pending", T1).await.unwrap());
     let r = s.purge_expired(T1 + 1_000, 100).await.unwrap();
     assert_eq!(r.inbox, 1);
     assert_eq!(
-        s.ingest(event("done"), T1 + 2_000).await.unwrap(),
+        s.inbox().ingest(event("done"), T1 + 2_000).await.unwrap(),
         IngestOutcome::Duplicate,
         "reaped, but within the window"
     );

@@ -9,9 +9,7 @@
 //! a golden test (`wal_golden`, against `tests/golden/requests-format-N.hex`):
 //! a change to it must bump `wal::FORMAT`. That covers the types nested in
 //! the requests as well, wherever they are defined: the inbox's
-//! ([`NewEvent`](crate::store::inbox::NewEvent),
-//! [`Settle`](crate::store::inbox::Settle),
-//! [`Retention`](crate::store::inbox::Retention)), the keyspace's
+//! ([`NewEvent`], [`Settle`], [`Retention`]), the keyspace's
 //! ([`KvRequest`] and its conditions), and the domain's keys, TTLs, tokens,
 //! fingerprints and timestamps. New variants go last; fields are renamed
 //! freely (names are not encoded) but never reordered.

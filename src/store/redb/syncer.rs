@@ -23,10 +23,11 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
+use super::CommitMetrics;
+use super::engine::Shared;
 use super::error::EngineError;
 use super::ops::Response;
 use super::wal::WalSync;
-use super::{CommitMetrics, Shared};
 
 /// A batch that ran and was logged, waiting for its log record's sync.
 #[derive(Debug)]

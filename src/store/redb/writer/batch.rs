@@ -8,8 +8,8 @@ use redb::{Database, Durability, WriteTransaction};
 
 use super::{Counters, Logged};
 use crate::clock::Millis;
-use crate::store::redb::Shared;
 use crate::store::redb::counts::StatusDeltas;
+use crate::store::redb::engine::Shared;
 use crate::store::redb::faults::FaultPlan;
 use crate::store::redb::kv_index::KvIndex;
 use crate::store::redb::ops::{Response, Tables};

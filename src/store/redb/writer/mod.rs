@@ -55,12 +55,13 @@ use redb::Database;
 use tokio::sync::{mpsc, oneshot};
 
 use self::batch::Open;
+use super::RedbOptions;
+use super::engine::Shared;
 use super::error::EngineError;
 use super::ops::Response;
 use super::record::Request;
 use super::syncer::{self, Job};
 use super::wal::Wal;
-use super::{RedbOptions, Shared};
 use crate::clock::Millis;
 use crate::store::WriteStats;
 

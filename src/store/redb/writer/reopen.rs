@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::replay::{replay_up_to, stored_seq};
 use super::{Logged, Writer};
 use crate::store::redb::migrate::stored_file_id;
-use crate::store::redb::open_db;
+use crate::store::redb::open::open_db;
 use crate::store::redb::syncer::Job;
 use crate::store::redb::wal::{self, Wal};
 

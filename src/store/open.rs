@@ -1,0 +1,78 @@
+//! Opening the store the settings name: the data file always (it holds the
+//! gateway inbox and the Redis-protocol keyspace), and claims and ordering
+//! in the configured backend (`storage.backend`).
+
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::Store;
+use super::inbox::Inbox;
+use super::keyspace::Keyspace;
+use super::redb::{CommitMetrics, RedbOptions, RedbStore};
+use crate::config::{Backend, Settings};
+
+/// The store, open: a handle for each concern.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    /// Claims, ordering and expiry, in the configured backend.
+    pub claims: Arc<dyn Store>,
+    /// The data file's own claims, ordering and expiry: `claims` itself
+    /// with the embedded backend. The reaper purges it (Redis expires its
+    /// own keys); closing it closes the data file under every handle.
+    pub file: Arc<dyn Store>,
+    /// The gateway inbox, in the data file.
+    pub inbox: Arc<dyn Inbox>,
+    /// The Redis-protocol keyspace, in the data file.
+    pub keyspace: Keyspace,
+}
+
+impl Opened {
+    /// The handles of an open data file that holds claims as well (the
+    /// embedded backend).
+    pub fn embedded(file: RedbStore) -> Self {
+        let inbox = Arc::new(file.inbox());
+        let keyspace = file.keyspace();
+        let file: Arc<dyn Store> = Arc::new(file);
+        Self {
+            claims: file.clone(),
+            file,
+            inbox,
+            keyspace,
+        }
+    }
+}
+
+/// Opens the data file as `settings` say (each group commit recorded in
+/// `commit_metrics`), and the Redis backend if they name it.
+pub async fn open(settings: &Settings, commit_metrics: CommitMetrics) -> anyhow::Result<Opened> {
+    let opts = RedbOptions::from_settings(settings, commit_metrics);
+    let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
+        .await
+        .context("opening the store panicked")??;
+    let embedded = Opened::embedded(file);
+    match settings.storage.backend {
+        Backend::Redb => Ok(embedded),
+        #[cfg(feature = "redis")]
+        Backend::Redis => {
+            let r = &settings.storage.redis;
+            let claims = Arc::new(super::redis::RedisStore::new(super::redis::RedisOptions {
+                url: r.url.expose().to_owned(),
+                cluster_nodes: r
+                    .cluster_nodes
+                    .iter()
+                    .map(|n| n.expose().to_owned())
+                    .collect(),
+                prefix: r.prefix.clone(),
+                expiry_slack: r.expiry_slack,
+                connect_timeout: r.connect_timeout,
+                response_timeout: r.response_timeout,
+            })?);
+            Ok(Opened { claims, ..embedded })
+        }
+        #[cfg(not(feature = "redis"))]
+        Backend::Redis => {
+            anyhow::bail!("storage.backend = \"redis\" needs a build with `--features redis`")
+        }
+    }
+}

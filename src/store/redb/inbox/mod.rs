@@ -1,0 +1,262 @@
+//! The gateway inbox in the data file: the [`Inbox`] handle over the
+//! engine. Its writes go through the writer like every other write; its
+//! counts by status are kept in memory (see `counts`), so a summary never
+//! scans the inbox.
+//!
+//! - `write`: the inbox's writes in the writer's transaction, and the
+//!   invariants every one of them keeps between the inbox's tables;
+//! - `read`: the reads (due events, listings, lookups, the dedupe check);
+//! - `row`: an event to and from its row.
+
+mod read;
+mod row;
+mod write;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use self::read::{InboxIndexes, next_dedupe_expiry, sources};
+pub use self::write::{InboxResponse, InboxTables};
+use super::engine::Engine;
+use super::error::EngineError;
+use super::ops::Response;
+use super::record::{InboxRequest, Request};
+use crate::clock::Millis;
+use crate::domain::{CreatedAt, ScopedKey};
+use crate::store::StoreError;
+use crate::store::inbox::{
+    Cursor, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent,
+    RedeliverOutcome, Retention, Settle, SourceDue, SourceSummary,
+};
+
+/// The inbox in the data file; a handle on its engine (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct RedbInbox {
+    /// The open file.
+    engine: Arc<Engine>,
+}
+
+impl RedbInbox {
+    /// The inbox of the file `engine` has open.
+    pub(super) fn new(engine: Arc<Engine>) -> Self {
+        Self { engine }
+    }
+
+    async fn write(&self, request: InboxRequest, now: Millis) -> Result<InboxResponse, StoreError> {
+        match self.engine.write(Request::Inbox(request), now).await? {
+            Response::Inbox(r) => Ok(r),
+            _ => Err(EngineError::Unexpected("an inbox write").into()),
+        }
+    }
+
+    /// Every inbox table as stored, for consistency checks in tests (it
+    /// reads the whole inbox).
+    #[doc(hidden)]
+    pub async fn inbox_indexes(&self) -> Result<InboxIndexes, StoreError> {
+        Ok(self.engine.read(read::indexes).await?)
+    }
+}
+
+#[async_trait]
+impl Inbox for RedbInbox {
+    async fn ingest(&self, event: NewEvent, now: Millis) -> Result<IngestOutcome, StoreError> {
+        match self.write(InboxRequest::Insert(event), now).await? {
+            InboxResponse::Inserted(o) => Ok(o),
+            _ => Err(EngineError::Unexpected("insert").into()),
+        }
+    }
+
+    async fn knows_event(
+        &self,
+        source: &str,
+        event_id: &str,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        let (source, id) = (source.to_owned(), event_id.to_owned());
+        Ok(self
+            .engine
+            .read(move |tx| read::known(tx, &source, &id, now))
+            .await?)
+    }
+
+    fn dedupe_window(&self) -> Duration {
+        self.engine.dedupe_window()
+    }
+
+    async fn lease(
+        &self,
+        events: Vec<(String, String, Millis)>,
+        stale_check: Option<Retention>,
+        now: Millis,
+    ) -> Result<Leased, StoreError> {
+        let request = InboxRequest::Lease {
+            events,
+            stale_check,
+        };
+        match self.write(request, now).await? {
+            InboxResponse::Leased(l) => Ok(l),
+            _ => Err(EngineError::Unexpected("lease").into()),
+        }
+    }
+
+    async fn settle(
+        &self,
+        source: &str,
+        event_id: &str,
+        lease: u64,
+        settle: Settle,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let request = InboxRequest::Settle {
+            source: source.to_owned(),
+            event_id: event_id.to_owned(),
+            lease,
+            settle,
+            retention,
+        };
+        self.write(request, now).await.map(|_| ())
+    }
+
+    async fn settle_delivered(
+        &self,
+        source: &str,
+        event_id: &str,
+        lease: u64,
+        apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let settle = InboxRequest::Settle {
+            source: source.to_owned(),
+            event_id: event_id.to_owned(),
+            lease,
+            settle: Settle::Delivered { attempted: true },
+            retention,
+        };
+        let request = Request::Delivered {
+            apply,
+            settle: Box::new(settle),
+        };
+        match self.engine.write(request, now).await? {
+            Response::Inbox(_) => Ok(()),
+            _ => Err(EngineError::Unexpected("a delivered settle").into()),
+        }
+    }
+
+    async fn redeliver(
+        &self,
+        source: &str,
+        event_id: &str,
+        now: Millis,
+    ) -> Result<RedeliverOutcome, StoreError> {
+        let request = InboxRequest::Redeliver {
+            source: source.to_owned(),
+            event_id: event_id.to_owned(),
+        };
+        match self.write(request, now).await? {
+            InboxResponse::Redelivered(o) => Ok(o),
+            _ => Err(EngineError::Unexpected("redeliver").into()),
+        }
+    }
+
+    async fn purge_pending(
+        &self,
+        sources: Vec<String>,
+        before: Millis,
+        limit: u64,
+        now: Millis,
+    ) -> Result<u64, StoreError> {
+        let request = Request::PurgePending {
+            sources,
+            before,
+            limit,
+        };
+        match self.engine.write(request, now).await? {
+            Response::Purged(n) => Ok(n),
+            _ => Err(EngineError::Unexpected("purge of pending events").into()),
+        }
+    }
+
+    async fn due_events(
+        &self,
+        now: Millis,
+        wants: Vec<(String, usize)>,
+    ) -> Result<Vec<SourceDue>, StoreError> {
+        Ok(self
+            .engine
+            .read(move |tx| read::due(tx, now, &wants))
+            .await?)
+    }
+
+    async fn inbox_sources(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        Ok(self.engine.read(read::sources).await?)
+    }
+
+    /// Counts by status come from memory, and one index read per source
+    /// finds its oldest pending event.
+    async fn inbox_summary(&self) -> Result<Vec<SourceSummary>, StoreError> {
+        let counts = self.engine.shared.counts.snapshot();
+        let summary = self.engine.read(move |tx| {
+            let mut out = Vec::with_capacity(counts.len());
+            for (source, c) in &counts {
+                let oldest_pending_ms = if c[0] > 0 {
+                    read::oldest_pending(tx, source)?
+                } else {
+                    None
+                };
+                out.push(SourceSummary {
+                    pending: c[0],
+                    delivered: c[1],
+                    stale: c[2],
+                    dead: c[3],
+                    oldest_pending_ms,
+                    source: source.clone(),
+                });
+            }
+            Ok(out)
+        });
+        Ok(summary.await?)
+    }
+
+    async fn has_source(&self, source: &str) -> Result<bool, StoreError> {
+        let source = source.to_owned();
+        Ok(self
+            .engine
+            .read(move |tx| read::has_source(tx, &source))
+            .await?)
+    }
+
+    async fn inbox_event(
+        &self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<Option<InboxEvent>, StoreError> {
+        let (source, id) = (source.to_owned(), event_id.to_owned());
+        Ok(self
+            .engine
+            .read(move |tx| read::get(tx, &source, &id))
+            .await?)
+    }
+
+    async fn list_events(
+        &self,
+        source: &str,
+        status: EventStatus,
+        order: ListOrder,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<(Vec<InboxEvent>, Option<Cursor>), StoreError> {
+        let source = source.to_owned();
+        let list = move |tx: &redb::ReadTransaction| {
+            read::list(tx, &source, status, order, after.clone(), limit)
+        };
+        Ok(self.engine.read(list).await?)
+    }
+
+    async fn writer_responds(&self, within: Duration) -> bool {
+        self.engine.writer_responds(within).await
+    }
+}

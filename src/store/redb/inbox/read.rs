@@ -1,0 +1,260 @@
+//! The inbox's reads: what the dispatcher takes next, the operator API's
+//! listings and lookups, the dedupe check of an ingest. Each reads only the
+//! index ranges it needs (see each function).
+
+use redb::{ReadTransaction, ReadableTable};
+
+use super::row::{decode, read_whole, with_body};
+use crate::clock::Millis;
+use crate::store::inbox::{Cursor, EventStatus, InboxEvent, ListOrder, SourceDue};
+use crate::store::redb::tables::{
+    INBOX, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE,
+    INBOX_STATUS,
+};
+
+/// For each `(source, limit)`: its runnable events due at `now`, in due
+/// order, at most `limit`. Reads only the asked sources' ranges of the
+/// runnable index, so a source left out costs nothing however many events
+/// it holds.
+pub fn due(
+    tx: &ReadTransaction,
+    now: Millis,
+    wants: &[(String, usize)],
+) -> Result<Vec<SourceDue>, redb::Error> {
+    let due = tx.open_table(INBOX_DUE)?;
+    let rows = tx.open_table(INBOX)?;
+    let bodies = tx.open_table(INBOX_BODIES)?;
+    let mut out = Vec::with_capacity(wants.len());
+    for (source, limit) in wants {
+        let mut found = SourceDue::default();
+        let source = source.as_str();
+        for entry in due.range((source, 0u64, "")..)? {
+            let (k, _) = entry?;
+            let (s, at, id) = k.value();
+            if s != source {
+                break;
+            }
+            if at > now || found.events.len() >= *limit {
+                found.next = Some(at);
+                break;
+            }
+            if let Some(e) = read_whole(&rows, &bodies, s, id)? {
+                found.events.push(e);
+            }
+        }
+        out.push(found);
+    }
+    Ok(out)
+}
+
+/// Every source with events in the inbox, with its count of pending events,
+/// in name order. Skips from source to source, so it reads one index entry
+/// per source plus one per pending event.
+pub fn sources(tx: &ReadTransaction) -> Result<Vec<(String, u64)>, redb::Error> {
+    let index = tx.open_table(INBOX_STATUS)?;
+    let pending = EventStatus::Pending.to_byte();
+    let mut out = Vec::new();
+    let mut first = index.first()?.map(|(k, _)| k.value().0.to_owned());
+    while let Some(source) = first {
+        let count = index
+            .range((source.as_str(), pending, 0u64, "")..)?
+            .map_while(|e| {
+                let (k, _) = e.ok()?;
+                let (s, st, _, _) = k.value();
+                (s == source && st == pending).then_some(())
+            })
+            .count() as u64;
+        // Status bytes stop at 3, so (source, 255, ..) is past all of its
+        // entries.
+        first = index
+            .range((source.as_str(), u8::MAX, u64::MAX, "")..)?
+            .map(|e| e.map(|(k, _)| k.value().0.to_owned()))
+            .find(|s| s.as_ref().map_or(true, |s| *s != source))
+            .transpose()?;
+        out.push((source, count));
+    }
+    Ok(out)
+}
+
+/// When the oldest pending event of `source` was received.
+pub fn oldest_pending(tx: &ReadTransaction, source: &str) -> Result<Option<Millis>, redb::Error> {
+    let pending = EventStatus::Pending.to_byte();
+    let index = tx.open_table(INBOX_STATUS)?;
+    let first = index
+        .range((source, pending, 0u64, "")..)?
+        .next()
+        .transpose()?;
+    Ok(first.and_then(|(k, _)| {
+        let (s, st, at, _) = k.value();
+        (s == source && st == pending).then_some(at)
+    }))
+}
+
+/// Whether the inbox holds any event of `source`.
+pub fn has_source(tx: &ReadTransaction, source: &str) -> Result<bool, redb::Error> {
+    let index = tx.open_table(INBOX_STATUS)?;
+    Ok(index
+        .range((source, 0u8, 0u64, "")..)?
+        .next()
+        .transpose()?
+        .is_some_and(|(k, _)| k.value().0 == source))
+}
+
+/// Whether a post of this id is a duplicate at `now`: the inbox holds the
+/// event (its row is not decoded), or it was reaped less than its dedupe
+/// window ago. The second lookup is made only for an id without a row.
+pub fn known(
+    tx: &ReadTransaction,
+    source: &str,
+    id: &str,
+    now: Millis,
+) -> Result<bool, redb::Error> {
+    Ok(tx.open_table(INBOX)?.get((source, id))?.is_some()
+        || tx
+            .open_table(INBOX_DEDUPE)?
+            .get((source, id))?
+            .is_some_and(|g| g.value() > now))
+}
+
+/// When the first dedupe record expires, if any.
+pub fn next_dedupe_expiry(tx: &ReadTransaction) -> Result<Option<Millis>, redb::Error> {
+    Ok(tx
+        .open_table(INBOX_DEDUPE_EXPIRY)?
+        .first()?
+        .map(|(k, _)| k.value().0))
+}
+
+/// One event.
+pub fn get(
+    tx: &ReadTransaction,
+    source: &str,
+    id: &str,
+) -> Result<Option<InboxEvent>, redb::Error> {
+    let rows = tx.open_table(INBOX)?;
+    let bodies = tx.open_table(INBOX_BODIES)?;
+    read_whole(&rows, &bodies, source, id)
+}
+
+/// A page of a source's events with `status` in `order` (by received time,
+/// then id), starting after the cursor `(received_at_ms, event id)` of the
+/// previous page's last event.
+pub fn list(
+    tx: &ReadTransaction,
+    source: &str,
+    status: EventStatus,
+    order: ListOrder,
+    after: Option<Cursor>,
+    limit: usize,
+) -> Result<(Vec<InboxEvent>, Option<Cursor>), redb::Error> {
+    use std::ops::Bound::{Excluded, Included};
+    let index = tx.open_table(INBOX_STATUS)?;
+    let rows = tx.open_table(INBOX)?;
+    let s = status.to_byte();
+    // Status bytes stop at 3, so (source, s + 1, 0, "") is past every entry
+    // of this status.
+    let first = (source, s, 0u64, "");
+    let end = (source, s + 1, 0u64, "");
+    let cursor = after.as_ref().map(|(at, id)| (source, s, *at, id.as_str()));
+    let range = match (order, cursor) {
+        (_, None) => index.range((Included(first), Excluded(end)))?,
+        (ListOrder::OldestFirst, Some(c)) => index.range((Excluded(c), Excluded(end)))?,
+        (ListOrder::NewestFirst, Some(c)) => index.range((Included(first), Excluded(c)))?,
+    };
+    let entries: Box<dyn Iterator<Item = _>> = match order {
+        ListOrder::OldestFirst => Box::new(range),
+        ListOrder::NewestFirst => Box::new(range.rev()),
+    };
+    let mut events = Vec::new();
+    let mut more = false;
+    for entry in entries {
+        let (k, _) = entry?;
+        let (src, _, _, id) = k.value();
+        if events.len() == limit {
+            more = true;
+            break;
+        }
+        if let Some(row) = rows.get((src, id))? {
+            events.push(decode(src, id, row.value()));
+        }
+    }
+    let next = if more {
+        events
+            .last()
+            .map(|e| (e.received_at_ms, e.event_id.clone()))
+    } else {
+        None
+    };
+    Ok((events, next))
+}
+
+/// Every inbox index as stored, for consistency checks in tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InboxIndexes {
+    /// Rows: (source, event id) → the row, decoded.
+    pub rows: Vec<InboxEvent>,
+    /// Runnable index: (source, due_at_ms, event id).
+    pub runnable: Vec<(String, u64, String)>,
+    /// Stream queues: (source, stream, created_at ns, received_at_ms, event id).
+    pub queue: Vec<(String, String, i128, u64, String)>,
+    /// Status index: (source, status byte, received_at_ms, event id).
+    pub status: Vec<(String, u8, u64, String)>,
+    /// Expiry index: (expires_at_ms, source, event id).
+    pub expiry: Vec<(u64, String, String)>,
+    /// Bodies without a row: (source, event id). Always empty.
+    pub orphan_bodies: Vec<(String, String)>,
+    /// Dedupe records of reaped events: (source, event id, until).
+    pub dedupe: Vec<(String, String, u64)>,
+    /// Their expiry index: (until, source, event id).
+    pub dedupe_expiry: Vec<(u64, String, String)>,
+}
+
+/// Reads every inbox table whole (tests only: it reads everything).
+pub fn indexes(tx: &ReadTransaction) -> Result<InboxIndexes, redb::Error> {
+    let mut out = InboxIndexes::default();
+    let rows = tx.open_table(INBOX)?;
+    let bodies = tx.open_table(INBOX_BODIES)?;
+    for entry in rows.iter()? {
+        let (k, v) = entry?;
+        let (s, id) = k.value();
+        out.rows.push(with_body(&bodies, decode(s, id, v.value()))?);
+    }
+    for entry in bodies.iter()? {
+        let (k, _) = entry?;
+        let (s, id) = k.value();
+        if rows.get((s, id))?.is_none() {
+            out.orphan_bodies.push((s.to_owned(), id.to_owned()));
+        }
+    }
+    for entry in tx.open_table(INBOX_DUE)?.iter()? {
+        let (k, _) = entry?;
+        let (s, at, id) = k.value();
+        out.runnable.push((s.to_owned(), at, id.to_owned()));
+    }
+    for entry in tx.open_table(INBOX_QUEUE)?.iter()? {
+        let (k, _) = entry?;
+        let (s, st, c, r, id) = k.value();
+        out.queue
+            .push((s.to_owned(), st.to_owned(), c, r, id.to_owned()));
+    }
+    for entry in tx.open_table(INBOX_STATUS)?.iter()? {
+        let (k, _) = entry?;
+        let (s, st, at, id) = k.value();
+        out.status.push((s.to_owned(), st, at, id.to_owned()));
+    }
+    for entry in tx.open_table(INBOX_EXPIRY)?.iter()? {
+        let (k, _) = entry?;
+        let (at, s, id) = k.value();
+        out.expiry.push((at, s.to_owned(), id.to_owned()));
+    }
+    for entry in tx.open_table(INBOX_DEDUPE)?.iter()? {
+        let (k, v) = entry?;
+        let (s, id) = k.value();
+        out.dedupe.push((s.to_owned(), id.to_owned(), v.value()));
+    }
+    for entry in tx.open_table(INBOX_DEDUPE_EXPIRY)?.iter()? {
+        let (k, _) = entry?;
+        let (at, s, id) = k.value();
+        out.dedupe_expiry.push((at, s.to_owned(), id.to_owned()));
+    }
+    Ok(out)
+}

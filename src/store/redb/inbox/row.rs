@@ -1,0 +1,77 @@
+//! An inbox row and the event it holds: the row's fields from the event,
+//! and the event (its body read from its own table) from the row.
+
+use redb::ReadableTable;
+
+use crate::domain::CreatedAt;
+use crate::store::inbox::{EventStatus, InboxEvent};
+use crate::store::redb::tables::InboxRow;
+
+/// Encodes an event's row (`headers`: its headers as JSON).
+pub(super) fn to_row<'a>(e: &'a InboxEvent, headers: &'a str) -> InboxRow<'a> {
+    InboxRow {
+        status: e.status.to_byte(),
+        received_at_ms: e.received_at_ms,
+        created_at_ns: e.created_at.unix_nanos(),
+        stream: e.stream.as_deref(),
+        attempts: e.attempts,
+        due_at_ms: e.due_at_ms,
+        last_error: e.last_error.as_deref(),
+        force: e.force,
+        headers,
+        expires_at_ms: e.expires_at_ms,
+        lease: e.lease,
+        body_bytes: e.body_bytes as u64,
+    }
+}
+
+/// Decodes a row: the event without its body (see [`with_body`]).
+pub(super) fn decode(source: &str, event_id: &str, row: InboxRow<'_>) -> InboxEvent {
+    InboxEvent {
+        source: source.to_owned(),
+        event_id: event_id.to_owned(),
+        status: EventStatus::from_byte(row.status),
+        stream: row.stream.map(str::to_owned),
+        created_at: CreatedAt::from_unix_nanos(row.created_at_ns),
+        received_at_ms: row.received_at_ms,
+        attempts: row.attempts,
+        due_at_ms: row.due_at_ms,
+        last_error: row.last_error.map(str::to_owned),
+        force: row.force,
+        headers: serde_json::from_str(row.headers).unwrap_or_default(),
+        body: Vec::new(),
+        expires_at_ms: row.expires_at_ms,
+        lease: row.lease,
+        body_bytes: usize::try_from(row.body_bytes).unwrap_or(usize::MAX),
+    }
+}
+
+/// Fills in an event's body.
+pub(super) fn with_body(
+    bodies: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    mut e: InboxEvent,
+) -> Result<InboxEvent, redb::Error> {
+    // Every row has its body (written together, deleted together): a
+    // missing one is never delivered as an empty body.
+    let Some(body) = bodies.get((e.source.as_str(), e.event_id.as_str()))? else {
+        return Err(redb::Error::Corrupted(format!(
+            "inbox event {}/{} has no body",
+            e.source, e.event_id
+        )));
+    };
+    e.body = body.value().to_vec();
+    Ok(e)
+}
+
+/// Reads one whole event: its row and its body.
+pub(super) fn read_whole(
+    rows: &impl ReadableTable<(&'static str, &'static str), InboxRow<'static>>,
+    bodies: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    source: &str,
+    id: &str,
+) -> Result<Option<InboxEvent>, redb::Error> {
+    match rows.get((source, id))? {
+        Some(row) => with_body(bodies, decode(source, id, row.value())).map(Some),
+        None => Ok(None),
+    }
+}

@@ -1,0 +1,268 @@
+//! Opening the data file: the schema checked (or migrated), the log bound
+//! to its file checked and replayed, the writer started; and why that can
+//! fail ([`OpenError`]). Also the read-only look `check-config` takes.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use redb::{Database, ReadableDatabase};
+
+use super::counts::StatusCounts;
+use super::engine::{Engine, Shared};
+use super::flusher::Flusher;
+use super::kv_index::KvIndex;
+use super::tables::SCHEMA_VERSION;
+use super::watermark::Watermark;
+use super::writer::{self, Counters};
+use super::{RedbOptions, guard, inbox, migrate, wal};
+
+/// Why the data file could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Another process (or this one) has the file open.
+    #[error(
+        "data file {0} is already open in another dedupd process (redb holds an exclusive lock)"
+    )]
+    InUse(PathBuf),
+    /// The file was written by a build with another schema.
+    #[error(
+        "data file {path} has schema version {found}, but this dedupd reads version {SCHEMA_VERSION}; \
+         use the dedupd release that wrote it, or move the file away to start empty"
+    )]
+    UnknownSchema {
+        /// The file.
+        path: PathBuf,
+        /// The version it records.
+        found: u64,
+    },
+    /// The file holds redb tables but not dedupd's metadata.
+    #[error("{0} is a redb file, but not a dedupd data file (it has no dedupd metadata)")]
+    Foreign(PathBuf),
+    /// The write-ahead log exists but its data file does not.
+    #[error(
+        "write-ahead log {log} exists but its data file {data} does not: the log holds \
+         acknowledged writes of a data file that was moved or deleted. It was not replayed and \
+         is left as it is. Restore {data} (from where it was moved, or from a backup), or move \
+         {log} away to start with an empty store"
+    )]
+    OrphanLog {
+        /// The log.
+        log: PathBuf,
+        /// Its missing data file.
+        data: PathBuf,
+    },
+    /// The write-ahead log belongs to another data file.
+    #[error(
+        "write-ahead log {log} belongs to another data file than {data} ({}; {data} is \
+         {data_id:032x}): it was not replayed and is left as it is. This happens when {data} was \
+         restored from a backup, replaced or created anew while the log stayed. If {data} is the \
+         file to serve, move {log} away (it may hold writes that never reached {data}: keep it) \
+         and start again; otherwise put back the data file the log belongs to",
+        match log_id {
+            Some(id) => format!("the log names data file {id:032x}"),
+            None => "the log is of format 1, from before logs named their data file".into(),
+        }
+    )]
+    ForeignLog {
+        /// The log.
+        log: PathBuf,
+        /// The data file.
+        data: PathBuf,
+        /// The data file the log names, if it names one.
+        log_id: Option<u128>,
+        /// The data file's own id.
+        data_id: u128,
+    },
+    /// The log holds batches in a format this build cannot replay.
+    #[error(
+        "write-ahead log {log} is of format {found}, but this dedupd replays formats {:?} (and \
+         writes {}); it holds writes that were not checkpointed yet (the process that wrote it \
+         did not stop cleanly). It was not replayed and is left as it is. Start the dedupd \
+         release that wrote it once and stop it with SIGTERM, which checkpoints and empties the \
+         log, then start this one",
+        wal::DECODES,
+        wal::FORMAT
+    )]
+    LogVersion {
+        /// The log.
+        log: PathBuf,
+        /// Its format.
+        found: u32,
+    },
+    /// A logged record passes its checksum but does not decode.
+    #[error(
+        "write-ahead log {log}: {detail} (log format {version}, this build writes {}). That is \
+         corruption or a log of another build, not a torn tail, so dedupd does not drop it: \
+         the log is left as it is and nothing was replayed. Keep copies of {log} and its data \
+         file; start the dedupd release that wrote the log, or restore both from a backup",
+        wal::FORMAT
+    )]
+    CorruptLog {
+        /// The log.
+        log: PathBuf,
+        /// Its format.
+        version: u32,
+        /// What does not decode, and where.
+        detail: String,
+    },
+    /// The file beside the data file is not a write-ahead log.
+    #[error("{0} is not a dedupd write-ahead log; move it away")]
+    NotALog(PathBuf),
+    /// Anything else redb or the OS reported.
+    #[error("cannot open data file {path}: {source}")]
+    Other {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: redb::Error,
+    },
+}
+
+impl Engine {
+    /// Opens (or creates) the data file and starts the writer.
+    pub(super) fn open(opts: &RedbOptions) -> Result<Self, OpenError> {
+        let other = |e: redb::Error| OpenError::Other {
+            path: opts.path.clone(),
+            source: e,
+        };
+        if let Some(parent) = opts.path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| other(redb::Error::Io(e)))?;
+        }
+        // A log without its data file is never replayed into a new one.
+        let wal_path = wal::path_for(&opts.path);
+        let has_data = std::fs::metadata(&opts.path).is_ok_and(|m| m.len() > 0);
+        let has_log = std::fs::metadata(&wal_path).is_ok_and(|m| m.len() > 0);
+        if has_log && !has_data {
+            return Err(OpenError::OrphanLog {
+                log: wal_path,
+                data: opts.path.clone(),
+            });
+        }
+        let refuse = Arc::new(AtomicBool::new(false));
+        let db = open_db(opts, refuse.clone()).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(opts.path.clone()),
+            e => other(e.into()),
+        })?;
+        let id = migrate::init_schema(&db, &opts.path)?;
+        // Batches acknowledged after the last checkpoint are in the log.
+        let stored = writer::stored_seq(&db).map_err(other)?;
+        let (mut log, batches) = wal::Wal::open(
+            wal_path.clone(),
+            opts.faults.clone(),
+            stored,
+            id.id,
+            id.bound,
+        )
+        .map_err(|e| log_error(e, &wal_path, &opts.path, id.id))?;
+        let kv = KvIndex::default();
+        let seq = writer::replay(&db, &kv, batches).map_err(other)?;
+        log.reset().map_err(|e| other(redb::Error::Io(e)))?;
+        let logged = writer::Logged {
+            wal: log,
+            seq,
+            checkpointed: std::time::Instant::now(),
+        };
+        let counts = StatusCounts::default();
+        counts.recount(&db).map_err(other)?;
+        let shared = Arc::new(Shared {
+            db: Mutex::new(Some(Arc::new(db))),
+            healthy: AtomicBool::new(true),
+            counts,
+            kv,
+            watermark: Watermark::new(seq),
+            refuse: Mutex::new(refuse),
+            reopen_wanted: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+        });
+        let counters = Arc::new(Counters::default());
+        let (writes, handle) =
+            writer::spawn(shared.clone(), opts.clone(), counters.clone(), logged)
+                .map_err(|e| other(redb::Error::Io(e)))?;
+        Ok(Self {
+            shared,
+            writes,
+            writer: Mutex::new(Some(handle)),
+            flusher: Mutex::new(
+                Flusher::start(&opts.path)
+                    .map_err(|e| other(redb::Error::Io(e)))
+                    .map(Some)?,
+            ),
+            counters,
+            read_reopen_wait: opts.read_reopen_wait,
+            dedupe_window_ms: u64::try_from(opts.dedupe_window.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+}
+
+/// Opens the data file as the options say (through the fault-injecting
+/// backend when they carry a plan).
+/// `refuse` is the switch the writer throws before giving the file up (see
+/// [`guard`]).
+pub(super) fn open_db(
+    opts: &RedbOptions,
+    refuse: Arc<AtomicBool>,
+) -> Result<Database, redb::DatabaseError> {
+    let mut builder = redb::Builder::new();
+    builder.set_cache_size(opts.cache_bytes);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&opts.path)?;
+    builder.create_with_backend(guard::GuardedBackend::new(
+        file,
+        opts.faults.clone(),
+        refuse,
+    )?)
+}
+
+/// The open error for a log that cannot be opened.
+fn log_error(e: wal::LogError, log: &Path, data: &Path, data_id: u128) -> OpenError {
+    let (log, data) = (log.to_owned(), data.to_owned());
+    match e {
+        wal::LogError::Io(e) => OpenError::Other {
+            path: log,
+            source: redb::Error::Io(e),
+        },
+        wal::LogError::NotALog => OpenError::NotALog(log),
+        wal::LogError::Foreign { log_id } => OpenError::ForeignLog {
+            log,
+            data,
+            log_id,
+            data_id,
+        },
+        wal::LogError::Version { found } => OpenError::LogVersion { log, found },
+        wal::LogError::Undecodable {
+            version,
+            ref seq,
+            ref offset,
+            ref detail,
+        } => OpenError::CorruptLog {
+            log,
+            version,
+            detail: format!(
+                "record {seq} at byte {offset} passes its checksum but does not decode ({detail})"
+            ),
+        },
+    }
+}
+
+/// The sources with events in the data file at `path`, with their pending
+/// counts, read without writing (for `check-config`). `Ok(None)` when there
+/// is no file yet; an error (such as the file being in use by a running
+/// dedupd) says why it could not be read.
+pub fn inbox_sources_in_file(path: &Path) -> Result<Option<Vec<(String, u64)>>, String> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let db = redb::ReadOnlyDatabase::open(path).map_err(|e| match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => {
+            "it is open in a running dedupd (redb holds an exclusive lock)".to_owned()
+        }
+        e => e.to_string(),
+    })?;
+    let tx = db.begin_read().map_err(|e| e.to_string())?;
+    inbox::sources(&tx).map(Some).map_err(|e| e.to_string())
+}
