@@ -4,7 +4,8 @@
 //! scans the inbox.
 //!
 //! - `write`: the inbox's writes in the writer's transaction, and the
-//!   invariants every one of them keeps between the inbox's tables;
+//!   invariants every one of them keeps between the inbox's tables (its
+//!   `purge`: the reaper's deletions);
 //! - `read`: the reads (due events, listings, lookups, the dedupe check);
 //! - `row`: an event to and from its row.
 
