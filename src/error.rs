@@ -249,3 +249,41 @@ impl ResponseError for ApiError {
         res.json(problem)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use actix_web::body::MessageBody;
+
+    use super::*;
+
+    fn detail(res: HttpResponse) -> serde_json::Value {
+        let body = res.into_body().try_into_bytes().expect("a full body");
+        serde_json::from_slice(&body).expect("problem json")
+    }
+
+    /// A store failure's cause (here a path and a redb message) stays in
+    /// the log: the client learns the status and a fixed sentence.
+    #[test]
+    fn a_store_error_answers_without_its_cause() {
+        let cause = "DB corrupted: page 7 of /var/lib/dedupd/dedupd.redb";
+        let failed = ApiError::Store(StoreError::failed(cause));
+        let res = failed.error_response();
+        assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let v = detail(res);
+        assert_eq!(v["code"], "internal");
+        assert_eq!(v["detail"], "the request failed; nothing was changed");
+        assert!(!v.to_string().contains("page 7"), "{v}");
+
+        let unavailable = ApiError::Store(StoreError::unavailable(cause));
+        let res = unavailable.error_response();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            res.headers().get(header::RETRY_AFTER),
+            Some(&HeaderValue::from_static("1"))
+        );
+        let v = detail(res);
+        assert_eq!(v["code"], "store_unavailable");
+        assert_eq!(v["detail"], "the store cannot be reached; retry later");
+        assert!(!v.to_string().contains("page 7"), "{v}");
+    }
+}
