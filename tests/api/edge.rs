@@ -166,3 +166,37 @@ async fn a_thousand_slow_uploads_leave_the_api_answering_and_memory_bounded() {
         1
     );
 }
+
+/// `/readyz` needs no token, so anyone may send a flood of it: it must not
+/// make the writer commit what it holds (`storage.commit_hold`). The hold
+/// is an hour here, so only a read of acknowledged writes (or a
+/// checkpoint, an hour away too) commits.
+#[tokio::test]
+async fn a_flood_of_readiness_probes_does_not_defeat_group_commit() {
+    let app = crate::helpers::spawn_app_with(|l| {
+        let s = &mut l.settings.storage;
+        s.commit_hold = Duration::from_secs(3600);
+        s.checkpoint_interval = Duration::from_secs(3600);
+        s.checkpoint_idle = Duration::from_secs(3600);
+    })
+    .await;
+    let commits = || app.store.write_stats().commits;
+    // Past the start's own commits (the app's first writes and reads).
+    for k in ["warm-1", "warm-2"] {
+        app.claim_ok(k, serde_json::json!({})).await;
+        assert_eq!(app.get(k).await.status(), StatusCode::OK);
+    }
+    let before = commits();
+    // Claims amid the probes: each probe could commit the claim before it.
+    for i in 0..20 {
+        app.claim_ok(&format!("k{i}"), serde_json::json!({})).await;
+        for _ in 0..5 {
+            let res = app.client.get(app.url("/readyz")).send().await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+        }
+    }
+    assert_eq!(commits(), before, "the probes committed the held writes");
+    // The count moves: a read of the claims commits them, once.
+    assert_eq!(app.get("k19").await.status(), StatusCode::OK);
+    assert_eq!(commits(), before + 1);
+}
