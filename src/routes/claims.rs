@@ -159,7 +159,7 @@ fn not_owner(state: ClaimState, expires_at_ms: Millis) -> ApiError {
 }
 
 /// Claims a key for processing: the first caller gets the token.
-#[utoipa::path(post, path = "/v1/claims/{key}", tag = "claims",
+#[utoipa::path(post, path = "/v1/claims/{key}", operation_id = "claimKey", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
     request_body(content = ClaimBody, content_type = "application/json",
@@ -219,7 +219,7 @@ pub(super) async fn claim(
 
 /// Marks the owner's claim done: repeats of the key are refused for the
 /// TTL.
-#[utoipa::path(post, path = "/v1/claims/{key}/done", tag = "claims",
+#[utoipa::path(post, path = "/v1/claims/{key}/done", operation_id = "markDone", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
     request_body(content = TokenTtlBody, content_type = "application/json"),
@@ -263,7 +263,7 @@ pub(super) async fn done(
 }
 
 /// Extends the owner's claim.
-#[utoipa::path(post, path = "/v1/claims/{key}/extend", tag = "claims",
+#[utoipa::path(post, path = "/v1/claims/{key}/extend", operation_id = "extendClaim", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
     request_body(content = TokenTtlBody, content_type = "application/json"),
@@ -314,7 +314,7 @@ pub(super) async fn extend(
 }
 
 /// Releases the owner's claim so a retry can claim the key again.
-#[utoipa::path(delete, path = "/v1/claims/{key}", tag = "claims",
+#[utoipa::path(delete, path = "/v1/claims/{key}", operation_id = "releaseClaim", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
     request_body(content = TokenBody, content_type = "application/json"),
@@ -356,7 +356,7 @@ pub(super) async fn release(
 }
 
 /// A key's live state.
-#[utoipa::path(get, path = "/v1/claims/{key}", tag = "claims",
+#[utoipa::path(get, path = "/v1/claims/{key}", operation_id = "getClaim", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
     responses(

@@ -59,7 +59,7 @@ fn refuse_and_close(e: &ApiError) -> HttpResponse {
 
 /// Receives a provider's webhook: verified, stored durably, answered at
 /// once; delivery to the application happens later.
-#[utoipa::path(post, path = "/ingest/{source}", tag = "gateway",
+#[utoipa::path(post, path = "/ingest/{source}", operation_id = "ingestWebhook", tag = "gateway",
     params(("source" = String, Path, description = "A configured source's name")),
     request_body(content = String, content_type = "application/json",
         description = "The provider's event, byte for byte as signed, with the signature \

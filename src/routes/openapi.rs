@@ -86,7 +86,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 }
 
 /// This document.
-#[utoipa::path(get, path = "/openapi.json", tag = "operations",
+#[utoipa::path(get, path = "/openapi.json", operation_id = "getOpenApiDocument", tag = "operations",
     responses((status = 200, description = "OpenAPI 3.1", content_type = "application/json")))]
 async fn openapi_json() -> HttpResponse {
     HttpResponse::Ok().json(ApiDoc::openapi())

@@ -109,7 +109,7 @@ pub struct StreamHead<'a> {
 
 /// Records an event of a stream in `created_at` order: tells whether to
 /// apply it.
-#[utoipa::path(post, path = "/v1/streams/{stream}/apply", tag = "streams",
+#[utoipa::path(post, path = "/v1/streams/{stream}/apply", operation_id = "applyEvent", tag = "streams",
     security(("bearer" = [])),
     params(("stream" = String, Path, description = "The ordering scope (an order, a run, …), 1 to 512 bytes of UTF-8")),
     request_body(content = ApplyBody, content_type = "application/json"),
@@ -152,7 +152,7 @@ pub(super) async fn apply(
 }
 
 /// The newest applied event of a stream.
-#[utoipa::path(get, path = "/v1/streams/{stream}", tag = "streams",
+#[utoipa::path(get, path = "/v1/streams/{stream}", operation_id = "getStreamHead", tag = "streams",
     security(("bearer" = [])),
     params(("stream" = String, Path, description = "The ordering scope (an order, a run, …), 1 to 512 bytes of UTF-8")),
     responses(
