@@ -241,6 +241,11 @@ impl ResponseError for ApiError {
             ApiError::Store(StoreError::Unavailable(_)) => {
                 res.insert_header((header::RETRY_AFTER, HeaderValue::from_static("1")));
             }
+            // The body was not read (in time): closing stops a client
+            // that would go on sending it.
+            ApiError::BodyTimeout { .. } | ApiError::BodyTooLarge { .. } => {
+                res.force_close();
+            }
             _ => {}
         }
         res.json(problem)

@@ -109,8 +109,9 @@ pub struct HttpSettings {
     /// How long shutdown waits for in-flight requests.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
-    /// How long a webhook's body may take to arrive once its headers did
-    /// (408 and the connection closed after that).
+    /// How long a request's body (a webhook's, or a `/v1` request's) may
+    /// take to arrive once its headers did (408 and the connection closed
+    /// after that).
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
     /// How long a client may take to send a request's headers.

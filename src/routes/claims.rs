@@ -178,7 +178,8 @@ pub(super) async fn claim(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (key, scoped) = parse_key(&req)?;
-    let body: ClaimBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let body: ClaimBody =
+        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_claim)?;
     let fingerprint = body
         .fingerprint
@@ -236,7 +237,8 @@ pub(super) async fn done(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (key, scoped) = parse_key(&req)?;
-    let body: TokenTtlBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let body: TokenTtlBody =
+        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let token = Token::parse(&body.token)?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_done)?;
     let now = state.clock.now_ms();
@@ -281,7 +283,8 @@ pub(super) async fn extend(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (key, scoped) = parse_key(&req)?;
-    let body: TokenTtlBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let body: TokenTtlBody =
+        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let token = Token::parse(&body.token)?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_claim)?;
     let now = state.clock.now_ms();
@@ -331,7 +334,8 @@ pub(super) async fn release(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (_, scoped) = parse_key(&req)?;
-    let body: TokenBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let body: TokenBody =
+        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let token = Token::parse(&body.token)?;
     let now = state.clock.now_ms();
     let outcome = state.store.release(&scoped, token, now).await?;

@@ -125,7 +125,8 @@ pub(super) async fn apply(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let stream = Key::parse(&path_segment(&req, 3, "stream")?, "stream")?;
-    let body: ApplyBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let body: ApplyBody =
+        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let event_id = Key::parse(&body.event_id, "event_id")?;
     let created_at = CreatedAt::parse(&body.created_at, "created_at")?;
     let now = state.clock.now_ms();

@@ -167,6 +167,22 @@ async fn a_thousand_slow_uploads_leave_the_api_answering_and_memory_bounded() {
     );
 }
 
+/// `/v1` bodies have the same deadline as ingest's: a client that sends
+/// the headers and part of a claim's body is answered 408 and cut off.
+#[tokio::test]
+async fn a_v1_body_that_does_not_arrive_in_time_gets_408_and_the_connection_closes() {
+    let app = crate::helpers::spawn_app_with(|l| {
+        l.settings.http.body_timeout = Duration::from_millis(300);
+    })
+    .await;
+    for path in ["/v1/claims/slow", "/v1/streams/run-1/apply"] {
+        let s = start_upload(&app, path, &[], 100, b"{\"ttl_ms\":").await;
+        assert_eq!(answer_then_close(s).await, Some(408), "{path}");
+    }
+    assert_eq!(app.get("slow").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(app.head("run-1").await.status(), StatusCode::NOT_FOUND);
+}
+
 /// `/readyz` needs no token, so anyone may send a flood of it: it must not
 /// make the writer commit what it holds (`storage.commit_hold`). The hold
 /// is an hour here, so only a read of acknowledged writes (or a
