@@ -9,6 +9,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
+use crate::auth::RetryAfter;
 use crate::clock::Millis;
 use crate::domain::Invalid;
 use crate::gateway::ingest::IngestError;
@@ -40,6 +41,21 @@ pub enum ApiError {
     /// No valid bearer token (401).
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// A read-only token on a write (403).
+    #[error("this token is read-only: {method} needs one of api.tokens")]
+    ReadOnlyToken {
+        /// The method used.
+        method: String,
+    },
+    /// Too many failed authentications from this peer (429).
+    #[error(
+        "too many failed authentications from this address: retry in {} s",
+        retry_after.secs
+    )]
+    AuthThrottled {
+        /// When the peer may try again.
+        retry_after: RetryAfter,
+    },
     /// A webhook's signature or timestamp was refused (401).
     #[error("{0}")]
     Signature(#[from] VerifyError),
@@ -136,6 +152,8 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::BodyTimeout { .. } => "body_timeout",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::ReadOnlyToken { .. } => "read_only_token",
+            ApiError::AuthThrottled { .. } => "auth_throttled",
             ApiError::Signature(e) => match e {
                 VerifyError::MissingHeader(_) => "missing_signature",
                 VerifyError::Malformed(_) => "malformed_signature",
@@ -158,6 +176,8 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => "Request body too large",
             ApiError::BodyTimeout { .. } => "Request timeout",
             ApiError::Unauthorized => "Unauthorized",
+            ApiError::ReadOnlyToken { .. } => "Forbidden",
+            ApiError::AuthThrottled { .. } => "Too many requests",
             ApiError::Signature(_) => "Signature refused",
             ApiError::NotFound { .. } => "Not found",
             ApiError::MethodNotAllowed { .. } => "Method not allowed",
@@ -176,6 +196,8 @@ impl ResponseError for ApiError {
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized | ApiError::Signature(_) => StatusCode::UNAUTHORIZED,
+            ApiError::ReadOnlyToken { .. } => StatusCode::FORBIDDEN,
+            ApiError::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict { .. } | ApiError::NotRedeliverable { .. } => StatusCode::CONFLICT,
@@ -240,6 +262,9 @@ impl ResponseError for ApiError {
             }
             ApiError::Store(StoreError::Unavailable(_)) => {
                 res.insert_header((header::RETRY_AFTER, HeaderValue::from_static("1")));
+            }
+            ApiError::AuthThrottled { retry_after } => {
+                res.insert_header((header::RETRY_AFTER, retry_after.secs.to_string()));
             }
             // The body was not read (in time): closing stops a client
             // that would go on sending it.

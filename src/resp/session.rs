@@ -1,8 +1,10 @@
 //! Connection commands: PING, HELLO, AUTH, SELECT, CLIENT, RESET.
 //!
-//! The password of `AUTH` / `HELLO … AUTH` is one of the API tokens, for
-//! the user `default` (Redis's `requirepass`). Without tokens every
-//! connection starts authenticated, as Redis without a password does.
+//! The password of `AUTH` / `HELLO … AUTH` is one of the full-access API
+//! tokens (`api.tokens`; read-only ones are refused, as every connection
+//! may write), for the user `default` (Redis's `requirepass`). Without
+//! tokens every connection starts authenticated, as Redis without a
+//! password does.
 
 use bytes::Bytes;
 
@@ -27,12 +29,12 @@ pub fn ping(args: &[Bytes]) -> Reply {
 }
 
 /// Whether `user` / `password` authenticate: the user `default` with a
-/// token (any password when no token is configured).
+/// full-access token (any password when no token is configured).
 fn authenticates(ctx: &Context, user: &[u8], password: &[u8]) -> bool {
     if user != b"default" {
         return false;
     }
-    ctx.tokens.is_empty() || std::str::from_utf8(password).is_ok_and(|p| ctx.tokens.accepts(p))
+    ctx.tokens.is_empty() || std::str::from_utf8(password).is_ok_and(|p| ctx.tokens.grants_full(p))
 }
 
 /// `AUTH [user] password`.
