@@ -7,7 +7,10 @@
 //!   time, and every configured token is compared, so neither timing nor
 //!   length reveals which token (or how much of one) matched.
 //! - [`limiter`]: failed authentications per peer, shared by every port.
+//! - [`browser`]: what keeps a web page the operator visits from using the
+//!   API (the `Host` and `Origin` checks, JSON bodies only).
 
+pub mod browser;
 pub mod limiter;
 
 use std::sync::Arc;
@@ -129,7 +132,8 @@ pub async fn require_bearer(
         tracing::error!("bearer auth has no token set in the app state: refusing the request");
         return Err(ApiError::Unauthorized.into());
     };
-    // No tokens configured: open, which startup allows on loopback only.
+    // No tokens configured: open, which startup allows on loopback only
+    // (and `browser::local_host_only` keeps to loopback names).
     if tokens.is_empty() {
         return next.call(req).await;
     }

@@ -17,6 +17,7 @@ use anyhow::Context;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
+use crate::auth::browser::{local_host_only, same_origin_json};
 use crate::auth::{ApiTokens, AuthLimiter, require_bearer};
 use crate::clock::SharedClock;
 use crate::config::{Backend, ConfigErrors, Loaded};
@@ -246,6 +247,8 @@ impl Application {
         let tokens = web::Data::new(api_tokens);
         let server = HttpServer::new(move || {
             App::new()
+                // Inside the request log, so its refusals are counted.
+                .wrap(from_fn(local_host_only))
                 .wrap(from_fn(observe_requests))
                 .app_data(state.clone())
                 .app_data(tokens.clone())
@@ -255,6 +258,9 @@ impl Application {
                 .service(
                     web::scope("/v1")
                         .wrap(from_fn(require_bearer))
+                        // Outermost: a cross-origin page is refused before
+                        // its credential (if any) is looked at.
+                        .wrap(from_fn(same_origin_json))
                         .configure(routes::configure_v1),
                 )
                 .configure(routes::health::configure)
