@@ -15,7 +15,8 @@ pub mod limiter;
 
 use std::sync::Arc;
 
-use actix_web::body::MessageBody;
+use actix_web::ResponseError;
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{Method, header};
 use actix_web::middleware::Next;
@@ -122,20 +123,34 @@ fn reads_only(method: &Method) -> bool {
 /// Middleware: with tokens configured, requires `Authorization: Bearer
 /// <token>`, a full one for anything but `GET` and `HEAD`. A peer over the
 /// limiter's count of failures gets 429 without its token being looked at.
-pub async fn require_bearer(
+pub async fn require_bearer<B: MessageBody>(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
+    match authorize(&req) {
+        Ok(()) => Ok(next.call(req).await?.map_into_left_body()),
+        Err(e) => Ok(refuse(req, &e)),
+    }
+}
+
+/// Answers `req` with `e` from a middleware. An answer, not an error, so
+/// the request log and its histogram count it like any other.
+pub(crate) fn refuse<B>(req: ServiceRequest, e: &ApiError) -> ServiceResponse<EitherBody<B>> {
+    req.into_response(e.error_response()).map_into_right_body()
+}
+
+/// [`require_bearer`]'s decision.
+fn authorize(req: &ServiceRequest) -> Result<(), ApiError> {
     let Some(tokens) = req.app_data::<web::Data<ApiTokens>>() else {
         // Fail closed: a route wired without its token set refuses
         // everyone rather than letting everyone in.
         tracing::error!("bearer auth has no token set in the app state: refusing the request");
-        return Err(ApiError::Unauthorized.into());
+        return Err(ApiError::Unauthorized);
     };
     // No tokens configured: open, which startup allows on loopback only
     // (and `browser::local_host_only` keeps to loopback names).
     if tokens.is_empty() {
-        return next.call(req).await;
+        return Ok(());
     }
     let peer = req.peer_addr().map(|a| a.ip());
     if let Some(ip) = peer {
@@ -158,13 +173,12 @@ pub async fn require_bearer(
             if let (Some(ip), Some(_)) = (peer, authorization) {
                 tokens.limiter().failed(AuthPort::Http, ip);
             }
-            Err(ApiError::Unauthorized.into())
+            Err(ApiError::Unauthorized)
         }
         Some(Access::ReadOnly) if !reads_only(req.method()) => Err(ApiError::ReadOnlyToken {
             method: req.method().to_string(),
-        }
-        .into()),
-        Some(_) => next.call(req).await,
+        }),
+        Some(_) => Ok(()),
     }
 }
 

@@ -19,16 +19,17 @@
 //!   not a type a page may send cross-origin without a preflight, which
 //!   dedupd never grants.
 
+use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use actix_web::body::MessageBody;
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::Method;
 use actix_web::http::header::{self, HeaderMap, HeaderName};
 use actix_web::middleware::Next;
 use actix_web::web;
 
-use super::ApiTokens;
+use super::{ApiTokens, refuse};
 use crate::error::ApiError;
 
 /// Set by browsers: who made the page that sent the request.
@@ -44,17 +45,17 @@ fn any_host(path: &str) -> bool {
 /// request addressed to a name that is not loopback (see the module doc).
 /// The check is by path, so a route added later is covered unless listed
 /// in [`any_host`].
-pub async fn local_host_only(
+pub async fn local_host_only<B: MessageBody>(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
     let open = req
         .app_data::<web::Data<ApiTokens>>()
         .is_none_or(|t| t.is_empty());
     if open && !any_host(req.path()) && !addressed_to_loopback(&req) {
-        return Err(ApiError::HostNotAllowed.into());
+        return Ok(refuse(req, &ApiError::HostNotAllowed));
     }
-    next.call(req).await
+    Ok(next.call(req).await?.map_into_left_body())
 }
 
 /// Whether the request names only loopback: exactly one `Host`, and the
@@ -70,22 +71,30 @@ fn addressed_to_loopback(req: &ServiceRequest) -> bool {
 
 /// Middleware for `/v1`: same-origin browsers only, and JSON bodies (see
 /// the module doc).
-pub async fn same_origin_json(
+pub async fn same_origin_json<B: MessageBody>(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
+    match check_v1(&req) {
+        Ok(()) => Ok(next.call(req).await?.map_into_left_body()),
+        Err(e) => Ok(refuse(req, &e)),
+    }
+}
+
+/// [`same_origin_json`]'s decision.
+fn check_v1(req: &ServiceRequest) -> Result<(), ApiError> {
     let headers = req.headers();
     if let Some(site) = headers.get(SEC_FETCH_SITE) {
         // `none`: the operator typed the URL or opened a bookmark.
         if !matches!(site.to_str(), Ok("same-origin" | "none")) {
-            return Err(ApiError::CrossOrigin.into());
+            return Err(ApiError::CrossOrigin);
         }
     }
     if headers.contains_key(header::ORIGIN) {
         let host = only(headers, &header::HOST);
         let origin = only(headers, &header::ORIGIN);
         if !matches!((origin, host), (Some(o), Some(h)) if same_origin(o, h)) {
-            return Err(ApiError::CrossOrigin.into());
+            return Err(ApiError::CrossOrigin);
         }
     }
     if !(req.method() == Method::GET || req.method() == Method::HEAD) {
@@ -95,10 +104,10 @@ pub async fn same_origin_json(
             _ => false,
         };
         if !json {
-            return Err(ApiError::UnsupportedMediaType.into());
+            return Err(ApiError::UnsupportedMediaType);
         }
     }
-    next.call(req).await
+    Ok(())
 }
 
 /// The value of `name` when it appears exactly once and is visible ASCII.
@@ -174,13 +183,13 @@ fn same_origin(origin: &str, host: &str) -> bool {
 /// literal in brackets and canonical form) and perhaps a port. No
 /// userinfo, path or anything else.
 #[derive(Debug, PartialEq, Eq)]
-struct Authority {
-    host: String,
+struct Authority<'a> {
+    host: Cow<'a, str>,
     port: Option<u16>,
 }
 
-impl Authority {
-    fn parse(s: &str) -> Option<Self> {
+impl<'a> Authority<'a> {
+    fn parse(s: &'a str) -> Option<Self> {
         if !s
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
@@ -195,7 +204,7 @@ impl Authority {
                     "" => None,
                     p => Some(p.strip_prefix(':').and_then(port)?),
                 };
-                (format!("[{ip}]"), port)
+                (Cow::Owned(format!("[{ip}]")), port)
             }
             None => {
                 let (host, port) = match s.split_once(':') {
@@ -205,7 +214,14 @@ impl Authority {
                 if host.is_empty() || host.contains(['[', ']']) {
                     return None;
                 }
-                (host.to_ascii_lowercase(), port)
+                // Every request without tokens comes here: allocate only
+                // for a name that is not lower case already.
+                let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+                    Cow::Owned(host.to_ascii_lowercase())
+                } else {
+                    Cow::Borrowed(host)
+                };
+                (host, port)
             }
         };
         Some(Self { host, port })

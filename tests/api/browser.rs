@@ -344,6 +344,18 @@ async fn without_tokens_only_loopback_names_are_served() {
     let plain = "GET /v1/sources HTTP/1.1\r\nHost: {addr}\r\n";
     assert_eq!(raw_status(&app, plain).await, 200);
 
+    // The refusals are answers like any other in the request histogram.
+    let s = app.scrape().await;
+    let refused: f64 = s
+        .lines()
+        .filter(|l| {
+            l.starts_with("dedupd_http_request_duration_seconds_count{")
+                && l.contains("status=\"421\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(refused >= 40.0, "{s}");
+
     for host in [
         format!("127.0.0.1:{port}"),
         format!("localhost:{port}"),
