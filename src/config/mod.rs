@@ -123,8 +123,9 @@ pub struct HttpSettings {
     /// How long shutdown waits for in-flight requests.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
-    /// How long a webhook's body may take to arrive once its headers did
-    /// (408 and the connection closed after that).
+    /// How long a request's body (a webhook's, or a `/v1` request's) may
+    /// take to arrive once its headers did (408 and the connection closed
+    /// after that).
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
     /// How long a client may take to send a request's headers.
@@ -144,6 +145,11 @@ pub struct ApiSettings {
     /// A file with one token per line (blank lines and `#` comments
     /// ignored), such as a systemd credential.
     pub tokens_file: Option<PathBuf>,
+    /// Read-only bearer tokens: `GET` and `HEAD` on `/v1/*` and
+    /// `/metrics`; refused on writes and by the Redis protocol.
+    pub read_tokens: Vec<Secret>,
+    /// A file of read-only tokens, as `tokens_file`.
+    pub read_tokens_file: Option<PathBuf>,
 }
 
 /// Claim TTL settings.
@@ -269,6 +275,8 @@ impl Default for Settings {
             api: ApiSettings {
                 tokens: Vec::new(),
                 tokens_file: None,
+                read_tokens: Vec::new(),
+                read_tokens_file: None,
             },
             claims: ClaimSettings {
                 default_ttl: Duration::from_secs(300),
@@ -359,8 +367,11 @@ impl std::error::Error for ConfigErrors {}
 pub struct Loaded {
     /// The settings; each source's secrets include those of its files.
     pub settings: Settings,
-    /// Every accepted API token, inline and from `api.tokens_file`.
+    /// Every accepted full-access API token, inline and from
+    /// `api.tokens_file`.
     pub api_tokens: Vec<Secret>,
+    /// Every read-only token, inline and from `api.read_tokens_file`.
+    pub api_read_tokens: Vec<Secret>,
     /// Where each value came from, for errors found after loading (`None`
     /// for settings built in code).
     pub figment: Option<Figment>,
@@ -372,6 +383,7 @@ impl Loaded {
         Self {
             settings,
             api_tokens: Vec::new(),
+            api_read_tokens: Vec::new(),
             figment: None,
         }
     }
@@ -755,21 +767,48 @@ impl Settings {
         };
         const WEAK: &str =
             "each token must be at least 16 characters with no spaces or control characters";
-        let mut api_tokens = self.api.tokens.clone();
-        if api_tokens.iter().any(weak) {
-            bad("api.tokens", WEAK.into());
-        }
-        if let Some(path) = &self.api.tokens_file {
-            match read_lines(path) {
-                Ok(lines) => {
-                    let from_file: Vec<Secret> = lines.into_iter().map(Secret::new).collect();
-                    if from_file.iter().any(weak) {
-                        bad("api.tokens_file", format!("{}: {WEAK}", path.display()));
-                    }
-                    api_tokens.extend(from_file);
-                }
-                Err(e) => bad("api.tokens_file", e),
+        let mut tokens = |key: &str, inline: &[Secret], file: &Option<PathBuf>| {
+            let mut all = inline.to_vec();
+            if all.iter().any(weak) {
+                bad(key, WEAK.into());
             }
+            if let Some(path) = file {
+                let key = format!("{key}_file");
+                match read_lines(path) {
+                    Ok(lines) => {
+                        let from_file: Vec<Secret> = lines.into_iter().map(Secret::new).collect();
+                        if from_file.iter().any(weak) {
+                            bad(&key, format!("{}: {WEAK}", path.display()));
+                        }
+                        all.extend(from_file);
+                    }
+                    Err(e) => bad(&key, e),
+                }
+            }
+            all
+        };
+        let api_tokens = tokens("api.tokens", &self.api.tokens, &self.api.tokens_file);
+        let api_read_tokens = tokens(
+            "api.read_tokens",
+            &self.api.read_tokens,
+            &self.api.read_tokens_file,
+        );
+        if !api_read_tokens.is_empty() && api_tokens.is_empty() {
+            bad(
+                "api.read_tokens",
+                "read-only tokens need full ones too (api.tokens or api.tokens_file): \
+                 without, nothing could write through /v1"
+                    .into(),
+            );
+        }
+        if api_read_tokens
+            .iter()
+            .any(|r| api_tokens.iter().any(|t| t.expose() == r.expose()))
+        {
+            bad(
+                "api.read_tokens",
+                "a token is both full (api.tokens) and read-only: list it once".into(),
+            );
         }
         if api_tokens.is_empty() && !self.listen.ip().is_loopback() {
             bad(
@@ -816,6 +855,7 @@ impl Settings {
         let loaded = Loaded {
             settings: self,
             api_tokens,
+            api_read_tokens,
             figment: Some(fig.clone()),
         };
         (loaded, errors)
@@ -869,6 +909,51 @@ mod tests {
         let loaded = Settings::load_from(&Settings::figment(None)).unwrap();
         assert!(loaded.settings.listen.ip().is_loopback());
         assert!(loaded.api_tokens.is_empty());
+    }
+
+    fn load_toml(text: &str) -> Result<Loaded, ConfigErrors> {
+        Settings::load_from(&Settings::figment(None).merge(Toml::string(text)))
+    }
+
+    #[test]
+    fn read_only_tokens_are_loaded_apart_and_checked_like_full_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("readers");
+        std::fs::write(&file, "# readers\nfile-reader-0123456789\n").unwrap();
+        let loaded = load_toml(&format!(
+            "[api]\ntokens = [\"full-token-0123456789\"]\nread_tokens = \
+             [\"read-token-0123456789\"]\nread_tokens_file = {:?}",
+            file.display().to_string()
+        ))
+        .unwrap();
+        assert_eq!(loaded.api_tokens.len(), 1);
+        let readers: Vec<&str> = loaded.api_read_tokens.iter().map(Secret::expose).collect();
+        assert_eq!(readers, ["read-token-0123456789", "file-reader-0123456789"]);
+
+        std::fs::write(&file, "short\n").unwrap();
+        let file_setting = format!("read_tokens_file = {:?}", file.display().to_string());
+        for (api, key) in [
+            // Without a full token nothing could write.
+            (
+                "read_tokens = [\"read-token-0123456789\"]",
+                "api.read_tokens",
+            ),
+            (
+                "tokens = [\"full-token-0123456789\"]\nread_tokens = [\"short\"]",
+                "api.read_tokens",
+            ),
+            (
+                "tokens = [\"same-token-0123456789\"]\nread_tokens = [\"same-token-0123456789\"]",
+                "api.read_tokens",
+            ),
+            (
+                &format!("tokens = [\"full-token-0123456789\"]\n{file_setting}"),
+                "api.read_tokens_file",
+            ),
+        ] {
+            let errors = load_toml(&format!("[api]\n{api}")).unwrap_err();
+            assert!(errors.0.iter().any(|e| e.key == key), "{api}: {errors}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 mod auth;
 mod bad_input;
+mod browser;
 mod claims;
 mod cli;
 mod cli_operator;

@@ -216,7 +216,7 @@ proptest! {
             let (mut client, server) = tokio::io::duplex(1 << 20);
             let (_slot, unauthenticated) = ctx.admit().unwrap();
             let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-            let task = tokio::spawn(serve(ctx.clone(), server, options, unauthenticated, stop));
+            let task = tokio::spawn(serve(ctx.clone(), server, None, options, unauthenticated, stop));
             let mut bytes: Vec<u8> = pipeline.iter().flat_map(|c| encode(c)).collect();
             bytes.extend(encode(&[b"QUIT".to_vec()]));
             client.write_all(&bytes).await.unwrap();
