@@ -425,6 +425,7 @@ mod tests {
         let task = tokio::spawn(serve(
             ctx.clone(),
             server,
+            None,
             opts.clone(),
             unauthenticated,
             stop,
