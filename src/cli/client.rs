@@ -140,6 +140,13 @@ impl Client {
         url
     }
 
+    /// A request without the token: for `/ingest`, which needs none. The
+    /// API token is for `/v1` and must not go anywhere else (`--url` may
+    /// name any server).
+    pub fn anonymous(&self, method: reqwest::Method, url: Url) -> reqwest::RequestBuilder {
+        self.http.request(method, url)
+    }
+
     /// A request with the token, if any.
     pub fn request(&self, method: reqwest::Method, url: Url) -> reqwest::RequestBuilder {
         let req = self.http.request(method, url);

@@ -12,6 +12,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::cli::{dedupd, spawn_serving};
+use crate::receiver::{Behaviour, Receiver};
 
 /// How long a test waits for a line before it fails.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -416,4 +417,49 @@ async fn receive_answers_401_to_a_bad_signature_and_prints_it() {
     assert!(line.contains("NOT VERIFIED"), "{line}");
     assert!(line.contains("no configured secret matches"), "{line}");
     assert!(line.ends_with("-> 401"), "{line}");
+}
+
+/// The API token is for `/v1`; ingest trusts the provider's signature only.
+/// `trigger --url` may name any server, so its post carries the signature
+/// and no token: a server that is not dedupd learns no token from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trigger_sends_the_signature_and_no_api_token() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    assert!(init(&config, &[]).status.success());
+    let written = std::fs::read_to_string(&config).unwrap();
+    let token = written
+        .lines()
+        .find_map(|l| l.strip_prefix("tokens = [\""))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let base = receiver.url.trim_end_matches("/hooks").to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        dedupd()
+            .args(["trigger", "sume", "--config"])
+            .arg(&config)
+            .args(["--url", &base])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let got = receiver.received();
+    assert_eq!(got.len(), 1, "one post to /ingest/sume");
+    assert!(got[0].header("x-sume-signature").starts_with("v1="));
+    assert_eq!(got[0].headers.get("authorization"), None);
+    assert!(
+        got[0].headers.values().all(|v| !v.contains(&token)),
+        "{:?}",
+        got[0].headers
+    );
+    receiver.stop().await;
 }
