@@ -17,6 +17,8 @@
 //!   keyspace in the redb file).
 //! - [`clock`]: wall-clock time in Unix milliseconds, replaceable in tests.
 //! - [`telemetry`]: tracing setup.
+//! - [`redact`]: URLs without their credentials and outside text without
+//!   control characters, for everything printed or logged.
 #![forbid(unsafe_code)]
 
 pub mod auth;
@@ -26,6 +28,7 @@ pub mod domain;
 pub mod error;
 pub mod gateway;
 pub mod reaper;
+pub mod redact;
 pub mod resp;
 pub mod routes;
 pub mod startup;

@@ -90,7 +90,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
          \x20 dedupd trigger {name} --config {shown} --duplicate",
         name = args.source,
         scheme = scheme.name(),
-        to = args.forward_to,
+        to = dedupd::redact::url_str(&args.forward_to),
     );
     Ok(())
 }

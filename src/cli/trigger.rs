@@ -215,7 +215,7 @@ impl Poster<'_> {
                     "{id} is still pending after {}: is the application at {} answering? \
                      (`dedupd receive` is one)",
                     humantime::format_duration(wait),
-                    self.source.forward_to
+                    dedupd::redact::url(&self.source.forward_to)
                 );
             }
             tokio::time::sleep(POLL).await;

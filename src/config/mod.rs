@@ -462,9 +462,16 @@ impl Settings {
         )
     }
 
-    /// The effective settings as TOML, secrets redacted.
+    /// The effective settings as TOML, secrets redacted, and each source's
+    /// `forward_to` without its userinfo and query (they may hold a
+    /// password or an API key).
     pub fn to_redacted_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
+        let mut shown = self.clone();
+        for source in shown.sources.values_mut() {
+            source.forward_to = crate::redact::url_str(&source.forward_to);
+        }
+        toml::to_string_pretty(&shown)
+            .unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
     }
 
     fn validate_redis(&self, bad: &mut impl FnMut(&str, String)) {

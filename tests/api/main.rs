@@ -15,6 +15,7 @@ mod disk;
 mod edge;
 mod gateway;
 mod helpers;
+mod leaks;
 mod metrics;
 mod openapi;
 mod receiver;

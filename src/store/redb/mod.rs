@@ -20,6 +20,7 @@ mod wal;
 mod watermark;
 mod writer;
 
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -225,6 +226,31 @@ pub struct RedbStore {
     read_reopen_wait: std::time::Duration,
 }
 
+/// The mode of every file dedupd creates to hold data (the data file and
+/// its write-ahead log): read and write for the owner, nothing for others.
+pub(crate) const OWNER_ONLY: u32 = 0o600;
+
+/// Whether a file of `mode` may be read or written by its group or others.
+fn others_can_read(mode: u32) -> bool {
+    mode & 0o077 != 0
+}
+
+/// Warns (once, at open) when a data file that was already there is open
+/// to its group or others, as files made before dedupd created them 0600
+/// are: dedupd does not change a mode it did not choose.
+fn warn_if_others_can_read(path: &Path) {
+    if let Ok(meta) = std::fs::metadata(path)
+        && others_can_read(meta.permissions().mode())
+    {
+        tracing::warn!(
+            path = %path.display(),
+            mode = format!("{:o}", meta.permissions().mode() & 0o777),
+            "the file holds webhook bodies and claim tokens but its group or others may \
+             read it: chmod 600 it"
+        );
+    }
+}
+
 /// Opens the data file as the options say (through the fault-injecting
 /// backend when they carry a plan).
 /// `refuse` is the switch the writer throws before giving the file up (see
@@ -237,6 +263,10 @@ fn open_db(opts: &RedbOptions, refuse: Arc<AtomicBool>) -> Result<Database, redb
         .write(true)
         .create(true)
         .truncate(false)
+        // It holds webhook bodies and claim tokens: the owner's only, under
+        // any umask (a file that exists keeps its mode; see
+        // `warn_if_others_can_read`).
+        .mode(OWNER_ONLY)
         .open(&opts.path)?;
     builder.create_with_backend(guard::GuardedBackend::new(
         file,
@@ -267,7 +297,12 @@ impl RedbStore {
             source: e,
         };
         if let Some(parent) = opts.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| other(redb::Error::Io(e)))?;
+            // Directories dedupd makes for its files are its own too.
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(|e| other(redb::Error::Io(e)))?;
         }
         let refuse = Arc::new(AtomicBool::new(false));
         let db = open_db(opts, refuse.clone()).map_err(|e| match e {
@@ -277,6 +312,8 @@ impl RedbStore {
         migrate::init_schema(&db, &opts.path)?;
         // Batches acknowledged after the last checkpoint are in the log.
         let wal_path = wal::path_for(&opts.path);
+        warn_if_others_can_read(&opts.path);
+        warn_if_others_can_read(&wal_path);
         let stored = writer::stored_seq(&db).map_err(other)?;
         let (mut log, batches) = wal::Wal::open(wal_path.clone(), opts.faults.clone(), stored)
             .map_err(|e| other(redb::Error::Io(e)))?;

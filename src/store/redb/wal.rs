@@ -19,7 +19,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -156,6 +156,8 @@ impl Wal {
             .write(true)
             .create(true)
             .truncate(false)
+            // Its records hold request bodies and claim tokens.
+            .mode(super::OWNER_ONLY)
             .open(&path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
