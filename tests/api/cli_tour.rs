@@ -463,3 +463,35 @@ async fn trigger_sends_the_signature_and_no_api_token() {
     );
     receiver.stop().await;
 }
+
+/// What `receive` prints of a request comes from whoever sent it, signed
+/// or not: an ANSI escape or a carriage return in a body's stream is
+/// printed escaped, never sent to the terminal as it is.
+#[tokio::test]
+async fn receive_prints_control_characters_from_a_request_escaped() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    assert!(init(&config, &[]).status.success());
+    let mut receive = Receive::start(&config, &[]);
+    let body =
+        r#"{"request_id":"req_esc","run_id":"\u001b[31mred\u001b]0;title\u0007\rover\u009b2J"}"#;
+    let res = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/hooks", receive.port))
+        .header("webhook-id", "req_esc")
+        .header("dedupd-source", "sume")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401, "not signed");
+    let line = receive.until(&["req_esc"]);
+    assert!(
+        !line.chars().any(char::is_control),
+        "a control character reached the terminal: {line:?}"
+    );
+    assert!(
+        line.contains("stream \\u{1b}[31mred\\u{1b}]0;title\\u{7}\\u{d}over\\u{9b}2J"),
+        "{line}"
+    );
+    assert!(line.contains("NOT VERIFIED"), "{line}");
+}
