@@ -373,9 +373,21 @@ impl Loaded {
 }
 
 impl Settings {
+    /// The defaults alone, as figment's first layer: every value as
+    /// [`Settings::default`] has it, secrets included (serialized through
+    /// [`secret::exposed`] into figment's own values, so the redacted form
+    /// never becomes a setting).
+    pub fn defaults_figment() -> Figment {
+        let defaults = secret::exposed(|| figment::value::Value::serialize(Settings::default()))
+            // Plain structs, maps, strings and numbers: nothing in them can
+            // fail to serialize (every test that loads settings runs this).
+            .expect("the default settings serialize");
+        Figment::from(Serialized::defaults(defaults))
+    }
+
     /// The layered figment: defaults, `file` (if any), then `DEDUPD_*`.
     pub fn figment(file: Option<&Path>) -> Figment {
-        let mut fig = Figment::from(Serialized::defaults(Settings::default()));
+        let mut fig = Self::defaults_figment();
         if let Some(file) = file {
             fig = fig.merge(Toml::file_exact(file));
         }
@@ -809,6 +821,35 @@ mod tests {
         let loaded = Settings::load_from(&Settings::figment(None)).unwrap();
         assert!(loaded.settings.listen.ip().is_loopback());
         assert!(loaded.api_tokens.is_empty());
+    }
+
+    /// Every default survives the defaults layer as it is: secrets too
+    /// (`storage.redis.url` was loaded as the string `<redacted>`), while
+    /// what is printed of the loaded settings stays redacted.
+    #[test]
+    fn defaults_load_as_they_are_and_print_redacted() {
+        let loaded = Settings::load_from(&Settings::figment(None)).unwrap();
+        let s = &loaded.settings;
+        assert_eq!(s.storage.redis.url.expose(), "redis://127.0.0.1:6379");
+        let values = |s: &Settings| secret::exposed(|| toml::to_string(s).unwrap());
+        assert_eq!(values(s), values(&Settings::default()));
+        let printed = s.to_redacted_toml();
+        assert!(!printed.contains("redis://127.0.0.1:6379"), "{printed}");
+        assert!(printed.contains("url = \"<redacted>\""), "{printed}");
+        assert!(!format!("{s:?}").contains("redis://"));
+    }
+
+    /// With the Redis backend chosen and no URL given, the default URL is
+    /// the one used: it was `<redacted>`, refused as "not a Redis URL".
+    #[cfg(feature = "redis")]
+    #[test]
+    fn the_redis_backend_takes_the_default_url() {
+        let fig = Settings::figment(None).merge(Serialized::default("storage.backend", "redis"));
+        let loaded = Settings::load_from(&fig).unwrap();
+        assert_eq!(
+            loaded.settings.storage.redis.url.expose(),
+            "redis://127.0.0.1:6379"
+        );
     }
 
     #[test]
