@@ -15,6 +15,7 @@
 //! - [`reaper`]: the task that deletes expired records in expiry order.
 //! - [`resp`]: the Redis-protocol listener (SET/GET/DEL/EXPIRE/… over a
 //!   keyspace in the redb file).
+//! - [`limits`]: the open-files limit the settings need, checked at start.
 //! - [`clock`]: wall-clock time in Unix milliseconds, replaceable in tests.
 //! - [`telemetry`]: tracing setup.
 //! - [`redact`]: URLs without their credentials and outside text without
@@ -27,6 +28,7 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod gateway;
+pub mod limits;
 pub mod reaper;
 pub mod redact;
 pub mod resp;
