@@ -5,6 +5,7 @@
 //! [`Settings::load`] extracts and validates; every error names the key and
 //! where its value came from.
 
+pub mod env;
 mod secret;
 pub mod sources;
 
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use secret::Secret;
@@ -387,17 +388,27 @@ impl Settings {
 
     /// The layered figment: defaults, `file` (if any), then `DEDUPD_*`.
     pub fn figment(file: Option<&Path>) -> Figment {
+        Self::figment_with_env(file, env::process_vars())
+    }
+
+    /// As [`Settings::figment`], with `vars` as the `DEDUPD_*` layer instead
+    /// of the process's environment: each a key as figment's `Env` makes it
+    /// from a variable's name (`claims.max_ttl` for
+    /// `DEDUPD_CLAIMS__MAX_TTL`) and the value. For tests and the fuzz
+    /// targets; a variable nested deeper than [`env::MAX_DEPTH`] is an
+    /// error, found before its value is parsed.
+    pub fn figment_with_env(
+        file: Option<&Path>,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Figment {
         let mut fig = Self::defaults_figment();
         if let Some(file) = file {
             fig = fig.merge(Toml::file_exact(file));
         }
-        // DEDUPD_URL and DEDUPD_TOKEN belong to the CLI's client commands,
-        // not to the server's settings.
-        fig.merge(
-            Env::prefixed("DEDUPD_")
-                .split("__")
-                .ignore(&["config", "url", "token"]),
-        )
+        vars.into_iter()
+            // As `Env` skips them: no key part may be empty.
+            .filter(|(key, _)| !key.split('.').any(str::is_empty))
+            .fold(fig, |fig, (key, value)| fig.merge(env::Var { key, value }))
     }
 
     /// Loads from `file` (or the file named by `DEDUPD_CONFIG`) and the
