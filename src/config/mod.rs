@@ -863,6 +863,21 @@ mod tests {
         );
     }
 
+    /// toml 0.8's writer counted a run of quotes in a `u8`: 256 in a row
+    /// in a setting (a `data_path`, a source's `event_id`) made check-config
+    /// panic in a debug build and print TOML that does not read back in a
+    /// release one. Found by `tests/fuzz/config.rs`; toml 0.9's writer
+    /// saturates.
+    #[test]
+    fn long_runs_of_quotes_print_as_toml_that_reads_back() {
+        let mut s = Settings::default();
+        let path = format!("{}x{}", "\"".repeat(300), "'".repeat(300));
+        s.data_path = PathBuf::from(&path);
+        let text = s.to_redacted_toml();
+        let back: toml::Value = toml::from_str(&text).unwrap();
+        assert_eq!(back["data_path"].as_str(), Some(path.as_str()));
+    }
+
     #[test]
     fn secrets_are_redacted_when_printed() {
         let mut s = Settings::default();
