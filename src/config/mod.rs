@@ -379,10 +379,12 @@ impl Settings {
     /// [`secret::exposed`] into figment's own values, so the redacted form
     /// never becomes a setting).
     pub fn defaults_figment() -> Figment {
-        let defaults = secret::exposed(|| figment::value::Value::serialize(Settings::default()))
+        let defaults = secret::exposed(|| {
             // Plain structs, maps, strings and numbers: nothing in them can
             // fail to serialize (every test that loads settings runs this).
-            .expect("the default settings serialize");
+            figment::value::Value::serialize(Settings::default())
+                .expect("the default settings serialize")
+        });
         Figment::from(Serialized::defaults(defaults))
     }
 
