@@ -51,6 +51,40 @@ use crate::store::inbox::{
 pub use self::inbox::{InboxIndexes, SourceDue};
 pub use self::kv::{ExpireCondition, KvEntry, KvRequest, KvResponse, SetCondition, SetExpiry};
 
+/// What a write-ahead log holds, as [`decode_wal`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WalContents {
+    /// A log: the sequence numbers of its batches after the one asked
+    /// for, each batch's count of requests, and where its valid records end.
+    Log {
+        /// Sequence numbers, in order.
+        seqs: Vec<u64>,
+        /// Requests per batch, in the same order.
+        ops: Vec<usize>,
+        /// Bytes of magic line and valid records; what follows is ignored.
+        end: usize,
+    },
+    /// Empty or a cut magic line: opening starts a new log.
+    New,
+    /// Not a log: opening refuses it.
+    NotALog,
+}
+
+/// Decodes a write-ahead log's bytes (`dedupd.redb.wal`) exactly as opening
+/// the store does, returning the batches numbered after `after`, without
+/// any file: the decoder under the fuzz targets (`tests/fuzz/wal.rs`).
+pub fn decode_wal(bytes: &[u8], after: u64) -> WalContents {
+    match wal::decode(bytes, after) {
+        wal::Decoded::Log(batches, end) => WalContents::Log {
+            seqs: batches.iter().map(|b| b.seq).collect(),
+            ops: batches.iter().map(|b| b.ops.len()).collect(),
+            end,
+        },
+        wal::Decoded::New => WalContents::New,
+        wal::Decoded::NotALog => WalContents::NotALog,
+    }
+}
+
 /// How the redb store is opened.
 #[derive(Debug, Clone)]
 pub struct RedbOptions {

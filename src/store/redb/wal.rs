@@ -143,6 +143,33 @@ fn parse(bytes: &[u8], after: u64) -> (Vec<Batch>, usize) {
     (batches, at)
 }
 
+/// What a log file's bytes are.
+#[derive(Debug)]
+pub enum Decoded {
+    /// A log: its batches numbered after the `after` given, and where its
+    /// valid records end.
+    Log(Vec<Batch>, usize),
+    /// Empty, or a magic line cut short (torn while being created): a log
+    /// to start afresh.
+    New,
+    /// Something else, which is never written over.
+    NotALog,
+}
+
+/// Reads a log file's `bytes` as [`Wal::open`] does, without touching the
+/// file. Never allocates by a length the bytes declare: a record's length
+/// is checked against the bytes there before its payload is looked at.
+pub fn decode(bytes: &[u8], after: u64) -> Decoded {
+    if bytes.len() >= MAGIC.len() && &bytes[..MAGIC.len()] == MAGIC {
+        let (batches, end) = parse(bytes, after);
+        Decoded::Log(batches, end)
+    } else if bytes.is_empty() || MAGIC.starts_with(bytes) {
+        Decoded::New
+    } else {
+        Decoded::NotALog
+    }
+}
+
 impl Wal {
     /// Opens (or creates) the log and reads the valid batches in it
     /// numbered after `after` (the last batch the data file holds).
@@ -161,19 +188,21 @@ impl Wal {
             .open(&path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let (batches, end) = if bytes.len() >= MAGIC.len() && &bytes[..MAGIC.len()] == MAGIC {
-            parse(&bytes, after)
-        } else if bytes.is_empty() || MAGIC.starts_with(&bytes) {
-            // New (or torn while being created): start it.
-            file.set_len(0)?;
-            file.write_all_at(MAGIC, 0)?;
-            file.sync_data()?;
-            (Vec::new(), MAGIC.len())
-        } else {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{} is not a dedupd write-ahead log", path.display()),
-            ));
+        let (batches, end) = match decode(&bytes, after) {
+            Decoded::Log(batches, end) => (batches, end),
+            Decoded::New => {
+                // New (or torn while being created): start it.
+                file.set_len(0)?;
+                file.write_all_at(MAGIC, 0)?;
+                file.sync_data()?;
+                (Vec::new(), MAGIC.len())
+            }
+            Decoded::NotALog => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{} is not a dedupd write-ahead log", path.display()),
+                ));
+            }
         };
         let capacity = file.metadata()?.len();
         let wal = Self {
