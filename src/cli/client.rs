@@ -194,6 +194,8 @@ impl Client {
         let body = res
             .text()
             .await
+            // reqwest's message names the URL, userinfo and query included.
+            .map_err(reqwest::Error::without_url)
             .with_context(|| format!("reading the answer of {}", self.shown()))?;
         if status == StatusCode::UNAUTHORIZED {
             match &self.token {

@@ -213,3 +213,45 @@ async fn the_data_file_and_its_log_are_created_for_their_owner_only() {
     );
     assert!(stop_logged(child.take(), "-TERM", drain).await.0.success());
 }
+
+/// The operator commands name the server they could not use, and reqwest's
+/// own errors name the URL: neither shows a `--url`'s userinfo or query.
+#[test]
+fn operator_errors_name_the_server_without_its_credentials() {
+    use std::io::{Read, Write};
+    let claims_get = |port: u16| {
+        dedupd()
+            .args(["claims", "get", "k", "--url"])
+            .arg(format!(
+                "http://admin:{PASSWORD}@127.0.0.1:{port}/?api_key={API_KEY}"
+            ))
+            .args(["--token", "operator-token-0123456789"])
+            .output()
+            .unwrap()
+    };
+    // Nobody listens.
+    let out = claims_get(free_port());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cannot reach dedupd at http://<redacted>@127.0.0.1:"),
+        "{stderr}"
+    );
+    assert_no_credentials("an unreachable server's error", &stderr);
+    // A server that cuts its answer short: reqwest's error names the URL.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut request = [0u8; 4096];
+        let _ = conn.read(&mut request).unwrap();
+        conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"key\"")
+            .unwrap();
+    });
+    let out = claims_get(port);
+    server.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("reading the answer of"), "{stderr}");
+    assert_no_credentials("a cut answer's error", &stderr);
+}
