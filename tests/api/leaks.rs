@@ -255,3 +255,24 @@ fn operator_errors_name_the_server_without_its_credentials() {
     assert!(stderr.contains("reading the answer of"), "{stderr}");
     assert_no_credentials("a cut answer's error", &stderr);
 }
+
+/// `dedupd init` writes the API token and the signing secrets: the file is
+/// its owner's only under the usual umask too.
+#[test]
+fn init_writes_its_config_for_its_owner_only() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    let out = Command::new("/bin/sh")
+        .args(["-c", "umask 022 && exec \"$0\" init --config \"$1\""])
+        .arg(env!("CARGO_BIN_EXE_dedupd"))
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
