@@ -15,7 +15,10 @@ pub fn run(config: Option<&Path>) -> ExitCode {
             for source in &sources {
                 println!(
                     "\n# source {}: {:?} signatures, /ingest/{} -> {}",
-                    source.name, source.scheme, source.name, source.forward_to
+                    source.name,
+                    source.scheme,
+                    source.name,
+                    dedupd::redact::url(&source.forward_to)
                 );
             }
             removed_sources(&loaded);

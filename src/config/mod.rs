@@ -5,6 +5,7 @@
 //! [`Settings::load`] extracts and validates; every error names the key and
 //! where its value came from.
 
+pub mod env;
 mod secret;
 pub mod sources;
 
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use secret::Secret;
@@ -402,19 +403,43 @@ impl Loaded {
 }
 
 impl Settings {
+    /// The defaults alone, as figment's first layer: every value as
+    /// [`Settings::default`] has it, secrets included (serialized through
+    /// [`secret::exposed`] into figment's own values, so the redacted form
+    /// never becomes a setting).
+    pub fn defaults_figment() -> Figment {
+        let defaults = secret::exposed(|| {
+            // Plain structs, maps, strings and numbers: nothing in them can
+            // fail to serialize (every test that loads settings runs this).
+            figment::value::Value::serialize(Settings::default())
+                .expect("the default settings serialize")
+        });
+        Figment::from(Serialized::defaults(defaults))
+    }
+
     /// The layered figment: defaults, `file` (if any), then `DEDUPD_*`.
     pub fn figment(file: Option<&Path>) -> Figment {
-        let mut fig = Figment::from(Serialized::defaults(Settings::default()));
+        Self::figment_with_env(file, env::process_vars())
+    }
+
+    /// As [`Settings::figment`], with `vars` as the `DEDUPD_*` layer instead
+    /// of the process's environment: each a key as figment's `Env` makes it
+    /// from a variable's name (`claims.max_ttl` for
+    /// `DEDUPD_CLAIMS__MAX_TTL`) and the value. For tests and the fuzz
+    /// targets; a variable nested deeper than [`env::MAX_DEPTH`] is an
+    /// error, found before its value is parsed.
+    pub fn figment_with_env(
+        file: Option<&Path>,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Figment {
+        let mut fig = Self::defaults_figment();
         if let Some(file) = file {
             fig = fig.merge(Toml::file_exact(file));
         }
-        // DEDUPD_URL and DEDUPD_TOKEN belong to the CLI's client commands,
-        // not to the server's settings.
-        fig.merge(
-            Env::prefixed("DEDUPD_")
-                .split("__")
-                .ignore(&["config", "url", "token"]),
-        )
+        vars.into_iter()
+            // As `Env` skips them: no key part may be empty.
+            .filter(|(key, _)| !key.split('.').any(str::is_empty))
+            .fold(fig, |fig, (key, value)| fig.merge(env::Var { key, value }))
     }
 
     /// Loads from `file` (or the file named by `DEDUPD_CONFIG`) and the
@@ -491,9 +516,16 @@ impl Settings {
         )
     }
 
-    /// The effective settings as TOML, secrets redacted.
+    /// The effective settings as TOML, secrets redacted, and each source's
+    /// `forward_to` without its userinfo and query (they may hold a
+    /// password or an API key).
     pub fn to_redacted_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
+        let mut shown = self.clone();
+        for source in shown.sources.values_mut() {
+            source.forward_to = crate::redact::url_str(&source.forward_to);
+        }
+        toml::to_string_pretty(&shown)
+            .unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
     }
 
     fn validate_redis(&self, bad: &mut impl FnMut(&str, String)) {
@@ -954,6 +986,50 @@ mod tests {
             let errors = load_toml(&format!("[api]\n{api}")).unwrap_err();
             assert!(errors.0.iter().any(|e| e.key == key), "{api}: {errors}");
         }
+    }
+
+    /// Every default survives the defaults layer as it is: secrets too
+    /// (`storage.redis.url` was loaded as the string `<redacted>`), while
+    /// what is printed of the loaded settings stays redacted.
+    #[test]
+    fn defaults_load_as_they_are_and_print_redacted() {
+        let loaded = Settings::load_from(&Settings::figment(None)).unwrap();
+        let s = &loaded.settings;
+        assert_eq!(s.storage.redis.url.expose(), "redis://127.0.0.1:6379");
+        let values = |s: &Settings| secret::exposed(|| toml::to_string(s).unwrap());
+        assert_eq!(values(s), values(&Settings::default()));
+        let printed = s.to_redacted_toml();
+        assert!(!printed.contains("redis://127.0.0.1:6379"), "{printed}");
+        assert!(printed.contains("url = \"<redacted>\""), "{printed}");
+        assert!(!format!("{s:?}").contains("redis://"));
+    }
+
+    /// With the Redis backend chosen and no URL given, the default URL is
+    /// the one used: it was `<redacted>`, refused as "not a Redis URL".
+    #[cfg(feature = "redis")]
+    #[test]
+    fn the_redis_backend_takes_the_default_url() {
+        let fig = Settings::figment(None).merge(Serialized::default("storage.backend", "redis"));
+        let loaded = Settings::load_from(&fig).unwrap();
+        assert_eq!(
+            loaded.settings.storage.redis.url.expose(),
+            "redis://127.0.0.1:6379"
+        );
+    }
+
+    /// toml 0.8's writer counted a run of quotes in a `u8`: 256 in a row
+    /// in a setting (a `data_path`, a source's `event_id`) made check-config
+    /// panic in a debug build and print TOML that does not read back in a
+    /// release one. Found by `tests/fuzz/config.rs`; toml 0.9's writer
+    /// saturates.
+    #[test]
+    fn long_runs_of_quotes_print_as_toml_that_reads_back() {
+        let mut s = Settings::default();
+        let path = format!("{}x{}", "\"".repeat(300), "'".repeat(300));
+        s.data_path = PathBuf::from(&path);
+        let text = s.to_redacted_toml();
+        let back: toml::Value = toml::from_str(&text).unwrap();
+        assert_eq!(back["data_path"].as_str(), Some(path.as_str()));
     }
 
     #[test]

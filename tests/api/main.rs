@@ -16,6 +16,7 @@ mod disk;
 mod edge;
 mod gateway;
 mod helpers;
+mod leaks;
 mod metrics;
 mod openapi;
 mod receiver;

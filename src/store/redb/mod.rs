@@ -22,6 +22,7 @@ mod wal_golden;
 mod watermark;
 mod writer;
 
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -51,6 +52,47 @@ use crate::store::inbox::{
 
 pub use self::inbox::{InboxIndexes, SourceDue};
 pub use self::kv::{ExpireCondition, KvEntry, KvRequest, KvResponse, SetCondition, SetExpiry};
+
+/// What a write-ahead log holds, as [`decode_wal`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WalContents {
+    /// A log: the sequence numbers of its batches after the one asked
+    /// for, each batch's count of requests, and where its valid records end.
+    Log {
+        /// Sequence numbers, in order.
+        seqs: Vec<u64>,
+        /// Requests per batch, in the same order.
+        ops: Vec<usize>,
+        /// Bytes of header and valid records; what follows is ignored.
+        end: usize,
+    },
+    /// Empty or a cut header: opening starts a new log.
+    New,
+    /// Opening refuses it, and leaves it as it is: not a log, a log of a
+    /// format this build cannot replay, or a record whose checksum holds
+    /// but which does not decode.
+    Refused(String),
+}
+
+/// Decodes a write-ahead log's bytes (`dedupd.redb.wal`) exactly as opening
+/// the store does beside the data file the log names, returning the
+/// batches numbered after `after`, without any file: the decoder under the
+/// fuzz targets (`tests/fuzz/wal.rs`).
+pub fn decode_wal(bytes: &[u8], after: u64) -> WalContents {
+    let (id, bound) = match wal::named_id(bytes) {
+        Some(id) => (id, true),
+        None => (0, false),
+    };
+    match wal::read_log(bytes, after, id, bound) {
+        Ok(wal::Decoded::Log { batches, end, .. }) => WalContents::Log {
+            seqs: batches.iter().map(|b| b.seq).collect(),
+            ops: batches.iter().map(|b| b.ops.len()).collect(),
+            end,
+        },
+        Ok(wal::Decoded::New) => WalContents::New,
+        Err(e) => WalContents::Refused(e.to_string()),
+    }
+}
 
 /// How the redb store is opened.
 #[derive(Debug, Clone)]
@@ -308,6 +350,31 @@ pub struct RedbStore {
     dedupe_window_ms: u64,
 }
 
+/// The mode of every file dedupd creates to hold data (the data file and
+/// its write-ahead log): read and write for the owner, nothing for others.
+pub(crate) const OWNER_ONLY: u32 = 0o600;
+
+/// Whether a file of `mode` may be read or written by its group or others.
+fn others_can_read(mode: u32) -> bool {
+    mode & 0o077 != 0
+}
+
+/// Warns (once, at open) when a data file that was already there is open
+/// to its group or others, as files made before dedupd created them 0600
+/// are: dedupd does not change a mode it did not choose.
+fn warn_if_others_can_read(path: &Path) {
+    if let Ok(meta) = std::fs::metadata(path)
+        && others_can_read(meta.permissions().mode())
+    {
+        tracing::warn!(
+            path = %path.display(),
+            mode = format!("{:o}", meta.permissions().mode() & 0o777),
+            "the file holds webhook bodies and claim tokens but its group or others may \
+             read it: chmod 600 it"
+        );
+    }
+}
+
 /// Opens the data file as the options say (through the fault-injecting
 /// backend when they carry a plan).
 /// `refuse` is the switch the writer throws before giving the file up (see
@@ -320,6 +387,10 @@ fn open_db(opts: &RedbOptions, refuse: Arc<AtomicBool>) -> Result<Database, redb
         .write(true)
         .create(true)
         .truncate(false)
+        // It holds webhook bodies and claim tokens: the owner's only, under
+        // any umask (a file that exists keeps its mode; see
+        // `warn_if_others_can_read`).
+        .mode(OWNER_ONLY)
         .open(&opts.path)?;
     builder.create_with_backend(guard::GuardedBackend::new(
         file,
@@ -381,7 +452,12 @@ impl RedbStore {
             source: e,
         };
         if let Some(parent) = opts.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| other(redb::Error::Io(e)))?;
+            // Directories dedupd makes for its files are its own too.
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(|e| other(redb::Error::Io(e)))?;
         }
         // A log without its data file is never replayed into a new one.
         let wal_path = wal::path_for(&opts.path);
@@ -400,6 +476,8 @@ impl RedbStore {
         })?;
         let id = migrate::init_schema(&db, &opts.path)?;
         // Batches acknowledged after the last checkpoint are in the log.
+        warn_if_others_can_read(&opts.path);
+        warn_if_others_can_read(&wal_path);
         let stored = writer::stored_seq(&db).map_err(other)?;
         let (mut log, batches) = wal::Wal::open(
             wal_path.clone(),

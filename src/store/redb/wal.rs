@@ -33,7 +33,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -312,6 +312,58 @@ pub fn parse(
     Ok((batches, at))
 }
 
+/// What a log file's bytes are.
+#[derive(Debug)]
+pub enum Decoded {
+    /// A log: its batches numbered after the `after` given, where its
+    /// valid records end, and whether its header is of an older format.
+    Log {
+        /// The batches to replay.
+        batches: Vec<Batch>,
+        /// Bytes of header and valid records; what follows is ignored.
+        end: usize,
+        /// The header is of an older format (rewritten once checkpointed).
+        stale_header: bool,
+    },
+    /// Empty, or a header cut short (torn while being created): a log to
+    /// start afresh.
+    New,
+}
+
+/// Reads a log file's `bytes` as [`Wal::open`] does, for the data file
+/// `id` (`bound`: see [`Wal::open`]), without touching the file. Never
+/// allocates by a length the bytes declare: a record's length is checked
+/// against the bytes there before its payload is looked at.
+pub fn read_log(bytes: &[u8], after: u64, id: u128, bound: bool) -> Result<Decoded, LogError> {
+    let Some(h) = read_header(bytes)? else {
+        return Ok(Decoded::New);
+    };
+    match h.id {
+        Some(log_id) if log_id != id => {
+            return Err(LogError::Foreign {
+                log_id: Some(log_id),
+            });
+        }
+        None if bound => return Err(LogError::Foreign { log_id: None }),
+        _ => {}
+    }
+    if h.format > FORMAT {
+        return Err(LogError::Version { found: h.format });
+    }
+    let (batches, end) = parse(bytes, h.len, h.format, after)?;
+    Ok(Decoded::Log {
+        batches,
+        end,
+        stale_header: h.format != FORMAT,
+    })
+}
+
+/// The data file id a log's header names, if it has a header that names
+/// one (for reading a log without its data file: the fuzz targets).
+pub fn named_id(bytes: &[u8]) -> Option<u128> {
+    read_header(bytes).ok().flatten().and_then(|h| h.id)
+}
+
 impl Wal {
     /// Opens (or creates) the log of the data file `id` and reads the valid
     /// batches in it numbered after `after` (the last batch the data file
@@ -332,11 +384,13 @@ impl Wal {
             .write(true)
             .create(true)
             .truncate(false)
+            // Its records hold request bodies and claim tokens.
+            .mode(super::OWNER_ONLY)
             .open(&path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let (batches, end, stale_header) = match read_header(&bytes)? {
-            None => {
+        let (batches, end, stale_header) = match read_log(&bytes, after, id, bound)? {
+            Decoded::New => {
                 // New (or torn while being created): start it.
                 let h = header(id);
                 file.set_len(0)?;
@@ -344,22 +398,11 @@ impl Wal {
                 file.sync_all()?;
                 (Vec::new(), h.len(), false)
             }
-            Some(h) => {
-                match h.id {
-                    Some(log_id) if log_id != id => {
-                        return Err(LogError::Foreign {
-                            log_id: Some(log_id),
-                        });
-                    }
-                    None if bound => return Err(LogError::Foreign { log_id: None }),
-                    _ => {}
-                }
-                if h.format > FORMAT {
-                    return Err(LogError::Version { found: h.format });
-                }
-                let (batches, end) = parse(&bytes, h.len, h.format, after)?;
-                (batches, end, h.format != FORMAT)
-            }
+            Decoded::Log {
+                batches,
+                end,
+                stale_header,
+            } => (batches, end, stale_header),
         };
         let capacity = file.metadata()?.len();
         let wal = Self {
