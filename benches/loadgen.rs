@@ -177,12 +177,13 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', 604800) then return 0 end
 if (not h) or h < ARGV[1] then redis.call('SET', KEYS[2], ARGV[1], 'EX', 604800) end \
 return 1";
 
-/// An HTTP/1.1 request with a JSON body.
+/// An HTTP/1.1 request with a JSON body. Every request names a loopback
+/// `Host`: without API tokens, dedupd serves no other.
 fn http_json(out: &mut Vec<u8>, method: &str, path: &str, body: &str) -> std::io::Result<()> {
     use std::io::Write;
     write!(
         out,
-        "{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
 }
@@ -213,11 +214,11 @@ fn request(
         // earlier run would answer 409.
         (Kind::HttpCycle, Step::Claim) => write!(
             out,
-            "POST /v1/claims/lg{run:x}-{conn}-{n} HTTP/1.1\r\nHost: bench\r\nContent-Length: 0\r\n\r\n"
+            "POST /v1/claims/lg{run:x}-{conn}-{n} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n"
         ),
         (Kind::HttpClaim, _) => write!(
             out,
-            "POST /v1/claims/lg{run:x}-{conn}-{n}x{} HTTP/1.1\r\nHost: bench\r\nContent-Length: 0\r\n\r\n",
+            "POST /v1/claims/lg{run:x}-{conn}-{n}x{} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n",
             rng.next() % 2_147_483_647
         ),
         (Kind::HttpCycle, Step::Extend(key, token)) => http_json(
@@ -242,7 +243,7 @@ fn request(
             ),
             &format!(r#"{{"event_id":"e{run:x}-{conn}-{n}","created_at":"2026-11-29T10:00:00Z"}}"#),
         ),
-        (Kind::HttpHealthz, _) => write!(out, "GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"),
+        (Kind::HttpHealthz, _) => write!(out, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"),
         (Kind::RespApply, Step::Script(sha)) => {
             let event = format!("e:{run:x}-{conn}-{n}");
             let stream = format!("s:{run:x}-{conn}-{n}x{}", rng.next() % 2_147_483_647);

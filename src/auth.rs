@@ -1,46 +1,113 @@
-//! Bearer-token authentication for `/v1/*`.
+//! Who may use the API, and how often a peer may fail to prove it.
 //!
-//! Tokens are compared as SHA-256 digests in constant time, and every
-//! configured token is compared, so neither timing nor length reveals which
-//! token (or how much of one) matched.
+//! - Bearer tokens on `/v1/*` and `/metrics`: full tokens (`api.tokens`)
+//!   may do everything; read-only tokens (`api.read_tokens`) only `GET` and
+//!   `HEAD` (the console's views and listings, and `/metrics`), and not the
+//!   Redis protocol. Tokens are compared as SHA-256 digests in constant
+//!   time, and every configured token is compared, so neither timing nor
+//!   length reveals which token (or how much of one) matched.
+//! - [`limiter`]: failed authentications per peer, shared by every port.
+//! - [`browser`]: what keeps a web page the operator visits from using the
+//!   API (the `Host` and `Origin` checks, JSON bodies only).
 
-use actix_web::body::MessageBody;
+pub mod browser;
+pub mod limiter;
+
+use std::sync::Arc;
+
+use actix_web::ResponseError;
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::header;
+use actix_web::http::{Method, header};
 use actix_web::middleware::Next;
 use actix_web::web;
 use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
+use subtle::{Choice, ConstantTimeEq};
 
+pub use self::limiter::{AuthLimiter, AuthPort, RetryAfter};
 use crate::config::Secret;
 use crate::error::ApiError;
 
-/// The accepted tokens, as digests. Empty: no authentication.
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// `GET` and `HEAD` over HTTP; no Redis protocol.
+    ReadOnly,
+    /// Everything.
+    Full,
+}
+
+/// The accepted tokens, as digests, and the limiter of failed attempts.
+/// Empty: no authentication (which startup allows on loopback only).
+/// Clones share the limiter.
 #[derive(Debug, Clone, Default)]
 pub struct ApiTokens {
-    digests: Vec<[u8; 32]>,
+    digests: Vec<([u8; 32], Access)>,
+    limiter: Arc<AuthLimiter>,
 }
 
 impl ApiTokens {
-    /// Digests of `tokens`.
+    /// Full-access `tokens`, with a limiter on the system clock that counts
+    /// nothing in metrics (see [`ApiTokens::with_limiter`]).
     pub fn new(tokens: &[Secret]) -> Self {
         Self {
-            digests: tokens.iter().map(|t| digest(t.expose())).collect(),
+            digests: tokens
+                .iter()
+                .map(|t| (digest(t.expose()), Access::Full))
+                .collect(),
+            limiter: Arc::default(),
         }
     }
 
-    /// True when no token is configured.
+    /// Adds read-only `tokens`.
+    pub fn with_read_only(mut self, tokens: &[Secret]) -> Self {
+        self.digests.extend(
+            tokens
+                .iter()
+                .map(|t| (digest(t.expose()), Access::ReadOnly)),
+        );
+        self
+    }
+
+    /// Counts failures in `limiter` (the app's, shared by every port).
+    pub fn with_limiter(mut self, limiter: Arc<AuthLimiter>) -> Self {
+        self.limiter = limiter;
+        self
+    }
+
+    /// True when no token of either kind is configured.
     pub fn is_empty(&self) -> bool {
         self.digests.is_empty()
     }
 
-    /// Whether `presented` is one of the tokens.
-    pub fn accepts(&self, presented: &str) -> bool {
+    /// What `presented` may do, if it is one of the tokens.
+    pub fn access(&self, presented: &str) -> Option<Access> {
         let d = digest(presented);
-        self.digests
-            .iter()
-            .fold(subtle::Choice::from(0), |acc, t| acc | t.ct_eq(&d))
-            .into()
+        let (mut full, mut read) = (Choice::from(0), Choice::from(0));
+        for (t, access) in &self.digests {
+            let hit = t.ct_eq(&d);
+            let is_full = Choice::from(u8::from(*access == Access::Full));
+            full |= hit & is_full;
+            read |= hit & !is_full;
+        }
+        if bool::from(full) {
+            Some(Access::Full)
+        } else if bool::from(read) {
+            Some(Access::ReadOnly)
+        } else {
+            None
+        }
+    }
+
+    /// Whether `presented` is a full-access token: the Redis protocol's
+    /// `AUTH` takes only those (every RESP connection may write).
+    pub fn grants_full(&self, presented: &str) -> bool {
+        self.access(presented) == Some(Access::Full)
+    }
+
+    /// The limiter of failed attempts, for every port that takes a token.
+    pub fn limiter(&self) -> &AuthLimiter {
+        &self.limiter
     }
 }
 
@@ -48,33 +115,71 @@ fn digest(s: &str) -> [u8; 32] {
     Sha256::digest(s.as_bytes()).into()
 }
 
-/// Middleware: with tokens configured, requires `Authorization: Bearer <token>`.
-pub async fn require_bearer(
+/// The methods a read-only token may use.
+fn reads_only(method: &Method) -> bool {
+    *method == Method::GET || *method == Method::HEAD
+}
+
+/// Middleware: with tokens configured, requires `Authorization: Bearer
+/// <token>`, a full one for anything but `GET` and `HEAD`. A peer over the
+/// limiter's count of failures gets 429 without its token being looked at.
+pub async fn require_bearer<B: MessageBody>(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let allowed = match req.app_data::<web::Data<ApiTokens>>() {
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
+    match authorize(&req) {
+        Ok(()) => Ok(next.call(req).await?.map_into_left_body()),
+        Err(e) => Ok(refuse(req, &e)),
+    }
+}
+
+/// Answers `req` with `e` from a middleware. An answer, not an error, so
+/// the request log and its histogram count it like any other.
+pub(crate) fn refuse<B>(req: ServiceRequest, e: &ApiError) -> ServiceResponse<EitherBody<B>> {
+    req.into_response(e.error_response()).map_into_right_body()
+}
+
+/// [`require_bearer`]'s decision.
+fn authorize(req: &ServiceRequest) -> Result<(), ApiError> {
+    let Some(tokens) = req.app_data::<web::Data<ApiTokens>>() else {
         // Fail closed: a route wired without its token set refuses
         // everyone rather than letting everyone in.
-        None => {
-            tracing::error!("bearer auth has no token set in the app state: refusing the request");
-            false
-        }
-        // No tokens configured: open, which startup allows on loopback only.
-        Some(tokens) if tokens.is_empty() => true,
-        Some(tokens) => req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().split_once(' '))
-            // The scheme name is case-insensitive (RFC 9110, 11.1).
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .is_some_and(|(_, t)| tokens.accepts(t.trim())),
+        tracing::error!("bearer auth has no token set in the app state: refusing the request");
+        return Err(ApiError::Unauthorized);
     };
-    if !allowed {
-        return Err(ApiError::Unauthorized.into());
+    // No tokens configured: open, which startup allows on loopback only
+    // (and `browser::local_host_only` keeps to loopback names).
+    if tokens.is_empty() {
+        return Ok(());
     }
-    next.call(req).await
+    let peer = req.peer_addr().map(|a| a.ip());
+    if let Some(ip) = peer {
+        tokens
+            .limiter()
+            .allow(AuthPort::Http, ip)
+            .map_err(|r| ApiError::AuthThrottled { retry_after: r })?;
+    }
+    let authorization = req.headers().get(header::AUTHORIZATION);
+    let access = authorization
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        // The scheme name is case-insensitive (RFC 9110, 11.1).
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .and_then(|(_, t)| tokens.access(t.trim()));
+    match access {
+        None => {
+            // A request without credentials guesses nothing: only a
+            // credential that fails counts against the peer.
+            if let (Some(ip), Some(_)) = (peer, authorization) {
+                tokens.limiter().failed(AuthPort::Http, ip);
+            }
+            Err(ApiError::Unauthorized)
+        }
+        Some(Access::ReadOnly) if !reads_only(req.method()) => Err(ApiError::ReadOnlyToken {
+            method: req.method().to_string(),
+        }),
+        Some(_) => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -87,10 +192,24 @@ mod tests {
             Secret::new("first-token-abcdefgh"),
             Secret::new("second-token-abcdefg"),
         ]);
-        assert!(t.accepts("first-token-abcdefgh"));
-        assert!(t.accepts("second-token-abcdefg"));
-        assert!(!t.accepts("first-token-abcdefg"));
-        assert!(!t.accepts(""));
+        assert_eq!(t.access("first-token-abcdefgh"), Some(Access::Full));
+        assert_eq!(t.access("second-token-abcdefg"), Some(Access::Full));
+        assert_eq!(t.access("first-token-abcdefg"), None);
+        assert_eq!(t.access(""), None);
+    }
+
+    #[test]
+    fn a_read_only_token_reads_and_is_no_redis_password() {
+        let t = ApiTokens::new(&[Secret::new("first-token-abcdefgh")])
+            .with_read_only(&[Secret::new("reader-token-abcdefg")]);
+        assert_eq!(t.access("reader-token-abcdefg"), Some(Access::ReadOnly));
+        assert!(!t.grants_full("reader-token-abcdefg"));
+        assert!(t.grants_full("first-token-abcdefgh"));
+        assert!(
+            !ApiTokens::new(&[])
+                .with_read_only(&[Secret::new("reader-token-abcdefg")])
+                .is_empty()
+        );
     }
 
     async fn status_of(app_tokens: Option<ApiTokens>, bearer: Option<&str>) -> u16 {

@@ -9,6 +9,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
+use crate::auth::RetryAfter;
 use crate::clock::Millis;
 use crate::domain::Invalid;
 use crate::gateway::ingest::IngestError;
@@ -40,6 +41,34 @@ pub enum ApiError {
     /// No valid bearer token (401).
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// A read-only token on a write (403).
+    #[error("this token is read-only: {method} needs one of api.tokens")]
+    ReadOnlyToken {
+        /// The method used.
+        method: String,
+    },
+    /// Too many failed authentications from this peer (429).
+    #[error(
+        "too many failed authentications from this address: retry in {} s",
+        retry_after.secs
+    )]
+    AuthThrottled {
+        /// When the peer may try again.
+        retry_after: RetryAfter,
+    },
+    /// Without API tokens, a request addressed to a name that is not
+    /// loopback (421): a web page may have pointed its own name at us.
+    #[error(
+        "without API tokens, dedupd serves only requests addressed to localhost, 127.0.0.1 \
+         or [::1]; configure api.tokens to serve other names"
+    )]
+    HostNotAllowed,
+    /// An `Origin` (or `Sec-Fetch-Site`) that is not this server's (403).
+    #[error("requests from another origin (a web page of another site) are refused")]
+    CrossOrigin,
+    /// A `/v1` body that is not JSON (415).
+    #[error("request bodies must be JSON: send Content-Type: application/json")]
+    UnsupportedMediaType,
     /// A webhook's signature or timestamp was refused (401).
     #[error("{0}")]
     Signature(#[from] VerifyError),
@@ -136,6 +165,11 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::BodyTimeout { .. } => "body_timeout",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::ReadOnlyToken { .. } => "read_only_token",
+            ApiError::AuthThrottled { .. } => "auth_throttled",
+            ApiError::HostNotAllowed => "host_not_allowed",
+            ApiError::CrossOrigin => "cross_origin",
+            ApiError::UnsupportedMediaType => "unsupported_media_type",
             ApiError::Signature(e) => match e {
                 VerifyError::MissingHeader(_) => "missing_signature",
                 VerifyError::Malformed(_) => "malformed_signature",
@@ -158,6 +192,10 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => "Request body too large",
             ApiError::BodyTimeout { .. } => "Request timeout",
             ApiError::Unauthorized => "Unauthorized",
+            ApiError::ReadOnlyToken { .. } | ApiError::CrossOrigin => "Forbidden",
+            ApiError::AuthThrottled { .. } => "Too many requests",
+            ApiError::HostNotAllowed => "Misdirected request",
+            ApiError::UnsupportedMediaType => "Unsupported media type",
             ApiError::Signature(_) => "Signature refused",
             ApiError::NotFound { .. } => "Not found",
             ApiError::MethodNotAllowed { .. } => "Method not allowed",
@@ -176,6 +214,10 @@ impl ResponseError for ApiError {
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized | ApiError::Signature(_) => StatusCode::UNAUTHORIZED,
+            ApiError::ReadOnlyToken { .. } | ApiError::CrossOrigin => StatusCode::FORBIDDEN,
+            ApiError::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict { .. } | ApiError::NotRedeliverable { .. } => StatusCode::CONFLICT,
@@ -243,6 +285,14 @@ impl ResponseError for ApiError {
             }
             ApiError::Store(StoreError::Unavailable(_)) => {
                 res.insert_header((header::RETRY_AFTER, HeaderValue::from_static("1")));
+            }
+            ApiError::AuthThrottled { retry_after } => {
+                res.insert_header((header::RETRY_AFTER, retry_after.secs.to_string()));
+            }
+            // The body was not read (in time): closing stops a client
+            // that would go on sending it.
+            ApiError::BodyTimeout { .. } | ApiError::BodyTooLarge { .. } => {
+                res.force_close();
             }
             _ => {}
         }

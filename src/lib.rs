@@ -17,8 +17,11 @@
 //! - [`reaper`]: the task that deletes expired records in expiry order.
 //! - [`resp`]: the Redis-protocol listener (SET/GET/DEL/EXPIRE/… over the
 //!   keyspace in the data file).
+//! - [`limits`]: the open-files limit the settings need, checked at start.
 //! - [`clock`]: wall-clock time in Unix milliseconds, replaceable in tests.
 //! - [`telemetry`]: tracing setup.
+//! - [`redact`]: URLs without their credentials and outside text without
+//!   control characters, for everything printed or logged.
 #![forbid(unsafe_code)]
 
 pub mod auth;
@@ -27,7 +30,9 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod gateway;
+pub mod limits;
 pub mod reaper;
+pub mod redact;
 pub mod resp;
 pub mod routes;
 pub mod startup;

@@ -17,7 +17,8 @@ use anyhow::Context;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use crate::auth::{ApiTokens, require_bearer};
+use crate::auth::browser::{local_host_only, same_origin_json};
+use crate::auth::{ApiTokens, AuthLimiter, require_bearer};
 use crate::clock::SharedClock;
 use crate::config::{Backend, ConfigErrors, Loaded};
 use crate::gateway::Gateway;
@@ -159,6 +160,12 @@ impl Application {
         let listener = TcpListener::bind(s.listen)
             .with_context(|| format!("cannot listen on {}", s.listen))?;
         let port = listener.local_addr()?.port();
+        // One table of failed authentications for every port, so a peer
+        // cannot guess on one port while throttled on the other.
+        let limiter = Arc::new(AuthLimiter::new(clock.clone()).with_metrics(metrics.clone()));
+        let api_tokens = ApiTokens::new(&loaded.api_tokens)
+            .with_read_only(&loaded.api_read_tokens)
+            .with_limiter(limiter);
         let resp = match s.resp.listen {
             None => None,
             Some(_) if s.storage.backend == Backend::Redis => anyhow::bail!(
@@ -169,7 +176,7 @@ impl Application {
                     addr,
                     keyspace,
                     clock.clone(),
-                    ApiTokens::new(&loaded.api_tokens),
+                    api_tokens.clone(),
                     &RespOptions {
                         max_connections: s.resp.max_connections,
                         max_unauthenticated: s.resp.max_unauthenticated,
@@ -218,9 +225,11 @@ impl Application {
             body_timeout: s.http.body_timeout,
             metrics: metrics.clone(),
         });
-        let tokens = web::Data::new(ApiTokens::new(&loaded.api_tokens));
+        let tokens = web::Data::new(api_tokens);
         let server = HttpServer::new(move || {
             App::new()
+                // Inside the request log, so its refusals are counted.
+                .wrap(from_fn(local_host_only))
                 .wrap(from_fn(observe_requests))
                 .app_data(state.clone())
                 .app_data(tokens.clone())
@@ -230,6 +239,9 @@ impl Application {
                 .service(
                     web::scope("/v1")
                         .wrap(from_fn(require_bearer))
+                        // Outermost: a cross-origin page is refused before
+                        // its credential (if any) is looked at.
+                        .wrap(from_fn(same_origin_json))
                         .configure(routes::configure_v1),
                 )
                 .configure(routes::health::configure)

@@ -44,6 +44,9 @@ forward_to = "http://127.0.0.1:$app_port/hooks"
 destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 TOML
 
+# A soft open-files limit below what the settings need, so the trace covers
+# serve raising it at start (as it does outside the unit's LimitNOFILE=).
+ulimit -S -n 1024 2>/dev/null || true
 strace -f -qq -o "$work/trace" "$bin" serve --config "$work/dedupd.toml" 2>"$work/log" &
 pid=$!
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done

@@ -15,12 +15,19 @@ pub fn run(config: Option<&Path>) -> ExitCode {
             for source in &sources {
                 println!(
                     "\n# source {}: {:?} signatures, /ingest/{} -> {}",
-                    source.name, source.scheme, source.name, source.forward_to
+                    source.name,
+                    source.scheme,
+                    source.name,
+                    dedupd::redact::url(&source.forward_to)
                 );
             }
             removed_sources(&loaded);
+            let read_only = match loaded.api_read_tokens.len() {
+                0 => String::new(),
+                n => format!(" and {n} read-only token(s)"),
+            };
             println!(
-                "\n# {} API token(s) in effect; {}",
+                "\n# {} API token(s){read_only} in effect; {}",
                 loaded.api_tokens.len(),
                 if loaded.api_tokens.is_empty() {
                     "/v1 is open to anyone who can reach the listener"

@@ -53,7 +53,12 @@ impl ServerArgs {
             (Some(url), _) => Url::parse(url)
                 .ok()
                 .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
-                .ok_or_else(|| anyhow!("--url {url:?} is not an http:// or https:// URL"))?,
+                .ok_or_else(|| {
+                    anyhow!(
+                        "--url {:?} is not an http:// or https:// URL",
+                        dedupd::redact::url_str(url)
+                    )
+                })?,
             (None, Some(l)) => listen_url(l.settings.listen)?,
             (None, None) => listen_url(Settings::default().listen)?,
         };
@@ -140,6 +145,20 @@ impl Client {
         url
     }
 
+    /// The server's URL as errors name it: without userinfo or query.
+    fn shown(&self) -> String {
+        dedupd::redact::url(&self.base)
+            .trim_end_matches('/')
+            .to_owned()
+    }
+
+    /// A request without the token: for `/ingest`, which needs none. The
+    /// API token is for `/v1` and must not go anywhere else (`--url` may
+    /// name any server).
+    pub fn anonymous(&self, method: reqwest::Method, url: Url) -> reqwest::RequestBuilder {
+        self.http.request(method, url)
+    }
+
     /// A request with the token, if any.
     pub fn request(&self, method: reqwest::Method, url: Url) -> reqwest::RequestBuilder {
         let req = self.http.request(method, url);
@@ -161,7 +180,7 @@ impl Client {
             anyhow!(
                 "cannot reach dedupd at {}: {why}\nIs `dedupd serve` running there? \
                  Point at it with --url or DEDUPD_URL (or the config's `listen`).",
-                self.base.as_str().trim_end_matches('/')
+                self.shown()
             )
         })
     }
@@ -175,18 +194,20 @@ impl Client {
         let body = res
             .text()
             .await
-            .with_context(|| format!("reading the answer of {}", self.base))?;
+            // reqwest's message names the URL, userinfo and query included.
+            .map_err(reqwest::Error::without_url)
+            .with_context(|| format!("reading the answer of {}", self.shown()))?;
         if status == StatusCode::UNAUTHORIZED {
             match &self.token {
                 None => bail!(
                     "dedupd at {} requires an API token and none was given: pass --token, \
                      set DEDUPD_TOKEN, or point --config at its configuration (api.tokens)",
-                    self.base.as_str().trim_end_matches('/')
+                    self.shown()
                 ),
                 Some(_) => bail!(
                     "dedupd at {} refused the API token (401 Unauthorized): pass one of its \
                      api.tokens with --token or DEDUPD_TOKEN",
-                    self.base.as_str().trim_end_matches('/')
+                    self.shown()
                 ),
             }
         }
@@ -209,7 +230,7 @@ impl Client {
         serde_json::from_str(&body).with_context(|| {
             format!(
                 "dedupd at {} answered {status} with a body that is not JSON",
-                self.base.as_str().trim_end_matches('/')
+                self.shown()
             )
         })
     }

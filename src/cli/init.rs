@@ -12,8 +12,7 @@ use base64::engine::general_purpose::STANDARD;
 use dedupd::config::sources::{Scheme, valid_name};
 use dedupd::config::{CONFIG_ENV, Settings};
 use dedupd::startup::build_sources;
-use figment::Figment;
-use figment::providers::{Format, Serialized, Toml};
+use figment::providers::{Format, Toml};
 
 /// `dedupd init` arguments.
 #[derive(Debug, clap::Args)]
@@ -90,7 +89,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
          \x20 dedupd trigger {name} --config {shown} --duplicate",
         name = args.source,
         scheme = scheme.name(),
-        to = args.forward_to,
+        to = dedupd::redact::url_str(&args.forward_to),
     );
     Ok(())
 }
@@ -98,7 +97,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// Loads `text` as `check-config` would (defaults under it, no
 /// environment) and builds its sources.
 fn check(text: &str) -> anyhow::Result<()> {
-    let fig = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(text));
+    let fig = Settings::defaults_figment().merge(Toml::string(text));
     let loaded = Settings::load_from(&fig)?;
     build_sources(&loaded)?;
     Ok(())

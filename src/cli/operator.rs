@@ -208,11 +208,13 @@ impl Common {
     }
 }
 
-/// A JSON value as plain text: strings unquoted, null as "-".
+/// A JSON value as plain text for a terminal: strings unquoted (control
+/// characters escaped: the server's answer is printed, whoever sent it),
+/// null as "-".
 fn text(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
+        Value::String(s) => dedupd::redact::escape_control(s).into_owned(),
         other => other.to_string(),
     }
 }

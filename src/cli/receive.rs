@@ -15,6 +15,7 @@ use anyhow::{Context, anyhow, bail};
 use dedupd::config::CONFIG_ENV;
 use dedupd::gateway::locate::{Found, Locator};
 use dedupd::gateway::signature::{Scheme, Verifier};
+use dedupd::redact::escape_control;
 
 /// Largest body read; what a source may set at most.
 const MAX_BODY: usize = dedupd::gateway::source::MAX_BODY_LIMIT;
@@ -175,9 +176,11 @@ async fn hook(req: HttpRequest, body: web::Bytes, checks: web::Data<Checks>) -> 
     } else {
         String::new()
     };
-    line(&format!(
+    // The id and the stream come from the request, verified or not: a
+    // body may carry terminal escapes, so the line is printed escaped.
+    line(&escape_control(&format!(
         "{id}  attempt {attempt}  stream {stream}  {verified}  -> {status}{note}"
-    ));
+    )));
     match status {
         401 => HttpResponse::Unauthorized().body("bad signature\n"),
         503 => HttpResponse::ServiceUnavailable().body("failing on purpose (--fail)\n"),

@@ -137,9 +137,10 @@ impl Poster<'_> {
     /// Posts `sample` signed now and prints the answer; true for a 2xx.
     async fn post(&self, sample: &Sample) -> anyhow::Result<bool> {
         let url = self.client.url(&["ingest", &self.source.name]);
+        // Ingest authenticates by the provider's signature: no API token.
         let mut req = self
             .client
-            .request(reqwest::Method::POST, url)
+            .anonymous(reqwest::Method::POST, url)
             .header("content-type", "application/json")
             .body(sample.body.clone());
         for (name, value) in sign(
@@ -214,7 +215,7 @@ impl Poster<'_> {
                     "{id} is still pending after {}: is the application at {} answering? \
                      (`dedupd receive` is one)",
                     humantime::format_duration(wait),
-                    self.source.forward_to
+                    dedupd::redact::url(&self.source.forward_to)
                 );
             }
             tokio::time::sleep(POLL).await;

@@ -5,6 +5,7 @@
 //! [`Settings::load`] extracts and validates; every error names the key and
 //! where its value came from.
 
+pub mod env;
 mod secret;
 pub mod sources;
 
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use secret::Secret;
@@ -123,8 +124,9 @@ pub struct HttpSettings {
     /// How long shutdown waits for in-flight requests.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
-    /// How long a webhook's body may take to arrive once its headers did
-    /// (408 and the connection closed after that).
+    /// How long a request's body (a webhook's, or a `/v1` request's) may
+    /// take to arrive once its headers did (408 and the connection closed
+    /// after that).
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
     /// How long a client may take to send a request's headers.
@@ -144,6 +146,11 @@ pub struct ApiSettings {
     /// A file with one token per line (blank lines and `#` comments
     /// ignored), such as a systemd credential.
     pub tokens_file: Option<PathBuf>,
+    /// Read-only bearer tokens: `GET` and `HEAD` on `/v1/*` and
+    /// `/metrics`; refused on writes and by the Redis protocol.
+    pub read_tokens: Vec<Secret>,
+    /// A file of read-only tokens, as `tokens_file`.
+    pub read_tokens_file: Option<PathBuf>,
 }
 
 /// Claim TTL settings.
@@ -269,6 +276,8 @@ impl Default for Settings {
             api: ApiSettings {
                 tokens: Vec::new(),
                 tokens_file: None,
+                read_tokens: Vec::new(),
+                read_tokens_file: None,
             },
             claims: ClaimSettings {
                 default_ttl: Duration::from_secs(300),
@@ -359,8 +368,11 @@ impl std::error::Error for ConfigErrors {}
 pub struct Loaded {
     /// The settings; each source's secrets include those of its files.
     pub settings: Settings,
-    /// Every accepted API token, inline and from `api.tokens_file`.
+    /// Every accepted full-access API token, inline and from
+    /// `api.tokens_file`.
     pub api_tokens: Vec<Secret>,
+    /// Every read-only token, inline and from `api.read_tokens_file`.
+    pub api_read_tokens: Vec<Secret>,
     /// Where each value came from, for errors found after loading (`None`
     /// for settings built in code).
     pub figment: Option<Figment>,
@@ -372,6 +384,7 @@ impl Loaded {
         Self {
             settings,
             api_tokens: Vec::new(),
+            api_read_tokens: Vec::new(),
             figment: None,
         }
     }
@@ -390,19 +403,43 @@ impl Loaded {
 }
 
 impl Settings {
+    /// The defaults alone, as figment's first layer: every value as
+    /// [`Settings::default`] has it, secrets included (serialized through
+    /// [`secret::exposed`] into figment's own values, so the redacted form
+    /// never becomes a setting).
+    pub fn defaults_figment() -> Figment {
+        let defaults = secret::exposed(|| {
+            // Plain structs, maps, strings and numbers: nothing in them can
+            // fail to serialize (every test that loads settings runs this).
+            figment::value::Value::serialize(Settings::default())
+                .expect("the default settings serialize")
+        });
+        Figment::from(Serialized::defaults(defaults))
+    }
+
     /// The layered figment: defaults, `file` (if any), then `DEDUPD_*`.
     pub fn figment(file: Option<&Path>) -> Figment {
-        let mut fig = Figment::from(Serialized::defaults(Settings::default()));
+        Self::figment_with_env(file, env::process_vars())
+    }
+
+    /// As [`Settings::figment`], with `vars` as the `DEDUPD_*` layer instead
+    /// of the process's environment: each a key as figment's `Env` makes it
+    /// from a variable's name (`claims.max_ttl` for
+    /// `DEDUPD_CLAIMS__MAX_TTL`) and the value. For tests and the fuzz
+    /// targets; a variable nested deeper than [`env::MAX_DEPTH`] is an
+    /// error, found before its value is parsed.
+    pub fn figment_with_env(
+        file: Option<&Path>,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Figment {
+        let mut fig = Self::defaults_figment();
         if let Some(file) = file {
             fig = fig.merge(Toml::file_exact(file));
         }
-        // DEDUPD_URL and DEDUPD_TOKEN belong to the CLI's client commands,
-        // not to the server's settings.
-        fig.merge(
-            Env::prefixed("DEDUPD_")
-                .split("__")
-                .ignore(&["config", "url", "token"]),
-        )
+        vars.into_iter()
+            // As `Env` skips them: no key part may be empty.
+            .filter(|(key, _)| !key.split('.').any(str::is_empty))
+            .fold(fig, |fig, (key, value)| fig.merge(env::Var { key, value }))
     }
 
     /// Loads from `file` (or the file named by `DEDUPD_CONFIG`) and the
@@ -479,9 +516,16 @@ impl Settings {
         )
     }
 
-    /// The effective settings as TOML, secrets redacted.
+    /// The effective settings as TOML, secrets redacted, and each source's
+    /// `forward_to` without its userinfo and query (they may hold a
+    /// password or an API key).
     pub fn to_redacted_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
+        let mut shown = self.clone();
+        for source in shown.sources.values_mut() {
+            source.forward_to = crate::redact::url_str(&source.forward_to);
+        }
+        toml::to_string_pretty(&shown)
+            .unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
     }
 
     fn validate_redis(&self, bad: &mut impl FnMut(&str, String)) {
@@ -755,21 +799,48 @@ impl Settings {
         };
         const WEAK: &str =
             "each token must be at least 16 characters with no spaces or control characters";
-        let mut api_tokens = self.api.tokens.clone();
-        if api_tokens.iter().any(weak) {
-            bad("api.tokens", WEAK.into());
-        }
-        if let Some(path) = &self.api.tokens_file {
-            match read_lines(path) {
-                Ok(lines) => {
-                    let from_file: Vec<Secret> = lines.into_iter().map(Secret::new).collect();
-                    if from_file.iter().any(weak) {
-                        bad("api.tokens_file", format!("{}: {WEAK}", path.display()));
-                    }
-                    api_tokens.extend(from_file);
-                }
-                Err(e) => bad("api.tokens_file", e),
+        let mut tokens = |key: &str, inline: &[Secret], file: &Option<PathBuf>| {
+            let mut all = inline.to_vec();
+            if all.iter().any(weak) {
+                bad(key, WEAK.into());
             }
+            if let Some(path) = file {
+                let key = format!("{key}_file");
+                match read_lines(path) {
+                    Ok(lines) => {
+                        let from_file: Vec<Secret> = lines.into_iter().map(Secret::new).collect();
+                        if from_file.iter().any(weak) {
+                            bad(&key, format!("{}: {WEAK}", path.display()));
+                        }
+                        all.extend(from_file);
+                    }
+                    Err(e) => bad(&key, e),
+                }
+            }
+            all
+        };
+        let api_tokens = tokens("api.tokens", &self.api.tokens, &self.api.tokens_file);
+        let api_read_tokens = tokens(
+            "api.read_tokens",
+            &self.api.read_tokens,
+            &self.api.read_tokens_file,
+        );
+        if !api_read_tokens.is_empty() && api_tokens.is_empty() {
+            bad(
+                "api.read_tokens",
+                "read-only tokens need full ones too (api.tokens or api.tokens_file): \
+                 without, nothing could write through /v1"
+                    .into(),
+            );
+        }
+        if api_read_tokens
+            .iter()
+            .any(|r| api_tokens.iter().any(|t| t.expose() == r.expose()))
+        {
+            bad(
+                "api.read_tokens",
+                "a token is both full (api.tokens) and read-only: list it once".into(),
+            );
         }
         if api_tokens.is_empty() && !self.listen.ip().is_loopback() {
             bad(
@@ -816,6 +887,7 @@ impl Settings {
         let loaded = Loaded {
             settings: self,
             api_tokens,
+            api_read_tokens,
             figment: Some(fig.clone()),
         };
         (loaded, errors)
@@ -869,6 +941,95 @@ mod tests {
         let loaded = Settings::load_from(&Settings::figment(None)).unwrap();
         assert!(loaded.settings.listen.ip().is_loopback());
         assert!(loaded.api_tokens.is_empty());
+    }
+
+    fn load_toml(text: &str) -> Result<Loaded, ConfigErrors> {
+        Settings::load_from(&Settings::figment(None).merge(Toml::string(text)))
+    }
+
+    #[test]
+    fn read_only_tokens_are_loaded_apart_and_checked_like_full_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("readers");
+        std::fs::write(&file, "# readers\nfile-reader-0123456789\n").unwrap();
+        let loaded = load_toml(&format!(
+            "[api]\ntokens = [\"full-token-0123456789\"]\nread_tokens = \
+             [\"read-token-0123456789\"]\nread_tokens_file = {:?}",
+            file.display().to_string()
+        ))
+        .unwrap();
+        assert_eq!(loaded.api_tokens.len(), 1);
+        let readers: Vec<&str> = loaded.api_read_tokens.iter().map(Secret::expose).collect();
+        assert_eq!(readers, ["read-token-0123456789", "file-reader-0123456789"]);
+
+        std::fs::write(&file, "short\n").unwrap();
+        let file_setting = format!("read_tokens_file = {:?}", file.display().to_string());
+        for (api, key) in [
+            // Without a full token nothing could write.
+            (
+                "read_tokens = [\"read-token-0123456789\"]",
+                "api.read_tokens",
+            ),
+            (
+                "tokens = [\"full-token-0123456789\"]\nread_tokens = [\"short\"]",
+                "api.read_tokens",
+            ),
+            (
+                "tokens = [\"same-token-0123456789\"]\nread_tokens = [\"same-token-0123456789\"]",
+                "api.read_tokens",
+            ),
+            (
+                &format!("tokens = [\"full-token-0123456789\"]\n{file_setting}"),
+                "api.read_tokens_file",
+            ),
+        ] {
+            let errors = load_toml(&format!("[api]\n{api}")).unwrap_err();
+            assert!(errors.0.iter().any(|e| e.key == key), "{api}: {errors}");
+        }
+    }
+
+    /// Every default survives the defaults layer as it is: secrets too
+    /// (`storage.redis.url` was loaded as the string `<redacted>`), while
+    /// what is printed of the loaded settings stays redacted.
+    #[test]
+    fn defaults_load_as_they_are_and_print_redacted() {
+        let loaded = Settings::load_from(&Settings::figment(None)).unwrap();
+        let s = &loaded.settings;
+        assert_eq!(s.storage.redis.url.expose(), "redis://127.0.0.1:6379");
+        let values = |s: &Settings| secret::exposed(|| toml::to_string(s).unwrap());
+        assert_eq!(values(s), values(&Settings::default()));
+        let printed = s.to_redacted_toml();
+        assert!(!printed.contains("redis://127.0.0.1:6379"), "{printed}");
+        assert!(printed.contains("url = \"<redacted>\""), "{printed}");
+        assert!(!format!("{s:?}").contains("redis://"));
+    }
+
+    /// With the Redis backend chosen and no URL given, the default URL is
+    /// the one used: it was `<redacted>`, refused as "not a Redis URL".
+    #[cfg(feature = "redis")]
+    #[test]
+    fn the_redis_backend_takes_the_default_url() {
+        let fig = Settings::figment(None).merge(Serialized::default("storage.backend", "redis"));
+        let loaded = Settings::load_from(&fig).unwrap();
+        assert_eq!(
+            loaded.settings.storage.redis.url.expose(),
+            "redis://127.0.0.1:6379"
+        );
+    }
+
+    /// toml 0.8's writer counted a run of quotes in a `u8`: 256 in a row
+    /// in a setting (a `data_path`, a source's `event_id`) made check-config
+    /// panic in a debug build and print TOML that does not read back in a
+    /// release one. Found by `tests/fuzz/config.rs`; toml 0.9's writer
+    /// saturates.
+    #[test]
+    fn long_runs_of_quotes_print_as_toml_that_reads_back() {
+        let mut s = Settings::default();
+        let path = format!("{}x{}", "\"".repeat(300), "'".repeat(300));
+        s.data_path = PathBuf::from(&path);
+        let text = s.to_redacted_toml();
+        let back: toml::Value = toml::from_str(&text).unwrap();
+        assert_eq!(back["data_path"].as_str(), Some(path.as_str()));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Secrets in settings: read like strings, never printed.
 
+use std::cell::Cell;
 use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A secret string. `Debug` and `Serialize` show `<redacted>`, so printing
-/// settings (check-config, logs) never leaks it.
+/// settings (check-config, logs) never leaks it; only [`exposed`] lets
+/// `Serialize` write the value.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
@@ -27,9 +29,36 @@ impl fmt::Debug for Secret {
     }
 }
 
+thread_local! {
+    /// Set while [`exposed`] runs on this thread.
+    static EXPOSED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with every [`Secret`] serializing as its value instead of
+/// `<redacted>`, on this thread only. For one use: handing the defaults to
+/// figment, whose defaults layer is made by serializing
+/// [`Settings::default`](super::Settings) — through the redacted form, a
+/// default secret (`storage.redis.url`) would be loaded as the string
+/// `<redacted>`. Nothing serialized inside `f` may be printed.
+pub(crate) fn exposed<R>(f: impl FnOnce() -> R) -> R {
+    /// Puts the flag back however `f` ends.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            EXPOSED.with(|e| e.set(self.0));
+        }
+    }
+    let _restore = Restore(EXPOSED.with(|e| e.replace(true)));
+    f()
+}
+
 impl Serialize for Secret {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("<redacted>")
+        if EXPOSED.with(Cell::get) {
+            s.serialize_str(&self.0)
+        } else {
+            s.serialize_str("<redacted>")
+        }
     }
 }
 

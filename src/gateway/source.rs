@@ -80,7 +80,7 @@ impl std::fmt::Debug for Source {
         f.debug_struct("Source")
             .field("name", &self.name)
             .field("scheme", &self.scheme)
-            .field("forward_to", &self.forward_to.as_str())
+            .field("forward_to", &crate::redact::url(&self.forward_to))
             .field("destination_key", &"<redacted>")
             .finish_non_exhaustive()
     }
@@ -159,14 +159,20 @@ impl Source {
             Ok(u) => {
                 errors.push((
                     "forward_to",
-                    format!("{u} must be an http:// or https:// URL with a host"),
+                    format!(
+                        "{} must be an http:// or https:// URL with a host",
+                        crate::redact::url(&u)
+                    ),
                 ));
                 None
             }
             Err(e) => {
                 errors.push((
                     "forward_to",
-                    format!("{:?} is not a URL: {e}", s.forward_to),
+                    format!(
+                        "{:?} is not a URL: {e}",
+                        crate::redact::url_str(&s.forward_to)
+                    ),
                 ));
                 None
             }

@@ -121,7 +121,7 @@ impl RespServer {
                     }
                 }
                 accepted = listener.accept() => match accepted {
-                    Ok((socket, _)) => match self.ctx.admit() {
+                    Ok((socket, peer)) => match self.ctx.admit() {
                         Ok((slot, unauthenticated)) => {
                             let _ = socket.set_nodelay(true);
                             let ctx = self.ctx.clone();
@@ -129,7 +129,8 @@ impl RespServer {
                             let stop = stop.clone();
                             connections.spawn(async move {
                                 let _slot = slot;
-                                serve(ctx, socket, options, unauthenticated, stop).await
+                                serve(ctx, socket, Some(peer.ip()), options, unauthenticated, stop)
+                                    .await
                             });
                         }
                         Err(refusal) => {
@@ -218,6 +219,7 @@ pub enum Ended {
 pub async fn serve<S>(
     ctx: Arc<Context>,
     mut socket: S,
+    peer: Option<std::net::IpAddr>,
     opts: RespOptions,
     mut unauthenticated: Option<OwnedSemaphorePermit>,
     mut stop: watch::Receiver<bool>,
@@ -226,6 +228,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut session = Session::new(&ctx);
+    session.peer = peer;
     let mut input = BytesMut::with_capacity(if session.authenticated {
         16 * 1024
     } else {
@@ -429,6 +432,7 @@ mod tests {
         let task = tokio::spawn(serve(
             ctx.clone(),
             server,
+            None,
             opts.clone(),
             unauthenticated,
             stop,

@@ -129,6 +129,9 @@ pub struct Session {
     pub name: Option<Bytes>,
     /// Set by QUIT: the connection closes once its reply is written.
     pub closing: bool,
+    /// The client's address, for the limit on failed authentications
+    /// (`None` off a socket, in tests).
+    pub peer: Option<std::net::IpAddr>,
 }
 
 impl Session {
@@ -140,6 +143,7 @@ impl Session {
             authenticated: ctx.tokens.is_empty(),
             name: None,
             closing: false,
+            peer: None,
         }
     }
 }

@@ -1,10 +1,14 @@
 //! Connection commands: PING, HELLO, AUTH, SELECT, CLIENT, RESET.
 //!
-//! The password of `AUTH` / `HELLO … AUTH` is one of the API tokens, for
-//! the user `default` (Redis's `requirepass`). Without tokens every
-//! connection starts authenticated, as Redis without a password does.
+//! The password of `AUTH` / `HELLO … AUTH` is one of the full-access API
+//! tokens (`api.tokens`; read-only ones are refused, as every connection
+//! may write), for the user `default` (Redis's `requirepass`). Without
+//! tokens every connection starts authenticated, as Redis without a
+//! password does.
 
 use bytes::Bytes;
+
+use crate::auth::AuthPort;
 
 use super::command::{is, lossy, not_an_integer, parse_i64, syntax_error, wrong_arity};
 use super::reply::{Protocol, Reply};
@@ -27,12 +31,40 @@ pub fn ping(args: &[Bytes]) -> Reply {
 }
 
 /// Whether `user` / `password` authenticate: the user `default` with a
-/// token (any password when no token is configured).
-fn authenticates(ctx: &Context, user: &[u8], password: &[u8]) -> bool {
-    if user != b"default" {
-        return false;
+/// full-access token (any password when no token is configured). With
+/// tokens, an address that failed too often is refused before its password
+/// is looked at (the limiter the HTTP API shares), and each failure counts.
+fn authenticates(
+    ctx: &Context,
+    session: &Session,
+    user: &[u8],
+    password: &[u8],
+) -> Result<(), Reply> {
+    if ctx.tokens.is_empty() {
+        return if user == b"default" {
+            Ok(())
+        } else {
+            Err(Reply::Error(WRONGPASS.into()))
+        };
     }
-    ctx.tokens.is_empty() || std::str::from_utf8(password).is_ok_and(|p| ctx.tokens.accepts(p))
+    let limiter = ctx.tokens.limiter();
+    if let Some(peer) = session.peer {
+        limiter.allow(AuthPort::Resp, peer).map_err(|wait| {
+            Reply::err(format!(
+                "too many failed authentications from this address: try again in {} s",
+                wait.secs
+            ))
+        })?;
+    }
+    let full = user == b"default"
+        && std::str::from_utf8(password).is_ok_and(|p| ctx.tokens.grants_full(p));
+    if full {
+        return Ok(());
+    }
+    if let Some(peer) = session.peer {
+        limiter.failed(AuthPort::Resp, peer);
+    }
+    Err(Reply::Error(WRONGPASS.into()))
 }
 
 /// `AUTH [user] password`.
@@ -48,11 +80,12 @@ pub fn auth(ctx: &Context, session: &mut Session, args: &[Bytes]) -> Reply {
         3 => (&args[1], &args[2]),
         _ => return syntax_error(),
     };
-    if authenticates(ctx, user, password) {
-        session.authenticated = true;
-        Reply::OK
-    } else {
-        Reply::Error(WRONGPASS.into())
+    match authenticates(ctx, session, user, password) {
+        Ok(()) => {
+            session.authenticated = true;
+            Reply::OK
+        }
+        Err(refusal) => refusal,
     }
 }
 
@@ -73,8 +106,8 @@ pub fn hello(ctx: &Context, session: &mut Session, args: &[Bytes]) -> Reply {
         let more = args.len() - 1 - j;
         let opt = &args[j];
         if is(opt, "auth") && more >= 2 {
-            if !authenticates(ctx, &args[j + 1], &args[j + 2]) {
-                return Reply::Error(WRONGPASS.into());
+            if let Err(refusal) = authenticates(ctx, session, &args[j + 1], &args[j + 2]) {
+                return refusal;
             }
             session.authenticated = true;
             j += 3;

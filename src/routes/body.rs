@@ -4,6 +4,8 @@
 //! format; reading the payload here keeps every refusal a problem document
 //! that names the offending field.
 
+use std::time::Duration;
+
 use actix_web::HttpRequest;
 use actix_web::http::header;
 use actix_web::web;
@@ -39,14 +41,29 @@ pub async fn read_bytes(
     Ok(body)
 }
 
-/// Reads the body (at most `limit` bytes) and parses it as `T`. An empty
-/// body parses as `{}`, so endpoints whose fields are all optional accept it.
+/// [`read_bytes`] within `timeout` (`http.body_timeout`): a body that has
+/// not all arrived by then gets 408, and the connection is closed.
+pub async fn read_bytes_within(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+    timeout: Duration,
+) -> Result<web::BytesMut, ApiError> {
+    tokio::time::timeout(timeout, read_bytes(req, payload, limit))
+        .await
+        .unwrap_or(Err(ApiError::BodyTimeout { after: timeout }))
+}
+
+/// Reads the body (at most `limit` bytes, within `timeout`) and parses it
+/// as `T`. An empty body parses as `{}`, so endpoints whose fields are all
+/// optional accept it.
 pub async fn read_json<T: DeserializeOwned>(
     req: &HttpRequest,
     payload: web::Payload,
     limit: usize,
+    timeout: Duration,
 ) -> Result<T, ApiError> {
-    let body = read_bytes(req, payload, limit).await?;
+    let body = read_bytes_within(req, payload, limit, timeout).await?;
     let text: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {

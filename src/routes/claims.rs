@@ -159,7 +159,7 @@ fn not_owner(state: ClaimState, expires_at_ms: Millis) -> ApiError {
 }
 
 /// Claims a key for processing: the first caller gets the token.
-#[utoipa::path(post, path = "/v1/claims/{key}", tag = "claims",
+#[utoipa::path(post, path = "/v1/claims/{key}", operation_id = "claimKey", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
     request_body(content = ClaimBody, content_type = "application/json",
@@ -178,7 +178,8 @@ pub(super) async fn claim(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (key, scoped) = parse_key(&req)?;
-    let body: ClaimBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let body: ClaimBody =
+        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_claim)?;
     let fingerprint = body
         .fingerprint
@@ -219,7 +220,7 @@ pub(super) async fn claim(
 
 /// Marks the owner's claim done: repeats of the key are refused for the
 /// TTL.
-#[utoipa::path(post, path = "/v1/claims/{key}/done", tag = "claims",
+#[utoipa::path(post, path = "/v1/claims/{key}/done", operation_id = "markDone", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
     request_body(content = TokenTtlBody, content_type = "application/json"),
@@ -236,7 +237,8 @@ pub(super) async fn done(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (key, scoped) = parse_key(&req)?;
-    let body: TokenTtlBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let body: TokenTtlBody =
+        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let token = Token::parse(&body.token)?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_done)?;
     let now = state.clock.now_ms();
@@ -263,7 +265,7 @@ pub(super) async fn done(
 }
 
 /// Extends the owner's claim.
-#[utoipa::path(post, path = "/v1/claims/{key}/extend", tag = "claims",
+#[utoipa::path(post, path = "/v1/claims/{key}/extend", operation_id = "extendClaim", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
     request_body(content = TokenTtlBody, content_type = "application/json"),
@@ -281,7 +283,8 @@ pub(super) async fn extend(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (key, scoped) = parse_key(&req)?;
-    let body: TokenTtlBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let body: TokenTtlBody =
+        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let token = Token::parse(&body.token)?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_claim)?;
     let now = state.clock.now_ms();
@@ -314,7 +317,7 @@ pub(super) async fn extend(
 }
 
 /// Releases the owner's claim so a retry can claim the key again.
-#[utoipa::path(delete, path = "/v1/claims/{key}", tag = "claims",
+#[utoipa::path(delete, path = "/v1/claims/{key}", operation_id = "releaseClaim", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
     request_body(content = TokenBody, content_type = "application/json"),
@@ -331,7 +334,8 @@ pub(super) async fn release(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (_, scoped) = parse_key(&req)?;
-    let body: TokenBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let body: TokenBody =
+        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let token = Token::parse(&body.token)?;
     let now = state.clock.now_ms();
     let outcome = state.store.release(&scoped, token, now).await?;
@@ -356,7 +360,7 @@ pub(super) async fn release(
 }
 
 /// A key's live state.
-#[utoipa::path(get, path = "/v1/claims/{key}", tag = "claims",
+#[utoipa::path(get, path = "/v1/claims/{key}", operation_id = "getClaim", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
     responses(

@@ -52,7 +52,7 @@ pub struct EventDetail {
 }
 
 /// One event whole: what a listing shows, plus its stored headers and body.
-#[utoipa::path(get, path = "/v1/sources/{source}/events/{event_id}", tag = "gateway",
+#[utoipa::path(get, path = "/v1/sources/{source}/events/{event_id}", operation_id = "getSourceEvent", tag = "gateway",
     security(("bearer" = [])),
     params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), ("event_id" = String, Path, description = "The provider's event id")),
     responses(

@@ -30,14 +30,14 @@ pub struct Health {
 }
 
 /// The process is up and serving HTTP.
-#[utoipa::path(get, path = "/healthz", tag = "health",
+#[utoipa::path(get, path = "/healthz", operation_id = "checkLiveness", tag = "health",
     responses((status = 200, description = "The process serves HTTP", body = Health)))]
 pub(super) async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(Health { status: "ok" })
 }
 
 /// The store answers: requests can be served.
-#[utoipa::path(get, path = "/readyz", tag = "health",
+#[utoipa::path(get, path = "/readyz", operation_id = "checkReadiness", tag = "health",
     responses(
         (status = 200, description = "The store answers", body = Health),
         (status = 503, description = "The store cannot be reached or written (a full disk)",

@@ -20,7 +20,7 @@ use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::body::read_bytes;
+use super::body::read_bytes_within;
 use super::{AppState, Endpoint, Guard, register};
 use crate::clock::Millis;
 use crate::error::{ApiError, Problem};
@@ -59,7 +59,7 @@ fn refuse_and_close(e: &ApiError) -> HttpResponse {
 
 /// Receives a provider's webhook: verified, stored durably, answered at
 /// once; delivery to the application happens later.
-#[utoipa::path(post, path = "/ingest/{source}", tag = "gateway",
+#[utoipa::path(post, path = "/ingest/{source}", operation_id = "ingestWebhook", tag = "gateway",
     params(("source" = String, Path, description = "A configured source's name")),
     request_body(content = String, content_type = "application/json",
         description = "The provider's event, byte for byte as signed, with the signature \
@@ -145,20 +145,9 @@ async fn receive(
     *source_name = Some(source.name.clone());
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
     check_headers(&source, &header, state.clock.now_ms()).map_err(|e| closing(e.into()))?;
-    let body = match tokio::time::timeout(
-        state.body_timeout,
-        read_bytes(req, payload, source.max_body_bytes),
-    )
-    .await
-    {
-        Ok(Ok(body)) => body,
-        Ok(Err(e)) => return Err(closing(e)),
-        Err(_) => {
-            return Err(closing(ApiError::BodyTimeout {
-                after: state.body_timeout,
-            }));
-        }
-    };
+    let body = read_bytes_within(req, payload, source.max_body_bytes, state.body_timeout)
+        .await
+        .map_err(closing)?;
     let received_at: Millis = state.clock.now_ms();
     let event = parse_event(&source, &header, &body, received_at).map_err(ApiError::from)?;
     // Only the local inbox is asked: ingest keeps working while a shared

@@ -21,7 +21,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 
 /// Every metric in the Prometheus text format (see the README's
 /// "Monitoring" for the families).
-#[utoipa::path(get, path = "/metrics", tag = "operations",
+#[utoipa::path(get, path = "/metrics", operation_id = "getMetrics", tag = "operations",
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Prometheus text exposition format 0.0.4", body = String,

@@ -45,7 +45,7 @@ pub struct AppState {
     pub gateway: Arc<Gateway>,
     /// The delivery dispatcher, for each source's delivery state.
     pub dispatcher: Arc<Dispatcher>,
-    /// How long ingest waits for a request body.
+    /// How long ingest and `/v1` wait for a request body.
     pub body_timeout: std::time::Duration,
     /// Counters and histograms behind `GET /metrics`.
     pub metrics: Arc<crate::telemetry::metrics::Metrics>,

@@ -5,6 +5,7 @@
 use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::{Endpoint, Guard, register};
@@ -39,7 +40,7 @@ use super::{Endpoint, Guard, register};
         super::ui::page,
         super::ui::file,
     ),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &Refusals),
     tags(
         (name = "claims", description = "Claim a key, mark it done, extend or release it"),
         (name = "streams", description = "Apply events of a stream in created_at order"),
@@ -64,12 +65,89 @@ impl Modify for BearerAuth {
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "One of the configured API tokens (api.tokens or api.tokens_file); \
-                         not needed when none are configured (loopback only)",
+                        "One of the configured API tokens (api.tokens or api.tokens_file); a \
+                         read-only one (api.read_tokens) for GET and HEAD only; not needed \
+                         when none are configured (loopback only)",
                     ))
                     .build(),
             ),
         );
+    }
+}
+
+/// Adds the refusals that come from the checks in front of the handlers
+/// (`crate::auth`), not from a handler, to every operation they apply to.
+#[derive(Debug)]
+struct Refusals;
+
+impl Modify for Refusals {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let problem = |description: &str| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/problem+json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build()
+        };
+        for (path, item) in &mut doc.paths.paths {
+            let v1 = path.starts_with("/v1/");
+            // Ingest and the probes answer whatever the Host.
+            let any_host = path.starts_with("/ingest/") || path == "/healthz" || path == "/readyz";
+            let bearer = v1 || path == "/metrics";
+            for (method, op) in [
+                ("get", &mut item.get),
+                ("post", &mut item.post),
+                ("put", &mut item.put),
+                ("delete", &mut item.delete),
+                ("patch", &mut item.patch),
+            ] {
+                let Some(op) = op else { continue };
+                let mut add = |status: &str, description: &str| {
+                    op.responses
+                        .responses
+                        .entry(status.to_owned())
+                        .or_insert_with(|| problem(description).into());
+                };
+                if !any_host {
+                    add(
+                        "421",
+                        "`host_not_allowed`: no API tokens are configured and the request was \
+                         not addressed to localhost, 127.0.0.1 or [::1]",
+                    );
+                }
+                if bearer {
+                    add(
+                        "429",
+                        "`auth_throttled`: too many failed authentications from this address; \
+                         retry after `Retry-After` seconds",
+                    );
+                }
+                if v1 {
+                    add(
+                        "403",
+                        "`cross_origin`: sent by a page of another origin; `read_only_token`: \
+                         a read-only token on a write",
+                    );
+                }
+                if v1 && method != "get" {
+                    add(
+                        "415",
+                        "`unsupported_media_type`: a body that is not `application/json`",
+                    );
+                }
+                if v1 && op.request_body.is_some() {
+                    add(
+                        "408",
+                        "`body_timeout`: the body did not arrive within http.body_timeout; \
+                         the connection is closed",
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -86,7 +164,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 }
 
 /// This document.
-#[utoipa::path(get, path = "/openapi.json", tag = "operations",
+#[utoipa::path(get, path = "/openapi.json", operation_id = "getOpenApiDocument", tag = "operations",
     responses((status = 200, description = "OpenAPI 3.1", content_type = "application/json")))]
 async fn openapi_json() -> HttpResponse {
     HttpResponse::Ok().json(ApiDoc::openapi())

@@ -63,7 +63,7 @@ pub struct SourceRow {
 /// Every source with its events by status, its oldest pending event's age
 /// and its delivery state. Reads counts kept in memory and one index entry
 /// per source with pending events: it never scans the inbox.
-#[utoipa::path(get, path = "/v1/sources", tag = "gateway",
+#[utoipa::path(get, path = "/v1/sources", operation_id = "listSources", tag = "gateway",
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Every configured source, and every removed one with events", body = Overview),

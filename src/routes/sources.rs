@@ -186,7 +186,7 @@ fn decode_cursor(raw: &str) -> Result<(u64, String), ApiError> {
 
 /// A source's delivery state: its limit and what is in flight, and its
 /// circuit breaker (`running`, `paused` until a time, or `probing`).
-#[utoipa::path(get, path = "/v1/sources/{source}", tag = "gateway",
+#[utoipa::path(get, path = "/v1/sources/{source}", operation_id = "getSource", tag = "gateway",
     security(("bearer" = [])),
     params(("source" = String, Path, description = "A source name: configured, or removed with events still stored")),
     responses(
@@ -234,7 +234,7 @@ impl From<&LaneView> for DeliveryView {
 
 /// A source's events with one status, oldest (or newest) received first, a
 /// page at a time.
-#[utoipa::path(get, path = "/v1/sources/{source}/events", tag = "gateway",
+#[utoipa::path(get, path = "/v1/sources/{source}/events", operation_id = "listSourceEvents", tag = "gateway",
     security(("bearer" = [])),
     params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), ListQuery),
     responses(
@@ -298,7 +298,7 @@ pub(super) async fn list(
 
 /// Puts a dead or stale event back to pending (a stale one is then
 /// delivered even though it is older than its stream's head).
-#[utoipa::path(post, path = "/v1/sources/{source}/events/{event_id}/redeliver", tag = "gateway",
+#[utoipa::path(post, path = "/v1/sources/{source}/events/{event_id}/redeliver", operation_id = "redeliverEvent", tag = "gateway",
     security(("bearer" = [])),
     params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), ("event_id" = String, Path, description = "The provider's event id")),
     responses(

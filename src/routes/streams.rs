@@ -109,7 +109,7 @@ pub struct StreamHead<'a> {
 
 /// Records an event of a stream in `created_at` order: tells whether to
 /// apply it.
-#[utoipa::path(post, path = "/v1/streams/{stream}/apply", tag = "streams",
+#[utoipa::path(post, path = "/v1/streams/{stream}/apply", operation_id = "applyEvent", tag = "streams",
     security(("bearer" = [])),
     params(("stream" = String, Path, description = "The ordering scope (an order, a run, …), 1 to 512 bytes of UTF-8")),
     request_body(content = ApplyBody, content_type = "application/json"),
@@ -125,7 +125,8 @@ pub(super) async fn apply(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let stream = Key::parse(&path_segment(&req, 3, "stream")?, "stream")?;
-    let body: ApplyBody = read_json(&req, payload, state.max_body_bytes).await?;
+    let body: ApplyBody =
+        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let event_id = Key::parse(&body.event_id, "event_id")?;
     let created_at = CreatedAt::parse(&body.created_at, "created_at")?;
     let now = state.clock.now_ms();
@@ -152,7 +153,7 @@ pub(super) async fn apply(
 }
 
 /// The newest applied event of a stream.
-#[utoipa::path(get, path = "/v1/streams/{stream}", tag = "streams",
+#[utoipa::path(get, path = "/v1/streams/{stream}", operation_id = "getStreamHead", tag = "streams",
     security(("bearer" = [])),
     params(("stream" = String, Path, description = "The ordering scope (an order, a run, …), 1 to 512 bytes of UTF-8")),
     responses(

@@ -79,7 +79,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 
 /// The operator console: a page that reads everything it shows from `/v1`
 /// with the token the operator types in.
-#[utoipa::path(get, path = "/ui", tag = "console",
+#[utoipa::path(get, path = "/ui", operation_id = "getConsole", tag = "console",
     responses(
         (status = 200, description = "The console's page", body = String, content_type = "text/html; charset=utf-8"),
         (status = 304, description = "The browser's copy is current (If-None-Match)"),
@@ -89,7 +89,7 @@ pub(super) async fn page(req: HttpRequest) -> HttpResponse {
 }
 
 /// One of the console's files (`app.js`, `app.css`, `favicon.svg`).
-#[utoipa::path(get, path = "/ui/{file}", tag = "console",
+#[utoipa::path(get, path = "/ui/{file}", operation_id = "getConsoleFile", tag = "console",
     params(("file" = String, Path, description = "The file's name")),
     responses(
         (status = 200, description = "The file, with its content type", body = String),

@@ -15,6 +15,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
+use crate::auth::AuthPort;
 use crate::clock::Millis;
 use crate::store::inbox::SourceSummary;
 
@@ -48,6 +49,10 @@ pub const STORE_CHECKPOINT: &str = "dedupd_store_checkpoint_seconds";
 pub const REAPER_DELETED: &str = "dedupd_reaper_deleted_total";
 /// Always 1; the `version` label carries the build's version.
 pub const BUILD_INFO: &str = "dedupd_build_info";
+/// Credentials that did not authenticate, by `port` (`http`, `resp`).
+pub const AUTH_FAILURES: &str = "dedupd_auth_failures_total";
+/// Attempts refused unread because their peer failed too often, by `port`.
+pub const AUTH_THROTTLED: &str = "dedupd_auth_throttled_total";
 
 /// Outcomes of a claim request.
 pub const CLAIM_OUTCOMES: [&str; 4] = ["claimed", "busy", "done", "fingerprint_mismatch"];
@@ -142,6 +147,10 @@ pub struct Metrics {
     pub store_batch: Histogram,
     /// `dedupd_store_checkpoint_seconds`.
     pub store_checkpoint: Histogram,
+    /// `dedupd_auth_failures_total`, in [`AuthPort::ALL`] order.
+    auth_failures: [Counter; 2],
+    /// `dedupd_auth_throttled_total`, in [`AuthPort::ALL`] order.
+    auth_throttled: [Counter; 2],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -236,6 +245,11 @@ impl Metrics {
         let store_batch = recorder.register_histogram(&Key::from_name(STORE_BATCH), &METADATA);
         let store_checkpoint =
             recorder.register_histogram(&Key::from_name(STORE_CHECKPOINT), &METADATA);
+        let by_port = |name: &'static str| {
+            AuthPort::ALL.map(|p| counter(name, vec![Label::new("port", p.label())]))
+        };
+        let auth_failures = by_port(AUTH_FAILURES);
+        let auth_throttled = by_port(AUTH_THROTTLED);
         let metrics = Self {
             recorder,
             handle,
@@ -247,6 +261,8 @@ impl Metrics {
             store_commit,
             store_batch,
             store_checkpoint,
+            auth_failures,
+            auth_throttled,
         };
         // The gauges exist (at zero) before the first scrape sets them.
         metrics.set_inbox(&[], 0);
@@ -349,6 +365,16 @@ impl Metrics {
             h
         });
         histogram.record(seconds);
+    }
+
+    /// Counts a credential that did not authenticate on `port`.
+    pub fn auth_failed(&self, port: AuthPort) {
+        self.auth_failures[port as usize].increment(1);
+    }
+
+    /// Counts an attempt on `port` refused because its peer failed too often.
+    pub fn auth_throttled(&self, port: AuthPort) {
+        self.auth_throttled[port as usize].increment(1);
     }
 
     /// Counts records the reaper deleted from `table` (one of
@@ -498,6 +524,18 @@ fn describe(r: &PrometheusRecorder) {
         REAPER_DELETED.into(),
         None,
         "Expired records the reaper deleted, by table".into(),
+    );
+    r.describe_counter(
+        AUTH_FAILURES.into(),
+        None,
+        "Credentials that did not authenticate (a wrong bearer token, a failed AUTH), by port"
+            .into(),
+    );
+    r.describe_counter(
+        AUTH_THROTTLED.into(),
+        None,
+        "Attempts refused without their token being read: their address failed too often, by port"
+            .into(),
     );
     r.describe_gauge(
         BUILD_INFO.into(),

@@ -174,6 +174,7 @@ async fn a_body_over_the_limit_returns_413_and_changes_nothing() {
         (0..80).map(|_| Ok(vec![b' '; 1024])).collect();
     let res = app
         .request(Method::POST, &claim_path("k"))
+        .header("content-type", "application/json")
         .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
             chunks,
         )))

@@ -90,6 +90,33 @@ fn check_config_names_the_environment_variable_of_a_bad_value() {
     assert!(stderr.contains("DEDUPD_HTTP__WORKERS"), "{stderr}");
 }
 
+/// figment parses a variable's brackets (and nests its name's `__` parts)
+/// recursively: 50 000 of them overflowed the stack and aborted. Now each
+/// is refused with the variable's name, before anything is parsed.
+#[test]
+fn a_deeply_nested_environment_variable_is_refused_by_name() {
+    let deep_value = dedupd()
+        .arg("check-config")
+        .env("DEDUPD_LISTEN", "[".repeat(50_000))
+        .output()
+        .unwrap();
+    let deep_name = dedupd()
+        .arg("check-config")
+        .env(format!("DEDUPD_{}B", "A__".repeat(40_000)), "1")
+        .output()
+        .unwrap();
+    for (out, named) in [
+        (deep_value, "(from environment variable DEDUPD_LISTEN)"),
+        (deep_name, "DEDUPD_A__A__A__"),
+    ] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("levels deep"), "{stderr}");
+        assert!(stderr.contains(named), "{stderr}");
+        assert!(stderr.len() < 1000, "the name is cut short: {stderr}");
+    }
+}
+
 #[test]
 fn check_config_refuses_a_ttl_default_above_the_maximum() {
     let out = dedupd()

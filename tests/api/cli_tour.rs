@@ -12,6 +12,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::cli::{dedupd, spawn_serving};
+use crate::receiver::{Behaviour, Receiver};
 
 /// How long a test waits for a line before it fails.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -416,4 +417,81 @@ async fn receive_answers_401_to_a_bad_signature_and_prints_it() {
     assert!(line.contains("NOT VERIFIED"), "{line}");
     assert!(line.contains("no configured secret matches"), "{line}");
     assert!(line.ends_with("-> 401"), "{line}");
+}
+
+/// The API token is for `/v1`; ingest trusts the provider's signature only.
+/// `trigger --url` may name any server, so its post carries the signature
+/// and no token: a server that is not dedupd learns no token from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trigger_sends_the_signature_and_no_api_token() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    assert!(init(&config, &[]).status.success());
+    let written = std::fs::read_to_string(&config).unwrap();
+    let token = written
+        .lines()
+        .find_map(|l| l.strip_prefix("tokens = [\""))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let base = receiver.url.trim_end_matches("/hooks").to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        dedupd()
+            .args(["trigger", "sume", "--config"])
+            .arg(&config)
+            .args(["--url", &base])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let got = receiver.received();
+    assert_eq!(got.len(), 1, "one post to /ingest/sume");
+    assert!(got[0].header("x-sume-signature").starts_with("v1="));
+    assert_eq!(got[0].headers.get("authorization"), None);
+    assert!(
+        got[0].headers.values().all(|v| !v.contains(&token)),
+        "{:?}",
+        got[0].headers
+    );
+    receiver.stop().await;
+}
+
+/// What `receive` prints of a request comes from whoever sent it, signed
+/// or not: an ANSI escape or a carriage return in a body's stream is
+/// printed escaped, never sent to the terminal as it is.
+#[tokio::test]
+async fn receive_prints_control_characters_from_a_request_escaped() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    assert!(init(&config, &[]).status.success());
+    let mut receive = Receive::start(&config, &[]);
+    let body =
+        r#"{"request_id":"req_esc","run_id":"\u001b[31mred\u001b]0;title\u0007\rover\u009b2J"}"#;
+    let res = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/hooks", receive.port))
+        .header("webhook-id", "req_esc")
+        .header("dedupd-source", "sume")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401, "not signed");
+    let line = receive.until(&["req_esc"]);
+    assert!(
+        !line.chars().any(char::is_control),
+        "a control character reached the terminal: {line:?}"
+    );
+    assert!(
+        line.contains("stream \\u{1b}[31mred\\u{1b}]0;title\\u{7}\\u{d}over\\u{9b}2J"),
+        "{line}"
+    );
+    assert!(line.contains("NOT VERIFIED"), "{line}");
 }

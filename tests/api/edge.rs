@@ -166,3 +166,53 @@ async fn a_thousand_slow_uploads_leave_the_api_answering_and_memory_bounded() {
         1
     );
 }
+
+/// `/v1` bodies have the same deadline as ingest's: a client that sends
+/// the headers and part of a claim's body is answered 408 and cut off.
+#[tokio::test]
+async fn a_v1_body_that_does_not_arrive_in_time_gets_408_and_the_connection_closes() {
+    let app = crate::helpers::spawn_app_with(|l| {
+        l.settings.http.body_timeout = Duration::from_millis(300);
+    })
+    .await;
+    for path in ["/v1/claims/slow", "/v1/streams/run-1/apply"] {
+        let s = start_upload(&app, path, &[], 100, b"{\"ttl_ms\":").await;
+        assert_eq!(answer_then_close(s).await, Some(408), "{path}");
+    }
+    assert_eq!(app.get("slow").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(app.head("run-1").await.status(), StatusCode::NOT_FOUND);
+}
+
+/// `/readyz` needs no token, so anyone may send a flood of it: it must not
+/// make the writer commit what it holds (`storage.commit_hold`). The hold
+/// is an hour here, so only a read of acknowledged writes (or a
+/// checkpoint, an hour away too) commits.
+#[tokio::test]
+async fn a_flood_of_readiness_probes_does_not_defeat_group_commit() {
+    let app = crate::helpers::spawn_app_with(|l| {
+        let s = &mut l.settings.storage;
+        s.commit_hold = Duration::from_secs(3600);
+        s.checkpoint_interval = Duration::from_secs(3600);
+        s.checkpoint_idle = Duration::from_secs(3600);
+    })
+    .await;
+    let commits = || app.store.write_stats().commits;
+    // Past the start's own commits (the app's first writes and reads).
+    for k in ["warm-1", "warm-2"] {
+        app.claim_ok(k, serde_json::json!({})).await;
+        assert_eq!(app.get(k).await.status(), StatusCode::OK);
+    }
+    let before = commits();
+    // Claims amid the probes: each probe could commit the claim before it.
+    for i in 0..20 {
+        app.claim_ok(&format!("k{i}"), serde_json::json!({})).await;
+        for _ in 0..5 {
+            let res = app.client.get(app.url("/readyz")).send().await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+        }
+    }
+    assert_eq!(commits(), before, "the probes committed the held writes");
+    // The count moves: a read of the claims commits them, once.
+    assert_eq!(app.get("k19").await.status(), StatusCode::OK);
+    assert_eq!(commits(), before + 1);
+}

@@ -194,6 +194,11 @@ pub fn with_tokens(loaded: &mut Loaded, tokens: &[&str]) {
     loaded.api_tokens = tokens.iter().map(|t| Secret::new(*t)).collect();
 }
 
+/// Adds read-only API tokens to the settings.
+pub fn with_read_tokens(loaded: &mut Loaded, tokens: &[&str]) {
+    loaded.api_read_tokens = tokens.iter().map(|t| Secret::new(*t)).collect();
+}
+
 impl TestApp {
     /// Stops gracefully and waits until the store is closed.
     pub async fn stop(self) -> (Loaded, Arc<TempDir>, ManualClock, bool) {

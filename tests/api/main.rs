@@ -3,6 +3,7 @@
 
 mod auth;
 mod bad_input;
+mod browser;
 mod claims;
 mod cli;
 mod cli_operator;
@@ -15,6 +16,7 @@ mod disk;
 mod edge;
 mod gateway;
 mod helpers;
+mod leaks;
 mod metrics;
 mod openapi;
 mod receiver;

@@ -39,13 +39,13 @@ fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     })
 }
 
-fn count(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn count(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     sample(scrape, name, labels)
         .unwrap_or_else(|| panic!("no sample {name}{labels:?} in:\n{scrape}"))
 }
 
 impl TestApp {
-    async fn scrape(&self) -> String {
+    pub(crate) async fn scrape(&self) -> String {
         let res = self.request(Method::GET, "/metrics").send().await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
         let ct = res.headers()["content-type"].to_str().unwrap().to_owned();

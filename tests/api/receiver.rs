@@ -187,6 +187,9 @@ impl Receiver {
                 .app_data(data.clone())
                 .route("/hooks", web::post().to(hook))
                 .route("/elsewhere", web::post().to(hook))
+                // Where `dedupd trigger --url` posts: a receiver standing in
+                // for a server that is not dedupd.
+                .route("/ingest/{source}", web::post().to(hook))
         })
         .workers(1)
         .max_connections(100_000)

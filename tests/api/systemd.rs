@@ -134,3 +134,40 @@ async fn a_writer_stuck_in_a_sync_fails_the_liveness_check_until_it_returns() {
     assert_eq!(claim.await.unwrap(), 201);
     assert_eq!(liveness.check(ok_within).await, Ok(()));
 }
+
+/// `Max open files` (soft, hard) of process `pid`, from /proc.
+fn open_files_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let mut fields = line["Max open files".len()..].split_whitespace();
+    (
+        fields.next().unwrap().to_owned(),
+        fields.next().unwrap().to_owned(),
+    )
+}
+
+/// Started with a soft limit of 256 open files (the defaults allow 1024
+/// HTTP connections and 256 deliveries), `serve` raises its soft limit to
+/// the hard one before it serves.
+#[tokio::test]
+async fn serve_raises_a_short_open_files_soft_limit_to_the_hard_one() {
+    let dir = TempDir::new().unwrap();
+    let mut cmd = std::process::Command::new("/bin/sh");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DEDUPD_") || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args(["-c", "ulimit -S -n 256 && exec \"$0\" serve"])
+        .arg(env!("CARGO_BIN_EXE_dedupd"))
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "127.0.0.1:0");
+    let (child, _port, drain) = spawn_serving(cmd);
+    let (soft, hard) = open_files_limits(child.id());
+    assert!(crate::cli::stop(child, "-TERM", drain).await.success());
+    assert_ne!(hard, "256", "this test needs a hard limit above 256");
+    assert_eq!(soft, hard, "the soft limit was raised to the hard one");
+}

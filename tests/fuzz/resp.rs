@@ -19,7 +19,7 @@ use dedupd::store::redb::{RedbOptions, RedbStore};
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::config;
+use crate::{bounded, cases, config, config_with, serial};
 
 /// One well-formed request of `words`.
 fn encode(words: &[Vec<u8>]) -> Vec<u8> {
@@ -98,24 +98,26 @@ fn feed(input: &[u8], cuts: &[usize], limits: Limits) -> Result<(), TestCaseErro
     }
 }
 
-proptest! {
-    #![proptest_config(config(256))]
-
-    #[test]
-    fn the_frame_parser_never_panics_and_holds_at_most_its_limit(
+#[test]
+fn the_frame_parser_never_panics_and_holds_at_most_its_limit() {
+    let _serial = serial();
+    proptest!(config(), |(
         input in hostile(),
         cuts in prop::collection::vec(1usize..4096, 1..8),
         preauth in any::<bool>(),
-    ) {
+    )| {
         let limits = if preauth { PREAUTH_LIMITS } else { Limits { max_args: 64, max_bytes: 2048 } };
-        feed(&input, &cuts, limits)?;
-    }
+        bounded(|| feed(&input, &cuts, limits))?;
+    });
+}
 
-    #[test]
-    fn a_request_cut_anywhere_parses_as_the_whole(
+#[test]
+fn a_request_cut_anywhere_parses_as_the_whole() {
+    let _serial = serial();
+    proptest!(config(), |(
         words in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 1..8),
         cuts in prop::collection::vec(1usize..64, 1..8),
-    ) {
+    )| {
         let request = encode(&words);
         let mut buf = BytesMut::new();
         let mut got = None;
@@ -134,7 +136,7 @@ proptest! {
         let got: Vec<Vec<u8>> = got.unwrap().iter().map(|w| w.to_vec()).collect();
         prop_assert_eq!(got, words);
         prop_assert!(buf.is_empty());
-    }
+    });
 }
 
 /// A command of the listener's table with arguments that are sometimes
@@ -182,14 +184,14 @@ fn command() -> impl Strategy<Value = Vec<Vec<u8>>> {
     })
 }
 
-proptest! {
-    #![proptest_config(config(64))]
-
-    #[test]
-    fn pipelines_of_any_commands_are_answered_or_refused_never_a_panic(
+#[test]
+fn pipelines_of_any_commands_are_answered_or_refused_never_a_panic() {
+    // A store per case: a quarter of the cases.
+    let _serial = serial();
+    proptest!(config_with((cases() / 4).max(16)), |(
         pipeline in prop::collection::vec(command(), 1..24),
         tokens in any::<bool>(),
-    ) {
+    )| {
         let dir = tempfile::tempdir().unwrap();
         let store = RedbStore::open(&RedbOptions::new(dir.path().join("f.redb"))).unwrap();
         let options = RespOptions {
@@ -216,7 +218,7 @@ proptest! {
             let (mut client, server) = tokio::io::duplex(1 << 20);
             let (_slot, unauthenticated) = ctx.admit().unwrap();
             let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-            let task = tokio::spawn(serve(ctx.clone(), server, options, unauthenticated, stop));
+            let task = tokio::spawn(serve(ctx.clone(), server, None, options, unauthenticated, stop));
             let mut bytes: Vec<u8> = pipeline.iter().flat_map(|c| encode(c)).collect();
             bytes.extend(encode(&[b"QUIT".to_vec()]));
             client.write_all(&bytes).await.unwrap();
@@ -230,5 +232,5 @@ proptest! {
             "{:?}", ended
         );
         rt.block_on(store.close());
-    }
+    });
 }

@@ -302,8 +302,17 @@ impl Engine {
         if !self.shared.is_healthy() {
             return Err(EngineError::DiskRefused);
         }
-        self.read(|tx| tx.open_table(META).map(|_| ()).map_err(Into::into))
-            .await
+        // The file answers a read. Not a read of what was acknowledged:
+        // that would ask the writer to commit its open transaction at once,
+        // and `/readyz` needs no token, so a flood of probes would take
+        // group commit (`storage.commit_hold`) away from every write.
+        self.read_seen(Fresh::Shown, |db, shared| {
+            let tx = db.begin_read()?;
+            let seen = shared.watermark.visible();
+            tx.open_table(META)?;
+            Ok(((), seen))
+        })
+        .await
     }
 
     /// Group-commit counters since the file was opened.

@@ -11,7 +11,8 @@
 //!   [`Inbox`](crate::store::inbox::Inbox)), [`Keyspace`] (the
 //!   Redis-protocol keyspace).
 //! - The log: [`record`] (what a record holds: the write requests), [`wal`]
-//!   (the file), `wal_golden` (their encoding, pinned).
+//!   (the file, and [`decode_wal`], its decoder without a file, for the
+//!   fuzz targets), `wal_golden` (their encoding, pinned).
 //! - The file: [`tables`] (tables and row encodings), [`migrate`] (schema
 //!   versions), [`guard`] (the storage backend and its switch), [`flusher`]
 //!   (background write-back), [`faults`] (fault injection for tests).
@@ -52,6 +53,11 @@ pub use self::engine::READ_REOPEN_WAIT;
 pub use self::inbox::{InboxIndexes, RedbInbox};
 pub use self::keyspace::Keyspace;
 pub use self::open::{OpenError, inbox_sources_in_file};
+pub use self::wal::{WalContents, decode_wal};
+
+/// The mode of every file dedupd creates to hold data (the data file and
+/// its write-ahead log): read and write for the owner, nothing for others.
+pub(crate) const OWNER_ONLY: u32 = 0o600;
 
 /// How the redb store is opened.
 #[derive(Debug, Clone)]

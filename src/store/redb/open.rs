@@ -2,6 +2,7 @@
 //! to its file checked and replayed, the writer started; and why that can
 //! fail ([`OpenError`]). Also the read-only look `check-config` takes.
 
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use super::kv_index::KvIndex;
 use super::tables::SCHEMA_VERSION;
 use super::watermark::Watermark;
 use super::writer::{self, Counters};
-use super::{RedbOptions, guard, inbox, migrate, wal};
+use super::{OWNER_ONLY, RedbOptions, guard, inbox, migrate, wal};
 
 /// Why the data file could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +128,12 @@ impl Engine {
             source: e,
         };
         if let Some(parent) = opts.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| other(redb::Error::Io(e)))?;
+            // Directories dedupd makes for its files are its own too.
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(|e| other(redb::Error::Io(e)))?;
         }
         // A log without its data file is never replayed into a new one.
         let wal_path = wal::path_for(&opts.path);
@@ -145,6 +151,8 @@ impl Engine {
             e => other(e.into()),
         })?;
         let id = migrate::init_schema(&db, &opts.path)?;
+        warn_if_others_can_read(&opts.path);
+        warn_if_others_can_read(&wal_path);
         // Batches acknowledged after the last checkpoint are in the log.
         let stored = writer::stored_seq(&db).map_err(other)?;
         let (mut log, batches) = wal::Wal::open(
@@ -195,6 +203,27 @@ impl Engine {
     }
 }
 
+/// Whether a file of `mode` may be read or written by its group or others.
+fn others_can_read(mode: u32) -> bool {
+    mode & 0o077 != 0
+}
+
+/// Warns (once, at open) when a data file that was already there is open
+/// to its group or others, as files made before dedupd created them 0600
+/// are: dedupd does not change a mode it did not choose.
+fn warn_if_others_can_read(path: &Path) {
+    if let Ok(meta) = std::fs::metadata(path)
+        && others_can_read(meta.permissions().mode())
+    {
+        tracing::warn!(
+            path = %path.display(),
+            mode = format!("{:o}", meta.permissions().mode() & 0o777),
+            "the file holds webhook bodies and claim tokens but its group or others may \
+             read it: chmod 600 it"
+        );
+    }
+}
+
 /// Opens the data file as the options say (through the fault-injecting
 /// backend when they carry a plan).
 /// `refuse` is the switch the writer throws before giving the file up (see
@@ -210,6 +239,10 @@ pub(super) fn open_db(
         .write(true)
         .create(true)
         .truncate(false)
+        // It holds webhook bodies and claim tokens: the owner's only, under
+        // any umask (a file that exists keeps its mode; see
+        // `warn_if_others_can_read`).
+        .mode(OWNER_ONLY)
         .open(&opts.path)?;
     builder.create_with_backend(guard::GuardedBackend::new(
         file,

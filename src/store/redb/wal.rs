@@ -33,7 +33,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -294,6 +294,99 @@ pub fn parse(
     Ok((batches, at))
 }
 
+/// What a log file's bytes are.
+#[derive(Debug)]
+pub enum Decoded {
+    /// A log: its batches numbered after the `after` given, where its
+    /// valid records end, and whether its header is of an older format.
+    Log {
+        /// The batches to replay.
+        batches: Vec<Batch>,
+        /// Bytes of header and valid records; what follows is ignored.
+        end: usize,
+        /// The header is of an older format (rewritten once checkpointed).
+        stale_header: bool,
+    },
+    /// Empty, or a header cut short (torn while being created): a log to
+    /// start afresh.
+    New,
+}
+
+/// Reads a log file's `bytes` as [`Wal::open`] does, for the data file
+/// `id` (`bound`: see [`Wal::open`]), without touching the file. Never
+/// allocates by a length the bytes declare: a record's length is checked
+/// against the bytes there before its payload is looked at.
+pub fn read_log(bytes: &[u8], after: u64, id: u128, bound: bool) -> Result<Decoded, LogError> {
+    let Some(h) = read_header(bytes)? else {
+        return Ok(Decoded::New);
+    };
+    match h.id {
+        Some(log_id) if log_id != id => {
+            return Err(LogError::Foreign {
+                log_id: Some(log_id),
+            });
+        }
+        None if bound => return Err(LogError::Foreign { log_id: None }),
+        _ => {}
+    }
+    if h.format > FORMAT {
+        return Err(LogError::Version { found: h.format });
+    }
+    let (batches, end) = parse(bytes, h.len, h.format, after)?;
+    Ok(Decoded::Log {
+        batches,
+        end,
+        stale_header: h.format != FORMAT,
+    })
+}
+
+/// The data file id a log's header names, if it has a header that names
+/// one (for reading a log without its data file: the fuzz targets).
+pub fn named_id(bytes: &[u8]) -> Option<u128> {
+    read_header(bytes).ok().flatten().and_then(|h| h.id)
+}
+
+/// What a write-ahead log holds, as [`decode_wal`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WalContents {
+    /// A log: the sequence numbers of its batches after the one asked
+    /// for, each batch's count of requests, and where its valid records end.
+    Log {
+        /// Sequence numbers, in order.
+        seqs: Vec<u64>,
+        /// Requests per batch, in the same order.
+        ops: Vec<usize>,
+        /// Bytes of header and valid records; what follows is ignored.
+        end: usize,
+    },
+    /// Empty or a cut header: opening starts a new log.
+    New,
+    /// Opening refuses it, and leaves it as it is: not a log, a log of a
+    /// format this build cannot replay, or a record whose checksum holds
+    /// but which does not decode.
+    Refused(String),
+}
+
+/// Decodes a write-ahead log's bytes (`dedupd.redb.wal`) exactly as opening
+/// the store does beside the data file the log names, returning the
+/// batches numbered after `after`, without any file: the decoder under the
+/// fuzz targets (`tests/fuzz/wal.rs`).
+pub fn decode_wal(bytes: &[u8], after: u64) -> WalContents {
+    let (id, bound) = match named_id(bytes) {
+        Some(id) => (id, true),
+        None => (0, false),
+    };
+    match read_log(bytes, after, id, bound) {
+        Ok(Decoded::Log { batches, end, .. }) => WalContents::Log {
+            seqs: batches.iter().map(|b| b.seq).collect(),
+            ops: batches.iter().map(|b| b.ops.len()).collect(),
+            end,
+        },
+        Ok(Decoded::New) => WalContents::New,
+        Err(e) => WalContents::Refused(e.to_string()),
+    }
+}
+
 impl Wal {
     /// Opens (or creates) the log of the data file `id` and reads the valid
     /// batches in it numbered after `after` (the last batch the data file
@@ -314,11 +407,13 @@ impl Wal {
             .write(true)
             .create(true)
             .truncate(false)
+            // Its records hold request bodies and claim tokens.
+            .mode(super::OWNER_ONLY)
             .open(&path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let (batches, end, stale_header) = match read_header(&bytes)? {
-            None => {
+        let (batches, end, stale_header) = match read_log(&bytes, after, id, bound)? {
+            Decoded::New => {
                 // New (or torn while being created): start it.
                 let h = header(id);
                 file.set_len(0)?;
@@ -326,22 +421,11 @@ impl Wal {
                 file.sync_all()?;
                 (Vec::new(), h.len(), false)
             }
-            Some(h) => {
-                match h.id {
-                    Some(log_id) if log_id != id => {
-                        return Err(LogError::Foreign {
-                            log_id: Some(log_id),
-                        });
-                    }
-                    None if bound => return Err(LogError::Foreign { log_id: None }),
-                    _ => {}
-                }
-                if h.format > FORMAT {
-                    return Err(LogError::Version { found: h.format });
-                }
-                let (batches, end) = parse(&bytes, h.len, h.format, after)?;
-                (batches, end, h.format != FORMAT)
-            }
+            Decoded::Log {
+                batches,
+                end,
+                stale_header,
+            } => (batches, end, stale_header),
         };
         let capacity = file.metadata()?.len();
         let wal = Self {

@@ -1,0 +1,155 @@
+//! Making values safe to print: URLs without what may be a credential, and
+//! text from outside without terminal control characters.
+//!
+//! Every URL that dedupd prints or logs (check-config, `init`, the CLI's
+//! errors, a source's `Debug`) goes through [`url`] or [`url_str`]:
+//! `https://admin:hunter2@host/hooks?api_key=k` is shown as
+//! `https://<redacted>@host/hooks?<redacted>`. The unit's `ExecStartPre`
+//! sends check-config's output to the journal, which more people read than
+//! the config file.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+use reqwest::Url;
+
+/// What stands where a credential was.
+const REDACTED: &str = "<redacted>";
+
+/// `u` with its userinfo, query and fragment replaced by `<redacted>`:
+/// scheme, host, port and path stay, so the reader still sees where it
+/// points. A URL with no host (`mailto:…`, `admin:pass@host` read as a
+/// scheme and a path) shows its scheme only.
+pub fn url(u: &Url) -> String {
+    if u.cannot_be_a_base() {
+        return format!("{}:{REDACTED}", u.scheme());
+    }
+    let mut bare = u.clone();
+    let userinfo = !u.username().is_empty() || u.password().is_some();
+    // Neither fails on a URL that can be a base and has a host; without a
+    // host there is no userinfo to take out.
+    let _ = bare.set_password(None);
+    let _ = bare.set_username("");
+    bare.set_query(None);
+    bare.set_fragment(None);
+    let mut out = bare.to_string();
+    if userinfo && let Some(at) = out.find("://") {
+        out.insert_str(at + 3, &format!("{REDACTED}@"));
+    }
+    if u.query().is_some() {
+        let _ = write!(out, "?{REDACTED}");
+    }
+    if u.fragment().is_some() {
+        let _ = write!(out, "#{REDACTED}");
+    }
+    out
+}
+
+/// [`url`] of `raw`; text that is not a URL is redacted by its shape:
+/// anything before an `@` in what follows `://`, and everything from the
+/// first `?` or `#`.
+pub fn url_str(raw: &str) -> String {
+    if let Ok(u) = Url::parse(raw) {
+        return url(&u);
+    }
+    let (head, tail) = match raw.find(['?', '#']) {
+        Some(i) => (&raw[..i], Some(&raw[i..i + 1])),
+        None => (raw, None),
+    };
+    let mut out = match head.find("://") {
+        Some(i) => {
+            let rest = &head[i + 3..];
+            let end = rest.find('/').unwrap_or(rest.len());
+            match rest[..end].rfind('@') {
+                Some(at) => format!("{}://{REDACTED}@{}", &head[..i], &rest[at + 1..]),
+                None => head.to_owned(),
+            }
+        }
+        // No authority: whatever precedes an '@' may be a user and password.
+        None => match head.rfind('@') {
+            Some(at) => format!("{REDACTED}@{}", &head[at + 1..]),
+            None => head.to_owned(),
+        },
+    };
+    if let Some(mark) = tail {
+        out.push_str(mark);
+        out.push_str(REDACTED);
+    }
+    escape_control(&out).into_owned()
+}
+
+/// Whether `c` would do something to a terminal or to how the text around
+/// it reads: C0 and C1 controls (ESC starts the ANSI sequences), DEL, and
+/// the bidirectional overrides and isolates (which reorder what is shown).
+fn unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` with every control character (and bidirectional control) written
+/// as `\u{…}`, so text nobody verified can be printed to a terminal: an
+/// `ESC [ 31 m` in a body shows as `\u{1b}[31m` instead of turning the
+/// terminal red, and a `\r` cannot overwrite the line it is on.
+pub fn escape_control(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(unprintable) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unprintable(c) {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn userinfo_query_and_fragment_are_redacted() {
+        let u = |s: &str| url(&Url::parse(s).expect("url"));
+        assert_eq!(
+            u("https://admin:hunter2pass@example.com:8443/hooks?api_key=k1&x=2#frag"),
+            "https://<redacted>@example.com:8443/hooks?<redacted>#<redacted>"
+        );
+        assert_eq!(
+            u("http://token@10.0.0.1/in"),
+            "http://<redacted>@10.0.0.1/in"
+        );
+        assert_eq!(
+            u("http://127.0.0.1:3000/hooks"),
+            "http://127.0.0.1:3000/hooks"
+        );
+        assert_eq!(u("mailto:someone@example.com"), "mailto:<redacted>");
+    }
+
+    #[test]
+    fn text_that_is_not_a_url_is_redacted_by_its_shape() {
+        for (raw, shown) in [
+            (
+                "https://admin:hunter2pass@exa mple.com/x?api_key=k",
+                "https://<redacted>@exa mple.com/x?<redacted>",
+            ),
+            ("admin:hunter2pass@host", "admin:<redacted>"),
+            ("::admin:pw@host/x", "<redacted>@host/x"),
+            ("not a url", "not a url"),
+            ("a\u{1b}[31m", "a\\u{1b}[31m"),
+        ] {
+            assert_eq!(url_str(raw), shown, "{raw}");
+        }
+    }
+
+    #[test]
+    fn control_characters_are_escaped_and_the_rest_kept() {
+        assert_eq!(escape_control("req_1 ünï"), "req_1 ünï");
+        assert!(matches!(escape_control("plain"), Cow::Borrowed(_)));
+        assert_eq!(
+            escape_control("\u{1b}[31mred\r\n\u{9b}2J\u{202e}x\u{7f}"),
+            "\\u{1b}[31mred\\u{d}\\u{a}\\u{9b}2J\\u{202e}x\\u{7f}"
+        );
+    }
+}

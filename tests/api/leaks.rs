@@ -1,0 +1,278 @@
+//! What the real binary prints, logs and leaves on disk: no credential of a
+//! URL in check-config's output or in a delivery's log lines, and no data
+//! file others can read.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::cli::{check_config, dedupd, spawn_serving, stop_logged};
+use crate::receiver::{eventually, free_port};
+
+/// The password in the destination's userinfo.
+const PASSWORD: &str = "hunter2pass";
+/// The API key in its query string.
+const API_KEY: &str = "k3y-in-the-query-0123";
+
+/// A config whose one source delivers to a closed port through a URL with
+/// a user, a password and an API key in its query; two fast attempts.
+fn config_with_credentials(dir: &TempDir) -> std::path::PathBuf {
+    let file = dir.path().join("dedupd.toml");
+    let forward_to = format!(
+        "http://admin:{PASSWORD}@127.0.0.1:{}/hooks?api_key={API_KEY}",
+        free_port()
+    );
+    std::fs::write(
+        &file,
+        format!(
+            "data_path = {:?}\n\
+             [sources.sume]\n\
+             scheme = \"sume\"\n\
+             secrets = [\"sume-signing-secret-0123\"]\n\
+             event_id = \"body:/request_id\"\n\
+             forward_to = {forward_to:?}\n\
+             destination_secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n\
+             max_attempts = 2\n\
+             backoff_min = \"10ms\"\n\
+             backoff_max = \"20ms\"\n",
+            dir.path().join("dedupd.redb").display().to_string()
+        ),
+    )
+    .unwrap();
+    file
+}
+
+/// A served dedupd, killed if the test fails before it stops it.
+struct Serving(Option<std::process::Child>);
+
+impl Serving {
+    fn take(&mut self) -> std::process::Child {
+        self.0.take().unwrap()
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn assert_no_credentials(what: &str, text: &str) {
+    assert!(
+        !text.contains(PASSWORD),
+        "{what} shows the password:\n{text}"
+    );
+    assert!(!text.contains(API_KEY), "{what} shows the API key:\n{text}");
+}
+
+#[test]
+fn check_config_shows_forward_to_without_its_userinfo_and_query() {
+    let dir = TempDir::new().unwrap();
+    let out = check_config(&config_with_credentials(&dir));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_no_credentials("check-config", &stdout);
+    assert_no_credentials("check-config", &String::from_utf8_lossy(&out.stderr));
+    // Still says where it delivers, in the settings and the sources' lines.
+    assert!(
+        stdout.contains("forward_to = \"http://<redacted>@127.0.0.1:"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("/ingest/sume -> http://<redacted>@127.0.0.1:"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("/hooks?<redacted>"), "{stdout}");
+}
+
+#[test]
+fn a_bad_forward_to_is_named_without_its_credentials() {
+    let dir = TempDir::new().unwrap();
+    let file = config_with_credentials(&dir);
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("http://admin", "ftp://admin");
+    std::fs::write(&file, text).unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("sources.sume.forward_to"), "{stderr}");
+    assert_no_credentials("check-config's error", &stderr);
+}
+
+/// A delivery that fails (the port is closed) until the event is dead:
+/// neither its log lines nor its `last_error` carry the URL's credentials.
+#[tokio::test]
+async fn a_failed_delivery_logs_no_credential_of_its_url() {
+    let dir = TempDir::new().unwrap();
+    let config = config_with_credentials(&dir);
+    let mut cmd = dedupd();
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .env("DEDUPD_LISTEN", "127.0.0.1:0");
+    let (child, port, drain) = spawn_serving(cmd);
+    let mut child = Serving(Some(child));
+    let base = format!("http://127.0.0.1:{port}");
+    let trigger = {
+        let (config, base) = (config.clone(), base.clone());
+        tokio::task::spawn_blocking(move || {
+            dedupd()
+                .args(["trigger", "sume", "--config"])
+                .arg(&config)
+                .args(["--url", &base])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    assert!(
+        trigger.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trigger.stderr)
+    );
+    let client = reqwest::Client::new();
+    let dead = format!("{base}/v1/sources/sume/events?status=dead");
+    let list = || async {
+        client
+            .get(&dead)
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    eventually("the event is dead", || async {
+        list().await["events"]
+            .as_array()
+            .is_some_and(|e| e.len() == 1)
+    })
+    .await;
+    let listed = list().await;
+    assert_no_credentials("the event's listing", &listed.to_string());
+    assert!(
+        listed["events"][0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("request failed")),
+        "{listed}"
+    );
+    let (status, log) = stop_logged(child.take(), "-TERM", drain).await;
+    assert!(status.success());
+    let log = log.join("\n");
+    assert!(log.contains("delivery failed; will retry"), "{log}");
+    assert!(log.contains("dead: every attempt failed"), "{log}");
+    assert_no_credentials("the log", &log);
+}
+
+/// Outside systemd (no `UMask=0077`) the data file and its log hold
+/// webhook bodies and claim tokens: under the usual umask 022 they are
+/// still created readable by their owner only.
+#[tokio::test]
+async fn the_data_file_and_its_log_are_created_for_their_owner_only() {
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().join("data").join("dedupd.redb");
+    let mut cmd = Command::new("/bin/sh");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DEDUPD_") || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args(["-c", "umask 022 && exec \"$0\" serve"])
+        .arg(env!("CARGO_BIN_EXE_dedupd"))
+        .env("DEDUPD_LISTEN", "127.0.0.1:0")
+        .env("DEDUPD_DATA_PATH", &data);
+    let (child, port, drain) = spawn_serving(cmd);
+    let mut child = Serving(Some(child));
+    // A claim: something of value is on disk now.
+    let res = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/claims/k"))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o600, "{}", data.display());
+    let wal = dir.path().join("data").join("dedupd.redb.wal");
+    assert_eq!(mode(&wal), 0o600, "{}", wal.display());
+    assert_eq!(
+        mode(&dir.path().join("data")),
+        0o700,
+        "the directory dedupd made for them"
+    );
+    assert!(stop_logged(child.take(), "-TERM", drain).await.0.success());
+}
+
+/// The operator commands name the server they could not use, and reqwest's
+/// own errors name the URL: neither shows a `--url`'s userinfo or query.
+#[test]
+fn operator_errors_name_the_server_without_its_credentials() {
+    use std::io::{Read, Write};
+    let claims_get = |port: u16| {
+        dedupd()
+            .args(["claims", "get", "k", "--url"])
+            .arg(format!(
+                "http://admin:{PASSWORD}@127.0.0.1:{port}/?api_key={API_KEY}"
+            ))
+            .args(["--token", "operator-token-0123456789"])
+            .output()
+            .unwrap()
+    };
+    // Nobody listens.
+    let out = claims_get(free_port());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cannot reach dedupd at http://<redacted>@127.0.0.1:"),
+        "{stderr}"
+    );
+    assert_no_credentials("an unreachable server's error", &stderr);
+    // A server that cuts its answer short: reqwest's error names the URL.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut request = [0u8; 4096];
+        let _ = conn.read(&mut request).unwrap();
+        conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"key\"")
+            .unwrap();
+    });
+    let out = claims_get(port);
+    server.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("reading the answer of"), "{stderr}");
+    assert_no_credentials("a cut answer's error", &stderr);
+}
+
+/// `dedupd init` writes the API token and the signing secrets: the file is
+/// its owner's only under the usual umask too.
+#[test]
+fn init_writes_its_config_for_its_owner_only() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    let out = Command::new("/bin/sh")
+        .args(["-c", "umask 022 && exec \"$0\" init --config \"$1\""])
+        .arg(env!("CARGO_BIN_EXE_dedupd"))
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
