@@ -56,6 +56,14 @@ pub enum ApiError {
         /// When the peer may try again.
         retry_after: RetryAfter,
     },
+    /// `/readyz`: the store cannot take writes now (503), and why.
+    #[error("{detail}")]
+    NotReady {
+        /// Machine-readable: `disk_low` or `store_unavailable`.
+        reason: &'static str,
+        /// Why, for people.
+        detail: String,
+    },
     /// Without API tokens, a request addressed to a name that is not
     /// loopback (421): a web page may have pointed its own name at us.
     #[error(
@@ -168,6 +176,7 @@ impl ApiError {
             ApiError::ReadOnlyToken { .. } => "read_only_token",
             ApiError::AuthThrottled { .. } => "auth_throttled",
             ApiError::HostNotAllowed => "host_not_allowed",
+            ApiError::NotReady { reason, .. } => reason,
             ApiError::CrossOrigin => "cross_origin",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
             ApiError::Signature(e) => match e {
@@ -182,6 +191,7 @@ impl ApiError {
             ApiError::FingerprintMismatch { .. } => "fingerprint_mismatch",
             ApiError::Store(StoreError::Unavailable(_)) => "store_unavailable",
             ApiError::Store(StoreError::Failed(_)) => "internal",
+            ApiError::Store(StoreError::LowSpace { .. }) => "insufficient_storage",
         }
     }
 
@@ -195,6 +205,7 @@ impl ApiError {
             ApiError::ReadOnlyToken { .. } | ApiError::CrossOrigin => "Forbidden",
             ApiError::AuthThrottled { .. } => "Too many requests",
             ApiError::HostNotAllowed => "Misdirected request",
+            ApiError::NotReady { .. } => "Not ready",
             ApiError::UnsupportedMediaType => "Unsupported media type",
             ApiError::Signature(_) => "Signature refused",
             ApiError::NotFound { .. } => "Not found",
@@ -203,6 +214,7 @@ impl ApiError {
             ApiError::FingerprintMismatch { .. } => "Fingerprint mismatch",
             ApiError::Store(StoreError::Unavailable(_)) => "Store unavailable",
             ApiError::Store(StoreError::Failed(_)) => "Internal error",
+            ApiError::Store(StoreError::LowSpace { .. }) => "Insufficient storage",
         }
     }
 }
@@ -217,6 +229,7 @@ impl ResponseError for ApiError {
             ApiError::ReadOnlyToken { .. } | ApiError::CrossOrigin => StatusCode::FORBIDDEN,
             ApiError::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
+            ApiError::NotReady { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -224,6 +237,7 @@ impl ResponseError for ApiError {
             ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Store(StoreError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(StoreError::Failed(_)) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Store(StoreError::LowSpace { .. }) => StatusCode::INSUFFICIENT_STORAGE,
         }
     }
 
@@ -237,12 +251,18 @@ impl ResponseError for ApiError {
                         tracing::warn!(error = %e.chain(), "store unavailable");
                     }
                     StoreError::Failed(_) => tracing::error!(error = %e.chain(), "store error"),
+                    // Logged once when the watermark is crossed, not per request.
+                    StoreError::LowSpace { .. } => {}
                 }
                 match e {
                     StoreError::Unavailable(_) => {
                         "the store cannot be reached; retry later".to_owned()
                     }
                     StoreError::Failed(_) => "the request failed; nothing was changed".to_owned(),
+                    StoreError::LowSpace { .. } => "free disk space is below the server's \
+                        watermark: writes are refused until space frees; nothing was changed; \
+                        retry later"
+                        .to_owned(),
                 }
             }
             other => other.to_string(),
@@ -285,6 +305,9 @@ impl ResponseError for ApiError {
             }
             ApiError::Store(StoreError::Unavailable(_)) => {
                 res.insert_header((header::RETRY_AFTER, HeaderValue::from_static("1")));
+            }
+            ApiError::Store(StoreError::LowSpace { .. }) => {
+                res.insert_header((header::RETRY_AFTER, HeaderValue::from_static("30")));
             }
             ApiError::AuthThrottled { retry_after } => {
                 res.insert_header((header::RETRY_AFTER, retry_after.secs.to_string()));

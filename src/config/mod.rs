@@ -207,6 +207,11 @@ pub struct StorageSettings {
     pub commit_hold: Duration,
     /// The Redis backend.
     pub redis: RedisSettings,
+    /// Writes (ingest, claims, applies, RESP writes) are refused with 507
+    /// while less than this is free on the data file's filesystem, so the
+    /// disk never fills and a checkpoint and a replay always fit; they
+    /// resume by themselves once space frees.
+    pub min_free_bytes: u64,
     /// Set for one start by `serve --accept-missing-log`: open a data file
     /// that was not closed cleanly although its write-ahead log is missing.
     /// Never read from a file or the environment, so it cannot stay on.
@@ -302,6 +307,7 @@ impl Default for Settings {
                 checkpoint_idle: Duration::from_secs(1),
                 commit_hold: Duration::from_millis(20),
                 accept_missing_log: false,
+                min_free_bytes: 8 * 1024 * 1024,
                 redis: RedisSettings {
                     url: Secret::new("redis://127.0.0.1:6379"),
                     cluster_nodes: Vec::new(),
@@ -754,6 +760,12 @@ impl Settings {
             || self.storage.checkpoint_idle > Duration::from_secs(3600)
         {
             bad("storage.checkpoint_idle", "must be 10ms to 1h".into());
+        }
+        if !(1024 * 1024..=1024 * 1024 * 1024 * 1024).contains(&self.storage.min_free_bytes) {
+            bad(
+                "storage.min_free_bytes",
+                "must be 1048576 (1 MiB) to 1099511627776 (1 TiB)".into(),
+            );
         }
         if self.storage.commit_hold > Duration::from_millis(100) {
             bad("storage.commit_hold", "must be 0s to 100ms".into());

@@ -219,5 +219,10 @@ pub fn is(word: &[u8], option: &str) -> bool {
 /// An error reply for a store failure; nothing was changed. It names the
 /// cause (`ERR store unavailable: the data file cannot be written now …`).
 pub fn store_error(e: &crate::store::StoreError) -> Reply {
-    Reply::err(e.chain())
+    match e {
+        // Redis's code for "persistence cannot take writes now" (its AOF
+        // on a full disk): clients treat it as an error to retry later.
+        crate::store::StoreError::LowSpace { .. } => Reply::Error(format!("MISCONF {e}")),
+        _ => Reply::err(e.chain()),
+    }
 }

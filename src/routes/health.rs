@@ -44,11 +44,29 @@ pub(super) async fn healthz() -> HttpResponse {
             body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    // Any failure means "not ready": 503, so load balancers route around us.
-    state
-        .store
-        .ready()
-        .await
-        .map_err(|e| ApiError::Store(StoreError::unavailable(e)))?;
-    Ok(HttpResponse::Ok().json(Health { status: "ready" }))
+    // Any failure means "not ready": 503, so load balancers route around
+    // us, with the reason (but no cause: this needs no token).
+    let ready = match state.store.ready().await {
+        Ok(()) => state.gateway.inbox.ready().await,
+        failed => failed,
+    };
+    match ready {
+        Ok(()) => Ok(HttpResponse::Ok().json(Health { status: "ready" })),
+        Err(StoreError::LowSpace { free, floor }) => Err(ApiError::NotReady {
+            reason: "disk_low",
+            detail: format!(
+                "{free} bytes are free on the data file's disk, below storage.min_free_bytes \
+                 ({floor}): writes are refused until space frees; reads are served"
+            ),
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e.chain(), "not ready");
+            Err(ApiError::NotReady {
+                reason: "store_unavailable",
+                detail: "the store cannot be reached or written now (a disk fault, or the \
+                         Redis backend is down)"
+                    .into(),
+            })
+        }
+    }
 }

@@ -33,6 +33,9 @@ pub(super) async fn scrape(state: web::Data<AppState>) -> Result<HttpResponse, A
     // The gauges come from counts kept in memory: no scan per scrape.
     let summary = state.gateway.inbox.inbox_summary().await?;
     state.metrics.set_inbox(&summary, state.clock.now_ms());
+    if let Some(space) = state.gateway.inbox.disk_space() {
+        state.metrics.set_disk_space(space);
+    }
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render()))

@@ -39,6 +39,18 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// (`gateway.dedupe_window`, as the inbox was opened with).
     fn dedupe_window(&self) -> Duration;
 
+    /// Ok when the inbox can take writes now (as `Store::ready`).
+    async fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Free space on the disk that holds the inbox, read now, and the
+    /// watermark below which writes are refused; `None` where the store
+    /// does not watch a disk of its own.
+    fn disk_space(&self) -> Option<DiskSpace> {
+        None
+    }
+
     /// Leases runnable events, each until its own time, while they are
     /// being delivered: `(source, event id, until)`. With `stale_check`, an
     /// event older than its stream's head (in the inbox's own store) is
@@ -200,6 +212,15 @@ pub struct NewEvent {
     pub headers: Vec<(String, String)>,
     /// The raw body, byte for byte.
     pub body: Vec<u8>,
+}
+
+/// Free space on a store's disk (`dedupd_store_free_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskSpace {
+    /// Bytes free for dedupd.
+    pub free_bytes: u64,
+    /// `storage.min_free_bytes`: writes are refused below it.
+    pub min_free_bytes: u64,
 }
 
 /// A stored event.

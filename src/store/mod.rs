@@ -56,14 +56,28 @@ pub enum StoreError {
     Unavailable(Cause),
     /// The store failed; the operation did not take effect (HTTP 500).
     Failed(Cause),
+    /// Free disk space is below the watermark (`storage.min_free_bytes`):
+    /// writes are refused, nothing was changed, and they resume by
+    /// themselves once space frees (HTTP 507 with `Retry-After`).
+    LowSpace {
+        /// Bytes free on the data file's filesystem.
+        free: u64,
+        /// The watermark.
+        floor: u64,
+    },
 }
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            StoreError::Unavailable(_) => "store unavailable",
-            StoreError::Failed(_) => "storage failure",
-        })
+        match self {
+            StoreError::Unavailable(_) => f.write_str("store unavailable"),
+            StoreError::Failed(_) => f.write_str("storage failure"),
+            StoreError::LowSpace { free, floor } => write!(
+                f,
+                "disk space low: {free} bytes free, below storage.min_free_bytes ({floor}); \
+                 writes resume once space frees"
+            ),
+        }
     }
 }
 
@@ -72,6 +86,7 @@ impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             StoreError::Unavailable(cause) | StoreError::Failed(cause) => Some(&**cause),
+            StoreError::LowSpace { .. } => None,
         }
     }
 }

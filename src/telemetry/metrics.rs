@@ -17,7 +17,7 @@ use metrics_exporter_prometheus::{
 
 use crate::auth::AuthPort;
 use crate::clock::Millis;
-use crate::store::inbox::SourceSummary;
+use crate::store::inbox::{DiskSpace, SourceSummary};
 
 /// HTTP request latency by `method`, `route` (the pattern), `status`.
 pub const HTTP_DURATION: &str = "dedupd_http_request_duration_seconds";
@@ -45,6 +45,10 @@ pub const STORE_COMMIT: &str = "dedupd_store_commit_seconds";
 pub const STORE_BATCH: &str = "dedupd_store_batch_size";
 /// Time of one checkpoint of the embedded store.
 pub const STORE_CHECKPOINT: &str = "dedupd_store_checkpoint_seconds";
+/// Bytes free on the data file's disk, read at each scrape.
+pub const STORE_FREE_BYTES: &str = "dedupd_store_free_bytes";
+/// `storage.min_free_bytes`: writes are refused below it.
+pub const STORE_MIN_FREE_BYTES: &str = "dedupd_store_min_free_bytes";
 /// Records the reaper deleted, by `table`.
 pub const REAPER_DELETED: &str = "dedupd_reaper_deleted_total";
 /// Always 1; the `version` label carries the build's version.
@@ -411,6 +415,16 @@ impl Metrics {
         )
     }
 
+    /// Sets the disk space gauges.
+    pub fn set_disk_space(&self, space: DiskSpace) {
+        let gauge = |name: &'static str| {
+            self.recorder
+                .register_gauge(&Key::from_parts(name, Vec::<Label>::new()), &METADATA)
+        };
+        gauge(STORE_FREE_BYTES).set(space.free_bytes as f64);
+        gauge(STORE_MIN_FREE_BYTES).set(space.min_free_bytes as f64);
+    }
+
     /// Sets the inbox gauges from `summary` (sources with events) at `now`:
     /// every source seen before and not in `summary` now reads zero.
     pub fn set_inbox(&self, summary: &[SourceSummary], now: Millis) {
@@ -493,6 +507,16 @@ fn describe(r: &PrometheusRecorder) {
         DELIVERY_DURATION.into(),
         seconds,
         "Time of one delivery request to the application".into(),
+    );
+    r.describe_gauge(
+        STORE_FREE_BYTES.into(),
+        Some(Unit::Bytes),
+        "Bytes free on the data file's disk, read at each scrape".into(),
+    );
+    r.describe_gauge(
+        STORE_MIN_FREE_BYTES.into(),
+        Some(Unit::Bytes),
+        "storage.min_free_bytes: writes are refused (507) while fewer bytes are free".into(),
     );
     r.describe_gauge(
         INBOX_EVENTS.into(),

@@ -10,6 +10,7 @@ mod held_commit;
 mod inbox_model;
 mod keyspace;
 mod log_identity;
+mod low_space;
 mod model;
 mod redb_file;
 #[cfg(feature = "redis")]

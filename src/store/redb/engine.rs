@@ -12,6 +12,7 @@
 //!
 //! Opening (and the open errors) is in [`super::open`].
 
+use super::space::Space;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -56,6 +57,9 @@ pub struct Shared {
     pub(super) reopen_wanted: AtomicBool,
     /// Set once `close` began: reads answer at once, nothing will reopen.
     pub(super) closing: AtomicBool,
+    /// Free space on the file's disk, and whether writes are refused for
+    /// want of it.
+    pub(super) space: Space,
 }
 
 impl Shared {
@@ -302,6 +306,20 @@ impl Engine {
         if !self.shared.is_healthy() {
             return Err(EngineError::DiskRefused);
         }
+        // Refusing writes for want of room: ready again as soon as there is
+        // room (the writer's next batch decides exactly; a probe must not
+        // wait for a write that the load balancer holds back meanwhile).
+        let space = &self.shared.space;
+        if space.is_low() {
+            let free = space.read();
+            if !space.takes_a_write(free) {
+                return Err(EngineError::LowSpace {
+                    free,
+                    floor: space.floor(),
+                });
+            }
+            space.set_low(false);
+        }
         // The file answers a read. Not a read of what was acknowledged:
         // that would ask the writer to commit its open transaction at once,
         // and `/readyz` needs no token, so a flood of probes would take
@@ -313,6 +331,12 @@ impl Engine {
             Ok(((), seen))
         })
         .await
+    }
+
+    /// Free bytes on the data file's disk, read now, and the watermark.
+    pub(super) fn space_now(&self) -> (u64, u64) {
+        let space = &self.shared.space;
+        (space.read(), space.floor())
     }
 
     /// Group-commit counters since the file was opened.

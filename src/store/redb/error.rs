@@ -35,6 +35,15 @@ pub enum EngineError {
     /// redb failed, not because of the disk: nothing took effect.
     #[error(transparent)]
     Redb(Arc<redb::Error>),
+    /// Free disk space is below the watermark: the write was refused
+    /// before it ran (see `space`).
+    #[error("disk space low: {free} bytes free, below storage.min_free_bytes ({floor})")]
+    LowSpace {
+        /// Bytes free.
+        free: u64,
+        /// The watermark.
+        floor: u64,
+    },
     /// The writer answered a request with the answer of another kind (a
     /// bug): `.0` names the request.
     #[error("writer answered {0} with another kind of response")]
@@ -50,7 +59,8 @@ impl EngineError {
             | EngineError::DiskRefused
             | EngineError::DiskRead(_)
             | EngineError::Reopened
-            | EngineError::NotCommitted => true,
+            | EngineError::NotCommitted
+            | EngineError::LowSpace { .. } => true,
             EngineError::ReadTask(_) | EngineError::Redb(_) | EngineError::Unexpected(_) => false,
         }
     }
@@ -64,6 +74,9 @@ impl From<redb::Error> for EngineError {
 
 impl From<EngineError> for StoreError {
     fn from(e: EngineError) -> Self {
+        if let EngineError::LowSpace { free, floor } = e {
+            return StoreError::LowSpace { free, floor };
+        }
         if e.is_transient() {
             StoreError::Unavailable(Arc::new(e))
         } else {

@@ -32,12 +32,30 @@ pub struct FaultPlan {
     hung: Mutex<Hang>,
     /// Wakes what `hung` blocks.
     unhang: Condvar,
+    /// While set (`u64::MAX`: not set), the free space the store reads on
+    /// its disk, in bytes, instead of the filesystem's.
+    free_bytes: AtomicU64,
 }
 
 impl FaultPlan {
     /// A plan that fails nothing yet.
     pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+        Arc::new(Self {
+            free_bytes: AtomicU64::new(u64::MAX),
+            ..Self::default()
+        })
+    }
+
+    /// Makes the store read `bytes` as the free space on its disk (`None`:
+    /// the filesystem's own figure again).
+    pub fn set_free_bytes(&self, bytes: Option<u64>) {
+        self.free_bytes
+            .store(bytes.unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// The free space set by [`FaultPlan::set_free_bytes`], if any.
+    pub fn free_bytes(&self) -> Option<u64> {
+        Some(self.free_bytes.load(Ordering::SeqCst)).filter(|b| *b != u64::MAX)
     }
 
     /// Fails the next `n` writes.

@@ -15,7 +15,9 @@
 //!   fuzz targets), `wal_golden` (their encoding, pinned).
 //! - The file: [`tables`] (tables and row encodings), [`migrate`] (schema
 //!   versions), [`guard`] (the storage backend and its switch), [`flusher`]
-//!   (background write-back), [`faults`] (fault injection for tests).
+//!   (background write-back), [`faults`] (fault injection for tests),
+//!   [`space`] (free disk space and the watermark that keeps the file off
+//!   a full disk).
 //! - Executing writes: [`ops`] (claims, stream heads, purges, and the
 //!   dispatch of every request), [`inbox`], [`kv`] with the keyspace's
 //!   in-memory index [`kv_index`]; [`counts`] (inbox counts in memory).
@@ -35,6 +37,7 @@ mod migrate;
 mod open;
 mod ops;
 mod record;
+mod space;
 mod syncer;
 mod tables;
 mod wal;
@@ -100,6 +103,9 @@ pub struct RedbOptions {
     /// log is missing, losing what the log held (`serve
     /// --accept-missing-log`); refused otherwise.
     pub accept_missing_log: bool,
+    /// Writes are refused while less than this is free on the data file's
+    /// filesystem (`storage.min_free_bytes`; see `space`).
+    pub min_free_bytes: u64,
 }
 
 /// Histograms the writer records each successful group commit in; no-ops
@@ -145,6 +151,7 @@ impl RedbOptions {
             read_reopen_wait: READ_REOPEN_WAIT,
             dedupe_window: settings.gateway.dedupe_window,
             accept_missing_log: s.accept_missing_log,
+            min_free_bytes: s.min_free_bytes,
         }
     }
 

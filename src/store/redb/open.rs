@@ -13,6 +13,7 @@ use super::counts::StatusCounts;
 use super::engine::{Engine, Shared};
 use super::flusher::Flusher;
 use super::kv_index::KvIndex;
+use super::space::{self, Space};
 use super::tables::SCHEMA_VERSION;
 use super::watermark::Watermark;
 use super::writer::{self, Counters};
@@ -153,6 +154,20 @@ pub enum OpenError {
         /// The data file.
         data: PathBuf,
     },
+    /// The disk has no room to replay the log into the data file.
+    #[error(
+        "write-ahead log {log} holds writes to replay into the data file, which needs about \
+         {need} bytes free on its disk, and {free} are: free some space (nothing was replayed \
+         or written) and start again"
+    )]
+    NoRoomToReplay {
+        /// The log.
+        log: PathBuf,
+        /// Bytes the replay needs free.
+        need: u64,
+        /// Bytes free.
+        free: u64,
+    },
     /// The file beside the data file is not a write-ahead log.
     #[error("{0} is not a dedupd write-ahead log; move it away")]
     NotALog(PathBuf),
@@ -225,6 +240,19 @@ impl Engine {
             id.bound,
         )
         .map_err(|e| log_error(e, &wal_path, &opts.path, id.id))?;
+        // Replaying writes what the log holds into the file: refused up
+        // front, before a byte is written, when it cannot fit (a failed
+        // replay would take the room and leave nothing to show for it).
+        let space = Space::new(&opts.path, opts.min_free_bytes, opts.faults.clone());
+        let need = space::checkpoint_need(log.len());
+        let free = space.read();
+        if !batches.is_empty() && free < need {
+            return Err(OpenError::NoRoomToReplay {
+                log: wal_path,
+                need,
+                free,
+            });
+        }
         let kv = KvIndex::default();
         let seq = writer::replay(&db, &kv, batches).map_err(other)?;
         log.reset().map_err(|e| other(redb::Error::Io(e)))?;
@@ -244,6 +272,7 @@ impl Engine {
             refuse: Mutex::new(refuse),
             reopen_wanted: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            space,
         });
         let counters = Arc::new(Counters::default());
         let (writes, handle) =

@@ -117,6 +117,54 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Whether the engine itself makes this write, to keep what it holds
+    /// moving (a delivery's lease and outcome, the reaper's deletions),
+    /// rather than a client asking for a new record. Below the free-space
+    /// watermark only these go on (see `space`).
+    pub fn is_upkeep(&self) -> bool {
+        match self {
+            Request::Purge { .. }
+            | Request::PurgeExpired { .. }
+            | Request::PurgePending { .. }
+            | Request::Delivered { .. } => true,
+            Request::Inbox(i) => {
+                matches!(i, InboxRequest::Lease { .. } | InboxRequest::Settle { .. })
+            }
+            Request::Claim { .. }
+            | Request::Done { .. }
+            | Request::Release { .. }
+            | Request::Extend { .. }
+            | Request::Apply { .. }
+            | Request::Kv(_) => false,
+        }
+    }
+
+    /// About how many bytes this write adds to the log (and, at the next
+    /// checkpoint, to the data file): its bodies and values counted
+    /// exactly, everything else as a small fixed amount.
+    pub fn estimated_bytes(&self) -> u64 {
+        const SMALL: u64 = 256;
+        let n = |len: usize| len as u64;
+        SMALL
+            + match self {
+                Request::Inbox(InboxRequest::Insert(e)) => {
+                    n(e.body.len())
+                        + e.headers
+                            .iter()
+                            .map(|(k, v)| n(k.len() + v.len()))
+                            .sum::<u64>()
+                }
+                Request::Inbox(InboxRequest::Lease { events, .. }) => n(events.len()) * 64,
+                Request::Kv(KvRequest::Set { key, value, .. }) => n(key.len() + value.len()),
+                Request::Kv(KvRequest::Delete { keys }) => {
+                    keys.iter().map(|k| n(k.len())).sum::<u64>()
+                }
+                _ => 0,
+            }
+    }
+}
+
 /// An inbox write.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum InboxRequest {

@@ -209,6 +209,10 @@ pub struct Wal {
     /// allocated (zeros written ahead), so syncing a record never has to
     /// sync a change of the file's size or extents as well.
     capacity: u64,
+    /// How much it grows by when a record does not fit: [`GROW`], or less
+    /// while the disk is low on space (the zeros written ahead are real
+    /// bytes on disk).
+    growth: u64,
     /// Faults to inject (tests only).
     faults: Option<Arc<FaultPlan>>,
 }
@@ -231,8 +235,8 @@ impl WalSync {
     }
 }
 
-/// Space the log grows by at a time.
-const GROW: u64 = 8 * 1024 * 1024;
+/// Space the log grows by at a time, with room to spare on the disk.
+pub const GROW: u64 = 8 * 1024 * 1024;
 
 /// The log's path for a data file: `dedupd.redb` → `dedupd.redb.wal`.
 pub fn path_for(data: &Path) -> PathBuf {
@@ -524,6 +528,7 @@ impl Wal {
             stale_header,
             len: end as u64,
             capacity,
+            growth: GROW,
             faults,
         };
         Ok((wal, batches))
@@ -542,7 +547,8 @@ impl Wal {
     /// Allocates at least `need` more bytes after the records by writing
     /// zeros, and syncs that (size and all) once, ahead of the records.
     fn grow(&mut self, need: u64) -> std::io::Result<()> {
-        let target = (self.len + need).max(self.capacity).div_ceil(GROW) * GROW;
+        let step = self.growth.max(1);
+        let target = (self.len + need).max(self.capacity).div_ceil(step) * step;
         let zeros = vec![0u8; 1024 * 1024];
         let mut at = self.capacity;
         while at < target {
@@ -554,6 +560,17 @@ impl Wal {
         self.file.sync_all()?;
         self.capacity = target;
         Ok(())
+    }
+
+    /// Sets how much the log grows by when it must (see `space`).
+    pub fn set_growth(&mut self, step: u64) {
+        self.growth = step;
+    }
+
+    /// Bytes the file takes on disk beyond its header: what emptying it
+    /// for good ([`Wal::start_over`]) gives back.
+    pub fn capacity(&self) -> u64 {
+        self.capacity.saturating_sub(self.header)
     }
 
     /// A handle that syncs this log from another thread.

@@ -29,7 +29,7 @@ use crate::clock::Millis;
 use crate::domain::{CreatedAt, ScopedKey};
 use crate::store::StoreError;
 use crate::store::inbox::{
-    Cursor, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent,
+    Cursor, DiskSpace, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent,
     RedeliverOutcome, Retention, Settle, SourceDue, SourceSummary,
 };
 
@@ -95,6 +95,18 @@ impl Inbox for RedbInbox {
 
     fn dedupe_window(&self) -> Duration {
         self.engine.dedupe_window()
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        Ok(self.engine.ready().await?)
+    }
+
+    fn disk_space(&self) -> Option<DiskSpace> {
+        let (free_bytes, min_free_bytes) = self.engine.space_now();
+        Some(DiskSpace {
+            free_bytes,
+            min_free_bytes,
+        })
     }
 
     async fn lease(

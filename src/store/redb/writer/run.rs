@@ -191,6 +191,10 @@ impl Writer<'_> {
                 return;
             }
         }
+        self.make_room();
+        if self.batch.is_empty() {
+            return;
+        }
         let started = Instant::now();
         let (ops, replies): (Vec<_>, Vec<_>) = self
             .batch
@@ -280,7 +284,7 @@ impl Writer<'_> {
     /// Makes everything committed durable in the file and empties the log;
     /// a failure marks the store unhealthy (writes answer 503 until the file
     /// is reopened). `why` is for the log line.
-    fn checkpoint_now(&mut self, why: &str) {
+    pub(super) fn checkpoint_now(&mut self, why: &str) {
         let (Some(db), Some(log)) = (&self.db, self.log.as_mut()) else {
             return;
         };
@@ -289,6 +293,7 @@ impl Writer<'_> {
             // Everything committed is durable in the file now.
             Ok(()) => {
                 self.shared.watermark.synced(log.seq);
+                self.shared.space.set_logged(log.wal.len());
                 let took = started.elapsed();
                 self.opts
                     .commit_metrics
@@ -315,7 +320,7 @@ impl Writer<'_> {
     /// Commits the open transaction, if any. A failure marks the store
     /// unhealthy: its batches are logged (and answered once synced), so the
     /// reopen replays them.
-    fn commit_open(&mut self) {
+    pub(super) fn commit_open(&mut self) {
         if let Some(o) = self.open.take()
             && let Err(e) = batch::commit(self.shared, self.counters, o)
         {

@@ -1,0 +1,92 @@
+//! Before a batch runs: room on the disk for it (see [`space`]). A batch
+//! is run only as far as the disk has room for it and for a checkpoint of
+//! everything logged; the rest is answered `LowSpace` at once, having
+//! changed nothing. Clients' writes stop at the watermark; the engine's own
+//! upkeep (a delivery's lease and outcome, the reaper) goes on down to half
+//! of it, so deliveries finish and the reaper frees room.
+
+use crate::store::redb::error::EngineError;
+use crate::store::redb::space;
+use crate::store::redb::wal::GROW;
+
+use super::Writer;
+
+impl Writer<'_> {
+    /// Keeps the disk from filling: checkpoints first when what the log
+    /// holds would no longer fit in the data file, then refuses the writes
+    /// of the batch there is no room for.
+    pub(super) fn make_room(&mut self) {
+        let space = &self.shared.space;
+        let floor = space.floor();
+        let mut free = space.free();
+        let total: u64 = self.batch.iter().map(|(r, _, _)| r.estimated_bytes()).sum();
+        let logged = self.log.as_ref().map_or(0, |l| l.wal.len());
+        // What the log holds would crowd out this batch: checkpoint it into
+        // the file first, while it still fits.
+        let crowded = !space::admits(free, floor, logged, total);
+        if (crowded || space::checkpoint_first(free, floor, logged))
+            && self.log.as_ref().is_some_and(|l| !l.wal.is_empty())
+            && self.db.is_some()
+        {
+            self.commit_open();
+            if self.shared.is_healthy() {
+                self.checkpoint_now("space");
+                free = space.read();
+                // Low on room: the zeros written ahead of the log are given
+                // back (the log grows again, a little at a time).
+                if free < floor.saturating_mul(2)
+                    && let Some(log) = self.log.as_mut()
+                    && log.wal.capacity() > 0
+                    && log.wal.start_over().is_ok()
+                {
+                    free = space.read();
+                }
+            }
+        }
+        let logged = self.log.as_ref().map_or(0, |l| l.wal.len());
+        space.set_logged(logged.saturating_add(total));
+        if let Some(log) = self.log.as_mut() {
+            log.wal.set_growth(space::log_growth(GROW, free, floor));
+        }
+        // The common case, far from the watermark: the whole batch fits.
+        if space::admits(free, floor, logged, total) {
+            space.set_low(false);
+            return;
+        }
+        let mut taken = 0u64;
+        let mut refused = Vec::new();
+        let mut kept = Vec::with_capacity(self.batch.len());
+        for (request, now, reply) in self.batch.drain(..) {
+            let bytes = request.estimated_bytes();
+            let floor_here = if request.is_upkeep() {
+                floor / 2
+            } else {
+                floor
+            };
+            if space::admits(
+                free.saturating_sub(taken),
+                floor_here,
+                logged.saturating_add(taken),
+                bytes,
+            ) {
+                taken += bytes;
+                kept.push((request, now, reply));
+            } else {
+                if !request.is_upkeep() {
+                    space.refused(bytes);
+                }
+                refused.push(reply);
+            }
+        }
+        self.batch = kept;
+        // Whether a client's next write would be taken.
+        space.set_logged(logged.saturating_add(taken));
+        // Refusing while a client's write (the largest refused) would not
+        // be taken.
+        let low = !space.takes_a_write(free.saturating_sub(taken));
+        space.set_low(low);
+        for reply in refused {
+            let _ = reply.send(Err(EngineError::LowSpace { free, floor }));
+        }
+    }
+}
