@@ -6,6 +6,7 @@
 //! where its value came from.
 
 pub mod env;
+mod file;
 mod secret;
 pub mod sources;
 
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
-use figment::providers::{Format, Serialized, Toml};
+use figment::providers::Serialized;
 use serde::{Deserialize, Serialize};
 
 pub use secret::Secret;
@@ -434,7 +435,7 @@ impl Settings {
     ) -> Figment {
         let mut fig = Self::defaults_figment();
         if let Some(file) = file {
-            fig = fig.merge(Toml::file_exact(file));
+            fig = fig.merge(file::TomlFile::new(file));
         }
         vars.into_iter()
             // As `Env` skips them: no key part may be empty.
@@ -491,7 +492,7 @@ impl Settings {
                             .metadata
                             .as_ref()
                             .map_or_else(|| "unknown source".into(), |m| describe(m, &e.path)),
-                        message: e.kind.to_string(),
+                        message: file::error_message(&e.path, &e.kind),
                     })
                     .collect(),
             )
@@ -935,6 +936,7 @@ fn describe<K: AsRef<str>>(m: &figment::Metadata, path: &[K]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use figment::providers::{Format, Toml};
 
     #[test]
     fn defaults_are_valid_and_loopback() {

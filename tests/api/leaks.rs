@@ -276,3 +276,148 @@ fn init_writes_its_config_for_its_owner_only() {
     let mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 }
+
+/// A token passed as a string instead of a list (an easy slip, through
+/// `DEDUPD_API__TOKENS` above all), any secret of the wrong type, and a
+/// TOML syntax error on a secret's line: check-config and serve (whose
+/// output goes to the journal) name the key or the line and column, and
+/// never the value.
+#[test]
+fn configuration_errors_name_a_secrets_key_or_line_but_never_its_value() {
+    const TOKEN: &str = "SUPERSECRETTOKEN-0123456789abcdef";
+    const PROVIDER: &str = "PROVIDERSECRET-abcdef0123";
+    const REDIS_PASSWORD: &str = "redispassw0rd-0123";
+    const NUMERIC: &str = "918273645546372819";
+    let dir = TempDir::new().unwrap();
+    let source = |secret_lines: &str| {
+        format!(
+            "[sources.s]\nscheme = \"sume\"\nevent_id = \"body:/id\"\n\
+             forward_to = \"http://127.0.0.1:9/\"\n{secret_lines}\n"
+        )
+    };
+    let base = "listen = \"127.0.0.1:0\"\n";
+    /// What goes wrong, the file's text, the environment, and what the
+    /// error must name (the key, or the line and column).
+    type Case = (&'static str, String, Vec<(&'static str, String)>, &'static str);
+    let cases: Vec<Case> = vec![
+        (
+            "a token as a string from the environment",
+            base.into(),
+            vec![("DEDUPD_API__TOKENS", TOKEN.into())],
+            "api.tokens: invalid type: found a string, expected a sequence",
+        ),
+        (
+            "a read-only token as a string from the environment",
+            base.into(),
+            vec![("DEDUPD_API__READ_TOKENS", TOKEN.into())],
+            "(from environment variable DEDUPD_API__READ_TOKENS)",
+        ),
+        (
+            "a token as a string in the file",
+            format!("{base}[api]\ntokens = \"{TOKEN}\"\n"),
+            vec![],
+            "api.tokens",
+        ),
+        (
+            "a number as a token",
+            format!("{base}[api]\ntokens = [{NUMERIC}]\n"),
+            vec![],
+            "api.tokens.0: invalid type: found an integer, expected a string",
+        ),
+        (
+            "the whole api table as a string",
+            format!("{base}api = \"{TOKEN}\"\n"),
+            vec![],
+            "api: invalid type: found a string",
+        ),
+        (
+            "a provider secret as a string",
+            format!("{base}{}", source(&format!("secrets = \"{PROVIDER}\""))),
+            vec![],
+            "sources.s.secrets",
+        ),
+        (
+            "a destination secret as a number",
+            format!(
+                "{base}{}",
+                source(&format!(
+                    "secrets = [\"{PROVIDER}\"]\ndestination_secret = {NUMERIC}"
+                ))
+            ),
+            vec![],
+            "sources.s.destination_secret",
+        ),
+        (
+            "a Redis node with its password as a string",
+            format!(
+                "{base}[storage.redis]\ncluster_nodes = \"redis://:{REDIS_PASSWORD}@10.0.0.1:6379\"\n"
+            ),
+            vec![],
+            "storage.redis.cluster_nodes",
+        ),
+        (
+            "a Redis URL with its password as a list, from the environment",
+            base.into(),
+            vec![(
+                "DEDUPD_STORAGE__REDIS__URL",
+                format!("[\"redis://:{REDIS_PASSWORD}@10.0.0.1:6379\", 5]"),
+            )],
+            "storage.redis.url",
+        ),
+        (
+            "a syntax error on a token's line",
+            format!("{base}[api]\ntokens = [\"{TOKEN}\", ]]\n"),
+            vec![],
+            "TOML syntax error at line 3, column",
+        ),
+        (
+            "a syntax error inside a provider secret",
+            format!(
+                "{base}{}",
+                source(&format!("secrets = [\"{PROVIDER}\\q\"]"))
+            ),
+            vec![],
+            "at line 6, column",
+        ),
+    ];
+    for (i, (what, text, env, named)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("case{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        for command in ["check-config", "serve"] {
+            let mut cmd = dedupd();
+            cmd.args([command, "--config"])
+                .arg(&file)
+                .current_dir(dir.path());
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            let out = cmd.output().unwrap();
+            let shown = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(out.status.code(), Some(1), "{command}, {what}: {shown}");
+            for secret in [TOKEN, PROVIDER, REDIS_PASSWORD, NUMERIC] {
+                assert!(
+                    !shown.contains(secret),
+                    "{command}, {what}: shows the secret:\n{shown}"
+                );
+            }
+            assert!(shown.contains(named), "{command}, {what}: {shown}");
+            if env.is_empty() {
+                assert!(
+                    shown.contains(&format!("case{i}.toml")),
+                    "{command}, {what}: {shown}"
+                );
+            }
+        }
+    }
+    // A setting that is no secret is still shown, to help fix it.
+    let file = dir.path().join("plain.toml");
+    std::fs::write(&file, format!("{base}[http]\nworkers = \"lots\"\n")).unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("http.workers"), "{stderr}");
+    assert!(stderr.contains("\"lots\""), "{stderr}");
+}
