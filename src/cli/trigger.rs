@@ -5,8 +5,9 @@
 //!
 //! `--duplicate` posts the same event twice. `--out-of-order` posts two
 //! events of one stream, the newer first; it waits (through the operator
-//! API) until the newer one is delivered, then posts the older, which the
-//! gateway settles as stale instead of delivering it.
+//! API at the config's `listen`, never at `--url`) until the newer one is
+//! delivered, then posts the older, which the gateway settles as stale
+//! instead of delivering it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -94,8 +95,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .map(|s| s.expose().to_owned())
         .ok_or_else(|| anyhow!("source {} has no secret", args.source))?;
     let client = args.server.client(Some(&loaded))?;
+    // The operator API (for --out-of-order) is the configured server's:
+    // `--url` may name any server, and the API token goes nowhere else.
+    let api = ServerArgs {
+        url: None,
+        ..args.server.clone()
+    }
+    .client(Some(&loaded))?;
     let poster = Poster {
         client,
+        api,
         source,
         secret,
     };
@@ -127,7 +136,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 
 /// Signs and posts for one source.
 struct Poster<'a> {
+    /// Posts to `/ingest/SOURCE` at `--url` (or the config's `listen`),
+    /// without the API token.
     client: Client,
+    /// The operator API at the config's `listen`, with its token.
+    api: Client,
     source: &'a Source,
     /// The source's first signing secret.
     secret: String,
@@ -231,13 +244,16 @@ impl Poster<'_> {
                 query.push(("after", a));
             }
             let url = self
-                .client
+                .api
                 .url_with(&["v1", "sources", &self.source.name, "events"], &query);
             let page = self
-                .client
-                .json(self.client.request(reqwest::Method::GET, url))
+                .api
+                .json(self.api.request(reqwest::Method::GET, url))
                 .await
-                .context("following the events through the operator API")?;
+                .context(
+                    "following the events through the operator API at the config's `listen` \
+                     (--url only receives the posts)",
+                )?;
             let events = page["events"].as_array().map_or(&[][..], Vec::as_slice);
             if events.iter().any(|e| e["event_id"] == id) {
                 return Ok(true);

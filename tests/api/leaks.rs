@@ -298,7 +298,12 @@ fn configuration_errors_name_a_secrets_key_or_line_but_never_its_value() {
     let base = "listen = \"127.0.0.1:0\"\n";
     /// What goes wrong, the file's text, the environment, and what the
     /// error must name (the key, or the line and column).
-    type Case = (&'static str, String, Vec<(&'static str, String)>, &'static str);
+    type Case = (
+        &'static str,
+        String,
+        Vec<(&'static str, String)>,
+        &'static str,
+    );
     let cases: Vec<Case> = vec![
         (
             "a token as a string from the environment",
