@@ -168,7 +168,11 @@ impl Poster<'_> {
         let res = self.client.send(req).await?;
         let status = res.status();
         let body = res.text().await.unwrap_or_default();
-        println!("  -> {status} {}", body.trim());
+        // `--url` may name any server: its answer is printed escaped.
+        println!(
+            "  -> {status} {}",
+            dedupd::redact::escape_control(body.trim())
+        );
         Ok(status.is_success())
     }
 

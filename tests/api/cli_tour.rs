@@ -469,17 +469,23 @@ async fn trigger_sends_the_signature_and_no_api_token() {
 }
 
 /// A server that is not dedupd: records the head of every request (its
-/// request line and headers, lowercased) and answers each `200` with
-/// `body`, closing the connection.
-struct Recorder {
-    port: u16,
+/// request line and headers, lowercased) and answers each with one status
+/// and JSON body, closing the connection.
+pub(crate) struct Recorder {
+    pub(crate) port: u16,
     heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Recorder {
-    fn start(body: &'static str) -> Self {
+    /// Answers `200` with `body`.
+    pub(crate) fn start(body: &'static str) -> Self {
+        Self::answering(200, body.to_owned())
+    }
+
+    /// Answers `status` with `body`.
+    pub(crate) fn answering(status: u16, body: String) -> Self {
         use std::io::{Read, Write};
         use std::sync::atomic::Ordering;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -526,7 +532,7 @@ impl Recorder {
                 h.lock().unwrap().push(head);
                 let _ = conn.write_all(
                     format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                        "HTTP/1.1 {status} Answer\r\ncontent-type: application/json\r\n\
                          content-length: {}\r\nconnection: close\r\n\r\n{body}",
                         body.len()
                     )
@@ -542,7 +548,7 @@ impl Recorder {
         }
     }
 
-    fn heads(&self) -> Vec<String> {
+    pub(crate) fn heads(&self) -> Vec<String> {
         self.heads.lock().unwrap().clone()
     }
 }
