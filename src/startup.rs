@@ -149,9 +149,10 @@ impl Application {
             keyspace,
         } = opened;
         // The reaper writes the inbox's dedupe records with the file's
-        // window: one opened otherwise would quietly protect for less.
+        // window: one opened otherwise would quietly protect for less. The
+        // file keeps whole milliseconds.
         anyhow::ensure!(
-            inbox.dedupe_window() == s.gateway.dedupe_window,
+            inbox.dedupe_window().as_millis() == s.gateway.dedupe_window.as_millis(),
             "the data file was opened with a dedupe window of {}, not gateway.dedupe_window = {}",
             humantime::format_duration(inbox.dedupe_window()),
             humantime::format_duration(s.gateway.dedupe_window),

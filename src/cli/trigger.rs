@@ -218,7 +218,10 @@ impl Poster<'_> {
 
     /// Waits until event `id` is no longer pending and returns its status.
     async fn settled(&self, id: &str, wait: Duration) -> anyhow::Result<&'static str> {
-        let deadline = Instant::now() + wait;
+        // `--wait 1000000y` parses, but is past what an Instant can hold.
+        let deadline = Instant::now()
+            .checked_add(wait)
+            .ok_or_else(|| anyhow!("--wait {} is too long", humantime::format_duration(wait)))?;
         loop {
             if !self.listed(id, "pending").await? {
                 for status in ["stale", "dead", "delivered"] {
