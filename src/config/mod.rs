@@ -7,6 +7,7 @@
 
 pub mod env;
 mod file;
+mod readable;
 mod secret;
 pub mod sources;
 
@@ -20,6 +21,7 @@ use figment::Figment;
 use figment::providers::Serialized;
 use serde::{Deserialize, Serialize};
 
+pub use readable::OpenSecretFile;
 pub use secret::Secret;
 
 use self::sources::{GatewaySettings, SourceSettings, valid_name};

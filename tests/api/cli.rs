@@ -195,15 +195,26 @@ pub(crate) fn spawn_serving(cmd: Command) -> (std::process::Child, u16, crate::c
 /// [`spawn_serving`], returning the port its log names in `field` (the
 /// startup line carries `port` and, with a RESP listener, `resp_port`).
 pub(crate) fn spawn_serving_on(
-    mut cmd: Command,
+    cmd: Command,
     field: &str,
 ) -> (std::process::Child, u16, crate::cli::Drain) {
+    let (child, port, _, drain) = spawn_serving_logged(cmd, field);
+    (child, port, drain)
+}
+
+/// [`spawn_serving_on`], also giving the log's lines up to the one that
+/// names the port (start-up warnings among them).
+pub(crate) fn spawn_serving_logged(
+    mut cmd: Command,
+    field: &str,
+) -> (std::process::Child, u16, Vec<String>, crate::cli::Drain) {
     let mut child = cmd
         .env("DEDUPD_LOG__FORMAT", "json")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut start = Vec::new();
     let port = loop {
         let line = lines.next().expect("dedupd exited before serving").unwrap();
         if let Ok(v) = serde_json::from_str::<Value>(&line)
@@ -211,6 +222,7 @@ pub(crate) fn spawn_serving_on(
         {
             break u16::try_from(p).unwrap();
         }
+        start.push(line);
     };
     let echo = std::env::var_os("DEDUPD_TEST_ECHO").is_some();
     let drain = std::thread::spawn(move || {
@@ -223,7 +235,7 @@ pub(crate) fn spawn_serving_on(
         }
         rest
     });
-    (child, port, drain)
+    (child, port, start, drain)
 }
 
 /// The thread reading a served dedupd's log after the line that named its

@@ -426,3 +426,143 @@ fn configuration_errors_name_a_secrets_key_or_line_but_never_its_value() {
     assert!(stderr.contains("http.workers"), "{stderr}");
     assert!(stderr.contains("\"lots\""), "{stderr}");
 }
+
+/// The warning lines of a log: what `serve` logged at `WARN`.
+fn warnings(log: &[String]) -> Vec<&String> {
+    log.iter()
+        .filter(|l| {
+            serde_json::from_str::<Value>(l).is_ok_and(|v| v["level"].as_str() == Some("WARN"))
+        })
+        .collect()
+}
+
+/// Starts `serve --config FILE` in `dir`, stops it, and returns its whole
+/// log and what `check-config` printed to stderr for the same file.
+async fn serve_and_check(dir: &TempDir, config: &std::path::Path) -> (Vec<String>, String) {
+    let mut cmd = dedupd();
+    cmd.args(["serve", "--config"])
+        .arg(config)
+        .current_dir(dir.path());
+    let (child, _, mut log, drain) = crate::cli::spawn_serving_logged(cmd, "port");
+    let (status, rest) = stop_logged(child, "-TERM", drain).await;
+    assert!(status.success());
+    log.extend(rest);
+    let check = check_config(config);
+    assert!(check.status.success());
+    (log, String::from_utf8_lossy(&check.stderr).into_owned())
+}
+
+/// Tokens and secrets are credentials: a file holding them that its group
+/// or others may read gets a warning at start, in serve's log (and from
+/// check-config), as the data file does. A settings file without a secret
+/// in it (the systemd unit's, whose tokens are a credential) gets none.
+#[tokio::test]
+async fn serve_warns_of_every_file_of_secrets_or_data_others_may_read() {
+    let dir = TempDir::new().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let write = |name: &str, text: &str, mode: u32| {
+        std::fs::write(path(name), text).unwrap();
+        std::fs::set_permissions(path(name), std::fs::Permissions::from_mode(mode)).unwrap();
+        path(name).display().to_string()
+    };
+    let tokens = write("tokens", "file-token-0123456789abc\n", 0o644);
+    let readers = write("readers", "read-token-0123456789abc\n", 0o640);
+    let signing = write("signing", "provider-secret-0123\n", 0o604);
+    let destination = write(
+        "destination",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n",
+        0o660,
+    );
+    let private = write("private", "other-secret-0123\n", 0o600);
+    // A data file made before dedupd created them 0600.
+    let data = write("dedupd.redb", "", 0o644);
+    let source = |name: &str, secrets_file: &str, destination: &str| {
+        format!(
+            "[sources.{name}]\nscheme = \"sume\"\nsecrets_file = {secrets_file:?}\n\
+             event_id = \"body:/id\"\nforward_to = \"http://127.0.0.1:9/\"\n{destination}\n"
+        )
+    };
+    let config = write(
+        "dedupd.toml",
+        &format!(
+            "listen = \"127.0.0.1:0\"\ndata_path = {data:?}\n[api]\n\
+             tokens = [\"inline-token-0123456789abc\"]\ntokens_file = {tokens:?}\n\
+             read_tokens_file = {readers:?}\n{}{}",
+            source(
+                "open",
+                &signing,
+                &format!("destination_secret_file = {destination:?}")
+            ),
+            source(
+                "closed",
+                &private,
+                "destination_secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\""
+            ),
+        ),
+        0o644,
+    );
+    let (log, check) = serve_and_check(&dir, std::path::Path::new(&config)).await;
+    let warned = warnings(&log);
+    for (file, holds) in [
+        (&config, "api.tokens, sources.closed.destination_secret"),
+        (&tokens, "api.tokens_file"),
+        (&readers, "api.read_tokens_file"),
+        (&signing, "sources.open.secrets_file"),
+        (&destination, "sources.open.destination_secret_file"),
+    ] {
+        assert!(
+            warned
+                .iter()
+                .any(|l| l.contains(&format!("\"path\":\"{file}\""))
+                    && l.contains(holds)
+                    && l.contains("group or others may read it")),
+            "no warning for {file} ({holds}): {warned:#?}"
+        );
+        let line = check.lines().find(|l| l.contains(file.as_str()));
+        assert!(
+            line.is_some_and(|l| l.starts_with("warning: ") && l.contains(holds)),
+            "check-config: {file}: {check}"
+        );
+    }
+    assert!(
+        warned
+            .iter()
+            .any(|l| l.contains(&format!("\"path\":\"{data}\""))
+                && l.contains("webhook bodies and claim tokens")),
+        "no warning for the data file: {warned:#?}"
+    );
+    assert!(
+        !log.iter()
+            .chain(
+                check
+                    .lines()
+                    .map(|l| l.to_owned())
+                    .collect::<Vec<_>>()
+                    .iter()
+            )
+            .any(|l| l.contains(&private)),
+        "a 0600 file is nobody's business: {warned:#?} {check}"
+    );
+    assert_eq!(warned.len(), 6, "one each: {warned:#?}");
+
+    // Every file its owner's only, and a settings file holding no secret
+    // (its tokens in a file of their own): no warning at all.
+    for file in [&tokens, &readers, &signing, &destination, &data] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let plain = write(
+        "plain.toml",
+        &format!(
+            "listen = \"127.0.0.1:0\"\ndata_path = {data:?}\n[api]\ntokens_file = {tokens:?}\n{}",
+            source(
+                "open",
+                &signing,
+                &format!("destination_secret_file = {destination:?}")
+            ),
+        ),
+        0o644,
+    );
+    let (log, check) = serve_and_check(&dir, std::path::Path::new(&plain)).await;
+    assert_eq!(warnings(&log), Vec::<&String>::new());
+    assert!(!check.contains("warning"), "{check}");
+}
