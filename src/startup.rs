@@ -24,6 +24,7 @@ use crate::config::{Backend, ConfigErrors, Loaded};
 use crate::gateway::Gateway;
 use crate::gateway::Source;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
+use crate::peers::PeerConnections;
 use crate::reaper::{Orphans, Reaper};
 use crate::resp::RespServer;
 use crate::resp::connection::RespOptions;
@@ -227,6 +228,7 @@ impl Application {
             metrics: metrics.clone(),
         });
         let tokens = web::Data::new(api_tokens);
+        let peers = PeerConnections::new(s.http.max_connections_per_address, Some(metrics.clone()));
         let server = HttpServer::new(move || {
             App::new()
                 // Inside the request log, so its refusals are counted.
@@ -255,6 +257,8 @@ impl Application {
         // Signals are handled by the caller (see `main`): actix treats SIGINT
         // as a forced stop, and both must finish in-flight requests.
         .disable_signals()
+        // Before `listen`: actix captures the hook when the listener binds.
+        .on_connect(move |io, data| peers.on_connect(io, data))
         .workers(s.http.workers)
         // actix counts connections per worker.
         .max_connections(s.http.max_connections.div_ceil(s.http.workers.max(1)))

@@ -62,7 +62,7 @@ pub struct RetryAfter {
 
 /// Who is counted: an IPv4 address, or an IPv6 /64.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Peer {
+pub(crate) enum Peer {
     V4(u32),
     V6(u64),
 }

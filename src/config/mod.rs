@@ -156,6 +156,9 @@ pub struct HttpSettings {
     pub header_timeout: Duration,
     /// Most open client connections, over all workers.
     pub max_connections: usize,
+    /// Most open connections from one address (an IPv6 /64); more are
+    /// closed at once. 0: no cap.
+    pub max_connections_per_address: usize,
 }
 
 /// `/v1` API settings.
@@ -294,6 +297,7 @@ impl Default for Settings {
                 body_timeout: Duration::from_secs(10),
                 header_timeout: Duration::from_secs(5),
                 max_connections: 1024,
+                max_connections_per_address: 256,
             },
             api: ApiSettings {
                 tokens: Vec::new(),
@@ -754,6 +758,12 @@ impl Settings {
         }
         if !(16..=1_000_000).contains(&self.http.max_connections) {
             bad("http.max_connections", "must be 16 to 1000000".into());
+        }
+        if self.http.max_connections_per_address > 1_000_000 {
+            bad(
+                "http.max_connections_per_address",
+                "must be 0 (no cap) to 1000000".into(),
+            );
         }
         if !(1024..=MAX_HTTP_BODY).contains(&self.http.max_body_bytes) {
             bad(
