@@ -24,7 +24,7 @@ use actix_web::web;
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 
-pub use self::limiter::{AuthLimiter, AuthPort, RetryAfter};
+pub use self::limiter::{AuthLimiter, AuthPort, Peer, RetryAfter};
 use crate::config::Secret;
 use crate::error::ApiError;
 

@@ -34,6 +34,11 @@ enum Command {
         /// TOML settings file (default: none, or $DEDUPD_CONFIG).
         #[arg(long, env = CONFIG_ENV)]
         config: Option<PathBuf>,
+        /// Open a data file that was not closed cleanly although its
+        /// write-ahead log is missing, losing the writes the log held
+        /// (refused otherwise, with an error that names both files).
+        #[arg(long)]
+        accept_missing_log: bool,
     },
     /// Print the effective settings (secrets redacted) or what is wrong.
     CheckConfig {
@@ -68,9 +73,15 @@ fn main() -> ExitCode {
         Command::Events(cmd) => cli::operator::events(&cmd),
         Command::Claims(cmd) => cli::operator::claims(&cmd),
         Command::Streams(cmd) => cli::operator::streams(&cmd),
-        Command::Serve { config } => {
+        Command::Serve {
+            config,
+            accept_missing_log,
+        } => {
             let loaded = match load(config.as_deref()) {
-                Ok((l, _)) => l,
+                Ok((mut l, _)) => {
+                    l.settings.storage.accept_missing_log = accept_missing_log;
+                    l
+                }
                 Err(errors) => {
                     eprintln!("{errors}");
                     return ExitCode::FAILURE;

@@ -60,10 +60,13 @@ pub struct RetryAfter {
     pub secs: u64,
 }
 
-/// Who is counted: an IPv4 address, or an IPv6 /64.
+/// Who is counted: an IPv4 address (an IPv4-mapped IPv6 one too), or an
+/// IPv6 /64, which one client is usually given whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Peer {
+pub enum Peer {
+    /// An IPv4 address.
     V4(u32),
+    /// An IPv6 address's first 64 bits.
     V6(u64),
 }
 

@@ -232,6 +232,11 @@ pub struct StorageSettings {
     pub commit_hold: Duration,
     /// The Redis backend.
     pub redis: RedisSettings,
+    /// Set for one start by `serve --accept-missing-log`: open a data file
+    /// that was not closed cleanly although its write-ahead log is missing.
+    /// Never read from a file or the environment, so it cannot stay on.
+    #[serde(skip)]
+    pub accept_missing_log: bool,
 }
 
 /// Which store holds claims, fences, applied events and stream heads.
@@ -322,6 +327,7 @@ impl Default for Settings {
                 checkpoint_interval: Duration::from_secs(30),
                 checkpoint_idle: Duration::from_secs(1),
                 commit_hold: Duration::from_millis(20),
+                accept_missing_log: false,
                 redis: RedisSettings {
                     url: Secret::new("redis://127.0.0.1:6379"),
                     cluster_nodes: Vec::new(),

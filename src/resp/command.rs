@@ -96,11 +96,18 @@ fn find(name: &[u8]) -> Option<&'static Spec> {
         .find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
-/// Whether the command named by `name` may be queued behind writes whose
-/// replies have not come yet; any other command waits for them first, so
-/// it sees their effects.
-pub fn is_queued(name: &[u8]) -> bool {
-    find(name).is_some_and(|s| s.queued)
+/// Whether the command `args` may be queued behind writes whose replies
+/// have not come yet; any other command waits for them first, so it sees
+/// their effects. A `SET … GET` is not: its reply is the old value, up to
+/// 1 MiB, and a pipeline of them queued at once would hold every reply in
+/// memory before one is written (a gibibyte for 1,024 of them); run one at
+/// a time, its reply goes out before the next is read.
+pub fn is_queued(args: &[Bytes]) -> bool {
+    let Some(spec) = args.first().and_then(|name| find(name)) else {
+        return false;
+    };
+    let options = args.get(3..).unwrap_or_default();
+    spec.queued && !(spec.name == "SET" && options.iter().any(|a| is(a, "get")))
 }
 
 /// Runs one command (`args[0]` is its name).

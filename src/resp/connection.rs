@@ -15,13 +15,14 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::admission::Place;
 use super::command::{self, MAX_KEY_BYTES, MAX_VALUE_BYTES, Pending, Step};
-use super::frame::{self, Limits, Parsed};
-use super::reply::{Protocol, Reply};
+use super::frame::{self, Limits, Parsed, ProtocolError};
+use super::reply::Reply;
 use super::{Context, Session};
 use crate::auth::ApiTokens;
 use crate::clock::SharedClock;
@@ -122,15 +123,14 @@ impl RespServer {
                 }
                 accepted = listener.accept() => match accepted {
                     Ok((socket, peer)) => match self.ctx.admit() {
-                        Ok((slot, unauthenticated)) => {
+                        Ok(slot) => {
                             let _ = socket.set_nodelay(true);
                             let ctx = self.ctx.clone();
                             let options = self.options.clone();
                             let stop = stop.clone();
                             connections.spawn(async move {
                                 let _slot = slot;
-                                serve(ctx, socket, Some(peer.ip()), options, unauthenticated, stop)
-                                    .await
+                                serve(ctx, socket, Some(peer.ip()), options, stop).await
                             });
                         }
                         Err(refusal) => {
@@ -168,21 +168,10 @@ enum Queued {
     Write(Pending),
 }
 
-/// Waits for every queued reply in order and encodes it.
-async fn drain(queue: &mut VecDeque<Queued>, protocol: Protocol, out: &mut BytesMut) {
-    while let Some(q) = queue.pop_front() {
-        let reply = match q {
-            Queued::Ready(r) => r,
-            Queued::Write(p) => p.await,
-        };
-        reply.encode(protocol, out);
-    }
-}
-
 /// Replies buffered before they are written: past this, the connection
-/// writes (and waits for the client to read) before it runs more of what
-/// it has read, so a pipeline of GETs of large values cannot make the
-/// server hold their replies all at once.
+/// writes (and waits for the client to read) before it encodes or runs
+/// more, so a pipeline of large replies (GETs, `SET … GET` of 1 MiB
+/// values) never makes the server hold more than this and one reply.
 const FLUSH_BYTES: usize = 64 * 1024;
 /// Writes queued at the writer before the connection waits for their
 /// replies.
@@ -197,6 +186,9 @@ pub enum Ended {
     Idle,
     /// Not authenticated within `auth_timeout` while tokens are set.
     AuthTimeout,
+    /// Evicted while unauthenticated, to make room for a newer connection
+    /// (see [`super::admission`]).
+    Evicted,
     /// The client did not take the replies within `write_timeout`.
     WriteTimeout,
     /// The client broke the protocol (its error was sent).
@@ -211,127 +203,240 @@ pub enum Ended {
 /// or the listener stops.
 ///
 /// What a client can hold is bounded: before authentication (with tokens
-/// set) a request may be at most [`PREAUTH_LIMITS`] and the connection must
-/// authenticate within `auth_timeout`; after it, a request is at most
-/// [`MAX_REQUEST_BYTES`]. Every deadline measures progress, not bytes: the
+/// set) a request may be at most [`PREAUTH_LIMITS`], the connection must
+/// authenticate within `auth_timeout` (its writes too), and it holds a
+/// place among the waiting that newer connections can take
+/// ([`super::admission`]); after it, a request is at most
+/// [`MAX_REQUEST_BYTES`]. At most [`FLUSH_BYTES`] of replies (and one more
+/// reply) are buffered. Every deadline measures progress, not bytes: the
 /// idle deadline runs from the last whole command (a byte now and then does
 /// not reset it), and a write must be taken whole within `write_timeout`.
 pub async fn serve<S>(
     ctx: Arc<Context>,
-    mut socket: S,
+    socket: S,
     peer: Option<std::net::IpAddr>,
     opts: RespOptions,
-    mut unauthenticated: Option<OwnedSemaphorePermit>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Ended
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut session = Session::new(&ctx);
     session.peer = peer;
-    let mut input = BytesMut::with_capacity(if session.authenticated {
-        16 * 1024
-    } else {
-        PREAUTH_LIMITS.max_bytes
-    });
-    let mut out = BytesMut::with_capacity(16 * 1024);
-    let mut queue = VecDeque::new();
-    let mut last_command = Instant::now();
-    let mut auth_deadline = Instant::now() + opts.auth_timeout;
-    loop {
-        let mut broken = None;
-        // Run what is buffered, until it runs out or the replies should go
-        // out first.
-        let mut need = 1;
-        let mut starved = false;
-        while !session.closing && out.len() < FLUSH_BYTES && queue.len() < FLUSH_QUEUED {
-            let limits = if session.authenticated {
+    let place = (!session.authenticated).then(|| ctx.waiting.enter(peer));
+    let mut conn = Conn {
+        input: BytesMut::with_capacity(if session.authenticated {
+            16 * 1024
+        } else {
+            PREAUTH_LIMITS.max_bytes
+        }),
+        out: BytesMut::with_capacity(16 * 1024),
+        queue: VecDeque::new(),
+        last_command: Instant::now(),
+        auth_deadline: Instant::now() + opts.auth_timeout,
+        place,
+        socket,
+        opts,
+        session,
+        ctx,
+    };
+    match conn.run(stop).await {
+        Ok(never) => match never {},
+        Err(Ended::Evicted) => {
+            // Best effort: it is a stranger, and may not read.
+            let _ = tokio::time::timeout(
+                Duration::from_millis(100),
+                conn.socket.write_all(EVICTED.as_bytes()),
+            )
+            .await;
+            Ended::Evicted
+        }
+        Err(ended) => ended,
+    }
+}
+
+/// What an evicted connection is told.
+const EVICTED: &str =
+    "-ERR too many connections are waiting to authenticate: authenticate promptly\r\n";
+
+/// One connection's state.
+struct Conn<S> {
+    ctx: Arc<Context>,
+    socket: S,
+    opts: RespOptions,
+    session: Session,
+    /// What was read and not yet run.
+    input: BytesMut,
+    /// Replies encoded and not yet written.
+    out: BytesMut,
+    /// Replies of the commands run, in order, some waiting for a commit.
+    queue: VecDeque<Queued>,
+    /// When the last whole command arrived.
+    last_command: Instant,
+    /// When an unauthenticated connection is closed.
+    auth_deadline: Instant,
+    /// Its place among the connections waiting to authenticate.
+    place: Option<Place>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    /// Serves until the connection ends (the `Err`).
+    async fn run(
+        &mut self,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<std::convert::Infallible, Ended> {
+        loop {
+            let (broken, starved, need) = self.run_buffered().await?;
+            self.drain().await?;
+            if let Some(e) = &broken {
+                Reply::err(e).encode(self.session.protocol, &mut self.out);
+            }
+            self.flush().await?;
+            if self.session.closing || broken.is_some() {
+                let _ = tokio::time::timeout(self.opts.write_timeout, self.socket.shutdown()).await;
+                if broken.is_some() {
+                    linger(&mut self.socket).await;
+                    return Err(Ended::Protocol);
+                }
+                return Err(Ended::Closed);
+            }
+            if !starved {
+                // Stopped to write: what is buffered runs before reading more.
+                continue;
+            }
+            self.read_more(need, &mut stop).await?;
+        }
+    }
+
+    /// Runs the whole commands buffered, until they run out, the replies
+    /// should go out first, or one breaks the protocol. Returns the
+    /// protocol error, whether it ran out (and then how many more bytes
+    /// the next request needs).
+    async fn run_buffered(&mut self) -> Result<(Option<ProtocolError>, bool, usize), Ended> {
+        while !self.session.closing
+            && self.out.len() < FLUSH_BYTES
+            && self.queue.len() < FLUSH_QUEUED
+        {
+            let limits = if self.session.authenticated {
                 REQUEST_LIMITS
             } else {
                 PREAUTH_LIMITS
             };
-            let args = match frame::parse(&mut input, limits) {
+            let args = match frame::parse(&mut self.input, limits) {
                 Ok(Parsed::Command(args)) => args,
-                Ok(Parsed::Incomplete { need: n }) => {
-                    need = n;
-                    starved = true;
-                    break;
-                }
-                Err(e) => {
-                    broken = Some(e);
-                    break;
-                }
+                Ok(Parsed::Incomplete { need }) => return Ok((None, true, need)),
+                Err(e) => return Ok((Some(e), false, 0)),
             };
-            last_command = Instant::now();
+            self.last_command = Instant::now();
             if args.is_empty() {
                 continue;
             }
-            if !command::is_queued(&args[0]) {
-                drain(&mut queue, session.protocol, &mut out).await;
+            if !command::is_queued(&args) {
+                self.drain().await?;
             }
-            let was_authenticated = session.authenticated;
-            match command::run(&ctx, &mut session, args).await {
-                Step::Reply(r) if queue.is_empty() => r.encode(session.protocol, &mut out),
-                Step::Reply(r) => queue.push_back(Queued::Ready(r)),
-                Step::Write(p) => queue.push_back(Queued::Write(p)),
+            let was_authenticated = self.session.authenticated;
+            match command::run(&self.ctx, &mut self.session, args).await {
+                Step::Reply(r) if self.queue.is_empty() => {
+                    r.encode(self.session.protocol, &mut self.out);
+                }
+                Step::Reply(r) => self.queue.push_back(Queued::Ready(r)),
+                Step::Write(p) => self.queue.push_back(Queued::Write(p)),
             }
-            match (was_authenticated, session.authenticated) {
-                // Authenticated: it no longer counts against the
-                // unauthenticated cap, and may send full-size requests.
-                (false, true) => drop(unauthenticated.take()),
+            match (was_authenticated, self.session.authenticated) {
+                // Authenticated: it leaves the waiting, and may send
+                // full-size requests.
+                (false, true) => self.place = None,
                 // RESET without a token set again: a new deadline, and a
-                // place under the cap (or the connection closes).
+                // place among the waiting.
                 (true, false) => {
-                    auth_deadline = Instant::now() + opts.auth_timeout;
-                    match ctx.unauthenticated.clone().try_acquire_owned() {
-                        Ok(permit) => drop(unauthenticated.replace(permit)),
-                        Err(_) => session.closing = true,
-                    }
+                    self.auth_deadline = Instant::now() + self.opts.auth_timeout;
+                    self.place = Some(self.ctx.waiting.enter(self.session.peer));
                 }
                 _ => {}
             }
         }
-        drain(&mut queue, session.protocol, &mut out).await;
-        if let Some(e) = &broken {
-            Reply::err(e).encode(session.protocol, &mut out);
-        }
-        if !out.is_empty() {
-            match tokio::time::timeout(opts.write_timeout, socket.write_all(&out)).await {
-                Ok(Ok(())) => out.clear(),
-                Ok(Err(_)) => return Ended::Failed,
-                Err(_) => return Ended::WriteTimeout,
+        Ok((None, false, 0))
+    }
+
+    /// Waits for every queued reply in order and encodes it, writing
+    /// whenever [`FLUSH_BYTES`] are buffered.
+    async fn drain(&mut self) -> Result<(), Ended> {
+        while let Some(q) = self.queue.pop_front() {
+            let reply = match q {
+                Queued::Ready(r) => r,
+                Queued::Write(p) => p.await,
+            };
+            reply.encode(self.session.protocol, &mut self.out);
+            if self.out.len() >= FLUSH_BYTES {
+                self.flush().await?;
             }
         }
-        if session.closing || broken.is_some() {
-            let _ = tokio::time::timeout(opts.write_timeout, socket.shutdown()).await;
-            if broken.is_some() {
-                linger(&mut socket).await;
-                return Ended::Protocol;
+        Ok(())
+    }
+
+    /// Writes what is buffered, within `write_timeout` (and, before
+    /// authentication, the auth deadline).
+    async fn flush(&mut self) -> Result<(), Ended> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let mut deadline = Instant::now() + self.opts.write_timeout;
+        let mut why = Ended::WriteTimeout;
+        if self.place.is_some() && self.auth_deadline < deadline {
+            deadline = self.auth_deadline;
+            why = Ended::AuthTimeout;
+        }
+        let write = tokio::time::timeout_at(deadline, self.socket.write_all(&self.out));
+        let written = match &self.place {
+            Some(place) => tokio::select! {
+                w = write => w,
+                () = place.evicted() => return Err(Ended::Evicted),
+            },
+            None => write.await,
+        };
+        match written {
+            Ok(Ok(())) => {
+                self.out.clear();
+                Ok(())
             }
-            return Ended::Closed;
+            Ok(Err(_)) => Err(Ended::Failed),
+            Err(_) => Err(why),
         }
-        if !starved {
-            // Stopped to write: what is buffered runs before reading more.
-            continue;
-        }
+    }
+
+    /// Reads more of the next request (`need` bytes of it are missing),
+    /// until the idle or auth deadline.
+    async fn read_more(
+        &mut self,
+        need: usize,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), Ended> {
         // Room for what the request still needs (its size is checked), so
         // a large value arrives in few reads.
-        input.reserve(need.min(MAX_REQUEST_BYTES));
-        let idle_at = last_command + opts.idle_timeout;
-        let (deadline, why) = if session.authenticated || auth_deadline >= idle_at {
+        self.input.reserve(need.min(MAX_REQUEST_BYTES));
+        let idle_at = self.last_command + self.opts.idle_timeout;
+        let (deadline, why) = if self.place.is_none() || self.auth_deadline >= idle_at {
             (idle_at, Ended::Idle)
         } else {
-            (auth_deadline, Ended::AuthTimeout)
+            (self.auth_deadline, Ended::AuthTimeout)
+        };
+        let read = tokio::time::timeout_at(deadline, self.socket.read_buf(&mut self.input));
+        let evicted = async {
+            match &self.place {
+                Some(place) => place.evicted().await,
+                None => std::future::pending().await,
+            }
         };
         let read = tokio::select! {
-            read = tokio::time::timeout_at(deadline, socket.read_buf(&mut input)) => read,
-            _ = stop.changed() => return Ended::Stopped,
+            read = read => read,
+            () = evicted => return Err(Ended::Evicted),
+            _ = stop.changed() => return Err(Ended::Stopped),
         };
         match read {
-            Ok(Ok(n)) if n > 0 => {}
-            Ok(Ok(_)) => return Ended::Closed,
-            Ok(Err(_)) => return Ended::Failed,
-            Err(_) => return why,
+            Ok(Ok(n)) if n > 0 => Ok(()),
+            Ok(Ok(_)) => Err(Ended::Closed),
+            Ok(Err(_)) => Err(Ended::Failed),
+            Err(_) => Err(why),
         }
     }
 }
@@ -426,17 +531,23 @@ mod tests {
         tokio::task::JoinHandle<Ended>,
         watch::Sender<bool>,
     ) {
+        start_from(ctx, opts, capacity, None)
+    }
+
+    /// [`start`], for a client at `peer`.
+    fn start_from(
+        ctx: &Arc<Context>,
+        opts: &RespOptions,
+        capacity: usize,
+        peer: Option<std::net::IpAddr>,
+    ) -> (
+        DuplexStream,
+        tokio::task::JoinHandle<Ended>,
+        watch::Sender<bool>,
+    ) {
         let (client, server) = tokio::io::duplex(capacity);
         let (stop_tx, stop) = watch::channel(false);
-        let (_slot, unauthenticated) = ctx.admit().expect("admitted");
-        let task = tokio::spawn(serve(
-            ctx.clone(),
-            server,
-            None,
-            opts.clone(),
-            unauthenticated,
-            stop,
-        ));
+        let task = tokio::spawn(serve(ctx.clone(), server, peer, opts.clone(), stop));
         (client, task, stop_tx)
     }
 
@@ -608,26 +719,68 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn unauthenticated_connections_are_capped_and_authenticating_frees_a_place() {
+    async fn a_newer_stranger_evicts_the_oldest_and_an_authenticated_client_is_not_waiting() {
         let dir = tempfile::tempdir().unwrap();
         let opts = options();
         let ctx = context(&dir, true, &opts).await;
-        let (mut first, _t1, _s1) = start(&ctx, &opts, 64 * 1024);
-        let (_second, _t2, _s2) = start(&ctx, &opts, 64 * 1024);
-        assert_eq!(
-            ctx.admit().err(),
-            Some(super::super::TOO_MANY_UNAUTHENTICATED),
-            "a third stranger is refused"
-        );
-        first
+        let ip = |s: &str| Some(s.parse().unwrap());
+        let (mut first, first_task, _s1) = start_from(&ctx, &opts, 64 * 1024, ip("10.0.0.1"));
+        let (mut second, _t2, _s2) = start_from(&ctx, &opts, 64 * 1024, ip("10.0.0.2"));
+        // Both wait; let them reach their first read.
+        second.write_all(&encode(&[b"PING"])).await.unwrap();
+        let noauth = b"-NOAUTH Authentication required.\r\n";
+        assert_eq!(read_exact(&mut second, noauth.len()).await, noauth);
+        assert_eq!(ctx.waiting(), 2);
+        // A third: over the bound of two, the oldest (first) makes room.
+        let (mut third, _t3, _s3) = start_from(&ctx, &opts, 64 * 1024, ip("10.0.0.3"));
+        assert_eq!(ended(first_task).await, Ended::Evicted);
+        let mut told = Vec::new();
+        first.read_to_end(&mut told).await.unwrap();
+        assert_eq!(told, EVICTED.as_bytes());
+        // The second authenticates: it no longer waits, and nobody evicts it.
+        second
             .write_all(&encode(&[b"AUTH", TOKEN.as_bytes()]))
             .await
             .unwrap();
-        assert_eq!(read_exact(&mut first, 5).await, b"+OK\r\n");
-        assert!(ctx.admit().is_ok(), "the authenticated one left the cap");
-        // Without tokens there is no such cap.
-        let open = context(&tempfile::tempdir().unwrap(), false, &opts).await;
-        let held: Vec<_> = (0..5).map(|_| open.admit().unwrap()).collect();
+        assert_eq!(read_exact(&mut second, 5).await, b"+OK\r\n");
+        let (_fourth, _t4, _s4) = start_from(&ctx, &opts, 64 * 1024, ip("10.0.0.4"));
+        third.write_all(&encode(&[b"PING"])).await.unwrap();
+        assert_eq!(read_exact(&mut third, noauth.len()).await, noauth);
+        assert_eq!(ctx.waiting(), 2);
+        second.write_all(&encode(&[b"PING"])).await.unwrap();
+        assert_eq!(read_exact(&mut second, 7).await, b"+PONG\r\n");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stranger_that_never_reads_is_closed_at_the_auth_deadline_not_the_write_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = options();
+        let ctx = context(&dir, true, &opts).await;
+        // Replies to 200,000 HELLOs (NOAUTH errors) do not fit a 4 KiB pipe.
+        let (mut client, task, _stop) = start(&ctx, &opts, 4 * 1024);
+        let opened = Instant::now();
+        let hello = encode(&[b"HELLO"]);
+        let writer = tokio::spawn(async move {
+            for _ in 0..200_000 {
+                if client.write_all(&hello).await.is_err() {
+                    break;
+                }
+            }
+            client
+        });
+        assert_eq!(ended(task).await, Ended::AuthTimeout);
+        assert!(Instant::now() - opened <= opts.auth_timeout + Duration::from_secs(1));
+        drop(writer);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_tokens_nobody_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = options();
+        let open = context(&dir, false, &opts).await;
+        let held: Vec<_> = (0..5).map(|_| start(&open, &opts, 1024)).collect();
+        tokio::task::yield_now().await;
+        assert_eq!(open.waiting(), 0);
         assert_eq!(held.len(), 5);
     }
 }

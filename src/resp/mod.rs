@@ -18,6 +18,7 @@
 //! Keys live in the data file ([`Keyspace`]), written through the
 //! group-commit writer; time comes from the [`Clock`](crate::clock::Clock).
 
+pub mod admission;
 pub mod command;
 pub mod connection;
 pub mod expiry;
@@ -54,17 +55,14 @@ pub struct Context {
     pub max_connections: usize,
     /// One permit per open connection.
     slots: Arc<Semaphore>,
-    /// One permit per connection not yet authenticated.
-    unauthenticated: Arc<Semaphore>,
+    /// The connections waiting to authenticate (with tokens set).
+    waiting: Arc<admission::Waiting>,
     /// The last connection id handed out.
     last_id: AtomicI64,
 }
 
 /// Redis's answer to a connection over `maxclients`.
 pub const TOO_MANY: &str = "-ERR max number of clients reached\r\n";
-/// The answer to a connection over the unauthenticated cap.
-pub const TOO_MANY_UNAUTHENTICATED: &str =
-    "-ERR max number of unauthenticated clients reached: authenticate promptly\r\n";
 
 impl Context {
     /// The shared state of a listener on `port`.
@@ -83,7 +81,9 @@ impl Context {
             port,
             max_connections: max,
             slots: Arc::new(Semaphore::new(max)),
-            unauthenticated: Arc::new(Semaphore::new(options.max_unauthenticated.clamp(1, max))),
+            waiting: Arc::new(admission::Waiting::new(
+                options.max_unauthenticated.clamp(1, max),
+            )),
             last_id: AtomicI64::new(0),
         }
     }
@@ -94,25 +94,14 @@ impl Context {
             .saturating_sub(self.slots.available_permits())
     }
 
-    /// A new connection's place: its slot, and (with tokens set) its place
-    /// among the unauthenticated; or the error to refuse it with.
-    pub fn admit(
-        &self,
-    ) -> Result<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>), &'static str> {
-        let slot = self
-            .slots
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| TOO_MANY)?;
-        if self.tokens.is_empty() {
-            return Ok((slot, None));
-        }
-        let unauthenticated = self
-            .unauthenticated
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| TOO_MANY_UNAUTHENTICATED)?;
-        Ok((slot, Some(unauthenticated)))
+    /// A new connection's slot, or the error to refuse it with.
+    pub fn admit(&self) -> Result<OwnedSemaphorePermit, &'static str> {
+        self.slots.clone().try_acquire_owned().map_err(|_| TOO_MANY)
+    }
+
+    /// Connections waiting to authenticate now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 }
 

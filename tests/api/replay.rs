@@ -211,3 +211,55 @@ async fn a_standard_webhooks_replay_within_tolerance_after_the_event_is_reaped_i
     let res = app.post_captured("sw", &first).await;
     assert_problem(res, StatusCode::UNAUTHORIZED, "timestamp_out_of_tolerance").await;
 }
+
+/// Anyone who captured one signed request may post it again and again
+/// (a GitHub one verifies forever): each answer, `duplicate`, must come
+/// from what the file shows without making the writer commit what it holds
+/// (`storage.commit_hold`); the red team measured a commit per replay,
+/// which took group commit away from every write.
+#[tokio::test]
+async fn a_flood_of_one_replayed_request_does_not_defeat_group_commit() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let source: SourceSettings = toml::from_str(&format!(
+        r#"
+        scheme = "github"
+        event_id = "body:/request_id"
+        forward_to = "{}"
+        secrets = ["{SECRET}"]
+        destination_secret = "{DESTINATION}"
+        "#,
+        receiver.url
+    ))
+    .unwrap();
+    let app = spawn_app_with(move |l| {
+        l.settings.sources.insert("gh".into(), source);
+        let s = &mut l.settings.storage;
+        s.commit_hold = Duration::from_secs(3600);
+        s.checkpoint_interval = Duration::from_secs(3600);
+        s.checkpoint_idle = Duration::from_secs(3600);
+    })
+    .await;
+    let captured = github("evt-replayed", app.now_unix_s());
+    assert_eq!(app.post_status("gh", &captured).await, "accepted");
+    // Delivered and listed: a read of what was acknowledged commits the
+    // delivery's writes, so none is held when counting starts.
+    eventually("evt-replayed is delivered", || async {
+        app.listed("gh", "delivered").await == ["evt-replayed"]
+    })
+    .await;
+    let commits = || app.store.write_stats().commits;
+    let before = commits();
+    // Claims amid the replays: each replay could commit the claim before it.
+    for i in 0..20 {
+        app.claim_ok(&format!("k{i}"), json!({})).await;
+        for _ in 0..5 {
+            assert_eq!(app.post_status("gh", &captured).await, "duplicate");
+        }
+    }
+    assert_eq!(commits(), before, "the replays committed the held writes");
+    assert_eq!(
+        ids(&receiver.received()),
+        ["evt-replayed"],
+        "delivered once"
+    );
+}

@@ -216,9 +216,9 @@ fn pipelines_of_any_commands_are_answered_or_refused_never_a_panic() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
         let ended = rt.block_on(async {
             let (mut client, server) = tokio::io::duplex(1 << 20);
-            let (_slot, unauthenticated) = ctx.admit().unwrap();
+            let _slot = ctx.admit().unwrap();
             let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-            let task = tokio::spawn(serve(ctx.clone(), server, None, options, unauthenticated, stop));
+            let task = tokio::spawn(serve(ctx.clone(), server, None, options, stop));
             let mut bytes: Vec<u8> = pipeline.iter().flat_map(|c| encode(c)).collect();
             bytes.extend(encode(&[b"QUIT".to_vec()]));
             client.write_all(&bytes).await.unwrap();

@@ -254,13 +254,28 @@ fn a_damaged_log_decodes_up_to_the_damage() {
                     prop_assert!(seqs.starts_with(&wanted), "{:?} lost some of {:?}", seqs, wanted);
                 }
                 WalContents::New => prop_assert!(at < HEADER),
-                // A damaged header, or a record that passes its checksum
-                // but does not decode (never cut off as a torn tail): only
-                // where the mutation made one.
+                // A damaged header; a record that passes its checksum but
+                // does not decode; or a damaged record with intact later
+                // batches after it (corruption, never cut off as a torn
+                // tail): only where the mutation made one.
                 WalContents::Refused(why) => prop_assert!(
-                    at < HEADER || matches!(mutation, Mutation::Payload(..) | Mutation::Append(_)),
-                    "{} refused at {}: {}", why, at, why
+                    at < HEADER
+                        || matches!(mutation, Mutation::Payload(..) | Mutation::Append(_))
+                        || why.contains("is damaged, but batch"),
+                    "refused at {}: {}", at, why
                 ),
+            }
+            // A bit flipped or a length changed in a record that intact
+            // later batches to replay follow: refused, not cut there.
+            let damaged = seed.records.iter().position(|(start, end)| (*start..*end).contains(&at));
+            if let (Mutation::Flip(..) | Mutation::Length(..), Some(i)) = (&mutation, damaged) {
+                let n = seed.records.len() as u64;
+                if n > after.max(i as u64 + 1) {
+                    prop_assert!(
+                        matches!(decode_wal(&bytes, after), WalContents::Refused(_)),
+                        "record {} damaged, later ones intact: not refused", i
+                    );
+                }
             }
             Ok(())
         })?;

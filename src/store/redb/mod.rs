@@ -96,6 +96,10 @@ pub struct RedbOptions {
     /// duplicate (`gateway.dedupe_window`): the reaper leaves a dedupe
     /// record that long.
     pub dedupe_window: std::time::Duration,
+    /// Open a file that was not closed cleanly although its write-ahead
+    /// log is missing, losing what the log held (`serve
+    /// --accept-missing-log`); refused otherwise.
+    pub accept_missing_log: bool,
 }
 
 /// Histograms the writer records each successful group commit in; no-ops
@@ -140,6 +144,7 @@ impl RedbOptions {
             commit_metrics,
             read_reopen_wait: READ_REOPEN_WAIT,
             dedupe_window: settings.gateway.dedupe_window,
+            accept_missing_log: s.accept_missing_log,
         }
     }
 

@@ -57,7 +57,7 @@ pub enum OpenError {
     #[error(
         "write-ahead log {log} belongs to another data file than {data} ({}; {data} is \
          {data_id:032x}): it was not replayed and is left as it is. This happens when {data} was \
-         restored from a backup, replaced or created anew while the log stayed. If {data} is the \
+         replaced, created anew or copied from another installation while the log stayed. If {data} is the \
          file to serve, move {log} away (it may hold writes that never reached {data}: keep it) \
          and start again; otherwise put back the data file the log belongs to",
         match log_id {
@@ -107,6 +107,52 @@ pub enum OpenError {
         /// What does not decode, and where.
         detail: String,
     },
+    /// A record in the middle of the log is damaged: later batches follow
+    /// it intact.
+    #[error(
+        "write-ahead log {log}: {detail}. A damaged record followed by later ones is \
+         corruption, not a torn tail, so dedupd does not drop what follows it: nothing was \
+         replayed and the log is left as it is. Keep copies of {log} and its data file, and \
+         restore both from a backup"
+    )]
+    DamagedLog {
+        /// The log.
+        log: PathBuf,
+        /// Where, and what follows.
+        detail: String,
+    },
+    /// The data file is older than its log: batches between are in neither.
+    #[error(
+        "data file {data} holds the write-ahead log's batches up to {holds}, but the log {log} \
+         continues from batch {first}: the batches between are in neither file. The data file \
+         is older than its log (restored from a backup while the log stayed?). Nothing was \
+         replayed; both are left as they are. Put back the data file that goes with this log; \
+         or, to serve {data} as it is (losing every write after it was copied), move {log} \
+         away and start with --accept-missing-log"
+    )]
+    LogAhead {
+        /// The log.
+        log: PathBuf,
+        /// The data file.
+        data: PathBuf,
+        /// The last batch the data file holds.
+        holds: u64,
+        /// The first batch the log has after it.
+        first: u64,
+    },
+    /// The data file was not closed cleanly, and its log is gone.
+    #[error(
+        "data file {data} was not closed cleanly, and its write-ahead log {log} is missing or \
+         empty: the log holds the writes acknowledged since the last checkpoint. Put the log back \
+         beside the data file (the two are moved and backed up together). To serve {data} \
+         without them, losing those writes, start once with --accept-missing-log"
+    )]
+    MissingLog {
+        /// The log.
+        log: PathBuf,
+        /// The data file.
+        data: PathBuf,
+    },
     /// The file beside the data file is not a write-ahead log.
     #[error("{0} is not a dedupd write-ahead log; move it away")]
     NotALog(PathBuf),
@@ -153,6 +199,22 @@ impl Engine {
         let id = migrate::init_schema(&db, &opts.path)?;
         warn_if_others_can_read(&opts.path);
         warn_if_others_can_read(&wal_path);
+        // A file left open (not closed cleanly) has acknowledged writes in
+        // its log: without the log they would be lost without a word.
+        if !has_log && writer::log_open(&db).map_err(other)? {
+            if !opts.accept_missing_log {
+                return Err(OpenError::MissingLog {
+                    log: wal_path,
+                    data: opts.path.clone(),
+                });
+            }
+            tracing::warn!(
+                log = %wal_path.display(),
+                data = %opts.path.display(),
+                "the data file was not closed cleanly and its write-ahead log is missing: serving \
+                 it without the writes acknowledged since its last checkpoint, as asked"
+            );
+        }
         // Batches acknowledged after the last checkpoint are in the log.
         let stored = writer::stored_seq(&db).map_err(other)?;
         let (mut log, batches) = wal::Wal::open(
@@ -267,6 +329,16 @@ fn log_error(e: wal::LogError, log: &Path, data: &Path, data_id: u128) -> OpenEr
             data_id,
         },
         wal::LogError::Version { found } => OpenError::LogVersion { log, found },
+        wal::LogError::Damaged { .. } => OpenError::DamagedLog {
+            log,
+            detail: e.to_string(),
+        },
+        wal::LogError::Gap { holds, first } => OpenError::LogAhead {
+            log,
+            data,
+            holds,
+            first,
+        },
         wal::LogError::Undecodable {
             version,
             ref seq,

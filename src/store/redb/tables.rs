@@ -36,6 +36,11 @@ pub const META_SCHEMA_VERSION: &str = "schema_version";
 pub const META_WAL_SEQ: &str = "wal_seq";
 /// Key in [`META`] of the last fence handed out.
 pub const META_FENCE: &str = "fence";
+/// Key in [`META`]: 1 while a process has the file open and its
+/// write-ahead log may hold batches the file does not; 0 (or absent) once
+/// a clean shutdown checkpointed them all. Opening a file marked 1 without
+/// its log is refused: the log holds acknowledged writes.
+pub const META_LOG_OPEN: &str = "log_open";
 /// Keys in [`META`] of the file's id (a random u128 in two halves), written
 /// when the file is created; its write-ahead log carries the same id.
 pub const META_FILE_ID: [&str; 2] = ["file_id_hi", "file_id_lo"];

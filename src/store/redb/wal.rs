@@ -87,6 +87,31 @@ pub enum LogError {
         /// The decoder's complaint.
         detail: String,
     },
+    /// The log's records stop at a damaged one, and intact records of later
+    /// batches follow it: corruption, not a torn tail (which is always the
+    /// last record written).
+    #[error(
+        "the record at byte {offset} is damaged, but batch {later_seq} follows intact at byte \
+         {later_offset}"
+    )]
+    Damaged {
+        /// Where the damaged record starts.
+        offset: usize,
+        /// A later batch found intact after it.
+        later_seq: u64,
+        /// Where that one starts.
+        later_offset: usize,
+    },
+    /// The first batch to replay is not the one after the last the data
+    /// file holds: the data file is older than its log (a backup restored
+    /// while the log stayed), and the batches between are in neither.
+    #[error("the data file holds batches up to {holds}, but the log continues from batch {first}")]
+    Gap {
+        /// The last batch the data file holds.
+        holds: u64,
+        /// The first batch the log has after it.
+        first: u64,
+    },
 }
 
 /// A header for the data file `id`.
@@ -276,6 +301,12 @@ pub fn parse(
             if !DECODES.contains(&format) {
                 return Err(LogError::Version { found: format });
             }
+            if batches.is_empty() && seq != after + 1 {
+                return Err(LogError::Gap {
+                    holds: after,
+                    first: seq,
+                });
+            }
             match decode(payload) {
                 Ok(batch) => batches.push(batch),
                 Err(e) => {
@@ -291,7 +322,65 @@ pub fn parse(
         last = Some(seq);
         at += 8 + len;
     }
+    // Where the records stop, a crash mid-append tore the last one, or the
+    // log ends (zeros written ahead, records of earlier generations, all
+    // numbered at most what the data file holds). Intact records of later
+    // batches past this point mean a record in the middle was damaged:
+    // stopping here would drop them, acknowledged as they were.
+    if DECODES.contains(&format)
+        && let Some((later_offset, later_seq)) =
+            later_record(bytes, at, last.unwrap_or(0).max(after))
+    {
+        return Err(LogError::Damaged {
+            offset: at,
+            later_seq,
+            later_offset,
+        });
+    }
     Ok((batches, at))
+}
+
+/// An intact record at or after `from` of a batch numbered above `above`,
+/// if there is one: its offset and number. Every offset is tried, since a
+/// damaged length hides where the next record starts; the checks go from
+/// cheap to dear (a length that fits, a number in range, a batch that
+/// decodes, then its checksum), so random bytes cost a few comparisons
+/// each and nothing is allocated by a length the bytes declare.
+fn later_record(bytes: &[u8], from: usize, above: u64) -> Option<(usize, u64)> {
+    // Each record takes at least 10 bytes: no batch is numbered further
+    // above `above` than that many records could reach.
+    let most = above.saturating_add((bytes.len() / 10) as u64 + 1);
+    let mut at = from;
+    while let Some(head) = bytes.get(at..at.saturating_add(8)) {
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let candidate = (len > 0)
+            .then(|| bytes.get(at + 8..(at + 8).saturating_add(len)))
+            .flatten()
+            .filter(|payload| {
+                postcard::take_from_bytes::<u64>(payload)
+                    .is_ok_and(|(seq, _)| seq > above && seq <= most)
+            })
+            .filter(|payload| decode(payload).is_ok())
+            .filter(|payload| {
+                crc32fast::hash(payload) == u32::from_le_bytes([head[4], head[5], head[6], head[7]])
+            });
+        if let Some(payload) = candidate
+            && let Ok((seq, _)) = postcard::take_from_bytes::<u64>(payload)
+        {
+            return Some((at, seq));
+        }
+        at += if len == 0 {
+            // Zeros written ahead are most of a log: a length needs a
+            // byte that is not zero among its four.
+            match bytes[at..].iter().position(|&b| b != 0) {
+                Some(nonzero) => nonzero.saturating_sub(3).max(1),
+                None => return None,
+            }
+        } else {
+            1
+        };
+    }
+    None
 }
 
 /// What a log file's bytes are.
@@ -528,13 +617,24 @@ impl Wal {
         if self.stale_header {
             // An older format's log, all checkpointed: start it over in
             // this build's format, bound to its data file.
-            self.file.set_len(0)?;
-            self.file.write_all_at(&header(self.id), 0)?;
-            self.file.sync_all()?;
-            self.capacity = HEADER as u64;
-            self.header = HEADER as u64;
-            self.stale_header = false;
+            return self.start_over();
         }
+        self.len = self.header;
+        Ok(())
+    }
+
+    /// Empties the log for good: only its header is left. After a reopen
+    /// that left refused batches out (their records stay valid on disk,
+    /// numbered after the last acknowledged one), a later open would take
+    /// them for acknowledged batches cut off by damage; none is kept.
+    pub fn start_over(&mut self) -> std::io::Result<()> {
+        fault(self.faults.as_ref(), false)?;
+        self.file.set_len(0)?;
+        self.file.write_all_at(&header(self.id), 0)?;
+        self.file.sync_all()?;
+        self.capacity = HEADER as u64;
+        self.header = HEADER as u64;
+        self.stale_header = false;
         self.len = self.header;
         Ok(())
     }
@@ -633,7 +733,8 @@ mod tests {
         assert!(wal.is_empty());
         wal.append(6, &[(6, &purge(6))]).unwrap();
         drop(wal);
-        let (_, found) = Wal::open(path, None, 0, ID, true).unwrap();
+        // The reset came after a checkpoint of batch 5.
+        let (_, found) = Wal::open(path, None, 5, ID, true).unwrap();
         assert_eq!(seqs(&found), [6], "the old records 2..5 after it are stale");
     }
 

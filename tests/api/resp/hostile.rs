@@ -102,10 +102,14 @@ async fn strangers_sending_megabyte_values_are_refused_at_their_headers() {
             read_until_closed(&mut s).await
         }));
     }
+    // Each is refused for its size, or (all of them come from one
+    // address) evicted by a newer stranger before its turn: closed either
+    // way, holding nothing.
     for t in tasks {
         let reply = t.await.unwrap();
         assert!(
-            reply.starts_with(b"-ERR Protocol error"),
+            reply.starts_with(b"-ERR Protocol error: a request of more than 4096 bytes")
+                || reply.starts_with(b"-ERR too many connections are waiting to authenticate"),
             "{}",
             String::from_utf8_lossy(&reply)
         );
@@ -202,30 +206,91 @@ async fn a_byte_now_and_then_does_not_outlast_the_idle_timeout() {
 }
 
 #[tokio::test]
-async fn strangers_beyond_the_unauthenticated_cap_are_refused_and_token_holders_still_connect() {
+async fn strangers_holding_idle_sockets_are_evicted_by_newcomers_and_token_holders_get_in() {
     let dir = TempDir::new().unwrap();
-    let (child, port, drain) = serve_resp(
-        &dir,
-        &[
-            ("DEDUPD_RESP__MAX_UNAUTHENTICATED", "4"),
-            ("DEDUPD_RESP__AUTH_TIMEOUT", "1h"),
-        ],
-    );
+    let (child, port, drain) = serve_resp(&dir, &[("DEDUPD_RESP__AUTH_TIMEOUT", "1h")]);
     let addr = format!("127.0.0.1:{port}");
+    // 64 idle sockets from one address (the default cap of connections
+    // waiting to authenticate): each newer one evicts an older one.
     let mut strangers = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..64 {
         let mut c = Raw::connect(&addr).await;
         assert_eq!(c.cmd("PING").await, b"-NOAUTH Authentication required.\r\n");
         strangers.push(c);
     }
-    let mut fifth = Raw::connect(&addr).await;
-    assert_eq!(
-        fifth.reply().await.as_deref(),
-        Some(&b"-ERR max number of unauthenticated clients reached: authenticate promptly\r\n"[..])
+    // A token holder connecting now is served (it was refused before:
+    // the strangers held every place).
+    for _ in 0..5 {
+        still_serving(&addr).await;
+    }
+    // The oldest strangers were told why and closed; the newest still waits.
+    let evicted =
+        b"-ERR too many connections are waiting to authenticate: authenticate promptly\r\n";
+    assert_eq!(strangers[0].reply().await.as_deref(), Some(&evicted[..]));
+    assert_eq!(strangers[0].reply().await, None);
+    assert!(stop(child, "-TERM", drain).await.success());
+}
+
+/// The server's resident memory, bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[tokio::test]
+async fn a_pipeline_of_megabyte_replies_never_read_holds_a_batch_not_the_pipeline() {
+    let dir = TempDir::new().unwrap();
+    let (child, port, drain) = serve_resp(&dir, &[("DEDUPD_RESP__WRITE_TIMEOUT", "3s")]);
+    let pid = child.id();
+    let addr = format!("127.0.0.1:{port}");
+    let mut c = Raw::connect(&addr).await;
+    assert_eq!(c.cmd(&format!("AUTH {TOKEN}")).await, b"+OK\r\n");
+    let set = [b"SET".to_vec(), b"big".to_vec(), vec![b'v'; 1 << 20]];
+    assert_eq!(c.call(&set).await.unwrap(), b"+OK\r\n");
+    let before = rss(pid);
+
+    // 1,024 `SET big x NX GET`: each changes nothing and answers the old
+    // megabyte. 41 KB in, a gibibyte of replies out, never read. Before,
+    // all of them were encoded into one buffer (RSS past 1 GB; a 4 GB
+    // memory cap aborted the process).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut hog = socket.connect(addr.parse().unwrap()).await.unwrap();
+    let mut pipeline = Raw::encode(&[b"AUTH".to_vec(), TOKEN.as_bytes().to_vec()]);
+    let nx_get = Raw::encode(&[
+        b"SET".to_vec(),
+        b"big".to_vec(),
+        b"x".to_vec(),
+        b"NX".to_vec(),
+        b"GET".to_vec(),
+    ]);
+    for _ in 0..1024 {
+        pipeline.extend_from_slice(&nx_get);
+    }
+    hog.write_all(&pipeline).await.unwrap();
+    // Until the server gives up on it (write_timeout), its memory is
+    // sampled: a write into a connection the server closed fails.
+    let mut most = before;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        most = most.max(rss(pid));
+        if hog.write_all(b"\r\n").await.is_err() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server never closed the connection"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        most < before + 64 * 1024 * 1024,
+        "RSS grew from {before} to {most} bytes"
     );
-    assert_eq!(fifth.reply().await, None);
-    // One stranger authenticates: its place among the unauthenticated frees.
-    assert_eq!(strangers[0].cmd(&format!("AUTH {TOKEN}")).await, b"+OK\r\n");
     still_serving(&addr).await;
     assert!(stop(child, "-TERM", drain).await.success());
 }

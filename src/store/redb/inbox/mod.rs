@@ -17,10 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use redb::ReadableDatabase;
 
 pub use self::read::{InboxIndexes, next_dedupe_expiry, sources};
 pub use self::write::{InboxResponse, InboxTables};
-use super::engine::Engine;
+use super::engine::{Engine, Fresh};
 use super::error::EngineError;
 use super::ops::Response;
 use super::record::{InboxRequest, Request};
@@ -75,10 +76,20 @@ impl Inbox for RedbInbox {
         event_id: &str,
         now: Millis,
     ) -> Result<bool, StoreError> {
+        // What the file shows, not what was acknowledged: that would make
+        // the writer commit its open transaction at once, and anyone who
+        // captured one signed request could repeat it to take group commit
+        // away from every write. An event this misses (its insert is in the
+        // writer's open transaction) is found again by the insert itself,
+        // which answers `duplicate` the same way.
         let (source, id) = (source.to_owned(), event_id.to_owned());
         Ok(self
             .engine
-            .read(move |tx| read::known(tx, &source, &id, now))
+            .read_seen(Fresh::Shown, move |db, shared| {
+                let tx = db.begin_read()?;
+                let seen = shared.watermark.visible();
+                read::known(&tx, &source, &id, now).map(|known| (known, seen))
+            })
             .await?)
     }
 

@@ -65,7 +65,7 @@ use super::wal::Wal;
 use crate::clock::Millis;
 use crate::store::WriteStats;
 
-pub use self::replay::{replay, stored_seq};
+pub use self::replay::{log_open, replay, stored_seq};
 
 /// A request on its way to the writer, with where to send the answer.
 #[derive(Debug)]
@@ -147,9 +147,10 @@ impl Logged {
                 || self.checkpointed.elapsed() >= opts.checkpoint_interval)
     }
 
-    /// Makes everything committed durable in the file, then empties the log.
-    fn checkpoint(&mut self, db: &Database) -> Result<(), redb::Error> {
-        replay::checkpoint(db, self.seq)?;
+    /// Makes everything committed durable in the file, then empties the log
+    /// (`closing`: for good, at a clean shutdown).
+    fn checkpoint(&mut self, db: &Database, closing: bool) -> Result<(), redb::Error> {
+        replay::checkpoint(db, self.seq, !closing)?;
         self.wal.reset()?;
         self.checkpointed = Instant::now();
         Ok(())

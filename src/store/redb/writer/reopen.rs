@@ -92,7 +92,7 @@ impl Writer<'_> {
             other => redb::Error::Corrupted(format!("write-ahead log: {other}")),
         })?;
         let seq = replay_up_to(&fresh, &shared.kv, batches, acknowledged)?;
-        wal.reset()?;
+        wal.start_over()?;
         shared.counts.recount(&fresh)?;
         let _ = self.jobs.send(Job::Resume(wal.syncer()?));
         // The file first, then the epoch: a read that sees the new epoch

@@ -8,19 +8,30 @@ use redb::{Database, Durability, ReadableDatabase};
 use super::batch::apply;
 use crate::store::redb::kv_index::KvIndex;
 use crate::store::redb::record::Batch;
-use crate::store::redb::tables::{META, META_WAL_SEQ};
+use crate::store::redb::tables::{META, META_LOG_OPEN, META_WAL_SEQ};
 
-/// A durable commit recording that the file holds every batch up to `seq`.
-pub fn checkpoint(db: &Database, seq: u64) -> Result<(), redb::Error> {
+/// A durable commit recording that the file holds every batch up to `seq`,
+/// and whether its log may hold more (`open`: anything but the clean
+/// shutdown's last checkpoint, after which nothing more is logged).
+pub fn checkpoint(db: &Database, seq: u64, open: bool) -> Result<(), redb::Error> {
     let mut tx = db.begin_write()?;
     tx.set_durability(Durability::Immediate)
         .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
     {
         let mut meta = tx.open_table(META)?;
         meta.insert(META_WAL_SEQ, seq)?;
+        meta.insert(META_LOG_OPEN, u64::from(open))?;
     }
     tx.commit()?;
     Ok(())
+}
+
+/// Whether the file was left open with its log (see
+/// [`META_LOG_OPEN`]): not closed cleanly.
+pub fn log_open(db: &Database) -> Result<bool, redb::Error> {
+    let tx = db.begin_read()?;
+    let meta = tx.open_table(META)?;
+    Ok(meta.get(META_LOG_OPEN)?.is_some_and(|g| g.value() != 0))
 }
 
 /// The last write-ahead-log batch the file holds.
@@ -63,7 +74,8 @@ pub(super) fn replay_up_to(
         seq = batch.seq;
         replayed += 1;
     }
-    checkpoint(db, seq)?;
+    // From here on the log may hold batches the file does not.
+    checkpoint(db, seq, true)?;
     if replayed > 0 {
         tracing::info!(batches = replayed, "replayed the write-ahead log");
     }

@@ -285,7 +285,7 @@ impl Writer<'_> {
             return;
         };
         let started = Instant::now();
-        match log.checkpoint(db) {
+        match log.checkpoint(db, self.stopping) {
             // Everything committed is durable in the file now.
             Ok(()) => {
                 self.shared.watermark.synced(log.seq);
