@@ -71,6 +71,17 @@ pub enum ApiError {
          or [::1]; configure api.tokens to serve other names"
     )]
     HostNotAllowed,
+    /// Without API tokens, a request that came through a reverse proxy
+    /// (421): whoever reaches the proxy would be served as a local client.
+    #[error(
+        "a request through a proxy needs api.tokens: without API tokens, dedupd serves only \
+         clients on this machine, and this request came through a proxy ({mark}); configure \
+         api.tokens and send a token to use the API through a proxy"
+    )]
+    ProxiedWithoutTokens {
+        /// What gave the proxy away: a header's name, or `HTTP/1.0`.
+        mark: &'static str,
+    },
     /// An `Origin` (or `Sec-Fetch-Site`) that is not this server's (403).
     #[error("requests from another origin (a web page of another site) are refused")]
     CrossOrigin,
@@ -177,6 +188,7 @@ impl ApiError {
             ApiError::AuthThrottled { .. } => "auth_throttled",
             ApiError::HostNotAllowed => "host_not_allowed",
             ApiError::NotReady { reason, .. } => reason,
+            ApiError::ProxiedWithoutTokens { .. } => "proxy_needs_tokens",
             ApiError::CrossOrigin => "cross_origin",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
             ApiError::Signature(e) => match e {
@@ -204,7 +216,9 @@ impl ApiError {
             ApiError::Unauthorized => "Unauthorized",
             ApiError::ReadOnlyToken { .. } | ApiError::CrossOrigin => "Forbidden",
             ApiError::AuthThrottled { .. } => "Too many requests",
-            ApiError::HostNotAllowed => "Misdirected request",
+            ApiError::HostNotAllowed | ApiError::ProxiedWithoutTokens { .. } => {
+                "Misdirected request"
+            }
             ApiError::NotReady { .. } => "Not ready",
             ApiError::UnsupportedMediaType => "Unsupported media type",
             ApiError::Signature(_) => "Signature refused",
@@ -228,7 +242,9 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized | ApiError::Signature(_) => StatusCode::UNAUTHORIZED,
             ApiError::ReadOnlyToken { .. } | ApiError::CrossOrigin => StatusCode::FORBIDDEN,
             ApiError::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
+            ApiError::HostNotAllowed | ApiError::ProxiedWithoutTokens { .. } => {
+                StatusCode::MISDIRECTED_REQUEST
+            }
             ApiError::NotReady { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,

@@ -31,6 +31,7 @@ pub mod domain;
 pub mod error;
 pub mod gateway;
 pub mod limits;
+pub mod peers;
 pub mod reaper;
 pub mod redact;
 pub mod resp;

@@ -88,6 +88,7 @@ fn main() -> ExitCode {
                 }
             };
             dedupd::telemetry::init(&loaded.settings.log);
+            loaded.warn_about_open_secret_files();
             dedupd::limits::ensure_open_files(&loaded.settings);
             Ok(match serve(loaded) {
                 Ok(()) => ExitCode::SUCCESS,

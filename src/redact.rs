@@ -105,6 +105,44 @@ pub fn escape_control(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `v` as compact JSON that a terminal can show: every control character
+/// (and bidirectional control) inside a string written as a `\uXXXX`
+/// escape. serde_json escapes C0 controls already, but writes DEL, C1
+/// controls (`\u{9b}` is a CSI) and the bidi overrides as they are. The
+/// text reads back as the same JSON value: outside strings JSON has no
+/// such characters.
+pub fn json_for_terminal(v: &serde_json::Value) -> String {
+    let text = v.to_string();
+    if !text.chars().any(unprintable) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unprintable(c) {
+            // Every such character is in the Basic Multilingual Plane.
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `word` as one shell word: as it is when it holds only characters no
+/// shell treats specially, else in single quotes (each `'` in it written
+/// `'\''`). For commands dedupd prints for the operator to paste.
+pub fn shell_word(word: &str) -> Cow<'_, str> {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.,:/@%+=".contains(&b));
+    if plain {
+        Cow::Borrowed(word)
+    } else {
+        Cow::Owned(format!("'{}'", word.replace('\'', "'\\''")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +179,33 @@ mod tests {
         ] {
             assert_eq!(url_str(raw), shown, "{raw}");
         }
+    }
+
+    #[test]
+    fn json_for_a_terminal_escapes_every_control_and_reads_back_the_same() {
+        let v = serde_json::json!({
+            "a": "\u{1b}[31mred\u{9b}2J\u{202e}x\u{7f}\u{85}", "b": ["ünï", 1], "c": null
+        });
+        let shown = json_for_terminal(&v);
+        assert!(!shown.chars().any(unprintable), "{shown}");
+        assert!(
+            shown.contains("\\u001b[31mred\\u009b2J\\u202ex\\u007f\\u0085"),
+            "{shown}"
+        );
+        assert!(shown.contains("ünï"));
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&shown).unwrap(),
+            v
+        );
+    }
+
+    #[test]
+    fn a_shell_word_is_quoted_unless_plain() {
+        assert_eq!(shell_word("eyJhZnRlciI6MX0="), "eyJhZnRlciI6MX0=");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word(""), "''");
+        assert_eq!(shell_word("x;$(id)`id`"), "'x;$(id)`id`'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
     }
 
     #[test]

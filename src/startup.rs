@@ -24,6 +24,7 @@ use crate::config::{Backend, ConfigErrors, Loaded};
 use crate::gateway::Gateway;
 use crate::gateway::Source;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
+use crate::peers::PeerConnections;
 use crate::reaper::{Orphans, Reaper};
 use crate::resp::RespServer;
 use crate::resp::connection::RespOptions;
@@ -149,9 +150,10 @@ impl Application {
             keyspace,
         } = opened;
         // The reaper writes the inbox's dedupe records with the file's
-        // window: one opened otherwise would quietly protect for less.
+        // window: one opened otherwise would quietly protect for less. The
+        // file keeps whole milliseconds.
         anyhow::ensure!(
-            inbox.dedupe_window() == s.gateway.dedupe_window,
+            inbox.dedupe_window().as_millis() == s.gateway.dedupe_window.as_millis(),
             "the data file was opened with a dedupe window of {}, not gateway.dedupe_window = {}",
             humantime::format_duration(inbox.dedupe_window()),
             humantime::format_duration(s.gateway.dedupe_window),
@@ -226,6 +228,7 @@ impl Application {
             metrics: metrics.clone(),
         });
         let tokens = web::Data::new(api_tokens);
+        let peers = PeerConnections::new(s.http.max_connections_per_address, Some(metrics.clone()));
         let server = HttpServer::new(move || {
             App::new()
                 // Inside the request log, so its refusals are counted.
@@ -254,6 +257,8 @@ impl Application {
         // Signals are handled by the caller (see `main`): actix treats SIGINT
         // as a forced stop, and both must finish in-flight requests.
         .disable_signals()
+        // Before `listen`: actix captures the hook when the listener binds.
+        .on_connect(move |io, data| peers.on_connect(io, data))
         .workers(s.http.workers)
         // actix counts connections per worker.
         .max_connections(s.http.max_connections.div_ceil(s.http.workers.max(1)))

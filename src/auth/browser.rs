@@ -10,6 +10,14 @@
 //!   served, except `/ingest/…` (signed, and reached through proxies that
 //!   pass the public `Host`) and `/healthz` and `/readyz` (probes, which
 //!   show nothing). Others get 421.
+//! - [`local_host_only`] also refuses, without API tokens and on the same
+//!   paths, a request that came through a reverse proxy: one with a header
+//!   a proxy adds (`Forwarded`, `Via`, `X-Forwarded-*`, `X-Real-IP` and the
+//!   like) or in HTTP/1.0. nginx's default `proxy_pass` sends none of those
+//!   headers but speaks HTTP/1.0 to its upstream, and passes
+//!   `Host: 127.0.0.1:PORT`; without this check every client of a proxy in
+//!   front of a token-less dedupd was served as a local one. Browsers and
+//!   curl speak HTTP/1.1 (or 2) and add no such header.
 //! - [`same_origin_json`], on `/v1`, tokens or not: a request whose
 //!   `Origin` is not this server's own (`http` or `https` and the `Host`
 //!   it was sent to; the scheme is not compared, as TLS ends in front of
@@ -24,8 +32,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::Method;
 use actix_web::http::header::{self, HeaderMap, HeaderName};
+use actix_web::http::{Method, Version};
 use actix_web::middleware::Next;
 use actix_web::web;
 
@@ -42,9 +50,9 @@ fn any_host(path: &str) -> bool {
 }
 
 /// Middleware for the whole app: with no API token configured, refuses a
-/// request addressed to a name that is not loopback (see the module doc).
-/// The check is by path, so a route added later is covered unless listed
-/// in [`any_host`].
+/// request addressed to a name that is not loopback, or one that came
+/// through a proxy (see the module doc). The check is by path, so a route
+/// added later is covered unless listed in [`any_host`].
 pub async fn local_host_only<B: MessageBody>(
     req: ServiceRequest,
     next: Next<B>,
@@ -52,10 +60,51 @@ pub async fn local_host_only<B: MessageBody>(
     let open = req
         .app_data::<web::Data<ApiTokens>>()
         .is_none_or(|t| t.is_empty());
-    if open && !any_host(req.path()) && !addressed_to_loopback(&req) {
-        return Ok(refuse(req, &ApiError::HostNotAllowed));
+    if open && !any_host(req.path()) {
+        // The proxy first: its remedy (tokens) is the one that helps, and a
+        // proxy that passes the public `Host` would otherwise be told only
+        // about names.
+        if let Some(mark) = proxy_mark(req.headers(), req.version()) {
+            return Ok(refuse(req, &ApiError::ProxiedWithoutTokens { mark }));
+        }
+        if !addressed_to_loopback(&req) {
+            return Ok(refuse(req, &ApiError::HostNotAllowed));
+        }
     }
     Ok(next.call(req).await?.map_into_left_body())
+}
+
+/// Headers that reverse proxies and load balancers add to say who the
+/// client was (and `Via`, that a proxy passed the request on). No browser
+/// or HTTP client sends one of its own accord.
+const PROXY_HEADERS: [(&str, &str); 7] = [
+    ("forwarded", "Forwarded"),
+    ("via", "Via"),
+    ("x-real-ip", "X-Real-IP"),
+    ("x-client-ip", "X-Client-IP"),
+    ("true-client-ip", "True-Client-IP"),
+    ("cf-connecting-ip", "CF-Connecting-IP"),
+    ("fastly-client-ip", "Fastly-Client-IP"),
+];
+
+/// What shows that a request came through a proxy, if anything does: a
+/// header of [`PROXY_HEADERS`], any `X-Forwarded-*` (`-For`, `-Host`,
+/// `-Proto`, `-Port`, …), or HTTP/1.0, which nginx speaks to its upstream
+/// unless told otherwise (`proxy_http_version`) while browsers and curl
+/// send HTTP/1.1.
+fn proxy_mark(headers: &HeaderMap, version: Version) -> Option<&'static str> {
+    for (name, shown) in PROXY_HEADERS {
+        if headers.contains_key(name) {
+            return Some(shown);
+        }
+    }
+    if headers
+        .keys()
+        .any(|k| k.as_str().starts_with("x-forwarded-"))
+    {
+        return Some("X-Forwarded-*");
+    }
+    (version == Version::HTTP_10).then_some("HTTP/1.0")
 }
 
 /// Whether the request names only loopback: exactly one `Host`, and the
@@ -338,6 +387,67 @@ mod tests {
         ];
         for (origin, host) in no {
             assert!(!same_origin(origin, host), "{origin} vs {host}");
+        }
+    }
+
+    /// Each header a proxy adds, alone, marks a request as proxied, and so
+    /// does HTTP/1.0 (nginx's default to its upstream); what a browser or
+    /// curl sends on this machine does not.
+    #[test]
+    fn each_proxy_mark_alone_is_seen_and_a_local_client_bears_none() {
+        let with = |name: &str, value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                header::HeaderValue::from_str(value).unwrap(),
+            );
+            h
+        };
+        for (name, value, shown) in [
+            ("Forwarded", "for=192.0.2.60;proto=https", "Forwarded"),
+            ("Via", "1.1 proxy.example", "Via"),
+            ("X-Real-IP", "192.0.2.60", "X-Real-IP"),
+            ("X-Client-IP", "192.0.2.60", "X-Client-IP"),
+            ("True-Client-IP", "192.0.2.60", "True-Client-IP"),
+            ("CF-Connecting-IP", "192.0.2.60", "CF-Connecting-IP"),
+            ("Fastly-Client-IP", "192.0.2.60", "Fastly-Client-IP"),
+            ("X-Forwarded-For", "192.0.2.60", "X-Forwarded-*"),
+            ("x-forwarded-host", "dedupd.example", "X-Forwarded-*"),
+            ("X-Forwarded-Proto", "https", "X-Forwarded-*"),
+            ("X-Forwarded-Port", "443", "X-Forwarded-*"),
+            // An empty value is still the proxy's header.
+            ("X-Forwarded-For", "", "X-Forwarded-*"),
+        ] {
+            for version in [Version::HTTP_11, Version::HTTP_2] {
+                assert_eq!(
+                    proxy_mark(&with(name, value), version),
+                    Some(shown),
+                    "{name}: {value:?} over {version:?}"
+                );
+            }
+        }
+        assert_eq!(
+            proxy_mark(&HeaderMap::new(), Version::HTTP_10),
+            Some("HTTP/1.0")
+        );
+        let browser = [
+            ("user-agent", "Mozilla/5.0"),
+            ("origin", "http://127.0.0.1:8080"),
+            ("sec-fetch-site", "same-origin"),
+            ("referer", "http://127.0.0.1:8080/ui"),
+            ("x-forwarded", "not a forwarding header"),
+            ("x-requested-with", "XMLHttpRequest"),
+        ];
+        let mut h = HeaderMap::new();
+        for (k, v) in browser {
+            h.insert(
+                HeaderName::from_static(k),
+                header::HeaderValue::from_static(v),
+            );
+        }
+        for version in [Version::HTTP_11, Version::HTTP_2] {
+            assert_eq!(proxy_mark(&h, version), None, "{version:?}");
+            assert_eq!(proxy_mark(&HeaderMap::new(), version), None);
         }
     }
 

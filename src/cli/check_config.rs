@@ -22,6 +22,9 @@ pub fn run(config: Option<&Path>) -> ExitCode {
                 );
             }
             removed_sources(&loaded);
+            for file in loaded.open_secret_files() {
+                eprintln!("warning: {file}");
+            }
             let read_only = match loaded.api_read_tokens.len() {
                 0 => String::new(),
                 n => format!(" and {n} read-only token(s)"),

@@ -103,10 +103,13 @@ pub struct Refusal {
 }
 
 impl std::fmt::Display for Refusal {
+    // The detail and code are the server's, whoever it is: escaped, so an
+    // ANSI sequence in them cannot reach the terminal.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.status, self.detail)?;
+        use dedupd::redact::escape_control;
+        write!(f, "{}: {}", self.status, escape_control(&self.detail))?;
         if let Some(code) = &self.code {
-            write!(f, " ({code})")?;
+            write!(f, " ({})", escape_control(code))?;
         }
         Ok(())
     }

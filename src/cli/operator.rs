@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use reqwest::Method;
 use serde_json::Value;
 
+use dedupd::redact::{escape_control, json_for_terminal, shell_word};
+
 use super::client::{Client, Refusal, ServerArgs};
 use super::table;
 
@@ -187,7 +189,7 @@ impl Common {
         let answer = super::runtime()?.block_on(client.json(build(&client)));
         match answer {
             Ok(v) if self.json => {
-                println!("{v}");
+                println!("{}", json_for_terminal(&v));
                 Ok(ExitCode::SUCCESS)
             }
             Ok(v) => {
@@ -197,7 +199,10 @@ impl Common {
             Err(e) => match e.downcast_ref::<Refusal>() {
                 Some(r) => {
                     if self.json {
-                        println!("{}", r.body.trim());
+                        match serde_json::from_str::<Value>(&r.body) {
+                            Ok(problem) => println!("{}", json_for_terminal(&problem)),
+                            Err(_) => println!("{}", escape_control(r.body.trim())),
+                        }
                     }
                     eprintln!("dedupd: {what}: {r}");
                     Ok(ExitCode::FAILURE)
@@ -214,7 +219,7 @@ impl Common {
 fn text(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
-        Value::String(s) => dedupd::redact::escape_control(s).into_owned(),
+        Value::String(s) => escape_control(s).into_owned(),
         other => other.to_string(),
     }
 }
@@ -253,6 +258,14 @@ fn print_events(v: &Value, source: &str, status: &str) {
         );
     }
     if let Some(next) = v["next"].as_str() {
-        println!("more: dedupd events list --source {source} --status {status} --after {next}");
+        // The cursor is the server's: escaped for the terminal and quoted
+        // for the shell the line may be pasted into.
+        let next = escape_control(next);
+        println!(
+            "more: dedupd events list --source {} --status {} --after {}",
+            shell_word(&escape_control(source)),
+            shell_word(status),
+            shell_word(&next)
+        );
     }
 }

@@ -5,8 +5,9 @@
 //!
 //! `--duplicate` posts the same event twice. `--out-of-order` posts two
 //! events of one stream, the newer first; it waits (through the operator
-//! API) until the newer one is delivered, then posts the older, which the
-//! gateway settles as stale instead of delivering it.
+//! API at the config's `listen`, never at `--url`) until the newer one is
+//! delivered, then posts the older, which the gateway settles as stale
+//! instead of delivering it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -94,8 +95,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .map(|s| s.expose().to_owned())
         .ok_or_else(|| anyhow!("source {} has no secret", args.source))?;
     let client = args.server.client(Some(&loaded))?;
+    // The operator API (for --out-of-order) is the configured server's:
+    // `--url` may name any server, and the API token goes nowhere else.
+    let api = ServerArgs {
+        url: None,
+        ..args.server.clone()
+    }
+    .client(Some(&loaded))?;
     let poster = Poster {
         client,
+        api,
         source,
         secret,
     };
@@ -127,7 +136,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 
 /// Signs and posts for one source.
 struct Poster<'a> {
+    /// Posts to `/ingest/SOURCE` at `--url` (or the config's `listen`),
+    /// without the API token.
     client: Client,
+    /// The operator API at the config's `listen`, with its token.
+    api: Client,
     source: &'a Source,
     /// The source's first signing secret.
     secret: String,
@@ -155,7 +168,11 @@ impl Poster<'_> {
         let res = self.client.send(req).await?;
         let status = res.status();
         let body = res.text().await.unwrap_or_default();
-        println!("  -> {status} {}", body.trim());
+        // `--url` may name any server: its answer is printed escaped.
+        println!(
+            "  -> {status} {}",
+            dedupd::redact::escape_control(body.trim())
+        );
         Ok(status.is_success())
     }
 
@@ -201,7 +218,10 @@ impl Poster<'_> {
 
     /// Waits until event `id` is no longer pending and returns its status.
     async fn settled(&self, id: &str, wait: Duration) -> anyhow::Result<&'static str> {
-        let deadline = Instant::now() + wait;
+        // `--wait 1000000y` parses, but is past what an Instant can hold.
+        let deadline = Instant::now()
+            .checked_add(wait)
+            .ok_or_else(|| anyhow!("--wait {} is too long", humantime::format_duration(wait)))?;
         loop {
             if !self.listed(id, "pending").await? {
                 for status in ["stale", "dead", "delivered"] {
@@ -231,13 +251,16 @@ impl Poster<'_> {
                 query.push(("after", a));
             }
             let url = self
-                .client
+                .api
                 .url_with(&["v1", "sources", &self.source.name, "events"], &query);
             let page = self
-                .client
-                .json(self.client.request(reqwest::Method::GET, url))
+                .api
+                .json(self.api.request(reqwest::Method::GET, url))
                 .await
-                .context("following the events through the operator API")?;
+                .context(
+                    "following the events through the operator API at the config's `listen` \
+                     (--url only receives the posts)",
+                )?;
             let events = page["events"].as_array().map_or(&[][..], Vec::as_slice);
             if events.iter().any(|e| e["event_id"] == id) {
                 return Ok(true);

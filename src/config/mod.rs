@@ -6,6 +6,8 @@
 //! where its value came from.
 
 pub mod env;
+mod file;
+mod readable;
 mod secret;
 pub mod sources;
 
@@ -16,9 +18,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
-use figment::providers::{Format, Serialized, Toml};
+use figment::providers::Serialized;
 use serde::{Deserialize, Serialize};
 
+pub use readable::OpenSecretFile;
 pub use secret::Secret;
 
 use self::sources::{GatewaySettings, SourceSettings, valid_name};
@@ -28,6 +31,25 @@ use crate::domain::TtlBounds;
 /// Largest `claims.max_ttl`: far beyond any retry horizon, and an expiry
 /// (now + TTL, in ms) that redb and Redis's `PEXPIRE` both store.
 pub const MAX_TTL_BOUND: Duration = Duration::from_secs(3650 * 86_400);
+
+/// Longest retention or dedupe window: every record's expiry (now plus
+/// it, in ms) is then one redb and Redis's `PEXPIRE` both store, and the
+/// data file keeps the window in whole ms.
+pub const MAX_RETENTION: Duration = MAX_TTL_BOUND;
+
+/// Most writes in one commit: the writer allocates a batch this large.
+pub const MAX_BATCH: usize = 65_536;
+
+/// Most writes waiting for the writer.
+pub const MAX_QUEUE_CAPACITY: usize = 1_000_000;
+
+/// Largest `/v1` body: what one request may make the server buffer (as a
+/// source's `max_body_bytes`).
+pub const MAX_HTTP_BODY: usize = 16 * 1024 * 1024;
+
+/// Most records the reaper deletes in one write transaction, which holds
+/// the writer meanwhile.
+pub const MAX_REAPER_BATCH: u64 = 100_000;
 
 /// Environment variable naming the config file when `--config` is absent.
 pub const CONFIG_ENV: &str = "DEDUPD_CONFIG";
@@ -134,6 +156,9 @@ pub struct HttpSettings {
     pub header_timeout: Duration,
     /// Most open client connections, over all workers.
     pub max_connections: usize,
+    /// Most open connections from one address (an IPv6 /64); more are
+    /// closed at once. 0: no cap.
+    pub max_connections_per_address: usize,
 }
 
 /// `/v1` API settings.
@@ -282,6 +307,7 @@ impl Default for Settings {
                 body_timeout: Duration::from_secs(10),
                 header_timeout: Duration::from_secs(5),
                 max_connections: 1024,
+                max_connections_per_address: 256,
             },
             api: ApiSettings {
                 tokens: Vec::new(),
@@ -446,7 +472,7 @@ impl Settings {
     ) -> Figment {
         let mut fig = Self::defaults_figment();
         if let Some(file) = file {
-            fig = fig.merge(Toml::file_exact(file));
+            fig = fig.merge(file::TomlFile::new(file));
         }
         vars.into_iter()
             // As `Env` skips them: no key part may be empty.
@@ -503,7 +529,7 @@ impl Settings {
                             .metadata
                             .as_ref()
                             .map_or_else(|| "unknown source".into(), |m| describe(m, &e.path)),
-                        message: e.kind.to_string(),
+                        message: file::error_message(&e.path, &e.kind),
                     })
                     .collect(),
             )
@@ -549,11 +575,17 @@ impl Settings {
                     .into(),
             );
         }
-        if r.connect_timeout.is_zero() || r.response_timeout.is_zero() {
-            bad(
-                "storage.redis.connect_timeout",
-                "timeouts must be more than 0".into(),
-            );
+        for (key, d) in [
+            ("storage.redis.connect_timeout", r.connect_timeout),
+            ("storage.redis.response_timeout", r.response_timeout),
+        ] {
+            if d.is_zero() || d > Duration::from_secs(3600) {
+                bad(key, "must be more than 0 and at most 1h".into());
+            }
+        }
+        // Added to every record's expiry in Redis's own arithmetic.
+        if r.expiry_slack > Duration::from_secs(86_400) {
+            bad("storage.redis.expiry_slack", "must be at most 1d".into());
         }
         if self.storage.backend != Backend::Redis {
             return;
@@ -654,6 +686,15 @@ impl Settings {
             );
             return;
         }
+        if window > MAX_RETENTION {
+            bad(
+                "gateway.dedupe_window",
+                "must be at most 3650d: the data file keeps it, and each record's expiry, in \
+                 milliseconds"
+                    .into(),
+            );
+            return;
+        }
         for (name, src) in &self.sources {
             if !src.scheme.signs_timestamp() {
                 continue;
@@ -713,8 +754,8 @@ impl Settings {
                 );
             }
         }
-        if self.ordering.retention.as_millis() == 0 {
-            bad("ordering.retention", "must be at least 1ms".into());
+        if self.ordering.retention.as_millis() == 0 || self.ordering.retention > MAX_RETENTION {
+            bad("ordering.retention", "must be 1ms to 3650d".into());
         }
         if !(1..=256).contains(&self.http.workers) {
             bad("http.workers", "must be between 1 and 256".into());
@@ -730,8 +771,17 @@ impl Settings {
         if !(16..=1_000_000).contains(&self.http.max_connections) {
             bad("http.max_connections", "must be 16 to 1000000".into());
         }
-        if self.http.max_body_bytes < 1024 {
-            bad("http.max_body_bytes", "must be at least 1024".into());
+        if self.http.max_connections_per_address > 1_000_000 {
+            bad(
+                "http.max_connections_per_address",
+                "must be 0 (no cap) to 1000000".into(),
+            );
+        }
+        if !(1024..=MAX_HTTP_BODY).contains(&self.http.max_body_bytes) {
+            bad(
+                "http.max_body_bytes",
+                format!("must be 1024 to {MAX_HTTP_BODY} (16 MiB)"),
+            );
         }
         if self.storage.cache_bytes < 1024 * 1024 {
             bad(
@@ -739,11 +789,17 @@ impl Settings {
                 "must be at least 1048576 (1 MiB)".into(),
             );
         }
-        if self.storage.queue_capacity == 0 {
-            bad("storage.queue_capacity", "must be at least 1".into());
+        // Both size what the writer allocates: a batch of i64::MAX made its
+        // thread panic (the process answered 503 to every write), larger
+        // ones aborted the process at start.
+        if !(1..=MAX_QUEUE_CAPACITY).contains(&self.storage.queue_capacity) {
+            bad(
+                "storage.queue_capacity",
+                format!("must be 1 to {MAX_QUEUE_CAPACITY}"),
+            );
         }
-        if self.storage.max_batch == 0 {
-            bad("storage.max_batch", "must be at least 1".into());
+        if !(1..=MAX_BATCH).contains(&self.storage.max_batch) {
+            bad("storage.max_batch", format!("must be 1 to {MAX_BATCH}"));
         }
         if !(1024 * 1024..=1024 * 1024 * 1024).contains(&self.storage.checkpoint_bytes) {
             bad(
@@ -774,8 +830,11 @@ impl Settings {
         if self.reaper.interval.as_millis() == 0 {
             bad("reaper.interval", "must be at least 1ms".into());
         }
-        if self.reaper.batch_size == 0 {
-            bad("reaper.batch_size", "must be at least 1".into());
+        if !(1..=MAX_REAPER_BATCH).contains(&self.reaper.batch_size) {
+            bad(
+                "reaper.batch_size",
+                format!("must be 1 to {MAX_REAPER_BATCH}: one transaction holds the writer"),
+            );
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             bad("log.level", format!("not a tracing filter: {e}"));
@@ -805,8 +864,8 @@ impl Settings {
             ),
             ("gateway.dead_retention", self.gateway.dead_retention),
         ] {
-            if d.as_millis() == 0 {
-                bad(key, "must be at least 1ms".into());
+            if d.as_millis() == 0 || d > MAX_RETENTION {
+                bad(key, "must be 1ms to 3650d".into());
             }
         }
         self.validate_dedupe_window(&mut bad);
@@ -953,6 +1012,7 @@ fn describe<K: AsRef<str>>(m: &figment::Metadata, path: &[K]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use figment::providers::{Format, Toml};
 
     #[test]
     fn defaults_are_valid_and_loopback() {

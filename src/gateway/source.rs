@@ -10,6 +10,9 @@ use crate::config::sources::SourceSettings;
 /// while they are verified and stored.
 pub const MAX_BODY_LIMIT: usize = 16 * 1024 * 1024;
 
+/// Longest time allowed for one delivery attempt.
+const MAX_FORWARD_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// Shortest allowed replay window.
 const MIN_TOLERANCE: Duration = Duration::from_secs(1);
 /// Longest allowed replay window.
@@ -191,8 +194,13 @@ impl Source {
                 .map_err(|e| errors.push(("destination_secret", e)))
                 .ok(),
         };
-        if s.forward_timeout.is_zero() {
-            errors.push(("forward_timeout", "must be more than 0".into()));
+        // A delivery's stream lease lasts this long plus a grace, as a
+        // claim's TTL: past an hour no destination is still answering.
+        if s.forward_timeout.is_zero() || s.forward_timeout > MAX_FORWARD_TIMEOUT {
+            errors.push((
+                "forward_timeout",
+                "must be more than 0 and at most 1h".into(),
+            ));
         }
         if s.max_attempts == 0 {
             errors.push(("max_attempts", "must be at least 1".into()));

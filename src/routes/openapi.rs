@@ -116,7 +116,9 @@ impl Modify for Refusals {
                     add(
                         "421",
                         "`host_not_allowed`: no API tokens are configured and the request was \
-                         not addressed to localhost, 127.0.0.1 or [::1]",
+                         not addressed to localhost, 127.0.0.1 or [::1]; `proxy_needs_tokens`: \
+                         no API tokens are configured and the request came through a proxy \
+                         (`Forwarded`, `Via`, `X-Forwarded-*`, `X-Real-IP` or HTTP/1.0)",
                     );
                 }
                 if bearer {

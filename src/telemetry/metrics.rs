@@ -57,6 +57,9 @@ pub const BUILD_INFO: &str = "dedupd_build_info";
 pub const AUTH_FAILURES: &str = "dedupd_auth_failures_total";
 /// Attempts refused unread because their peer failed too often, by `port`.
 pub const AUTH_THROTTLED: &str = "dedupd_auth_throttled_total";
+/// HTTP connections closed at once because their address held
+/// `http.max_connections_per_address` already.
+pub const HTTP_PEER_REFUSED: &str = "dedupd_http_connections_refused_total";
 
 /// Outcomes of a claim request.
 pub const CLAIM_OUTCOMES: [&str; 4] = ["claimed", "busy", "done", "fingerprint_mismatch"];
@@ -155,6 +158,8 @@ pub struct Metrics {
     auth_failures: [Counter; 2],
     /// `dedupd_auth_throttled_total`, in [`AuthPort::ALL`] order.
     auth_throttled: [Counter; 2],
+    /// `dedupd_http_connections_refused_total`.
+    http_peer_refused: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -254,6 +259,8 @@ impl Metrics {
         };
         let auth_failures = by_port(AUTH_FAILURES);
         let auth_throttled = by_port(AUTH_THROTTLED);
+        let http_peer_refused = counter(HTTP_PEER_REFUSED, Vec::new());
+        http_peer_refused.increment(0);
         let metrics = Self {
             recorder,
             handle,
@@ -267,6 +274,7 @@ impl Metrics {
             store_checkpoint,
             auth_failures,
             auth_throttled,
+            http_peer_refused,
         };
         // The gauges exist (at zero) before the first scrape sets them.
         metrics.set_inbox(&[], 0);
@@ -379,6 +387,12 @@ impl Metrics {
     /// Counts an attempt on `port` refused because its peer failed too often.
     pub fn auth_throttled(&self, port: AuthPort) {
         self.auth_throttled[port as usize].increment(1);
+    }
+
+    /// Counts an HTTP connection closed because its address held the most
+    /// connections one address may.
+    pub fn http_peer_refused(&self) {
+        self.http_peer_refused.increment(1);
     }
 
     /// Counts records the reaper deleted from `table` (one of
@@ -559,6 +573,12 @@ fn describe(r: &PrometheusRecorder) {
         AUTH_THROTTLED.into(),
         None,
         "Attempts refused without their token being read: their address failed too often, by port"
+            .into(),
+    );
+    r.describe_counter(
+        HTTP_PEER_REFUSED.into(),
+        None,
+        "HTTP connections closed at once: their address held http.max_connections_per_address already"
             .into(),
     );
     r.describe_gauge(

@@ -402,3 +402,96 @@ async fn with_tokens_any_name_is_served_and_the_origin_is_still_checked() {
     assert_eq!(app.get("k").await.status(), StatusCode::NOT_FOUND);
     app.claim_ok("k", json!({})).await;
 }
+
+/// Without tokens, a request that came through a reverse proxy is refused
+/// everywhere but ingest and the probes, whichever mark shows the proxy: a
+/// forwarding header, or HTTP/1.0 (nginx's default to its upstream). With
+/// tokens, the token is the defence and the same requests are served.
+#[tokio::test]
+async fn without_tokens_a_request_through_a_proxy_is_refused_with_tokens_served() {
+    let app = spawn_app().await;
+    let marks = [
+        ("Forwarded", "for=192.0.2.60;proto=https"),
+        ("Via", "1.1 proxy.example"),
+        ("X-Forwarded-For", "192.0.2.60"),
+        ("X-Forwarded-Host", "dedupd.example"),
+        ("X-Forwarded-Proto", "https"),
+        ("X-Real-IP", "192.0.2.60"),
+    ];
+    for (name, value) in marks {
+        for path in ["/v1/sources", "/metrics", "/openapi.json", "/ui", "/"] {
+            let res = app
+                .request(Method::GET, path)
+                .header(name, value)
+                .send()
+                .await
+                .unwrap();
+            let p =
+                assert_problem(res, StatusCode::MISDIRECTED_REQUEST, "proxy_needs_tokens").await;
+            assert!(
+                p["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains(if name.starts_with("X-Forwarded") {
+                        "X-Forwarded-*"
+                    } else {
+                        name
+                    }),
+                "{name}: {p}"
+            );
+        }
+        let res = app
+            .request(Method::POST, &claim_path("proxied"))
+            .header(name, value)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert_problem(res, StatusCode::MISDIRECTED_REQUEST, "proxy_needs_tokens").await;
+        for probe in ["/healthz", "/readyz"] {
+            let res = app
+                .request(Method::GET, probe)
+                .header(name, value)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), StatusCode::OK, "{name} on {probe}");
+        }
+        let res = app
+            .request(Method::POST, "/ingest/nosuch")
+            .header(name, value)
+            .send()
+            .await
+            .unwrap();
+        assert_problem(res, StatusCode::NOT_FOUND, "unknown_source").await;
+    }
+    assert_eq!(app.get("proxied").await.status(), StatusCode::NOT_FOUND);
+    let http10 = "POST /v1/claims/proxied HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n";
+    assert_eq!(raw_status(&app, http10).await, 421);
+    let http10 = "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n";
+    assert_eq!(raw_status(&app, http10).await, 421);
+    let http10 = "GET /healthz HTTP/1.0\r\nHost: {addr}\r\n";
+    assert_eq!(raw_status(&app, http10).await, 200);
+    assert_eq!(app.get("proxied").await.status(), StatusCode::NOT_FOUND);
+    // The same request in HTTP/1.1, as curl and browsers send it.
+    let http11 = "POST /v1/claims/proxied HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n";
+    assert_eq!(raw_status(&app, http11).await, 201);
+
+    let app = spawn_app_with(|l| with_tokens(l, &[TOKEN])).await;
+    for (name, value) in marks {
+        let res = app
+            .request(Method::POST, &claim_path(&format!("via-{name}")))
+            .header(name, value)
+            .header("host", "dedupd.example")
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED, "{name} with a token");
+    }
+    let http10 = format!(
+        "POST /v1/claims/old HTTP/1.0\r\nHost: {{addr}}\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Length: 0\r\n"
+    );
+    assert_eq!(raw_status(&app, &http10).await, 201);
+}

@@ -195,15 +195,26 @@ pub(crate) fn spawn_serving(cmd: Command) -> (std::process::Child, u16, crate::c
 /// [`spawn_serving`], returning the port its log names in `field` (the
 /// startup line carries `port` and, with a RESP listener, `resp_port`).
 pub(crate) fn spawn_serving_on(
-    mut cmd: Command,
+    cmd: Command,
     field: &str,
 ) -> (std::process::Child, u16, crate::cli::Drain) {
+    let (child, port, _, drain) = spawn_serving_logged(cmd, field);
+    (child, port, drain)
+}
+
+/// [`spawn_serving_on`], also giving the log's lines up to the one that
+/// names the port (start-up warnings among them).
+pub(crate) fn spawn_serving_logged(
+    mut cmd: Command,
+    field: &str,
+) -> (std::process::Child, u16, Vec<String>, crate::cli::Drain) {
     let mut child = cmd
         .env("DEDUPD_LOG__FORMAT", "json")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut start = Vec::new();
     let port = loop {
         let line = lines.next().expect("dedupd exited before serving").unwrap();
         if let Ok(v) = serde_json::from_str::<Value>(&line)
@@ -211,6 +222,7 @@ pub(crate) fn spawn_serving_on(
         {
             break u16::try_from(p).unwrap();
         }
+        start.push(line);
     };
     let echo = std::env::var_os("DEDUPD_TEST_ECHO").is_some();
     let drain = std::thread::spawn(move || {
@@ -223,7 +235,7 @@ pub(crate) fn spawn_serving_on(
         }
         rest
     });
-    (child, port, drain)
+    (child, port, start, drain)
 }
 
 /// The thread reading a served dedupd's log after the line that named its
@@ -609,6 +621,201 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     );
 }
 
+/// A source table for the bounds below, with `extra` lines.
+fn bounded_source(extra: &str) -> String {
+    format!(
+        "[sources.s]\nscheme = \"sume\"\nsecrets = [\"sume-secret-0123\"]\n\
+         event_id = \"body:/id\"\nforward_to = \"http://127.0.0.1:3000/hooks\"\n\
+         destination_secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n{extra}\n"
+    )
+}
+
+/// Every number check-config accepts, serve runs with. Each bound below
+/// was a value that passed check-config and then made serve panic (a
+/// writer batch of i64::MAX: `capacity overflow`, the process left
+/// answering 503), abort (a queue or batch allocated up front), refuse to
+/// start (a dedupe window past what the file stores in ms), let one client
+/// make it buffer any body, or write expiries Redis cannot take. Each is
+/// refused with its key and its range, and its largest value is accepted.
+#[test]
+fn check_config_bounds_every_number_that_serve_could_not_run_with() {
+    let dir = TempDir::new().unwrap();
+    // (the setting's TOML past its bound, the key, the range named, the
+    // TOML at its bound)
+    let cases: [(String, &str, &str, String); 14] = [
+        (
+            "[storage]\nmax_batch = 9223372036854775807".into(),
+            "storage.max_batch",
+            "must be 1 to 65536",
+            "[storage]\nmax_batch = 65536".into(),
+        ),
+        (
+            "[storage]\nmax_batch = 65537".into(),
+            "storage.max_batch",
+            "must be 1 to 65536",
+            "[storage]\nmax_batch = 1".into(),
+        ),
+        (
+            "[storage]\nqueue_capacity = 2305843009213693952".into(),
+            "storage.queue_capacity",
+            "must be 1 to 1000000",
+            "[storage]\nqueue_capacity = 1000000".into(),
+        ),
+        (
+            "[http]\nmax_body_bytes = 16777217".into(),
+            "http.max_body_bytes",
+            "must be 1024 to 16777216",
+            "[http]\nmax_body_bytes = 16777216".into(),
+        ),
+        (
+            "[ordering]\nretention = \"3651d\"".into(),
+            "ordering.retention",
+            "must be 1ms to 3650d",
+            "[ordering]\nretention = \"3650d\"".into(),
+        ),
+        (
+            "[gateway]\ndelivered_retention = \"3651d\"".into(),
+            "gateway.delivered_retention",
+            "must be 1ms to 3650d",
+            "[gateway]\ndelivered_retention = \"3650d\"".into(),
+        ),
+        (
+            "[gateway]\ndead_retention = \"500000000000y\"".into(),
+            "gateway.dead_retention",
+            "must be 1ms to 3650d",
+            "[gateway]\ndead_retention = \"3650d\"".into(),
+        ),
+        (
+            "[gateway]\ndedupe_window = \"500000000000y\"".into(),
+            "gateway.dedupe_window",
+            "must be at most 3650d",
+            "[gateway]\ndedupe_window = \"3650d\"".into(),
+        ),
+        (
+            "[reaper]\nbatch_size = 9223372036854775807".into(),
+            "reaper.batch_size",
+            "must be 1 to 100000",
+            "[reaper]\nbatch_size = 100000".into(),
+        ),
+        (
+            "[storage.redis]\nexpiry_slack = \"2d\"".into(),
+            "storage.redis.expiry_slack",
+            "must be at most 1d",
+            "[storage.redis]\nexpiry_slack = \"1d\"".into(),
+        ),
+        (
+            "[storage.redis]\nconnect_timeout = \"500000000000y\"".into(),
+            "storage.redis.connect_timeout",
+            "must be more than 0 and at most 1h",
+            "[storage.redis]\nconnect_timeout = \"1h\"".into(),
+        ),
+        (
+            "[storage.redis]\nresponse_timeout = \"2h\"".into(),
+            "storage.redis.response_timeout",
+            "must be more than 0 and at most 1h",
+            "[storage.redis]\nresponse_timeout = \"1h\"".into(),
+        ),
+        (
+            "[storage.redis]\nresponse_timeout = \"0s\"".into(),
+            "storage.redis.response_timeout",
+            "must be more than 0 and at most 1h",
+            "[storage.redis]\nresponse_timeout = \"1ms\"".into(),
+        ),
+        (
+            bounded_source("forward_timeout = \"500000000000y\""),
+            "sources.s.forward_timeout",
+            "must be more than 0 and at most 1h",
+            bounded_source("forward_timeout = \"1h\""),
+        ),
+    ];
+    for (i, (past, key, range, at)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("past{i}.toml"));
+        std::fs::write(&file, past).unwrap();
+        let out = check_config(&file);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{past}: {stderr}");
+        assert!(
+            stderr.lines().any(|l| l.contains(key) && l.contains(range)),
+            "{past}: {key}: {range} missing in:\n{stderr}"
+        );
+        let file = dir.path().join(format!("at{i}.toml"));
+        std::fs::write(&file, at).unwrap();
+        let out = check_config(&file);
+        assert!(
+            out.status.success(),
+            "{at}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The report's cases through `serve` itself: a clear error and exit 1, not
+/// a writer thread that panics while `/healthz` says 200, nor an abort; and
+/// a dedupe window with a fraction of a millisecond (the file keeps whole
+/// ms) serves, where it once refused to start.
+#[tokio::test]
+async fn serve_refuses_what_it_could_not_run_with_and_runs_what_check_config_accepts() {
+    let dir = TempDir::new().unwrap();
+    for (setting, key) in [
+        (
+            "[storage]\nmax_batch = 9223372036854775807",
+            "storage.max_batch",
+        ),
+        (
+            "[storage]\nmax_batch = 100000000000000",
+            "storage.max_batch",
+        ),
+        (
+            "[storage]\nqueue_capacity = 2305843009213693952",
+            "storage.queue_capacity",
+        ),
+    ] {
+        let file = dir.path().join("serve.toml");
+        std::fs::write(&file, format!("listen = \"127.0.0.1:0\"\n{setting}\n")).unwrap();
+        let mut child = dedupd()
+            .args(["serve", "--config"])
+            .arg(&file)
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // It used to keep running (a writer that panicked, every write
+        // answered 503): waited for, up to a generous deadline.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("serve with {setting} was still running after 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{setting}: {stderr}");
+        assert!(stderr.contains(key), "{setting}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{setting}: {stderr}");
+        assert!(!dir.path().join("dedupd.redb").exists(), "nothing opened");
+    }
+    let file = dir.path().join("window.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "data_path = {:?}\n[gateway]\ndedupe_window = \"30d 1ms 500us\"\n",
+            dir.path().join("w.redb").display().to_string()
+        ),
+    )
+    .unwrap();
+    assert!(check_config(&file).status.success());
+    let (child, port, drain) = serve_config(&file);
+    let res = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(stop(child, "-TERM", drain).await.success());
+}
+
 /// A dedupe window that a replay within a source's `tolerance` could
 /// outlive is refused, naming the key, the source and both values; for a
 /// source without a signed timestamp (github) only the minute counts.
@@ -811,22 +1018,20 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
             (status, res.text().await.unwrap())
         }
     };
-    let listed = |base: String| {
-        async move {
-            let mut ids = Vec::new();
-            for status in ["pending", "dead"] {
-                let (code, body) = get(format!(
-                    "{base}/v1/sources/drill/events?status={status}&limit=500"
-                ))
-                .await;
-                assert_eq!(code, 200, "the listing is served: {body}");
-                let v: Value = serde_json::from_str(&body).unwrap();
-                for e in v["events"].as_array().unwrap() {
-                    ids.push(e["event_id"].as_str().unwrap().to_owned());
-                }
+    let listed = |base: String| async move {
+        let mut ids = Vec::new();
+        for status in ["pending", "dead"] {
+            let (code, body) = get(format!(
+                "{base}/v1/sources/drill/events?status={status}&limit=500"
+            ))
+            .await;
+            assert_eq!(code, 200, "the listing is served: {body}");
+            let v: Value = serde_json::from_str(&body).unwrap();
+            for e in v["events"].as_array().unwrap() {
+                ids.push(e["event_id"].as_str().unwrap().to_owned());
             }
-            ids
         }
+        ids
     };
 
     let (child, port, _drain) = serve_config(&file);

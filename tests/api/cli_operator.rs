@@ -335,3 +335,102 @@ fn the_client_variables_are_not_server_settings() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
 }
+
+/// What a terminal would act on: C0 and C1 controls (but the newlines
+/// between lines), DEL, and the bidirectional overrides.
+fn first_unprintable(text: &str) -> Option<char> {
+    text.chars().find(|&c| {
+        (c.is_control() && c != '\n')
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    })
+}
+
+/// A hostile server (or a man in the middle on plain http://) puts
+/// terminal escapes (a title change, colours, C1 CSI, a right-to-left
+/// override) in every string it answers: the tables, the `more:` cursor,
+/// the errors, `--json` and trigger's echo of an answer print them
+/// escaped, never as they are.
+#[test]
+fn nothing_a_server_answers_reaches_the_terminal_unescaped() {
+    use crate::cli_tour::{Recorder, init};
+    const E: &str = "\u{1b}]0;pwned\u{7}\u{1b}[31mRED\u{9b}2J\u{202e}evil'$(id)";
+    let event = json!({
+        "event_id": E, "status": E, "stream": E, "created_at": E, "received_at_ms": 1,
+        "attempts": 1, "due_at_ms": 1, "last_error": E, "expires_at_ms": 1, "body_bytes": 1,
+    });
+    let listing = json!({ "source": E, "status": "dead", "events": [event], "next": E });
+    let problem = json!({ "type": E, "title": E, "status": 409, "detail": E, "code": E });
+    let lists = Recorder::answering(200, listing.to_string());
+    let refuses = Recorder::answering(409, problem.to_string());
+    let answers = Recorder::answering(200, json!({ "status": E }).to_string());
+    let url = |r: &Recorder| format!("http://127.0.0.1:{}", r.port);
+    let run = |args: &[&str]| {
+        let out = dedupd()
+            .args(args)
+            .args(["--token", TOKEN])
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr_of(&out),
+        )
+    };
+    let list = ["events", "list", "--source", "s", "--url", &url(&lists)];
+    let redeliver = [
+        "events",
+        "redeliver",
+        "--source",
+        "s",
+        "e1",
+        "--url",
+        &url(&refuses),
+    ];
+    let escaped = "\\u{1b}]0;pwned\\u{7}\\u{1b}[31mRED\\u{9b}2J\\u{202e}evil";
+    let (table, _) = run(&list);
+    let more = table
+        .lines()
+        .find(|l| l.starts_with("more: "))
+        .unwrap_or_default();
+    // The cursor is escaped and quoted for a shell: pasting the line runs
+    // nothing but dedupd.
+    assert_eq!(
+        more,
+        format!("more: dedupd events list --source s --status dead --after '{escaped}'\\''$(id)'"),
+        "{table}"
+    );
+    let (refusal, refusal_err) = run(&redeliver);
+    assert!(refusal_err.contains(escaped), "{refusal_err}");
+    let (json_list, _) = run(&[&list[..], &["--json"]].concat());
+    let (json_refusal, _) = run(&[&redeliver[..], &["--json"]].concat());
+    // --json prints JSON that reads back as what the server sent.
+    assert_eq!(serde_json::from_str::<Value>(&json_list).unwrap(), listing);
+    assert_eq!(
+        serde_json::from_str::<Value>(&json_refusal).unwrap(),
+        problem
+    );
+
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    assert!(init(&config, &[]).status.success());
+    let out = dedupd()
+        .args(["trigger", "sume", "--config"])
+        .arg(&config)
+        .args(["--url", &url(&answers)])
+        .output()
+        .unwrap();
+    // The answer as sent: serde_json wrote the C0 controls as JSON escapes
+    // already, and the C1 and bidi ones as they are.
+    let trigger = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(trigger.contains("RED\\u{9b}2J\\u{202e}evil"), "{trigger}");
+
+    for (what, printed) in [
+        ("the table", &table),
+        ("the refusal (stdout)", &refusal),
+        ("the refusal", &refusal_err),
+        ("--json", &json_list),
+        ("--json of a refusal", &json_refusal),
+        ("trigger", &trigger),
+    ] {
+        assert_eq!(first_unprintable(printed), None, "{what}: {printed:?}");
+    }
+}

@@ -166,11 +166,15 @@ impl Tour {
     }
 
     /// `dedupd trigger SOURCE ARGS…` against this server, run to completion.
+    /// The server listens on the port it picked, not the config's: the
+    /// posts go to `--url`, and `--out-of-order` reads the operator API at
+    /// the `listen` of the configuration, here from `DEDUPD_LISTEN`.
     fn trigger(&self, args: &[&str]) -> Output {
         let out = dedupd()
             .args(["trigger", &self.source, "--config"])
             .arg(&self.config)
             .args(["--url", &format!("http://127.0.0.1:{}", self.port)])
+            .env("DEDUPD_LISTEN", format!("127.0.0.1:{}", self.port))
             .args(args)
             .output()
             .unwrap();
@@ -462,6 +466,166 @@ async fn trigger_sends_the_signature_and_no_api_token() {
         got[0].headers
     );
     receiver.stop().await;
+}
+
+/// A server that is not dedupd: records the head of every request (its
+/// request line and headers, lowercased) and answers each with one status
+/// and JSON body, closing the connection.
+pub(crate) struct Recorder {
+    pub(crate) port: u16,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Recorder {
+    /// Answers `200` with `body`.
+    pub(crate) fn start(body: &'static str) -> Self {
+        Self::answering(200, body.to_owned())
+    }
+
+    /// Answers `status` with `body`.
+    pub(crate) fn answering(status: u16, body: String) -> Self {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (h, st) = (heads.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let mut conn = match listener.accept() {
+                    Ok((c, _)) => c,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                };
+                conn.set_nonblocking(false).unwrap();
+                conn.set_read_timeout(Some(PATIENCE)).unwrap();
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                let head_end = loop {
+                    if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i;
+                    }
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break got.len(),
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                };
+                let head = String::from_utf8_lossy(&got[..head_end]).to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                let mut have = got.len().saturating_sub(head_end + 4);
+                while have < length {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => have += n,
+                    }
+                }
+                h.lock().unwrap().push(head);
+                let _ = conn.write_all(
+                    format!(
+                        "HTTP/1.1 {status} Answer\r\ncontent-type: application/json\r\n\
+                         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+            }
+        });
+        Self {
+            port,
+            heads,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub(crate) fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `--out-of-order` follows its events through the operator API with the
+/// config's token: at the config's own `listen`, never at `--url`, which
+/// may name any server (it once polled `--url` with the token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trigger_out_of_order_sends_the_api_token_only_to_the_configured_api() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    assert!(init(&config, &[]).status.success());
+    let written = std::fs::read_to_string(&config).unwrap();
+    let token = written
+        .lines()
+        .find_map(|l| l.strip_prefix("tokens = [\""))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_lowercase();
+    let elsewhere = Recorder::start(r#"{"event_id":"x","status":"accepted"}"#);
+    let api = Recorder::start(r#"{"events":[],"next":null}"#);
+    let url = format!("http://127.0.0.1:{}", elsewhere.port);
+    let listen = format!("127.0.0.1:{}", api.port);
+    let out = tokio::task::spawn_blocking(move || {
+        dedupd()
+            .args([
+                "trigger",
+                "sume",
+                "--out-of-order",
+                "--wait",
+                "1s",
+                "--config",
+            ])
+            .arg(&config)
+            .args(["--url", &url])
+            .env("DEDUPD_LISTEN", listen)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let printed = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    // The API here never lists the event: it stays "pending".
+    assert!(!out.status.success(), "{printed}");
+    assert!(printed.contains("still pending"), "{printed}");
+    let posted = elsewhere.heads();
+    assert_eq!(
+        posted.len(),
+        1,
+        "only the newer event's post: {:?}",
+        &posted[..posted.len().min(2)]
+    );
+    assert!(posted[0].starts_with("post /ingest/sume "), "{posted:?}");
+    assert!(
+        posted
+            .iter()
+            .all(|h| !h.contains(&token) && !h.contains("authorization")),
+        "the token went to --url: {posted:?}"
+    );
+    let polled = api.heads();
+    assert!(!polled.is_empty(), "{printed}");
+    for head in &polled {
+        assert!(head.starts_with("get /v1/sources/sume/events?"), "{head}");
+        assert!(
+            head.contains(&format!("authorization: bearer {token}")),
+            "{head}"
+        );
+    }
 }
 
 /// What `receive` prints of a request comes from whoever sent it, signed

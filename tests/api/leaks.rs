@@ -276,3 +276,293 @@ fn init_writes_its_config_for_its_owner_only() {
     let mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 }
+
+/// A token passed as a string instead of a list (an easy slip, through
+/// `DEDUPD_API__TOKENS` above all), any secret of the wrong type, and a
+/// TOML syntax error on a secret's line: check-config and serve (whose
+/// output goes to the journal) name the key or the line and column, and
+/// never the value.
+#[test]
+fn configuration_errors_name_a_secrets_key_or_line_but_never_its_value() {
+    const TOKEN: &str = "SUPERSECRETTOKEN-0123456789abcdef";
+    const PROVIDER: &str = "PROVIDERSECRET-abcdef0123";
+    const REDIS_PASSWORD: &str = "redispassw0rd-0123";
+    const NUMERIC: &str = "918273645546372819";
+    let dir = TempDir::new().unwrap();
+    let source = |secret_lines: &str| {
+        format!(
+            "[sources.s]\nscheme = \"sume\"\nevent_id = \"body:/id\"\n\
+             forward_to = \"http://127.0.0.1:9/\"\n{secret_lines}\n"
+        )
+    };
+    let base = "listen = \"127.0.0.1:0\"\n";
+    /// What goes wrong, the file's text, the environment, and what the
+    /// error must name (the key, or the line and column).
+    type Case = (
+        &'static str,
+        String,
+        Vec<(&'static str, String)>,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "a token as a string from the environment",
+            base.into(),
+            vec![("DEDUPD_API__TOKENS", TOKEN.into())],
+            "api.tokens: invalid type: found a string, expected a sequence",
+        ),
+        (
+            "a read-only token as a string from the environment",
+            base.into(),
+            vec![("DEDUPD_API__READ_TOKENS", TOKEN.into())],
+            "(from environment variable DEDUPD_API__READ_TOKENS)",
+        ),
+        (
+            "a token as a string in the file",
+            format!("{base}[api]\ntokens = \"{TOKEN}\"\n"),
+            vec![],
+            "api.tokens",
+        ),
+        (
+            "a number as a token",
+            format!("{base}[api]\ntokens = [{NUMERIC}]\n"),
+            vec![],
+            "api.tokens.0: invalid type: found an integer, expected a string",
+        ),
+        (
+            "the whole api table as a string",
+            format!("{base}api = \"{TOKEN}\"\n"),
+            vec![],
+            "api: invalid type: found a string",
+        ),
+        (
+            "a provider secret as a string",
+            format!("{base}{}", source(&format!("secrets = \"{PROVIDER}\""))),
+            vec![],
+            "sources.s.secrets",
+        ),
+        (
+            "a destination secret as a number",
+            format!(
+                "{base}{}",
+                source(&format!(
+                    "secrets = [\"{PROVIDER}\"]\ndestination_secret = {NUMERIC}"
+                ))
+            ),
+            vec![],
+            "sources.s.destination_secret",
+        ),
+        (
+            "a Redis node with its password as a string",
+            format!(
+                "{base}[storage.redis]\ncluster_nodes = \"redis://:{REDIS_PASSWORD}@10.0.0.1:6379\"\n"
+            ),
+            vec![],
+            "storage.redis.cluster_nodes",
+        ),
+        (
+            "a Redis URL with its password as a list, from the environment",
+            base.into(),
+            vec![(
+                "DEDUPD_STORAGE__REDIS__URL",
+                format!("[\"redis://:{REDIS_PASSWORD}@10.0.0.1:6379\", 5]"),
+            )],
+            "storage.redis.url",
+        ),
+        (
+            "a syntax error on a token's line",
+            format!("{base}[api]\ntokens = [\"{TOKEN}\", ]]\n"),
+            vec![],
+            "TOML syntax error at line 3, column",
+        ),
+        (
+            "a syntax error inside a provider secret",
+            format!(
+                "{base}{}",
+                source(&format!("secrets = [\"{PROVIDER}\\q\"]"))
+            ),
+            vec![],
+            "at line 6, column",
+        ),
+    ];
+    for (i, (what, text, env, named)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("case{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        for command in ["check-config", "serve"] {
+            let mut cmd = dedupd();
+            cmd.args([command, "--config"])
+                .arg(&file)
+                .current_dir(dir.path());
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            let out = cmd.output().unwrap();
+            let shown = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(out.status.code(), Some(1), "{command}, {what}: {shown}");
+            for secret in [TOKEN, PROVIDER, REDIS_PASSWORD, NUMERIC] {
+                assert!(
+                    !shown.contains(secret),
+                    "{command}, {what}: shows the secret:\n{shown}"
+                );
+            }
+            assert!(shown.contains(named), "{command}, {what}: {shown}");
+            if env.is_empty() {
+                assert!(
+                    shown.contains(&format!("case{i}.toml")),
+                    "{command}, {what}: {shown}"
+                );
+            }
+        }
+    }
+    // A setting that is no secret is still shown, to help fix it.
+    let file = dir.path().join("plain.toml");
+    std::fs::write(&file, format!("{base}[http]\nworkers = \"lots\"\n")).unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("http.workers"), "{stderr}");
+    assert!(stderr.contains("\"lots\""), "{stderr}");
+}
+
+/// The warning lines of a log: what `serve` logged at `WARN`.
+fn warnings(log: &[String]) -> Vec<&String> {
+    log.iter()
+        .filter(|l| {
+            serde_json::from_str::<Value>(l).is_ok_and(|v| v["level"].as_str() == Some("WARN"))
+        })
+        .collect()
+}
+
+/// Starts `serve --config FILE` in `dir`, stops it, and returns its whole
+/// log and what `check-config` printed to stderr for the same file.
+async fn serve_and_check(dir: &TempDir, config: &std::path::Path) -> (Vec<String>, String) {
+    let mut cmd = dedupd();
+    cmd.args(["serve", "--config"])
+        .arg(config)
+        .current_dir(dir.path());
+    let (child, _, mut log, drain) = crate::cli::spawn_serving_logged(cmd, "port");
+    let (status, rest) = stop_logged(child, "-TERM", drain).await;
+    assert!(status.success());
+    log.extend(rest);
+    let check = check_config(config);
+    assert!(check.status.success());
+    (log, String::from_utf8_lossy(&check.stderr).into_owned())
+}
+
+/// Tokens and secrets are credentials: a file holding them that its group
+/// or others may read gets a warning at start, in serve's log (and from
+/// check-config), as the data file does. A settings file without a secret
+/// in it (the systemd unit's, whose tokens are a credential) gets none.
+#[tokio::test]
+async fn serve_warns_of_every_file_of_secrets_or_data_others_may_read() {
+    let dir = TempDir::new().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let write = |name: &str, text: &str, mode: u32| {
+        std::fs::write(path(name), text).unwrap();
+        std::fs::set_permissions(path(name), std::fs::Permissions::from_mode(mode)).unwrap();
+        path(name).display().to_string()
+    };
+    let tokens = write("tokens", "file-token-0123456789abc\n", 0o644);
+    let readers = write("readers", "read-token-0123456789abc\n", 0o640);
+    let signing = write("signing", "provider-secret-0123\n", 0o604);
+    let destination = write(
+        "destination",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n",
+        0o660,
+    );
+    let private = write("private", "other-secret-0123\n", 0o600);
+    // A data file made before dedupd created them 0600.
+    let data = write("dedupd.redb", "", 0o644);
+    let source = |name: &str, secrets_file: &str, destination: &str| {
+        format!(
+            "[sources.{name}]\nscheme = \"sume\"\nsecrets_file = {secrets_file:?}\n\
+             event_id = \"body:/id\"\nforward_to = \"http://127.0.0.1:9/\"\n{destination}\n"
+        )
+    };
+    let config = write(
+        "dedupd.toml",
+        &format!(
+            "listen = \"127.0.0.1:0\"\ndata_path = {data:?}\n[api]\n\
+             tokens = [\"inline-token-0123456789abc\"]\ntokens_file = {tokens:?}\n\
+             read_tokens_file = {readers:?}\n{}{}",
+            source(
+                "open",
+                &signing,
+                &format!("destination_secret_file = {destination:?}")
+            ),
+            source(
+                "closed",
+                &private,
+                "destination_secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\""
+            ),
+        ),
+        0o644,
+    );
+    let (log, check) = serve_and_check(&dir, std::path::Path::new(&config)).await;
+    let warned = warnings(&log);
+    for (file, holds) in [
+        (&config, "api.tokens, sources.closed.destination_secret"),
+        (&tokens, "api.tokens_file"),
+        (&readers, "api.read_tokens_file"),
+        (&signing, "sources.open.secrets_file"),
+        (&destination, "sources.open.destination_secret_file"),
+    ] {
+        assert!(
+            warned
+                .iter()
+                .any(|l| l.contains(&format!("\"path\":\"{file}\""))
+                    && l.contains(holds)
+                    && l.contains("group or others may read it")),
+            "no warning for {file} ({holds}): {warned:#?}"
+        );
+        let line = check.lines().find(|l| l.contains(file.as_str()));
+        assert!(
+            line.is_some_and(|l| l.starts_with("warning: ") && l.contains(holds)),
+            "check-config: {file}: {check}"
+        );
+    }
+    assert!(
+        warned
+            .iter()
+            .any(|l| l.contains(&format!("\"path\":\"{data}\""))
+                && l.contains("webhook bodies and claim tokens")),
+        "no warning for the data file: {warned:#?}"
+    );
+    assert!(
+        !log.iter()
+            .chain(
+                check
+                    .lines()
+                    .map(|l| l.to_owned())
+                    .collect::<Vec<_>>()
+                    .iter()
+            )
+            .any(|l| l.contains(&private)),
+        "a 0600 file is nobody's business: {warned:#?} {check}"
+    );
+    assert_eq!(warned.len(), 6, "one each: {warned:#?}");
+
+    // Every file its owner's only, and a settings file holding no secret
+    // (its tokens in a file of their own): no warning at all.
+    for file in [&tokens, &readers, &signing, &destination, &data] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let plain = write(
+        "plain.toml",
+        &format!(
+            "listen = \"127.0.0.1:0\"\ndata_path = {data:?}\n[api]\ntokens_file = {tokens:?}\n{}",
+            source(
+                "open",
+                &signing,
+                &format!("destination_secret_file = {destination:?}")
+            ),
+        ),
+        0o644,
+    );
+    let (log, check) = serve_and_check(&dir, std::path::Path::new(&plain)).await;
+    assert_eq!(warnings(&log), Vec::<&String>::new());
+    assert!(!check.contains("warning"), "{check}");
+}

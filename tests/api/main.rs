@@ -19,6 +19,7 @@ mod helpers;
 mod leaks;
 mod metrics;
 mod openapi;
+mod proxy;
 mod receiver;
 #[cfg(feature = "redis")]
 mod redis_backend;
