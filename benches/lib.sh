@@ -68,8 +68,13 @@ wait_quiet() {
 flag() { busy && echo "BUILD" || echo "-"; }
 
 start_dedupd() { # start_dedupd NAME [EXTRA TOML] ; sets DPORT, DPID
-    local name=$1 i code
+    local name=$1 i code per_address=""
     DPORT=$(free_port)
+    # Every load generator connects from 127.0.0.1: lift the per-address
+    # connection cap where the binary has one (builds before it refuse the key).
+    if DEDUPD_HTTP__MAX_CONNECTIONS_PER_ADDRESS=0 "$BIN" check-config >/dev/null 2>&1; then
+        per_address="max_connections_per_address = 0"
+    fi
     mkdir -p "$TMP/$name"
     cat >"$TMP/$name/dedupd.toml" <<TOML
 listen = "127.0.0.1:$DPORT"
@@ -79,6 +84,7 @@ ${2:-}
 level = "warn"
 [http]
 workers = 2
+$per_address
 TOML
     "$BIN" serve --config "$TMP/$name/dedupd.toml" >"$TMP/$name/dedupd.log" 2>&1 &
     DPID=$!; PIDS+=("$DPID")
