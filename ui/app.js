@@ -175,7 +175,7 @@
     if (data.sources.length === 0) {
       view.replaceChildren(title, h("p", { class: "empty" },
         "No sources configured: add a [sources.NAME] table to dedupd.toml ",
-        "(see the README's gateway section), run dedupd check-config, then restart dedupd."));
+        "(see docs/gateway.md), run dedupd check-config, then restart dedupd."));
     } else {
       const rows = data.sources.map((s) => h("tr", { "data-source": s.source },
         h("th", { scope: "row" }, link(`/sources/${seg(s.source)}/events?status=${s.dead > 0 ? "dead" : "pending"}`, s.source)),

@@ -190,8 +190,9 @@ fn render(name: &str, scheme: Scheme, forward_to: &str) -> String {
         r#"# dedupd settings, written by `dedupd init`. Check them with
 #   dedupd check-config --config <this file>
 # Any key may be overridden by a DEDUPD_* environment variable, nested keys
-# joined with "__" (DEDUPD_LISTEN=127.0.0.1:9000). The README's "Settings"
-# lists every key. This file holds secrets: keep it out of version control.
+# joined with "__" (DEDUPD_LISTEN=127.0.0.1:9000). "Settings" in
+# docs/operations.md lists every key. This file holds secrets: keep it out
+# of version control.
 
 # Where `dedupd serve` listens; `dedupd trigger` and the operator commands
 # (`dedupd events`, `claims`, `streams`) find the server here too.

@@ -19,8 +19,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     register(cfg, endpoints(), Guard::Bearer);
 }
 
-/// Every metric in the Prometheus text format (see the README's
-/// "Monitoring" for the families).
+/// Every metric in the Prometheus text format (see "Monitoring" in
+/// docs/operations.md for the families).
 #[utoipa::path(get, path = "/metrics", operation_id = "getMetrics", tag = "operations",
     security(("bearer" = [])),
     responses(

@@ -165,7 +165,7 @@ pub struct WriteStats {
     pub commits: u64,
 }
 
-/// Claims, ordering and expiry: the behaviour DESIGN.md specifies, identical
+/// Claims, ordering and expiry: the behaviour docs/claims.md specifies, identical
 /// across backends.
 #[async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {

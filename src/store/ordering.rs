@@ -1,5 +1,5 @@
 //! The ordering rule as a pure decision, shared by backends that evaluate it
-//! in Rust. See DESIGN.md, "Ordering".
+//! in Rust. See docs/claims.md, "Ordering: applied events and stream heads".
 
 use serde::Serialize;
 
