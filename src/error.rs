@@ -43,10 +43,7 @@ pub enum ApiError {
     Unauthorized,
     /// A read-only token on a write (403).
     #[error("this token is read-only: {method} needs one of api.tokens")]
-    ReadOnlyToken {
-        /// The method used.
-        method: String,
-    },
+    ReadOnlyToken { method: String },
     /// Too many failed authentications from this peer (429).
     #[error(
         "too many failed authentications from this address: retry in {} s",
@@ -102,7 +99,6 @@ pub enum ApiError {
     /// The path exists but not with this method (405).
     #[error("method {method} is not allowed here; allowed: {allowed}")]
     MethodNotAllowed {
-        /// The method used.
         method: String,
         /// The methods the resource takes, comma-separated.
         allowed: String,
@@ -116,21 +112,16 @@ pub enum ApiError {
         detail: String,
         /// State of the existing record.
         state: ClaimState,
-        /// Its expiry.
         expires_at_ms: Millis,
     },
     /// Only dead and stale gateway events can be redelivered (409).
     #[error("the event is {status:?}: only dead and stale events can be redelivered")]
-    NotRedeliverable {
-        /// Its status.
-        status: EventStatus,
-    },
+    NotRedeliverable { status: EventStatus },
     /// Same key, different payload fingerprint (422).
     #[error("the key is held with a different fingerprint")]
     FingerprintMismatch {
         /// State of the existing record.
         state: ClaimState,
-        /// Its expiry.
         expires_at_ms: Millis,
     },
     /// The store refused or failed.
@@ -157,7 +148,6 @@ pub struct Problem<'a> {
     type_: String,
     /// A short summary of the kind of problem.
     title: &'a str,
-    /// The HTTP status.
     status: u16,
     /// What happened, for people.
     detail: String,

@@ -25,7 +25,6 @@ use crate::telemetry::metrics::Metrics;
 /// older than the dead-event retention.
 #[derive(Debug, Clone)]
 pub struct Orphans {
-    /// The inbox.
     pub inbox: Arc<dyn Inbox>,
     /// The configured source names.
     pub configured: Vec<String>,

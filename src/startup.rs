@@ -61,7 +61,6 @@ pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> 
 
 /// A built, bound, not yet running application.
 pub struct Application {
-    /// The bound port.
     port: u16,
     /// The HTTP server future.
     server: Server,
@@ -228,6 +227,9 @@ impl Application {
             metrics: metrics.clone(),
         });
         let tokens = web::Data::new(api_tokens);
+        // The request log's own handle on the metrics, so telemetry needs
+        // nothing from the routes.
+        let request_metrics = web::Data::from(metrics.clone());
         let peers = PeerConnections::new(s.http.max_connections_per_address, Some(metrics.clone()));
         let server = HttpServer::new(move || {
             App::new()
@@ -235,6 +237,7 @@ impl Application {
                 .wrap(from_fn(local_host_only))
                 .wrap(from_fn(observe_requests))
                 .app_data(state.clone())
+                .app_data(request_metrics.clone())
                 .app_data(tokens.clone())
                 // `/v1` first: actix tries resources in order, and the claims
                 // (the hottest routes) then skip the regex matches of

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::clock::{Millis, SharedClock, SystemClock};
+pub use crate::domain::AuthPort;
 use crate::telemetry::metrics::Metrics;
 
 /// Failures a peer may have within [`WINDOW`]; the next attempt is refused.
@@ -29,28 +30,6 @@ pub const MAX_FAILURES: u32 = 10;
 pub const WINDOW: Duration = Duration::from_secs(60);
 /// Most peers remembered at once.
 pub const MAX_PEERS: usize = 4096;
-
-/// The port an attempt came in on, for the metrics' `port` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AuthPort {
-    /// The HTTP API and `/metrics`.
-    Http = 0,
-    /// The Redis-protocol listener (`AUTH`, `HELLO … AUTH`).
-    Resp = 1,
-}
-
-impl AuthPort {
-    /// Every port, each at its discriminant.
-    pub const ALL: [AuthPort; 2] = [AuthPort::Http, AuthPort::Resp];
-
-    /// The `port` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            AuthPort::Http => "http",
-            AuthPort::Resp => "resp",
-        }
-    }
-}
 
 /// A throttled peer may try again after this long (whole seconds, at
 /// least 1, as `Retry-After` says it).

@@ -92,7 +92,6 @@ fn listen_url(listen: SocketAddr) -> anyhow::Result<Url> {
 /// A server's answer that was not a success.
 #[derive(Debug)]
 pub struct Refusal {
-    /// The HTTP status.
     pub status: StatusCode,
     /// The problem document's `detail` (or the raw body).
     pub detail: String,

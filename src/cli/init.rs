@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use anyhow::{Context, anyhow, bail};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use dedupd::config::sources::{Scheme, valid_name};
 use dedupd::config::{CONFIG_ENV, Settings};
+use dedupd::domain::{Scheme, valid_source_name};
 use dedupd::startup::build_sources;
 use figment::providers::{Format, Toml};
 
@@ -47,7 +47,7 @@ pub fn parse_scheme(raw: &str) -> Result<Scheme, String> {
 
 /// Writes the file and says what to run next.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    if !valid_name(&args.source) {
+    if !valid_source_name(&args.source) {
         bail!(
             "--source {:?}: a source name is 1 to 64 of A-Z a-z 0-9 _ -",
             args.source

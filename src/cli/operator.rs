@@ -48,7 +48,6 @@ pub enum EventsCommand {
         /// The source.
         #[arg(long)]
         source: String,
-        /// The event id.
         id: String,
         #[command(flatten)]
         common: Common,

@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 pub use readable::OpenSecretFile;
 pub use secret::Secret;
 
-use self::sources::{GatewaySettings, SourceSettings, valid_name};
+use self::sources::{GatewaySettings, SourceSettings};
+use crate::domain::valid_source_name;
 
 use crate::domain::TtlBounds;
 
@@ -62,20 +63,16 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// The redb data file.
     pub data_path: PathBuf,
-    /// Logging.
     pub log: LogSettings,
-    /// The HTTP server.
     pub http: HttpSettings,
     /// The `/v1` API.
     pub api: ApiSettings,
-    /// Claim TTLs.
     pub claims: ClaimSettings,
     /// The applied-events table.
     pub ordering: OrderingSettings,
     /// Where state lives: the embedded redb file, or Redis for claims and
     /// ordering (the gateway inbox stays in the file).
     pub storage: StorageSettings,
-    /// The expiry reaper.
     pub reaper: ReaperSettings,
     /// Gateway delivery, shared by all sources.
     pub gateway: GatewaySettings,
@@ -114,7 +111,6 @@ pub struct RespSettings {
     pub write_timeout: Duration,
 }
 
-/// Logging settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSettings {
@@ -193,7 +189,6 @@ pub struct ClaimSettings {
     pub max_ttl: Duration,
 }
 
-/// Ordering settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OrderingSettings {
@@ -202,7 +197,6 @@ pub struct OrderingSettings {
     pub retention: Duration,
 }
 
-/// Storage settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageSettings {
@@ -230,7 +224,6 @@ pub struct StorageSettings {
     /// `0s` commits every batch.
     #[serde(with = "humantime_serde")]
     pub commit_hold: Duration,
-    /// The Redis backend.
     pub redis: RedisSettings,
     /// Writes (ingest, claims, applies, RESP writes) are refused with 507
     /// while less than this is free on the data file's filesystem, so the
@@ -278,7 +271,6 @@ pub struct RedisSettings {
     pub response_timeout: Duration,
 }
 
-/// Reaper settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReaperSettings {
@@ -935,7 +927,7 @@ impl Settings {
         // so what is loaded is complete; the rest of a source is checked
         // when startup builds it (`startup::build_sources`).
         for (name, src) in &mut self.sources {
-            if !valid_name(name) {
+            if !valid_source_name(name) {
                 bad(
                     &format!("sources.{name}"),
                     "a source name is 1 to 64 of A-Z a-z 0-9 _ -".into(),

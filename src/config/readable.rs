@@ -15,7 +15,6 @@ use super::Loaded;
 /// A file of secrets whose group or others may read or write it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenSecretFile {
-    /// The file.
     pub path: PathBuf,
     /// Its permission bits.
     pub mode: u32,

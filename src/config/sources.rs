@@ -6,47 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::Secret;
-
-/// A provider's signature scheme, as named in a source's `scheme` setting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Scheme {
-    /// `X-Sume-Timestamp` and `X-Sume-Signature: v1=<hex>` over `"{timestamp}.{body}"`.
-    Sume,
-    /// `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64>` over `"{id}.{timestamp}.{body}"`.
-    StandardWebhooks,
-    /// `Stripe-Signature: t=<ts>,v1=<hex>` over `"{t}.{body}"`.
-    Stripe,
-    /// `X-Hub-Signature-256: sha256=<hex>` over the body, without a timestamp.
-    Github,
-}
-
-impl Scheme {
-    /// Whether its signatures carry a timestamp that `tolerance` bounds.
-    /// Without one, a captured request verifies forever.
-    pub fn signs_timestamp(self) -> bool {
-        !matches!(self, Scheme::Github)
-    }
-
-    /// The name as written in a source's `scheme` setting.
-    pub fn name(self) -> &'static str {
-        match self {
-            Scheme::Sume => "sume",
-            Scheme::StandardWebhooks => "standard-webhooks",
-            Scheme::Stripe => "stripe",
-            Scheme::Github => "github",
-        }
-    }
-}
-
-/// Whether `name` may name a source: 1 to 64 of `[A-Za-z0-9_-]`. (No `/`:
-/// the store's namespace encoding depends on it.)
-pub fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-}
+use crate::domain::Scheme;
 
 /// Largest `max_in_flight`, per source and over all sources.
 pub const MAX_IN_FLIGHT: usize = 4096;

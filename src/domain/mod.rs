@@ -1,15 +1,21 @@
 //! Parsed domain types. Input is parsed into these at the HTTP boundary, so
 //! handlers and the store only ever see valid values.
 
+mod auth_port;
 mod created_at;
 mod fingerprint;
 mod key;
+mod scheme;
+mod source_name;
 mod token;
 mod ttl;
 
+pub use auth_port::AuthPort;
 pub use created_at::CreatedAt;
 pub use fingerprint::Fingerprint;
 pub use key::{Key, Namespace, ScopedKey};
+pub use scheme::Scheme;
+pub use source_name::valid_source_name;
 pub use token::Token;
 pub use ttl::{Ttl, TtlBounds};
 

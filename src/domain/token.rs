@@ -36,7 +36,6 @@ impl Token {
         Self(bytes)
     }
 
-    /// The raw bytes.
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
     }

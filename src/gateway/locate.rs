@@ -14,9 +14,7 @@ pub enum Locator {
 /// What was found at a location.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Found<'a> {
-    /// Nothing there.
     Missing,
-    /// A string.
     Text(&'a str),
     /// A JSON value that is not a string.
     Other(&'a Value),

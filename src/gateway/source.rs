@@ -92,8 +92,6 @@ impl std::fmt::Debug for Source {
 /// A source's setting that is wrong: the key under `sources.{name}` and why.
 pub type SourceError = (&'static str, String);
 
-pub use crate::config::sources::valid_name;
-
 impl Source {
     /// Builds a source from its settings, with secrets already read from
     /// files. Collects every error.

@@ -103,12 +103,10 @@ impl Waiting {
         }
     }
 
-    /// Connections waiting now.
     pub fn len(&self) -> usize {
         self.lock().queue.len()
     }
 
-    /// Whether none waits.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -52,7 +52,6 @@ pub const PREAUTH_LIMITS: Limits = Limits {
 /// How the listener runs.
 #[derive(Debug, Clone)]
 pub struct RespOptions {
-    /// Most open connections.
     pub max_connections: usize,
     /// Most connections not yet authenticated (with tokens set); more are
     /// refused, so strangers cannot take every slot.
@@ -70,7 +69,6 @@ pub struct RespOptions {
 /// A bound, not yet running listener.
 #[derive(Debug)]
 pub struct RespServer {
-    /// The socket, bound.
     listener: std::net::TcpListener,
     /// Shared by the connections.
     ctx: Arc<Context>,
@@ -97,7 +95,6 @@ impl RespServer {
         })
     }
 
-    /// The bound port.
     pub fn port(&self) -> u16 {
         self.ctx.port
     }

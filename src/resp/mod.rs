@@ -43,7 +43,6 @@ pub use connection::RespServer;
 /// What every connection's commands share.
 #[derive(Debug)]
 pub struct Context {
-    /// The keys.
     pub keyspace: Keyspace,
     /// Decides expiry.
     pub clock: SharedClock,
@@ -51,7 +50,6 @@ pub struct Context {
     pub tokens: ApiTokens,
     /// The port listened on, for `INFO`.
     pub port: u16,
-    /// Most open connections.
     pub max_connections: usize,
     /// One permit per open connection.
     slots: Arc<Semaphore>,
@@ -88,7 +86,6 @@ impl Context {
         }
     }
 
-    /// Open connections now.
     pub fn connections(&self) -> usize {
         self.max_connections
             .saturating_sub(self.slots.available_permits())

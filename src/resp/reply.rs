@@ -10,7 +10,6 @@ use redis_protocol::resp3::types::{BytesFrame as Frame3, FrameMap};
 pub enum Protocol {
     /// RESP2, every connection's start.
     Resp2,
-    /// RESP3.
     Resp3,
 }
 
@@ -33,11 +32,9 @@ pub enum Reply {
     Bulk(Bytes),
     /// Nothing: a nil bulk string in RESP2, `_` in RESP3.
     Null,
-    /// An integer.
     Int(i64),
     /// An error; the text starts with its code (`ERR`, `NOAUTH`, …).
     Error(String),
-    /// An array.
     Array(Vec<Reply>),
     /// A map: a map in RESP3, a flat key-value array in RESP2.
     Map(Vec<(Reply, Reply)>),

@@ -32,7 +32,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 pub struct HeaderView {
     /// Header name, as received.
     name: String,
-    /// Its value.
     value: String,
 }
 

@@ -110,7 +110,6 @@ pub(super) async fn ingest(
 
 /// Why ingest refused a request, and whether the connection is closed.
 struct Refused {
-    /// The answer.
     error: ApiError,
     /// True for refusals made before the body was read (or while reading
     /// it): the client would otherwise go on sending it.

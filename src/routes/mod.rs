@@ -31,9 +31,7 @@ use crate::store::Store;
 /// What every handler shares.
 #[derive(Debug, Clone)]
 pub struct AppState {
-    /// The store.
     pub store: Arc<dyn Store>,
-    /// Time.
     pub clock: SharedClock,
     /// TTL defaults and ceiling.
     pub ttl: TtlBounds,
@@ -139,7 +137,6 @@ pub fn method_not_allowed(allowed: String) -> actix_web::Route {
 /// document is checked against that list, so the two cannot drift.
 #[derive(Clone)]
 pub struct Endpoint {
-    /// The HTTP method.
     pub method: Method,
     /// The pattern, relative to the scope.
     pub path: Cow<'static, str>,

@@ -10,7 +10,6 @@ use utoipa::{Modify, OpenApi};
 
 use super::{Endpoint, Guard, register};
 
-/// The document.
 #[derive(Debug, OpenApi)]
 #[openapi(
     info(
@@ -165,7 +164,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     register(cfg, endpoints(), Guard::Open);
 }
 
-/// This document.
 #[utoipa::path(get, path = "/openapi.json", operation_id = "getOpenApiDocument", tag = "operations",
     responses((status = 200, description = "OpenAPI 3.1", content_type = "application/json")))]
 async fn openapi_json() -> HttpResponse {

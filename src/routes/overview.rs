@@ -40,7 +40,6 @@ pub struct Overview {
 /// One source in the overview.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SourceRow {
-    /// Source name.
     source: String,
     /// Whether it is in the configuration (false: removed, events kept).
     configured: bool,

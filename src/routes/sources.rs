@@ -64,7 +64,6 @@ pub struct EventView {
     created_at: String,
     /// When dedupd accepted it, Unix ms.
     received_at_ms: Millis,
-    /// Delivery attempts made.
     attempts: u32,
     /// Pending: next attempt. Settled: when it settled.
     due_at_ms: Millis,
@@ -80,9 +79,7 @@ pub struct EventView {
 /// A page of a source's events.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventsPage {
-    /// The source.
     source: String,
-    /// The status listed.
     status: EventStatus,
     /// In the order asked for (oldest received first by default).
     events: Vec<EventView>,
@@ -93,7 +90,6 @@ pub struct EventsPage {
 /// A source's delivery state.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SourceView {
-    /// The source.
     source: String,
     /// False for a source that left the configuration but still has events.
     configured: bool,
@@ -120,9 +116,7 @@ pub struct DeliveryView {
 /// A redelivered event's new status.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Redelivered {
-    /// The source.
     source: String,
-    /// The event.
     event_id: String,
     /// Always `pending`.
     status: EventStatus,

@@ -19,7 +19,6 @@ pub enum ClaimState {
     Done,
 }
 
-/// A stored claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimRecord {
     /// Processing or done.
@@ -55,7 +54,6 @@ impl ClaimRecord {
 pub struct ClaimView {
     /// Processing or done.
     pub state: ClaimState,
-    /// The record's fence.
     pub fence: u64,
     /// Expiry, Unix milliseconds.
     pub expires_at_ms: Millis,
@@ -87,7 +85,6 @@ pub enum ClaimOutcome {
     FingerprintMismatch {
         /// State of the existing record.
         state: ClaimState,
-        /// Its expiry.
         expires_at_ms: Millis,
     },
 }
@@ -104,7 +101,6 @@ pub enum DoneOutcome {
     NotOwner {
         /// State of the existing record.
         state: ClaimState,
-        /// Its expiry.
         expires_at_ms: Millis,
     },
 }
@@ -132,10 +128,7 @@ pub enum ReleaseOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExtendOutcome {
     /// The claim now expires at `expires_at_ms`.
-    Extended {
-        /// New expiry.
-        expires_at_ms: Millis,
-    },
+    Extended { expires_at_ms: Millis },
     /// The claim expired or never existed: the caller lost it.
     Lost,
     /// Another token holds the key.

@@ -1,5 +1,5 @@
 //! The Redis-protocol keyspace: binary keys to values with an optional
-//! expiry, what the RESP listener ([`crate::resp`]) reads and writes.
+//! expiry, what the RESP listener (the `resp` module) reads and writes.
 //!
 //! It lives in the data file only, whatever backend holds claims (with the
 //! Redis backend, Redis clients use that Redis directly), written through
@@ -56,7 +56,6 @@ pub enum SetExpiry {
 /// When an EXPIRE applies (its NX/XX/GT/LT option).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ExpireCondition {
-    /// Always.
     Always,
     /// Only if the key has no expiry (NX).
     IfNone,
@@ -77,9 +76,7 @@ pub enum ExpireCondition {
 /// log gives the same result.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum KvRequest {
-    /// SET.
     Set {
-        /// The key.
         key: Vec<u8>,
         /// The new value.
         value: Vec<u8>,
@@ -97,16 +94,13 @@ pub enum KvRequest {
     },
     /// EXPIRE / PEXPIRE (relative times already made absolute).
     Expire {
-        /// The key.
         key: Vec<u8>,
         /// The new expiry, Unix ms; may be in the past (the key goes).
         at: i64,
         /// NX / XX / GT / LT.
         condition: ExpireCondition,
     },
-    /// PERSIST.
     Persist {
-        /// The key.
         key: Vec<u8>,
     },
 }

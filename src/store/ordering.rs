@@ -75,7 +75,6 @@ pub struct EventRecord {
 /// The decision for one apply, given live state only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
-    /// The answer.
     pub outcome: ApplyOutcome,
     /// Record the event id as this; `None` for a duplicate.
     pub record: Option<Recorded>,

@@ -15,8 +15,8 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-use crate::auth::AuthPort;
 use crate::clock::Millis;
+use crate::domain::AuthPort;
 use crate::store::inbox::{DiskSpace, SourceSummary};
 
 /// HTTP request latency by `method`, `route` (the pattern), `status`.

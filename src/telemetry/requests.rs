@@ -8,7 +8,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::web;
 
-use crate::routes::AppState;
+use super::metrics::Metrics;
 
 /// The route pattern of a request that actix does not match by pattern
 /// (the claims routes are dispatched by hand), set by its handler as a
@@ -32,7 +32,7 @@ pub async fn observe_requests(
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let start = Instant::now();
-    let state = req.app_data::<web::Data<AppState>>().cloned();
+    let metrics = req.app_data::<web::Data<Metrics>>().cloned();
     let each = tracing::enabled!(tracing::Level::DEBUG);
     let (method, path) = if each {
         (req.method().clone(), req.path().to_owned())
@@ -45,7 +45,7 @@ pub async fn observe_requests(
         Err(e) => e.as_response_error().status_code(),
     };
     let elapsed = start.elapsed().as_secs_f64();
-    if let (Some(state), Ok(r)) = (&state, &res) {
+    if let (Some(metrics), Ok(r)) = (&metrics, &res) {
         let named = r.request().extensions().get::<RouteName>().map(|n| n.0);
         let route: std::borrow::Cow<'static, str> = match named {
             Some(name) => name.into(),
@@ -55,7 +55,7 @@ pub async fn observe_requests(
                 // Never the raw path: anyone could grow the label set.
                 .map_or("unmatched".into(), Into::into),
         };
-        state.metrics.http_request(
+        metrics.http_request(
             method_label(r.request().method()),
             &route,
             status.as_u16(),

@@ -109,9 +109,7 @@ pub struct Dispatcher {
 struct Slot {
     /// The dispatcher whose schedule holds the place.
     dispatcher: Arc<Dispatcher>,
-    /// The event's source.
     source: Arc<Source>,
-    /// The event id.
     event_id: String,
     /// Its stream, if any.
     stream: Option<String>,

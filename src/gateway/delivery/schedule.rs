@@ -71,11 +71,9 @@ pub struct Wants {
 pub struct LaneView {
     /// Deliveries in flight.
     pub in_flight: usize,
-    /// Its limit.
     pub max_in_flight: usize,
     /// Consecutive failed attempts.
     pub consecutive_failures: u32,
-    /// The circuit.
     pub state: State,
 }
 

@@ -18,7 +18,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-pub use crate::config::sources::Scheme;
+pub use crate::domain::Scheme;
 pub use standard::{parse_whsec, sign_standard_webhooks};
 
 type HmacSha256 = Hmac<Sha256>;

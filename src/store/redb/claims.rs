@@ -30,7 +30,6 @@ use crate::store::{
 /// clone). Closing it closes the file for every handle.
 #[derive(Debug, Clone)]
 pub struct RedbStore {
-    /// The open file.
     engine: Arc<Engine>,
 }
 

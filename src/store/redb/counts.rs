@@ -30,7 +30,6 @@ impl StatusDeltas {
         }
     }
 
-    /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
         self.0.values().all(|n| *n == 0)
     }

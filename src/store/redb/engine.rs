@@ -90,7 +90,6 @@ impl Shared {
 pub struct Engine {
     /// The database and its health, shared with the writer.
     pub(super) shared: Arc<Shared>,
-    /// The writer's queue.
     pub(super) writes: mpsc::Sender<Envelope>,
     /// The writer thread, joined on close.
     pub(super) writer: Mutex<Option<JoinHandle<()>>>,

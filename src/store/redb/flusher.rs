@@ -24,7 +24,6 @@ const EVERY: Duration = Duration::from_millis(200);
 pub struct Flusher {
     /// Set to stop the thread.
     stop: Arc<AtomicBool>,
-    /// The thread.
     thread: Option<JoinHandle<()>>,
 }
 

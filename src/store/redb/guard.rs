@@ -23,7 +23,6 @@ use super::faults::FaultPlan;
 /// The backend with its switch.
 #[derive(Debug)]
 pub struct GuardedBackend {
-    /// The file.
     inner: FileBackend,
     /// Once set, writes, syncs and resizes fail.
     refuse: Arc<AtomicBool>,

@@ -21,7 +21,6 @@ const PENDING_TRIES: usize = 16;
 /// The keyspace of the data file; a handle on its engine (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct Keyspace {
-    /// The open file.
     engine: Arc<Engine>,
 }
 

@@ -130,7 +130,6 @@ impl Inner {
         self.record(key, before);
     }
 
-    /// Removes `key`.
     pub fn remove(&mut self, key: &[u8]) {
         let before = self.map.remove(key);
         self.record(key, before);

@@ -33,7 +33,6 @@ pub enum OpenError {
          use the dedupd release that wrote it, or move the file away to start empty"
     )]
     UnknownSchema {
-        /// The file.
         path: PathBuf,
         /// The version it records.
         found: u64,
@@ -49,7 +48,6 @@ pub enum OpenError {
          {log} away to start with an empty store"
     )]
     OrphanLog {
-        /// The log.
         log: PathBuf,
         /// Its missing data file.
         data: PathBuf,
@@ -67,9 +65,7 @@ pub enum OpenError {
         }
     )]
     ForeignLog {
-        /// The log.
         log: PathBuf,
-        /// The data file.
         data: PathBuf,
         /// The data file the log names, if it names one.
         log_id: Option<u128>,
@@ -86,12 +82,7 @@ pub enum OpenError {
         wal::DECODES,
         wal::FORMAT
     )]
-    LogVersion {
-        /// The log.
-        log: PathBuf,
-        /// Its format.
-        found: u32,
-    },
+    LogVersion { log: PathBuf, found: u32 },
     /// A logged record passes its checksum but does not decode.
     #[error(
         "write-ahead log {log}: {detail} (log format {version}, this build writes {}). That is \
@@ -101,9 +92,7 @@ pub enum OpenError {
         wal::FORMAT
     )]
     CorruptLog {
-        /// The log.
         log: PathBuf,
-        /// Its format.
         version: u32,
         /// What does not decode, and where.
         detail: String,
@@ -117,7 +106,6 @@ pub enum OpenError {
          restore both from a backup"
     )]
     DamagedLog {
-        /// The log.
         log: PathBuf,
         /// Where, and what follows.
         detail: String,
@@ -132,9 +120,7 @@ pub enum OpenError {
          away and start with --accept-missing-log"
     )]
     LogAhead {
-        /// The log.
         log: PathBuf,
-        /// The data file.
         data: PathBuf,
         /// The last batch the data file holds.
         holds: u64,
@@ -148,12 +134,7 @@ pub enum OpenError {
          beside the data file (the two are moved and backed up together). To serve {data} \
          without them, losing those writes, start once with --accept-missing-log"
     )]
-    MissingLog {
-        /// The log.
-        log: PathBuf,
-        /// The data file.
-        data: PathBuf,
-    },
+    MissingLog { log: PathBuf, data: PathBuf },
     /// The disk has no room to replay the log into the data file.
     #[error(
         "write-ahead log {log} holds writes to replay into the data file, which needs about \
@@ -161,7 +142,6 @@ pub enum OpenError {
          or written) and start again"
     )]
     NoRoomToReplay {
-        /// The log.
         log: PathBuf,
         /// Bytes the replay needs free.
         need: u64,
@@ -173,12 +153,7 @@ pub enum OpenError {
     NotALog(PathBuf),
     /// Anything else redb or the OS reported.
     #[error("cannot open data file {path}: {source}")]
-    Other {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: redb::Error,
-    },
+    Other { path: PathBuf, source: redb::Error },
 }
 
 impl Engine {

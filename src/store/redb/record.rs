@@ -29,45 +29,30 @@ use crate::store::keyspace::KvRequest;
 pub enum Request {
     /// See [`crate::store::Store::claim`].
     Claim {
-        /// Scoped key.
         key: ScopedKey,
-        /// Claim TTL.
         ttl: Ttl,
-        /// Optional fingerprint.
         fingerprint: Option<Fingerprint>,
         /// The token a new claim gets (drawn by the caller).
         token: Token,
     },
     /// See [`crate::store::Store::done`].
     Done {
-        /// Scoped key.
         key: ScopedKey,
-        /// Owner token.
         token: Token,
-        /// Done TTL.
         ttl: Ttl,
     },
     /// See [`crate::store::Store::release`].
-    Release {
-        /// Scoped key.
-        key: ScopedKey,
-        /// Owner token.
-        token: Token,
-    },
+    Release { key: ScopedKey, token: Token },
     /// See [`crate::store::Store::extend`].
     Extend {
-        /// Scoped key.
         key: ScopedKey,
-        /// Owner token.
         token: Token,
         /// New TTL from now.
         ttl: Ttl,
     },
     /// See [`crate::store::Store::apply`].
     Apply {
-        /// Scoped stream.
         stream: ScopedKey,
-        /// Scoped event id.
         event_id: ScopedKey,
         /// The event's timestamp.
         created_at: CreatedAt,
@@ -95,7 +80,6 @@ pub enum Request {
     /// Deletes pending events of sources that left the configuration once
     /// they were received before `before`.
     PurgePending {
-        /// The removed sources.
         sources: Vec<String>,
         /// Received before this (Unix ms): old enough to go.
         before: Millis,
@@ -184,9 +168,7 @@ pub enum InboxRequest {
     },
     /// Record how a delivery turn ended.
     Settle {
-        /// Source name.
         source: String,
-        /// Event id.
         event_id: String,
         /// The lease generation the turn ran under.
         lease: u64,
@@ -196,12 +178,7 @@ pub enum InboxRequest {
         retention: Retention,
     },
     /// Put a dead or stale event back to pending.
-    Redeliver {
-        /// Source name.
-        source: String,
-        /// Event id.
-        event_id: String,
-    },
+    Redeliver { source: String, event_id: String },
 }
 
 /// One batch as logged.

@@ -56,7 +56,6 @@ pub enum Job {
     Resume(WalSync),
 }
 
-/// Starts the thread.
 pub fn spawn(
     shared: Arc<Shared>,
     wal: WalSync,

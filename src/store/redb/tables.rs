@@ -158,7 +158,6 @@ pub struct InboxRow<'a> {
     pub created_at_ns: i128,
     /// Its stream, if any.
     pub stream: Option<&'a str>,
-    /// Delivery attempts made.
     pub attempts: u32,
     /// Pending: when it may next be tried. Settled: when it settled.
     pub due_at_ms: u64,
@@ -170,7 +169,6 @@ pub struct InboxRow<'a> {
     pub headers: &'a str,
     /// Settled events: when the row is reaped (0 while pending).
     pub expires_at_ms: u64,
-    /// Lease generation.
     pub lease: u64,
     /// Size of the body in [`INBOX_BODIES`].
     pub body_bytes: u64,
@@ -384,9 +382,7 @@ pub const KV_EXPIRY_V5: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new
 /// in redb's table tree (and, at commit, another), so a batch opens only
 /// the tables its requests touch: a batch of claims opens three of sixteen.
 pub struct Lazy<'txn, K: redb::Key + 'static, V: redb::Value + 'static> {
-    /// The transaction.
     tx: &'txn redb::WriteTransaction,
-    /// Which table.
     def: TableDefinition<'static, K, V>,
     /// The table, once opened.
     table: Option<redb::Table<'txn, K, V>>,

@@ -71,10 +71,7 @@ pub enum LogError {
     },
     /// The log holds batches to replay in a format this build cannot decode.
     #[error("log format {found}, this build reads {DECODES:?}")]
-    Version {
-        /// The log's format.
-        found: u32,
-    },
+    Version { found: u32 },
     /// A record passes its checksum but does not decode.
     #[error("record {seq} at byte {offset} passes its checksum but does not decode: {detail}")]
     Undecodable {
@@ -82,7 +79,6 @@ pub enum LogError {
         seq: u64,
         /// Where it starts in the file.
         offset: usize,
-        /// The log's format.
         version: u32,
         /// The decoder's complaint.
         detail: String,
@@ -194,7 +190,6 @@ pub(super) fn decode(payload: &[u8]) -> Result<Batch, postcard::Error> {
 /// The log file, opened for appending.
 #[derive(Debug)]
 pub struct Wal {
-    /// The file.
     file: File,
     /// Bytes of its header: records start there.
     header: u64,

@@ -36,7 +36,6 @@ use crate::store::inbox::{
 /// The inbox in the data file; a handle on its engine (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct RedbInbox {
-    /// The open file.
     engine: Arc<Engine>,
 }
 

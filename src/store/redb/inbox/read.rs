@@ -124,7 +124,6 @@ pub fn next_dedupe_expiry(tx: &ReadTransaction) -> Result<Option<Millis>, redb::
         .map(|(k, _)| k.value().0))
 }
 
-/// One event.
 pub fn get(
     tx: &ReadTransaction,
     source: &str,

@@ -19,7 +19,6 @@ use crate::store::redb::record::Request;
 /// is committed (see `storage.commit_hold`). Each batch in it is logged;
 /// the syncer answers its callers once the log is synced, commit or not.
 pub(super) struct Open {
-    /// The transaction.
     tx: WriteTransaction,
     /// When its first batch ran.
     pub(super) since: Instant,
@@ -51,7 +50,6 @@ impl Open {
 
 /// A batch that ran and was logged.
 pub(super) struct Ran {
-    /// Its number.
     pub(super) seq: u64,
     /// Each request's answer.
     pub(super) responses: Vec<Response>,

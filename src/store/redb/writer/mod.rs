@@ -72,7 +72,6 @@ pub use self::replay::{log_open, replay, stored_seq};
 /// A request on its way to the writer, with where to send the answer.
 #[derive(Debug)]
 pub enum Envelope {
-    /// One write.
     Write {
         /// What to do.
         request: Request,
@@ -102,7 +101,6 @@ pub struct Counters {
 }
 
 impl Counters {
-    /// A snapshot.
     pub fn snapshot(&self) -> WriteStats {
         WriteStats {
             operations: self.operations.load(Ordering::Relaxed),
@@ -133,7 +131,6 @@ pub fn spawn(
 /// The write-ahead log and where it stands.
 #[derive(Debug)]
 pub struct Logged {
-    /// The log file.
     pub wal: Wal,
     /// Sequence number of the last batch logged (or checkpointed).
     pub seq: u64,

@@ -1,0 +1,223 @@
+//! Real `redis-server` processes that a test starts and stops itself.
+//! Part of `tests/support`.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+use std::time::Instant;
+
+use tempfile::TempDir;
+
+
+const MISSING: &str = "not found on the PATH (redis-server and redis-cli are both needed). The Redis backend's tests run \
+    against a real server: install it (Debian/Ubuntu: `apt-get install redis-server`; \
+    macOS: `brew install redis`) or run the tests without `--features redis`.";
+
+/// Starts redis-server under a small shell watchdog: SIGTERM to the
+/// returned child kills the server at once (as a crash would), and the server
+/// also goes when this test process exits, even if it never ran `Drop`.
+fn spawn(dir: &TempDir, args: &[String]) -> Child {
+    for tool in ["redis-server", "redis-cli"] {
+        let found = Command::new(tool).arg("--version").output();
+        assert!(found.is_ok_and(|o| o.status.success()), "{tool}: {MISSING}");
+    }
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+    let script = format!(
+        "redis-server {} & pid=$!; trap 'kill -9 $pid; wait $pid; exit 0' TERM; \
+         while kill -0 {parent} 2>/dev/null && kill -0 $pid 2>/dev/null; do sleep 0.2; done; \
+         kill -9 $pid 2>/dev/null; wait $pid; exit 0",
+        quoted.join(" "),
+        parent = std::process::id()
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start sh for redis-server: {e}"))
+}
+
+fn terminate(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn cli(args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli").args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One redis-server on a unix socket in a temp dir, without persistence.
+pub struct RedisServer {
+    dir: TempDir,
+    child: Option<Child>,
+    /// Further `redis-server` arguments.
+    extra: Vec<String>,
+    /// The socket path.
+    pub socket: PathBuf,
+}
+
+impl RedisServer {
+    /// Starts a server and waits until it answers.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with further arguments (such as `--databases 1`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let dir = TempDir::new().unwrap();
+        let socket = dir.path().join("redis.sock");
+        let mut server = Self {
+            dir,
+            child: None,
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+            socket,
+        };
+        server.launch();
+        server
+    }
+
+    fn launch(&mut self) {
+        let args = [
+            "--port",
+            "0",
+            "--unixsocket",
+            self.socket.to_str().unwrap(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        .map(str::to_owned);
+        let args: Vec<String> = args.into_iter().chain(self.extra.clone()).collect();
+        self.child = Some(spawn(&self.dir, &args));
+        let sock = self.socket.to_str().unwrap().to_owned();
+        wait_until("redis-server to answer", || {
+            cli(&["-s", &sock, "ping"]).is_some_and(|o| o.trim() == "PONG")
+        });
+    }
+
+    /// The URL dedupd connects with.
+    pub fn url(&self) -> String {
+        format!("redis+unix://{}", self.socket.display())
+    }
+
+    /// Stops the server at once (SIGKILL, as a crash would).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            terminate(&mut child);
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+
+    /// Starts it again on the same socket (empty: no persistence).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+
+/// Three masters on loopback, joined into a Redis Cluster.
+pub struct RedisCluster {
+    dir: TempDir,
+    children: Vec<Child>,
+    /// `redis://127.0.0.1:{port}` of each node.
+    pub nodes: Vec<String>,
+}
+
+impl RedisCluster {
+    /// Starts three `--cluster-enabled yes` servers, joins them with
+    /// `redis-cli --cluster create`, and waits for `cluster_state:ok`.
+    pub fn start() -> Self {
+        let dir = TempDir::new().unwrap();
+        let mut children = Vec::new();
+        let mut ports = Vec::new();
+        while ports.len() < 3 {
+            let port = super::ports::free_port();
+            // The cluster bus uses port + 10000: it must be free too.
+            if port > 55_000
+                || ports.contains(&port)
+                || TcpListener::bind(("127.0.0.1", port + 10_000)).is_err()
+            {
+                continue;
+            }
+            ports.push(port);
+        }
+        for port in &ports {
+            let args = [
+                "--port".into(),
+                port.to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--cluster-enabled".into(),
+                "yes".into(),
+                "--cluster-config-file".into(),
+                format!("nodes-{port}.conf"),
+                "--save".into(),
+                String::new(),
+                "--appendonly".into(),
+                "no".into(),
+            ];
+            children.push(spawn(&dir, &args));
+        }
+        for port in &ports {
+            let p = port.to_string();
+            wait_until("a cluster node to answer", || {
+                cli(&["-p", &p, "ping"]).is_some_and(|o| o.trim() == "PONG")
+            });
+        }
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let mut create = vec!["--cluster", "create"];
+        create.extend(addrs.iter().map(String::as_str));
+        create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        assert!(cli(&create).is_some(), "redis-cli --cluster create failed");
+        for port in &ports {
+            let p = port.to_string();
+            wait_until("cluster_state:ok", || {
+                cli(&["-p", &p, "cluster", "info"]).is_some_and(|o| o.contains("cluster_state:ok"))
+            });
+        }
+        Self {
+            dir,
+            children,
+            nodes: ports
+                .iter()
+                .map(|p| format!("redis://127.0.0.1:{p}"))
+                .collect(),
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            terminate(child);
+        }
+        let _ = &self.dir;
+    }
+}
