@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The crash test of tests/api/crash.rs at scale, on the release build:
+# The crash test of tests/service/crash_and_restart.rs at scale, on the release build:
 # SIGKILL the server under concurrent claim -> done -> apply workers,
 # ROUNDS times; after every restart each claim, done and apply acknowledged
 # so far must be there with its fence, and a new claim's fence must be
@@ -30,7 +30,7 @@ log "building the api tests in release (the test drives target/release/dedupd)"
 cd "$ROOT"
 start=$(date +%s)
 DEDUPD_CRASH_ROUNDS=$ROUNDS DEDUPD_CRASH_WORKERS=$WORKERS DEDUPD_CRASH_CLAIMS=$CLAIMS DEDUPD_CRASH_DIR=$TMP \
-    cargo test --release --test api -- --exact \
-    crash::sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_only_grow --nocapture 2>&1 |
+    cargo test --release --test service -- --exact \
+    crash_and_restart::sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_only_grow --nocapture 2>&1 |
     grep -E '^(crash drill|test |test result)|panicked|assert' || die "the drill failed (run it again with the cargo test command above to see why)"
 log "done in $(( $(date +%s) - start )) s (build included)"

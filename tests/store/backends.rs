@@ -54,7 +54,7 @@ pub mod redis {
     use dedupd::store::redis::{RedisOptions, RedisStore};
 
     use crate::Backend;
-    use crate::redis_server::{RedisCluster, RedisServer};
+    use crate::support::redis::{RedisCluster, RedisServer};
 
     /// A store over one redis-server of its own (or a shared cluster).
     pub struct Redis {

@@ -3,7 +3,7 @@
 //! goes on, and writes resume by themselves once space frees; the log is
 //! checkpointed before what it holds stops fitting; a restart at the
 //! watermark opens and serves. The free space the store reads is set by the
-//! test's fault plan (the real-disk drill is `tests/api`'s tmpfs one).
+//! test's fault plan (the real-disk drill on a tmpfs is in `tests/service/disk_full.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,9 +13,8 @@ mod log_identity;
 mod low_space;
 mod model;
 mod redb_file;
-#[cfg(feature = "redis")]
-#[path = "../common/redis_server.rs"]
-mod redis_server;
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! Random operations and clock moves against a plain in-memory model of
-//! DESIGN.md's state table and ordering rule; the store must give the same
-//! answers. The model is written from the design, independently of the
+//! the state table and ordering rule of docs/claims.md; the store must give
+//! the same answers. The model is written from the design, independently of the
 //! store's own transition code.
 
 use std::collections::HashMap;

@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use tempfile::TempDir;
 
-
 const MISSING: &str = "not found on the PATH (redis-server and redis-cli are both needed). The Redis backend's tests run \
     against a real server: install it (Debian/Ubuntu: `apt-get install redis-server`; \
     macOS: `brew install redis`) or run the tests without `--features redis`.";
@@ -140,7 +139,6 @@ impl Drop for RedisServer {
         self.stop();
     }
 }
-
 
 /// Three masters on loopback, joined into a Redis Cluster.
 pub struct RedisCluster {

@@ -66,14 +66,6 @@ fn find_tool(env: &str, names: &[&str]) -> PathBuf {
     panic!("{} not found: {INSTALL_HINT}", names[0]);
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Browser {
     /// Starts chromedriver and a headless Chromium session.
     pub async fn start() -> Self {
@@ -81,7 +73,7 @@ impl Browser {
         let chromium = find_tool("CHROMIUM", &["chromium", "chromium-browser"]);
         let chromedriver = find_tool("CHROMEDRIVER", &["chromedriver"]);
         let profile = TempDir::new().unwrap();
-        let port = free_port();
+        let port = crate::support::ports::free_port();
         let driver = Command::new(&chromedriver)
             .arg(format!("--port={port}"))
             .arg(format!(

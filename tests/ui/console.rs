@@ -11,8 +11,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::browser::{Page, in_browser};
-use crate::helpers::{TestApp, spawn_app_with, with_tokens};
-use crate::receiver::{Behaviour, Receiver, eventually};
+use crate::support::app::{TestApp, spawn_app_with, with_tokens};
+use crate::support::receiver::{Behaviour, Receiver, eventually};
 
 const SECRET: &str = "sume_test_secret";
 const TOKEN: &str = "console-token-0123456789";
@@ -182,7 +182,7 @@ async fn the_overview_shows_every_sources_counts_and_refreshes_itself() {
             .unwrap();
         assert_eq!(rows.len(), 3);
 
-        // The README's picture: the table without the empty page below it.
+        // The gateway guide's picture: the table without the empty page below it.
         c.set_window_size(1280, 540).await.unwrap();
         let png = c.screenshot().await.unwrap();
         save_screenshot(&png);
@@ -200,7 +200,7 @@ async fn the_overview_shows_every_sources_counts_and_refreshes_itself() {
 }
 
 /// Keeps the overview's screenshot in the target dir; with
-/// `DEDUPD_UPDATE_SCREENSHOT=1` also as the README's `docs/console.png`.
+/// `DEDUPD_UPDATE_SCREENSHOT=1` also as `docs/console.png`, the gateway guide's picture.
 fn save_screenshot(png: &[u8]) {
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console.png");

@@ -7,9 +7,5 @@
 
 mod browser;
 mod console;
-#[allow(dead_code)]
-#[path = "../api/helpers.rs"]
-mod helpers;
-#[allow(dead_code)]
-#[path = "../api/receiver.rs"]
-mod receiver;
+#[path = "../support/mod.rs"]
+mod support;

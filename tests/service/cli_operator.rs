@@ -1,0 +1,438 @@
+//! The operator commands (`dedupd events`, `claims`, `streams`) against a
+//! running server with API tokens: tables, `--json`, where the URL and
+//! token come from, and the errors for a refused token or no server.
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use serde_json::Value;
+use serde_json::json;
+use tempfile::TempDir;
+
+use crate::support::ports::free_port;
+use crate::support::process::Running;
+use crate::support::process::dedupd;
+use crate::support::process::spawn_serving;
+use crate::support::receiver::eventually;
+const TOKEN: &str = "operator-token-0123456789";
+
+/// A server with one token and a source whose destination never answers,
+/// so each event is dead after its one attempt.
+struct Server {
+    config: PathBuf,
+    url: String,
+    client: reqwest::Client,
+    _serve: Running,
+    _drain: crate::support::process::Drain,
+    _dir: TempDir,
+}
+
+impl Server {
+    fn start() -> Self {
+        let dir = TempDir::new().unwrap();
+        let config = dir.path().join("dedupd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+listen = "127.0.0.1:0"
+[api]
+tokens = ["{TOKEN}"]
+[sources.sume]
+scheme = "sume"
+secrets = ["sume-test-secret"]
+event_id = "body:/request_id"
+created_at = "body:/created_at"
+stream = "body:/run_id"
+forward_to = "http://127.0.0.1:{}/nobody"
+max_attempts = 1
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"#,
+                free_port()
+            ),
+        )
+        .unwrap();
+        let mut cmd = dedupd();
+        cmd.args(["serve", "--config"])
+            .arg(&config)
+            .current_dir(dir.path());
+        let (serve, port, drain) = spawn_serving(cmd);
+        Self {
+            config,
+            url: format!("http://127.0.0.1:{port}"),
+            client: reqwest::Client::new(),
+            _serve: Running(serve),
+            _drain: drain,
+            _dir: dir,
+        }
+    }
+
+    /// `dedupd ARGS… --url URL --token TOKEN`.
+    fn run(&self, args: &[&str]) -> Output {
+        dedupd()
+            .args(args)
+            .args(["--url", &self.url, "--token", TOKEN])
+            .output()
+            .unwrap()
+    }
+
+    /// As [`Server::run`], expecting success; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// As [`Server::ok`] with `--json`, parsed.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        serde_json::from_str(&self.ok(&args)).unwrap()
+    }
+
+    /// A `/v1` request with the token.
+    async fn v1(&self, path: &str, body: Value) -> Value {
+        let res = self
+            .client
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(res.status().is_success(), "{path}: {}", res.status());
+        res.json().await.unwrap()
+    }
+
+    /// Posts a sample event with `dedupd trigger` and waits until it is dead.
+    async fn dead_event(&self) -> String {
+        let out = dedupd()
+            .args(["trigger", "sume", "--config"])
+            .arg(&self.config)
+            .args(["--url", &self.url])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{stdout}");
+        let id = stdout
+            .split_whitespace()
+            .find(|w| w.starts_with("req_"))
+            .unwrap()
+            .to_owned();
+        eventually("the event to be dead", || async {
+            let v = self.json(&["events", "list", "--source", "sume", "--status", "dead"]);
+            v["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["event_id"] == id)
+        })
+        .await;
+        id
+    }
+}
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn events_list_shows_dead_events_as_a_table_and_as_json() {
+    let server = Server::start();
+    let id = server.dead_event().await;
+
+    let table = server.ok(&["events", "list", "--source", "sume", "--status", "dead"]);
+    let mut lines = table.lines();
+    let header = lines.next().unwrap();
+    for column in [
+        "EVENT ID",
+        "STATUS",
+        "STREAM",
+        "CREATED AT",
+        "ATTEMPTS",
+        "LAST ERROR",
+    ] {
+        assert!(header.contains(column), "{table}");
+    }
+    let row = lines.next().unwrap();
+    assert!(row.starts_with(&id), "{table}");
+    assert!(row.contains("  dead  "), "{table}");
+    assert!(row.contains("request failed"), "the last error: {table}");
+
+    let v = server.json(&["events", "list", "--source", "sume", "--status", "dead"]);
+    assert_eq!(v["status"], "dead");
+    assert_eq!(v["events"][0]["event_id"], id.as_str());
+    assert_eq!(v["events"][0]["attempts"], 1);
+
+    let none = server.ok(&["events", "list", "--source", "sume", "--status", "stale"]);
+    assert_eq!(none.trim(), "no stale events in source sume");
+}
+
+#[tokio::test]
+async fn events_redeliver_puts_a_dead_event_back_to_pending() {
+    let server = Server::start();
+    let id = server.dead_event().await;
+    let dead = |v: Value| v["events"][0]["due_at_ms"].as_u64().unwrap();
+    let settled = dead(server.json(&["events", "list", "--source", "sume", "--status", "dead"]));
+    let out = server.ok(&["events", "redeliver", "--source", "sume", &id]);
+    assert!(
+        out.contains(&format!("{id} of source sume: pending again")),
+        "{out}"
+    );
+    // It is attempted again and, its destination still down, settles as
+    // dead a second time.
+    eventually("a second settlement", || async {
+        let v = server.json(&["events", "list", "--source", "sume", "--status", "dead"]);
+        v["events"][0]["event_id"] == id.as_str() && dead(v) > settled
+    })
+    .await;
+
+    let out = server.run(&["events", "redeliver", "--source", "sume", "req_unknown"]);
+    assert!(!out.status.success());
+    let stderr = stderr_of(&out);
+    assert!(
+        stderr.contains("event req_unknown of source sume"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("404"), "{stderr}");
+}
+
+#[tokio::test]
+async fn claims_get_and_streams_get_show_state_as_a_table_and_as_json() {
+    let server = Server::start();
+    let claimed = server.v1("/v1/claims/run%2F7", json!({})).await;
+    server
+        .v1(
+            "/v1/streams/orders/apply",
+            json!({"event_id": "evt_1", "created_at": "2026-11-30T07:00:00Z"}),
+        )
+        .await;
+
+    let table = server.ok(&["claims", "get", "run/7"]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("KEY    STATE       FENCE  EXPIRES AT"),
+        "{table}"
+    );
+    assert!(lines[1].starts_with("run/7  processing  "), "{table}");
+    assert!(lines[1].contains(&claimed["fence"].to_string()), "{table}");
+    assert!(lines[1].contains("(in 4m"), "{table}");
+    let v = server.json(&["claims", "get", "run/7"]);
+    assert_eq!(v["state"], "processing");
+    assert_eq!(v["fence"], claimed["fence"]);
+    assert!(v.get("token").is_none(), "the token is never shown again");
+
+    let table = server.ok(&["streams", "get", "orders"]);
+    assert_eq!(
+        table,
+        "STREAM  HEAD EVENT  HEAD CREATED AT\norders  evt_1       2026-11-30T07:00:00Z\n"
+    );
+    let v = server.json(&["streams", "get", "orders"]);
+    assert_eq!(v["head"]["event_id"], "evt_1");
+
+    let out = server.run(&["claims", "get", "absent"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr_of(&out).contains("claim absent: 404 Not Found"),
+        "{}",
+        stderr_of(&out)
+    );
+    let out = server.run(&["streams", "get", "absent", "--json"]);
+    assert!(!out.status.success());
+    let problem: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(problem["code"], "not_found");
+}
+
+#[tokio::test]
+async fn the_token_comes_from_the_flag_the_environment_or_the_config() {
+    let server = Server::start();
+    let args = ["streams", "get", "nothing-applied"];
+    // Each reaches the API: a 404, not a 401.
+    let flag = server.run(&args);
+    let env = dedupd()
+        .args(args)
+        .env("DEDUPD_URL", &server.url)
+        .env("DEDUPD_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let config = dedupd()
+        .args(args)
+        .args(["--url", &server.url, "--config"])
+        .arg(&server.config)
+        .output()
+        .unwrap();
+    for out in [flag, env, config] {
+        assert!(
+            stderr_of(&out).contains("404 Not Found"),
+            "{}",
+            stderr_of(&out)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refused_or_missing_token_is_a_clear_error() {
+    let server = Server::start();
+    let out = dedupd()
+        .args([
+            "claims",
+            "get",
+            "k",
+            "--url",
+            &server.url,
+            "--token",
+            "wrong-token-0123456789",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = stderr_of(&out);
+    assert!(stderr.contains("refused the API token"), "{stderr}");
+    assert!(stderr.contains("--token or DEDUPD_TOKEN"), "{stderr}");
+
+    let out = dedupd()
+        .args(["claims", "get", "k", "--url", &server.url])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr_of(&out).contains("requires an API token and none was given"),
+        "{}",
+        stderr_of(&out)
+    );
+}
+
+#[test]
+fn an_unreachable_server_is_a_clear_error() {
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let out = dedupd()
+        .args([
+            "events", "list", "--source", "sume", "--url", &url, "--token", TOKEN,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = stderr_of(&out);
+    assert!(
+        stderr.contains(&format!("cannot reach dedupd at {url}")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Is `dedupd serve` running there?"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_client_variables_are_not_server_settings() {
+    let out = dedupd()
+        .arg("check-config")
+        .env("DEDUPD_URL", "http://127.0.0.1:1")
+        .env("DEDUPD_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
+/// What a terminal would act on: C0 and C1 controls (but the newlines
+/// between lines), DEL, and the bidirectional overrides.
+fn first_unprintable(text: &str) -> Option<char> {
+    text.chars().find(|&c| {
+        (c.is_control() && c != '\n')
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    })
+}
+
+/// A hostile server (or a man in the middle on plain http://) puts
+/// terminal escapes (a title change, colours, C1 CSI, a right-to-left
+/// override) in every string it answers: the tables, the `more:` cursor,
+/// the errors, `--json` and trigger's echo of an answer print them
+/// escaped, never as they are.
+#[test]
+fn nothing_a_server_answers_reaches_the_terminal_unescaped() {
+    use crate::support::process::{Recorder, init};
+    const E: &str = "\u{1b}]0;pwned\u{7}\u{1b}[31mRED\u{9b}2J\u{202e}evil'$(id)";
+    let event = json!({
+        "event_id": E, "status": E, "stream": E, "created_at": E, "received_at_ms": 1,
+        "attempts": 1, "due_at_ms": 1, "last_error": E, "expires_at_ms": 1, "body_bytes": 1,
+    });
+    let listing = json!({ "source": E, "status": "dead", "events": [event], "next": E });
+    let problem = json!({ "type": E, "title": E, "status": 409, "detail": E, "code": E });
+    let lists = Recorder::answering(200, listing.to_string());
+    let refuses = Recorder::answering(409, problem.to_string());
+    let answers = Recorder::answering(200, json!({ "status": E }).to_string());
+    let url = |r: &Recorder| format!("http://127.0.0.1:{}", r.port);
+    let run = |args: &[&str]| {
+        let out = dedupd()
+            .args(args)
+            .args(["--token", TOKEN])
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr_of(&out),
+        )
+    };
+    let list = ["events", "list", "--source", "s", "--url", &url(&lists)];
+    let redeliver = [
+        "events",
+        "redeliver",
+        "--source",
+        "s",
+        "e1",
+        "--url",
+        &url(&refuses),
+    ];
+    let escaped = "\\u{1b}]0;pwned\\u{7}\\u{1b}[31mRED\\u{9b}2J\\u{202e}evil";
+    let (table, _) = run(&list);
+    let more = table
+        .lines()
+        .find(|l| l.starts_with("more: "))
+        .unwrap_or_default();
+    // The cursor is escaped and quoted for a shell: pasting the line runs
+    // nothing but dedupd.
+    assert_eq!(
+        more,
+        format!("more: dedupd events list --source s --status dead --after '{escaped}'\\''$(id)'"),
+        "{table}"
+    );
+    let (refusal, refusal_err) = run(&redeliver);
+    assert!(refusal_err.contains(escaped), "{refusal_err}");
+    let (json_list, _) = run(&[&list[..], &["--json"]].concat());
+    let (json_refusal, _) = run(&[&redeliver[..], &["--json"]].concat());
+    // --json prints JSON that reads back as what the server sent.
+    assert_eq!(serde_json::from_str::<Value>(&json_list).unwrap(), listing);
+    assert_eq!(
+        serde_json::from_str::<Value>(&json_refusal).unwrap(),
+        problem
+    );
+
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    assert!(init(&config, &[]).status.success());
+    let out = dedupd()
+        .args(["trigger", "sume", "--config"])
+        .arg(&config)
+        .args(["--url", &url(&answers)])
+        .output()
+        .unwrap();
+    // The answer as sent: serde_json wrote the C0 controls as JSON escapes
+    // already, and the C1 and bidi ones as they are.
+    let trigger = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(trigger.contains("RED\\u{9b}2J\\u{202e}evil"), "{trigger}");
+
+    for (what, printed) in [
+        ("the table", &table),
+        ("the refusal (stdout)", &refusal),
+        ("the refusal", &refusal_err),
+        ("--json", &json_list),
+        ("--json of a refusal", &json_refusal),
+        ("trigger", &trigger),
+    ] {
+        assert_eq!(first_unprintable(printed), None, "{what}: {printed:?}");
+    }
+}

@@ -1,0 +1,609 @@
+//! Configuration: `check-config` and `serve` refuse what they could not run
+//! with, name the key, file or variable at fault, and never show a secret.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::support::process::check_config;
+use crate::support::process::dedupd;
+use crate::support::process::serve_config;
+use crate::support::process::stop;
+use tempfile::TempDir;
+#[test]
+fn check_config_prints_effective_settings_with_secrets_redacted() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("dedupd.toml");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "# rotated weekly\nfile-token-abcdefghijkl\n\n").unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "listen = \"0.0.0.0:9000\"\n[api]\ntokens = [\"inline-secret-0123456789\"]\ntokens_file = {:?}\n[claims]\nmax_ttl = \"7d\"\n",
+            tokens.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = dedupd()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .env("DEDUPD_CLAIMS__DEFAULT_TTL", "90s")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("listen = \"0.0.0.0:9000\""), "{stdout}");
+    assert!(stdout.contains("max_ttl = \"7days\""), "{stdout}");
+    assert!(
+        stdout.contains("default_ttl = \"1m 30s\""),
+        "env overrides file: {stdout}"
+    );
+    assert!(stdout.contains("<redacted>"));
+    assert!(!stdout.contains("inline-secret"), "{stdout}");
+    assert!(!stdout.contains("file-token"), "{stdout}");
+    assert!(stdout.contains("2 API token(s)"), "{stdout}");
+}
+
+#[test]
+fn check_config_names_the_bad_key_and_the_file_it_came_from() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(&file, "[claims]\ndefault_ttl = \"forever\"\n").unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("claims.default_ttl"), "{stderr}");
+    assert!(stderr.contains("bad.toml"), "{stderr}");
+}
+
+#[test]
+fn check_config_names_the_environment_variable_of_a_bad_value() {
+    let out = dedupd()
+        .arg("check-config")
+        .env("DEDUPD_HTTP__WORKERS", "lots")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("http.workers"), "{stderr}");
+    assert!(stderr.contains("DEDUPD_HTTP__WORKERS"), "{stderr}");
+}
+
+/// figment parses a variable's brackets (and nests its name's `__` parts)
+/// recursively: 50 000 of them overflowed the stack and aborted. Now each
+/// is refused with the variable's name, before anything is parsed.
+#[test]
+fn a_deeply_nested_environment_variable_is_refused_by_name() {
+    let deep_value = dedupd()
+        .arg("check-config")
+        .env("DEDUPD_LISTEN", "[".repeat(50_000))
+        .output()
+        .unwrap();
+    let deep_name = dedupd()
+        .arg("check-config")
+        .env(format!("DEDUPD_{}B", "A__".repeat(40_000)), "1")
+        .output()
+        .unwrap();
+    for (out, named) in [
+        (deep_value, "(from environment variable DEDUPD_LISTEN)"),
+        (deep_name, "DEDUPD_A__A__A__"),
+    ] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("levels deep"), "{stderr}");
+        assert!(stderr.contains(named), "{stderr}");
+        assert!(stderr.len() < 1000, "the name is cut short: {stderr}");
+    }
+}
+
+#[test]
+fn check_config_refuses_a_ttl_default_above_the_maximum() {
+    let out = dedupd()
+        .arg("check-config")
+        .env("DEDUPD_CLAIMS__MAX_TTL", "1m")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("claims.default_ttl"), "{stderr}");
+    assert!(stderr.contains("exceeds claims.max_ttl"), "{stderr}");
+    assert!(stderr.contains("defaults"), "{stderr}");
+}
+
+#[test]
+fn unknown_keys_and_missing_files_are_errors() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("typo.toml");
+    std::fs::write(&file, "[claims]\nmax_tll = \"1d\"\n").unwrap();
+    let out = check_config(&file);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_tll"));
+
+    let out = dedupd()
+        .arg("check-config")
+        .env("DEDUPD_CONFIG", dir.path().join("absent.toml"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("absent.toml"));
+}
+
+#[test]
+fn serve_refuses_a_non_loopback_address_without_tokens_and_says_why() {
+    let dir = TempDir::new().unwrap();
+    let out = dedupd()
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "0.0.0.0:0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("without API tokens"), "{stderr}");
+    assert!(stderr.contains("DEDUPD_LISTEN"), "{stderr}");
+    assert!(
+        !dir.path().join("dedupd.redb").exists(),
+        "nothing was opened"
+    );
+}
+
+#[test]
+fn check_config_names_the_source_and_key_of_each_gateway_mistake() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("sources.toml");
+    std::fs::write(
+        &file,
+        r#"
+[sources.sume]
+scheme = "sume"
+event_id = "body:request_id"
+stream = "body:/run~2id"
+forward_to = "not a url"
+
+[sources.stripe]
+scheme = "stripe"
+secrets = ["whsec_abc"]
+event_id = "header:Stripe Event"
+forward_to = "ftp://example.com/x"
+destination_secret = "not base64!"
+"#,
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for key in [
+        "sources.sume.secrets",
+        "sources.sume.event_id",
+        "sources.sume.stream",
+        "sources.sume.forward_to",
+        "sources.sume.destination_secret",
+        "sources.stripe.event_id",
+        "sources.stripe.forward_to",
+        "sources.stripe.destination_secret",
+    ] {
+        assert!(stderr.contains(key), "{key} missing in:\n{stderr}");
+    }
+    assert!(stderr.contains("sources.toml"), "{stderr}");
+    assert!(
+        !stderr.contains("whsec_abc"),
+        "secrets never appear in errors"
+    );
+
+    std::fs::write(&file, "[sources.x]\nscheme = \"smoke-signals\"\nevent_id = \"body:/id\"\nforward_to = \"http://127.0.0.1:1/\"\n").unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("sources.x.scheme") && stderr.contains("smoke-signals"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_valid_source_with_secrets_from_files_passes_check_config_redacted() {
+    let dir = TempDir::new().unwrap();
+    let secrets = dir.path().join("sume-keys");
+    std::fs::write(&secrets, "old-sume-secret\nnew-sume-secret\n").unwrap();
+    let dest = dir.path().join("dest");
+    std::fs::write(&dest, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n").unwrap();
+    let file = dir.path().join("ok.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[sources.sume]\nscheme = \"sume\"\nsecrets_file = {:?}\ndestination_secret_file = {:?}\nevent_id = \"body:/request_id\"\ncreated_at = \"body:/created_at\"\nstream = \"body:/run_id\"\nforward_to = \"http://127.0.0.1:3000/hooks/sume\"\n",
+            secrets.display().to_string(),
+            dest.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("[sources.sume]"), "{stdout}");
+    assert!(
+        stdout.contains("max_attempts = 12"),
+        "defaults are shown: {stdout}"
+    );
+    assert!(
+        !stdout.contains("sume-secret") && !stdout.contains("MfKQ9"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn check_config_says_what_replaced_gateway_workers() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("old.toml");
+    std::fs::write(&file, "[gateway]\nworkers = 4\nmax_in_flight = 0\n").unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("gateway.workers")
+            && stderr.contains("gateway.max_in_flight")
+            && stderr.contains("sources.NAME.max_in_flight"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("must be 1 to 4096"), "{stderr}");
+}
+
+#[tokio::test]
+async fn check_config_names_removed_sources_that_still_have_pending_events() {
+    use crate::support::gateway::{body, gateway_app};
+    use crate::support::receiver::{Behaviour, Receiver, eventually};
+
+    let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&receiver.url, |s| s.max_attempts = 100).await;
+    for id in ["a", "b"] {
+        app.ingest_ok(&body(id, id, "2026-11-29T10:00:00Z")).await;
+    }
+    eventually("both tried", || async { receiver.received().len() >= 2 }).await;
+    let (loaded, dir, _) = app.stop().await;
+    let file = dir.path().join("no-sources.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "data_path = {:?}\n",
+            loaded.settings.data_path.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("removed source sume: 2 pending event(s)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn check_config_refuses_settings_that_open_holes_and_says_why() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("holes.toml");
+    std::fs::write(
+        &file,
+        r#"
+[claims]
+max_ttl = "4000d"
+
+[storage]
+checkpoint_idle = "5ms"
+commit_hold = "1s"
+
+[sources.sume]
+scheme = "sume"
+secrets = ["sume-secret"]
+tolerance = "500ms"
+event_id = "header:X-Sume-Event-Id"
+stream = "header:X-Run"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+[sources.sw]
+scheme = "standard-webhooks"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+tolerance = "2h"
+event_id = "header:webhook-id"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"#,
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for (key, why) in [
+        ("claims.max_ttl", "3650 days"),
+        ("sources.sume.event_id", "not covered by the sume signature"),
+        ("sources.sume.stream", "not covered by the sume signature"),
+        ("sources.sume.tolerance", "must be 1s to 1h"),
+        ("sources.sw.tolerance", "must be 1s to 1h"),
+        ("storage.checkpoint_idle", "must be 10ms to 1h"),
+        ("storage.commit_hold", "must be 0s to 100ms"),
+    ] {
+        assert!(
+            stderr.lines().any(|l| l.contains(key) && l.contains(why)),
+            "{key}: {why} missing in:\n{stderr}"
+        );
+    }
+    assert!(
+        !stderr.contains("sources.sw.event_id"),
+        "webhook-id is signed by standard-webhooks: {stderr}"
+    );
+}
+
+/// A source table for the bounds below, with `extra` lines.
+fn bounded_source(extra: &str) -> String {
+    format!(
+        "[sources.s]\nscheme = \"sume\"\nsecrets = [\"sume-secret-0123\"]\n\
+         event_id = \"body:/id\"\nforward_to = \"http://127.0.0.1:3000/hooks\"\n\
+         destination_secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n{extra}\n"
+    )
+}
+
+/// Every number check-config accepts, serve runs with. Each bound below
+/// was a value that passed check-config and then made serve panic (a
+/// writer batch of i64::MAX: `capacity overflow`, the process left
+/// answering 503), abort (a queue or batch allocated up front), refuse to
+/// start (a dedupe window past what the file stores in ms), let one client
+/// make it buffer any body, or write expiries Redis cannot take. Each is
+/// refused with its key and its range, and its largest value is accepted.
+#[test]
+fn check_config_bounds_every_number_that_serve_could_not_run_with() {
+    let dir = TempDir::new().unwrap();
+    // (the setting's TOML past its bound, the key, the range named, the
+    // TOML at its bound)
+    let cases: [(String, &str, &str, String); 14] = [
+        (
+            "[storage]\nmax_batch = 9223372036854775807".into(),
+            "storage.max_batch",
+            "must be 1 to 65536",
+            "[storage]\nmax_batch = 65536".into(),
+        ),
+        (
+            "[storage]\nmax_batch = 65537".into(),
+            "storage.max_batch",
+            "must be 1 to 65536",
+            "[storage]\nmax_batch = 1".into(),
+        ),
+        (
+            "[storage]\nqueue_capacity = 2305843009213693952".into(),
+            "storage.queue_capacity",
+            "must be 1 to 1000000",
+            "[storage]\nqueue_capacity = 1000000".into(),
+        ),
+        (
+            "[http]\nmax_body_bytes = 16777217".into(),
+            "http.max_body_bytes",
+            "must be 1024 to 16777216",
+            "[http]\nmax_body_bytes = 16777216".into(),
+        ),
+        (
+            "[ordering]\nretention = \"3651d\"".into(),
+            "ordering.retention",
+            "must be 1ms to 3650d",
+            "[ordering]\nretention = \"3650d\"".into(),
+        ),
+        (
+            "[gateway]\ndelivered_retention = \"3651d\"".into(),
+            "gateway.delivered_retention",
+            "must be 1ms to 3650d",
+            "[gateway]\ndelivered_retention = \"3650d\"".into(),
+        ),
+        (
+            "[gateway]\ndead_retention = \"500000000000y\"".into(),
+            "gateway.dead_retention",
+            "must be 1ms to 3650d",
+            "[gateway]\ndead_retention = \"3650d\"".into(),
+        ),
+        (
+            "[gateway]\ndedupe_window = \"500000000000y\"".into(),
+            "gateway.dedupe_window",
+            "must be at most 3650d",
+            "[gateway]\ndedupe_window = \"3650d\"".into(),
+        ),
+        (
+            "[reaper]\nbatch_size = 9223372036854775807".into(),
+            "reaper.batch_size",
+            "must be 1 to 100000",
+            "[reaper]\nbatch_size = 100000".into(),
+        ),
+        (
+            "[storage.redis]\nexpiry_slack = \"2d\"".into(),
+            "storage.redis.expiry_slack",
+            "must be at most 1d",
+            "[storage.redis]\nexpiry_slack = \"1d\"".into(),
+        ),
+        (
+            "[storage.redis]\nconnect_timeout = \"500000000000y\"".into(),
+            "storage.redis.connect_timeout",
+            "must be more than 0 and at most 1h",
+            "[storage.redis]\nconnect_timeout = \"1h\"".into(),
+        ),
+        (
+            "[storage.redis]\nresponse_timeout = \"2h\"".into(),
+            "storage.redis.response_timeout",
+            "must be more than 0 and at most 1h",
+            "[storage.redis]\nresponse_timeout = \"1h\"".into(),
+        ),
+        (
+            "[storage.redis]\nresponse_timeout = \"0s\"".into(),
+            "storage.redis.response_timeout",
+            "must be more than 0 and at most 1h",
+            "[storage.redis]\nresponse_timeout = \"1ms\"".into(),
+        ),
+        (
+            bounded_source("forward_timeout = \"500000000000y\""),
+            "sources.s.forward_timeout",
+            "must be more than 0 and at most 1h",
+            bounded_source("forward_timeout = \"1h\""),
+        ),
+    ];
+    for (i, (past, key, range, at)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("past{i}.toml"));
+        std::fs::write(&file, past).unwrap();
+        let out = check_config(&file);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{past}: {stderr}");
+        assert!(
+            stderr.lines().any(|l| l.contains(key) && l.contains(range)),
+            "{past}: {key}: {range} missing in:\n{stderr}"
+        );
+        let file = dir.path().join(format!("at{i}.toml"));
+        std::fs::write(&file, at).unwrap();
+        let out = check_config(&file);
+        assert!(
+            out.status.success(),
+            "{at}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The report's cases through `serve` itself: a clear error and exit 1, not
+/// a writer thread that panics while `/healthz` says 200, nor an abort; and
+/// a dedupe window with a fraction of a millisecond (the file keeps whole
+/// ms) serves, where it once refused to start.
+#[tokio::test]
+async fn serve_refuses_what_it_could_not_run_with_and_runs_what_check_config_accepts() {
+    let dir = TempDir::new().unwrap();
+    for (setting, key) in [
+        (
+            "[storage]\nmax_batch = 9223372036854775807",
+            "storage.max_batch",
+        ),
+        (
+            "[storage]\nmax_batch = 100000000000000",
+            "storage.max_batch",
+        ),
+        (
+            "[storage]\nqueue_capacity = 2305843009213693952",
+            "storage.queue_capacity",
+        ),
+    ] {
+        let file = dir.path().join("serve.toml");
+        std::fs::write(&file, format!("listen = \"127.0.0.1:0\"\n{setting}\n")).unwrap();
+        let mut child = dedupd()
+            .args(["serve", "--config"])
+            .arg(&file)
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // It used to keep running (a writer that panicked, every write
+        // answered 503): waited for, up to a generous deadline.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("serve with {setting} was still running after 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{setting}: {stderr}");
+        assert!(stderr.contains(key), "{setting}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{setting}: {stderr}");
+        assert!(!dir.path().join("dedupd.redb").exists(), "nothing opened");
+    }
+    let file = dir.path().join("window.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "data_path = {:?}\n[gateway]\ndedupe_window = \"30d 1ms 500us\"\n",
+            dir.path().join("w.redb").display().to_string()
+        ),
+    )
+    .unwrap();
+    assert!(check_config(&file).status.success());
+    let (child, port, drain) = serve_config(&file);
+    let res = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(stop(child, "-TERM", drain).await.success());
+}
+
+/// A dedupe window that a replay within a source's `tolerance` could
+/// outlive is refused, naming the key, the source and both values; for a
+/// source without a signed timestamp (github) only the minute counts.
+#[test]
+fn check_config_refuses_a_dedupe_window_shorter_than_twice_a_tolerance() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("window.toml");
+    let config = |window: &str| {
+        format!(
+            r#"
+[gateway]
+dedupe_window = "{window}"
+
+[sources.sw]
+scheme = "standard-webhooks"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+tolerance = "1h"
+event_id = "header:webhook-id"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+[sources.gh]
+scheme = "github"
+secrets = ["github-secret"]
+tolerance = "1h"
+event_id = "body:/id"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"#
+        )
+    };
+    std::fs::write(&file, config("2h")).unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("gateway.dedupe_window"))
+        .unwrap_or_else(|| panic!("gateway.dedupe_window missing in:\n{stderr}"));
+    for part in ["window.toml", "2h", "sources.sw.tolerance", "1h", "2h 1m"] {
+        assert!(line.contains(part), "{part} missing in: {line}");
+    }
+    assert!(
+        !stderr.contains("sources.gh"),
+        "github signs no timestamp: {stderr}"
+    );
+
+    std::fs::write(&file, config("2h 1m")).unwrap();
+    let out = check_config(&file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("dedupe_window = \"2h 1m\""),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    std::fs::write(&file, "[gateway]\ndedupe_window = \"59s\"\n").unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("gateway.dedupe_window") && l.contains("at least 1m")),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,35 @@
+//! The service from outside, all in one binary: the real application on
+//! port 0 (in process, with a manual clock) or the real `dedupd` binary as
+//! a process, over HTTP, the Redis protocol and the command line. One file
+//! per feature a user would name; the fixtures are in `tests/support`.
+#![allow(clippy::unwrap_used)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod auth;
+mod bad_input;
+mod circuit_breaker;
+mod claims;
+mod cli_operator;
+mod cli_tour;
+mod config;
+mod crash_and_restart;
+mod cross_site;
+mod delivery;
+mod disk_full;
+mod gateway_ingest;
+mod http_limits;
+mod leaks;
+mod logging;
+mod metrics;
+mod openapi;
+mod operator_api;
+mod ordering;
+mod proxy;
+#[cfg(feature = "redis")]
+mod redis_backend;
+#[cfg(feature = "redis")]
+mod redis_gateway;
+mod resp;
+mod systemd;

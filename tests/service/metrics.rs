@@ -1,0 +1,324 @@
+//! `GET /metrics`: every family from the first scrape, then the counts
+//! after known traffic, read back from a real scrape.
+
+use std::time::Duration;
+use std::time::Instant;
+
+use reqwest::Method;
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::support::app::TestApp;
+use crate::support::app::spawn_app_with;
+use crate::support::app::with_tokens;
+use crate::support::gateway::SECRET;
+use crate::support::gateway::body;
+use crate::support::gateway::gateway_app;
+use crate::support::receiver::Behaviour;
+use crate::support::receiver::Receiver;
+/// The value of the sample `name{labels}` in a Prometheus text scrape
+/// (labels in any order), if present.
+fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape.lines().find_map(|line| {
+        if line.starts_with('#') {
+            return None;
+        }
+        let (series, value) = line.rsplit_once(' ')?;
+        let (n, rest) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.strip_suffix('}')?),
+            None => (series, ""),
+        };
+        if n != name {
+            return None;
+        }
+        let have: Vec<(&str, &str)> = rest
+            .split("\",")
+            .filter(|p| !p.is_empty())
+            .filter_map(|p| {
+                let (k, v) = p.split_once('=')?;
+                Some((k, v.trim_matches('"')))
+            })
+            .collect();
+        (have.len() == labels.len() && labels.iter().all(|l| have.contains(l)))
+            .then(|| value.parse().ok())
+            .flatten()
+    })
+}
+
+pub(crate) fn count(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    sample(scrape, name, labels)
+        .unwrap_or_else(|| panic!("no sample {name}{labels:?} in:\n{scrape}"))
+}
+
+impl TestApp {
+    pub(crate) async fn scrape(&self) -> String {
+        let res = self.request(Method::GET, "/metrics").send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let ct = res.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
+        res.text().await.unwrap()
+    }
+}
+
+#[tokio::test]
+async fn every_family_is_there_from_the_first_scrape() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    let scrape = app.scrape().await;
+    for family in [
+        "dedupd_http_request_duration_seconds",
+        "dedupd_claims_total",
+        "dedupd_claim_ops_total",
+        "dedupd_applies_total",
+        "dedupd_ingest_total",
+        "dedupd_deliveries_total",
+        "dedupd_delivery_duration_seconds",
+        "dedupd_inbox_events",
+        "dedupd_oldest_pending_seconds",
+        "dedupd_store_commit_seconds",
+        "dedupd_store_batch_size",
+        "dedupd_reaper_deleted_total",
+        "dedupd_build_info",
+    ] {
+        assert!(
+            scrape.contains(&format!("# TYPE {family} ")),
+            "{family} missing from the first scrape:\n{scrape}"
+        );
+    }
+    assert_eq!(
+        count(&scrape, "dedupd_claims_total", &[("outcome", "busy")]),
+        0.0
+    );
+    assert_eq!(
+        count(
+            &scrape,
+            "dedupd_ingest_total",
+            &[("source", "sume"), ("outcome", "bad_signature")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        count(
+            &scrape,
+            "dedupd_inbox_events",
+            &[("source", "sume"), ("status", "dead")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        count(
+            &scrape,
+            "dedupd_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_scrape_counts_the_traffic_that_happened() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+
+    // Claims: one claimed, one busy, done by the owner, a wrong-token release.
+    let (token, _, _) = app.claim_ok("k1", json!({})).await;
+    assert_eq!(
+        app.claim("k1", json!({})).await.status(),
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        app.done("k1", json!({ "token": token })).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.claim("k1", json!({})).await.status(),
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        app.release("k2", &"0".repeat(32)).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    // Applies: B, then A (older: stale), then B again (duplicate).
+    app.apply_ok("run", "B", "2026-11-29T10:05:00Z").await;
+    app.apply_ok("run", "A", "2026-11-29T10:00:00Z").await;
+    app.apply_ok("run", "B", "2026-11-29T10:05:00Z").await;
+    // Ingest: accepted, duplicate, forged; then the delivery.
+    let b = body("req_1", "run_1", "2026-11-29T10:00:00Z");
+    app.ingest_ok(&b).await;
+    app.ingest_ok(&b).await;
+    let forged = app
+        .post_signed_at("sume", &b, app.now_s(), "not_the_secret")
+        .await;
+    assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
+    assert_ne!(SECRET, "not_the_secret");
+    // The dispatcher counts a delivery once the store has recorded it.
+    app.retrying_until("the delivery is counted", || async {
+        let s = app.scrape().await;
+        sample(
+            &s,
+            "dedupd_deliveries_total",
+            &[("source", "sume"), ("outcome", "delivered")],
+        ) == Some(1.0)
+    })
+    .await;
+    assert_eq!(app.event_ids("delivered").await, ["req_1"]);
+
+    let s = app.scrape().await;
+    let claims = |o| count(&s, "dedupd_claims_total", &[("outcome", o)]);
+    assert_eq!(claims("claimed"), 1.0);
+    assert_eq!(claims("busy"), 1.0);
+    assert_eq!(claims("done"), 1.0);
+    assert_eq!(claims("fingerprint_mismatch"), 0.0);
+    let op = |op, o| count(&s, "dedupd_claim_ops_total", &[("op", op), ("outcome", o)]);
+    assert_eq!(op("done", "done"), 1.0);
+    assert_eq!(op("release", "not_held"), 1.0);
+    assert_eq!(op("extend", "extended"), 0.0);
+    let applies = |o| count(&s, "dedupd_applies_total", &[("outcome", o)]);
+    assert_eq!(
+        (applies("applied"), applies("stale"), applies("duplicate")),
+        (1.0, 1.0, 1.0)
+    );
+    let ingest = |o| {
+        count(
+            &s,
+            "dedupd_ingest_total",
+            &[("source", "sume"), ("outcome", o)],
+        )
+    };
+    assert_eq!(ingest("accepted"), 1.0);
+    assert_eq!(ingest("duplicate"), 1.0);
+    assert_eq!(ingest("bad_signature"), 1.0);
+    let deliveries = |o| {
+        count(
+            &s,
+            "dedupd_deliveries_total",
+            &[("source", "sume"), ("outcome", o)],
+        )
+    };
+    assert_eq!(deliveries("delivered"), 1.0);
+    assert_eq!(deliveries("failed"), 0.0);
+    assert_eq!(
+        count(
+            &s,
+            "dedupd_delivery_duration_seconds_count",
+            &[("source", "sume")]
+        ),
+        1.0
+    );
+    let inbox = |st| {
+        count(
+            &s,
+            "dedupd_inbox_events",
+            &[("source", "sume"), ("status", st)],
+        )
+    };
+    assert_eq!((inbox("pending"), inbox("delivered")), (0.0, 1.0));
+    // Every write above went through the embedded store's group commit.
+    assert!(count(&s, "dedupd_store_commit_seconds_count", &[]) >= 1.0);
+    assert!(count(&s, "dedupd_store_batch_size_sum", &[]) >= 7.0);
+    // The route label is the pattern, never the raw path.
+    let http = |m, r, st| {
+        sample(
+            &s,
+            "dedupd_http_request_duration_seconds_count",
+            &[("method", m), ("route", r), ("status", st)],
+        )
+    };
+    assert_eq!(http("POST", "/v1/claims/{key}", "201"), Some(1.0));
+    assert_eq!(http("POST", "/v1/claims/{key}", "409"), Some(2.0));
+    assert_eq!(http("POST", "/v1/claims/{key}/done", "200"), Some(1.0));
+    assert_eq!(http("DELETE", "/v1/claims/{key}", "204"), Some(1.0));
+    assert_eq!(http("POST", "/v1/streams/{stream}/apply", "200"), Some(3.0));
+    assert_eq!(http("POST", "/ingest/{source}", "401"), Some(1.0));
+    assert!(!s.contains("route=\"/v1/claims/k1\""), "{s}");
+    assert!(!s.contains("route=\"/v1/streams/run"), "{s}");
+}
+
+/// A client picks the method; only the standard ones become label values,
+/// so made-up methods cannot grow the series without bound.
+#[tokio::test]
+async fn made_up_methods_share_one_series() {
+    let app = spawn_app_with(|_| {}).await;
+    for method in ["BREW", "WHEN", "BREW"] {
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        let res = app.request(method, "/v1/claims/k1").send().await.unwrap();
+        assert!(res.status().is_client_error(), "{}", res.status());
+    }
+    let s = app.scrape().await;
+    assert!(!s.contains("BREW") && !s.contains("WHEN"), "{s}");
+    let other: f64 = s
+        .lines()
+        .filter(|l| {
+            l.starts_with("dedupd_http_request_duration_seconds_count{")
+                && l.contains("method=\"OTHER\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(other, 3.0, "{s}");
+}
+
+#[tokio::test]
+async fn the_oldest_pending_age_grows_while_the_application_is_down() {
+    let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&receiver.url, |s| s.max_attempts = 100).await;
+    app.ingest_ok(&body("req_1", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    app.clock.advance(std::time::Duration::from_secs(90));
+    let s = app.scrape().await;
+    assert_eq!(
+        count(
+            &s,
+            "dedupd_inbox_events",
+            &[("source", "sume"), ("status", "pending")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        count(&s, "dedupd_oldest_pending_seconds", &[("source", "sume")]),
+        90.0
+    );
+}
+
+#[tokio::test]
+async fn metrics_need_a_token_when_tokens_are_configured() {
+    let app = spawn_app_with(|l| with_tokens(l, &["metrics-token"])).await;
+    let res = app.client.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let res = app
+        .client
+        .get(app.url("/metrics"))
+        .bearer_auth("metrics-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+/// A quiet moment takes the checkpoint: once no write has come for
+/// `storage.checkpoint_idle`, the writer checkpoints what is logged, so
+/// the stall falls there and not on the first writes of the next burst.
+/// (Otherwise nothing here would checkpoint: the log holds a few hundred
+/// bytes of its 64 MiB, and the interval is an hour.)
+#[tokio::test]
+async fn a_quiet_moment_takes_the_checkpoint() {
+    let app = spawn_app_with(|l| {
+        l.settings.storage.checkpoint_idle = Duration::from_millis(50);
+        l.settings.storage.checkpoint_interval = Duration::from_secs(3600);
+    })
+    .await;
+    app.claim_ok("quiet-1", json!({})).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let scrape = app.scrape().await;
+        if count(&scrape, "dedupd_store_checkpoint_seconds_count", &[]) >= 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint 10 s after the last write:\n{scrape}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The claim was made durable in the file, and still answers.
+    assert_eq!(app.get("quiet-1").await.status(), StatusCode::OK);
+}

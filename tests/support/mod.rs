@@ -1,0 +1,15 @@
+//! What the test binaries share: the real app on port 0 with a manual
+//! clock (`app`), the gateway fixture (`gateway`), a real HTTP receiver
+//! (`receiver`), the `dedupd` binary as a process (`process`), real
+//! `redis-server` and Redis Cluster processes (`redis`), loopback ports
+//! (`ports`). Each binary includes it with
+//! `#[path = "../support/mod.rs"] mod support;` and uses what it needs.
+#![allow(dead_code)]
+
+pub mod app;
+pub mod gateway;
+pub mod ports;
+pub mod process;
+pub mod receiver;
+#[cfg(feature = "redis")]
+pub mod redis;
