@@ -205,7 +205,7 @@ enum Load {
 async fn run_scenario(p: &Params, s: &Scenario) -> anyhow::Result<()> {
     let receiver = Receiver::start(s.receiver).await?;
     let server = Dedupd::start(p, &receiver.url).await?;
-    let client = reqwest::Client::builder()
+    let client = dedupd::http_client::builder()
         .no_proxy()
         .pool_max_idle_per_host(p.concurrency)
         .tcp_nodelay(true)
@@ -668,7 +668,7 @@ impl Receiver {
             terminate: true,
         };
         let url = format!("http://127.0.0.1:{port}/hooks");
-        let probe = reqwest::Client::builder().no_proxy().build()?;
+        let probe = dedupd::http_client::builder().no_proxy().build()?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = child.child.try_wait()? {
@@ -870,7 +870,7 @@ impl Dedupd {
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let client = reqwest::Client::builder().no_proxy().build()?;
+        let client = dedupd::http_client::builder().no_proxy().build()?;
         let url = format!("{}/readyz", self.base);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

@@ -20,6 +20,8 @@
 //! - [`limits`]: the open-files limit the settings need, checked at start.
 //! - [`clock`]: wall-clock time in Unix milliseconds, replaceable in tests.
 //! - [`telemetry`]: tracing setup.
+//! - [`http_client`]: the HTTP client builder (reqwest over rustls on ring)
+//!   for delivery and the CLI.
 //! - [`redact`]: URLs without their credentials and outside text without
 //!   control characters, for everything printed or logged.
 #![forbid(unsafe_code)]
@@ -30,6 +32,7 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod gateway;
+pub mod http_client;
 pub mod limits;
 pub mod peers;
 pub mod reaper;

@@ -67,7 +67,7 @@ impl ServerArgs {
                 .and_then(|l| l.api_tokens.first())
                 .map(|t| t.expose().to_owned())
         });
-        let http = reqwest::Client::builder()
+        let http = dedupd::http_client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("dedupd-cli/", env!("CARGO_PKG_VERSION")))
             .timeout(TIMEOUT)

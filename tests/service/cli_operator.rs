@@ -60,7 +60,7 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
         Self {
             config,
             url: format!("http://127.0.0.1:{port}"),
-            client: reqwest::Client::new(),
+            client: crate::support::http::client(),
             _serve: Running(serve),
             _drain: drain,
             _dir: dir,

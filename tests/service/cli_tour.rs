@@ -378,7 +378,7 @@ async fn receive_answers_401_to_a_bad_signature_and_prints_it() {
     assert!(init(&config, &[]).status.success());
     let mut receive = Receive::start(&config, &[]);
     let body = br#"{"request_id":"req_forged"}"#.to_vec();
-    let mut req = reqwest::Client::new()
+    let mut req = crate::support::http::client()
         .post(format!("http://127.0.0.1:{}/hooks", receive.port))
         .body(body.clone());
     // Signed, but with a secret that is not the source's.
@@ -527,7 +527,7 @@ async fn receive_prints_control_characters_from_a_request_escaped() {
     let mut receive = Receive::start(&config, &[]);
     let body =
         r#"{"request_id":"req_esc","run_id":"\u001b[31mred\u001b]0;title\u0007\rover\u009b2J"}"#;
-    let res = reqwest::Client::new()
+    let res = crate::support::http::client()
         .post(format!("http://127.0.0.1:{}/hooks", receive.port))
         .header("webhook-id", "req_esc")
         .header("dedupd-source", "sume")

@@ -529,7 +529,9 @@ async fn serve_refuses_what_it_could_not_run_with_and_runs_what_check_config_acc
     .unwrap();
     assert!(check_config(&file).status.success());
     let (child, port, drain) = serve_config(&file);
-    let res = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+    let res = crate::support::http::client()
+        .get(format!("http://127.0.0.1:{port}/readyz"))
+        .send()
         .await
         .unwrap();
     assert_eq!(res.status(), 200);

@@ -36,7 +36,7 @@ use crate::support::receiver::Behaviour;
 use crate::support::receiver::Receiver;
 /// Claims `n` keys `{prefix}{i}` and returns their fences.
 async fn claim_many(base: &str, prefix: &str, n: usize) -> Vec<u64> {
-    let client = reqwest::Client::new();
+    let client = crate::support::http::client();
     let mut fences = Vec::new();
     for i in 0..n {
         let res = client
@@ -53,7 +53,7 @@ async fn claim_many(base: &str, prefix: &str, n: usize) -> Vec<u64> {
 
 /// Asserts that keys `{prefix}{i}` hold `fences`.
 async fn assert_fences(base: &str, prefix: &str, fences: &[u64]) {
-    let client = reqwest::Client::new();
+    let client = crate::support::http::client();
     for (i, fence) in fences.iter().enumerate() {
         let v: Value = client
             .get(format!("{base}/v1/claims/{prefix}{i}"))
@@ -97,7 +97,7 @@ async fn every_acknowledged_claim_survives_a_kill_9() {
 async fn sigterm_exits_0_and_everything_acknowledged_survives() {
     let dir = TempDir::new().unwrap();
     let (mut child, port, drain) = serve(&dir);
-    let client = reqwest::Client::new();
+    let client = crate::support::http::client();
     let base = format!("http://127.0.0.1:{port}");
     let mut fences = Vec::new();
     for i in 0..20 {
@@ -186,7 +186,7 @@ struct Acked {
 /// One worker: claim, done, apply, over and over, recording what the server
 /// acknowledged, until a request fails (the server was killed).
 async fn work(base: String, worker: usize, round: usize, acked: Arc<Mutex<Acked>>) {
-    let client = reqwest::Client::new();
+    let client = crate::support::http::client();
     for i in 0.. {
         let key = format!("r{round}-w{worker}-k{i}");
         // A day: the last claim before a kill is never marked done, and a
@@ -273,7 +273,7 @@ const CHECKERS: usize = 8;
 /// [`check`] for every [`CHECKERS`]th record, from `part`.
 async fn check_part(base: &str, acked: &Acked, part: usize) {
     let mine = |i: &usize| i % CHECKERS == part;
-    let client = reqwest::Client::new();
+    let client = crate::support::http::client();
     let claim = |key: &str| answer(client.get(format!("{base}/v1/claims/{key}")));
     for (_, (key, fence)) in acked.claims.iter().enumerate().filter(|(i, _)| mine(i)) {
         let v = claim(key).await;
@@ -351,9 +351,10 @@ async fn sigkill_under_concurrent_load_loses_nothing_acknowledged_and_fences_onl
         let base = format!("http://127.0.0.1:{port}");
         let seen = acked.lock().unwrap().clone();
         check(&base, &seen).await;
-        let v =
-            answer(reqwest::Client::new().post(format!("{base}/v1/claims/fence-probe-{round}")))
-                .await;
+        let v = answer(
+            crate::support::http::client().post(format!("{base}/v1/claims/fence-probe-{round}")),
+        )
+        .await;
         let probe = v["fence"].as_u64().unwrap();
         assert!(
             probe > acked.lock().unwrap().max_fence.max(fence_before_kill),
@@ -586,7 +587,7 @@ async fn serve_refuses_a_log_whose_data_file_is_missing_and_leaves_it() {
     // A real log with claims in it: served, killed, its data file removed.
     let first = tempfile::TempDir::new().unwrap();
     let (child, port, drain) = serve(&first);
-    let client = reqwest::Client::new();
+    let client = crate::support::http::client();
     for k in ["one", "two"] {
         let res = client
             .post(format!("http://127.0.0.1:{port}/v1/claims/{k}"))

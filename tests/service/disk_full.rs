@@ -122,7 +122,7 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
         ),
     )
     .unwrap();
-    let client = reqwest::Client::new();
+    let client = crate::support::http::client();
     let post = |base: String, id: String| {
         let client = client.clone();
         async move {

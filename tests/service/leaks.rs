@@ -144,7 +144,7 @@ async fn a_failed_delivery_logs_no_credential_of_its_url() {
         "{}",
         String::from_utf8_lossy(&trigger.stderr)
     );
-    let client = reqwest::Client::new();
+    let client = crate::support::http::client();
     let dead = format!("{base}/v1/sources/sume/events?status=dead");
     let list = || async {
         client
@@ -198,7 +198,7 @@ async fn the_data_file_and_its_log_are_created_for_their_owner_only() {
     let (child, port, drain) = spawn_serving(cmd);
     let mut child = Serving(Some(child));
     // A claim: something of value is on disk now.
-    let res = reqwest::Client::new()
+    let res = crate::support::http::client()
         .post(format!("http://127.0.0.1:{port}/v1/claims/k"))
         .timeout(Duration::from_secs(30))
         .send()

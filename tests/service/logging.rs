@@ -15,7 +15,7 @@ async fn log_around_a_claim(level: &str) -> Vec<Value> {
         .env("DEDUPD_LISTEN", "127.0.0.1:0")
         .env("DEDUPD_LOG__LEVEL", level);
     let (child, port, drain) = spawn_serving(cmd);
-    let res = reqwest::Client::new()
+    let res = crate::support::http::client()
         .post(format!("http://127.0.0.1:{port}/v1/claims/log-probe"))
         .send()
         .await

@@ -150,7 +150,7 @@ fn nginx_in_front_of(app: &TestApp) -> Nginx {
 
 /// A client on the internet, as nginx sees it: any `Host` it likes.
 async fn send(method: Method, url: &str, body: Option<serde_json::Value>) -> reqwest::Response {
-    let mut rb = reqwest::Client::new()
+    let mut rb = crate::support::http::client()
         .request(method, url)
         .header("host", "dedupd.example");
     if let Some(b) = body {
@@ -206,7 +206,7 @@ async fn without_tokens_nginx_in_front_serves_ingest_and_refuses_everything_else
         // What a provider posts still gets in, and the probes answer.
         let id = format!("req{}", prefix.replace('/', "_"));
         let event = body(&id, "run_1", "2026-11-29T10:00:00Z");
-        let mut req = reqwest::Client::new()
+        let mut req = crate::support::http::client()
             .post(url("/ingest/sume"))
             .header("host", "dedupd.example")
             .header("content-type", "application/json")

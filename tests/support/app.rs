@@ -154,7 +154,7 @@ pub(crate) fn running(
     let token = loaded.api_tokens.first().map(|t| t.expose().to_owned());
     TestApp {
         address,
-        client: reqwest::Client::builder()
+        client: dedupd::http_client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .expect("client"),

@@ -1,6 +1,6 @@
 //! What the test binaries share: the real app on port 0 with a manual
 //! clock (`app`), the gateway fixture (`gateway`), a real HTTP receiver
-//! (`receiver`), the `dedupd` binary as a process (`process`), real
+//! (`receiver`), an HTTP client (`http`), the `dedupd` binary as a process (`process`), real
 //! `redis-server` and Redis Cluster processes (`redis`), loopback ports
 //! (`ports`). Each binary includes it with
 //! `#[path = "../support/mod.rs"] mod support;` and uses what it needs.
@@ -8,6 +8,7 @@
 
 pub mod app;
 pub mod gateway;
+pub mod http;
 pub mod ports;
 pub mod process;
 pub mod receiver;

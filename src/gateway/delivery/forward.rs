@@ -28,7 +28,7 @@ impl Forwarder {
     /// A forwarder keeping up to `idle_per_host` idle connections to each
     /// destination host.
     pub fn new(idle_per_host: usize) -> reqwest::Result<Self> {
-        let client = reqwest::Client::builder()
+        let client = crate::http_client::builder()
             // A redirect is a failed delivery, never followed.
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("dedupd/", env!("CARGO_PKG_VERSION")))
