@@ -72,8 +72,10 @@ pub(super) fn commit(shared: &Shared, counters: &Counters, open: Open) -> Result
     match open.tx.commit() {
         Ok(()) => {
             shared.kv.keep();
-            shared.watermark.committed(last);
+            // Counted before readers waiting for it wake, so a reader that
+            // made the commit sees it counted.
             counters.commits.fetch_add(1, Ordering::Relaxed);
+            shared.watermark.committed(last);
             Ok(())
         }
         Err(e) => {
