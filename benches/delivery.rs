@@ -18,8 +18,9 @@
 //! `created_at` increasing) signed with the Sume scheme, posted with
 //! `CONCURRENCY` keep-alive connections. Settings by environment variable
 //! (defaults): `DURATION_S` (3), `CONCURRENCY` (64), `STREAMS` (1000),
-//! `EVENTS` (10000), `DELAY_MS` (50), `MAX_IN_FLIGHT` (256, for the gateway
-//! and the source), `WAIT_S` (120: longest wait for deliveries after
+//! `EVENTS` (10000), `DELAY_MS` (50), `MAX_IN_FLIGHT` (unset: dedupd's
+//! defaults, as a new user runs it; a number sets it for the gateway and
+//! the source), `WAIT_S` (120: longest wait for deliveries after
 //! posting), `SCENARIOS` (`a,nginx,b`). A quick run:
 //! `DURATION_S=1 EVENTS=2000 STREAMS=100 cargo bench --bench delivery`.
 //!
@@ -83,7 +84,8 @@ struct Params {
     streams: u64,
     events: u64,
     delay_ms: u64,
-    max_in_flight: usize,
+    /// `None`: dedupd's defaults (`max_in_flight` 16 per source).
+    max_in_flight: Option<usize>,
     wait: Duration,
     scenarios: Vec<String>,
 }
@@ -100,20 +102,26 @@ fn env_or<T: FromStr>(name: &str, default: T) -> anyhow::Result<T> {
 
 impl Params {
     fn from_env() -> anyhow::Result<Self> {
-        let p = Self {
-            duration: Duration::from_secs_f64(env_or("DURATION_S", 3.0)?),
-            concurrency: env_or("CONCURRENCY", 64)?,
-            streams: env_or("STREAMS", 1000)?,
-            events: env_or("EVENTS", 10_000)?,
-            delay_ms: env_or("DELAY_MS", 50)?,
-            max_in_flight: env_or("MAX_IN_FLIGHT", 256)?,
-            wait: Duration::from_secs_f64(env_or("WAIT_S", 120.0)?),
-            scenarios: env_or("SCENARIOS", "a,nginx,b".to_owned())?
-                .split(',')
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-                .collect(),
-        };
+        let p =
+            Self {
+                duration: Duration::from_secs_f64(env_or("DURATION_S", 3.0)?),
+                concurrency: env_or("CONCURRENCY", 64)?,
+                streams: env_or("STREAMS", 1000)?,
+                events: env_or("EVENTS", 10_000)?,
+                delay_ms: env_or("DELAY_MS", 50)?,
+                max_in_flight: match std::env::var("MAX_IN_FLIGHT") {
+                    Ok(v) => Some(v.trim().parse().map_err(|_| {
+                        anyhow::anyhow!("MAX_IN_FLIGHT={v:?} is not a valid value")
+                    })?),
+                    Err(_) => None,
+                },
+                wait: Duration::from_secs_f64(env_or("WAIT_S", 120.0)?),
+                scenarios: env_or("SCENARIOS", "a,nginx,b".to_owned())?
+                    .split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+            };
         if p.concurrency == 0 || p.streams == 0 || p.events == 0 {
             bail!("CONCURRENCY, STREAMS and EVENTS must be at least 1");
         }
@@ -141,7 +149,8 @@ async fn run(p: Params) -> anyhow::Result<()> {
         env!("CARGO_BIN_EXE_dedupd"),
         p.concurrency,
         p.streams,
-        p.max_in_flight,
+        p.max_in_flight
+            .map_or("default (16)".to_owned(), |n| n.to_string()),
         p.duration.as_secs_f64(),
         p.events,
         p.delay_ms,
@@ -823,8 +832,7 @@ impl Dedupd {
                  data_path = {data:?}\n\
                  [log]\n\
                  level = \"warn\"\n\
-                 [gateway]\n\
-                 max_in_flight = {mif}\n\
+                 {gateway}\
                  [sources.bench]\n\
                  scheme = \"sume\"\n\
                  secrets = [\"{SECRET}\"]\n\
@@ -833,9 +841,14 @@ impl Dedupd {
                  stream = \"body:/run_id\"\n\
                  forward_to = \"{forward_to}\"\n\
                  destination_secret = \"{DESTINATION_SECRET}\"\n\
-                 max_in_flight = {mif}\n",
+                 {source}",
                 data = dir.path().join("dedupd.redb").display().to_string(),
-                mif = p.max_in_flight,
+                gateway = p.max_in_flight.map_or(String::new(), |n| format!(
+                    "[gateway]\nmax_in_flight = {n}\n"
+                )),
+                source = p
+                    .max_in_flight
+                    .map_or(String::new(), |n| format!("max_in_flight = {n}\n")),
             ),
         )?;
         let log = dir.path().join("dedupd.log");
