@@ -13,7 +13,8 @@
 //! what the limits allow, leases the picked events in one write (their due
 //! time moves past the attempt's timeout, so after a crash they simply come
 //! due again), and starts one task per turn. A finishing turn frees its
-//! slots and wakes the loop. Time comes from the [`crate::clock::Clock`],
+//! slot as soon as the destination answered, and its event and stream once
+//! the outcome is recorded (see [`schedule`]), and wakes the loop. Time comes from the [`crate::clock::Clock`],
 //! so tests move it by hand.
 
 pub mod backoff;
@@ -115,6 +116,26 @@ struct Slot {
     stream: Option<String>,
     /// How the turn went, for the circuit breaker.
     reached: Reached,
+}
+
+impl Slot {
+    /// The destination answered: the slot is free for the next event while
+    /// this one's outcome is recorded (the event and its stream stay held
+    /// until the slot drops). Wakes the dispatcher.
+    fn answered(&self, reached: Reached) {
+        let now = self.dispatcher.clock.now_ms();
+        let transition = self.dispatcher.schedule().answered(
+            &self.source.name,
+            &self.event_id,
+            reached,
+            now,
+            |trips| backoff::ceiling(&self.source, trips),
+        );
+        if let Some(t) = transition {
+            log_transition(&self.source.name, t, now);
+        }
+        self.dispatcher.gateway.wake.notify_one();
+    }
 }
 
 impl Drop for Slot {
@@ -364,7 +385,7 @@ impl Dispatcher {
             let generation = *generation;
             let this = self.clone();
             tasks.spawn(async move {
-                slot.reached = this.turn(&source, &ev, generation).await;
+                slot.reached = this.turn(&source, &ev, generation, &slot).await;
                 drop(slot);
             });
         }

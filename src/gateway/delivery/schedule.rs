@@ -7,6 +7,16 @@
 //! event per source per round, starting at a source that rotates from pass
 //! to pass, so a source with a deep backlog cannot crowd out the others.
 //! A hanging receiver holds only its own source's slots.
+//!
+//! A slot is held while the request is out, not while its outcome is being
+//! recorded: once the destination answered, [`Schedule::answered`] frees
+//! the slot for the next event, and only the event and its stream stay held
+//! until the outcome is durable ([`Schedule::finish`]). So a source with
+//! `max_in_flight = 16` has 16 requests out at a time, not 16 requests and
+//! group commits in series; an event's stream still never has two
+//! deliveries at once, and its next event is not read before the head
+//! moved. The outcomes waiting for their commit are bounded too: at most
+//! [`SETTLING_PER_SLOT`] times a source's `max_in_flight`.
 
 use std::collections::HashSet;
 
@@ -14,17 +24,34 @@ use super::circuit::{Circuit, State, Transition};
 use crate::clock::Millis;
 use crate::store::inbox::InboxEvent;
 
+/// How many answered deliveries per slot of a source may wait for their
+/// outcome to be recorded before the source starts no more.
+pub const SETTLING_PER_SLOT: usize = 4;
+
 /// One configured source's share of the scheduler.
 #[derive(Debug)]
 struct Lane {
     /// Its `max_in_flight`.
     limit: usize,
-    /// Deliveries of it in flight.
+    /// Its requests out (slots held).
     in_flight: usize,
+    /// Its answered deliveries whose outcome is not yet recorded.
+    settling: usize,
     /// Its destination's circuit breaker.
     circuit: Circuit,
     /// The event id of the probe in flight, while probing.
     probe: Option<String>,
+}
+
+impl Lane {
+    /// Slots free for new requests: under `max_in_flight`, and with fewer
+    /// than [`SETTLING_PER_SLOT`] outcomes per slot waiting to be recorded.
+    fn free(&self) -> usize {
+        let by_requests = self.limit.saturating_sub(self.in_flight);
+        let by_settling =
+            (self.limit * SETTLING_PER_SLOT).saturating_sub(self.in_flight + self.settling);
+        by_requests.min(by_settling)
+    }
 }
 
 /// What is in flight and what may start.
@@ -38,8 +65,11 @@ pub struct Schedule {
     lanes: Vec<(String, Lane)>,
     /// Index of the lane that goes first in the next pass.
     turn: usize,
-    /// `(source, event id)` in flight.
+    /// `(source, event id)` in flight: request out, or outcome not yet
+    /// recorded.
     events: HashSet<(String, String)>,
+    /// `(source, event id)` whose request is out (holding a slot).
+    requests: HashSet<(String, String)>,
     /// `(source, stream)` with a delivery in flight.
     streams: HashSet<(String, String)>,
 }
@@ -87,6 +117,7 @@ impl Schedule {
                 let lane = Lane {
                     limit: limit.max(1),
                     in_flight: 0,
+                    settling: 0,
                     circuit: Circuit::new(pause_after),
                     probe: None,
                 };
@@ -100,6 +131,7 @@ impl Schedule {
             lanes,
             turn: 0,
             events: HashSet::new(),
+            requests: HashSet::new(),
             streams: HashSet::new(),
         }
     }
@@ -123,7 +155,7 @@ impl Schedule {
             return wants;
         }
         for (name, lane) in &mut self.lanes {
-            let free = lane.limit.saturating_sub(lane.in_flight);
+            let free = lane.free();
             let (n, t) = lane.circuit.allowance(free, now);
             if let Some(t) = t {
                 wants.transitions.push((name.clone(), t));
@@ -177,7 +209,7 @@ impl Schedule {
                 else {
                     continue;
                 };
-                if lane.in_flight >= lane.limit {
+                if lane.free() == 0 {
                     continue;
                 }
                 if matches!(lane.circuit.state(), State::Probing { in_flight: true }) {
@@ -193,7 +225,8 @@ impl Schedule {
                     {
                         continue;
                     }
-                    self.events.insert(key);
+                    self.events.insert(key.clone());
+                    self.requests.insert(key);
                     lane.in_flight += 1;
                     if matches!(lane.circuit.state(), State::Probing { .. }) {
                         lane.probe = Some(ev.event_id.clone());
@@ -210,26 +243,24 @@ impl Schedule {
         (picked, left)
     }
 
-    /// A picked event's delivery ended (or never started): its slots are
-    /// free again, and its outcome feeds its source's circuit. `pause` gives
-    /// the circuit's pause after its n-th opening in a row.
-    pub fn finish(
+    /// The destination answered (or the turn ended without a request): the
+    /// event's slot is free for the next one, and the outcome feeds its
+    /// source's circuit. The event and its stream stay held until
+    /// [`Schedule::finish`]. `pause` gives the circuit's pause after its
+    /// n-th opening in a row. Does nothing the second time.
+    pub fn answered(
         &mut self,
         source: &str,
         event_id: &str,
-        stream: Option<&str>,
         reached: Reached,
         now: Millis,
         pause: impl Fn(u32) -> Millis,
     ) -> Option<Transition> {
         if !self
-            .events
+            .requests
             .remove(&(source.to_owned(), event_id.to_owned()))
         {
             return None;
-        }
-        if let Some(stream) = stream {
-            self.streams.remove(&(source.to_owned(), stream.to_owned()));
         }
         self.in_flight = self.in_flight.saturating_sub(1);
         let lane = self
@@ -238,6 +269,7 @@ impl Schedule {
             .find(|(l, _)| l == source)
             .map(|(_, l)| l)?;
         lane.in_flight = lane.in_flight.saturating_sub(1);
+        lane.settling += 1;
         let was_probe = lane.probe.as_deref() == Some(event_id);
         if was_probe {
             lane.probe = None;
@@ -252,6 +284,34 @@ impl Schedule {
             }
             Reached::Nothing => None,
         }
+    }
+
+    /// A picked event's turn ended, its outcome recorded (or the turn never
+    /// started): its slot (if [`Schedule::answered`] did not free it yet),
+    /// the event and its stream are free again.
+    pub fn finish(
+        &mut self,
+        source: &str,
+        event_id: &str,
+        stream: Option<&str>,
+        reached: Reached,
+        now: Millis,
+        pause: impl Fn(u32) -> Millis,
+    ) -> Option<Transition> {
+        let transition = self.answered(source, event_id, reached, now, pause);
+        if !self
+            .events
+            .remove(&(source.to_owned(), event_id.to_owned()))
+        {
+            return transition;
+        }
+        if let Some(stream) = stream {
+            self.streams.remove(&(source.to_owned(), stream.to_owned()));
+        }
+        if let Some(lane) = self.lanes.iter_mut().find(|(l, _)| l == source) {
+            lane.1.settling = lane.1.settling.saturating_sub(1);
+        }
+        transition
     }
 
     /// The delivery state of `source`, if it is configured.
@@ -398,5 +458,70 @@ mod tests {
         s.finish("a", "a0", None, Reached::Nothing, 0, pause);
         assert_eq!(s.in_flight(), 1);
         assert_eq!(s.free(), 1);
+    }
+
+    #[test]
+    fn an_answered_delivery_frees_its_slot_and_holds_its_stream_until_recorded() {
+        let mut s = Schedule::new(1, [("a".into(), 1, 5)]);
+        let (first, _) = s.pick(vec![("a".into(), vec![ev("a", "1", Some("r1"))])]);
+        assert_eq!(ids(&first), ["1"]);
+        assert_eq!(s.free(), 0);
+        s.answered("a", "1", Reached::Success, 0, pause);
+        assert_eq!((s.in_flight(), s.free()), (0, 1));
+        // The slot serves another stream at once; the same stream waits
+        // until the outcome of "1" is recorded.
+        let (next, _) = s.pick(vec![(
+            "a".into(),
+            vec![ev("a", "2", Some("r1")), ev("a", "3", Some("r2"))],
+        )]);
+        assert_eq!(ids(&next), ["3"]);
+        s.answered("a", "3", Reached::Success, 0, pause);
+        s.finish("a", "1", Some("r1"), Reached::Success, 0, pause);
+        let (again, _) = s.pick(vec![("a".into(), vec![ev("a", "2", Some("r1"))])]);
+        assert_eq!(ids(&again), ["2"]);
+        // Finishing after answering counts the request once.
+        s.finish("a", "3", Some("r2"), Reached::Success, 0, pause);
+        assert_eq!(s.in_flight(), 1);
+    }
+
+    #[test]
+    fn outcomes_waiting_to_be_recorded_are_bounded_per_slot() {
+        let mut s = Schedule::new(64, [("a".into(), 2, 5)]);
+        let mut n = 0;
+        loop {
+            let (picked, _) = s.pick(vec![(
+                "a".into(),
+                (n..n + 2)
+                    .map(|i| ev("a", &format!("e{i}"), None))
+                    .collect(),
+            )]);
+            if picked.is_empty() {
+                break;
+            }
+            for e in &picked {
+                s.answered("a", &e.event_id, Reached::Success, 0, pause);
+            }
+            n += 2;
+            assert!(n <= 100, "no bound");
+        }
+        assert_eq!(n, 2 * SETTLING_PER_SLOT);
+        assert!(s.wants(0).reads.is_empty());
+        s.finish("a", "e0", None, Reached::Success, 0, pause);
+        assert_eq!(s.wants(0).reads, [("a".to_owned(), 1)]);
+    }
+
+    #[test]
+    fn a_failure_answered_before_its_outcome_is_recorded_counts_once_for_the_circuit() {
+        let mut s = Schedule::new(8, [("a".into(), 8, 1)]);
+        s.pick(vec![("a".into(), events("a", 1))]);
+        assert!(
+            s.answered("a", "a0", Reached::Failure, 100, pause)
+                .is_some()
+        );
+        assert!(
+            s.finish("a", "a0", None, Reached::Failure, 100, pause)
+                .is_none()
+        );
+        assert_eq!(s.view("a").unwrap().consecutive_failures, 1);
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::backoff::{backoff, millis};
 use super::schedule::Reached;
-use super::{Coordination, Dispatcher, GRACE_MS};
+use super::{Coordination, Dispatcher, GRACE_MS, Slot};
 use crate::clock::Millis;
 use crate::domain::{Key, Namespace, ScopedKey, Token, Ttl};
 use crate::gateway::Source;
@@ -32,20 +32,36 @@ const RECORD_PAUSE_MAX: Duration = Duration::from_secs(2);
 impl Dispatcher {
     /// Runs one turn under lease generation `lease`; says whether it
     /// reached the destination, for the source's circuit breaker.
-    pub(super) async fn turn(&self, source: &Source, ev: &InboxEvent, lease: u64) -> Reached {
+    /// The slot is freed (`slot.answered`) once the destination answered,
+    /// before the outcome is recorded.
+    pub(super) async fn turn(
+        &self,
+        source: &Source,
+        ev: &InboxEvent,
+        lease: u64,
+        slot: &Slot,
+    ) -> Reached {
         match &self.coordination {
-            Coordination::Local => self.turn_local(source, ev, lease).await,
-            Coordination::Shared(store) => self.turn_shared(store, source, ev, lease).await,
+            Coordination::Local => self.turn_local(source, ev, lease, slot).await,
+            Coordination::Shared(store) => self.turn_shared(store, source, ev, lease, slot).await,
         }
     }
 
     /// The stale check already ran when the event was leased.
-    async fn turn_local(&self, source: &Source, ev: &InboxEvent, lease: u64) -> Reached {
+    async fn turn_local(
+        &self,
+        source: &Source,
+        ev: &InboxEvent,
+        lease: u64,
+        slot: &Slot,
+    ) -> Reached {
         let attempt = ev.attempts.saturating_add(1);
         if let Err(error) = self.post(source, ev, attempt).await {
+            slot.answered(Reached::Failure);
             self.settle_failure(source, ev, lease, attempt, error).await;
             return Reached::Failure;
         }
+        slot.answered(Reached::Success);
         let apply = self
             .ordering_keys(source, ev)
             .map(|(stream, id)| (stream, id, ev.created_at, self.ordering_retention_ms));
@@ -116,6 +132,7 @@ impl Dispatcher {
         source: &Source,
         ev: &InboxEvent,
         lease: u64,
+        slot: &Slot,
     ) -> Reached {
         let now = self.clock.now_ms();
         let retry_soon = now.saturating_add(millis(source.backoff_min));
@@ -154,6 +171,7 @@ impl Dispatcher {
                 stream_lease.as_ref(),
                 ttl,
                 retry_soon,
+                slot,
             )
             .await;
         if let Some((k, token)) = stream_lease {
@@ -174,6 +192,7 @@ impl Dispatcher {
         stream_lease: Option<&(ScopedKey, Token)>,
         ttl: Ttl,
         retry_soon: Millis,
+        slot: &Slot,
     ) -> Reached {
         let now = self.clock.now_ms();
         let token = match store.claim(key, ttl, None, now).await {
@@ -221,10 +240,12 @@ impl Dispatcher {
         }
         let attempt = ev.attempts.saturating_add(1);
         if let Err(error) = self.post(source, ev, attempt).await {
+            slot.answered(Reached::Failure);
             self.release(store, key, token).await;
             self.settle_failure(source, ev, lease, attempt, error).await;
             return Reached::Failure;
         }
+        slot.answered(Reached::Success);
         if let Some((stream, id)) = &ordering {
             let moved = self
                 .until_recorded(source, ev, || async {
