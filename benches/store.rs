@@ -127,7 +127,7 @@ fn retry_turn(bencher: Bencher, body_kib: usize) {
                             .lease(vec![("sume".into(), id.clone(), now + 30_000)], None, now)
                             .await
                             .unwrap();
-                        let (_, _, lease) = leased.leased[0];
+                        let lease = leased.leased[0].lease;
                         let settle = Settle::Retry {
                             retry_at: now + 1,
                             error: "HTTP 503".into(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::Secret;
-use crate::domain::Scheme;
+use crate::domain::{Rate, Scheme};
 
 /// Largest `max_in_flight`, per source and over all sources.
 pub const MAX_IN_FLIGHT: usize = 4096;
@@ -107,6 +107,14 @@ pub struct SourceSettings {
     /// pause and one probe tests the destination; 0 never pauses.
     #[serde(default = "default_pause_after")]
     pub pause_after: u32,
+    /// Most deliveries started per period (`"50/s"`, `"600/m"`, `"1000/h"`);
+    /// deliveries beyond it wait, they never fail. Absent: no limit.
+    #[serde(default)]
+    pub rate_limit: Option<Rate>,
+    /// Deliveries that may start at once after a quiet time, under
+    /// `rate_limit` (default: one second's worth, at least 1).
+    #[serde(default)]
+    pub rate_burst: Option<u32>,
 }
 
 fn default_tolerance() -> Duration {

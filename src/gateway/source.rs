@@ -75,6 +75,8 @@ pub struct Source {
     pub max_in_flight: usize,
     /// Consecutive failures that pause deliveries (0: never).
     pub pause_after: u32,
+    /// Delivery rate limit and its burst, if any.
+    pub rate: Option<(crate::domain::Rate, u32)>,
 }
 
 impl std::fmt::Debug for Source {
@@ -218,6 +220,13 @@ impl Source {
         if !(1..=MAX_IN_FLIGHT).contains(&s.max_in_flight) {
             errors.push(("max_in_flight", format!("must be 1 to {MAX_IN_FLIGHT}")));
         }
+        match (s.rate_limit, s.rate_burst) {
+            (None, Some(_)) => errors.push(("rate_burst", "needs rate_limit".into())),
+            (Some(_), Some(b)) if !(1..=crate::domain::rate::MAX_EVENTS).contains(&b) => {
+                errors.push(("rate_burst", "must be 1 to 1000000".into()));
+            }
+            _ => {}
+        }
         let mut forward_headers = Vec::new();
         for h in &s.forward_headers {
             match actix_web::http::header::HeaderName::from_bytes(h.as_bytes()) {
@@ -261,6 +270,9 @@ impl Source {
                 max_body_bytes: s.max_body_bytes,
                 max_in_flight: s.max_in_flight,
                 pause_after: s.pause_after,
+                rate: s
+                    .rate_limit
+                    .map(|r| (r, s.rate_burst.unwrap_or_else(|| r.default_burst()))),
             }),
             _ => Err(errors),
         }

@@ -107,6 +107,10 @@ pub struct DeliveryView {
     paused_until_ms: Option<Millis>,
     /// Failed deliveries in a row.
     consecutive_failures: u32,
+    /// The destination answered 429 or 503 with `Retry-After`: no delivery
+    /// starts before this time, Unix ms (at most `backoff_max` ahead). With
+    /// a pause of the breaker too, the later of the two holds.
+    retry_after_until_ms: Option<Millis>,
     /// Deliveries in flight now.
     in_flight: usize,
     /// The source's `max_in_flight`.
@@ -220,6 +224,7 @@ impl From<&LaneView> for DeliveryView {
             state,
             paused_until_ms,
             consecutive_failures: lane.consecutive_failures,
+            retry_after_until_ms: lane.held_until,
             in_flight: lane.in_flight,
             max_in_flight: lane.max_in_flight,
         }

@@ -39,6 +39,13 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// (`gateway.dedupe_window`, as the inbox was opened with).
     fn dedupe_window(&self) -> Duration;
 
+    /// How soon a write shows in [`Inbox::due_events`] (the redb store's
+    /// `storage.commit_hold`): the dispatcher looks again that soon after
+    /// it was told of one.
+    fn visible_within(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// Ok when the inbox can take writes now (as `Store::ready`).
     async fn ready(&self) -> Result<(), StoreError> {
         Ok(())
@@ -106,7 +113,9 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<u64, StoreError>;
 
     /// For each `(source, limit)`: its runnable events due at `now` (at
-    /// most `limit`) and its next due time after them.
+    /// most `limit`) and its next due time after them. May miss an event
+    /// written in the last [`Inbox::visible_within`]; never shows one whose
+    /// write is not durable.
     async fn due_events(
         &self,
         now: Millis,
@@ -323,11 +332,25 @@ pub enum Settle {
 /// What a lease did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Leased {
-    /// Leased for delivery: (source, event id, lease generation).
-    pub leased: Vec<(String, String, u64)>,
+    /// Leased for delivery, as the lease found them.
+    pub leased: Vec<LeasedEvent>,
     /// Found older than their stream's head and settled as stale instead:
     /// (source, event id).
     pub stale: Vec<(String, String)>,
+}
+
+/// An event leased for delivery: its lease generation, and the fields a
+/// turn needs as they stand now (a dispatcher's read may predate the last
+/// settle).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasedEvent {
+    pub source: String,
+    pub event_id: String,
+    pub lease: u64,
+    /// Attempts made before this one.
+    pub attempts: u32,
+    /// Redelivered by an operator: delivered even if older than the head.
+    pub force: bool,
 }
 
 /// Answer to an operator's redeliver.

@@ -609,3 +609,44 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
         "{stderr}"
     );
 }
+
+#[test]
+fn check_config_refuses_a_rate_limit_it_cannot_read_and_a_burst_without_one() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("rates.toml");
+    let source = |name: &str, extra: &str| {
+        format!(
+            "[sources.{name}]\nscheme = \"sume\"\nsecrets = [\"sume_test_secret\"]\nevent_id = \"body:/id\"\nforward_to = \"http://127.0.0.1:1/\"\ndestination_secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n{extra}\n"
+        )
+    };
+    std::fs::write(&file, source("a", "rate_limit = \"50/d\"")).unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("rate_limit") && stderr.contains("N/s, N/m or N/h"),
+        "{stderr}"
+    );
+
+    std::fs::write(&file, source("b", "rate_burst = 10")).unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("sources.b.rate_burst") && stderr.contains("needs rate_limit"),
+        "{stderr}"
+    );
+
+    std::fs::write(
+        &file,
+        source("c", "rate_limit = \"600/m\"\nrate_burst = 20"),
+    )
+    .unwrap();
+    let out = check_config(&file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("rate_limit = \"600/m\""));
+}

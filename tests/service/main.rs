@@ -17,6 +17,7 @@ mod config;
 mod crash_and_restart;
 mod cross_site;
 mod delivery;
+mod destinations;
 mod disk_full;
 mod gateway_ingest;
 mod http_limits;

@@ -189,7 +189,7 @@ async fn every_write_path_is_refused_unchanged_on_a_full_disk_and_recovers_by_it
             .lease,
         0
     );
-    let generation = s.inbox().lease(lease, None, T).await.unwrap().leased[0].2;
+    let generation = s.inbox().lease(lease, None, T).await.unwrap().leased[0].lease;
     let dead = Settle::Dead {
         error: "HTTP 503".into(),
     };

@@ -10,8 +10,8 @@ use std::collections::btree_map::Entry;
 use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey};
 use dedupd::store::Store;
 use dedupd::store::inbox::{
-    EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome,
-    Retention, Settle, SourceSummary,
+    EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, LeasedEvent, ListOrder, NewEvent,
+    RedeliverOutcome, Retention, Settle, SourceSummary,
 };
 use dedupd::store::redb::{InboxIndexes, RedbOptions, RedbStore};
 use proptest::prelude::*;
@@ -380,7 +380,8 @@ impl Model {
             let Some(e) = self.get(source, id) else {
                 continue;
             };
-            if !runnable(&self.events, e) {
+            // Only what is due: a dispatcher's read may predate a retry.
+            if !runnable(&self.events, e) || e.due_at_ms > self.now {
                 continue;
             }
             let behind = stale_check
@@ -403,8 +404,13 @@ impl Model {
                 self.settle(source, id, rec.generation, &Settle::Stale);
                 out.stale.push((source.clone(), id.clone()));
             } else {
-                out.leased
-                    .push((source.clone(), id.clone(), rec.generation));
+                out.leased.push(LeasedEvent {
+                    source: source.clone(),
+                    event_id: id.clone(),
+                    lease: rec.generation,
+                    attempts: e.attempts,
+                    force: e.force,
+                });
                 self.leases.push(rec);
             }
         }

@@ -298,7 +298,15 @@ mod inbox {
         }
     }
 
+    /// `due_events` shows what the file shows (an insert the writer still
+    /// holds shows within `storage.commit_hold`): a read of what was
+    /// acknowledged commits it first.
+    async fn committed(s: &RedbStore) {
+        s.inbox().inbox_sources().await.unwrap();
+    }
+
     async fn due_ids(s: &RedbStore, now: u64) -> Vec<String> {
+        committed(s).await;
         s.inbox()
             .due_events(now, vec![("sume".to_owned(), 100)])
             .await
@@ -467,7 +475,7 @@ mod inbox {
             .await
             .unwrap();
         assert!(leased.stale.is_empty());
-        let generation = leased.leased[0].2;
+        let generation = leased.leased[0].lease;
         let created = event("new", Some("r"), 5).created_at;
         s.inbox()
             .settle_delivered(
@@ -509,6 +517,41 @@ mod inbox {
     }
 
     #[tokio::test]
+    async fn a_lease_takes_only_what_is_due_now_and_answers_the_current_attempts() {
+        let dir = TempDir::new().unwrap();
+        let s = RedbStore::open(&RedbOptions::new(dir.path().join("i.redb"))).unwrap();
+        s.inbox().ingest(event("e", Some("r"), 1), T).await.unwrap();
+        let lease = |now: u64| {
+            let s = &s;
+            async move {
+                s.inbox()
+                    .lease(vec![("sume".into(), "e".into(), now + 60_000)], None, now)
+                    .await
+                    .unwrap()
+            }
+        };
+        let first = lease(T).await;
+        assert_eq!(first.leased[0].attempts, 0);
+        let retry = Settle::Retry {
+            retry_at: T + 1_000,
+            error: "HTTP 503".into(),
+            attempted: true,
+        };
+        s.inbox()
+            .settle("sume", "e", first.leased[0].lease, retry, RETENTION, T)
+            .await
+            .unwrap();
+        // A dispatcher that read the event before that settle asks again:
+        // not due before its retry, nothing is leased.
+        assert!(lease(T + 500).await.leased.is_empty());
+        let again = lease(T + 1_000).await;
+        assert_eq!(again.leased.len(), 1);
+        assert_eq!(again.leased[0].attempts, 1, "what the row says now");
+        assert!(!again.leased[0].force);
+        s.close().await;
+    }
+
+    #[tokio::test]
     async fn due_events_reads_only_the_sources_asked_for_and_lists_every_source() {
         let dir = TempDir::new().unwrap();
         let s = RedbStore::open(&RedbOptions::new(dir.path().join("i.redb"))).unwrap();
@@ -516,6 +559,7 @@ mod inbox {
         let mut other = event("b", None, 1);
         other.source = "gone".into();
         s.inbox().ingest(other, T).await.unwrap();
+        committed(&s).await;
         let due = s
             .inbox()
             .due_events(T, vec![("sume".to_owned(), 10)])
@@ -986,7 +1030,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
         )
         .await
         .unwrap();
-    let lease = leased.leased[0].2;
+    let lease = leased.leased[0].lease;
     s.inbox()
         .settle(
             "sume",

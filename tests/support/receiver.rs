@@ -47,6 +47,13 @@ pub enum Behaviour {
     /// [`Receiver::release`], then 204: a receiver that hangs, for as long
     /// as the test wants and no longer.
     Hold(Option<&'static str>),
+    /// This status with `Retry-After: value` to the next `times` requests,
+    /// then 204.
+    RetryAfter {
+        status: u16,
+        value: &'static str,
+        times: usize,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -160,6 +167,24 @@ pub(crate) async fn hook(
         Behaviour::Redirect => HttpResponse::TemporaryRedirect()
             .insert_header(("location", "/elsewhere"))
             .finish(),
+        Behaviour::RetryAfter { times: 0, .. } => {
+            *behaviour = Behaviour::Accept;
+            HttpResponse::NoContent().finish()
+        }
+        Behaviour::RetryAfter {
+            status,
+            value,
+            times,
+        } => {
+            *behaviour = Behaviour::RetryAfter {
+                status,
+                value,
+                times: times - 1,
+            };
+            HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap())
+                .insert_header(("retry-after", value))
+                .finish()
+        }
     }
 }
 

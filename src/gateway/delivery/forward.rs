@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::clock::Millis;
 use crate::gateway::Source;
 use crate::gateway::signature::sign_standard_webhooks;
 use crate::store::inbox::InboxEvent;
@@ -48,7 +49,7 @@ impl Forwarder {
         ev: &InboxEvent,
         attempt: u32,
         now_s: i64,
-    ) -> Result<(), String> {
+    ) -> Result<(), Failed> {
         let signature =
             sign_standard_webhooks(&source.destination_key, &ev.event_id, now_s, &ev.body);
         let mut req = self
@@ -72,17 +73,67 @@ impl Forwarder {
                 drain(r).await;
                 Ok(())
             }
-            Ok(r) if r.status().is_redirection() => Err(format!(
+            Ok(r) if r.status().is_redirection() => Err(Failed::new(format!(
                 "HTTP {} (redirects count as failures and are not followed)",
                 r.status()
-            )),
-            Ok(r) => Err(format!("HTTP {}", r.status())),
-            Err(e) if e.is_timeout() => {
-                Err(format!("no answer within {:?}", source.forward_timeout))
+            ))),
+            Ok(r) => {
+                let status = r.status();
+                let retry_after = matches!(status.as_u16(), 429 | 503)
+                    .then(|| r.headers().get(reqwest::header::RETRY_AFTER))
+                    .flatten()
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| retry_after_ms(v, now_s));
+                let error = match retry_after {
+                    Some(ms) => format!("HTTP {status}, Retry-After {} s", ms / 1000),
+                    None => format!("HTTP {status}"),
+                };
+                Err(Failed { error, retry_after })
             }
-            Err(e) => Err(format!("request failed: {}", error_chain(&e.without_url()))),
+            Err(e) if e.is_timeout() => Err(Failed::new(format!(
+                "no answer within {:?}",
+                source.forward_timeout
+            ))),
+            Err(e) => Err(Failed::new(format!(
+                "request failed: {}",
+                error_chain(&e.without_url())
+            ))),
         }
     }
+}
+
+/// A failed attempt: what failed, and how long the destination asked to be
+/// left alone (a 429 or 503 with `Retry-After`), ms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failed {
+    pub error: String,
+    pub retry_after: Option<Millis>,
+}
+
+impl Failed {
+    fn new(error: String) -> Self {
+        Self {
+            error,
+            retry_after: None,
+        }
+    }
+}
+
+/// A `Retry-After` value (RFC 9110: delay-seconds, or an HTTP-date) as ms
+/// from `now_s`; `None` when it is neither. A date in the past is 0.
+pub fn retry_after_ms(value: &str, now_s: i64) -> Option<Millis> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(secs.saturating_mul(1000));
+    }
+    let at = time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc2822)
+        .ok()?
+        .unix_timestamp();
+    Some(
+        u64::try_from(at.saturating_sub(now_s))
+            .unwrap_or(0)
+            .saturating_mul(1000),
+    )
 }
 
 /// Reads what is left of a small answer so its connection goes back to the
@@ -106,4 +157,28 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        // 2015-10-21T07:28:00Z
+        let now = 1_445_412_480;
+        assert_eq!(retry_after_ms("120", now), Some(120_000));
+        assert_eq!(retry_after_ms(" 0 ", now), Some(0));
+        assert_eq!(
+            retry_after_ms("Wed, 21 Oct 2015 07:30:00 GMT", now),
+            Some(120_000)
+        );
+        assert_eq!(
+            retry_after_ms("Wed, 21 Oct 2015 07:00:00 GMT", now),
+            Some(0)
+        );
+        for bad in ["", "-5", "soon", "1.5", "Wed, 21 Oct 2015"] {
+            assert_eq!(retry_after_ms(bad, now), None, "{bad:?}");
+        }
+    }
 }

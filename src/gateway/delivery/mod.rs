@@ -38,7 +38,7 @@ use self::schedule::{LaneView, Reached, Schedule, Wants};
 use super::{Gateway, Source};
 use crate::clock::{Millis, SharedClock};
 use crate::domain::Ttl;
-use crate::store::inbox::InboxEvent;
+use crate::store::inbox::{InboxEvent, LeasedEvent};
 use crate::store::{Store, StoreError};
 use crate::telemetry::metrics::Metrics;
 
@@ -51,6 +51,9 @@ const POLL: Duration = Duration::from_millis(500);
 const STORE_BACKOFF_FIRST: Duration = Duration::from_millis(500);
 /// Longest pause of the dispatcher while the store fails.
 const STORE_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How long after the inbox's `visible_within` the dispatcher looks again
+/// for a write it was told of.
+const VISIBLE_MARGIN: Duration = Duration::from_millis(5);
 /// Extra claim and lease time beyond the attempt's timeout.
 const GRACE_MS: u64 = 30_000;
 
@@ -138,6 +141,14 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// The destination asked (`Retry-After`) to be left alone until
+    /// `until`: no delivery of this source starts before.
+    fn hold(&self, until: Millis) {
+        self.dispatcher.schedule().hold(&self.source.name, until);
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         let now = self.dispatcher.clock.now_ms();
@@ -201,6 +212,13 @@ impl Dispatcher {
             .unwrap_or(1)
             .min(settings.max_in_flight);
         let done_ttl = Ttl::from_ms_unchecked(gateway.retention.delivered_ms);
+        let mut schedule = Schedule::new(settings.max_in_flight, lanes);
+        let now = clock.now_ms();
+        for s in gateway.sources.values() {
+            if let Some((rate, burst)) = s.rate {
+                schedule.rate_limit(&s.name, rate, burst, now);
+            }
+        }
         Ok(Self {
             gateway,
             coordination,
@@ -208,7 +226,7 @@ impl Dispatcher {
             forwarder: Forwarder::new(idle)?,
             done_ttl,
             ordering_retention_ms: settings.ordering_retention_ms,
-            schedule: Mutex::new(Schedule::new(settings.max_in_flight, lanes)),
+            schedule: Mutex::new(schedule),
             metrics: settings.metrics,
             last_pass: Mutex::new(Instant::now()),
             stopping: AtomicBool::new(false),
@@ -217,7 +235,10 @@ impl Dispatcher {
 
     /// The delivery state of a configured source.
     pub fn lane(&self, source: &str) -> Option<LaneView> {
-        self.schedule().view(source)
+        let now = self.clock.now_ms();
+        let mut view = self.schedule().view(source)?;
+        view.held_until = view.held_until.filter(|until| *until > now);
+        Some(view)
     }
 
     /// Dispatches until `stop` turns true, then waits for deliveries in
@@ -226,6 +247,7 @@ impl Dispatcher {
         let mut tasks = JoinSet::new();
         let mut moves = self.clock.moves();
         let mut failing: Option<Duration> = None;
+        let mut told = false;
         loop {
             if *stop.borrow() {
                 break;
@@ -261,17 +283,23 @@ impl Dispatcher {
                 }
             };
             let now = self.clock.now_ms();
-            let sleep = wake_at.map_or(POLL, |t| {
+            let mut sleep = wake_at.map_or(POLL, |t| {
                 Duration::from_millis(t.saturating_sub(now)).min(POLL)
             });
+            if told {
+                // An ingest or a finished turn told of a write this pass may
+                // not have seen yet: look again once it shows.
+                sleep = sleep.min(self.gateway.inbox.visible_within() + VISIBLE_MARGIN);
+            }
             let moved = async {
                 match &mut moves {
                     Some(m) => m.changed().await.is_ok(),
                     None => std::future::pending().await,
                 }
             };
+            told = false;
             tokio::select! {
-                () = self.gateway.wake.notified() => {}
+                () = self.gateway.wake.notified() => told = true,
                 () = tokio::time::sleep(sleep) => {}
                 _ = stop.changed() => {}
                 ok = moved => if !ok { moves = None },
@@ -371,18 +399,20 @@ impl Dispatcher {
             tracing::info!(source = %source, event_id = %id, "stale: older than its stream's head");
             self.metrics.delivery(source, "stale");
         }
-        let generations: HashMap<(String, String), u64> = leased
+        let mut current: HashMap<(String, String), LeasedEvent> = leased
             .leased
             .into_iter()
-            .map(|(s, id, g)| ((s, id), g))
+            .map(|l| ((l.source.clone(), l.event_id.clone()), l))
             .collect();
-        for (source, ev, mut slot) in slots {
-            // Only events still pending and runnable were leased.
-            let Some(generation) = generations.get(&(ev.source.clone(), ev.event_id.clone()))
-            else {
+        for (source, mut ev, mut slot) in slots {
+            // Only events still pending and runnable were leased; the read
+            // that found them may predate their last settle.
+            let Some(now_leased) = current.remove(&(ev.source.clone(), ev.event_id.clone())) else {
                 continue;
             };
-            let generation = *generation;
+            ev.attempts = now_leased.attempts;
+            ev.force = now_leased.force;
+            let generation = now_leased.lease;
             let this = self.clone();
             tasks.spawn(async move {
                 slot.reached = this.turn(&source, &ev, generation, &slot).await;

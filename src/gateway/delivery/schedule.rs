@@ -22,6 +22,7 @@ use std::collections::HashSet;
 
 use super::circuit::{Circuit, State, Transition};
 use crate::clock::Millis;
+use crate::domain::Rate;
 use crate::store::inbox::InboxEvent;
 
 /// How many answered deliveries per slot of a source may wait for their
@@ -41,6 +42,46 @@ struct Lane {
     circuit: Circuit,
     /// The event id of the probe in flight, while probing.
     probe: Option<String>,
+    /// Its `rate_limit`, as a token bucket.
+    bucket: Option<Bucket>,
+    /// Until when its destination asked to be left alone (`Retry-After`).
+    held_until: Option<Millis>,
+}
+
+/// A token bucket: `burst` tokens at most, refilled at `per_ms`; a
+/// delivery takes one to start. It starts empty, so a restart does not
+/// burst: over any time `t` that spans a restart, at most `burst + rate ×
+/// t` deliveries start, as without the restart.
+#[derive(Debug)]
+struct Bucket {
+    per_ms: f64,
+    burst: f64,
+    tokens: f64,
+    at: Millis,
+}
+
+impl Bucket {
+    fn refill(&mut self, now: Millis) {
+        if now > self.at {
+            let gained = (now - self.at) as f64 * self.per_ms;
+            self.tokens = (self.tokens + gained).min(self.burst);
+            self.at = now;
+        }
+    }
+
+    fn available(&self) -> usize {
+        // tokens <= burst <= 1_000_000: the cast cannot truncate.
+        self.tokens.floor().max(0.0) as usize
+    }
+
+    /// When the next token is there, if none is now.
+    fn next_at(&self) -> Option<Millis> {
+        (self.tokens < 1.0).then(|| {
+            let wait = ((1.0 - self.tokens) / self.per_ms).ceil();
+            // A period is at most an hour: the cast cannot truncate.
+            self.at.saturating_add(wait as Millis)
+        })
+    }
 }
 
 impl Lane {
@@ -105,6 +146,8 @@ pub struct LaneView {
     /// Consecutive failed attempts.
     pub consecutive_failures: u32,
     pub state: State,
+    /// Until when the destination asked to be left alone (`Retry-After`).
+    pub held_until: Option<Millis>,
 }
 
 impl Schedule {
@@ -120,6 +163,8 @@ impl Schedule {
                     settling: 0,
                     circuit: Circuit::new(pause_after),
                     probe: None,
+                    bucket: None,
+                    held_until: None,
                 };
                 (name, lane)
             })
@@ -133,6 +178,27 @@ impl Schedule {
             events: HashSet::new(),
             requests: HashSet::new(),
             streams: HashSet::new(),
+        }
+    }
+
+    /// Limits `source` to `rate`, with `burst`; its bucket starts empty at
+    /// `now`.
+    pub fn rate_limit(&mut self, source: &str, rate: Rate, burst: u32, now: Millis) {
+        if let Some((_, lane)) = self.lanes.iter_mut().find(|(l, _)| l == source) {
+            lane.bucket = Some(Bucket {
+                per_ms: rate.per_ms(),
+                burst: f64::from(burst.max(1)),
+                tokens: 0.0,
+                at: now,
+            });
+        }
+    }
+
+    /// Starts no delivery of `source` before `until` (its destination
+    /// answered 429 or 503 with `Retry-After`); a later hold wins.
+    pub fn hold(&mut self, source: &str, until: Millis) {
+        if let Some((_, lane)) = self.lanes.iter_mut().find(|(l, _)| l == source) {
+            lane.held_until = Some(lane.held_until.map_or(until, |h| h.max(until)));
         }
     }
 
@@ -156,11 +222,27 @@ impl Schedule {
         }
         for (name, lane) in &mut self.lanes {
             let free = lane.free();
-            let (n, t) = lane.circuit.allowance(free, now);
+            let (mut n, t) = lane.circuit.allowance(free, now);
             if let Some(t) = t {
                 wants.transitions.push((name.clone(), t));
             }
-            if let Some(at) = lane.circuit.reopens_at() {
+            let mut wake = lane.circuit.reopens_at();
+            match lane.held_until {
+                Some(until) if until > now => {
+                    n = 0;
+                    wake = Some(wake.map_or(until, |w| w.max(until)));
+                }
+                Some(_) => lane.held_until = None,
+                None => {}
+            }
+            if let Some(bucket) = &mut lane.bucket {
+                bucket.refill(now);
+                if n > 0 && bucket.available() == 0 {
+                    wake = bucket.next_at().or(wake);
+                }
+                n = n.min(bucket.available());
+            }
+            if let Some(at) = wake {
                 wants.reopens_at = Some(wants.reopens_at.map_or(at, |r| r.min(at)));
             }
             if n > 0 {
@@ -209,7 +291,7 @@ impl Schedule {
                 else {
                     continue;
                 };
-                if lane.free() == 0 {
+                if lane.free() == 0 || lane.bucket.as_ref().is_some_and(|b| b.tokens < 1.0) {
                     continue;
                 }
                 if matches!(lane.circuit.state(), State::Probing { in_flight: true }) {
@@ -232,6 +314,9 @@ impl Schedule {
                         lane.probe = Some(ev.event_id.clone());
                     }
                     lane.circuit.started();
+                    if let Some(bucket) = &mut lane.bucket {
+                        bucket.tokens -= 1.0;
+                    }
                     self.in_flight += 1;
                     picked.push(ev);
                     progress = true;
@@ -324,6 +409,7 @@ impl Schedule {
                 max_in_flight: l.limit,
                 consecutive_failures: l.circuit.failures(),
                 state: l.circuit.state(),
+                held_until: l.held_until,
             })
     }
 }
@@ -523,5 +609,35 @@ mod tests {
                 .is_none()
         );
         assert_eq!(s.view("a").unwrap().consecutive_failures, 1);
+    }
+
+    #[test]
+    fn a_rate_limit_starts_empty_refills_up_to_its_burst_and_says_when_to_look_again() {
+        let mut s = Schedule::new(8, [("a".into(), 8, 5)]);
+        s.rate_limit("a", "2/s".parse().unwrap(), 3, 0);
+        let w = s.wants(0);
+        assert!(w.reads.is_empty());
+        assert_eq!(w.reopens_at, Some(500));
+        assert_eq!(s.wants(500).reads, [("a".to_owned(), 1)]);
+        // Ten seconds later: the burst, not twenty.
+        assert_eq!(s.wants(10_000).reads, [("a".to_owned(), 3)]);
+        let (picked, left) = s.pick(vec![("a".into(), events("a", 5))]);
+        assert_eq!((picked.len(), left), (3, true));
+        let w = s.wants(10_000);
+        assert!(w.reads.is_empty());
+        assert_eq!(w.reopens_at, Some(10_500));
+    }
+
+    #[test]
+    fn a_hold_stops_a_source_until_its_time_and_a_later_hold_wins() {
+        let mut s = Schedule::new(8, [("a".into(), 8, 5), ("b".into(), 8, 5)]);
+        s.hold("a", 5_000);
+        s.hold("a", 3_000);
+        let w = s.wants(1_000);
+        assert_eq!(w.reads, [("b".to_owned(), 8)]);
+        assert_eq!(w.reopens_at, Some(5_000));
+        assert_eq!(s.view("a").unwrap().held_until, Some(5_000));
+        assert_eq!(s.wants(5_000).reads.len(), 2);
+        assert_eq!(s.view("a").unwrap().held_until, None);
     }
 }

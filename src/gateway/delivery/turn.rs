@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::backoff::{backoff, millis};
+use super::forward::Failed;
 use super::schedule::Reached;
 use super::{Coordination, Dispatcher, GRACE_MS, Slot};
 use crate::clock::Millis;
@@ -56,9 +57,8 @@ impl Dispatcher {
         slot: &Slot,
     ) -> Reached {
         let attempt = ev.attempts.saturating_add(1);
-        if let Err(error) = self.post(source, ev, attempt).await {
-            slot.answered(Reached::Failure);
-            self.settle_failure(source, ev, lease, attempt, error).await;
+        if let Err(failed) = self.post(source, ev, attempt).await {
+            self.failed(source, ev, lease, attempt, failed, slot).await;
             return Reached::Failure;
         }
         slot.answered(Reached::Success);
@@ -239,10 +239,9 @@ impl Dispatcher {
             }
         }
         let attempt = ev.attempts.saturating_add(1);
-        if let Err(error) = self.post(source, ev, attempt).await {
-            slot.answered(Reached::Failure);
+        if let Err(failed) = self.post(source, ev, attempt).await {
             self.release(store, key, token).await;
-            self.settle_failure(source, ev, lease, attempt, error).await;
+            self.failed(source, ev, lease, attempt, failed, slot).await;
             return Reached::Failure;
         }
         slot.answered(Reached::Success);
@@ -315,7 +314,7 @@ impl Dispatcher {
         Some((ScopedKey::new(&ns, &stream), ScopedKey::new(&ns, &id)))
     }
 
-    async fn post(&self, source: &Source, ev: &InboxEvent, attempt: u32) -> Result<(), String> {
+    async fn post(&self, source: &Source, ev: &InboxEvent, attempt: u32) -> Result<(), Failed> {
         let now_s = i64::try_from(self.clock.now_ms() / 1000).unwrap_or(i64::MAX);
         let started = std::time::Instant::now();
         let result = self.forwarder.post(source, ev, attempt, now_s).await;
@@ -324,20 +323,33 @@ impl Dispatcher {
         result
     }
 
-    /// Settles a failed attempt: retry later, or dead after the last one.
-    async fn settle_failure(
+    /// A failed attempt: frees the slot (holding the source back as long as
+    /// the destination asked with `Retry-After`, at most `backoff_max`) and
+    /// settles the event: retry later, or dead after the last attempt.
+    async fn failed(
         &self,
         source: &Source,
         ev: &InboxEvent,
         lease: u64,
         attempt: u32,
-        error: String,
+        failed: Failed,
+        slot: &Slot,
     ) {
+        let asked = failed
+            .retry_after
+            .map(|ms| ms.min(millis(source.backoff_max)));
+        if let Some(ms) = asked {
+            slot.hold(self.clock.now_ms().saturating_add(ms));
+        }
+        slot.answered(Reached::Failure);
+        let error = failed.error;
         if attempt >= source.max_attempts {
             tracing::warn!(source = %source.name, event_id = %ev.event_id, attempt, %error, "dead: every attempt failed");
             self.settle(ev, lease, Settle::Dead { error }).await;
         } else {
-            let retry_at = self.clock.now_ms().saturating_add(backoff(source, attempt));
+            // The destination's wait replaces the backoff when it is longer.
+            let wait = backoff(source, attempt).max(asked.unwrap_or(0));
+            let retry_at = self.clock.now_ms().saturating_add(wait);
             tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, %error, retry_at, "delivery failed; will retry");
             let settle = Settle::Retry {
                 retry_at,

@@ -21,7 +21,8 @@ use super::row::{decode, to_row};
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
 use crate::store::inbox::{
-    EventStatus, InboxEvent, IngestOutcome, Leased, NewEvent, RedeliverOutcome, Retention, Settle,
+    EventStatus, InboxEvent, IngestOutcome, Leased, LeasedEvent, NewEvent, RedeliverOutcome,
+    Retention, Settle,
 };
 use crate::store::redb::counts::StatusDeltas;
 use crate::store::redb::record::InboxRequest;
@@ -114,7 +115,7 @@ impl<'txn> InboxTables<'txn> {
             } => {
                 let mut out = Leased::default();
                 for (source, id, until) in events {
-                    let Some(e) = self.lease(source, id, *until)? else {
+                    let Some(e) = self.lease(source, id, *until, now)? else {
                         continue;
                     };
                     let behind = match (stale_check, &e.stream) {
@@ -128,7 +129,13 @@ impl<'txn> InboxTables<'txn> {
                             self.settle(source, id, e.lease, &Settle::Stale, *retention, now)?;
                             out.stale.push((source.clone(), id.clone()));
                         }
-                        _ => out.leased.push((source.clone(), id.clone(), e.lease)),
+                        _ => out.leased.push(LeasedEvent {
+                            source: source.clone(),
+                            event_id: id.clone(),
+                            lease: e.lease,
+                            attempts: e.attempts,
+                            force: e.force,
+                        }),
                     }
                 }
                 InboxResponse::Leased(out)
@@ -307,16 +314,20 @@ impl<'txn> InboxTables<'txn> {
     /// its new generation), or `None` when it is not runnable (settled, or
     /// queued behind an older event of its stream since the dispatcher read
     /// it).
+    /// Leases a pending, runnable event that is due at `now` (a
+    /// dispatcher's read may predate the settle that set a retry later).
     fn lease(
         &mut self,
         source: &str,
         id: &str,
         until: Millis,
+        now: Millis,
     ) -> Result<Option<InboxEvent>, redb::Error> {
         let Some(mut e) = self.load(source, id)? else {
             return Ok(None);
         };
         if e.status != EventStatus::Pending
+            || e.due_at_ms > now
             || self
                 .due
                 .open()?

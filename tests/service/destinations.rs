@@ -1,0 +1,211 @@
+//! What a destination asks, respected: a source's `rate_limit` (deliveries
+//! beyond it wait, never fail, and a restart does not burst), and a 429 or
+//! 503 with `Retry-After` (the source waits until then, at most
+//! `backoff_max`; the answer counts as an attempt). A real receiver, and
+//! the app's clock moved by the test: with the clock standing still,
+//! nothing held back can start.
+
+use std::time::Duration;
+
+use dedupd::clock::Clock;
+
+use crate::support::gateway::{body, gateway_app};
+use crate::support::receiver::{Behaviour, Receiver, eventually};
+
+/// Posts `n` events, each on its own stream.
+async fn post_events(app: &crate::support::app::TestApp, from: usize, n: usize) {
+    for i in from..from + n {
+        app.ingest_ok(&body(
+            &format!("e{i}"),
+            &format!("run_{i}"),
+            "2026-11-29T10:00:00Z",
+        ))
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn deliveries_beyond_the_rate_limit_wait_for_tokens_and_never_fail() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.rate_limit = Some("2/s".parse().unwrap());
+        s.rate_burst = Some(2);
+    })
+    .await;
+    post_events(&app, 0, 7).await;
+    // The bucket starts empty: nothing goes before a token is there.
+    let state = app.source_state("sume").await;
+    assert_eq!(state["delivery"]["in_flight"], 0, "{state}");
+    assert!(receiver.received().is_empty());
+
+    // One second: two tokens (the burst), two deliveries, no more.
+    app.clock.advance(Duration::from_secs(1));
+    eventually("two delivered", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+    assert_eq!(receiver.received().len(), 2);
+
+    // Half a second: one token.
+    app.clock.advance(Duration::from_millis(500));
+    eventually("three delivered", || async {
+        app.event_ids("delivered").await.len() == 3
+    })
+    .await;
+    assert_eq!(receiver.received().len(), 3);
+
+    // A long quiet time fills the bucket to its burst only.
+    app.clock.advance(Duration::from_secs(60));
+    eventually("five delivered", || async {
+        app.event_ids("delivered").await.len() == 5
+    })
+    .await;
+    assert_eq!(
+        receiver.received().len(),
+        5,
+        "more than the burst started at once"
+    );
+
+    // Every event goes through in the end, each on its first attempt.
+    app.clock.advance(Duration::from_secs(1));
+    eventually("all delivered", || async {
+        app.event_ids("delivered").await.len() == 7
+    })
+    .await;
+    let delivered = app.events("delivered").await;
+    assert!(
+        delivered.iter().all(|e| e["attempts"] == 1),
+        "{delivered:?}"
+    );
+    assert!(app.events("dead").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_restart_does_not_burst_past_the_rate_limit() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.rate_limit = Some("1/s".parse().unwrap());
+        s.rate_burst = Some(5);
+    })
+    .await;
+    post_events(&app, 0, 8).await;
+    app.clock.advance(Duration::from_secs(1));
+    eventually("one delivered", || async {
+        app.event_ids("delivered").await.len() == 1
+    })
+    .await;
+
+    // Stopped and started again at the same instant: the bucket of the new
+    // process is empty, so the restart cannot spend a burst the old one
+    // did not have.
+    let app = app.restart().await;
+    let state = app.source_state("sume").await;
+    assert_eq!(state["delivery"]["in_flight"], 0, "{state}");
+    assert_eq!(receiver.received().len(), 1);
+    app.clock.advance(Duration::from_secs(1));
+    eventually("two delivered", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+    assert_eq!(receiver.received().len(), 2);
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_holds_the_source_until_then_and_counts_as_an_attempt() {
+    let receiver = Receiver::start(Behaviour::RetryAfter {
+        status: 429,
+        value: "120",
+        times: 1,
+    })
+    .await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.max_in_flight = 1;
+        s.backoff_min = Duration::from_secs(1);
+        s.backoff_max = Duration::from_secs(600);
+    })
+    .await;
+    let t0 = app.clock.now_ms();
+    post_events(&app, 0, 2).await;
+    eventually("the source holds", || async {
+        !app.source_state("sume").await["delivery"]["retry_after_until_ms"].is_null()
+    })
+    .await;
+    let state = app.source_state("sume").await;
+    assert_eq!(
+        state["delivery"]["retry_after_until_ms"],
+        t0 + 120_000,
+        "{state}"
+    );
+    // The hold came before the slot was free: the other event never went.
+    assert_eq!(receiver.received().len(), 1);
+    let pending = app.events("pending").await;
+    let asked = pending
+        .iter()
+        .find(|e| e["attempts"] == 1)
+        .expect("the refused event");
+    assert_eq!(
+        asked["due_at_ms"],
+        t0 + 120_000,
+        "the wait replaces the shorter backoff"
+    );
+    assert!(
+        asked["last_error"].as_str().unwrap().contains("429"),
+        "{asked}"
+    );
+
+    app.clock.advance(Duration::from_secs(119));
+    let state = app.source_state("sume").await;
+    assert_eq!(
+        state["delivery"]["retry_after_until_ms"],
+        t0 + 120_000,
+        "{state}"
+    );
+    assert_eq!(receiver.received().len(), 1);
+
+    app.clock.advance(Duration::from_secs(1));
+    eventually("both delivered", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+    let mut attempts: Vec<u64> = app
+        .events("delivered")
+        .await
+        .iter()
+        .map(|e| e["attempts"].as_u64().unwrap())
+        .collect();
+    attempts.sort_unstable();
+    assert_eq!(attempts, [1, 2], "the 429 counted as an attempt");
+    assert!(app.source_state("sume").await["delivery"]["retry_after_until_ms"].is_null());
+}
+
+#[tokio::test]
+async fn a_503_asking_for_longer_than_backoff_max_waits_backoff_max() {
+    let receiver = Receiver::start(Behaviour::RetryAfter {
+        status: 503,
+        value: "7200",
+        times: 1,
+    })
+    .await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.backoff_min = Duration::from_secs(1);
+        s.backoff_max = Duration::from_secs(60);
+    })
+    .await;
+    let t0 = app.clock.now_ms();
+    post_events(&app, 0, 1).await;
+    eventually("the source holds", || async {
+        !app.source_state("sume").await["delivery"]["retry_after_until_ms"].is_null()
+    })
+    .await;
+    let state = app.source_state("sume").await;
+    assert_eq!(
+        state["delivery"]["retry_after_until_ms"],
+        t0 + 60_000,
+        "{state}"
+    );
+    app.clock.advance(Duration::from_secs(60));
+    eventually("delivered", || async {
+        app.event_ids("delivered").await.len() == 1
+    })
+    .await;
+}
