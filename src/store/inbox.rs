@@ -39,13 +39,6 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// (`gateway.dedupe_window`, as the inbox was opened with).
     fn dedupe_window(&self) -> Duration;
 
-    /// How soon a write shows in [`Inbox::due_events`] (the redb store's
-    /// `storage.commit_hold`): the dispatcher looks again that soon after
-    /// it was told of one.
-    fn visible_within(&self) -> Duration {
-        Duration::ZERO
-    }
-
     /// Ok when the inbox can take writes now (as `Store::ready`).
     async fn ready(&self) -> Result<(), StoreError> {
         Ok(())
@@ -58,8 +51,10 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
-    /// Leases runnable events, each until its own time, while they are
-    /// being delivered: `(source, event id, until)`. With `stale_check`, an
+    /// Leases runnable events that are due at `now`, each until its own
+    /// time, while they are being delivered: `(source, event id, until)`;
+    /// answers each one's current attempts (the read that found it may be
+    /// older than its last settle). With `stale_check`, an
     /// event older than its stream's head (in the inbox's own store) is
     /// settled as stale instead, in the same write.
     async fn lease(
@@ -113,9 +108,7 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<u64, StoreError>;
 
     /// For each `(source, limit)`: its runnable events due at `now` (at
-    /// most `limit`) and its next due time after them. May miss an event
-    /// written in the last [`Inbox::visible_within`]; never shows one whose
-    /// write is not durable.
+    /// most `limit`) and its next due time after them.
     async fn due_events(
         &self,
         now: Millis,

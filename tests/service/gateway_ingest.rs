@@ -356,7 +356,10 @@ async fn a_standard_webhooks_replay_within_tolerance_after_the_event_is_reaped_i
 /// which took group commit away from every write.
 #[tokio::test]
 async fn a_flood_of_one_replayed_request_does_not_defeat_group_commit() {
-    let receiver = Receiver::start(Behaviour::Accept).await;
+    // The delivery is held open while counting: a dispatcher with a turn
+    // in flight and nothing else due reads nothing, so only the requests
+    // below could make the writer commit.
+    let receiver = Receiver::start(Behaviour::Hold(None)).await;
     let source: SourceSettings = toml::from_str(&format!(
         r#"
         scheme = "github"
@@ -378,12 +381,13 @@ async fn a_flood_of_one_replayed_request_does_not_defeat_group_commit() {
     .await;
     let captured = github("evt-replayed", app.now_unix_s());
     assert_eq!(app.post_status("gh", &captured).await, "accepted");
-    // Delivered and listed: a read of what was acknowledged commits the
-    // delivery's writes, so none is held when counting starts.
-    eventually("evt-replayed is delivered", || async {
-        app.listed("gh", "delivered").await == ["evt-replayed"]
+    eventually("evt-replayed is being delivered", || async {
+        receiver.held() == 1
     })
     .await;
+    // A read of what was acknowledged commits the lease, so nothing is
+    // held when counting starts.
+    assert_eq!(app.listed("gh", "pending").await, ["evt-replayed"]);
     let commits = || app.store.write_stats().commits;
     let before = commits();
     // Claims amid the replays: each replay could commit the claim before it.
@@ -394,6 +398,11 @@ async fn a_flood_of_one_replayed_request_does_not_defeat_group_commit() {
         }
     }
     assert_eq!(commits(), before, "the replays committed the held writes");
+    receiver.release();
+    eventually("evt-replayed is delivered", || async {
+        app.listed("gh", "delivered").await == ["evt-replayed"]
+    })
+    .await;
     assert_eq!(
         ids(&receiver.received()),
         ["evt-replayed"],

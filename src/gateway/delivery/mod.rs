@@ -51,9 +51,10 @@ const POLL: Duration = Duration::from_millis(500);
 const STORE_BACKOFF_FIRST: Duration = Duration::from_millis(500);
 /// Longest pause of the dispatcher while the store fails.
 const STORE_BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// How long after the inbox's `visible_within` the dispatcher looks again
-/// for a write it was told of.
-const VISIBLE_MARGIN: Duration = Duration::from_millis(5);
+/// Longest the dispatcher goes without reading the inbox while nothing is
+/// known to be due and nobody told it of a write (a safety net: every
+/// write that makes an event runnable wakes it).
+const IDLE_READ: Duration = Duration::from_secs(5);
 /// Extra claim and lease time beyond the attempt's timeout.
 const GRACE_MS: u64 = 30_000;
 
@@ -247,7 +248,12 @@ impl Dispatcher {
         let mut tasks = JoinSet::new();
         let mut moves = self.clock.moves();
         let mut failing: Option<Duration> = None;
-        let mut told = false;
+        // Why the last wait ended: a timeout with nothing known due by now
+        // needs no read (a read of what was acknowledged makes the writer
+        // commit what it holds, taking group commit away from the claims).
+        let mut timed_out = false;
+        let mut known: Option<Millis> = None;
+        let mut last_read = Instant::now();
         loop {
             if *stop.borrow() {
                 break;
@@ -257,50 +263,56 @@ impl Dispatcher {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Instant::now();
             while tasks.try_join_next().is_some() {}
-            let wake_at = match self.dispatch(&mut tasks).await {
-                Ok(w) => {
-                    if failing.take().is_some() {
-                        tracing::info!("inbox readable and writable again: deliveries resume");
-                    }
-                    w
-                }
-                Err(e) => {
-                    // Back off while the store fails (disk full, file being
-                    // reopened), logging the transition once, not each pass.
-                    let wait = match failing {
-                        None => {
-                            tracing::warn!(error = %e.chain(), "cannot read or lease from the inbox: deliveries wait for the store");
-                            STORE_BACKOFF_FIRST
+            let now = self.clock.now_ms();
+            let quiet = timed_out
+                && known.is_none_or(|t| t > now)
+                && last_read.elapsed() < IDLE_READ;
+            let wake_at = if quiet {
+                known
+            } else {
+                last_read = Instant::now();
+                match self.dispatch(&mut tasks).await {
+                    Ok(w) => {
+                        if failing.take().is_some() {
+                            tracing::info!("inbox readable and writable again: deliveries resume");
                         }
-                        Some(w) => (w * 2).min(STORE_BACKOFF_MAX),
-                    };
-                    failing = Some(wait);
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        _ = stop.changed() => {}
+                        w
                     }
-                    continue;
+                    Err(e) => {
+                        // Back off while the store fails (disk full, file being
+                        // reopened), logging the transition once, not each pass.
+                        let wait = match failing {
+                            None => {
+                                tracing::warn!(error = %e.chain(), "cannot read or lease from the inbox: deliveries wait for the store");
+                                STORE_BACKOFF_FIRST
+                            }
+                            Some(w) => (w * 2).min(STORE_BACKOFF_MAX),
+                        };
+                        failing = Some(wait);
+                        tokio::select! {
+                            () = tokio::time::sleep(wait) => {}
+                            _ = stop.changed() => {}
+                        }
+                        timed_out = false;
+                        continue;
+                    }
                 }
             };
+            known = wake_at;
             let now = self.clock.now_ms();
-            let mut sleep = wake_at.map_or(POLL, |t| {
+            let sleep = wake_at.map_or(POLL, |t| {
                 Duration::from_millis(t.saturating_sub(now)).min(POLL)
             });
-            if told {
-                // An ingest or a finished turn told of a write this pass may
-                // not have seen yet: look again once it shows.
-                sleep = sleep.min(self.gateway.inbox.visible_within() + VISIBLE_MARGIN);
-            }
             let moved = async {
                 match &mut moves {
                     Some(m) => m.changed().await.is_ok(),
                     None => std::future::pending().await,
                 }
             };
-            told = false;
+            timed_out = false;
             tokio::select! {
-                () = self.gateway.wake.notified() => told = true,
-                () = tokio::time::sleep(sleep) => {}
+                () = self.gateway.wake.notified() => {}
+                () = tokio::time::sleep(sleep) => timed_out = true,
                 _ = stop.changed() => {}
                 ok = moved => if !ok { moves = None },
             }

@@ -129,7 +129,8 @@ pub enum Reached {
 /// What a dispatch pass should read, and what changed.
 #[derive(Debug, Default)]
 pub struct Wants {
-    /// Per source that may start deliveries: how many events to read.
+    /// Per source that may start deliveries: how many events to read (what
+    /// it may start, plus what it holds).
     pub reads: Vec<(String, usize)>,
     /// Circuit transitions to log.
     pub transitions: Vec<(String, Transition)>,
@@ -246,7 +247,9 @@ impl Schedule {
                 wants.reopens_at = Some(wants.reopens_at.map_or(at, |r| r.min(at)));
             }
             if n > 0 {
-                wants.reads.push((name.clone(), n));
+                // The read may show the events this lane holds as still due
+                // (it can predate their leases): read past them.
+                wants.reads.push((name.clone(), n + lane.in_flight + lane.settling));
             }
         }
         wants
@@ -479,9 +482,10 @@ mod tests {
         ]);
         assert_eq!(picked.iter().filter(|e| e.source == "hung").count(), 2);
         assert_eq!(picked.iter().filter(|e| e.source == "ok").count(), 3);
+        // 13 free slots, read past the 3 it holds.
         assert_eq!(
             s.wants(0).reads,
-            [("ok".to_owned(), 13)],
+            [("ok".to_owned(), 16)],
             "a full source reads nothing"
         );
     }
@@ -593,7 +597,8 @@ mod tests {
         assert_eq!(n, 2 * SETTLING_PER_SLOT);
         assert!(s.wants(0).reads.is_empty());
         s.finish("a", "e0", None, Reached::Success, 0, pause);
-        assert_eq!(s.wants(0).reads, [("a".to_owned(), 1)]);
+        // One may start; the read goes past the 7 still held.
+        assert_eq!(s.wants(0).reads, [("a".to_owned(), 8)]);
     }
 
     #[test]

@@ -102,9 +102,7 @@ pub struct Engine {
     pub(super) read_reopen_wait: Duration,
     /// [`RedbOptions::dedupe_window`](super::RedbOptions::dedupe_window), ms.
     pub(super) dedupe_window_ms: u64,
-    /// `storage.commit_hold`: how soon a write shows to a `Fresh::Shown`
-    /// read.
-    pub(super) commit_hold: Duration,
+
 }
 
 impl Engine {

@@ -96,10 +96,6 @@ impl Inbox for RedbInbox {
         self.engine.dedupe_window()
     }
 
-    fn visible_within(&self) -> Duration {
-        self.engine.commit_hold
-    }
-
     async fn ready(&self) -> Result<(), StoreError> {
         Ok(self.engine.ready().await?)
     }
@@ -212,18 +208,9 @@ impl Inbox for RedbInbox {
         now: Millis,
         wants: Vec<(String, usize)>,
     ) -> Result<Vec<SourceDue>, StoreError> {
-        // What the file shows, as for duplicates: a read of what was
-        // acknowledged would make the writer commit its open transaction at
-        // every dispatch pass, thousands of times a second under load. An
-        // event inserted since shows within `storage.commit_hold`, when the
-        // writer commits it.
         Ok(self
             .engine
-            .read_seen(Fresh::Shown, move |db, shared| {
-                let tx = db.begin_read()?;
-                let seen = shared.watermark.visible();
-                read::due(&tx, now, &wants).map(|due| (due, seen))
-            })
+            .read(move |tx| read::due(tx, now, &wants))
             .await?)
     }
 
