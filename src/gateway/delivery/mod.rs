@@ -264,9 +264,8 @@ impl Dispatcher {
                 .unwrap_or_else(PoisonError::into_inner) = Instant::now();
             while tasks.try_join_next().is_some() {}
             let now = self.clock.now_ms();
-            let quiet = timed_out
-                && known.is_none_or(|t| t > now)
-                && last_read.elapsed() < IDLE_READ;
+            let quiet =
+                timed_out && known.is_none_or(|t| t > now) && last_read.elapsed() < IDLE_READ;
             let wake_at = if quiet {
                 known
             } else {

@@ -102,7 +102,6 @@ pub struct Engine {
     pub(super) read_reopen_wait: Duration,
     /// [`RedbOptions::dedupe_window`](super::RedbOptions::dedupe_window), ms.
     pub(super) dedupe_window_ms: u64,
-
 }
 
 impl Engine {
