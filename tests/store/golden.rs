@@ -84,19 +84,46 @@ fn wal_of(path: &Path) -> PathBuf {
     p.into()
 }
 
-/// A copy of the case's files in a new directory: the data file, and its
+/// The case's files, unpacked into a new directory: the data file, and its
 /// log unless `with_log` is false.
 fn copy(case: &Case, with_log: bool) -> (TempDir, PathBuf) {
     let dir = TempDir::new().unwrap();
     let src = golden_dir(case.name);
     let path = dir.path().join("dedupd.redb");
-    std::fs::copy(src.join("dedupd.redb"), &path).unwrap();
-    let log = src.join("dedupd.redb.wal");
+    std::fs::write(&path, unpack(&src.join("dedupd.redb.b64"))).unwrap();
+    let log = src.join("dedupd.redb.wal.b64");
     assert_eq!(log.exists(), case.log.is_some(), "{}: its log", case.name);
     if with_log && log.exists() {
-        std::fs::copy(&log, wal_of(&path)).unwrap();
+        std::fs::write(wal_of(&path), unpack(&log)).unwrap();
     }
     (dir, path)
+}
+
+/// A golden file as `tests/golden/pack.py` packed it: its size, then runs
+/// of non-zero bytes as `offset base64`; zeros elsewhere. (The tree holds
+/// no data file dedupd could open, only this text.)
+fn unpack(packed: &Path) -> Vec<u8> {
+    use base64::Engine as _;
+    let text =
+        std::fs::read_to_string(packed).unwrap_or_else(|e| panic!("{}: {e}", packed.display()));
+    let mut out: Option<Vec<u8>> = None;
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let (first, rest) = line.split_once(' ').expect("`size N` or `offset base64`");
+        if first == "size" {
+            out = Some(vec![0; rest.parse().expect("size")]);
+            continue;
+        }
+        let buf = out.as_mut().expect("the size comes first");
+        let at: usize = first.parse().expect("offset");
+        let run = base64::engine::general_purpose::STANDARD
+            .decode(rest)
+            .expect("base64");
+        buf[at..at + run.len()].copy_from_slice(&run);
+    }
+    out.expect("a size line")
 }
 
 fn options(path: &Path) -> RedbOptions {

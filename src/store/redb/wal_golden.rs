@@ -560,7 +560,7 @@ fn the_encoding_of_every_logged_request_is_the_golden_one_of_its_format() {
 fn every_format_this_build_decodes_has_a_golden_log_or_samples_that_decode() {
     for &format in DECODES {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-        let log = dir.join(format!("log-format-{format}/dedupd.redb.wal"));
+        let log = dir.join(format!("log-format-{format}/dedupd.redb.wal.b64"));
         let samples = golden_path(format);
         assert!(
             log.exists() || samples.exists(),
