@@ -24,3 +24,33 @@ pub fn install_crypto() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// A client built here speaks TLS on ring: its first bytes to an
+    /// `https` URL are a TLS handshake record (and building it does not
+    /// panic for want of a provider).
+    #[tokio::test]
+    async fn an_https_request_opens_with_a_tls_client_hello() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = builder().no_proxy().build().unwrap();
+        let request = tokio::spawn(async move {
+            client
+                .post(format!("https://127.0.0.1:{port}/hooks"))
+                .send()
+                .await
+        });
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut head = [0u8; 3];
+        socket.read_exact(&mut head).await.unwrap();
+        // A handshake record (0x16) of TLS 1.x (0x03 0x01 in a ClientHello).
+        assert_eq!(head, [0x16, 0x03, 0x01]);
+        drop(socket);
+        assert!(request.await.unwrap().is_err());
+    }
+}
