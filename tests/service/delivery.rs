@@ -683,3 +683,33 @@ async fn events_of_a_source_that_left_the_configuration_do_not_block_the_others(
         "orphaned events are not delivered"
     );
 }
+
+#[tokio::test]
+async fn a_dispatcher_with_nothing_due_reads_nothing_on_its_poll() {
+    // One delivery held open, nothing else due: the dispatcher's poll
+    // timer (500 ms) goes off twice below. A read of the inbox on it would
+    // make the writer commit the claim it holds, taking group commit away.
+    let receiver = Receiver::start(Behaviour::Hold(None)).await;
+    let source = settings(&receiver.url);
+    let app = crate::support::app::spawn_app_with(move |l| {
+        l.settings.sources.insert("sume".into(), source);
+        let s = &mut l.settings.storage;
+        s.commit_hold = Duration::from_secs(3600);
+        s.checkpoint_interval = Duration::from_secs(3600);
+        s.checkpoint_idle = Duration::from_secs(3600);
+    })
+    .await;
+    app.ingest_ok(&body("held", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("held is being delivered", || async { receiver.held() == 1 }).await;
+    assert_eq!(app.get("absent").await.status(), StatusCode::NOT_FOUND);
+    let commits = || app.store.write_stats().commits;
+    app.claim_ok("k", serde_json::json!({})).await;
+    let before = commits();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(commits(), before, "a poll read the inbox");
+    // A read does commit it, so the count above could have moved.
+    assert_eq!(app.get("k").await.status(), StatusCode::OK);
+    assert_eq!(commits(), before + 1);
+    receiver.release();
+}
