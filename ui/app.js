@@ -278,6 +278,8 @@
       h("h1", {}, `Event ${id}`),
       h("dl", { class: "fields" }, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
       actions,
+      h("h2", {}, "Attempts"),
+      timeline(e.timeline),
       h("h2", {}, "Headers"),
       e.headers.length === 0
         ? h("p", { class: "muted" }, "No headers kept (forward_headers lists the ones dedupd keeps).")
@@ -287,6 +289,19 @@
       h("pre", { id: "body", tabindex: "0" }, e.body === null ? e.body_base64 : pretty));
     // While it is pending, show it settle without a reload.
     if (e.status === "pending") timer = setTimeout(() => refresh(gen, detail, source, id), DETAIL_REFRESH_MS);
+  }
+
+  // The event's last attempts (the server keeps ten), newest first.
+  function timeline(attempts) {
+    if (!attempts || attempts.length === 0) return h("p", { class: "muted", id: "timeline-empty" }, "No attempts yet.");
+    return h("div", { class: "scroll" }, h("table", { id: "timeline" },
+      h("thead", {}, h("tr", {}, ["#", "Sent", "Status", "Latency", "Error"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, attempts.slice().reverse().map((a) => h("tr", {},
+        h("td", { class: "num" }, String(a.attempt)),
+        h("td", {}, time(a.at_ms)),
+        h("td", { class: "num" }, a.status === null ? "no answer" : String(a.status)),
+        h("td", { class: "num" }, `${a.latency_ms.toFixed(1)} ms`),
+        h("td", { class: "error-text" }, a.error || "—"))))));
   }
 
   function confirmRedeliver(actions, source, id) {

@@ -1,4 +1,4 @@
-//! The operator API from the terminal: `dedupd events list|redeliver`,
+//! The operator API from the terminal: `dedupd events list|show|redeliver`,
 //! `dedupd claims get`, `dedupd streams get`. Tables for people by
 //! default; `--json` prints the server's answer as it is, for scripts.
 
@@ -40,6 +40,16 @@ pub enum EventsCommand {
         /// Continue after this cursor (the `next` of the previous page).
         #[arg(long)]
         after: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// One event: its state, and its last attempts (when each was sent,
+    /// the status, the latency and the error).
+    Show {
+        /// The source.
+        #[arg(long)]
+        source: String,
+        id: String,
         #[command(flatten)]
         common: Common,
     },
@@ -100,6 +110,11 @@ pub fn events(cmd: &EventsCommand) -> anyhow::Result<ExitCode> {
                 )
             },
             |v| print_events(v, source, status),
+        ),
+        EventsCommand::Show { source, id, common } => common.call(
+            &format!("event {id} of source {source}"),
+            |c| c.request(Method::GET, c.url(&["v1", "sources", source, "events", id])),
+            |v| print_event(v, source),
         ),
         EventsCommand::Redeliver { source, id, common } => common.call(
             &format!("event {id} of source {source}"),
@@ -221,6 +236,64 @@ fn text(v: &Value) -> String {
         Value::String(s) => escape_control(s).into_owned(),
         other => other.to_string(),
     }
+}
+
+/// One event: its fields, then its attempt timeline.
+fn print_event(v: &Value, source: &str) {
+    let now = table::now_ms();
+    let at = |field: &str| {
+        v[field]
+            .as_u64()
+            .filter(|ms| *ms > 0)
+            .map_or_else(|| "-".into(), |ms| table::when(ms, now))
+    };
+    let pending = v["status"] == "pending";
+    let fields = [
+        ("EVENT", text(&v["event_id"])),
+        ("SOURCE", escape_control(source).into_owned()),
+        ("STATUS", text(&v["status"])),
+        ("STREAM", text(&v["stream"])),
+        ("CREATED AT", text(&v["created_at"])),
+        ("RECEIVED", at("received_at_ms")),
+        (
+            if pending { "NEXT ATTEMPT" } else { "SETTLED" },
+            at("due_at_ms"),
+        ),
+        ("ATTEMPTS", text(&v["attempts"])),
+        ("LAST ERROR", text(&v["last_error"])),
+        ("KEPT UNTIL", at("expires_at_ms")),
+        ("BODY", format!("{} bytes", text(&v["body_bytes"]))),
+    ];
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, value) in fields {
+        println!("{k:width$}  {value}");
+    }
+    println!();
+    let attempts = v["timeline"].as_array().map_or(&[][..], Vec::as_slice);
+    if attempts.is_empty() {
+        println!("no attempts yet");
+        return;
+    }
+    let rows: Vec<Vec<String>> = attempts
+        .iter()
+        .map(|a| {
+            vec![
+                text(&a["attempt"]),
+                a["at_ms"]
+                    .as_u64()
+                    .map_or_else(|| "-".into(), table::rfc3339_ms),
+                text(&a["status"]),
+                a["latency_ms"]
+                    .as_f64()
+                    .map_or_else(|| "-".into(), |ms| format!("{ms:.1} ms")),
+                text(&a["error"]),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(&["ATTEMPT", "SENT AT", "STATUS", "LATENCY", "ERROR"], &rows)
+    );
 }
 
 fn print_events(v: &Value, source: &str, status: &str) {

@@ -1,6 +1,7 @@
 //! `GET /v1/sources/{source}/events/{event_id}`: one stored event whole —
-//! its times, attempts and last error, the headers kept for forwarding and
-//! the body — for the operator console's event view.
+//! its times, attempts and last error, its attempt timeline, the headers
+//! kept for forwarding and the body — for the operator console's event view
+//! and `dedupd events show`.
 
 use actix_web::http::Method;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -12,6 +13,7 @@ use utoipa::ToSchema;
 use super::sources::{EventView, known_source};
 use super::{AppState, Endpoint, Guard, path_segment, register};
 use crate::error::{ApiError, Problem};
+use crate::store::inbox::Attempt;
 
 /// The event route, relative to `/v1`.
 pub fn endpoints() -> Vec<Endpoint> {
@@ -35,12 +37,45 @@ pub struct HeaderView {
     value: String,
 }
 
-/// An event with its headers and body.
+/// One delivery attempt: a request sent to the destination.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AttemptView {
+    /// Its number (the `dedupd-attempt` header; restarts at 1 after a
+    /// redeliver).
+    attempt: u32,
+    /// When it was sent, Unix ms.
+    at_ms: u64,
+    /// The HTTP status the destination answered; null when none came
+    /// (connection refused, reset, timed out).
+    status: Option<u16>,
+    /// From sending the request to the answer or the failure, ms
+    /// (µs precision).
+    latency_ms: f64,
+    /// What failed; null for a 2xx.
+    error: Option<String>,
+}
+
+impl From<Attempt> for AttemptView {
+    fn from(a: Attempt) -> Self {
+        Self {
+            attempt: a.attempt,
+            at_ms: a.at_ms,
+            status: a.status,
+            latency_ms: a.latency_us as f64 / 1000.0,
+            error: a.error,
+        }
+    }
+}
+
+/// An event with its headers, body and attempt timeline.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventDetail {
     /// Everything a listing shows.
     #[serde(flatten)]
     event: EventView,
+    /// Its last attempts, oldest first: at most 10 are kept with the event
+    /// (an attempt's error at most 300 bytes); deleted with it.
+    timeline: Vec<AttemptView>,
     /// The headers kept for forwarding (`forward_headers`), in order.
     headers: Vec<HeaderView>,
     /// The body as text, when it is UTF-8; null otherwise.
@@ -76,6 +111,10 @@ pub(super) async fn show(
         });
     };
     let raw = std::mem::take(&mut event.body);
+    let timeline = std::mem::take(&mut event.timeline)
+        .into_iter()
+        .map(AttemptView::from)
+        .collect();
     let headers = std::mem::take(&mut event.headers)
         .into_iter()
         .map(|(name, value)| HeaderView { name, value })
@@ -86,6 +125,7 @@ pub(super) async fn show(
     };
     Ok(HttpResponse::Ok().json(EventDetail {
         event: EventView::from(event),
+        timeline,
         headers,
         body,
         body_base64,

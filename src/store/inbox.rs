@@ -76,15 +76,34 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
         now: Millis,
     ) -> Result<(), StoreError>;
 
+    /// [`Inbox::settle`] of a turn that sent a request: `attempt` joins
+    /// the event's timeline (its last [`TIMELINE_ATTEMPTS`] attempts) in
+    /// the same write, even when the settle itself is ignored (the request
+    /// was sent all the same).
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_attempt(
+        &self,
+        source: &str,
+        event_id: &str,
+        lease: u64,
+        settle: Settle,
+        attempt: Attempt,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError>;
+
     /// Settles a delivered event and moves its stream head in the inbox's
     /// own store in one write: `apply` is (stream, event id, created_at,
-    /// retention ms) when the event has a stream.
+    /// retention ms) when the event has a stream; `attempt`, the request
+    /// that delivered it, joins the event's timeline.
+    #[allow(clippy::too_many_arguments)]
     async fn settle_delivered(
         &self,
         source: &str,
         event_id: &str,
         lease: u64,
         apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
+        attempt: Option<Attempt>,
         retention: Retention,
         now: Millis,
     ) -> Result<(), StoreError>;
@@ -125,7 +144,7 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// Whether the inbox holds any event of `source`.
     async fn has_source(&self, source: &str) -> Result<bool, StoreError>;
 
-    /// One event, with its body.
+    /// One event, with its body and its attempt timeline.
     async fn inbox_event(
         &self,
         source: &str,
@@ -259,6 +278,66 @@ pub struct InboxEvent {
     pub lease: u64,
     /// Size of the body (listings leave `body` empty).
     pub body_bytes: usize,
+    /// Its last attempts, oldest first (at most [`TIMELINE_ATTEMPTS`]);
+    /// filled in by [`Inbox::inbox_event`] only, empty elsewhere.
+    pub timeline: Vec<Attempt>,
+}
+
+/// Attempts an event's timeline keeps: the last ones, older ones drop off.
+pub const TIMELINE_ATTEMPTS: usize = 10;
+/// Longest error text an [`Attempt`] keeps, bytes (cut at a character
+/// boundary, with an ellipsis).
+pub const ATTEMPT_ERROR_BYTES: usize = 300;
+
+/// One delivery attempt, as the event's timeline keeps it: an HTTP request
+/// sent to the destination, and how it ended. Logged in the write-ahead log
+/// (from log format 3): add fields never; a new field is a new type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Attempt {
+    /// Its number, as the `dedupd-attempt` header said (restarts at 1
+    /// after a redeliver).
+    pub attempt: u32,
+    /// When it was sent, Unix ms.
+    pub at_ms: Millis,
+    /// The HTTP status the destination answered; none when it did not
+    /// answer (refused, reset, timed out).
+    pub status: Option<u16>,
+    /// From sending the request to its answer (or failure), µs.
+    pub latency_us: u64,
+    /// What failed; none for a 2xx.
+    pub error: Option<String>,
+}
+
+impl Attempt {
+    /// An attempt, its error cut to [`ATTEMPT_ERROR_BYTES`].
+    pub fn new(
+        attempt: u32,
+        at_ms: Millis,
+        status: Option<u16>,
+        latency: Duration,
+        error: Option<&str>,
+    ) -> Self {
+        Self {
+            attempt,
+            at_ms,
+            status,
+            latency_us: u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
+            error: error.map(|e| cut(e, ATTEMPT_ERROR_BYTES)),
+        }
+    }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, with an
+/// ellipsis when cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// A source's events at a glance.

@@ -173,6 +173,66 @@ async fn events_list_shows_dead_events_as_a_table_and_as_json() {
 }
 
 #[tokio::test]
+async fn events_show_prints_an_event_and_its_attempts() {
+    let server = Server::start();
+    let id = server.dead_event().await;
+
+    let out = server.ok(&["events", "show", "--source", "sume", &id]);
+    let field = |name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{name}  ")))
+            .unwrap_or_else(|| panic!("no {name} line: {out}"))
+            .to_owned()
+    };
+    assert!(field("EVENT").ends_with(&id), "{out}");
+    assert!(field("STATUS").ends_with("dead"), "{out}");
+    assert!(field("ATTEMPTS").ends_with(" 1"), "{out}");
+    assert!(field("LAST ERROR").contains("request failed"), "{out}");
+    let header = out
+        .lines()
+        .find(|l| l.starts_with("ATTEMPT "))
+        .unwrap_or_else(|| panic!("no timeline: {out}"));
+    for column in ["SENT AT", "STATUS", "LATENCY", "ERROR"] {
+        assert!(header.contains(column), "{out}");
+    }
+    let rows: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("ATTEMPT "))
+        .skip(1)
+        .collect();
+    assert_eq!(rows.len(), 1, "{out}");
+    // Nobody answered: no status, and the error says why.
+    assert!(rows[0].starts_with("1  "), "{out}");
+    assert!(rows[0].contains("  -  "), "no status: {out}");
+    assert!(rows[0].contains(" ms "), "a latency: {out}");
+    assert!(rows[0].ends_with("(os error 111)"), "the error: {out}");
+    assert!(field("SOURCE").ends_with("sume"), "{out}");
+
+    let v = server.json(&["events", "show", "--source", "sume", &id]);
+    assert_eq!(v["timeline"][0]["attempt"], 1, "{v}");
+    assert!(v["timeline"][0]["status"].is_null(), "{v}");
+
+    // Redelivered, it is tried again: the timeline goes on, the attempt
+    // number starts over.
+    server.ok(&["events", "redeliver", "--source", "sume", &id]);
+    eventually("a second attempt", || async {
+        let v = server.json(&["events", "show", "--source", "sume", &id]);
+        v["status"] == "dead" && v["timeline"].as_array().unwrap().len() == 2
+    })
+    .await;
+    let v = server.json(&["events", "show", "--source", "sume", &id]);
+    assert_eq!(v["timeline"][1]["attempt"], 1, "{v}");
+
+    let out = server.run(&["events", "show", "--source", "sume", "req_unknown"]);
+    assert!(!out.status.success());
+    let stderr = stderr_of(&out);
+    assert!(
+        stderr.contains("req_unknown") && stderr.contains("404"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
 async fn events_redeliver_puts_a_dead_event_back_to_pending() {
     let server = Server::start();
     let id = server.dead_event().await;
@@ -365,6 +425,10 @@ fn nothing_a_server_answers_reaches_the_terminal_unescaped() {
     let lists = Recorder::answering(200, listing.to_string());
     let refuses = Recorder::answering(409, problem.to_string());
     let answers = Recorder::answering(200, json!({ "status": E }).to_string());
+    let mut detail = event.clone();
+    detail["timeline"] =
+        json!([{ "attempt": E, "at_ms": 1, "status": E, "latency_ms": 1.5, "error": E }]);
+    let shows = Recorder::answering(200, detail.to_string());
     let url = |r: &Recorder| format!("http://127.0.0.1:{}", r.port);
     let run = |args: &[&str]| {
         let out = dedupd()
@@ -400,6 +464,16 @@ fn nothing_a_server_answers_reaches_the_terminal_unescaped() {
         format!("more: dedupd events list --source s --status dead --after '{escaped}'\\''$(id)'"),
         "{table}"
     );
+    let (shown, _) = run(&[
+        "events",
+        "show",
+        "--source",
+        "s",
+        "e1",
+        "--url",
+        &url(&shows),
+    ]);
+    assert!(shown.contains(escaped), "{shown}");
     let (refusal, refusal_err) = run(&redeliver);
     assert!(refusal_err.contains(escaped), "{refusal_err}");
     let (json_list, _) = run(&[&list[..], &["--json"]].concat());
@@ -427,6 +501,7 @@ fn nothing_a_server_answers_reaches_the_terminal_unescaped() {
 
     for (what, printed) in [
         ("the table", &table),
+        ("events show", &shown),
         ("the refusal (stdout)", &refusal),
         ("the refusal", &refusal_err),
         ("--json", &json_list),

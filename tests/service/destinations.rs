@@ -1,9 +1,10 @@
 //! What a destination asks, respected: a source's `rate_limit` (deliveries
 //! beyond it wait, never fail, and a restart does not burst), and a 429 or
 //! 503 with `Retry-After` (the source waits until then, at most
-//! `backoff_max`; the answer counts as an attempt). A real receiver, and
-//! the app's clock moved by the test: with the clock standing still,
-//! nothing held back can start.
+//! `backoff_max`; the answer counts as an attempt); and what it answered,
+//! kept: each event's attempt timeline. A real receiver, and the app's
+//! clock moved by the test: with the clock standing still, nothing held
+//! back can start.
 
 use std::time::Duration;
 
@@ -202,4 +203,76 @@ async fn a_503_asking_for_longer_than_backoff_max_waits_backoff_max() {
         app.event_ids("delivered").await.len() == 1
     })
     .await;
+}
+
+/// One event as the operator API shows it.
+async fn event(app: &crate::support::app::TestApp, id: &str) -> serde_json::Value {
+    let res = app
+        .request(
+            reqwest::Method::GET,
+            &format!("/v1/sources/sume/events/{id}"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    res.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn the_event_shows_each_attempt_with_its_time_status_latency_and_error() {
+    let receiver = Receiver::start(Behaviour::RetryAfter {
+        status: 503,
+        value: "30",
+        times: 1,
+    })
+    .await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.backoff_min = Duration::from_secs(1);
+        s.backoff_max = Duration::from_secs(600);
+    })
+    .await;
+    let t0 = app.clock.now_ms();
+    post_events(&app, 0, 1).await;
+    assert_eq!(event(&app, "e0").await["timeline"], serde_json::json!([]));
+    assert_eq!(held_until(&app).await, t0 + 30_000);
+    // The hold starts as the answer comes; the settle is written after it.
+    eventually("the first attempt recorded", || async {
+        event(&app, "e0").await["attempts"] == 1
+    })
+    .await;
+    let e = event(&app, "e0").await;
+    let first = &e["timeline"][0];
+    assert_eq!(first["attempt"], 1, "{e}");
+    assert_eq!(first["at_ms"], t0, "sent at the app's clock: {e}");
+    assert_eq!(first["status"], 503, "{e}");
+    assert!(
+        first["error"]
+            .as_str()
+            .unwrap()
+            .contains("Retry-After 30 s"),
+        "{e}"
+    );
+    assert!(first["latency_ms"].as_f64().unwrap() > 0.0, "{e}");
+
+    // The receiver slows down: the latency it took is what is kept.
+    receiver.set(Behaviour::Delay(150));
+    app.clock.advance(Duration::from_secs(30));
+    eventually("delivered", || async {
+        app.event_ids("delivered").await == ["e0"]
+    })
+    .await;
+    let e = event(&app, "e0").await;
+    let timeline = e["timeline"].as_array().unwrap();
+    assert_eq!(timeline.len(), 2, "{e}");
+    let second = &timeline[1];
+    assert_eq!(second["attempt"], 2, "{e}");
+    assert_eq!(second["at_ms"], t0 + 30_000, "{e}");
+    assert_eq!(second["status"], 204, "{e}");
+    assert!(second["error"].is_null(), "{e}");
+    assert!(
+        second["latency_ms"].as_f64().unwrap() >= 150.0,
+        "the receiver took 150 ms before answering: {e}"
+    );
+    assert_eq!(e["attempts"], 2);
 }

@@ -10,8 +10,8 @@ use std::collections::btree_map::Entry;
 use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey};
 use dedupd::store::Store;
 use dedupd::store::inbox::{
-    EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, LeasedEvent, ListOrder, NewEvent,
-    RedeliverOutcome, Retention, Settle, SourceSummary,
+    Attempt, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, LeasedEvent, ListOrder,
+    NewEvent, RedeliverOutcome, Retention, Settle, SourceSummary, TIMELINE_ATTEMPTS,
 };
 use dedupd::store::redb::{InboxIndexes, RedbOptions, RedbStore};
 use proptest::prelude::*;
@@ -64,15 +64,20 @@ enum Op {
     },
     /// Settles one of the leases handed out so far under its generation
     /// shifted by `skew` (so sometimes a generation that must be ignored).
+    /// With `sent` (a status, or none for no answer), the turn sent a
+    /// request: `settle_attempt`, which adds it to the event's timeline.
     Settle {
         pick: Pick,
         skew: i8,
         how: How,
+        sent: Option<Option<u16>>,
     },
-    /// `settle_delivered`: moves the stream head, then settles.
+    /// `settle_delivered`: moves the stream head, then settles; with
+    /// `sent`, the attempt joins the timeline.
     Delivered {
         pick: Pick,
         skew: i8,
+        sent: bool,
     },
     Redeliver {
         target: Target,
@@ -158,9 +163,15 @@ fn op() -> impl Strategy<Value = Op> {
             proptest::bool::weighted(0.75),
         )
             .prop_map(|(mask, extra, hold, stale_check)| Op::Lease { mask, extra, hold, stale_check }),
-        6 => (pick(), skew(), how())
-            .prop_map(|(pick, skew, how)| Op::Settle { pick, skew, how }),
-        5 => (pick(), skew()).prop_map(|(pick, skew)| Op::Delivered { pick, skew }),
+        6 => (
+            pick(),
+            skew(),
+            how(),
+            proptest::option::weighted(0.6, proptest::option::of(200u16..600)),
+        )
+            .prop_map(|(pick, skew, how, sent)| Op::Settle { pick, skew, how, sent }),
+        5 => (pick(), skew(), proptest::bool::weighted(0.8))
+            .prop_map(|(pick, skew, sent)| Op::Delivered { pick, skew, sent }),
         3 => prop_oneof![
             3 => any::<usize>().prop_map(Target::Settled),
             1 => (source.clone(), id.clone()).prop_map(|(s, i)| Target::Id(s, i)),
@@ -176,6 +187,19 @@ fn op() -> impl Strategy<Value = Op> {
         5 => prop_oneof![1 => Just(0u64), 4 => 1u64..1_500].prop_map(Op::Advance),
         1 => Just(Op::Restart),
     ]
+}
+
+/// The attempt a turn at `step` sent (each step's is told apart by its
+/// number and error).
+fn attempt(step: usize, now: u64, status: Option<u16>) -> Attempt {
+    let ok = status.is_some_and(|s| (200..300).contains(&s));
+    Attempt {
+        attempt: u32::try_from(step).unwrap_or(u32::MAX),
+        at_ms: now,
+        status,
+        latency_us: 1_000 + step as u64,
+        error: (!ok).then(|| format!("failed at step {step}")),
+    }
 }
 
 /// A lease handed out: what the dispatcher keeps for its turn.
@@ -304,7 +328,10 @@ impl Model {
             .iter()
             .take_while(|e| e.due_at_ms <= self.now)
             .take(limit)
-            .cloned()
+            .map(|e| InboxEvent {
+                timeline: Vec::new(),
+                ..e.clone()
+            })
             .collect();
         let next = all.get(events.len()).map(|e| e.due_at_ms);
         (events, next)
@@ -315,6 +342,16 @@ impl Model {
             .get(&(source.to_owned(), stream.to_owned()))
             .filter(|(_, exp)| *exp > self.now)
             .map(|(c, _)| *c)
+    }
+
+    /// A request was sent: it joins the event's timeline (whatever the
+    /// settle then does), the oldest beyond the bound dropping off.
+    fn record_attempt(&mut self, source: &str, id: &str, attempt: &Attempt) {
+        if let Some(e) = self.get_mut(source, id) {
+            e.timeline.push(attempt.clone());
+            let drop = e.timeline.len().saturating_sub(TIMELINE_ATTEMPTS);
+            e.timeline.drain(..drop);
+        }
     }
 
     fn settle(&mut self, source: &str, id: &str, generation: u64, settle: &Settle) {
@@ -583,6 +620,11 @@ async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
         "{ctx}: runnable index != runnable pending rows at their due time"
     );
     assert!(
+        got.orphan_timelines.is_empty(),
+        "{ctx}: timelines without an event: {:?}",
+        got.orphan_timelines
+    );
+    assert!(
         got.orphan_bodies.is_empty(),
         "{ctx}: bodies without an event: {:?}",
         got.orphan_bodies
@@ -743,6 +785,7 @@ async fn run(ops: Vec<Op>) {
                             expires_at_ms: 0,
                             lease: 0,
                             body_bytes: new.body.len(),
+                            timeline: Vec::new(),
                         });
                         IngestOutcome::Accepted
                     }
@@ -780,7 +823,12 @@ async fn run(ops: Vec<Op>) {
                     .unwrap();
                 assert_eq!(got, want, "{ctx}");
             }
-            Op::Settle { pick, skew, how } => {
+            Op::Settle {
+                pick,
+                skew,
+                how,
+                sent,
+            } => {
                 let rec = pick_lease(&m, pick);
                 let generation = rec.generation.saturating_add_signed(i64::from(skew));
                 let settle = match how {
@@ -795,14 +843,35 @@ async fn run(ops: Vec<Op>) {
                         error: format!("dead at step {step}"),
                     },
                 };
-                m.settle(&rec.source, &rec.id, generation, &settle);
-                store
-                    .inbox()
-                    .settle(&rec.source, &rec.id, generation, settle, RETENTION, now)
-                    .await
-                    .unwrap();
+                let inbox = store.inbox();
+                match sent {
+                    Some(status) => {
+                        let sent = attempt(step, now, status);
+                        m.record_attempt(&rec.source, &rec.id, &sent);
+                        m.settle(&rec.source, &rec.id, generation, &settle);
+                        inbox
+                            .settle_attempt(
+                                &rec.source,
+                                &rec.id,
+                                generation,
+                                settle,
+                                sent,
+                                RETENTION,
+                                now,
+                            )
+                            .await
+                            .unwrap();
+                    }
+                    None => {
+                        m.settle(&rec.source, &rec.id, generation, &settle);
+                        inbox
+                            .settle(&rec.source, &rec.id, generation, settle, RETENTION, now)
+                            .await
+                            .unwrap();
+                    }
+                }
             }
-            Op::Delivered { pick, skew } => {
+            Op::Delivered { pick, skew, sent } => {
                 let rec = pick_lease(&m, pick);
                 let generation = rec.generation.saturating_add_signed(i64::from(skew));
                 let apply = rec.stream.as_deref().map(|stream| {
@@ -816,6 +885,10 @@ async fn run(ops: Vec<Op>) {
                 if let Some(stream) = &rec.stream {
                     m.apply(&rec.source, stream, &rec.id, rec.created_at);
                 }
+                let sent = sent.then(|| attempt(step, now, Some(204)));
+                if let Some(sent) = &sent {
+                    m.record_attempt(&rec.source, &rec.id, sent);
+                }
                 m.settle(
                     &rec.source,
                     &rec.id,
@@ -824,7 +897,15 @@ async fn run(ops: Vec<Op>) {
                 );
                 store
                     .inbox()
-                    .settle_delivered(&rec.source, &rec.id, generation, apply, RETENTION, now)
+                    .settle_delivered(
+                        &rec.source,
+                        &rec.id,
+                        generation,
+                        apply,
+                        sent,
+                        RETENTION,
+                        now,
+                    )
                     .await
                     .unwrap();
             }
@@ -871,6 +952,7 @@ async fn run(ops: Vec<Op>) {
                     .filter(|e| e.source == source && e.status == status)
                     .map(|e| InboxEvent {
                         body: Vec::new(),
+                        timeline: Vec::new(),
                         ..e.clone()
                     })
                     .collect();

@@ -15,6 +15,7 @@ mod model;
 mod redb_file;
 #[path = "../support/mod.rs"]
 mod support;
+mod timeline;
 
 use std::sync::Arc;
 

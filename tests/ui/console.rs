@@ -258,6 +258,13 @@ async fn the_dead_list_shows_the_failing_event_and_redeliver_brings_it_through()
         assert!(error.contains("HTTP 503"), "{error}");
         let headers = c.text_of("#headers").await.unwrap();
         assert!(headers.contains("content-type") && headers.contains("application/json"));
+        // Its attempts: the one request, its status and its error.
+        let timeline = c.text_of("#timeline tbody").await.unwrap();
+        assert_eq!(timeline.lines().count(), 1, "{timeline}");
+        assert!(
+            timeline.contains("503") && timeline.contains("HTTP 503") && timeline.contains(" ms"),
+            "{timeline}"
+        );
         let body = c.text_of("#body").await.unwrap();
         assert!(
             body.contains("\"request_id\": \"inv_1\""),
@@ -301,6 +308,15 @@ async fn the_dead_list_shows_the_failing_event_and_redeliver_brings_it_through()
         down.release();
         c.until_text("#event-status", "delivered", |t| t == "delivered")
             .await;
+        // Newest first: the delivery, then the failure.
+        let timeline = c.text_of("#timeline tbody").await.unwrap();
+        let rows: Vec<&str> = timeline.lines().collect();
+        assert_eq!(rows.len(), 2, "{timeline}");
+        assert!(
+            rows[0].contains("204") && !rows[0].contains("HTTP"),
+            "{timeline}"
+        );
+        assert!(rows[1].contains("HTTP 503"), "{timeline}");
         assert!(
             c.find(Locator::Id("redeliver")).await.is_err(),
             "no button once delivered"

@@ -41,15 +41,16 @@ impl Forwarder {
     }
 
     /// POSTs the event to the source's destination as attempt `attempt`,
-    /// signed at `now_s` (Unix seconds). Ok only for a 2xx; the error says
-    /// what failed, without the URL (it may hold credentials).
+    /// signed at `now_s` (Unix seconds). Ok (with the status) only for a
+    /// 2xx; the error says what failed, without the URL (it may hold
+    /// credentials).
     pub async fn post(
         &self,
         source: &Source,
         ev: &InboxEvent,
         attempt: u32,
         now_s: i64,
-    ) -> Result<(), Failed> {
+    ) -> Result<u16, Failed> {
         let signature =
             sign_standard_webhooks(&source.destination_key, &ev.event_id, now_s, &ev.body);
         let mut req = self
@@ -70,13 +71,18 @@ impl Forwarder {
             .await;
         match res {
             Ok(r) if r.status().is_success() => {
+                let status = r.status().as_u16();
                 drain(r).await;
-                Ok(())
+                Ok(status)
             }
-            Ok(r) if r.status().is_redirection() => Err(Failed::new(format!(
-                "HTTP {} (redirects count as failures and are not followed)",
-                r.status()
-            ))),
+            Ok(r) if r.status().is_redirection() => Err(Failed {
+                error: format!(
+                    "HTTP {} (redirects count as failures and are not followed)",
+                    r.status()
+                ),
+                status: Some(r.status().as_u16()),
+                retry_after: None,
+            }),
             Ok(r) => {
                 let status = r.status();
                 let retry_after = matches!(status.as_u16(), 429 | 503)
@@ -88,7 +94,11 @@ impl Forwarder {
                     Some(ms) => format!("HTTP {status}, Retry-After {} s", ms / 1000),
                     None => format!("HTTP {status}"),
                 };
-                Err(Failed { error, retry_after })
+                Err(Failed {
+                    error,
+                    status: Some(status.as_u16()),
+                    retry_after,
+                })
             }
             Err(e) if e.is_timeout() => Err(Failed::new(format!(
                 "no answer within {:?}",
@@ -102,18 +112,22 @@ impl Forwarder {
     }
 }
 
-/// A failed attempt: what failed, and how long the destination asked to be
-/// left alone (a 429 or 503 with `Retry-After`), ms.
+/// A failed attempt: what failed, the status the destination answered
+/// (none when it did not answer), and how long it asked to be left alone
+/// (a 429 or 503 with `Retry-After`), ms.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failed {
     pub error: String,
+    pub status: Option<u16>,
     pub retry_after: Option<Millis>,
 }
 
 impl Failed {
+    /// No answer came.
     fn new(error: String) -> Self {
         Self {
             error,
+            status: None,
             retry_after: None,
         }
     }

@@ -445,6 +445,7 @@ mod tests {
             expires_at_ms: 0,
             lease: 0,
             body_bytes: 0,
+            timeline: Vec::new(),
         }
     }
 

@@ -21,7 +21,7 @@ use super::{Coordination, Dispatcher, GRACE_MS, Slot};
 use crate::clock::Millis;
 use crate::domain::{Key, Namespace, ScopedKey, Token, Ttl};
 use crate::gateway::Source;
-use crate::store::inbox::{InboxEvent, Settle};
+use crate::store::inbox::{Attempt, InboxEvent, Settle};
 use crate::store::{ClaimOutcome, Store};
 
 /// First pause between tries to record an acknowledged delivery; doubles
@@ -57,8 +57,9 @@ impl Dispatcher {
         slot: &Slot,
     ) -> Reached {
         let attempt = ev.attempts.saturating_add(1);
-        if let Err(failed) = self.post(source, ev, attempt).await {
-            self.failed(source, ev, lease, attempt, failed, slot).await;
+        let (posted, sent) = self.post(source, ev, attempt).await;
+        if let Err(failed) = posted {
+            self.failed(source, ev, lease, sent, failed, slot).await;
             return Reached::Failure;
         }
         slot.answered(Reached::Success);
@@ -73,6 +74,7 @@ impl Dispatcher {
                     &ev.event_id,
                     lease,
                     apply.clone(),
+                    Some(sent.clone()),
                     self.gateway.retention,
                     now,
                 )
@@ -138,7 +140,7 @@ impl Dispatcher {
         let retry_soon = now.saturating_add(millis(source.backoff_min));
         let Some((key, stream_key)) = self.claim_keys(source, ev) else {
             let error = "stored event id or stream is not a valid key".to_owned();
-            self.settle(ev, lease, Settle::Dead { error }).await;
+            self.settle(ev, lease, Settle::Dead { error }, None).await;
             return Reached::Nothing;
         };
         let ttl = Ttl::from_ms_unchecked(millis(source.forward_timeout).saturating_add(GRACE_MS));
@@ -202,7 +204,7 @@ impl Dispatcher {
                 // too, or by this one before a crash cut the turn short.
                 // The done claim is written after the head moved, so the
                 // head is in place.
-                self.settle(ev, lease, Settle::Delivered { attempted: false })
+                self.settle(ev, lease, Settle::Delivered { attempted: false }, None)
                     .await;
                 return Reached::Nothing;
             }
@@ -226,7 +228,7 @@ impl Dispatcher {
                 Ok(Some(head)) if ev.created_at < head.created_at => {
                     self.release(store, key, token).await;
                     tracing::info!(source = %source.name, event_id = %ev.event_id, "stale: older than its stream's head");
-                    self.settle(ev, lease, Settle::Stale).await;
+                    self.settle(ev, lease, Settle::Stale, None).await;
                     return Reached::Nothing;
                 }
                 Ok(_) => {}
@@ -239,9 +241,10 @@ impl Dispatcher {
             }
         }
         let attempt = ev.attempts.saturating_add(1);
-        if let Err(failed) = self.post(source, ev, attempt).await {
+        let (posted, sent) = self.post(source, ev, attempt).await;
+        if let Err(failed) = posted {
             self.release(store, key, token).await;
-            self.failed(source, ev, lease, attempt, failed, slot).await;
+            self.failed(source, ev, lease, sent, failed, slot).await;
             return Reached::Failure;
         }
         slot.answered(Reached::Success);
@@ -269,7 +272,7 @@ impl Dispatcher {
                     error: format!("delivered, but the stream head could not be moved: {error}"),
                     attempted: true,
                 };
-                self.settle(ev, lease, settle).await;
+                self.settle(ev, lease, settle, Some(sent)).await;
                 return Reached::Success;
             }
         }
@@ -279,7 +282,7 @@ impl Dispatcher {
             tracing::warn!(error = %e.chain(), "cannot mark the delivered event done");
         }
         tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, "delivered");
-        self.settle(ev, lease, Settle::Delivered { attempted: true })
+        self.settle(ev, lease, Settle::Delivered { attempted: true }, Some(sent))
             .await;
         Reached::Success
     }
@@ -314,13 +317,27 @@ impl Dispatcher {
         Some((ScopedKey::new(&ns, &stream), ScopedKey::new(&ns, &id)))
     }
 
-    async fn post(&self, source: &Source, ev: &InboxEvent, attempt: u32) -> Result<(), Failed> {
-        let now_s = i64::try_from(self.clock.now_ms() / 1000).unwrap_or(i64::MAX);
+    /// Sends attempt number `attempt`; how it went, and the attempt as
+    /// the event's timeline keeps it (sent at the app's clock, its latency
+    /// measured on the monotonic clock).
+    async fn post(
+        &self,
+        source: &Source,
+        ev: &InboxEvent,
+        attempt: u32,
+    ) -> (Result<(), Failed>, Attempt) {
+        let at_ms = self.clock.now_ms();
+        let now_s = i64::try_from(at_ms / 1000).unwrap_or(i64::MAX);
         let started = std::time::Instant::now();
         let result = self.forwarder.post(source, ev, attempt, now_s).await;
+        let latency = started.elapsed();
         self.metrics
-            .delivery_duration(&source.name, started.elapsed().as_secs_f64());
-        result
+            .delivery_duration(&source.name, latency.as_secs_f64());
+        let sent = match &result {
+            Ok(status) => Attempt::new(attempt, at_ms, Some(*status), latency, None),
+            Err(f) => Attempt::new(attempt, at_ms, f.status, latency, Some(&f.error)),
+        };
+        (result.map(|_| ()), sent)
     }
 
     /// A failed attempt: frees the slot (holding the source back as long as
@@ -331,10 +348,11 @@ impl Dispatcher {
         source: &Source,
         ev: &InboxEvent,
         lease: u64,
-        attempt: u32,
+        sent: Attempt,
         failed: Failed,
         slot: &Slot,
     ) {
+        let attempt = sent.attempt;
         let asked = failed
             .retry_after
             .map(|ms| ms.min(millis(source.backoff_max)));
@@ -345,7 +363,8 @@ impl Dispatcher {
         let error = failed.error;
         if attempt >= source.max_attempts {
             tracing::warn!(source = %source.name, event_id = %ev.event_id, attempt, %error, "dead: every attempt failed");
-            self.settle(ev, lease, Settle::Dead { error }).await;
+            self.settle(ev, lease, Settle::Dead { error }, Some(sent))
+                .await;
         } else {
             // The destination's wait replaces the backoff when it is longer.
             let wait = backoff(source, attempt).max(asked.unwrap_or(0));
@@ -356,7 +375,7 @@ impl Dispatcher {
                 error,
                 attempted: true,
             };
-            self.settle(ev, lease, settle).await;
+            self.settle(ev, lease, settle, Some(sent)).await;
         }
     }
 
@@ -374,11 +393,12 @@ impl Dispatcher {
             error,
             attempted: false,
         };
-        self.settle(ev, lease, settle).await;
+        self.settle(ev, lease, settle, None).await;
         Reached::Nothing
     }
 
-    async fn settle(&self, ev: &InboxEvent, lease: u64, settle: Settle) {
+    /// Records how a turn ended, with the request it sent, if any.
+    async fn settle(&self, ev: &InboxEvent, lease: u64, settle: Settle, sent: Option<Attempt>) {
         let now = self.clock.now_ms();
         let outcome = match &settle {
             Settle::Delivered { .. } => Some("delivered"),
@@ -390,19 +410,21 @@ impl Dispatcher {
             Settle::Retry { .. } => None,
             Settle::Dead { .. } => Some("dead"),
         };
-        if let Err(e) = self
-            .gateway
-            .inbox
-            .settle(
-                &ev.source,
-                &ev.event_id,
-                lease,
-                settle,
-                self.gateway.retention,
-                now,
-            )
-            .await
-        {
+        let inbox = &self.gateway.inbox;
+        let (source, id, retention) = (&ev.source, &ev.event_id, self.gateway.retention);
+        let written = match sent {
+            Some(sent) => {
+                inbox
+                    .settle_attempt(source, id, lease, settle, sent, retention, now)
+                    .await
+            }
+            None => {
+                inbox
+                    .settle(source, id, lease, settle, retention, now)
+                    .await
+            }
+        };
+        if let Err(e) = written {
             // The lease runs out and the event comes due again.
             tracing::warn!(source = %ev.source, event_id = %ev.event_id, error = %e.chain(), "cannot record the delivery outcome");
         } else if let Some(outcome) = outcome {

@@ -80,9 +80,14 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
             // 2 file has none), version 4 the keyspace tables (created
             // below), version 5 the inbox body table, version 6 keys the
             // keyspace's rows by row id, version 7 adds the dedupe records
-            // of reaped inbox events (their tables are created below; a
-            // file without them simply has none). Logged requests keep
-            // their encoding, so an older log replays.
+            // of reaped inbox events, version 8 the attempt timelines
+            // (their tables are created below; a file without them simply
+            // has none). Logged requests keep their encoding, so an older
+            // log replays.
+            Some(7) => {
+                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
+                    .map_err(|e| other(e.into()))?;
+            }
             Some(old @ 1..=6) => {
                 if old == 1 {
                     migrate_v1(&tx).map_err(other)?;
@@ -124,6 +129,8 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
         tx.open_table(tables::INBOX_EXPIRY)
             .map_err(|e| other(e.into()))?;
         tx.open_table(tables::INBOX_DEDUPE)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_ATTEMPTS)
             .map_err(|e| other(e.into()))?;
         tx.open_table(tables::INBOX_DEDUPE_EXPIRY)
             .map_err(|e| other(e.into()))?;

@@ -9,7 +9,7 @@
 //! a golden test (`wal_golden`, against `tests/golden/requests-format-N.hex`):
 //! a change to it must bump `wal::FORMAT`. That covers the types nested in
 //! the requests as well, wherever they are defined: the inbox's
-//! ([`NewEvent`], [`Settle`], [`Retention`]), the keyspace's
+//! ([`NewEvent`], [`Settle`], [`Retention`], [`Attempt`]), the keyspace's
 //! ([`KvRequest`] and its conditions), and the domain's keys, TTLs, tokens,
 //! fingerprints and timestamps. New variants go last; fields are renamed
 //! freely (names are not encoded) but never reordered.
@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
-use crate::store::inbox::{NewEvent, Retention, Settle};
+use crate::store::inbox::{Attempt, NewEvent, Retention, Settle};
 use crate::store::keyspace::KvRequest;
 
 /// A write the writer thread performs. Serializable for the write-ahead
@@ -113,7 +113,12 @@ impl Request {
             | Request::PurgePending { .. }
             | Request::Delivered { .. } => true,
             Request::Inbox(i) => {
-                matches!(i, InboxRequest::Lease { .. } | InboxRequest::Settle { .. })
+                matches!(
+                    i,
+                    InboxRequest::Lease { .. }
+                        | InboxRequest::Settle { .. }
+                        | InboxRequest::SettleAttempt { .. }
+                )
             }
             Request::Claim { .. }
             | Request::Done { .. }
@@ -179,6 +184,20 @@ pub enum InboxRequest {
     },
     /// Put a dead or stale event back to pending.
     Redeliver { source: String, event_id: String },
+    /// [`InboxRequest::Settle`] of a turn that sent a request, with that
+    /// attempt for the event's timeline (log format 3 on).
+    SettleAttempt {
+        source: String,
+        event_id: String,
+        /// The lease generation the turn ran under.
+        lease: u64,
+        /// The ending.
+        settle: Settle,
+        /// The request sent.
+        attempt: Attempt,
+        /// Retentions for settled events.
+        retention: Retention,
+    },
 }
 
 /// One batch as logged.

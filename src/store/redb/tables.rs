@@ -1,6 +1,7 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 7. Version 6 files have no dedupe records of reaped
+//! Schema version 8. Version 7 files have no attempt timelines (opening
+//! one creates their table). Version 6 files have no dedupe records of reaped
 //! inbox events (opening one creates their tables). Version 5 and 4 files key the Redis-protocol
 //! keyspace by the key itself (opening one moves its rows to row ids).
 //! Version 4 files keep each inbox event's body in its
@@ -25,7 +26,7 @@ use crate::store::ordering::{EventRecord, Recorded};
 use crate::store::{ClaimRecord, ClaimState, Head};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 7;
+pub const SCHEMA_VERSION: u64 = 8;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -322,6 +323,14 @@ pub type InboxRowNoLease<'a> = (
 /// [`INBOX_V4`] as the earliest schema 1 files typed it.
 pub const INBOX_NO_LEASE: TableDefinition<(&str, &str), InboxRowNoLease<'static>> =
     TableDefinition::new("inbox");
+/// An attempt as [`INBOX_ATTEMPTS`] stores it: (attempt number, sent at
+/// Unix ms, HTTP status or 0 when none came, latency µs, error).
+pub type AttemptRow<'a> = (u32, u64, u16, u64, Option<&'a str>);
+/// Each event's last attempts, oldest first, by (source, event id): written
+/// when a turn that sent a request settles, deleted with the event (bounded
+/// by `store::inbox::TIMELINE_ATTEMPTS`). An event never attempted has none.
+pub const INBOX_ATTEMPTS: TableDefinition<(&str, &str), Vec<AttemptRow<'static>>> =
+    TableDefinition::new("inbox_attempts");
 /// Runnable pending events by (source, due_at_ms, event id): each source's
 /// runnable events in due order, so the dispatcher reads every source on its
 /// own (fairness, per-source limits) and never reads a source that left the

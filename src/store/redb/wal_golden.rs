@@ -27,7 +27,7 @@ use super::record::{InboxRequest, Request};
 use super::wal::{self, DECODES, FORMAT};
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
-use crate::store::inbox::{NewEvent, Retention, Settle};
+use crate::store::inbox::{Attempt, NewEvent, Retention, Settle};
 use crate::store::keyspace::{ExpireCondition, KvRequest, SetCondition, SetExpiry};
 
 /// Every sample is logged as batch `SEQ` at clock reading `NOW`.
@@ -64,6 +64,23 @@ fn settle(settle: Settle) -> InboxRequest {
         event_id: "evt_1".into(),
         lease: 3,
         settle,
+        retention: retention(),
+    }
+}
+
+fn settle_attempt(settle: Settle, status: Option<u16>, error: Option<&str>) -> InboxRequest {
+    InboxRequest::SettleAttempt {
+        source: "sume".into(),
+        event_id: "evt_1".into(),
+        lease: 4,
+        settle,
+        attempt: Attempt {
+            attempt: 2,
+            at_ms: 1_800_000_001_500,
+            status,
+            latency_us: 12_345,
+            error: error.map(str::to_owned),
+        },
         retention: retention(),
     }
 }
@@ -179,6 +196,35 @@ fn samples() -> Vec<Request> {
         Request::Delivered {
             apply: None,
             settle: Box::new(settle(Settle::Delivered { attempted: true })),
+        },
+        Request::Inbox(settle_attempt(
+            Settle::Retry {
+                retry_at: 1_800_000_003_000,
+                error: "HTTP 503".into(),
+                attempted: true,
+            },
+            Some(503),
+            Some("HTTP 503"),
+        )),
+        Request::Inbox(settle_attempt(
+            Settle::Dead {
+                error: "no answer within 10s".into(),
+            },
+            None,
+            Some("no answer within 10s"),
+        )),
+        Request::Delivered {
+            apply: Some((
+                gateway("sume", "run_9"),
+                gateway("sume", "evt_1"),
+                created_at,
+                604_800_000,
+            )),
+            settle: Box::new(settle_attempt(
+                Settle::Delivered { attempted: true },
+                Some(204),
+                None,
+            )),
         },
         Request::PurgePending {
             sources: vec!["old".into(), "older".into()],
@@ -332,30 +378,55 @@ fn inbox_shape(req: &InboxRequest, cov: &mut Coverage) -> String {
                     delivered_ms: _,
                     dead_ms: _,
                 },
-        } => {
-            cov.variant("Settle", settle);
-            let how = match settle {
-                Settle::Delivered { attempted } => format!(
-                    "delivered{}attempted",
-                    cov.state("Settle::Delivered.attempted", *attempted)
-                ),
-                Settle::Stale => "stale".into(),
-                Settle::Retry {
-                    retry_at: _,
-                    error: _,
-                    attempted,
-                } => format!(
-                    "retry{}attempted",
-                    cov.state("Settle::Retry.attempted", *attempted)
-                ),
-                Settle::Dead { error: _ } => "dead".into(),
-            };
-            format!("settle.{how}")
-        }
+        } => format!("settle.{}", settle_shape(settle, cov)),
+        InboxRequest::SettleAttempt {
+            source: _,
+            event_id: _,
+            lease: _,
+            settle,
+            attempt:
+                Attempt {
+                    attempt: _,
+                    at_ms: _,
+                    status,
+                    latency_us: _,
+                    error,
+                },
+            retention:
+                Retention {
+                    delivered_ms: _,
+                    dead_ms: _,
+                },
+        } => format!(
+            "settle_attempt.{}{}status{}error",
+            settle_shape(settle, cov),
+            cov.state("Attempt.status", status.is_some()),
+            cov.state("Attempt.error", error.is_some())
+        ),
         InboxRequest::Redeliver {
             source: _,
             event_id: _,
         } => "redeliver".into(),
+    }
+}
+
+fn settle_shape(settle: &Settle, cov: &mut Coverage) -> String {
+    cov.variant("Settle", settle);
+    match settle {
+        Settle::Delivered { attempted } => format!(
+            "delivered{}attempted",
+            cov.state("Settle::Delivered.attempted", *attempted)
+        ),
+        Settle::Stale => "stale".into(),
+        Settle::Retry {
+            retry_at: _,
+            error: _,
+            attempted,
+        } => format!(
+            "retry{}attempted",
+            cov.state("Settle::Retry.attempted", *attempted)
+        ),
+        Settle::Dead { error: _ } => "dead".into(),
     }
 }
 

@@ -29,8 +29,8 @@ use crate::clock::Millis;
 use crate::domain::{CreatedAt, ScopedKey};
 use crate::store::StoreError;
 use crate::store::inbox::{
-    Cursor, DiskSpace, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, ListOrder, NewEvent,
-    RedeliverOutcome, Retention, Settle, SourceDue, SourceSummary,
+    Attempt, Cursor, DiskSpace, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, ListOrder,
+    NewEvent, RedeliverOutcome, Retention, Settle, SourceDue, SourceSummary,
 };
 
 /// The inbox in the data file; a handle on its engine (cheap to clone).
@@ -143,21 +143,55 @@ impl Inbox for RedbInbox {
         self.write(request, now).await.map(|_| ())
     }
 
+    async fn settle_attempt(
+        &self,
+        source: &str,
+        event_id: &str,
+        lease: u64,
+        settle: Settle,
+        attempt: Attempt,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let request = InboxRequest::SettleAttempt {
+            source: source.to_owned(),
+            event_id: event_id.to_owned(),
+            lease,
+            settle,
+            attempt,
+            retention,
+        };
+        self.write(request, now).await.map(|_| ())
+    }
+
     async fn settle_delivered(
         &self,
         source: &str,
         event_id: &str,
         lease: u64,
         apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
+        attempt: Option<Attempt>,
         retention: Retention,
         now: Millis,
     ) -> Result<(), StoreError> {
-        let settle = InboxRequest::Settle {
-            source: source.to_owned(),
-            event_id: event_id.to_owned(),
-            lease,
-            settle: Settle::Delivered { attempted: true },
-            retention,
+        let (source, event_id) = (source.to_owned(), event_id.to_owned());
+        let settle = Settle::Delivered { attempted: true };
+        let settle = match attempt {
+            Some(attempt) => InboxRequest::SettleAttempt {
+                source,
+                event_id,
+                lease,
+                settle,
+                attempt,
+                retention,
+            },
+            None => InboxRequest::Settle {
+                source,
+                event_id,
+                lease,
+                settle,
+                retention,
+            },
         };
         let request = Request::Delivered {
             apply,

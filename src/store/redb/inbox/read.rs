@@ -4,12 +4,12 @@
 
 use redb::{ReadTransaction, ReadableTable};
 
-use super::row::{decode, read_whole, with_body};
+use super::row::{attempt_from_row, decode, read_whole, with_body};
 use crate::clock::Millis;
 use crate::store::inbox::{Cursor, EventStatus, InboxEvent, ListOrder, SourceDue};
 use crate::store::redb::tables::{
-    INBOX, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE,
-    INBOX_STATUS,
+    INBOX, INBOX_ATTEMPTS, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE,
+    INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS,
 };
 
 /// For each `(source, limit)`: its runnable events due at `now`, in due
@@ -124,6 +124,7 @@ pub fn next_dedupe_expiry(tx: &ReadTransaction) -> Result<Option<Millis>, redb::
         .map(|(k, _)| k.value().0))
 }
 
+/// One event whole: its row, body and attempt timeline.
 pub fn get(
     tx: &ReadTransaction,
     source: &str,
@@ -131,7 +132,13 @@ pub fn get(
 ) -> Result<Option<InboxEvent>, redb::Error> {
     let rows = tx.open_table(INBOX)?;
     let bodies = tx.open_table(INBOX_BODIES)?;
-    read_whole(&rows, &bodies, source, id)
+    let Some(mut e) = read_whole(&rows, &bodies, source, id)? else {
+        return Ok(None);
+    };
+    if let Some(timeline) = tx.open_table(INBOX_ATTEMPTS)?.get((source, id))? {
+        e.timeline = timeline.value().into_iter().map(attempt_from_row).collect();
+    }
+    Ok(Some(e))
 }
 
 /// A page of a source's events with `status` in `order` (by received time,
@@ -201,6 +208,8 @@ pub struct InboxIndexes {
     pub expiry: Vec<(u64, String, String)>,
     /// Bodies without a row: (source, event id). Always empty.
     pub orphan_bodies: Vec<(String, String)>,
+    /// Timelines without a row: (source, event id). Always empty.
+    pub orphan_timelines: Vec<(String, String)>,
     /// Dedupe records of reaped events: (source, event id, until).
     pub dedupe: Vec<(String, String, u64)>,
     /// Their expiry index: (until, source, event id).
@@ -212,10 +221,22 @@ pub fn indexes(tx: &ReadTransaction) -> Result<InboxIndexes, redb::Error> {
     let mut out = InboxIndexes::default();
     let rows = tx.open_table(INBOX)?;
     let bodies = tx.open_table(INBOX_BODIES)?;
+    let timelines = tx.open_table(INBOX_ATTEMPTS)?;
     for entry in rows.iter()? {
         let (k, v) = entry?;
         let (s, id) = k.value();
-        out.rows.push(with_body(&bodies, decode(s, id, v.value()))?);
+        let mut e = with_body(&bodies, decode(s, id, v.value()))?;
+        if let Some(t) = timelines.get((s, id))? {
+            e.timeline = t.value().into_iter().map(attempt_from_row).collect();
+        }
+        out.rows.push(e);
+    }
+    for entry in timelines.iter()? {
+        let (k, _) = entry?;
+        let (s, id) = k.value();
+        if rows.get((s, id))?.is_none() {
+            out.orphan_timelines.push((s.to_owned(), id.to_owned()));
+        }
     }
     for entry in bodies.iter()? {
         let (k, _) = entry?;

@@ -4,8 +4,8 @@
 use redb::ReadableTable;
 
 use crate::domain::CreatedAt;
-use crate::store::inbox::{EventStatus, InboxEvent};
-use crate::store::redb::tables::InboxRow;
+use crate::store::inbox::{Attempt, EventStatus, InboxEvent};
+use crate::store::redb::tables::{AttemptRow, InboxRow};
 
 /// Encodes an event's row (`headers`: its headers as JSON).
 pub(super) fn to_row<'a>(e: &'a InboxEvent, headers: &'a str) -> InboxRow<'a> {
@@ -43,6 +43,19 @@ pub(super) fn decode(source: &str, event_id: &str, row: InboxRow<'_>) -> InboxEv
         expires_at_ms: row.expires_at_ms,
         lease: row.lease,
         body_bytes: usize::try_from(row.body_bytes).unwrap_or(usize::MAX),
+        timeline: Vec::new(),
+    }
+}
+
+/// Decodes an attempt of a stored timeline (status 0: no answer).
+pub(super) fn attempt_from_row(row: AttemptRow<'_>) -> Attempt {
+    let (attempt, at_ms, status, latency_us, error) = row;
+    Attempt {
+        attempt,
+        at_ms,
+        status: (status != 0).then_some(status),
+        latency_us,
+        error: error.map(str::to_owned),
     }
 }
 

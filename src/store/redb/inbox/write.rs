@@ -9,7 +9,9 @@
 //!   per stream one event at a time, oldest `created_at` first;
 //! - each row has one [`INBOX_BODIES`] entry, written with the row and
 //!   deleted with it, and no body is without a row. Writes after the
-//!   insert touch the row only.
+//!   insert touch the row only (and the timeline);
+//! - a row has at most one [`INBOX_ATTEMPTS`] entry (its timeline, at most
+//!   [`TIMELINE_ATTEMPTS`] long), deleted with it; none without a row.
 //! - an id has a row or an [`INBOX_DEDUPE`] record, never both; each record
 //!   has one [`INBOX_DEDUPE_EXPIRY`] entry, at its expiry.
 
@@ -21,14 +23,14 @@ use super::row::{decode, to_row};
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
 use crate::store::inbox::{
-    EventStatus, InboxEvent, IngestOutcome, Leased, LeasedEvent, NewEvent, RedeliverOutcome,
-    Retention, Settle,
+    Attempt, EventStatus, InboxEvent, IngestOutcome, Leased, LeasedEvent, NewEvent,
+    RedeliverOutcome, Retention, Settle, TIMELINE_ATTEMPTS,
 };
 use crate::store::redb::counts::StatusDeltas;
 use crate::store::redb::record::InboxRequest;
 use crate::store::redb::tables::{
-    INBOX, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE, INBOX_EXPIRY, INBOX_QUEUE,
-    INBOX_STATUS, InboxRow, Lazy,
+    AttemptRow, INBOX, INBOX_ATTEMPTS, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE,
+    INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, InboxRow, Lazy,
 };
 
 /// Answer to an [`InboxRequest`].
@@ -51,6 +53,7 @@ pub type HeadLookup<'a> = dyn Fn(&str, &str) -> Result<Option<CreatedAt>, redb::
 pub struct InboxTables<'txn> {
     rows: Lazy<'txn, (&'static str, &'static str), InboxRow<'static>>,
     bodies: Lazy<'txn, (&'static str, &'static str), &'static [u8]>,
+    attempts: Lazy<'txn, (&'static str, &'static str), Vec<AttemptRow<'static>>>,
     due: Lazy<'txn, (&'static str, u64, &'static str), ()>,
     queue: Lazy<'txn, (&'static str, &'static str, i128, u64, &'static str), ()>,
     status: Lazy<'txn, (&'static str, u8, u64, &'static str), ()>,
@@ -68,6 +71,7 @@ impl<'txn> InboxTables<'txn> {
         Self {
             rows: Lazy::new(tx, INBOX),
             bodies: Lazy::new(tx, INBOX_BODIES),
+            attempts: Lazy::new(tx, INBOX_ATTEMPTS),
             due: Lazy::new(tx, INBOX_DUE),
             queue: Lazy::new(tx, INBOX_QUEUE),
             status: Lazy::new(tx, INBOX_STATUS),
@@ -150,6 +154,18 @@ impl<'txn> InboxTables<'txn> {
                 self.settle(source, event_id, *lease, settle, *retention, now)?;
                 InboxResponse::Done
             }
+            InboxRequest::SettleAttempt {
+                source,
+                event_id,
+                lease,
+                settle,
+                attempt,
+                retention,
+            } => {
+                self.record_attempt(source, event_id, attempt)?;
+                self.settle(source, event_id, *lease, settle, *retention, now)?;
+                InboxResponse::Done
+            }
             InboxRequest::Redeliver { source, event_id } => {
                 InboxResponse::Redelivered(self.redeliver(source, event_id, now)?)
             }
@@ -176,10 +192,49 @@ impl<'txn> InboxTables<'txn> {
         Ok(())
     }
 
-    /// Deletes an event's row and body.
+    /// Deletes an event's row, body and timeline.
     fn delete(&mut self, source: &str, id: &str) -> Result<(), redb::Error> {
         self.rows.open()?.remove((source, id))?;
         self.bodies.open()?.remove((source, id))?;
+        self.attempts.open()?.remove((source, id))?;
+        Ok(())
+    }
+
+    /// Adds an attempt to the end of an event's timeline, dropping the
+    /// oldest beyond [`TIMELINE_ATTEMPTS`]; nothing when the event is gone.
+    fn record_attempt(
+        &mut self,
+        source: &str,
+        id: &str,
+        attempt: &Attempt,
+    ) -> Result<(), redb::Error> {
+        if self.rows.open()?.get((source, id))?.is_none() {
+            return Ok(());
+        }
+        let mut timeline: Vec<(u32, u64, u16, u64, Option<String>)> = self
+            .attempts
+            .open()?
+            .get((source, id))?
+            .map(|g| {
+                g.value()
+                    .into_iter()
+                    .map(|(n, at, status, us, error)| (n, at, status, us, error.map(str::to_owned)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        timeline.push((
+            attempt.attempt,
+            attempt.at_ms,
+            attempt.status.unwrap_or(0),
+            attempt.latency_us,
+            attempt.error.clone(),
+        ));
+        let drop = timeline.len().saturating_sub(TIMELINE_ATTEMPTS);
+        let rows: Vec<AttemptRow<'_>> = timeline[drop..]
+            .iter()
+            .map(|(n, at, status, us, error)| (*n, *at, *status, *us, error.as_deref()))
+            .collect();
+        self.attempts.open()?.insert((source, id), rows)?;
         Ok(())
     }
 
@@ -216,6 +271,7 @@ impl<'txn> InboxTables<'txn> {
             expires_at_ms: 0,
             lease: 0,
             body_bytes: new.body.len(),
+            timeline: Vec::new(),
         };
         self.save(&e)?;
         self.bodies.open()?.insert(
