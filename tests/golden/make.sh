@@ -40,6 +40,8 @@ schema-6          dc8992a resp    storage term
 log-format-1      bfe9ebb resp    storage kill
 log-format-2      3481e83 resp    storage kill
 schema-7          2cd3be3 resp    storage term
+schema-8          6be7d97 resp    storage term
+log-format-3      6be7d97 resp    storage kill
 "
 
 usage() {
@@ -252,8 +254,8 @@ path = sys.argv[1]
 data = open(path, "rb").read()
 if data.startswith(b"DDWAL01\n"):
     at = 8
-elif data.startswith(b"DDWAL02\n"):
-    at = 28
+elif data[:5] == b"DDWAL" and data[7:8] == b"\n":
+    at = 28  # format 2 on: magic, data file id, checksum
 else:
     sys.exit(f"{path}: not a log")
 last = None

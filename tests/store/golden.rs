@@ -17,7 +17,7 @@ use dedupd::clock::Millis;
 use dedupd::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
 use dedupd::store::inbox::{EventStatus, Inbox, IngestOutcome, NewEvent};
 use dedupd::store::keyspace::KvEntry;
-use dedupd::store::redb::{RedbOptions, RedbStore};
+use dedupd::store::redb::{OpenError, RedbOptions, RedbStore};
 use dedupd::store::{
     ApplyOutcome, ClaimOutcome, ClaimState, ClaimView, DoneOutcome, ExtendOutcome, Head, Store,
 };
@@ -59,6 +59,8 @@ struct Case {
     gateway: Gateway,
     /// Whether the build had the Redis-protocol keyspace.
     keyspace: bool,
+    /// Whether the build kept attempt timelines (schema 8 on).
+    timelines: bool,
 }
 
 const fn case(name: &'static str, schema: u64, gateway: Gateway) -> Case {
@@ -69,6 +71,7 @@ const fn case(name: &'static str, schema: u64, gateway: Gateway) -> Case {
         replays: false,
         gateway,
         keyspace: false,
+        timelines: false,
     }
 }
 
@@ -464,6 +467,25 @@ async fn check_inbox(case: &Case, store: &RedbStore) {
             "{name}: {id}"
         );
         assert!(!row.force, "{name}: {id}");
+        // Each attempted event kept its one attempt, sent at the frozen
+        // clock; builds before timelines kept none.
+        let timeline: Vec<_> = row
+            .timeline
+            .iter()
+            .map(|a| (a.attempt, a.at_ms, a.status, a.error.as_deref()))
+            .collect();
+        let expected_timeline = if case.timelines && attempts > 0 {
+            let status = if failed { 503 } else { 200 };
+            let error = failed.then_some("HTTP 503 Service Unavailable");
+            vec![(1, T0, Some(status), error)]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(timeline, expected_timeline, "{name}: {id}");
+        assert!(
+            row.timeline.iter().all(|a| a.latency_us > 0),
+            "{name}: {id}"
+        );
         assert_eq!(
             row.headers,
             [("content-type".to_owned(), "application/json".to_owned())],
@@ -515,6 +537,7 @@ async fn check_inbox(case: &Case, store: &RedbStore) {
         "{name}"
     );
     assert!(indexes.orphan_bodies.is_empty(), "{name}");
+    assert!(indexes.orphan_timelines.is_empty(), "{name}");
     // The counts a listing and /metrics show, rebuilt on open.
     let summary: Vec<_> = store
         .inbox()
@@ -764,7 +787,26 @@ async fn open_golden(case: Case) {
 async fn data_file_alone_is_empty(case: Case) {
     assert!(case.replays);
     let (_dir, path) = copy(&case, false);
-    let store = RedbStore::open(&options(&path)).unwrap();
+    let store = match RedbStore::open(&options(&path)) {
+        Ok(store) => store,
+        // Builds from log format 3 on mark a file whose log holds batches,
+        // and refuse it alone: read its tables raw instead.
+        Err(OpenError::MissingLog { .. }) if case.log.is_some_and(|f| f >= 3) => {
+            let db = redb::Database::open(&path).unwrap();
+            let tx = db.begin_read().unwrap();
+            for table in tx.list_tables().unwrap() {
+                let name = redb::TableHandle::name(&table).to_owned();
+                if name == "meta" {
+                    continue;
+                }
+                let rows = redb::ReadableTableMetadata::len(&tx.open_untyped_table(table).unwrap())
+                    .unwrap();
+                assert_eq!(rows, 0, "{}: table {name} of the file alone", case.name);
+            }
+            return;
+        }
+        Err(e) => panic!("{}: {e}", case.name),
+    };
     assert_eq!(store.get(&api("job-processing"), NOW).await.unwrap(), None);
     assert_eq!(store.head(&api("orders"), NOW).await.unwrap(), None);
     assert!(store.inbox().inbox_indexes().await.unwrap().rows.is_empty());
@@ -807,6 +849,12 @@ const SCHEMA_7: Case = Case {
     keyspace: true,
     ..case("schema-7", 7, Gateway::Current)
 };
+const SCHEMA_8: Case = Case {
+    log: Some(3),
+    keyspace: true,
+    timelines: true,
+    ..case("schema-8", 8, Gateway::Current)
+};
 const LOG_FORMAT_1: Case = Case {
     log: Some(1),
     replays: true,
@@ -818,6 +866,13 @@ const LOG_FORMAT_2: Case = Case {
     replays: true,
     keyspace: true,
     ..case("log-format-2", 6, Gateway::Current)
+};
+const LOG_FORMAT_3: Case = Case {
+    log: Some(3),
+    replays: true,
+    keyspace: true,
+    timelines: true,
+    ..case("log-format-3", 8, Gateway::Current)
 };
 
 #[tokio::test]
@@ -843,6 +898,11 @@ async fn a_schema_2_file_opens_with_everything() {
 #[tokio::test]
 async fn a_schema_7_file_and_its_log_open_with_everything() {
     open_golden(SCHEMA_7).await;
+}
+
+#[tokio::test]
+async fn a_schema_8_file_and_its_log_open_with_every_attempt_timeline() {
+    open_golden(SCHEMA_8).await;
 }
 
 #[tokio::test]
@@ -877,6 +937,12 @@ async fn a_format_2_log_is_replayed() {
     open_golden(LOG_FORMAT_2).await;
 }
 
+#[tokio::test]
+async fn a_format_3_log_is_replayed_with_its_attempts() {
+    data_file_alone_is_empty(LOG_FORMAT_3).await;
+    open_golden(LOG_FORMAT_3).await;
+}
+
 /// Every directory under tests/golden/ is a case checked here.
 #[test]
 fn every_golden_file_is_checked() {
@@ -890,8 +956,10 @@ fn every_golden_file_is_checked() {
         SCHEMA_5,
         SCHEMA_6,
         SCHEMA_7,
+        SCHEMA_8,
         LOG_FORMAT_1,
         LOG_FORMAT_2,
+        LOG_FORMAT_3,
     ];
     let mut dirs: Vec<String> = std::fs::read_dir(golden_dir(""))
         .unwrap()
