@@ -361,7 +361,7 @@ fn report(
         e2e,
         e2e / post_time,
         match s.load {
-            Load::For(_) => " (target <= 2x)",
+            Load::For(_) => " (goal: <= 1.2x)",
             Load::Count(_) => "",
         }
     );

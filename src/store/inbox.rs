@@ -389,7 +389,8 @@ pub enum Settle {
     Retry {
         /// Next attempt, Unix ms.
         retry_at: Millis,
-        /// What failed.
+        /// What failed; empty when nothing did (an unattempted turn given
+        /// back): the last error then stays as it was.
         error: String,
         /// Whether this turn sent an HTTP request (counts as an attempt).
         attempted: bool,

@@ -276,3 +276,91 @@ async fn the_event_shows_each_attempt_with_its_time_status_latency_and_error() {
     );
     assert_eq!(e["attempts"], 2);
 }
+
+#[tokio::test]
+async fn events_leased_ahead_are_given_back_at_shutdown_and_go_right_after_a_restart() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.rate_limit = Some("1/s".parse().unwrap());
+        s.rate_burst = Some(1);
+    })
+    .await;
+    post_events(&app, 0, 5).await;
+    // One token: one delivery; the dispatcher leases the others ahead in
+    // the same write, to start as tokens come.
+    app.clock.advance(Duration::from_secs(1));
+    eventually("one delivered", || async {
+        app.event_ids("delivered").await.len() == 1
+    })
+    .await;
+    let now = app.clock.now_ms();
+    eventually("the rest leased ahead", || async {
+        let pending = app.events("pending").await;
+        pending.len() == 4
+            && pending
+                .iter()
+                .all(|e| e["due_at_ms"].as_u64().unwrap() > now)
+    })
+    .await;
+
+    // A clean stop gives them back: runnable at once, no attempt spent, so
+    // the next token after the restart delivers one at the same instant,
+    // not a lease (forward_timeout + 30 s) later.
+    let app = app.restart().await;
+    let pending = app.events("pending").await;
+    assert!(
+        pending
+            .iter()
+            .all(|e| e["due_at_ms"].as_u64().unwrap() <= now
+                && e["attempts"] == 0
+                && e["last_error"].is_null()),
+        "{pending:?}"
+    );
+    app.clock.advance(Duration::from_secs(1));
+    eventually("a second delivered after the restart", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+    assert_eq!(receiver.received().len(), 2);
+}
+
+#[tokio::test]
+async fn events_leased_ahead_that_wait_longer_than_a_turn_may_take_are_given_back() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.rate_limit = Some("1/m".parse().unwrap());
+        s.rate_burst = Some(1);
+    })
+    .await;
+    post_events(&app, 0, 3).await;
+    app.clock.advance(Duration::from_secs(60));
+    eventually("one delivered", || async {
+        app.event_ids("delivered").await.len() == 1
+    })
+    .await;
+    let leased_at = app.clock.now_ms();
+    eventually("the rest leased ahead", || async {
+        let pending = app.events("pending").await;
+        pending.len() == 2
+            && pending
+                .iter()
+                .all(|e| e["due_at_ms"].as_u64().unwrap() > leased_at)
+    })
+    .await;
+    // Waiting for tokens past the point where a turn started now could
+    // outlive their lease: back to runnable, not held until the lease ends.
+    app.clock.advance(Duration::from_secs(16));
+    eventually("given back", || async {
+        let pending = app.events("pending").await;
+        pending.len() == 2
+            && pending.iter().all(|e| {
+                e["due_at_ms"].as_u64().unwrap() <= leased_at + 16_000 && e["attempts"] == 0
+            })
+    })
+    .await;
+    app.clock.advance(Duration::from_secs(60));
+    eventually("a second delivered", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+}

@@ -380,7 +380,9 @@ impl Model {
                 attempted,
             } => {
                 e.attempts += u32::from(*attempted);
-                e.last_error = Some(error.clone());
+                if !error.is_empty() {
+                    e.last_error = Some(error.clone());
+                }
                 e.due_at_ms = *retry_at;
             }
             Settle::Dead { error } => {

@@ -12,18 +12,22 @@
 //! runnable index holds, per stream, only its oldest pending event), picks
 //! what the limits allow, leases the picked events in one write (their due
 //! time moves past the attempt's timeout, so after a crash they simply come
-//! due again), and starts one task per turn. A finishing turn frees its
+//! due again), and starts one task per turn. The same write leases up to
+//! four times a source's `max_in_flight` more of what it read ([`ahead`]): the next
+//! slots to free up start those at once, without a read or a commit in
+//! between. A finishing turn frees its
 //! slot as soon as the destination answered, and its event and stream once
 //! the outcome is recorded (see [`schedule`]), and wakes the loop. Time comes from the [`crate::clock::Clock`],
 //! so tests move it by hand.
 
+mod ahead;
 pub mod backoff;
 pub mod circuit;
 pub mod forward;
 pub mod schedule;
 mod turn;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -31,6 +35,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use self::ahead::{Ahead, Ready};
 use self::backoff::millis;
 use self::circuit::Transition;
 use self::forward::Forwarder;
@@ -38,7 +43,7 @@ use self::schedule::{LaneView, Reached, Schedule, Wants};
 use super::{Gateway, Source};
 use crate::clock::{Millis, SharedClock};
 use crate::domain::Ttl;
-use crate::store::inbox::{InboxEvent, LeasedEvent};
+use crate::store::inbox::{InboxEvent, LeasedEvent, Settle};
 use crate::store::{Store, StoreError};
 use crate::telemetry::metrics::Metrics;
 
@@ -55,6 +60,10 @@ const STORE_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// known to be due and nobody told it of a write (a safety net: every
 /// write that makes an event runnable wakes it).
 const IDLE_READ: Duration = Duration::from_secs(5);
+/// Events a source holds leased ahead, per slot of its `max_in_flight`:
+/// enough that its slots keep starting events while the next read and
+/// lease are out.
+const AHEAD_PER_SLOT: usize = 4;
 /// Extra claim and lease time beyond the attempt's timeout.
 const GRACE_MS: u64 = 30_000;
 
@@ -254,6 +263,7 @@ impl Dispatcher {
         let mut timed_out = false;
         let mut known: Option<Millis> = None;
         let mut last_read = Instant::now();
+        let mut ahead = Ahead::default();
         loop {
             if *stop.borrow() {
                 break;
@@ -270,7 +280,7 @@ impl Dispatcher {
                 known
             } else {
                 last_read = Instant::now();
-                match self.dispatch(&mut tasks).await {
+                match self.dispatch(&mut tasks, &mut ahead).await {
                     Ok(w) => {
                         if failing.take().is_some() {
                             tracing::info!("inbox readable and writable again: deliveries resume");
@@ -317,8 +327,40 @@ impl Dispatcher {
             }
         }
         self.stopping.store(true, Ordering::SeqCst);
+        self.give_back(ahead.drain()).await;
         while tasks.join_next().await.is_some() {}
         tracing::debug!("dispatcher stopped");
+    }
+
+    /// Puts events leased ahead but never started back to runnable now, so
+    /// that they do not wait for their leases to end (after a restart, or
+    /// held so long a turn could outlive the lease). Nothing was sent: no
+    /// attempt is counted and the last error stays. One that cannot be
+    /// written waits for its lease to end instead.
+    async fn give_back(&self, ready: Vec<Ready>) {
+        let now = self.clock.now_ms();
+        for r in ready {
+            let settle = Settle::Retry {
+                retry_at: now,
+                error: r.ev.last_error.clone().unwrap_or_default(),
+                attempted: false,
+            };
+            let written = self
+                .gateway
+                .inbox
+                .settle(
+                    &r.ev.source,
+                    &r.ev.event_id,
+                    r.lease,
+                    settle,
+                    self.gateway.retention,
+                    now,
+                )
+                .await;
+            if let Err(e) = written {
+                tracing::debug!(source = %r.ev.source, event_id = %r.ev.event_id, error = %e.chain(), "a leased-ahead event waits for its lease to end");
+            }
+        }
     }
 
     /// Whether the dispatch loop went round within `within` (its longest
@@ -336,10 +378,16 @@ impl Dispatcher {
     async fn dispatch(
         self: &Arc<Self>,
         tasks: &mut JoinSet<()>,
+        ahead: &mut Ahead,
     ) -> Result<Option<Millis>, StoreError> {
         let now = self.clock.now_ms();
+        let expiring = ahead.take_expiring(now);
+        if !expiring.is_empty() {
+            self.give_back(expiring).await;
+        }
         let Wants {
             reads: wants,
+            starts,
             transitions,
             reopens_at: reopens,
         } = self.schedule().wants(now);
@@ -349,32 +397,112 @@ impl Dispatcher {
         if wants.is_empty() {
             return Ok(reopens);
         }
-        let due = self.gateway.inbox.due_events(now, wants.clone()).await?;
+        // A source whose events leased ahead cover its free slots needs no
+        // read (a read of what was acknowledged makes the writer commit).
+        // Those that read take enough to fill what they hold ahead too.
+        let reads: Vec<(String, usize)> = wants
+            .iter()
+            .zip(&starts)
+            .filter(|((source, _), (start, _))| ahead.len(source) < *start)
+            .map(|((source, n), (_, limit))| {
+                let room = (limit * AHEAD_PER_SLOT).saturating_sub(ahead.len(source));
+                (source.clone(), n + room)
+            })
+            .collect();
+        let due = if reads.is_empty() {
+            Vec::new()
+        } else {
+            self.gateway.inbox.due_events(now, reads.clone()).await?
+        };
         // Only a time still ahead is worth waiting for: events due now but
         // held back by a limit start when a finishing turn wakes the loop.
         let mut next = reopens;
-        let mut candidates = Vec::with_capacity(wants.len());
-        for ((source, _), found) in wants.into_iter().zip(due) {
+        let mut read: HashMap<String, Vec<InboxEvent>> = HashMap::new();
+        for ((source, _), found) in reads.into_iter().zip(due) {
             if let Some(at) = found.next.filter(|at| *at > now) {
                 next = Some(next.map_or(at, |n| n.min(at)));
             }
-            candidates.push((source, found.events));
+            // Read again, so due again: its lease ended, the copy held
+            // ahead is stale.
+            for ev in &found.events {
+                ahead.take(&source, &ev.event_id);
+            }
+            read.insert(source, found.events);
         }
-        let (picked, _) = self.schedule().pick(candidates);
-        if picked.is_empty() {
-            return Ok(next);
+        let mut candidates = Vec::with_capacity(wants.len());
+        for (source, _) in &wants {
+            let mut events = ahead.candidates(source);
+            events.extend(read.remove(source).unwrap_or_default());
+            candidates.push((source.clone(), events));
         }
-        self.start(picked, now, tasks).await?;
+        let (picked, rest) = self.schedule().pick_keep(candidates);
+        let mut to_lease = Vec::new();
+        for ev in picked {
+            match ahead.take(&ev.source, &ev.event_id) {
+                Some(ready) => self.spawn_turn(ready.ev, ready.lease, tasks),
+                None => to_lease.push(ev),
+            }
+        }
+        let limits: HashMap<&str, usize> = wants
+            .iter()
+            .zip(&starts)
+            .map(|((source, _), (_, limit))| (source.as_str(), *limit))
+            .collect();
+        let extra = self.lease_ahead_of(rest, &limits, ahead);
+        if !to_lease.is_empty() || !extra.is_empty() {
+            self.start(to_lease, extra, now, tasks, ahead).await?;
+        }
         Ok(next)
     }
 
-    /// Leases the picked events in one write and starts a turn for each
-    /// one leased.
+    /// Of the events read but not started, those to lease ahead: per
+    /// source, up to [`AHEAD_PER_SLOT`] times its `max_in_flight` held
+    /// ahead, none in flight, one per stream.
+    fn lease_ahead_of(
+        &self,
+        rest: Vec<InboxEvent>,
+        limits: &HashMap<&str, usize>,
+        ahead: &Ahead,
+    ) -> Vec<InboxEvent> {
+        let schedule = self.schedule();
+        let mut extra = Vec::new();
+        let mut taken: HashMap<String, (usize, HashSet<String>)> = HashMap::new();
+        for ev in rest {
+            let Some(limit) = limits.get(ev.source.as_str()) else {
+                continue;
+            };
+            if ahead.contains(&ev.source, &ev.event_id)
+                || schedule.holds(&ev.source, &ev.event_id, ev.stream.as_deref())
+            {
+                continue;
+            }
+            let (count, streams) = taken
+                .entry(ev.source.clone())
+                .or_insert_with(|| (ahead.len(&ev.source), ahead.streams(&ev.source)));
+            if *count >= limit * AHEAD_PER_SLOT {
+                continue;
+            }
+            if let Some(stream) = &ev.stream
+                && !streams.insert(stream.clone())
+            {
+                continue;
+            }
+            *count += 1;
+            extra.push(ev);
+        }
+        extra
+    }
+
+    /// Leases the picked events (and `extra`, to hold ahead) in one write,
+    /// starts a turn for each picked one leased, and holds each extra one
+    /// leased in `ahead`.
     async fn start(
         self: &Arc<Self>,
         picked: Vec<InboxEvent>,
+        extra: Vec<InboxEvent>,
         now: Millis,
         tasks: &mut JoinSet<()>,
+        ahead: &mut Ahead,
     ) -> Result<(), StoreError> {
         let mut slots = Vec::with_capacity(picked.len());
         for ev in picked {
@@ -390,14 +518,18 @@ impl Dispatcher {
             };
             slots.push((source, ev, slot));
         }
+        let lease_until = |ev: &InboxEvent| {
+            let timeout = self
+                .gateway
+                .source(&ev.source)
+                .map_or(0, |s| millis(s.forward_timeout));
+            now.saturating_add(timeout).saturating_add(GRACE_MS)
+        };
         let leases = slots
             .iter()
-            .map(|(s, ev, _)| {
-                let until = now
-                    .saturating_add(millis(s.forward_timeout))
-                    .saturating_add(GRACE_MS);
-                (ev.source.clone(), ev.event_id.clone(), until)
-            })
+            .map(|(_, ev, _)| ev)
+            .chain(&extra)
+            .map(|ev| (ev.source.clone(), ev.event_id.clone(), lease_until(ev)))
             .collect();
         let stale_check = match self.coordination {
             Coordination::Local => Some(self.gateway.retention),
@@ -415,22 +547,61 @@ impl Dispatcher {
             .into_iter()
             .map(|l| ((l.source.clone(), l.event_id.clone()), l))
             .collect();
-        for (source, mut ev, mut slot) in slots {
-            // Only events still pending and runnable were leased; the read
-            // that found them may predate their last settle.
-            let Some(now_leased) = current.remove(&(ev.source.clone(), ev.event_id.clone())) else {
-                continue;
-            };
-            ev.attempts = now_leased.attempts;
-            ev.force = now_leased.force;
-            let generation = now_leased.lease;
-            let this = self.clone();
-            tasks.spawn(async move {
-                slot.reached = this.turn(&source, &ev, generation, &slot).await;
-                drop(slot);
-            });
+        // Only events still pending and runnable were leased; the read that
+        // found them may predate their last settle.
+        let mut fresh = |mut ev: InboxEvent| {
+            let l = current.remove(&(ev.source.clone(), ev.event_id.clone()))?;
+            ev.attempts = l.attempts;
+            ev.force = l.force;
+            Some((ev, l.lease))
+        };
+        for (source, ev, slot) in slots {
+            if let Some((ev, lease)) = fresh(ev) {
+                self.spawn(source, ev, lease, slot, tasks);
+            }
+        }
+        for ev in extra {
+            if let Some((ev, lease)) = fresh(ev) {
+                let latest_start = now.saturating_add(GRACE_MS / 2);
+                ahead.push(Ready {
+                    ev,
+                    lease,
+                    latest_start,
+                });
+            }
         }
         Ok(())
+    }
+
+    /// Starts the turn of an event picked from those leased ahead.
+    fn spawn_turn(self: &Arc<Self>, ev: InboxEvent, lease: u64, tasks: &mut JoinSet<()>) {
+        let Some(source) = self.gateway.source(&ev.source).cloned() else {
+            return;
+        };
+        let slot = Slot {
+            dispatcher: self.clone(),
+            source: source.clone(),
+            event_id: ev.event_id.clone(),
+            stream: ev.stream.clone(),
+            reached: Reached::Nothing,
+        };
+        self.spawn(source, ev, lease, slot, tasks);
+    }
+
+    /// Runs one turn in its own task; the slot goes when it ends.
+    fn spawn(
+        self: &Arc<Self>,
+        source: Arc<Source>,
+        ev: InboxEvent,
+        lease: u64,
+        mut slot: Slot,
+        tasks: &mut JoinSet<()>,
+    ) {
+        let this = self.clone();
+        tasks.spawn(async move {
+            slot.reached = this.turn(&source, &ev, lease, &slot).await;
+            drop(slot);
+        });
     }
 
     fn stopping(&self) -> bool {

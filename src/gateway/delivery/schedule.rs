@@ -131,6 +131,9 @@ pub enum Reached {
 pub struct Wants {
     /// Per source that may start deliveries: how many events to read.
     pub reads: Vec<(String, usize)>,
+    /// Per source in `reads`, in the same order: how many may start now,
+    /// and its `max_in_flight`.
+    pub starts: Vec<(usize, usize)>,
     /// Circuit transitions to log.
     pub transitions: Vec<(String, Transition)>,
     /// The earliest time a paused source lets a probe through.
@@ -255,6 +258,7 @@ impl Schedule {
                 // 1.9x the posting time until nothing was pending.
                 let held = lane.in_flight + lane.settling;
                 wants.reads.push((name.clone(), n + held));
+                wants.starts.push((n, lane.limit));
             }
         }
         wants
@@ -264,10 +268,17 @@ impl Schedule {
     /// [`Schedule::wants`]) round-robin until the global slots run out, and
     /// marks the picked ones in flight. Returns them, and whether runnable
     /// events were left for lack of slots.
-    pub fn pick(
+    pub fn pick(&mut self, candidates: Vec<(String, Vec<InboxEvent>)>) -> (Vec<InboxEvent>, bool) {
+        let (picked, rest) = self.pick_keep(candidates);
+        (picked, !rest.is_empty())
+    }
+
+    /// As [`Schedule::pick`], returning the candidates not looked at (left
+    /// for lack of slots) instead of whether there were any.
+    pub fn pick_keep(
         &mut self,
         mut candidates: Vec<(String, Vec<InboxEvent>)>,
-    ) -> (Vec<InboxEvent>, bool) {
+    ) -> (Vec<InboxEvent>, Vec<InboxEvent>) {
         let n = self.lanes.len().max(1);
         let start = self.turn % n;
         self.turn = self.turn.wrapping_add(1);
@@ -332,8 +343,15 @@ impl Schedule {
                 }
             }
         }
-        let left = queues.iter_mut().any(|(_, q)| q.len() > 0);
-        (picked, left)
+        let rest = queues.into_iter().flat_map(|(_, q)| q).collect();
+        (picked, rest)
+    }
+
+    /// Whether `source`'s event `id` or its stream is in flight (request
+    /// out, or outcome not yet recorded).
+    pub fn holds(&self, source: &str, id: &str, stream: Option<&str>) -> bool {
+        self.events.contains(&(source.to_owned(), id.to_owned()))
+            || stream.is_some_and(|s| self.streams.contains(&(source.to_owned(), s.to_owned())))
     }
 
     /// The destination answered (or the turn ended without a request): the

@@ -434,7 +434,9 @@ impl<'txn> InboxTables<'txn> {
         if attempted {
             e.attempts = e.attempts.saturating_add(1);
         }
-        if error.is_some() {
+        // An unattempted retry with no error (an event leased ahead and
+        // given back) leaves the last error as it was.
+        if error.as_deref().is_some_and(|e| !e.is_empty()) {
             e.last_error = error;
         } else if status == EventStatus::Delivered {
             e.last_error = None;
