@@ -10,6 +10,11 @@
 //!   once; events are posted for `DURATION_S` seconds.
 //! - `nginx`: the same load with nginx (`return 204;`) as the receiver,
 //!   counting deliveries from its access log; only when `nginx` is on PATH.
+//! - `wrk`: the issue-31 measurement: nginx as the receiver, and a source
+//!   of the `github` scheme fed by `wrk -c CONCURRENCY` for `DURATION_S`
+//!   from a Lua script that posts pre-signed, unique events (GitHub's
+//!   signature has no timestamp, so they can be signed before the run);
+//!   only when `wrk` and `nginx` are on PATH.
 //! - `b`: the in-process receiver answering after `DELAY_MS` (50 ms);
 //!   `EVENTS` events are posted as fast as possible, and the delivery rate
 //!   is measured from the first delivery to the last.
@@ -21,7 +26,7 @@
 //! `EVENTS` (10000), `DELAY_MS` (50), `MAX_IN_FLIGHT` (unset: dedupd's
 //! defaults, as a new user runs it; a number sets it for the gateway and
 //! the source), `WAIT_S` (120: longest wait for deliveries after
-//! posting), `SCENARIOS` (`a,nginx,b`). A quick run:
+//! posting), `SCENARIOS` (`a,nginx,b`; `wrk` runs when named). A quick run:
 //! `DURATION_S=1 EVENTS=2000 STREAMS=100 cargo bench --bench delivery`.
 //!
 //! Under `cargo test --all-targets` (no `--bench` argument) it does nothing.
@@ -174,6 +179,20 @@ async fn run(p: Params) -> anyhow::Result<()> {
                     load: Load::For(p.duration),
                 }
             }
+            "wrk" => {
+                if !on_path("nginx") || !on_path("wrk") {
+                    println!("\n(w) wrk: skipped, `wrk` or `nginx` is not on PATH");
+                    continue;
+                }
+                Scenario {
+                    title: format!(
+                        "(w) wrk -c{} posts GitHub-signed events, nginx answers 204 at once",
+                        p.concurrency
+                    ),
+                    receiver: ReceiverKind::Nginx,
+                    load: Load::Wrk(p.duration),
+                }
+            }
             "b" => Scenario {
                 title: format!("(b) receiver answers 204 after {} ms", p.delay_ms),
                 receiver: ReceiverKind::InProcess {
@@ -181,7 +200,7 @@ async fn run(p: Params) -> anyhow::Result<()> {
                 },
                 load: Load::Count(p.events),
             },
-            other => bail!("unknown scenario {other:?} in SCENARIOS (a, nginx, b)"),
+            other => bail!("unknown scenario {other:?} in SCENARIOS (a, nginx, wrk, b)"),
         };
         println!("\n{}", scenario.title);
         if let Err(e) = run_scenario(&p, &scenario).await {
@@ -209,11 +228,14 @@ enum Load {
     For(Duration),
     /// Post this many events.
     Count(u64),
+    /// Post GitHub-signed events with `wrk` for this long.
+    Wrk(Duration),
 }
 
 async fn run_scenario(p: &Params, s: &Scenario) -> anyhow::Result<()> {
     let receiver = Receiver::start(s.receiver).await?;
-    let server = Dedupd::start(p, &receiver.url).await?;
+    let github = matches!(s.load, Load::Wrk(_));
+    let server = Dedupd::start(p, &receiver.url, github).await?;
     let client = dedupd::http_client::builder()
         .no_proxy()
         .pool_max_idle_per_host(p.concurrency)
@@ -228,7 +250,10 @@ async fn run_scenario(p: &Params, s: &Scenario) -> anyhow::Result<()> {
         sampling.clone(),
     ));
 
-    let posted = post_load(&client, &server.base, p, s.load).await;
+    let posted = match s.load {
+        Load::Wrk(d) => post_with_wrk(&client, &server.base, p, d).await?,
+        load => post_load(&client, &server.base, p, load).await,
+    };
     let accepted = posted.accepted;
 
     // Wait for every accepted event to arrive once, bounded.
@@ -361,7 +386,7 @@ fn report(
         e2e,
         e2e / post_time,
         match s.load {
-            Load::For(_) => " (goal: <= 1.2x)",
+            Load::For(_) | Load::Wrk(_) => " (goal: <= 1.2x)",
             Load::Count(_) => "",
         }
     );
@@ -372,7 +397,7 @@ fn report(
         distinct as f64 / (last - first).max(1e-9),
         match s.load {
             Load::Count(_) => " (target >= 2000)",
-            Load::For(_) => "",
+            Load::For(_) | Load::Wrk(_) => "",
         },
         done_by_post_end,
     );
@@ -821,7 +846,9 @@ struct Dedupd {
 }
 
 impl Dedupd {
-    async fn start(p: &Params, forward_to: &str) -> anyhow::Result<Self> {
+    /// With `github`, the source verifies GitHub's signature
+    /// (`X-Hub-Signature-256`) instead of Sume's.
+    async fn start(p: &Params, forward_to: &str, github: bool) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let port = free_port()?;
         let config = dir.path().join("dedupd.toml");
@@ -834,7 +861,7 @@ impl Dedupd {
                  level = \"warn\"\n\
                  {gateway}\
                  [sources.bench]\n\
-                 scheme = \"sume\"\n\
+                 scheme = \"{scheme}\"\n\
                  secrets = [\"{SECRET}\"]\n\
                  event_id = \"body:/request_id\"\n\
                  created_at = \"body:/created_at\"\n\
@@ -842,6 +869,7 @@ impl Dedupd {
                  forward_to = \"{forward_to}\"\n\
                  destination_secret = \"{DESTINATION_SECRET}\"\n\
                  {source}",
+                scheme = if github { "github" } else { "sume" },
                 data = dir.path().join("dedupd.redb").display().to_string(),
                 gateway = p.max_in_flight.map_or(String::new(), |n| format!(
                     "[gateway]\nmax_in_flight = {n}\n"
@@ -1048,7 +1076,7 @@ async fn post_load(client: &reqwest::Client, base: &str, p: &Params, load: Load)
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let more = match load {
-                    Load::For(d) => started.elapsed() < d,
+                    Load::For(d) | Load::Wrk(d) => started.elapsed() < d,
                     Load::Count(n) => i < n,
                 };
                 if !more {
@@ -1114,6 +1142,158 @@ async fn post_load(client: &reqwest::Client, base: &str, p: &Params, load: Load)
         start,
         end,
     }
+}
+
+/// Posts for `duration` with `wrk`: `CONCURRENCY` connections, two
+/// threads, each sending its share of events signed beforehand (more than
+/// the run can post; a thread that runs out sends `GET /healthz`, which
+/// stores nothing). What was accepted is what the inbox holds after.
+async fn post_with_wrk(
+    client: &reqwest::Client,
+    base: &str,
+    p: &Params,
+    duration: Duration,
+) -> anyhow::Result<Posted> {
+    const THREADS: u64 = 2;
+    let dir = TempDir::new()?;
+    let events = (duration.as_secs_f64() * 40_000.0).ceil() as u64 + 1_000;
+    let base_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as u64;
+    let mut lines = String::with_capacity(events as usize * 256);
+    for i in 0..events {
+        let created = UNIX_EPOCH + Duration::from_micros(base_us + i);
+        let body = format!(
+            r#"{{"request_id":"req_{i}","run_id":"run_{}","created_at":"{}","type":"run.step","data":{{"step":{i},"note":"delivery bench"}}}}"#,
+            i % p.streams,
+            humantime::format_rfc3339_micros(created),
+        );
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).expect("HMAC takes any key length");
+        mac.update(body.as_bytes());
+        let _ = writeln!(
+            lines,
+            "{}\t{body}",
+            hex::encode(mac.finalize().into_bytes())
+        );
+    }
+    let data = dir.path().join("events.tsv");
+    std::fs::write(&data, lines)?;
+    let script = dir.path().join("post.lua");
+    std::fs::write(
+        &script,
+        format!(
+            r#"local threads = 0
+function setup(thread)
+  thread:set("tid", threads)
+  threads = threads + 1
+end
+local mine = {{}}
+local n = 0
+function init(args)
+  local i = 0
+  for line in io.lines({data:?}) do
+    if i % {THREADS} == tid then
+      local tab = line:find("	", 1, true)
+      mine[#mine + 1] = {{ line:sub(1, tab - 1), line:sub(tab + 1) }}
+    end
+    i = i + 1
+  end
+end
+function request()
+  n = n + 1
+  local e = mine[n]
+  if e == nil then
+    return wrk.format("GET", "/healthz")
+  end
+  return wrk.format("POST", "/ingest/bench", {{
+    ["Content-Type"] = "application/json",
+    ["X-GitHub-Event"] = "workflow_run",
+    ["X-Hub-Signature-256"] = "sha256=" .. e[1],
+  }}, e[2])
+end
+"#
+        ),
+    )?;
+    let mut cmd = Command::new("wrk");
+    cmd.arg(format!("-t{THREADS}"))
+        .arg(format!("-c{}", p.concurrency))
+        .arg(format!("-d{}s", duration.as_secs_f64()))
+        .arg("-s")
+        .arg(&script)
+        .arg(base)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit());
+    let start = now_s();
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await?
+        .context("running wrk")?;
+    let end = now_s();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!("wrk failed: {text}");
+    }
+    // "  123456 requests in 3.00s, ..." and, if any, "Non-2xx or 3xx responses: N".
+    let summary = text
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .context("wrk printed no request count")?;
+    let mut words = summary.split_whitespace();
+    let requests: u64 = words
+        .next()
+        .and_then(|n| n.parse().ok())
+        .context("wrk's request count")?;
+    // Posting began when wrk's threads had read their events, its run
+    // time before it ended.
+    let ran: f64 = words
+        .nth(2)
+        .and_then(|t| t.trim_end_matches(',').strip_suffix('s'))
+        .and_then(|t| t.parse().ok())
+        .context("wrk's run time")?;
+    let start = (end - ran).max(start);
+    let failed: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Non-2xx or 3xx responses:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    if requests >= events {
+        println!(
+            "  note: wrk ran out of signed events ({events}); raise the factor in post_with_wrk"
+        );
+    }
+    let accepted = inbox_total(client, base).await?;
+    // wrk counts the answers it read: requests still out when it stopped
+    // were posted (and may be stored) too.
+    let posted = requests.min(events).max(accepted + failed);
+    Ok(Posted {
+        posted,
+        accepted,
+        duplicate: posted.saturating_sub(accepted + failed),
+        failed,
+        first_error: (failed > 0).then(|| format!("{failed} answers were not 2xx")),
+        start,
+        end,
+    })
+}
+
+/// Every event the inbox holds for the source, by its counts.
+async fn inbox_total(client: &reqwest::Client, base: &str) -> anyhow::Result<u64> {
+    let v: serde_json::Value = client
+        .get(format!("{base}/v1/sources"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let bench = v["sources"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["source"] == "bench"))
+        .context("no source bench in /v1/sources")?;
+    Ok(["pending", "delivered", "stale", "dead"]
+        .iter()
+        .map(|k| bench[*k].as_u64().unwrap_or(0))
+        .sum())
 }
 
 /// `v1=<hex HMAC-SHA256(secret, "{ts}.{body}")>`, as Sume signs.

@@ -127,11 +127,13 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<u64, StoreError>;
 
     /// For each `(source, limit)`: its runnable events due at `now` (at
-    /// most `limit`) and its next due time after them.
+    /// most `limit`, and no more once their bodies reach `max_bytes`; the
+    /// first is always returned) and its next due time after them.
     async fn due_events(
         &self,
         now: Millis,
         wants: Vec<(String, usize)>,
+        max_bytes: u64,
     ) -> Result<Vec<SourceDue>, StoreError>;
 
     /// Every source with events in the inbox, with its pending count.
@@ -360,9 +362,10 @@ pub struct SourceSummary {
 /// Runnable events of one source: those due, and when the next one is.
 #[derive(Debug, Clone, Default)]
 pub struct SourceDue {
-    /// Due at `now`, in due order, at most the limit asked for.
+    /// Due at `now`, in due order, within the limits asked for.
     pub events: Vec<InboxEvent>,
-    /// The earliest due time among the events not returned, if any.
+    /// The earliest due time among the events not returned, if any (at or
+    /// before `now` when a limit stopped the read).
     pub next: Option<Millis>,
 }
 

@@ -82,8 +82,11 @@ enum Op {
     Redeliver {
         target: Target,
     },
+    /// `due_events` with these limits and a byte budget (bodies here are
+    /// 16 to 20 bytes: a small one stops the read early).
     Due {
         limits: [usize; 2],
+        max_bytes: u64,
     },
     List {
         source: u8,
@@ -177,7 +180,8 @@ fn op() -> impl Strategy<Value = Op> {
             1 => (source.clone(), id.clone()).prop_map(|(s, i)| Target::Id(s, i)),
         ]
         .prop_map(|target| Op::Redeliver { target }),
-        1 => (0usize..4, 0usize..4).prop_map(|(a, b)| Op::Due { limits: [a, b] }),
+        1 => (0usize..4, 0usize..4, prop_oneof![Just(u64::MAX), 0u64..64])
+            .prop_map(|(a, b, max_bytes)| Op::Due { limits: [a, b], max_bytes }),
         1 => (source.clone(), 0u8..4, 1usize..4, any::<bool>())
             .prop_map(|(source, status, page, newest)| Op::List { source, status, page, newest }),
         2 => prop_oneof![2 => Just(10_000u64), 1 => 1u64..4]
@@ -323,16 +327,31 @@ impl Model {
 
     /// What `due_events` must answer for one source: (events, next).
     fn due(&self, source: &str, limit: usize) -> (Vec<InboxEvent>, Option<u64>) {
+        self.due_within(source, limit, u64::MAX)
+    }
+
+    /// As [`Model::due`], stopping before the event whose body would take
+    /// the bodies past `max_bytes` (the first always comes).
+    fn due_within(
+        &self,
+        source: &str,
+        limit: usize,
+        max_bytes: u64,
+    ) -> (Vec<InboxEvent>, Option<u64>) {
         let all = self.runnable_of(source);
-        let events: Vec<InboxEvent> = all
-            .iter()
-            .take_while(|e| e.due_at_ms <= self.now)
-            .take(limit)
-            .map(|e| InboxEvent {
+        let mut bytes = 0u64;
+        let mut events = Vec::new();
+        for e in all.iter().take_while(|e| e.due_at_ms <= self.now) {
+            let body = e.body.len() as u64;
+            if events.len() >= limit || (!events.is_empty() && bytes + body > max_bytes) {
+                break;
+            }
+            bytes += body;
+            events.push(InboxEvent {
                 timeline: Vec::new(),
                 ..e.clone()
-            })
-            .collect();
+            });
+        }
         let next = all.get(events.len()).map(|e| e.due_at_ms);
         (events, next)
     }
@@ -677,7 +696,11 @@ async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
         (SOURCES[1].to_owned(), 100),
         ("gh-".to_owned(), 100),
     ];
-    let due = s.inbox().due_events(m.now, wants.clone()).await.unwrap();
+    let due = s
+        .inbox()
+        .due_events(m.now, wants.clone(), u64::MAX)
+        .await
+        .unwrap();
     assert_eq!(due.len(), wants.len(), "{ctx}");
     for ((source, limit), got) in wants.iter().zip(due) {
         let (events, next) = m.due(source, *limit);
@@ -927,16 +950,20 @@ async fn run(ops: Vec<Op>) {
                 let got = store.inbox().redeliver(&source, &id, now).await.unwrap();
                 assert_eq!(got, want, "{ctx}");
             }
-            Op::Due { limits } => {
+            Op::Due { limits, max_bytes } => {
                 let wants: Vec<(String, usize)> = SOURCES
                     .iter()
                     .zip(limits)
                     .map(|(s, l)| ((*s).to_owned(), l))
                     .collect();
-                let got = store.inbox().due_events(now, wants.clone()).await.unwrap();
+                let got = store
+                    .inbox()
+                    .due_events(now, wants.clone(), max_bytes)
+                    .await
+                    .unwrap();
                 assert_eq!(got.len(), wants.len(), "{ctx}");
                 for ((source, limit), got) in wants.iter().zip(got) {
-                    let (events, next) = m.due(source, *limit);
+                    let (events, next) = m.due_within(source, *limit, max_bytes);
                     assert_eq!(got.events, events, "{ctx}: {source}");
                     assert_eq!(got.next, next, "{ctx}: {source}");
                 }

@@ -118,7 +118,7 @@ fn write_v1_file(
 
 async fn runnable(s: &RedbStore) -> Vec<String> {
     s.inbox()
-        .due_events(T1, vec![("sume".to_owned(), 10)])
+        .due_events(T1, vec![("sume".to_owned(), 10)], u64::MAX)
         .await
         .unwrap()
         .remove(0)
@@ -308,7 +308,7 @@ mod inbox {
     async fn due_ids(s: &RedbStore, now: u64) -> Vec<String> {
         committed(s).await;
         s.inbox()
-            .due_events(now, vec![("sume".to_owned(), 100)])
+            .due_events(now, vec![("sume".to_owned(), 100)], u64::MAX)
             .await
             .unwrap()
             .remove(0)
@@ -563,7 +563,7 @@ mod inbox {
         committed(&s).await;
         let due = s
             .inbox()
-            .due_events(T, vec![("sume".to_owned(), 10)])
+            .due_events(T, vec![("sume".to_owned(), 10)], u64::MAX)
             .await
             .unwrap();
         assert_eq!(due.len(), 1);
@@ -983,7 +983,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
     let due = s
         .inbox()
-        .due_events(T1, vec![("sume".to_owned(), 10)])
+        .due_events(T1, vec![("sume".to_owned(), 10)], u64::MAX)
         .await
         .unwrap()
         .remove(0)

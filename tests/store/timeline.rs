@@ -104,7 +104,7 @@ async fn the_timeline_keeps_the_last_attempts_oldest_first_with_errors_cut() {
 
     // A listing or the dispatcher's read does not carry it.
     let due = inbox
-        .due_events(T + 1_000_000, vec![("sume".into(), 10)])
+        .due_events(T + 1_000_000, vec![("sume".into(), 10)], u64::MAX)
         .await
         .unwrap();
     assert!(due[0].events.iter().all(|e| e.timeline.is_empty()));

@@ -56,6 +56,13 @@ impl Ahead {
         out
     }
 
+    /// Bytes of `source`'s bodies held.
+    pub fn bytes(&self, source: &str) -> u64 {
+        self.by_source
+            .get(source)
+            .map_or(0, |q| q.iter().map(|r| r.ev.body.len() as u64).sum())
+    }
+
     /// `source`'s events, as candidates for the schedule, oldest lease
     /// first.
     pub fn candidates(&self, source: &str) -> Vec<InboxEvent> {

@@ -12,12 +12,13 @@
 //! runnable index holds, per stream, only its oldest pending event), picks
 //! what the limits allow, leases the picked events in one write (their due
 //! time moves past the attempt's timeout, so after a crash they simply come
-//! due again), and starts one task per turn. The same write leases up to
-//! four times a source's `max_in_flight` more of what it read ([`ahead`]): the next
-//! slots to free up start those at once, without a read or a commit in
-//! between. A finishing turn frees its
-//! slot as soon as the destination answered, and its event and stream once
-//! the outcome is recorded (see [`schedule`]), and wakes the loop. Time comes from the [`crate::clock::Clock`],
+//! due again), and starts one task per turn. The same write leases more of
+//! what it read, up to eight times a source's `max_in_flight` (and 16 MiB
+//! of bodies): the next slots to free up start those at once, without a
+//! read or a commit in between ([`ahead`]). A finishing turn frees its slot
+//! as soon as the destination answered, and its event and stream once the
+//! outcome is recorded (see [`schedule`]), and wakes the loop. Time comes
+//! from the [`crate::clock::Clock`],
 //! so tests move it by hand.
 
 mod ahead;
@@ -63,7 +64,12 @@ const IDLE_READ: Duration = Duration::from_secs(5);
 /// Events a source holds leased ahead, per slot of its `max_in_flight`:
 /// enough that its slots keep starting events while the next read and
 /// lease are out.
-const AHEAD_PER_SLOT: usize = 4;
+const AHEAD_PER_SLOT: usize = 8;
+/// Most bytes of bodies a source holds leased ahead (beyond one event).
+const AHEAD_BYTES: u64 = 16 * 1024 * 1024;
+/// Most bytes of bodies one read loads per source (beyond one event):
+/// with 16 MiB bodies allowed, a read by count alone could hold gigabytes.
+const READ_BYTES: u64 = 16 * 1024 * 1024;
 /// Extra claim and lease time beyond the attempt's timeout.
 const GRACE_MS: u64 = 30_000;
 
@@ -412,7 +418,10 @@ impl Dispatcher {
         let due = if reads.is_empty() {
             Vec::new()
         } else {
-            self.gateway.inbox.due_events(now, reads.clone()).await?
+            self.gateway
+                .inbox
+                .due_events(now, reads.clone(), READ_BYTES)
+                .await?
         };
         // Only a time still ahead is worth waiting for: events due now but
         // held back by a limit start when a finishing turn wakes the loop.
@@ -457,7 +466,7 @@ impl Dispatcher {
 
     /// Of the events read but not started, those to lease ahead: per
     /// source, up to [`AHEAD_PER_SLOT`] times its `max_in_flight` held
-    /// ahead, none in flight, one per stream.
+    /// ahead and [`AHEAD_BYTES`] of bodies, none in flight, one per stream.
     fn lease_ahead_of(
         &self,
         rest: Vec<InboxEvent>,
@@ -466,7 +475,7 @@ impl Dispatcher {
     ) -> Vec<InboxEvent> {
         let schedule = self.schedule();
         let mut extra = Vec::new();
-        let mut taken: HashMap<String, (usize, HashSet<String>)> = HashMap::new();
+        let mut taken: HashMap<String, (usize, u64, HashSet<String>)> = HashMap::new();
         for ev in rest {
             let Some(limit) = limits.get(ev.source.as_str()) else {
                 continue;
@@ -476,10 +485,15 @@ impl Dispatcher {
             {
                 continue;
             }
-            let (count, streams) = taken
-                .entry(ev.source.clone())
-                .or_insert_with(|| (ahead.len(&ev.source), ahead.streams(&ev.source)));
-            if *count >= limit * AHEAD_PER_SLOT {
+            let (count, bytes, streams) = taken.entry(ev.source.clone()).or_insert_with(|| {
+                (
+                    ahead.len(&ev.source),
+                    ahead.bytes(&ev.source),
+                    ahead.streams(&ev.source),
+                )
+            });
+            let body = ev.body.len() as u64;
+            if *count >= limit * AHEAD_PER_SLOT || (*count > 0 && *bytes + body > AHEAD_BYTES) {
                 continue;
             }
             if let Some(stream) = &ev.stream
@@ -488,6 +502,7 @@ impl Dispatcher {
                 continue;
             }
             *count += 1;
+            *bytes += body;
             extra.push(ev);
         }
         extra

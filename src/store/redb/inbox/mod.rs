@@ -241,10 +241,11 @@ impl Inbox for RedbInbox {
         &self,
         now: Millis,
         wants: Vec<(String, usize)>,
+        max_bytes: u64,
     ) -> Result<Vec<SourceDue>, StoreError> {
         Ok(self
             .engine
-            .read(move |tx| read::due(tx, now, &wants))
+            .read(move |tx| read::due(tx, now, &wants, max_bytes))
             .await?)
     }
 

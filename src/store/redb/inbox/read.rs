@@ -13,13 +13,16 @@ use crate::store::redb::tables::{
 };
 
 /// For each `(source, limit)`: its runnable events due at `now`, in due
-/// order, at most `limit`. Reads only the asked sources' ranges of the
-/// runnable index, so a source left out costs nothing however many events
-/// it holds.
+/// order, at most `limit`, and none past the one that takes the bodies
+/// read to `max_bytes` (each row knows its body's size, so a body over the
+/// budget is never loaded, unless it is the source's first). Reads only the
+/// asked sources' ranges of the runnable index, so a source left out costs
+/// nothing however many events it holds.
 pub fn due(
     tx: &ReadTransaction,
     now: Millis,
     wants: &[(String, usize)],
+    max_bytes: u64,
 ) -> Result<Vec<SourceDue>, redb::Error> {
     let due = tx.open_table(INBOX_DUE)?;
     let rows = tx.open_table(INBOX)?;
@@ -27,6 +30,7 @@ pub fn due(
     let mut out = Vec::with_capacity(wants.len());
     for (source, limit) in wants {
         let mut found = SourceDue::default();
+        let mut bytes = 0u64;
         let source = source.as_str();
         for entry in due.range((source, 0u64, "")..)? {
             let (k, _) = entry?;
@@ -38,9 +42,16 @@ pub fn due(
                 found.next = Some(at);
                 break;
             }
-            if let Some(e) = read_whole(&rows, &bodies, s, id)? {
-                found.events.push(e);
+            let Some(row) = rows.get((s, id))? else {
+                continue;
+            };
+            let row = row.value();
+            if !found.events.is_empty() && bytes.saturating_add(row.body_bytes) > max_bytes {
+                found.next = Some(at);
+                break;
             }
+            bytes = bytes.saturating_add(row.body_bytes);
+            found.events.push(with_body(&bodies, decode(s, id, row))?);
         }
         out.push(found);
     }
