@@ -197,6 +197,7 @@ impl Application {
                 .collect(),
             inbox: inbox.clone(),
             wake: Notify::new(),
+            arrivals: Default::default(),
             retention: Retention {
                 delivered_ms: ms(s.gateway.delivered_retention),
                 dead_ms: ms(s.gateway.dead_retention),

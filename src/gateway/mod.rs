@@ -7,7 +7,10 @@
 //!   handler is `routes::ingest`).
 //! - [`delivery`]: the dispatcher and its workers: per stream in order,
 //!   retries with backoff, dead letters.
+//! - [`arrivals`]: events that go before the next in line of their stream,
+//!   for the dispatcher to hear of.
 
+pub mod arrivals;
 pub mod delivery;
 pub mod ingest;
 pub mod locate;
@@ -21,6 +24,7 @@ use tokio::sync::Notify;
 
 use crate::store::inbox::{Inbox, Retention};
 
+pub use arrivals::Arrivals;
 pub use source::Source;
 
 /// What ingest, delivery and the operator API share.
@@ -32,6 +36,8 @@ pub struct Gateway {
     pub inbox: Arc<dyn Inbox>,
     /// Wakes the dispatcher when something became runnable.
     pub wake: Notify,
+    /// Events that may go before one its stream had next in line.
+    pub arrivals: Arrivals,
     /// Retentions of settled events.
     pub retention: Retention,
 }

@@ -161,6 +161,7 @@ async fn receive(
         .await
         .map_err(ApiError::from)?;
     let event_id = event.event_id.clone();
+    let ordering = (event.stream.clone(), event.created_at);
     let outcome = if known {
         IngestOutcome::Duplicate
     } else {
@@ -170,6 +171,8 @@ async fn receive(
             .map_err(ApiError::from)?
     };
     if outcome == IngestOutcome::Accepted {
+        gw.arrivals
+            .push(&source.name, ordering.0.as_deref(), ordering.1);
         gw.wake.notify_one();
         tracing::info!(source = %source.name, event_id = %event_id, "event accepted");
     }

@@ -322,6 +322,17 @@ pub(super) async fn redeliver(
         .await?
     {
         RedeliverOutcome::Requeued => {
+            // It goes before the newer events of its stream: the
+            // dispatcher hands back any it leased ahead.
+            match state.gateway.inbox.inbox_event(&source, &event_id).await {
+                Ok(Some(e)) => {
+                    state
+                        .gateway
+                        .arrivals
+                        .push(&source, e.stream.as_deref(), e.created_at);
+                }
+                _ => state.gateway.arrivals.push_unknown(),
+            }
             state.gateway.wake.notify_one();
             Ok(HttpResponse::Accepted().json(Redelivered {
                 source,

@@ -22,6 +22,7 @@ mod disk_full;
 mod gateway_ingest;
 mod http_limits;
 mod leaks;
+mod lease_ahead;
 mod logging;
 mod metrics;
 mod openapi;

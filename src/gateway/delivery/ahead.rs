@@ -6,8 +6,9 @@
 //! A leased-ahead event is exactly as safe as one in flight: its lease
 //! moved its due time past the attempt's timeout, so after a crash it comes
 //! due again by itself (it was never sent, so it is sent once); its stream
-//! has no other runnable event (the runnable index holds one per stream,
-//! and an older event arriving later only ever goes first); and its stale
+//! has no other runnable event (the runnable index holds one per stream;
+//! an older event arriving later goes first, and the dispatcher, told of
+//! it by `gateway::arrivals`, hands the newer one back); and its stale
 //! check ran in the lease, against a head that only an older event of its
 //! stream can move meanwhile. It starts through the schedule like any read
 //! event (limits, stream holds, the breaker, the rate limit). One kept so
@@ -18,6 +19,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::clock::Millis;
+use crate::domain::CreatedAt;
 use crate::store::inbox::InboxEvent;
 
 /// An event leased ahead, under lease generation `lease`.
@@ -64,11 +66,20 @@ impl Ahead {
     }
 
     /// `source`'s events, as candidates for the schedule, oldest lease
-    /// first.
+    /// first; without their bodies (the schedule needs none, and the one
+    /// picked is taken out whole).
     pub fn candidates(&self, source: &str) -> Vec<InboxEvent> {
         self.by_source
             .get(source)
-            .map(|q| q.iter().map(|r| r.ev.clone()).collect())
+            .map(|q| {
+                q.iter()
+                    .map(|r| InboxEvent {
+                        body: Vec::new(),
+                        headers: Vec::new(),
+                        ..r.ev.clone()
+                    })
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -81,6 +92,27 @@ impl Ahead {
             self.by_source.remove(source);
         }
         ready
+    }
+
+    /// Takes out `source`'s events of `stream` created at or after
+    /// `created_at`: an event that old goes before them now.
+    pub fn take_newer(&mut self, source: &str, stream: &str, created_at: CreatedAt) -> Vec<Ready> {
+        let Some(queue) = self.by_source.get_mut(source) else {
+            return Vec::new();
+        };
+        let (newer, keep): (VecDeque<Ready>, VecDeque<Ready>) = std::mem::take(queue)
+            .into_iter()
+            .partition(|r| r.ev.stream.as_deref() == Some(stream) && r.ev.created_at >= created_at);
+        *queue = keep;
+        if queue.is_empty() {
+            self.by_source.remove(source);
+        }
+        newer.into()
+    }
+
+    /// Every event held ahead.
+    pub fn total(&self) -> usize {
+        self.by_source.values().map(VecDeque::len).sum()
     }
 
     /// Whether `source` has event `id`.

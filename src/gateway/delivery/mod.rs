@@ -40,7 +40,7 @@ use self::ahead::{Ahead, Ready};
 use self::backoff::millis;
 use self::circuit::Transition;
 use self::forward::Forwarder;
-use self::schedule::{LaneView, Reached, Schedule, Wants};
+use self::schedule::{AHEAD_PER_SLOT, LaneView, Reached, Schedule, Wants};
 use super::{Gateway, Source};
 use crate::clock::{Millis, SharedClock};
 use crate::domain::Ttl;
@@ -61,10 +61,9 @@ const STORE_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// known to be due and nobody told it of a write (a safety net: every
 /// write that makes an event runnable wakes it).
 const IDLE_READ: Duration = Duration::from_secs(5);
-/// Events a source holds leased ahead, per slot of its `max_in_flight`:
-/// enough that its slots keep starting events while the next read and
-/// lease are out.
-const AHEAD_PER_SLOT: usize = 8;
+/// Longest `forward_timeout` of a source that leases ahead: a crash leaves
+/// its held events waiting `forward_timeout` + 30 s for their leases.
+const AHEAD_MAX_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most bytes of bodies a source holds leased ahead (beyond one event).
 const AHEAD_BYTES: u64 = 16 * 1024 * 1024;
 /// Most bytes of bodies one read loads per source (beyond one event):
@@ -345,28 +344,28 @@ impl Dispatcher {
     /// written waits for its lease to end instead.
     async fn give_back(&self, ready: Vec<Ready>) {
         let now = self.clock.now_ms();
+        // All at once: they share commits.
+        let mut writes = JoinSet::new();
         for r in ready {
-            let settle = Settle::Retry {
-                retry_at: now,
-                error: r.ev.last_error.clone().unwrap_or_default(),
-                attempted: false,
-            };
-            let written = self
-                .gateway
-                .inbox
-                .settle(
-                    &r.ev.source,
-                    &r.ev.event_id,
-                    r.lease,
-                    settle,
-                    self.gateway.retention,
-                    now,
-                )
-                .await;
-            if let Err(e) = written {
-                tracing::debug!(source = %r.ev.source, event_id = %r.ev.event_id, error = %e.chain(), "a leased-ahead event waits for its lease to end");
-            }
+            let gateway = self.gateway.clone();
+            writes.spawn(async move {
+                // An empty error leaves the stored last error as it is.
+                let settle = Settle::Retry {
+                    retry_at: now,
+                    error: String::new(),
+                    attempted: false,
+                };
+                let retention = gateway.retention;
+                let written = gateway
+                    .inbox
+                    .settle(&r.ev.source, &r.ev.event_id, r.lease, settle, retention, now)
+                    .await;
+                if let Err(e) = written {
+                    tracing::debug!(source = %r.ev.source, event_id = %r.ev.event_id, error = %e.chain(), "a leased-ahead event waits for its lease to end");
+                }
+            });
         }
+        while writes.join_next().await.is_some() {}
     }
 
     /// Whether the dispatch loop went round within `within` (its longest
@@ -387,9 +386,19 @@ impl Dispatcher {
         ahead: &mut Ahead,
     ) -> Result<Option<Millis>, StoreError> {
         let now = self.clock.now_ms();
-        let expiring = ahead.take_expiring(now);
-        if !expiring.is_empty() {
-            self.give_back(expiring).await;
+        let mut back = ahead.take_expiring(now);
+        // An event that goes before one held ahead in its stream: the held
+        // one goes back, so the stream stays oldest first.
+        match self.gateway.arrivals.take() {
+            Some(arrivals) => {
+                for a in arrivals {
+                    back.extend(ahead.take_newer(&a.source, &a.stream, a.created_at));
+                }
+            }
+            None => back.extend(ahead.drain()),
+        }
+        if !back.is_empty() {
+            self.give_back(back).await;
         }
         let Wants {
             reads: wants,
@@ -403,6 +412,19 @@ impl Dispatcher {
         if wants.is_empty() {
             return Ok(reopens);
         }
+        // Held ahead, an event waits out its lease after a crash: only
+        // where that is as short as an interrupted turn's wait.
+        let allowed: HashMap<&str, usize> = wants
+            .iter()
+            .zip(&starts)
+            .map(|((source, _), (_, allowed))| {
+                let short = self
+                    .gateway
+                    .source(source)
+                    .is_some_and(|s| s.forward_timeout <= AHEAD_MAX_TIMEOUT);
+                (source.as_str(), if short { *allowed } else { 0 })
+            })
+            .collect();
         // A source whose events leased ahead cover its free slots needs no
         // read (a read of what was acknowledged makes the writer commit).
         // Those that read take enough to fill what they hold ahead too.
@@ -410,8 +432,8 @@ impl Dispatcher {
             .iter()
             .zip(&starts)
             .filter(|((source, _), (start, _))| ahead.len(source) < *start)
-            .map(|((source, n), (_, limit))| {
-                let room = (limit * AHEAD_PER_SLOT).saturating_sub(ahead.len(source));
+            .map(|((source, n), _)| {
+                let room = allowed[source.as_str()].saturating_sub(ahead.len(source));
                 (source.clone(), n + room)
             })
             .collect();
@@ -452,12 +474,7 @@ impl Dispatcher {
                 None => to_lease.push(ev),
             }
         }
-        let limits: HashMap<&str, usize> = wants
-            .iter()
-            .zip(&starts)
-            .map(|((source, _), (_, limit))| (source.as_str(), *limit))
-            .collect();
-        let extra = self.lease_ahead_of(rest, &limits, ahead);
+        let extra = self.lease_ahead_of(rest, &allowed, ahead);
         if !to_lease.is_empty() || !extra.is_empty() {
             self.start(to_lease, extra, now, tasks, ahead).await?;
         }
@@ -465,21 +482,28 @@ impl Dispatcher {
     }
 
     /// Of the events read but not started, those to lease ahead: per
-    /// source, up to [`AHEAD_PER_SLOT`] times its `max_in_flight` held
-    /// ahead and [`AHEAD_BYTES`] of bodies, none in flight, one per stream.
+    /// source, up to what it is `allowed` to hold (see `schedule`) and
+    /// [`AHEAD_BYTES`] of bodies, none in flight, one per stream; over all
+    /// sources, no more than [`AHEAD_PER_SLOT`] times the global
+    /// `max_in_flight`.
     fn lease_ahead_of(
         &self,
         rest: Vec<InboxEvent>,
-        limits: &HashMap<&str, usize>,
+        allowed: &HashMap<&str, usize>,
         ahead: &Ahead,
     ) -> Vec<InboxEvent> {
         let schedule = self.schedule();
+        let mut total = ahead.total();
+        let total_allowed = schedule.limit().saturating_mul(AHEAD_PER_SLOT);
         let mut extra = Vec::new();
         let mut taken: HashMap<String, (usize, u64, HashSet<String>)> = HashMap::new();
         for ev in rest {
-            let Some(limit) = limits.get(ev.source.as_str()) else {
+            let Some(limit) = allowed.get(ev.source.as_str()).copied() else {
                 continue;
             };
+            if total >= total_allowed {
+                break;
+            }
             if ahead.contains(&ev.source, &ev.event_id)
                 || schedule.holds(&ev.source, &ev.event_id, ev.stream.as_deref())
             {
@@ -493,7 +517,7 @@ impl Dispatcher {
                 )
             });
             let body = ev.body.len() as u64;
-            if *count >= limit * AHEAD_PER_SLOT || (*count > 0 && *bytes + body > AHEAD_BYTES) {
+            if *count >= limit || (*count > 0 && *bytes + body > AHEAD_BYTES) {
                 continue;
             }
             if let Some(stream) = &ev.stream
@@ -503,6 +527,7 @@ impl Dispatcher {
             }
             *count += 1;
             *bytes += body;
+            total += 1;
             extra.push(ev);
         }
         extra

@@ -28,6 +28,10 @@ use crate::store::inbox::InboxEvent;
 /// How many answered deliveries per slot of a source may wait for their
 /// outcome to be recorded before the source starts no more.
 pub const SETTLING_PER_SLOT: usize = 4;
+/// Events a source may hold leased ahead per slot of its `max_in_flight`
+/// (see `delivery::ahead`): enough that its slots keep starting events
+/// while the next read and lease are out.
+pub const AHEAD_PER_SLOT: usize = 8;
 
 /// One configured source's share of the scheduler.
 #[derive(Debug)]
@@ -85,6 +89,23 @@ impl Bucket {
 }
 
 impl Lane {
+    /// How many events it may hold leased ahead: [`AHEAD_PER_SLOT`] times
+    /// its `max_in_flight`, but with a rate limit no more than ten seconds
+    /// of tokens, and none unless its breaker is closed (a probe goes
+    /// alone): held events that cannot start soon are handed back, and
+    /// each hand-back is a write.
+    fn ahead(&self) -> usize {
+        if !matches!(self.circuit.state(), State::Closed) {
+            return 0;
+        }
+        let by_slots = self.limit.saturating_mul(AHEAD_PER_SLOT);
+        match &self.bucket {
+            // At most 1,000,000 per second: the cast cannot truncate.
+            Some(b) => by_slots.min((b.per_ms * 10_000.0).floor() as usize),
+            None => by_slots,
+        }
+    }
+
     /// Slots free for new requests: under `max_in_flight`, and with fewer
     /// than [`SETTLING_PER_SLOT`] outcomes per slot waiting to be recorded.
     fn free(&self) -> usize {
@@ -132,7 +153,7 @@ pub struct Wants {
     /// Per source that may start deliveries: how many events to read.
     pub reads: Vec<(String, usize)>,
     /// Per source in `reads`, in the same order: how many may start now,
-    /// and its `max_in_flight`.
+    /// and how many it may hold leased ahead (see [`Lane::ahead`]).
     pub starts: Vec<(usize, usize)>,
     /// Circuit transitions to log.
     pub transitions: Vec<(String, Transition)>,
@@ -205,6 +226,11 @@ impl Schedule {
         }
     }
 
+    /// `gateway.max_in_flight`.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     /// Free global slots.
     pub fn free(&self) -> usize {
         self.limit.saturating_sub(self.in_flight)
@@ -258,7 +284,7 @@ impl Schedule {
                 // 1.9x the posting time until nothing was pending.
                 let held = lane.in_flight + lane.settling;
                 wants.reads.push((name.clone(), n + held));
-                wants.starts.push((n, lane.limit));
+                wants.starts.push((n, lane.ahead()));
             }
         }
         wants

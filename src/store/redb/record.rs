@@ -145,6 +145,15 @@ impl Request {
                             .sum::<u64>()
                 }
                 Request::Inbox(InboxRequest::Lease { events, .. }) => n(events.len()) * 64,
+                Request::Inbox(InboxRequest::SettleAttempt {
+                    settle, attempt, ..
+                }) => {
+                    let settled = match settle {
+                        Settle::Retry { error, .. } | Settle::Dead { error } => n(error.len()),
+                        Settle::Delivered { .. } | Settle::Stale => 0,
+                    };
+                    settled + n(attempt.error.as_ref().map_or(0, String::len))
+                }
                 Request::Kv(KvRequest::Set { key, value, .. }) => n(key.len() + value.len()),
                 Request::Kv(KvRequest::Delete { keys }) => {
                     keys.iter().map(|k| n(k.len())).sum::<u64>()

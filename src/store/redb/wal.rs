@@ -395,6 +395,8 @@ pub enum Decoded {
         end: usize,
         /// The header is of an older format (rewritten once checkpointed).
         stale_header: bool,
+        /// Bytes of its header (8 for format 1, 28 from format 2 on).
+        header_len: usize,
     },
     /// Empty, or a header cut short (torn while being created): a log to
     /// start afresh.
@@ -426,6 +428,7 @@ pub fn read_log(bytes: &[u8], after: u64, id: u128, bound: bool) -> Result<Decod
         batches,
         end,
         stale_header: h.format != FORMAT,
+        header_len: h.len,
     })
 }
 
@@ -501,25 +504,26 @@ impl Wal {
             .open(&path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let (batches, end, stale_header) = match read_log(&bytes, after, id, bound)? {
+        let (batches, end, stale_header, header_len) = match read_log(&bytes, after, id, bound)? {
             Decoded::New => {
                 // New (or torn while being created): start it.
                 let h = header(id);
                 file.set_len(0)?;
                 file.write_all_at(&h, 0)?;
                 file.sync_all()?;
-                (Vec::new(), h.len(), false)
+                (Vec::new(), h.len(), false, h.len())
             }
             Decoded::Log {
                 batches,
                 end,
                 stale_header,
-            } => (batches, end, stale_header),
+                header_len,
+            } => (batches, end, stale_header, header_len),
         };
         let capacity = file.metadata()?.len();
         let wal = Self {
             file,
-            header: if stale_header { V1_HEADER } else { HEADER } as u64,
+            header: header_len as u64,
             id,
             stale_header,
             len: end as u64,
