@@ -391,8 +391,14 @@ impl Dispatcher {
         // one goes back, so the stream stays oldest first.
         match self.gateway.arrivals.take() {
             Some(arrivals) => {
+                let mut held: HashMap<String, HashSet<String>> = HashMap::new();
                 for a in arrivals {
-                    back.extend(ahead.take_newer(&a.source, &a.stream, a.created_at));
+                    let streams = held
+                        .entry(a.source.clone())
+                        .or_insert_with(|| ahead.streams(&a.source));
+                    if streams.contains(&a.stream) {
+                        back.extend(ahead.take_newer(&a.source, &a.stream, a.created_at));
+                    }
                 }
             }
             None => back.extend(ahead.drain()),
