@@ -269,6 +269,15 @@ pub struct RedisSettings {
     /// Time allowed for one answer.
     #[serde(with = "humantime_serde")]
     pub response_timeout: Duration,
+    /// What an acknowledged write survives: `"server"` (whatever Redis is
+    /// configured to do), `"fsync"` (Redis must sync every write: dedupd is
+    /// not ready otherwise) or `"replicas = N"` (each write waits for N
+    /// replicas, else 503).
+    pub durability: crate::domain::Durability,
+    /// With `durability = "replicas = N"`: how long a write waits for its
+    /// replicas before it is answered 503.
+    #[serde(with = "humantime_serde")]
+    pub replicas_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -333,6 +342,8 @@ impl Default for Settings {
                     expiry_slack: Duration::from_secs(60),
                     connect_timeout: Duration::from_secs(2),
                     response_timeout: Duration::from_secs(2),
+                    durability: crate::domain::Durability::Server,
+                    replicas_timeout: Duration::from_secs(1),
                 },
             },
             reaper: ReaperSettings {
@@ -578,6 +589,25 @@ impl Settings {
         // Added to every record's expiry in Redis's own arithmetic.
         if r.expiry_slack > Duration::from_secs(86_400) {
             bad("storage.redis.expiry_slack", "must be at most 1d".into());
+        }
+        // The wait is one command: its answer must come within the
+        // response timeout.
+        if r.replicas_timeout.is_zero() || r.replicas_timeout >= r.response_timeout {
+            bad(
+                "storage.redis.replicas_timeout",
+                "must be more than 0 and less than storage.redis.response_timeout".into(),
+            );
+        }
+        if r.durability != crate::domain::Durability::Server && !r.cluster_nodes.is_empty() {
+            bad(
+                "storage.redis.durability",
+                format!(
+                    "{:?} is not supported with cluster_nodes yet (each node would need \
+                     checking and waiting on); use \"server\" and configure every node's \
+                     appendfsync",
+                    r.durability.to_string()
+                ),
+            );
         }
         if self.storage.backend != Backend::Redis {
             return;

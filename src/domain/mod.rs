@@ -3,6 +3,7 @@
 
 mod auth_port;
 mod created_at;
+pub mod durability;
 mod fingerprint;
 mod key;
 pub mod rate;
@@ -13,6 +14,7 @@ mod ttl;
 
 pub use auth_port::AuthPort;
 pub use created_at::CreatedAt;
+pub use durability::Durability;
 pub use fingerprint::Fingerprint;
 pub use key::{Key, Namespace, ScopedKey};
 pub use rate::Rate;

@@ -63,8 +63,9 @@ pub(super) async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, A
             tracing::warn!(error = %e.chain(), "not ready");
             Err(ApiError::NotReady {
                 reason: "store_unavailable",
-                detail: "the store cannot be reached or written now (a disk fault, or the \
-                         Redis backend is down)"
+                detail: "the store cannot be reached or written now (a disk fault, the Redis \
+                         backend is down, or it does not give storage.redis.durability): the \
+                         log says which"
                     .into(),
             })
         }

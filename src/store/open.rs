@@ -67,6 +67,8 @@ pub async fn open(settings: &Settings, commit_metrics: CommitMetrics) -> anyhow:
                 expiry_slack: r.expiry_slack,
                 connect_timeout: r.connect_timeout,
                 response_timeout: r.response_timeout,
+                durability: r.durability,
+                replicas_timeout: r.replicas_timeout,
             })?);
             Ok(Opened { claims, ..embedded })
         }

@@ -650,3 +650,50 @@ fn check_config_refuses_a_rate_limit_it_cannot_read_and_a_burst_without_one() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("rate_limit = \"600/m\""));
 }
+
+#[test]
+fn check_config_refuses_a_redis_durability_it_cannot_read_or_give() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("dedupd.toml");
+    let refused = |toml: &str, what: &[&str]| {
+        std::fs::write(&file, toml).unwrap();
+        let out = check_config(&file);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{toml}: accepted");
+        for w in what {
+            assert!(stderr.contains(w), "{toml}: {stderr}");
+        }
+    };
+    refused(
+        "[storage.redis]\ndurability = \"always\"\n",
+        &["storage.redis.durability", "\"replicas = N\""],
+    );
+    refused(
+        "[storage.redis]\ndurability = \"replicas = 0\"\n",
+        &["storage.redis.durability", "from 1 to 16"],
+    );
+    refused(
+        "[storage.redis]\nreplicas_timeout = \"2s\"\nresponse_timeout = \"2s\"\n",
+        &[
+            "storage.redis.replicas_timeout",
+            "less than storage.redis.response_timeout",
+        ],
+    );
+    refused(
+        "[storage.redis]\ndurability = \"fsync\"\ncluster_nodes = [\"redis://127.0.0.1:7000\"]\n",
+        &["storage.redis.durability", "cluster_nodes"],
+    );
+    std::fs::write(
+        &file,
+        "[storage.redis]\ndurability = \"replicas = 2\"\nreplicas_timeout = \"250ms\"\n",
+    )
+    .unwrap();
+    let out = check_config(&file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("durability = \"replicas = 2\""), "{shown}");
+}

@@ -75,6 +75,8 @@ pub mod redis {
             expiry_slack: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(10),
             response_timeout: Duration::from_secs(10),
+            durability: dedupd::domain::Durability::Server,
+            replicas_timeout: Duration::from_secs(1),
         }
     }
 

@@ -13,6 +13,8 @@ mod log_identity;
 mod low_space;
 mod model;
 mod redb_file;
+#[cfg(feature = "redis")]
+mod redis_durability;
 #[path = "../support/mod.rs"]
 mod support;
 mod timeline;

@@ -33,7 +33,7 @@ use super::{
     Head, PurgeReport, ReleaseOutcome, Store, StoreError, WriteStats,
 };
 use crate::clock::Millis;
-use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+use crate::domain::{CreatedAt, Durability, Fingerprint, ScopedKey, Token, Ttl};
 
 /// How to reach Redis.
 #[derive(Debug, Clone)]
@@ -51,6 +51,10 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Time allowed for an answer.
     pub response_timeout: Duration,
+    /// What an acknowledged write survives (see [`Durability`]).
+    pub durability: Durability,
+    /// How long a write waits for its replicas (`Durability::Replicas`).
+    pub replicas_timeout: Duration,
 }
 
 /// A connection to one node or to a cluster; both reconnect by themselves.
@@ -91,7 +95,15 @@ pub struct RedisStore {
     slack_ms: u64,
     /// Set by `close`.
     closed: std::sync::atomic::AtomicBool,
+    /// Redis refused CONFIG GET (warned once).
+    config_refused: std::sync::atomic::AtomicBool,
+    /// With `durability = "fsync"`: when the server's syncing was last
+    /// seen, and what was seen (writes are refused while it does not sync).
+    syncing: std::sync::Mutex<Option<(std::time::Instant, Result<(), StoreError>)>>,
 }
+
+/// How long a check that the server syncs every write is trusted.
+const SYNC_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -119,6 +131,24 @@ enum RedisFault {
     /// `PING` was answered with something else than `PONG`.
     #[error("redis answered PING with {0}")]
     Ping(String),
+    /// Fewer replicas than `storage.redis.durability` asks for took a write
+    /// within `replicas_timeout`. The write may be there (on the master,
+    /// and on some replicas): a retry finds it.
+    #[error(
+        "{acked} of the {wanted} replicas storage.redis.durability asks for took the write in time"
+    )]
+    NotReplicated { acked: u64, wanted: u32 },
+    /// `storage.redis.durability = "fsync"`, and the server does not sync
+    /// every write.
+    #[error(
+        "storage.redis.durability = \"fsync\", but Redis runs appendonly {appendonly}, \
+         appendfsync {appendfsync}: set `appendonly yes` and `appendfsync always` (CONFIG SET \
+         and in redis.conf), or choose another durability"
+    )]
+    NotSyncing {
+        appendonly: String,
+        appendfsync: String,
+    },
     /// A script answered a number that does not parse.
     #[error("redis script returned a malformed number")]
     MalformedNumber,
@@ -152,7 +182,11 @@ impl From<RedisFault> for StoreError {
                 | ErrorKind::UnexpectedReturnType => false,
                 _ => true,
             },
-            RedisFault::Closed | RedisFault::Connecting | RedisFault::Ping(_) => true,
+            RedisFault::Closed
+            | RedisFault::Connecting
+            | RedisFault::Ping(_)
+            | RedisFault::NotReplicated { .. }
+            | RedisFault::NotSyncing { .. } => true,
             RedisFault::MalformedNumber
             | RedisFault::MalformedHead
             | RedisFault::Unexpected { .. } => false,
@@ -218,6 +252,8 @@ impl RedisStore {
             conn,
             connecting: tokio::sync::Mutex::new(()),
             closed: std::sync::atomic::AtomicBool::new(false),
+            config_refused: std::sync::atomic::AtomicBool::new(false),
+            syncing: std::sync::Mutex::new(None),
             scripts: Scripts {
                 claim: script(include_str!("claim.lua")),
                 done: script(include_str!("done.lua")),
@@ -276,11 +312,100 @@ impl RedisStore {
         for a in args {
             inv.arg(a.as_str());
         }
-        match self.conn().await? {
-            Conn::Single(mut c) => inv.invoke_async(&mut c).await,
-            Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
+        if self.opts.durability == Durability::Fsync {
+            self.syncing_now().await?;
         }
-        .map_err(map_err)
+        match self.conn().await? {
+            Conn::Single(mut c) => {
+                let reply = inv.invoke_async(&mut c).await.map_err(map_err)?;
+                if let Durability::Replicas(wanted) = self.opts.durability {
+                    // On the same connection, after the script: WAIT
+                    // covers its write (and any earlier one on the
+                    // connection, which only makes it wait longer).
+                    let acked: u64 = redis::cmd("WAIT")
+                        .arg(wanted)
+                        .arg(ms(self.opts.replicas_timeout))
+                        .query_async(&mut c)
+                        .await
+                        .map_err(map_err)?;
+                    if acked < u64::from(wanted) {
+                        return Err(RedisFault::NotReplicated { acked, wanted }.into());
+                    }
+                }
+                Ok(reply)
+            }
+            // The configuration refuses another durability with a cluster.
+            Conn::Cluster(mut c) => inv.invoke_async(&mut c).await.map_err(map_err),
+        }
+    }
+
+    /// With `durability = "fsync"`: whether the server syncs every write,
+    /// as seen within [`SYNC_CHECK_EVERY`] (a write asks before it runs:
+    /// nothing is written while the server does not sync).
+    async fn syncing_now(&self) -> Result<(), StoreError> {
+        let seen = self
+            .syncing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < SYNC_CHECK_EVERY)
+            .map(|(_, r)| r.clone());
+        match seen {
+            Some(r) => r,
+            None => self.check_syncing().await,
+        }
+    }
+
+    /// Asks the server whether it syncs every write, and remembers its
+    /// answer (not a failure to ask: the next write asks again). A server
+    /// that refuses CONFIG (renamed or disabled, as managed services do)
+    /// cannot be checked: dedupd warns once and trusts it.
+    async fn check_syncing(&self) -> Result<(), StoreError> {
+        let answer: Result<Vec<String>, StoreError> = self
+            .query(
+                redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("appendonly")
+                    .arg("appendfsync"),
+            )
+            .await;
+        let seen = match answer {
+            Ok(pairs) => {
+                let value = |name: &str| {
+                    pairs
+                        .chunks(2)
+                        .find(|kv| kv[0].eq_ignore_ascii_case(name))
+                        .and_then(|kv| kv.get(1).cloned())
+                        .unwrap_or_default()
+                };
+                let (appendonly, appendfsync) = (value("appendonly"), value("appendfsync"));
+                if appendonly == "yes" && appendfsync == "always" {
+                    Ok(())
+                } else {
+                    Err(RedisFault::NotSyncing {
+                        appendonly,
+                        appendfsync,
+                    }
+                    .into())
+                }
+            }
+            Err(StoreError::Failed(e)) => {
+                if !self
+                    .config_refused
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(error = %e, "storage.redis.durability = \"fsync\", but Redis refuses CONFIG GET: make sure it runs appendonly yes and appendfsync always");
+                }
+                Ok(())
+            }
+            Err(e) => return Err(e),
+        };
+        *self
+            .syncing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((std::time::Instant::now(), seen.clone()));
+        seen
     }
 
     /// Runs one plain command.
@@ -601,11 +726,13 @@ impl Store for RedisStore {
 
     async fn ready(&self) -> Result<(), StoreError> {
         let pong: String = self.query(&redis::cmd("PING")).await?;
-        if pong == "PONG" {
-            Ok(())
-        } else {
-            Err(RedisFault::Ping(pong).into())
+        if pong != "PONG" {
+            return Err(RedisFault::Ping(pong).into());
         }
+        if self.opts.durability == Durability::Fsync {
+            self.check_syncing().await?;
+        }
+        Ok(())
     }
 
     fn write_stats(&self) -> WriteStats {
