@@ -592,7 +592,8 @@ impl Settings {
         }
         // The wait is one command: its answer must come within the
         // response timeout.
-        if r.replicas_timeout.is_zero() || r.replicas_timeout >= r.response_timeout {
+        let waits = matches!(r.durability, crate::domain::Durability::Replicas(_));
+        if r.replicas_timeout.is_zero() || waits && r.replicas_timeout >= r.response_timeout {
             bad(
                 "storage.redis.replicas_timeout",
                 "must be more than 0 and less than storage.redis.response_timeout".into(),

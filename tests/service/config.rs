@@ -673,7 +673,7 @@ fn check_config_refuses_a_redis_durability_it_cannot_read_or_give() {
         &["storage.redis.durability", "from 1 to 16"],
     );
     refused(
-        "[storage.redis]\nreplicas_timeout = \"2s\"\nresponse_timeout = \"2s\"\n",
+        "[storage.redis]\ndurability = \"replicas = 1\"\nreplicas_timeout = \"2s\"\nresponse_timeout = \"2s\"\n",
         &[
             "storage.redis.replicas_timeout",
             "less than storage.redis.response_timeout",
