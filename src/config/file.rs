@@ -65,13 +65,14 @@ fn syntax_error(text: &str, e: &toml::de::Error) -> String {
 }
 
 /// The keys whose values are secrets; `*` matches any source's name.
-const SECRET_KEYS: [&[&str]; 6] = [
+const SECRET_KEYS: [&[&str]; 7] = [
     &["api", "tokens"],
     &["api", "read_tokens"],
     &["sources", "*", "secrets"],
     &["sources", "*", "destination_secret"],
     &["storage", "redis", "url"],
     &["storage", "redis", "cluster_nodes"],
+    &["storage", "redis", "sentinels"],
 ];
 
 /// Whether the value at `path` is a secret, part of one (`api.tokens.0`),

@@ -256,6 +256,12 @@ pub struct RedisSettings {
     pub url: Secret,
     /// Cluster nodes; when set, the cluster client is used instead of `url`.
     pub cluster_nodes: Vec<Secret>,
+    /// Redis Sentinels (`redis://host:port`); when set, dedupd connects to
+    /// the master they name `sentinel_master` (with `url`'s password and
+    /// database; its host is ignored), and to the new one after a failover.
+    pub sentinels: Vec<Secret>,
+    /// The master's name among the sentinels (`sentinel monitor NAME …`).
+    pub sentinel_master: String,
     /// Prefix of every key dedupd writes; no `{` or `}`.
     pub prefix: String,
     /// Redis keeps a key this long past its record's expiry. Records read
@@ -338,6 +344,8 @@ impl Default for Settings {
                 redis: RedisSettings {
                     url: Secret::new("redis://127.0.0.1:6379"),
                     cluster_nodes: Vec::new(),
+                    sentinels: Vec::new(),
+                    sentinel_master: "mymaster".into(),
                     prefix: "dedupd".into(),
                     expiry_slack: Duration::from_secs(60),
                     connect_timeout: Duration::from_secs(2),
@@ -636,6 +644,28 @@ impl Settings {
                     );
                     break;
                 }
+            }
+            for node in &r.sentinels {
+                if redis::parse_redis_url(node.expose()).is_none() {
+                    bad(
+                        "storage.redis.sentinels",
+                        "each sentinel must be a redis:// URL".into(),
+                    );
+                    break;
+                }
+            }
+            if !r.sentinels.is_empty() && !r.cluster_nodes.is_empty() {
+                bad(
+                    "storage.redis.sentinels",
+                    "a Redis Cluster has no sentinels: set sentinels or cluster_nodes, not both"
+                        .into(),
+                );
+            }
+            if !r.sentinels.is_empty() && r.sentinel_master.trim().is_empty() {
+                bad(
+                    "storage.redis.sentinel_master",
+                    "must name the master the sentinels monitor".into(),
+                );
             }
         }
     }

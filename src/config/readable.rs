@@ -85,6 +85,7 @@ impl Loaded {
                 "api.read_tokens",
                 "storage.redis.url",
                 "storage.redis.cluster_nodes",
+                "storage.redis.sentinels",
             ]
             .map(str::to_owned)
             .to_vec();

@@ -69,6 +69,8 @@ pub async fn open(settings: &Settings, commit_metrics: CommitMetrics) -> anyhow:
                 response_timeout: r.response_timeout,
                 durability: r.durability,
                 replicas_timeout: r.replicas_timeout,
+                sentinels: r.sentinels.iter().map(|n| n.expose().to_owned()).collect(),
+                sentinel_master: r.sentinel_master.clone(),
             })?);
             Ok(Opened { claims, ..embedded })
         }

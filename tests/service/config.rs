@@ -652,7 +652,7 @@ fn check_config_refuses_a_rate_limit_it_cannot_read_and_a_burst_without_one() {
 }
 
 #[test]
-fn check_config_refuses_a_redis_durability_it_cannot_read_or_give() {
+fn check_config_refuses_a_redis_durability_or_sentinels_it_cannot_read_or_give() {
     let dir = TempDir::new().unwrap();
     let file = dir.path().join("dedupd.toml");
     let refused = |toml: &str, what: &[&str]| {
@@ -682,6 +682,22 @@ fn check_config_refuses_a_redis_durability_it_cannot_read_or_give() {
     refused(
         "[storage.redis]\ndurability = \"fsync\"\ncluster_nodes = [\"redis://127.0.0.1:7000\"]\n",
         &["storage.redis.durability", "cluster_nodes"],
+    );
+    let redis = "[storage]\nbackend = \"redis\"\n[storage.redis]\n";
+    refused(
+        &format!("{redis}sentinels = [\"not a url\"]\n"),
+        &["storage.redis.sentinels", "redis:// URL"],
+    );
+    refused(
+        &format!(
+            "{redis}sentinels = [\"redis://127.0.0.1:26379\"]\n\
+             cluster_nodes = [\"redis://127.0.0.1:7000\"]\n"
+        ),
+        &["storage.redis.sentinels", "not both"],
+    );
+    refused(
+        &format!("{redis}sentinels = [\"redis://127.0.0.1:26379\"]\nsentinel_master = \" \"\n"),
+        &["storage.redis.sentinel_master", "must name the master"],
     );
     std::fs::write(
         &file,

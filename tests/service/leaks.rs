@@ -364,6 +364,14 @@ fn configuration_errors_name_a_secrets_key_or_line_but_never_its_value() {
             "storage.redis.cluster_nodes",
         ),
         (
+            "a Redis sentinel with its password as a string",
+            format!(
+                "{base}[storage.redis]\nsentinels = \"redis://:{REDIS_PASSWORD}@10.0.0.1:26379\"\n"
+            ),
+            vec![],
+            "storage.redis.sentinels",
+        ),
+        (
             "a Redis URL with its password as a list, from the environment",
             base.into(),
             vec![(

@@ -77,6 +77,8 @@ pub mod redis {
             response_timeout: Duration::from_secs(10),
             durability: dedupd::domain::Durability::Server,
             replicas_timeout: Duration::from_secs(1),
+            sentinels: Vec::new(),
+            sentinel_master: String::new(),
         }
     }
 

@@ -136,3 +136,165 @@ async fn with_replicas_a_write_is_answered_once_a_replica_has_it_and_503_without
         err.chain()
     );
 }
+
+/// Polls `check` every 50 ms for up to 60 s.
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn cli_port(port: u16, args: &[&str]) -> String {
+    std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// The drill: a master, a replica and three sentinels; dedupd connects
+/// through the sentinels with `durability = "replicas = 1"`, claims under
+/// load, and the master is SIGKILLed. Sentinel promotes the replica; dedupd
+/// follows it without a restart (writes answer 503 until the old master is
+/// back as the new one's replica, as `replicas = 1` demands), and every
+/// claim it acknowledged is on the new master, with its fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn through_sentinel_every_acknowledged_claim_survives_a_failover() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use crate::support::redis::RedisSentinels;
+
+    let master_port = free_port();
+    let replica_port = loop {
+        let p = free_port();
+        if p != master_port {
+            break p;
+        }
+    };
+    let (mut master, _replica, sentinels) = tokio::task::spawn_blocking(move || {
+        let (m, r) = (master_port.to_string(), replica_port.to_string());
+        let master = RedisServer::start_with(&["--port", &m, "--bind", "127.0.0.1"]);
+        let replica = RedisServer::start_with(&[
+            "--port",
+            &r,
+            "--bind",
+            "127.0.0.1",
+            "--replicaof",
+            "127.0.0.1",
+            &m,
+        ]);
+        (master, replica, RedisSentinels::start(master_port))
+    })
+    .await
+    .unwrap();
+    until("the replica in sync", || {
+        cli_port(master_port, &["info", "replication"]).contains("state=online")
+    })
+    .await;
+    // A failover needs the sentinels to know the replica and each other.
+    until("the sentinels know the replica and each other", || {
+        let p = sentinels.urls[0]
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        cli_port(p, &["sentinel", "master", RedisSentinels::MASTER])
+            .lines()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .any(|w| w[0] == "num-other-sentinels" && w[1] == "2")
+            && cli_port(p, &["sentinel", "replicas", RedisSentinels::MASTER])
+                .contains(&replica_port.to_string())
+    })
+    .await;
+
+    let mut opts = options(
+        format!("redis://127.0.0.1:{master_port}"),
+        Vec::new(),
+        "failover-test".into(),
+    );
+    opts.sentinels = sentinels.urls.clone();
+    opts.sentinel_master = RedisSentinels::MASTER.into();
+    opts.durability = Durability::Replicas(1);
+    opts.replicas_timeout = Duration::from_millis(500);
+    opts.connect_timeout = Duration::from_secs(2);
+    opts.response_timeout = Duration::from_secs(2);
+    let store = Arc::new(RedisStore::new(opts).unwrap());
+    store.ready().await.unwrap();
+
+    // Eight callers claim fresh keys until told to stop; each claim
+    // answered is kept with its fence.
+    let acked: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load = Vec::new();
+    for caller in 0..8 {
+        let (store, acked, stop) = (store.clone(), acked.clone(), stop.clone());
+        load.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = format!("c{caller}-{n}");
+                n += 1;
+                match store.claim(&key(&k), ttl(), None, NOW).await {
+                    Ok(ClaimOutcome::Claimed { fence, .. }) => {
+                        acked.lock().unwrap().push((k, fence));
+                    }
+                    Ok(other) => panic!("{k}: a fresh key answered {other:?}"),
+                    // Refused while the master is gone or has no replica.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        }));
+    }
+    until("200 claims acknowledged", || {
+        acked.lock().unwrap().len() >= 200
+    })
+    .await;
+
+    // SIGKILL the master; Sentinel promotes the replica; the old master,
+    // back, becomes the new one's replica (Sentinel sees to it).
+    let _old_master = tokio::task::spawn_blocking(move || {
+        master.stop();
+        until_blocking("the replica promoted", || {
+            sentinels.master_port() == Some(replica_port)
+        });
+        master.restart();
+        until_blocking("the old master following the new one", || {
+            cli_port(replica_port, &["info", "replication"]).contains("state=online")
+        });
+        (master, sentinels)
+    })
+    .await
+    .unwrap();
+    let before = acked.lock().unwrap().len();
+    until("claims acknowledged again, without a restart", || {
+        acked.lock().unwrap().len() >= before + 100
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.unwrap();
+    }
+
+    let acked = acked.lock().unwrap().clone();
+    for (k, fence) in &acked {
+        let view = store
+            .get(&key(k), NOW)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{k}: acknowledged, lost in the failover"));
+        assert_eq!(view.fence, *fence, "{k}");
+    }
+}
+
+fn until_blocking(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -219,3 +219,88 @@ impl Drop for RedisCluster {
         let _ = &self.dir;
     }
 }
+
+/// Three `redis-sentinel`s on loopback watching one master as `mymaster`:
+/// a quorum of two, a master down after 1 s of silence.
+pub struct RedisSentinels {
+    dir: TempDir,
+    children: Vec<Child>,
+    ports: Vec<u16>,
+    /// `redis://127.0.0.1:{port}` of each sentinel.
+    pub urls: Vec<String>,
+}
+
+impl RedisSentinels {
+    /// The master's name they watch.
+    pub const MASTER: &'static str = "mymaster";
+
+    /// Starts three sentinels watching the master on `127.0.0.1:master_port`.
+    pub fn start(master_port: u16) -> Self {
+        let dir = TempDir::new().unwrap();
+        let mut children = Vec::new();
+        let mut ports = Vec::new();
+        while ports.len() < 3 {
+            let port = super::ports::free_port();
+            if !ports.contains(&port) && port != master_port {
+                ports.push(port);
+            }
+        }
+        for port in &ports {
+            // A sentinel rewrites its config file: one each, in the temp dir.
+            let conf = dir.path().join(format!("sentinel-{port}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\n\
+                     sentinel monitor {m} 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds {m} 1000\n\
+                     sentinel failover-timeout {m} 5000\n\
+                     sentinel parallel-syncs {m} 1\n",
+                    m = Self::MASTER
+                ),
+            )
+            .unwrap();
+            children.push(spawn(
+                &dir,
+                &[conf.to_str().unwrap().to_owned(), "--sentinel".into()],
+            ));
+        }
+        for port in &ports {
+            let p = port.to_string();
+            wait_until("a sentinel to answer", || {
+                cli(&["-p", &p, "ping"]).is_some_and(|o| o.trim() == "PONG")
+            });
+        }
+        Self {
+            dir,
+            children,
+            urls: ports
+                .iter()
+                .map(|p| format!("redis://127.0.0.1:{p}"))
+                .collect(),
+            ports,
+        }
+    }
+
+    /// The port of the master the sentinels name now.
+    pub fn master_port(&self) -> Option<u16> {
+        let p = self.ports[0].to_string();
+        let out = cli(&[
+            "-p",
+            &p,
+            "sentinel",
+            "get-master-addr-by-name",
+            Self::MASTER,
+        ])?;
+        out.lines().nth(1)?.trim().parse().ok()
+    }
+}
+
+impl Drop for RedisSentinels {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            terminate(child);
+        }
+        let _ = &self.dir;
+    }
+}

@@ -20,6 +20,8 @@
 //!   another slot, so it is set (briefly) before the stream's script runs and
 //!   confirmed for the retention after it.
 
+mod sentinel;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -27,6 +29,8 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, RedisError, Script};
 use tokio::sync::OnceCell;
+
+use self::sentinel::SentinelConn;
 
 use super::{
     ApplyOutcome, ApplyResult, ClaimOutcome, ClaimState, ClaimView, DoneOutcome, ExtendOutcome,
@@ -55,12 +59,20 @@ pub struct RedisOptions {
     pub durability: Durability,
     /// How long a write waits for its replicas (`Durability::Replicas`).
     pub replicas_timeout: Duration,
+    /// Sentinels (`redis://host:port`); when set, dedupd connects to the
+    /// master they name [`RedisOptions::sentinel_master`], with `url`'s
+    /// credentials and database.
+    pub sentinels: Vec<String>,
+    /// The master's name among the sentinels.
+    pub sentinel_master: String,
 }
 
-/// A connection to one node or to a cluster; both reconnect by themselves.
+/// A connection to one node, to the master Sentinel names, or to a
+/// cluster; each reconnects by itself.
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
+    Sentinel(std::sync::Arc<SentinelConn>),
     Cluster(ClusterConnection),
 }
 
@@ -240,7 +252,17 @@ impl RedisStore {
     /// A store that connects on first use. Call inside a tokio runtime.
     pub fn new(opts: RedisOptions) -> Result<Self, StoreError> {
         let conn = OnceCell::new();
-        if opts.cluster_nodes.is_empty() {
+        if !opts.sentinels.is_empty() {
+            let sentinel = SentinelConn::new(
+                &opts.sentinels,
+                &opts.sentinel_master,
+                &opts.url,
+                opts.connect_timeout,
+                opts.response_timeout,
+            )
+            .map_err(map_err)?;
+            let _ = conn.set(Conn::Sentinel(std::sync::Arc::new(sentinel)));
+        } else if opts.cluster_nodes.is_empty() {
             let client = redis::Client::open(opts.url.as_str()).map_err(map_err)?;
             let manager = ConnectionManager::new_lazy_with_config(client, manager_config(&opts))
                 .map_err(map_err)?;
@@ -316,27 +338,44 @@ impl RedisStore {
             self.syncing_now().await?;
         }
         match self.conn().await? {
-            Conn::Single(mut c) => {
-                let reply = inv.invoke_async(&mut c).await.map_err(map_err)?;
-                if let Durability::Replicas(wanted) = self.opts.durability {
-                    // On the same connection, after the script: WAIT
-                    // covers its write (and any earlier one on the
-                    // connection, which only makes it wait longer).
-                    let acked: u64 = redis::cmd("WAIT")
-                        .arg(wanted)
-                        .arg(ms(self.opts.replicas_timeout))
-                        .query_async(&mut c)
-                        .await
-                        .map_err(map_err)?;
-                    if acked < u64::from(wanted) {
-                        return Err(RedisFault::NotReplicated { acked, wanted }.into());
-                    }
+            Conn::Single(mut c) => self.invoke_on(&mut c, &inv).await,
+            Conn::Sentinel(s) => {
+                let mut c = s.get().await.map_err(map_err)?;
+                let r = self.invoke_on(&mut c, &inv).await;
+                if let Err(StoreError::Unavailable(cause) | StoreError::Failed(cause)) = &r
+                    && let Some(RedisFault::Client(e)) = cause.downcast_ref::<RedisFault>()
+                {
+                    s.saw(e);
                 }
-                Ok(reply)
+                r
             }
             // The configuration refuses another durability with a cluster.
             Conn::Cluster(mut c) => inv.invoke_async(&mut c).await.map_err(map_err),
         }
+    }
+
+    /// Runs a script on one connection, then, with `durability =
+    /// "replicas = N"`, waits for its replicas: WAIT on the same connection,
+    /// after the script, covers its write (and any earlier one on the
+    /// connection, which only makes it wait longer).
+    async fn invoke_on<C: ConnectionLike + Send, T: FromRedisValue>(
+        &self,
+        c: &mut C,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let reply = inv.invoke_async(c).await.map_err(map_err)?;
+        if let Durability::Replicas(wanted) = self.opts.durability {
+            let acked: u64 = redis::cmd("WAIT")
+                .arg(wanted)
+                .arg(ms(self.opts.replicas_timeout))
+                .query_async(c)
+                .await
+                .map_err(map_err)?;
+            if acked < u64::from(wanted) {
+                return Err(RedisFault::NotReplicated { acked, wanted }.into());
+            }
+        }
+        Ok(reply)
     }
 
     /// With `durability = "fsync"`: whether the server syncs every write,
@@ -412,6 +451,14 @@ impl RedisStore {
     async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
         match self.conn().await? {
             Conn::Single(mut c) => query_on(&mut c, cmd).await,
+            Conn::Sentinel(s) => {
+                let mut c = s.get().await.map_err(map_err)?;
+                let r = cmd.query_async(&mut c).await;
+                if let Err(e) = &r {
+                    s.saw(e);
+                }
+                r.map_err(map_err)
+            }
             Conn::Cluster(mut c) => query_on(&mut c, cmd).await,
         }
     }
