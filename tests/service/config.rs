@@ -652,7 +652,7 @@ fn check_config_refuses_a_rate_limit_it_cannot_read_and_a_burst_without_one() {
 }
 
 #[test]
-fn check_config_refuses_a_redis_durability_or_sentinels_it_cannot_read_or_give() {
+fn check_config_refuses_a_redis_durability_it_cannot_read_or_give() {
     let dir = TempDir::new().unwrap();
     let file = dir.path().join("dedupd.toml");
     let refused = |toml: &str, what: &[&str]| {
@@ -683,6 +683,36 @@ fn check_config_refuses_a_redis_durability_or_sentinels_it_cannot_read_or_give()
         "[storage.redis]\ndurability = \"fsync\"\ncluster_nodes = [\"redis://127.0.0.1:7000\"]\n",
         &["storage.redis.durability", "cluster_nodes"],
     );
+    std::fs::write(
+        &file,
+        "[storage.redis]\ndurability = \"replicas = 2\"\nreplicas_timeout = \"250ms\"\n",
+    )
+    .unwrap();
+    let out = check_config(&file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("durability = \"replicas = 2\""), "{shown}");
+}
+
+/// Sentinel URLs are checked only where Redis support is built in.
+#[cfg(feature = "redis")]
+#[test]
+fn check_config_refuses_sentinels_it_cannot_use() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("dedupd.toml");
+    let refused = |toml: &str, what: &[&str]| {
+        std::fs::write(&file, toml).unwrap();
+        let out = check_config(&file);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{toml}: accepted");
+        for w in what {
+            assert!(stderr.contains(w), "{toml}: {stderr}");
+        }
+    };
     let redis = "[storage]\nbackend = \"redis\"\n[storage.redis]\n";
     refused(
         &format!("{redis}sentinels = [\"not a url\"]\n"),
@@ -699,17 +729,4 @@ fn check_config_refuses_a_redis_durability_or_sentinels_it_cannot_read_or_give()
         &format!("{redis}sentinels = [\"redis://127.0.0.1:26379\"]\nsentinel_master = \" \"\n"),
         &["storage.redis.sentinel_master", "must name the master"],
     );
-    std::fs::write(
-        &file,
-        "[storage.redis]\ndurability = \"replicas = 2\"\nreplicas_timeout = \"250ms\"\n",
-    )
-    .unwrap();
-    let out = check_config(&file);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let shown = String::from_utf8_lossy(&out.stdout);
-    assert!(shown.contains("durability = \"replicas = 2\""), "{shown}");
 }
