@@ -105,9 +105,18 @@ impl Provider for Var {
             e.path = self.key.split('.').take(1).map(str::to_owned).collect();
             return Err(e);
         }
-        let value: Value = match self.value.parse() {
-            Ok(v) => v,
-            Err(never) => match never {},
+        // figment 0.10's string unescaping slices at a character count as
+        // if it were a byte offset: a backslash after any non-ASCII
+        // character panics it. Such a value is taken as the plain string
+        // it is (a list or table written that way is then refused by type,
+        // with the setting's name), never parsed.
+        let value: Value = if !self.value.is_ascii() && self.value.contains('\\') {
+            Value::from(self.value.clone())
+        } else {
+            match self.value.parse() {
+                Ok(v) => v,
+                Err(never) => match never {},
+            }
         };
         let dict = figment::util::nest(&self.key, value)
             .into_dict()
@@ -128,6 +137,18 @@ mod tests {
         assert_eq!(value_depth(r#"["[[[[", "\"[[["]"#), 1);
         assert_eq!(value_depth(&"[".repeat(50_000)), 50_000);
         assert_eq!(value_depth("]]]][["), 2);
+    }
+
+    /// figment's parser panicked on this (found by the fuzz target).
+    #[test]
+    fn a_backslash_after_non_ascii_text_is_a_plain_string() {
+        let var = Var {
+            key: "listen".into(),
+            value: "\"\u{1f574}\u{111e1}\\K\"".into(),
+        };
+        let data = var.data().unwrap();
+        let listen = &data[&Profile::Default]["listen"];
+        assert_eq!(listen.as_str(), Some(var.value.as_str()));
     }
 
     #[test]
