@@ -110,6 +110,15 @@ impl Ahead {
         newer.into()
     }
 
+    /// Bytes of every body held ahead.
+    pub fn total_bytes(&self) -> u64 {
+        self.by_source
+            .values()
+            .flat_map(|q| q.iter())
+            .map(|r| r.ev.body.len() as u64)
+            .sum()
+    }
+
     /// Every event held ahead.
     pub fn total(&self) -> usize {
         self.by_source.values().map(VecDeque::len).sum()

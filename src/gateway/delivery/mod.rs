@@ -66,9 +66,14 @@ const IDLE_READ: Duration = Duration::from_secs(5);
 const AHEAD_MAX_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most bytes of bodies a source holds leased ahead (beyond one event).
 const AHEAD_BYTES: u64 = 16 * 1024 * 1024;
+/// Most bytes of bodies held leased ahead over all sources.
+const AHEAD_BYTES_TOTAL: u64 = 64 * 1024 * 1024;
 /// Most bytes of bodies one read loads per source (beyond one event):
 /// with 16 MiB bodies allowed, a read by count alone could hold gigabytes.
 const READ_BYTES: u64 = 16 * 1024 * 1024;
+/// Most bytes of bodies one read loads over all its sources (each source
+/// gets its share, at least 64 KiB, and always its first event).
+const READ_BYTES_TOTAL: u64 = 64 * 1024 * 1024;
 /// Extra claim and lease time beyond the attempt's timeout.
 const GRACE_MS: u64 = 30_000;
 
@@ -180,6 +185,14 @@ impl Drop for Slot {
         }
         self.dispatcher.gateway.wake.notify_one();
     }
+}
+
+/// The bodies one read may load per source when it reads `sources` of
+/// them: an even share of [`READ_BYTES_TOTAL`], between 64 KiB and
+/// [`READ_BYTES`].
+fn read_budget(sources: usize) -> u64 {
+    let share = READ_BYTES_TOTAL / u64::try_from(sources.max(1)).unwrap_or(u64::MAX);
+    share.clamp(64 * 1024, READ_BYTES)
 }
 
 fn log_transition(source: &str, t: Transition, now: Millis) {
@@ -448,7 +461,7 @@ impl Dispatcher {
         } else {
             self.gateway
                 .inbox
-                .due_events(now, reads.clone(), READ_BYTES)
+                .due_events(now, reads.clone(), read_budget(reads.len()))
                 .await?
         };
         // Only a time still ahead is worth waiting for: events due now but
@@ -491,7 +504,7 @@ impl Dispatcher {
     /// source, up to what it is `allowed` to hold (see `schedule`) and
     /// [`AHEAD_BYTES`] of bodies, none in flight, one per stream; over all
     /// sources, no more than [`AHEAD_PER_SLOT`] times the global
-    /// `max_in_flight`.
+    /// `max_in_flight` and [`AHEAD_BYTES_TOTAL`] of bodies.
     fn lease_ahead_of(
         &self,
         rest: Vec<InboxEvent>,
@@ -500,6 +513,7 @@ impl Dispatcher {
     ) -> Vec<InboxEvent> {
         let schedule = self.schedule();
         let mut total = ahead.total();
+        let mut total_bytes = ahead.total_bytes();
         let total_allowed = schedule.limit().saturating_mul(AHEAD_PER_SLOT);
         let mut extra = Vec::new();
         let mut taken: HashMap<String, (usize, u64, HashSet<String>)> = HashMap::new();
@@ -523,7 +537,10 @@ impl Dispatcher {
                 )
             });
             let body = ev.body.len() as u64;
-            if *count >= limit || (*count > 0 && *bytes + body > AHEAD_BYTES) {
+            if *count >= limit
+                || (*count > 0 && *bytes + body > AHEAD_BYTES)
+                || total_bytes + body > AHEAD_BYTES_TOTAL
+            {
                 continue;
             }
             if let Some(stream) = &ev.stream
@@ -534,6 +551,7 @@ impl Dispatcher {
             *count += 1;
             *bytes += body;
             total += 1;
+            total_bytes += body;
             extra.push(ev);
         }
         extra
@@ -657,5 +675,19 @@ impl Dispatcher {
     fn schedule(&self) -> MutexGuard<'_, Schedule> {
         // A panicking turn cannot leave the schedule locked for good.
         self.schedule.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_shares_its_byte_budget_among_its_sources() {
+        assert_eq!(read_budget(0), READ_BYTES);
+        assert_eq!(read_budget(1), READ_BYTES);
+        assert_eq!(read_budget(4), READ_BYTES);
+        assert_eq!(read_budget(8), READ_BYTES_TOTAL / 8);
+        assert_eq!(read_budget(100_000), 64 * 1024);
     }
 }
