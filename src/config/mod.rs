@@ -607,17 +607,6 @@ impl Settings {
                 "must be more than 0 and less than storage.redis.response_timeout".into(),
             );
         }
-        if r.durability != crate::domain::Durability::Server && !r.cluster_nodes.is_empty() {
-            bad(
-                "storage.redis.durability",
-                format!(
-                    "{:?} is not supported with cluster_nodes yet (each node would need \
-                     checking and waiting on); use \"server\" and configure every node's \
-                     appendfsync",
-                    r.durability.to_string()
-                ),
-            );
-        }
         if self.storage.backend != Backend::Redis {
             return;
         }

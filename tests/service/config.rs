@@ -679,10 +679,6 @@ fn check_config_refuses_a_redis_durability_it_cannot_read_or_give() {
             "less than storage.redis.response_timeout",
         ],
     );
-    refused(
-        "[storage.redis]\ndurability = \"fsync\"\ncluster_nodes = [\"redis://127.0.0.1:7000\"]\n",
-        &["storage.redis.durability", "cluster_nodes"],
-    );
     std::fs::write(
         &file,
         "[storage.redis]\ndurability = \"replicas = 2\"\nreplicas_timeout = \"250ms\"\n",

@@ -298,3 +298,94 @@ fn until_blocking(what: &str, mut check: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A store over `cluster` with `durability`.
+fn cluster_store(
+    cluster: &crate::support::redis::RedisCluster,
+    durability: Durability,
+) -> RedisStore {
+    let mut opts = options(
+        String::new(),
+        cluster.nodes.clone(),
+        "cluster-durability".into(),
+    );
+    opts.durability = durability;
+    opts.replicas_timeout = Duration::from_millis(200);
+    RedisStore::new(opts).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_fsync_needs_every_master_to_sync_every_write() {
+    use crate::support::redis::RedisCluster;
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let s = cluster_store(&cluster, Durability::Fsync);
+    let text = s.ready().await.unwrap_err().chain().to_string();
+    assert!(text.contains("appendonly no (on "), "{text}");
+    assert!(s.claim(&key("k"), ttl(), None, NOW).await.is_err());
+
+    for i in 0..cluster.nodes.len() {
+        cluster
+            .cli(i, &["config", "set", "appendonly", "yes"])
+            .unwrap();
+        cluster
+            .cli(i, &["config", "set", "appendfsync", "always"])
+            .unwrap();
+    }
+    s.ready().await.unwrap();
+    assert!(matches!(
+        s.claim(&key("k"), ttl(), None, NOW).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    // One master that stops syncing is enough to be not ready.
+    cluster
+        .cli(1, &["config", "set", "appendfsync", "everysec"])
+        .unwrap();
+    let text = s.ready().await.unwrap_err().chain().to_string();
+    assert!(text.contains("appendfsync everysec"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_write_waits_for_its_masters_replicas() {
+    use crate::support::redis::RedisCluster;
+    let mut cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(1))
+        .await
+        .unwrap();
+    // Every replica in sync before anything is written.
+    for i in 0..cluster.nodes.len() {
+        until("the node's replication settled", || {
+            cluster.cli(i, &["info", "replication"]).is_some_and(|r| {
+                r.contains("role:slave") && r.contains("master_link_status:up")
+                    || r.contains("role:master") && r.contains("connected_slaves:1")
+            })
+        })
+        .await;
+    }
+    let s = cluster_store(&cluster, Durability::Replicas(1));
+    for n in 0..20 {
+        assert!(
+            matches!(
+                s.claim(&key(&format!("k{n}")), ttl(), None, NOW)
+                    .await
+                    .unwrap(),
+                ClaimOutcome::Claimed { .. }
+            ),
+            "k{n}"
+        );
+    }
+    // Without replicas, a write is not acknowledged.
+    cluster = tokio::task::spawn_blocking(move || {
+        cluster.stop_replicas();
+        cluster
+    })
+    .await
+    .unwrap();
+    let err = s.claim(&key("late"), ttl(), None, NOW).await.unwrap_err();
+    assert!(
+        err.chain().to_string().contains("0 of the 1 replicas"),
+        "{}",
+        err.chain()
+    );
+    drop(cluster);
+}

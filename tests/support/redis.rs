@@ -152,10 +152,16 @@ impl RedisCluster {
     /// Starts three `--cluster-enabled yes` servers, joins them with
     /// `redis-cli --cluster create`, and waits for `cluster_state:ok`.
     pub fn start() -> Self {
+        Self::start_with_replicas(0)
+    }
+
+    /// As [`RedisCluster::start`], with `replicas` replicas per master
+    /// (`3 × (1 + replicas)` servers).
+    pub fn start_with_replicas(replicas: usize) -> Self {
         let dir = TempDir::new().unwrap();
         let mut children = Vec::new();
         let mut ports = Vec::new();
-        while ports.len() < 3 {
+        while ports.len() < 3 * (1 + replicas) {
             let port = super::ports::free_port();
             // The cluster bus uses port + 10000: it must be free too.
             if port > 55_000
@@ -192,7 +198,8 @@ impl RedisCluster {
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let mut create = vec!["--cluster", "create"];
         create.extend(addrs.iter().map(String::as_str));
-        create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let replicas = replicas.to_string();
+        create.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
         assert!(cli(&create).is_some(), "redis-cli --cluster create failed");
         for port in &ports {
             let p = port.to_string();
@@ -207,6 +214,28 @@ impl RedisCluster {
                 .iter()
                 .map(|p| format!("redis://127.0.0.1:{p}"))
                 .collect(),
+        }
+    }
+}
+
+impl RedisCluster {
+    /// `redis-cli` against node `i` (by its place in [`RedisCluster::nodes`]).
+    pub fn cli(&self, i: usize, args: &[&str]) -> Option<String> {
+        let port = self.nodes[i].rsplit(':').next().unwrap().to_owned();
+        let mut all = vec!["-p", port.as_str()];
+        all.extend_from_slice(args);
+        cli(&all)
+    }
+
+    /// Stops every replica at once (SIGKILL); the masters go on.
+    pub fn stop_replicas(&mut self) {
+        for i in 0..self.nodes.len() {
+            if self
+                .cli(i, &["role"])
+                .is_some_and(|r| r.lines().next() == Some("slave"))
+            {
+                terminate(&mut self.children[i]);
+            }
         }
     }
 }

@@ -27,6 +27,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
+};
 use redis::{FromRedisValue, RedisError, Script};
 use tokio::sync::OnceCell;
 
@@ -349,9 +352,37 @@ impl RedisStore {
                 }
                 r
             }
-            // The configuration refuses another durability with a cluster.
-            Conn::Cluster(mut c) => inv.invoke_async(&mut c).await.map_err(map_err),
+            Conn::Cluster(mut c) => {
+                let reply = inv.invoke_async(&mut c).await.map_err(map_err)?;
+                if let Durability::Replicas(wanted) = self.opts.durability {
+                    // To the master that took the write (the first key's
+                    // slot), on the cluster's one connection to it.
+                    let route = Route::with_slot(
+                        Slot::for_key(keys.first().copied().unwrap_or_default()),
+                        SlotAddr::Master,
+                    );
+                    let acked = c
+                        .route_command(
+                            self.wait_cmd(wanted),
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                        )
+                        .await
+                        .and_then(|v| Ok(u64::from_redis_value(v)?))
+                        .map_err(map_err)?;
+                    if acked < u64::from(wanted) {
+                        return Err(RedisFault::NotReplicated { acked, wanted }.into());
+                    }
+                }
+                Ok(reply)
+            }
         }
+    }
+
+    /// `WAIT wanted replicas_timeout`.
+    fn wait_cmd(&self, wanted: u32) -> redis::Cmd {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(wanted).arg(ms(self.opts.replicas_timeout));
+        cmd
     }
 
     /// Runs a script on one connection, then, with `durability =
@@ -365,9 +396,8 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         let reply = inv.invoke_async(c).await.map_err(map_err)?;
         if let Durability::Replicas(wanted) = self.opts.durability {
-            let acked: u64 = redis::cmd("WAIT")
-                .arg(wanted)
-                .arg(ms(self.opts.replicas_timeout))
+            let acked: u64 = self
+                .wait_cmd(wanted)
                 .query_async(c)
                 .await
                 .map_err(map_err)?;
@@ -400,14 +430,21 @@ impl RedisStore {
     /// that refuses CONFIG (renamed or disabled, as managed services do)
     /// cannot be checked: dedupd warns once and trusts it.
     async fn check_syncing(&self) -> Result<(), StoreError> {
-        let answer: Result<Vec<String>, StoreError> = self
-            .query(
-                redis::cmd("CONFIG")
-                    .arg("GET")
-                    .arg("appendonly")
-                    .arg("appendfsync"),
-            )
-            .await;
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("appendonly").arg("appendfsync");
+        let answer: Result<Vec<String>, StoreError> = match self.conn().await? {
+            // Every master must sync: each answers for itself.
+            Conn::Cluster(mut c) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                match c.route_command(cmd, routing).await.map_err(map_err)? {
+                    redis::Value::Map(nodes) => {
+                        return self.check_nodes_syncing(nodes);
+                    }
+                    other => Vec::<String>::from_redis_value(other).map_err(|e| map_err(e.into())),
+                }
+            }
+            _ => self.query(&cmd).await,
+        };
         let seen = match answer {
             Ok(pairs) => {
                 let value = |name: &str| {
@@ -439,6 +476,53 @@ impl RedisStore {
             }
             Err(e) => return Err(e),
         };
+        *self
+            .syncing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((std::time::Instant::now(), seen.clone()));
+        seen
+    }
+
+    /// Whether every master of a cluster syncs every write, from each one's
+    /// answer to CONFIG GET (a master that refuses CONFIG is trusted, with
+    /// one warning); remembered as [`RedisStore::check_syncing`] does.
+    fn check_nodes_syncing(
+        &self,
+        nodes: Vec<(redis::Value, redis::Value)>,
+    ) -> Result<(), StoreError> {
+        let mut seen = Ok(());
+        for (addr, answer) in nodes {
+            let addr = String::from_redis_value(addr).unwrap_or_default();
+            let pairs = match answer {
+                redis::Value::ServerError(e) => {
+                    if !self
+                        .config_refused
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
+                    {
+                        tracing::warn!(node = %addr, error = ?e, "storage.redis.durability = \"fsync\", but a Redis master refuses CONFIG GET: make sure it runs appendonly yes and appendfsync always");
+                    }
+                    continue;
+                }
+                other => Vec::<String>::from_redis_value(other).map_err(|e| map_err(e.into()))?,
+            };
+            let value = |name: &str| {
+                pairs
+                    .chunks(2)
+                    .find(|kv| kv[0].eq_ignore_ascii_case(name))
+                    .and_then(|kv| kv.get(1).cloned())
+                    .unwrap_or_default()
+            };
+            let (appendonly, appendfsync) = (value("appendonly"), value("appendfsync"));
+            if appendonly != "yes" || appendfsync != "always" {
+                seen = Err(RedisFault::NotSyncing {
+                    appendonly: format!("{appendonly} (on {addr})"),
+                    appendfsync,
+                }
+                .into());
+                break;
+            }
+        }
         *self
             .syncing
             .lock()
