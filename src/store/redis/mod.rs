@@ -425,86 +425,54 @@ impl RedisStore {
         }
     }
 
-    /// Asks the server whether it syncs every write, and remembers its
-    /// answer (not a failure to ask: the next write asks again). A server
-    /// that refuses CONFIG (renamed or disabled, as managed services do)
-    /// cannot be checked: dedupd warns once and trusts it.
+    /// Asks the server (in a cluster, every master) whether it syncs every
+    /// write, and remembers the answer (not a failure to ask: the next
+    /// write asks again). A server that refuses CONFIG (renamed or
+    /// disabled, as managed services do) cannot be checked: dedupd warns
+    /// once and trusts it.
     async fn check_syncing(&self) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg("appendonly").arg("appendfsync");
-        let answer: Result<Vec<String>, StoreError> = match self.conn().await? {
-            // Every master must sync: each answers for itself.
+        // Each server's answer: its address (in a cluster), and its
+        // settings, or why it refused.
+        let answers: Vec<(String, Result<Vec<String>, String>)> = match self.conn().await? {
             Conn::Cluster(mut c) => {
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-                match c.route_command(cmd, routing).await.map_err(map_err)? {
-                    redis::Value::Map(nodes) => {
-                        return self.check_nodes_syncing(nodes);
-                    }
-                    other => Vec::<String>::from_redis_value(other).map_err(|e| map_err(e.into())),
-                }
-            }
-            _ => self.query(&cmd).await,
-        };
-        let seen = match answer {
-            Ok(pairs) => {
-                let value = |name: &str| {
-                    pairs
-                        .chunks(2)
-                        .find(|kv| kv[0].eq_ignore_ascii_case(name))
-                        .and_then(|kv| kv.get(1).cloned())
-                        .unwrap_or_default()
+                let nodes = match c.route_command(cmd, routing).await.map_err(map_err)? {
+                    redis::Value::Map(nodes) => nodes,
+                    other => vec![(redis::Value::Nil, other)],
                 };
-                let (appendonly, appendfsync) = (value("appendonly"), value("appendfsync"));
-                if appendonly == "yes" && appendfsync == "always" {
-                    Ok(())
-                } else {
-                    Err(RedisFault::NotSyncing {
-                        appendonly,
-                        appendfsync,
-                    }
-                    .into())
+                let mut answers = Vec::with_capacity(nodes.len());
+                for (addr, answer) in nodes {
+                    let addr = String::from_redis_value(addr).unwrap_or_default();
+                    let answer = match answer {
+                        redis::Value::ServerError(e) => Err(format!("{e:?}")),
+                        other => Ok(Vec::<String>::from_redis_value(other)
+                            .map_err(|e| map_err(e.into()))?),
+                    };
+                    answers.push((format!(" (on {addr})"), answer));
                 }
+                answers
             }
-            Err(StoreError::Failed(e)) => {
-                if !self
-                    .config_refused
-                    .swap(true, std::sync::atomic::Ordering::Relaxed)
-                {
-                    tracing::warn!(error = %e, "storage.redis.durability = \"fsync\", but Redis refuses CONFIG GET: make sure it runs appendonly yes and appendfsync always");
-                }
-                Ok(())
-            }
-            Err(e) => return Err(e),
+            _ => match self.query::<Vec<String>>(&cmd).await {
+                Ok(pairs) => vec![(String::new(), Ok(pairs))],
+                Err(StoreError::Failed(e)) => vec![(String::new(), Err(e.to_string()))],
+                Err(e) => return Err(e),
+            },
         };
-        *self
-            .syncing
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some((std::time::Instant::now(), seen.clone()));
-        seen
-    }
-
-    /// Whether every master of a cluster syncs every write, from each one's
-    /// answer to CONFIG GET (a master that refuses CONFIG is trusted, with
-    /// one warning); remembered as [`RedisStore::check_syncing`] does.
-    fn check_nodes_syncing(
-        &self,
-        nodes: Vec<(redis::Value, redis::Value)>,
-    ) -> Result<(), StoreError> {
         let mut seen = Ok(());
-        for (addr, answer) in nodes {
-            let addr = String::from_redis_value(addr).unwrap_or_default();
+        for (on, answer) in answers {
             let pairs = match answer {
-                redis::Value::ServerError(e) => {
+                Ok(pairs) => pairs,
+                Err(error) => {
                     if !self
                         .config_refused
                         .swap(true, std::sync::atomic::Ordering::Relaxed)
                     {
-                        tracing::warn!(node = %addr, error = ?e, "storage.redis.durability = \"fsync\", but a Redis master refuses CONFIG GET: make sure it runs appendonly yes and appendfsync always");
+                        tracing::warn!(%error, "storage.redis.durability = \"fsync\", but Redis{on} refuses CONFIG GET: make sure it runs appendonly yes and appendfsync always");
                     }
                     continue;
                 }
-                other => Vec::<String>::from_redis_value(other).map_err(|e| map_err(e.into()))?,
             };
             let value = |name: &str| {
                 pairs
@@ -516,7 +484,7 @@ impl RedisStore {
             let (appendonly, appendfsync) = (value("appendonly"), value("appendfsync"));
             if appendonly != "yes" || appendfsync != "always" {
                 seen = Err(RedisFault::NotSyncing {
-                    appendonly: format!("{appendonly} (on {addr})"),
+                    appendonly: format!("{appendonly}{on}"),
                     appendfsync,
                 }
                 .into());
