@@ -5,13 +5,15 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// Most replicas a write may wait for.
 pub const MAX_REPLICAS: u32 = 16;
 
 /// What a 2xx promises about a write to Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// In settings, the text it parses from (`"replicas = 1"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum Durability {
     /// Whatever the server is configured to do (its `appendonly` and
     /// `appendfsync`): dedupd checks nothing and waits for nothing.
@@ -58,16 +60,17 @@ impl fmt::Display for Durability {
     }
 }
 
-impl Serialize for Durability {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+impl TryFrom<String> for Durability {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
     }
 }
 
-impl<'de> Deserialize<'de> for Durability {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+impl From<Durability> for String {
+    fn from(v: Durability) -> Self {
+        v.to_string()
     }
 }
 

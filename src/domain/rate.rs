@@ -4,13 +4,15 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// Most events a rate may allow in its period.
 pub const MAX_EVENTS: u32 = 1_000_000;
 
 /// `events` per `period_ms`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// In settings, the text it parses from (`"50/s"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct Rate {
     pub events: u32,
     pub period_ms: u64,
@@ -64,16 +66,17 @@ impl fmt::Display for Rate {
     }
 }
 
-impl Serialize for Rate {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+impl TryFrom<String> for Rate {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
     }
 }
 
-impl<'de> Deserialize<'de> for Rate {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+impl From<Rate> for String {
+    fn from(v: Rate) -> Self {
+        v.to_string()
     }
 }
 

@@ -10,20 +10,8 @@ use std::time::Duration;
 
 use dedupd::clock::Clock;
 
-use crate::support::gateway::{body, gateway_app};
+use crate::support::gateway::gateway_app;
 use crate::support::receiver::{Behaviour, Receiver, eventually};
-
-/// Posts `n` events, each on its own stream.
-async fn post_events(app: &crate::support::app::TestApp, from: usize, n: usize) {
-    for i in from..from + n {
-        app.ingest_ok(&body(
-            &format!("e{i}"),
-            &format!("run_{i}"),
-            "2026-11-29T10:00:00Z",
-        ))
-        .await;
-    }
-}
 
 /// Waits until the source is held after a `Retry-After`; until when.
 async fn held_until(app: &crate::support::app::TestApp) -> u64 {
@@ -45,7 +33,7 @@ async fn deliveries_beyond_the_rate_limit_wait_for_tokens_and_never_fail() {
         s.rate_burst = Some(2);
     })
     .await;
-    post_events(&app, 0, 7).await;
+    app.post_events(0, 7).await;
     // The bucket starts empty: nothing goes before a token is there.
     let state = app.source_state("sume").await;
     assert_eq!(state["delivery"]["in_flight"], 0, "{state}");
@@ -101,7 +89,7 @@ async fn a_restart_does_not_burst_past_the_rate_limit() {
         s.rate_burst = Some(5);
     })
     .await;
-    post_events(&app, 0, 8).await;
+    app.post_events(0, 8).await;
     app.clock.advance(Duration::from_secs(1));
     eventually("one delivered", || async {
         app.event_ids("delivered").await.len() == 1
@@ -138,7 +126,7 @@ async fn a_429_with_retry_after_holds_the_source_until_then_and_counts_as_an_att
     })
     .await;
     let t0 = app.clock.now_ms();
-    post_events(&app, 0, 2).await;
+    app.post_events(0, 2).await;
     assert_eq!(held_until(&app).await, t0 + 120_000);
     // The hold came before the slot was free: the other event never went.
     assert_eq!(receiver.received().len(), 1);
@@ -196,7 +184,7 @@ async fn a_503_asking_for_longer_than_backoff_max_waits_backoff_max() {
     })
     .await;
     let t0 = app.clock.now_ms();
-    post_events(&app, 0, 1).await;
+    app.post_events(0, 1).await;
     assert_eq!(held_until(&app).await, t0 + 60_000);
     app.clock.advance(Duration::from_secs(60));
     eventually("delivered", || async {
@@ -233,7 +221,7 @@ async fn the_event_shows_each_attempt_with_its_time_status_latency_and_error() {
     })
     .await;
     let t0 = app.clock.now_ms();
-    post_events(&app, 0, 1).await;
+    app.post_events(0, 1).await;
     assert_eq!(event(&app, "e0").await["timeline"], serde_json::json!([]));
     assert_eq!(held_until(&app).await, t0 + 30_000);
     // The hold starts as the answer comes; the settle is written after it.

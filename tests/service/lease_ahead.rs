@@ -16,18 +16,6 @@ use crate::support::app::TestApp;
 use crate::support::gateway::{body, gateway_app};
 use crate::support::receiver::{Behaviour, Receiver, eventually};
 
-/// Posts `n` events, each on its own stream.
-async fn post_events(app: &TestApp, from: usize, n: usize) {
-    for i in from..from + n {
-        app.ingest_ok(&body(
-            &format!("e{i}"),
-            &format!("run_{i}"),
-            "2026-11-29T10:00:00Z",
-        ))
-        .await;
-    }
-}
-
 /// The webhook-ids the receiver got, in order.
 fn sent(receiver: &Receiver) -> Vec<String> {
     receiver
@@ -146,7 +134,7 @@ async fn a_redelivered_event_goes_before_a_newer_one_held_ahead() {
 async fn events_leased_ahead_are_given_back_at_shutdown_and_go_right_after_a_restart() {
     let receiver = Receiver::start(Behaviour::Accept).await;
     let app = one_per_second(&receiver).await;
-    post_events(&app, 0, 5).await;
+    app.post_events(0, 5).await;
     // One token: one delivery; the dispatcher leases the others ahead in
     // the same write, to start as tokens come.
     app.clock.advance(Duration::from_secs(1));
@@ -194,7 +182,7 @@ async fn events_held_ahead_longer_than_a_turn_may_take_are_given_back() {
         s.rate_burst = Some(1);
     })
     .await;
-    post_events(&app, 0, 3).await;
+    app.post_events(0, 3).await;
     app.clock.advance(Duration::from_secs(5));
     eventually("one delivered", || async {
         app.event_ids("delivered").await.len() == 1

@@ -121,6 +121,19 @@ pub(crate) fn body(id: &str, run: &str, created_at: &str) -> Vec<u8> {
 }
 
 impl TestApp {
+    /// Posts events `e{from}` … on streams `run_{from}` …, one stream each,
+    /// all created at the same instant.
+    pub(crate) async fn post_events(&self, from: usize, n: usize) {
+        for i in from..from + n {
+            self.ingest_ok(&body(
+                &format!("e{i}"),
+                &format!("run_{i}"),
+                "2026-11-29T10:00:00Z",
+            ))
+            .await;
+        }
+    }
+
     /// The app's clock, in Unix seconds: what signatures are checked against.
     pub(crate) fn now_s(&self) -> i64 {
         i64::try_from(self.clock.now_ms() / 1000).unwrap()
