@@ -56,22 +56,24 @@ pub async fn open(settings: &Settings, commit_metrics: CommitMetrics) -> anyhow:
         #[cfg(feature = "redis")]
         Backend::Redis => {
             let r = &settings.storage.redis;
-            let claims = Arc::new(super::redis::RedisStore::new(super::redis::RedisOptions {
-                url: r.url.expose().to_owned(),
-                cluster_nodes: r
-                    .cluster_nodes
-                    .iter()
-                    .map(|n| n.expose().to_owned())
-                    .collect(),
-                prefix: r.prefix.clone(),
-                expiry_slack: r.expiry_slack,
-                connect_timeout: r.connect_timeout,
-                response_timeout: r.response_timeout,
-                durability: r.durability,
-                replicas_timeout: r.replicas_timeout,
-                sentinels: r.sentinels.iter().map(|n| n.expose().to_owned()).collect(),
-                sentinel_master: r.sentinel_master.clone(),
-            })?);
+            let claims = Arc::new(super::redis::RedisStore::connect(
+                super::redis::RedisOptions {
+                    url: r.url.expose().to_owned(),
+                    cluster_nodes: r
+                        .cluster_nodes
+                        .iter()
+                        .map(|n| n.expose().to_owned())
+                        .collect(),
+                    prefix: r.prefix.clone(),
+                    expiry_slack: r.expiry_slack,
+                    connect_timeout: r.connect_timeout,
+                    response_timeout: r.response_timeout,
+                    durability: r.durability,
+                    replicas_timeout: r.replicas_timeout,
+                    sentinels: r.sentinels.iter().map(|n| n.expose().to_owned()).collect(),
+                    sentinel_master: r.sentinel_master.clone(),
+                },
+            )?);
             Ok(Opened { claims, ..embedded })
         }
         #[cfg(not(feature = "redis"))]

@@ -89,7 +89,7 @@ pub mod redis {
             .unwrap();
         let opts = options(server.url(), Vec::new(), "dedupd-test".into());
         Redis {
-            store: Arc::new(RedisStore::new(opts.clone()).unwrap()),
+            store: Arc::new(RedisStore::connect(opts.clone()).unwrap()),
             opts,
             _server: Some(server),
         }
@@ -107,7 +107,7 @@ pub mod redis {
         let prefix = format!("t{}", NEXT.fetch_add(1, Ordering::SeqCst));
         let opts = options(String::new(), nodes, prefix);
         Redis {
-            store: Arc::new(RedisStore::new(opts.clone()).unwrap()),
+            store: Arc::new(RedisStore::connect(opts.clone()).unwrap()),
             opts,
             _server: None,
         }
@@ -121,7 +121,7 @@ pub mod redis {
 
         /// A new connection to the same server: the data stays in Redis.
         async fn restart(&mut self) {
-            self.store = Arc::new(RedisStore::new(self.opts.clone()).unwrap());
+            self.store = Arc::new(RedisStore::connect(self.opts.clone()).unwrap());
         }
 
         fn expires_by_itself(&self) -> bool {
@@ -206,7 +206,7 @@ pub mod redis {
             .unwrap();
         let mut opts = options(server.url(), Vec::new(), "exp".into());
         opts.expiry_slack = Duration::ZERO;
-        let store = RedisStore::new(opts).unwrap();
+        let store = RedisStore::connect(opts).unwrap();
         let now = dedupd::clock::Clock::now_ms(&dedupd::clock::SystemClock);
         let k = |s: &str| ScopedKey::api(&Key::parse(s, "key").unwrap());
         store

@@ -41,7 +41,7 @@ fn store(server: &RedisServer, durability: Durability) -> RedisStore {
     let mut opts = options(server.url(), Vec::new(), "durability-test".into());
     opts.durability = durability;
     opts.replicas_timeout = Duration::from_millis(200);
-    RedisStore::new(opts).unwrap()
+    RedisStore::connect(opts).unwrap()
 }
 
 #[tokio::test]
@@ -224,7 +224,7 @@ async fn through_sentinel_every_acknowledged_claim_survives_a_failover() {
     opts.replicas_timeout = Duration::from_millis(500);
     opts.connect_timeout = Duration::from_secs(2);
     opts.response_timeout = Duration::from_secs(2);
-    let store = Arc::new(RedisStore::new(opts).unwrap());
+    let store = Arc::new(RedisStore::connect(opts).unwrap());
     store.ready().await.unwrap();
 
     // Eight callers claim fresh keys until told to stop; each claim
@@ -311,7 +311,7 @@ fn cluster_store(
     );
     opts.durability = durability;
     opts.replicas_timeout = Duration::from_millis(200);
-    RedisStore::new(opts).unwrap()
+    RedisStore::connect(opts).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
