@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dedupd::domain::CreatedAt;
 use dedupd::domain::{Key, ScopedKey, Ttl};
 use dedupd::store::Store;
-use dedupd::store::inbox::{Inbox, NewEvent, Retention, Settle};
+use dedupd::store::inbox::{EventKey, Inbox, NewEvent, Retention, Settle};
 use dedupd::store::keyspace::{KvRequest, SetCondition, SetExpiry};
 use dedupd::store::redb::{RedbOptions, RedbStore};
 use divan::Bencher;
@@ -124,7 +124,11 @@ fn retry_turn(bencher: Bencher, body_kib: usize) {
                     let id = id.clone();
                     tokio::spawn(async move {
                         let leased = inbox
-                            .lease(vec![("sume".into(), id.clone(), now + 30_000)], None, now)
+                            .lease(
+                                vec![(EventKey::new("sume", &id, None), now + 30_000)],
+                                None,
+                                now,
+                            )
                             .await
                             .unwrap();
                         let lease = leased.leased[0].lease;
@@ -134,7 +138,13 @@ fn retry_turn(bencher: Bencher, body_kib: usize) {
                             attempted: true,
                         };
                         inbox
-                            .settle("sume", &id, lease, settle, retention, now)
+                            .settle(
+                                &EventKey::new("sume", &id, None),
+                                lease,
+                                settle,
+                                retention,
+                                now,
+                            )
                             .await
                             .unwrap();
                     })

@@ -157,7 +157,7 @@ async fn receive(
     // insert checks again, so a race between two posts stays a duplicate.
     let known = gw
         .inbox
-        .knows_event(&source.name, &event.event_id, received_at)
+        .knows_event(&event.key(), received_at)
         .await
         .map_err(ApiError::from)?;
     let event_id = event.event_id.clone();

@@ -28,12 +28,7 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// Whether a post of this event id is a duplicate at `now`: the inbox
     /// holds the event, or reaped it less than the dedupe window after it
     /// was received. Reads only; [`Inbox::ingest`] checks again.
-    async fn knows_event(
-        &self,
-        source: &str,
-        event_id: &str,
-        now: Millis,
-    ) -> Result<bool, StoreError>;
+    async fn knows_event(&self, event: &EventKey, now: Millis) -> Result<bool, StoreError>;
 
     /// How long after its receipt a reaped event's id stays a duplicate
     /// (`gateway.dedupe_window`, as the inbox was opened with).
@@ -52,14 +47,14 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// Leases runnable events that are due at `now`, each until its own
-    /// time, while they are being delivered: `(source, event id, until)`;
+    /// time, while they are being delivered: `(event, until)`;
     /// answers each one's current attempts (the read that found it may be
     /// older than its last settle). With `stale_check`, an
     /// event older than its stream's head (in the inbox's own store) is
     /// settled as stale instead, in the same write.
     async fn lease(
         &self,
-        events: Vec<(String, String, Millis)>,
+        events: Vec<(EventKey, Millis)>,
         stale_check: Option<Retention>,
         now: Millis,
     ) -> Result<Leased, StoreError>;
@@ -68,8 +63,7 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// ignored when another turn or a redeliver has taken the event since.
     async fn settle(
         &self,
-        source: &str,
-        event_id: &str,
+        event: &EventKey,
         lease: u64,
         settle: Settle,
         retention: Retention,
@@ -83,8 +77,7 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     #[allow(clippy::too_many_arguments)]
     async fn settle_attempt(
         &self,
-        source: &str,
-        event_id: &str,
+        event: &EventKey,
         lease: u64,
         settle: Settle,
         attempt: Attempt,
@@ -99,8 +92,7 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     #[allow(clippy::too_many_arguments)]
     async fn settle_delivered(
         &self,
-        source: &str,
-        event_id: &str,
+        event: &EventKey,
         lease: u64,
         apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
         attempt: Option<Attempt>,
@@ -218,6 +210,29 @@ impl EventStatus {
     }
 }
 
+/// Which event a write is about: its source and id, and its stream (the
+/// shared inbox places an event by its stream).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EventKey {
+    /// Configured source name.
+    pub source: String,
+    /// The provider's event id.
+    pub event_id: String,
+    /// Its ordering scope, if any.
+    pub stream: Option<String>,
+}
+
+impl EventKey {
+    /// The key of event `event_id` of `source` in `stream`.
+    pub fn new(source: &str, event_id: &str, stream: Option<&str>) -> Self {
+        Self {
+            source: source.to_owned(),
+            event_id: event_id.to_owned(),
+            stream: stream.map(str::to_owned),
+        }
+    }
+}
+
 /// An event as ingest stores it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NewEvent {
@@ -235,6 +250,13 @@ pub struct NewEvent {
     pub headers: Vec<(String, String)>,
     /// The raw body, byte for byte.
     pub body: Vec<u8>,
+}
+
+impl NewEvent {
+    /// Which event this is.
+    pub fn key(&self) -> EventKey {
+        EventKey::new(&self.source, &self.event_id, self.stream.as_deref())
+    }
 }
 
 /// Free space on a store's disk (`dedupd_store_free_bytes`).
@@ -283,6 +305,13 @@ pub struct InboxEvent {
     /// Its last attempts, oldest first (at most [`TIMELINE_ATTEMPTS`]);
     /// filled in by [`Inbox::inbox_event`] only, empty elsewhere.
     pub timeline: Vec<Attempt>,
+}
+
+impl InboxEvent {
+    /// Which event this is.
+    pub fn key(&self) -> EventKey {
+        EventKey::new(&self.source, &self.event_id, self.stream.as_deref())
+    }
 }
 
 /// Attempts an event's timeline keeps: the last ones, older ones drop off.

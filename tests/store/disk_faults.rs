@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey, Ttl};
-use dedupd::store::inbox::{EventStatus, Inbox, ListOrder, NewEvent, Retention, Settle};
+use dedupd::store::inbox::{EventKey, EventStatus, Inbox, ListOrder, NewEvent, Retention, Settle};
 use dedupd::store::redb::faults::FaultPlan;
 use dedupd::store::redb::{RedbOptions, RedbStore};
 use dedupd::store::{ClaimOutcome, ClaimState, Store, StoreError};
@@ -177,7 +177,7 @@ async fn every_write_path_is_refused_unchanged_on_a_full_disk_and_recovers_by_it
         .await;
     assert!(s.inbox().inbox_event("sume", "ev").await.unwrap().is_none());
     s.inbox().ingest(event("ev"), T).await.unwrap();
-    let lease = vec![("sume".to_owned(), "ev".to_owned(), T + 60_000)];
+    let lease = vec![(EventKey::new("sume", "ev", None), T + 60_000)];
     f.refused_then_recovered("lease", s.inbox().lease(lease.clone(), None, T))
         .await;
     assert_eq!(
@@ -195,8 +195,13 @@ async fn every_write_path_is_refused_unchanged_on_a_full_disk_and_recovers_by_it
     };
     f.refused_then_recovered(
         "settle",
-        s.inbox()
-            .settle("sume", "ev", generation, dead.clone(), RETENTION, T),
+        s.inbox().settle(
+            &EventKey::new("sume", "ev", None),
+            generation,
+            dead.clone(),
+            RETENTION,
+            T,
+        ),
     )
     .await;
     assert_eq!(
@@ -209,7 +214,13 @@ async fn every_write_path_is_refused_unchanged_on_a_full_disk_and_recovers_by_it
         EventStatus::Pending
     );
     s.inbox()
-        .settle("sume", "ev", generation, dead, RETENTION, T)
+        .settle(
+            &EventKey::new("sume", "ev", None),
+            generation,
+            dead,
+            RETENTION,
+            T,
+        )
         .await
         .unwrap();
     assert_eq!(

@@ -10,8 +10,8 @@ use std::collections::btree_map::Entry;
 use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey};
 use dedupd::store::Store;
 use dedupd::store::inbox::{
-    Attempt, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, LeasedEvent, ListOrder,
-    NewEvent, RedeliverOutcome, Retention, Settle, SourceSummary, TIMELINE_ATTEMPTS,
+    Attempt, EventKey, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, LeasedEvent,
+    ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceSummary, TIMELINE_ATTEMPTS,
 };
 use dedupd::store::redb::{InboxIndexes, RedbOptions, RedbStore};
 use proptest::prelude::*;
@@ -216,6 +216,12 @@ struct LeaseRec {
     created_at: CreatedAt,
 }
 
+impl LeaseRec {
+    fn key(&self) -> EventKey {
+        EventKey::new(&self.source, &self.id, self.stream.as_deref())
+    }
+}
+
 type Id = (String, String);
 
 #[derive(Debug, Default)]
@@ -305,6 +311,13 @@ fn sort_indexes(i: &mut InboxIndexes) {
 }
 
 impl Model {
+    /// The key of an event: its stream as the model holds it (none for
+    /// an event it does not hold).
+    fn key(&self, source: &str, id: &str) -> EventKey {
+        let stream = self.get(source, id).and_then(|e| e.stream.as_deref());
+        EventKey::new(source, id, stream)
+    }
+
     fn get(&self, source: &str, id: &str) -> Option<&InboxEvent> {
         self.events.get(&(source.to_owned(), id.to_owned()))
     }
@@ -685,7 +698,10 @@ async fn check_state(s: &RedbStore, m: &Model, ctx: &str) {
                     .get(&(source.to_owned(), id.clone()))
                     .is_some_and(|until| *until > m.now);
             assert_eq!(
-                s.inbox().knows_event(source, &id, m.now).await.unwrap(),
+                s.inbox()
+                    .knows_event(&m.key(source, &id), m.now)
+                    .await
+                    .unwrap(),
                 known,
                 "{ctx}: whether {source}/{id} is a duplicate"
             );
@@ -841,6 +857,10 @@ async fn run(ops: Vec<Op>) {
                     ));
                 }
                 let want = m.lease(&events, stale_check);
+                let events = events
+                    .into_iter()
+                    .map(|(source, id, until)| (m.key(&source, &id), until))
+                    .collect();
                 let got = store
                     .inbox()
                     .lease(events, stale_check.then_some(RETENTION), now)
@@ -875,22 +895,14 @@ async fn run(ops: Vec<Op>) {
                         m.record_attempt(&rec.source, &rec.id, &sent);
                         m.settle(&rec.source, &rec.id, generation, &settle);
                         inbox
-                            .settle_attempt(
-                                &rec.source,
-                                &rec.id,
-                                generation,
-                                settle,
-                                sent,
-                                RETENTION,
-                                now,
-                            )
+                            .settle_attempt(&rec.key(), generation, settle, sent, RETENTION, now)
                             .await
                             .unwrap();
                     }
                     None => {
                         m.settle(&rec.source, &rec.id, generation, &settle);
                         inbox
-                            .settle(&rec.source, &rec.id, generation, settle, RETENTION, now)
+                            .settle(&rec.key(), generation, settle, RETENTION, now)
                             .await
                             .unwrap();
                     }
@@ -922,15 +934,7 @@ async fn run(ops: Vec<Op>) {
                 );
                 store
                     .inbox()
-                    .settle_delivered(
-                        &rec.source,
-                        &rec.id,
-                        generation,
-                        apply,
-                        sent,
-                        RETENTION,
-                        now,
-                    )
+                    .settle_delivered(&rec.key(), generation, apply, sent, RETENTION, now)
                     .await
                     .unwrap();
             }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupd::domain::{CreatedAt, Key, ScopedKey, Ttl};
-use dedupd::store::inbox::{Inbox, IngestOutcome, NewEvent};
+use dedupd::store::inbox::{EventKey, Inbox, IngestOutcome, NewEvent};
 use dedupd::store::keyspace::{KvRequest, KvResponse, SetCondition, SetExpiry};
 use dedupd::store::redb::faults::FaultPlan;
 use dedupd::store::redb::{OpenError, RedbOptions, RedbStore};
@@ -85,7 +85,12 @@ async fn below_the_watermark_writes_are_refused_reads_served_and_writes_resume_w
     // Reads are served all the while.
     assert!(store.get(&key("before"), T).await.unwrap().is_some());
     assert!(store.get(&key("refused"), T).await.unwrap().is_none());
-    assert!(!inbox.knows_event("sume", "refused", T).await.unwrap());
+    assert!(
+        !inbox
+            .knows_event(&EventKey::new("sume", "refused", None), T)
+            .await
+            .unwrap()
+    );
     assert_eq!(keyspace.get(b"k".to_vec(), T).await.unwrap(), None);
 
     // Space back: ready at once, and writes go through.

@@ -274,7 +274,8 @@ mod inbox {
     use dedupd::domain::CreatedAt;
     use dedupd::store::Store;
     use dedupd::store::inbox::{
-        EventStatus, Inbox, IngestOutcome, ListOrder, NewEvent, RedeliverOutcome, Retention, Settle,
+        EventKey, EventStatus, Inbox, IngestOutcome, ListOrder, NewEvent, RedeliverOutcome,
+        Retention, Settle,
     };
     use dedupd::store::redb::{RedbOptions, RedbStore};
     use tempfile::TempDir;
@@ -344,15 +345,14 @@ mod inbox {
             attempted: true,
         };
         s.inbox()
-            .settle("sume", "a", 0, retry, RETENTION, T)
+            .settle(&EventKey::new("sume", "a", None), 0, retry, RETENTION, T)
             .await
             .unwrap();
         assert_eq!(due_ids(&s, T).await, ["x"]);
         assert_eq!(due_ids(&s, T + 500).await, ["x", "a"]);
         s.inbox()
             .settle(
-                "sume",
-                "a",
+                &EventKey::new("sume", "a", None),
                 0,
                 Settle::Delivered { attempted: true },
                 RETENTION,
@@ -375,8 +375,7 @@ mod inbox {
         }
         s.inbox()
             .settle(
-                "sume",
-                "ok",
+                &EventKey::new("sume", "ok", None),
                 0,
                 Settle::Delivered { attempted: true },
                 RETENTION,
@@ -386,8 +385,7 @@ mod inbox {
             .unwrap();
         s.inbox()
             .settle(
-                "sume",
-                "gone",
+                &EventKey::new("sume", "gone", None),
                 0,
                 Settle::Dead {
                     error: "down".into(),
@@ -398,7 +396,13 @@ mod inbox {
             .await
             .unwrap();
         s.inbox()
-            .settle("sume", "stale", 0, Settle::Stale, RETENTION, T)
+            .settle(
+                &EventKey::new("sume", "stale", None),
+                0,
+                Settle::Stale,
+                RETENTION,
+                T,
+            )
             .await
             .unwrap();
         assert!(due_ids(&s, T + 10_000).await.is_empty());
@@ -468,7 +472,7 @@ mod inbox {
         let leased = s
             .inbox()
             .lease(
-                vec![("sume".into(), "new".into(), T + 60_000)],
+                vec![(EventKey::new("sume", "new", None), T + 60_000)],
                 Some(RETENTION),
                 T,
             )
@@ -479,8 +483,7 @@ mod inbox {
         let created = event("new", Some("r"), 5).created_at;
         s.inbox()
             .settle_delivered(
-                "sume",
-                "new",
+                &EventKey::new("sume", "new", None),
                 generation,
                 Some((scoped("r"), scoped("new"), created, 86_400_000)),
                 None,
@@ -504,7 +507,7 @@ mod inbox {
         let leased = s
             .inbox()
             .lease(
-                vec![("sume".into(), "old".into(), T + 60_000)],
+                vec![(EventKey::new("sume", "old", None), T + 60_000)],
                 Some(RETENTION),
                 T,
             )
@@ -526,7 +529,11 @@ mod inbox {
             let s = &s;
             async move {
                 s.inbox()
-                    .lease(vec![("sume".into(), "e".into(), now + 60_000)], None, now)
+                    .lease(
+                        vec![(EventKey::new("sume", "e", None), now + 60_000)],
+                        None,
+                        now,
+                    )
                     .await
                     .unwrap()
             }
@@ -539,7 +546,13 @@ mod inbox {
             attempted: true,
         };
         s.inbox()
-            .settle("sume", "e", first.leased[0].lease, retry, RETENTION, T)
+            .settle(
+                &EventKey::new("sume", "e", None),
+                first.leased[0].lease,
+                retry,
+                RETENTION,
+                T,
+            )
             .await
             .unwrap();
         // A dispatcher that read the event before that settle asks again:
@@ -606,8 +619,7 @@ mod inbox {
     async fn deliver(s: &RedbStore, id: &str, now: u64) {
         s.inbox()
             .settle(
-                "sume",
-                id,
+                &EventKey::new("sume", id, None),
                 0,
                 Settle::Delivered { attempted: true },
                 RETENTION,
@@ -657,7 +669,12 @@ mod inbox {
 
         // A repeat within the window is a duplicate and is not stored.
         for now in [T + 1_500, T + WINDOW - 1] {
-            assert!(s.inbox().knows_event("sume", "a", now).await.unwrap());
+            assert!(
+                s.inbox()
+                    .knows_event(&EventKey::new("sume", "a", None), now)
+                    .await
+                    .unwrap()
+            );
             assert_eq!(
                 s.inbox().ingest(event("a", None, 1), now).await.unwrap(),
                 IngestOutcome::Duplicate
@@ -671,7 +688,7 @@ mod inbox {
         // Then the reaper removes the record, and the id is new.
         assert!(
             !s.inbox()
-                .knows_event("sume", "a", T + WINDOW)
+                .knows_event(&EventKey::new("sume", "a", None), T + WINDOW)
                 .await
                 .unwrap()
         );
@@ -700,8 +717,7 @@ mod inbox {
         s.inbox().ingest(event("dead", None, 1), T).await.unwrap();
         s.inbox()
             .settle(
-                "sume",
-                "dead",
+                &EventKey::new("sume", "dead", None),
                 0,
                 Settle::Dead {
                     error: "down".into(),
@@ -909,7 +925,7 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
 
 #[tokio::test]
 async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_table() {
-    use dedupd::store::inbox::{EventStatus, Inbox, ListOrder, Retention, Settle};
+    use dedupd::store::inbox::{EventKey, EventStatus, Inbox, ListOrder, Retention, Settle};
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("v4.redb");
     let body = vec![42u8; 300 * 1024];
@@ -1025,7 +1041,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
     let leased = s
         .inbox()
         .lease(
-            vec![("sume".into(), "pending".into(), T1 + 30_000)],
+            vec![(EventKey::new("sume", "pending", None), T1 + 30_000)],
             None,
             T1,
         )
@@ -1034,8 +1050,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
     let lease = leased.leased[0].lease;
     s.inbox()
         .settle(
-            "sume",
-            "pending",
+            &EventKey::new("sume", "pending", None),
             lease,
             Settle::Delivered { attempted: true },
             retention,
@@ -1183,7 +1198,9 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
 /// event's id stays a duplicate.
 #[tokio::test]
 async fn a_schema_6_file_gains_the_dedupe_tables_and_its_reaped_events_stay_duplicates() {
-    use dedupd::store::inbox::{EventStatus, Inbox, IngestOutcome, NewEvent, Retention, Settle};
+    use dedupd::store::inbox::{
+        EventKey, EventStatus, Inbox, IngestOutcome, NewEvent, Retention, Settle,
+    };
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("v6.redb");
     let event = |id: &str| NewEvent {
@@ -1206,8 +1223,7 @@ async fn a_schema_6_file_gains_the_dedupe_tables_and_its_reaped_events_stay_dupl
         }
         s.inbox()
             .settle(
-                "sume",
-                "done",
+                &EventKey::new("sume", "done", None),
                 0,
                 Settle::Delivered { attempted: true },
                 retention,
@@ -1238,7 +1254,12 @@ async fn a_schema_6_file_gains_the_dedupe_tables_and_its_reaped_events_stay_dupl
         .unwrap()
         .unwrap();
     assert_eq!(pending.status, EventStatus::Pending);
-    assert!(s.inbox().knows_event("sume", "pending", T1).await.unwrap());
+    assert!(
+        s.inbox()
+            .knows_event(&EventKey::new("sume", "pending", None), T1)
+            .await
+            .unwrap()
+    );
     let r = s.purge_expired(T1 + 1_000, 100).await.unwrap();
     assert_eq!(r.inbox, 1);
     assert_eq!(

@@ -8,7 +8,7 @@ use std::time::Duration;
 use dedupd::domain::CreatedAt;
 use dedupd::store::Store;
 use dedupd::store::inbox::{
-    ATTEMPT_ERROR_BYTES, Attempt, Inbox, NewEvent, Retention, Settle, TIMELINE_ATTEMPTS,
+    ATTEMPT_ERROR_BYTES, Attempt, EventKey, Inbox, NewEvent, Retention, Settle, TIMELINE_ATTEMPTS,
 };
 use dedupd::store::redb::{RedbOptions, RedbStore};
 use tempfile::TempDir;
@@ -71,8 +71,7 @@ async fn the_timeline_keeps_the_last_attempts_oldest_first_with_errors_cut() {
         // nothing to the timeline.
         inbox
             .settle(
-                "sume",
-                "e",
+                &EventKey::new("sume", "e", None),
                 0,
                 Settle::Retry {
                     retry_at: T,
@@ -85,7 +84,14 @@ async fn the_timeline_keeps_the_last_attempts_oldest_first_with_errors_cut() {
             .await
             .unwrap();
         inbox
-            .settle_attempt("sume", "e", 0, retry(n), failed(n, 5_000), RETENTION, T)
+            .settle_attempt(
+                &EventKey::new("sume", "e", None),
+                0,
+                retry(n),
+                failed(n, 5_000),
+                RETENTION,
+                T,
+            )
             .await
             .unwrap();
     }
@@ -118,12 +124,26 @@ async fn the_delivering_attempt_is_kept_and_the_timeline_goes_with_the_reaped_ev
     let inbox = s.inbox();
     inbox.ingest(event("e"), T).await.unwrap();
     inbox
-        .settle_attempt("sume", "e", 0, retry(1), failed(1, 8), RETENTION, T)
+        .settle_attempt(
+            &EventKey::new("sume", "e", None),
+            0,
+            retry(1),
+            failed(1, 8),
+            RETENTION,
+            T,
+        )
         .await
         .unwrap();
     let ok = Attempt::new(2, T + 10, Some(204), Duration::from_micros(700), None);
     inbox
-        .settle_delivered("sume", "e", 0, None, Some(ok.clone()), RETENTION, T + 10)
+        .settle_delivered(
+            &EventKey::new("sume", "e", None),
+            0,
+            None,
+            Some(ok.clone()),
+            RETENTION,
+            T + 10,
+        )
         .await
         .unwrap();
     let e = inbox.inbox_event("sume", "e").await.unwrap().unwrap();
@@ -133,7 +153,14 @@ async fn the_delivering_attempt_is_kept_and_the_timeline_goes_with_the_reaped_ev
     // sent is still shown: it reached the destination.
     let late = Attempt::new(1, T + 20, None, Duration::from_secs(10), Some("timed out"));
     inbox
-        .settle_attempt("sume", "e", 0, retry(3), late.clone(), RETENTION, T + 20)
+        .settle_attempt(
+            &EventKey::new("sume", "e", None),
+            0,
+            retry(3),
+            late.clone(),
+            RETENTION,
+            T + 20,
+        )
         .await
         .unwrap();
     let e = inbox.inbox_event("sume", "e").await.unwrap().unwrap();
@@ -153,7 +180,14 @@ async fn the_delivering_attempt_is_kept_and_the_timeline_goes_with_the_reaped_ev
     );
     // An attempt for an event that is gone writes nothing.
     inbox
-        .settle_attempt("sume", "e", 0, retry(4), failed(4, 8), RETENTION, T + 30)
+        .settle_attempt(
+            &EventKey::new("sume", "e", None),
+            0,
+            retry(4),
+            failed(4, 8),
+            RETENTION,
+            T + 30,
+        )
         .await
         .unwrap();
     assert!(
@@ -181,7 +215,14 @@ async fn after_a_crash_the_log_replays_every_acknowledged_attempt() {
     inbox.ingest(event("e"), T).await.unwrap();
     for n in 1..=3 {
         inbox
-            .settle_attempt("sume", "e", 0, retry(n), failed(n, 20), RETENTION, T)
+            .settle_attempt(
+                &EventKey::new("sume", "e", None),
+                0,
+                retry(n),
+                failed(n, 20),
+                RETENTION,
+                T,
+            )
             .await
             .unwrap();
     }

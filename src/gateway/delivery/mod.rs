@@ -371,7 +371,7 @@ impl Dispatcher {
                 let retention = gateway.retention;
                 let written = gateway
                     .inbox
-                    .settle(&r.ev.source, &r.ev.event_id, r.lease, settle, retention, now)
+                    .settle(&r.ev.key(), r.lease, settle, retention, now)
                     .await;
                 if let Err(e) = written {
                     tracing::debug!(source = %r.ev.source, event_id = %r.ev.event_id, error = %e.chain(), "a leased-ahead event waits for its lease to end");
@@ -593,7 +593,7 @@ impl Dispatcher {
             .iter()
             .map(|(_, ev, _)| ev)
             .chain(&extra)
-            .map(|ev| (ev.source.clone(), ev.event_id.clone(), lease_until(ev)))
+            .map(|ev| (ev.key(), lease_until(ev)))
             .collect();
         let stale_check = match self.coordination {
             Coordination::Local => Some(self.gateway.retention),

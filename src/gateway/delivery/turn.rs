@@ -66,12 +66,12 @@ impl Dispatcher {
         let apply = self
             .ordering_keys(source, ev)
             .map(|(stream, id)| (stream, id, ev.created_at, self.ordering_retention_ms));
+        let key = ev.key();
         let recorded = self
             .until_recorded(source, ev, || {
                 let now = self.clock.now_ms();
                 self.gateway.inbox.settle_delivered(
-                    &ev.source,
-                    &ev.event_id,
+                    &key,
                     lease,
                     apply.clone(),
                     Some(sent.clone()),
@@ -411,18 +411,14 @@ impl Dispatcher {
             Settle::Dead { .. } => Some("dead"),
         };
         let inbox = &self.gateway.inbox;
-        let (source, id, retention) = (&ev.source, &ev.event_id, self.gateway.retention);
+        let (key, retention) = (ev.key(), self.gateway.retention);
         let written = match sent {
             Some(sent) => {
                 inbox
-                    .settle_attempt(source, id, lease, settle, sent, retention, now)
+                    .settle_attempt(&key, lease, settle, sent, retention, now)
                     .await
             }
-            None => {
-                inbox
-                    .settle(source, id, lease, settle, retention, now)
-                    .await
-            }
+            None => inbox.settle(&key, lease, settle, retention, now).await,
         };
         if let Err(e) = written {
             // The lease runs out and the event comes due again.

@@ -29,8 +29,8 @@ use crate::clock::Millis;
 use crate::domain::{CreatedAt, ScopedKey};
 use crate::store::StoreError;
 use crate::store::inbox::{
-    Attempt, Cursor, DiskSpace, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, ListOrder,
-    NewEvent, RedeliverOutcome, Retention, Settle, SourceDue, SourceSummary,
+    Attempt, Cursor, DiskSpace, EventKey, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased,
+    ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceDue, SourceSummary,
 };
 
 /// The inbox in the data file; a handle on its engine (cheap to clone).
@@ -69,19 +69,14 @@ impl Inbox for RedbInbox {
         }
     }
 
-    async fn knows_event(
-        &self,
-        source: &str,
-        event_id: &str,
-        now: Millis,
-    ) -> Result<bool, StoreError> {
+    async fn knows_event(&self, event: &EventKey, now: Millis) -> Result<bool, StoreError> {
         // What the file shows, not what was acknowledged: that would make
         // the writer commit its open transaction at once, and anyone who
         // captured one signed request could repeat it to take group commit
         // away from every write. An event this misses (its insert is in the
         // writer's open transaction) is found again by the insert itself,
         // which answers `duplicate` the same way.
-        let (source, id) = (source.to_owned(), event_id.to_owned());
+        let (source, id) = (event.source.clone(), event.event_id.clone());
         Ok(self
             .engine
             .read_seen(Fresh::Shown, move |db, shared| {
@@ -110,12 +105,15 @@ impl Inbox for RedbInbox {
 
     async fn lease(
         &self,
-        events: Vec<(String, String, Millis)>,
+        events: Vec<(EventKey, Millis)>,
         stale_check: Option<Retention>,
         now: Millis,
     ) -> Result<Leased, StoreError> {
         let request = InboxRequest::Lease {
-            events,
+            events: events
+                .into_iter()
+                .map(|(e, until)| (e.source, e.event_id, until))
+                .collect(),
             stale_check,
         };
         match self.write(request, now).await? {
@@ -126,16 +124,15 @@ impl Inbox for RedbInbox {
 
     async fn settle(
         &self,
-        source: &str,
-        event_id: &str,
+        event: &EventKey,
         lease: u64,
         settle: Settle,
         retention: Retention,
         now: Millis,
     ) -> Result<(), StoreError> {
         let request = InboxRequest::Settle {
-            source: source.to_owned(),
-            event_id: event_id.to_owned(),
+            source: event.source.clone(),
+            event_id: event.event_id.clone(),
             lease,
             settle,
             retention,
@@ -145,8 +142,7 @@ impl Inbox for RedbInbox {
 
     async fn settle_attempt(
         &self,
-        source: &str,
-        event_id: &str,
+        event: &EventKey,
         lease: u64,
         settle: Settle,
         attempt: Attempt,
@@ -154,8 +150,8 @@ impl Inbox for RedbInbox {
         now: Millis,
     ) -> Result<(), StoreError> {
         let request = InboxRequest::SettleAttempt {
-            source: source.to_owned(),
-            event_id: event_id.to_owned(),
+            source: event.source.clone(),
+            event_id: event.event_id.clone(),
             lease,
             settle,
             attempt,
@@ -166,15 +162,14 @@ impl Inbox for RedbInbox {
 
     async fn settle_delivered(
         &self,
-        source: &str,
-        event_id: &str,
+        event: &EventKey,
         lease: u64,
         apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
         attempt: Option<Attempt>,
         retention: Retention,
         now: Millis,
     ) -> Result<(), StoreError> {
-        let (source, event_id) = (source.to_owned(), event_id.to_owned());
+        let (source, event_id) = (event.source.clone(), event.event_id.clone());
         let settle = Settle::Delivered { attempted: true };
         let settle = match attempt {
             Some(attempt) => InboxRequest::SettleAttempt {
