@@ -128,6 +128,16 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
         max_bytes: u64,
     ) -> Result<Vec<SourceDue>, StoreError>;
 
+    /// Deletes at most `limit` settled events whose retention ended at
+    /// `now` (their dedupe records stay for the rest of the window): how
+    /// many went, and whether more are left. The data file's inbox is
+    /// reaped with the file instead (`Store::purge_expired`): this answers
+    /// nothing there.
+    async fn purge_settled(&self, now: Millis, limit: u64) -> Result<(u64, bool), StoreError> {
+        let _ = (now, limit);
+        Ok((0, false))
+    }
+
     /// Every source with events in the inbox, with its pending count.
     async fn inbox_sources(&self) -> Result<Vec<(String, u64)>, StoreError>;
 

@@ -7,6 +7,8 @@ use async_trait::async_trait;
 use redis::Script;
 
 use super::client::{Client, RedisFault};
+use super::layout::Layout;
+use super::upgrade::Upgrade;
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::{
@@ -37,6 +39,11 @@ pub struct RedisStore {
     client: Arc<Client>,
     scripts: Scripts,
     slack_ms: u64,
+    /// Per slot in a cluster, one slot otherwise.
+    layout: Layout,
+    /// In a cluster: the move from the one-slot layout, which claims wait
+    /// for.
+    upgrade: Option<Upgrade>,
 }
 
 fn num(s: Option<&String>) -> Result<u64, StoreError> {
@@ -71,8 +78,16 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     /// Claims and ordering over `client`'s connection.
     pub fn new(client: Arc<Client>) -> Self {
+        let (layout, upgrade) = if client.is_cluster() {
+            let copy = script(include_str!("move.lua"));
+            (Layout::PerSlot, Some(Upgrade::new(client.clone(), copy)))
+        } else {
+            (Layout::OneSlot, None)
+        };
         Self {
             slack_ms: super::client::ms(client.opts().expiry_slack),
+            layout,
+            upgrade,
             client,
             scripts: Scripts {
                 claim: script(include_str!("claim.lua")),
@@ -93,11 +108,20 @@ impl RedisStore {
     }
 
     fn claim_key(&self, k: &ScopedKey) -> String {
-        format!("{{{}}}:c:{}", self.client.opts().prefix, k.as_str())
+        self.layout.claim_key(&self.client.opts().prefix, k.as_str())
     }
 
-    fn fence_key(&self) -> String {
-        format!("{{{}}}:fence", self.client.opts().prefix)
+    fn fence_key(&self, claim_key: &str) -> String {
+        self.layout.fence_key(&self.client.opts().prefix, claim_key)
+    }
+
+    /// The floor of the fence counters: the one-slot layout's counter in a
+    /// cluster, once its claims are moved (claims wait for that), else 0.
+    async fn fence_floor(&self) -> Result<u64, StoreError> {
+        match &self.upgrade {
+            Some(upgrade) => upgrade.floor().await,
+            None => Ok(0),
+        }
     }
 
     fn head_key(&self, stream: &ScopedKey) -> String {
@@ -163,6 +187,7 @@ impl Store for RedisStore {
         now: Millis,
     ) -> Result<ClaimOutcome, StoreError> {
         let token = Token::random();
+        let floor = self.fence_floor().await?;
         let args = [
             now.to_string(),
             ttl.as_ms().to_string(),
@@ -172,9 +197,11 @@ impl Store for RedisStore {
                 .to_owned(),
             token.to_hex(),
             self.slack_ms.to_string(),
+            floor.to_string(),
         ];
-        let keys = [self.claim_key(key), self.fence_key()];
-        let keys = [keys[0].as_str(), keys[1].as_str()];
+        let claim_key = self.claim_key(key);
+        let fence_key = self.fence_key(&claim_key);
+        let keys = [claim_key.as_str(), fence_key.as_str()];
         // An answer lost on the way back would leave a claim nobody holds
         // the token of: retry once with the same token (the script answers
         // its own claim as claimed again).
@@ -216,12 +243,14 @@ impl Store for RedisStore {
             ttl.as_ms().to_string(),
             token.to_hex(),
             self.slack_ms.to_string(),
+            self.fence_floor().await?.to_string(),
         ];
+        let claim_key = self.claim_key(key);
         let reply: Vec<String> = self
             .client
             .run(
                 &self.scripts.done,
-                &[&self.claim_key(key), &self.fence_key()],
+                &[&claim_key, &self.fence_key(&claim_key)],
                 &args,
             )
             .await?;
@@ -243,6 +272,7 @@ impl Store for RedisStore {
         token: Token,
         now: Millis,
     ) -> Result<ReleaseOutcome, StoreError> {
+        self.fence_floor().await?;
         let args = [now.to_string(), token.to_hex()];
         let reply: Vec<String> = self
             .client
@@ -268,6 +298,7 @@ impl Store for RedisStore {
         ttl: Ttl,
         now: Millis,
     ) -> Result<ExtendOutcome, StoreError> {
+        self.fence_floor().await?;
         let args = [
             now.to_string(),
             ttl.as_ms().to_string(),
@@ -294,6 +325,7 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, key: &ScopedKey, now: Millis) -> Result<Option<ClaimView>, StoreError> {
+        self.fence_floor().await?;
         let reply: Vec<Option<String>> = self
             .client
             .query(
@@ -381,7 +413,7 @@ impl Store for RedisStore {
             // left pending only narrows cross-stream duplicate detection.
             if let Err(e) = self
                 .client
-                .run::<i64>(&self.scripts.confirm, &[&marker], &confirm_args)
+                .run::<i64, String>(&self.scripts.confirm, &[&marker], &confirm_args)
                 .await
             {
                 tracing::warn!(error = %e.chain(), "cannot confirm an event-id marker");
@@ -403,8 +435,10 @@ impl Store for RedisStore {
         Ok(None)
     }
 
+    /// Also not ready while claims of the one-slot layout are moved.
     async fn ready(&self) -> Result<(), StoreError> {
-        self.client.ready().await
+        self.client.ready().await?;
+        self.fence_floor().await.map(drop)
     }
 
     fn write_stats(&self) -> WriteStats {
@@ -413,5 +447,8 @@ impl Store for RedisStore {
 
     async fn close(&self) {
         self.client.close();
+        if let Some(upgrade) = &self.upgrade {
+            upgrade.stop();
+        }
     }
 }

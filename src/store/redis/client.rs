@@ -99,6 +99,10 @@ pub(super) enum RedisFault {
     /// A stream head's fields do not parse.
     #[error("redis holds a malformed stream head")]
     MalformedHead,
+    /// In a cluster, claims of the one-slot layout are still being moved
+    /// to a slot each (`upgrade`), or the last attempt failed.
+    #[error("moving claims from the one-slot layout of earlier versions")]
+    MovingClaims,
     /// A script answered what it never answers.
     #[error("redis {what} script answered {reply:?}")]
     Unexpected {
@@ -130,7 +134,8 @@ impl From<RedisFault> for StoreError {
             | RedisFault::Connecting
             | RedisFault::Ping(_)
             | RedisFault::NotReplicated { .. }
-            | RedisFault::NotSyncing { .. } => true,
+            | RedisFault::NotSyncing { .. }
+            | RedisFault::MovingClaims => true,
             RedisFault::MalformedNumber
             | RedisFault::MalformedHead
             | RedisFault::Unexpected { .. } => false,
@@ -222,18 +227,18 @@ impl Client {
     }
 
     /// Runs `script` with `keys` and `args` and reads its reply.
-    pub async fn run<T: FromRedisValue>(
+    pub async fn run<T: FromRedisValue, A: redis::ToRedisArgs>(
         &self,
         script: &Script,
         keys: &[&str],
-        args: &[String],
+        args: &[A],
     ) -> Result<T, StoreError> {
         let mut inv = script.prepare_invoke();
         for k in keys {
             inv.key(*k);
         }
         for a in args {
-            inv.arg(a.as_str());
+            inv.arg(a);
         }
         if self.opts.durability == Durability::Fsync {
             self.syncing_now().await?;
@@ -413,9 +418,37 @@ impl Client {
         }
     }
 
+    /// Runs one command without a key, such as `SCAN`, on the server that
+    /// holds `key`: in a cluster, the master of its slot.
+    pub(super) async fn query_at<T: FromRedisValue>(
+        &self,
+        key: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
+        match self.conn().await? {
+            Conn::Cluster(mut c) => {
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                let reply = c
+                    .route_command(
+                        cmd.clone(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await
+                    .map_err(map_err)?;
+                T::from_redis_value(reply).map_err(|e| map_err(e.into()))
+            }
+            _ => self.query(cmd).await,
+        }
+    }
+
     /// The settings it was made with.
     pub fn opts(&self) -> &RedisOptions {
         &self.opts
+    }
+
+    /// Whether it talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        !self.opts.cluster_nodes.is_empty()
     }
 
     /// Ok when Redis answers, and (with `durability = "fsync"`) syncs

@@ -1,0 +1,739 @@
+//! The shared inbox (`gateway.inbox = "shared"`): the gateway inbox in
+//! Redis, so that any instance ingests and any instance delivers any event.
+//!
+//! A source's events are spread over `gateway.inbox_buckets` buckets by
+//! their stream (an event without a stream, by its id). Everything of one
+//! bucket carries one hash tag, `P:{i:SOURCE:BUCKET}`, so in a Redis
+//! Cluster a bucket is one slot, and the buckets of a source spread over
+//! the masters. Every step that must be atomic touches one event and its
+//! stream, both in the event's bucket, and is one Lua script there
+//! (`common.lua` lists the keys): the same steps, with the same invariants,
+//! as the data file's write transaction (`store::redb::inbox`), with one
+//! rule more, since several instances lease from one inbox: a stream's turn
+//! stays with its leased event while the lease is live, so one event per
+//! stream is in flight across the fleet.
+//!
+//! Reads that are not about one event (due events, listings, counts) ask
+//! every bucket of a source and merge the answers.
+
+mod codec;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::{join_all, try_join_all};
+use redis::Script;
+
+use self::codec::{Fields, LIST_FIELDS, created_key, decode, received_key};
+use super::client::{Client, RedisFault, ms};
+use crate::clock::Millis;
+use crate::domain::{CreatedAt, ScopedKey};
+use crate::store::StoreError;
+use crate::store::inbox::{
+    Attempt, Cursor, EventKey, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, LeasedEvent,
+    ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceDue, SourceSummary,
+    TIMELINE_ATTEMPTS,
+};
+
+/// How the shared inbox is laid out and kept.
+#[derive(Debug, Clone)]
+pub struct SharedInboxOptions {
+    /// Buckets per source (`gateway.inbox_buckets`): how far one source
+    /// spreads over a cluster's masters.
+    pub buckets: u16,
+    /// How long after its receipt an event id stays a duplicate.
+    pub dedupe_window: Duration,
+}
+
+/// The scripts, hashed once.
+struct Scripts {
+    ingest: Script,
+    lease: Script,
+    settle: Script,
+    redeliver: Script,
+    purge: Script,
+}
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{}\n{}", include_str!("common.lua"), body))
+}
+
+/// The gateway inbox in Redis, shared by every instance.
+pub struct RedisInbox {
+    client: Arc<Client>,
+    opts: SharedInboxOptions,
+    scripts: Scripts,
+    slack_ms: u64,
+    /// Sources this process has added to the set of sources.
+    noted: Mutex<HashSet<String>>,
+}
+
+impl std::fmt::Debug for RedisInbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisInbox")
+            .field("client", &self.client)
+            .field("buckets", &self.opts.buckets)
+            .finish_non_exhaustive()
+    }
+}
+
+/// FNV-1a: a bucket must not depend on the build or the process.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn unexpected(what: &'static str, reply: impl std::fmt::Debug) -> StoreError {
+    RedisFault::Unexpected {
+        what,
+        reply: vec![format!("{reply:?}")],
+    }
+    .into()
+}
+
+/// One argument of a script, as bytes.
+fn arg(v: impl ToString) -> Vec<u8> {
+    v.to_string().into_bytes()
+}
+
+impl RedisInbox {
+    /// The shared inbox over `client`'s connection.
+    pub fn new(client: Arc<Client>, opts: SharedInboxOptions) -> Self {
+        Self {
+            slack_ms: ms(client.opts().expiry_slack),
+            client,
+            opts: SharedInboxOptions {
+                buckets: opts.buckets.max(1),
+                ..opts
+            },
+            scripts: Scripts {
+                ingest: script(include_str!("ingest.lua")),
+                lease: script(include_str!("lease.lua")),
+                settle: script(include_str!("settle.lua")),
+                redeliver: script(include_str!("redeliver.lua")),
+                purge: script(include_str!("purge.lua")),
+            },
+            noted: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The shared inbox over a connection of its own. Call inside a tokio
+    /// runtime.
+    pub fn connect(
+        opts: super::RedisOptions,
+        inbox: SharedInboxOptions,
+    ) -> Result<Self, StoreError> {
+        Ok(Self::new(Arc::new(Client::new(opts)?), inbox))
+    }
+
+    /// The bucket of an event: by its stream, or its id without one.
+    fn bucket_of(&self, key: &EventKey) -> u16 {
+        let basis = key.stream.as_deref().unwrap_or(&key.event_id);
+        u16::try_from(fnv1a(basis.as_bytes()) % u64::from(self.opts.buckets)).unwrap_or(0)
+    }
+
+    /// The prefix of every key of a bucket: one hash tag.
+    fn bucket(&self, source: &str, bucket: u16) -> String {
+        format!("{}:{{i:{source}:{bucket}}}", self.client.opts().prefix)
+    }
+
+    /// Every bucket of a source.
+    fn buckets(&self, source: &str) -> Vec<String> {
+        (0..self.opts.buckets)
+            .map(|b| self.bucket(source, b))
+            .collect()
+    }
+
+    fn sources_key(&self) -> String {
+        format!("{}:{{i}}:sources", self.client.opts().prefix)
+    }
+
+    /// Runs one of the inbox's scripts in bucket `t`.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        t: &str,
+        mut args: Vec<Vec<u8>>,
+    ) -> Result<T, StoreError> {
+        args.insert(0, t.as_bytes().to_vec());
+        let count_key = format!("{t}:n");
+        self.client.run(script, &[&count_key], &args).await
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
+        self.client.query(&cmd).await
+    }
+
+    /// Adds `source` to the set of sources once per process.
+    async fn note_source(&self, source: &str) -> Result<(), StoreError> {
+        if self
+            .noted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(source)
+        {
+            return Ok(());
+        }
+        let mut cmd = redis::cmd("SADD");
+        cmd.arg(self.sources_key()).arg(source);
+        self.query::<i64>(cmd).await?;
+        self.noted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(source.to_owned());
+        Ok(())
+    }
+
+    /// Every source ever noted, in name order.
+    async fn noted_sources(&self) -> Result<Vec<String>, StoreError> {
+        let mut cmd = redis::cmd("SMEMBERS");
+        cmd.arg(self.sources_key());
+        let mut sources: Vec<String> = self.query(cmd).await?;
+        sources.sort();
+        Ok(sources)
+    }
+
+    /// A source's counts by status, summed over its buckets.
+    async fn counts(&self, source: &str) -> Result<[u64; 4], StoreError> {
+        let replies = try_join_all(self.buckets(source).into_iter().map(|t| {
+            let mut cmd = redis::cmd("HMGET");
+            cmd.arg(format!("{t}:n")).arg(&["0", "1", "2", "3"]);
+            self.query::<Vec<Option<i64>>>(cmd)
+        }))
+        .await?;
+        let mut sum = [0u64; 4];
+        for reply in replies {
+            for (total, n) in sum.iter_mut().zip(reply) {
+                *total += u64::try_from(n.unwrap_or(0)).unwrap_or(0);
+            }
+        }
+        Ok(sum)
+    }
+
+    /// The bucket (prefix) that holds event `id` of `source`, found by
+    /// asking every bucket: for the operator's lookups, which know no
+    /// stream.
+    async fn find(&self, source: &str, id: &str) -> Result<Option<String>, StoreError> {
+        let buckets = self.buckets(source);
+        let found = try_join_all(buckets.iter().map(|t| {
+            let mut cmd = redis::cmd("EXISTS");
+            cmd.arg(format!("{t}:e:{id}"));
+            self.query::<i64>(cmd)
+        }))
+        .await?;
+        Ok(buckets
+            .into_iter()
+            .zip(found)
+            .find(|(_, n)| *n > 0)
+            .map(|(t, _)| t))
+    }
+
+    /// Event `id` in bucket `t`: every field but its body (with `body`,
+    /// that too).
+    async fn load(
+        &self,
+        source: &str,
+        t: &str,
+        id: &str,
+        body: bool,
+    ) -> Result<Option<InboxEvent>, StoreError> {
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(format!("{t}:e:{id}")).arg(LIST_FIELDS);
+        if body {
+            cmd.arg("bd");
+        }
+        let values: Vec<Option<Vec<u8>>> = self.query(cmd).await?;
+        let mut fields = Fields::from_hmget(LIST_FIELDS, &values);
+        if body {
+            fields.body = values.last().cloned().flatten();
+        }
+        decode(source, id, &fields)
+    }
+
+    /// One settle script: the shared part of the three settles.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_with(
+        &self,
+        event: &EventKey,
+        lease: u64,
+        settle: &Settle,
+        attempt: Option<&Attempt>,
+        apply: Option<(CreatedAt, u64)>,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let t = self.bucket(&event.source, self.bucket_of(event));
+        let (kind, attempted, error, retry_at, keep) = match settle {
+            Settle::Delivered { attempted } => ("delivered", *attempted, "", 0, retention.delivered_ms),
+            Settle::Stale => ("stale", false, "", 0, retention.delivered_ms),
+            Settle::Retry {
+                retry_at,
+                error,
+                attempted,
+            } => ("retry", *attempted, error.as_str(), *retry_at, 0),
+            Settle::Dead { error } => ("dead", true, error.as_str(), 0, retention.dead_ms),
+        };
+        let attempt = match attempt {
+            Some(a) => serde_json::to_vec(a).map_err(|e| StoreError::failed(e.to_string()))?,
+            None => Vec::new(),
+        };
+        let (hs, ca, head_until) = match (apply, &event.stream) {
+            (Some((created_at, retention_ms)), Some(stream)) => (
+                arg(hex::encode(stream)),
+                arg(created_key(created_at)),
+                arg(now.saturating_add(retention_ms)),
+            ),
+            _ => (Vec::new(), Vec::new(), Vec::new()),
+        };
+        let args = vec![
+            arg(now),
+            arg(&event.event_id),
+            arg(lease),
+            arg(kind),
+            arg(u8::from(attempted)),
+            arg(error),
+            arg(retry_at),
+            arg(now.saturating_add(keep)),
+            attempt,
+            arg(TIMELINE_ATTEMPTS),
+            hs,
+            ca,
+            head_until,
+            arg(self.slack_ms),
+        ];
+        let reply: String = self.run(&self.scripts.settle, &t, args).await?;
+        match reply.as_str() {
+            "done" | "ignored" | "gone" => Ok(()),
+            _ => Err(unexpected("settle", reply)),
+        }
+    }
+}
+
+#[async_trait]
+impl Inbox for RedisInbox {
+    async fn ingest(&self, event: NewEvent, now: Millis) -> Result<IngestOutcome, StoreError> {
+        let t = self.bucket(&event.source, self.bucket_of(&event.key()));
+        self.note_source(&event.source).await?;
+        let headers =
+            serde_json::to_vec(&event.headers).map_err(|e| StoreError::failed(e.to_string()))?;
+        let window = ms(self.opts.dedupe_window);
+        let args = vec![
+            arg(now),
+            arg(&event.event_id),
+            arg(event.stream.as_deref().unwrap_or("")),
+            arg(event.stream.as_deref().map(hex::encode).unwrap_or_default()),
+            arg(event.created_at.unix_nanos()),
+            arg(created_key(event.created_at)),
+            arg(event.received_at_ms),
+            arg(received_key(event.received_at_ms)),
+            headers,
+            arg(event.body.len()),
+            // The body as it came, byte for byte.
+            event.body,
+            arg(event.received_at_ms.saturating_add(window)),
+            arg(self.slack_ms),
+        ];
+        let reply: String = self.run(&self.scripts.ingest, &t, args).await?;
+        match reply.as_str() {
+            "accepted" => Ok(IngestOutcome::Accepted),
+            "duplicate" => Ok(IngestOutcome::Duplicate),
+            _ => Err(unexpected("ingest", reply)),
+        }
+    }
+
+    async fn knows_event(&self, event: &EventKey, now: Millis) -> Result<bool, StoreError> {
+        let t = self.bucket(&event.source, self.bucket_of(event));
+        let id = &event.event_id;
+        let mut exists = redis::cmd("EXISTS");
+        exists.arg(format!("{t}:e:{id}"));
+        let mut seen = redis::cmd("GET");
+        seen.arg(format!("{t}:d:{id}"));
+        let (row, record) = tokio::try_join!(
+            self.query::<i64>(exists),
+            self.query::<Option<u64>>(seen)
+        )?;
+        Ok(row > 0 || record.is_some_and(|until| until > now))
+    }
+
+    fn dedupe_window(&self) -> Duration {
+        self.opts.dedupe_window
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.client.ready().await
+    }
+
+    async fn lease(
+        &self,
+        events: Vec<(EventKey, Millis)>,
+        stale_check: Option<Retention>,
+        now: Millis,
+    ) -> Result<Leased, StoreError> {
+        let stale_until = stale_check.map_or(0, |r| now.saturating_add(r.delivered_ms));
+        let replies = join_all(events.iter().map(|(key, until)| {
+            let t = self.bucket(&key.source, self.bucket_of(key));
+            let args = vec![
+                arg(now),
+                arg(&key.event_id),
+                arg(until),
+                arg(u8::from(stale_check.is_some())),
+                arg(stale_until),
+            ];
+            async move { self.run::<Vec<String>>(&self.scripts.lease, &t, args).await }
+        }))
+        .await;
+        let mut out = Leased::default();
+        for ((key, _), reply) in events.into_iter().zip(replies) {
+            let reply = reply?;
+            match reply.first().map(String::as_str) {
+                None => {}
+                Some("stale") => out.stale.push((key.source, key.event_id)),
+                Some("leased") => {
+                    let num = |i: usize| reply.get(i).and_then(|v| v.parse::<u64>().ok());
+                    let (Some(lease), Some(attempts)) = (num(1), num(2)) else {
+                        return Err(unexpected("lease", reply));
+                    };
+                    out.leased.push(LeasedEvent {
+                        source: key.source,
+                        event_id: key.event_id,
+                        lease,
+                        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                        force: reply.get(3).map(String::as_str) == Some("1"),
+                    });
+                }
+                Some(_) => return Err(unexpected("lease", reply)),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn settle(
+        &self,
+        event: &EventKey,
+        lease: u64,
+        settle: Settle,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.settle_with(event, lease, &settle, None, None, retention, now)
+            .await
+    }
+
+    async fn settle_attempt(
+        &self,
+        event: &EventKey,
+        lease: u64,
+        settle: Settle,
+        attempt: Attempt,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.settle_with(event, lease, &settle, Some(&attempt), None, retention, now)
+            .await
+    }
+
+    async fn settle_delivered(
+        &self,
+        event: &EventKey,
+        lease: u64,
+        apply: Option<(ScopedKey, ScopedKey, CreatedAt, u64)>,
+        attempt: Option<Attempt>,
+        retention: Retention,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let settle = Settle::Delivered { attempted: true };
+        let apply = apply.map(|(_, _, created_at, retention_ms)| (created_at, retention_ms));
+        self.settle_with(
+            event,
+            lease,
+            &settle,
+            attempt.as_ref(),
+            apply,
+            retention,
+            now,
+        )
+        .await
+    }
+
+    async fn redeliver(
+        &self,
+        source: &str,
+        event_id: &str,
+        now: Millis,
+    ) -> Result<RedeliverOutcome, StoreError> {
+        let Some(t) = self.find(source, event_id).await? else {
+            return Ok(RedeliverOutcome::NotFound);
+        };
+        let args = vec![arg(now), arg(event_id)];
+        let reply: String = self.run(&self.scripts.redeliver, &t, args).await?;
+        match reply.as_str() {
+            "requeued" => Ok(RedeliverOutcome::Requeued),
+            "not_found" => Ok(RedeliverOutcome::NotFound),
+            other => match other.parse::<u8>() {
+                Ok(b) => Ok(RedeliverOutcome::NotRedeliverable(EventStatus::from_byte(b))),
+                Err(_) => Err(unexpected("redeliver", reply)),
+            },
+        }
+    }
+
+    async fn purge_pending(
+        &self,
+        sources: Vec<String>,
+        before: Millis,
+        limit: u64,
+        now: Millis,
+    ) -> Result<u64, StoreError> {
+        let mut left = limit;
+        for source in sources {
+            if left == 0 {
+                break;
+            }
+            let take = usize::try_from(left).unwrap_or(usize::MAX);
+            let buckets = self.buckets(&source);
+            let firsts = try_join_all(buckets.iter().map(|t| {
+                let mut cmd = redis::cmd("ZRANGE");
+                cmd.arg(format!("{t}:s:0"))
+                    .arg("-")
+                    .arg(format!("({}", received_key(before)))
+                    .arg("BYLEX")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(take);
+                self.query::<Vec<String>>(cmd)
+            }))
+            .await?;
+            // The oldest received first, over every bucket.
+            let mut gone: Vec<(String, usize)> = firsts
+                .into_iter()
+                .enumerate()
+                .flat_map(|(b, members)| members.into_iter().map(move |m| (m, b)))
+                .collect();
+            gone.sort();
+            gone.truncate(take);
+            let mut by_bucket: BTreeMap<usize, Vec<Vec<u8>>> = BTreeMap::new();
+            for (member, b) in gone {
+                let id = member.get(21..).unwrap_or_default();
+                by_bucket.entry(b).or_default().push(arg(id));
+            }
+            for (b, ids) in by_bucket {
+                let mut args = vec![arg(now), arg("pending")];
+                args.extend(ids);
+                let reply: Vec<u64> = self.run(&self.scripts.purge, &buckets[b], args).await?;
+                left = left.saturating_sub(reply.first().copied().unwrap_or(0));
+            }
+        }
+        Ok(limit - left)
+    }
+
+    async fn purge_settled(&self, now: Millis, limit: u64) -> Result<(u64, bool), StoreError> {
+        let mut left = limit;
+        let mut more = false;
+        for source in self.noted_sources().await? {
+            for t in self.buckets(&source) {
+                if left == 0 {
+                    return Ok((limit, true));
+                }
+                let args = vec![arg(now), arg("settled"), arg(left)];
+                let reply: Vec<u64> = self.run(&self.scripts.purge, &t, args).await?;
+                left = left.saturating_sub(reply.first().copied().unwrap_or(0));
+                more |= reply.get(1).copied().unwrap_or(0) == 1;
+            }
+        }
+        Ok((limit - left, more))
+    }
+
+    async fn due_events(
+        &self,
+        now: Millis,
+        wants: Vec<(String, usize)>,
+        max_bytes: u64,
+    ) -> Result<Vec<SourceDue>, StoreError> {
+        let mut out = Vec::with_capacity(wants.len());
+        for (source, limit) in wants {
+            let buckets = self.buckets(&source);
+            // The first `limit` + 1 runnable events of each bucket, due or
+            // not: merged, they hold the first `limit` of the source and
+            // the next due time after them.
+            let stop = isize::try_from(limit).unwrap_or(isize::MAX);
+            let firsts = try_join_all(buckets.iter().map(|t| {
+                let mut cmd = redis::cmd("ZRANGE");
+                cmd.arg(format!("{t}:run"))
+                    .arg(0)
+                    .arg(stop)
+                    .arg("WITHSCORES");
+                self.query::<Vec<(String, f64)>>(cmd)
+            }))
+            .await?;
+            let mut runnable: Vec<(u64, String, usize)> = firsts
+                .into_iter()
+                .enumerate()
+                .flat_map(|(b, entries)| {
+                    entries
+                        .into_iter()
+                        .map(move |(id, due)| (due as u64, id, b))
+                })
+                .collect();
+            runnable.sort();
+            let mut found = SourceDue::default();
+            let mut bytes = 0u64;
+            for (at, id, b) in runnable {
+                if at > now || found.events.len() >= limit {
+                    found.next = Some(at);
+                    break;
+                }
+                let Some(e) = self.load(&source, &buckets[b], &id, false).await? else {
+                    continue;
+                };
+                let size = u64::try_from(e.body_bytes).unwrap_or(u64::MAX);
+                if !found.events.is_empty() && bytes.saturating_add(size) > max_bytes {
+                    found.next = Some(at);
+                    break;
+                }
+                bytes = bytes.saturating_add(size);
+                let mut cmd = redis::cmd("HGET");
+                cmd.arg(format!("{}:e:{id}", buckets[b])).arg("bd");
+                let Some(body) = self.query::<Option<Vec<u8>>>(cmd).await? else {
+                    continue;
+                };
+                found.events.push(InboxEvent { body, ..e });
+            }
+            out.push(found);
+        }
+        Ok(out)
+    }
+
+    async fn inbox_sources(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut out = Vec::new();
+        for source in self.noted_sources().await? {
+            let counts = self.counts(&source).await?;
+            if counts.iter().sum::<u64>() > 0 {
+                out.push((source, counts[0]));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn inbox_summary(&self) -> Result<Vec<SourceSummary>, StoreError> {
+        let mut out = Vec::new();
+        for source in self.noted_sources().await? {
+            let c = self.counts(&source).await?;
+            if c.iter().sum::<u64>() == 0 {
+                continue;
+            }
+            let oldest_pending_ms = if c[0] > 0 {
+                let firsts = try_join_all(self.buckets(&source).into_iter().map(|t| {
+                    let mut cmd = redis::cmd("ZRANGE");
+                    cmd.arg(format!("{t}:s:0")).arg(0).arg(0);
+                    self.query::<Vec<String>>(cmd)
+                }))
+                .await?;
+                firsts
+                    .iter()
+                    .flatten()
+                    .filter_map(|m| m.get(..20)?.parse::<u64>().ok())
+                    .min()
+            } else {
+                None
+            };
+            out.push(SourceSummary {
+                source,
+                pending: c[0],
+                delivered: c[1],
+                stale: c[2],
+                dead: c[3],
+                oldest_pending_ms,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn has_source(&self, source: &str) -> Result<bool, StoreError> {
+        Ok(self.counts(source).await?.iter().sum::<u64>() > 0)
+    }
+
+    async fn inbox_event(
+        &self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<Option<InboxEvent>, StoreError> {
+        let Some(t) = self.find(source, event_id).await? else {
+            return Ok(None);
+        };
+        let Some(mut e) = self.load(source, &t, event_id, true).await? else {
+            return Ok(None);
+        };
+        let mut cmd = redis::cmd("LRANGE");
+        cmd.arg(format!("{t}:t:{event_id}")).arg(0).arg(-1);
+        let timeline: Vec<Vec<u8>> = self.query(cmd).await?;
+        e.timeline = timeline
+            .iter()
+            .filter_map(|a| serde_json::from_slice(a).ok())
+            .collect();
+        Ok(Some(e))
+    }
+
+    async fn list_events(
+        &self,
+        source: &str,
+        status: EventStatus,
+        order: ListOrder,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<(Vec<InboxEvent>, Option<Cursor>), StoreError> {
+        let buckets = self.buckets(source);
+        let cursor = after.map(|(at, id)| format!("({}:{id}", received_key(at)));
+        let s = status.to_byte();
+        let pages = try_join_all(buckets.iter().map(|t| {
+            let mut cmd = redis::cmd("ZRANGE");
+            cmd.arg(format!("{t}:s:{s}"));
+            match order {
+                ListOrder::OldestFirst => {
+                    cmd.arg(cursor.as_deref().unwrap_or("-")).arg("+").arg("BYLEX");
+                }
+                ListOrder::NewestFirst => {
+                    cmd.arg(cursor.as_deref().unwrap_or("+"))
+                        .arg("-")
+                        .arg("BYLEX")
+                        .arg("REV");
+                }
+            }
+            cmd.arg("LIMIT").arg(0).arg(limit.saturating_add(1));
+            self.query::<Vec<String>>(cmd)
+        }))
+        .await?;
+        let mut members: Vec<(String, usize)> = pages
+            .into_iter()
+            .enumerate()
+            .flat_map(|(b, page)| page.into_iter().map(move |m| (m, b)))
+            .collect();
+        members.sort();
+        if order == ListOrder::NewestFirst {
+            members.reverse();
+        }
+        let more = members.len() > limit;
+        members.truncate(limit);
+        let loaded = try_join_all(members.iter().map(|(m, b)| {
+            let id = m.get(21..).unwrap_or_default();
+            self.load(source, &buckets[*b], id, false)
+        }))
+        .await?;
+        let events: Vec<InboxEvent> = loaded.into_iter().flatten().collect();
+        let next = if more {
+            events
+                .last()
+                .map(|e| (e.received_at_ms, e.event_id.clone()))
+        } else {
+            None
+        };
+        Ok((events, next))
+    }
+
+    /// Redis has no writer of dedupd's to get stuck: its outages show in
+    /// readiness, and the watchdog must not restart dedupd for them.
+    async fn writer_responds(&self, _within: Duration) -> bool {
+        true
+    }
+}
