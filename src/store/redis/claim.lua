@@ -1,5 +1,5 @@
--- KEYS[1] claim, KEYS[2] fence counter (same slot).
--- ARGV: now, ttl_ms, fingerprint ('' none), new token, slack_ms.
+-- KEYS[1] claim, KEYS[2] its slot's fence counter.
+-- ARGV: now, ttl_ms, fingerprint ('' none), new token, slack_ms, fence floor.
 local now = tonumber(ARGV[1])
 local r = live_claim(KEYS[1], now)
 if r then
@@ -15,7 +15,7 @@ if r then
   end
   return {'done', r[1], r[4]}
 end
-local fence = redis.call('INCR', KEYS[2])
+local fence = next_fence(KEYS[2], tonumber(ARGV[6]))
 local e = now + tonumber(ARGV[2])
 put_claim(KEYS[1], 'p', ARGV[4], fence, e, ARGV[3], now, tonumber(ARGV[5]))
 return {'claimed', fmt(fence), fmt(e)}

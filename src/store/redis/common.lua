@@ -23,3 +23,13 @@ local function put_claim(key, s, t, f, e, fp, now, slack)
   redis.call('HSET', key, 's', s, 't', t, 'f', f, 'e', fmt(e), 'fp', fp)
   redis.call('PEXPIRE', key, fmt(e - now + slack))
 end
+
+-- The next fence from `counter`, never at or below `floor`: in a cluster
+-- each slot has a counter, and each starts above the one counter of the
+-- one-slot layout that earlier versions used (see upgrade.rs).
+local function next_fence(counter, floor)
+  if floor > 0 and tonumber(redis.call('GET', counter) or '0') < floor then
+    redis.call('SET', counter, fmt(floor))
+  end
+  return redis.call('INCR', counter)
+end

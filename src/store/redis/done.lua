@@ -1,11 +1,11 @@
--- KEYS[1] claim, KEYS[2] fence counter (same slot).
--- ARGV: now, ttl_ms, token, slack_ms.
+-- KEYS[1] claim, KEYS[2] its slot's fence counter.
+-- ARGV: now, ttl_ms, token, slack_ms, fence floor.
 local now = tonumber(ARGV[1])
 local e = now + tonumber(ARGV[2])
 local r = live_claim(KEYS[1], now)
 if not r then
   -- The work finished although the claim lapsed: record it, with a fence.
-  local fence = redis.call('INCR', KEYS[2])
+  local fence = next_fence(KEYS[2], tonumber(ARGV[5]))
   put_claim(KEYS[1], 'd', ARGV[3], fence, e, '', now, tonumber(ARGV[4]))
   return {'done', fmt(e)}
 end

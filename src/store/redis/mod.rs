@@ -10,9 +10,17 @@
 //!
 //! Key layout (`P` is the configured prefix; `hex(…)` keeps user text out
 //! of hash tags, so no name can end a tag early or collide with another key):
-//! - `{P}:c:{key}` claims and `{P}:fence` the fence counter: one hash tag,
-//!   so a claim and the counter are in one slot and a claim's fence is taken
-//!   atomically with it. In a Redis Cluster all claims live in that slot.
+//! - Claims, and the counters their fences come from: a claim takes its
+//!   fence in the script that writes it, so the two share a slot.
+//!   - One node or Sentinel: `{P}:c:{key}` and the one counter `{P}:fence`
+//!     (one hash tag; they have one slot anyway). Fences grow over the
+//!     whole store.
+//!   - A Redis Cluster: `P:{c:hex(key)}`, and the counter of its slot
+//!     `P:{fN}:fence` (`fN` a precomputed tag that lands in that slot), so
+//!     claims spread over every master. Fences grow per slot, so per key.
+//!     Earlier versions used the one-slot layout in a cluster too: its
+//!     records are moved once, and its counter `{P}:fence` stays as the
+//!     floor of every slot's counter (`upgrade`).
 //! - `P:{s:hex(stream)}:head` and `P:{s:hex(stream)}:e:{event}`: a stream's
 //!   head and its applied events share a hash tag, so one slot holds a stream.
 //! - `P:{e:hex(event)}:seen`: which stream an event id was first applied to,
@@ -23,11 +31,15 @@
 //! - `client`: the one connection (node, Sentinel or cluster) and the
 //!   durability every write keeps;
 //! - `claims`: the [`Store`](crate::store::Store) over it;
+//! - `layout`: claim keys and fence counters, per slot in a cluster;
+//! - `upgrade`: moving a cluster's claims from the one-slot layout;
 //! - `sentinel`: following the master Sentinel names.
 
 mod claims;
 mod client;
+mod layout;
 mod sentinel;
+mod upgrade;
 
 use std::time::Duration;
 
