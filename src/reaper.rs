@@ -134,6 +134,25 @@ impl Reaper {
         }
     }
 
+    /// Deletes the settled events of an inbox that is not in the data file
+    /// (the shared inbox; the file's own are reaped with the file) once
+    /// their retention ended, batch by batch.
+    async fn purge_settled(&self, now: Millis) -> Result<u64, StoreError> {
+        let Some(o) = &self.orphans else {
+            return Ok(0);
+        };
+        let mut total = 0;
+        loop {
+            let (n, more) = o.inbox.purge_settled(now, self.batch_size).await?;
+            total += n;
+            self.count("inbox", n);
+            if !more {
+                return Ok(total);
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// Deletes everything expired at `now`, batch by batch. Returns what was
     /// removed in all.
     ///
@@ -199,6 +218,11 @@ impl Reaper {
                     events = n,
                     "reaped pending events of removed sources past their retention"
                 ),
+                Err(e) => error = Some(e),
+            }
+            match self.purge_settled(now).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(inbox = n, "reaped settled events past their retention"),
                 Err(e) => error = Some(e),
             }
             match self.purge_once(now).await {

@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use crate::auth::browser::{local_host_only, same_origin_json};
 use crate::auth::{ApiTokens, AuthLimiter, require_bearer};
 use crate::clock::SharedClock;
+use crate::config::sources::InboxPlace;
 use crate::config::{Backend, ConfigErrors, Loaded};
 use crate::gateway::Gateway;
 use crate::gateway::Source;
@@ -108,9 +109,11 @@ impl Application {
             },
         )
         .await?;
-        let coordination = match s.storage.backend {
-            Backend::Redb => Coordination::Local,
-            Backend::Redis => Coordination::Shared(opened.claims.clone()),
+        // A shared inbox holds the heads itself, as the data file does; local
+        // inboxes of several instances meet in the shared store.
+        let coordination = match (s.storage.backend, s.gateway.inbox) {
+            (Backend::Redb, _) | (_, InboxPlace::Shared) => Coordination::Inbox,
+            (Backend::Redis, InboxPlace::Local) => Coordination::Shared(opened.claims.clone()),
         };
         Self::build_over(loaded, clock, opened, coordination, metrics)
     }

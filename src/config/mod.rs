@@ -607,6 +607,21 @@ impl Settings {
                 "must be more than 0 and less than storage.redis.response_timeout".into(),
             );
         }
+        let g = &self.gateway;
+        if !(1..=sources::MAX_INBOX_BUCKETS).contains(&g.inbox_buckets) {
+            bad(
+                "gateway.inbox_buckets",
+                format!("must be 1 to {}", sources::MAX_INBOX_BUCKETS),
+            );
+        }
+        if g.inbox == sources::InboxPlace::Shared && self.storage.backend != Backend::Redis {
+            bad(
+                "gateway.inbox",
+                "\"shared\" keeps the inbox in Redis: it needs storage.backend = \"redis\" \
+                 (the local inbox, the default, lives in this instance's data file)"
+                    .into(),
+            );
+        }
         if self.storage.backend != Backend::Redis {
             return;
         }

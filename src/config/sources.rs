@@ -36,7 +36,27 @@ pub struct GatewaySettings {
     /// plus a minute (see `Settings::validate`).
     #[serde(with = "humantime_serde")]
     pub dedupe_window: Duration,
+    /// Where the inbox lives: this instance's data file, or Redis, shared
+    /// by every instance (`storage.backend = "redis"`).
+    pub inbox: InboxPlace,
+    /// Buckets per source of the shared inbox: how far one source spreads
+    /// over a Redis Cluster's masters. Fixed once events are stored.
+    pub inbox_buckets: u16,
 }
+
+/// Where the gateway inbox lives (`gateway.inbox`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InboxPlace {
+    /// In this instance's data file: it delivers what it received.
+    #[default]
+    Local,
+    /// In Redis: any instance ingests, any instance delivers.
+    Shared,
+}
+
+/// Most buckets per source of the shared inbox.
+pub const MAX_INBOX_BUCKETS: u16 = 1024;
 
 impl Default for GatewaySettings {
     fn default() -> Self {
@@ -46,6 +66,8 @@ impl Default for GatewaySettings {
             delivered_retention: Duration::from_secs(7 * 86_400),
             dead_retention: Duration::from_secs(30 * 86_400),
             dedupe_window: Duration::from_secs(30 * 86_400),
+            inbox: InboxPlace::Local,
+            inbox_buckets: 16,
         }
     }
 }

@@ -25,6 +25,8 @@ pub mod ordering;
 pub mod redb;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
+mod shared;
 
 use std::sync::Arc;
 

@@ -21,7 +21,8 @@ pub struct Opened {
     /// with the embedded backend. The reaper purges it (Redis expires its
     /// own keys); closing it closes the data file under every handle.
     pub file: Arc<dyn Store>,
-    /// The gateway inbox, in the data file.
+    /// The gateway inbox: in the data file, or shared in Redis
+    /// (`gateway.inbox`).
     pub inbox: Arc<dyn Inbox>,
     /// The Redis-protocol keyspace, in the data file.
     pub keyspace: Keyspace,
@@ -56,25 +57,43 @@ pub async fn open(settings: &Settings, commit_metrics: CommitMetrics) -> anyhow:
         #[cfg(feature = "redis")]
         Backend::Redis => {
             let r = &settings.storage.redis;
-            let claims = Arc::new(super::redis::RedisStore::connect(
-                super::redis::RedisOptions {
-                    url: r.url.expose().to_owned(),
-                    cluster_nodes: r
-                        .cluster_nodes
-                        .iter()
-                        .map(|n| n.expose().to_owned())
-                        .collect(),
-                    prefix: r.prefix.clone(),
-                    expiry_slack: r.expiry_slack,
-                    connect_timeout: r.connect_timeout,
-                    response_timeout: r.response_timeout,
-                    durability: r.durability,
-                    replicas_timeout: r.replicas_timeout,
-                    sentinels: r.sentinels.iter().map(|n| n.expose().to_owned()).collect(),
-                    sentinel_master: r.sentinel_master.clone(),
-                },
-            )?);
-            Ok(Opened { claims, ..embedded })
+            let client = Arc::new(super::redis::Client::new(super::redis::RedisOptions {
+                url: r.url.expose().to_owned(),
+                cluster_nodes: r
+                    .cluster_nodes
+                    .iter()
+                    .map(|n| n.expose().to_owned())
+                    .collect(),
+                prefix: r.prefix.clone(),
+                expiry_slack: r.expiry_slack,
+                connect_timeout: r.connect_timeout,
+                response_timeout: r.response_timeout,
+                durability: r.durability,
+                replicas_timeout: r.replicas_timeout,
+                sentinels: r.sentinels.iter().map(|n| n.expose().to_owned()).collect(),
+                sentinel_master: r.sentinel_master.clone(),
+            })?);
+            let claims = Arc::new(super::redis::RedisStore::new(client.clone()));
+            let inbox = match settings.gateway.inbox {
+                crate::config::sources::InboxPlace::Local => embedded.inbox.clone(),
+                crate::config::sources::InboxPlace::Shared => {
+                    Arc::new(super::shared::SharedInbox {
+                        shared: super::redis::RedisInbox::new(
+                            client,
+                            super::redis::SharedInboxOptions {
+                                buckets: settings.gateway.inbox_buckets,
+                                dedupe_window: settings.gateway.dedupe_window,
+                            },
+                        ),
+                        file: embedded.inbox.clone(),
+                    })
+                }
+            };
+            Ok(Opened {
+                claims,
+                inbox,
+                ..embedded
+            })
         }
         #[cfg(not(feature = "redis"))]
         Backend::Redis => {

@@ -34,4 +34,6 @@ mod redis_backend;
 #[cfg(feature = "redis")]
 mod redis_gateway;
 mod resp;
+#[cfg(feature = "redis")]
+mod shared_inbox;
 mod systemd;

@@ -90,7 +90,7 @@ pub async fn spawn_faulty_app_with(
     tweak: impl FnOnce(&mut Loaded),
     plan: Arc<dedupd::store::redb::faults::FaultPlan>,
 ) -> TestApp {
-    spawn_over_file(tweak, Some(plan), |opened| (opened, Coordination::Local))
+    spawn_over_file(tweak, Some(plan), |opened| (opened, Coordination::Inbox))
 }
 
 /// Starts an app whose claims and stream heads go through `wrap(the data

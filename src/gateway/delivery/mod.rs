@@ -80,13 +80,15 @@ const GRACE_MS: u64 = 30_000;
 /// Where the ordering and dedupe state of delivery lives.
 #[derive(Debug, Clone)]
 pub enum Coordination {
-    /// In the inbox's own redb file, which only this process opens: an
-    /// event older than its stream's head is found stale when it is leased,
-    /// and a delivered event moves its head and settles in one transaction.
-    Local,
-    /// In a store several instances share (Redis): a turn holds a lease on
-    /// its stream and a claim on its event id in that store, checks the
-    /// head under the lease, and moves the head before it settles.
+    /// In the inbox's own store (this process's data file, or the shared
+    /// inbox in Redis): an event older than its stream's head is found
+    /// stale when it is leased, and a delivered event moves its head and
+    /// settles in one write.
+    Inbox,
+    /// In a store several instances share (Redis) while each keeps its own
+    /// inbox: a turn holds a lease on its stream and a claim on its event
+    /// id in that store, checks the head under the lease, and moves the
+    /// head before it settles.
     Shared(Arc<dyn Store>),
 }
 
@@ -596,7 +598,7 @@ impl Dispatcher {
             .map(|ev| (ev.key(), lease_until(ev)))
             .collect();
         let stale_check = match self.coordination {
-            Coordination::Local => Some(self.gateway.retention),
+            Coordination::Inbox => Some(self.gateway.retention),
             Coordination::Shared(_) => None,
         };
         // On an error, dropping the slots frees them; the events stay

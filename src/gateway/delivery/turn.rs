@@ -1,7 +1,7 @@
 //! One delivery turn of one leased event, and how it settles.
 //!
 //! Invariant: an event is settled as delivered only once its stream head
-//! has moved to it (or past it). With [`Coordination::Local`] both happen in
+//! has moved to it (or past it). With [`Coordination::Inbox`] both happen in
 //! one transaction; with [`Coordination::Shared`] the head moves first, then
 //! the event's claim is marked done, then the inbox settles. If recording
 //! an acknowledged delivery fails, the turn keeps the event — and so its
@@ -43,7 +43,7 @@ impl Dispatcher {
         slot: &Slot,
     ) -> Reached {
         match &self.coordination {
-            Coordination::Local => self.turn_local(source, ev, lease, slot).await,
+            Coordination::Inbox => self.turn_local(source, ev, lease, slot).await,
             Coordination::Shared(store) => self.turn_shared(store, source, ev, lease, slot).await,
         }
     }

@@ -31,12 +31,14 @@
 //! - `client`: the one connection (node, Sentinel or cluster) and the
 //!   durability every write keeps;
 //! - `claims`: the [`Store`](crate::store::Store) over it;
+//! - `inbox`: the shared gateway inbox (`gateway.inbox = "shared"`);
 //! - `layout`: claim keys and fence counters, per slot in a cluster;
 //! - `upgrade`: moving a cluster's claims from the one-slot layout;
 //! - `sentinel`: following the master Sentinel names.
 
 mod claims;
 mod client;
+mod inbox;
 mod layout;
 mod sentinel;
 mod upgrade;
@@ -45,6 +47,7 @@ use std::time::Duration;
 
 pub use self::claims::RedisStore;
 pub use self::client::Client;
+pub use self::inbox::{RedisInbox, SharedInboxOptions};
 use crate::domain::Durability;
 
 /// How to reach Redis.

@@ -54,9 +54,9 @@ impl Fields {
     }
 
     fn num<T: std::str::FromStr>(&self, name: &str) -> Result<T, StoreError> {
-        self.text(name)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| StoreError::failed(format!("a shared inbox event's field {name} is malformed")))
+        self.text(name).and_then(|v| v.parse().ok()).ok_or_else(|| {
+            StoreError::failed(format!("a shared inbox event's field {name} is malformed"))
+        })
     }
 }
 
@@ -98,7 +98,13 @@ mod tests {
 
     #[test]
     fn sortable_keys_sort_as_their_numbers() {
-        let times = [-62_135_596_800_000_000_000i128, -1, 0, 1, 1_800_000_000_000_000_000];
+        let times = [
+            -62_135_596_800_000_000_000i128,
+            -1,
+            0,
+            1,
+            1_800_000_000_000_000_000,
+        ];
         let keys: Vec<String> = times
             .iter()
             .map(|n| created_key(CreatedAt::from_unix_nanos(*n)))

@@ -19,6 +19,7 @@
 mod codec;
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -68,7 +69,13 @@ pub struct RedisInbox {
     slack_ms: u64,
     /// Sources this process has added to the set of sources.
     noted: Mutex<HashSet<String>>,
+    /// Whether the layout in Redis was found to be this one.
+    laid_out: AtomicBool,
 }
+
+/// The layout's version: a change to how events are placed or stored
+/// changes it, so an instance never reads a layout it does not know.
+const LAYOUT_VERSION: u32 = 1;
 
 impl std::fmt::Debug for RedisInbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -117,6 +124,7 @@ impl RedisInbox {
                 purge: script(include_str!("purge.lua")),
             },
             noted: Mutex::new(HashSet::new()),
+            laid_out: AtomicBool::new(false),
         }
     }
 
@@ -145,6 +153,32 @@ impl RedisInbox {
         (0..self.opts.buckets)
             .map(|b| self.bucket(source, b))
             .collect()
+    }
+
+    /// Checks, once per process, that the inbox in Redis is laid out as
+    /// this instance places events (the first instance records its
+    /// layout): an instance with another bucket count would look for
+    /// events where they are not.
+    async fn check_layout(&self) -> Result<(), StoreError> {
+        if self.laid_out.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let ours = format!("v{LAYOUT_VERSION} buckets={}", self.opts.buckets);
+        let key = format!("{}:{{i}}:layout", self.client.opts().prefix);
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(&ours).arg("NX").arg("GET");
+        let found: Option<String> = self.query(set).await?;
+        match found {
+            Some(theirs) if theirs != ours => Err(StoreError::failed(format!(
+                "the shared inbox in Redis is laid out as {theirs:?}, this instance as {ours:?}: \
+                 every instance must run with the same gateway.inbox_buckets (and a dedupd \
+                 that knows the layout)"
+            ))),
+            _ => {
+                self.laid_out.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+        }
     }
 
     fn sources_key(&self) -> String {
@@ -267,7 +301,9 @@ impl RedisInbox {
     ) -> Result<(), StoreError> {
         let t = self.bucket(&event.source, self.bucket_of(event));
         let (kind, attempted, error, retry_at, keep) = match settle {
-            Settle::Delivered { attempted } => ("delivered", *attempted, "", 0, retention.delivered_ms),
+            Settle::Delivered { attempted } => {
+                ("delivered", *attempted, "", 0, retention.delivered_ms)
+            }
             Settle::Stale => ("stale", false, "", 0, retention.delivered_ms),
             Settle::Retry {
                 retry_at,
@@ -315,6 +351,7 @@ impl RedisInbox {
 #[async_trait]
 impl Inbox for RedisInbox {
     async fn ingest(&self, event: NewEvent, now: Millis) -> Result<IngestOutcome, StoreError> {
+        self.check_layout().await?;
         let t = self.bucket(&event.source, self.bucket_of(&event.key()));
         self.note_source(&event.source).await?;
         let headers =
@@ -351,10 +388,8 @@ impl Inbox for RedisInbox {
         exists.arg(format!("{t}:e:{id}"));
         let mut seen = redis::cmd("GET");
         seen.arg(format!("{t}:d:{id}"));
-        let (row, record) = tokio::try_join!(
-            self.query::<i64>(exists),
-            self.query::<Option<u64>>(seen)
-        )?;
+        let (row, record) =
+            tokio::try_join!(self.query::<i64>(exists), self.query::<Option<u64>>(seen))?;
         Ok(row > 0 || record.is_some_and(|until| until > now))
     }
 
@@ -363,7 +398,8 @@ impl Inbox for RedisInbox {
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
-        self.client.ready().await
+        self.client.ready().await?;
+        self.check_layout().await
     }
 
     async fn lease(
@@ -372,6 +408,7 @@ impl Inbox for RedisInbox {
         stale_check: Option<Retention>,
         now: Millis,
     ) -> Result<Leased, StoreError> {
+        self.check_layout().await?;
         let stale_until = stale_check.map_or(0, |r| now.saturating_add(r.delivered_ms));
         let replies = join_all(events.iter().map(|(key, until)| {
             let t = self.bucket(&key.source, self.bucket_of(key));
@@ -473,7 +510,9 @@ impl Inbox for RedisInbox {
             "requeued" => Ok(RedeliverOutcome::Requeued),
             "not_found" => Ok(RedeliverOutcome::NotFound),
             other => match other.parse::<u8>() {
-                Ok(b) => Ok(RedeliverOutcome::NotRedeliverable(EventStatus::from_byte(b))),
+                Ok(b) => Ok(RedeliverOutcome::NotRedeliverable(EventStatus::from_byte(
+                    b,
+                ))),
                 Err(_) => Err(unexpected("redeliver", reply)),
             },
         }
@@ -551,6 +590,7 @@ impl Inbox for RedisInbox {
         wants: Vec<(String, usize)>,
         max_bytes: u64,
     ) -> Result<Vec<SourceDue>, StoreError> {
+        self.check_layout().await?;
         let mut out = Vec::with_capacity(wants.len());
         for (source, limit) in wants {
             let buckets = self.buckets(&source);
@@ -691,7 +731,9 @@ impl Inbox for RedisInbox {
             cmd.arg(format!("{t}:s:{s}"));
             match order {
                 ListOrder::OldestFirst => {
-                    cmd.arg(cursor.as_deref().unwrap_or("-")).arg("+").arg("BYLEX");
+                    cmd.arg(cursor.as_deref().unwrap_or("-"))
+                        .arg("+")
+                        .arg("BYLEX");
                 }
                 ListOrder::NewestFirst => {
                     cmd.arg(cursor.as_deref().unwrap_or("+"))

@@ -1,0 +1,106 @@
+//! The shared inbox (`gateway.inbox = "shared"`) with instances in this
+//! process, on one clock: any instance ingests, any delivers, each stream
+//! in order and one at a time, and every instance shows the whole inbox.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use dedupd::clock::ManualClock;
+use dedupd::config::sources::InboxPlace;
+use dedupd::config::{Backend, Secret};
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::support::app::{T0, TestApp, spawn_app_at};
+use crate::support::gateway::{body, ids, settings};
+use crate::support::receiver::{Behaviour, Receiver};
+use crate::support::redis::RedisServer;
+
+async fn shared_app(clock: &ManualClock, redis_url: &str, forward_to: &str) -> TestApp {
+    let s = settings(forward_to);
+    let url = redis_url.to_owned();
+    spawn_app_at(clock.clone(), move |l| {
+        l.settings.storage.backend = Backend::Redis;
+        l.settings.storage.redis.url = Secret::new(url);
+        l.settings.storage.redis.response_timeout = Duration::from_secs(5);
+        l.settings.storage.redis.connect_timeout = Duration::from_secs(5);
+        l.settings.gateway.inbox = InboxPlace::Shared;
+        l.settings.gateway.inbox_buckets = 4;
+        l.settings.sources.insert("sume".into(), s);
+    })
+    .await
+}
+
+async fn sources(app: &TestApp) -> Value {
+    let res = app
+        .request(Method::GET, "/v1/sources")
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success());
+    res.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn any_instance_delivers_what_another_received_in_stream_order_once() {
+    let receiver = Receiver::start(Behaviour::Delay(5)).await;
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let clock = ManualClock::new(T0);
+    let a = shared_app(&clock, &server.url(), &receiver.url).await;
+    let b = shared_app(&clock, &server.url(), &receiver.url).await;
+    // Three streams, five events each, posted to either instance, newest
+    // first in one stream; each one posted again to the other instance.
+    let mut posted = Vec::new();
+    for i in 0..5 {
+        for run in ["run_a", "run_b", "run_c"] {
+            let minute = if run == "run_c" { 4 - i } else { i };
+            posted.push((format!("{run}-{minute}"), run, minute));
+        }
+    }
+    for (n, (id, run, minute)) in posted.iter().enumerate() {
+        let b_ = body(id, run, &format!("2026-11-29T10:0{minute}:00Z"));
+        let (first, second) = if n % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        assert_eq!(first.ingest_ok(&b_).await["status"], "accepted", "{id}");
+        assert_eq!(second.ingest_ok(&b_).await["status"], "duplicate", "{id}");
+    }
+    a.retrying_until("every event delivered", || async {
+        b.event_ids("delivered").await.len() + b.event_ids("stale").await.len() == posted.len()
+    })
+    .await;
+    // Each event reached the application once at most; per stream, in
+    // created_at order (run_c's older events arrived after newer ones and
+    // are stale if a newer one went first).
+    let got = ids(&receiver.received());
+    let mut seen = std::collections::HashSet::new();
+    assert!(
+        got.iter().all(|id| seen.insert(id.clone())),
+        "twice: {got:?}"
+    );
+    let mut by_stream: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for id in &got {
+        let (run, minute) = id.split_once('-').unwrap();
+        by_stream
+            .entry(run)
+            .or_default()
+            .push(minute.parse().unwrap());
+    }
+    for (run, minutes) in &by_stream {
+        assert!(
+            minutes.windows(2).all(|w| w[0] < w[1]),
+            "{run}: {minutes:?}"
+        );
+    }
+    assert_eq!(by_stream["run_a"], [0, 1, 2, 3, 4]);
+    assert_eq!(by_stream["run_b"], [0, 1, 2, 3, 4]);
+    // Every instance shows the whole inbox.
+    assert_eq!(sources(&a).await, sources(&b).await);
+    assert_eq!(
+        a.event_ids("delivered").await,
+        b.event_ids("delivered").await
+    );
+    let delivered = a.event_ids("delivered").await.len();
+    assert_eq!(delivered, got.len());
+    drop(server);
+}
