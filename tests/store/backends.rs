@@ -63,6 +63,15 @@ pub mod redis {
         store: Arc<RedisStore>,
     }
 
+    /// The three-master cluster the cluster tests share (each under a key
+    /// prefix of its own), started on first use.
+    pub async fn shared_cluster() -> &'static RedisCluster {
+        static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+        tokio::task::spawn_blocking(|| CLUSTER.get_or_init(RedisCluster::start))
+            .await
+            .unwrap()
+    }
+
     /// Options with a large expiry slack: the suite moves the logical clock
     /// far ahead of real time, and Redis must not reclaim a key that is
     /// still live at the logical time. (`redis_expires_its_keys_by_itself`
@@ -98,12 +107,8 @@ pub mod redis {
     /// A fresh backend on the shared three-master cluster, under a key
     /// prefix of its own.
     pub async fn cluster() -> Redis {
-        static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let nodes =
-            tokio::task::spawn_blocking(|| CLUSTER.get_or_init(RedisCluster::start).nodes.clone())
-                .await
-                .unwrap();
+        let nodes = shared_cluster().await.nodes.clone();
         let prefix = format!("t{}", NEXT.fetch_add(1, Ordering::SeqCst));
         let opts = options(String::new(), nodes, prefix);
         Redis {
@@ -126,6 +131,10 @@ pub mod redis {
 
         fn expires_by_itself(&self) -> bool {
             true
+        }
+
+        fn fences_per_key(&self) -> bool {
+            !self.opts.cluster_nodes.is_empty()
         }
     }
 
@@ -166,7 +175,7 @@ pub mod redis {
                 &server,
                 "claim.lua",
                 &keys,
-                &["1000", "500", "", token, "0"],
+                &["1000", "500", "", token, "0", "0"],
             )
         };
         let first = claim("aaaa");

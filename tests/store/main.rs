@@ -14,6 +14,8 @@ mod low_space;
 mod model;
 mod redb_file;
 #[cfg(feature = "redis")]
+mod redis_cluster;
+#[cfg(feature = "redis")]
 mod redis_durability;
 #[path = "../support/mod.rs"]
 mod support;
@@ -34,6 +36,11 @@ pub trait Backend: Send + Sync {
     /// True when the backend deletes expired records itself (Redis), so
     /// the reaper has nothing to count there.
     fn expires_by_itself(&self) -> bool {
+        false
+    }
+    /// True when fences grow per key only (a Redis Cluster, where each slot
+    /// has its own counter), not over the whole store.
+    fn fences_per_key(&self) -> bool {
         false
     }
 }

@@ -65,7 +65,9 @@ fn op() -> impl Strategy<Value = Op> {
 struct MClaim {
     done: bool,
     token: Token,
-    fence: u64,
+    /// `None` for a done from absent while fences grow per key: the store
+    /// does not say which it took (learned from the next get).
+    fence: Option<u64>,
     expires: u64,
     fp: Option<u8>,
 }
@@ -73,7 +75,13 @@ struct MClaim {
 #[derive(Debug, Default)]
 struct Model {
     now: u64,
+    /// The store's one counter (when it has one).
     fence: u64,
+    /// Fences grow per key only (a Redis Cluster): a key's new fence is
+    /// above its last, but not predicted.
+    per_key: bool,
+    /// Each key's last fence known.
+    last: HashMap<u8, u64>,
     claims: HashMap<u8, MClaim>,
     /// event → expiry
     events: HashMap<u8, u64>,
@@ -121,6 +129,7 @@ async fn run(open: &Open, ops: Vec<Op>) {
     let mut backend = open().await;
     let mut m = Model {
         now: 1_800_000_000_000,
+        per_key: backend.fences_per_key(),
         ..Model::default()
     };
     for (step, op) in ops.into_iter().enumerate() {
@@ -148,15 +157,22 @@ async fn run(open: &Open, ops: Vec<Op>) {
                         else {
                             panic!("{ctx}: expected Claimed, got {got:?}")
                         };
-                        m.fence += 1;
-                        assert_eq!((fence, expires_at_ms), (m.fence, now + ttl), "{ctx}");
+                        if m.per_key {
+                            let last = m.last.get(&key).copied().unwrap_or(0);
+                            assert!(fence > last, "{ctx}: fence {fence} after {last}");
+                            assert_eq!(expires_at_ms, now + ttl, "{ctx}");
+                        } else {
+                            m.fence += 1;
+                            assert_eq!((fence, expires_at_ms), (m.fence, now + ttl), "{ctx}");
+                        }
+                        m.last.insert(key, fence);
                         m.tokens.push(token);
                         m.claims.insert(
                             key,
                             MClaim {
                                 done: false,
                                 token,
-                                fence,
+                                fence: Some(fence),
                                 expires: now + ttl,
                                 fp,
                             },
@@ -187,13 +203,16 @@ async fn run(open: &Open, ops: Vec<Op>) {
                     .unwrap();
                 let want = match m.live(key).cloned() {
                     None => {
-                        m.fence += 1;
+                        let fence = (!m.per_key).then(|| {
+                            m.fence += 1;
+                            m.fence
+                        });
                         m.claims.insert(
                             key,
                             MClaim {
                                 done: true,
                                 token,
-                                fence: m.fence,
+                                fence,
                                 expires: now + ttl,
                                 fp: None,
                             },
@@ -264,9 +283,19 @@ async fn run(open: &Open, ops: Vec<Op>) {
             }
             Op::Get { key } => {
                 let got = s.get(&k(key), now).await.unwrap();
+                // A fence taken by a done from absent, learned.
+                if let (Some(v), Some(c)) = (&got, m.claims.get_mut(&key))
+                    && c.expires > now
+                    && c.fence.is_none()
+                {
+                    let last = m.last.get(&key).copied().unwrap_or(0);
+                    assert!(v.fence > last, "{ctx}: fence {} after {last}", v.fence);
+                    c.fence = Some(v.fence);
+                    m.last.insert(key, v.fence);
+                }
                 let want = m.live(key).map(|c| (Model::state(c), c.fence, c.expires));
                 assert_eq!(
-                    got.map(|v| (v.state, v.fence, v.expires_at_ms)),
+                    got.map(|v| (v.state, Some(v.fence), v.expires_at_ms)),
                     want,
                     "{ctx}"
                 );

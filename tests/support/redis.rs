@@ -227,6 +227,11 @@ impl RedisCluster {
         cli(&all)
     }
 
+    /// Stops node `i` at once (SIGKILL, as a crash would).
+    pub fn stop(&mut self, i: usize) {
+        terminate(&mut self.children[i]);
+    }
+
     /// Stops every replica at once (SIGKILL); the masters go on.
     pub fn stop_replicas(&mut self) {
         for i in 0..self.nodes.len() {
