@@ -66,7 +66,8 @@ pub enum ClaimOutcome {
     Claimed {
         /// Owner token, for done / release / extend.
         token: Token,
-        /// Fence, larger than every fence handed out before.
+        /// Fence, larger than every fence handed out before: for this key
+        /// in a Redis Cluster (a counter per slot), for any key elsewhere.
         fence: u64,
         /// Expiry of the claim.
         expires_at_ms: Millis,
@@ -207,7 +208,7 @@ pub fn claim(
 /// done(token, ttl): absent → done (record the finished work); processing
 /// with the token → done; done with the same token → ok, unchanged.
 /// A done record written from absent takes a fresh fence, so every record's
-/// fence is unique.
+/// fence is unique (per slot in a Redis Cluster, so per key).
 pub fn done(
     current: Option<&ClaimRecord>,
     token: Token,

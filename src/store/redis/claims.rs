@@ -108,7 +108,8 @@ impl RedisStore {
     }
 
     fn claim_key(&self, k: &ScopedKey) -> String {
-        self.layout.claim_key(&self.client.opts().prefix, k.as_str())
+        self.layout
+            .claim_key(&self.client.opts().prefix, k.as_str())
     }
 
     fn fence_key(&self, claim_key: &str) -> String {
