@@ -19,6 +19,8 @@ mod cross_site;
 mod delivery;
 mod destinations;
 mod disk_full;
+#[cfg(feature = "redis")]
+mod fleet;
 mod gateway_ingest;
 mod http_limits;
 mod leaks;

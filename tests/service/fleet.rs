@@ -1,0 +1,405 @@
+//! Drills of a fleet on the shared inbox, with real processes: `dedupd
+//! serve` instances on one real `redis-server` (AOF, `appendfsync always`,
+//! `durability = "fsync"`), a real receiver, and a provider that posts
+//! signed events to any instance and retries whatever is not answered 2xx,
+//! as providers do. In every drill, every event answered 2xx is delivered,
+//! and each stream reaches the application in `created_at` order.
+//!
+//! These run on the real clock (separate processes cannot share a moved
+//! one): they wait for what they check, with deadlines, and never assert
+//! on how fast it came.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dedupd::gateway::signature::{Scheme, sign};
+use tempfile::TempDir;
+
+use crate::support::process::{Drain, Running, serve_config, sigterm};
+use crate::support::receiver::{Behaviour, Receiver, eventually};
+use crate::support::redis::RedisServer;
+
+const SECRET: &str = "fleet-secret";
+/// Streams per posting worker: each worker posts its streams' events in
+/// order, as a provider sends one object's changes.
+const STREAMS_PER_WORKER: usize = 3;
+const WORKERS: usize = 4;
+
+/// One instance's settings file.
+fn config(dir: &TempDir, i: usize, redis_url: &str, forward_to: &str) -> PathBuf {
+    let file = dir.path().join(format!("n{i}.toml"));
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+listen = "127.0.0.1:0"
+data_path = "{data}"
+[storage]
+backend = "redis"
+[storage.redis]
+url = "{redis_url}"
+durability = "fsync"
+connect_timeout = "1s"
+response_timeout = "2s"
+[gateway]
+inbox = "shared"
+[sources.sume]
+scheme = "sume"
+secrets = ["{SECRET}"]
+event_id = "body:/request_id"
+created_at = "body:/created_at"
+stream = "body:/run_id"
+forward_to = "{forward_to}"
+forward_timeout = "2s"
+backoff_min = "100ms"
+backoff_max = "1s"
+max_attempts = 1000
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"#,
+            data = dir.path().join(format!("n{i}.redb")).display(),
+        ),
+    )
+    .unwrap();
+    file
+}
+
+/// A running instance.
+struct Node {
+    child: Running,
+    port: u16,
+    _drain: Drain,
+}
+
+fn start_node(file: &std::path::Path) -> Node {
+    let (child, port, drain) = serve_config(file);
+    Node {
+        child: Running(child),
+        port,
+        _drain: drain,
+    }
+}
+
+/// What the provider saw.
+#[derive(Debug, Default)]
+struct Posted {
+    /// Event ids answered 2xx.
+    acked: BTreeSet<String>,
+    /// Every answer that was not 2xx, by status (0: no answer).
+    refused: BTreeMap<u16, usize>,
+}
+
+/// The event `k` of stream `run`: created `k` seconds after a fixed time.
+fn event(run: &str, k: usize) -> (String, Vec<u8>) {
+    let id = format!("{run}-{k:04}");
+    let created = 1_800_000_000 + i64::try_from(k).unwrap();
+    let created = time::OffsetDateTime::from_unix_timestamp(created)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let body = serde_json::to_vec(&serde_json::json!({
+        "request_id": id, "run_id": run, "created_at": created, "type": "run.updated",
+    }))
+    .unwrap();
+    (id, body)
+}
+
+/// Posts `body` signed now to instance `port`; the status, or 0 when
+/// nothing answered.
+async fn post(client: &reqwest::Client, port: u16, body: &[u8]) -> u16 {
+    let ts = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap();
+    let mut req = client
+        .post(format!("http://127.0.0.1:{port}/ingest/sume"))
+        .timeout(Duration::from_secs(10))
+        .body(body.to_vec());
+    for (k, v) in sign(Scheme::Sume, SECRET, ts, "", body) {
+        req = req.header(k, v);
+    }
+    match req.send().await {
+        Ok(res) => res.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+/// A provider: `WORKERS` workers, each posting `per_stream` events of its
+/// streams in order, every event to the instances in turn until one
+/// answers 2xx (pausing between rounds, as a provider's retries do).
+fn provider(
+    ports: Arc<Mutex<Vec<u16>>>,
+    per_stream: usize,
+) -> (Arc<Mutex<Posted>>, Vec<tokio::task::JoinHandle<()>>) {
+    let posted = Arc::new(Mutex::new(Posted::default()));
+    let client = crate::support::http::client();
+    let workers = (0..WORKERS)
+        .map(|w| {
+            let (posted, client, ports) = (posted.clone(), client.clone(), ports.clone());
+            tokio::spawn(async move {
+                let mut turn = w;
+                for k in 0..per_stream {
+                    for s in 0..STREAMS_PER_WORKER {
+                        let (id, body) = event(&format!("run_{w}_{s}"), k);
+                        let deadline = Instant::now() + Duration::from_secs(180);
+                        loop {
+                            let live = ports.lock().unwrap().clone();
+                            turn += 1;
+                            let port = live[turn % live.len()];
+                            let status = post(&client, port, &body).await;
+                            if status == 200 {
+                                posted.lock().unwrap().acked.insert(id.clone());
+                                break;
+                            }
+                            *posted.lock().unwrap().refused.entry(status).or_default() += 1;
+                            assert!(Instant::now() < deadline, "{id} never accepted");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    (posted, workers)
+}
+
+/// Waits until `posted` has at least `n` events acknowledged.
+async fn acked_at_least(posted: &Mutex<Posted>, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while posted.lock().unwrap().acked.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the provider stalled before {n} events"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the receiver has every acknowledged event, then checks
+/// each stream's order: no event reaches the application after a newer
+/// one of its stream (an event sent again after a crash repeats itself,
+/// right after itself).
+async fn every_acked_event_delivered_in_order(receiver: &Receiver, acked: &BTreeSet<String>) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got: BTreeSet<String> = receiver
+            .received()
+            .iter()
+            .map(|r| r.header("webhook-id").to_owned())
+            .collect();
+        let missing: Vec<&String> = acked.difference(&got).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} acknowledged events never delivered, such as {:?}",
+            missing.len(),
+            &missing[..missing.len().min(5)]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut last: BTreeMap<String, String> = BTreeMap::new();
+    for r in receiver.received() {
+        let id = r.header("webhook-id").to_owned();
+        let (run, _) = id.rsplit_once('-').unwrap();
+        if let Some(before) = last.get(run) {
+            assert!(
+                *before <= id,
+                "{id} reached the application after {before}, a newer event of its stream"
+            );
+        }
+        last.insert(run.to_owned(), id);
+    }
+}
+
+/// The instance's `dedupd_oldest_pending_seconds` (0 when it has none).
+async fn oldest_pending(port: u16) -> f64 {
+    let text = crate::support::http::client()
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("dedupd_oldest_pending_seconds"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max)
+}
+
+fn stop_all(nodes: Vec<Node>) {
+    for mut n in nodes {
+        sigterm(&n.child.0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = n.child.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "an instance did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            status.success(),
+            "an instance did not stop cleanly: {status}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_instances_and_a_sigkill_under_load_lose_nothing_acknowledged() {
+    // The application hangs on one stream's events until told otherwise,
+    // so the instance about to be killed surely has a delivery in flight.
+    let held = "run_0_0";
+    let receiver = Receiver::start(Behaviour::Hold(Some(held))).await;
+    let redis = tokio::task::spawn_blocking(|| {
+        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    })
+    .await
+    .unwrap();
+    let dir = TempDir::new().unwrap();
+    let first = start_node(&config(&dir, 0, &redis.url(), &receiver.url));
+    let ports = Arc::new(Mutex::new(vec![first.port]));
+    let per_stream = 40;
+    let total = WORKERS * STREAMS_PER_WORKER * per_stream;
+    let (posted, workers) = provider(ports.clone(), per_stream);
+    // Alone, the first instance ingests and leases, and one of its
+    // deliveries hangs.
+    eventually("a delivery of the first instance in flight", || async {
+        receiver.held() == 1
+    })
+    .await;
+    let nodes: Vec<Node> = (1..3)
+        .map(|i| start_node(&config(&dir, i, &redis.url(), &receiver.url)))
+        .collect();
+    ports.lock().unwrap().extend(nodes.iter().map(|n| n.port));
+    acked_at_least(&posted, total / 2).await;
+    // SIGKILL it under load: what it leased (the hanging delivery, and
+    // what it leased ahead) waits for its lease, forward_timeout + 30 s,
+    // and the others deliver it then.
+    let mut killed = first;
+    killed.child.0.kill().unwrap();
+    killed.child.0.wait().unwrap();
+    ports.lock().unwrap().retain(|p| *p != killed.port);
+    receiver.release_to(Behaviour::Delay(2));
+    for w in workers {
+        w.await.unwrap();
+    }
+    let posted = std::mem::take(&mut *posted.lock().unwrap());
+    assert_eq!(
+        posted.acked.len(),
+        total,
+        "every event was acknowledged in the end"
+    );
+    every_acked_event_delivered_in_order(&receiver, &posted.acked).await;
+    // The hanging delivery was sent again by another instance.
+    let sent: Vec<String> = receiver
+        .received()
+        .iter()
+        .map(|r| r.header("webhook-id").to_owned())
+        .collect();
+    let first_held = sent
+        .iter()
+        .find(|id| id.starts_with(held))
+        .expect("the held stream was sent")
+        .clone();
+    assert!(
+        sent.iter().filter(|id| **id == first_held).count() >= 2,
+        "{first_held}, in flight on the killed instance, was delivered again by another"
+    );
+    // Across the fleet, one delivery per stream at a time.
+    assert_eq!(receiver.max_concurrency().0, 1);
+    for n in &nodes {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while oldest_pending(n.port).await > 0.0 {
+            assert!(
+                Instant::now() < deadline,
+                "pending events left on the fleet"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    stop_all(nodes);
+    drop(redis);
+}
+
+/// Redis goes away for `outage` under load, with two instances: ingest
+/// answers 503 meanwhile (the provider retries), and when Redis returns,
+/// both resume by themselves and deliver everything acknowledged.
+async fn outage_drill(outage: Duration) {
+    let receiver = Receiver::start(Behaviour::Delay(2)).await;
+    let mut redis = tokio::task::spawn_blocking(|| {
+        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    })
+    .await
+    .unwrap();
+    let dir = TempDir::new().unwrap();
+    let nodes: Vec<Node> = (0..2)
+        .map(|i| start_node(&config(&dir, i, &redis.url(), &receiver.url)))
+        .collect();
+    let ports = Arc::new(Mutex::new(
+        nodes.iter().map(|n| n.port).collect::<Vec<u16>>(),
+    ));
+    let per_stream = 30;
+    let total = WORKERS * STREAMS_PER_WORKER * per_stream;
+    let (posted, workers) = provider(ports.clone(), per_stream);
+    acked_at_least(&posted, total / 3).await;
+    redis = tokio::task::spawn_blocking(move || {
+        redis.stop();
+        redis
+    })
+    .await
+    .unwrap();
+    let acked_before = posted.lock().unwrap().acked.len();
+    tokio::time::sleep(outage).await;
+    let during = posted.lock().unwrap().acked.len();
+    redis = tokio::task::spawn_blocking(move || {
+        redis.restart();
+        redis
+    })
+    .await
+    .unwrap();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let posted = std::mem::take(&mut *posted.lock().unwrap());
+    assert!(
+        during <= acked_before + WORKERS,
+        "events were acknowledged while Redis was down ({acked_before} before, {during} after)"
+    );
+    assert!(
+        posted.refused.keys().all(|s| *s == 503),
+        "while Redis was down ingest answered only 503: {:?}",
+        posted.refused
+    );
+    assert!(posted.refused.contains_key(&503), "the outage was seen");
+    assert_eq!(posted.acked.len(), total);
+    every_acked_event_delivered_in_order(&receiver, &posted.acked).await;
+    for n in &nodes {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while oldest_pending(n.port).await > 0.0 {
+            assert!(
+                Instant::now() < deadline,
+                "dedupd_oldest_pending_seconds stays up"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    stop_all(nodes);
+    drop(redis);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_3_s_redis_outage_under_load_loses_nothing_and_nothing_stays_stuck() {
+    outage_drill(Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_60_s_redis_outage_under_load_loses_nothing_and_nothing_stays_stuck() {
+    outage_drill(Duration::from_secs(60)).await;
+}
