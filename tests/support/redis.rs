@@ -43,6 +43,11 @@ fn spawn(dir: &TempDir, args: &[String]) -> Child {
 }
 
 fn terminate(child: &mut Child) {
+    // Stopped already (a node a test killed, then Drop): `kill` would
+    // complain of no such process, or reach a reused pid.
+    if child.try_wait().is_ok_and(|done| done.is_some()) {
+        return;
+    }
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
