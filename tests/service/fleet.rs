@@ -29,6 +29,12 @@ const WORKERS: usize = 4;
 
 /// One instance's settings file.
 fn config(dir: &TempDir, i: usize, redis_url: &str, forward_to: &str) -> PathBuf {
+    let redis = format!("url = \"{redis_url}\"\ndurability = \"fsync\"");
+    config_with(dir, i, &redis, forward_to)
+}
+
+/// One instance's settings file, with `redis` as its `[storage.redis]`.
+fn config_with(dir: &TempDir, i: usize, redis: &str, forward_to: &str) -> PathBuf {
     let file = dir.path().join(format!("n{i}.toml"));
     std::fs::write(
         &file,
@@ -39,8 +45,7 @@ data_path = "{data}"
 [storage]
 backend = "redis"
 [storage.redis]
-url = "{redis_url}"
-durability = "fsync"
+{redis}
 connect_timeout = "1s"
 response_timeout = "2s"
 [gateway]
@@ -402,4 +407,131 @@ async fn a_3_s_redis_outage_under_load_loses_nothing_and_nothing_stays_stuck() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_60_s_redis_outage_under_load_loses_nothing_and_nothing_stays_stuck() {
     outage_drill(Duration::from_secs(60)).await;
+}
+
+fn cli_port(port: u16, args: &[&str]) -> String {
+    std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A master, a replica and three sentinels; two instances reach Redis
+/// through the sentinels with `durability = "replicas = 1"`. The master
+/// is SIGKILLed under ingest load; Sentinel promotes the replica, and the
+/// instances follow it without a restart: every event answered 2xx is
+/// delivered, each stream in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn through_sentinel_a_master_sigkilled_under_load_loses_nothing_acknowledged() {
+    use crate::support::ports::free_port;
+    use crate::support::redis::RedisSentinels;
+
+    let receiver = Receiver::start(Behaviour::Delay(2)).await;
+    let master_port = free_port();
+    let replica_port = loop {
+        let p = free_port();
+        if p != master_port {
+            break p;
+        }
+    };
+    let (mut master, _replica, sentinels) = tokio::task::spawn_blocking(move || {
+        let (m, r) = (master_port.to_string(), replica_port.to_string());
+        let master = RedisServer::start_with(&["--port", &m, "--bind", "127.0.0.1"]);
+        let replica = RedisServer::start_with(&[
+            "--port",
+            &r,
+            "--bind",
+            "127.0.0.1",
+            "--replicaof",
+            "127.0.0.1",
+            &m,
+        ]);
+        (master, replica, RedisSentinels::start(master_port))
+    })
+    .await
+    .unwrap();
+    until("the replica in sync", || {
+        cli_port(master_port, &["info", "replication"]).contains("state=online")
+    })
+    .await;
+    let sentinel_port: u16 = sentinels.urls[0]
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    until("the sentinels know the replica and each other", || {
+        cli_port(
+            sentinel_port,
+            &["sentinel", "master", RedisSentinels::MASTER],
+        )
+        .lines()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .any(|w| w[0] == "num-other-sentinels" && w[1] == "2")
+            && cli_port(
+                sentinel_port,
+                &["sentinel", "replicas", RedisSentinels::MASTER],
+            )
+            .contains(&replica_port.to_string())
+    })
+    .await;
+    let redis = format!(
+        "url = \"redis://127.0.0.1:{master_port}\"\nsentinels = [{}]\n\
+         sentinel_master = \"{}\"\ndurability = \"replicas = 1\"\nreplicas_timeout = \"500ms\"",
+        sentinels
+            .urls
+            .iter()
+            .map(|u| format!("\"{u}\""))
+            .collect::<Vec<_>>()
+            .join(", "),
+        RedisSentinels::MASTER
+    );
+    let dir = TempDir::new().unwrap();
+    let nodes: Vec<Node> = (0..2)
+        .map(|i| start_node(&config_with(&dir, i, &redis, &receiver.url)))
+        .collect();
+    let ports = Arc::new(Mutex::new(
+        nodes.iter().map(|n| n.port).collect::<Vec<u16>>(),
+    ));
+    let per_stream = 30;
+    let total = WORKERS * STREAMS_PER_WORKER * per_stream;
+    let (posted, workers) = provider(ports.clone(), per_stream);
+    acked_at_least(&posted, total / 3).await;
+    // SIGKILL the master; Sentinel promotes the replica; the old master,
+    // back, becomes the new one's replica (Sentinel sees to it).
+    let _old = tokio::task::spawn_blocking(move || {
+        master.stop();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while sentinels.master_port() != Some(replica_port) {
+            assert!(Instant::now() < deadline, "the replica was never promoted");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        master.restart();
+        (master, sentinels)
+    })
+    .await
+    .unwrap();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let posted = std::mem::take(&mut *posted.lock().unwrap());
+    assert_eq!(posted.acked.len(), total);
+    assert!(
+        posted.refused.keys().all(|s| *s == 503),
+        "during the failover ingest answered only 503: {:?}",
+        posted.refused
+    );
+    every_acked_event_delivered_in_order(&receiver, &posted.acked).await;
+    stop_all(nodes);
 }
