@@ -61,6 +61,9 @@ enum Command {
     /// A running server's stream heads.
     #[command(subcommand)]
     Streams(cli::operator::StreamsCommand),
+    /// The inbox, with the instance stopped: migrate to the shared inbox.
+    #[command(subcommand)]
+    Inbox(cli::inbox::InboxCommand),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Events(cmd) => cli::operator::events(&cmd),
         Command::Claims(cmd) => cli::operator::claims(&cmd),
         Command::Streams(cmd) => cli::operator::streams(&cmd),
+        Command::Inbox(cmd) => cli::inbox::run(&cmd),
         Command::Serve {
             config,
             accept_missing_log,

@@ -4,11 +4,13 @@
 //! - `init`: write a commented `dedupd.toml` with one source and fresh secrets;
 //! - `trigger`: post a signed sample event to a running server;
 //! - `receive`: a local application that verifies and prints deliveries;
+//! - `inbox`: `inbox migrate`, a local inbox into the shared one;
 //! - `operator`: the `/v1` operator API from the terminal (`events`,
 //!   `claims`, `streams`), over `client`, printed with `table`.
 
 pub mod check_config;
 pub mod client;
+pub mod inbox;
 pub mod init;
 pub mod operator;
 pub mod receive;

@@ -26,6 +26,8 @@ pub mod redb;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]
+pub mod move_inbox;
+#[cfg(feature = "redis")]
 mod shared;
 
 use std::sync::Arc;

@@ -56,23 +56,7 @@ pub async fn open(settings: &Settings, commit_metrics: CommitMetrics) -> anyhow:
         Backend::Redb => Ok(embedded),
         #[cfg(feature = "redis")]
         Backend::Redis => {
-            let r = &settings.storage.redis;
-            let client = Arc::new(super::redis::Client::new(super::redis::RedisOptions {
-                url: r.url.expose().to_owned(),
-                cluster_nodes: r
-                    .cluster_nodes
-                    .iter()
-                    .map(|n| n.expose().to_owned())
-                    .collect(),
-                prefix: r.prefix.clone(),
-                expiry_slack: r.expiry_slack,
-                connect_timeout: r.connect_timeout,
-                response_timeout: r.response_timeout,
-                durability: r.durability,
-                replicas_timeout: r.replicas_timeout,
-                sentinels: r.sentinels.iter().map(|n| n.expose().to_owned()).collect(),
-                sentinel_master: r.sentinel_master.clone(),
-            })?);
+            let client = Arc::new(super::redis::Client::new(redis_options(settings))?);
             let claims = Arc::new(super::redis::RedisStore::new(client.clone()));
             let inbox = match settings.gateway.inbox {
                 crate::config::sources::InboxPlace::Local => embedded.inbox.clone(),
@@ -99,5 +83,27 @@ pub async fn open(settings: &Settings, commit_metrics: CommitMetrics) -> anyhow:
         Backend::Redis => {
             anyhow::bail!("storage.backend = \"redis\" needs a build with `--features redis`")
         }
+    }
+}
+
+/// How to reach Redis, as the settings say.
+#[cfg(feature = "redis")]
+pub(super) fn redis_options(settings: &Settings) -> super::redis::RedisOptions {
+    let r = &settings.storage.redis;
+    super::redis::RedisOptions {
+        url: r.url.expose().to_owned(),
+        cluster_nodes: r
+            .cluster_nodes
+            .iter()
+            .map(|n| n.expose().to_owned())
+            .collect(),
+        prefix: r.prefix.clone(),
+        expiry_slack: r.expiry_slack,
+        connect_timeout: r.connect_timeout,
+        response_timeout: r.response_timeout,
+        durability: r.durability,
+        replicas_timeout: r.replicas_timeout,
+        sentinels: r.sentinels.iter().map(|n| n.expose().to_owned()).collect(),
+        sentinel_master: r.sentinel_master.clone(),
     }
 }

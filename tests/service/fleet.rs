@@ -535,3 +535,120 @@ async fn through_sentinel_a_master_sigkilled_under_load_loses_nothing_acknowledg
     every_acked_event_delivered_in_order(&receiver, &posted.acked).await;
     stop_all(nodes);
 }
+
+/// `dedupd inbox migrate`, run as an operator would: an instance on its
+/// local inbox holds pending events (its application is down); one of them
+/// also reached an instance already on the shared inbox. A dry run names
+/// what would move and changes nothing; the migration moves every pending
+/// event once; a second run finds nothing; the instance, started on the
+/// shared inbox, delivers each event once, each stream in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_inbox_migrates_into_the_shared_one_without_loss_or_duplicates() {
+    use crate::support::process::dedupd;
+
+    let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let redis = tokio::task::spawn_blocking(|| {
+        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    })
+    .await
+    .unwrap();
+    let dir = TempDir::new().unwrap();
+    let shared = config(&dir, 0, &redis.url(), &receiver.url);
+    let local = dir.path().join("n0-local.toml");
+    let text = std::fs::read_to_string(&shared).unwrap();
+    assert!(text.contains("inbox = \"shared\""));
+    std::fs::write(
+        &local,
+        text.replace("inbox = \"shared\"", "inbox = \"local\""),
+    )
+    .unwrap();
+    let client = crate::support::http::client();
+
+    let node = start_node(&local);
+    let mut ids = Vec::new();
+    for k in 0..3 {
+        for run in ["mig_a", "mig_b"] {
+            let (id, body) = event(run, k);
+            assert_eq!(post(&client, node.port, &body).await, 200, "{id}");
+            ids.push(id);
+        }
+    }
+    stop_all(vec![node]);
+    let other = start_node(&config(&dir, 1, &redis.url(), &receiver.url));
+    assert_eq!(post(&client, other.port, &event("mig_a", 0).1).await, 200);
+    stop_all(vec![other]);
+
+    let migrate = |dry: bool| {
+        let mut cmd = dedupd();
+        cmd.args(["inbox", "migrate", "--config"]).arg(&shared);
+        if dry {
+            cmd.arg("--dry-run");
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let dry = migrate(true);
+    assert!(
+        dry.contains("sume: 6 pending events would move (mig_a-0000, mig_b-0000, mig_a-0001"),
+        "{dry}"
+    );
+    assert!(dry.contains("dry run: nothing changed"), "{dry}");
+    let moved = migrate(false);
+    assert!(
+        moved.contains(
+            "sume: 6 pending events moved to the shared inbox (5 stored, 1 already there)"
+        ),
+        "{moved}"
+    );
+    let again = migrate(false);
+    assert!(
+        again.contains("no pending events in the data file: nothing to move"),
+        "{again}"
+    );
+
+    let before = receiver.received().len();
+    receiver.set(Behaviour::Accept);
+    let node = start_node(&shared);
+    let delivered = || async {
+        let v: serde_json::Value = client
+            .get(format!(
+                "http://127.0.0.1:{}/v1/sources/sume/events?status=delivered",
+                node.port
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["events"].as_array().unwrap().len()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while delivered().await < ids.len() {
+        assert!(
+            Instant::now() < deadline,
+            "not every moved event was delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after: Vec<String> = receiver.received()[before..]
+        .iter()
+        .map(|r| r.header("webhook-id").to_owned())
+        .collect();
+    let mut sorted = after.clone();
+    sorted.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(sorted, want, "each moved event delivered once");
+    for run in ["mig_a", "mig_b"] {
+        let order: Vec<&String> = after.iter().filter(|id| id.starts_with(run)).collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{run}: {order:?}");
+    }
+    stop_all(vec![node]);
+}

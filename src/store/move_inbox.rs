@@ -1,0 +1,153 @@
+//! `dedupd inbox migrate`: moves the pending events of this instance's
+//! local inbox (its data file) into the shared inbox in Redis, so an
+//! operator can switch to `gateway.inbox = "shared"` without losing or
+//! duplicating an event.
+//!
+//! Each pending event is ingested into the shared inbox as it was received
+//! (its id, stream, `created_at`, receive time, headers and body); one the
+//! shared inbox already holds is a duplicate there and is not stored twice.
+//! Once every pending event of a source is in, they are deleted from the
+//! file. A run cut short is run again: what moved already answers
+//! duplicate, and the file still holds what did not. Settled events
+//! (delivered, stale, dead) stay in the file.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::inbox::{EventStatus, Inbox, IngestOutcome, ListOrder, NewEvent};
+use super::redb::{CommitMetrics, RedbOptions, RedbStore};
+use super::redis::{Client, RedisInbox, SharedInboxOptions};
+use crate::clock::Millis;
+use crate::config::sources::InboxPlace;
+use crate::config::{Backend, Settings};
+
+/// Ids a dry run names per source.
+const NAMED: usize = 5;
+
+/// What a run did (or, dry, would do) with one source's pending events.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Moved {
+    pub source: String,
+    /// Pending events found in the file.
+    pub pending: u64,
+    /// Of those, stored in the shared inbox by this run.
+    pub stored: u64,
+    /// Of those, already in the shared inbox (a run before this one, or
+    /// the provider's retry that reached another instance).
+    pub already: u64,
+    /// The first few ids, oldest received first.
+    pub first_ids: Vec<String>,
+}
+
+/// Moves (or, with `dry_run`, counts) the local inbox's pending events
+/// into the shared inbox `settings` name. The instance must be stopped:
+/// the data file opens for one process at a time.
+pub async fn move_to_shared(
+    settings: &Settings,
+    dry_run: bool,
+    now: Millis,
+) -> anyhow::Result<Vec<Moved>> {
+    if settings.storage.backend != Backend::Redis || settings.gateway.inbox != InboxPlace::Shared
+    {
+        anyhow::bail!(
+            "set storage.backend = \"redis\" and gateway.inbox = \"shared\" first: the \
+             migration moves this instance's local inbox into the shared inbox those settings name"
+        );
+    }
+    let opts = RedbOptions::from_settings(settings, CommitMetrics::default());
+    let path = opts.path.clone();
+    let file = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
+        .await
+        .context("opening the data file panicked")?
+        .with_context(|| {
+            format!(
+                "cannot open the data file {} (stop the instance that uses it first)",
+                path.display()
+            )
+        })?;
+    let local = file.inbox();
+    let shared = RedisInbox::new(
+        Arc::new(Client::new(super::open::redis_options(settings))?),
+        SharedInboxOptions {
+            buckets: settings.gateway.inbox_buckets,
+            dedupe_window: settings.gateway.dedupe_window,
+        },
+    );
+    let result = async {
+        shared
+            .ready()
+            .await
+            .context("the shared inbox in Redis is not ready")?;
+        let mut report = Vec::new();
+        for (source, _) in local.inbox_sources().await? {
+            report.push(move_source(&local, &shared, &source, dry_run, now).await?);
+        }
+        anyhow::Ok(report)
+    }
+    .await;
+    file.close().await;
+    result
+}
+
+/// Moves one source's pending events.
+async fn move_source(
+    local: &dyn Inbox,
+    shared: &RedisInbox,
+    source: &str,
+    dry_run: bool,
+    now: Millis,
+) -> anyhow::Result<Moved> {
+    let mut moved = Moved {
+        source: source.to_owned(),
+        ..Moved::default()
+    };
+    let mut after = None;
+    loop {
+        let (page, next) = local
+            .list_events(source, EventStatus::Pending, ListOrder::OldestFirst, after, 200)
+            .await?;
+        for listed in page {
+            moved.pending += 1;
+            if moved.first_ids.len() < NAMED {
+                moved.first_ids.push(listed.event_id.clone());
+            }
+            if dry_run {
+                continue;
+            }
+            // The listing leaves bodies out.
+            let Some(e) = local.inbox_event(source, &listed.event_id).await? else {
+                continue;
+            };
+            let new = NewEvent {
+                source: e.source,
+                event_id: e.event_id,
+                stream: e.stream,
+                created_at: e.created_at,
+                received_at_ms: e.received_at_ms,
+                headers: e.headers,
+                body: e.body,
+            };
+            match shared.ingest(new, now).await? {
+                IngestOutcome::Accepted => moved.stored += 1,
+                IngestOutcome::Duplicate => moved.already += 1,
+            }
+        }
+        match next {
+            Some(cursor) => after = Some(cursor),
+            None => break,
+        }
+    }
+    if !dry_run && moved.pending > 0 {
+        // Every one is in the shared inbox now: the file lets them go.
+        let gone = local
+            .purge_pending(vec![source.to_owned()], Millis::MAX, moved.pending, now)
+            .await?;
+        anyhow::ensure!(
+            gone == moved.pending,
+            "{source}: moved {} pending events but deleted {gone} from the data file",
+            moved.pending
+        );
+    }
+    Ok(moved)
+}
