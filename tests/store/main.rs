@@ -17,6 +17,8 @@ mod redb_file;
 mod redis_cluster;
 #[cfg(feature = "redis")]
 mod redis_durability;
+#[cfg(feature = "redis")]
+mod shared_inbox;
 #[path = "../support/mod.rs"]
 mod support;
 mod timeline;
