@@ -617,28 +617,57 @@ impl Inbox for RedisInbox {
                 })
                 .collect();
             runnable.sort();
+            // The rows of the candidates at once (bodies left out), then
+            // the limits, then the bodies of the chosen at once.
+            let candidates: Vec<&(u64, String, usize)> = runnable
+                .iter()
+                .take_while(|(at, _, _)| *at <= now)
+                .take(limit)
+                .collect();
+            let rows = try_join_all(
+                candidates
+                    .iter()
+                    .map(|(_, id, b)| self.load(&source, &buckets[*b], id, false)),
+            )
+            .await?;
             let mut found = SourceDue::default();
             let mut bytes = 0u64;
-            for (at, id, b) in runnable {
-                if at > now || found.events.len() >= limit {
-                    found.next = Some(at);
+            let mut chosen = Vec::new();
+            let mut rows = rows.into_iter();
+            for (at, _, b) in &runnable {
+                if *at > now || chosen.len() >= limit {
+                    found.next = Some(*at);
                     break;
                 }
-                let Some(e) = self.load(&source, &buckets[b], &id, false).await? else {
+                let Some(row) = rows.next() else {
+                    // Past the rows read (some read were gone): the next
+                    // read takes it.
+                    found.next = Some(*at);
+                    break;
+                };
+                // Gone since the index was read.
+                let Some(e) = row else {
                     continue;
                 };
                 let size = u64::try_from(e.body_bytes).unwrap_or(u64::MAX);
-                if !found.events.is_empty() && bytes.saturating_add(size) > max_bytes {
-                    found.next = Some(at);
+                if !chosen.is_empty() && bytes.saturating_add(size) > max_bytes {
+                    found.next = Some(*at);
                     break;
                 }
                 bytes = bytes.saturating_add(size);
+                chosen.push((e, *b));
+            }
+            let bodies = try_join_all(chosen.iter().map(|(e, b)| {
                 let mut cmd = redis::cmd("HGET");
-                cmd.arg(format!("{}:e:{id}", buckets[b])).arg("bd");
-                let Some(body) = self.query::<Option<Vec<u8>>>(cmd).await? else {
-                    continue;
-                };
-                found.events.push(InboxEvent { body, ..e });
+                cmd.arg(format!("{}:e:{}", buckets[*b], e.event_id))
+                    .arg("bd");
+                self.query::<Option<Vec<u8>>>(cmd)
+            }))
+            .await?;
+            for ((e, _), body) in chosen.into_iter().zip(bodies) {
+                if let Some(body) = body {
+                    found.events.push(InboxEvent { body, ..e });
+                }
             }
             out.push(found);
         }
