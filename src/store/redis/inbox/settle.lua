@@ -4,15 +4,15 @@
 -- stream: its hs, ca and the head's expiry ('' for no head to move), slack.
 local now, id = tonumber(ARGV[2]), ARGV[3]
 local ek = k('e', id)
-if redis.call('EXISTS', ek) == 0 then
-  return 'gone'
-end
-if ARGV[10] ~= '' then
+local exists = redis.call('EXISTS', ek) == 1
+if exists and ARGV[10] ~= '' then
   redis.call('RPUSH', k('t', id), ARGV[10])
   redis.call('LTRIM', k('t', id), -tonumber(ARGV[11]), -1)
 end
 if ARGV[12] ~= '' then
-  -- The head moves before the settle, as one write.
+  -- The head moves before the settle, as one write, whatever becomes of
+  -- the settle: the application has the event, even if the inbox reaped
+  -- it meanwhile (as the data file's inbox does).
   local hs, ca, head_until = ARGV[12], ARGV[13], tonumber(ARGV[14])
   local slack = tonumber(ARGV[15])
   local seen = redis.call('GET', k('a', id))
@@ -26,6 +26,9 @@ if ARGV[12] ~= '' then
       redis.call('PEXPIRE', hk, fmt(head_until - now + slack))
     end
   end
+end
+if not exists then
+  return 'gone'
 end
 local f = redis.call('HMGET', ek, 'st', 'ls', 'at', 'hs', 'ca', 'r2', 'du')
 if f[1] ~= '0' or f[2] ~= ARGV[4] then
