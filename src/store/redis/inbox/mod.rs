@@ -165,9 +165,14 @@ impl RedisInbox {
         }
         let ours = format!("v{LAYOUT_VERSION} buckets={}", self.opts.buckets);
         let key = format!("{}:{{i}}:layout", self.client.opts().prefix);
+        // SET NX, then GET (not SET NX GET, which needs Redis 7): of two
+        // first instances, one sets and both read the winner's.
         let mut set = redis::cmd("SET");
-        set.arg(&key).arg(&ours).arg("NX").arg("GET");
-        let found: Option<String> = self.query(set).await?;
+        set.arg(&key).arg(&ours).arg("NX");
+        self.query::<Option<String>>(set).await?;
+        let mut get = redis::cmd("GET");
+        get.arg(&key);
+        let found: Option<String> = self.query(get).await?;
         match found {
             Some(theirs) if theirs != ours => Err(StoreError::failed(format!(
                 "the shared inbox in Redis is laid out as {theirs:?}, this instance as {ours:?}: \
