@@ -243,17 +243,16 @@ impl Subject for Shared {
     }
 
     /// `purge_settled`: any `limit` of the expired settled events may go
-    /// when the limit cuts; the model follows the store's pick. Once its
-    /// limit is used up, the store answers that more are left without
-    /// looking at the buckets it has not reached (the reaper's next batch
-    /// then finds none), so only a false `more` must be exact.
+    /// when the limit cuts; the model follows the store's pick, and `more`
+    /// says exactly whether expired ones are left.
     async fn reap(&mut self, m: &mut Model, limit: u64, ctx: &str) {
         let expired = m.expired_settled();
         let (deleted, more) = self.inbox.purge_settled(m.now, limit).await.unwrap();
         let cut = limit.min(expired.len() as u64);
         assert_eq!(deleted, cut, "{ctx}: events reaped of {expired:?}");
-        assert!(
-            more == (cut < expired.len() as u64) || (more && deleted == limit),
+        assert_eq!(
+            more,
+            cut < expired.len() as u64,
             "{ctx}: more = {more} after {deleted} of {expired:?}"
         );
         let mut gone = 0;

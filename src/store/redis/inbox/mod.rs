@@ -578,7 +578,13 @@ impl Inbox for RedisInbox {
         for source in self.noted_sources().await? {
             for t in self.buckets(&source) {
                 if left == 0 {
-                    return Ok((limit, true));
+                    // Only whether more are left.
+                    let mut count = redis::cmd("ZCOUNT");
+                    count.arg(format!("{t}:x")).arg("-inf").arg(now);
+                    if self.query::<u64>(count).await? > 0 {
+                        return Ok((limit, true));
+                    }
+                    continue;
                 }
                 let args = vec![arg(now), arg("settled"), arg(left)];
                 let reply: Vec<u64> = self.run(&self.scripts.purge, &t, args).await?;
