@@ -149,17 +149,19 @@ async fn receive(
         .map_err(closing)?;
     let received_at: Millis = state.clock.now_ms();
     let event = parse_event(&source, &header, &body, received_at).map_err(ApiError::from)?;
-    // Only the local inbox is asked: ingest keeps working while a shared
-    // store is down, and an event another instance received too is
-    // resolved at delivery, by its claim in the shared store. A repeat is
-    // answered from a read, sparing the writer (and its log) the body —
-    // a replay of an event reaped within `gateway.dedupe_window` too; the
-    // insert checks again, so a race between two posts stays a duplicate.
-    let known = gw
-        .inbox
-        .knows_event(&event.key(), received_at)
-        .await
-        .map_err(ApiError::from)?;
+    // Only the inbox is asked: a local inbox keeps ingest working while a
+    // shared store is down, and an event another instance received too is
+    // resolved at delivery, by its claim in the shared store. With the
+    // data file, a repeat is answered from a read, sparing the writer (and
+    // its log) the body — a replay of an event reaped within
+    // `gateway.dedupe_window` too; the insert checks again, so a race
+    // between two posts stays a duplicate.
+    let known = gw.inbox.precheck_duplicates()
+        && gw
+            .inbox
+            .knows_event(&event.key(), received_at)
+            .await
+            .map_err(ApiError::from)?;
     let event_id = event.event_id.clone();
     let ordering = (event.stream.clone(), event.created_at);
     let outcome = if known {

@@ -30,6 +30,14 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// was received. Reads only; [`Inbox::ingest`] checks again.
     async fn knows_event(&self, event: &EventKey, now: Millis) -> Result<bool, StoreError>;
 
+    /// Whether ingest should ask [`Inbox::knows_event`] before
+    /// [`Inbox::ingest`]: worth it where a read spares the writer (the
+    /// data file's group commit), not where the insert itself is one
+    /// round trip that checks (the shared inbox).
+    fn precheck_duplicates(&self) -> bool {
+        true
+    }
+
     /// How long after its receipt a reaped event's id stays a duplicate
     /// (`gateway.dedupe_window`, as the inbox was opened with).
     fn dedupe_window(&self) -> Duration;

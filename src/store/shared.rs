@@ -34,6 +34,10 @@ impl Inbox for SharedInbox {
         self.shared.knows_event(event, now).await
     }
 
+    fn precheck_duplicates(&self) -> bool {
+        self.shared.precheck_duplicates()
+    }
+
     fn dedupe_window(&self) -> Duration {
         self.shared.dedupe_window()
     }

@@ -398,6 +398,11 @@ impl Inbox for RedisInbox {
         Ok(row > 0 || record.is_some_and(|until| until > now))
     }
 
+    /// The ingest script checks in the same round trip.
+    fn precheck_duplicates(&self) -> bool {
+        false
+    }
+
     fn dedupe_window(&self) -> Duration {
         self.opts.dedupe_window
     }
