@@ -51,9 +51,9 @@ use sha2::Sha256;
 use tempfile::TempDir;
 
 /// The source's signing secret (what "Sume" signs with).
-const SECRET: &str = "sume_bench_secret_3f9a1c0d";
+pub(crate) const SECRET: &str = "sume_bench_secret_3f9a1c0d";
 /// The secret dedupd signs forwarded requests with.
-const DESTINATION_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const DESTINATION_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// After the last expected delivery, how long to keep counting repeats.
 const DUPLICATE_GRACE: Duration = Duration::from_secs(1);
 /// How often the wait loop looks, and the sampler asks dedupd.
@@ -66,10 +66,10 @@ const PROBE_ID: &str = "bench-probe";
 /// One origin for every time the bench records, in seconds since it:
 /// in-process times come from the monotonic clock, nginx's access log gives
 /// wall-clock times, converted with the wall-clock reading taken with it.
-static ORIGIN: LazyLock<(Instant, SystemTime)> =
+pub(crate) static ORIGIN: LazyLock<(Instant, SystemTime)> =
     LazyLock::new(|| (Instant::now(), SystemTime::now()));
 
-fn now_s() -> f64 {
+pub(crate) fn now_s() -> f64 {
     ORIGIN.0.elapsed().as_secs_f64()
 }
 
@@ -95,7 +95,7 @@ struct Params {
     scenarios: Vec<String>,
 }
 
-fn env_or<T: FromStr>(name: &str, default: T) -> anyhow::Result<T> {
+pub(crate) fn env_or<T: FromStr>(name: &str, default: T) -> anyhow::Result<T> {
     match std::env::var(name) {
         Ok(v) => v
             .trim()
@@ -217,7 +217,7 @@ struct Scenario {
 }
 
 #[derive(Clone, Copy)]
-enum ReceiverKind {
+pub(crate) enum ReceiverKind {
     InProcess { delay: Option<Duration> },
     Nginx,
 }
@@ -470,7 +470,7 @@ fn print_statuses(statuses: &BTreeMap<&'static str, Result<u64, String>>) {
     println!("  inbox at the end: {}", parts.join(", "));
 }
 
-fn truncate(s: &str, max: usize) -> String {
+pub(crate) fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_owned();
     }
@@ -481,12 +481,12 @@ fn truncate(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
-fn on_path(program: &str) -> bool {
+pub(crate) fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -494,17 +494,17 @@ fn free_port() -> anyhow::Result<u16> {
 
 /// What the receiver saw.
 #[derive(Debug, Default, Clone)]
-struct Tracker {
+pub(crate) struct Tracker {
     /// Requests.
     requests: u64,
     /// Requests per webhook-id.
-    seen: HashMap<String, u32>,
+    pub(crate) seen: HashMap<String, u32>,
     /// Requests without a webhook-id.
     no_id: u64,
     /// When the first request was answered.
     first: Option<f64>,
     /// When the last new webhook-id was answered.
-    last_new: Option<f64>,
+    pub(crate) last_new: Option<f64>,
     /// When each new webhook-id was answered.
     times: Vec<f64>,
 }
@@ -525,7 +525,7 @@ impl Tracker {
         }
     }
 
-    fn distinct(&self) -> usize {
+    pub(crate) fn distinct(&self) -> usize {
         self.seen.len()
     }
 
@@ -606,13 +606,13 @@ enum ReceiverImpl {
     },
 }
 
-struct Receiver {
-    url: String,
+pub(crate) struct Receiver {
+    pub(crate) url: String,
     inner: ReceiverImpl,
 }
 
 impl Receiver {
-    async fn start(kind: ReceiverKind) -> anyhow::Result<Self> {
+    pub(crate) async fn start(kind: ReceiverKind) -> anyhow::Result<Self> {
         match kind {
             ReceiverKind::InProcess { delay } => {
                 let state = Arc::new(ReceiverState {
@@ -739,7 +739,7 @@ impl Receiver {
         })
     }
 
-    fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
+    pub(crate) fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
         match &self.inner {
             ReceiverImpl::InProcess { state, .. } => state.tracker.lock(),
             ReceiverImpl::Nginx { tracker, .. } => tracker.lock(),
@@ -756,7 +756,7 @@ impl Receiver {
         }
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         match self.inner {
             ReceiverImpl::InProcess { handle, .. } => handle.stop(false).await,
             ReceiverImpl::Nginx {
@@ -811,10 +811,10 @@ async fn tail_access_log(path: PathBuf, tracker: Arc<Mutex<Tracker>>, tailing: A
 // ---------------------------------------------------------------- dedupd
 
 /// A child process, stopped when dropped (also when the bench fails).
-struct ChildGuard {
-    child: Child,
+pub(crate) struct ChildGuard {
+    pub(crate) child: Child,
     /// Ask it to stop with SIGTERM first (killed after 5 s regardless).
-    terminate: bool,
+    pub(crate) terminate: bool,
 }
 
 impl Drop for ChildGuard {
@@ -1036,16 +1036,16 @@ async fn count_status(
 
 /// What posting did.
 #[derive(Debug, Default)]
-struct Posted {
-    posted: u64,
-    accepted: u64,
-    duplicate: u64,
-    failed: u64,
-    first_error: Option<String>,
+pub(crate) struct Posted {
+    pub(crate) posted: u64,
+    pub(crate) accepted: u64,
+    pub(crate) duplicate: u64,
+    pub(crate) failed: u64,
+    pub(crate) first_error: Option<String>,
     /// When the first post was sent and the last answer came, seconds
     /// since [`ORIGIN`].
-    start: f64,
-    end: f64,
+    pub(crate) start: f64,
+    pub(crate) end: f64,
 }
 
 async fn post_load(client: &reqwest::Client, base: &str, p: &Params, load: Load) -> Posted {
@@ -1297,7 +1297,7 @@ async fn inbox_total(client: &reqwest::Client, base: &str) -> anyhow::Result<u64
 }
 
 /// `v1=<hex HMAC-SHA256(secret, "{ts}.{body}")>`, as Sume signs.
-fn sign(ts: u64, body: &[u8]) -> String {
+pub(crate) fn sign(ts: u64, body: &[u8]) -> String {
     let mut mac =
         Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).expect("HMAC takes any key length");
     mac.update(format!("{ts}.").as_bytes());

@@ -47,7 +47,7 @@ use tokio::net::TcpStream;
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     /// `POST /v1/claims/<unique key>`, empty body; 201 expected.
     HttpClaim,
     /// `GET /healthz`: no store work (the floor).
@@ -457,7 +457,39 @@ fn corrected(sorted: &[u32], conns: usize, seconds: f64) -> Vec<u32> {
     out
 }
 
-fn percentile(sorted: &[u32], p: f64) -> f64 {
+/// Runs `conns` connections, each one request at a time, for `warmup`
+/// and then `seconds`: the latencies after the warm-up in microseconds,
+/// sorted, and how many of those answers were not successes. Also what
+/// `benches/fleet.rs` measures claims with.
+pub(crate) async fn closed_loop(
+    kind: Kind,
+    addr: SocketAddr,
+    conns: usize,
+    seconds: f64,
+    warmup: f64,
+) -> Result<(Vec<u32>, u64), String> {
+    // Tells this run's keys from an earlier run's.
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    let start = Instant::now();
+    let measure_from = start + Duration::from_secs_f64(warmup);
+    let until = measure_from + Duration::from_secs_f64(seconds);
+    let tasks: Vec<_> = (0..conns)
+        .map(|c| tokio::spawn(connection(kind, addr, run, c, measure_from, until)))
+        .collect();
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let tally = t.await.map_err(|e| e.to_string())??;
+        all.extend(tally.latencies);
+        errors += tally.errors;
+    }
+    all.sort_unstable();
+    Ok((all, errors))
+}
+
+pub(crate) fn percentile(sorted: &[u32], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -478,35 +510,15 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let (kind, conns) = (args.kind, args.conns);
-    // Tells this run's keys from an earlier run's.
-    let run = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
-    let result = rt.block_on(async move {
-        let start = Instant::now();
-        let measure_from = start + Duration::from_secs_f64(args.warmup);
-        let until = measure_from + Duration::from_secs_f64(args.seconds);
-        let tasks: Vec<_> = (0..args.conns)
-            .map(|c| tokio::spawn(connection(kind, args.addr, run, c, measure_from, until)))
-            .collect();
-        let mut all = Vec::new();
-        let mut errors = 0;
-        for t in tasks {
-            let tally = t.await.map_err(|e| e.to_string())??;
-            all.extend(tally.latencies);
-            errors += tally.errors;
-        }
-        Ok::<_, String>((all, errors, args.seconds))
-    });
-    let (mut all, errors, seconds) = match result {
+    let (kind, conns, seconds) = (args.kind, args.conns, args.seconds);
+    let result = rt.block_on(closed_loop(kind, args.addr, conns, seconds, args.warmup));
+    let (all, errors) = match result {
         Ok(r) => r,
         Err(e) => {
             eprintln!("loadgen: {e}");
             std::process::exit(1);
         }
     };
-    all.sort_unstable();
     let name = kind.name();
     let co = corrected(&all, conns, seconds);
     println!(
