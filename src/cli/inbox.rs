@@ -50,11 +50,18 @@ fn migrate(settings: &dedupd::config::Settings, dry_run: bool) -> anyhow::Result
         let named = if m.first_ids.is_empty() {
             String::new()
         } else {
-            let more = if m.pending > m.first_ids.len() as u64 { ", …" } else { "" };
+            let more = if m.pending > m.first_ids.len() as u64 {
+                ", …"
+            } else {
+                ""
+            };
             format!(" ({}{more})", m.first_ids.join(", "))
         };
         if dry_run {
-            println!("{}: {} pending events would move{named}", m.source, m.pending);
+            println!(
+                "{}: {} pending events would move{named}",
+                m.source, m.pending
+            );
         } else {
             println!(
                 "{}: {} pending events moved to the shared inbox ({} stored, {} already there){named}",

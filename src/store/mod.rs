@@ -20,13 +20,13 @@
 pub mod claims;
 pub mod inbox;
 pub mod keyspace;
+#[cfg(feature = "redis")]
+pub mod move_inbox;
 mod open;
 pub mod ordering;
 pub mod redb;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "redis")]
-pub mod move_inbox;
 #[cfg(feature = "redis")]
 mod shared;
 

@@ -48,8 +48,7 @@ pub async fn move_to_shared(
     dry_run: bool,
     now: Millis,
 ) -> anyhow::Result<Vec<Moved>> {
-    if settings.storage.backend != Backend::Redis || settings.gateway.inbox != InboxPlace::Shared
-    {
+    if settings.storage.backend != Backend::Redis || settings.gateway.inbox != InboxPlace::Shared {
         anyhow::bail!(
             "set storage.backend = \"redis\" and gateway.inbox = \"shared\" first: the \
              migration moves this instance's local inbox into the shared inbox those settings name"
@@ -105,7 +104,13 @@ async fn move_source(
     let mut after = None;
     loop {
         let (page, next) = local
-            .list_events(source, EventStatus::Pending, ListOrder::OldestFirst, after, 200)
+            .list_events(
+                source,
+                EventStatus::Pending,
+                ListOrder::OldestFirst,
+                after,
+                200,
+            )
             .await?;
         for listed in page {
             moved.pending += 1;
