@@ -46,11 +46,7 @@ pub(super) async fn healthz() -> HttpResponse {
 pub(super) async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     // Any failure means "not ready": 503, so load balancers route around
     // us, with the reason (but no cause: this needs no token).
-    let ready = match state.store.ready().await {
-        Ok(()) => state.gateway.inbox.ready().await,
-        failed => failed,
-    };
-    match ready {
+    match readiness(&state).await {
         Ok(()) => Ok(HttpResponse::Ok().json(Health { status: "ready" })),
         Err(StoreError::LowSpace { free, floor }) => Err(ApiError::NotReady {
             reason: "disk_low",
@@ -70,4 +66,16 @@ pub(super) async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, A
             })
         }
     }
+}
+
+/// Whether requests can be served: the store answers, then the inbox.
+/// Recorded in the metrics (`dedupd_ready`, `dedupd_store_up`), so
+/// `/readyz` and `/metrics` agree and a change seen by either is counted.
+pub(super) async fn readiness(state: &AppState) -> Result<(), StoreError> {
+    let ready = match state.store.ready().await {
+        Ok(()) => state.gateway.inbox.ready().await,
+        failed => failed,
+    };
+    state.metrics.set_readiness(&ready);
+    ready
 }

@@ -5,7 +5,8 @@ use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 
 use super::{AppState, Endpoint, Guard, register};
-use crate::error::{ApiError, Problem};
+use crate::error::Problem;
+use crate::gateway::delivery::circuit::State as CircuitState;
 
 /// `GET /metrics`.
 pub fn endpoints() -> Vec<Endpoint> {
@@ -27,16 +28,35 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         (status = 200, description = "Prometheus text exposition format 0.0.4", body = String,
             content_type = "text/plain; version=0.0.4; charset=utf-8"),
         (status = 401, description = "Tokens are configured and none was given", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The data file cannot be read now", body = Problem, content_type = "application/problem+json"),
     ))]
-pub(super) async fn scrape(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    // The gauges come from counts kept in memory: no scan per scrape.
-    let summary = state.gateway.inbox.inbox_summary().await?;
-    state.metrics.set_inbox(&summary, state.clock.now_ms());
+pub(super) async fn scrape(state: web::Data<AppState>) -> HttpResponse {
+    // Readiness as `/readyz` would answer now (a read of the file, or a
+    // PING to Redis): its gauges are set inside.
+    let _ready = super::health::readiness(&state).await;
+    // Read from the schedule, which decides, rather than mirrored at each
+    // transition: the gauge cannot miss one.
+    for name in state.gateway.sources.keys() {
+        let paused = state
+            .dispatcher
+            .lane(name)
+            .is_some_and(|lane| !matches!(lane.state, CircuitState::Closed));
+        state.metrics.set_source_paused(name, paused);
+    }
+    // The gauges come from counts kept in memory: no scan per scrape. A
+    // store that cannot be read leaves them as last read and still
+    // answers: the scrape is how `dedupd_store_up` = 0 reaches an alert,
+    // with every other family.
+    match state.gateway.inbox.inbox_summary().await {
+        Ok(summary) => state.metrics.set_inbox(&summary, state.clock.now_ms()),
+        Err(e) => tracing::warn!(
+            error = %e.chain(),
+            "cannot read the inbox: its gauges keep their last values"
+        ),
+    }
     if let Some(space) = state.gateway.inbox.disk_space() {
         state.metrics.set_disk_space(space);
     }
-    Ok(HttpResponse::Ok()
+    HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(state.metrics.render()))
+        .body(state.metrics.render())
 }

@@ -8,6 +8,7 @@
 //! zeros from the first scrape instead of missing series.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock};
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
@@ -17,6 +18,7 @@ use metrics_exporter_prometheus::{
 
 use crate::clock::Millis;
 use crate::domain::AuthPort;
+use crate::store::StoreError;
 use crate::store::inbox::{DiskSpace, SourceSummary};
 
 /// HTTP request latency by `method`, `route` (the pattern), `status`.
@@ -38,6 +40,16 @@ pub const DELIVERY_DURATION: &str = "dedupd_delivery_duration_seconds";
 pub const INBOX_EVENTS: &str = "dedupd_inbox_events";
 /// Age of each source's oldest pending event.
 pub const OLDEST_PENDING: &str = "dedupd_oldest_pending_seconds";
+/// 1 while a source's circuit breaker holds its deliveries (paused or
+/// probing), by `source`.
+pub const SOURCE_PAUSED: &str = "dedupd_source_paused";
+/// 1 while `/readyz` would answer 200.
+pub const READY: &str = "dedupd_ready";
+/// Times readiness, as evaluated by `/readyz` and each scrape, turned.
+pub const READY_CHANGES: &str = "dedupd_ready_changes_total";
+/// 1 while the store answers (readiness fails for another reason, or not
+/// at all), 0 while it cannot be reached or written.
+pub const STORE_UP: &str = "dedupd_store_up";
 /// Time of one group commit (a batch: one log record and sync) of the
 /// embedded store.
 pub const STORE_COMMIT: &str = "dedupd_store_commit_seconds";
@@ -123,6 +135,8 @@ struct SourceHandles {
     deliveries: HashMap<&'static str, Counter>,
     /// `dedupd_delivery_duration_seconds`.
     delivery_duration: Histogram,
+    /// `dedupd_source_paused`.
+    paused: Gauge,
 }
 
 /// One latency series of a route: method, status, its handle.
@@ -160,7 +174,24 @@ pub struct Metrics {
     auth_throttled: [Counter; 2],
     /// `dedupd_http_connections_refused_total`.
     http_peer_refused: Counter,
+    /// `dedupd_ready`.
+    ready: Gauge,
+    /// `dedupd_ready_changes_total`.
+    ready_changes: Counter,
+    /// `dedupd_store_up`.
+    store_up: Gauge,
+    /// The last readiness evaluated: [`UNKNOWN`] before the first, else
+    /// [`READY_NO`] or [`READY_YES`].
+    last_ready: AtomicU8,
 }
+
+/// [`Metrics::last_ready`] before readiness was first evaluated: the first
+/// evaluation is not a change.
+const UNKNOWN: u8 = 0;
+/// [`Metrics::last_ready`]: not ready.
+const READY_NO: u8 = 1;
+/// [`Metrics::last_ready`]: ready.
+const READY_YES: u8 = 2;
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -221,7 +252,10 @@ impl Metrics {
                         &Key::from_parts(DELIVERY_DURATION, vec![source()]),
                         &METADATA,
                     ),
+                    paused: recorder
+                        .register_gauge(&Key::from_parts(SOURCE_PAUSED, vec![source()]), &METADATA),
                 };
+                handles.paused.set(0.0);
                 (s.clone(), handles)
             })
             .collect();
@@ -261,6 +295,15 @@ impl Metrics {
         let auth_throttled = by_port(AUTH_THROTTLED);
         let http_peer_refused = counter(HTTP_PEER_REFUSED, Vec::new());
         http_peer_refused.increment(0);
+        let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &METADATA);
+        // Until readiness is first evaluated (each scrape does, before it
+        // renders), nothing is known to answer.
+        let ready = gauge(READY);
+        ready.set(0.0);
+        let store_up = gauge(STORE_UP);
+        store_up.set(0.0);
+        let ready_changes = counter(READY_CHANGES, Vec::new());
+        ready_changes.increment(0);
         let metrics = Self {
             recorder,
             handle,
@@ -275,6 +318,10 @@ impl Metrics {
             auth_failures,
             auth_throttled,
             http_peer_refused,
+            ready,
+            ready_changes,
+            store_up,
+            last_ready: AtomicU8::new(UNKNOWN),
         };
         // The gauges exist (at zero) before the first scrape sets them.
         metrics.set_inbox(&[], 0);
@@ -377,6 +424,33 @@ impl Metrics {
             h
         });
         histogram.record(seconds);
+    }
+
+    /// Sets whether `source`'s circuit breaker holds its deliveries.
+    pub fn set_source_paused(&self, source: &str, paused: bool) {
+        if let Some(h) = self.sources.get(source) {
+            h.paused.set(if paused { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// Records readiness as just evaluated: `Ok`, or why not. A low disk
+    /// leaves the store up (it answers reads, and writes once space
+    /// frees); any other failure takes it down. Counts a change when this
+    /// differs from the previous evaluation, so flapping between scrapes,
+    /// as the load balancer's probes saw it, still shows.
+    pub fn set_readiness(&self, readiness: &Result<(), StoreError>) {
+        let ready = readiness.is_ok();
+        let store_up = !matches!(
+            readiness,
+            Err(StoreError::Unavailable(_) | StoreError::Failed(_))
+        );
+        self.ready.set(if ready { 1.0 } else { 0.0 });
+        self.store_up.set(if store_up { 1.0 } else { 0.0 });
+        let now = if ready { READY_YES } else { READY_NO };
+        let was = self.last_ready.swap(now, Ordering::Relaxed);
+        if was != UNKNOWN && was != now {
+            self.ready_changes.increment(1);
+        }
     }
 
     /// Counts a credential that did not authenticate on `port`.
@@ -580,6 +654,28 @@ fn describe(r: &PrometheusRecorder) {
         None,
         "HTTP connections closed at once: their address held http.max_connections_per_address already"
             .into(),
+    );
+    r.describe_gauge(
+        SOURCE_PAUSED.into(),
+        None,
+        "1 while the source's circuit breaker holds its deliveries (paused, or one probe at a time), 0 while they run"
+            .into(),
+    );
+    r.describe_gauge(
+        READY.into(),
+        None,
+        "1 while /readyz answers 200 (evaluated at each scrape and each /readyz)".into(),
+    );
+    r.describe_counter(
+        READY_CHANGES.into(),
+        None,
+        "Times readiness turned, counted at each /readyz and scrape: flapping shows here even between scrapes"
+            .into(),
+    );
+    r.describe_gauge(
+        STORE_UP.into(),
+        None,
+        "1 while the store answers (a low disk keeps it up), 0 while it cannot be reached or written".into(),
     );
     r.describe_gauge(
         BUILD_INFO.into(),

@@ -8,14 +8,18 @@ use reqwest::Method;
 use reqwest::StatusCode;
 use serde_json::json;
 
+use dedupd::store::redb::faults::FaultPlan;
+
 use crate::support::app::TestApp;
 use crate::support::app::spawn_app_with;
+use crate::support::app::spawn_faulty_app_with;
 use crate::support::app::with_tokens;
 use crate::support::gateway::SECRET;
 use crate::support::gateway::body;
 use crate::support::gateway::gateway_app;
 use crate::support::receiver::Behaviour;
 use crate::support::receiver::Receiver;
+use crate::support::receiver::eventually;
 /// The value of the sample `name{labels}` in a Prometheus text scrape
 /// (labels in any order), if present.
 fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
@@ -321,4 +325,111 @@ async fn a_quiet_moment_takes_the_checkpoint() {
     }
     // The claim was made durable in the file, and still answers.
     assert_eq!(app.get("quiet-1").await.status(), StatusCode::OK);
+}
+
+/// The breaker's state, read by each scrape: 1 from the pause, through
+/// the probes (deliveries are still held), to the first 2xx.
+#[tokio::test]
+async fn a_source_reads_paused_while_its_breaker_holds_deliveries_and_not_once_it_resumes() {
+    let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.pause_after = 3;
+        s.max_in_flight = 1;
+        s.max_attempts = 100;
+    })
+    .await;
+    let paused = |s: &str| count(s, "dedupd_source_paused", &[("source", "sume")]);
+    assert_eq!(paused(&app.scrape().await), 0.0);
+    for i in 0..3 {
+        app.ingest_ok(&body(
+            &format!("e{i}"),
+            &format!("run_{i}"),
+            "2026-11-29T10:00:00Z",
+        ))
+        .await;
+    }
+    // The clock stands still: the pause cannot end under the test.
+    eventually("paused after three failures", || async {
+        app.source_state("sume").await["delivery"]["state"] == "paused"
+    })
+    .await;
+    assert_eq!(paused(&app.scrape().await), 1.0);
+
+    receiver.set(Behaviour::Accept);
+    app.retrying_until("all delivered", || async {
+        app.event_ids("delivered").await.len() == 3
+    })
+    .await;
+    assert_eq!(paused(&app.scrape().await), 0.0);
+}
+
+/// A disk at the watermark: not ready, but the store is up (it serves
+/// reads and takes writes once space frees); each turn of readiness that
+/// a probe or a scrape saw is counted.
+#[tokio::test]
+async fn a_disk_at_the_watermark_reads_not_ready_with_the_store_up_and_counts_the_turns() {
+    let plan = FaultPlan::new();
+    plan.set_free_bytes(Some(1024 * 1024 * 1024));
+    let app = spawn_faulty_app_with(
+        |l| l.settings.storage.min_free_bytes = 8 * 1024 * 1024,
+        plan.clone(),
+    )
+    .await;
+    let s = app.scrape().await;
+    assert_eq!(count(&s, "dedupd_ready", &[]), 1.0);
+    assert_eq!(count(&s, "dedupd_store_up", &[]), 1.0);
+    assert_eq!(count(&s, "dedupd_ready_changes_total", &[]), 0.0);
+
+    plan.set_free_bytes(Some(4 * 1024 * 1024));
+    assert_eq!(
+        app.claim("refused", json!({})).await.status(),
+        StatusCode::INSUFFICIENT_STORAGE
+    );
+    let res = app.client.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let s = app.scrape().await;
+    assert_eq!(count(&s, "dedupd_ready", &[]), 0.0);
+    assert_eq!(count(&s, "dedupd_store_up", &[]), 1.0);
+    assert_eq!(
+        count(&s, "dedupd_store_free_bytes", &[]),
+        4.0 * 1024.0 * 1024.0
+    );
+    assert_eq!(count(&s, "dedupd_ready_changes_total", &[]), 1.0);
+
+    plan.set_free_bytes(None);
+    eventually("ready again", || async {
+        app.client
+            .get(app.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == StatusCode::OK
+    })
+    .await;
+    let s = app.scrape().await;
+    assert_eq!(count(&s, "dedupd_ready", &[]), 1.0);
+    assert_eq!(count(&s, "dedupd_ready_changes_total", &[]), 2.0);
+}
+
+/// A disk that refuses every write: the store is down, and so is
+/// readiness, in the same scrape.
+#[tokio::test]
+async fn a_disk_that_refuses_writes_reads_the_store_down_and_not_ready() {
+    let plan = FaultPlan::new();
+    let app = spawn_faulty_app_with(|_| {}, plan.clone()).await;
+    assert_eq!(count(&app.scrape().await, "dedupd_store_up", &[]), 1.0);
+    plan.set_full(true);
+    assert_eq!(
+        app.claim("refused", json!({})).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let s = app.scrape().await;
+    assert_eq!(count(&s, "dedupd_store_up", &[]), 0.0);
+    assert_eq!(count(&s, "dedupd_ready", &[]), 0.0);
+    plan.set_full(false);
+    eventually("the store is back", || async {
+        count(&app.scrape().await, "dedupd_store_up", &[]) == 1.0
+    })
+    .await;
 }
