@@ -433,3 +433,49 @@ async fn a_disk_that_refuses_writes_reads_the_store_down_and_not_ready() {
     })
     .await;
 }
+
+/// The Redis backend's server stops: the store is down and not ready,
+/// and both come back with it, each turn counted.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn with_redis_down_the_store_reads_down_and_not_ready_until_it_returns() {
+    use crate::support::redis::RedisServer;
+
+    let mut server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let url = server.url();
+    let app = spawn_app_with(|l| {
+        l.settings.storage.backend = dedupd::config::Backend::Redis;
+        l.settings.storage.redis.url = dedupd::config::Secret::new(url);
+    })
+    .await;
+    let s = app.scrape().await;
+    assert_eq!(count(&s, "dedupd_ready", &[]), 1.0);
+    assert_eq!(count(&s, "dedupd_store_up", &[]), 1.0);
+
+    server = tokio::task::spawn_blocking(move || {
+        server.stop();
+        server
+    })
+    .await
+    .unwrap();
+    let s = app.scrape().await;
+    assert_eq!(count(&s, "dedupd_ready", &[]), 0.0);
+    assert_eq!(count(&s, "dedupd_store_up", &[]), 0.0);
+
+    server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    eventually("the store is back", || async {
+        count(&app.scrape().await, "dedupd_store_up", &[]) == 1.0
+    })
+    .await;
+    let s = app.scrape().await;
+    assert_eq!(count(&s, "dedupd_ready", &[]), 1.0);
+    assert_eq!(count(&s, "dedupd_ready_changes_total", &[]), 2.0);
+    drop(server);
+}
