@@ -19,7 +19,7 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 pub use crate::domain::Scheme;
-pub use standard::{parse_whsec, sign_standard_webhooks};
+pub use standard::{parse_whsec, sign_standard_webhooks, signature_header};
 
 type HmacSha256 = Hmac<Sha256>;
 

@@ -39,6 +39,18 @@ pub fn sign_standard_webhooks(key: &[u8], id: &str, timestamp: i64, body: &[u8])
     format!("v1,{}", BASE64.encode(tag))
 }
 
+/// The `webhook-signature` header value for a forward signed with each of
+/// `keys`: their `v1,<base64>` entries in order, separated by spaces. A
+/// verifier holding any one of the keys finds its entry (the spec lets a
+/// sender list several, for rotating secrets).
+pub fn signature_header(keys: &[Vec<u8>], id: &str, timestamp: i64, body: &[u8]) -> String {
+    let signed = format!("{id}.{timestamp}.");
+    keys.iter()
+        .map(|key| format!("v1,{}", BASE64.encode(mac(key, &signed, body))))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub(super) fn parse<'a>(header: &dyn Fn(&str) -> Option<&'a str>) -> Result<Claim, VerifyError> {
     let id = required(header, ID)?;
     let raw_ts = required(header, TIMESTAMP)?;
@@ -167,6 +179,36 @@ mod tests {
         );
         let h = headers(v, &multi);
         assert_eq!(verifier(v.secret).verify(&lookup(&h), v.body, v.ts), Ok(()));
+    }
+
+    #[test]
+    fn a_header_signed_with_several_keys_verifies_with_each_key_alone() {
+        let v = &VECTORS[0];
+        let (new, old) = (VECTORS[1].secret, v.secret);
+        let keys = [parse_whsec(new).unwrap(), parse_whsec(old).unwrap()];
+        let header = signature_header(&keys, v.id, v.ts, v.body);
+        let entries: Vec<&str> = header.split(' ').collect();
+        assert_eq!(
+            entries,
+            [
+                sign_standard_webhooks(&keys[0], v.id, v.ts, v.body),
+                sign_standard_webhooks(&keys[1], v.id, v.ts, v.body),
+            ],
+            "one entry per key, in the listed order"
+        );
+        assert_eq!(entries[1], v.signature);
+        let h = headers(v, &header);
+        for secret in [new, old] {
+            assert_eq!(verifier(secret).verify(&lookup(&h), v.body, v.ts), Ok(()));
+            assert_eq!(
+                verifier(secret).verify(&lookup(&h), b"{\"test\": 1}", v.ts),
+                Err(VerifyError::BadSignature)
+            );
+        }
+        assert_eq!(
+            verifier("whsec_c2VjcmV0LW90aGVy").verify(&lookup(&h), v.body, v.ts),
+            Err(VerifyError::BadSignature)
+        );
     }
 
     #[test]
