@@ -43,8 +43,11 @@ pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> 
     let mut errors = Vec::new();
     for (name, src) in &loaded.settings.sources {
         let secrets: Vec<String> = src.secrets.iter().map(|s| s.expose().to_owned()).collect();
-        let destination = src.destination_secret.as_ref().map(|s| s.expose());
-        match Source::build(name, src, &secrets, destination) {
+        let destination: Vec<String> = src
+            .all_destination_secrets()
+            .map(|s| s.expose().to_owned())
+            .collect();
+        match Source::build(name, src, &secrets, &destination) {
             Ok(source) => sources.push(Arc::new(source)),
             Err(problems) => errors.extend(
                 problems

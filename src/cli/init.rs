@@ -215,7 +215,8 @@ tolerance = "5m"                       # replay window on the signed timestamp
 {fields}# Your application. `dedupd receive` listens on 127.0.0.1:3000.
 forward_to = {forward_to}
 # dedupd signs what it forwards (Standard Webhooks) with this secret; give
-# it to your application (`dedupd receive` reads it from here).
+# it to your application (`dedupd receive` reads it from here). To rotate
+# it, list the new and this one in destination_secrets (docs/gateway.md).
 destination_secret = {destination_secret}
 max_attempts = 12                      # then the event is dead
 backoff_min = "1s"                     # the first retry's delay, doubled per failure ...

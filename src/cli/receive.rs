@@ -1,5 +1,5 @@
 //! `dedupd receive`: a stand-in for your application. It verifies each
-//! delivery's Standard Webhooks signature with the destination secret,
+//! delivery's Standard Webhooks signature with the destination secrets,
 //! prints one line per delivery and answers 204 — or 503 to the first
 //! `--fail N` attempts of each event (by the `dedupd-attempt` header), or
 //! 401 to a bad signature.
@@ -34,8 +34,8 @@ pub struct Args {
     /// [default: none, or $DEDUPD_CONFIG].
     #[arg(long, env = CONFIG_ENV)]
     config: Option<PathBuf>,
-    /// Verify with this source's destination_secret [default: any source's
-    /// in the configuration].
+    /// Verify with this source's destination secrets (any one of them)
+    /// [default: any source's in the configuration].
     #[arg(long, conflicts_with = "secret")]
     source: Option<String>,
     /// Verify with this whsec_… secret instead of the configuration's.
@@ -122,16 +122,25 @@ fn from_config(args: &Args) -> anyhow::Result<(Vec<String>, BTreeMap<String, Loc
     let mut secrets = Vec::new();
     let mut streams = BTreeMap::new();
     for s in &chosen {
-        if let Some(d) = &loaded.settings.sources[&s.name].destination_secret {
-            secrets.push(d.expose().to_owned());
-        }
+        // During a rotation a source signs with each of several secrets:
+        // any one of them verifies, as in an application holding only one.
+        secrets.extend(
+            loaded.settings.sources[&s.name]
+                .all_destination_secrets()
+                .map(|d| d.expose().to_owned()),
+        );
         if let Some(l) = &s.stream {
             streams.insert(s.name.clone(), l.clone());
         }
     }
     let names: Vec<&str> = chosen.iter().map(|s| s.name.as_str()).collect();
     let whose = format!(
-        "the destination_secret of source{} {}",
+        "{} of source{} {}",
+        if secrets.len() == names.len() {
+            "the destination_secret".to_owned()
+        } else {
+            format!("any of the {} destination secrets", secrets.len())
+        },
         if names.len() == 1 { "" } else { "s" },
         names.join(", ")
     );

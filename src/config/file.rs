@@ -65,11 +65,12 @@ fn syntax_error(text: &str, e: &toml::de::Error) -> String {
 }
 
 /// The keys whose values are secrets; `*` matches any source's name.
-const SECRET_KEYS: [&[&str]; 7] = [
+const SECRET_KEYS: [&[&str]; 8] = [
     &["api", "tokens"],
     &["api", "read_tokens"],
     &["sources", "*", "secrets"],
     &["sources", "*", "destination_secret"],
+    &["sources", "*", "destination_secrets"],
     &["storage", "redis", "url"],
     &["storage", "redis", "cluster_nodes"],
     &["storage", "redis", "sentinels"],
@@ -154,6 +155,8 @@ mod tests {
             "sources.billing.secrets",
             "sources.billing.secrets.1",
             "sources.billing.destination_secret",
+            "sources.billing.destination_secrets",
+            "sources.billing.destination_secrets.1",
             "sources.billing",
             "sources",
             "storage.redis.url",
@@ -168,6 +171,7 @@ mod tests {
             "api.tokens_file",
             "api.read_tokens_file",
             "sources.billing.secrets_file",
+            "sources.billing.destination_secret_file",
             "sources.billing.forward_to",
             "storage.redis.prefix",
             "storage.max_batch",

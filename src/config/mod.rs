@@ -1006,13 +1006,41 @@ impl Settings {
                 }
                 src.secrets_file = Some(path);
             }
+            // One place holds the destination secrets: with two, an operator
+            // rotating in one of them would not know which list dedupd signs
+            // with.
+            let places = [
+                ("destination_secret", src.destination_secret.is_some()),
+                ("destination_secrets", !src.destination_secrets.is_empty()),
+                (
+                    "destination_secret_file",
+                    src.destination_secret_file.is_some(),
+                ),
+            ];
+            let set: Vec<&str> = places
+                .iter()
+                .filter(|(_, on)| *on)
+                .map(|(k, _)| *k)
+                .collect();
+            if let [first, .., last] = set[..] {
+                bad(
+                    &format!("sources.{name}.{last}"),
+                    format!(
+                        "set one of destination_secret (one secret), destination_secrets (several, \
+                         during a rotation) or destination_secret_file, not {}",
+                        if set.len() == 2 {
+                            format!("both {first} and {last}")
+                        } else {
+                            "all three".to_owned()
+                        }
+                    ),
+                );
+            }
             if let Some(path) = src.destination_secret_file.take() {
                 match read_lines(&path) {
-                    Ok(lines) => {
-                        if let Some(first) = lines.into_iter().next() {
-                            src.destination_secret = Some(Secret::new(first));
-                        }
-                    }
+                    Ok(lines) => src
+                        .destination_secrets
+                        .extend(lines.into_iter().map(Secret::new)),
                     Err(e) => bad(&format!("sources.{name}.destination_secret_file"), e),
                 }
                 src.destination_secret_file = Some(path);

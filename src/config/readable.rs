@@ -92,6 +92,7 @@ impl Loaded {
             for name in s.sources.keys() {
                 keys.push(format!("sources.{name}.secrets"));
                 keys.push(format!("sources.{name}.destination_secret"));
+                keys.push(format!("sources.{name}.destination_secrets"));
             }
             for key in keys {
                 let Ok(value) = fig.find_value(&key) else {

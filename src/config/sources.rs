@@ -112,7 +112,14 @@ pub struct SourceSettings {
     /// `whsec_<base64>` secret dedupd signs forwarded requests with.
     #[serde(default)]
     pub destination_secret: Option<Secret>,
-    /// A file holding the destination secret.
+    /// Several `whsec_<base64>` secrets, during a rotation: each forward
+    /// carries one signature per secret, in this order. Not with
+    /// `destination_secret`; once loaded, also the lines of
+    /// `destination_secret_file`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destination_secrets: Vec<Secret>,
+    /// A file holding the destination secrets, one per line (`#` comments
+    /// allowed).
     #[serde(default)]
     pub destination_secret_file: Option<PathBuf>,
     /// Request headers passed on to the application.
@@ -137,6 +144,17 @@ pub struct SourceSettings {
     /// `rate_limit` (default: one second's worth, at least 1).
     #[serde(default)]
     pub rate_burst: Option<u32>,
+}
+
+impl SourceSettings {
+    /// Every secret dedupd signs this source's forwards with, in the order
+    /// of their signatures: `destination_secret`, or `destination_secrets`
+    /// (which holds the lines of `destination_secret_file` once loaded).
+    pub fn all_destination_secrets(&self) -> impl Iterator<Item = &Secret> {
+        self.destination_secret
+            .iter()
+            .chain(&self.destination_secrets)
+    }
 }
 
 fn default_tolerance() -> Duration {

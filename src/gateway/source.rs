@@ -13,6 +13,10 @@ pub const MAX_BODY_LIMIT: usize = 16 * 1024 * 1024;
 /// Longest time allowed for one delivery attempt.
 const MAX_FORWARD_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// Most destination secrets a source signs with. A rotation needs two;
+/// each one more costs an HMAC and about 50 header bytes per forward.
+pub const MAX_DESTINATION_SECRETS: usize = 8;
+
 /// Shortest allowed replay window.
 const MIN_TOLERANCE: Duration = Duration::from_secs(1);
 /// Longest allowed replay window.
@@ -65,8 +69,10 @@ pub struct Source {
     pub backoff_min: Duration,
     /// Retry delay ceiling.
     pub backoff_max: Duration,
-    /// Key dedupd signs forwarded requests with (Standard Webhooks).
-    pub destination_key: Vec<u8>,
+    /// Keys dedupd signs forwarded requests with (Standard Webhooks), one
+    /// signature each, in this order: 1 to [`MAX_DESTINATION_SECRETS`],
+    /// no two alike.
+    pub destination_keys: Vec<Vec<u8>>,
     /// Lowercased names of request headers passed on.
     pub forward_headers: Vec<String>,
     /// Largest accepted body, bytes.
@@ -86,7 +92,7 @@ impl std::fmt::Debug for Source {
             .field("name", &self.name)
             .field("scheme", &self.scheme)
             .field("forward_to", &crate::redact::url(&self.forward_to))
-            .field("destination_key", &"<redacted>")
+            .field("destination_keys", &"<redacted>")
             .finish_non_exhaustive()
     }
 }
@@ -96,12 +102,13 @@ pub type SourceError = (&'static str, String);
 
 impl Source {
     /// Builds a source from its settings, with secrets already read from
-    /// files. Collects every error.
+    /// files: `destination_secrets` are those of
+    /// [`SourceSettings::all_destination_secrets`]. Collects every error.
     pub fn build(
         name: &str,
         s: &SourceSettings,
         secrets: &[String],
-        destination_secret: Option<&str>,
+        destination_secrets: &[String],
     ) -> Result<Self, Vec<SourceError>> {
         let mut errors: Vec<SourceError> = Vec::new();
         let verifier = if secrets.is_empty() {
@@ -180,20 +187,9 @@ impl Source {
                 None
             }
         };
-        let destination_key = match destination_secret {
-            None => {
-                errors.push((
-                    "destination_secret",
-                    "missing: dedupd signs what it forwards; set destination_secret \
-                     (whsec_<base64>) or destination_secret_file"
-                        .into(),
-                ));
-                None
-            }
-            Some(d) => parse_whsec(d)
-                .map_err(|e| errors.push(("destination_secret", e)))
-                .ok(),
-        };
+        let destination_keys = destination_keys(s, destination_secrets)
+            .map_err(|e| errors.push(e))
+            .ok();
         // A delivery's stream lease lasts this long plus a grace, as a
         // claim's TTL: past an hour no destination is still answering.
         if s.forward_timeout.is_zero() || s.forward_timeout > MAX_FORWARD_TIMEOUT {
@@ -244,7 +240,7 @@ impl Source {
             created_at,
             stream,
             forward_to,
-            destination_key,
+            destination_keys,
         ) {
             (
                 Some(verifier),
@@ -252,7 +248,7 @@ impl Source {
                 created_at,
                 stream,
                 Some(forward_to),
-                Some(destination_key),
+                Some(destination_keys),
             ) if errors.is_empty() => Ok(Self {
                 name: name.to_owned(),
                 scheme: s.scheme,
@@ -265,7 +261,7 @@ impl Source {
                 max_attempts: s.max_attempts,
                 backoff_min: s.backoff_min,
                 backoff_max: s.backoff_max,
-                destination_key,
+                destination_keys,
                 forward_headers,
                 max_body_bytes: s.max_body_bytes,
                 max_in_flight: s.max_in_flight,
@@ -277,4 +273,70 @@ impl Source {
             _ => Err(errors),
         }
     }
+}
+
+/// The keys of a source's destination secrets, in order, or what is wrong
+/// with them, under the key that holds them.
+fn destination_keys(s: &SourceSettings, secrets: &[String]) -> Result<Vec<Vec<u8>>, SourceError> {
+    let from_file = s.destination_secret_file.is_some();
+    let key = if from_file {
+        "destination_secret_file"
+    } else if s.destination_secrets.is_empty() {
+        "destination_secret"
+    } else {
+        "destination_secrets"
+    };
+    // Which entry of a list is wrong; a lone destination_secret needs no
+    // such words.
+    let entry = |i: usize| match key {
+        "destination_secret_file" => format!("secret {} of the file", i + 1),
+        _ => format!("entry {i}"),
+    };
+    let counted = if from_file {
+        " (blank lines and # comments not counted)"
+    } else {
+        " (counting from 0)"
+    };
+    let at = |i: usize, e: String| match key {
+        "destination_secret" => e,
+        _ => format!("{}{counted}: {e}", entry(i)),
+    };
+    match secrets.len() {
+        0 if from_file => {
+            return Err((
+                key,
+                "holds no secret (only blank lines and # comments)".into(),
+            ));
+        }
+        0 => {
+            return Err((
+                key,
+                "missing: dedupd signs what it forwards; set destination_secret \
+                 (whsec_<base64>), destination_secrets or destination_secret_file"
+                    .into(),
+            ));
+        }
+        n if n > MAX_DESTINATION_SECRETS => {
+            return Err((
+                key,
+                format!(
+                    "at most {MAX_DESTINATION_SECRETS} secrets (got {n}): a rotation needs two, \
+                     and every forward carries one signature per secret"
+                ),
+            ));
+        }
+        _ => {}
+    }
+    let mut keys: Vec<Vec<u8>> = Vec::with_capacity(secrets.len());
+    for (i, secret) in secrets.iter().enumerate() {
+        let k = parse_whsec(secret).map_err(|e| (key, at(i, e)))?;
+        // A secret listed twice is most likely the new one pasted where the
+        // old one was meant (or the reverse): the application switching to
+        // the one missing would reject every forward.
+        if let Some(j) = keys.iter().position(|known| *known == k) {
+            return Err((key, at(i, format!("the same key as {}", entry(j)))));
+        }
+        keys.push(k);
+    }
+    Ok(keys)
 }

@@ -34,7 +34,7 @@ fn source() -> Source {
         "fuzz",
         &settings,
         &[SECRET.to_owned()],
-        Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        &["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()],
     )
     .unwrap()
 }

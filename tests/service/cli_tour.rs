@@ -405,6 +405,71 @@ async fn receive_answers_401_to_a_bad_signature_and_prints_it() {
     assert!(line.ends_with("-> 401"), "{line}");
 }
 
+/// During a rotation an application may still hold the old secret or
+/// already the new one; `receive`, reading the source's list, stands in
+/// for either: a request signed with any one of them verifies.
+#[tokio::test]
+async fn receive_verifies_with_any_destination_secret_of_a_rotating_source() {
+    const NEW: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+    const OLD: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    assert!(init(&config, &[]).status.success());
+    let written = std::fs::read_to_string(&config).unwrap();
+    let rotating: String = written
+        .lines()
+        .map(|l| {
+            if l.starts_with("destination_secret = ") {
+                format!("destination_secrets = [{NEW:?}, {OLD:?}]\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert_ne!(written, rotating);
+    std::fs::write(&config, rotating).unwrap();
+    let mut receive = Receive::start(&config, &[]);
+    assert!(
+        receive.seen[0].contains("with any of the 2 destination secrets of source sume"),
+        "{:?}",
+        receive.seen
+    );
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap();
+    for (id, secret, status) in [
+        ("req_new", NEW, 204),
+        ("req_old", OLD, 204),
+        ("req_other", "whsec_c2VjcmV0LW90aGVy", 401),
+    ] {
+        let body = format!(r#"{{"request_id":"{id}"}}"#).into_bytes();
+        let mut req = crate::support::http::client()
+            .post(format!("http://127.0.0.1:{}/hooks", receive.port))
+            .body(body.clone());
+        for (k, v) in dedupd::gateway::signature::sign(
+            dedupd::gateway::signature::Scheme::StandardWebhooks,
+            secret,
+            now,
+            id,
+            &body,
+        ) {
+            req = req.header(k, v);
+        }
+        assert_eq!(req.send().await.unwrap().status(), status, "{id}");
+        let line = receive.until(&[id]);
+        let verdict = if status == 204 {
+            "  verified  "
+        } else {
+            "NOT VERIFIED"
+        };
+        assert!(line.contains(verdict), "{line}");
+    }
+}
+
 /// The API token is for `/v1`; ingest trusts the provider's signature only.
 /// `trigger --url` may name any server, so its post carries the signature
 /// and no token: a server that is not dedupd learns no token from it.

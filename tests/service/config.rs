@@ -652,6 +652,127 @@ fn check_config_refuses_a_rate_limit_it_cannot_read_and_a_burst_without_one() {
 }
 
 #[test]
+fn check_config_takes_several_destination_secrets_from_one_place_and_names_a_bad_entry() {
+    const NEW: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+    const OLD: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("rotation.toml");
+    let keys = dir.path().join("destination-keys");
+    let source = |extra: &str| {
+        format!(
+            "[sources.s]\nscheme = \"sume\"\nsecrets = [\"sume_test_secret\"]\nevent_id = \"body:/id\"\nforward_to = \"http://127.0.0.1:1/\"\n{extra}\n"
+        )
+    };
+    let check = |extra: &str| {
+        std::fs::write(&file, source(extra)).unwrap();
+        let out = check_config(&file);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        for secret in [NEW, OLD] {
+            let key = &secret["whsec_".len()..];
+            assert!(
+                !stdout.contains(key) && !stderr.contains(key),
+                "{stdout}{stderr}"
+            );
+        }
+        (out.status.success(), stdout, stderr)
+    };
+    let refused = |extra: &str, what: &[&str]| {
+        let (ok, _, stderr) = check(extra);
+        assert!(!ok, "{extra}: accepted");
+        let line = stderr
+            .lines()
+            .find(|l| what.iter().all(|w| l.contains(w)))
+            .unwrap_or_else(|| panic!("{extra}: no line with {what:?} in:\n{stderr}"));
+        assert!(line.contains("rotation.toml"), "{line}");
+    };
+
+    let (ok, stdout, stderr) = check(&format!("destination_secrets = [{NEW:?}, {OLD:?}]"));
+    assert!(ok, "{stderr}");
+    let section = stdout
+        .split("[sources.s]")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(section.contains("destination_secrets = ["), "{stdout}");
+    assert_eq!(
+        section.matches("\"<redacted>\"").count(),
+        3,
+        "the provider's secret and both destination secrets: {stdout}"
+    );
+    std::fs::write(
+        &keys,
+        format!("# new, since 2027-01-10\n{NEW}\n\n# old\n{OLD}\n"),
+    )
+    .unwrap();
+    let (ok, _, stderr) = check(&format!("destination_secret_file = {keys:?}"));
+    assert!(ok, "{stderr}");
+
+    refused(
+        &format!("destination_secret = {OLD:?}\ndestination_secrets = [{NEW:?}, {OLD:?}]"),
+        &[
+            "sources.s.destination_secrets:",
+            "not both destination_secret and destination_secrets",
+        ],
+    );
+    refused(
+        &format!("destination_secret = {OLD:?}\ndestination_secret_file = {keys:?}"),
+        &[
+            "sources.s.destination_secret_file:",
+            "not both destination_secret and destination_secret_file",
+        ],
+    );
+    let nine: Vec<String> = "ABCDEFGHI"
+        .chars()
+        .map(|c| format!("\"whsec_{}\"", c.to_string().repeat(32)))
+        .collect();
+    refused(
+        &format!("destination_secrets = [{}]", nine.join(", ")),
+        &[
+            "sources.s.destination_secrets:",
+            "at most 8 secrets (got 9)",
+        ],
+    );
+    refused(
+        &format!("destination_secrets = [{NEW:?}, \"whsec_not base64!\"]"),
+        &[
+            "sources.s.destination_secrets:",
+            "entry 1 (counting from 0): expected whsec_<base64>",
+        ],
+    );
+    refused(
+        &format!("destination_secrets = [{NEW:?}, {OLD:?}, {NEW:?}]"),
+        &[
+            "sources.s.destination_secrets:",
+            "entry 2 (counting from 0): the same key as entry 0",
+        ],
+    );
+    std::fs::write(&keys, format!("{NEW}\n# a comment\nwhsec_\n")).unwrap();
+    refused(
+        &format!("destination_secret_file = {keys:?}"),
+        &[
+            "sources.s.destination_secret_file:",
+            "secret 2 of the file (blank lines and # comments not counted): expected whsec_",
+        ],
+    );
+    std::fs::write(&keys, "# nothing yet\n\n").unwrap();
+    refused(
+        &format!("destination_secret_file = {keys:?}"),
+        &["sources.s.destination_secret_file:", "holds no secret"],
+    );
+    refused(
+        "",
+        &[
+            "sources.s.destination_secret:",
+            "missing",
+            "destination_secrets",
+        ],
+    );
+}
+
+#[test]
 fn check_config_refuses_a_redis_durability_it_cannot_read_or_give() {
     let dir = TempDir::new().unwrap();
     let file = dir.path().join("dedupd.toml");

@@ -11,7 +11,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dedupd::clock::ManualClock;
 use dedupd::clock::Millis;
+use dedupd::config::Secret;
 use dedupd::domain::CreatedAt;
 use dedupd::domain::Fingerprint;
 use dedupd::domain::ScopedKey;
@@ -19,6 +21,8 @@ use dedupd::domain::Token;
 use dedupd::domain::Ttl;
 use dedupd::gateway::signature::Scheme;
 use dedupd::gateway::signature::Verifier;
+use dedupd::gateway::signature::parse_whsec;
+use dedupd::gateway::signature::sign_standard_webhooks;
 use dedupd::store::ApplyResult;
 use dedupd::store::ClaimOutcome;
 use dedupd::store::ClaimView;
@@ -35,6 +39,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::support::app::assert_problem;
+use crate::support::app::spawn_app_at;
 use crate::support::app::spawn_shared_app_with;
 use crate::support::gateway::DESTINATION;
 use crate::support::gateway::SECRET;
@@ -356,6 +361,128 @@ async fn the_forwarded_request_is_the_original_body_signed_with_standard_webhook
     )
     .unwrap();
     assert!(wrong.verify(&lookup, &got.body, app.now_s()).is_err());
+}
+
+/// The secret a rotation brings in (the reference libraries' test key);
+/// [`DESTINATION`] is the one it retires.
+const NEW_DESTINATION: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
+/// A source signing with the new and the old destination secret, in that
+/// order, as during a rotation.
+fn rotating(s: &mut dedupd::config::sources::SourceSettings) {
+    s.destination_secret = None;
+    s.destination_secrets = [NEW_DESTINATION, DESTINATION].map(Secret::new).to_vec();
+}
+
+#[tokio::test]
+async fn a_forward_carries_one_signature_per_destination_secret_and_each_verifies_alone() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, rotating).await;
+    let b = body("req_rot", "run_1", "2026-11-29T10:00:00Z");
+    app.ingest_ok(&b).await;
+    app.retrying_until("delivery", || async { !receiver.received().is_empty() })
+        .await;
+    let got = &receiver.received()[0];
+    let ts: i64 = got.header("webhook-timestamp").parse().unwrap();
+    let entries: Vec<&str> = got.header("webhook-signature").split(' ').collect();
+    let signed_with =
+        |secret: &str| sign_standard_webhooks(&parse_whsec(secret).unwrap(), "req_rot", ts, &b);
+    assert_eq!(
+        entries,
+        [signed_with(NEW_DESTINATION), signed_with(DESTINATION)],
+        "one v1 entry per secret, in the listed order"
+    );
+    let lookup = |name: &str| got.headers.get(name).map(String::as_str);
+    let mut tampered = got.body.clone();
+    tampered[0] = b' ';
+    for secret in [NEW_DESTINATION, DESTINATION] {
+        let alone = Verifier::new(
+            Scheme::StandardWebhooks,
+            &[secret.to_owned()],
+            Duration::from_secs(300),
+        )
+        .unwrap();
+        alone.verify(&lookup, &got.body, app.now_s()).unwrap();
+        assert!(alone.verify(&lookup, &tampered, app.now_s()).is_err());
+    }
+}
+
+/// The official Python library (`standardwebhooks`, as docs/gateway.md
+/// shows it) verifies one forward of a source in rotation holding the new
+/// secret alone, then the old one alone, and refuses the body changed by
+/// one byte. Its clock is the machine's, so the app's runs from now. Needs
+/// a Python with the package: `.ci/run` makes a virtualenv and names its
+/// interpreter in `DEDUPD_TEST_PYTHON`.
+#[tokio::test]
+#[ignore = "needs DEDUPD_TEST_PYTHON (a python with standardwebhooks); .ci/run runs it"]
+async fn the_standardwebhooks_library_verifies_a_forward_with_either_secret_of_a_rotation() {
+    let python = std::env::var("DEDUPD_TEST_PYTHON")
+        .expect("DEDUPD_TEST_PYTHON names a python that has standardwebhooks (see .ci/run)");
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let mut s = settings(&receiver.url);
+    rotating(&mut s);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let app = spawn_app_at(ManualClock::new(u64::try_from(now_ms).unwrap()), |l| {
+        l.settings.sources.insert("sume".into(), s);
+    })
+    .await;
+    let b = body("req_py", "run_1", "2026-11-29T10:00:00Z");
+    app.ingest_ok(&b).await;
+    app.retrying_until("delivery", || async { !receiver.received().is_empty() })
+        .await;
+    let got = &receiver.received()[0];
+    let original = String::from_utf8(got.body.clone()).unwrap();
+    let case = serde_json::json!({
+        "headers": got.headers,
+        "bodies": [["original", original], ["tampered", original.replacen("req_py", "req_pz", 1)]],
+        "secrets": [["new", NEW_DESTINATION], ["old", DESTINATION], ["other", "whsec_c2VjcmV0LW90aGVy"]],
+    });
+    const SCRIPT: &str = r#"
+import json, sys
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+case = json.load(sys.stdin)
+for who, secret in case["secrets"]:
+    wh = Webhook(secret)
+    for what, body in case["bodies"]:
+        try:
+            wh.verify(body.encode(), case["headers"])
+            print(who, what, "verified")
+        except WebhookVerificationError as e:
+            print(who, what, "refused:", e)
+"#;
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = std::process::Command::new(python)
+            .args(["-c", SCRIPT])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        serde_json::to_writer(child.stdin.take().unwrap(), &case).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        [
+            "new original verified",
+            "new tampered refused: No matching signature found",
+            "old original verified",
+            "old tampered refused: No matching signature found",
+            "other original refused: No matching signature found",
+            "other tampered refused: No matching signature found",
+        ]
+    );
 }
 
 #[tokio::test]

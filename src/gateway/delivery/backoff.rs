@@ -51,7 +51,7 @@ mod tests {
             "s",
             &s,
             &["k".to_owned()],
-            Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            &["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()],
         )
         .unwrap()
     }

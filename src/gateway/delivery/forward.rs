@@ -1,5 +1,5 @@
 //! Forwarding one event to the application over HTTP: the original body,
-//! signed with the Standard Webhooks scheme under the destination secret.
+//! signed with the Standard Webhooks scheme under each destination secret.
 //!
 //! One client serves every source. It keeps connections alive and reuses
 //! them (a pool per destination host), so a busy destination is not paying
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::clock::Millis;
 use crate::gateway::Source;
-use crate::gateway::signature::sign_standard_webhooks;
+use crate::gateway::signature::signature_header;
 use crate::store::inbox::InboxEvent;
 
 /// Idle connections are closed after this long.
@@ -51,8 +51,7 @@ impl Forwarder {
         attempt: u32,
         now_s: i64,
     ) -> Result<u16, Failed> {
-        let signature =
-            sign_standard_webhooks(&source.destination_key, &ev.event_id, now_s, &ev.body);
+        let signature = signature_header(&source.destination_keys, &ev.event_id, now_s, &ev.body);
         let mut req = self
             .client
             .post(source.forward_to.clone())
