@@ -86,29 +86,32 @@ impl Reaper {
         self
     }
 
-    /// The removed sources that still have events, named in the log.
-    async fn removed_sources(&self) -> Vec<String> {
+    /// The removed sources that still have events, named in the log; none
+    /// when the inbox cannot say now (the reaper asks again next pass).
+    async fn removed_sources(&self) -> Option<Vec<String>> {
         let Some(o) = &self.orphans else {
-            return Vec::new();
+            return Some(Vec::new());
         };
         match o.inbox.inbox_sources().await {
-            Ok(found) => found
-                .into_iter()
-                .filter(|(name, _)| !o.configured.contains(name))
-                .map(|(name, pending)| {
-                    tracing::warn!(
-                        source = %name,
-                        pending,
-                        "source removed from the configuration still has events: they are \
-                         not delivered, stay listable under /v1/sources/{name}/events, and \
-                         are reaped after gateway.dead_retention"
-                    );
-                    name
-                })
-                .collect(),
+            Ok(found) => Some(
+                found
+                    .into_iter()
+                    .filter(|(name, _)| !o.configured.contains(name))
+                    .map(|(name, pending)| {
+                        tracing::warn!(
+                            source = %name,
+                            pending,
+                            "source removed from the configuration still has events: they are \
+                             not delivered, stay listable under /v1/sources/{name}/events, and \
+                             are reaped after gateway.dead_retention"
+                        );
+                        name
+                    })
+                    .collect(),
+            ),
             Err(e) => {
-                tracing::warn!(error = %e.chain(), "cannot list the inbox's sources");
-                Vec::new()
+                tracing::warn!(error = %e.chain(), "cannot list the inbox's sources; the reaper asks again next pass");
+                None
             }
         }
     }
@@ -146,7 +149,9 @@ impl Reaper {
             let (n, more) = o.inbox.purge_settled(now, self.batch_size).await?;
             total += n;
             self.count("inbox", n);
-            if !more {
+            // A batch that deleted nothing ends the pass whatever it says
+            // of more: the next pass looks again, and a reaper never spins.
+            if !more || n == 0 {
                 return Ok(total);
             }
             tokio::task::yield_now().await;
@@ -207,12 +212,18 @@ impl Reaper {
 
     /// Runs until `stop` turns true.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
-        let removed = self.removed_sources().await;
+        // Asked until the inbox answers (it may be in Redis, down at the
+        // start).
+        let mut removed = None;
         let mut was_failing = false;
         loop {
             let now = self.clock.now_ms();
             let mut error = None;
-            match self.purge_orphans(&removed, now).await {
+            if removed.is_none() {
+                removed = self.removed_sources().await;
+            }
+            let orphans = removed.as_deref().unwrap_or_default();
+            match self.purge_orphans(orphans, now).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(
                     events = n,

@@ -308,3 +308,150 @@ async fn bodies_and_odd_ids_come_back_as_they_went_in() {
     );
     assert_eq!(deliver_all(&inbox, T + 1).await.len(), 5);
 }
+
+fn cli(server: &RedisServer, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .arg("-s")
+        .arg(&server.socket)
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Deletes the row of event `id` by hand, as an operator might, or as an
+/// `allkeys-*` eviction policy would.
+fn lose_row(server: &RedisServer, prefix: &str, id: &str) {
+    let keys = cli(
+        server,
+        &[
+            "--scan",
+            "--pattern",
+            &format!("{prefix}:{{i:sume:*}}:e:{id}"),
+        ],
+    );
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    cli(server, &["DEL", keys[0]]);
+}
+
+/// A settled event whose row is gone is dropped from the expiry index:
+/// the reaper's next pass finds nothing more (it looped on it forever).
+#[tokio::test]
+async fn a_settled_event_whose_row_is_gone_leaves_nothing_for_the_reaper() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let inbox = inbox(server.url(), Vec::new(), "ghost-x", 4);
+    inbox
+        .ingest(event("x", None, 0, b"{}".to_vec()), T)
+        .await
+        .unwrap();
+    assert_eq!(deliver_all(&inbox, T).await, ["x"]);
+    lose_row(&server, "ghost-x", "x");
+    let later = T + RETENTION.delivered_ms + 1;
+    assert_eq!(inbox.purge_settled(later, 100).await.unwrap(), (0, false));
+    assert_eq!(inbox.purge_settled(later, 100).await.unwrap(), (0, false));
+}
+
+/// A pending event whose row is gone, holding its stream's turn or queued
+/// behind it: the stream moves on past it, and ingest into the stream
+/// keeps working (a script failed part-way on it before).
+#[tokio::test]
+async fn a_stream_moves_on_past_a_pending_event_whose_row_is_gone() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let inbox = inbox(server.url(), Vec::new(), "ghost-s", 4);
+    for (id, minute) in [("a", 0), ("b", 1), ("c", 2), ("d", 3)] {
+        let e = event(id, Some("s"), minute, b"{}".to_vec());
+        inbox.ingest(e, T).await.unwrap();
+    }
+    // The turn holder, and one queued behind the next.
+    lose_row(&server, "ghost-s", "a");
+    lose_row(&server, "ghost-s", "c");
+    let e = event("e", Some("s"), 4, b"{}".to_vec());
+    assert_eq!(
+        inbox.ingest(e, T + 1).await.unwrap(),
+        IngestOutcome::Accepted
+    );
+    assert_eq!(deliver_all(&inbox, T + 2).await, ["b", "d", "e"]);
+}
+
+/// A Redis that lost its data (restarted without persistence) gets the
+/// layout and the instances' sources back at their next readiness check:
+/// another bucket count is refused again, and new events are counted.
+#[tokio::test]
+async fn after_redis_lost_its_data_readiness_records_the_layout_and_sources_again() {
+    let mut server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let a = inbox(server.url(), Vec::new(), "lost", 16);
+    a.ingest(event("before", Some("s"), 0, b"{}".to_vec()), T)
+        .await
+        .unwrap();
+    server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while a.ready().await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "never ready again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let b = inbox(server.url(), Vec::new(), "lost", 5);
+    assert!(b.ready().await.is_err(), "5 buckets beside 16");
+    a.ingest(event("after", Some("s"), 1, b"{}".to_vec()), T + 1)
+        .await
+        .unwrap();
+    let summary = a.inbox_summary().await.unwrap();
+    assert_eq!(summary.len(), 1, "{summary:?}");
+    assert_eq!(summary[0].pending, 1);
+}
+
+/// An id posted with two streams is stored twice (docs/redis.md); the
+/// operator's redeliver finds the copy that can be redelivered.
+#[tokio::test]
+async fn redeliver_finds_the_dead_copy_of_an_id_posted_with_two_streams() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let inbox = inbox(server.url(), Vec::new(), "twice", 16);
+    // Two streams in two buckets.
+    let streams: Vec<String> = (0..64).map(|i| format!("run_{i}")).collect();
+    let mut copies = Vec::new();
+    for s in &streams {
+        let e = event("x", Some(s), 0, b"{}".to_vec());
+        if inbox.ingest(e, T).await.unwrap() == IngestOutcome::Accepted {
+            copies.push(s.clone());
+        }
+        if copies.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(copies.len(), 2, "two streams in two buckets");
+    for (i, s) in copies.iter().enumerate() {
+        let key = EventKey::new("sume", "x", Some(s));
+        let leased = inbox
+            .lease(vec![(key.clone(), T + 30_000)], Some(RETENTION), T)
+            .await
+            .unwrap();
+        let settle = if i == 0 {
+            Settle::Delivered { attempted: true }
+        } else {
+            Settle::Dead {
+                error: "HTTP 500".into(),
+            }
+        };
+        inbox
+            .settle(&key, leased.leased[0].lease, settle, RETENTION, T)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        inbox.redeliver("sume", "x", T + 1).await.unwrap(),
+        dedupd::store::inbox::RedeliverOutcome::Requeued
+    );
+}

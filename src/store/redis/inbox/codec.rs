@@ -11,7 +11,7 @@ use crate::store::inbox::{EventStatus, InboxEvent};
 /// within ±3·10^20 ns; anything further is clamped.
 pub fn created_key(c: CreatedAt) -> String {
     const SHIFT: i128 = 1_000_000_000_000_000_000_000;
-    let n = c.unix_nanos().clamp(-SHIFT, 10 * SHIFT - 1);
+    let n = c.unix_nanos().clamp(-SHIFT, 9 * SHIFT - 1);
     format!("{:022}", n + SHIFT)
 }
 
@@ -98,18 +98,25 @@ mod tests {
 
     #[test]
     fn sortable_keys_sort_as_their_numbers() {
+        // The ends are clamped: equal to their neighbours at most.
         let times = [
+            i128::MIN,
             -62_135_596_800_000_000_000i128,
             -1,
             0,
             1,
             1_800_000_000_000_000_000,
+            i128::MAX,
         ];
         let keys: Vec<String> = times
             .iter()
             .map(|n| created_key(CreatedAt::from_unix_nanos(*n)))
             .collect();
-        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+        assert!(keys.windows(2).all(|w| w[0] <= w[1]), "{keys:?}");
+        assert!(
+            keys[1..keys.len() - 1].windows(2).all(|w| w[0] < w[1]),
+            "{keys:?}"
+        );
         assert!(keys.iter().all(|k| k.len() == 22), "{keys:?}");
         assert!(received_key(9) < received_key(10));
         assert_eq!(received_key(u64::MAX).len(), 20);

@@ -56,10 +56,21 @@ local function fix_stream(hs, now)
       return
     end
   end
-  local first = redis.call('ZRANGE', k('q', hs), 0, 0)[1]
-  local fid = nil
-  if first then
+  local fid, du = nil, nil
+  while true do
+    local first = redis.call('ZRANGE', k('q', hs), 0, 0)[1]
+    if not first then
+      break
+    end
     fid = string.sub(first, 45)
+    du = redis.call('HGET', k('e', fid), 'du')
+    if du then
+      break
+    end
+    -- Its row is gone (deleted by hand, evicted): so is its place.
+    redis.call('ZREM', k('q', hs), first)
+    redis.call('ZREM', k('run'), fid)
+    fid = nil
   end
   if fid == cur then
     return
@@ -68,10 +79,25 @@ local function fix_stream(hs, now)
     redis.call('ZREM', k('run'), cur)
   end
   if fid then
-    redis.call('ZADD', k('run'), redis.call('HGET', k('e', fid), 'du'), fid)
+    redis.call('ZADD', k('run'), du, fid)
     redis.call('HSET', k('rn'), hs, fid)
   else
     redis.call('HDEL', k('rn'), hs)
+  end
+end
+
+-- An id in an index whose row is gone (deleted by hand, evicted, lost):
+-- out of the indexes, and its stream's turn passes on.
+local function drop_ghost(id, now)
+  redis.call('ZREM', k('run'), id)
+  redis.call('ZREM', k('x'), id)
+  local turns = redis.call('HGETALL', k('rn'))
+  for i = 1, #turns, 2 do
+    if turns[i + 1] == id then
+      redis.call('HDEL', k('rn'), turns[i])
+      fix_stream(turns[i], now)
+      return
+    end
   end
 end
 

@@ -1,8 +1,18 @@
--- ARGV: T, now, id, until, stale check ('1' or '0'), expiry if stale.
+-- ARGV: T, now, id, until (or 'ghost': only drop the id if its row is
+-- gone), stale check ('1' or '0'), expiry if stale.
 -- Answers {'leased', generation, attempts, forced}, {'stale'} or {}.
+-- An id without its row is dropped from the indexes.
 local now, id, until_ms = tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local ek = k('e', id)
 local f = redis.call('HMGET', ek, 'st', 'du', 'hs', 'ca', 'r2', 'ls', 'at', 'fo')
+if not f[1] then
+  drop_ghost(id, now)
+  return {}
+end
+if until_ms == 'ghost' then
+  -- Only the clean-up of an id whose row was missing at a read.
+  return {}
+end
 if f[1] ~= '0' or tonumber(f[2]) > now or not redis.call('ZSCORE', k('run'), id) then
   return {}
 end

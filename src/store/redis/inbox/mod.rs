@@ -55,6 +55,7 @@ struct Scripts {
     settle: Script,
     redeliver: Script,
     purge: Script,
+    head: Script,
 }
 
 fn script(body: &str) -> Script {
@@ -122,6 +123,7 @@ impl RedisInbox {
                 settle: script(include_str!("settle.lua")),
                 redeliver: script(include_str!("redeliver.lua")),
                 purge: script(include_str!("purge.lua")),
+                head: script(include_str!("head.lua")),
             },
             noted: Mutex::new(HashSet::new()),
             laid_out: AtomicBool::new(false),
@@ -256,6 +258,12 @@ impl RedisInbox {
     /// asking every bucket: for the operator's lookups, which know no
     /// stream.
     async fn find(&self, source: &str, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.find_all(source, id).await?.into_iter().next())
+    }
+
+    /// Every bucket that holds event `id` of `source`: one, unless the id
+    /// was posted with two streams.
+    async fn find_all(&self, source: &str, id: &str) -> Result<Vec<String>, StoreError> {
         let buckets = self.buckets(source);
         let found = try_join_all(buckets.iter().map(|t| {
             let mut cmd = redis::cmd("EXISTS");
@@ -266,8 +274,9 @@ impl RedisInbox {
         Ok(buckets
             .into_iter()
             .zip(found)
-            .find(|(_, n)| *n > 0)
-            .map(|(t, _)| t))
+            .filter(|(_, n)| *n > 0)
+            .map(|(t, _)| t)
+            .collect())
     }
 
     /// Event `id` in bucket `t`: every field but its body (with `body`,
@@ -290,6 +299,32 @@ impl RedisInbox {
             fields.body = values.last().cloned().flatten();
         }
         decode(source, id, &fields)
+    }
+
+    /// Sets a stream's head to (`created_at`, `event_id`) until `until`,
+    /// unless its live head is as new or newer: whether it was set. For
+    /// moving heads kept elsewhere (a local inbox's) into the shared inbox.
+    pub async fn import_head(
+        &self,
+        source: &str,
+        stream: &str,
+        created_at: CreatedAt,
+        event_id: &str,
+        until: Millis,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        let key = EventKey::new(source, event_id, Some(stream));
+        let t = self.bucket(source, self.bucket_of(&key));
+        let args = vec![
+            arg(now),
+            arg(hex::encode(stream)),
+            arg(created_key(created_at)),
+            arg(event_id),
+            arg(until),
+            arg(self.slack_ms),
+        ];
+        let set: i64 = self.run(&self.scripts.head, &t, args).await?;
+        Ok(set == 1)
     }
 
     /// One settle script: the shared part of the three settles.
@@ -407,9 +442,26 @@ impl Inbox for RedisInbox {
         self.opts.dedupe_window
     }
 
+    /// Also records the layout and this instance's sources again: a Redis
+    /// that lost its data (restarted without persistence, an empty
+    /// replica promoted) gets them back at the next readiness check.
     async fn ready(&self) -> Result<(), StoreError> {
         self.client.ready().await?;
-        self.check_layout().await
+        self.laid_out.store(false, Ordering::Relaxed);
+        self.check_layout().await?;
+        let noted: Vec<String> = self
+            .noted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect();
+        if !noted.is_empty() {
+            let mut cmd = redis::cmd("SADD");
+            cmd.arg(self.sources_key()).arg(noted);
+            self.query::<i64>(cmd).await?;
+        }
+        Ok(())
     }
 
     async fn lease(
@@ -433,8 +485,19 @@ impl Inbox for RedisInbox {
         }))
         .await;
         let mut out = Leased::default();
+        let mut failed = None;
         for ((key, _), reply) in events.into_iter().zip(replies) {
-            let reply = reply?;
+            // One event's failure (its master gone, a timeout) must not
+            // throw away the others' leases: they are answered, and the
+            // call fails only when none got through.
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) => {
+                    tracing::debug!(source = %key.source, event_id = %key.event_id, error = %e.chain(), "cannot lease an event; it comes due again");
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
             match reply.first().map(String::as_str) {
                 None => {}
                 Some("stale") => out.stale.push((key.source, key.event_id)),
@@ -454,7 +517,10 @@ impl Inbox for RedisInbox {
                 Some(_) => return Err(unexpected("lease", reply)),
             }
         }
-        Ok(out)
+        match failed {
+            Some(e) if out.leased.is_empty() && out.stale.is_empty() => Err(e),
+            _ => Ok(out),
+        }
     }
 
     async fn settle(
@@ -511,21 +577,22 @@ impl Inbox for RedisInbox {
         event_id: &str,
         now: Millis,
     ) -> Result<RedeliverOutcome, StoreError> {
-        let Some(t) = self.find(source, event_id).await? else {
-            return Ok(RedeliverOutcome::NotFound);
-        };
-        let args = vec![arg(now), arg(event_id)];
-        let reply: String = self.run(&self.scripts.redeliver, &t, args).await?;
-        match reply.as_str() {
-            "requeued" => Ok(RedeliverOutcome::Requeued),
-            "not_found" => Ok(RedeliverOutcome::NotFound),
-            other => match other.parse::<u8>() {
-                Ok(b) => Ok(RedeliverOutcome::NotRedeliverable(EventStatus::from_byte(
-                    b,
-                ))),
-                Err(_) => Err(unexpected("redeliver", reply)),
-            },
+        // An id posted with two streams is in two buckets: the one that
+        // can be redelivered is.
+        let mut outcome = RedeliverOutcome::NotFound;
+        for t in self.find_all(source, event_id).await? {
+            let args = vec![arg(now), arg(event_id)];
+            let reply: String = self.run(&self.scripts.redeliver, &t, args).await?;
+            outcome = match reply.as_str() {
+                "requeued" => return Ok(RedeliverOutcome::Requeued),
+                "not_found" => outcome,
+                other => match other.parse::<u8>() {
+                    Ok(b) => RedeliverOutcome::NotRedeliverable(EventStatus::from_byte(b)),
+                    Err(_) => return Err(unexpected("redeliver", reply)),
+                },
+            };
         }
+        Ok(outcome)
     }
 
     async fn purge_pending(
@@ -650,7 +717,8 @@ impl Inbox for RedisInbox {
             let mut bytes = 0u64;
             let mut chosen = Vec::new();
             let mut rows = rows.into_iter();
-            for (at, _, b) in &runnable {
+            let mut ghosts = Vec::new();
+            for (at, id, b) in &runnable {
                 if *at > now || chosen.len() >= limit {
                     found.next = Some(*at);
                     break;
@@ -661,8 +729,10 @@ impl Inbox for RedisInbox {
                     found.next = Some(*at);
                     break;
                 };
-                // Gone since the index was read.
+                // Gone since the index was read: reaped, or lost (deleted
+                // by hand, evicted), which the lease script cleans up.
                 let Some(e) = row else {
+                    ghosts.push((*b, id.clone()));
                     continue;
                 };
                 let size = u64::try_from(e.body_bytes).unwrap_or(u64::MAX);
@@ -680,6 +750,11 @@ impl Inbox for RedisInbox {
                 self.query::<Option<Vec<u8>>>(cmd)
             }))
             .await?;
+            for (b, id) in ghosts {
+                let args = vec![arg(now), arg(&id), arg("ghost"), arg(0), arg(0)];
+                self.run::<Vec<String>>(&self.scripts.lease, &buckets[b], args)
+                    .await?;
+            }
             for ((e, _), body) in chosen.into_iter().zip(bodies) {
                 if let Some(body) = body {
                     found.events.push(InboxEvent { body, ..e });

@@ -15,7 +15,9 @@ end
 local n = 0
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', k('e', id), 'st', 'hs', 'ca', 'r2')
-  if f[1] and (ARGV[3] == 'settled' or f[1] == '0') then
+  if not f[1] then
+    drop_ghost(id, now)
+  elseif ARGV[3] == 'settled' or f[1] == '0' then
     if f[1] == '0' then
       dequeue(id, f[2], f[3], f[4], now)
     end
