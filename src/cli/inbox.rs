@@ -59,13 +59,13 @@ fn migrate(settings: &dedupd::config::Settings, dry_run: bool) -> anyhow::Result
         };
         if dry_run {
             println!(
-                "{}: {} pending events would move{named}",
-                m.source, m.pending
+                "{}: {} pending events would move{named}; {} stream heads would be copied",
+                m.source, m.pending, m.heads
             );
         } else {
             println!(
-                "{}: {} pending events moved to the shared inbox ({} stored, {} already there){named}",
-                m.source, m.pending, m.stored, m.already
+                "{}: {} pending events moved to the shared inbox ({} stored, {} already there){named}; {} stream heads copied",
+                m.source, m.pending, m.stored, m.already, m.heads
             );
         }
     }

@@ -10,17 +10,27 @@
 //! file. A run cut short is run again: what moved already answers
 //! duplicate, and the file still holds what did not. Settled events
 //! (delivered, stale, dead) stay in the file.
+//!
+//! The stream heads go first: for every stream of an event the file still
+//! holds (any status), the head kept by the local mode — in the data file,
+//! or in Redis's claims keys when the backend was Redis — is copied into
+//! the shared inbox unless it has a newer one, so an event older than one
+//! delivered before the move is still stale after it.
 
 use std::sync::Arc;
 
 use anyhow::Context;
 
+use std::collections::BTreeSet;
+
 use super::inbox::{EventStatus, Inbox, IngestOutcome, ListOrder, NewEvent};
 use super::redb::{CommitMetrics, RedbOptions, RedbStore};
-use super::redis::{Client, RedisInbox, SharedInboxOptions};
+use super::redis::{Client, RedisInbox, RedisStore, SharedInboxOptions};
+use super::{Head, Store};
 use crate::clock::Millis;
 use crate::config::sources::InboxPlace;
 use crate::config::{Backend, Settings};
+use crate::domain::{Key, Namespace, ScopedKey};
 
 /// Ids a dry run names per source.
 const NAMED: usize = 5;
@@ -38,6 +48,8 @@ pub struct Moved {
     pub already: u64,
     /// The first few ids, oldest received first.
     pub first_ids: Vec<String>,
+    /// Stream heads copied into the shared inbox (would be, dry).
+    pub heads: u64,
 }
 
 /// Moves (or, with `dry_run`, counts) the local inbox's pending events
@@ -66,13 +78,22 @@ pub async fn move_to_shared(
             )
         })?;
     let local = file.inbox();
+    let client = Arc::new(Client::new(super::open::redis_options(settings))?);
     let shared = RedisInbox::new(
-        Arc::new(Client::new(super::open::redis_options(settings))?),
+        client.clone(),
         SharedInboxOptions {
             buckets: settings.gateway.inbox_buckets,
             dedupe_window: settings.gateway.dedupe_window,
         },
     );
+    // The heads a local inbox on the Redis backend kept.
+    let claims = RedisStore::new(client);
+    let heads = Heads {
+        file: &file,
+        redis: &claims,
+        shared: &shared,
+        retention_ms: u64::try_from(settings.ordering.retention.as_millis()).unwrap_or(u64::MAX),
+    };
     let result = async {
         shared
             .ready()
@@ -80,7 +101,10 @@ pub async fn move_to_shared(
             .context("the shared inbox in Redis is not ready")?;
         let mut report = Vec::new();
         for (source, _) in local.inbox_sources().await? {
-            report.push(move_source(&local, &shared, &source, dry_run, now).await?);
+            let copied = heads.copy(&local, &source, dry_run, now).await?;
+            let mut moved = move_source(&local, &shared, &source, dry_run, now).await?;
+            moved.heads = copied;
+            report.push(moved);
         }
         anyhow::Ok(report)
     }
@@ -155,4 +179,80 @@ async fn move_source(
         );
     }
     Ok(moved)
+}
+
+/// Where the local mode kept stream heads, and where they go.
+struct Heads<'a> {
+    file: &'a RedbStore,
+    redis: &'a RedisStore,
+    shared: &'a RedisInbox,
+    /// `ordering.retention`: how long a copied head lives from now.
+    retention_ms: u64,
+}
+
+impl Heads<'_> {
+    /// Copies the live head of every stream of `source` the file holds
+    /// events of: how many were copied (or, dry, would be).
+    async fn copy(
+        &self,
+        local: &dyn Inbox,
+        source: &str,
+        dry_run: bool,
+        now: Millis,
+    ) -> anyhow::Result<u64> {
+        let mut streams = BTreeSet::new();
+        for status in [
+            EventStatus::Pending,
+            EventStatus::Delivered,
+            EventStatus::Stale,
+            EventStatus::Dead,
+        ] {
+            let mut after = None;
+            loop {
+                let (page, next) = local
+                    .list_events(source, status, ListOrder::OldestFirst, after, 500)
+                    .await?;
+                streams.extend(page.into_iter().filter_map(|e| e.stream));
+                match next {
+                    Some(cursor) => after = Some(cursor),
+                    None => break,
+                }
+            }
+        }
+        let ns = Namespace::Gateway(source.to_owned());
+        let mut copied = 0;
+        for stream in streams {
+            let Ok(key) = Key::parse(&stream, "stream") else {
+                continue;
+            };
+            let key = ScopedKey::new(&ns, &key);
+            let newest: Option<Head> = [
+                self.file.head(&key, now).await?,
+                self.redis.head(&key, now).await?,
+            ]
+            .into_iter()
+            .flatten()
+            .max_by_key(|h| h.created_at);
+            let Some(head) = newest else {
+                continue;
+            };
+            if dry_run {
+                copied += 1;
+                continue;
+            }
+            let set = self
+                .shared
+                .import_head(
+                    source,
+                    &stream,
+                    head.created_at,
+                    head.event_id.key_part(),
+                    now.saturating_add(self.retention_ms),
+                    now,
+                )
+                .await?;
+            copied += u64::from(set);
+        }
+        Ok(copied)
+    }
 }

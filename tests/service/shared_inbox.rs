@@ -104,3 +104,62 @@ async fn any_instance_delivers_what_another_received_in_stream_order_once() {
     assert_eq!(delivered, got.len());
     drop(server);
 }
+
+/// Moving to the shared inbox keeps each stream's order: the heads the
+/// local mode kept go with the events, so an event older than one
+/// delivered before the move is stale after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_migration_carries_stream_heads_so_an_older_event_stays_stale() {
+    use crate::support::app::start_again;
+    use dedupd::clock::Clock;
+
+    let receiver = Receiver::start(Behaviour::Delay(1)).await;
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let clock = ManualClock::new(T0);
+    let local = shared_app(&clock, &server.url(), &receiver.url).await;
+    let (mut loaded, dir, clock) = local.stop().await;
+    // The same instance, first on its local inbox (the Redis backend's
+    // claims, as a fleet before the move runs).
+    loaded.settings.gateway.inbox = InboxPlace::Local;
+    let local = start_again(loaded, dir, clock).await;
+    local
+        .ingest_ok(&body("new", "run_a", "2026-11-29T10:05:00Z"))
+        .await;
+    local
+        .retrying_until("new delivered", || async {
+            local.event_ids("delivered").await == ["new"]
+        })
+        .await;
+    // The application goes down: this one stays pending.
+    receiver.set(Behaviour::Always(503));
+    local
+        .ingest_ok(&body("pending", "run_b", "2026-11-29T10:00:00Z"))
+        .await;
+    local
+        .retrying_until("pending tried", || async { receiver.received().len() >= 2 })
+        .await;
+    let (mut loaded, dir, clock) = local.stop().await;
+    loaded.settings.gateway.inbox = InboxPlace::Shared;
+    let moved = dedupd::store::move_inbox::move_to_shared(&loaded.settings, false, clock.now_ms())
+        .await
+        .unwrap();
+    assert_eq!(moved.len(), 1);
+    assert_eq!((moved[0].pending, moved[0].heads), (1, 1), "{moved:?}");
+    receiver.set(Behaviour::Accept);
+    let shared = start_again(loaded, dir, clock).await;
+    shared
+        .ingest_ok(&body("old", "run_a", "2026-11-29T10:01:00Z"))
+        .await;
+    shared
+        .retrying_until("old settled and pending delivered", || async {
+            shared.event_ids("stale").await == ["old"]
+                && shared.event_ids("delivered").await == ["pending"]
+        })
+        .await;
+    let got = ids(&receiver.received());
+    assert_eq!(got.first().map(String::as_str), Some("new"));
+    assert!(!got.contains(&"old".to_owned()), "{got:?}");
+    assert_eq!(got.last().map(String::as_str), Some("pending"));
+}
