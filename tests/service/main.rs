@@ -27,6 +27,7 @@ mod leaks;
 mod lease_ahead;
 mod logging;
 mod metrics;
+mod monitoring;
 mod openapi;
 mod operator_api;
 mod ordering;
