@@ -53,6 +53,19 @@ fn removed_sources(loaded: &Loaded) {
     let path = &loaded.settings.data_path;
     match dedupd::store::inbox_sources_in_file(path) {
         Ok(None) => {}
+        Ok(Some(found))
+            if loaded.settings.gateway.inbox == dedupd::config::sources::InboxPlace::Shared =>
+        {
+            let pending: u64 = found.iter().map(|(_, n)| n).sum();
+            if pending > 0 {
+                println!(
+                    "\n# gateway.inbox = \"shared\", but {} holds {pending} pending event(s) of \
+                     this instance's local inbox: they are not delivered from there. Stop the \
+                     instance and run `dedupd inbox migrate` to move them into the shared inbox",
+                    path.display()
+                );
+            }
+        }
         Ok(Some(found)) => {
             for (name, pending) in found {
                 if !loaded.settings.sources.contains_key(&name) {

@@ -58,6 +58,9 @@ pub async fn open(settings: &Settings, commit_metrics: CommitMetrics) -> anyhow:
         Backend::Redis => {
             let client = Arc::new(super::redis::Client::new(redis_options(settings))?);
             let claims = Arc::new(super::redis::RedisStore::new(client.clone()));
+            if settings.gateway.inbox == crate::config::sources::InboxPlace::Shared {
+                warn_of_local_events(&embedded, settings).await;
+            }
             let inbox = match settings.gateway.inbox {
                 crate::config::sources::InboxPlace::Local => embedded.inbox.clone(),
                 crate::config::sources::InboxPlace::Shared => {
@@ -105,5 +108,23 @@ pub(super) fn redis_options(settings: &Settings) -> super::redis::RedisOptions {
         replicas_timeout: r.replicas_timeout,
         sentinels: r.sentinels.iter().map(|n| n.expose().to_owned()).collect(),
         sentinel_master: r.sentinel_master.clone(),
+    }
+}
+
+/// With the shared inbox, pending events left in the data file's own inbox
+/// are delivered by nobody: says so, and how to move them.
+#[cfg(feature = "redis")]
+async fn warn_of_local_events(embedded: &Opened, settings: &Settings) {
+    if let Ok(found) = embedded.inbox.inbox_sources().await {
+        let pending: u64 = found.iter().map(|(_, n)| n).sum();
+        if pending > 0 {
+            tracing::warn!(
+                pending,
+                data = %settings.data_path.display(),
+                "gateway.inbox = \"shared\", but the data file holds pending events of this \
+                 instance's local inbox: they are not delivered from there; stop the instance and \
+                 run `dedupd inbox migrate` to move them into the shared inbox"
+            );
+        }
     }
 }

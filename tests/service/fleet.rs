@@ -593,6 +593,15 @@ async fn a_local_inbox_migrates_into_the_shared_one_without_loss_or_duplicates()
         );
         stdout
     };
+    // check-config says what the switch leaves behind, and what to run.
+    let checked = crate::support::process::check_config(&shared);
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert!(checked.status.success(), "{said}");
+    assert!(
+        said.contains("holds 6 pending event(s) of this instance's local inbox")
+            && said.contains("dedupd inbox migrate"),
+        "{said}"
+    );
     let dry = migrate(true);
     assert!(
         dry.contains("sume: 6 pending events would move (mig_a-0000, mig_b-0000, mig_a-0001"),
