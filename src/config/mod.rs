@@ -925,6 +925,19 @@ impl Settings {
                 bad(key, "must be 1ms to 3650d".into());
             }
         }
+        for (name, src) in &self.sources {
+            for (key, d) in [
+                ("delivered_retention", src.delivered_retention),
+                ("dead_retention", src.dead_retention),
+            ] {
+                if d.is_some_and(|d| d.as_millis() == 0 || d > MAX_RETENTION) {
+                    bad(
+                        &format!("sources.{name}.{key}"),
+                        "must be 1ms to 3650d".into(),
+                    );
+                }
+            }
+        }
         self.validate_dedupe_window(&mut bad);
 
         let weak = |t: &Secret| {

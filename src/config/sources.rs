@@ -128,6 +128,15 @@ pub struct SourceSettings {
     /// Largest accepted body, bytes (larger: 413).
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// How long this source's delivered and stale events are kept:
+    /// overrides `gateway.delivered_retention` (for a source whose bodies
+    /// must not be kept that long).
+    #[serde(default, with = "humantime_serde::option")]
+    pub delivered_retention: Option<Duration>,
+    /// How long this source's dead events are kept: overrides
+    /// `gateway.dead_retention`.
+    #[serde(default, with = "humantime_serde::option")]
+    pub dead_retention: Option<Duration>,
     /// Deliveries of this source in flight at once (under the gateway's
     /// global `max_in_flight`): what a hanging destination can hold.
     #[serde(default = "default_source_max_in_flight")]

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::locate::Locator;
 use super::signature::{Scheme, Verifier, parse_whsec};
 use crate::config::sources::SourceSettings;
+use crate::store::inbox::Retention;
 
 /// Largest `max_body_bytes` a source may set: bodies are held in memory
 /// while they are verified and stored.
@@ -83,6 +84,20 @@ pub struct Source {
     pub pause_after: u32,
     /// Delivery rate limit and its burst, if any.
     pub rate: Option<(crate::domain::Rate, u32)>,
+    /// Its own retentions, ms, where it overrides the gateway's (delivered
+    /// and stale, dead): see [`Source::retention`].
+    pub retention_override: (Option<u64>, Option<u64>),
+}
+
+impl Source {
+    /// How long this source's settled events are kept: its own
+    /// retentions, else the gateway's.
+    pub fn retention(&self, gateway: Retention) -> Retention {
+        Retention {
+            delivered_ms: self.retention_override.0.unwrap_or(gateway.delivered_ms),
+            dead_ms: self.retention_override.1.unwrap_or(gateway.dead_ms),
+        }
+    }
 }
 
 impl std::fmt::Debug for Source {
@@ -269,6 +284,12 @@ impl Source {
                 rate: s
                     .rate_limit
                     .map(|r| (r, s.rate_burst.unwrap_or_else(|| r.default_burst()))),
+                retention_override: (
+                    s.delivered_retention
+                        .map(crate::gateway::delivery::backoff::millis),
+                    s.dead_retention
+                        .map(crate::gateway::delivery::backoff::millis),
+                ),
             }),
             _ => Err(errors),
         }

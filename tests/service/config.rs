@@ -362,7 +362,7 @@ fn check_config_bounds_every_number_that_serve_could_not_run_with() {
     let dir = TempDir::new().unwrap();
     // (the setting's TOML past its bound, the key, the range named, the
     // TOML at its bound)
-    let cases: [(String, &str, &str, String); 14] = [
+    let cases: [(String, &str, &str, String); 16] = [
         (
             "[storage]\nmax_batch = 9223372036854775807".into(),
             "storage.max_batch",
@@ -404,6 +404,18 @@ fn check_config_bounds_every_number_that_serve_could_not_run_with() {
             "gateway.dead_retention",
             "must be 1ms to 3650d",
             "[gateway]\ndead_retention = \"3650d\"".into(),
+        ),
+        (
+            bounded_source("delivered_retention = \"3651d\""),
+            "sources.s.delivered_retention",
+            "must be 1ms to 3650d",
+            bounded_source("delivered_retention = \"3650d\""),
+        ),
+        (
+            bounded_source("dead_retention = \"0s\""),
+            "sources.s.dead_retention",
+            "must be 1ms to 3650d",
+            bounded_source("dead_retention = \"1ms\""),
         ),
         (
             "[gateway]\ndedupe_window = \"500000000000y\"".into(),

@@ -840,3 +840,53 @@ async fn a_dispatcher_with_nothing_due_reads_nothing_on_its_poll() {
     assert_eq!(commits(), before + 1);
     receiver.release();
 }
+
+/// A source's own retention overrides the gateway's: its delivered and
+/// dead events are kept that long, another source's as the gateway says.
+#[tokio::test]
+async fn a_sources_own_retention_overrides_the_gateways() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = app_with_sources(vec![
+        (
+            "brief",
+            receiver.url.clone(),
+            Box::new(|s| {
+                s.delivered_retention = Some(std::time::Duration::from_secs(3600));
+                s.dead_retention = Some(std::time::Duration::from_secs(7200));
+            }),
+        ),
+        ("usual", receiver.url.clone(), Box::new(|_| {})),
+    ])
+    .await;
+    for source in ["brief", "usual"] {
+        app.post_to(source, &body("e", "run", "2026-11-29T10:00:00Z"))
+            .await;
+    }
+    eventually("both delivered", || async {
+        app.ids_of("brief", "delivered").await == ["e"]
+            && app.ids_of("usual", "delivered").await == ["e"]
+    })
+    .await;
+    let kept = |source: &'static str| {
+        let app = &app;
+        async move {
+            let v: serde_json::Value = app
+                .request(
+                    reqwest::Method::GET,
+                    &format!("/v1/sources/{source}/events/e"),
+                )
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["expires_at_ms"].as_u64().unwrap() - v["due_at_ms"].as_u64().unwrap()
+        }
+    };
+    assert_eq!(kept("brief").await, 3_600_000);
+    assert_eq!(
+        kept("usual").await,
+        u64::try_from(app.loaded.settings.gateway.delivered_retention.as_millis()).unwrap()
+    );
+}

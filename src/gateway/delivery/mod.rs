@@ -44,7 +44,7 @@ use self::schedule::{AHEAD_PER_SLOT, LaneView, Reached, Schedule, Wants};
 use super::{Gateway, Source};
 use crate::clock::{Millis, SharedClock};
 use crate::domain::Ttl;
-use crate::store::inbox::{InboxEvent, LeasedEvent, Settle};
+use crate::store::inbox::{EventKey, InboxEvent, Leased, LeasedEvent, Retention, Settle};
 use crate::store::{Store, StoreError};
 use crate::telemetry::metrics::Metrics;
 
@@ -370,7 +370,9 @@ impl Dispatcher {
                     error: String::new(),
                     attempted: false,
                 };
-                let retention = gateway.retention;
+                let retention = gateway
+                    .source(&r.ev.source)
+                    .map_or(gateway.retention, |s| s.retention(gateway.retention));
                 let written = gateway
                     .inbox
                     .settle(&r.ev.key(), r.lease, settle, retention, now)
@@ -591,19 +593,31 @@ impl Dispatcher {
                 .map_or(0, |s| millis(s.forward_timeout));
             now.saturating_add(timeout).saturating_add(GRACE_MS)
         };
-        let leases = slots
-            .iter()
-            .map(|(_, ev, _)| ev)
-            .chain(&extra)
-            .map(|ev| (ev.key(), lease_until(ev)))
-            .collect();
-        let stale_check = match self.coordination {
-            Coordination::Inbox => Some(self.gateway.retention),
-            Coordination::Shared(_) => None,
-        };
+        // One lease write per retention an event found stale is kept for
+        // (sources may override the gateway's): one, unless they differ.
+        let mut by_retention: Vec<(Retention, Vec<(EventKey, Millis)>)> = Vec::new();
+        for ev in slots.iter().map(|(_, ev, _)| ev).chain(&extra) {
+            let retention = self.retention_of(&ev.source);
+            let lease = (ev.key(), lease_until(ev));
+            match by_retention.iter_mut().find(|(r, _)| {
+                (r.delivered_ms, r.dead_ms) == (retention.delivered_ms, retention.dead_ms)
+            }) {
+                Some((_, group)) => group.push(lease),
+                None => by_retention.push((retention, vec![lease])),
+            }
+        }
         // On an error, dropping the slots frees them; the events stay
         // runnable.
-        let leased = self.gateway.inbox.lease(leases, stale_check, now).await?;
+        let mut leased = Leased::default();
+        for (retention, leases) in by_retention {
+            let stale_check = match self.coordination {
+                Coordination::Inbox => Some(retention),
+                Coordination::Shared(_) => None,
+            };
+            let part = self.gateway.inbox.lease(leases, stale_check, now).await?;
+            leased.leased.extend(part.leased);
+            leased.stale.extend(part.stale);
+        }
         for (source, id) in &leased.stale {
             tracing::info!(source = %source, event_id = %id, "stale: older than its stream's head");
             self.metrics.delivery(source, "stale");

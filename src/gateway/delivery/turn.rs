@@ -21,7 +21,7 @@ use super::{Coordination, Dispatcher, GRACE_MS, Slot};
 use crate::clock::Millis;
 use crate::domain::{Key, Namespace, ScopedKey, Token, Ttl};
 use crate::gateway::Source;
-use crate::store::inbox::{Attempt, InboxEvent, Settle};
+use crate::store::inbox::{Attempt, InboxEvent, Retention, Settle};
 use crate::store::{ClaimOutcome, Store};
 
 /// First pause between tries to record an acknowledged delivery; doubles
@@ -75,7 +75,7 @@ impl Dispatcher {
                     lease,
                     apply.clone(),
                     Some(sent.clone()),
-                    self.gateway.retention,
+                    source.retention(self.gateway.retention),
                     now,
                 )
             })
@@ -287,6 +287,14 @@ impl Dispatcher {
         Reached::Success
     }
 
+    /// How long `source`'s settled events are kept.
+    pub(super) fn retention_of(&self, source: &str) -> Retention {
+        let gateway = self.gateway.retention;
+        self.gateway
+            .source(source)
+            .map_or(gateway, |s| s.retention(gateway))
+    }
+
     /// The event's claim key and its stream's lease key; `None` when a
     /// stored id is no longer a valid key.
     fn claim_keys(
@@ -411,7 +419,7 @@ impl Dispatcher {
             Settle::Dead { .. } => Some("dead"),
         };
         let inbox = &self.gateway.inbox;
-        let (key, retention) = (ev.key(), self.gateway.retention);
+        let (key, retention) = (ev.key(), self.retention_of(&ev.source));
         let written = match sent {
             Some(sent) => {
                 inbox
