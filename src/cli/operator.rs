@@ -53,6 +53,37 @@ pub enum EventsCommand {
         #[command(flatten)]
         common: Common,
     },
+    /// How many of a source's events match a filter, and the first ten:
+    /// what a bulk operation over the same filter would touch.
+    Count {
+        /// The source.
+        #[arg(long)]
+        source: String,
+        /// pending, delivered, stale or dead.
+        #[arg(long, default_value = "dead",
+              value_parser = ["pending", "delivered", "stale", "dead"])]
+        status: String,
+        /// Received within this long before now (`2h`, `30m`, `7d`).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        since: Option<std::time::Duration>,
+        /// Created at or after this time (RFC 3339).
+        #[arg(long)]
+        created_from: Option<String>,
+        /// Created before this time (RFC 3339).
+        #[arg(long)]
+        created_to: Option<String>,
+        /// In this stream.
+        #[arg(long)]
+        stream: Option<String>,
+        /// A body field and its value, `POINTER=VALUE` (`/type=run.failed`).
+        #[arg(long, value_parser = parse_field)]
+        field: Option<(String, String)>,
+        /// The last error contains this text.
+        #[arg(long)]
+        error_contains: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Puts a dead or stale event back to pending, to be delivered again.
     Redeliver {
         /// The source.
@@ -115,6 +146,74 @@ pub fn events(cmd: &EventsCommand) -> anyhow::Result<ExitCode> {
             &format!("event {id} of source {source}"),
             |c| c.request(Method::GET, c.url(&["v1", "sources", source, "events", id])),
             |v| print_event(v, source),
+        ),
+        EventsCommand::Count {
+            source,
+            status,
+            since,
+            created_from,
+            created_to,
+            stream,
+            field,
+            error_contains,
+            common,
+        } => common.call(
+            &format!("events of source {source}"),
+            |c| {
+                let mut query = vec![("status", status.clone())];
+                if let Some(since) = since {
+                    let ago = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
+                    query.push((
+                        "received_from",
+                        table::now_ms().saturating_sub(ago).to_string(),
+                    ));
+                }
+                let optional = [
+                    ("created_from", created_from),
+                    ("created_to", created_to),
+                    ("stream", stream),
+                    ("error_contains", error_contains),
+                ];
+                for (name, value) in optional {
+                    if let Some(v) = value {
+                        query.push((name, v.clone()));
+                    }
+                }
+                if let Some((pointer, value)) = field {
+                    query.push(("field", pointer.clone()));
+                    query.push(("value", value.clone()));
+                }
+                c.request(
+                    Method::GET,
+                    c.url_with(&["v1", "sources", source, "count"], &query),
+                )
+            },
+            |v| {
+                let matched = v["matched"].as_u64().unwrap_or(0);
+                let bound = if v["complete"].as_bool() == Some(false) {
+                    "at least "
+                } else {
+                    ""
+                };
+                let ids: Vec<String> = v["first_ids"]
+                    .as_array()
+                    .map(|a| a.iter().map(text).collect())
+                    .unwrap_or_default();
+                let named = if ids.is_empty() {
+                    String::new()
+                } else {
+                    let more = if (ids.len() as u64) < matched {
+                        ", …"
+                    } else {
+                        ""
+                    };
+                    format!(": {}{more}", ids.join(", "))
+                };
+                println!(
+                    "{bound}{matched} {status} events of source {source} match (of {} read){named}",
+                    v["scanned"].as_u64().unwrap_or(0)
+                );
+            },
         ),
         EventsCommand::Redeliver { source, id, common } => common.call(
             &format!("event {id} of source {source}"),
@@ -339,5 +438,17 @@ fn print_events(v: &Value, source: &str, status: &str) {
             shell_word(status),
             shell_word(&next)
         );
+    }
+}
+
+/// `POINTER=VALUE` of `--field`.
+fn parse_field(raw: &str) -> Result<(String, String), String> {
+    match raw.split_once('=') {
+        Some((pointer, value)) if pointer.starts_with('/') => {
+            Ok((pointer.to_owned(), value.to_owned()))
+        }
+        _ => Err(format!(
+            "expected POINTER=VALUE with a JSON pointer, such as /type=run.failed; got {raw:?}"
+        )),
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod arrivals;
 pub mod delivery;
+pub mod filter;
 pub mod ingest;
 pub mod locate;
 pub mod signature;

@@ -3,6 +3,7 @@
 
 pub(crate) mod body;
 pub mod claims;
+pub mod count;
 pub mod event;
 pub mod health;
 pub mod ingest;
@@ -55,6 +56,7 @@ pub fn configure_v1(cfg: &mut web::ServiceConfig) {
     streams::configure(cfg);
     overview::configure(cfg);
     sources::configure(cfg);
+    count::configure(cfg);
     event::configure(cfg);
 }
 
@@ -224,6 +226,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .chain(streams::endpoints())
         .chain(overview::endpoints())
         .chain(sources::endpoints())
+        .chain(count::endpoints())
         .chain(event::endpoints())
     {
         e.path = format!("/v1{}", e.path).into();

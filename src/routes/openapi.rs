@@ -34,6 +34,7 @@ use super::{Endpoint, Guard, register};
         super::overview::list,
         super::sources::show,
         super::sources::list,
+        super::count::count,
         super::event::show,
         super::sources::redeliver,
         super::ui::page,

@@ -511,3 +511,54 @@ fn nothing_a_server_answers_reaches_the_terminal_unescaped() {
         assert_eq!(first_unprintable(printed), None, "{what}: {printed:?}");
     }
 }
+
+#[tokio::test]
+async fn events_count_counts_what_a_filter_matches_and_names_the_first() {
+    let server = Server::start();
+    let first = server.dead_event().await;
+    let second = server.dead_event().await;
+    let all = server.ok(&["events", "count", "--source", "sume", "--since", "1h"]);
+    assert!(
+        all.starts_with("2 dead events of source sume match (of 2 read): "),
+        "{all}"
+    );
+    assert!(all.contains(&first) && all.contains(&second), "{all}");
+    let one = server.json(&[
+        "events",
+        "count",
+        "--source",
+        "sume",
+        "--field",
+        &format!("/request_id={second}"),
+    ]);
+    assert_eq!(one["matched"], 1, "{one}");
+    assert_eq!(one["first_ids"][0], second.as_str());
+    let errors = server.json(&[
+        "events",
+        "count",
+        "--source",
+        "sume",
+        "--error-contains",
+        "request failed",
+    ]);
+    assert_eq!(errors["matched"], 2, "{errors}");
+    let none = server.ok(&[
+        "events",
+        "count",
+        "--source",
+        "sume",
+        "--status",
+        "delivered",
+    ]);
+    assert_eq!(
+        none.trim(),
+        "0 delivered events of source sume match (of 0 read)"
+    );
+    let bad = server.run(&["events", "count", "--source", "sume", "--field", "type=x"]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr_of(&bad).contains("expected POINTER=VALUE with a JSON pointer"),
+        "{}",
+        stderr_of(&bad)
+    );
+}

@@ -331,3 +331,84 @@ async fn the_event_list_pages_with_a_cursor_and_checks_its_query() {
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
     }
 }
+
+/// `GET /v1/sources/{source}/count`: each part of the filter narrows the
+/// count; a wrong parameter is a 400 that names it.
+#[tokio::test]
+async fn a_count_by_filter_narrows_with_each_part_and_refuses_what_it_cannot_read() {
+    let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&receiver.url, |s| s.max_attempts = 1).await;
+    let received = dedupd::clock::Clock::now_ms(&app.clock);
+    for (id, run, kind) in [
+        ("a", "run_1", "run.failed"),
+        ("b", "run_1", "run.updated"),
+        ("c", "run_2", "run.failed"),
+    ] {
+        let b = serde_json::to_vec(&serde_json::json!({
+            "request_id": id, "run_id": run, "created_at": "2026-11-29T10:00:00Z", "type": kind,
+        }))
+        .unwrap();
+        app.ingest_ok(&b).await;
+    }
+    app.retrying_until("all dead", || async {
+        app.event_ids("dead").await.len() == 3
+    })
+    .await;
+    let count = |query: String| {
+        let app = &app;
+        async move { get_json(app, &format!("/v1/sources/sume/count?{query}")).await }
+    };
+    let all = count("status=dead".into()).await;
+    assert_eq!(
+        (
+            all["matched"].as_u64(),
+            all["scanned"].as_u64(),
+            all["complete"].as_bool()
+        ),
+        (Some(3), Some(3), Some(true)),
+        "{all}"
+    );
+    assert_eq!(all["first_ids"], serde_json::json!(["a", "b", "c"]));
+    let cases = [
+        ("status=dead&stream=run_1".to_owned(), 2),
+        ("status=dead&field=%2Ftype&value=run.failed".to_owned(), 2),
+        (
+            "status=dead&stream=run_1&field=%2Ftype&value=run.failed".to_owned(),
+            1,
+        ),
+        ("status=dead&error_contains=503".to_owned(), 3),
+        ("status=dead&error_contains=504".to_owned(), 0),
+        (format!("status=dead&received_from={received}"), 3),
+        (format!("status=dead&received_to={received}"), 0),
+        (
+            "status=dead&created_from=2026-11-29T10:00:00Z".to_owned(),
+            3,
+        ),
+        ("status=dead&created_to=2026-11-29T10:00:00Z".to_owned(), 0),
+        ("status=delivered".to_owned(), 0),
+    ];
+    for (query, want) in cases {
+        assert_eq!(count(query.clone()).await["matched"], want, "{query}");
+    }
+    for (query, code) in [
+        ("status=gone", "invalid_status"),
+        ("status=dead&field=type&value=x", "invalid_field"),
+        ("status=dead&field=%2Ftype", "invalid_field"),
+        ("status=dead&created_from=yesterday", "invalid_created_at"),
+        ("status=dead&colour=red", "invalid_query"),
+        ("status=dead&received_from=-1", "invalid_query"),
+    ] {
+        let res = app
+            .request(Method::GET, &format!("/v1/sources/sume/count?{query}"))
+            .send()
+            .await
+            .unwrap();
+        assert_problem(res, StatusCode::BAD_REQUEST, code).await;
+    }
+    let res = app
+        .request(Method::GET, "/v1/sources/nope/count?status=dead")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::NOT_FOUND, "unknown_source").await;
+}

@@ -1,0 +1,157 @@
+//! `GET /v1/sources/{source}/count`: how many of a source's events a
+//! filter matches, and the first of them — the dry run of a bulk
+//! operation (see `gateway::filter`).
+
+use actix_web::http::Method;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::sources::known_source;
+use super::{AppState, Endpoint, Guard, path_segment, register};
+use crate::clock::Millis;
+use crate::domain::{CreatedAt, Invalid};
+use crate::error::{ApiError, Problem};
+use crate::gateway::filter::{self, EventFilter};
+use crate::store::inbox::EventStatus;
+
+/// The count route, relative to `/v1`.
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![Endpoint::new(
+        Method::GET,
+        "/sources/{source}/count",
+        || web::route().to(count),
+    )]
+}
+
+/// Registers the count route (in the `/v1` scope, behind its tokens).
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    register(cfg, endpoints(), Guard::Open);
+}
+
+/// The filter, as query parameters.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct CountQuery {
+    /// pending | delivered | stale | dead
+    status: String,
+    /// Received at or after, Unix ms.
+    received_from: Option<Millis>,
+    /// Received before, Unix ms.
+    received_to: Option<Millis>,
+    /// Created at or after, RFC 3339.
+    created_from: Option<String>,
+    /// Created before, RFC 3339.
+    created_to: Option<String>,
+    /// In this stream.
+    stream: Option<String>,
+    /// A body field, as a JSON pointer (`/type`); needs `value`.
+    field: Option<String>,
+    /// The body field's value: a string equals it, anything else equals
+    /// it read as JSON (`7`, `true`).
+    value: Option<String>,
+    /// The last error contains this text.
+    error_contains: Option<String>,
+}
+
+/// What the filter matches.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CountView {
+    /// Events that match (a lower bound when `complete` is false).
+    matched: u64,
+    /// Events read to find them.
+    scanned: u64,
+    /// False when the count stopped after reading 1,000,000 events.
+    complete: bool,
+    /// The first 10 that match, oldest received first.
+    first_ids: Vec<String>,
+}
+
+fn invalid(code: &'static str, field: &'static str, detail: impl Into<String>) -> ApiError {
+    ApiError::Invalid(Invalid::new(code, field, detail))
+}
+
+impl CountQuery {
+    /// The filter the parameters say, or what is wrong with them.
+    fn filter(self) -> Result<EventFilter, ApiError> {
+        let status = EventStatus::parse(&self.status).ok_or_else(|| {
+            invalid(
+                "invalid_status",
+                "status",
+                format!(
+                    "must be pending, delivered, stale or dead; got {:?}",
+                    self.status
+                ),
+            )
+        })?;
+        let created = |raw: Option<String>, field: &'static str| {
+            raw.map(|r| CreatedAt::parse(&r, field).map_err(ApiError::Invalid))
+                .transpose()
+        };
+        let field = match (self.field, self.value) {
+            (Some(pointer), Some(value)) if pointer.starts_with('/') => Some((pointer, value)),
+            (Some(pointer), Some(_)) => {
+                return Err(invalid(
+                    "invalid_field",
+                    "field",
+                    format!("must be a JSON pointer such as /type; got {pointer:?}"),
+                ));
+            }
+            (None, None) => None,
+            _ => {
+                return Err(invalid(
+                    "invalid_field",
+                    "field",
+                    "field and value go together",
+                ));
+            }
+        };
+        Ok(EventFilter {
+            status,
+            received_from: self.received_from,
+            received_to: self.received_to,
+            created_from: created(self.created_from, "created_from")?,
+            created_to: created(self.created_to, "created_to")?,
+            stream: self.stream,
+            field,
+            error_contains: self.error_contains,
+        })
+    }
+}
+
+/// How many of a source's events match a filter, and the first ten: what
+/// a bulk operation over the same filter would touch.
+#[utoipa::path(get, path = "/v1/sources/{source}/count", operation_id = "countSourceEvents", tag = "gateway",
+    security(("bearer" = [])),
+    params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), CountQuery),
+    responses(
+        (status = 200, description = "What the filter matches", body = CountView),
+        (status = 400, description = "A parameter is wrong (`invalid_query`, `invalid_status`, a time that is not RFC 3339, `invalid_field`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`unknown_source`", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store cannot be read now; retry", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn count(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    query: Result<web::Query<CountQuery>, actix_web::Error>,
+) -> Result<HttpResponse, ApiError> {
+    let source = path_segment(&req, 3, "source")?;
+    known_source(&state, &source).await?;
+    let query = query.map_err(|e| invalid("invalid_query", "query", e.to_string()))?;
+    let filter = query.into_inner().filter()?;
+    let counted = filter::count(
+        state.gateway.inbox.as_ref(),
+        &source,
+        &filter,
+        filter::MAX_SCAN,
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(CountView {
+        matched: counted.matched,
+        scanned: counted.scanned,
+        complete: counted.complete,
+        first_ids: counted.first_ids,
+    }))
+}
