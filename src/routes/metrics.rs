@@ -7,6 +7,7 @@ use actix_web::{HttpResponse, web};
 use super::{AppState, Endpoint, Guard, register};
 use crate::error::Problem;
 use crate::gateway::delivery::circuit::State as CircuitState;
+use crate::store::StoreError;
 
 /// `GET /metrics`.
 pub fn endpoints() -> Vec<Endpoint> {
@@ -20,6 +21,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     register(cfg, endpoints(), Guard::Bearer);
 }
 
+/// Longest a scrape waits for the store, for readiness and again for the
+/// inbox's counts.
+const SCRAPE_WAIT: std::time::Duration = std::time::Duration::from_millis(1500);
+
 /// Every metric in the Prometheus text format (see "Monitoring" in
 /// docs/operations.md for the families).
 #[utoipa::path(get, path = "/metrics", operation_id = "getMetrics", tag = "operations",
@@ -31,8 +36,22 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     ))]
 pub(super) async fn scrape(state: web::Data<AppState>) -> HttpResponse {
     // Readiness as `/readyz` would answer now (a read of the file, or a
-    // PING to Redis): its gauges are set inside.
-    let _ready = super::health::readiness(&state).await;
+    // PING to Redis), its gauges set inside; but a scrape answers in
+    // time whatever the store does (Prometheus gives up after its
+    // scrape_timeout, 10 s by default, and with it the alert that the
+    // store is down): a store that does not answer within SCRAPE_WAIT is
+    // down for this scrape.
+    let ready = match tokio::time::timeout(SCRAPE_WAIT, super::health::readiness(&state)).await {
+        Ok(ready) => ready,
+        Err(_) => {
+            let down = Err(StoreError::unavailable(format!(
+                "the store did not answer within {} ms",
+                SCRAPE_WAIT.as_millis()
+            )));
+            state.metrics.set_readiness(&down);
+            down
+        }
+    };
     // Read from the schedule, which decides, rather than mirrored at each
     // transition: the gauge cannot miss one.
     for name in state.gateway.sources.keys() {
@@ -46,12 +65,21 @@ pub(super) async fn scrape(state: web::Data<AppState>) -> HttpResponse {
     // store that cannot be read leaves them as last read and still
     // answers: the scrape is how `dedupd_store_up` = 0 reaches an alert,
     // with every other family.
-    match state.gateway.inbox.inbox_summary().await {
-        Ok(summary) => state.metrics.set_inbox(&summary, state.clock.now_ms()),
-        Err(e) => tracing::warn!(
-            error = %e.chain(),
-            "cannot read the inbox: its gauges keep their last values"
-        ),
+    let store_up = !matches!(
+        ready,
+        Err(StoreError::Unavailable(_) | StoreError::Failed(_))
+    );
+    if store_up {
+        match tokio::time::timeout(SCRAPE_WAIT, state.gateway.inbox.inbox_summary()).await {
+            Ok(Ok(summary)) => state.metrics.set_inbox(&summary, state.clock.now_ms()),
+            Ok(Err(e)) => tracing::warn!(
+                error = %e.chain(),
+                "cannot read the inbox: its gauges keep their last values"
+            ),
+            Err(_) => tracing::warn!(
+                "the inbox did not answer in time: its gauges keep their last values"
+            ),
+        }
     }
     if let Some(space) = state.gateway.inbox.disk_space() {
         state.metrics.set_disk_space(space);

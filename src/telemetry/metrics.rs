@@ -451,6 +451,15 @@ impl Metrics {
         if was != UNKNOWN && was != now {
             self.ready_changes.increment(1);
         }
+        // Said once per turn, whoever asked (a probe of /readyz, or a
+        // scrape): the cause of an alert is in the log.
+        if was != now {
+            match readiness {
+                Err(e) => tracing::warn!(error = %e.chain(), "not ready"),
+                Ok(()) if was != UNKNOWN => tracing::info!("ready again"),
+                Ok(()) => {}
+            }
+        }
     }
 
     /// Counts a credential that did not authenticate on `port`.

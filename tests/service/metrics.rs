@@ -479,3 +479,60 @@ async fn with_redis_down_the_store_reads_down_and_not_ready_until_it_returns() {
     assert_eq!(count(&s, "dedupd_ready_changes_total", &[]), 2.0);
     drop(server);
 }
+
+/// A Redis that hangs (stopped, not gone) with the shared inbox and a
+/// long `response_timeout`: a scrape still answers before Prometheus's
+/// default scrape timeout (10 s), with the store down, so the alert on
+/// `dedupd_store_up` can fire. (It took two response timeouts one after
+/// the other.)
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_scrape_answers_in_time_with_the_store_down_while_redis_hangs() {
+    use crate::support::redis::RedisServer;
+
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let url = server.url();
+    let app = spawn_app_with(|l| {
+        l.settings.storage.backend = dedupd::config::Backend::Redis;
+        l.settings.storage.redis.url = dedupd::config::Secret::new(url);
+        l.settings.storage.redis.response_timeout = Duration::from_secs(6);
+        l.settings.gateway.inbox = dedupd::config::sources::InboxPlace::Shared;
+    })
+    .await;
+    assert_eq!(count(&app.scrape().await, "dedupd_store_up", &[]), 1.0);
+    let info = std::process::Command::new("redis-cli")
+        .arg("-s")
+        .arg(&server.socket)
+        .args(["info", "server"])
+        .output()
+        .unwrap();
+    let pid = String::from_utf8_lossy(&info.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:").map(|p| p.trim().to_owned()))
+        .unwrap();
+    let signal = |sig: &str| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    signal("-STOP");
+    let res = app
+        .request(Method::GET, "/metrics")
+        .timeout(Duration::from_secs(9))
+        .send()
+        .await;
+    signal("-CONT");
+    let text = res
+        .expect("a scrape answered within Prometheus's default timeout")
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(count(&text, "dedupd_store_up", &[]), 0.0, "{text}");
+    drop(server);
+}

@@ -594,14 +594,22 @@ impl Dispatcher {
             now.saturating_add(timeout).saturating_add(GRACE_MS)
         };
         // One lease write per retention an event found stale is kept for
-        // (sources may override the gateway's): one, unless they differ.
+        // (sources may override the gateway's): one, unless they differ
+        // and the inbox checks heads. A write that fails does not throw
+        // away what the others leased: the call fails only when all did.
+        let stale_check = matches!(self.coordination, Coordination::Inbox);
         let mut by_retention: Vec<(Retention, Vec<(EventKey, Millis)>)> = Vec::new();
         for ev in slots.iter().map(|(_, ev, _)| ev).chain(&extra) {
-            let retention = self.retention_of(&ev.source);
+            let retention = if stale_check {
+                self.retention_of(&ev.source)
+            } else {
+                self.gateway.retention
+            };
             let lease = (ev.key(), lease_until(ev));
-            match by_retention.iter_mut().find(|(r, _)| {
+            let same = |r: &Retention| {
                 (r.delivered_ms, r.dead_ms) == (retention.delivered_ms, retention.dead_ms)
-            }) {
+            };
+            match by_retention.iter_mut().find(|(r, _)| same(r)) {
                 Some((_, group)) => group.push(lease),
                 None => by_retention.push((retention, vec![lease])),
             }
@@ -609,14 +617,27 @@ impl Dispatcher {
         // On an error, dropping the slots frees them; the events stay
         // runnable.
         let mut leased = Leased::default();
+        let mut failed = None;
+        let groups = by_retention.len();
         for (retention, leases) in by_retention {
-            let stale_check = match self.coordination {
-                Coordination::Inbox => Some(retention),
-                Coordination::Shared(_) => None,
-            };
-            let part = self.gateway.inbox.lease(leases, stale_check, now).await?;
-            leased.leased.extend(part.leased);
-            leased.stale.extend(part.stale);
+            match self
+                .gateway
+                .inbox
+                .lease(leases, stale_check.then_some(retention), now)
+                .await
+            {
+                Ok(part) => {
+                    leased.leased.extend(part.leased);
+                    leased.stale.extend(part.stale);
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            if groups == 1 || (leased.leased.is_empty() && leased.stale.is_empty()) {
+                return Err(e);
+            }
+            tracing::debug!(error = %e.chain(), "a lease write failed; its events come due again");
         }
         for (source, id) in &leased.stale {
             tracing::info!(source = %source, event_id = %id, "stale: older than its stream's head");
