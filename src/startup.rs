@@ -41,6 +41,9 @@ use crate::telemetry::observe_requests;
 pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> {
     let mut sources = Vec::new();
     let mut errors = Vec::new();
+    // A source with an unreadable secret file fails without an error of
+    // its own (`Settings::validate` reported it): none is left out here.
+    let mut failed = false;
     for (name, src) in &loaded.settings.sources {
         let secrets: Vec<String> = src.secrets.iter().map(|s| s.expose().to_owned()).collect();
         let destination: Vec<String> = src
@@ -49,14 +52,17 @@ pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> 
             .collect();
         match Source::build(name, src, &secrets, &destination) {
             Ok(source) => sources.push(Arc::new(source)),
-            Err(problems) => errors.extend(
-                problems
-                    .into_iter()
-                    .map(|(key, message)| loaded.error(&format!("sources.{name}.{key}"), message)),
-            ),
+            Err(problems) => {
+                failed = true;
+                errors.extend(
+                    problems.into_iter().map(|(key, message)| {
+                        loaded.error(&format!("sources.{name}.{key}"), message)
+                    }),
+                );
+            }
         }
     }
-    if errors.is_empty() {
+    if !failed {
         Ok(sources)
     } else {
         Err(ConfigErrors(errors))

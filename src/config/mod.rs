@@ -1015,7 +1015,10 @@ impl Settings {
             if let Some(path) = src.secrets_file.take() {
                 match read_lines(&path) {
                     Ok(lines) => src.secrets.extend(lines.into_iter().map(Secret::new)),
-                    Err(e) => bad(&format!("sources.{name}.secrets_file"), e),
+                    Err(e) => {
+                        bad(&format!("sources.{name}.secrets_file"), e);
+                        src.files.secrets_unreadable = true;
+                    }
                 }
                 src.secrets_file = Some(path);
             }
@@ -1054,7 +1057,10 @@ impl Settings {
                     Ok(lines) => src
                         .destination_secrets
                         .extend(lines.into_iter().map(Secret::new)),
-                    Err(e) => bad(&format!("sources.{name}.destination_secret_file"), e),
+                    Err(e) => {
+                        bad(&format!("sources.{name}.destination_secret_file"), e);
+                        src.files.destination_unreadable = true;
+                    }
                 }
                 src.destination_secret_file = Some(path);
             }

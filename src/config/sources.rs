@@ -153,6 +153,20 @@ pub struct SourceSettings {
     /// `rate_limit` (default: one second's worth, at least 1).
     #[serde(default)]
     pub rate_burst: Option<u32>,
+    /// What became of the secret files when the settings were loaded.
+    #[serde(skip)]
+    pub files: SecretFiles,
+}
+
+/// What became of a source's secret files when the settings were loaded
+/// (`Settings::validate`).
+#[derive(Debug, Clone, Default)]
+pub struct SecretFiles {
+    /// `secrets_file` could not be read. That was reported then: the
+    /// secrets it would have held are not reported missing again.
+    pub secrets_unreadable: bool,
+    /// `destination_secret_file` could not be read, likewise.
+    pub destination_unreadable: bool,
 }
 
 impl SourceSettings {

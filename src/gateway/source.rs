@@ -118,7 +118,9 @@ pub type SourceError = (&'static str, String);
 impl Source {
     /// Builds a source from its settings, with secrets already read from
     /// files: `destination_secrets` are those of
-    /// [`SourceSettings::all_destination_secrets`]. Collects every error.
+    /// [`SourceSettings::all_destination_secrets`]. Collects every error
+    /// but those already reported of a secret file that could not be read:
+    /// such a source is not built, with or without errors.
     pub fn build(
         name: &str,
         s: &SourceSettings,
@@ -127,10 +129,14 @@ impl Source {
     ) -> Result<Self, Vec<SourceError>> {
         let mut errors: Vec<SourceError> = Vec::new();
         let verifier = if secrets.is_empty() {
-            errors.push((
-                "secrets",
-                "no signing secret: set secrets or secrets_file".into(),
-            ));
+            // An unreadable file was reported when the settings were
+            // loaded; it is no second mistake that it held nothing.
+            if !s.files.secrets_unreadable {
+                errors.push((
+                    "secrets",
+                    "no signing secret: set secrets or secrets_file".into(),
+                ));
+            }
             None
         } else {
             Verifier::new(s.scheme, secrets, s.tolerance)
@@ -202,9 +208,15 @@ impl Source {
                 None
             }
         };
-        let destination_keys = destination_keys(s, destination_secrets)
-            .map_err(|e| errors.push(e))
-            .ok();
+        let destination_keys = match destination_keys(s, destination_secrets) {
+            Ok(keys) => Some(keys),
+            // Reported when the settings were loaded, as above.
+            Err(_) if s.files.destination_unreadable && destination_secrets.is_empty() => None,
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        };
         // A delivery's stream lease lasts this long plus a grace, as a
         // claim's TTL: past an hour no destination is still answering.
         if s.forward_timeout.is_zero() || s.forward_timeout > MAX_FORWARD_TIMEOUT {

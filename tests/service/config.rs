@@ -859,3 +859,46 @@ fn check_config_refuses_sentinels_it_cannot_use() {
         &["storage.redis.sentinel_master", "must name the master"],
     );
 }
+
+/// A secret file that cannot be read is one mistake: it was also reported
+/// as empty (`holds no secret`, `no signing secret`), which sent the
+/// operator looking at the file's lines. Each case has exactly one error.
+#[test]
+fn an_unreadable_secret_file_is_reported_once() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("dedupd.toml");
+    let missing = dir.path().join("no-such-file");
+    for (secrets, destination, key) in [
+        (
+            "secrets = [\"sume_test_secret\"]".to_owned(),
+            format!("destination_secret_file = {missing:?}"),
+            "sources.s.destination_secret_file:",
+        ),
+        (
+            format!("secrets_file = {missing:?}"),
+            "destination_secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"".to_owned(),
+            "sources.s.secrets_file:",
+        ),
+    ] {
+        std::fs::write(
+            &file,
+            format!(
+                "[sources.s]\nscheme = \"sume\"\n{secrets}\n{destination}\nevent_id = \
+                 \"body:/id\"\nforward_to = \"http://127.0.0.1:1/\"\n"
+            ),
+        )
+        .unwrap();
+        let out = check_config(&file);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{key}: accepted");
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("invalid setting"))
+            .collect();
+        assert_eq!(errors.len(), 1, "{key}: {stderr}");
+        assert!(
+            errors[0].contains(key) && errors[0].contains("cannot read"),
+            "{stderr}"
+        );
+    }
+}
