@@ -45,7 +45,7 @@ pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> 
     // its own (`Settings::validate` reported it): none is left out here.
     let mut failed = false;
     for (name, src) in &loaded.settings.sources {
-        let secrets: Vec<String> = src.secrets.iter().map(|s| s.expose().to_owned()).collect();
+        let secrets: Vec<String> = src.all_secrets().map(|s| s.expose().to_owned()).collect();
         let destination: Vec<String> = src
             .all_destination_secrets()
             .map(|s| s.expose().to_owned())

@@ -90,8 +90,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         );
     };
     let secret = loaded.settings.sources[&args.source]
-        .secrets
-        .first()
+        .all_secrets()
+        .next()
         .map(|s| s.expose().to_owned())
         .ok_or_else(|| anyhow!("source {} has no secret", args.source))?;
     let client = args.server.client(Some(&loaded))?;

@@ -1001,9 +1001,10 @@ impl Settings {
             );
         }
         self.validate_resp(api_tokens.is_empty(), &mut bad);
-        // Secrets named by file are read here and kept with the inline ones,
-        // so what is loaded is complete; the rest of a source is checked
-        // when startup builds it (`startup::build_sources`).
+        // Secrets named by file are read here and kept beside the inline
+        // ones (`SourceSettings::files`), so what is loaded is complete and
+        // still prints as given; the rest of a source is checked when
+        // startup builds it (`startup::build_sources`).
         for (name, src) in &mut self.sources {
             if !valid_source_name(name) {
                 bad(
@@ -1014,7 +1015,7 @@ impl Settings {
             }
             if let Some(path) = src.secrets_file.take() {
                 match read_lines(&path) {
-                    Ok(lines) => src.secrets.extend(lines.into_iter().map(Secret::new)),
+                    Ok(lines) => src.files.secrets = lines.into_iter().map(Secret::new).collect(),
                     Err(e) => {
                         bad(&format!("sources.{name}.secrets_file"), e);
                         src.files.secrets_unreadable = true;
@@ -1054,9 +1055,10 @@ impl Settings {
             }
             if let Some(path) = src.destination_secret_file.take() {
                 match read_lines(&path) {
-                    Ok(lines) => src
-                        .destination_secrets
-                        .extend(lines.into_iter().map(Secret::new)),
+                    Ok(lines) => {
+                        src.files.destination_secrets =
+                            lines.into_iter().map(Secret::new).collect();
+                    }
                     Err(e) => {
                         bad(&format!("sources.{name}.destination_secret_file"), e);
                         src.files.destination_unreadable = true;

@@ -77,8 +77,8 @@ impl Loaded {
         }
         // The settings file, for each secret written in it (a file without
         // any, as the systemd unit's, may well be readable by all). Asked
-        // of the layers, not of the settings: a source's secrets include
-        // those of its `secrets_file` once loaded.
+        // of the layers, not of the settings: they do not say which layer
+        // a value came from.
         if let Some(fig) = &self.figment {
             let mut keys: Vec<String> = [
                 "api.tokens",

@@ -114,8 +114,8 @@ pub struct SourceSettings {
     pub destination_secret: Option<Secret>,
     /// Several `whsec_<base64>` secrets, during a rotation: each forward
     /// carries one signature per secret, in this order. Not with
-    /// `destination_secret`; once loaded, also the lines of
-    /// `destination_secret_file`.
+    /// `destination_secret` or `destination_secret_file` (whose lines are
+    /// kept apart, in `files`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub destination_secrets: Vec<Secret>,
     /// A file holding the destination secrets, one per line (`#` comments
@@ -153,15 +153,21 @@ pub struct SourceSettings {
     /// `rate_limit` (default: one second's worth, at least 1).
     #[serde(default)]
     pub rate_burst: Option<u32>,
-    /// What became of the secret files when the settings were loaded.
+    /// What the secret files held when the settings were loaded: kept
+    /// apart from the lists as given, so that the settings print as given
+    /// (check-config) and read back.
     #[serde(skip)]
     pub files: SecretFiles,
 }
 
-/// What became of a source's secret files when the settings were loaded
+/// What a source's secret files held when the settings were loaded
 /// (`Settings::validate`).
 #[derive(Debug, Clone, Default)]
 pub struct SecretFiles {
+    /// The lines of `secrets_file`.
+    pub secrets: Vec<Secret>,
+    /// The lines of `destination_secret_file`.
+    pub destination_secrets: Vec<Secret>,
     /// `secrets_file` could not be read. That was reported then: the
     /// secrets it would have held are not reported missing again.
     pub secrets_unreadable: bool,
@@ -170,13 +176,20 @@ pub struct SecretFiles {
 }
 
 impl SourceSettings {
+    /// Every secret this source's provider may sign with: `secrets`, then
+    /// the lines of `secrets_file` once loaded.
+    pub fn all_secrets(&self) -> impl Iterator<Item = &Secret> {
+        self.secrets.iter().chain(&self.files.secrets)
+    }
+
     /// Every secret dedupd signs this source's forwards with, in the order
-    /// of their signatures: `destination_secret`, or `destination_secrets`
-    /// (which holds the lines of `destination_secret_file` once loaded).
+    /// of their signatures: `destination_secret`, `destination_secrets`, or
+    /// the lines of `destination_secret_file` once loaded (one of them).
     pub fn all_destination_secrets(&self) -> impl Iterator<Item = &Secret> {
         self.destination_secret
             .iter()
             .chain(&self.destination_secrets)
+            .chain(&self.files.destination_secrets)
     }
 }
 

@@ -117,7 +117,8 @@ pub type SourceError = (&'static str, String);
 
 impl Source {
     /// Builds a source from its settings, with secrets already read from
-    /// files: `destination_secrets` are those of
+    /// files: `secrets` are those of [`SourceSettings::all_secrets`],
+    /// `destination_secrets` those of
     /// [`SourceSettings::all_destination_secrets`]. Collects every error
     /// but those already reported of a secret file that could not be read:
     /// such a source is not built, with or without errors.

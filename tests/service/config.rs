@@ -902,3 +902,55 @@ fn an_unreadable_secret_file_is_reported_once() {
         );
     }
 }
+
+/// What check-config prints is a configuration it accepts: a source's
+/// secret files were printed with their lines merged into `secrets` and
+/// `destination_secrets` (as `<redacted>`), and that output, fed back,
+/// was refused (destination_secrets and destination_secret_file both set).
+#[test]
+fn the_printed_settings_of_secret_files_read_back() {
+    let dir = TempDir::new().unwrap();
+    let secrets = dir.path().join("sume-keys");
+    std::fs::write(&secrets, "old-sume-secret\nnew-sume-secret\n").unwrap();
+    let dest = dir.path().join("dest");
+    std::fs::write(&dest, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n").unwrap();
+    let file = dir.path().join("given.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[sources.s]\nscheme = \"sume\"\nsecrets_file = {secrets:?}\n\
+             destination_secret_file = {dest:?}\nevent_id = \"body:/id\"\n\
+             forward_to = \"http://127.0.0.1:1/\"\n"
+        ),
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(printed.contains("secrets_file = "), "{printed}");
+    assert!(printed.contains("destination_secret_file = "), "{printed}");
+    let section = printed
+        .split("[sources.s]")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .unwrap_or_else(|| panic!("{printed}"));
+    assert!(
+        !section.contains("<redacted>"),
+        "no inline secret was given: {printed}"
+    );
+
+    let again = dir.path().join("printed.toml");
+    std::fs::write(&again, &printed).unwrap();
+    let out = check_config(&again);
+    assert!(
+        out.status.success(),
+        "{printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reprinted = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(reprinted, printed);
+}
