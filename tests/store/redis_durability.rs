@@ -263,6 +263,13 @@ async fn through_sentinel_every_acknowledged_claim_survives_a_failover() {
             sentinels.master_port() == Some(replica_port)
         });
         master.restart();
+        // Sentinel turns the old master into the new one's replica by
+        // itself, but on a loaded machine not always within the wait:
+        // the test does it (as an operator would), and waits for the sync.
+        cli_port(
+            master_port,
+            &["replicaof", "127.0.0.1", &replica_port.to_string()],
+        );
         until_blocking("the old master following the new one", || {
             cli_port(replica_port, &["info", "replication"]).contains("state=online")
         });
