@@ -20,10 +20,12 @@ use tokio::task::JoinHandle;
 use crate::auth::browser::{local_host_only, same_origin_json};
 use crate::auth::{ApiTokens, AuthLimiter, require_bearer};
 use crate::clock::SharedClock;
+use crate::config::alerts::ALERT_SOURCE;
 use crate::config::sources::InboxPlace;
 use crate::config::{Backend, ConfigErrors, Loaded};
 use crate::gateway::Gateway;
 use crate::gateway::Source;
+use crate::gateway::alerts::Alerts;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
 use crate::peers::PeerConnections;
 use crate::reaper::{Orphans, Reaper};
@@ -62,11 +64,43 @@ pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> 
             }
         }
     }
+    if let Some(alerts) = &loaded.settings.alerts {
+        // Nobody posts to the alerts source (routes::ingest refuses it):
+        // its signing secret is random, only to satisfy the builder.
+        let signing = format!("whsec_{}", {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>())
+        });
+        let destination: Vec<String> = alerts
+            .destination_secret
+            .iter()
+            .chain(&alerts.destination_secrets)
+            .map(|s| s.expose().to_owned())
+            .collect();
+        match Source::build(ALERT_SOURCE, &alerts.source(), &[signing], &destination) {
+            Ok(source) => sources.push(Arc::new(source)),
+            Err(problems) => {
+                failed = true;
+                errors.extend(
+                    problems
+                        .into_iter()
+                        .map(|(key, message)| loaded.error(&format!("alerts.{key}"), message)),
+                );
+            }
+        }
+    }
     if !failed {
         Ok(sources)
     } else {
         Err(ConfigErrors(errors))
     }
+}
+
+/// The names of the sources dedupd delivers: the configured ones and, with
+/// `[alerts]`, its own alerts source.
+fn source_names(s: &crate::config::Settings) -> Vec<String> {
+    let alerts = s.alerts.as_ref().map(|_| ALERT_SOURCE.to_owned());
+    s.sources.keys().cloned().chain(alerts).collect()
 }
 
 /// A built, bound, not yet running application.
@@ -108,7 +142,7 @@ impl Application {
     /// Opens the store named by the settings and builds the app over it.
     pub async fn build(loaded: Loaded, clock: SharedClock) -> anyhow::Result<Self> {
         let s = &loaded.settings;
-        let metrics = Arc::new(Metrics::new(&s.sources.keys().cloned().collect::<Vec<_>>()));
+        let metrics = Arc::new(Metrics::new(&source_names(s)));
         let opened = store::open(
             s,
             CommitMetrics {
@@ -140,9 +174,7 @@ impl Application {
     ) -> anyhow::Result<Self> {
         // The store was opened without these: its commit histograms stay
         // empty.
-        let metrics = Arc::new(Metrics::new(
-            &loaded.settings.sources.keys().cloned().collect::<Vec<_>>(),
-        ));
+        let metrics = Arc::new(Metrics::new(&source_names(&loaded.settings)));
         Self::build_over(loaded, clock, opened, coordination, metrics)
     }
 
@@ -214,6 +246,10 @@ impl Application {
                 delivered_ms: ms(s.gateway.delivered_retention),
                 dead_ms: ms(s.gateway.dead_retention),
             },
+            alerts: s
+                .alerts
+                .as_ref()
+                .map(|a| Arc::new(Alerts::new(clock.clone(), a.every, a.backlog_after))),
         });
         let dispatcher = Arc::new(
             Dispatcher::new(
@@ -297,6 +333,9 @@ impl Application {
         let resp_port = resp.as_ref().map(RespServer::port);
         let resp = resp.map(|r| tokio::spawn(r.run(stop_rx.clone())));
         let reaper = tokio::spawn(reaper.run(stop_rx.clone()));
+        if let Some(alerts) = gateway.alerts.clone() {
+            tokio::spawn(alerts.run(gateway.clone(), store.clone(), stop_rx.clone()));
+        }
         tokio::spawn(upkeep(metrics, stop_rx));
         Ok(Self {
             port,

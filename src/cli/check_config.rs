@@ -68,7 +68,9 @@ fn removed_sources(loaded: &Loaded) {
         }
         Ok(Some(found)) => {
             for (name, pending) in found {
-                if !loaded.settings.sources.contains_key(&name) {
+                let alerts = loaded.settings.alerts.is_some()
+                    && name == dedupd::config::alerts::ALERT_SOURCE;
+                if !alerts && !loaded.settings.sources.contains_key(&name) {
                     println!(
                         "\n# removed source {name}: {pending} pending event(s) in {}; not \
                          delivered, listable under /v1/sources/{name}/events, reaped after \

@@ -124,11 +124,23 @@ fn from_config(args: &Args) -> anyhow::Result<(Vec<String>, BTreeMap<String, Loc
     for s in &chosen {
         // During a rotation a source signs with each of several secrets:
         // any one of them verifies, as in an application holding only one.
-        secrets.extend(
-            loaded.settings.sources[&s.name]
-                .all_destination_secrets()
-                .map(|d| d.expose().to_owned()),
-        );
+        match (
+            loaded.settings.sources.get(&s.name),
+            &loaded.settings.alerts,
+        ) {
+            (Some(src), _) => {
+                secrets.extend(src.all_destination_secrets().map(|d| d.expose().to_owned()))
+            }
+            // dedupd's own alerts source (`[alerts]`).
+            (None, Some(alerts)) => secrets.extend(
+                alerts
+                    .destination_secret
+                    .iter()
+                    .chain(&alerts.destination_secrets)
+                    .map(|d| d.expose().to_owned()),
+            ),
+            (None, None) => {}
+        }
         if let Some(l) = &s.stream {
             streams.insert(s.name.clone(), l.clone());
         }

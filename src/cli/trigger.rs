@@ -76,7 +76,9 @@ impl Sample {
 
 /// Posts, prints, and fails if any post was refused.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let (loaded, sources) = super::load(args.server.config.as_deref())?;
+    let (loaded, mut sources) = super::load(args.server.config.as_deref())?;
+    // dedupd's own alerts source takes no posts.
+    sources.retain(|s| s.name != dedupd::config::alerts::ALERT_SOURCE);
     let Some(source) = sources.iter().find(|s| s.name == args.source) else {
         let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
         bail!(

@@ -5,6 +5,7 @@
 //! [`Settings::load`] extracts and validates; every error names the key and
 //! where its value came from.
 
+pub mod alerts;
 pub mod env;
 mod file;
 mod readable;
@@ -80,6 +81,9 @@ pub struct Settings {
     pub sources: BTreeMap<String, SourceSettings>,
     /// The Redis-protocol listener.
     pub resp: RespSettings,
+    /// Operational alerts as signed webhooks (`[alerts]`); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alerts: Option<alerts::AlertSettings>,
 }
 
 /// The Redis-protocol (RESP2/RESP3) listener: SET/GET/DEL/EXPIRE/… on a
@@ -360,6 +364,7 @@ impl Default for Settings {
             },
             gateway: GatewaySettings::default(),
             sources: BTreeMap::new(),
+            alerts: None,
             resp: RespSettings {
                 listen: None,
                 max_connections: 1024,
@@ -1010,6 +1015,14 @@ impl Settings {
                 bad(
                     &format!("sources.{name}"),
                     "a source name is 1 to 64 of A-Z a-z 0-9 _ -".into(),
+                );
+                continue;
+            }
+            if name == alerts::ALERT_SOURCE {
+                bad(
+                    &format!("sources.{name}"),
+                    "this name is dedupd's own source of alerts (see [alerts]); choose another"
+                        .into(),
                 );
                 continue;
             }

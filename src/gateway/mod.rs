@@ -7,9 +7,12 @@
 //!   handler is `routes::ingest`).
 //! - [`delivery`]: the dispatcher and its workers: per stream in order,
 //!   retries with backoff, dead letters.
+//! - [`alerts`]: dedupd's own operational events, delivered as the
+//!   internal source `dedupd-alerts`.
 //! - [`arrivals`]: events that go before the next in line of their stream,
 //!   for the dispatcher to hear of.
 
+pub mod alerts;
 pub mod arrivals;
 pub mod delivery;
 pub mod filter;
@@ -41,11 +44,20 @@ pub struct Gateway {
     pub arrivals: Arrivals,
     /// Retentions of settled events.
     pub retention: Retention,
+    /// Where operational alerts are raised, with `[alerts]`.
+    pub alerts: Option<Arc<alerts::Alerts>>,
 }
 
 impl Gateway {
     /// The source called `name`.
     pub fn source(&self, name: &str) -> Option<&Arc<Source>> {
         self.sources.get(name)
+    }
+
+    /// Raises an alert, with `[alerts]` (see [`alerts::Alerts::raise`]).
+    pub fn alert(&self, kind: &'static str, source: Option<&str>, detail: serde_json::Value) {
+        if let Some(alerts) = &self.alerts {
+            alerts.raise(kind, source, detail);
+        }
     }
 }

@@ -24,6 +24,7 @@ use super::body::read_bytes_within;
 use super::{AppState, Endpoint, Guard, register};
 use crate::clock::Millis;
 use crate::error::{ApiError, Problem};
+use crate::gateway::alerts::ALERT_SOURCE;
 use crate::gateway::ingest::{check_headers, parse_event};
 use crate::store::inbox::IngestOutcome;
 
@@ -135,7 +136,8 @@ async fn receive(
     let closing = |error: ApiError| Refused { error, close: true };
     let gw = &state.gateway;
     let name = super::path_segment(req, 2, "source").map_err(closing)?;
-    let Some(source) = gw.source(&name).cloned() else {
+    // The alerts source is dedupd's own: from outside it is unknown.
+    let Some(source) = gw.source(&name).filter(|s| s.name != ALERT_SOURCE).cloned() else {
         return Err(closing(ApiError::NotFound {
             code: "unknown_source",
             detail: format!("no source named {name:?} is configured"),

@@ -157,7 +157,7 @@ impl Slot {
             |trips| backoff::ceiling(&self.source, trips),
         );
         if let Some(t) = transition {
-            log_transition(&self.source.name, t, now);
+            log_transition(&self.dispatcher.gateway, &self.source.name, t, now);
         }
         self.dispatcher.gateway.wake.notify_one();
     }
@@ -183,7 +183,7 @@ impl Drop for Slot {
             |trips| backoff::ceiling(&self.source, trips),
         );
         if let Some(t) = transition {
-            log_transition(&self.source.name, t, now);
+            log_transition(&self.dispatcher.gateway, &self.source.name, t, now);
         }
         self.dispatcher.gateway.wake.notify_one();
     }
@@ -197,14 +197,27 @@ fn read_budget(sources: usize) -> u64 {
     share.clamp(64 * 1024, READ_BYTES)
 }
 
-fn log_transition(source: &str, t: Transition, now: Millis) {
+/// Logs a breaker's transition and raises its alert: `source.paused` when
+/// it opens, `source.resumed` when it closes (a failed probe or the probe
+/// itself is no news to an operator).
+fn log_transition(gateway: &Gateway, source: &str, t: Transition, now: Millis) {
     match t {
-        Transition::Paused { failures, until } => tracing::warn!(
-            source,
-            failures,
-            paused_ms = until.saturating_sub(now),
-            "destination failing: deliveries of this source paused"
-        ),
+        Transition::Paused { failures, until } => {
+            tracing::warn!(
+                source,
+                failures,
+                paused_ms = until.saturating_sub(now),
+                "destination failing: deliveries of this source paused"
+            );
+            gateway.alert(
+                "source.paused",
+                Some(source),
+                serde_json::json!({
+                    "consecutive_failures": failures,
+                    "paused_ms": until.saturating_sub(now),
+                }),
+            );
+        }
         Transition::Probing => {
             tracing::info!(
                 source,
@@ -218,6 +231,7 @@ fn log_transition(source: &str, t: Transition, now: Millis) {
         ),
         Transition::Resumed => {
             tracing::info!(source, "destination answers again: deliveries resumed");
+            gateway.alert("source.resumed", Some(source), serde_json::json!({}));
         }
     }
 }
@@ -430,7 +444,7 @@ impl Dispatcher {
             reopens_at: reopens,
         } = self.schedule().wants(now);
         for (source, t) in transitions {
-            log_transition(&source, t, now);
+            log_transition(&self.gateway, &source, t, now);
         }
         if wants.is_empty() {
             return Ok(reopens);

@@ -418,6 +418,10 @@ impl Dispatcher {
             Settle::Retry { .. } => None,
             Settle::Dead { .. } => Some("dead"),
         };
+        let dead = match &settle {
+            Settle::Dead { error } => Some((error.clone(), sent.as_ref().map(|a| a.attempt))),
+            _ => None,
+        };
         let inbox = &self.gateway.inbox;
         let (key, retention) = (ev.key(), self.retention_of(&ev.source));
         let written = match sent {
@@ -431,8 +435,22 @@ impl Dispatcher {
         if let Err(e) = written {
             // The lease runs out and the event comes due again.
             tracing::warn!(source = %ev.source, event_id = %ev.event_id, error = %e.chain(), "cannot record the delivery outcome");
-        } else if let Some(outcome) = outcome {
-            self.metrics.delivery(&ev.source, outcome);
+        } else {
+            if let Some(outcome) = outcome {
+                self.metrics.delivery(&ev.source, outcome);
+            }
+            if let Some((error, attempts)) = dead {
+                self.gateway.alert(
+                    "event.dead",
+                    Some(&ev.source),
+                    serde_json::json!({
+                        "event_id": ev.event_id,
+                        "stream": ev.stream,
+                        "attempts": attempts,
+                        "error": error,
+                    }),
+                );
+            }
         }
     }
 
