@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod alerts;
 mod auth;
 mod bad_input;
 mod circuit_breaker;
