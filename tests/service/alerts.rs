@@ -8,12 +8,15 @@ use dedupd::config::alerts::AlertSettings;
 use dedupd::config::sources::SourceSettings;
 use dedupd::gateway::signature::Scheme;
 use dedupd::gateway::signature::Verifier;
+use dedupd::store::redb::faults::FaultPlan;
 use reqwest::StatusCode;
 use serde_json::Value;
+use serde_json::json;
 
 use crate::support::app::TestApp;
 use crate::support::app::assert_problem;
 use crate::support::app::spawn_app_with;
+use crate::support::app::spawn_faulty_app_with;
 use crate::support::gateway::SECRET;
 use crate::support::gateway::body;
 use crate::support::gateway::settings;
@@ -36,7 +39,18 @@ async fn alert_app(
 ) -> TestApp {
     let mut s = settings(forward_to);
     tweak(&mut s);
-    let alerts: AlertSettings = toml::from_str(&format!(
+    let alerts = alert_settings(alerts_to);
+    spawn_app_with(move |l| {
+        l.settings.sources.insert("sume".into(), s);
+        l.settings.alerts = Some(alerts);
+    })
+    .await
+}
+
+/// `[alerts]` sending to `alerts_to`, retrying as fast as the test
+/// sources do.
+fn alert_settings(alerts_to: &str) -> AlertSettings {
+    toml::from_str(&format!(
         r#"
         forward_to = "{alerts_to}"
         destination_secret = "{ALERT_SECRET}"
@@ -46,12 +60,7 @@ async fn alert_app(
         "#,
         humantime::format_duration(EVERY)
     ))
-    .unwrap();
-    spawn_app_with(move |l| {
-        l.settings.sources.insert("sume".into(), s);
-        l.settings.alerts = Some(alerts);
-    })
-    .await
+    .unwrap()
 }
 
 /// The alerts of `kind` the receiver got, in order, each checked to carry
@@ -248,4 +257,76 @@ async fn the_alerts_source_cannot_be_posted_to() {
         )
         .await;
     assert_problem(res, StatusCode::NOT_FOUND, "unknown_source").await;
+}
+
+#[tokio::test]
+async fn a_backlog_older_than_backlog_after_sends_one_backlog_stale_alert() {
+    let alerts = Receiver::start(Behaviour::Accept).await;
+    let dest = Receiver::start(Behaviour::Always(503)).await;
+    let app = alert_app(&dest.url, &alerts.url, |s| {
+        s.pause_after = 0;
+        s.max_attempts = 1000;
+        s.backoff_min = Duration::from_secs(3600);
+        s.backoff_max = Duration::from_secs(3600);
+    })
+    .await;
+    app.ingest_ok(&body("old", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    // The default alerts.backlog_after is 15 minutes.
+    app.clock.advance(Duration::from_secs(14 * 60));
+    app.ingest_ok(&body("new", "run_2", "2026-11-29T10:00:00Z"))
+        .await;
+    app.clock.advance(Duration::from_secs(2 * 60));
+    eventually("a backlog.stale alert", || async {
+        !alerts_of(&alerts, &app, "backlog.stale").is_empty()
+    })
+    .await;
+    let stale = &alerts_of(&alerts, &app, "backlog.stale")[0];
+    assert_eq!(stale["source"], "sume", "{stale}");
+    assert_eq!(stale["detail"]["pending"], 2, "{stale}");
+    assert_eq!(
+        stale["detail"]["oldest_pending_age_ms"],
+        16 * 60_000,
+        "{stale}"
+    );
+}
+
+#[tokio::test]
+async fn a_full_disk_sends_store_degraded_kept_in_memory_until_it_frees_then_store_recovered() {
+    let alerts = Receiver::start(Behaviour::Accept).await;
+    let plan = FaultPlan::new();
+    let to = alerts.url.clone();
+    let app = spawn_faulty_app_with(
+        move |l| l.settings.alerts = Some(alert_settings(&to)),
+        plan.clone(),
+    )
+    .await;
+    plan.set_full(true);
+    let res = app.claim("during", json!({})).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The alert cannot be stored while the disk is full: none arrives.
+    eventually("not ready", || async {
+        app.client
+            .get(app.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    plan.set_full(false);
+    eventually("store.degraded, then store.recovered", || async {
+        alerts_of(&alerts, &app, "store.degraded").len() == 1
+            && alerts_of(&alerts, &app, "store.recovered").len() == 1
+    })
+    .await;
+    let bodies: Vec<Value> = alerts
+        .received()
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect();
+    assert_eq!(bodies[0]["type"], "store.degraded", "{bodies:?}");
+    assert_eq!(bodies[1]["type"], "store.recovered", "{bodies:?}");
+    assert!(bodies[0].get("source").is_none(), "{bodies:?}");
 }
