@@ -25,8 +25,8 @@ use super::Gateway;
 use crate::clock::{Millis, SharedClock};
 pub use crate::config::alerts::ALERT_SOURCE;
 use crate::domain::CreatedAt;
-use crate::store::Store;
 use crate::store::inbox::NewEvent;
+use crate::store::{Store, StoreError};
 
 /// Most alerts held in memory while the store cannot take them; beyond,
 /// the oldest are dropped (and logged).
@@ -238,24 +238,35 @@ impl Alerts {
     }
 
     /// `store.degraded` when the store stops answering (or its disk fills),
-    /// `store.recovered` when it answers again.
-    async fn check_store(&self, gateway: &Gateway, store: &dyn Store) {
-        let ready = match store.ready().await {
-            Ok(()) => gateway.inbox.ready().await,
-            failed => failed,
-        };
+    /// `store.recovered` when it answers again. Told by each look at
+    /// readiness: this task's own, once a tick, and every `/readyz` and
+    /// scrape (`routes::health::readiness`), so a turn a probe saw is
+    /// never missed between two ticks.
+    pub fn readiness(&self, ready: &Result<(), StoreError>) {
         let was = self.state().ready.replace(ready.is_ok());
         match (was, ready) {
             (Some(true) | None, Err(e)) => {
+                let reason = match e {
+                    StoreError::LowSpace { .. } => "disk_low",
+                    _ => "store_unavailable",
+                };
                 self.raise(
                     "store.degraded",
                     None,
-                    serde_json::json!({ "error": e.to_string() }),
+                    serde_json::json!({ "reason": reason, "error": e.to_string() }),
                 );
             }
             (Some(false), Ok(())) => self.raise("store.recovered", None, serde_json::json!({})),
             _ => {}
         }
+    }
+
+    async fn check_store(&self, gateway: &Gateway, store: &dyn Store) {
+        let ready = match store.ready().await {
+            Ok(()) => gateway.inbox.ready().await,
+            failed => failed,
+        };
+        self.readiness(&ready);
     }
 
     /// Stores queued alerts, sends folded ones at their interval's end and

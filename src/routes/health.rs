@@ -77,5 +77,8 @@ pub(super) async fn readiness(state: &AppState) -> Result<(), StoreError> {
         failed => failed,
     };
     state.metrics.set_readiness(&ready);
+    if let Some(alerts) = &state.gateway.alerts {
+        alerts.readiness(&ready);
+    }
     ready
 }

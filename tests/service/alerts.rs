@@ -304,7 +304,8 @@ async fn a_full_disk_sends_store_degraded_kept_in_memory_until_it_frees_then_sto
     plan.set_full(true);
     let res = app.claim("during", json!({})).await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    // The alert cannot be stored while the disk is full: none arrives.
+    // /readyz sees the turn (so does the alerts' own look, once a
+    // second); the alert cannot be stored while the disk is full.
     eventually("not ready", || async {
         app.client
             .get(app.url("/readyz"))
