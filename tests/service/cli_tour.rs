@@ -612,3 +612,53 @@ async fn receive_prints_control_characters_from_a_request_escaped() {
     );
     assert!(line.contains("NOT VERIFIED"), "{line}");
 }
+
+/// `dedupd receive --source dedupd-alerts` plays the alert endpoint: an
+/// event whose destination refuses its only attempt goes dead, and the
+/// `event.dead` alert arrives verified with the alerts' secret.
+#[test]
+fn receive_verifies_the_alerts_of_the_configuration() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    let out = init(&config, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let written = std::fs::read_to_string(&config).unwrap();
+    // Port 1: nothing listens, each attempt fails at once.
+    let edited = written
+        .replace("http://127.0.0.1:3000/hooks", "http://127.0.0.1:1/hooks")
+        .replace("max_attempts = 12", "max_attempts = 1")
+        + "\n[alerts]\nforward_to = \"http://127.0.0.1:3001/alerts\"\n\
+           destination_secret = \"whsec_QWxlcnRzU2lnbmluZ1NlY3JldDEyMzQ1Ng==\"\n";
+    std::fs::write(&config, &edited).unwrap();
+    let mut receive = Receive::start(&config, &["--source", "dedupd-alerts"]);
+    assert!(
+        receive.seen[0].contains("source dedupd-alerts"),
+        "{:?}",
+        receive.seen
+    );
+    std::fs::write(
+        &config,
+        edited.replace(
+            "http://127.0.0.1:3001/alerts",
+            &format!("http://127.0.0.1:{}/alerts", receive.port),
+        ),
+    )
+    .unwrap();
+    let mut cmd = dedupd();
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "127.0.0.1:0");
+    let (serve, port, _drain) = spawn_serving(cmd);
+    let _serve = Running(serve);
+    let out = dedupd()
+        .args(["trigger", "sume", "--config"])
+        .arg(&config)
+        .args(["--url", &format!("http://127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = receive.until(&["alert_"]);
+    assert!(line.contains("  verified  "), "{line}");
+    assert!(line.ends_with("-> 204"), "{line}");
+}

@@ -954,3 +954,63 @@ fn the_printed_settings_of_secret_files_read_back() {
     let reprinted = String::from_utf8_lossy(&out.stdout);
     assert_eq!(reprinted, printed);
 }
+
+#[test]
+fn check_config_refuses_a_source_named_for_the_alerts_and_names_a_bad_alerts_key() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("alerts.toml");
+    std::fs::write(
+        &file,
+        r#"
+[sources.dedupd-alerts]
+scheme = "sume"
+secrets = ["s"]
+event_id = "body:/id"
+forward_to = "http://127.0.0.1:1/"
+
+[alerts]
+forward_to = "ftp://example.com/x"
+destination_secret = "not base64!"
+"#,
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("sources.dedupd-alerts") && stderr.contains("dedupd's own source"),
+        "{stderr}"
+    );
+
+    std::fs::write(
+        &file,
+        "[alerts]\nforward_to = \"ftp://example.com/x\"\ndestination_secret = \"not base64!\"\n",
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for key in ["alerts.forward_to", "alerts.destination_secret"] {
+        assert!(stderr.contains(key), "{key} missing in:\n{stderr}");
+    }
+    assert!(stderr.contains("alerts.toml"), "{stderr}");
+
+    std::fs::write(
+        &file,
+        "[alerts]\nforward_to = \"http://127.0.0.1:9/alerts\"\n\
+         destination_secret = \"whsec_QWxlcnRzU2lnbmluZ1NlY3JldDEyMzQ1Ng==\"\nevery = \"1m\"\n",
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("[alerts]"), "{stdout}");
+    assert!(
+        !stdout.contains("QWxlcnRz"),
+        "the secret is redacted: {stdout}"
+    );
+}
