@@ -39,7 +39,9 @@ pub fn needed(s: &Settings) -> u64 {
         .max()
         .unwrap_or(0)
         .min(s.gateway.max_in_flight);
-    let delivery = s.gateway.max_in_flight + s.sources.len() * idle_per_destination;
+    // `[alerts]` is one destination more.
+    let destinations = s.sources.len() + usize::from(s.alerts.is_some());
+    let delivery = s.gateway.max_in_flight + destinations * idle_per_destination;
     [s.http.max_connections, resp, delivery]
         .into_iter()
         .map(|n| u64::try_from(n).unwrap_or(u64::MAX))

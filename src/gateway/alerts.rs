@@ -216,17 +216,22 @@ impl Alerts {
         let mut raise = Vec::new();
         {
             let mut state = self.state();
+            // Rebuilt each look: a source that left the summary (its
+            // events reaped) starts its next stale spell afresh.
+            let mut stale_now = HashMap::new();
             for s in summary {
                 if s.source == ALERT_SOURCE {
                     continue;
                 }
                 let age = s.oldest_pending_ms.map(|t| now.saturating_sub(t));
                 let stale = age.is_some_and(|a| a > self.backlog_after_ms);
-                let was = state.stale.insert(s.source.clone(), stale).unwrap_or(false);
+                let was = state.stale.get(&s.source).copied().unwrap_or(false);
                 if stale && !was {
-                    raise.push((s.source, s.pending, age.unwrap_or(0)));
+                    raise.push((s.source.clone(), s.pending, age.unwrap_or(0)));
                 }
+                stale_now.insert(s.source, stale);
             }
+            state.stale = stale_now;
         }
         for (source, pending, age) in raise {
             self.raise(
