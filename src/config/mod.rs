@@ -1006,6 +1006,17 @@ impl Settings {
             );
         }
         self.validate_resp(api_tokens.is_empty(), &mut bad);
+        if let Some(a) = &self.alerts
+            && a.destination_secret.is_some()
+            && !a.destination_secrets.is_empty()
+        {
+            // As for a source: with two lists, an operator rotating in one
+            // secret would not know which one dedupd signs with.
+            bad(
+                "alerts.destination_secrets",
+                "set destination_secret or destination_secrets, not both".into(),
+            );
+        }
         // Secrets named by file are read here and kept beside the inline
         // ones (`SourceSettings::files`), so what is loaded is complete and
         // still prints as given; the rest of a source is checked when

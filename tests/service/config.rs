@@ -998,6 +998,21 @@ destination_secret = "not base64!"
     std::fs::write(
         &file,
         "[alerts]\nforward_to = \"http://127.0.0.1:9/alerts\"\n\
+         destination_secret = \"whsec_QWxlcnRzU2lnbmluZ1NlY3JldDEyMzQ1Ng==\"\n\
+         destination_secrets = [\"whsec_QWxlcnRzU2lnbmluZ1NlY3JldDEyMzQ1Ng==\"]\n",
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("alerts.destination_secrets") && stderr.contains("not both"),
+        "{stderr}"
+    );
+
+    std::fs::write(
+        &file,
+        "[alerts]\nforward_to = \"http://127.0.0.1:9/alerts\"\n\
          destination_secret = \"whsec_QWxlcnRzU2lnbmluZ1NlY3JldDEyMzQ1Ng==\"\nevery = \"1m\"\n",
     )
     .unwrap();
