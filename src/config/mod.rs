@@ -1006,6 +1006,15 @@ impl Settings {
             );
         }
         self.validate_resp(api_tokens.is_empty(), &mut bad);
+        if let Some(a) = &self.alerts {
+            let (every, backlog) = (a.every, a.backlog_after);
+            if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&every) {
+                bad("alerts.every", "must be 1s to 1d".into());
+            }
+            if !(Duration::from_secs(60)..=Duration::from_secs(30 * 86_400)).contains(&backlog) {
+                bad("alerts.backlog_after", "must be 1m to 30d".into());
+            }
+        }
         if let Some(a) = &self.alerts
             && a.destination_secret.is_some()
             && !a.destination_secrets.is_empty()

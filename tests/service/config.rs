@@ -999,7 +999,8 @@ destination_secret = "not base64!"
         &file,
         "[alerts]\nforward_to = \"http://127.0.0.1:9/alerts\"\n\
          destination_secret = \"whsec_QWxlcnRzU2lnbmluZ1NlY3JldDEyMzQ1Ng==\"\n\
-         destination_secrets = [\"whsec_QWxlcnRzU2lnbmluZ1NlY3JldDEyMzQ1Ng==\"]\n",
+         destination_secrets = [\"whsec_QWxlcnRzU2lnbmluZ1NlY3JldDEyMzQ1Ng==\"]\n\
+         every = \"0s\"\nbacklog_after = \"1s\"\n",
     )
     .unwrap();
     let out = check_config(&file);
@@ -1009,6 +1010,9 @@ destination_secret = "not base64!"
         stderr.contains("alerts.destination_secrets") && stderr.contains("not both"),
         "{stderr}"
     );
+    for key in ["alerts.every", "alerts.backlog_after"] {
+        assert!(stderr.contains(key), "{key} missing in:\n{stderr}");
+    }
 
     std::fs::write(
         &file,
