@@ -320,3 +320,63 @@ fn rfc3339(ms: Millis) -> String {
         })
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+
+    fn queued(alerts: &Alerts) -> Vec<(&'static str, Option<String>, u64)> {
+        alerts
+            .state()
+            .queue
+            .drain(..)
+            .map(|a| (a.kind, a.source, a.suppressed))
+            .collect()
+    }
+
+    #[test]
+    fn the_first_alert_of_a_kind_and_source_goes_at_once_and_the_rest_fold_into_the_last() {
+        let clock = ManualClock::new(1_000_000);
+        let alerts = Alerts::new(
+            Arc::new(clock.clone()),
+            Duration::from_secs(60),
+            Duration::from_secs(900),
+        );
+        let none = serde_json::json!({});
+        alerts.raise("source.paused", Some("a"), none.clone());
+        alerts.raise("source.paused", Some("b"), none.clone());
+        alerts.raise("source.resumed", Some("a"), none.clone());
+        for _ in 0..3 {
+            clock.advance(Duration::from_secs(1));
+            alerts.raise("source.paused", Some("a"), none.clone());
+        }
+        assert_eq!(
+            queued(&alerts),
+            [
+                ("source.paused", Some("a".into()), 0),
+                ("source.paused", Some("b".into()), 0),
+                ("source.resumed", Some("a".into()), 0),
+            ]
+        );
+        // Never about the alerts source itself.
+        alerts.raise("event.dead", Some(ALERT_SOURCE), none.clone());
+        alerts.flush(clock.now_ms());
+        assert!(queued(&alerts).is_empty(), "the interval has not ended");
+
+        clock.advance(Duration::from_secs(60));
+        alerts.flush(clock.now_ms());
+        assert_eq!(queued(&alerts), [("source.paused", Some("a".into()), 2)]);
+        // The flush started a new interval: the next one folds again.
+        alerts.raise("source.paused", Some("a"), none.clone());
+        assert!(queued(&alerts).is_empty());
+        clock.advance(Duration::from_secs(60));
+        alerts.flush(clock.now_ms());
+        assert_eq!(queued(&alerts), [("source.paused", Some("a".into()), 0)]);
+        // A quiet interval: the next alert goes at once.
+        clock.advance(Duration::from_secs(60));
+        alerts.flush(clock.now_ms());
+        alerts.raise("source.paused", Some("a"), none);
+        assert_eq!(queued(&alerts), [("source.paused", Some("a".into()), 0)]);
+    }
+}
