@@ -59,7 +59,7 @@ pub struct Alert {
 /// Per kind and source: when its interval started and what it folded.
 #[derive(Debug, Default)]
 struct Limit {
-    /// Start of the current interval, Unix ms.
+    /// Start of the current interval, Unix ms; 0 before the first alert.
     since: Millis,
     /// The latest alert folded into this interval, and how many were.
     folded: Option<(Alert, u64)>,
@@ -67,6 +67,8 @@ struct Limit {
 
 #[derive(Debug, Default)]
 struct State {
+    /// By kind and source: at most six kinds per configured source (and
+    /// two without one), so bounded by the configuration.
     limits: HashMap<(&'static str, Option<String>), Limit>,
     /// Alerts to store, oldest first.
     queue: VecDeque<Alert>,
@@ -74,13 +76,15 @@ struct State {
     stale: HashMap<String, bool>,
     /// Whether the store was ready at the last look.
     ready: Option<bool>,
-    /// Ids given in this millisecond, so two alerts of one ms differ.
+    /// Alerts stored by this process: with `run`, makes each event id
+    /// unique (two alerts may share a millisecond).
     seq: u64,
 }
 
 /// Raises, rate-limits and stores alerts.
 #[derive(Debug)]
 pub struct Alerts {
+    /// Times the alerts (`at`) and the rate limit.
     clock: SharedClock,
     /// `alerts.every`, ms.
     every_ms: u64,
@@ -88,6 +92,7 @@ pub struct Alerts {
     backlog_after_ms: u64,
     /// Distinguishes this process's alert ids from a restarted one's.
     run: u32,
+    /// Rate limits and the queue; held briefly, never across an await.
     state: Mutex<State>,
     /// Wakes [`Alerts::run`] when an alert is queued.
     queued: Notify,
