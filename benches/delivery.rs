@@ -911,29 +911,7 @@ impl Dedupd {
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let client = dedupd::http_client::builder().no_proxy().build()?;
-        let url = format!("{}/readyz", self.base);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.child.try_wait()? {
-                bail!("dedupd exited ({status}): {}", read(&self.log).trim());
-            }
-            if client
-                .get(&url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "dedupd not ready within 30 s: {}",
-                    truncate(read(&self.log).trim(), 500)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_ready(&mut self.child, &self.base, &self.log).await
     }
 
     /// Kills the server; returns what it logged.
@@ -944,7 +922,39 @@ impl Dedupd {
     }
 }
 
-fn read(path: &Path) -> String {
+/// Waits until the `dedupd serve` in `child` answers `/readyz` at `base`
+/// (30 s at most); its log at `log` says why when it does not.
+pub(crate) async fn wait_ready(
+    child: &mut ChildGuard,
+    base: &str,
+    log: &Path,
+) -> anyhow::Result<()> {
+    let client = dedupd::http_client::builder().no_proxy().build()?;
+    let url = format!("{base}/readyz");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.child.try_wait()? {
+            bail!("dedupd exited ({status}): {}", read(log).trim());
+        }
+        if client
+            .get(&url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "dedupd not ready within 30 s: {}",
+                truncate(read(log).trim(), 500)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub(crate) fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 

@@ -75,7 +75,7 @@ use tempfile::TempDir;
 
 use delivery::{
     ChildGuard, DESTINATION_SECRET, ORIGIN, Posted, Receiver, ReceiverKind, SECRET, env_or,
-    free_port, now_s, on_path, sign, truncate,
+    free_port, now_s, on_path, read, sign, truncate,
 };
 
 /// After the inbox drained, how long to keep counting repeats.
@@ -912,29 +912,7 @@ impl Instance {
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let client = dedupd::http_client::builder().no_proxy().build()?;
-        let url = format!("{}/readyz", self.base);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.child.try_wait()? {
-                bail!("dedupd exited ({status}): {}", read(&self.log).trim());
-            }
-            if client
-                .get(&url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "dedupd not ready within 30 s: {}",
-                    truncate(read(&self.log).trim(), 500)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        delivery::wait_ready(&mut self.child, &self.base, &self.log).await
     }
 
     /// Kills the server; returns what it logged (warn and above).
@@ -943,10 +921,6 @@ impl Instance {
         drop(child);
         read(&log)
     }
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
 }
 
 // ---------------------------------------------------------------- report
