@@ -191,6 +191,7 @@ mod tests {
             lease: 0,
             body_bytes: body.len(),
             timeline: Vec::new(),
+            replay: None,
         }
     }
 

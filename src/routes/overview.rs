@@ -88,6 +88,7 @@ pub(super) async fn list(state: web::Data<AppState>) -> Result<HttpResponse, Api
                 delivered: 0,
                 stale: 0,
                 dead: 0,
+                erased: 0,
                 oldest_pending_ms: None,
             });
     }

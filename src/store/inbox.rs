@@ -116,6 +116,45 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
         now: Millis,
     ) -> Result<RedeliverOutcome, StoreError>;
 
+    /// Puts a delivered, dead or stale event back to pending for the bulk
+    /// job `job` (a replay): its attempts continue (the `dedupd-attempt`
+    /// header counts on, the retry budget starts afresh from them), and a
+    /// delivered or stale one is delivered even if older than its stream's
+    /// head. Refused for an event the job already replayed, so a job that
+    /// asks twice sends once.
+    async fn replay(
+        &self,
+        source: &str,
+        event_id: &str,
+        job: &str,
+        now: Millis,
+    ) -> Result<RedeliverOutcome, StoreError>;
+
+    /// Erases an event: its body and stored headers are deleted, its row
+    /// stays with status [`EventStatus::Erased`] for `retention_ms` (and
+    /// its id a duplicate for the dedupe window after its receipt). A
+    /// pending event leaves its stream's queue: it is never delivered.
+    async fn erase(
+        &self,
+        source: &str,
+        event_id: &str,
+        retention_ms: u64,
+        now: Millis,
+    ) -> Result<EraseOutcome, StoreError>;
+
+    /// Writes a bulk job's record (created or updated): `record` is the
+    /// job's own encoding, opaque to the inbox. Keeps the job's cancel mark.
+    async fn put_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError>;
+
+    /// Marks a job cancelled; false when there is no such job.
+    async fn cancel_job(&self, id: &str, now: Millis) -> Result<bool, StoreError>;
+
+    /// Deletes a job's record.
+    async fn delete_job(&self, id: &str, now: Millis) -> Result<(), StoreError>;
+
+    /// Every job's record, in id order.
+    async fn jobs(&self) -> Result<Vec<StoredJob>, StoreError>;
+
     /// Deletes at most `limit` pending events of `sources` (removed from
     /// the configuration) received before `before`; how many went.
     async fn purge_pending(
@@ -193,6 +232,8 @@ pub enum EventStatus {
     Stale,
     /// Every attempt failed; waits for an operator's redeliver.
     Dead,
+    /// Erased by an operator: body and headers deleted, the record kept.
+    Erased,
 }
 
 impl EventStatus {
@@ -203,6 +244,7 @@ impl EventStatus {
             EventStatus::Delivered => 1,
             EventStatus::Stale => 2,
             EventStatus::Dead => 3,
+            EventStatus::Erased => 4,
         }
     }
 
@@ -212,6 +254,7 @@ impl EventStatus {
             0 => EventStatus::Pending,
             1 => EventStatus::Delivered,
             2 => EventStatus::Stale,
+            4 => EventStatus::Erased,
             _ => EventStatus::Dead,
         }
     }
@@ -223,6 +266,7 @@ impl EventStatus {
             "delivered" => Some(EventStatus::Delivered),
             "stale" => Some(EventStatus::Stale),
             "dead" => Some(EventStatus::Dead),
+            "erased" => Some(EventStatus::Erased),
             _ => None,
         }
     }
@@ -323,6 +367,40 @@ pub struct InboxEvent {
     /// Its last attempts, oldest first (at most [`TIMELINE_ATTEMPTS`]);
     /// filled in by [`Inbox::inbox_event`] only, empty elsewhere.
     pub timeline: Vec<Attempt>,
+    /// The bulk job that last replayed it, if any (see [`Inbox::replay`]).
+    pub replay: Option<ReplayMark>,
+}
+
+/// An event's replay by a bulk job: the job, and the attempts the event
+/// had when the job queued it (its retry budget counts from there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayMark {
+    /// The job's id (the `dedupd-replay` header).
+    pub job: String,
+    /// Attempts made before the replay.
+    pub base_attempts: u32,
+}
+
+/// A bulk job's record as the inbox keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredJob {
+    /// The job's id.
+    pub id: String,
+    /// Its record, as [`Inbox::put_job`] last wrote it.
+    pub record: Vec<u8>,
+    /// An operator cancelled it.
+    pub cancelled: bool,
+}
+
+/// Answer to an erase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EraseOutcome {
+    /// Erased now.
+    Erased,
+    /// Erased before.
+    AlreadyErased,
+    /// No such event.
+    NotFound,
 }
 
 impl InboxEvent {
@@ -402,6 +480,8 @@ pub struct SourceSummary {
     pub stale: u64,
     /// Dead events kept for their retention.
     pub dead: u64,
+    /// Erased events kept for their retention.
+    pub erased: u64,
     /// When the oldest pending event was received, Unix ms.
     pub oldest_pending_ms: Option<Millis>,
 }
@@ -474,6 +554,8 @@ pub struct LeasedEvent {
     pub attempts: u32,
     /// Redelivered by an operator: delivered even if older than the head.
     pub force: bool,
+    /// Queued by a bulk job's replay.
+    pub replay: Option<ReplayMark>,
 }
 
 /// Answer to an operator's redeliver.

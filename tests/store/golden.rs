@@ -763,7 +763,7 @@ async fn open_golden(case: Case) {
     let id = file_id(&path);
     let header = std::fs::read(&log).unwrap();
     assert!(
-        header.starts_with(b"DDWAL03\n"),
+        header.starts_with(b"DDWAL04\n"),
         "{name}: {:?}",
         &header[..8]
     );

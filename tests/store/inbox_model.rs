@@ -487,6 +487,7 @@ impl Model {
                 lease: 0,
                 body_bytes: new.body.len(),
                 timeline: Vec::new(),
+                replay: None,
             },
         );
         self.pass_turn_of(&new.source, new.stream.as_deref());
@@ -702,6 +703,7 @@ impl Model {
                     lease: rec.generation,
                     attempts: e.attempts,
                     force: e.force,
+                    replay: e.replay.clone(),
                 });
                 self.leases.push(rec);
             }
@@ -1039,6 +1041,7 @@ async fn check_state(s: &dyn Subject, m: &Model, ctx: &str) {
                 delivered: 0,
                 stale: 0,
                 dead: 0,
+                erased: 0,
                 oldest_pending_ms: None,
             });
         match e.status {
@@ -1052,6 +1055,7 @@ async fn check_state(s: &dyn Subject, m: &Model, ctx: &str) {
             EventStatus::Delivered => x.delivered += 1,
             EventStatus::Stale => x.stale += 1,
             EventStatus::Dead => x.dead += 1,
+            EventStatus::Erased => x.erased += 1,
         }
     }
     let summary: Vec<SourceSummary> = summary.into_values().collect();

@@ -490,6 +490,7 @@ mod tests {
             lease: 0,
             body_bytes: 0,
             timeline: Vec::new(),
+            replay: None,
         }
     }
 

@@ -36,7 +36,7 @@ impl StatusDeltas {
 }
 
 /// Events per source, indexed by [`EventStatus::to_byte`].
-pub type Counts = [u64; 4];
+pub type Counts = [u64; 5];
 
 /// The counts of the open file.
 #[derive(Debug, Default)]
@@ -58,7 +58,7 @@ impl StatusCounts {
         let mut counts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         for ((source, status), by) in deltas.0 {
             let entry = counts.entry(source).or_default();
-            let slot = &mut entry[usize::from(status.min(3))];
+            let slot = &mut entry[usize::from(EventStatus::from_byte(status).to_byte())];
             *slot = slot.saturating_add_signed(by);
         }
         counts.retain(|_, c| c.iter().any(|n| *n > 0));

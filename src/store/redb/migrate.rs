@@ -80,11 +80,13 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
             // 2 file has none), version 4 the keyspace tables (created
             // below), version 5 the inbox body table, version 6 keys the
             // keyspace's rows by row id, version 7 adds the dedupe records
-            // of reaped inbox events, version 8 the attempt timelines
-            // (their tables are created below; a file without them simply
-            // has none). Logged requests keep their encoding, so an older
-            // log replays.
-            Some(7) => {
+            // of reaped inbox events, version 8 the attempt timelines,
+            // version 9 the replay marks and bulk jobs, and the erased
+            // status (their tables are created below; a file without them
+            // simply has none; an older build must not read an erased
+            // row, which has no body). Logged requests keep their
+            // encoding, so an older log replays.
+            Some(7 | 8) => {
                 meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
                     .map_err(|e| other(e.into()))?;
             }
@@ -133,6 +135,10 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
         tx.open_table(tables::INBOX_ATTEMPTS)
             .map_err(|e| other(e.into()))?;
         tx.open_table(tables::INBOX_DEDUPE_EXPIRY)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_REPLAY)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_JOBS)
             .map_err(|e| other(e.into()))?;
         tx.open_table(tables::KV_ROWS)
             .map_err(|e| other(e.into()))?;

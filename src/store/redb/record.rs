@@ -118,6 +118,10 @@ impl Request {
                     InboxRequest::Lease { .. }
                         | InboxRequest::Settle { .. }
                         | InboxRequest::SettleAttempt { .. }
+                        | InboxRequest::Erase { .. }
+                        | InboxRequest::PutJob { .. }
+                        | InboxRequest::CancelJob { .. }
+                        | InboxRequest::DeleteJob { .. }
                 )
             }
             Request::Claim { .. }
@@ -154,6 +158,7 @@ impl Request {
                     };
                     settled + n(attempt.error.as_ref().map_or(0, String::len))
                 }
+                Request::Inbox(InboxRequest::PutJob { record, .. }) => n(record.len()),
                 Request::Kv(KvRequest::Set { key, value, .. }) => n(key.len() + value.len()),
                 Request::Kv(KvRequest::Delete { keys }) => {
                     keys.iter().map(|k| n(k.len())).sum::<u64>()
@@ -207,6 +212,27 @@ pub enum InboxRequest {
         /// Retentions for settled events.
         retention: Retention,
     },
+    /// Put a settled event back to pending for a bulk job (log format 4
+    /// on): see `Inbox::replay`.
+    Replay {
+        source: String,
+        event_id: String,
+        /// The job's id.
+        job: String,
+    },
+    /// Erase an event: see `Inbox::erase`.
+    Erase {
+        source: String,
+        event_id: String,
+        /// How long the erased row stays, ms.
+        retention_ms: u64,
+    },
+    /// Write a bulk job's record, keeping its cancel mark.
+    PutJob { id: String, record: Vec<u8> },
+    /// Mark a bulk job cancelled.
+    CancelJob { id: String },
+    /// Delete a bulk job's record.
+    DeleteJob { id: String },
 }
 
 /// One batch as logged.

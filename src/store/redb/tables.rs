@@ -26,7 +26,7 @@ use crate::store::ordering::{EventRecord, Recorded};
 use crate::store::{ClaimRecord, ClaimState, Head};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 8;
+pub const SCHEMA_VERSION: u64 = 9;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -346,6 +346,14 @@ pub const INBOX_DUE_V1: TableDefinition<(u64, &str, &str), ()> = TableDefinition
 /// (source, stream, created_at ns, received_at_ms, event id).
 pub const INBOX_QUEUE: TableDefinition<(&str, &str, i128, u64, &str), ()> =
     TableDefinition::new("inbox_queue");
+/// Replay marks by (source, event id): the bulk job that last replayed the
+/// event and the attempts it had then (see `Inbox::replay`). Deleted with
+/// the row, and by an operator's redeliver; none without a row.
+pub const INBOX_REPLAY: TableDefinition<(&str, &str), (&str, u32)> =
+    TableDefinition::new("inbox_replay");
+/// Bulk jobs by id: (the job's record, cancelled). The record's encoding is
+/// the job runner's (`gateway::jobs`), opaque here.
+pub const INBOX_JOBS: TableDefinition<&str, (&[u8], bool)> = TableDefinition::new("inbox_jobs");
 /// Events by (source, status, received_at_ms, event id), for listing.
 pub const INBOX_STATUS: TableDefinition<(&str, u8, u64, &str), ()> =
     TableDefinition::new("inbox_status");

@@ -262,6 +262,26 @@ fn samples() -> Vec<Request> {
         expire(ExpireCondition::Earlier),
         expire(ExpireCondition::SomeAndEarlier),
         Request::Kv(KvRequest::Persist { key: b"k".to_vec() }),
+        Request::Inbox(InboxRequest::Replay {
+            source: "sume".into(),
+            event_id: "evt_1".into(),
+            job: "job_00c0ffee00c0ffee".into(),
+        }),
+        Request::Inbox(InboxRequest::Erase {
+            source: "sume".into(),
+            event_id: "evt_1".into(),
+            retention_ms: 2_592_000_000,
+        }),
+        Request::Inbox(InboxRequest::PutJob {
+            id: "job_00c0ffee00c0ffee".into(),
+            record: b"{\"kind\":\"redeliver\"}".to_vec(),
+        }),
+        Request::Inbox(InboxRequest::CancelJob {
+            id: "job_00c0ffee00c0ffee".into(),
+        }),
+        Request::Inbox(InboxRequest::DeleteJob {
+            id: "job_00c0ffee00c0ffee".into(),
+        }),
     ]
 }
 
@@ -407,6 +427,19 @@ fn inbox_shape(req: &InboxRequest, cov: &mut Coverage) -> String {
             source: _,
             event_id: _,
         } => "redeliver".into(),
+        InboxRequest::Replay {
+            source: _,
+            event_id: _,
+            job: _,
+        } => "replay".into(),
+        InboxRequest::Erase {
+            source: _,
+            event_id: _,
+            retention_ms: _,
+        } => "erase".into(),
+        InboxRequest::PutJob { id: _, record: _ } => "put_job".into(),
+        InboxRequest::CancelJob { id: _ } => "cancel_job".into(),
+        InboxRequest::DeleteJob { id: _ } => "delete_job".into(),
     }
 }
 

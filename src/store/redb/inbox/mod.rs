@@ -29,8 +29,9 @@ use crate::clock::Millis;
 use crate::domain::{CreatedAt, ScopedKey};
 use crate::store::StoreError;
 use crate::store::inbox::{
-    Attempt, Cursor, DiskSpace, EventKey, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased,
-    ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceDue, SourceSummary,
+    Attempt, Cursor, DiskSpace, EraseOutcome, EventKey, EventStatus, Inbox, InboxEvent,
+    IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceDue,
+    SourceSummary, StoredJob,
 };
 
 /// The inbox in the data file; a handle on its engine (cheap to clone).
@@ -214,6 +215,68 @@ impl Inbox for RedbInbox {
         }
     }
 
+    async fn replay(
+        &self,
+        source: &str,
+        event_id: &str,
+        job: &str,
+        now: Millis,
+    ) -> Result<RedeliverOutcome, StoreError> {
+        let request = InboxRequest::Replay {
+            source: source.to_owned(),
+            event_id: event_id.to_owned(),
+            job: job.to_owned(),
+        };
+        match self.write(request, now).await? {
+            InboxResponse::Redelivered(o) => Ok(o),
+            _ => Err(EngineError::Unexpected("replay").into()),
+        }
+    }
+
+    async fn erase(
+        &self,
+        source: &str,
+        event_id: &str,
+        retention_ms: u64,
+        now: Millis,
+    ) -> Result<EraseOutcome, StoreError> {
+        let request = InboxRequest::Erase {
+            source: source.to_owned(),
+            event_id: event_id.to_owned(),
+            retention_ms,
+        };
+        match self.write(request, now).await? {
+            InboxResponse::Erased(o) => Ok(o),
+            _ => Err(EngineError::Unexpected("erase").into()),
+        }
+    }
+
+    async fn put_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        self.write(InboxRequest::PutJob { id, record }, now)
+            .await
+            .map(|_| ())
+    }
+
+    async fn cancel_job(&self, id: &str, now: Millis) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        match self.write(InboxRequest::CancelJob { id }, now).await? {
+            InboxResponse::Job(found) => Ok(found),
+            _ => Err(EngineError::Unexpected("a job's cancel").into()),
+        }
+    }
+
+    async fn delete_job(&self, id: &str, now: Millis) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        self.write(InboxRequest::DeleteJob { id }, now)
+            .await
+            .map(|_| ())
+    }
+
+    async fn jobs(&self) -> Result<Vec<StoredJob>, StoreError> {
+        Ok(self.engine.read(read::jobs).await?)
+    }
+
     async fn purge_pending(
         &self,
         sources: Vec<String>,
@@ -265,6 +328,7 @@ impl Inbox for RedbInbox {
                     delivered: c[1],
                     stale: c[2],
                     dead: c[3],
+                    erased: c[4],
                     oldest_pending_ms,
                     source: source.clone(),
                 });

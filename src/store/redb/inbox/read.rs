@@ -6,10 +6,12 @@ use redb::{ReadTransaction, ReadableTable};
 
 use super::row::{attempt_from_row, decode, read_whole, with_body};
 use crate::clock::Millis;
-use crate::store::inbox::{Cursor, EventStatus, InboxEvent, ListOrder, SourceDue};
+use crate::store::inbox::{
+    Cursor, EventStatus, InboxEvent, ListOrder, ReplayMark, SourceDue, StoredJob,
+};
 use crate::store::redb::tables::{
     INBOX, INBOX_ATTEMPTS, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE,
-    INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS,
+    INBOX_EXPIRY, INBOX_JOBS, INBOX_QUEUE, INBOX_REPLAY, INBOX_STATUS,
 };
 
 /// For each `(source, limit)`: its runnable events due at `now`, in due
@@ -75,7 +77,7 @@ pub fn sources(tx: &ReadTransaction) -> Result<Vec<(String, u64)>, redb::Error> 
                 (s == source && st == pending).then_some(())
             })
             .count() as u64;
-        // Status bytes stop at 3, so (source, 255, ..) is past all of its
+        // Status bytes stop at 4, so (source, 255, ..) is past all of its
         // entries.
         first = index
             .range((source.as_str(), u8::MAX, u64::MAX, "")..)?
@@ -149,7 +151,38 @@ pub fn get(
     if let Some(timeline) = tx.open_table(INBOX_ATTEMPTS)?.get((source, id))? {
         e.timeline = timeline.value().into_iter().map(attempt_from_row).collect();
     }
+    e.replay = mark(&tx.open_table(INBOX_REPLAY)?, source, id)?;
     Ok(Some(e))
+}
+
+/// An event's replay mark, if it has one.
+fn mark(
+    marks: &impl ReadableTable<(&'static str, &'static str), (&'static str, u32)>,
+    source: &str,
+    id: &str,
+) -> Result<Option<ReplayMark>, redb::Error> {
+    Ok(marks.get((source, id))?.map(|g| {
+        let (job, base_attempts) = g.value();
+        ReplayMark {
+            job: job.to_owned(),
+            base_attempts,
+        }
+    }))
+}
+
+/// Every bulk job's record, in id order.
+pub fn jobs(tx: &ReadTransaction) -> Result<Vec<StoredJob>, redb::Error> {
+    let mut out = Vec::new();
+    for entry in tx.open_table(INBOX_JOBS)?.iter()? {
+        let (k, v) = entry?;
+        let (record, cancelled) = v.value();
+        out.push(StoredJob {
+            id: k.value().to_owned(),
+            record: record.to_vec(),
+            cancelled,
+        });
+    }
+    Ok(out)
 }
 
 /// A page of a source's events with `status` in `order` (by received time,
@@ -166,8 +199,9 @@ pub fn list(
     use std::ops::Bound::{Excluded, Included};
     let index = tx.open_table(INBOX_STATUS)?;
     let rows = tx.open_table(INBOX)?;
+    let marks = tx.open_table(INBOX_REPLAY)?;
     let s = status.to_byte();
-    // Status bytes stop at 3, so (source, s + 1, 0, "") is past every entry
+    // Status bytes stop at 4, so (source, s + 1, 0, "") is past every entry
     // of this status.
     let first = (source, s, 0u64, "");
     let end = (source, s + 1, 0u64, "");
@@ -191,7 +225,9 @@ pub fn list(
             break;
         }
         if let Some(row) = rows.get((src, id))? {
-            events.push(decode(src, id, row.value()));
+            let mut e = decode(src, id, row.value());
+            e.replay = mark(&marks, src, id)?;
+            events.push(e);
         }
     }
     let next = if more {

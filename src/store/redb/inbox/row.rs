@@ -44,6 +44,7 @@ pub(super) fn decode(source: &str, event_id: &str, row: InboxRow<'_>) -> InboxEv
         lease: row.lease,
         body_bytes: usize::try_from(row.body_bytes).unwrap_or(usize::MAX),
         timeline: Vec::new(),
+        replay: None,
     }
 }
 
@@ -64,8 +65,12 @@ pub(super) fn with_body(
     bodies: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
     mut e: InboxEvent,
 ) -> Result<InboxEvent, redb::Error> {
-    // Every row has its body (written together, deleted together): a
-    // missing one is never delivered as an empty body.
+    // Every row but an erased one has its body (written together,
+    // deleted together): a missing one is never delivered as an empty
+    // body.
+    if e.status == EventStatus::Erased {
+        return Ok(e);
+    }
     let Some(body) = bodies.get((e.source.as_str(), e.event_id.as_str()))? else {
         return Err(redb::Error::Corrupted(format!(
             "inbox event {}/{} has no body",

@@ -13,7 +13,11 @@
 //! - a row has at most one [`INBOX_ATTEMPTS`] entry (its timeline, at most
 //!   [`TIMELINE_ATTEMPTS`] long), deleted with it; none without a row.
 //! - an id has a row or an [`INBOX_DEDUPE`] record, never both; each record
-//!   has one [`INBOX_DEDUPE_EXPIRY`] entry, at its expiry.
+//!   has one [`INBOX_DEDUPE_EXPIRY`] entry, at its expiry;
+//! - a row has at most one [`INBOX_REPLAY`] mark, deleted with it; none
+//!   without a row;
+//! - an erased row has no body, no stream queue or runnable entry, and
+//!   stored headers `[]`.
 
 mod purge;
 
@@ -23,14 +27,14 @@ use super::row::{decode, to_row};
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
 use crate::store::inbox::{
-    Attempt, EventStatus, InboxEvent, IngestOutcome, Leased, LeasedEvent, NewEvent,
-    RedeliverOutcome, Retention, Settle, TIMELINE_ATTEMPTS,
+    Attempt, EraseOutcome, EventStatus, InboxEvent, IngestOutcome, Leased, LeasedEvent, NewEvent,
+    RedeliverOutcome, ReplayMark, Retention, Settle, TIMELINE_ATTEMPTS,
 };
 use crate::store::redb::counts::StatusDeltas;
 use crate::store::redb::record::InboxRequest;
 use crate::store::redb::tables::{
     AttemptRow, INBOX, INBOX_ATTEMPTS, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE,
-    INBOX_EXPIRY, INBOX_QUEUE, INBOX_STATUS, InboxRow, Lazy,
+    INBOX_EXPIRY, INBOX_JOBS, INBOX_QUEUE, INBOX_REPLAY, INBOX_STATUS, InboxRow, Lazy,
 };
 
 /// Answer to an [`InboxRequest`].
@@ -42,8 +46,12 @@ pub enum InboxResponse {
     Leased(Leased),
     /// Settle done.
     Done,
-    /// Answer to a redeliver.
+    /// Answer to a redeliver or a replay.
     Redelivered(RedeliverOutcome),
+    /// Answer to an erase.
+    Erased(EraseOutcome),
+    /// Whether the job a write named exists.
+    Job(bool),
 }
 
 /// Reads the `created_at` of a stream's live head: (source, stream).
@@ -63,6 +71,8 @@ pub struct InboxTables<'txn> {
     expiry: Lazy<'txn, (u64, &'static str, &'static str), ()>,
     dedupe: Lazy<'txn, (&'static str, &'static str), u64>,
     dedupe_expiry: Lazy<'txn, (u64, &'static str, &'static str), ()>,
+    replay: Lazy<'txn, (&'static str, &'static str), (&'static str, u32)>,
+    jobs: Lazy<'txn, &'static str, (&'static [u8], bool)>,
 }
 
 impl<'txn> InboxTables<'txn> {
@@ -79,6 +89,8 @@ impl<'txn> InboxTables<'txn> {
             expiry: Lazy::new(tx, INBOX_EXPIRY),
             dedupe: Lazy::new(tx, INBOX_DEDUPE),
             dedupe_expiry: Lazy::new(tx, INBOX_DEDUPE_EXPIRY),
+            replay: Lazy::new(tx, INBOX_REPLAY),
+            jobs: Lazy::new(tx, INBOX_JOBS),
         }
     }
 
@@ -139,6 +151,7 @@ impl<'txn> InboxTables<'txn> {
                             lease: e.lease,
                             attempts: e.attempts,
                             force: e.force,
+                            replay: self.mark(source, id)?,
                         }),
                     }
                 }
@@ -169,7 +182,45 @@ impl<'txn> InboxTables<'txn> {
             InboxRequest::Redeliver { source, event_id } => {
                 InboxResponse::Redelivered(self.redeliver(source, event_id, now)?)
             }
+            InboxRequest::Replay {
+                source,
+                event_id,
+                job,
+            } => InboxResponse::Redelivered(self.replay(source, event_id, job, now)?),
+            InboxRequest::Erase {
+                source,
+                event_id,
+                retention_ms,
+            } => InboxResponse::Erased(self.erase(source, event_id, *retention_ms, now)?),
+            InboxRequest::PutJob { id, record } => {
+                let jobs = self.jobs.open()?;
+                let cancelled = jobs.get(id.as_str())?.is_some_and(|g| g.value().1);
+                jobs.insert(id.as_str(), (record.as_slice(), cancelled))?;
+                InboxResponse::Job(true)
+            }
+            InboxRequest::CancelJob { id } => {
+                let jobs = self.jobs.open()?;
+                let record = jobs.get(id.as_str())?.map(|g| g.value().0.to_vec());
+                if let Some(record) = &record {
+                    jobs.insert(id.as_str(), (record.as_slice(), true))?;
+                }
+                InboxResponse::Job(record.is_some())
+            }
+            InboxRequest::DeleteJob { id } => {
+                InboxResponse::Job(self.jobs.open()?.remove(id.as_str())?.is_some())
+            }
         })
+    }
+
+    /// An event's replay mark, if it has one.
+    fn mark(&mut self, source: &str, id: &str) -> Result<Option<ReplayMark>, redb::Error> {
+        Ok(self.replay.open()?.get((source, id))?.map(|g| {
+            let (job, base_attempts) = g.value();
+            ReplayMark {
+                job: job.to_owned(),
+                base_attempts,
+            }
+        }))
     }
 
     /// An event's row, without its body: no write after the insert needs
@@ -197,6 +248,7 @@ impl<'txn> InboxTables<'txn> {
         self.rows.open()?.remove((source, id))?;
         self.bodies.open()?.remove((source, id))?;
         self.attempts.open()?.remove((source, id))?;
+        self.replay.open()?.remove((source, id))?;
         Ok(())
     }
 
@@ -272,6 +324,7 @@ impl<'txn> InboxTables<'txn> {
             lease: 0,
             body_bytes: new.body.len(),
             timeline: Vec::new(),
+            replay: None,
         };
         self.save(&e)?;
         self.bodies.open()?.insert(
@@ -489,6 +542,7 @@ impl<'txn> InboxTables<'txn> {
         e.force = e.status == EventStatus::Stale;
         e.status = EventStatus::Pending;
         e.attempts = 0;
+        self.replay.open()?.remove((source, id))?;
         e.due_at_ms = now;
         e.lease += 1;
         e.expires_at_ms = 0;
@@ -496,5 +550,81 @@ impl<'txn> InboxTables<'txn> {
         self.index_status((source, e.status.to_byte(), e.received_at_ms, id), ())?;
         self.enqueue(&e)?;
         Ok(RedeliverOutcome::Requeued)
+    }
+
+    fn replay(
+        &mut self,
+        source: &str,
+        id: &str,
+        job: &str,
+        now: Millis,
+    ) -> Result<RedeliverOutcome, redb::Error> {
+        let Some(mut e) = self.load(source, id)? else {
+            return Ok(RedeliverOutcome::NotFound);
+        };
+        let replayed = self.mark(source, id)?.is_some_and(|m| m.job == job);
+        if replayed
+            || !matches!(
+                e.status,
+                EventStatus::Delivered | EventStatus::Dead | EventStatus::Stale
+            )
+        {
+            return Ok(RedeliverOutcome::NotRedeliverable(e.status));
+        }
+        self.unindex_status((source, e.status.to_byte(), e.received_at_ms, id))?;
+        self.expiry.open()?.remove((e.expires_at_ms, source, id))?;
+        // A delivered or stale event is sent again whatever the head says
+        // (the operator asked for it; the head never moves back). A dead
+        // one still yields to newer events, as its redeliver does.
+        e.force = e.status != EventStatus::Dead;
+        e.status = EventStatus::Pending;
+        e.due_at_ms = now;
+        e.lease += 1;
+        e.expires_at_ms = 0;
+        self.save(&e)?;
+        self.replay
+            .open()?
+            .insert((source, id), (job, e.attempts))?;
+        self.index_status((source, e.status.to_byte(), e.received_at_ms, id), ())?;
+        self.enqueue(&e)?;
+        Ok(RedeliverOutcome::Requeued)
+    }
+
+    fn erase(
+        &mut self,
+        source: &str,
+        id: &str,
+        retention_ms: u64,
+        now: Millis,
+    ) -> Result<EraseOutcome, redb::Error> {
+        let Some(mut e) = self.load(source, id)? else {
+            return Ok(EraseOutcome::NotFound);
+        };
+        if e.status == EventStatus::Erased {
+            return Ok(EraseOutcome::AlreadyErased);
+        }
+        if e.status == EventStatus::Pending {
+            // Out of its stream's queue: the next event of the stream is
+            // runnable now; a turn in flight finds the lease moved on.
+            self.dequeue(&e)?;
+        } else {
+            self.expiry.open()?.remove((e.expires_at_ms, source, id))?;
+        }
+        self.unindex_status((source, e.status.to_byte(), e.received_at_ms, id))?;
+        self.bodies.open()?.remove((source, id))?;
+        self.replay.open()?.remove((source, id))?;
+        e.status = EventStatus::Erased;
+        e.headers = Vec::new();
+        e.body_bytes = 0;
+        e.force = false;
+        e.lease += 1;
+        e.due_at_ms = now;
+        e.expires_at_ms = now.saturating_add(retention_ms);
+        self.save(&e)?;
+        self.index_status((source, e.status.to_byte(), e.received_at_ms, id), ())?;
+        self.expiry
+            .open()?
+            .insert((e.expires_at_ms, source, id), ())?;
+        Ok(EraseOutcome::Erased)
     }
 }
