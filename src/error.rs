@@ -114,6 +114,15 @@ pub enum ApiError {
         state: ClaimState,
         expires_at_ms: Millis,
     },
+    /// The request conflicts with the state of what it names (409): a
+    /// source no longer configured, too many jobs.
+    #[error("{detail}")]
+    Refused {
+        /// Stable code.
+        code: &'static str,
+        /// Human explanation.
+        detail: String,
+    },
     /// Only dead and stale gateway events can be redelivered (409).
     #[error("the event is {status:?}: only dead and stale events can be redelivered")]
     NotRedeliverable { status: EventStatus },
@@ -190,6 +199,7 @@ impl ApiError {
             ApiError::NotFound { code, .. } | ApiError::Conflict { code, .. } => code,
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::NotRedeliverable { .. } => "not_redeliverable",
+            ApiError::Refused { code, .. } => code,
             ApiError::FingerprintMismatch { .. } => "fingerprint_mismatch",
             ApiError::Store(StoreError::Unavailable(_)) => "store_unavailable",
             ApiError::Store(StoreError::Failed(_)) => "internal",
@@ -214,7 +224,9 @@ impl ApiError {
             ApiError::Signature(_) => "Signature refused",
             ApiError::NotFound { .. } => "Not found",
             ApiError::MethodNotAllowed { .. } => "Method not allowed",
-            ApiError::Conflict { .. } | ApiError::NotRedeliverable { .. } => "Conflict",
+            ApiError::Conflict { .. }
+            | ApiError::NotRedeliverable { .. }
+            | ApiError::Refused { .. } => "Conflict",
             ApiError::FingerprintMismatch { .. } => "Fingerprint mismatch",
             ApiError::Store(StoreError::Unavailable(_)) => "Store unavailable",
             ApiError::Store(StoreError::Failed(_)) => "Internal error",
@@ -239,7 +251,9 @@ impl ResponseError for ApiError {
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Conflict { .. } | ApiError::NotRedeliverable { .. } => StatusCode::CONFLICT,
+            ApiError::Conflict { .. }
+            | ApiError::NotRedeliverable { .. }
+            | ApiError::Refused { .. } => StatusCode::CONFLICT,
             ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Store(StoreError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(StoreError::Failed(_)) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -27,6 +27,7 @@ use crate::gateway::Gateway;
 use crate::gateway::Source;
 use crate::gateway::alerts::Alerts;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
+use crate::gateway::jobs::Runner;
 use crate::peers::PeerConnections;
 use crate::reaper::{Orphans, Reaper};
 use crate::resp::RespServer;
@@ -241,6 +242,7 @@ impl Application {
                 .collect(),
             inbox: inbox.clone(),
             wake: Notify::new(),
+            jobs_wake: Notify::new(),
             arrivals: Default::default(),
             retention: Retention {
                 delivered_ms: ms(s.gateway.delivered_retention),
@@ -323,16 +325,28 @@ impl Application {
         let (stop, stop_rx) = watch::channel(false);
         let dispatch = dispatcher.clone();
         let dispatcher = tokio::spawn(dispatcher.run(stop_rx.clone()));
-        let reaper = Reaper::new(file.clone(), clock, s.reaper.interval, s.reaper.batch_size)
-            .with_metrics(metrics.clone())
-            .with_orphans(Orphans {
-                inbox: inbox.clone(),
-                configured: sources.iter().map(|s| s.name.clone()).collect(),
-                retention_ms: ms(s.gateway.dead_retention),
-            });
+        let reaper = Reaper::new(
+            file.clone(),
+            clock.clone(),
+            s.reaper.interval,
+            s.reaper.batch_size,
+        )
+        .with_metrics(metrics.clone())
+        .with_orphans(Orphans {
+            inbox: inbox.clone(),
+            configured: sources.iter().map(|s| s.name.clone()).collect(),
+            retention_ms: ms(s.gateway.dead_retention),
+        });
         let resp_port = resp.as_ref().map(RespServer::port);
         let resp = resp.map(|r| tokio::spawn(r.run(stop_rx.clone())));
         let reaper = tokio::spawn(reaper.run(stop_rx.clone()));
+        let jobs = Runner::new(
+            gateway.clone(),
+            store.clone(),
+            dispatch.clone(),
+            clock.clone(),
+        );
+        tokio::spawn(jobs.run(stop_rx.clone()));
         if let Some(alerts) = gateway.alerts.clone() {
             tokio::spawn(alerts.run(gateway.clone(), store.clone(), stop_rx.clone()));
         }

@@ -4,6 +4,8 @@
 //! receive order. Counting what matches is the dry run of a bulk
 //! operation (docs/design/operator-power.md).
 
+use serde::{Deserialize, Serialize};
+
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
 use crate::store::StoreError;
@@ -16,8 +18,9 @@ pub const MAX_SCAN: u64 = 1_000_000;
 /// Rows per listing page read.
 const PAGE: usize = 500;
 
-/// The events of one source an operator means.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The events of one source an operator means. Stored with a bulk job
+/// (as JSON, see `gateway::jobs`): fields are added with defaults only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventFilter {
     pub status: EventStatus,
     /// Received at or after, Unix ms.
@@ -130,15 +133,7 @@ pub async fn count(
             {
                 return Ok(counted);
             }
-            let event = if filter.needs_body() && filter.matches_without_body(&listed) {
-                match inbox.inbox_event(source, &listed.event_id).await? {
-                    Some(full) => full,
-                    None => continue,
-                }
-            } else {
-                listed
-            };
-            if filter.matches(&event) {
+            if let Some(event) = matching(inbox, filter, listed).await? {
                 counted.matched += 1;
                 if counted.first_ids.len() < NAMED {
                     counted.first_ids.push(event.event_id);
@@ -150,6 +145,25 @@ pub async fn count(
             None => return Ok(counted),
         }
     }
+}
+
+/// `listed` (a row of a listing, without its body) if `filter` matches it,
+/// reading its body only when the filter needs it and all else matches.
+pub async fn matching(
+    inbox: &dyn Inbox,
+    filter: &EventFilter,
+    listed: InboxEvent,
+) -> Result<Option<InboxEvent>, StoreError> {
+    if !filter.needs_body() {
+        return Ok(filter.matches(&listed).then_some(listed));
+    }
+    if !filter.matches_without_body(&listed) {
+        return Ok(None);
+    }
+    Ok(inbox
+        .inbox_event(&listed.source, &listed.event_id)
+        .await?
+        .filter(|full| filter.matches(full)))
 }
 
 impl EventFilter {

@@ -9,6 +9,8 @@
 //!   retries with backoff, dead letters.
 //! - [`alerts`]: dedupd's own operational events, delivered as the
 //!   internal source `dedupd-alerts`.
+//! - [`filter`]: which events an operator means; [`jobs`]: bulk
+//!   redelivery and erasure over a filter.
 //! - [`arrivals`]: events that go before the next in line of their stream,
 //!   for the dispatcher to hear of.
 
@@ -17,6 +19,7 @@ pub mod arrivals;
 pub mod delivery;
 pub mod filter;
 pub mod ingest;
+pub mod jobs;
 pub mod locate;
 pub mod signature;
 pub mod source;
@@ -40,6 +43,8 @@ pub struct Gateway {
     pub inbox: Arc<dyn Inbox>,
     /// Wakes the dispatcher when something became runnable.
     pub wake: Notify,
+    /// Wakes the job runner when a job started or was cancelled.
+    pub jobs_wake: Notify,
     /// Events that may go before one its stream had next in line.
     pub arrivals: Arrivals,
     /// Retentions of settled events.

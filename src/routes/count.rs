@@ -29,12 +29,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     register(cfg, endpoints(), Guard::Open);
 }
 
-/// The filter, as query parameters.
-#[derive(Debug, Deserialize, IntoParams)]
+/// The filter, as query parameters (the count) or a JSON object (a job).
+#[derive(Debug, Deserialize, IntoParams, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct CountQuery {
-    /// pending | delivered | stale | dead
+pub struct FilterQuery {
+    /// pending | delivered | stale | dead | erased
     status: String,
     /// Received at or after, Unix ms.
     received_from: Option<Millis>,
@@ -68,19 +68,23 @@ pub struct CountView {
     first_ids: Vec<String>,
 }
 
-fn invalid(code: &'static str, field: &'static str, detail: impl Into<String>) -> ApiError {
+pub(super) fn invalid(
+    code: &'static str,
+    field: &'static str,
+    detail: impl Into<String>,
+) -> ApiError {
     ApiError::Invalid(Invalid::new(code, field, detail))
 }
 
-impl CountQuery {
+impl FilterQuery {
     /// The filter the parameters say, or what is wrong with them.
-    fn filter(self) -> Result<EventFilter, ApiError> {
+    pub(super) fn filter(self) -> Result<EventFilter, ApiError> {
         let status = EventStatus::parse(&self.status).ok_or_else(|| {
             invalid(
                 "invalid_status",
                 "status",
                 format!(
-                    "must be pending, delivered, stale or dead; got {:?}",
+                    "must be pending, delivered, stale, dead or erased; got {:?}",
                     self.status
                 ),
             )
@@ -124,7 +128,7 @@ impl CountQuery {
 /// a bulk operation over the same filter would touch.
 #[utoipa::path(get, path = "/v1/sources/{source}/count", operation_id = "countSourceEvents", tag = "gateway",
     security(("bearer" = [])),
-    params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), CountQuery),
+    params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), FilterQuery),
     responses(
         (status = 200, description = "What the filter matches", body = CountView),
         (status = 400, description = "A parameter is wrong (`invalid_query`, `invalid_status`, a time that is not RFC 3339, `invalid_field`)", body = Problem, content_type = "application/problem+json"),
@@ -135,7 +139,7 @@ impl CountQuery {
 pub(super) async fn count(
     state: web::Data<AppState>,
     req: HttpRequest,
-    query: Result<web::Query<CountQuery>, actix_web::Error>,
+    query: Result<web::Query<FilterQuery>, actix_web::Error>,
 ) -> Result<HttpResponse, ApiError> {
     let source = path_segment(&req, 3, "source")?;
     known_source(&state, &source).await?;
@@ -148,10 +152,16 @@ pub(super) async fn count(
         filter::MAX_SCAN,
     )
     .await?;
-    Ok(HttpResponse::Ok().json(CountView {
-        matched: counted.matched,
-        scanned: counted.scanned,
-        complete: counted.complete,
-        first_ids: counted.first_ids,
-    }))
+    Ok(HttpResponse::Ok().json(CountView::from(counted)))
+}
+
+impl From<filter::Counted> for CountView {
+    fn from(counted: filter::Counted) -> Self {
+        Self {
+            matched: counted.matched,
+            scanned: counted.scanned,
+            complete: counted.complete,
+            first_ids: counted.first_ids,
+        }
+    }
 }

@@ -17,11 +17,16 @@ use crate::store::inbox::Attempt;
 
 /// The event route, relative to `/v1`.
 pub fn endpoints() -> Vec<Endpoint> {
-    vec![Endpoint::new(
-        Method::GET,
-        "/sources/{source}/events/{event_id}",
-        || web::route().to(show),
-    )]
+    vec![
+        Endpoint::new(Method::GET, "/sources/{source}/events/{event_id}", || {
+            web::route().to(show)
+        }),
+        Endpoint::new(
+            Method::DELETE,
+            "/sources/{source}/events/{event_id}",
+            || web::route().to(super::jobs::erase),
+        ),
+    ]
 }
 
 /// Registers the event route (in the `/v1` scope, behind its tokens).

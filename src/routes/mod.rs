@@ -7,6 +7,7 @@ pub mod count;
 pub mod event;
 pub mod health;
 pub mod ingest;
+pub mod jobs;
 pub mod metrics;
 pub mod openapi;
 pub mod overview;
@@ -58,6 +59,7 @@ pub fn configure_v1(cfg: &mut web::ServiceConfig) {
     sources::configure(cfg);
     count::configure(cfg);
     event::configure(cfg);
+    jobs::configure(cfg);
 }
 
 /// The request path below `prefix`, for the scopes that dispatch by hand:
@@ -228,6 +230,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .chain(sources::endpoints())
         .chain(count::endpoints())
         .chain(event::endpoints())
+        .chain(jobs::endpoints())
     {
         e.path = format!("/v1{}", e.path).into();
         all.push(e);

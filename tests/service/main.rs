@@ -23,6 +23,7 @@ mod disk_full;
 #[cfg(feature = "redis")]
 mod fleet;
 mod gateway_ingest;
+mod jobs;
 mod http_limits;
 mod leaks;
 mod lease_ahead;

@@ -60,6 +60,9 @@ impl Forwarder {
         for (name, value) in &ev.headers {
             req = req.header(name.as_str(), value.as_str());
         }
+        if let Some(replay) = &ev.replay {
+            req = req.header("dedupd-replay", replay.job.as_str());
+        }
         let res = req
             .header("webhook-id", ev.event_id.as_str())
             .header("webhook-timestamp", now_s.to_string())

@@ -668,6 +668,7 @@ impl Dispatcher {
             let l = current.remove(&(ev.source.clone(), ev.event_id.clone()))?;
             ev.attempts = l.attempts;
             ev.force = l.force;
+            ev.replay = l.replay;
             Some((ev, l.lease))
         };
         for (source, ev, slot) in slots {

@@ -302,7 +302,12 @@ impl Dispatcher {
         source: &Source,
         ev: &InboxEvent,
     ) -> Option<(ScopedKey, Option<ScopedKey>)> {
-        let id = Key::parse(&ev.event_id, "event_id").ok()?;
+        // A replay is delivered again: its claim is its own, apart from
+        // the (done) claim of the first delivery.
+        let id = match &ev.replay {
+            None => Key::parse(&ev.event_id, "event_id").ok()?,
+            Some(r) => Key::parse(&format!("{}#{}", ev.event_id, r.job), "event_id").ok()?,
+        };
         let key = ScopedKey::new(&Namespace::Gateway(source.name.clone()), &id);
         let stream = match &ev.stream {
             None => None,
@@ -369,13 +374,17 @@ impl Dispatcher {
         }
         slot.answered(Reached::Failure);
         let error = failed.error;
-        if attempt >= source.max_attempts {
+        // A replay's retry budget starts afresh from the attempts the
+        // event had when it was queued; its attempt numbers count on.
+        let base = ev.replay.as_ref().map_or(0, |r| r.base_attempts);
+        let tried = attempt.saturating_sub(base);
+        if tried >= source.max_attempts {
             tracing::warn!(source = %source.name, event_id = %ev.event_id, attempt, %error, "dead: every attempt failed");
             self.settle(ev, lease, Settle::Dead { error }, Some(sent))
                 .await;
         } else {
             // The destination's wait replaces the backoff when it is longer.
-            let wait = backoff(source, attempt).max(asked.unwrap_or(0));
+            let wait = backoff(source, tried).max(asked.unwrap_or(0));
             let retry_at = self.clock.now_ms().saturating_add(wait);
             tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, %error, retry_at, "delivery failed; will retry");
             let settle = Settle::Retry {

@@ -1,0 +1,192 @@
+//! Bulk operations over a filter, run as jobs: **redeliver** (a replay of
+//! every matching event) and **erase**. A job is a record in the inbox's
+//! store ([`Job`], kept by `Inbox::put_job`): its filter, where its scan
+//! is, its counters and its window (the events it queued that have not
+//! settled yet). The [`runner`] on every instance runs the jobs it holds
+//! the claim of, so in a fleet one instance runs each job and another
+//! takes over after a crash; a restart resumes from the record.
+//!
+//! Design: docs/design/operator-power.md.
+
+pub mod runner;
+
+use serde::{Deserialize, Serialize};
+
+use super::filter::EventFilter;
+use crate::clock::Millis;
+use crate::store::StoreError;
+use crate::store::inbox::{Cursor, Inbox, StoredJob};
+
+pub use runner::Runner;
+
+/// Job records kept: past this many, the oldest finished ones are deleted.
+pub const KEPT: usize = 100;
+/// Jobs running at once (more are refused until one finishes).
+pub const MAX_RUNNING: usize = 8;
+
+/// What a job does to each event its filter matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    /// Sends it again (see `Inbox::replay`), with a `dedupd-replay` header.
+    Redeliver,
+    /// Deletes its body and headers (see `Inbox::erase`).
+    Erase,
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Scanning, or waiting for what it queued.
+    Running,
+    /// Every match was handled.
+    Done,
+    /// Cancelled by an operator: it queued nothing more, and what it had
+    /// queued settled.
+    Cancelled,
+}
+
+/// A job's record. Stored as JSON: fields are added with defaults only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    /// `job_` and 16 hex digits.
+    pub id: String,
+    pub source: String,
+    pub kind: JobKind,
+    pub filter: EventFilter,
+    pub state: JobState,
+    /// Unix ms.
+    pub created_ms: Millis,
+    /// When it finished (done or cancelled), Unix ms.
+    #[serde(default)]
+    pub finished_ms: Option<Millis>,
+    /// The last row its scan read, in the listing's order; none before
+    /// the first.
+    #[serde(default)]
+    pub cursor: Option<Cursor>,
+    /// The scan reached the end of the listing.
+    #[serde(default)]
+    pub scanned_all: bool,
+    /// Rows read.
+    #[serde(default)]
+    pub scanned: u64,
+    /// Rows the filter matched (and the job took on).
+    #[serde(default)]
+    pub matched: u64,
+    /// Redeliver: replays the destination acknowledged.
+    #[serde(default)]
+    pub delivered: u64,
+    /// Redeliver: replays that ended dead (or stale).
+    #[serde(default)]
+    pub failed: u64,
+    /// Erase: events erased.
+    #[serde(default)]
+    pub erased: u64,
+    /// Matches that were no longer there, or no longer eligible, when the
+    /// job came to them (reaped, erased, redelivered by hand meanwhile).
+    #[serde(default)]
+    pub skipped: u64,
+    /// Events taken on and not finished: queued replays not settled yet,
+    /// or erasures being written. At most the source's window.
+    #[serde(default)]
+    pub window: Vec<String>,
+    /// Why it stopped early, if it did.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Marked cancelled (kept by the store apart from the record).
+    #[serde(skip)]
+    pub cancelled: bool,
+}
+
+impl Job {
+    /// A new running job.
+    pub fn new(source: &str, kind: JobKind, filter: EventFilter, now: Millis) -> Self {
+        Self {
+            id: format!("job_{:016x}", rand::random::<u64>()),
+            source: source.to_owned(),
+            kind,
+            filter,
+            state: JobState::Running,
+            created_ms: now,
+            finished_ms: None,
+            cursor: None,
+            scanned_all: false,
+            scanned: 0,
+            matched: 0,
+            delivered: 0,
+            failed: 0,
+            erased: 0,
+            skipped: 0,
+            window: Vec::new(),
+            error: None,
+            cancelled: false,
+        }
+    }
+
+    /// The record as stored.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A stored record; `None` when it does not decode (a record of a
+    /// later build, say).
+    pub fn decode(stored: &StoredJob) -> Option<Self> {
+        let mut job: Self = serde_json::from_slice(&stored.record).ok()?;
+        job.id.clone_from(&stored.id);
+        job.cancelled = stored.cancelled;
+        Some(job)
+    }
+
+    /// Ends the job as `state` at `now`.
+    pub fn finish(&mut self, state: JobState, now: Millis) {
+        self.state = state;
+        self.finished_ms = Some(now);
+    }
+}
+
+/// Every job, newest first.
+pub async fn list(inbox: &dyn Inbox) -> Result<Vec<Job>, StoreError> {
+    let mut jobs: Vec<Job> = inbox.jobs().await?.iter().filter_map(Job::decode).collect();
+    jobs.sort_by(|a, b| b.created_ms.cmp(&a.created_ms).then(b.id.cmp(&a.id)));
+    Ok(jobs)
+}
+
+/// One job.
+pub async fn get(inbox: &dyn Inbox, id: &str) -> Result<Option<Job>, StoreError> {
+    Ok(inbox
+        .jobs()
+        .await?
+        .iter()
+        .find(|s| s.id == id)
+        .and_then(Job::decode))
+}
+
+/// Why a job cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// [`MAX_RUNNING`] jobs run already.
+    #[error("{MAX_RUNNING} jobs are running already; wait for one to finish or cancel one")]
+    TooMany,
+}
+
+/// Stores a new job (the runner picks it up), deleting the oldest finished
+/// records past [`KEPT`].
+pub async fn start(inbox: &dyn Inbox, job: &Job, now: Millis) -> Result<(), StartError> {
+    let jobs = list(inbox).await?;
+    if jobs.iter().filter(|j| j.state == JobState::Running).count() >= MAX_RUNNING {
+        return Err(StartError::TooMany);
+    }
+    inbox.put_job(&job.id, job.encode(), now).await?;
+    let finished: Vec<&Job> = jobs
+        .iter()
+        .filter(|j| j.state != JobState::Running)
+        .collect();
+    // `list` is newest first: what is past the newest KEPT - 1 goes.
+    for old in finished.iter().skip(KEPT.saturating_sub(1)) {
+        inbox.delete_job(&old.id, now).await?;
+    }
+    Ok(())
+}

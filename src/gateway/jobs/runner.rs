@@ -1,0 +1,422 @@
+//! Runs bulk jobs. Each pass, for every running job this instance holds
+//! the claim of:
+//!
+//! 1. **its window**: each event it queued is looked up; a settled one
+//!    counts as delivered or failed and leaves the window (an erase job's
+//!    window is written again, which changes nothing when it was);
+//! 2. **its scan**: the listing is read on from the cursor until the
+//!    window is full again — half the source's `max_in_flight` (at least
+//!    one) for a redeliver job, so live events keep the other half of the
+//!    source's slots; [`ERASE_BATCH`] for an erase job;
+//! 3. **the record**: cursor, counters and window are written *before* the
+//!    replays and erasures they name. A crash between the two leaves them
+//!    in the window, and whoever runs the job next writes them again
+//!    (a replay the job already made is refused, an erasure made twice
+//!    changes nothing), so nothing is sent twice or skipped.
+//!
+//! A redeliver job queues nothing while its source's breaker is open. A
+//! cancelled job queues nothing more; once its window settled it ends.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use tokio::sync::watch;
+
+use super::{Job, JobKind, JobState};
+use crate::clock::SharedClock;
+use crate::domain::{Key, Namespace, ScopedKey, Token, Ttl};
+use crate::gateway::delivery::Dispatcher;
+use crate::gateway::delivery::circuit::State;
+use crate::gateway::filter;
+use crate::gateway::{Gateway, Source};
+use crate::store::inbox::{EraseOutcome, EventStatus, ListOrder, RedeliverOutcome};
+use crate::store::{ClaimOutcome, ExtendOutcome, Store, StoreError};
+
+/// Events an erase job erases per pass.
+pub const ERASE_BATCH: usize = 500;
+/// Rows a pass reads at most per job (a filter that matches little must
+/// not hold the runner on one job).
+const SCAN_PER_PASS: usize = 5_000;
+/// Listing page.
+const PAGE: usize = 500;
+/// How long a runner's claim on a job lasts without being extended.
+const OWNERSHIP: Duration = Duration::from_secs(30);
+/// How often it is extended.
+const EXTEND_EVERY: Duration = Duration::from_secs(10);
+/// Pause between passes while a job moves.
+const BUSY: Duration = Duration::from_millis(5);
+/// Pause between passes while none does.
+const IDLE: Duration = Duration::from_secs(1);
+
+/// The job runner of one instance.
+pub struct Runner {
+    gateway: Arc<Gateway>,
+    store: Arc<dyn Store>,
+    dispatcher: Arc<Dispatcher>,
+    clock: SharedClock,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner").finish_non_exhaustive()
+    }
+}
+
+/// A job this instance runs: its claim, and whether its window's writes
+/// must be made again (after taking the claim, or a failed step).
+struct Held {
+    key: ScopedKey,
+    token: Token,
+    extended: Instant,
+    rewrite: bool,
+}
+
+impl Runner {
+    pub fn new(
+        gateway: Arc<Gateway>,
+        store: Arc<dyn Store>,
+        dispatcher: Arc<Dispatcher>,
+        clock: SharedClock,
+    ) -> Self {
+        Self {
+            gateway,
+            store,
+            dispatcher,
+            clock,
+        }
+    }
+
+    /// Runs jobs until `stop` turns true.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut held: HashMap<String, Held> = HashMap::new();
+        loop {
+            let busy = match self.pass(&mut held).await {
+                Ok(busy) => busy,
+                Err(e) => {
+                    tracing::debug!(error = %e.chain(), "job pass failed; trying again");
+                    false
+                }
+            };
+            let pause = if busy { BUSY } else { IDLE };
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = self.gateway.jobs_wake.notified() => {}
+                _ = stop.changed() => break,
+            }
+        }
+        // Stopping: another instance (or this one, restarted) takes the
+        // jobs over at once rather than after the claims expire.
+        let now = self.clock.now_ms();
+        for h in held.into_values() {
+            let _ = self.store.release(&h.key, h.token, now).await;
+        }
+    }
+
+    /// One pass over the running jobs; whether any moved.
+    async fn pass(&self, held: &mut HashMap<String, Held>) -> Result<bool, StoreError> {
+        let jobs = super::list(self.gateway.inbox.as_ref()).await?;
+        let running: Vec<Job> = jobs
+            .into_iter()
+            .filter(|j| j.state == JobState::Running)
+            .collect();
+        held.retain(|id, _| running.iter().any(|j| j.id == *id));
+        let mut busy = false;
+        for mut job in running {
+            if !self.hold(&job, held).await {
+                continue;
+            }
+            let rewrite = held.get(&job.id).is_none_or(|h| h.rewrite);
+            let stepped = self.step(&mut job, rewrite).await;
+            if let Some(h) = held.get_mut(&job.id) {
+                h.rewrite = stepped.is_err();
+            }
+            match stepped {
+                Ok(moved) => busy |= moved,
+                Err(e) => {
+                    tracing::debug!(job = %job.id, error = %e.chain(), "job step failed; trying again");
+                    continue;
+                }
+            }
+            if job.state != JobState::Running {
+                let now = self.clock.now_ms();
+                if let Some(h) = held.remove(&job.id) {
+                    let _ = self.store.release(&h.key, h.token, now).await;
+                }
+                tracing::info!(job = %job.id, source = %job.source, state = ?job.state, matched = job.matched, delivered = job.delivered, failed = job.failed, erased = job.erased, skipped = job.skipped, "job finished");
+            }
+        }
+        Ok(busy)
+    }
+
+    /// Whether this instance holds (or now takes) the job's claim.
+    async fn hold(&self, job: &Job, held: &mut HashMap<String, Held>) -> bool {
+        let now = self.clock.now_ms();
+        let key = claim_key(job);
+        let ttl = Ttl::from_ms_unchecked(OWNERSHIP.as_millis() as u64);
+        if let Some(h) = held.get_mut(&job.id) {
+            if h.extended.elapsed() < EXTEND_EVERY {
+                return true;
+            }
+            match self.store.extend(&key, h.token, ttl, now).await {
+                Ok(ExtendOutcome::Extended { .. }) => {
+                    h.extended = Instant::now();
+                    return true;
+                }
+                Ok(_) => {
+                    held.remove(&job.id);
+                }
+                // The store is down: keep the job, try again next pass.
+                Err(_) => return false,
+            }
+        }
+        match self.store.claim(&key, ttl, None, now).await {
+            Ok(ClaimOutcome::Claimed { token, .. }) => {
+                held.insert(
+                    job.id.clone(),
+                    Held {
+                        key,
+                        token,
+                        extended: Instant::now(),
+                        rewrite: true,
+                    },
+                );
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// One step of `job` (`rewrite`: its window may hold events whose
+    /// write a crash or a failure cut off); whether it moved.
+    async fn step(&self, job: &mut Job, rewrite: bool) -> Result<bool, StoreError> {
+        let inbox = self.gateway.inbox.clone();
+        let now = self.clock.now_ms();
+        let Some(source) = self.gateway.source(&job.source).cloned() else {
+            job.error = Some(format!("source {:?} is no longer configured", job.source));
+            job.finish(JobState::Done, now);
+            inbox.put_job(&job.id, job.encode(), now).await?;
+            return Ok(true);
+        };
+        let before = (job.window.len(), job.scanned, job.matched);
+        let settled = self.settle_window(job, &source, rewrite).await?;
+        let room = match job.kind {
+            JobKind::Redeliver => window(&source).saturating_sub(job.window.len()),
+            JobKind::Erase => ERASE_BATCH,
+        };
+        let paused = job.kind == JobKind::Redeliver
+            && self
+                .dispatcher
+                .lane(&source.name)
+                .is_some_and(|l| matches!(l.state, State::Open { .. }));
+        let mut taken = Vec::new();
+        if !job.cancelled && !job.scanned_all && room > 0 && !paused {
+            taken = self.scan(job, room).await?;
+        }
+        job.window.extend(taken.iter().map(|e| e.event_id.clone()));
+        if job.window.is_empty() && (job.cancelled || job.scanned_all) {
+            let state = if job.cancelled {
+                JobState::Cancelled
+            } else {
+                JobState::Done
+            };
+            job.finish(state, self.clock.now_ms());
+        }
+        let moved = settled || (job.window.len(), job.scanned, job.matched) != before;
+        if moved || job.state != JobState::Running {
+            // The intent first: see the module's doc.
+            inbox
+                .put_job(&job.id, job.encode(), self.clock.now_ms())
+                .await?;
+        }
+        if taken.is_empty() {
+            return Ok(moved);
+        }
+        match job.kind {
+            JobKind::Redeliver => {
+                let id = job.id.clone();
+                let now = self.clock.now_ms();
+                let outcomes = join_all(
+                    taken
+                        .iter()
+                        .map(|e| inbox.replay(&e.source, &e.event_id, &id, now)),
+                )
+                .await;
+                let mut gone = Vec::new();
+                for (e, outcome) in taken.iter().zip(outcomes) {
+                    match outcome? {
+                        RedeliverOutcome::Requeued => {
+                            // It goes before the newer events of its stream.
+                            self.gateway.arrivals.push(
+                                &e.source,
+                                e.stream.as_deref(),
+                                e.created_at,
+                            );
+                        }
+                        RedeliverOutcome::NotFound | RedeliverOutcome::NotRedeliverable(_) => {
+                            gone.push(e.event_id.clone());
+                        }
+                    }
+                }
+                self.gateway.wake.notify_one();
+                if !gone.is_empty() {
+                    job.window.retain(|id| !gone.contains(id));
+                    job.skipped += gone.len() as u64;
+                    inbox
+                        .put_job(&job.id, job.encode(), self.clock.now_ms())
+                        .await?;
+                }
+            }
+            JobKind::Erase => {
+                // Confirmed (and counted) by the next pass's window check.
+            }
+        }
+        Ok(true)
+    }
+
+    /// Looks up the job's window: settled events leave it and are counted.
+    /// Whether any did.
+    async fn settle_window(
+        &self,
+        job: &mut Job,
+        source: &Source,
+        rewrite: bool,
+    ) -> Result<bool, StoreError> {
+        if job.window.is_empty() {
+            return Ok(false);
+        }
+        let inbox = self.gateway.inbox.clone();
+        let now = self.clock.now_ms();
+        let ids = std::mem::take(&mut job.window);
+        let mut kept = Vec::with_capacity(ids.len());
+        match job.kind {
+            JobKind::Erase => {
+                let retention = source.retention(self.gateway.retention).dead_ms;
+                let outcomes = join_all(
+                    ids.iter()
+                        .map(|id| inbox.erase(&job.source, id, retention, now)),
+                )
+                .await;
+                for (id, outcome) in ids.iter().zip(outcomes) {
+                    match outcome {
+                        Ok(EraseOutcome::Erased | EraseOutcome::AlreadyErased) => job.erased += 1,
+                        Ok(EraseOutcome::NotFound) => job.skipped += 1,
+                        Err(e) => {
+                            kept.push(id.clone());
+                            tracing::debug!(error = %e.chain(), "erase failed; trying again");
+                        }
+                    }
+                }
+            }
+            JobKind::Redeliver => {
+                let found = join_all(ids.iter().map(|id| inbox.inbox_event(&job.source, id))).await;
+                for (id, found) in ids.iter().zip(found) {
+                    let e = match found {
+                        Ok(e) => e,
+                        Err(e) => {
+                            kept.push(id.clone());
+                            tracing::debug!(error = %e.chain(), "job window read failed");
+                            continue;
+                        }
+                    };
+                    let Some(e) = e else {
+                        job.skipped += 1;
+                        continue;
+                    };
+                    let mine = e.replay.as_ref().is_some_and(|m| m.job == job.id);
+                    match (mine, e.status) {
+                        (true, EventStatus::Pending) => kept.push(id.clone()),
+                        (true, EventStatus::Delivered) => job.delivered += 1,
+                        (true, _) => job.failed += 1,
+                        // Taken on, but the replay was never written (a
+                        // crash between the record and the replay).
+                        (
+                            false,
+                            EventStatus::Delivered | EventStatus::Dead | EventStatus::Stale,
+                        ) if rewrite => match inbox.replay(&job.source, id, &job.id, now).await? {
+                            RedeliverOutcome::Requeued => {
+                                self.gateway.wake.notify_one();
+                                kept.push(id.clone());
+                            }
+                            _ => job.skipped += 1,
+                        },
+                        (false, _) => job.skipped += 1,
+                    }
+                }
+            }
+        }
+        let changed = kept.len() != ids.len();
+        job.window = kept;
+        Ok(changed)
+    }
+
+    /// Reads the listing on from the job's cursor: the next matches, at
+    /// most `room`, reading at most [`SCAN_PER_PASS`] rows.
+    async fn scan(
+        &self,
+        job: &mut Job,
+        room: usize,
+    ) -> Result<Vec<crate::store::inbox::InboxEvent>, StoreError> {
+        let inbox = self.gateway.inbox.as_ref();
+        let mut taken = Vec::new();
+        let mut read = 0usize;
+        while taken.len() < room && read < SCAN_PER_PASS {
+            let (page, next) = inbox
+                .list_events(
+                    &job.source,
+                    job.filter.status,
+                    ListOrder::OldestFirst,
+                    job.cursor.clone(),
+                    PAGE,
+                )
+                .await?;
+            for listed in page {
+                if taken.len() >= room {
+                    return Ok(taken);
+                }
+                read += 1;
+                job.scanned += 1;
+                job.cursor = Some((listed.received_at_ms, listed.event_id.clone()));
+                // Receive order: nothing past the range's end matches.
+                if job
+                    .filter
+                    .received_to
+                    .is_some_and(|t| listed.received_at_ms >= t)
+                {
+                    job.scanned_all = true;
+                    return Ok(taken);
+                }
+                if listed.replay.as_ref().is_some_and(|m| m.job == job.id) {
+                    continue;
+                }
+                if let Some(e) = filter::matching(inbox, &job.filter, listed).await? {
+                    job.matched += 1;
+                    taken.push(e);
+                }
+            }
+            if next.is_none() {
+                job.scanned_all = true;
+                break;
+            }
+        }
+        Ok(taken)
+    }
+}
+
+/// Replays a redeliver job keeps queued at once for `source`: half its
+/// slots, at least one.
+pub fn window(source: &Source) -> usize {
+    (source.max_in_flight / 2).max(1)
+}
+
+/// The claim that says which instance runs `job`.
+fn claim_key(job: &Job) -> ScopedKey {
+    let key = Key::parse(&job.id, "job").unwrap_or_else(|_| {
+        Key::parse("job", "job").expect("a valid key") // ids are `job_` + hex
+    });
+    ScopedKey::new(
+        &Namespace::GatewayStream(format!("{}#jobs", job.source)),
+        &key,
+    )
+}

@@ -1,0 +1,479 @@
+//! Bulk jobs and erasure against a real receiver: a redeliver job replays
+//! what its filter matches (in `created_at` order per stream, with a
+//! `dedupd-replay` header, attempts counting on, the head never moving
+//! back), keeps at most half the source's slots, can be cancelled, resumes
+//! after a restart; erasure (one event, or a job) deletes bodies and
+//! headers and keeps the id a duplicate.
+
+use std::collections::HashMap;
+
+use reqwest::Method;
+use reqwest::StatusCode;
+use serde_json::Value;
+use serde_json::json;
+
+use crate::support::app::TestApp;
+use crate::support::app::assert_problem;
+use crate::support::app::start_again;
+use crate::support::gateway::body;
+use crate::support::gateway::gateway_app;
+use crate::support::receiver::Behaviour;
+use crate::support::receiver::Receiver;
+use crate::support::receiver::eventually;
+
+async fn start_job(app: &TestApp, kind: &str, filter: Value) -> Value {
+    let res = app
+        .request(Method::POST, "/v1/sources/sume/jobs")
+        .json(&json!({ "kind": kind, "filter": filter }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    res.json().await.unwrap()
+}
+
+async fn job(app: &TestApp, id: &str) -> Value {
+    let res = app
+        .request(Method::GET, &format!("/v1/jobs/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    res.json().await.unwrap()
+}
+
+async fn finished(app: &TestApp, id: &str) -> Value {
+    eventually("the job to finish", || async {
+        job(app, id).await["state"] != "running"
+    })
+    .await;
+    job(app, id).await
+}
+
+async fn ingest_delivered(app: &TestApp, events: &[(&str, &str, &str)]) {
+    for (id, run, at) in events {
+        app.ingest_ok(&body(id, run, at)).await;
+    }
+    eventually("every event delivered", || async {
+        app.event_ids("delivered").await.len() == events.len()
+    })
+    .await;
+}
+
+/// The replays the receiver got: (event id, dedupd-replay, dedupd-attempt,
+/// run) in arrival order.
+fn replays(receiver: &Receiver) -> Vec<(String, String, String, String)> {
+    receiver
+        .received()
+        .iter()
+        .filter(|r| !r.header("dedupd-replay").is_empty())
+        .map(|r| {
+            let b: Value = serde_json::from_slice(&r.body).unwrap();
+            (
+                r.header("webhook-id").to_owned(),
+                r.header("dedupd-replay").to_owned(),
+                r.header("dedupd-attempt").to_owned(),
+                b["run_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_redeliver_job_replays_in_order_with_its_header_and_the_head_never_moves_back() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| s.max_in_flight = 4).await;
+    ingest_delivered(
+        &app,
+        &[
+            ("a3", "run_1", "2026-11-29T10:00:03Z"),
+            ("b1", "run_2", "2026-11-29T10:00:01Z"),
+            ("a5", "run_1", "2026-11-29T10:00:05Z"),
+            ("b2", "run_2", "2026-11-29T10:00:02Z"),
+        ],
+    )
+    .await;
+    // a4 comes after a5: stale, not delivered, and not matched below.
+    app.ingest_ok(&body("a4", "run_1", "2026-11-29T10:00:04Z"))
+        .await;
+    eventually("a4 stale", || async {
+        app.event_ids("stale").await == ["a4"]
+    })
+    .await;
+
+    // The dry run counts what the job would touch.
+    let res = app
+        .request(Method::POST, "/v1/sources/sume/jobs")
+        .json(&json!({ "kind": "redeliver", "filter": { "status": "delivered" }, "dry_run": true }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let dry: Value = res.json().await.unwrap();
+    assert_eq!(dry["matched"], 4, "{dry}");
+
+    let started = start_job(&app, "redeliver", json!({ "status": "delivered" })).await;
+    let id = started["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("job_"), "{started}");
+    let done = finished(&app, &id).await;
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(
+        (
+            &done["matched"],
+            &done["delivered"],
+            &done["failed"],
+            &done["queued"]
+        ),
+        (&json!(4), &json!(4), &json!(0), &json!(0)),
+        "{done}"
+    );
+
+    let got = replays(&receiver);
+    assert_eq!(got.len(), 4, "{got:?}");
+    for (event, job, attempt, _) in &got {
+        assert_eq!(job, &id, "{event}");
+        // Its first delivery was attempt 1: the replay counts on.
+        assert_eq!(attempt, "2", "{event}");
+    }
+    // Per stream, in created_at order.
+    let run_1: Vec<&str> = got
+        .iter()
+        .filter(|r| r.3 == "run_1")
+        .map(|r| r.0.as_str())
+        .collect();
+    assert_eq!(run_1, ["a3", "a5"]);
+    let run_2: Vec<&str> = got
+        .iter()
+        .filter(|r| r.3 == "run_2")
+        .map(|r| r.0.as_str())
+        .collect();
+    assert_eq!(run_2, ["b1", "b2"]);
+
+    // The head stayed at a5: an event older than it is still stale.
+    app.ingest_ok(&body("a4b", "run_1", "2026-11-29T10:00:04Z"))
+        .await;
+    eventually("a4b stale", || async {
+        app.event_ids("stale").await.contains(&"a4b".to_owned())
+    })
+    .await;
+
+    // The replayed events show the job and their attempts.
+    let e: Value = app
+        .request(Method::GET, "/v1/sources/sume/events/a3")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(e["attempts"], 2, "{e}");
+    assert_eq!(e["status"], "delivered", "{e}");
+
+    // A second job over the same filter replays them again, as its own.
+    let again = start_job(
+        &app,
+        "redeliver",
+        json!({ "status": "delivered", "stream": "run_2" }),
+    )
+    .await;
+    let again_id = again["id"].as_str().unwrap().to_owned();
+    let done = finished(&app, &again_id).await;
+    assert_eq!(done["delivered"], 2, "{done}");
+    let by_job: Vec<String> = replays(&receiver)
+        .into_iter()
+        .filter(|r| r.1 == again_id)
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(by_job, ["b1", "b2"]);
+}
+
+#[tokio::test]
+async fn a_replayed_dead_event_gets_a_fresh_retry_budget_and_its_attempts_count_on() {
+    let receiver = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&receiver.url, |s| s.max_attempts = 2).await;
+    app.ingest_ok(&body("d1", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    app.retrying_until("dead", || async { app.event_ids("dead").await == ["d1"] })
+        .await;
+    // Fails twice more under the job, then succeeds: with a budget of two
+    // attempts counted from the replay it would die first.
+    receiver.set(Behaviour::FailTimes(1));
+    let started = start_job(&app, "redeliver", json!({ "status": "dead" })).await;
+    let id = started["id"].as_str().unwrap().to_owned();
+    app.retrying_until("the job to finish", || async {
+        job(&app, &id).await["state"] != "running"
+    })
+    .await;
+    let done = job(&app, &id).await;
+    assert_eq!(
+        (&done["delivered"], &done["failed"]),
+        (&json!(1), &json!(0)),
+        "{done}"
+    );
+    let attempts: Vec<String> = replays(&receiver).into_iter().map(|r| r.2).collect();
+    assert_eq!(attempts, ["3", "4"]);
+}
+
+#[tokio::test]
+async fn a_job_keeps_half_the_slots_and_a_cancel_stops_it_queuing() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| s.max_in_flight = 4).await;
+    let events: Vec<(String, String)> = (0..12)
+        .map(|i| (format!("e{i:02}"), format!("run_{i}")))
+        .collect();
+    for (id, run) in &events {
+        app.ingest_ok(&body(id, run, "2026-11-29T10:00:00Z")).await;
+    }
+    eventually("every event delivered", || async {
+        app.event_ids("delivered").await.len() == 12
+    })
+    .await;
+    receiver.set(Behaviour::Hold(None));
+    let started = start_job(&app, "redeliver", json!({ "status": "delivered" })).await;
+    let id = started["id"].as_str().unwrap().to_owned();
+    // A window of 2 (half of 4): two replays held, no third.
+    eventually("two replays held", || async { receiver.held() == 2 }).await;
+    let j = job(&app, &id).await;
+    assert_eq!((&j["matched"], &j["queued"]), (&json!(2), &json!(2)), "{j}");
+    // Live traffic still has the other two slots.
+    app.ingest_ok(&body("live", "run_live", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("the live event in flight too", || async {
+        receiver.held() == 3
+    })
+    .await;
+
+    let res = app
+        .request(Method::POST, &format!("/v1/jobs/{id}/cancel"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    receiver.release();
+    let done = finished(&app, &id).await;
+    assert_eq!(done["state"], "cancelled", "{done}");
+    assert_eq!(
+        (&done["matched"], &done["delivered"], &done["cancelled"]),
+        (&json!(2), &json!(2), &json!(true)),
+        "{done}"
+    );
+    assert_eq!(replays(&receiver).len(), 2);
+}
+
+#[tokio::test]
+async fn a_job_resumes_after_a_restart_and_sends_each_event_once() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| {
+        s.max_in_flight = 2;
+        s.max_attempts = 50;
+    })
+    .await;
+    let events: Vec<(String, String)> = (0..6)
+        .map(|i| (format!("e{i}"), format!("run_{i}")))
+        .collect();
+    for (id, run) in &events {
+        app.ingest_ok(&body(id, run, "2026-11-29T10:00:00Z")).await;
+    }
+    eventually("every event delivered", || async {
+        app.event_ids("delivered").await.len() == 6
+    })
+    .await;
+    // The destination fails: the job's one replay in flight keeps failing.
+    receiver.set(Behaviour::Always(503));
+    let started = start_job(&app, "redeliver", json!({ "status": "delivered" })).await;
+    let id = started["id"].as_str().unwrap().to_owned();
+    eventually("a replay tried", || async {
+        !replays(&receiver).is_empty()
+    })
+    .await;
+    let (loaded, dir, clock) = app.stop().await;
+    receiver.set(Behaviour::Accept);
+    let app = start_again(loaded, dir, clock).await;
+    app.retrying_until("the job to finish", || async {
+        job(&app, &id).await["state"] != "running"
+    })
+    .await;
+    let done = job(&app, &id).await;
+    assert_eq!(
+        (&done["state"], &done["matched"], &done["delivered"]),
+        (&json!("done"), &json!(6), &json!(6)),
+        "{done}"
+    );
+    // Each event acknowledged once under the job.
+    let mut acked: HashMap<String, usize> = HashMap::new();
+    for r in receiver.received() {
+        if r.header("dedupd-replay") == id {
+            *acked.entry(r.header("webhook-id").to_owned()).or_default() += 1;
+        }
+    }
+    assert_eq!(acked.len(), 6, "{acked:?}");
+}
+
+#[tokio::test]
+async fn an_erased_event_keeps_its_record_and_its_id_stays_a_duplicate() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    ingest_delivered(&app, &[("x1", "run_1", "2026-11-29T10:00:00Z")]).await;
+    let res = app
+        .request(Method::DELETE, "/v1/sources/sume/events/x1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(v["status"], "erased");
+    let e: Value = app
+        .request(Method::GET, "/v1/sources/sume/events/x1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(e["status"], "erased", "{e}");
+    assert_eq!(e["body"], "", "{e}");
+    assert_eq!(e["headers"], json!([]), "{e}");
+    assert_eq!(app.event_ids("erased").await, ["x1"]);
+    assert!(app.event_ids("delivered").await.is_empty());
+    // A late retry of it is a duplicate, and not delivered again.
+    let again = app
+        .ingest_ok(&body("x1", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    assert_eq!(again["status"], "duplicate", "{again}");
+    // Erasing again answers the same; an unknown id is a 404.
+    let res = app
+        .request(Method::DELETE, "/v1/sources/sume/events/x1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = app
+        .request(Method::DELETE, "/v1/sources/sume/events/nope")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::NOT_FOUND, "unknown_event").await;
+    // An erased event is not redeliverable.
+    let res = app
+        .request(Method::POST, "/v1/sources/sume/events/x1/redeliver")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn an_erased_pending_event_is_never_delivered_and_its_stream_moves_on() {
+    let receiver = Receiver::start(Behaviour::Hold(None)).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    app.ingest_ok(&body("p1", "run_1", "2026-11-29T10:00:01Z"))
+        .await;
+    eventually("p1 in flight", || async { receiver.held() == 1 }).await;
+    app.ingest_ok(&body("p2", "run_1", "2026-11-29T10:00:02Z"))
+        .await;
+    app.ingest_ok(&body("p3", "run_1", "2026-11-29T10:00:03Z"))
+        .await;
+    // p2 waits behind p1: erased, it never goes out.
+    let res = app
+        .request(Method::DELETE, "/v1/sources/sume/events/p2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    receiver.release();
+    eventually("p1 and p3 delivered", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+    let sent: Vec<String> = receiver
+        .received()
+        .iter()
+        .map(|r| r.header("webhook-id").to_owned())
+        .collect();
+    assert!(!sent.contains(&"p2".to_owned()), "{sent:?}");
+    assert_eq!(app.event_ids("erased").await, ["p2"]);
+}
+
+#[tokio::test]
+async fn an_erase_job_erases_what_its_filter_matches_and_nothing_else() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    ingest_delivered(
+        &app,
+        &[
+            ("k1", "run_1", "2026-11-29T10:00:01Z"),
+            ("k2", "run_2", "2026-11-29T10:00:01Z"),
+            ("k3", "run_1", "2026-11-29T10:00:02Z"),
+        ],
+    )
+    .await;
+    let started = start_job(
+        &app,
+        "erase",
+        json!({ "status": "delivered", "field": "/run_id", "value": "run_1" }),
+    )
+    .await;
+    let id = started["id"].as_str().unwrap().to_owned();
+    let done = finished(&app, &id).await;
+    assert_eq!(
+        (&done["state"], &done["matched"], &done["erased"]),
+        (&json!("done"), &json!(2), &json!(2)),
+        "{done}"
+    );
+    assert_eq!(app.event_ids("erased").await, ["k1", "k3"]);
+    assert_eq!(app.event_ids("delivered").await, ["k2"]);
+    // Listed by /v1/jobs, newest first.
+    let list: Value = app
+        .request(Method::GET, "/v1/jobs")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["jobs"][0]["id"], id.as_str(), "{list}");
+}
+
+#[tokio::test]
+async fn a_job_that_cannot_be_is_refused_with_a_clear_error() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    let post = |body: Value| {
+        let app = &app;
+        async move {
+            app.request(Method::POST, "/v1/sources/sume/jobs")
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let res = post(json!({ "kind": "redeliver", "filter": { "status": "pending" } })).await;
+    assert_problem(res, StatusCode::BAD_REQUEST, "invalid_status").await;
+    let res = post(json!({ "kind": "erase", "filter": { "status": "erased" } })).await;
+    assert_problem(res, StatusCode::BAD_REQUEST, "invalid_status").await;
+    let res = post(json!({ "kind": "replay", "filter": { "status": "dead" } })).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let res =
+        post(json!({ "kind": "erase", "filter": { "status": "dead", "field": "type" } })).await;
+    assert_problem(res, StatusCode::BAD_REQUEST, "invalid_field").await;
+    let res = app
+        .request(Method::POST, "/v1/sources/nope/jobs")
+        .json(&json!({ "kind": "erase", "filter": { "status": "dead" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::NOT_FOUND, "unknown_source").await;
+    let res = app
+        .request(Method::GET, "/v1/jobs/job_0000000000000000")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::NOT_FOUND, "unknown_job").await;
+    let res = app
+        .request(Method::POST, "/v1/jobs/job_0000000000000000/cancel")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::NOT_FOUND, "unknown_job").await;
+}
