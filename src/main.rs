@@ -52,9 +52,13 @@ enum Command {
     Trigger(cli::trigger::Args),
     /// Listen as your application would: verify, print and answer deliveries.
     Receive(cli::receive::Args),
-    /// A running server's gateway events: list, redeliver.
+    /// A running server's gateway events: list, show, count, redeliver,
+    /// erase (one, or all a filter matches).
     #[command(subcommand)]
     Events(cli::operator::EventsCommand),
+    /// A running server's bulk jobs: list, show, cancel.
+    #[command(subcommand)]
+    Jobs(cli::jobs::JobsCommand),
     /// A running server's claims.
     #[command(subcommand)]
     Claims(cli::operator::ClaimsCommand),
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
         Command::Trigger(args) => cli::trigger::run(&args),
         Command::Receive(args) => cli::receive::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Events(cmd) => cli::operator::events(&cmd),
+        Command::Jobs(cmd) => cli::jobs::jobs(&cmd),
         Command::Claims(cmd) => cli::operator::claims(&cmd),
         Command::Streams(cmd) => cli::operator::streams(&cmd),
         Command::Inbox(cmd) => cli::inbox::run(&cmd),

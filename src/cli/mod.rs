@@ -6,12 +6,15 @@
 //! - `receive`: a local application that verifies and prints deliveries;
 //! - `inbox`: `inbox migrate`, a local inbox into the shared one;
 //! - `operator`: the `/v1` operator API from the terminal (`events`,
-//!   `claims`, `streams`), over `client`, printed with `table`.
+//!   `claims`, `streams`), over `client`, printed with `table`;
+//! - `jobs`: bulk redelivery and erasure (`events redeliver|erase` with a
+//!   filter) and `jobs list|show|cancel`.
 
 pub mod check_config;
 pub mod client;
 pub mod inbox;
 pub mod init;
+pub mod jobs;
 pub mod operator;
 pub mod receive;
 mod table;

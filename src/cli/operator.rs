@@ -1,4 +1,5 @@
-//! The operator API from the terminal: `dedupd events list|show|redeliver`,
+//! The operator API from the terminal: `dedupd events
+//! list|show|count|redeliver|erase` (their bulk form is in `jobs`),
 //! `dedupd claims get`, `dedupd streams get`. Tables for people by
 //! default; `--json` prints the server's answer as it is, for scripts.
 
@@ -30,9 +31,9 @@ pub enum EventsCommand {
         /// The source.
         #[arg(long)]
         source: String,
-        /// pending, delivered, stale or dead.
+        /// pending, delivered, stale, dead or erased.
         #[arg(long, default_value = "dead",
-              value_parser = ["pending", "delivered", "stale", "dead"])]
+              value_parser = ["pending", "delivered", "stale", "dead", "erased"])]
         status: String,
         /// Events per page, 1 to 500.
         #[arg(long, default_value_t = 100)]
@@ -59,40 +60,137 @@ pub enum EventsCommand {
         /// The source.
         #[arg(long)]
         source: String,
-        /// pending, delivered, stale or dead.
-        #[arg(long, default_value = "dead",
-              value_parser = ["pending", "delivered", "stale", "dead"])]
-        status: String,
-        /// Received within this long before now (`2h`, `30m`, `7d`).
-        #[arg(long, value_parser = humantime::parse_duration)]
-        since: Option<std::time::Duration>,
-        /// Created at or after this time (RFC 3339).
-        #[arg(long)]
-        created_from: Option<String>,
-        /// Created before this time (RFC 3339).
-        #[arg(long)]
-        created_to: Option<String>,
-        /// In this stream.
-        #[arg(long)]
-        stream: Option<String>,
-        /// A body field and its value, `POINTER=VALUE` (`/type=run.failed`).
-        #[arg(long, value_parser = parse_field)]
-        field: Option<(String, String)>,
-        /// The last error contains this text.
-        #[arg(long)]
-        error_contains: Option<String>,
+        #[command(flatten)]
+        filter: FilterArgs,
         #[command(flatten)]
         common: Common,
     },
-    /// Puts a dead or stale event back to pending, to be delivered again.
+    /// Sends events again: one dead or stale event by its id, or every
+    /// event a filter matches, as a job (`--dry-run` counts them first).
+    /// A job replays delivered events too, with a `dedupd-replay` header.
     Redeliver {
         /// The source.
         #[arg(long)]
         source: String,
-        id: String,
+        /// One event (without a filter).
+        id: Option<String>,
+        #[command(flatten)]
+        bulk: BulkArgs,
         #[command(flatten)]
         common: Common,
     },
+    /// Erases events: body and stored headers deleted, the record (and
+    /// its id, a duplicate) kept. One event by its id, or every event a
+    /// filter matches, as a job (`--dry-run` counts them first).
+    Erase {
+        /// The source.
+        #[arg(long)]
+        source: String,
+        /// One event (without a filter).
+        id: Option<String>,
+        #[command(flatten)]
+        bulk: BulkArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Which events: the filter of a count or a bulk job.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FilterArgs {
+    /// pending, delivered, stale, dead or erased [default: dead].
+    #[arg(long, value_parser = ["pending", "delivered", "stale", "dead", "erased"])]
+    pub status: Option<String>,
+    /// Received within this long before now (`2h`, `30m`, `7d`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub since: Option<std::time::Duration>,
+    /// Created at or after this time (RFC 3339).
+    #[arg(long)]
+    pub created_from: Option<String>,
+    /// Created before this time (RFC 3339).
+    #[arg(long)]
+    pub created_to: Option<String>,
+    /// In this stream.
+    #[arg(long)]
+    pub stream: Option<String>,
+    /// A body field and its value, `POINTER=VALUE` (`/type=run.failed`).
+    #[arg(long, value_parser = parse_field)]
+    pub field: Option<(String, String)>,
+    /// The last error contains this text.
+    #[arg(long)]
+    pub error_contains: Option<String>,
+}
+
+/// A bulk job's filter and how to run it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BulkArgs {
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Count what the filter matches and the first ids; start nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Follow the job's progress until it finishes.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+impl FilterArgs {
+    /// Whether any filter flag was given.
+    pub fn given(&self) -> bool {
+        self.status.is_some()
+            || self.since.is_some()
+            || self.created_from.is_some()
+            || self.created_to.is_some()
+            || self.stream.is_some()
+            || self.field.is_some()
+            || self.error_contains.is_some()
+    }
+
+    /// The status, or dead.
+    pub fn status(&self) -> &str {
+        self.status.as_deref().unwrap_or("dead")
+    }
+
+    /// The filter as the count's query parameters.
+    pub fn query(&self) -> Vec<(&'static str, String)> {
+        let mut query = vec![("status", self.status().to_owned())];
+        if let Some(since) = self.since {
+            let ago = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
+            query.push((
+                "received_from",
+                table::now_ms().saturating_sub(ago).to_string(),
+            ));
+        }
+        let optional = [
+            ("created_from", &self.created_from),
+            ("created_to", &self.created_to),
+            ("stream", &self.stream),
+            ("error_contains", &self.error_contains),
+        ];
+        for (name, value) in optional {
+            if let Some(v) = value {
+                query.push((name, v.clone()));
+            }
+        }
+        if let Some((pointer, value)) = &self.field {
+            query.push(("field", pointer.clone()));
+            query.push(("value", value.clone()));
+        }
+        query
+    }
+
+    /// The filter as a job's JSON.
+    pub fn json(&self) -> Value {
+        let mut object = serde_json::Map::new();
+        for (name, value) in self.query() {
+            let value = match name {
+                "received_from" => Value::from(value.parse::<u64>().unwrap_or(0)),
+                _ => Value::from(value),
+            };
+            object.insert(name.to_owned(), value);
+        }
+        Value::Object(object)
+    }
 }
 
 /// `dedupd claims …`
@@ -149,90 +247,118 @@ pub fn events(cmd: &EventsCommand) -> anyhow::Result<ExitCode> {
         ),
         EventsCommand::Count {
             source,
-            status,
-            since,
-            created_from,
-            created_to,
-            stream,
-            field,
-            error_contains,
+            filter,
             common,
         } => common.call(
             &format!("events of source {source}"),
             |c| {
-                let mut query = vec![("status", status.clone())];
-                if let Some(since) = since {
-                    let ago = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
-                    query.push((
-                        "received_from",
-                        table::now_ms().saturating_sub(ago).to_string(),
-                    ));
-                }
-                let optional = [
-                    ("created_from", created_from),
-                    ("created_to", created_to),
-                    ("stream", stream),
-                    ("error_contains", error_contains),
-                ];
-                for (name, value) in optional {
-                    if let Some(v) = value {
-                        query.push((name, v.clone()));
-                    }
-                }
-                if let Some((pointer, value)) = field {
-                    query.push(("field", pointer.clone()));
-                    query.push(("value", value.clone()));
-                }
                 c.request(
                     Method::GET,
-                    c.url_with(&["v1", "sources", source, "count"], &query),
+                    c.url_with(&["v1", "sources", source, "count"], &filter.query()),
                 )
             },
-            |v| {
-                let matched = v["matched"].as_u64().unwrap_or(0);
-                let bound = if v["complete"].as_bool() == Some(false) {
-                    "at least "
-                } else {
-                    ""
-                };
-                let ids: Vec<String> = v["first_ids"]
-                    .as_array()
-                    .map(|a| a.iter().map(text).collect())
-                    .unwrap_or_default();
-                let named = if ids.is_empty() {
-                    String::new()
-                } else {
-                    let more = if (ids.len() as u64) < matched {
-                        ", …"
-                    } else {
-                        ""
-                    };
-                    format!(": {}{more}", ids.join(", "))
-                };
-                println!(
-                    "{bound}{matched} {status} events of source {source} match (of {} read){named}",
-                    v["scanned"].as_u64().unwrap_or(0)
-                );
-            },
+            |v| print_count(v, source, filter.status()),
         ),
-        EventsCommand::Redeliver { source, id, common } => common.call(
-            &format!("event {id} of source {source}"),
-            |c| {
-                c.request(
-                    Method::POST,
-                    c.url(&["v1", "sources", source, "events", id, "redeliver"]),
-                )
-            },
-            |v| {
-                println!(
-                    "{} of source {}: {} again; it will be delivered",
-                    text(&v["event_id"]),
-                    text(&v["source"]),
-                    text(&v["status"])
-                );
-            },
-        ),
+        EventsCommand::Redeliver {
+            source,
+            id: None,
+            bulk,
+            common,
+        } => super::jobs::bulk("redeliver", source, bulk, common),
+        EventsCommand::Erase {
+            source,
+            id: None,
+            bulk,
+            common,
+        } => super::jobs::bulk("erase", source, bulk, common),
+        EventsCommand::Redeliver {
+            source,
+            id: Some(id),
+            bulk,
+            common,
+        } => {
+            one_event_only(bulk)?;
+            common.call(
+                &format!("event {id} of source {source}"),
+                |c| {
+                    c.request(
+                        Method::POST,
+                        c.url(&["v1", "sources", source, "events", id, "redeliver"]),
+                    )
+                },
+                |v| {
+                    println!(
+                        "{} of source {}: {} again; it will be delivered",
+                        text(&v["event_id"]),
+                        text(&v["source"]),
+                        text(&v["status"])
+                    );
+                },
+            )
+        }
+        EventsCommand::Erase {
+            source,
+            id: Some(id),
+            bulk,
+            common,
+        } => {
+            one_event_only(bulk)?;
+            common.call(
+                &format!("event {id} of source {source}"),
+                |c| {
+                    c.request(
+                        Method::DELETE,
+                        c.url(&["v1", "sources", source, "events", id]),
+                    )
+                },
+                |v| {
+                    println!(
+                        "{} of source {}: erased (its body and headers are deleted; its id stays a duplicate)",
+                        text(&v["event_id"]),
+                        text(&v["source"]),
+                    );
+                },
+            )
+        }
     }
+}
+
+/// Refuses filter flags beside an event id.
+fn one_event_only(bulk: &BulkArgs) -> anyhow::Result<()> {
+    if bulk.filter.given() || bulk.dry_run || bulk.wait {
+        anyhow::bail!(
+            "give an event id or filter flags (--status, --since, ...), not both: with an id, one event; with a filter, a job"
+        );
+    }
+    Ok(())
+}
+
+/// A count's answer, for people.
+pub(super) fn print_count(v: &Value, source: &str, status: &str) {
+    let matched = v["matched"].as_u64().unwrap_or(0);
+    let bound = if v["complete"].as_bool() == Some(false) {
+        "at least "
+    } else {
+        ""
+    };
+    let ids: Vec<String> = v["first_ids"]
+        .as_array()
+        .map(|a| a.iter().map(text).collect())
+        .unwrap_or_default();
+    let named = if ids.is_empty() {
+        String::new()
+    } else {
+        let more = if (ids.len() as u64) < matched {
+            ", …"
+        } else {
+            ""
+        };
+        format!(": {}{more}", ids.join(", "))
+    };
+    println!(
+        "{bound}{matched} {status} events of source {source} match (of {} read){named}",
+        v["scanned"].as_u64().unwrap_or(0)
+    );
 }
 
 /// Runs `dedupd claims …`.
@@ -284,10 +410,44 @@ pub fn streams(cmd: &StreamsCommand) -> anyhow::Result<ExitCode> {
 }
 
 impl Common {
+    /// Whether `--json` was given.
+    pub(super) fn json(&self) -> bool {
+        self.json
+    }
+
+    /// [`Common::call`] that hands the answer to `take` in both modes and
+    /// prints nothing but a refusal.
+    pub(super) fn call_quiet(
+        &self,
+        what: &str,
+        build: impl FnOnce(&Client) -> reqwest::RequestBuilder,
+        take: impl FnOnce(&Value),
+    ) -> anyhow::Result<ExitCode> {
+        let loaded = if self.server.needs_config() {
+            Some(self.server.load()?)
+        } else {
+            None
+        };
+        let client = self.server.client(loaded.as_ref())?;
+        match super::runtime()?.block_on(client.json(build(&client))) {
+            Ok(v) => {
+                take(&v);
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => match e.downcast_ref::<Refusal>() {
+                Some(r) => {
+                    eprintln!("dedupd: {what}: {r}");
+                    Ok(ExitCode::FAILURE)
+                }
+                None => Err(e),
+            },
+        }
+    }
+
     /// Sends the request `build` makes and prints the answer: as JSON with
     /// `--json`, else with `show`. A refusal of `what` is printed to stderr
     /// (and its problem document to stdout with `--json`) and fails.
-    fn call(
+    pub(super) fn call(
         &self,
         what: &str,
         build: impl FnOnce(&Client) -> reqwest::RequestBuilder,
@@ -329,7 +489,7 @@ impl Common {
 /// A JSON value as plain text for a terminal: strings unquoted (control
 /// characters escaped: the server's answer is printed, whoever sent it),
 /// null as "-".
-fn text(v: &Value) -> String {
+pub(super) fn text(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
         Value::String(s) => escape_control(s).into_owned(),

@@ -41,7 +41,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
-    /// pending | delivered | stale | dead
+    /// pending | delivered | stale | dead | erased
     status: String,
     /// Page size, 1 to 500 (default 100).
     limit: Option<usize>,
@@ -257,7 +257,7 @@ pub(super) async fn list(
             "invalid_status",
             "status",
             format!(
-                "must be pending, delivered, stale or dead; got {:?}",
+                "must be pending, delivered, stale, dead or erased; got {:?}",
                 query.status
             ),
         ))

@@ -562,3 +562,114 @@ async fn events_count_counts_what_a_filter_matches_and_names_the_first() {
         stderr_of(&bad)
     );
 }
+
+#[tokio::test]
+async fn events_redeliver_with_a_filter_counts_first_then_runs_a_job_to_its_end() {
+    let server = Server::start();
+    let first = server.dead_event().await;
+    let second = server.dead_event().await;
+    let dry = server.ok(&[
+        "events",
+        "redeliver",
+        "--source",
+        "sume",
+        "--status",
+        "dead",
+        "--since",
+        "2h",
+        "--dry-run",
+    ]);
+    assert!(
+        dry.starts_with("2 dead events of source sume match (of 2 read): "),
+        "{dry}"
+    );
+    assert!(dry.contains("without --dry-run"), "{dry}");
+    // The dry run changed nothing.
+    let jobs = server.json(&["jobs", "list"]);
+    assert_eq!(jobs["jobs"], json!([]), "{jobs}");
+
+    // The destination is still down: each replay is dead again, and the
+    // job counts both as failed.
+    let out = server.ok(&[
+        "events",
+        "redeliver",
+        "--source",
+        "sume",
+        "--status",
+        "dead",
+        "--since",
+        "2h",
+        "--wait",
+    ]);
+    assert!(out.starts_with("started job_"), "{out}");
+    assert!(
+        out.trim_end()
+            .ends_with("done (2 matched, 0 queued, 0 delivered, 2 failed, 0 skipped, 2 read)"),
+        "{out}"
+    );
+    let id = out.split_whitespace().nth(1).unwrap().trim_end_matches(':');
+    let shown = server.json(&["jobs", "show", id]);
+    assert_eq!(
+        (&shown["state"], &shown["failed"]),
+        (&json!("done"), &json!(2)),
+        "{shown}"
+    );
+    let listed = server.ok(&["jobs", "list"]);
+    assert!(
+        listed.contains(id) && listed.contains("redeliver"),
+        "{listed}"
+    );
+    // A finished job: cancel says so.
+    let out = server.ok(&["jobs", "cancel", id]);
+    assert!(out.contains("already done"), "{out}");
+
+    // Erase one by id, then the other by a filter.
+    let out = server.ok(&["events", "erase", "--source", "sume", &first]);
+    assert!(
+        out.contains(&format!("{first} of source sume: erased")),
+        "{out}"
+    );
+    let out = server.ok(&[
+        "events",
+        "erase",
+        "--source",
+        "sume",
+        "--status",
+        "dead",
+        "--field",
+        &format!("/request_id={second}"),
+        "--wait",
+    ]);
+    assert!(
+        out.contains("done (1 matched, 1 erased, 0 skipped"),
+        "{out}"
+    );
+    let erased = server.json(&["events", "list", "--source", "sume", "--status", "erased"]);
+    assert_eq!(erased["events"].as_array().unwrap().len(), 2, "{erased}");
+
+    // An id and a filter together are refused before anything is sent.
+    let both = server.run(&[
+        "events", "erase", "--source", "sume", &first, "--status", "dead",
+    ]);
+    assert!(!both.status.success());
+    assert!(
+        stderr_of(&both).contains("give an event id or filter flags"),
+        "{}",
+        stderr_of(&both)
+    );
+    // A status a job cannot take is the server's clear refusal.
+    let bad = server.run(&[
+        "events",
+        "redeliver",
+        "--source",
+        "sume",
+        "--status",
+        "pending",
+    ]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr_of(&bad).contains("a redeliver job takes delivered, dead or stale events"),
+        "{}",
+        stderr_of(&bad)
+    );
+}

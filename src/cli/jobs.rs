@@ -1,0 +1,226 @@
+//! Bulk jobs from the terminal: `dedupd events redeliver|erase` with a
+//! filter (a dry run, or a job, optionally followed to its end) and
+//! `dedupd jobs list|show|cancel`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use dedupd::redact::json_for_terminal;
+
+use super::operator::{BulkArgs, Common, print_count, text};
+use super::table;
+
+/// `dedupd jobs …`
+#[derive(Debug, clap::Subcommand)]
+pub enum JobsCommand {
+    /// The bulk jobs kept (the last 100), newest first.
+    List {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// One job's progress.
+    Show {
+        id: String,
+        /// Follow its progress until it finishes.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Cancels a job: it queues nothing more, and ends once what it
+    /// queued settled.
+    Cancel {
+        id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Runs `dedupd jobs …`.
+pub fn jobs(cmd: &JobsCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        JobsCommand::List { common } => common.call(
+            "jobs",
+            |c| c.request(Method::GET, c.url(&["v1", "jobs"])),
+            |v| {
+                let jobs = v["jobs"].as_array().map_or(&[][..], Vec::as_slice);
+                if jobs.is_empty() {
+                    println!("no jobs");
+                    return;
+                }
+                let now = table::now_ms();
+                let rows: Vec<Vec<String>> = jobs
+                    .iter()
+                    .map(|j| {
+                        vec![
+                            text(&j["id"]),
+                            text(&j["source"]),
+                            text(&j["kind"]),
+                            text(&j["state"]),
+                            progress(j),
+                            j["created_ms"]
+                                .as_u64()
+                                .map_or_else(|| "-".into(), |ms| table::when(ms, now)),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    table::render(
+                        &["JOB", "SOURCE", "KIND", "STATE", "PROGRESS", "CREATED"],
+                        &rows
+                    )
+                );
+            },
+        ),
+        JobsCommand::Show { id, wait, common } => {
+            if *wait {
+                follow(common, id)
+            } else {
+                common.call(
+                    &format!("job {id}"),
+                    |c| c.request(Method::GET, c.url(&["v1", "jobs", id])),
+                    |v| println!("{}", line(v)),
+                )
+            }
+        }
+        JobsCommand::Cancel { id, common } => common.call(
+            &format!("job {id}"),
+            |c| c.request(Method::POST, c.url(&["v1", "jobs", id, "cancel"])),
+            |v| {
+                if v["state"] == "running" {
+                    println!(
+                        "{}: cancelled; it queues nothing more and ends once what it queued settled",
+                        text(&v["id"])
+                    );
+                } else {
+                    println!("{}: already {}", text(&v["id"]), text(&v["state"]));
+                }
+            },
+        ),
+    }
+}
+
+/// `dedupd events redeliver|erase --source S [filter]`: the dry run, or
+/// the job.
+pub fn bulk(
+    kind: &str,
+    source: &str,
+    bulk: &BulkArgs,
+    common: &Common,
+) -> anyhow::Result<ExitCode> {
+    let filter = &bulk.filter;
+    if bulk.dry_run {
+        return common.call(
+            &format!("events of source {source}"),
+            |c| {
+                c.request(
+                    Method::GET,
+                    c.url_with(&["v1", "sources", source, "count"], &filter.query()),
+                )
+            },
+            |v| {
+                print_count(v, source, filter.status());
+                println!("run it again without --dry-run to {kind} them");
+            },
+        );
+    }
+    let mut started: Option<String> = None;
+    let code = common.call(
+        &format!("a {kind} job on source {source}"),
+        |c| {
+            c.request(Method::POST, c.url(&["v1", "sources", source, "jobs"]))
+                .json(&json!({ "kind": kind, "filter": filter.json() }))
+        },
+        |v| {
+            started = v["id"].as_str().map(str::to_owned);
+            println!(
+                "started {}: {kind} of the {} events of source {source} the filter matches",
+                text(&v["id"]),
+                filter.status(),
+            );
+            println!(
+                "follow it with `dedupd jobs show {} --wait`, stop it with `dedupd jobs cancel {}`",
+                text(&v["id"]),
+                text(&v["id"]),
+            );
+        },
+    )?;
+    match started {
+        Some(id) if bulk.wait && code == ExitCode::SUCCESS => follow(common, &id),
+        _ => Ok(code),
+    }
+}
+
+/// Prints the job's progress whenever it changes, until it finishes.
+fn follow(common: &Common, id: &str) -> anyhow::Result<ExitCode> {
+    let mut last = String::new();
+    loop {
+        let mut answer = Value::Null;
+        let code = common.call_quiet(
+            &format!("job {id}"),
+            |c| c.request(Method::GET, c.url(&["v1", "jobs", id])),
+            |v| answer = v.clone(),
+        )?;
+        if code != ExitCode::SUCCESS {
+            return Ok(code);
+        }
+        let now = line(&answer);
+        if now != last {
+            if common.json() {
+                println!("{}", json_for_terminal(&answer));
+            } else {
+                println!("{now}");
+            }
+            last = now;
+        }
+        if answer["state"] != "running" {
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// A job's counters, in a few words.
+fn progress(v: &Value) -> String {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    match v["kind"].as_str() {
+        Some("erase") => format!(
+            "{} matched, {} erased, {} skipped",
+            n("matched"),
+            n("erased"),
+            n("skipped")
+        ),
+        _ => format!(
+            "{} matched, {} queued, {} delivered, {} failed, {} skipped",
+            n("matched"),
+            n("queued"),
+            n("delivered"),
+            n("failed"),
+            n("skipped")
+        ),
+    }
+}
+
+/// A job on one line.
+fn line(v: &Value) -> String {
+    let mut s = format!(
+        "{} {} on {}: {} ({}, {} read)",
+        text(&v["id"]),
+        text(&v["kind"]),
+        text(&v["source"]),
+        text(&v["state"]),
+        progress(v),
+        v["scanned"].as_u64().unwrap_or(0)
+    );
+    if v["cancelled"] == true && v["state"] == "running" {
+        s.push_str(", cancelling");
+    }
+    if !v["error"].is_null() {
+        s.push_str(&format!(": {}", text(&v["error"])));
+    }
+    s
+}
