@@ -83,16 +83,16 @@ fn wall_to_s(unix_s: f64) -> f64 {
 }
 
 #[derive(Debug, Clone)]
-struct Params {
-    duration: Duration,
-    concurrency: usize,
-    streams: u64,
-    events: u64,
-    delay_ms: u64,
+pub(crate) struct Params {
+    pub(crate) duration: Duration,
+    pub(crate) concurrency: usize,
+    pub(crate) streams: u64,
+    pub(crate) events: u64,
+    pub(crate) delay_ms: u64,
     /// `None`: dedupd's defaults (`max_in_flight` 16 per source).
-    max_in_flight: Option<usize>,
-    wait: Duration,
-    scenarios: Vec<String>,
+    pub(crate) max_in_flight: Option<usize>,
+    pub(crate) wait: Duration,
+    pub(crate) scenarios: Vec<String>,
 }
 
 pub(crate) fn env_or<T: FromStr>(name: &str, default: T) -> anyhow::Result<T> {
@@ -223,7 +223,7 @@ pub(crate) enum ReceiverKind {
 }
 
 #[derive(Clone, Copy)]
-enum Load {
+pub(crate) enum Load {
     /// Post for this long.
     For(Duration),
     /// Post this many events.
@@ -838,9 +838,9 @@ impl Drop for ChildGuard {
 }
 
 /// A running `dedupd serve`, killed when dropped.
-struct Dedupd {
+pub(crate) struct Dedupd {
     child: ChildGuard,
-    base: String,
+    pub(crate) base: String,
     log: PathBuf,
     _dir: TempDir,
 }
@@ -848,7 +848,7 @@ struct Dedupd {
 impl Dedupd {
     /// With `github`, the source verifies GitHub's signature
     /// (`X-Hub-Signature-256`) instead of Sume's.
-    async fn start(p: &Params, forward_to: &str, github: bool) -> anyhow::Result<Self> {
+    pub(crate) async fn start(p: &Params, forward_to: &str, github: bool) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let port = free_port()?;
         let config = dir.path().join("dedupd.toml");
@@ -915,7 +915,7 @@ impl Dedupd {
     }
 
     /// Kills the server; returns what it logged.
-    fn stop(self) -> String {
+    pub(crate) fn stop(self) -> String {
         let Self { child, log, .. } = self;
         drop(child);
         read(&log)
@@ -1058,7 +1058,12 @@ pub(crate) struct Posted {
     pub(crate) end: f64,
 }
 
-async fn post_load(client: &reqwest::Client, base: &str, p: &Params, load: Load) -> Posted {
+pub(crate) async fn post_load(
+    client: &reqwest::Client,
+    base: &str,
+    p: &Params,
+    load: Load,
+) -> Posted {
     let url = format!("{base}/ingest/bench");
     let next = Arc::new(AtomicU64::new(0));
     let accepted = Arc::new(AtomicU64::new(0));

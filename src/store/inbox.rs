@@ -155,6 +155,25 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// Every job's record, in id order.
     async fn jobs(&self) -> Result<Vec<StoredJob>, StoreError>;
 
+    /// For each of `source`'s events `event_ids`: its status and the job
+    /// of its replay mark, `None` when the inbox does not hold it. What a
+    /// bulk job looks up of its window each pass: one read where the store
+    /// can.
+    async fn replay_states(
+        &self,
+        source: &str,
+        event_ids: Vec<String>,
+    ) -> Result<Vec<Option<ReplayState>>, StoreError> {
+        let mut out = Vec::with_capacity(event_ids.len());
+        for id in &event_ids {
+            out.push(self.inbox_event(source, id).await?.map(|e| ReplayState {
+                status: e.status,
+                job: e.replay.map(|m| m.job),
+            }));
+        }
+        Ok(out)
+    }
+
     /// Deletes at most `limit` pending events of `sources` (removed from
     /// the configuration) received before `before`; how many went.
     async fn purge_pending(
@@ -379,6 +398,15 @@ pub struct ReplayMark {
     pub job: String,
     /// Attempts made before the replay.
     pub base_attempts: u32,
+}
+
+/// An event as a bulk job looks it up: its status, and the job of its
+/// replay mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayState {
+    pub status: EventStatus,
+    /// The job that last replayed it, if any.
+    pub job: Option<String>,
 }
 
 /// A bulk job's record as the inbox keeps it.

@@ -477,3 +477,41 @@ async fn a_job_that_cannot_be_is_refused_with_a_clear_error() {
         .unwrap();
     assert_problem(res, StatusCode::NOT_FOUND, "unknown_job").await;
 }
+
+#[tokio::test]
+async fn a_job_takes_only_what_was_there_when_it_started() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| s.max_in_flight = 2).await;
+    ingest_delivered(
+        &app,
+        &[
+            ("old1", "run_1", "2026-11-29T10:00:01Z"),
+            ("old2", "run_1", "2026-11-29T10:00:02Z"),
+        ],
+    )
+    .await;
+    // The job's first replay hangs: it is still running when a live event
+    // is received and delivered.
+    receiver.set(Behaviour::Hold(Some("run_1")));
+    let started = start_job(&app, "redeliver", json!({ "status": "delivered" })).await;
+    let id = started["id"].as_str().unwrap().to_owned();
+    eventually("a replay held", || async { receiver.held() == 1 }).await;
+    app.clock.advance(std::time::Duration::from_secs(1));
+    app.ingest_ok(&body("live", "run_2", "2026-11-29T10:00:03Z"))
+        .await;
+    eventually("the live event delivered", || async {
+        app.event_ids("delivered")
+            .await
+            .contains(&"live".to_owned())
+    })
+    .await;
+    receiver.release();
+    let done = finished(&app, &id).await;
+    assert_eq!(
+        (&done["matched"], &done["delivered"]),
+        (&json!(2), &json!(2)),
+        "{done}"
+    );
+    let replayed: Vec<String> = replays(&receiver).into_iter().map(|r| r.0).collect();
+    assert_eq!(replayed, ["old1", "old2"]);
+}

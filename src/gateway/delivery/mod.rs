@@ -717,6 +717,10 @@ impl Dispatcher {
         tasks.spawn(async move {
             slot.reached = this.turn(&source, &ev, lease, &slot).await;
             drop(slot);
+            if ev.replay.is_some() {
+                // Its job has room again.
+                this.gateway.jobs_wake.notify_one();
+            }
         });
     }
 

@@ -47,7 +47,12 @@ const OWNERSHIP: Duration = Duration::from_secs(30);
 const EXTEND_EVERY: Duration = Duration::from_secs(10);
 /// Pause between passes while a job moves.
 const BUSY: Duration = Duration::from_millis(5);
-/// Pause between passes while none does.
+/// Longest pause while a job waits for what it queued (a settled replay
+/// wakes the runner at once).
+const WAITING: Duration = Duration::from_millis(100);
+/// Pause between passes while no job runs here; also how often the job
+/// list is read again (a job started or cancelled on this instance wakes
+/// the runner at once).
 const IDLE: Duration = Duration::from_secs(1);
 
 /// The job runner of one instance.
@@ -91,18 +96,39 @@ impl Runner {
     /// Runs jobs until `stop` turns true.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut held: HashMap<String, Held> = HashMap::new();
+        // The running jobs as last read; between reads, the runner's own
+        // copies of those it holds (it alone writes them).
+        let mut running: Vec<Job> = Vec::new();
+        let mut listed: Option<Instant> = None;
+        let mut woken = true;
         loop {
-            let busy = match self.pass(&mut held).await {
-                Ok(busy) => busy,
-                Err(e) => {
-                    tracing::debug!(error = %e.chain(), "job pass failed; trying again");
-                    false
+            if woken || listed.is_none_or(|at| at.elapsed() >= IDLE) {
+                match super::list(self.gateway.inbox.as_ref()).await {
+                    Ok(jobs) => {
+                        running = jobs
+                            .into_iter()
+                            .filter(|j| j.state == JobState::Running)
+                            .collect();
+                        listed = Some(Instant::now());
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e.chain(), "cannot read the jobs; trying again");
+                    }
                 }
+            }
+            let busy = self.pass(&mut running, &mut held).await;
+            let waiting = running.iter().any(|j| !j.window.is_empty());
+            let pause = if busy {
+                BUSY
+            } else if waiting {
+                WAITING
+            } else {
+                IDLE
             };
-            let pause = if busy { BUSY } else { IDLE };
+            woken = false;
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                _ = self.gateway.jobs_wake.notified() => {}
+                _ = self.gateway.jobs_wake.notified() => woken = true,
                 _ = stop.changed() => break,
             }
         }
@@ -114,21 +140,17 @@ impl Runner {
         }
     }
 
-    /// One pass over the running jobs; whether any moved.
-    async fn pass(&self, held: &mut HashMap<String, Held>) -> Result<bool, StoreError> {
-        let jobs = super::list(self.gateway.inbox.as_ref()).await?;
-        let running: Vec<Job> = jobs
-            .into_iter()
-            .filter(|j| j.state == JobState::Running)
-            .collect();
+    /// One step of each running job this instance holds; whether any
+    /// moved. Finished jobs leave `running`.
+    async fn pass(&self, running: &mut Vec<Job>, held: &mut HashMap<String, Held>) -> bool {
         held.retain(|id, _| running.iter().any(|j| j.id == *id));
         let mut busy = false;
-        for mut job in running {
-            if !self.hold(&job, held).await {
+        for job in running.iter_mut() {
+            if !self.hold(job, held).await {
                 continue;
             }
             let rewrite = held.get(&job.id).is_none_or(|h| h.rewrite);
-            let stepped = self.step(&mut job, rewrite).await;
+            let stepped = self.step(job, rewrite).await;
             if let Some(h) = held.get_mut(&job.id) {
                 h.rewrite = stepped.is_err();
             }
@@ -147,7 +169,8 @@ impl Runner {
                 tracing::info!(job = %job.id, source = %job.source, state = ?job.state, matched = job.matched, delivered = job.delivered, failed = job.failed, erased = job.erased, skipped = job.skipped, "job finished");
             }
         }
-        Ok(busy)
+        running.retain(|j| j.state == JobState::Running);
+        busy
     }
 
     /// Whether this instance holds (or now takes) the job's claim.
@@ -288,7 +311,8 @@ impl Runner {
         }
         let inbox = self.gateway.inbox.clone();
         let now = self.clock.now_ms();
-        let ids = std::mem::take(&mut job.window);
+        // A failed read leaves the window as it was.
+        let ids = job.window.clone();
         let mut kept = Vec::with_capacity(ids.len());
         match job.kind {
             JobKind::Erase => {
@@ -310,22 +334,14 @@ impl Runner {
                 }
             }
             JobKind::Redeliver => {
-                let found = join_all(ids.iter().map(|id| inbox.inbox_event(&job.source, id))).await;
-                for (id, found) in ids.iter().zip(found) {
-                    let e = match found {
-                        Ok(e) => e,
-                        Err(e) => {
-                            kept.push(id.clone());
-                            tracing::debug!(error = %e.chain(), "job window read failed");
-                            continue;
-                        }
-                    };
-                    let Some(e) = e else {
+                let states = inbox.replay_states(&job.source, ids.clone()).await?;
+                for (id, state) in ids.iter().zip(states) {
+                    let Some(state) = state else {
                         job.skipped += 1;
                         continue;
                     };
-                    let mine = e.replay.as_ref().is_some_and(|m| m.job == job.id);
-                    match (mine, e.status) {
+                    let mine = state.job.as_deref() == Some(job.id.as_str());
+                    match (mine, state.status) {
                         (true, EventStatus::Pending) => kept.push(id.clone()),
                         (true, EventStatus::Delivered) => job.delivered += 1,
                         (true, _) => job.failed += 1,
@@ -334,12 +350,14 @@ impl Runner {
                         (
                             false,
                             EventStatus::Delivered | EventStatus::Dead | EventStatus::Stale,
-                        ) if rewrite => match inbox.replay(&job.source, id, &job.id, now).await? {
-                            RedeliverOutcome::Requeued => {
+                        ) if rewrite => match inbox.replay(&job.source, id, &job.id, now).await {
+                            Ok(RedeliverOutcome::Requeued) => {
                                 self.gateway.wake.notify_one();
                                 kept.push(id.clone());
                             }
-                            _ => job.skipped += 1,
+                            Ok(_) => job.skipped += 1,
+                            // Still to be written: the next pass tries again.
+                            Err(_) => kept.push(id.clone()),
                         },
                         (false, _) => job.skipped += 1,
                     }
@@ -378,11 +396,14 @@ impl Runner {
                 read += 1;
                 job.scanned += 1;
                 job.cursor = Some((listed.received_at_ms, listed.event_id.clone()));
-                // Receive order: nothing past the range's end matches.
+                // Receive order: nothing past the range's end matches, and
+                // a job takes only what was there when it started (events
+                // delivered after are not chased).
                 if job
                     .filter
                     .received_to
                     .is_some_and(|t| listed.received_at_ms >= t)
+                    || listed.received_at_ms > job.created_ms
                 {
                     job.scanned_all = true;
                     return Ok(taken);

@@ -30,8 +30,8 @@ use crate::domain::{CreatedAt, ScopedKey};
 use crate::store::StoreError;
 use crate::store::inbox::{
     Attempt, Cursor, DiskSpace, EraseOutcome, EventKey, EventStatus, Inbox, InboxEvent,
-    IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceDue,
-    SourceSummary, StoredJob,
+    IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome, ReplayState, Retention, Settle,
+    SourceDue, SourceSummary, StoredJob,
 };
 
 /// The inbox in the data file; a handle on its engine (cheap to clone).
@@ -271,6 +271,18 @@ impl Inbox for RedbInbox {
         self.write(InboxRequest::DeleteJob { id }, now)
             .await
             .map(|_| ())
+    }
+
+    async fn replay_states(
+        &self,
+        source: &str,
+        event_ids: Vec<String>,
+    ) -> Result<Vec<Option<ReplayState>>, StoreError> {
+        let source = source.to_owned();
+        Ok(self
+            .engine
+            .read(move |tx| read::replay_states(tx, &source, &event_ids))
+            .await?)
     }
 
     async fn jobs(&self) -> Result<Vec<StoredJob>, StoreError> {

@@ -7,7 +7,7 @@ use redb::{ReadTransaction, ReadableTable};
 use super::row::{attempt_from_row, decode, read_whole, with_body};
 use crate::clock::Millis;
 use crate::store::inbox::{
-    Cursor, EventStatus, InboxEvent, ListOrder, ReplayMark, SourceDue, StoredJob,
+    Cursor, EventStatus, InboxEvent, ListOrder, ReplayMark, ReplayState, SourceDue, StoredJob,
 };
 use crate::store::redb::tables::{
     INBOX, INBOX_ATTEMPTS, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE,
@@ -168,6 +168,28 @@ fn mark(
             base_attempts,
         }
     }))
+}
+
+/// For each of `source`'s `ids`: its status and its replay mark's job.
+pub fn replay_states(
+    tx: &ReadTransaction,
+    source: &str,
+    ids: &[String],
+) -> Result<Vec<Option<ReplayState>>, redb::Error> {
+    let rows = tx.open_table(INBOX)?;
+    let marks = tx.open_table(INBOX_REPLAY)?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let state = match rows.get((source, id.as_str()))? {
+            None => None,
+            Some(row) => Some(ReplayState {
+                status: EventStatus::from_byte(row.value().status),
+                job: mark(&marks, source, id)?.map(|m| m.job),
+            }),
+        };
+        out.push(state);
+    }
+    Ok(out)
 }
 
 /// Every bulk job's record, in id order.
