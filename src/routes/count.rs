@@ -29,6 +29,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     register(cfg, endpoints(), Guard::Open);
 }
 
+/// Longest text a filter takes (a stream, a body field or its value,
+/// error text), bytes.
+const MAX_TEXT: usize = 1024;
+
 /// The filter, as query parameters (the count) or a JSON object (a job).
 #[derive(Debug, Deserialize, IntoParams, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -79,6 +83,25 @@ pub(super) fn invalid(
 impl FilterQuery {
     /// The filter the parameters say, or what is wrong with them.
     pub(super) fn filter(self) -> Result<EventFilter, ApiError> {
+        // A job stores its filter and writes it with its progress: texts
+        // are bounded.
+        let texts = [
+            ("stream", &self.stream),
+            ("field", &self.field),
+            ("value", &self.value),
+            ("error_contains", &self.error_contains),
+            ("created_from", &self.created_from),
+            ("created_to", &self.created_to),
+        ];
+        for (name, text) in texts {
+            if text.as_ref().is_some_and(|t| t.len() > MAX_TEXT) {
+                return Err(invalid(
+                    "too_long",
+                    name,
+                    format!("at most {MAX_TEXT} bytes"),
+                ));
+            }
+        }
         let status = EventStatus::parse(&self.status).ok_or_else(|| {
             invalid(
                 "invalid_status",

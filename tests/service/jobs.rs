@@ -457,6 +457,10 @@ async fn a_job_that_cannot_be_is_refused_with_a_clear_error() {
     let res =
         post(json!({ "kind": "erase", "filter": { "status": "dead", "field": "type" } })).await;
     assert_problem(res, StatusCode::BAD_REQUEST, "invalid_field").await;
+    let long = "x".repeat(1025);
+    let res =
+        post(json!({ "kind": "erase", "filter": { "status": "dead", "stream": long } })).await;
+    assert_problem(res, StatusCode::BAD_REQUEST, "too_long").await;
     let res = app
         .request(Method::POST, "/v1/sources/nope/jobs")
         .json(&json!({ "kind": "erase", "filter": { "status": "dead" } }))
