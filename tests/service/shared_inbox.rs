@@ -163,3 +163,82 @@ async fn the_migration_carries_stream_heads_so_an_older_event_stays_stale() {
     assert!(!got.contains(&"old".to_owned()), "{got:?}");
     assert_eq!(got.last().map(String::as_str), Some("pending"));
 }
+
+/// A bulk job on the shared inbox: every instance shows it, one runs it,
+/// and when that one stops another takes it over and finishes it, each
+/// event replayed once; an erasure made on one instance shows on the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bulk_job_is_run_by_one_instance_and_taken_over_by_another() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let clock = ManualClock::new(T0);
+    let a = shared_app(&clock, &server.url(), &receiver.url).await;
+    let b = shared_app(&clock, &server.url(), &receiver.url).await;
+    for i in 0..6 {
+        let b_ = body(
+            &format!("ev-{i}"),
+            &format!("run_{}", i % 3),
+            &format!("2026-11-29T10:0{i}:00Z"),
+        );
+        assert_eq!(a.ingest_ok(&b_).await["status"], "accepted");
+    }
+    a.retrying_until("every event delivered", || async {
+        b.event_ids("delivered").await.len() == 6
+    })
+    .await;
+    // Erased on b, shown erased on a, and no longer matched by the job.
+    let res = b
+        .request(Method::DELETE, "/v1/sources/sume/events/ev-5")
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success());
+    assert_eq!(a.event_ids("erased").await, ["ev-5"]);
+
+    // The destination fails for now: the replays wait.
+    receiver.set(Behaviour::Always(503));
+    let res = a
+        .request(Method::POST, "/v1/sources/sume/jobs")
+        .json(&serde_json::json!({ "kind": "redeliver", "filter": { "status": "delivered" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 201);
+    let job: Value = res.json().await.unwrap();
+    let id = job["id"].as_str().unwrap().to_owned();
+    let show = |app: &TestApp| {
+        let req = app.request(Method::GET, &format!("/v1/jobs/{id}"));
+        async move { req.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    crate::support::receiver::eventually("a replay tried", || async {
+        receiver
+            .received()
+            .iter()
+            .any(|r| r.header("dedupd-replay") == id)
+    })
+    .await;
+    assert_eq!(show(&b).await["state"], "running");
+    // a stops (its claim on the job goes with it); b finishes the job.
+    let _ = a.stop().await;
+    receiver.set(Behaviour::Accept);
+    b.retrying_until("the job done", || async {
+        show(&b).await["state"] == "done"
+    })
+    .await;
+    let done = show(&b).await;
+    assert_eq!(
+        (&done["matched"], &done["delivered"], &done["failed"]),
+        (&Value::from(5), &Value::from(5), &Value::from(0)),
+        "{done}"
+    );
+    let mut acked: BTreeMap<String, usize> = BTreeMap::new();
+    for r in receiver.received() {
+        if r.header("dedupd-replay") == id {
+            *acked.entry(r.header("webhook-id").to_owned()).or_default() += 1;
+        }
+    }
+    assert_eq!(acked.len(), 5, "{acked:?}");
+    assert!(!acked.contains_key("ev-5"), "{acked:?}");
+}
