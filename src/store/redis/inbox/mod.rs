@@ -707,7 +707,7 @@ impl Inbox for RedisInbox {
     async fn jobs(&self) -> Result<Vec<StoredJob>, StoreError> {
         // A script, so the records and the marks are read at one moment.
         let reply: Vec<Vec<u8>> = self.run_jobs(vec![arg("list")]).await?;
-        if reply.len() % 3 != 0 {
+        if !reply.len().is_multiple_of(3) {
             return Err(unexpected("the jobs' list", reply.len()));
         }
         let mut out: Vec<StoredJob> = reply
