@@ -8,8 +8,9 @@ use async_trait::async_trait;
 
 use super::StoreError;
 use super::inbox::{
-    Attempt, Cursor, DiskSpace, EventKey, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased,
-    ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceDue, SourceSummary,
+    Attempt, Cursor, DiskSpace, EraseOutcome, EventKey, EventStatus, Inbox, InboxEvent,
+    IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceDue,
+    SourceSummary, StoredJob,
 };
 use super::redis::RedisInbox;
 use crate::clock::Millis;
@@ -109,6 +110,43 @@ impl Inbox for SharedInbox {
         now: Millis,
     ) -> Result<RedeliverOutcome, StoreError> {
         self.shared.redeliver(source, event_id, now).await
+    }
+
+    async fn replay(
+        &self,
+        source: &str,
+        event_id: &str,
+        job: &str,
+        now: Millis,
+    ) -> Result<RedeliverOutcome, StoreError> {
+        self.shared.replay(source, event_id, job, now).await
+    }
+
+    async fn erase(
+        &self,
+        source: &str,
+        event_id: &str,
+        retention_ms: u64,
+        now: Millis,
+    ) -> Result<EraseOutcome, StoreError> {
+        self.shared.erase(source, event_id, retention_ms, now).await
+    }
+
+    /// In Redis with the events, so every instance's job runner sees them.
+    async fn put_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError> {
+        self.shared.put_job(id, record, now).await
+    }
+
+    async fn cancel_job(&self, id: &str, now: Millis) -> Result<bool, StoreError> {
+        self.shared.cancel_job(id, now).await
+    }
+
+    async fn delete_job(&self, id: &str, now: Millis) -> Result<(), StoreError> {
+        self.shared.delete_job(id, now).await
+    }
+
+    async fn jobs(&self) -> Result<Vec<StoredJob>, StoreError> {
+        self.shared.jobs().await
     }
 
     async fn purge_pending(

@@ -17,8 +17,9 @@ use async_trait::async_trait;
 use dedupd::domain::{CreatedAt, Key, Namespace, ScopedKey};
 use dedupd::store::Store;
 use dedupd::store::inbox::{
-    Attempt, EventKey, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, LeasedEvent,
-    ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceSummary, TIMELINE_ATTEMPTS,
+    Attempt, EraseOutcome, EventKey, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased,
+    LeasedEvent, ListOrder, NewEvent, RedeliverOutcome, ReplayMark, Retention, Settle,
+    SourceSummary, StoredJob, TIMELINE_ATTEMPTS,
 };
 use dedupd::store::redb::{InboxIndexes, RedbInbox, RedbOptions, RedbStore};
 use proptest::prelude::*;
@@ -109,6 +110,21 @@ enum Op {
     Redeliver {
         target: Target,
     },
+    /// A bulk job's replay: job `job` of [`JOBS`].
+    Replay {
+        target: Target,
+        job: u8,
+    },
+    /// An erasure, the row kept for `retention` ms.
+    Erase {
+        target: Target,
+        retention: u64,
+    },
+    /// A write of bulk job `id`'s record (of [`JOBS`]).
+    Job {
+        id: u8,
+        act: JobAct,
+    },
     /// `due_events` with these limits and a byte budget (bodies here are
     /// 16 to 20 bytes: a small one stops the read early).
     Due {
@@ -148,14 +164,29 @@ enum Pick {
     Any(usize),
 }
 
-/// An event to redeliver.
+/// An event to redeliver, replay or erase.
 #[derive(Debug, Clone)]
 enum Target {
-    /// One of the settled events (index modulo their number), if any.
+    /// One of the settled (or erased) events (index modulo their number),
+    /// if any.
     Settled(usize),
+    /// One of the events, any status (index modulo their number), if any.
+    Stored(usize),
     /// Any id, stored or not.
     Id(u8, u8),
 }
+
+/// What [`Op::Job`] does to a job's record.
+#[derive(Debug, Clone, Copy)]
+enum JobAct {
+    Put,
+    Cancel,
+    Delete,
+}
+
+/// Bulk jobs' ids: two, so a job replays an event twice at times, and
+/// another job replays it after.
+const JOBS: [&str; 2] = ["job_a", "job_b"];
 
 fn pick() -> impl Strategy<Value = Pick> {
     prop_oneof![
@@ -207,9 +238,36 @@ fn op() -> impl Strategy<Value = Op> {
             1 => (source.clone(), id.clone()).prop_map(|(s, i)| Target::Id(s, i)),
         ]
         .prop_map(|target| Op::Redeliver { target }),
+        3 => (
+            prop_oneof![
+                4 => any::<usize>().prop_map(Target::Settled),
+                1 => any::<usize>().prop_map(Target::Stored),
+                1 => (source.clone(), id.clone()).prop_map(|(s, i)| Target::Id(s, i)),
+            ],
+            0u8..2,
+        )
+            .prop_map(|(target, job)| Op::Replay { target, job }),
+        2 => (
+            prop_oneof![
+                3 => any::<usize>().prop_map(Target::Stored),
+                1 => any::<usize>().prop_map(Target::Settled),
+                1 => (source.clone(), id.clone()).prop_map(|(s, i)| Target::Id(s, i)),
+            ],
+            prop_oneof![1 => Just(0u64), 4 => 1u64..4_000],
+        )
+            .prop_map(|(target, retention)| Op::Erase { target, retention }),
+        1 => (
+            0u8..2,
+            prop_oneof![
+                Just(JobAct::Put),
+                Just(JobAct::Cancel),
+                Just(JobAct::Delete)
+            ],
+        )
+            .prop_map(|(id, act)| Op::Job { id, act }),
         1 => (0usize..4, 0usize..4, prop_oneof![Just(u64::MAX), 0u64..64])
             .prop_map(|(a, b, max_bytes)| Op::Due { limits: [a, b], max_bytes }),
-        1 => (source.clone(), 0u8..4, 1usize..4, any::<bool>())
+        1 => (source.clone(), 0u8..5, 1usize..4, any::<bool>())
             .prop_map(|(source, status, page, newest)| Op::List { source, status, page, newest }),
         2 => prop_oneof![2 => Just(10_000u64), 1 => 1u64..4]
             .prop_map(|limit| Op::PurgeExpired { limit }),
@@ -275,6 +333,8 @@ struct Model {
     /// (source, event id) of a pending event → the `until` of its last
     /// lease; a settle that is not ignored clears it.
     leased_until: BTreeMap<Id, u64>,
+    /// Bulk jobs: id → (record, cancelled).
+    jobs: BTreeMap<String, (Vec<u8>, bool)>,
 }
 
 fn queue_key(e: &InboxEvent) -> (i128, u64, &str) {
@@ -363,6 +423,7 @@ impl Model {
             leases: Vec::new(),
             turns: BTreeMap::new(),
             leased_until: BTreeMap::new(),
+            jobs: BTreeMap::new(),
         }
     }
 
@@ -721,6 +782,7 @@ impl Model {
                 e.force = e.status == EventStatus::Stale;
                 e.status = EventStatus::Pending;
                 e.attempts = 0;
+                e.replay = None;
                 e.due_at_ms = now;
                 e.lease += 1;
                 e.expires_at_ms = 0;
@@ -731,6 +793,86 @@ impl Model {
                 RedeliverOutcome::Requeued
             }
             other => RedeliverOutcome::NotRedeliverable(other),
+        }
+    }
+
+    /// A bulk job's replay: a delivered, stale or dead event back to
+    /// pending, its attempts kept and marked with the job, unless the job
+    /// replayed it already.
+    fn replay(&mut self, source: &str, id: &str, job: &str) -> RedeliverOutcome {
+        let now = self.now;
+        let Some(e) = self.get_mut(source, id) else {
+            return RedeliverOutcome::NotFound;
+        };
+        let replayed = e.replay.as_ref().is_some_and(|m| m.job == job);
+        match e.status {
+            EventStatus::Delivered | EventStatus::Stale | EventStatus::Dead if !replayed => {
+                e.force = e.status != EventStatus::Dead;
+                e.status = EventStatus::Pending;
+                e.replay = Some(ReplayMark {
+                    job: job.to_owned(),
+                    base_attempts: e.attempts,
+                });
+                e.due_at_ms = now;
+                e.lease += 1;
+                e.expires_at_ms = 0;
+                let stream = e.stream.clone();
+                self.leased_until
+                    .remove(&(source.to_owned(), id.to_owned()));
+                self.pass_turn_of(source, stream.as_deref());
+                RedeliverOutcome::Requeued
+            }
+            other => RedeliverOutcome::NotRedeliverable(other),
+        }
+    }
+
+    /// An erasure: body and headers gone, status erased until `now +
+    /// retention`; a pending event leaves its stream (whose turn passes
+    /// on), its lease superseded.
+    fn erase(&mut self, source: &str, id: &str, retention: u64) -> EraseOutcome {
+        let now = self.now;
+        let Some(e) = self.get_mut(source, id) else {
+            return EraseOutcome::NotFound;
+        };
+        if e.status == EventStatus::Erased {
+            return EraseOutcome::AlreadyErased;
+        }
+        let was_pending = e.status == EventStatus::Pending;
+        e.status = EventStatus::Erased;
+        e.headers = Vec::new();
+        e.body = Vec::new();
+        e.body_bytes = 0;
+        e.force = false;
+        e.replay = None;
+        e.lease += 1;
+        e.due_at_ms = now;
+        e.expires_at_ms = now + retention;
+        let stream = e.stream.clone();
+        self.leased_until
+            .remove(&(source.to_owned(), id.to_owned()));
+        if was_pending {
+            self.pass_turn_of(source, stream.as_deref());
+        }
+        EraseOutcome::Erased
+    }
+
+    /// A write of a bulk job's record; whether the job was there (what
+    /// `cancel_job` answers).
+    fn job(&mut self, id: &str, act: JobAct, record: Vec<u8>) -> bool {
+        match act {
+            JobAct::Put => {
+                let cancelled = self.jobs.get(id).is_some_and(|(_, c)| *c);
+                self.jobs.insert(id.to_owned(), (record, cancelled));
+                true
+            }
+            JobAct::Cancel => match self.jobs.get_mut(id) {
+                Some((_, c)) => {
+                    *c = true;
+                    true
+                }
+                None => false,
+            },
+            JobAct::Delete => self.jobs.remove(id).is_some(),
         }
     }
 
@@ -853,8 +995,18 @@ fn status_of(n: u8) -> EventStatus {
         0 => EventStatus::Pending,
         1 => EventStatus::Delivered,
         2 => EventStatus::Stale,
-        _ => EventStatus::Dead,
+        3 => EventStatus::Dead,
+        _ => EventStatus::Erased,
     }
+}
+
+/// Due events as compared: `due_events` may leave the replay mark out (the
+/// lease hands it to the turn), so neither side's is.
+fn unmarked(events: Vec<InboxEvent>) -> Vec<InboxEvent> {
+    events
+        .into_iter()
+        .map(|e| InboxEvent { replay: None, ..e })
+        .collect()
 }
 
 fn gateway_key(source: &str, key: &str, field: &'static str) -> ScopedKey {
@@ -962,6 +1114,16 @@ impl Subject for DataFile {
             "{ctx}: bodies without an event: {:?}",
             got.orphan_bodies
         );
+        assert!(
+            got.orphan_marks.is_empty(),
+            "{ctx}: replay marks without an event: {:?}",
+            got.orphan_marks
+        );
+        assert!(
+            got.erased_bodies.is_empty(),
+            "{ctx}: erased events with a body: {:?}",
+            got.erased_bodies
+        );
         let mut dedupe_index: Vec<(u64, String, String)> = got
             .dedupe
             .iter()
@@ -1027,7 +1189,11 @@ async fn check_state(s: &dyn Subject, m: &Model, ctx: &str) {
     assert_eq!(due.len(), wants.len(), "{ctx}");
     for ((source, limit), got) in wants.iter().zip(due) {
         let (events, next) = m.due(source, *limit);
-        assert_eq!(got.events, events, "{ctx}: due events of {source}");
+        assert_eq!(
+            unmarked(got.events),
+            unmarked(events),
+            "{ctx}: due events of {source}"
+        );
         assert_eq!(got.next, next, "{ctx}: next due time of {source}");
     }
     // The counts kept in memory (and taken again on restart) match the rows.
@@ -1059,6 +1225,16 @@ async fn check_state(s: &dyn Subject, m: &Model, ctx: &str) {
         }
     }
     let summary: Vec<SourceSummary> = summary.into_values().collect();
+    let jobs: Vec<StoredJob> = m
+        .jobs
+        .iter()
+        .map(|(id, (record, cancelled))| StoredJob {
+            id: id.clone(),
+            record: record.clone(),
+            cancelled: *cancelled,
+        })
+        .collect();
+    assert_eq!(inbox.jobs().await.unwrap(), jobs, "{ctx}: jobs");
     assert_eq!(
         inbox.inbox_summary().await.unwrap(),
         summary,
@@ -1215,20 +1391,37 @@ async fn run(mut s: Box<dyn Subject>, mut m: Model, ops: Vec<Op>) {
                     .unwrap();
             }
             Op::Redeliver { target } => {
-                let settled: Vec<&Id> = m
-                    .events
-                    .iter()
-                    .filter(|(_, e)| e.status != EventStatus::Pending)
-                    .map(|(k, _)| k)
-                    .collect();
-                let (source, id) = match target {
-                    Target::Settled(i) if !settled.is_empty() => settled[i % settled.len()].clone(),
-                    Target::Settled(_) => (SOURCES[0].to_owned(), event_id(0)),
-                    Target::Id(s, i) => (SOURCES[usize::from(s)].to_owned(), event_id(i)),
-                };
+                let (source, id) = target_of(&m, target);
                 let want = m.redeliver(&source, &id);
                 let got = s.inbox().redeliver(&source, &id, now).await.unwrap();
                 assert_eq!(got, want, "{ctx}");
+            }
+            Op::Replay { target, job } => {
+                let (source, id) = target_of(&m, target);
+                let job = JOBS[usize::from(job)];
+                let want = m.replay(&source, &id, job);
+                let got = s.inbox().replay(&source, &id, job, now).await.unwrap();
+                assert_eq!(got, want, "{ctx}");
+            }
+            Op::Erase { target, retention } => {
+                let (source, id) = target_of(&m, target);
+                let want = m.erase(&source, &id, retention);
+                let got = s.inbox().erase(&source, &id, retention, now).await.unwrap();
+                assert_eq!(got, want, "{ctx}");
+            }
+            Op::Job { id, act } => {
+                let id = JOBS[usize::from(id)];
+                let record = format!("record of step {step}").into_bytes();
+                let want = m.job(id, act, record.clone());
+                let inbox = s.inbox();
+                match act {
+                    JobAct::Put => inbox.put_job(id, record, now).await.unwrap(),
+                    JobAct::Cancel => {
+                        let got = inbox.cancel_job(id, now).await.unwrap();
+                        assert_eq!(got, want, "{ctx}");
+                    }
+                    JobAct::Delete => inbox.delete_job(id, now).await.unwrap(),
+                }
             }
             Op::Due { limits, max_bytes } => {
                 let wants: Vec<(String, usize)> = SOURCES
@@ -1244,7 +1437,7 @@ async fn run(mut s: Box<dyn Subject>, mut m: Model, ops: Vec<Op>) {
                 assert_eq!(got.len(), wants.len(), "{ctx}");
                 for ((source, limit), got) in wants.iter().zip(got) {
                     let (events, next) = m.due_within(source, *limit, max_bytes);
-                    assert_eq!(got.events, events, "{ctx}: {source}");
+                    assert_eq!(unmarked(got.events), unmarked(events), "{ctx}: {source}");
                     assert_eq!(got.next, next, "{ctx}: {source}");
                 }
             }
@@ -1319,6 +1512,27 @@ async fn run(mut s: Box<dyn Subject>, mut m: Model, ops: Vec<Op>) {
         check_state(s.as_ref(), &m, &ctx).await;
     }
     s.close().await;
+}
+
+/// The event `target` names: (source, event id).
+fn target_of(m: &Model, target: Target) -> Id {
+    let pick = |settled: bool, i: usize| {
+        let ids: Vec<&Id> = m
+            .events
+            .iter()
+            .filter(|(_, e)| !settled || e.status != EventStatus::Pending)
+            .map(|(k, _)| k)
+            .collect();
+        match ids.len() {
+            0 => (SOURCES[0].to_owned(), event_id(0)),
+            n => ids[i % n].clone(),
+        }
+    };
+    match target {
+        Target::Settled(i) => pick(true, i),
+        Target::Stored(i) => pick(false, i),
+        Target::Id(s, i) => (SOURCES[usize::from(s)].to_owned(), event_id(i)),
+    }
 }
 
 /// The turn `pick` names: (source, event id, generation, stream,

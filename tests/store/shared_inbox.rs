@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use dedupd::domain::CreatedAt;
 use dedupd::store::inbox::{
-    EventKey, EventStatus, Inbox, IngestOutcome, ListOrder, NewEvent, Retention, Settle,
+    EraseOutcome, EventKey, EventStatus, Inbox, IngestOutcome, ListOrder, NewEvent,
+    RedeliverOutcome, ReplayMark, Retention, Settle, StoredJob,
 };
 use dedupd::store::redis::{RedisInbox, SharedInboxOptions};
 
@@ -454,4 +455,433 @@ async fn redeliver_finds_the_dead_copy_of_an_id_posted_with_two_streams() {
         inbox.redeliver("sume", "x", T + 1).await.unwrap(),
         dedupd::store::inbox::RedeliverOutcome::Requeued
     );
+}
+
+/// Leases event `key` at `now` and settles its turn with `settle` (an
+/// attempt made): the lease generation it had.
+async fn turn(inbox: &RedisInbox, key: &EventKey, settle: Settle, now: u64) -> u64 {
+    let leased = inbox
+        .lease(vec![(key.clone(), now + 30_000)], None, now)
+        .await
+        .unwrap();
+    assert_eq!(leased.leased.len(), 1, "{key:?} is not runnable at {now}");
+    let lease = leased.leased[0].lease;
+    inbox
+        .settle(key, lease, settle, RETENTION, now)
+        .await
+        .unwrap();
+    lease
+}
+
+fn mark(job: &str, base_attempts: u32) -> Option<ReplayMark> {
+    Some(ReplayMark {
+        job: job.into(),
+        base_attempts,
+    })
+}
+
+/// A bulk job's replay puts a delivered event back to pending with its
+/// attempts kept and a mark naming the job and those attempts, which the
+/// lease hands to the turn; the turn in flight before it is superseded.
+/// An operator's redeliver starts afresh and clears the mark.
+#[tokio::test]
+async fn a_replay_keeps_the_attempts_and_marks_the_event_with_its_job() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let inbox = inbox(server.url(), Vec::new(), "replay", 4);
+    inbox
+        .ingest(event("x", Some("s"), 0, b"{}".to_vec()), T)
+        .await
+        .unwrap();
+    let key = EventKey::new("sume", "x", Some("s"));
+    let retry = Settle::Retry {
+        retry_at: T + 1,
+        error: "HTTP 503".into(),
+        attempted: true,
+    };
+    turn(&inbox, &key, retry, T).await;
+    let before = turn(&inbox, &key, Settle::Delivered { attempted: true }, T + 1).await;
+    let e = inbox.inbox_event("sume", "x").await.unwrap().unwrap();
+    assert_eq!(
+        (e.status, e.attempts, e.replay),
+        (EventStatus::Delivered, 2, None)
+    );
+
+    assert_eq!(
+        inbox.replay("sume", "x", "job_a", T + 2).await.unwrap(),
+        RedeliverOutcome::Requeued
+    );
+    let e = inbox.inbox_event("sume", "x").await.unwrap().unwrap();
+    assert_eq!(e.status, EventStatus::Pending);
+    assert_eq!(e.attempts, 2, "attempts continue");
+    assert_eq!(e.replay, mark("job_a", 2));
+    assert!(e.force, "a delivered event is sent again despite the head");
+    assert_eq!(e.lease, before + 1);
+    assert_eq!(e.expires_at_ms, 0);
+    let (listed, _) = inbox
+        .list_events(
+            "sume",
+            EventStatus::Pending,
+            ListOrder::OldestFirst,
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].replay, mark("job_a", 2));
+    let summary = inbox.inbox_summary().await.unwrap();
+    assert_eq!((summary[0].pending, summary[0].delivered), (1, 0));
+
+    // The turn that delivered it before, settling late, changes nothing.
+    inbox
+        .settle(
+            &key,
+            before,
+            Settle::Dead {
+                error: "late".into(),
+            },
+            RETENTION,
+            T + 3,
+        )
+        .await
+        .unwrap();
+    let leased = inbox
+        .lease(vec![(key.clone(), T + 30_000)], Some(RETENTION), T + 3)
+        .await
+        .unwrap();
+    assert_eq!(leased.leased.len(), 1, "{leased:?}");
+    let l = &leased.leased[0];
+    assert_eq!((l.attempts, l.force), (2, true));
+    assert_eq!(l.replay, mark("job_a", 2));
+    inbox
+        .settle(
+            &key,
+            l.lease,
+            Settle::Dead {
+                error: "HTTP 500".into(),
+            },
+            RETENTION,
+            T + 4,
+        )
+        .await
+        .unwrap();
+    let e = inbox.inbox_event("sume", "x").await.unwrap().unwrap();
+    assert_eq!((e.status, e.attempts), (EventStatus::Dead, 3));
+    assert_eq!(e.replay, mark("job_a", 2), "the mark stays once settled");
+
+    // Another job replays it again; a dead event yields to the head.
+    assert_eq!(
+        inbox.replay("sume", "x", "job_b", T + 5).await.unwrap(),
+        RedeliverOutcome::Requeued
+    );
+    let e = inbox.inbox_event("sume", "x").await.unwrap().unwrap();
+    assert_eq!((e.attempts, e.force), (3, false));
+    assert_eq!(e.replay, mark("job_b", 3));
+    turn(&inbox, &key, Settle::Stale, T + 6).await;
+    assert_eq!(
+        inbox.redeliver("sume", "x", T + 7).await.unwrap(),
+        RedeliverOutcome::Requeued
+    );
+    let e = inbox.inbox_event("sume", "x").await.unwrap().unwrap();
+    assert_eq!(
+        (e.status, e.attempts, e.replay),
+        (EventStatus::Pending, 0, None)
+    );
+}
+
+/// A job that asks twice sends once: the second replay by the same job is
+/// refused, whatever the status; a pending, erased or unknown event is
+/// not replayed at all.
+#[tokio::test]
+async fn a_replay_by_the_same_job_twice_is_refused() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let inbox = inbox(server.url(), Vec::new(), "replay-twice", 4);
+    inbox
+        .ingest(event("x", None, 0, b"{}".to_vec()), T)
+        .await
+        .unwrap();
+    let key = EventKey::new("sume", "x", None);
+    assert_eq!(
+        inbox.replay("sume", "x", "job_a", T).await.unwrap(),
+        RedeliverOutcome::NotRedeliverable(EventStatus::Pending)
+    );
+    turn(&inbox, &key, Settle::Delivered { attempted: true }, T).await;
+    assert_eq!(
+        inbox.replay("sume", "x", "job_a", T + 1).await.unwrap(),
+        RedeliverOutcome::Requeued
+    );
+    assert_eq!(
+        inbox.replay("sume", "x", "job_a", T + 2).await.unwrap(),
+        RedeliverOutcome::NotRedeliverable(EventStatus::Pending)
+    );
+    turn(&inbox, &key, Settle::Delivered { attempted: true }, T + 3).await;
+    assert_eq!(
+        inbox.replay("sume", "x", "job_a", T + 4).await.unwrap(),
+        RedeliverOutcome::NotRedeliverable(EventStatus::Delivered),
+        "the job replayed it already"
+    );
+    let e = inbox.inbox_event("sume", "x").await.unwrap().unwrap();
+    assert_eq!((e.status, e.attempts), (EventStatus::Delivered, 2));
+    assert_eq!(e.replay, mark("job_a", 1));
+    assert_eq!(
+        inbox.replay("sume", "nope", "job_a", T + 4).await.unwrap(),
+        RedeliverOutcome::NotFound
+    );
+    assert_eq!(
+        inbox.erase("sume", "x", 60_000, T + 5).await.unwrap(),
+        EraseOutcome::Erased
+    );
+    assert_eq!(
+        inbox.replay("sume", "x", "job_b", T + 6).await.unwrap(),
+        RedeliverOutcome::NotRedeliverable(EventStatus::Erased)
+    );
+}
+
+/// Erasing a pending event that holds its stream's turn, leased: the
+/// stream's next event is runnable at once, the turn in flight finds its
+/// lease superseded, and the erased row keeps nothing of the body or
+/// headers.
+#[tokio::test]
+async fn erasing_a_pending_event_unblocks_its_stream() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let inbox = inbox(server.url(), Vec::new(), "erase-pending", 4);
+    for (id, minute) in [("a", 0), ("b", 1), ("c", 2)] {
+        let e = event(id, Some("s"), minute, b"secret body".to_vec());
+        inbox.ingest(e, T).await.unwrap();
+    }
+    let a = EventKey::new("sume", "a", Some("s"));
+    let leased = inbox
+        .lease(vec![(a.clone(), T + 30_000)], Some(RETENTION), T)
+        .await
+        .unwrap();
+    let lease = leased.leased[0].lease;
+    let due = inbox
+        .due_events(T + 1, vec![("sume".into(), 10)], u64::MAX)
+        .await
+        .unwrap();
+    assert!(due[0].events.is_empty(), "a holds the stream's turn");
+
+    assert_eq!(
+        inbox.erase("sume", "a", 60_000, T + 1).await.unwrap(),
+        EraseOutcome::Erased
+    );
+    let due = inbox
+        .due_events(T + 1, vec![("sume".into(), 10)], u64::MAX)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = due[0].events.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids, ["b"]);
+    // The turn in flight delivers late: ignored.
+    inbox
+        .settle(
+            &a,
+            lease,
+            Settle::Delivered { attempted: true },
+            RETENTION,
+            T + 2,
+        )
+        .await
+        .unwrap();
+    let e = inbox.inbox_event("sume", "a").await.unwrap().unwrap();
+    assert_eq!(e.status, EventStatus::Erased);
+    assert!(
+        e.body.is_empty() && e.headers.is_empty() && e.body_bytes == 0,
+        "{e:?}"
+    );
+    assert_eq!(e.lease, lease + 1);
+    assert_eq!(e.expires_at_ms, T + 1 + 60_000);
+    assert!(!e.force && e.replay.is_none());
+    assert_eq!(
+        inbox.erase("sume", "a", 60_000, T + 3).await.unwrap(),
+        EraseOutcome::AlreadyErased
+    );
+    assert_eq!(
+        inbox.erase("sume", "nope", 60_000, T + 3).await.unwrap(),
+        EraseOutcome::NotFound
+    );
+    // Erasing one queued behind the turn holder: skipped when its turn
+    // would come.
+    assert_eq!(
+        inbox.erase("sume", "c", 60_000, T + 3).await.unwrap(),
+        EraseOutcome::Erased
+    );
+    assert_eq!(deliver_all(&inbox, T + 4).await, ["b"]);
+    let summary = inbox.inbox_summary().await.unwrap();
+    assert_eq!(
+        (summary[0].pending, summary[0].delivered, summary[0].erased),
+        (0, 1, 2)
+    );
+    assert_eq!(
+        inbox.redeliver("sume", "a", T + 5).await.unwrap(),
+        RedeliverOutcome::NotRedeliverable(EventStatus::Erased)
+    );
+}
+
+/// An erased event is listed under its status until the reaper takes it
+/// at its expiry, and its id stays a duplicate, before and after, for the
+/// dedupe window, as a delivered event's does.
+#[tokio::test]
+async fn an_erased_event_is_listed_and_its_id_stays_a_duplicate() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let inbox = inbox(server.url(), Vec::new(), "erase-settled", 4);
+    inbox
+        .ingest(event("x", Some("s"), 0, b"secret".to_vec()), T)
+        .await
+        .unwrap();
+    inbox
+        .ingest(event("y", None, 0, b"{}".to_vec()), T)
+        .await
+        .unwrap();
+    assert_eq!(deliver_all(&inbox, T).await.len(), 2);
+    assert_eq!(
+        inbox.erase("sume", "x", 10_000, T + 1).await.unwrap(),
+        EraseOutcome::Erased
+    );
+    let (listed, next) = inbox
+        .list_events(
+            "sume",
+            EventStatus::Erased,
+            ListOrder::NewestFirst,
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(next, None);
+    let ids: Vec<&str> = listed.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids, ["x"]);
+    let (delivered, _) = inbox
+        .list_events(
+            "sume",
+            EventStatus::Delivered,
+            ListOrder::OldestFirst,
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    assert_eq!(delivered[0].event_id, "y");
+    let again = || event("x", Some("s"), 0, b"again".to_vec());
+    assert_eq!(
+        inbox.ingest(again(), T + 2).await.unwrap(),
+        IngestOutcome::Duplicate
+    );
+    let key = EventKey::new("sume", "x", Some("s"));
+    assert!(inbox.knows_event(&key, T + 2).await.unwrap());
+
+    // The delivered one goes at its retention, the erased one at its own.
+    let later = T + 1 + 10_000;
+    assert_eq!(
+        inbox.purge_settled(later - 1, 100).await.unwrap(),
+        (0, false)
+    );
+    assert_eq!(inbox.purge_settled(later, 100).await.unwrap(), (1, false));
+    assert!(inbox.inbox_event("sume", "x").await.unwrap().is_none());
+    assert!(inbox.inbox_summary().await.unwrap()[0].erased == 0);
+    assert_eq!(
+        inbox.ingest(again(), later + 1).await.unwrap(),
+        IngestOutcome::Duplicate,
+        "its id is a duplicate for the window after its receipt"
+    );
+    assert!(inbox.knows_event(&key, later + 1).await.unwrap());
+    assert_eq!(
+        inbox.erase("sume", "x", 10_000, later + 1).await.unwrap(),
+        EraseOutcome::NotFound
+    );
+}
+
+fn job(id: &str, record: &[u8], cancelled: bool) -> StoredJob {
+    StoredJob {
+        id: id.into(),
+        record: record.to_vec(),
+        cancelled,
+    }
+}
+
+/// Bulk jobs' records: written, cancelled (the mark kept when the record
+/// is written again), deleted with their mark, listed in id order.
+async fn jobs_are_kept(inbox: &RedisInbox) {
+    assert_eq!(inbox.jobs().await.unwrap(), []);
+    inbox
+        .put_job("job_b", b"{\"n\":1}".to_vec(), T)
+        .await
+        .unwrap();
+    inbox.put_job("job_a", vec![0, 159, 255], T).await.unwrap();
+    assert!(!inbox.cancel_job("job_c", T).await.unwrap(), "no such job");
+    assert!(inbox.cancel_job("job_b", T).await.unwrap());
+    assert_eq!(
+        inbox.jobs().await.unwrap(),
+        [
+            job("job_a", &[0, 159, 255], false),
+            job("job_b", b"{\"n\":1}", true)
+        ]
+    );
+    inbox
+        .put_job("job_b", b"{\"n\":2}".to_vec(), T + 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        inbox.jobs().await.unwrap()[1],
+        job("job_b", b"{\"n\":2}", true),
+        "the cancel mark stays"
+    );
+    inbox.delete_job("job_b", T + 2).await.unwrap();
+    inbox.delete_job("job_c", T + 2).await.unwrap();
+    assert_eq!(
+        inbox.jobs().await.unwrap(),
+        [job("job_a", &[0, 159, 255], false)]
+    );
+    inbox.put_job("job_b", b"{}".to_vec(), T + 3).await.unwrap();
+    assert_eq!(
+        inbox.jobs().await.unwrap()[1],
+        job("job_b", b"{}", false),
+        "a deleted job's mark went with it"
+    );
+}
+
+#[tokio::test]
+async fn jobs_are_put_cancelled_deleted_and_listed() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let inbox = inbox(server.url(), Vec::new(), "jobs", 4);
+    jobs_are_kept(&inbox).await;
+    // Another instance on the same Redis sees them.
+    let other = self::inbox(server.url(), Vec::new(), "jobs", 4);
+    assert_eq!(other.jobs().await.unwrap().len(), 2);
+}
+
+/// On a cluster: the jobs' two keys share a slot, and replay and erase run
+/// in the event's bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_jobs_replays_and_erasures_work() {
+    let cluster = shared_cluster().await;
+    let inbox = inbox(String::new(), cluster.nodes.clone(), "jobs-cluster", 16);
+    jobs_are_kept(&inbox).await;
+    for n in 0..8i128 {
+        let e = event(&format!("e{n}"), Some(&format!("s{n}")), n, b"{}".to_vec());
+        inbox.ingest(e, T).await.unwrap();
+    }
+    assert_eq!(deliver_all(&inbox, T).await.len(), 8);
+    for n in 0..8 {
+        let id = format!("e{n}");
+        let replayed = inbox.replay("sume", &id, "job_a", T + 1).await.unwrap();
+        assert_eq!(replayed, RedeliverOutcome::Requeued, "{id}");
+    }
+    assert_eq!(
+        inbox.erase("sume", "e0", 60_000, T + 2).await.unwrap(),
+        EraseOutcome::Erased
+    );
+    assert_eq!(deliver_all(&inbox, T + 3).await.len(), 7);
+    let summary = inbox.inbox_summary().await.unwrap();
+    assert_eq!((summary[0].delivered, summary[0].erased), (7, 1));
 }

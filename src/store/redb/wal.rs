@@ -850,7 +850,8 @@ mod tests {
         wal.reset().unwrap();
         wal.append(4, &[(4, &purge(4))]).unwrap();
         drop(wal);
-        assert!(std::fs::read(&path).unwrap().starts_with(b"DDWAL03\n"));
+        let header = format!("DDWAL{FORMAT:02}\n");
+        assert!(std::fs::read(&path).unwrap().starts_with(header.as_bytes()));
         let (_, found) = Wal::open(path, None, 3, ID, true).unwrap();
         assert_eq!(seqs(&found), [4]);
     }

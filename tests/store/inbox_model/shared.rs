@@ -162,7 +162,7 @@ impl Bucket {
             .keys()
             .filter(|id| field(id, "st") == "0")
             .collect();
-        for st in ["0", "1", "2", "3"] {
+        for st in ["0", "1", "2", "3", "4"] {
             let want: BTreeSet<String> = self
                 .rows
                 .keys()
@@ -173,6 +173,28 @@ impl Bucket {
             assert_eq!(got, want, "{ctx}: s:{st} != the events of status {st}");
             let count = self.counts.get(st).copied().unwrap_or(0);
             assert_eq!(count, want.len() as i64, "{ctx}: n[{st}] != |s:{st}|");
+        }
+        for (id, fields) in &self.rows {
+            assert_eq!(
+                fields.contains_key("rj"),
+                fields.contains_key("rb"),
+                "{ctx}: {id}'s replay mark is half there: {fields:?}"
+            );
+            if field(id, "st") == "4" {
+                assert!(
+                    !fields.contains_key("bd") && field(id, "hd") == "[]" && field(id, "bb") == "0",
+                    "{ctx}: erased event {id} keeps its body or headers: {fields:?}"
+                );
+                assert!(
+                    !fields.contains_key("rj") && !fields.contains_key("lu"),
+                    "{ctx}: erased event {id} keeps a mark or a lease: {fields:?}"
+                );
+            } else {
+                assert!(
+                    fields.contains_key("bd"),
+                    "{ctx}: event {id} has no body: {fields:?}"
+                );
+            }
         }
         let settled: BTreeMap<String, u64> = self
             .rows

@@ -265,7 +265,8 @@ pub fn list(
 /// Every inbox index as stored, for consistency checks in tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InboxIndexes {
-    /// Rows: (source, event id) → the row, decoded.
+    /// Rows: (source, event id) → the row, decoded, with its body, its
+    /// timeline and its replay mark.
     pub rows: Vec<InboxEvent>,
     /// Runnable index: (source, due_at_ms, event id).
     pub runnable: Vec<(String, u64, String)>,
@@ -279,6 +280,11 @@ pub struct InboxIndexes {
     pub orphan_bodies: Vec<(String, String)>,
     /// Timelines without a row: (source, event id). Always empty.
     pub orphan_timelines: Vec<(String, String)>,
+    /// Replay marks without a row: (source, event id). Always empty.
+    pub orphan_marks: Vec<(String, String)>,
+    /// Erased rows that still have a body: (source, event id). Always
+    /// empty.
+    pub erased_bodies: Vec<(String, String)>,
     /// Dedupe records of reaped events: (source, event id, until).
     pub dedupe: Vec<(String, String, u64)>,
     /// Their expiry index: (until, source, event id).
@@ -291,6 +297,7 @@ pub fn indexes(tx: &ReadTransaction) -> Result<InboxIndexes, redb::Error> {
     let rows = tx.open_table(INBOX)?;
     let bodies = tx.open_table(INBOX_BODIES)?;
     let timelines = tx.open_table(INBOX_ATTEMPTS)?;
+    let marks = tx.open_table(INBOX_REPLAY)?;
     for entry in rows.iter()? {
         let (k, v) = entry?;
         let (s, id) = k.value();
@@ -298,7 +305,18 @@ pub fn indexes(tx: &ReadTransaction) -> Result<InboxIndexes, redb::Error> {
         if let Some(t) = timelines.get((s, id))? {
             e.timeline = t.value().into_iter().map(attempt_from_row).collect();
         }
+        e.replay = mark(&marks, s, id)?;
+        if e.status == EventStatus::Erased && bodies.get((s, id))?.is_some() {
+            out.erased_bodies.push((s.to_owned(), id.to_owned()));
+        }
         out.rows.push(e);
+    }
+    for entry in marks.iter()? {
+        let (k, _) = entry?;
+        let (s, id) = k.value();
+        if rows.get((s, id))?.is_none() {
+            out.orphan_marks.push((s.to_owned(), id.to_owned()));
+        }
     }
     for entry in timelines.iter()? {
         let (k, _) = entry?;

@@ -4,7 +4,7 @@
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
 use crate::store::StoreError;
-use crate::store::inbox::{EventStatus, InboxEvent};
+use crate::store::inbox::{EventStatus, InboxEvent, ReplayMark};
 
 /// `created_at` as 22 digits: nanoseconds shifted by 10^21, so dates
 /// before 1970 sort before later ones. RFC 3339 years 0000–9999 lie
@@ -22,7 +22,7 @@ pub fn received_key(ms: Millis) -> String {
 
 /// The fields of an event's hash that a listing reads (all but the body).
 pub const LIST_FIELDS: &[&str] = &[
-    "st", "sm", "cr", "rc", "at", "du", "er", "fo", "ex", "ls", "hd", "bb",
+    "st", "sm", "cr", "rc", "at", "du", "er", "fo", "ex", "ls", "hd", "bb", "rj", "rb",
 ];
 
 /// An event's fields as read.
@@ -89,6 +89,13 @@ pub fn decode(source: &str, id: &str, f: &Fields) -> Result<Option<InboxEvent>, 
         lease: f.num("ls")?,
         body_bytes: f.num("bb")?,
         timeline: Vec::new(),
+        replay: match f.text("rj") {
+            Some(job) => Some(ReplayMark {
+                job,
+                base_attempts: f.num("rb")?,
+            }),
+            None => None,
+        },
     }))
 }
 

@@ -4,12 +4,15 @@
 -- so that a cluster routes the script to the bucket's master.
 --
 -- Keys of a bucket (ID an event id, HS a stream in hex):
---   T:e:ID   the event: st status (0 pending, 1 delivered, 2 stale, 3 dead),
---            sm stream, hs its hex, cr created_at ns, ca created_at as 22
---            sortable digits, rc received ms, r2 received as 20 digits, at
---            attempts, du due, lu leased until (while leased), er last
---            error, fo forced, ex expiry, ls lease generation, hd headers
---            (JSON), bd body, bb body size
+--   T:e:ID   the event: st status (0 pending, 1 delivered, 2 stale, 3 dead,
+--            4 erased), sm stream, hs its hex, cr created_at ns, ca
+--            created_at as 22 sortable digits, rc received ms, r2 received
+--            as 20 digits, at attempts, du due, lu leased until (while
+--            leased), er last error, fo forced, ex expiry, ls lease
+--            generation, hd headers (JSON), bd body, bb body size, and its
+--            replay mark, if a bulk job replayed it (replay.lua): rj the
+--            job's id, rb the attempts it had then (both or neither). An
+--            erased event has no bd, hd '[]', bb 0, no mark
 --   T:t:ID   its timeline: the last attempts, JSON, oldest first
 --   T:d:ID   its dedupe record: received + the window (Redis expires it)
 --   T:a:ID   applied to its stream's head: until when (Redis expires it)
@@ -19,7 +22,11 @@
 --   T:h:HS   a stream's head: c created (sortable), i event id, e expiry
 --   T:s:N    events of status N, members `r2:ID` (lex order)
 --   T:n      counts per status (field N)
---   T:x      settled events, score expiry
+--   T:x      settled (and erased) events, score expiry
+--
+-- Outside the buckets, with a hash tag of their own (jobs.lua, no common
+-- part): P:{j}:jobs, bulk jobs' records (field id), and P:{j}:cancelled,
+-- the ids of those cancelled.
 local T = ARGV[1]
 
 local function fmt(n)
@@ -134,7 +141,7 @@ local function live_head(hs, now)
 end
 
 -- Settles a pending event for good: status `st` (1, 2 or 3), kept until
--- `ex`. `f` holds its fields hs, ca, r2.
+-- `ex`.
 local function finish(id, hs, ca, r2, st, ex, now)
   dequeue(id, hs, ca, r2, now)
   unindex_status(id, '0', r2)

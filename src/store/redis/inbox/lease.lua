@@ -1,10 +1,11 @@
 -- ARGV: T, now, id, until (or 'ghost': only drop the id if its row is
 -- gone), stale check ('1' or '0'), expiry if stale.
--- Answers {'leased', generation, attempts, forced}, {'stale'} or {}.
+-- Answers {'leased', generation, attempts, forced, replay job, its base
+-- attempts} (the last two '' without a replay mark), {'stale'} or {}.
 -- An id without its row is dropped from the indexes.
 local now, id, until_ms = tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local ek = k('e', id)
-local f = redis.call('HMGET', ek, 'st', 'du', 'hs', 'ca', 'r2', 'ls', 'at', 'fo')
+local f = redis.call('HMGET', ek, 'st', 'du', 'hs', 'ca', 'r2', 'ls', 'at', 'fo', 'rj', 'rb')
 if not f[1] then
   drop_ghost(id, now)
   return {}
@@ -34,4 +35,4 @@ if ARGV[5] == '1' and hs ~= '' and f[8] ~= '1' then
     return {'stale'}
   end
 end
-return {'leased', fmt(ls), f[7], f[8]}
+return {'leased', fmt(ls), f[7], f[8], f[9] or '', f[10] or ''}

@@ -15,6 +15,9 @@
 //!
 //! Reads that are not about one event (due events, listings, counts) ask
 //! every bucket of a source and merge the answers.
+//!
+//! Bulk jobs' records are not about events: they live beside the buckets
+//! under a hash tag of their own, `P:{j}` (`jobs.lua`).
 
 mod codec;
 
@@ -33,9 +36,9 @@ use crate::clock::Millis;
 use crate::domain::{CreatedAt, ScopedKey};
 use crate::store::StoreError;
 use crate::store::inbox::{
-    Attempt, Cursor, EventKey, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased, LeasedEvent,
-    ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceDue, SourceSummary,
-    TIMELINE_ATTEMPTS,
+    Attempt, Cursor, EraseOutcome, EventKey, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased,
+    LeasedEvent, ListOrder, NewEvent, RedeliverOutcome, ReplayMark, Retention, Settle, SourceDue,
+    SourceSummary, StoredJob, TIMELINE_ATTEMPTS,
 };
 
 /// How the shared inbox is laid out and kept.
@@ -54,8 +57,13 @@ struct Scripts {
     lease: Script,
     settle: Script,
     redeliver: Script,
+    replay: Script,
+    erase: Script,
     purge: Script,
     head: Script,
+    /// Bulk jobs' records: a script of its own, without the buckets'
+    /// common part.
+    jobs: Script,
 }
 
 fn script(body: &str) -> Script {
@@ -122,8 +130,11 @@ impl RedisInbox {
                 lease: script(include_str!("lease.lua")),
                 settle: script(include_str!("settle.lua")),
                 redeliver: script(include_str!("redeliver.lua")),
+                replay: script(include_str!("replay.lua")),
+                erase: script(include_str!("erase.lua")),
                 purge: script(include_str!("purge.lua")),
                 head: script(include_str!("head.lua")),
+                jobs: Script::new(include_str!("jobs.lua")),
             },
             noted: Mutex::new(HashSet::new()),
             laid_out: AtomicBool::new(false),
@@ -192,6 +203,19 @@ impl RedisInbox {
         format!("{}:{{i}}:sources", self.client.opts().prefix)
     }
 
+    /// Runs `jobs.lua` with `args` on the jobs' two keys (one slot).
+    async fn run_jobs<T: redis::FromRedisValue>(
+        &self,
+        args: Vec<Vec<u8>>,
+    ) -> Result<T, StoreError> {
+        let prefix = &self.client.opts().prefix;
+        let records = format!("{prefix}:{{j}}:jobs");
+        let cancelled = format!("{prefix}:{{j}}:cancelled");
+        self.client
+            .run(&self.scripts.jobs, &[&records, &cancelled], &args)
+            .await
+    }
+
     /// Runs one of the inbox's scripts in bucket `t`.
     async fn run<T: redis::FromRedisValue>(
         &self,
@@ -237,15 +261,16 @@ impl RedisInbox {
         Ok(sources)
     }
 
-    /// A source's counts by status, summed over its buckets.
-    async fn counts(&self, source: &str) -> Result<[u64; 4], StoreError> {
+    /// A source's counts by status (indexed by the status byte), summed
+    /// over its buckets.
+    async fn counts(&self, source: &str) -> Result<[u64; 5], StoreError> {
         let replies = try_join_all(self.buckets(source).into_iter().map(|t| {
             let mut cmd = redis::cmd("HMGET");
-            cmd.arg(format!("{t}:n")).arg(&["0", "1", "2", "3"]);
+            cmd.arg(format!("{t}:n")).arg(&["0", "1", "2", "3", "4"]);
             self.query::<Vec<Option<i64>>>(cmd)
         }))
         .await?;
-        let mut sum = [0u64; 4];
+        let mut sum = [0u64; 5];
         for reply in replies {
             for (total, n) in sum.iter_mut().zip(reply) {
                 *total += u64::try_from(n.unwrap_or(0)).unwrap_or(0);
@@ -506,12 +531,25 @@ impl Inbox for RedisInbox {
                     let (Some(lease), Some(attempts)) = (num(1), num(2)) else {
                         return Err(unexpected("lease", reply));
                     };
+                    let replay = match reply.get(4).map(String::as_str) {
+                        None | Some("") => None,
+                        Some(job) => {
+                            let Some(base) = num(5) else {
+                                return Err(unexpected("lease", reply));
+                            };
+                            Some(ReplayMark {
+                                job: job.to_owned(),
+                                base_attempts: u32::try_from(base).unwrap_or(u32::MAX),
+                            })
+                        }
+                    };
                     out.leased.push(LeasedEvent {
                         source: key.source,
                         event_id: key.event_id,
                         lease,
                         attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
                         force: reply.get(3).map(String::as_str) == Some("1"),
+                        replay,
                     });
                 }
                 Some(_) => return Err(unexpected("lease", reply)),
@@ -593,6 +631,95 @@ impl Inbox for RedisInbox {
             };
         }
         Ok(outcome)
+    }
+
+    async fn replay(
+        &self,
+        source: &str,
+        event_id: &str,
+        job: &str,
+        now: Millis,
+    ) -> Result<RedeliverOutcome, StoreError> {
+        // As a redeliver: of an id posted with two streams, the copy that
+        // can be replayed is.
+        let mut outcome = RedeliverOutcome::NotFound;
+        for t in self.find_all(source, event_id).await? {
+            let args = vec![arg(now), arg(event_id), arg(job)];
+            let reply: String = self.run(&self.scripts.replay, &t, args).await?;
+            outcome = match reply.as_str() {
+                "requeued" => return Ok(RedeliverOutcome::Requeued),
+                "not_found" => outcome,
+                other => match other.parse::<u8>() {
+                    Ok(b) => RedeliverOutcome::NotRedeliverable(EventStatus::from_byte(b)),
+                    Err(_) => return Err(unexpected("replay", reply)),
+                },
+            };
+        }
+        Ok(outcome)
+    }
+
+    async fn erase(
+        &self,
+        source: &str,
+        event_id: &str,
+        retention_ms: u64,
+        now: Millis,
+    ) -> Result<EraseOutcome, StoreError> {
+        // Every copy of an id posted with two streams: an erasure leaves
+        // no body behind.
+        let mut outcome = EraseOutcome::NotFound;
+        for t in self.find_all(source, event_id).await? {
+            let args = vec![
+                arg(now),
+                arg(event_id),
+                arg(now.saturating_add(retention_ms)),
+            ];
+            let reply: String = self.run(&self.scripts.erase, &t, args).await?;
+            outcome = match reply.as_str() {
+                "erased" => EraseOutcome::Erased,
+                "already" if outcome == EraseOutcome::NotFound => EraseOutcome::AlreadyErased,
+                "already" | "not_found" => outcome,
+                _ => return Err(unexpected("erase", reply)),
+            };
+        }
+        Ok(outcome)
+    }
+
+    async fn put_job(&self, id: &str, record: Vec<u8>, _now: Millis) -> Result<(), StoreError> {
+        let reply: i64 = self.run_jobs(vec![arg("put"), arg(id), record]).await?;
+        match reply {
+            1 => Ok(()),
+            _ => Err(unexpected("a job's put", reply)),
+        }
+    }
+
+    async fn cancel_job(&self, id: &str, _now: Millis) -> Result<bool, StoreError> {
+        let reply: i64 = self.run_jobs(vec![arg("cancel"), arg(id)]).await?;
+        Ok(reply == 1)
+    }
+
+    async fn delete_job(&self, id: &str, _now: Millis) -> Result<(), StoreError> {
+        self.run_jobs::<i64>(vec![arg("delete"), arg(id)])
+            .await
+            .map(|_| ())
+    }
+
+    async fn jobs(&self) -> Result<Vec<StoredJob>, StoreError> {
+        // A script, so the records and the marks are read at one moment.
+        let reply: Vec<Vec<u8>> = self.run_jobs(vec![arg("list")]).await?;
+        if !reply.len().is_multiple_of(3) {
+            return Err(unexpected("the jobs' list", reply.len()));
+        }
+        let mut out: Vec<StoredJob> = reply
+            .chunks_exact(3)
+            .map(|c| StoredJob {
+                id: String::from_utf8_lossy(&c[0]).into_owned(),
+                record: c[1].clone(),
+                cancelled: c[2] == b"1",
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
     }
 
     async fn purge_pending(
@@ -804,6 +931,7 @@ impl Inbox for RedisInbox {
                 delivered: c[1],
                 stale: c[2],
                 dead: c[3],
+                erased: c[4],
                 oldest_pending_ms,
             });
         }

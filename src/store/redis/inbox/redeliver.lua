@@ -18,6 +18,8 @@ if f[1] == '2' then
 end
 redis.call('HSET', ek, 'st', '0', 'fo', fo, 'at', '0', 'du', fmt(now), 'ex', '0',
   'ls', fmt(tonumber(f[5]) + 1))
+-- The operator's redeliver starts afresh: no bulk job's replay any more.
+redis.call('HDEL', ek, 'rj', 'rb')
 index_status(id, '0', f[4])
 enqueue(id, f[2], f[3], f[4], now, now)
 return 'requeued'
