@@ -9,7 +9,7 @@
   const TOKEN_KEY = "dedupd.token";
   const OVERVIEW_REFRESH_MS = 3000;
   const DETAIL_REFRESH_MS = 1500;
-  const STATUSES = ["pending", "delivered", "stale", "dead"];
+  const STATUSES = ["pending", "delivered", "stale", "dead", "erased"];
 
   const view = document.getElementById("view");
   const alertBox = document.getElementById("alert");
@@ -220,7 +220,8 @@
         ? `No more ${status} events of ${source}.`
         : `No ${status} events of ${source}. ` + (status === "dead"
           ? "Nothing is waiting for a redeliver."
-          : "Pick another status above."));
+          : status === "erased" ? "Nothing was erased (or the erased records were reaped)."
+            : "Pick another status above."));
     } else {
       body = h("div", { class: "scroll" }, h("table", { id: "events" },
         h("thead", {}, h("tr", {},
@@ -251,7 +252,7 @@
       ["Stream", e.stream || "—"],
       ["Created", rfc3339(e.created_at)],
       ["Received", time(e.received_at_ms)],
-      [e.status === "pending" ? "Next attempt" : "Settled", time(e.due_at_ms)],
+      [e.status === "pending" ? "Next attempt" : e.status === "erased" ? "Erased" : "Settled", time(e.due_at_ms)],
       ["Attempts", String(e.attempts)],
       ["Last error", h("span", { id: "event-error", class: "error-text" }, e.last_error || "—")],
       ["Kept until", e.expires_at_ms ? time(e.expires_at_ms) : "—"],
@@ -270,8 +271,14 @@
     if (e.status === "dead" || e.status === "stale") {
       const ask = h("button", { type: "button", id: "redeliver" }, "Redeliver…");
       ask.addEventListener("click", () => confirmRedeliver(actions, source, id));
+      actions.append(ask, " ");
+    }
+    if (e.status !== "erased") {
+      const ask = h("button", { type: "button", id: "erase", class: "danger" }, "Erase…");
+      ask.addEventListener("click", () => confirmErase(actions, source, id, e.status));
       actions.append(ask);
     }
+    const erased = e.status === "erased";
     view.replaceChildren(
       h("p", { class: "crumbs" }, link("/", "Sources"), " / ",
         link(`${base}?status=${e.status}`, source), " / ", id),
@@ -281,12 +288,16 @@
       h("h2", {}, "Attempts"),
       timeline(e.timeline),
       h("h2", {}, "Headers"),
-      e.headers.length === 0
-        ? h("p", { class: "muted" }, "No headers kept (forward_headers lists the ones dedupd keeps).")
-        : h("div", { class: "scroll" }, h("table", { id: "headers" }, h("tbody", {},
-          e.headers.map((x) => h("tr", {}, h("th", { scope: "row" }, x.name), h("td", {}, x.value)))))),
-      h("h2", {}, `Body (${e.body_bytes} bytes, ${e.body === null ? "binary, base64" : kind})`),
-      h("pre", { id: "body", tabindex: "0" }, e.body === null ? e.body_base64 : pretty));
+      erased ? h("p", { class: "muted" }, "Erased: the stored headers were deleted.")
+        : e.headers.length === 0
+          ? h("p", { class: "muted" }, "No headers kept (forward_headers lists the ones dedupd keeps).")
+          : h("div", { class: "scroll" }, h("table", { id: "headers" }, h("tbody", {},
+            e.headers.map((x) => h("tr", {}, h("th", { scope: "row" }, x.name), h("td", {}, x.value)))))),
+      ...(erased ? [h("h2", {}, "Body"),
+        h("p", { id: "body-erased", class: "empty" }, "Erased: the body was deleted. The record stays, ",
+          "with its times and attempts, so a late retry of this event is still a duplicate.")]
+        : [h("h2", {}, `Body (${e.body_bytes} bytes, ${e.body === null ? "binary, base64" : kind})`),
+          h("pre", { id: "body", tabindex: "0" }, e.body === null ? e.body_base64 : pretty)]));
     // While it is pending, show it settle without a reload.
     if (e.status === "pending") timer = setTimeout(() => refresh(gen, detail, source, id), DETAIL_REFRESH_MS);
   }
@@ -330,6 +341,39 @@
       }
     });
     yes.focus();
+  }
+
+  function confirmErase(actions, source, id, status) {
+    // A pending event's view refreshes itself: not while the operator decides.
+    clearTimeout(timer);
+    const yes = h("button", { type: "button", id: "erase-confirm", class: "danger" }, "Erase for good");
+    const no = h("button", { type: "button", id: "erase-cancel" }, "Keep it");
+    const box = h("div", { class: "confirm danger-zone", role: "group", "aria-labelledby": "erase-text" },
+      h("p", { id: "erase-text" }, h("strong", {}, "This cannot be undone. "),
+        `Erase ${id} of ${source}? Its body and stored headers are deleted for good; `,
+        "the record stays, listed as erased, so a late retry of it is still a duplicate.",
+        status === "pending" ? " It is pending: it will never be delivered." : ""), yes, " ", no);
+    actions.replaceChildren(box);
+    no.addEventListener("click", () => route());
+    yes.addEventListener("click", async () => {
+      yes.disabled = true;
+      no.disabled = true;
+      const gen = generation;
+      try {
+        const r = await api(`/sources/${seg(source)}/events/${seg(id)}`, { method: "DELETE" });
+        if (gen !== generation) return;
+        // Shown again from the server: erased, without body or headers.
+        await detail(gen, source, id);
+        if (gen !== generation) return;
+        document.getElementById("actions").replaceChildren(h("p", { class: "notice", role: "status", id: "erase-done" },
+          `Erased: its body and headers are deleted; the record stays, listed as ${r.status}.`));
+      } catch (err) {
+        yes.disabled = false;
+        no.disabled = false;
+        showError(err);
+      }
+    });
+    no.focus();
   }
 
   function lookups() {
@@ -400,9 +444,9 @@
     const [path, query] = hash.split("?");
     const params = new URLSearchParams(query || "");
     const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+    const section = parts[0] === "lookups" ? "lookups" : "overview";
     for (const a of document.querySelectorAll("[data-nav]")) {
-      const on = (a.dataset.nav === "lookups") === (parts[0] === "lookups");
-      if (on) a.setAttribute("aria-current", "page");
+      if (a.dataset.nav === section) a.setAttribute("aria-current", "page");
       else a.removeAttribute("aria-current");
     }
     if (!login.hidden) return;

@@ -448,3 +448,109 @@ async fn without_sources_the_overview_says_what_to_do_and_lookups_show_a_claim_a
     })
     .await;
 }
+
+/// Clicks the element `css` (waiting for it).
+async fn click(c: &fantoccini::Client, css: &str) {
+    c.element(css).await.click().await.unwrap();
+}
+
+#[tokio::test]
+async fn erase_on_an_events_view_asks_first_then_it_shows_and_lists_as_erased() {
+    let ok = Receiver::start(Behaviour::Accept).await;
+    let app = spawn_app_with(|l| {
+        l.settings
+            .sources
+            .insert("sume".into(), source(&ok.url, 12));
+    })
+    .await;
+    ingest(&app, "sume", "ev_1", "run_1").await;
+    ingest(&app, "sume", "ev_2", "run_2").await;
+    eventually("both delivered", || async {
+        count(&app, "sume", "delivered").await == 2
+    })
+    .await;
+    let url = app.url("/ui#/sources/sume/events/ev_1");
+    let overview = app.url("/ui");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        c.until_text("#event-status", "delivered", |t| t == "delivered")
+            .await;
+        // Asked first, with the safe answer focused; "Keep it" keeps it.
+        click(&c, "#erase").await;
+        let text = c.text_of("#erase-text").await.unwrap();
+        assert!(text.contains("cannot be undone"), "{text}");
+        c.until_js(
+            "document.activeElement && document.activeElement.id === 'erase-cancel'",
+            "Keep it has the focus",
+        )
+        .await;
+        click(&c, "#erase-cancel").await;
+        c.element("#erase").await;
+        assert!(
+            c.text_of("#body")
+                .await
+                .unwrap()
+                .contains("\"request_id\": \"ev_1\"")
+        );
+
+        click(&c, "#erase").await;
+        click(&c, "#erase-confirm").await;
+        c.until_text("#erase-done", "erased", |t| t.starts_with("Erased"))
+            .await;
+        assert_eq!(c.text_of("#event-status").await.as_deref(), Some("erased"));
+        assert!(c.find(Locator::Id("body")).await.is_err(), "no body shown");
+        assert!(
+            c.find(Locator::Id("headers")).await.is_err(),
+            "no headers shown"
+        );
+        assert!(c.text_of("#body-erased").await.is_some());
+        assert!(
+            c.find(Locator::Id("erase")).await.is_err(),
+            "nothing to erase again"
+        );
+        assert!(c.find(Locator::Id("redeliver")).await.is_err());
+        let e: Value = app
+            .request(Method::GET, "/v1/sources/sume/events/ev_1")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            (&e["status"], &e["body"]),
+            (&json!("erased"), &json!("")),
+            "{e}"
+        );
+
+        // Its source's erased list, from the crumbs.
+        c.find(Locator::Css(".crumbs a[href*=\"status=erased\"]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        c.until_text("tr[data-event=\"ev_1\"]", "ev_1 listed", |t| {
+            t.contains("ev_1")
+        })
+        .await;
+        assert_eq!(
+            c.text_of(".tabs a[aria-current=\"page\"]").await.as_deref(),
+            Some("erased")
+        );
+        assert!(
+            c.find(Locator::Css("tr[data-event=\"ev_2\"]"))
+                .await
+                .is_err()
+        );
+        // The overview counts it.
+        c.goto(&overview).await.unwrap();
+        c.until_text(&cell("sume", "erased"), "1", |t| t == "1")
+            .await;
+        assert_eq!(
+            c.text_of(&cell("sume", "delivered")).await.as_deref(),
+            Some("1")
+        );
+    })
+    .await;
+}
