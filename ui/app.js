@@ -9,7 +9,14 @@
   const TOKEN_KEY = "dedupd.token";
   const OVERVIEW_REFRESH_MS = 3000;
   const DETAIL_REFRESH_MS = 1500;
-  const STATUSES = ["pending", "delivered", "stale", "dead"];
+  const JOBS_REFRESH_MS = 1000;
+  const STATUSES = ["pending", "delivered", "stale", "dead", "erased"];
+  /** The statuses each bulk action takes (the API refuses the others). */
+  const BULK_STATUSES = {
+    redeliver: ["delivered", "dead", "stale"],
+    erase: ["pending", "delivered", "dead", "stale"],
+  };
+  const JOB_STATES = ["running", "done", "cancelled"];
 
   const view = document.getElementById("view");
   const alertBox = document.getElementById("alert");
@@ -90,11 +97,18 @@
     }
   }
 
+  /** Calls /v1: `options.json`, if given, is sent as a JSON body. */
   async function api(path, options) {
+    const { json, ...rest } = options || {};
     const headers = { Accept: "application/json" };
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = "Bearer " + token;
-    const res = await fetch("/v1" + path, { ...options, headers, cache: "no-store" });
+    const init = { ...rest, headers, cache: "no-store" };
+    if (json !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(json);
+    }
+    const res = await fetch("/v1" + path, init);
     if (res.status === 401) {
       const had = token !== null;
       sessionStorage.removeItem(TOKEN_KEY);
@@ -220,7 +234,8 @@
         ? `No more ${status} events of ${source}.`
         : `No ${status} events of ${source}. ` + (status === "dead"
           ? "Nothing is waiting for a redeliver."
-          : "Pick another status above."));
+          : status === "erased" ? "Nothing was erased (or the erased records were reaped)."
+            : "Pick another status above."));
     } else {
       body = h("div", { class: "scroll" }, h("table", { id: "events" },
         h("thead", {}, h("tr", {},
@@ -236,9 +251,12 @@
       after ? link(here(status, order), "First page") : null,
       after && data.next ? " · " : null,
       data.next ? link(`${here(status, order)}&after=${seg(data.next)}`, "Next page", { rel: "next" }) : null);
+    const bulkLink = h("p", {}, link(`/sources/${seg(source)}/bulk?status=${status}`,
+      "Redeliver or erase in bulk…", { id: "bulk-link" }),
+    " ", h("span", { class: "muted" }, "(a filter, its count, then a confirmation)"));
     view.replaceChildren(
       h("p", { class: "crumbs" }, link("/", "Sources"), " / ", source),
-      h("h1", {}, `${source}: ${status} events`), tabs, orders, body, pager);
+      h("h1", {}, `${source}: ${status} events`), tabs, orders, bulkLink, body, pager);
   }
 
   async function detail(gen, source, id) {
@@ -251,7 +269,7 @@
       ["Stream", e.stream || "—"],
       ["Created", rfc3339(e.created_at)],
       ["Received", time(e.received_at_ms)],
-      [e.status === "pending" ? "Next attempt" : "Settled", time(e.due_at_ms)],
+      [e.status === "pending" ? "Next attempt" : e.status === "erased" ? "Erased" : "Settled", time(e.due_at_ms)],
       ["Attempts", String(e.attempts)],
       ["Last error", h("span", { id: "event-error", class: "error-text" }, e.last_error || "—")],
       ["Kept until", e.expires_at_ms ? time(e.expires_at_ms) : "—"],
@@ -270,8 +288,14 @@
     if (e.status === "dead" || e.status === "stale") {
       const ask = h("button", { type: "button", id: "redeliver" }, "Redeliver…");
       ask.addEventListener("click", () => confirmRedeliver(actions, source, id));
+      actions.append(ask, " ");
+    }
+    if (e.status !== "erased") {
+      const ask = h("button", { type: "button", id: "erase", class: "danger" }, "Erase…");
+      ask.addEventListener("click", () => confirmErase(actions, source, id, e.status));
       actions.append(ask);
     }
+    const erased = e.status === "erased";
     view.replaceChildren(
       h("p", { class: "crumbs" }, link("/", "Sources"), " / ",
         link(`${base}?status=${e.status}`, source), " / ", id),
@@ -281,12 +305,16 @@
       h("h2", {}, "Attempts"),
       timeline(e.timeline),
       h("h2", {}, "Headers"),
-      e.headers.length === 0
-        ? h("p", { class: "muted" }, "No headers kept (forward_headers lists the ones dedupd keeps).")
-        : h("div", { class: "scroll" }, h("table", { id: "headers" }, h("tbody", {},
-          e.headers.map((x) => h("tr", {}, h("th", { scope: "row" }, x.name), h("td", {}, x.value)))))),
-      h("h2", {}, `Body (${e.body_bytes} bytes, ${e.body === null ? "binary, base64" : kind})`),
-      h("pre", { id: "body", tabindex: "0" }, e.body === null ? e.body_base64 : pretty));
+      erased ? h("p", { class: "muted" }, "Erased: the stored headers were deleted.")
+        : e.headers.length === 0
+          ? h("p", { class: "muted" }, "No headers kept (forward_headers lists the ones dedupd keeps).")
+          : h("div", { class: "scroll" }, h("table", { id: "headers" }, h("tbody", {},
+            e.headers.map((x) => h("tr", {}, h("th", { scope: "row" }, x.name), h("td", {}, x.value)))))),
+      ...(erased ? [h("h2", {}, "Body"),
+        h("p", { id: "body-erased", class: "empty" }, "Erased: the body was deleted. The record stays, ",
+          "with its times and attempts, so a late retry of this event is still a duplicate.")]
+        : [h("h2", {}, `Body (${e.body_bytes} bytes, ${e.body === null ? "binary, base64" : kind})`),
+          h("pre", { id: "body", tabindex: "0" }, e.body === null ? e.body_base64 : pretty)]));
     // While it is pending, show it settle without a reload.
     if (e.status === "pending") timer = setTimeout(() => refresh(gen, detail, source, id), DETAIL_REFRESH_MS);
   }
@@ -330,6 +358,39 @@
       }
     });
     yes.focus();
+  }
+
+  function confirmErase(actions, source, id, status) {
+    // A pending event's view refreshes itself: not while the operator decides.
+    clearTimeout(timer);
+    const yes = h("button", { type: "button", id: "erase-confirm", class: "danger" }, "Erase for good");
+    const no = h("button", { type: "button", id: "erase-cancel" }, "Keep it");
+    const box = h("div", { class: "confirm danger-zone", role: "group", "aria-labelledby": "erase-text" },
+      h("p", { id: "erase-text" }, h("strong", {}, "This cannot be undone. "),
+        `Erase ${id} of ${source}? Its body and stored headers are deleted for good; `,
+        "the record stays, listed as erased, so a late retry of it is still a duplicate.",
+        status === "pending" ? " It is pending: it will never be delivered." : ""), yes, " ", no);
+    actions.replaceChildren(box);
+    no.addEventListener("click", () => route());
+    yes.addEventListener("click", async () => {
+      yes.disabled = true;
+      no.disabled = true;
+      const gen = generation;
+      try {
+        const r = await api(`/sources/${seg(source)}/events/${seg(id)}`, { method: "DELETE" });
+        if (gen !== generation) return;
+        // Shown again from the server: erased, without body or headers.
+        await detail(gen, source, id);
+        if (gen !== generation) return;
+        document.getElementById("actions").replaceChildren(h("p", { class: "notice", role: "status", id: "erase-done" },
+          `Erased: its body and headers are deleted; the record stays, listed as ${r.status}.`));
+      } catch (err) {
+        yes.disabled = false;
+        no.disabled = false;
+        showError(err);
+      }
+    });
+    no.focus();
   }
 
   function lookups() {
@@ -376,6 +437,360 @@
         streamForm, streamOut));
   }
 
+  // ---- bulk actions and jobs ---------------------------------------------
+
+  /** "1 event", "3 events". */
+  function nEvents(n) {
+    return `${n} event${n === 1 ? "" : "s"}`;
+  }
+
+  /** A filter in words: parts joined by "; ". Times are Unix ms. */
+  function describe(f) {
+    const parts = [[`status ${f.status}`]];
+    if (f.receivedFrom !== null) parts.push(["received from ", time(f.receivedFrom)]);
+    if (f.receivedTo !== null) parts.push(["received before ", time(f.receivedTo)]);
+    if (f.createdFrom !== null) parts.push(["created from ", time(f.createdFrom)]);
+    if (f.createdTo !== null) parts.push(["created before ", time(f.createdTo)]);
+    if (f.stream !== null) parts.push([`stream ${f.stream}`]);
+    if (f.field !== null) parts.push([`body ${f.field} = ${f.value}`]);
+    if (f.error !== null) parts.push([`last error contains “${f.error}”`]);
+    return parts.flatMap((p, i) => (i === 0 ? p : ["; ", ...p]));
+  }
+
+  const orNull = (v) => (v === undefined || v === null ? null : v);
+
+  /** The filter a job's view holds (as stored: created_at bounds in ns, field as [pointer, value]). */
+  function storedFilter(f) {
+    const ns = (v) => (v === undefined || v === null ? null : Number(v) / 1e6);
+    const field = Array.isArray(f.field) ? f.field : null;
+    return {
+      status: f.status, receivedFrom: orNull(f.received_from), receivedTo: orNull(f.received_to),
+      createdFrom: ns(f.created_from), createdTo: ns(f.created_to), stream: orNull(f.stream),
+      field: field && field[0], value: field && field[1], error: orNull(f.error_contains),
+    };
+  }
+
+  /** A job's progress in words. */
+  function progress(j) {
+    const tail = `${j.skipped} skipped; ${j.scanned} read`;
+    return j.kind === "erase"
+      ? `${j.matched} matched: ${j.erased} erased, ${tail}`
+      : `${j.matched} matched: ${j.delivered} delivered, ${j.failed} failed, ${j.queued} in flight, ${tail}`;
+  }
+
+  /** Paints `jobs` into `panel`, keeping the focus on a Cancel button it had. */
+  function paintJobs(panel, jobs, showSource) {
+    const focused = document.activeElement && document.activeElement.dataset
+      ? document.activeElement.dataset.cancel : undefined;
+    if (jobs.length === 0) {
+      panel.replaceChildren(h("p", { class: "empty", id: "jobs-empty" }, showSource
+        ? "No jobs yet. Start one from a source's events: “Redeliver or erase in bulk…”."
+        : "No jobs for this source yet."));
+      return;
+    }
+    panel.replaceChildren(h("div", { class: "scroll" }, h("table", { id: "jobs" },
+      h("caption", {}, "Newest first (the last 100 are kept); while one runs, its progress refreshes every second."),
+      h("thead", {}, h("tr", {}, ["Job", showSource ? "Source" : null, "Action", "State", "Progress", "Filter",
+        "Started", "Finished", ""].filter((c) => c !== null).map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, jobs.map((j) => {
+        const state = j.state === "running" && j.cancelled ? "cancelling" : j.state;
+        const cancel = j.state === "running" && !j.cancelled
+          ? h("button", { type: "button", "data-cancel": j.id, "aria-label": `Cancel ${j.id}` }, "Cancel") : null;
+        return h("tr", { "data-job": j.id },
+          h("td", {}, h("code", {}, j.id)),
+          showSource ? h("td", {}, link(`/sources/${seg(j.source)}/events?status=${j.filter ? j.filter.status : "pending"}`, j.source)) : null,
+          h("td", {}, j.kind),
+          h("td", { "data-state": "" }, h("span", { class: JOB_STATES.includes(j.state) ? `badge ${j.state}` : "badge" }, state)),
+          h("td", { "data-progress": "" }, progress(j),
+            j.error ? [h("br"), h("span", { class: "error-text" }, j.error)] : null),
+          h("td", { class: "filter" }, j.filter ? describe(storedFilter(j.filter)) : "—"),
+          h("td", {}, time(j.created_ms)),
+          h("td", {}, j.finished_ms === null ? "—" : time(j.finished_ms)),
+          h("td", {}, cancel));
+      })))));
+    if (focused) {
+      const again = panel.querySelector(`button[data-cancel="${CSS.escape(focused)}"]`);
+      if (again) again.focus();
+    }
+  }
+
+  /**
+   * Loads the jobs (all, or one source's) into `panel`, and again every
+   * second while one of them runs. A later call supersedes an earlier one.
+   */
+  async function pollJobs(gen, panel, source) {
+    clearTimeout(timer);
+    panel.poll = (panel.poll || 0) + 1;
+    const mine = panel.poll;
+    let data;
+    try {
+      data = await api("/jobs");
+    } catch (err) {
+      if (gen !== generation || mine !== panel.poll) return;
+      showError(err);
+      panel.failed = true;
+      const transient = !(err instanceof Problem) || err.status >= 500;
+      if (!(err instanceof AuthNeeded) && transient) {
+        timer = setTimeout(() => pollJobs(gen, panel, source), OVERVIEW_REFRESH_MS);
+      }
+      return;
+    }
+    if (gen !== generation || mine !== panel.poll) return;
+    if (panel.failed) {
+      panel.failed = false;
+      clearError();
+    }
+    const jobs = source === null ? data.jobs : data.jobs.filter((j) => j.source === source);
+    paintJobs(panel, jobs, source === null);
+    if (jobs.some((j) => j.state === "running")) {
+      timer = setTimeout(() => pollJobs(gen, panel, source), JOBS_REFRESH_MS);
+    }
+  }
+
+  /** A jobs panel: Cancel on a running job cancels it (one click: cancelling undoes nothing). */
+  function jobsPanel(gen, source) {
+    const panel = h("div", { id: "jobs-panel" }, h("p", { class: "muted" }, "Loading the jobs…"));
+    panel.addEventListener("click", async (ev) => {
+      const button = ev.target.closest("button[data-cancel]");
+      if (!button) return;
+      button.disabled = true;
+      try {
+        await api(`/jobs/${seg(button.dataset.cancel)}/cancel`, { method: "POST" });
+        if (gen === generation) pollJobs(gen, panel, source);
+      } catch (err) {
+        button.disabled = false;
+        showError(err);
+      }
+    });
+    pollJobs(gen, panel, source);
+    return panel;
+  }
+
+  function jobsPage(gen) {
+    clearError();
+    const panel = jobsPanel(gen, null);
+    view.replaceChildren(h("h1", {}, "Jobs"),
+      h("p", { class: "muted" }, "Bulk redeliveries and erasures. Start one from a source's events ",
+        "(“Redeliver or erase in bulk…”). Cancel stops a job queuing more; it ends once what it queued settled."),
+      panel);
+  }
+
+  /** What is wrong with the form, said to the operator. */
+  class FormError extends Error {}
+
+  /** A datetime-local value (the browser's time zone) as Unix ms; null when empty. */
+  function localMs(input, what) {
+    if (!input.value) return null;
+    const ms = new Date(input.value).getTime();
+    if (Number.isNaN(ms)) throw new FormError(`${what}: not a date and time.`);
+    return ms;
+  }
+
+  // A source's bulk action: a filter, its count (the dry run), then a
+  // confirmation that starts the job, and the source's jobs below.
+  function bulk(gen, source, params) {
+    clearError();
+    const base = `/sources/${seg(source)}`;
+    let wanted = params.get("status") || "dead";
+    const input = (id, attrs) => h("input", { id, name: id, autocomplete: "off", ...attrs });
+    const kind = h("select", { id: "bulk-kind", name: "kind" },
+      h("option", { value: "redeliver" }, "Redeliver: send them again"),
+      h("option", { value: "erase" }, "Erase: delete their bodies and headers"));
+    const status = h("select", { id: "bulk-status", name: "status" });
+    const fillStatuses = () => {
+      const allowed = BULK_STATUSES[kind.value];
+      status.replaceChildren(...allowed.map((st) => h("option", { value: st }, st)));
+      status.value = allowed.includes(wanted) ? wanted : "dead";
+    };
+    fillStatuses();
+    kind.addEventListener("change", fillStatuses);
+    status.addEventListener("change", () => { wanted = status.value; });
+    const since = input("bulk-since", { type: "number", min: "0", step: "any", inputmode: "decimal", class: "short" });
+    const receivedFrom = input("bulk-received-from", { type: "datetime-local", step: "1" });
+    const receivedTo = input("bulk-received-to", { type: "datetime-local", step: "1" });
+    const createdFrom = input("bulk-created-from", { type: "datetime-local", step: "1" });
+    const createdTo = input("bulk-created-to", { type: "datetime-local", step: "1" });
+    const stream = input("bulk-stream", {});
+    const field = input("bulk-field", { placeholder: "/type" });
+    const value = input("bulk-value", { placeholder: "run.failed" });
+    const error = input("bulk-error", { placeholder: "HTTP 503" });
+    const count = h("button", { type: "submit", id: "bulk-count", class: "primary" }, "Count");
+    const row = (label, labelFor, ...controls) => [
+      h("span", { class: "label" }, h("label", { for: labelFor }, label)),
+      h("div", { class: "controls" }, controls)];
+    const group = (label, ...controls) => {
+      const id = `bulk-${label.toLowerCase().replace(/\W+/g, "-")}`;
+      return [h("span", { class: "label", id }, label),
+        h("div", { class: "controls", role: "group", "aria-labelledby": id }, controls)];
+    };
+    const form = h("form", { id: "bulk-form", class: "bulk" },
+      row("Action", "bulk-kind", kind),
+      row("Status", "bulk-status", status),
+      group("Received", h("label", {}, "in the last ", since, " hours"), h("span", { class: "muted" }, "or"),
+        h("label", {}, "from ", receivedFrom), h("label", {}, "to ", receivedTo)),
+      group("Created at", h("label", {}, "from ", createdFrom), h("label", {}, "to ", createdTo)),
+      row("Stream", "bulk-stream", stream),
+      group("Body field", h("label", {}, "JSON pointer ", field), h("label", {}, "equals ", value)),
+      row("Last error contains", "bulk-error", error),
+      h("span", {}), h("div", { class: "controls" }, count,
+        h("span", { class: "muted" }, "Counting changes nothing; the action starts only after you confirm it.")));
+    const result = h("div", { id: "bulk-result", "aria-live": "polite" });
+    const panel = jobsPanel(gen, source);
+
+    /** Bumped on every change of the form: a count answers only the form it was asked for. */
+    let version = 0;
+    let counted = false;
+    const changed = () => {
+      version += 1;
+      if (counted) {
+        counted = false;
+        result.replaceChildren(h("p", { class: "muted", id: "bulk-stale" }, "The filter changed: count again."));
+      }
+    };
+    form.addEventListener("input", changed);
+    form.addEventListener("change", changed);
+
+    /** The filter the form says, with "in the last N hours" from the server's clock `now`. */
+    const read = (now) => {
+      const text = (el) => (el.value === "" ? null : el.value);
+      const f = {
+        status: status.value, receivedFrom: null, receivedTo: localMs(receivedTo, "Received to"),
+        createdFrom: localMs(createdFrom, "Created from"), createdTo: localMs(createdTo, "Created to"),
+        stream: text(stream), field: field.value.trim() === "" ? null : field.value.trim(),
+        value: text(value), error: text(error),
+      };
+      const from = localMs(receivedFrom, "Received from");
+      if (since.value !== "") {
+        const hours = Number(since.value);
+        if (!(hours > 0)) throw new FormError("Received in the last … hours: a number above 0.");
+        if (from !== null) throw new FormError("Received: give “in the last … hours” or a from time, not both.");
+        f.receivedFrom = Math.floor(now - hours * 3600 * 1000);
+      } else {
+        f.receivedFrom = from;
+      }
+      // Without an end, the events received up to the count: the job
+      // touches what was counted, not what arrives before the confirmation.
+      if (f.receivedTo === null) f.receivedTo = now + 1;
+      if (f.receivedFrom !== null && f.receivedFrom >= f.receivedTo) throw new FormError("Received: the range is empty.");
+      if (f.createdFrom !== null && f.createdTo !== null && f.createdFrom >= f.createdTo) {
+        throw new FormError("Created at: the range is empty.");
+      }
+      if ((f.field === null) !== (f.value === null)) throw new FormError("Body field: give a JSON pointer and a value, or neither.");
+      if (f.field !== null && !f.field.startsWith("/")) throw new FormError("Body field: a JSON pointer starts with / (such as /type).");
+      return f;
+    };
+
+    /** The filter as the API takes it (a count's query, a job's JSON). */
+    const wire = (f) => {
+      const w = { status: f.status };
+      if (f.receivedFrom !== null) w.received_from = f.receivedFrom;
+      if (f.receivedTo !== null) w.received_to = f.receivedTo;
+      if (f.createdFrom !== null) w.created_from = new Date(f.createdFrom).toISOString();
+      if (f.createdTo !== null) w.created_to = new Date(f.createdTo).toISOString();
+      if (f.stream !== null) w.stream = f.stream;
+      if (f.field !== null) {
+        w.field = f.field;
+        w.value = f.value;
+      }
+      if (f.error !== null) w.error_contains = f.error;
+      return w;
+    };
+
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const asked = version;
+      count.disabled = true;
+      try {
+        const now = (await api("/sources")).now_ms;
+        const f = read(now);
+        const filter = wire(f);
+        const query = new URLSearchParams(Object.entries(filter).map(([k, v]) => [k, String(v)]));
+        const c = await api(`${base}/count?${query}`);
+        if (gen !== generation) return;
+        if (asked !== version) {
+          result.replaceChildren(h("p", { class: "muted", id: "bulk-stale" }, "The filter changed while counting: count again."));
+          return;
+        }
+        clearError();
+        showCount(kind.value, f, filter, c);
+      } catch (err) {
+        if (gen !== generation) return;
+        if (err instanceof FormError) {
+          counted = false;
+          result.replaceChildren(h("p", { class: "error", id: "bulk-invalid" }, err.message));
+        } else {
+          showError(err);
+        }
+      } finally {
+        count.disabled = false;
+      }
+    });
+
+    /** The count, and the confirmation of exactly the filter counted. */
+    function showCount(action, f, filter, c) {
+      counted = true;
+      const n = c.matched;
+      const ids = c.first_ids.map((id) => link(`${base}/events/${seg(id)}`, id));
+      const said = h("p", { id: "bulk-count-text" },
+        n === 0 ? "No events match."
+          : [c.complete ? "" : "At least ", `${nEvents(n)} match`, n === 1 && c.complete ? "es" : "",
+            " (first ids: ", ids.flatMap((a, i) => (i === 0 ? [a] : [", ", a])), n > ids.length ? ", …" : "", ")."]);
+      const parts = [said, h("p", { class: "muted", id: "bulk-filter" }, "Filter: ", describe(f),
+        c.complete ? `. ${c.scanned} ${f.status} events read.`
+          : `. The count stopped after reading ${c.scanned} events: more may match.`)];
+      if (n === 0) {
+        result.replaceChildren(...parts);
+        return;
+      }
+      const go = h("button", { type: "button", id: "bulk-confirm", class: action === "erase" ? "danger" : "primary" },
+        `${action === "erase" ? "Erase" : "Redeliver"} ${nEvents(n)}`);
+      let ask;
+      if (action === "erase") {
+        const check = h("input", { id: "bulk-erase-check", autocomplete: "off", inputmode: "numeric", class: "short" });
+        go.disabled = true;
+        check.addEventListener("input", () => { go.disabled = check.value.trim() !== String(n); });
+        ask = h("div", { class: "confirm danger-zone", role: "group", "aria-labelledby": "bulk-erase-text" },
+          h("p", { id: "bulk-erase-text" }, h("strong", {}, "Erasing cannot be undone. "),
+            `The body and stored headers of each of these ${nEvents(n)} are deleted for good; `,
+            "the records stay, listed as erased, so a late retry of one is still a duplicate.",
+            f.status === "pending" ? " Pending events erased are never delivered." : ""),
+          h("p", {}, h("label", { for: "bulk-erase-check" }, `Type ${n}, the number of events, to confirm: `), check),
+          go);
+      } else {
+        ask = h("div", { class: "confirm", role: "group", "aria-labelledby": "bulk-redeliver-text" },
+          h("p", { id: "bulk-redeliver-text" }, `Send these ${nEvents(n)} again to ${source}'s forward_to? `,
+            "Each carries a dedupd-replay header naming the job, and its attempts count on; ",
+            "the job uses at most half the source's delivery slots."), go);
+      }
+      parts.push(ask);
+      result.replaceChildren(...parts);
+      go.addEventListener("click", async () => {
+        if (go.disabled) return;
+        go.disabled = true;
+        try {
+          const job = await api(`${base}/jobs`, { method: "POST", json: { kind: action, filter } });
+          if (gen !== generation) return;
+          counted = false;
+          result.replaceChildren(h("p", { class: "notice", role: "status", id: "bulk-started" },
+            `Started ${job.id}: ${action} of the ${nEvents(n)} counted. Its progress is in the jobs below.`));
+          pollJobs(gen, panel, source);
+        } catch (err) {
+          go.disabled = false;
+          showError(err);
+        }
+      });
+      (action === "erase" ? ask.querySelector("input") : go).focus();
+    }
+
+    view.replaceChildren(
+      h("p", { class: "crumbs" }, link("/", "Sources"), " / ", link(`${base}/events?status=${status.value}`, source), " / bulk"),
+      h("h1", {}, `${source}: redeliver or erase in bulk`),
+      h("p", { class: "muted" }, "Say which events; Count shows how many match and the first ids. ",
+        "Only then can you start the action, for exactly the events counted (received up to the count)."),
+      form, result,
+      h("h2", {}, `Jobs of ${source}`), panel);
+  }
+
   // ---- routing -----------------------------------------------------------
 
   async function refresh(gen, fn, ...args) {
@@ -400,13 +815,17 @@
     const [path, query] = hash.split("?");
     const params = new URLSearchParams(query || "");
     const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+    const section = parts[0] === "lookups" || parts[0] === "jobs" ? parts[0] : "overview";
     for (const a of document.querySelectorAll("[data-nav]")) {
-      const on = (a.dataset.nav === "lookups") === (parts[0] === "lookups");
-      if (on) a.setAttribute("aria-current", "page");
+      if (a.dataset.nav === section) a.setAttribute("aria-current", "page");
       else a.removeAttribute("aria-current");
     }
     if (!login.hidden) return;
     if (parts[0] === "lookups") return lookups();
+    if (parts[0] === "jobs") return jobsPage(gen);
+    if (parts[0] === "sources" && parts[2] === "bulk" && parts.length === 3) {
+      return bulk(gen, parts[1], params);
+    }
     if (parts[0] === "sources" && parts[2] === "events" && parts.length === 3) {
       return refresh(gen, events, parts[1], params);
     }

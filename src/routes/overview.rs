@@ -51,6 +51,9 @@ pub struct SourceRow {
     stale: u64,
     /// Events waiting for an operator's redeliver.
     dead: u64,
+    /// Events erased by an operator (body and headers deleted, the record
+    /// kept for the source's dead retention).
+    erased: u64,
     /// When the oldest pending event was received, Unix ms.
     oldest_pending_received_at_ms: Option<Millis>,
     /// How long it has waited, ms, by the server's clock.
@@ -107,6 +110,7 @@ pub(super) async fn list(state: web::Data<AppState>) -> Result<HttpResponse, Api
             delivered: s.delivered,
             stale: s.stale,
             dead: s.dead,
+            erased: s.erased,
             source: s.source,
         })
         .collect();

@@ -448,3 +448,465 @@ async fn without_sources_the_overview_says_what_to_do_and_lookups_show_a_claim_a
     })
     .await;
 }
+
+/// `GET /v1/jobs`'s list.
+async fn jobs(app: &TestApp) -> Vec<Value> {
+    let v: Value = app
+        .request(Method::GET, "/v1/jobs")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["jobs"].as_array().unwrap().clone()
+}
+
+/// The replays `receiver` got: (the body's `request_id`, `dedupd-replay`).
+fn replays(receiver: &Receiver) -> Vec<(String, String)> {
+    let mut got: Vec<(String, String)> = receiver
+        .received()
+        .iter()
+        .filter(|r| !r.header("dedupd-replay").is_empty())
+        .map(|r| {
+            let b: Value = serde_json::from_slice(&r.body).unwrap();
+            (
+                b["request_id"].as_str().unwrap().to_owned(),
+                r.header("dedupd-replay").to_owned(),
+            )
+        })
+        .collect();
+    got.sort();
+    got
+}
+
+/// Sets a `datetime-local` input to the instant `rfc3339` (in the browser's
+/// time zone, as an operator would pick it), as if typed.
+async fn set_instant(c: &fantoccini::Client, css: &str, rfc3339: &str) {
+    c.execute(
+        "const el = document.querySelector(arguments[0]);
+         const d = new Date(arguments[1]);
+         el.value = new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19);
+         el.dispatchEvent(new Event('input', { bubbles: true }));",
+        vec![json!(css), json!(rfc3339)],
+    )
+    .await
+    .unwrap();
+}
+
+/// Clicks the element `css` (waiting for it).
+async fn click(c: &fantoccini::Client, css: &str) {
+    c.element(css).await.click().await.unwrap();
+}
+
+/// Types `text` into the input `css` after clearing it.
+async fn fill(c: &fantoccini::Client, css: &str, text: &str) {
+    let input = c.element(css).await;
+    input.clear().await.unwrap();
+    if !text.is_empty() {
+        input.send_keys(text).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_bulk_form_counts_then_a_confirmed_redeliver_runs_to_done_in_the_jobs_panel() {
+    let ok = Receiver::start(Behaviour::Accept).await;
+    let app = spawn_app_with(|l| {
+        l.settings
+            .sources
+            .insert("sume".into(), source(&ok.url, 12));
+    })
+    .await;
+    for (id, run) in [
+        ("ord_1", "run_a"),
+        ("ord_2", "run_b"),
+        ("ord_3", "run_a"),
+        ("ord_4", "run_b"),
+    ] {
+        ingest(&app, "sume", id, run).await;
+    }
+    eventually("every event delivered", || async {
+        count(&app, "sume", "delivered").await == 4
+    })
+    .await;
+    let url = app.url("/ui#/sources/sume/events?status=delivered");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        c.until_text("tr[data-event=\"ord_4\"]", "the list", |t| {
+            t.contains("ord_4")
+        })
+        .await;
+        click(&c, "#bulk-link").await;
+        // The list's status is the form's.
+        let status = c.element("#bulk-status").await;
+        assert_eq!(
+            status.prop("value").await.unwrap().as_deref(),
+            Some("delivered")
+        );
+        fill(&c, "#bulk-since", "1").await;
+        fill(&c, "#bulk-stream", "run_a").await;
+        fill(&c, "#bulk-field", "/type").await;
+        fill(&c, "#bulk-value", "run.updated").await;
+        // A created_at range that ends before the events: nothing to confirm.
+        set_instant(&c, "#bulk-created-from", "2026-11-29T09:59:00Z").await;
+        set_instant(&c, "#bulk-created-to", "2026-11-29T09:59:30Z").await;
+        click(&c, "#bulk-count").await;
+        c.until_text("#bulk-count-text", "no match", |t| t == "No events match.")
+            .await;
+        assert!(c.find(Locator::Id("bulk-confirm")).await.is_err());
+        // One that holds them.
+        set_instant(&c, "#bulk-created-to", "2026-11-29T10:01:00Z").await;
+        assert!(
+            c.text_of("#bulk-stale").await.is_some(),
+            "a changed form asks for a new count"
+        );
+        click(&c, "#bulk-count").await;
+        let said = c
+            .until_text("#bulk-count-text", "the count", |t| {
+                t.starts_with("2 events match")
+            })
+            .await;
+        assert_eq!(said, "2 events match (first ids: ord_1, ord_3).");
+        let filter = c.text_of("#bulk-filter").await.unwrap();
+        assert!(
+            filter.contains("status delivered")
+                && filter.contains("stream run_a")
+                && filter.contains("body /type = run.updated"),
+            "{filter}"
+        );
+        // The count started nothing.
+        assert!(jobs(&app).await.is_empty());
+        assert!(replays(&ok).is_empty());
+
+        let confirm = c.element("#bulk-confirm").await;
+        assert_eq!(confirm.text().await.unwrap(), "Redeliver 2 events");
+        confirm.click().await.unwrap();
+        let started = c
+            .until_text("#bulk-started", "the job started", |t| {
+                t.starts_with("Started job_")
+            })
+            .await;
+        // The source's jobs below the form: this one, live, until done.
+        let row = c.element("#jobs tr[data-job]").await;
+        let id = row.attr("data-job").await.unwrap().unwrap();
+        assert!(started.contains(&id), "{started}");
+        c.until_text("#jobs td[data-state]", "done", |t| t == "done")
+            .await;
+        let progress = c.text_of("#jobs td[data-progress]").await.unwrap();
+        assert_eq!(
+            progress,
+            "2 matched: 2 delivered, 0 failed, 0 in flight, 0 skipped; 4 read"
+        );
+        // The receiver got the two replays, each naming the job.
+        assert_eq!(
+            replays(&ok),
+            [
+                ("ord_1".to_owned(), id.clone()),
+                ("ord_3".to_owned(), id.clone())
+            ]
+        );
+        // The job holds the filter counted, its receive range pinned to the
+        // count (the app's clock stands still).
+        let listed = jobs(&app).await;
+        assert_eq!(listed.len(), 1);
+        let f = &listed[0]["filter"];
+        let now = app.clock.now_ms();
+        assert_eq!(f["status"], "delivered", "{f}");
+        assert_eq!(f["stream"], "run_a", "{f}");
+        assert_eq!(f["field"], json!(["/type", "run.updated"]), "{f}");
+        assert_eq!(f["received_from"], json!(now - 3_600_000), "{f}");
+        assert_eq!(f["received_to"], json!(now + 1), "{f}");
+        assert_eq!(
+            f["created_from"],
+            json!(1_795_946_340_000_000_000_i64),
+            "2026-11-29T09:59:00Z in ns: {f}"
+        );
+
+        // The Jobs page lists it too, with its source.
+        c.find(Locator::Css("a[data-nav=\"jobs\"]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let listed = c
+            .until_text(&format!("#jobs tr[data-job=\"{id}\"]"), "the job", |t| {
+                t.contains("sume") && t.contains("done")
+            })
+            .await;
+        assert!(listed.contains("redeliver"), "{listed}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_running_job_shows_its_progress_live_and_cancel_in_the_jobs_panel_stops_it() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = spawn_app_with(|l| {
+        let mut s = source(&receiver.url, 12);
+        s.max_in_flight = 4;
+        l.settings.sources.insert("sume".into(), s);
+    })
+    .await;
+    for i in 0..6 {
+        ingest(&app, "sume", &format!("e{i}"), &format!("run_{i}")).await;
+    }
+    eventually("every event delivered", || async {
+        count(&app, "sume", "delivered").await == 6
+    })
+    .await;
+    // The destination hangs: the job's window (half of 4) stays in flight.
+    receiver.set(Behaviour::Hold(None));
+    let res = app
+        .request(Method::POST, "/v1/sources/sume/jobs")
+        .json(&json!({ "kind": "redeliver", "filter": { "status": "delivered" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let id = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    eventually("two replays held", || async { receiver.held() == 2 }).await;
+    let url = app.url("/ui#/jobs");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        let row = format!("#jobs tr[data-job=\"{id}\"]");
+        c.until_text(&format!("{row} td[data-progress]"), "two in flight", |t| {
+            t.starts_with("2 matched: 0 delivered, 0 failed, 2 in flight")
+        })
+        .await;
+        assert_eq!(
+            c.text_of(&format!("{row} td[data-state]")).await.as_deref(),
+            Some("running")
+        );
+        click(&c, &format!("{row} button[data-cancel=\"{id}\"]")).await;
+        // Cancelled: it queues nothing more, and ends once the two settle.
+        c.until_text(&format!("{row} td[data-state]"), "cancelling", |t| {
+            t == "cancelling"
+        })
+        .await;
+        assert!(
+            c.find(Locator::Css(&format!("{row} button[data-cancel]")))
+                .await
+                .is_err(),
+            "no Cancel once cancelled"
+        );
+        let j = &jobs(&app).await[0];
+        assert_eq!(
+            (&j["state"], &j["cancelled"]),
+            (&json!("running"), &json!(true))
+        );
+        receiver.release();
+        // The page still polls: it sees the end without a reload.
+        c.until_text(&format!("{row} td[data-state]"), "cancelled", |t| {
+            t == "cancelled"
+        })
+        .await;
+        let progress = c
+            .text_of(&format!("{row} td[data-progress]"))
+            .await
+            .unwrap();
+        assert!(
+            progress.starts_with("2 matched: 2 delivered, 0 failed, 0 in flight"),
+            "{progress}"
+        );
+        assert_eq!(
+            replays(&receiver).len(),
+            2,
+            "nothing queued after the cancel"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn erase_on_an_events_view_asks_first_then_it_shows_and_lists_as_erased() {
+    let ok = Receiver::start(Behaviour::Accept).await;
+    let app = spawn_app_with(|l| {
+        l.settings
+            .sources
+            .insert("sume".into(), source(&ok.url, 12));
+    })
+    .await;
+    ingest(&app, "sume", "ev_1", "run_1").await;
+    ingest(&app, "sume", "ev_2", "run_2").await;
+    eventually("both delivered", || async {
+        count(&app, "sume", "delivered").await == 2
+    })
+    .await;
+    let url = app.url("/ui#/sources/sume/events/ev_1");
+    let overview = app.url("/ui");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        c.until_text("#event-status", "delivered", |t| t == "delivered")
+            .await;
+        // Asked first, with the safe answer focused; "Keep it" keeps it.
+        click(&c, "#erase").await;
+        let text = c.text_of("#erase-text").await.unwrap();
+        assert!(text.contains("cannot be undone"), "{text}");
+        c.until_js(
+            "document.activeElement && document.activeElement.id === 'erase-cancel'",
+            "Keep it has the focus",
+        )
+        .await;
+        click(&c, "#erase-cancel").await;
+        c.element("#erase").await;
+        assert!(
+            c.text_of("#body")
+                .await
+                .unwrap()
+                .contains("\"request_id\": \"ev_1\"")
+        );
+
+        click(&c, "#erase").await;
+        click(&c, "#erase-confirm").await;
+        c.until_text("#erase-done", "erased", |t| t.starts_with("Erased"))
+            .await;
+        assert_eq!(c.text_of("#event-status").await.as_deref(), Some("erased"));
+        assert!(c.find(Locator::Id("body")).await.is_err(), "no body shown");
+        assert!(
+            c.find(Locator::Id("headers")).await.is_err(),
+            "no headers shown"
+        );
+        assert!(c.text_of("#body-erased").await.is_some());
+        assert!(
+            c.find(Locator::Id("erase")).await.is_err(),
+            "nothing to erase again"
+        );
+        assert!(c.find(Locator::Id("redeliver")).await.is_err());
+        let e: Value = app
+            .request(Method::GET, "/v1/sources/sume/events/ev_1")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            (&e["status"], &e["body"]),
+            (&json!("erased"), &json!("")),
+            "{e}"
+        );
+
+        // Its source's erased list, from the crumbs.
+        c.find(Locator::Css(".crumbs a[href*=\"status=erased\"]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        c.until_text("tr[data-event=\"ev_1\"]", "ev_1 listed", |t| {
+            t.contains("ev_1")
+        })
+        .await;
+        assert_eq!(
+            c.text_of(".tabs a[aria-current=\"page\"]").await.as_deref(),
+            Some("erased")
+        );
+        assert!(
+            c.find(Locator::Css("tr[data-event=\"ev_2\"]"))
+                .await
+                .is_err()
+        );
+        // The overview counts it.
+        c.goto(&overview).await.unwrap();
+        c.until_text(&cell("sume", "erased"), "1", |t| t == "1")
+            .await;
+        assert_eq!(
+            c.text_of(&cell("sume", "delivered")).await.as_deref(),
+            Some("1")
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn counting_starts_nothing_and_a_bulk_erase_waits_for_the_count_typed() {
+    let down = Receiver::start(Behaviour::Always(503)).await;
+    let app = spawn_app_with(|l| {
+        l.settings
+            .sources
+            .insert("billing".into(), source(&down.url, 1));
+    })
+    .await;
+    for i in 1..=3 {
+        ingest(&app, "billing", &format!("inv_{i}"), &format!("cust_{i}")).await;
+    }
+    eventually("three dead", || async {
+        count(&app, "billing", "dead").await == 3
+    })
+    .await;
+    let url = app.url("/ui#/sources/billing/bulk?status=dead");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        c.element("#bulk-kind")
+            .await
+            .select_by_value("erase")
+            .await
+            .unwrap();
+        let status = c.find(Locator::Id("bulk-status")).await.unwrap();
+        assert_eq!(status.prop("value").await.unwrap().as_deref(), Some("dead"));
+        click(&c, "#bulk-count").await;
+        c.until_text("#bulk-count-text", "the count", |t| {
+            t == "3 events match (first ids: inv_1, inv_2, inv_3)."
+        })
+        .await;
+        let warning = c.text_of("#bulk-erase-text").await.unwrap();
+        assert!(warning.contains("cannot be undone"), "{warning}");
+        // Counting changed nothing.
+        assert!(jobs(&app).await.is_empty());
+        assert_eq!(count(&app, "billing", "dead").await, 3);
+
+        // The confirmation waits for the count, typed.
+        let confirm = c.element("#bulk-confirm").await;
+        assert_eq!(confirm.text().await.unwrap(), "Erase 3 events");
+        assert!(!confirm.is_enabled().await.unwrap());
+        c.until_js(
+            "document.activeElement && document.activeElement.id === 'bulk-erase-check'",
+            "the check has the focus",
+        )
+        .await;
+        fill(&c, "#bulk-erase-check", "2").await;
+        assert!(!confirm.is_enabled().await.unwrap());
+        confirm.click().await.unwrap();
+        // A changed filter takes the confirmation away.
+        fill(&c, "#bulk-stream", "cust_2").await;
+        c.element("#bulk-stale").await;
+        assert!(c.find(Locator::Id("bulk-confirm")).await.is_err());
+        click(&c, "#bulk-count").await;
+        c.until_text("#bulk-count-text", "one", |t| {
+            t == "1 event matches (first ids: inv_2)."
+        })
+        .await;
+        assert!(jobs(&app).await.is_empty(), "still nothing started");
+        assert_eq!(count(&app, "billing", "dead").await, 3);
+
+        fill(&c, "#bulk-erase-check", "1").await;
+        let confirm = c.find(Locator::Id("bulk-confirm")).await.unwrap();
+        assert_eq!(confirm.text().await.unwrap(), "Erase 1 event");
+        assert!(confirm.is_enabled().await.unwrap());
+        confirm.click().await.unwrap();
+        c.until_text("#jobs td[data-state]", "done", |t| t == "done")
+            .await;
+        assert_eq!(
+            c.text_of("#jobs td[data-progress]").await.as_deref(),
+            Some("1 matched: 1 erased, 0 skipped; 3 read")
+        );
+        assert_eq!(count(&app, "billing", "dead").await, 2);
+        assert_eq!(count(&app, "billing", "erased").await, 1);
+        let listed = jobs(&app).await;
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0]["kind"], "erase");
+
+        // At a phone's width the form and the jobs fit (the table scrolls).
+        c.set_window_size(390, 844).await.unwrap();
+        c.until_js(
+            "document.documentElement.scrollWidth <= window.innerWidth",
+            "no page-wide horizontal scroll at 390 px",
+        )
+        .await;
+    })
+    .await;
+}
