@@ -459,14 +459,13 @@
 
   const orNull = (v) => (v === undefined || v === null ? null : v);
 
-  /** The filter a job's view holds (as stored: created_at bounds in ns, field as [pointer, value]). */
+  /** The filter a job's view holds (as posted: created_at bounds in RFC 3339). */
   function storedFilter(f) {
-    const ns = (v) => (v === undefined || v === null ? null : Number(v) / 1e6);
-    const field = Array.isArray(f.field) ? f.field : null;
+    const at = (v) => (v === undefined || v === null ? null : Date.parse(v));
     return {
       status: f.status, receivedFrom: orNull(f.received_from), receivedTo: orNull(f.received_to),
-      createdFrom: ns(f.created_from), createdTo: ns(f.created_to), stream: orNull(f.stream),
-      field: field && field[0], value: field && field[1], error: orNull(f.error_contains),
+      createdFrom: at(f.created_from), createdTo: at(f.created_to), stream: orNull(f.stream),
+      field: orNull(f.field), value: orNull(f.value), error: orNull(f.error_contains),
     };
   }
 
@@ -503,7 +502,7 @@
           h("td", { "data-state": "" }, h("span", { class: JOB_STATES.includes(j.state) ? `badge ${j.state}` : "badge" }, state)),
           h("td", { "data-progress": "" }, progress(j),
             j.error ? [h("br"), h("span", { class: "error-text" }, j.error)] : null),
-          h("td", { class: "filter" }, j.filter ? describe(storedFilter(j.filter)) : "—"),
+          h("td", { class: "filter" }, describe(storedFilter(j.filter))),
           h("td", {}, time(j.created_ms)),
           h("td", {}, j.finished_ms === null ? "—" : time(j.finished_ms)),
           h("td", {}, cancel));

@@ -162,12 +162,22 @@ impl FilterQuery {
 pub(super) async fn count(
     state: web::Data<AppState>,
     req: HttpRequest,
-    query: Result<web::Query<FilterQuery>, actix_web::Error>,
 ) -> Result<HttpResponse, ApiError> {
     let source = path_segment(&req, 3, "source")?;
     known_source(&state, &source).await?;
-    let query = query.map_err(|e| invalid("invalid_query", "query", e.to_string()))?;
-    let filter = query.into_inner().filter()?;
+    // Parsed here rather than by `web::Query`, whose error does not name
+    // the parameter.
+    let de =
+        serde_urlencoded::Deserializer::new(form_urlencoded::parse(req.query_string().as_bytes()));
+    let query: FilterQuery = serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        invalid(
+            "invalid_query",
+            "query",
+            format!("{at}: {}", e.into_inner()),
+        )
+    })?;
+    let filter = query.filter()?;
     let counted = filter::count(
         state.gateway.inbox.as_ref(),
         &source,

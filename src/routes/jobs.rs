@@ -14,8 +14,9 @@ use super::count::{CountView, FilterQuery, invalid};
 use super::sources::known_source;
 use super::{AppState, Endpoint, Guard, path_segment, register};
 use crate::clock::Millis;
+use crate::domain::CreatedAt;
 use crate::error::{ApiError, Problem};
-use crate::gateway::filter;
+use crate::gateway::filter::{self, EventFilter};
 use crate::gateway::jobs::{self, Job, JobKind, JobState, StartError};
 use crate::store::inbox::{EraseOutcome, EventStatus};
 
@@ -62,9 +63,8 @@ pub struct JobView {
     source: String,
     kind: JobKind,
     state: JobState,
-    /// The filter, as stored.
-    #[schema(value_type = Object)]
-    filter: serde_json::Value,
+    /// The filter, as it was posted.
+    filter: FilterView,
     /// Unix ms.
     created_ms: Millis,
     /// Unix ms, once done or cancelled.
@@ -90,10 +90,52 @@ pub struct JobView {
     error: Option<String>,
 }
 
+/// A job's filter, in the shape it is posted in.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FilterView {
+    status: EventStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    received_from: Option<Millis>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    received_to: Option<Millis>,
+    /// RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    created_from: Option<String>,
+    /// RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    created_to: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<String>,
+    /// A body field, as a JSON pointer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error_contains: Option<String>,
+}
+
+impl From<EventFilter> for FilterView {
+    fn from(f: EventFilter) -> Self {
+        let (field, value) = f.field.unzip();
+        Self {
+            status: f.status,
+            received_from: f.received_from,
+            received_to: f.received_to,
+            created_from: f.created_from.map(CreatedAt::to_rfc3339),
+            created_to: f.created_to.map(CreatedAt::to_rfc3339),
+            stream: f.stream,
+            field,
+            value,
+            error_contains: f.error_contains,
+        }
+    }
+}
+
 impl From<Job> for JobView {
     fn from(j: Job) -> Self {
         Self {
-            filter: serde_json::to_value(&j.filter).unwrap_or_default(),
+            filter: FilterView::from(j.filter),
             queued: j.window.len() as u64,
             id: j.id,
             source: j.source,

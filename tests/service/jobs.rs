@@ -420,6 +420,12 @@ async fn an_erase_job_erases_what_its_filter_matches_and_nothing_else() {
         (&json!("done"), &json!(2), &json!(2)),
         "{done}"
     );
+    // The filter comes back as it was posted.
+    assert_eq!(
+        done["filter"],
+        json!({ "status": "delivered", "field": "/run_id", "value": "run_1" }),
+        "{done}"
+    );
     assert_eq!(app.event_ids("erased").await, ["k1", "k3"]);
     assert_eq!(app.event_ids("delivered").await, ["k2"]);
     // Listed by /v1/jobs, newest first.

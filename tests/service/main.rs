@@ -23,8 +23,8 @@ mod disk_full;
 #[cfg(feature = "redis")]
 mod fleet;
 mod gateway_ingest;
-mod jobs;
 mod http_limits;
+mod jobs;
 mod leaks;
 mod lease_ahead;
 mod logging;

@@ -403,7 +403,14 @@ async fn a_count_by_filter_narrows_with_each_part_and_refuses_what_it_cannot_rea
             .send()
             .await
             .unwrap();
-        assert_problem(res, StatusCode::BAD_REQUEST, code).await;
+        let problem = assert_problem(res, StatusCode::BAD_REQUEST, code).await;
+        // The problem names what is wrong.
+        let name = query.rsplit('&').next().unwrap().split('=').next().unwrap();
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(name) || code != "invalid_query",
+            "{query}: {problem}"
+        );
     }
     let res = app
         .request(Method::GET, "/v1/sources/nope/count?status=dead")

@@ -613,14 +613,14 @@ async fn the_bulk_form_counts_then_a_confirmed_redeliver_runs_to_done_in_the_job
         let now = app.clock.now_ms();
         assert_eq!(f["status"], "delivered", "{f}");
         assert_eq!(f["stream"], "run_a", "{f}");
-        assert_eq!(f["field"], json!(["/type", "run.updated"]), "{f}");
+        assert_eq!(
+            (&f["field"], &f["value"]),
+            (&json!("/type"), &json!("run.updated")),
+            "{f}"
+        );
         assert_eq!(f["received_from"], json!(now - 3_600_000), "{f}");
         assert_eq!(f["received_to"], json!(now + 1), "{f}");
-        assert_eq!(
-            f["created_from"],
-            json!(1_795_946_340_000_000_000_i64),
-            "2026-11-29T09:59:00Z in ns: {f}"
-        );
+        assert_eq!(f["created_from"], "2026-11-29T09:59:00Z", "{f}");
 
         // The Jobs page lists it too, with its source.
         c.find(Locator::Css("a[data-nav=\"jobs\"]"))
