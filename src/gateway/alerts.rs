@@ -218,6 +218,11 @@ impl Alerts {
         let Ok(summary) = gateway.inbox.inbox_summary().await else {
             return;
         };
+        // A bulk job replays old events: no backlog alert for its source
+        // while it runs (as the shipped alert rule holds off).
+        let Ok(jobs) = super::jobs::list(gateway.inbox.as_ref()).await else {
+            return;
+        };
         let mut raise = Vec::new();
         {
             let mut state = self.state();
@@ -229,7 +234,10 @@ impl Alerts {
                     continue;
                 }
                 let age = s.oldest_pending_ms.map(|t| now.saturating_sub(t));
-                let stale = age.is_some_and(|a| a > self.backlog_after_ms);
+                let replaying = jobs
+                    .iter()
+                    .any(|j| j.source == s.source && j.state == super::jobs::JobState::Running);
+                let stale = age.is_some_and(|a| a > self.backlog_after_ms) && !replaying;
                 let was = state.stale.get(&s.source).copied().unwrap_or(false);
                 if stale && !was {
                     raise.push((s.source.clone(), s.pending, age.unwrap_or(0)));

@@ -7,6 +7,7 @@ use actix_web::{HttpResponse, web};
 use super::{AppState, Endpoint, Guard, register};
 use crate::error::Problem;
 use crate::gateway::delivery::circuit::State as CircuitState;
+use crate::gateway::jobs::{self, JobState};
 use crate::store::StoreError;
 
 /// `GET /metrics`.
@@ -70,12 +71,36 @@ pub(super) async fn scrape(state: web::Data<AppState>) -> HttpResponse {
         Err(StoreError::Unavailable(_) | StoreError::Failed(_))
     );
     if store_up {
-        match tokio::time::timeout(SCRAPE_WAIT, state.gateway.inbox.inbox_summary()).await {
-            Ok(Ok(summary)) => state.metrics.set_inbox(&summary, state.clock.now_ms()),
-            Ok(Err(e)) => tracing::warn!(
-                error = %e.chain(),
-                "cannot read the inbox: its gauges keep their last values"
-            ),
+        // One wait for both reads. The jobs: a bulk replay makes old
+        // events pending again, and the alert on the oldest pending event
+        // holds off while a job runs on the source.
+        let inbox = state.gateway.inbox.as_ref();
+        let reads = futures_util::future::join(inbox.inbox_summary(), jobs::list(inbox));
+        match tokio::time::timeout(SCRAPE_WAIT, reads).await {
+            Ok((summary, listed)) => {
+                match summary {
+                    Ok(summary) => state.metrics.set_inbox(&summary, state.clock.now_ms()),
+                    Err(e) => tracing::warn!(
+                        error = %e.chain(),
+                        "cannot read the inbox: its gauges keep their last values"
+                    ),
+                }
+                match listed {
+                    Ok(listed) => {
+                        for name in state.gateway.sources.keys() {
+                            let running = listed
+                                .iter()
+                                .filter(|j| j.source == *name && j.state == JobState::Running)
+                                .count();
+                            state.metrics.set_jobs_running(name, running);
+                        }
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e.chain(),
+                        "cannot read the jobs: their gauge keeps its last values"
+                    ),
+                }
+            }
             Err(_) => tracing::warn!(
                 "the inbox did not answer in time: its gauges keep their last values"
             ),

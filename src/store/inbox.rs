@@ -38,6 +38,15 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
         true
     }
 
+    /// Whether other processes write this inbox too (the shared inbox): a
+    /// bulk job may start or be cancelled there, so a job runner looks
+    /// again now and then. Where it is this process's own, the runner reads
+    /// the jobs only when told (a read of what was acknowledged makes the
+    /// data file's writer commit, taking group commit away).
+    fn written_elsewhere(&self) -> bool {
+        false
+    }
+
     /// How long after its receipt a reaped event's id stays a duplicate
     /// (`gateway.dedupe_window`, as the inbox was opened with).
     fn dedupe_window(&self) -> Duration;

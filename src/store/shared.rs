@@ -39,6 +39,10 @@ impl Inbox for SharedInbox {
         self.shared.precheck_duplicates()
     }
 
+    fn written_elsewhere(&self) -> bool {
+        self.shared.written_elsewhere()
+    }
+
     fn dedupe_window(&self) -> Duration {
         self.shared.dedupe_window()
     }

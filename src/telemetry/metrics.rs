@@ -43,6 +43,9 @@ pub const OLDEST_PENDING: &str = "dedupd_oldest_pending_seconds";
 /// 1 while a source's circuit breaker holds its deliveries (paused or
 /// probing), by `source`.
 pub const SOURCE_PAUSED: &str = "dedupd_source_paused";
+/// Bulk jobs running on a source (on any instance of a shared inbox), by
+/// `source`.
+pub const JOBS_RUNNING: &str = "dedupd_jobs_running";
 /// 1 while `/readyz` would answer 200.
 pub const READY: &str = "dedupd_ready";
 /// Times readiness, as evaluated by `/readyz` and each scrape, turned.
@@ -137,6 +140,8 @@ struct SourceHandles {
     delivery_duration: Histogram,
     /// `dedupd_source_paused`.
     paused: Gauge,
+    /// `dedupd_jobs_running`.
+    jobs: Gauge,
 }
 
 /// One latency series of a route: method, status, its handle.
@@ -254,8 +259,11 @@ impl Metrics {
                     ),
                     paused: recorder
                         .register_gauge(&Key::from_parts(SOURCE_PAUSED, vec![source()]), &METADATA),
+                    jobs: recorder
+                        .register_gauge(&Key::from_parts(JOBS_RUNNING, vec![source()]), &METADATA),
                 };
                 handles.paused.set(0.0);
+                handles.jobs.set(0.0);
                 (s.clone(), handles)
             })
             .collect();
@@ -430,6 +438,14 @@ impl Metrics {
     pub fn set_source_paused(&self, source: &str, paused: bool) {
         if let Some(h) = self.sources.get(source) {
             h.paused.set(if paused { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// Sets how many bulk jobs run on `source`.
+    pub fn set_jobs_running(&self, source: &str, running: usize) {
+        if let Some(h) = self.sources.get(source) {
+            #[allow(clippy::cast_precision_loss)]
+            h.jobs.set(running as f64);
         }
     }
 
@@ -668,6 +684,12 @@ fn describe(r: &PrometheusRecorder) {
         SOURCE_PAUSED.into(),
         None,
         "1 while the source's circuit breaker holds its deliveries (paused, or one probe at a time), 0 while they run"
+            .into(),
+    );
+    r.describe_gauge(
+        JOBS_RUNNING.into(),
+        None,
+        "Bulk jobs (redelivery, erasure) running on the source, on any instance that shares its inbox"
             .into(),
     );
     r.describe_gauge(

@@ -235,6 +235,8 @@ async fn a_job_keeps_half_the_slots_and_a_cancel_stops_it_queuing() {
     eventually("two replays held", || async { receiver.held() == 2 }).await;
     let j = job(&app, &id).await;
     assert_eq!((&j["matched"], &j["queued"]), (&json!(2), &json!(2)), "{j}");
+    // The gauge the oldest-pending alert holds off on.
+    assert_eq!(jobs_running(&app).await, 1.0);
     // Live traffic still has the other two slots.
     app.ingest_ok(&body("live", "run_live", "2026-11-29T10:00:00Z"))
         .await;
@@ -258,6 +260,23 @@ async fn a_job_keeps_half_the_slots_and_a_cancel_stops_it_queuing() {
         "{done}"
     );
     assert_eq!(replays(&receiver).len(), 2);
+    assert_eq!(jobs_running(&app).await, 0.0);
+}
+
+/// `dedupd_jobs_running{source="sume"}` as a scrape reads it.
+async fn jobs_running(app: &TestApp) -> f64 {
+    let text = app
+        .request(Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("dedupd_jobs_running{source=\"sume\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no dedupd_jobs_running for sume in:\n{text}"))
 }
 
 #[tokio::test]

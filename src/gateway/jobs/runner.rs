@@ -51,8 +51,9 @@ const BUSY: Duration = Duration::from_millis(5);
 /// wakes the runner at once).
 const WAITING: Duration = Duration::from_millis(100);
 /// Pause between passes while no job runs here; also how often the job
-/// list is read again (a job started or cancelled on this instance wakes
-/// the runner at once).
+/// list is read again when other instances share the inbox (a job started
+/// or cancelled on this instance wakes the runner at once; on an inbox of
+/// its own, that is the only way one starts, so it reads no more).
 const IDLE: Duration = Duration::from_secs(1);
 
 /// The job runner of one instance.
@@ -102,7 +103,11 @@ impl Runner {
         let mut listed: Option<Instant> = None;
         let mut woken = true;
         loop {
-            if woken || listed.is_none_or(|at| at.elapsed() >= IDLE) {
+            let elsewhere = self.gateway.inbox.written_elsewhere();
+            if woken
+                || listed.is_none()
+                || (elsewhere && listed.is_some_and(|at| at.elapsed() >= IDLE))
+            {
                 match super::list(self.gateway.inbox.as_ref()).await {
                     Ok(jobs) => {
                         running = jobs

@@ -463,6 +463,10 @@ impl Inbox for RedisInbox {
         false
     }
 
+    fn written_elsewhere(&self) -> bool {
+        true
+    }
+
     fn dedupe_window(&self) -> Duration {
         self.opts.dedupe_window
     }
