@@ -24,7 +24,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 # case | commit | what the build has (claims: claims and ordering only;
-# gateway: + webhook inbox; resp: + Redis-protocol keyspace) | config
+# gateway: + webhook inbox; resp: + Redis-protocol keyspace; jobs: + bulk
+# jobs and erasure, on a third source) | config
 # style (store: the [store] table; storage: [storage]) | how it stops
 # (term: SIGTERM, a clean shutdown; kill: SIGKILL with the log holding
 # batches not checkpointed)
@@ -42,6 +43,8 @@ log-format-2      3481e83 resp    storage kill
 schema-7          2cd3be3 resp    storage term
 schema-8          6be7d97 resp    storage term
 log-format-3      6be7d97 resp    storage kill
+schema-9          c9a2cba jobs    storage term
+log-format-4      c9a2cba jobs    storage kill
 "
 
 usage() {
@@ -147,6 +150,21 @@ wait_for() {
     die "$1 events with status $2 never satisfied: $3"
 }
 
+# wait_job ID EXPR: until the view of job ID satisfies the python
+# expression EXPR over `job` (30 s at most).
+wait_job() {
+    local i
+    for i in $(seq 300); do
+        if curl -sS "http://127.0.0.1:$PORT/v1/jobs/$1" |
+            python3 -c 'import json,sys; job=json.load(sys.stdin); sys.exit(0 if eval(sys.argv[1]) else 1)' "$2" \
+                2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    die "job $1 never satisfied: $2"
+}
+
 resp() {
     local out
     out=$(redis-cli -h 127.0.0.1 -p "$RESP_PORT" "$@")
@@ -173,13 +191,16 @@ checkpoint_interval = "1h"
 checkpoint_idle = "1h"
 EOF
     fi
-    if [ "$kind" = resp ]; then
+    if [ "$kind" = resp ] || [ "$kind" = jobs ]; then
         printf '\n[resp]\nlisten = "127.0.0.1:%s"\n' "$RESP_PORT"
     fi
     if [ "$kind" != claims ]; then
         # sume: retries wait an hour (the clock is frozen: they never come);
-        # fragile: one attempt, then dead.
-        for source in sume fragile; do
+        # fragile: one attempt, then dead; bulk (builds with jobs): as sume,
+        # for the jobs and the erasure, apart from the other two.
+        local sources="sume fragile"
+        [ "$kind" != jobs ] || sources="sume fragile bulk"
+        for source in $sources; do
             cat <<EOF
 
 [sources.$source]
@@ -192,7 +213,7 @@ forward_to = "http://127.0.0.1:$RECEIVER_PORT/hook"
 destination_secret = "$DEST_SECRET"
 backoff_min = "1h"
 backoff_max = "2h"
-max_attempts = $([ $source = sume ] && echo 3 || echo 1)
+max_attempts = $([ $source = fragile ] && echo 1 || echo 3)
 EOF
         done
     fi
@@ -200,7 +221,7 @@ EOF
 
 # The scenario: what every case's file holds (see README.md).
 scenario() {
-    local kind=$1 token
+    local kind=$1 token job
     # Claims: processing (with a fingerprint), done, extended, released.
     http POST /v1/claims/job-processing '{"ttl_ms":3600000,"fingerprint":"sha256:aa"}' >/dev/null
     token=$(http POST /v1/claims/job-done '{"ttl_ms":3600000}' | json '["token"]')
@@ -230,7 +251,7 @@ scenario() {
         wait_for fragile dead 'len(events) == 1'
         wait_for sume pending 'sorted((e["event_id"], e["attempts"]) for e in events) == [("fail-1", 1), ("ok-2", 0)]'
     fi
-    if [ "$kind" = resp ]; then
+    if [ "$kind" = resp ] || [ "$kind" = jobs ]; then
         # Keyspace: no expiry, an expiry, a binary value, a key deleted,
         # an expiry removed.
         [ "$(resp SET kv:plain value-1)" = OK ] || die "SET"
@@ -240,6 +261,32 @@ scenario() {
         [ "$(resp DEL kv:gone)" = 1 ] || die "DEL"
         [ "$(resp SET kv:persisted value-3 EX 60)" = OK ] || die "SET EX"
         [ "$(resp PERSIST kv:persisted)" = 1 ] || die "PERSIST"
+    fi
+    if [ "$kind" = jobs ]; then
+        # On bulk: ok-4 delivered (the head of run-3), late-1 stale behind
+        # it, ok-5 delivered, then erased.
+        ingest bulk '{"id":"ok-4","stream":"run-3","created_at":"2027-01-15T07:00:00Z"}'
+        wait_for bulk delivered 'len(events) == 1'
+        ingest bulk '{"id":"late-1","stream":"run-3","created_at":"2027-01-15T06:00:00Z"}'
+        wait_for bulk stale 'len(events) == 1'
+        ingest bulk '{"id":"ok-5","created_at":"2027-01-15T07:50:00Z"}'
+        wait_for bulk delivered 'len(events) == 2'
+        http DELETE /v1/sources/bulk/events/ok-5 >/dev/null
+        # A redeliver job of the delivered events: ok-4 (the erased ok-5 is
+        # not delivered any more) replayed and acknowledged; the job done.
+        job=$(http POST /v1/sources/bulk/jobs '{"kind":"redeliver","filter":{"status":"delivered"}}' | json '["id"]')
+        wait_job "$job" 'job["state"] == "done" and job["delivered"] == 1'
+        # A redeliver job of the stale events: late-1 replayed, answered
+        # 503, its retry an hour away (never: the clock is frozen), so the
+        # job still runs, waiting for it, when it is cancelled.
+        job=$(http POST /v1/sources/bulk/jobs '{"kind":"redeliver","filter":{"status":"stale"}}' | json '["id"]')
+        wait_for bulk pending '[(e["event_id"], e["attempts"]) for e in events] == [("late-1", 1)]'
+        http POST "/v1/jobs/$job/cancel" >/dev/null
+        wait_job "$job" 'job["cancelled"] and job["state"] == "running" and job["queued"] == 1'
+        # What the build shows of them (recorded in answers.txt).
+        for id in ok-4 late-1 ok-5; do http GET "/v1/sources/bulk/events/$id" >/dev/null; done
+        http GET '/v1/sources/bulk/events?status=erased' >/dev/null
+        http GET /v1/jobs >/dev/null
     fi
 }
 

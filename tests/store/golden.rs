@@ -4,7 +4,8 @@
 //! scenario (`tests/golden/make.sh`; its README says what each holds). This
 //! build opens a copy of each (never the committed file) and must find
 //! everything that build acknowledged, exactly: claims, applied events and
-//! heads, gateway inbox rows with their indexes, keyspace keys. A log of
+//! heads, gateway inbox rows with their indexes, keyspace keys, erased
+//! events, replay marks and bulk jobs. A log of
 //! any format is replayed, then rewritten in the current one; the
 //! migration runs once and sticks (a second open finds the same).
 //!
@@ -15,7 +16,11 @@ use std::path::{Path, PathBuf};
 
 use dedupd::clock::Millis;
 use dedupd::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
-use dedupd::store::inbox::{EventStatus, Inbox, IngestOutcome, NewEvent};
+use dedupd::gateway::jobs::{Job, JobKind, JobState};
+use dedupd::store::inbox::{
+    EventStatus, Inbox, InboxEvent, IngestOutcome, ListOrder, NewEvent, RedeliverOutcome,
+    ReplayMark, ReplayState,
+};
 use dedupd::store::keyspace::KvEntry;
 use dedupd::store::redb::{OpenError, RedbOptions, RedbStore};
 use dedupd::store::{
@@ -61,6 +66,9 @@ struct Case {
     keyspace: bool,
     /// Whether the build kept attempt timelines (schema 8 on).
     timelines: bool,
+    /// Whether the build had bulk jobs and erasure (schema 9 on): the
+    /// scenario's third source, `bulk`.
+    jobs: bool,
 }
 
 const fn case(name: &'static str, schema: u64, gateway: Gateway) -> Case {
@@ -72,6 +80,7 @@ const fn case(name: &'static str, schema: u64, gateway: Gateway) -> Case {
         gateway,
         keyspace: false,
         timelines: false,
+        jobs: false,
     }
 }
 
@@ -190,17 +199,48 @@ fn at(rfc3339: &str) -> CreatedAt {
     CreatedAt::parse(rfc3339, "created_at").unwrap()
 }
 
-/// The token the build answered for a claim of `key` (from the
-/// generator's record of every answer).
-fn token(case: &Case, key: &str) -> Token {
+/// What the build answered to the first request that starts with
+/// `request`, with `status` (from the generator's record of every answer).
+fn answer(case: &Case, request: &str, status: u16) -> serde_json::Value {
     let answers = std::fs::read_to_string(golden_dir(case.name).join("answers.txt")).unwrap();
     let line = answers
         .lines()
-        .find(|l| l.starts_with(&format!("POST /v1/claims/{key} ")))
-        .unwrap_or_else(|| panic!("{}: no claim of {key} in answers.txt", case.name));
-    let (_, body) = line.split_once("-> 201 ").unwrap();
-    let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        .find(|l| l.starts_with(request))
+        .unwrap_or_else(|| panic!("{}: no {request:?} in answers.txt", case.name));
+    let (_, body) = line
+        .split_once(&format!(" -> {status} "))
+        .unwrap_or_else(|| panic!("{}: not answered {status}: {line}", case.name));
+    serde_json::from_str(body).unwrap()
+}
+
+/// The token the build answered for a claim of `key`.
+fn token(case: &Case, key: &str) -> Token {
+    let body = answer(case, &format!("POST /v1/claims/{key} "), 201);
     Token::parse(body["token"].as_str().unwrap()).unwrap()
+}
+
+/// The ids of the scenario's two bulk jobs, as the build answered their
+/// starts: the redeliver job of `bulk`'s delivered events (done), and
+/// that of its stale events (cancelled while it waited).
+fn job_ids(case: &Case) -> (String, String) {
+    let started = |status: &str| {
+        let request = format!(
+            r#"POST /v1/sources/bulk/jobs {{"kind":"redeliver","filter":{{"status":"{status}"}}}} "#
+        );
+        answer(case, &request, 201)["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    (started("delivered"), started("stale"))
+}
+
+/// The claim by which an instance runs `job` (the runner's).
+fn job_claim(job: &str) -> ScopedKey {
+    ScopedKey::new(
+        &Namespace::GatewayStream("bulk#jobs".to_owned()),
+        &Key::parse(job, "job").unwrap(),
+    )
 }
 
 fn claim_view(state: ClaimState, fence: u64, expires_at_ms: Millis) -> Option<ClaimView> {
@@ -245,9 +285,37 @@ const BODIES: [(&str, &str, &str); 6] = [
     ),
 ];
 
+/// The bodies posted to `bulk`, in builds with jobs.
+const BULK_BODIES: [(&str, &str, &str); 3] = [
+    (
+        "bulk",
+        "late-1",
+        r#"{"id":"late-1","stream":"run-3","created_at":"2027-01-15T06:00:00Z"}"#,
+    ),
+    (
+        "bulk",
+        "ok-4",
+        r#"{"id":"ok-4","stream":"run-3","created_at":"2027-01-15T07:00:00Z"}"#,
+    ),
+    (
+        "bulk",
+        "ok-5",
+        r#"{"id":"ok-5","created_at":"2027-01-15T07:50:00Z"}"#,
+    ),
+];
+
+/// The bodies a case's build was posted.
+fn bodies(
+    case: &Case,
+) -> impl Iterator<Item = &'static (&'static str, &'static str, &'static str)> {
+    let bulk: &[_] = if case.jobs { &BULK_BODIES } else { &[] };
+    BODIES.iter().chain(bulk)
+}
+
 fn body(event_id: &str) -> &'static [u8] {
     BODIES
         .iter()
+        .chain(&BULK_BODIES)
         .find(|(_, id, _)| *id == event_id)
         .unwrap()
         .2
@@ -329,7 +397,22 @@ async fn check_contents(case: &Case, store: &RedbStore) {
         "{name}: a delivered event moves its stream's head"
     );
     assert_eq!(store.head(&run("run-2"), NOW).await.unwrap(), None);
+    assert_eq!(
+        store
+            .head(&gateway_key("bulk", "run-3"), NOW)
+            .await
+            .unwrap(),
+        if case.jobs {
+            head(gateway_key("bulk", "ok-4"), "2027-01-15T07:00:00Z")
+        } else {
+            None
+        },
+        "{name}: ok-4 moved run-3's head; its replay, an event already applied, did not"
+    );
 
+    if case.jobs {
+        check_jobs(case, store).await;
+    }
     if case.gateway != Gateway::Absent {
         check_inbox(case, store).await;
     } else {
@@ -421,21 +504,21 @@ async fn check_inbox(case: &Case, store: &RedbStore) {
             settled,
         ),
     ];
-    assert_eq!(
-        indexes.rows.len(),
-        expected.len(),
-        "{name}: {:?}",
-        indexes.rows
-    );
+    // The bulk source's rows (cases with jobs) come first; they are
+    // checked apart.
+    let (bulk, rows): (Vec<&InboxEvent>, Vec<&InboxEvent>) =
+        indexes.rows.iter().partition(|r| r.source == "bulk");
+    assert_eq!(rows.len(), expected.len(), "{name}: {:?}", indexes.rows);
     // fail-1 failed once: retried after backoff_min (1 h) jittered to
     // [30 min, 1 h].
-    let retry_at = indexes.rows[1].due_at_ms;
+    let retry_at = rows[1].due_at_ms;
     assert!(
         (T0 + HOUR / 2..=T0 + HOUR).contains(&retry_at),
         "{name}: fail-1 due at {retry_at}"
     );
+    let bulk_retry_at = check_bulk_rows(case, &bulk);
     for (row, (source, id, status, stream, created, attempts, expires)) in
-        indexes.rows.iter().zip(expected)
+        rows.into_iter().zip(expected)
     {
         let failed = id.starts_with("fail");
         // Every event the build leased has generation 1, except in a file
@@ -467,6 +550,7 @@ async fn check_inbox(case: &Case, store: &RedbStore) {
             "{name}: {id}"
         );
         assert!(!row.force, "{name}: {id}");
+        assert_eq!(row.replay, None, "{name}: {id}");
         // Each attempted event kept its one attempt, sent at the frozen
         // clock; builds before timelines kept none.
         let timeline: Vec<_> = row
@@ -499,45 +583,56 @@ async fn check_inbox(case: &Case, store: &RedbStore) {
     // The indexes, as migrated: only fail-1 is runnable (ok-2 waits behind
     // it on run-2), both queue on run-2, one status entry per event, an
     // expiry per settled event.
+    // With jobs, bulk's too (its entries sort first): late-1 runnable at
+    // its retry, alone in run-3's queue (ok-4 was delivered there), one
+    // status entry each (ok-5's as erased), an expiry for ok-4 (delivered)
+    // and ok-5 (erased, kept as long as a dead event).
     let s = |v: &str| v.to_owned();
     let nanos = |hm: &str| at(&format!("2027-01-15T{hm}:00Z")).unix_nanos();
-    assert_eq!(
-        indexes.runnable,
-        [(s("sume"), retry_at, s("fail-1"))],
-        "{name}"
-    );
-    assert_eq!(
-        indexes.queue,
-        [
-            (s("sume"), s("run-2"), nanos("07:00"), T0, s("fail-1")),
-            (s("sume"), s("run-2"), nanos("07:30"), T0, s("ok-2")),
-        ],
-        "{name}"
-    );
-    assert_eq!(
-        indexes.status,
-        [
-            (s("fragile"), 3, T0, s("fail-2")),
-            (s("sume"), 0, T0, s("fail-1")),
-            (s("sume"), 0, T0, s("ok-2")),
-            (s("sume"), 1, T0, s("ok-1")),
-            (s("sume"), 1, T0, s("ok-3")),
-            (s("sume"), 2, T0, s("ok-0")),
-        ],
-        "{name}"
-    );
-    assert_eq!(
-        indexes.expiry,
-        [
-            (settled, s("sume"), s("ok-0")),
-            (settled, s("sume"), s("ok-1")),
-            (settled, s("sume"), s("ok-3")),
-            (dead, s("fragile"), s("fail-2")),
-        ],
-        "{name}"
-    );
+    let mut runnable = vec![(s("sume"), retry_at, s("fail-1"))];
+    let mut queue = vec![
+        (s("sume"), s("run-2"), nanos("07:00"), T0, s("fail-1")),
+        (s("sume"), s("run-2"), nanos("07:30"), T0, s("ok-2")),
+    ];
+    let mut status = vec![
+        (s("fragile"), 3, T0, s("fail-2")),
+        (s("sume"), 0, T0, s("fail-1")),
+        (s("sume"), 0, T0, s("ok-2")),
+        (s("sume"), 1, T0, s("ok-1")),
+        (s("sume"), 1, T0, s("ok-3")),
+        (s("sume"), 2, T0, s("ok-0")),
+    ];
+    let mut expiry = vec![
+        (settled, s("sume"), s("ok-0")),
+        (settled, s("sume"), s("ok-1")),
+        (settled, s("sume"), s("ok-3")),
+        (dead, s("fragile"), s("fail-2")),
+    ];
+    if let Some(bulk_retry_at) = bulk_retry_at {
+        runnable.insert(0, (s("bulk"), bulk_retry_at, s("late-1")));
+        queue.insert(0, (s("bulk"), s("run-3"), nanos("06:00"), T0, s("late-1")));
+        status.splice(
+            0..0,
+            [
+                (s("bulk"), 0, T0, s("late-1")),
+                (s("bulk"), 1, T0, s("ok-4")),
+                (s("bulk"), 4, T0, s("ok-5")),
+            ],
+        );
+        expiry.push((settled, s("bulk"), s("ok-4")));
+        expiry.push((dead, s("bulk"), s("ok-5")));
+        expiry.sort();
+    }
+    assert_eq!(indexes.runnable, runnable, "{name}");
+    assert_eq!(indexes.queue, queue, "{name}");
+    assert_eq!(indexes.status, status, "{name}");
+    assert_eq!(indexes.expiry, expiry, "{name}");
     assert!(indexes.orphan_bodies.is_empty(), "{name}");
     assert!(indexes.orphan_timelines.is_empty(), "{name}");
+    assert!(indexes.orphan_marks.is_empty(), "{name}");
+    assert!(indexes.erased_bodies.is_empty(), "{name}");
+    assert!(indexes.dedupe.is_empty(), "{name}");
+    assert!(indexes.dedupe_expiry.is_empty(), "{name}");
     // The counts a listing and /metrics show, rebuilt on open.
     let summary: Vec<_> = store
         .inbox()
@@ -545,11 +640,332 @@ async fn check_inbox(case: &Case, store: &RedbStore) {
         .await
         .unwrap()
         .into_iter()
-        .map(|s| (s.source, s.pending, s.delivered, s.stale, s.dead))
+        .map(|s| (s.source, s.pending, s.delivered, s.stale, s.dead, s.erased))
         .collect();
+    let mut expected = vec![(s("fragile"), 0, 0, 0, 1, 0), (s("sume"), 2, 2, 1, 0, 0)];
+    if case.jobs {
+        expected.insert(0, (s("bulk"), 1, 1, 0, 0, 1));
+    }
+    assert_eq!(summary, expected, "{name}");
+    if case.jobs {
+        check_bulk_reads(case, store).await;
+    }
+}
+
+/// The rows of the bulk source (cases with jobs; none in others), exactly:
+/// ok-4 replayed by the done job and delivered again (a second attempt,
+/// its mark kept), late-1 stale, replayed by the cancelled job and pending
+/// after its 503, ok-5 delivered, then erased. Answers late-1's retry time.
+fn check_bulk_rows(case: &Case, rows: &[&InboxEvent]) -> Option<Millis> {
+    let name = case.name;
+    if !case.jobs {
+        assert!(rows.is_empty(), "{name}: {rows:?}");
+        return None;
+    }
+    let (done, cancelled) = job_ids(case);
+    let ids: Vec<_> = rows.iter().map(|r| r.event_id.as_str()).collect();
+    assert_eq!(ids, ["late-1", "ok-4", "ok-5"], "{name}");
+    let (late, ok4, ok5) = (rows[0], rows[1], rows[2]);
+    // Its one attempt failed: retried after backoff_min, jittered.
+    let retry_at = late.due_at_ms;
+    assert!(
+        (T0 + HOUR / 2..=T0 + HOUR).contains(&retry_at),
+        "{name}: late-1 due at {retry_at}"
+    );
+    let json = vec![("content-type".to_owned(), "application/json".to_owned())];
+    let error = "HTTP 503 Service Unavailable";
+    let timeline = |e: &InboxEvent| -> Vec<_> {
+        e.timeline
+            .iter()
+            .map(|a| (a.attempt, a.at_ms, a.status, a.error.clone()))
+            .collect()
+    };
+    let mark = |job: &str, base_attempts| {
+        Some(ReplayMark {
+            job: job.to_owned(),
+            base_attempts,
+        })
+    };
+    // Everything but the timeline (its latencies vary), field by field:
+    // what the three share, then each one's own.
+    let without_timeline = |e: &InboxEvent| InboxEvent {
+        timeline: Vec::new(),
+        ..e.clone()
+    };
+    let shared = InboxEvent {
+        source: "bulk".to_owned(),
+        event_id: String::new(),
+        status: EventStatus::Pending,
+        stream: None,
+        created_at: at("2027-01-15T07:00:00Z"),
+        received_at_ms: T0,
+        attempts: 0,
+        due_at_ms: T0,
+        last_error: None,
+        force: false,
+        headers: json,
+        body: Vec::new(),
+        expires_at_ms: 0,
+        lease: 0,
+        body_bytes: 0,
+        timeline: Vec::new(),
+        replay: None,
+    };
+    let with_body = |id: &str| InboxEvent {
+        event_id: id.to_owned(),
+        body: body(id).to_vec(),
+        body_bytes: body(id).len(),
+        ..shared.clone()
+    };
+    // late-1: leased once (found stale), replayed (a new generation),
+    // leased again; forced past run-3's head (a replay of a stale event);
+    // its mark counts from its 0 attempts.
     assert_eq!(
-        summary,
-        [(s("fragile"), 0, 0, 0, 1), (s("sume"), 2, 2, 1, 0)],
+        without_timeline(late),
+        InboxEvent {
+            stream: Some("run-3".to_owned()),
+            created_at: at("2027-01-15T06:00:00Z"),
+            attempts: 1,
+            due_at_ms: retry_at,
+            last_error: Some(error.to_owned()),
+            force: true,
+            lease: 3,
+            replay: mark(&cancelled, 0),
+            ..with_body("late-1")
+        },
+        "{name}: late-1"
+    );
+    assert_eq!(
+        timeline(late),
+        [(1, T0, Some(503), Some(error.to_owned()))],
+        "{name}: late-1"
+    );
+    // ok-4: delivered, replayed from its 1 attempt, delivered again as
+    // attempt 2 (forced: a replay of a delivered event).
+    assert_eq!(
+        without_timeline(ok4),
+        InboxEvent {
+            status: EventStatus::Delivered,
+            stream: Some("run-3".to_owned()),
+            attempts: 2,
+            force: true,
+            expires_at_ms: T0 + 7 * DAY,
+            lease: 3,
+            replay: mark(&done, 1),
+            ..with_body("ok-4")
+        },
+        "{name}: ok-4"
+    );
+    assert_eq!(
+        timeline(ok4),
+        [(1, T0, Some(200), None), (2, T0, Some(200), None)],
+        "{name}: ok-4"
+    );
+    // ok-5: erased: no body, no headers, a new lease generation, kept as
+    // long as a dead event; its attempt stays in its timeline.
+    assert_eq!(
+        without_timeline(ok5),
+        InboxEvent {
+            event_id: "ok-5".to_owned(),
+            status: EventStatus::Erased,
+            created_at: at("2027-01-15T07:50:00Z"),
+            attempts: 1,
+            headers: Vec::new(),
+            expires_at_ms: T0 + 30 * DAY,
+            lease: 2,
+            ..shared.clone()
+        },
+        "{name}: ok-5"
+    );
+    assert_eq!(timeline(ok5), [(1, T0, Some(200), None)], "{name}: ok-5");
+    for row in rows {
+        assert!(
+            row.timeline.iter().all(|a| a.latency_us > 0),
+            "{name}: {}",
+            row.event_id
+        );
+    }
+    Some(retry_at)
+}
+
+/// The bulk source as the operator API reads it: the erased event shown
+/// and listed as erased, the replayed ones with their marks.
+async fn check_bulk_reads(case: &Case, store: &RedbStore) {
+    let name = case.name;
+    let inbox = &store.inbox();
+    let (done, cancelled) = job_ids(case);
+    let erased = inbox.inbox_event("bulk", "ok-5").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            erased.status,
+            erased.headers.is_empty(),
+            erased.body.is_empty(),
+            erased.body_bytes,
+            erased.replay.clone()
+        ),
+        (EventStatus::Erased, true, true, 0, None),
+        "{name}: {erased:?}"
+    );
+    let replay = |id: &'static str| async move {
+        let e = inbox.inbox_event("bulk", id).await.unwrap().unwrap();
+        e.replay.map(|m| (m.job, m.base_attempts))
+    };
+    assert_eq!(replay("ok-4").await, Some((done.clone(), 1)), "{name}");
+    assert_eq!(
+        replay("late-1").await,
+        Some((cancelled.clone(), 0)),
+        "{name}"
+    );
+    let listed = |status| async move {
+        let (events, next) = inbox
+            .list_events("bulk", status, ListOrder::OldestFirst, None, 10)
+            .await
+            .unwrap();
+        assert_eq!(next, None);
+        events
+            .into_iter()
+            .map(|e| (e.event_id, e.replay.map(|m| m.job)))
+            .collect::<Vec<_>>()
+    };
+    let s = |v: &str| v.to_owned();
+    assert_eq!(
+        listed(EventStatus::Erased).await,
+        [(s("ok-5"), None)],
+        "{name}"
+    );
+    assert_eq!(
+        listed(EventStatus::Delivered).await,
+        [(s("ok-4"), Some(done.clone()))],
+        "{name}"
+    );
+    assert_eq!(
+        listed(EventStatus::Pending).await,
+        [(s("late-1"), Some(cancelled.clone()))],
+        "{name}"
+    );
+    assert_eq!(listed(EventStatus::Stale).await, [], "{name}");
+    let ids = ["late-1", "ok-4", "ok-5", "ok-6"].map(s).to_vec();
+    assert_eq!(
+        inbox.replay_states("bulk", ids).await.unwrap(),
+        [
+            Some(ReplayState {
+                status: EventStatus::Pending,
+                job: Some(cancelled)
+            }),
+            Some(ReplayState {
+                status: EventStatus::Delivered,
+                job: Some(done)
+            }),
+            Some(ReplayState {
+                status: EventStatus::Erased,
+                job: None
+            }),
+            None,
+        ],
+        "{name}"
+    );
+}
+
+/// The bulk jobs' records (cases with jobs), exactly as the build wrote
+/// them, and as this build decodes them; the claim by which the runner
+/// ran the cancelled one, kept only when the process was killed.
+async fn check_jobs(case: &Case, store: &RedbStore) {
+    let name = case.name;
+    let (done, cancelled) = job_ids(case);
+    let jobs = store.inbox().jobs().await.unwrap();
+    let mut expected = vec![(done.clone(), false), (cancelled.clone(), true)];
+    expected.sort();
+    assert_eq!(
+        jobs.iter()
+            .map(|j| (j.id.clone(), j.cancelled))
+            .collect::<Vec<_>>(),
+        expected,
+        "{name}"
+    );
+    // Every field of the filter is written, null when not given.
+    let filter = |status: &str| {
+        serde_json::json!({
+            "status": status,
+            "received_from": null,
+            "received_to": null,
+            "created_from": null,
+            "created_to": null,
+            "stream": null,
+            "field": null,
+            "error_contains": null,
+        })
+    };
+    for stored in &jobs {
+        let record: serde_json::Value = serde_json::from_slice(&stored.record).unwrap();
+        let expected = if stored.id == done {
+            serde_json::json!({
+                "id": done,
+                "source": "bulk",
+                "kind": "redeliver",
+                "filter": filter("delivered"),
+                "state": "done",
+                "created_ms": T0,
+                "finished_ms": T0,
+                "cursor": [T0, "ok-4"],
+                "scanned_all": true,
+                "scanned": 1,
+                "matched": 1,
+                "delivered": 1,
+                "failed": 0,
+                "erased": 0,
+                "skipped": 0,
+                "window": [],
+                "error": null,
+            })
+        } else {
+            serde_json::json!({
+                "id": cancelled,
+                "source": "bulk",
+                "kind": "redeliver",
+                "filter": filter("stale"),
+                "state": "running",
+                "created_ms": T0,
+                "finished_ms": null,
+                "cursor": [T0, "late-1"],
+                "scanned_all": true,
+                "scanned": 1,
+                "matched": 1,
+                "delivered": 0,
+                "failed": 0,
+                "erased": 0,
+                "skipped": 0,
+                "window": ["late-1"],
+                "error": null,
+            })
+        };
+        assert_eq!(record, expected, "{name}: {}", stored.id);
+        let job = Job::decode(stored).unwrap_or_else(|| panic!("{name}: {}", stored.id));
+        let state = if stored.id == done {
+            JobState::Done
+        } else {
+            JobState::Running
+        };
+        assert_eq!(
+            (job.kind, job.state, job.cancelled),
+            (JobKind::Redeliver, state, stored.cancelled),
+            "{name}"
+        );
+    }
+    // The runner released the done job's claim when it finished, and the
+    // cancelled one's when it stopped (SIGTERM); after a SIGKILL, that
+    // claim is there, for 30 s from the frozen clock.
+    assert_eq!(
+        store.get(&job_claim(&done), NOW).await.unwrap(),
+        None,
+        "{name}"
+    );
+    assert_eq!(
+        store.get(&job_claim(&cancelled), NOW).await.unwrap(),
+        if case.replays {
+            claim_view(ClaimState::Processing, 6, T0 + 30_000)
+        } else {
+            None
+        },
         "{name}"
     );
 }
@@ -615,6 +1031,16 @@ fn check_tables(case: &Case, path: &Path) {
             0,
         ),
     ];
+    if case.jobs {
+        expected.push((
+            "g/bulk/ok-4".to_owned(),
+            "g/bulk/run-3".to_owned(),
+            nanos("2027-01-15T07:00:00Z"),
+            T0,
+            retention,
+            0,
+        ));
+    }
     if case.gateway != Gateway::Absent {
         expected.push((
             "g/sume/ok-1".to_owned(),
@@ -638,6 +1064,23 @@ fn check_tables(case: &Case, path: &Path) {
             let (state, _, fence, expires_at, _) = v.value();
             (k.value().to_owned(), state, fence, expires_at)
         })
+        .collect();
+    // The job runner's claims: only the cancelled job's, still running
+    // when the process was killed.
+    let job_claims: Vec<_> = claims
+        .iter()
+        .filter(|(k, ..)| k.starts_with("s/"))
+        .cloned()
+        .collect();
+    let expected_job_claims = if case.jobs && case.replays {
+        let (_, cancelled) = job_ids(case);
+        vec![(job_claim(&cancelled).as_str().to_owned(), 0, 6, T0 + 30_000)]
+    } else {
+        Vec::new()
+    };
+    assert_eq!(job_claims, expected_job_claims, "{}", case.name);
+    let claims: Vec<_> = claims
+        .into_iter()
         .filter(|(k, ..)| k.starts_with("g/"))
         .collect();
     let gateway_claims = match case.gateway {
@@ -704,7 +1147,7 @@ async fn check_use(case: &Case, store: &RedbStore, last_fence: u64) {
         assert_eq!(result.outcome, ApplyOutcome::Duplicate, "{name}: {event}");
     }
     if case.gateway != Gateway::Absent {
-        for (source, id, body) in BODIES {
+        for &(source, id, body) in bodies(case) {
             let again = NewEvent {
                 source: source.to_owned(),
                 event_id: id.to_owned(),
@@ -720,6 +1163,20 @@ async fn check_use(case: &Case, store: &RedbStore, last_fence: u64) {
                 "{name}: {source}/{id} again"
             );
         }
+    }
+    if case.jobs {
+        // A job replays an event once: ok-4 again by the job that
+        // replayed it is refused (and changes nothing).
+        let (done, _) = job_ids(case);
+        assert_eq!(
+            store
+                .inbox()
+                .replay("bulk", "ok-4", &done, NOW)
+                .await
+                .unwrap(),
+            RedeliverOutcome::NotRedeliverable(EventStatus::Delivered),
+            "{name}"
+        );
     }
 }
 
@@ -874,6 +1331,21 @@ const LOG_FORMAT_3: Case = Case {
     timelines: true,
     ..case("log-format-3", 8, Gateway::Current)
 };
+const SCHEMA_9: Case = Case {
+    log: Some(4),
+    keyspace: true,
+    timelines: true,
+    jobs: true,
+    ..case("schema-9", 9, Gateway::Current)
+};
+const LOG_FORMAT_4: Case = Case {
+    log: Some(4),
+    replays: true,
+    keyspace: true,
+    timelines: true,
+    jobs: true,
+    ..case("log-format-4", 9, Gateway::Current)
+};
 
 #[tokio::test]
 async fn a_schema_1_file_of_claims_only_opens_with_everything() {
@@ -903,6 +1375,11 @@ async fn a_schema_7_file_and_its_log_open_with_everything() {
 #[tokio::test]
 async fn a_schema_8_file_and_its_log_open_with_every_attempt_timeline() {
     open_golden(SCHEMA_8).await;
+}
+
+#[tokio::test]
+async fn a_schema_9_file_and_its_log_open_with_erased_events_replay_marks_and_jobs() {
+    open_golden(SCHEMA_9).await;
 }
 
 #[tokio::test]
@@ -943,6 +1420,12 @@ async fn a_format_3_log_is_replayed_with_its_attempts() {
     open_golden(LOG_FORMAT_3).await;
 }
 
+#[tokio::test]
+async fn a_format_4_log_is_replayed_with_its_erasure_replays_and_jobs() {
+    data_file_alone_is_empty(LOG_FORMAT_4).await;
+    open_golden(LOG_FORMAT_4).await;
+}
+
 /// Every directory under tests/golden/ is a case checked here.
 #[test]
 fn every_golden_file_is_checked() {
@@ -957,9 +1440,11 @@ fn every_golden_file_is_checked() {
         SCHEMA_6,
         SCHEMA_7,
         SCHEMA_8,
+        SCHEMA_9,
         LOG_FORMAT_1,
         LOG_FORMAT_2,
         LOG_FORMAT_3,
+        LOG_FORMAT_4,
     ];
     let mut dirs: Vec<String> = std::fs::read_dir(golden_dir(""))
         .unwrap()
