@@ -74,6 +74,9 @@ pub struct EventView {
     expires_at_ms: Option<Millis>,
     /// Size of the stored body.
     body_bytes: usize,
+    /// The bulk job that last replayed it (its `dedupd-replay` header).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replay_job: Option<String>,
 }
 
 /// A page of a source's events.
@@ -139,6 +142,7 @@ impl From<InboxEvent> for EventView {
             due_at_ms: e.due_at_ms,
             last_error: e.last_error,
             expires_at_ms: (e.expires_at_ms > 0).then_some(e.expires_at_ms),
+            replay_job: e.replay.map(|m| m.job),
         }
     }
 }

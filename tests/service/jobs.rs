@@ -168,6 +168,7 @@ async fn a_redeliver_job_replays_in_order_with_its_header_and_the_head_never_mov
         .unwrap();
     assert_eq!(e["attempts"], 2, "{e}");
     assert_eq!(e["status"], "delivered", "{e}");
+    assert_eq!(e["replay_job"], id.as_str(), "{e}");
 
     // A second job over the same filter replays them again, as its own.
     let again = start_job(

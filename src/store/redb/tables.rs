@@ -1,7 +1,8 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 8. Version 7 files have no attempt timelines (opening
-//! one creates their table). Version 6 files have no dedupe records of reaped
+//! Schema version 9. Version 8 files have no replay marks or bulk jobs, and
+//! no erased events (opening one creates their tables). Version 7 files
+//! have no attempt timelines (opening one creates their table). Version 6 files have no dedupe records of reaped
 //! inbox events (opening one creates their tables). Version 5 and 4 files key the Redis-protocol
 //! keyspace by the key itself (opening one moves its rows to row ids).
 //! Version 4 files keep each inbox event's body in its
