@@ -178,10 +178,30 @@ fn follow(common: &Common, id: &str) -> anyhow::Result<ExitCode> {
             last = now;
         }
         if answer["state"] != "running" {
-            return Ok(ExitCode::SUCCESS);
+            return Ok(finished(&answer));
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// The exit status of a job that ended: success only when it ran to its
+/// end and nothing it replayed failed, so a script that waits for it can
+/// tell.
+fn finished(v: &Value) -> ExitCode {
+    let id = text(&v["id"]);
+    if v["state"] == "cancelled" {
+        eprintln!("{id} was cancelled before it handled every match");
+        return ExitCode::FAILURE;
+    }
+    let failed = v["failed"].as_u64().unwrap_or(0);
+    if failed > 0 {
+        eprintln!(
+            "{id} ended with {failed} failed redeliveries: see `dedupd events list --source {} --status dead`",
+            text(&v["source"])
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 /// A job's counters, in a few words.

@@ -589,8 +589,8 @@ async fn events_redeliver_with_a_filter_counts_first_then_runs_a_job_to_its_end(
     assert_eq!(jobs["jobs"], json!([]), "{jobs}");
 
     // The destination is still down: each replay is dead again, and the
-    // job counts both as failed.
-    let out = server.ok(&[
+    // job counts both as failed; --wait exits non-zero and says so.
+    let failed = server.run(&[
         "events",
         "redeliver",
         "--source",
@@ -601,6 +601,15 @@ async fn events_redeliver_with_a_filter_counts_first_then_runs_a_job_to_its_end(
         "2h",
         "--wait",
     ]);
+    assert!(!failed.status.success(), "{failed:?}");
+    assert!(
+        stderr_of(&failed).contains(
+            "ended with 2 failed redeliveries: see `dedupd events list --source sume --status dead`"
+        ),
+        "{}",
+        stderr_of(&failed)
+    );
+    let out = String::from_utf8(failed.stdout).unwrap();
     assert!(out.starts_with("started job_"), "{out}");
     assert!(
         out.trim_end()
