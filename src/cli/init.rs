@@ -10,7 +10,7 @@ use anyhow::{Context, anyhow, bail};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use dedupd::config::{CONFIG_ENV, Settings};
-use dedupd::domain::{Scheme, valid_source_name};
+use dedupd::domain::{ALL_SCHEMES, Scheme, valid_source_name};
 use dedupd::startup::build_sources;
 use figment::providers::{Format, Toml};
 
@@ -23,8 +23,9 @@ pub struct Args {
     /// Name of the source, served at /ingest/NAME.
     #[arg(long, default_value = "sume")]
     source: String,
-    /// Signature scheme: sume, standard-webhooks, stripe or github [default:
-    /// the source's own when its name is one, otherwise standard-webhooks].
+    /// Signature scheme: sume, standard-webhooks, stripe, github, slack,
+    /// shopify, paddle, svix, square, zoom or linear [default: the
+    /// source's own when its name is one, otherwise standard-webhooks].
     #[arg(long, value_parser = parse_scheme)]
     scheme: Option<Scheme>,
     /// Where dedupd delivers the source's events (your application).
@@ -34,15 +35,13 @@ pub struct Args {
 
 /// Parses a scheme as the `scheme` setting names it.
 pub fn parse_scheme(raw: &str) -> Result<Scheme, String> {
-    [
-        Scheme::Sume,
-        Scheme::StandardWebhooks,
-        Scheme::Stripe,
-        Scheme::Github,
-    ]
-    .into_iter()
-    .find(|s| s.name() == raw)
-    .ok_or_else(|| "expected sume, standard-webhooks, stripe or github".to_owned())
+    ALL_SCHEMES
+        .into_iter()
+        .find(|s| s.name() == raw)
+        .ok_or_else(|| {
+            let names: Vec<&str> = ALL_SCHEMES.iter().map(|s| s.name()).collect();
+            format!("expected one of {}", names.join(", "))
+        })
 }
 
 /// Writes the file and says what to run next.
@@ -128,12 +127,14 @@ fn commented(line: &str, comment: &str) -> String {
 fn render(name: &str, scheme: Scheme, forward_to: &str) -> String {
     // Standard Webhooks secrets are keys in base64; the others are used as
     // text.
-    let provider_secret = match scheme {
-        Scheme::StandardWebhooks => format!("whsec_{}", STANDARD.encode(random(24))),
-        Scheme::Sume | Scheme::Stripe | Scheme::Github => hex::encode(random(24)),
+    let provider_secret = if scheme.base64_secrets() {
+        format!("whsec_{}", STANDARD.encode(random(24)))
+    } else {
+        hex::encode(random(24))
     };
     let destination_secret = format!("whsec_{}", STANDARD.encode(random(32)));
     let api_token = hex::encode(random(32));
+    let square_url = format!("notification_url = \"https://hooks.example.com/ingest/{name}\"");
     let fields: &[(&str, &str)] = match scheme {
         Scheme::Sume => &[
             (
@@ -163,26 +164,121 @@ fn render(name: &str, scheme: Scheme, forward_to: &str) -> String {
         Scheme::Stripe => &[
             ("event_id = \"body:/id\"", "the event's evt_... id"),
             (
-                "# Stripe's `created` is Unix seconds, not RFC 3339: without created_at,",
-                "",
+                "created_at = \"body:/created\"",
+                "order by `created` (Unix seconds) ...",
             ),
-            ("# events are ordered by the time dedupd received them.", ""),
+            ("created_at_format = \"unix-seconds\"", ""),
             (
-                "# stream = \"body:/data/object/id\"",
-                "order per object, if you need it",
+                "stream = \"body:/data/object/id\"",
+                "... per object (an invoice, a customer)",
             ),
         ],
         Scheme::Github => &[
             (
-                "# GitHub's X-GitHub-Delivery header is not covered by its signature, so",
+                "# GitHub signs only the body: its X-GitHub-Delivery id is in an",
                 "",
             ),
             (
-                "# dedupd will not read an id from it: point event_id at a field that is",
+                "# unsigned header. Dedupe on the hash of the signed body instead: a",
                 "",
             ),
-            ("# unique to each of your events.", ""),
-            ("event_id = \"body:/id\"", ""),
+            (
+                "# redelivery of the same event is the same bytes (docs/gateway.md).",
+                "",
+            ),
+            ("event_id = \"body-sha256\"", ""),
+        ],
+        Scheme::Slack => &[
+            (
+                "event_id = \"body:/event_id\"",
+                "the Events API's Ev... id, the same on retries",
+            ),
+            (
+                "created_at = \"body:/event_time\"",
+                "order by event_time (Unix seconds) ...",
+            ),
+            ("created_at_format = \"unix-seconds\"", ""),
+            ("stream = \"body:/event/channel\"", "... per channel"),
+        ],
+        Scheme::Shopify => &[
+            (
+                "# Shopify signs only the body; X-Shopify-Event-Id is unsigned.",
+                "",
+            ),
+            ("event_id = \"body-sha256\"", "a retry is the same bytes"),
+            (
+                "created_at = \"body:/updated_at\"",
+                "order by the resource's updated_at ...",
+            ),
+            ("stream = \"body:/id\"", "... per resource (an order)"),
+        ],
+        Scheme::Paddle => &[
+            ("event_id = \"body:/event_id\"", "the evt_... id"),
+            (
+                "created_at = \"body:/occurred_at\"",
+                "order by occurred_at ...",
+            ),
+            (
+                "stream = \"body:/data/id\"",
+                "... per entity (a subscription)",
+            ),
+        ],
+        Scheme::Svix => &[
+            (
+                "event_id = \"header:svix-id\"",
+                "covered by the signature: dedupe on it",
+            ),
+            (
+                "created_at = \"body:/timestamp\"",
+                "Clerk: Unix ms; Resend: body:/created_at",
+            ),
+            ("stream = \"body:/data/id\"", "per object (a user)"),
+        ],
+        Scheme::Square => &[
+            (
+                square_url.as_str(),
+                "exactly as registered at Square: it is signed",
+            ),
+            ("event_id = \"body:/event_id\"", "the event's id"),
+            (
+                "created_at = \"body:/created_at\"",
+                "order by created_at ...",
+            ),
+            ("stream = \"body:/data/id\"", "... per object (a payment)"),
+        ],
+        Scheme::Zoom => &[
+            (
+                "# Zoom's body has no event id: dedupe on its hash (a retry is",
+                "",
+            ),
+            ("# the same bytes).", ""),
+            ("event_id = \"body-sha256\"", ""),
+            (
+                "created_at = \"body:/event_ts\"",
+                "order by event_ts (Unix ms) ...",
+            ),
+            ("created_at_format = \"unix-millis\"", ""),
+            (
+                "stream = \"body:/payload/object/id\"",
+                "... per object (a meeting)",
+            ),
+        ],
+        Scheme::Linear => &[
+            (
+                "# Linear signs the body and a webhookTimestamp in it (checked",
+                "",
+            ),
+            (
+                "# against tolerance); its Linear-Delivery id is unsigned.",
+                "",
+            ),
+            ("event_id = \"body-sha256\"", ""),
+            (
+                "created_at = \"body:/webhookTimestamp\"",
+                "order by when Linear sent it ...",
+            ),
+            ("created_at_format = \"unix-millis\"", ""),
+            ("stream = \"body:/data/id\"", "... per issue"),
         ],
     };
     let fields: String = fields.iter().map(|(l, c)| commented(l, c)).collect();
@@ -236,12 +332,7 @@ mod tests {
 
     #[test]
     fn every_scheme_renders_a_file_that_passes_the_checks() {
-        for scheme in [
-            Scheme::Sume,
-            Scheme::StandardWebhooks,
-            Scheme::Stripe,
-            Scheme::Github,
-        ] {
+        for scheme in ALL_SCHEMES {
             let text = render("src", scheme, "http://127.0.0.1:3000/hooks");
             assert!(
                 check(&text).is_ok(),

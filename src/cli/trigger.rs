@@ -14,9 +14,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
+use dedupd::domain::CreatedAtFormat;
 use dedupd::gateway::Source;
-use dedupd::gateway::locate::Locator;
-use dedupd::gateway::signature::{Scheme, sign};
+use dedupd::gateway::locate::{Locator, body_sha256};
+use dedupd::gateway::signature::{Scheme, sign_at};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -109,6 +110,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         api,
         source,
         secret,
+        notification_url: source.notification_url.clone().unwrap_or_default(),
     };
     super::runtime()?.block_on(async {
         if args.out_of_order {
@@ -146,6 +148,8 @@ struct Poster<'a> {
     source: &'a Source,
     /// The source's first signing secret.
     secret: String,
+    /// The URL Square signs, as configured.
+    notification_url: String,
 }
 
 impl Poster<'_> {
@@ -158,11 +162,12 @@ impl Poster<'_> {
             .anonymous(reqwest::Method::POST, url)
             .header("content-type", "application/json")
             .body(sample.body.clone());
-        for (name, value) in sign(
+        for (name, value) in sign_at(
             self.source.scheme,
             &self.secret,
             super::now_unix_s(),
             &sample.id,
+            &self.notification_url,
             &sample.body,
         ) {
             req = req.header(name, value);
@@ -294,28 +299,52 @@ fn new_stream(scheme: Scheme) -> String {
 fn new_id(scheme: Scheme) -> String {
     match scheme {
         Scheme::Sume => format!("req_{}", random_hex(8)),
-        Scheme::StandardWebhooks => format!("msg_{}", random_hex(8)),
-        Scheme::Stripe | Scheme::Github => format!("evt_{}", random_hex(8)),
+        Scheme::StandardWebhooks | Scheme::Svix => format!("msg_{}", random_hex(8)),
+        Scheme::Slack => format!("Ev{}", random_hex(5).to_uppercase()),
+        Scheme::Square => uuid_like(),
+        Scheme::Stripe
+        | Scheme::Github
+        | Scheme::Shopify
+        | Scheme::Paddle
+        | Scheme::Zoom
+        | Scheme::Linear => format!("evt_{}", random_hex(8)),
     }
 }
 
+/// A random id in the 8-4-4-4-12 hex form (Square's event ids).
+fn uuid_like() -> String {
+    let h = random_hex(16);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
 /// A sample event of `source`: its provider's envelope, with a fresh id
-/// and the given stream and `created_at` wherever the source reads them.
+/// and the given stream and `created_at` wherever the source reads them
+/// (as a number where its `created_at_format` says Unix time). With
+/// `event_id = "body-sha256"` the id is the hash of the body, made unique
+/// by a random `nonce`.
 fn sample(source: &Source, stream: &str, created_at: OffsetDateTime) -> Sample {
     let id = new_id(source.scheme);
-    let created = created_at
+    let created_at = created_at
         .replace_nanosecond(u32::from(created_at.millisecond()) * 1_000_000)
-        .unwrap_or(created_at)
-        .format(&Rfc3339)
-        .unwrap_or_default();
+        .unwrap_or(created_at);
+    let created = created_at.format(&Rfc3339).unwrap_or_default();
+    let unix_ms = i64::try_from(created_at.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+    let note = "sent by dedupd trigger";
     let mut body = match source.scheme {
         Scheme::Sume => json!({
             "type": "run.completed",
-            "data": {"status": "succeeded", "message": "sent by dedupd trigger"},
+            "data": {"status": "succeeded", "message": note},
         }),
         Scheme::StandardWebhooks => json!({
             "type": "test.event",
-            "data": {"message": "sent by dedupd trigger"},
+            "data": {"message": note},
         }),
         Scheme::Stripe => json!({
             "object": "event",
@@ -324,23 +353,75 @@ fn sample(source: &Source, stream: &str, created_at: OffsetDateTime) -> Sample {
         }),
         Scheme::Github => json!({
             "action": "opened",
-            "zen": "sent by dedupd trigger",
+            "zen": note,
+        }),
+        Scheme::Slack => json!({
+            "type": "event_callback",
+            "event": {"type": "message", "text": note},
+        }),
+        Scheme::Shopify => json!({
+            "note": note,
+            "financial_status": "paid",
+        }),
+        Scheme::Paddle => json!({
+            "event_type": "transaction.completed",
+            "notification_id": format!("ntf_{}", random_hex(8)),
+            "data": {"status": "completed", "origin": note},
+        }),
+        Scheme::Svix => json!({
+            "object": "event",
+            "type": "user.updated",
+            "data": {"object": "user", "first_name": note},
+        }),
+        Scheme::Square => json!({
+            "merchant_id": "MLTEST",
+            "type": "payment.updated",
+            "data": {"type": "payment", "object": {"payment": {"note": note}}},
+        }),
+        Scheme::Zoom => json!({
+            "event": "meeting.started",
+            "payload": {"account_id": "test", "object": {"topic": note}},
+        }),
+        Scheme::Linear => json!({
+            "action": "update",
+            "type": "Issue",
+            "data": {"title": note},
+            // Linear's signed timestamp: when it sent the webhook.
+            "webhookTimestamp": super::now_unix_s() * 1000,
         }),
     };
-    put(&mut body, &source.event_id, &id);
+    if source.event_id == Locator::BodySha256 {
+        put(
+            &mut body,
+            &Locator::Body("/nonce".into()),
+            json!(random_hex(8)),
+        );
+    }
+    put(&mut body, &source.event_id, json!(id));
     let created_at = source.created_at.as_ref().map(|l| {
-        put(&mut body, l, &created);
+        let value = match source.created_at_format {
+            CreatedAtFormat::UnixSeconds => json!(unix_ms / 1000),
+            CreatedAtFormat::UnixMillis => json!(unix_ms),
+            CreatedAtFormat::Auto | CreatedAtFormat::Rfc3339 => json!(created),
+        };
+        put(&mut body, l, value);
         created.clone()
     });
     let stream = source.stream.as_ref().map(|l| {
-        put(&mut body, l, stream);
+        put(&mut body, l, json!(stream));
         stream.to_owned()
     });
+    let body = serde_json::to_vec(&body).unwrap_or_default();
+    let id = if source.event_id == Locator::BodySha256 {
+        body_sha256(&body)
+    } else {
+        id
+    };
     Sample {
         id,
         stream,
         created_at,
-        body: serde_json::to_vec(&body).unwrap_or_default(),
+        body,
     }
 }
 
@@ -364,6 +445,7 @@ fn from_file(source: &Source, path: &std::path::Path) -> anyhow::Result<Sample> 
             )
         })?,
         Locator::Header(_) => new_id(source.scheme),
+        Locator::BodySha256 => body_sha256(&body),
     };
     Ok(Sample {
         id,
@@ -373,9 +455,9 @@ fn from_file(source: &Source, path: &std::path::Path) -> anyhow::Result<Sample> 
     })
 }
 
-/// Sets the string at `locator` in `body`, making the objects on the way;
-/// a header locator is carried by the signature (`webhook-id`) instead.
-fn put(body: &mut Value, locator: &Locator, value: &str) {
+/// Sets `value` at `locator` in `body`, making the objects on the way; a
+/// header locator is carried by the signature (`webhook-id`) instead.
+fn put(body: &mut Value, locator: &Locator, value: Value) {
     let Locator::Body(pointer) = locator else {
         return;
     };
@@ -388,7 +470,7 @@ fn put(body: &mut Value, locator: &Locator, value: &str) {
         let Value::Object(map) = at else { return };
         at = map.entry(token).or_insert(Value::Null);
     }
-    *at = Value::String(value.to_owned());
+    *at = value;
 }
 
 #[cfg(test)]
@@ -398,8 +480,8 @@ mod tests {
     #[test]
     fn put_makes_the_objects_on_the_way() {
         let mut v = json!({"type": "x"});
-        put(&mut v, &Locator::Body("/data/a~1b".into()), "1");
-        put(&mut v, &Locator::Body("/request_id".into()), "req");
+        put(&mut v, &Locator::Body("/data/a~1b".into()), json!("1"));
+        put(&mut v, &Locator::Body("/request_id".into()), json!("req"));
         assert_eq!(
             v,
             json!({"type": "x", "request_id": "req", "data": {"a/b": "1"}})

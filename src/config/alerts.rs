@@ -57,6 +57,8 @@ impl AlertSettings {
             tolerance: Duration::from_secs(300),
             event_id: "header:webhook-id".into(),
             created_at: None,
+            created_at_format: Default::default(),
+            notification_url: None,
             stream: None,
             forward_to: self.forward_to.clone(),
             forward_timeout: self.forward_timeout,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::Secret;
-use crate::domain::{Rate, Scheme};
+use crate::domain::{CreatedAtFormat, Rate, Scheme};
 
 /// Largest `max_in_flight`, per source and over all sources.
 pub const MAX_IN_FLIGHT: usize = 4096;
@@ -76,7 +76,8 @@ impl Default for GatewaySettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceSettings {
-    /// `sume`, `standard-webhooks`, `stripe` or `github`.
+    /// `sume`, `standard-webhooks`, `stripe`, `github`, `slack`, `shopify`,
+    /// `paddle`, `svix`, `square`, `zoom` or `linear`.
     pub scheme: Scheme,
     /// Signing secrets; several during a rotation.
     #[serde(default)]
@@ -87,11 +88,21 @@ pub struct SourceSettings {
     /// Largest accepted distance between the signed timestamp and now.
     #[serde(with = "humantime_serde", default = "default_tolerance")]
     pub tolerance: Duration,
-    /// Where the event id is: `header:NAME` or `body:/json/pointer`.
+    /// Where the event id is: `header:NAME`, `body:/json/pointer`, or
+    /// `body-sha256` (the hash of the signed body).
     pub event_id: String,
-    /// Where the RFC 3339 `created_at` is, if the events carry one.
+    /// Where `created_at` is, if the events carry one.
     #[serde(default)]
     pub created_at: Option<String>,
+    /// How `created_at` is written: `auto` (RFC 3339 strings, Unix seconds
+    /// or milliseconds as numbers), `rfc3339`, `unix-seconds` or
+    /// `unix-millis`.
+    #[serde(default)]
+    pub created_at_format: CreatedAtFormat,
+    /// Square signs the URL it posts to: the notification URL exactly as
+    /// registered there (required by, and only for, the square scheme).
+    #[serde(default)]
+    pub notification_url: Option<String>,
     /// Where the ordering scope is, if events are ordered per stream.
     #[serde(default)]
     pub stream: Option<String>,

@@ -13,12 +13,12 @@ mod token;
 mod ttl;
 
 pub use auth_port::AuthPort;
-pub use created_at::CreatedAt;
+pub use created_at::{CreatedAt, CreatedAtFormat};
 pub use durability::Durability;
 pub use fingerprint::Fingerprint;
 pub use key::{Key, Namespace, ScopedKey};
 pub use rate::Rate;
-pub use scheme::Scheme;
+pub use scheme::{ALL_SCHEMES, Scheme};
 pub use source_name::valid_source_name;
 pub use token::Token;
 pub use ttl::{Ttl, TtlBounds};

@@ -5,8 +5,8 @@
 use serde_json::Value;
 
 use super::Source;
-use super::locate::{Found, Locator};
-use super::signature::VerifyError;
+use super::locate::{Found, Locator, body_sha256};
+use super::signature::{Scheme, VerifyError};
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Invalid, Key};
 use crate::store::inbox::NewEvent;
@@ -35,6 +35,47 @@ pub fn check_headers<'a>(
     Ok(source.verifier.check_headers(header, unix_s(now_ms))?)
 }
 
+/// A provider's URL check, answered at once and never stored: Slack's
+/// `url_verification` (its `challenge` back) and Zoom's
+/// `endpoint.url_validation` (the `plainToken`, and its HMAC under the
+/// secret that signed, `encryptedToken`). Both are signed like events.
+/// `None` for anything else (an event, or a scheme without one).
+pub fn handshake<'a>(
+    source: &Source,
+    header: &dyn Fn(&str) -> Option<&'a str>,
+    body: &[u8],
+    received_at: Millis,
+) -> Result<Option<Value>, IngestError> {
+    let marker: &[u8] = match source.scheme {
+        Scheme::Slack => b"url_verification",
+        Scheme::Zoom => b"endpoint.url_validation",
+        _ => return Ok(None),
+    };
+    // Events skip the second HMAC and the JSON parse.
+    if !body.windows(marker.len()).any(|w| w == marker) {
+        return Ok(None);
+    }
+    let signer = source
+        .verifier
+        .verify_which(header, body, unix_s(received_at))?;
+    let Ok(json) = serde_json::from_slice::<Value>(body) else {
+        return Ok(None);
+    };
+    let text = |pointer: &str| json.pointer(pointer).and_then(Value::as_str);
+    Ok(match source.scheme {
+        Scheme::Slack if text("/type") == Some("url_verification") => {
+            text("/challenge").map(|challenge| serde_json::json!({ "challenge": challenge }))
+        }
+        Scheme::Zoom if text("/event") == Some("endpoint.url_validation") => {
+            text("/payload/plainToken").and_then(|plain| {
+                let encrypted = source.verifier.hex_mac(signer, plain.as_bytes())?;
+                Some(serde_json::json!({ "plainToken": plain, "encryptedToken": encrypted }))
+            })
+        }
+        _ => None,
+    })
+}
+
 /// Verifies the signature over `body` and reads the event's id, stream and
 /// `created_at` as the source locates them. Nothing is stored here.
 pub fn parse_event<'a>(
@@ -57,7 +98,14 @@ pub fn parse_event<'a>(
     } else {
         None
     };
-    let event_id = match source.event_id.find(header, json.as_ref()) {
+    let hashed;
+    let found = if source.event_id == Locator::BodySha256 {
+        hashed = body_sha256(body);
+        Found::Text(&hashed)
+    } else {
+        source.event_id.find(header, json.as_ref())
+    };
+    let event_id = match found {
         Found::Text(s) => key(s, "event_id", "invalid_event_id")?,
         Found::Missing => {
             return Err(invalid(
@@ -71,8 +119,9 @@ pub fn parse_event<'a>(
                 "invalid_event_id",
                 "event_id",
                 format!(
-                    "the event id at {} must be a string, found {v}",
-                    source.event_id
+                    "the event id at {} must be a string, found {}",
+                    source.event_id,
+                    short(v)
                 ),
             ));
         }
@@ -83,12 +132,27 @@ pub fn parse_event<'a>(
         .map(|l| (l, l.find(header, json.as_ref())))
     {
         None | Some((_, Found::Missing)) => None,
-        Some((_, Found::Text(s))) => Some(CreatedAt::parse(s, "created_at")?),
+        Some((_, Found::Text(s))) => Some(CreatedAt::read(
+            s,
+            false,
+            source.created_at_format,
+            "created_at",
+        )?),
+        Some((_, Found::Other(v @ Value::Number(_)))) => Some(CreatedAt::read(
+            &v.to_string(),
+            true,
+            source.created_at_format,
+            "created_at",
+        )?),
         Some((l, Found::Other(v))) => {
             return Err(invalid(
                 "invalid_created_at",
                 "created_at",
-                format!("the created_at at {l} must be an RFC 3339 string, found {v}"),
+                format!(
+                    "the created_at at {l} must be an RFC 3339 string or Unix seconds or \
+                     milliseconds, found {}",
+                    short(v)
+                ),
             ));
         }
     };
@@ -107,7 +171,10 @@ pub fn parse_event<'a>(
             return Err(invalid(
                 "invalid_stream",
                 "stream",
-                format!("the stream at {l} must be a string or number, found {v}"),
+                format!(
+                    "the stream at {l} must be a string or number, found {}",
+                    short(v)
+                ),
             ));
         }
     };
@@ -126,6 +193,20 @@ pub fn parse_event<'a>(
         headers,
         body: body.to_vec(),
     })
+}
+
+/// A JSON value for an error message: at most 100 bytes of its text.
+fn short(v: &Value) -> String {
+    let mut text = v.to_string();
+    if text.len() > 100 {
+        let mut end = 100;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
 }
 
 fn unix_s(ms: Millis) -> i64 {

@@ -1,4 +1,5 @@
-//! Where a field of an event is: `header:NAME` or `body:/json/pointer`.
+//! Where a field of an event is: `header:NAME`, `body:/json/pointer`, or
+//! (for an event id) `body-sha256`, the hash of the exact signed body.
 
 use serde_json::Value;
 
@@ -9,6 +10,17 @@ pub enum Locator {
     Header(String),
     /// An RFC 6901 JSON pointer into the body.
     Body(String),
+    /// The SHA-256 of the raw body, in hex: an event id for providers
+    /// that sign only the body and put their delivery id in an unsigned
+    /// header (GitHub, Shopify). Read by ingest from the bytes
+    /// ([`body_sha256`]); [`Locator::find`] finds nothing there.
+    BodySha256,
+}
+
+/// The `body-sha256` locator's value: the hex SHA-256 of the raw body.
+pub fn body_sha256(body: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(body))
 }
 
 /// What was found at a location.
@@ -23,6 +35,9 @@ pub enum Found<'a> {
 impl Locator {
     /// Parses `header:NAME` or `body:/pointer`.
     pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw == "body-sha256" {
+            return Ok(Self::BodySha256);
+        }
         if let Some(name) = raw.strip_prefix("header:") {
             let name = name.trim();
             actix_web::http::header::HeaderName::from_bytes(name.as_bytes())
@@ -46,7 +61,8 @@ impl Locator {
             return Ok(Self::Body(pointer.to_owned()));
         }
         Err(format!(
-            "{raw:?} must be header:NAME or body:/json/pointer (for example body:/request_id)"
+            "{raw:?} must be header:NAME, body:/json/pointer (for example body:/request_id) or, \
+             for event_id, body-sha256"
         ))
     }
 
@@ -63,6 +79,7 @@ impl Locator {
     ) -> Found<'a> {
         match self {
             Self::Header(name) => header(name).map_or(Found::Missing, Found::Text),
+            Self::BodySha256 => Found::Missing,
             Self::Body(pointer) => match body.and_then(|b| b.pointer(pointer)) {
                 None | Some(Value::Null) => Found::Missing,
                 Some(Value::String(s)) => Found::Text(s),
@@ -77,6 +94,7 @@ impl std::fmt::Display for Locator {
         match self {
             Self::Header(n) => write!(f, "header:{n}"),
             Self::Body(p) => write!(f, "body:{p}"),
+            Self::BodySha256 => f.write_str("body-sha256"),
         }
     }
 }
@@ -117,6 +135,20 @@ mod tests {
     }
 
     #[test]
+    fn body_sha256_is_the_hex_hash_of_the_exact_bytes() {
+        assert_eq!(Locator::parse("body-sha256"), Ok(Locator::BodySha256));
+        assert_eq!(Locator::BodySha256.to_string(), "body-sha256");
+        assert!(!Locator::BodySha256.needs_body());
+        // sha256("abc"), FIPS 180-2 appendix B.1.
+        assert_eq!(
+            body_sha256(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        // One changed byte (a space) is another id.
+        assert_ne!(body_sha256(br#"{"a":1}"#), body_sha256(br#"{"a": 1}"#));
+    }
+
+    #[test]
     fn bad_locators_are_refused() {
         for bad in [
             "body:request_id",
@@ -124,6 +156,8 @@ mod tests {
             "header:bad name",
             "query:id",
             "/request_id",
+            "body-sha256 ",
+            "body-sha1",
         ] {
             assert!(Locator::parse(bad).is_err(), "{bad}");
         }

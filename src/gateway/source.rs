@@ -24,9 +24,13 @@ const MIN_TOLERANCE: Duration = Duration::from_secs(1);
 const MAX_TOLERANCE: Duration = Duration::from_secs(3600);
 
 /// Whether the scheme's signature covers header `name` (lowercased): only
-/// standard-webhooks signs one a locator may read, `webhook-id`.
+/// standard-webhooks and svix sign one a locator may read, their id.
 fn signed_header(scheme: Scheme, name: &str) -> bool {
-    scheme == Scheme::StandardWebhooks && name.eq_ignore_ascii_case("webhook-id")
+    match scheme {
+        Scheme::StandardWebhooks => name.eq_ignore_ascii_case("webhook-id"),
+        Scheme::Svix => name.eq_ignore_ascii_case("svix-id"),
+        _ => false,
+    }
 }
 
 pub use crate::config::sources::MAX_IN_FLIGHT;
@@ -58,6 +62,10 @@ pub struct Source {
     pub event_id: Locator,
     /// Where `created_at` is, if configured.
     pub created_at: Option<Locator>,
+    /// How `created_at` is written.
+    pub created_at_format: crate::domain::CreatedAtFormat,
+    /// The URL Square signs (square sources only).
+    pub notification_url: Option<String>,
     /// Where the stream is, if configured.
     pub stream: Option<Locator>,
     /// The application's endpoint.
@@ -141,9 +149,36 @@ impl Source {
             None
         } else {
             Verifier::new(s.scheme, secrets, s.tolerance)
+                .map(|v| v.with_notification_url(s.notification_url.as_deref().unwrap_or("")))
                 .map_err(|e| errors.push(("secrets", e)))
                 .ok()
         };
+        match (s.scheme, s.notification_url.as_deref()) {
+            (Scheme::Square, None) => errors.push((
+                "notification_url",
+                "missing: Square signs the URL it posts to; set the notification URL exactly \
+                 as registered in Square's Developer Console (https://…/ingest/{name})"
+                    .replace("{name}", name),
+            )),
+            (Scheme::Square, Some(url)) => match reqwest::Url::parse(url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                _ => errors.push((
+                    "notification_url",
+                    format!(
+                        "{:?} is not an http:// or https:// URL",
+                        crate::redact::url_str(url)
+                    ),
+                )),
+            },
+            (_, Some(_)) => errors.push((
+                "notification_url",
+                format!(
+                    "only the square scheme signs a URL; the {} scheme has no use for it",
+                    s.scheme.name()
+                ),
+            )),
+            (_, None) => {}
+        }
         let mut locate = |key: &'static str, raw: &str| {
             Locator::parse(raw).map_err(|e| errors.push((key, e))).ok()
         };
@@ -153,6 +188,19 @@ impl Source {
         // A field read from a header the signature does not cover can be
         // changed by anyone holding one captured request: fresh ids in the
         // replay window would each be delivered as a new event.
+        for (key, l) in [
+            ("created_at", created_at.as_ref().and_then(Option::as_ref)),
+            ("stream", stream.as_ref().and_then(Option::as_ref)),
+        ] {
+            if l == Some(&Locator::BodySha256) {
+                errors.push((
+                    key,
+                    "body-sha256 is only an event id (the hash of the body): point this at \
+                     a field, as in body:/created_at"
+                        .into(),
+                ));
+            }
+        }
         for (key, l) in [
             ("event_id", event_id.as_ref()),
             ("created_at", created_at.as_ref().and_then(Option::as_ref)),
@@ -167,10 +215,13 @@ impl Source {
                         "header {name:?} is not covered by the {} signature, so anyone could \
                          change it in a captured request; read it from the body (body:/…){}",
                         s.scheme.name(),
-                        if s.scheme == Scheme::StandardWebhooks {
-                            " or use header:webhook-id"
-                        } else {
-                            ""
+                        match s.scheme {
+                            Scheme::StandardWebhooks => " or use header:webhook-id",
+                            Scheme::Svix => " or use header:svix-id",
+                            _ if key == "event_id" => {
+                                ", or dedupe on the body's hash: event_id = \"body-sha256\""
+                            }
+                            _ => "",
                         }
                     ),
                 ));
@@ -283,6 +334,8 @@ impl Source {
                 verifier,
                 event_id,
                 created_at: created_at.flatten(),
+                created_at_format: s.created_at_format,
+                notification_url: s.notification_url.clone(),
                 stream: stream.flatten(),
                 forward_to,
                 forward_timeout: s.forward_timeout,

@@ -25,7 +25,7 @@ use super::{AppState, Endpoint, Guard, register};
 use crate::clock::Millis;
 use crate::error::{ApiError, Problem};
 use crate::gateway::alerts::ALERT_SOURCE;
-use crate::gateway::ingest::{check_headers, parse_event};
+use crate::gateway::ingest::{check_headers, handshake, parse_event};
 use crate::store::inbox::IngestOutcome;
 
 /// `POST /ingest/{source}`.
@@ -68,7 +68,7 @@ fn refuse_and_close(e: &ApiError) -> HttpResponse {
             Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature`; \
             Stripe: `Stripe-Signature`; GitHub: `X-Hub-Signature-256`)"),
     responses(
-        (status = 200, description = "Stored durably (accepted) or already held (duplicate)", body = Ingested),
+        (status = 200, description = "Stored durably (accepted) or already held (duplicate); or, for a Slack or Zoom source, the answer to the provider's signed URL check ({\"challenge\"} or {\"plainToken\", \"encryptedToken\"}), nothing stored", body = Ingested),
         (status = 400, description = "No usable event id, stream or created_at", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong, or its timestamp out of tolerance", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such source", body = Problem, content_type = "application/problem+json"),
@@ -84,7 +84,7 @@ pub(super) async fn ingest(
     let mut source = None;
     let result = receive(&state, &req, payload, &mut source).await;
     let (outcome, response) = match result {
-        Ok((outcome, event_id)) => {
+        Ok(Received::Event(outcome, event_id)) => {
             let status = match outcome {
                 IngestOutcome::Accepted => "accepted",
                 IngestOutcome::Duplicate => "duplicate",
@@ -94,6 +94,7 @@ pub(super) async fn ingest(
                 HttpResponse::Ok().json(Ingested { status, event_id }),
             )
         }
+        Ok(Received::Handshake(reply)) => ("handshake", HttpResponse::Ok().json(reply)),
         Err(Refused { error, close }) => (
             error.code(),
             if close {
@@ -126,13 +127,21 @@ impl From<ApiError> for Refused {
     }
 }
 
+/// What a request was.
+enum Received {
+    /// An event, stored or a duplicate, and its id.
+    Event(IngestOutcome, String),
+    /// The provider's URL check and its answer (nothing stored).
+    Handshake(serde_json::Value),
+}
+
 /// Steps 1–4; `source` names the configured source once it is known.
 async fn receive(
     state: &AppState,
     req: &HttpRequest,
     payload: web::Payload,
     source_name: &mut Option<String>,
-) -> Result<(IngestOutcome, String), Refused> {
+) -> Result<Received, Refused> {
     let closing = |error: ApiError| Refused { error, close: true };
     let gw = &state.gateway;
     let name = super::path_segment(req, 2, "source").map_err(closing)?;
@@ -150,6 +159,10 @@ async fn receive(
         .await
         .map_err(closing)?;
     let received_at: Millis = state.clock.now_ms();
+    if let Some(reply) = handshake(&source, &header, &body, received_at).map_err(ApiError::from)? {
+        tracing::info!(source = %source.name, "answered the provider's URL check");
+        return Ok(Received::Handshake(reply));
+    }
     let event = parse_event(&source, &header, &body, received_at).map_err(ApiError::from)?;
     // Only the inbox is asked: a local inbox keeps ingest working while a
     // shared store is down, and an event another instance received too is
@@ -180,5 +193,5 @@ async fn receive(
         gw.wake.notify_one();
         tracing::info!(source = %source.name, event_id = %event_id, "event accepted");
     }
-    Ok((outcome, event_id))
+    Ok(Received::Event(outcome, event_id))
 }

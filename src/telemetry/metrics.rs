@@ -87,9 +87,10 @@ pub const CLAIM_OP_OUTCOMES: [(&str, &[&str]); 3] = [
 /// Outcomes of an apply.
 pub const APPLY_OUTCOMES: [&str; 3] = ["applied", "stale", "duplicate"];
 /// Outcomes of ingest known up front: the answers and every refusal code.
-pub const INGEST_OUTCOMES: [&str; 14] = [
+pub const INGEST_OUTCOMES: [&str; 15] = [
     "accepted",
     "duplicate",
+    "handshake",
     "missing_signature",
     "malformed_signature",
     "timestamp_out_of_tolerance",

@@ -13,6 +13,7 @@ pub(super) fn parse<'a>(header: &dyn Fn(&str) -> Option<&'a str>) -> Result<Clai
         timestamp: None,
         prefix: String::new(),
         tags: vec![hex_tag(SIGNATURE, hex)?],
+        body_timestamp_ms: None,
     })
 }
 

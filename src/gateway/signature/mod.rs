@@ -7,9 +7,14 @@
 //! secret, compare in constant time, check the timestamp window.
 
 mod github;
+mod linear;
+mod paddle;
+mod shopify;
+mod square;
 mod standard;
 mod stripe;
 mod sume;
+mod v0;
 
 use std::fmt;
 use std::time::Duration;
@@ -54,6 +59,9 @@ pub struct Verifier {
     // Keyed once here so that each request only hashes its own content.
     macs: Vec<HmacSha256>,
     tolerance_secs: u64,
+    /// Square signs the URL it posts to: the notification URL as
+    /// registered there (empty for other schemes).
+    notification_url: String,
 }
 
 impl fmt::Debug for Verifier {
@@ -62,6 +70,7 @@ impl fmt::Debug for Verifier {
             .field("scheme", &self.scheme)
             .field("secrets", &format_args!("<{} redacted>", self.macs.len()))
             .field("tolerance_secs", &self.tolerance_secs)
+            .field("notification_url", &self.notification_url)
             .finish()
     }
 }
@@ -82,11 +91,10 @@ impl Verifier {
                 if secret.is_empty() {
                     return Err(format!("secret #{} is empty", i + 1));
                 }
-                let key = match scheme {
-                    Scheme::StandardWebhooks => {
-                        parse_whsec(secret).map_err(|e| format!("secret #{}: {e}", i + 1))?
-                    }
-                    Scheme::Sume | Scheme::Stripe | Scheme::Github => secret.as_bytes().to_vec(),
+                let key = if scheme.base64_secrets() {
+                    parse_whsec(secret).map_err(|e| format!("secret #{}: {e}", i + 1))?
+                } else {
+                    secret.as_bytes().to_vec()
                 };
                 Ok(keyed(&key))
             })
@@ -95,7 +103,16 @@ impl Verifier {
             scheme,
             macs,
             tolerance_secs: tolerance.as_secs(),
+            notification_url: String::new(),
         })
+    }
+
+    /// The URL Square signs (with the body): the notification URL exactly
+    /// as registered at Square. Only the square scheme reads it.
+    #[must_use]
+    pub fn with_notification_url(mut self, url: &str) -> Self {
+        url.clone_into(&mut self.notification_url);
+        self
     }
 
     /// What can be checked before the body is read: the scheme's headers
@@ -118,8 +135,20 @@ impl Verifier {
         body: &[u8],
         now_unix_s: i64,
     ) -> Result<(), VerifyError> {
+        self.verify_which(header, body, now_unix_s).map(drop)
+    }
+
+    /// As [`Verifier::verify`], and says which secret signed (its
+    /// position in the list), for a reply signed with the same one
+    /// ([`Verifier::hex_mac`]).
+    pub fn verify_which<'a>(
+        &self,
+        header: &dyn Fn(&str) -> Option<&'a str>,
+        body: &[u8],
+        now_unix_s: i64,
+    ) -> Result<usize, VerifyError> {
         let claim = self.claim(header)?;
-        let authentic = self.macs.iter().any(|mac| {
+        let signer = self.macs.iter().position(|mac| {
             let mut mac = mac.clone();
             mac.update(claim.prefix.as_bytes());
             mac.update(body);
@@ -129,20 +158,41 @@ impl Verifier {
                 .iter()
                 .any(|tag| bool::from(expected.as_slice().ct_eq(tag)))
         });
-        if !authentic {
+        let Some(signer) = signer else {
             return Err(VerifyError::BadSignature);
-        }
+        };
         // Checked after the MAC so that a late but genuine delivery (clock
         // skew, a replay) is told apart from a forgery in the logs.
-        self.check_timestamp(claim.timestamp, now_unix_s)
+        let timestamp = match claim.body_timestamp_ms {
+            Some(pointer) => Some(body_timestamp(body, pointer)?),
+            None => claim.timestamp,
+        };
+        self.check_timestamp(timestamp, now_unix_s)?;
+        Ok(signer)
+    }
+
+    /// HMAC-SHA256 of `data` with secret number `signer` (as
+    /// [`Verifier::verify_which`] answered), in hex: what Zoom's URL
+    /// validation expects back.
+    pub fn hex_mac(&self, signer: usize, data: &[u8]) -> Option<String> {
+        let mut mac = self.macs.get(signer)?.clone();
+        mac.update(data);
+        Some(hex::encode(mac.finalize().into_bytes()))
     }
 
     fn claim<'a>(&self, header: &dyn Fn(&str) -> Option<&'a str>) -> Result<Claim, VerifyError> {
         match self.scheme {
             Scheme::Sume => sume::parse(header),
-            Scheme::StandardWebhooks => standard::parse(header),
+            Scheme::StandardWebhooks => standard::parse(&standard::STANDARD_NAMES, header),
             Scheme::Stripe => stripe::parse(header),
             Scheme::Github => github::parse(header),
+            Scheme::Slack => v0::parse(&v0::SLACK, header),
+            Scheme::Shopify => shopify::parse(header),
+            Scheme::Paddle => paddle::parse(header),
+            Scheme::Svix => standard::parse(&standard::SVIX_NAMES, header),
+            Scheme::Square => square::parse(&self.notification_url, header),
+            Scheme::Zoom => v0::parse(&v0::ZOOM, header),
+            Scheme::Linear => linear::parse(header),
         }
     }
 
@@ -160,11 +210,12 @@ impl Verifier {
     }
 }
 
-/// Returns the headers a sender of `scheme` sets for `body`; `id` is used by standard-webhooks only.
+/// Returns the headers a sender of `scheme` sets for `body`; `id` is used by standard-webhooks and svix only.
 ///
 /// A standard-webhooks `secret` that is not valid `whsec_<base64>` is used as
 /// raw bytes, which no [`Verifier`] accepts (it refuses such secrets), so the
 /// mistake surfaces as [`VerifyError::BadSignature`] rather than a panic.
+/// Square signs a URL too: see [`sign_at`].
 pub fn sign(
     scheme: Scheme,
     secret: &str,
@@ -172,14 +223,38 @@ pub fn sign(
     id: &str,
     body: &[u8],
 ) -> Vec<(&'static str, String)> {
+    sign_at(scheme, secret, timestamp, id, "", body)
+}
+
+/// As [`sign`], with the notification URL Square signs.
+pub fn sign_at(
+    scheme: Scheme,
+    secret: &str,
+    timestamp: i64,
+    id: &str,
+    notification_url: &str,
+    body: &[u8],
+) -> Vec<(&'static str, String)> {
+    let text = secret.as_bytes();
     match scheme {
-        Scheme::Sume => sume::sign(secret.as_bytes(), timestamp, body),
-        Scheme::StandardWebhooks => {
-            let key = parse_whsec(secret).unwrap_or_else(|_| secret.as_bytes().to_vec());
-            standard::sign(&key, id, timestamp, body)
+        Scheme::Sume => sume::sign(text, timestamp, body),
+        Scheme::StandardWebhooks | Scheme::Svix => {
+            let key = parse_whsec(secret).unwrap_or_else(|_| text.to_vec());
+            let names = if scheme == Scheme::Svix {
+                &standard::SVIX_NAMES
+            } else {
+                &standard::STANDARD_NAMES
+            };
+            standard::sign(names, &key, id, timestamp, body)
         }
-        Scheme::Stripe => stripe::sign(secret.as_bytes(), timestamp, body),
-        Scheme::Github => github::sign(secret.as_bytes(), body),
+        Scheme::Stripe => stripe::sign(text, timestamp, body),
+        Scheme::Github => github::sign(text, body),
+        Scheme::Slack => v0::sign(&v0::SLACK, text, timestamp, body),
+        Scheme::Shopify => shopify::sign(text, body),
+        Scheme::Paddle => paddle::sign(text, timestamp, body),
+        Scheme::Square => square::sign(text, notification_url, body),
+        Scheme::Zoom => v0::sign(&v0::ZOOM, text, timestamp, body),
+        Scheme::Linear => linear::sign(text, body),
     }
 }
 
@@ -191,6 +266,28 @@ struct Claim {
     prefix: String,
     /// Candidate tags of the scheme's current version; one match suffices.
     tags: Vec<Vec<u8>>,
+    /// Where the signed body holds the timestamp, in Unix milliseconds,
+    /// for a scheme that signs it there rather than in a header (Linear).
+    body_timestamp_ms: Option<&'static str>,
+}
+
+/// The Unix seconds of the body's millisecond timestamp at `pointer`.
+fn body_timestamp(body: &[u8], pointer: &str) -> Result<i64, VerifyError> {
+    let field = &pointer[1..];
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| {
+        VerifyError::Malformed(format!(
+            "the body is not JSON, so it has no {field} to check"
+        ))
+    })?;
+    value
+        .pointer(pointer)
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|ms| i64::try_from(ms / 1000).ok())
+        .ok_or_else(|| {
+            VerifyError::Malformed(format!(
+                "the body's {field} must be Unix milliseconds (a whole number)"
+            ))
+        })
 }
 
 fn keyed(key: &[u8]) -> HmacSha256 {
@@ -246,13 +343,16 @@ mod tests {
     use super::*;
 
     const NOW: i64 = 1_700_000_000;
-    const BODY: &[u8] = br#"{"request_id":"req_1","run_id":"run_1"}"#;
+    // Linear reads its timestamp from the body: NOW, in milliseconds.
+    const BODY: &[u8] =
+        br#"{"request_id":"req_1","run_id":"run_1","webhookTimestamp":1700000000000}"#;
 
     fn secret(scheme: Scheme, n: u8) -> String {
-        match scheme {
+        if scheme.base64_secrets() {
             // Any base64 will do; these are 24 bytes each.
-            Scheme::StandardWebhooks => format!("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS{n}"),
-            _ => format!("secret-{n}"),
+            format!("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS{n}")
+        } else {
+            format!("secret-{n}")
         }
     }
 
@@ -260,12 +360,11 @@ mod tests {
         Verifier::new(scheme, secrets, Duration::from_secs(300)).expect("valid secrets")
     }
 
-    const ALL: [Scheme; 4] = [
-        Scheme::Sume,
-        Scheme::StandardWebhooks,
-        Scheme::Stripe,
-        Scheme::Github,
-    ];
+    const ALL: [Scheme; 11] = crate::domain::ALL_SCHEMES;
+
+    fn timed() -> impl Iterator<Item = Scheme> {
+        ALL.into_iter().filter(|s| s.signs_timestamp())
+    }
 
     #[test]
     fn every_scheme_round_trips_through_sign() {
@@ -309,7 +408,7 @@ mod tests {
 
     #[test]
     fn timestamps_outside_tolerance_are_refused_inside_accepted() {
-        for scheme in [Scheme::Sume, Scheme::StandardWebhooks, Scheme::Stripe] {
+        for scheme in timed() {
             let s = secret(scheme, 1);
             let v = verifier(scheme, std::slice::from_ref(&s));
             let headers = sign(scheme, &s, NOW, "msg_1", BODY);
@@ -330,16 +429,20 @@ mod tests {
     }
 
     #[test]
-    fn github_ignores_tolerance() {
-        let s = secret(Scheme::Github, 1);
-        let headers = sign(Scheme::Github, &s, NOW, "", BODY);
-        let v = verifier(Scheme::Github, &[s]);
-        assert_eq!(v.verify(&lookup(&headers), BODY, i64::MAX), Ok(()));
+    fn schemes_without_a_signed_timestamp_ignore_tolerance() {
+        let untimed: Vec<Scheme> = ALL.into_iter().filter(|s| !s.signs_timestamp()).collect();
+        assert_eq!(untimed, [Scheme::Github, Scheme::Shopify, Scheme::Square]);
+        for scheme in untimed {
+            let s = secret(scheme, 1);
+            let headers = sign(scheme, &s, NOW, "", BODY);
+            let v = verifier(scheme, &[s]);
+            assert_eq!(v.verify(&lookup(&headers), BODY, i64::MAX), Ok(()));
+        }
     }
 
     #[test]
     fn bad_mac_with_stale_timestamp_is_bad_signature() {
-        for scheme in [Scheme::Sume, Scheme::StandardWebhooks, Scheme::Stripe] {
+        for scheme in timed() {
             let headers = sign(scheme, &secret(scheme, 1), NOW, "msg_1", BODY);
             let v = verifier(scheme, &[secret(scheme, 2)]);
             let result = v.verify(&lookup(&headers), BODY, NOW + 10_000);
@@ -368,7 +471,7 @@ mod tests {
             let v = verifier(scheme, std::slice::from_ref(&s));
             let headers = sign(scheme, &s, NOW, "msg_1", BODY);
             for (name, _) in &headers {
-                if *name == "webhook-id" {
+                if matches!(*name, "webhook-id" | "svix-id") {
                     continue; // any non-empty string is a valid id
                 }
                 for garbage in ["", "garbage", "v1=zz v1,zz t=x sha256=zz"] {
@@ -446,5 +549,67 @@ mod tests {
             assert_eq!(serde_json::to_string(&scheme).ok().as_deref(), Some(name));
             assert_eq!(serde_json::from_str::<Scheme>(name).ok(), Some(scheme));
         }
+        // Every scheme is written as its name() in a config.
+        for scheme in ALL {
+            let quoted = format!("\"{}\"", scheme.name());
+            assert_eq!(serde_json::to_string(&scheme).unwrap(), quoted);
+        }
+    }
+
+    #[test]
+    fn linear_checks_the_bodys_timestamp_once_the_signature_holds() {
+        let s = secret(Scheme::Linear, 1);
+        let v = verifier(Scheme::Linear, std::slice::from_ref(&s));
+        let headers = sign(Scheme::Linear, &s, NOW, "", BODY);
+        assert_eq!(
+            v.verify(&lookup(&headers), BODY, NOW + 301),
+            Err(VerifyError::TimestampOutOfTolerance {
+                timestamp: NOW,
+                now: NOW + 301,
+                tolerance_secs: 300
+            })
+        );
+        // No timestamp, or not milliseconds: refused as malformed.
+        for body in [
+            &br#"{"action":"create"}"#[..],
+            br#"{"webhookTimestamp":"1700000000000"}"#,
+            br#"{"webhookTimestamp":-5}"#,
+            b"not json",
+        ] {
+            let headers = sign(Scheme::Linear, &s, NOW, "", body);
+            let result = v.verify(&lookup(&headers), body, NOW);
+            assert!(
+                matches!(&result, Err(VerifyError::Malformed(m)) if m.contains("webhookTimestamp")),
+                "{result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn square_signs_the_notification_url() {
+        let s = secret(Scheme::Square, 1);
+        let url = "https://hooks.example.com/ingest/square";
+        let v = verifier(Scheme::Square, std::slice::from_ref(&s)).with_notification_url(url);
+        let headers = sign_at(Scheme::Square, &s, NOW, "", url, BODY);
+        assert_eq!(v.verify(&lookup(&headers), BODY, NOW), Ok(()));
+        // Signed for another URL (a copy of the request posted elsewhere).
+        let elsewhere = sign_at(Scheme::Square, &s, NOW, "", "https://evil.example/", BODY);
+        assert_eq!(
+            v.verify(&lookup(&elsewhere), BODY, NOW),
+            Err(VerifyError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn verify_which_names_the_secret_and_hex_mac_signs_with_it() {
+        let (a, b) = (secret(Scheme::Zoom, 1), secret(Scheme::Zoom, 2));
+        let v = verifier(Scheme::Zoom, &[a, b.clone()]);
+        let headers = sign(Scheme::Zoom, &b, NOW, "", BODY);
+        assert_eq!(v.verify_which(&lookup(&headers), BODY, NOW), Ok(1));
+        assert_eq!(
+            v.hex_mac(1, b"token").as_deref(),
+            Some(hex::encode(mac(b.as_bytes(), "", b"token")).as_str())
+        );
+        assert_eq!(v.hex_mac(2, b"token"), None);
     }
 }

@@ -5,6 +5,10 @@
 //!
 //! Entries of other versions (`v1a` is the asymmetric Ed25519 variant) are
 //! skipped, as the spec asks.
+//!
+//! Svix, the spec's origin, signs the same way under its own header names
+//! (`svix-id`, `svix-timestamp`, `svix-signature`): Clerk, Resend and the
+//! other providers that send through Svix.
 
 use base64::Engine;
 use base64::alphabet::STANDARD;
@@ -12,9 +16,33 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
 use super::{Claim, VerifyError, mac, required, timestamp};
 
-const ID: &str = "webhook-id";
-const TIMESTAMP: &str = "webhook-timestamp";
-const SIGNATURE: &str = "webhook-signature";
+/// The three header names a sender uses.
+pub(super) struct Names {
+    id: &'static str,
+    timestamp: &'static str,
+    signature: &'static str,
+}
+
+/// Standard Webhooks' names.
+pub(super) const STANDARD_NAMES: Names = Names {
+    id: "webhook-id",
+    timestamp: "webhook-timestamp",
+    signature: "webhook-signature",
+};
+
+/// Svix's names.
+pub(super) const SVIX_NAMES: Names = Names {
+    id: "svix-id",
+    timestamp: "svix-timestamp",
+    signature: "svix-signature",
+};
+
+#[cfg(test)]
+const ID: &str = STANDARD_NAMES.id;
+#[cfg(test)]
+const TIMESTAMP: &str = STANDARD_NAMES.timestamp;
+#[cfg(test)]
+const SIGNATURE: &str = STANDARD_NAMES.signature;
 const SECRET_PREFIX: &str = "whsec_";
 
 // Senders differ on whether they pad; the padding carries no information.
@@ -51,41 +79,52 @@ pub fn signature_header(keys: &[Vec<u8>], id: &str, timestamp: i64, body: &[u8])
         .join(" ")
 }
 
-pub(super) fn parse<'a>(header: &dyn Fn(&str) -> Option<&'a str>) -> Result<Claim, VerifyError> {
-    let id = required(header, ID)?;
-    let raw_ts = required(header, TIMESTAMP)?;
-    let ts = timestamp(TIMESTAMP, raw_ts)?;
+pub(super) fn parse<'a>(
+    names: &Names,
+    header: &dyn Fn(&str) -> Option<&'a str>,
+) -> Result<Claim, VerifyError> {
+    let signature = names.signature;
+    let id = required(header, names.id)?;
+    let raw_ts = required(header, names.timestamp)?;
+    let ts = timestamp(names.timestamp, raw_ts)?;
     let mut tags = Vec::new();
-    for entry in required(header, SIGNATURE)?
+    for entry in required(header, signature)?
         .split(' ')
         .filter(|e| !e.is_empty())
     {
         let (version, tag) = entry.split_once(',').ok_or_else(|| {
-            VerifyError::Malformed(format!("{SIGNATURE}: expected v1,<base64> entries"))
+            VerifyError::Malformed(format!("{signature}: expected v1,<base64> entries"))
         })?;
         if version == "v1" {
             tags.push(BASE64.decode(tag).map_err(|_| {
-                VerifyError::Malformed(format!("{SIGNATURE}: expected base64 after v1,"))
+                VerifyError::Malformed(format!("{signature}: expected base64 after v1,"))
             })?);
         }
     }
     if tags.is_empty() {
         return Err(VerifyError::Malformed(format!(
-            "{SIGNATURE}: expected at least one v1,<base64> entry"
+            "{signature}: expected at least one v1,<base64> entry"
         )));
     }
     Ok(Claim {
         timestamp: Some(ts),
         prefix: format!("{id}.{raw_ts}."),
         tags,
+        body_timestamp_ms: None,
     })
 }
 
-pub(super) fn sign(key: &[u8], id: &str, ts: i64, body: &[u8]) -> Vec<(&'static str, String)> {
+pub(super) fn sign(
+    names: &Names,
+    key: &[u8],
+    id: &str,
+    ts: i64,
+    body: &[u8],
+) -> Vec<(&'static str, String)> {
     vec![
-        (ID, id.to_owned()),
-        (TIMESTAMP, ts.to_string()),
-        (SIGNATURE, sign_standard_webhooks(key, id, ts, body)),
+        (names.id, id.to_owned()),
+        (names.timestamp, ts.to_string()),
+        (names.signature, sign_standard_webhooks(key, id, ts, body)),
     ]
 }
 

@@ -35,6 +35,7 @@ pub(super) fn parse<'a>(header: &dyn Fn(&str) -> Option<&'a str>) -> Result<Clai
         timestamp: Some(ts),
         prefix: format!("{raw_ts}."),
         tags,
+        body_timestamp_ms: None,
     })
 }
 
