@@ -265,20 +265,27 @@ fn render(name: &str, scheme: Scheme, forward_to: &str) -> String {
         ],
         Scheme::Linear => &[
             (
-                "# Linear signs the body and a webhookTimestamp in it (checked",
+                "# Linear signs the body, and its webhookTimestamp (checked against",
                 "",
             ),
             (
-                "# against tolerance); its Linear-Delivery id is unsigned.",
+                "# tolerance) changes on every retry, as does the unsigned",
                 "",
             ),
-            ("event_id = \"body-sha256\"", ""),
             (
-                "created_at = \"body:/webhookTimestamp\"",
-                "order by when Linear sent it ...",
+                "# Linear-Delivery: dedupe on what the event is, the action on an",
+                "",
             ),
-            ("created_at_format = \"unix-millis\"", ""),
-            ("stream = \"body:/data/id\"", "... per issue"),
+            ("# entity at a time.", ""),
+            (
+                "event_id = \"body:/action + body:/data/id + body:/createdAt\"",
+                "",
+            ),
+            (
+                "created_at = \"body:/createdAt\"",
+                "order by when it happened ...",
+            ),
+            ("stream = \"body:/data/id\"", "... per entity (an issue)"),
         ],
     };
     let fields: String = fields.iter().map(|(l, c)| commented(l, c)).collect();
@@ -307,7 +314,7 @@ scheme = {scheme}
 # test events; put the provider's own secret first when you connect it
 # (several may be listed during a rotation).
 secrets = [{provider_secret}]
-tolerance = "5m"                       # replay window on the signed timestamp
+tolerance = {tolerance}{pad}# replay window on the signed timestamp
 {fields}# Your application. `dedupd receive` listens on 127.0.0.1:3000.
 forward_to = {forward_to}
 # dedupd signs what it forwards (Standard Webhooks) with this secret; give
@@ -319,6 +326,9 @@ backoff_min = "1s"                     # the first retry's delay, doubled per fa
 backoff_max = "1h"                     # ... up to this
 "#,
         api_token = quoted(&api_token),
+        // Linear's own SDK allows a minute.
+        tolerance = quoted(if scheme == Scheme::Linear { "1m" } else { "5m" }),
+        pad = " ".repeat(23),
         scheme = quoted(scheme.name()),
         provider_secret = quoted(&provider_secret),
         forward_to = quoted(forward_to),

@@ -181,6 +181,7 @@ async fn hook(req: HttpRequest, body: web::Bytes, checks: web::Data<Checks>) -> 
                 .flatten();
             match l.find(&header, json.as_ref()) {
                 Found::Text(s) => Some(s.to_owned()),
+                Found::Joined(s) => Some(s),
                 Found::Other(v) => Some(v.to_string()),
                 Found::Missing => None,
             }

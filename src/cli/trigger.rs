@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use dedupd::domain::CreatedAtFormat;
 use dedupd::gateway::Source;
-use dedupd::gateway::locate::{Locator, body_sha256};
+use dedupd::gateway::locate::{Found, Locator, body_sha256};
 use dedupd::gateway::signature::{Scheme, sign_at};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
@@ -398,6 +398,17 @@ fn sample(source: &Source, stream: &str, created_at: OffsetDateTime) -> Sample {
         );
     }
     put(&mut body, &source.event_id, json!(id));
+    if let Locator::Join(parts) = &source.event_id {
+        // Each field the id joins that the envelope lacks gets the fresh
+        // id (the created_at and stream fields are set below).
+        for part in parts {
+            if let Locator::Body(pointer) = part
+                && body.pointer(pointer).is_none()
+            {
+                put(&mut body, part, json!(id));
+            }
+        }
+    }
     let created_at = source.created_at.as_ref().map(|l| {
         let value = match source.created_at_format {
             CreatedAtFormat::UnixSeconds => json!(unix_ms / 1000),
@@ -411,6 +422,7 @@ fn sample(source: &Source, stream: &str, created_at: OffsetDateTime) -> Sample {
         put(&mut body, l, json!(stream));
         stream.to_owned()
     });
+    let id = joined_id(source, Some(&body)).unwrap_or(id);
     let body = serde_json::to_vec(&body).unwrap_or_default();
     let id = if source.event_id == Locator::BodySha256 {
         body_sha256(&body)
@@ -422,6 +434,15 @@ fn sample(source: &Source, stream: &str, created_at: OffsetDateTime) -> Sample {
         stream,
         created_at,
         body,
+    }
+}
+
+/// The id a joined `event_id` reads from `body`, as the server will.
+fn joined_id(source: &Source, body: Option<&Value>) -> Option<String> {
+    let no_headers = |_: &str| None;
+    match source.event_id.find(&no_headers, body) {
+        Found::Joined(id) => Some(id),
+        _ => None,
     }
 }
 
@@ -446,6 +467,13 @@ fn from_file(source: &Source, path: &std::path::Path) -> anyhow::Result<Sample> 
         })?,
         Locator::Header(_) => new_id(source.scheme),
         Locator::BodySha256 => body_sha256(&body),
+        Locator::Join(_) => joined_id(source, json.as_ref()).ok_or_else(|| {
+            anyhow!(
+                "{} lacks a field of {} (the source's event_id): the server would refuse it",
+                path.display(),
+                source.event_id
+            )
+        })?,
     };
     Ok(Sample {
         id,

@@ -107,6 +107,7 @@ pub fn parse_event<'a>(
     };
     let event_id = match found {
         Found::Text(s) => key(s, "event_id", "invalid_event_id")?,
+        Found::Joined(s) => key(&s, "event_id", "invalid_event_id")?,
         Found::Missing => {
             return Err(invalid(
                 "missing_event_id",
@@ -144,14 +145,19 @@ pub fn parse_event<'a>(
             source.created_at_format,
             "created_at",
         )?),
-        Some((l, Found::Other(v))) => {
+        // Refused by the source's checks: created_at is one field.
+        Some((l, found @ (Found::Other(_) | Found::Joined(_)))) => {
+            let v = match found {
+                Found::Other(v) => v.clone(),
+                _ => Value::Null,
+            };
             return Err(invalid(
                 "invalid_created_at",
                 "created_at",
                 format!(
                     "the created_at at {l} must be an RFC 3339 string or Unix seconds or \
                      milliseconds, found {}",
-                    short(v)
+                    short(&v)
                 ),
             ));
         }
@@ -163,6 +169,7 @@ pub fn parse_event<'a>(
     {
         None | Some((_, Found::Missing)) => None,
         Some((_, Found::Text(s))) => Some(key(s, "stream", "invalid_stream")?),
+        Some((_, Found::Joined(s))) => Some(key(&s, "stream", "invalid_stream")?),
         // Run ids are sometimes numbers: use their JSON text.
         Some((_, Found::Other(v))) if v.is_number() => {
             Some(key(&v.to_string(), "stream", "invalid_stream")?)

@@ -15,7 +15,15 @@ pub enum Locator {
     /// header (GitHub, Shopify). Read by ingest from the bytes
     /// ([`body_sha256`]); [`Locator::find`] finds nothing there.
     BodySha256,
+    /// Several fields that together identify an event, written
+    /// `body:/action + body:/data/id + body:/createdAt`: their values as
+    /// a JSON array of strings (numbers as their JSON text), so no two
+    /// different lists read alike.
+    Join(Vec<Locator>),
 }
+
+/// Most fields a joined locator reads.
+const MAX_JOINED: usize = 8;
 
 /// The `body-sha256` locator's value: the hex SHA-256 of the raw body.
 pub fn body_sha256(body: &[u8]) -> String {
@@ -30,6 +38,8 @@ pub enum Found<'a> {
     Text(&'a str),
     /// A JSON value that is not a string.
     Other(&'a Value),
+    /// What a joined locator read.
+    Joined(String),
 }
 
 impl Locator {
@@ -37,6 +47,21 @@ impl Locator {
     pub fn parse(raw: &str) -> Result<Self, String> {
         if raw == "body-sha256" {
             return Ok(Self::BodySha256);
+        }
+        if raw.contains(" + ") {
+            let parts = raw
+                .split(" + ")
+                .map(|part| match Self::parse(part.trim())? {
+                    l @ (Self::Header(_) | Self::Body(_)) => Ok(l),
+                    _ => Err(format!(
+                        "{part:?}: a joined locator reads header:NAME and body:/pointer fields only"
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if parts.len() > MAX_JOINED {
+                return Err(format!("joins at most {MAX_JOINED} fields"));
+            }
+            return Ok(Self::Join(parts));
         }
         if let Some(name) = raw.strip_prefix("header:") {
             let name = name.trim();
@@ -68,7 +93,20 @@ impl Locator {
 
     /// Whether the body must be parsed as JSON to read this location.
     pub fn needs_body(&self) -> bool {
-        matches!(self, Self::Body(_))
+        match self {
+            Self::Body(_) => true,
+            Self::Join(parts) => parts.iter().any(Self::needs_body),
+            Self::Header(_) | Self::BodySha256 => false,
+        }
+    }
+
+    /// The header names it reads.
+    pub fn headers(&self) -> Vec<&str> {
+        match self {
+            Self::Header(name) => vec![name.as_str()],
+            Self::Join(parts) => parts.iter().flat_map(Self::headers).collect(),
+            Self::Body(_) | Self::BodySha256 => Vec::new(),
+        }
     }
 
     /// Reads the location from the request.
@@ -80,6 +118,18 @@ impl Locator {
         match self {
             Self::Header(name) => header(name).map_or(Found::Missing, Found::Text),
             Self::BodySha256 => Found::Missing,
+            Self::Join(parts) => {
+                let mut texts = Vec::with_capacity(parts.len());
+                for part in parts {
+                    match part.find(header, body) {
+                        Found::Text(t) => texts.push(t.to_owned()),
+                        Found::Other(v) if v.is_number() => texts.push(v.to_string()),
+                        other @ (Found::Missing | Found::Other(_)) => return other,
+                        Found::Joined(_) => return Found::Missing,
+                    }
+                }
+                Found::Joined(serde_json::to_string(&texts).unwrap_or_default())
+            }
             Self::Body(pointer) => match body.and_then(|b| b.pointer(pointer)) {
                 None | Some(Value::Null) => Found::Missing,
                 Some(Value::String(s)) => Found::Text(s),
@@ -95,6 +145,15 @@ impl std::fmt::Display for Locator {
             Self::Header(n) => write!(f, "header:{n}"),
             Self::Body(p) => write!(f, "body:{p}"),
             Self::BodySha256 => f.write_str("body-sha256"),
+            Self::Join(parts) => {
+                for (i, part) in parts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(" + ")?;
+                    }
+                    write!(f, "{part}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -146,6 +205,38 @@ mod tests {
         );
         // One changed byte (a space) is another id.
         assert_ne!(body_sha256(br#"{"a":1}"#), body_sha256(br#"{"a": 1}"#));
+    }
+
+    #[test]
+    fn a_joined_locator_reads_each_field_into_one_unambiguous_id() {
+        let l = Locator::parse("body:/action + body:/data/id + header:x-kind").unwrap();
+        assert_eq!(
+            l.to_string(),
+            "body:/action + body:/data/id + header:x-kind"
+        );
+        assert!(l.needs_body());
+        assert_eq!(l.headers(), ["x-kind"]);
+        let h = |name: &str| (name == "x-kind").then_some("issue");
+        let body = serde_json::json!({ "action": "update", "data": { "id": 7 } });
+        assert_eq!(
+            l.find(&h, Some(&body)),
+            Found::Joined(r#"["update","7","issue"]"#.to_owned())
+        );
+        // Any part missing: the whole is missing.
+        let partial = serde_json::json!({ "action": "update" });
+        assert_eq!(l.find(&h, Some(&partial)), Found::Missing);
+        // "a|b" + "c" and "a" + "b|c" stay apart.
+        let two = Locator::parse("body:/a + body:/b").unwrap();
+        let x = serde_json::json!({ "a": "a|b", "b": "c" });
+        let y = serde_json::json!({ "a": "a", "b": "b|c" });
+        assert_ne!(two.find(&h, Some(&x)), two.find(&h, Some(&y)));
+        for bad in [
+            "body:/a + body-sha256",
+            "body:/a + nope",
+            "body:/a + body:/b + body:/c + body:/d + body:/e + body:/f + body:/g + body:/h + body:/i",
+        ] {
+            assert!(Locator::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -200,15 +200,23 @@ impl Source {
                         .into(),
                 ));
             }
+            if key == "created_at" && matches!(l, Some(Locator::Join(_))) {
+                errors.push((
+                    key,
+                    "created_at is one field: join fields (A + B) for event_id or stream only"
+                        .into(),
+                ));
+            }
         }
         for (key, l) in [
             ("event_id", event_id.as_ref()),
             ("created_at", created_at.as_ref().and_then(Option::as_ref)),
             ("stream", stream.as_ref().and_then(Option::as_ref)),
         ] {
-            if let Some(Locator::Header(name)) = l
-                && !signed_header(s.scheme, name)
-            {
+            for name in l.map(Locator::headers).unwrap_or_default() {
+                if signed_header(s.scheme, name) {
+                    continue;
+                }
                 errors.push((
                     key,
                     format!(

@@ -33,6 +33,7 @@ mod monitoring;
 mod openapi;
 mod operator_api;
 mod ordering;
+mod providers;
 mod proxy;
 #[cfg(feature = "redis")]
 mod redis_backend;

@@ -28,3 +28,46 @@ pub(super) fn parse<'a>(
 pub(super) fn sign(key: &[u8], notification_url: &str, body: &[u8]) -> Vec<(&'static str, String)> {
     vec![(SIGNATURE, STANDARD.encode(mac(key, notification_url, body)))]
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::{Scheme, Verifier, lookup};
+    use super::*;
+
+    /// square/square-python-sdk, tests/integration/test_webhooks_helper.py:
+    /// body (byte for byte), signature key, notification URL, signature.
+    const VECTORS: [(&str, &str, &str, &str); 2] = [
+        (
+            r#"{"merchant_id":"MLEFBHHSJGVHD","type":"webhooks.test_notification","event_id":"ac3ac95b-f97d-458c-a6e6-18981597e05f","created_at":"2022-07-13T20:30:59.037339943Z","data":{"type":"webhooks","id":"bc368e64-01aa-407e-b46e-3231809b1129"}}"#,
+            "Ibxx_5AKakO-3qeNVR61Dw",
+            "https://webhook.site/679a4f3a-dcfa-49ee-bac5-9d0edad886b9",
+            "GF4YkrJgGBDZ9NIYbNXBnMzqb2HoL4RW/S6vkZ9/2N4=",
+        ),
+        (
+            r#"{"data":{"type":"webhooks","id":">id<"}}"#,
+            "signature-key",
+            "https://webhook.site/webhooks",
+            "Cxt7+aTi4rKgcA0bC4g9EHdVtLSDWdqccmL5MvihU4U=",
+        ),
+    ];
+
+    #[test]
+    fn the_sdks_examples_verify_and_match_sign() {
+        for (body, key, url, signature) in VECTORS {
+            let v = Verifier::new(Scheme::Square, &[key.to_owned()], Duration::ZERO)
+                .unwrap()
+                .with_notification_url(url);
+            let h = vec![(SIGNATURE, signature.to_owned())];
+            assert_eq!(v.verify(&lookup(&h), body.as_bytes(), 0), Ok(()));
+            assert_eq!(sign(key.as_bytes(), url, body.as_bytes()), h);
+            // The URL is signed: the same request at another URL is not.
+            let moved = v.with_notification_url("https://webhook.site/other");
+            assert_eq!(
+                moved.verify(&lookup(&h), body.as_bytes(), 0),
+                Err(VerifyError::BadSignature)
+            );
+        }
+    }
+}

@@ -281,3 +281,47 @@ mod tests {
         assert_eq!(parse_whsec("whsec_AAECAw"), Ok(vec![0, 1, 2, 3]));
     }
 }
+
+#[cfg(test)]
+mod svix_tests {
+    use std::time::Duration;
+
+    use super::super::{Scheme, Verifier, lookup};
+    use super::*;
+
+    #[test]
+    fn svixs_own_example_verifies_under_svix_headers() {
+        // svix/svix-webhooks, python/tests/test_webhooks.py,
+        // test_sign_function (Standard Webhooks' first vector too).
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let body = br#"{"test": 2432232314}"#;
+        let h = vec![
+            ("svix-id", "msg_p5jXN8AQM9LWM0D4loKWxJek".to_owned()),
+            ("svix-timestamp", "1614265330".to_owned()),
+            (
+                "svix-signature",
+                "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=".to_owned(),
+            ),
+        ];
+        let v =
+            Verifier::new(Scheme::Svix, &[secret.to_owned()], Duration::from_secs(300)).unwrap();
+        assert_eq!(v.verify(&lookup(&h), body, 1_614_265_330), Ok(()));
+        let key = parse_whsec(secret).unwrap();
+        assert_eq!(
+            sign(
+                &SVIX_NAMES,
+                &key,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1_614_265_330,
+                body
+            ),
+            h
+        );
+        // Standard Webhooks' names mean nothing to a svix source.
+        let standard = sign(&STANDARD_NAMES, &key, "msg_1", 1_614_265_330, body);
+        assert_eq!(
+            v.verify(&lookup(&standard), body, 1_614_265_330),
+            Err(VerifyError::MissingHeader("svix-id"))
+        );
+    }
+}
