@@ -60,3 +60,40 @@ fn created_at_parses_or_refuses_any_text() {
         })?;
     });
 }
+
+/// Unix-time `created_at`, in every format: numbers and near-numbers of
+/// any length (a hundred thousand digits, fractions of any length, signs,
+/// exponents). Any input answers; an accepted one is an instant RFC 3339
+/// can write, and a plain whole number of seconds reads as exactly that.
+#[test]
+fn unix_created_at_reads_or_refuses_any_number() {
+    use dedupd::domain::CreatedAtFormat;
+    let _serial = serial();
+    let raw = prop_oneof![
+        2 => "[0-9]{1,30}(\\.[0-9]{0,30})?",
+        1 => (0usize..100_000).prop_map(|n| "9".repeat(n)),
+        1 => (0usize..100_000).prop_map(|n| format!("1.{}", "5".repeat(n))),
+        1 => "[-+]?[0-9]{0,12}[eE.]?[-+]?[0-9]{0,5}",
+        1 => hostile_text(),
+    ];
+    let format = prop::sample::select(vec![
+        CreatedAtFormat::Auto,
+        CreatedAtFormat::Rfc3339,
+        CreatedAtFormat::UnixSeconds,
+        CreatedAtFormat::UnixMillis,
+    ]);
+    proptest!(config(), |(raw in raw, format in format, number in any::<bool>())| {
+        bounded(|| {
+            if let Ok(at) = CreatedAt::read(&raw, number, format, "created_at") {
+                let printed = at.to_rfc3339();
+                prop_assert!(!printed.starts_with('@'), "{} read as {}", raw, printed);
+                if format == CreatedAtFormat::UnixSeconds
+                    && let Ok(s) = raw.parse::<i128>()
+                {
+                    prop_assert_eq!(at.unix_nanos(), s * 1_000_000_000);
+                }
+            }
+            Ok(())
+        })?;
+    });
+}

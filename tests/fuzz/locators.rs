@@ -197,6 +197,16 @@ fn locators_parse_from_any_text_and_read_any_body() {
             0usize..20_000
         )
             .prop_map(|(seg, n)| format!("body:{}", seg.repeat(n))),
+        // Joined fields: many, hostile, or joined with themselves.
+        (
+            prop::collection::vec(hostile_text(), 1..12),
+            prop::sample::select(vec![" + ", "+", " +  "])
+        )
+            .prop_map(|(parts, sep)| parts
+                .iter()
+                .map(|p| format!("body:/{p}"))
+                .collect::<Vec<_>>()
+                .join(sep)),
     ];
     proptest!(config(), |(raw in raw, value in json())| {
         bounded(|| {
@@ -205,6 +215,13 @@ fn locators_parse_from_any_text_and_read_any_body() {
                 let header = |_: &str| Some("h");
                 match locator.find(&header, Some(&value)) {
                     Found::Text(_) | Found::Other(_) | Found::Missing => {}
+                    // A JSON array of the joined fields' texts.
+                    Found::Joined(id) => {
+                        let parts: Vec<String> = serde_json::from_str(&id).map_err(|e| {
+                            TestCaseError::fail(format!("{id}: {e}"))
+                        })?;
+                        prop_assert!(matches!(&locator, Locator::Join(l) if l.len() == parts.len()));
+                    }
                 }
             }
             Ok(())
