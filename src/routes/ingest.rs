@@ -66,7 +66,11 @@ fn refuse_and_close(e: &ApiError) -> HttpResponse {
         description = "The provider's event, byte for byte as signed, with the signature \
             headers of the source's scheme (Sume: `X-Sume-Timestamp`, `X-Sume-Signature`; \
             Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature`; \
-            Stripe: `Stripe-Signature`; GitHub: `X-Hub-Signature-256`)"),
+            Stripe: `Stripe-Signature`; GitHub: `X-Hub-Signature-256`; Slack: \
+            `X-Slack-Request-Timestamp`, `X-Slack-Signature`; Shopify: `X-Shopify-Hmac-Sha256`; \
+            Paddle: `Paddle-Signature`; Svix: `svix-id`, `svix-timestamp`, `svix-signature`; \
+            Square: `x-square-hmacsha256-signature`; Zoom: `x-zm-request-timestamp`, \
+            `x-zm-signature`; Linear: `Linear-Signature`)"),
     responses(
         (status = 200, description = "Stored durably (accepted) or already held (duplicate); or, for a Slack or Zoom source, the answer to the provider's signed URL check ({\"challenge\"} or {\"plainToken\", \"encryptedToken\"}), nothing stored", body = Ingested),
         (status = 400, description = "No usable event id, stream or created_at", body = Problem, content_type = "application/problem+json"),
