@@ -327,6 +327,7 @@ impl Runner {
                         .map(|id| inbox.erase(&job.source, id, retention, now)),
                 )
                 .await;
+                let erased = job.erased;
                 for (id, outcome) in ids.iter().zip(outcomes) {
                     match outcome {
                         Ok(EraseOutcome::Erased | EraseOutcome::AlreadyErased) => job.erased += 1,
@@ -336,6 +337,13 @@ impl Runner {
                             tracing::debug!(error = %e.chain(), "erase failed; trying again");
                         }
                     }
+                }
+                if job.erased > erased && job.filter.status == EventStatus::Pending {
+                    // Pending events the dispatcher leased ahead (their
+                    // bodies in memory) must not go out: what it holds
+                    // ahead goes back; the streams' next events may run.
+                    self.gateway.arrivals.push_unknown();
+                    self.gateway.wake.notify_one();
                 }
             }
             JobKind::Redeliver => {
