@@ -39,6 +39,7 @@ const RESERVED_HEADERS: &[&str] = &[
     "webhook-signature",
     "dedupd-attempt",
     "dedupd-source",
+    "dedupd-replay",
     "host",
     "content-length",
     "transfer-encoding",
