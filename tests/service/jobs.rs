@@ -545,3 +545,51 @@ async fn a_job_takes_only_what_was_there_when_it_started() {
     let replayed: Vec<String> = replays(&receiver).into_iter().map(|r| r.0).collect();
     assert_eq!(replayed, ["old1", "old2"]);
 }
+
+#[tokio::test]
+async fn jobs_started_all_at_once_still_run_at_most_eight() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| s.max_in_flight = 2).await;
+    let events: Vec<(String, String)> = (0..12)
+        .map(|i| (format!("m{i:02}"), format!("run_{i}")))
+        .collect();
+    for (id, run) in &events {
+        app.ingest_ok(&body(id, run, "2026-11-29T10:00:00Z")).await;
+    }
+    eventually("every event delivered", || async {
+        app.event_ids("delivered").await.len() == 12
+    })
+    .await;
+    // Held: each job's one replay (a window of one) never settles, so
+    // every job started stays running.
+    receiver.set(Behaviour::Hold(None));
+    let posts = (0..12).map(|_| {
+        app.request(Method::POST, "/v1/sources/sume/jobs")
+            .json(&json!({ "kind": "redeliver", "filter": { "status": "delivered" } }))
+            .send()
+    });
+    let answers = futures_util::future::join_all(posts).await;
+    let statuses: Vec<u16> = answers
+        .into_iter()
+        .map(|r| r.unwrap().status().as_u16())
+        .collect();
+    let started = statuses.iter().filter(|s| **s == 201).count();
+    let refused = statuses.iter().filter(|s| **s == 409).count();
+    assert_eq!((started, refused), (8, 4), "{statuses:?}");
+    let list: Value = app
+        .request(Method::GET, "/v1/jobs")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let running = list["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["state"] == "running")
+        .count();
+    assert!(running <= 8, "{list}");
+    receiver.release();
+}
