@@ -593,3 +593,52 @@ async fn jobs_started_all_at_once_still_run_at_most_eight() {
     assert!(running <= 8, "{list}");
     receiver.release();
 }
+
+#[tokio::test]
+async fn a_receive_time_past_year_9999_is_refused_and_starts_nothing() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    // 10000-01-01T00:00:00Z: no RFC 3339 time, nor the console's Date,
+    // can show it (a job listing it broke the console's jobs page).
+    let far: u64 = 253_402_300_800_000;
+    for filter in [
+        json!({ "status": "dead", "received_from": far }),
+        json!({ "status": "dead", "received_to": u64::MAX }),
+    ] {
+        let res = app
+            .request(Method::POST, "/v1/sources/sume/jobs")
+            .json(&json!({ "kind": "erase", "filter": filter }))
+            .send()
+            .await
+            .unwrap();
+        assert_problem(res, StatusCode::BAD_REQUEST, "invalid_time").await;
+    }
+    let res = app
+        .request(
+            Method::GET,
+            &format!("/v1/sources/sume/count?status=dead&received_to={far}"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::BAD_REQUEST, "invalid_time").await;
+    let list: Value = app
+        .request(Method::GET, "/v1/jobs")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["jobs"], json!([]), "{list}");
+    // The last millisecond of 9999 is a time like any other.
+    let res = app
+        .request(
+            Method::GET,
+            &format!("/v1/sources/sume/count?status=dead&received_to={}", far - 1),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
