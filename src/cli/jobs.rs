@@ -113,6 +113,13 @@ pub fn bulk(
     common: &Common,
 ) -> anyhow::Result<ExitCode> {
     let filter = &bulk.filter;
+    if !bulk.dry_run && !filter.given() {
+        // Most likely the id was forgotten: not every dead event at once.
+        anyhow::bail!(
+            "give an event id, or filter flags for a job over every event they match \
+             (--status dead alone: every dead event of the source); --dry-run counts them first"
+        );
+    }
     if bulk.dry_run {
         return common.call(
             &format!("events of source {source}"),
