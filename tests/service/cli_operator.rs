@@ -715,3 +715,29 @@ async fn events_erase_without_an_id_or_a_filter_erases_nothing() {
         "{out}"
     );
 }
+
+/// A hostile server's job id, followed by `--wait`: its refusal of the
+/// follow-up names the job escaped, as every other answer is.
+#[test]
+fn a_job_id_a_server_answers_reaches_the_terminal_escaped() {
+    use crate::support::process::Recorder;
+    const E: &str = "job_\u{1b}]0;pwned\u{7}\u{1b}[31mRED\u{9b}2J\u{202e}evil";
+    let started = json!({ "id": E, "state": "running" });
+    let problem = json!({ "status": 404, "detail": "gone", "code": "unknown_job" });
+    let server =
+        Recorder::answering_each(vec![(201, started.to_string()), (404, problem.to_string())]);
+    let out = dedupd()
+        .args([
+            "events", "erase", "--source", "s", "--status", "dead", "--wait",
+        ])
+        .args(["--url", &format!("http://127.0.0.1:{}", server.port)])
+        .args(["--token", TOKEN])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), stderr_of(&out));
+    assert!(stderr.contains("unknown_job"), "{stderr}");
+    for (what, printed) in [("stdout", &stdout.into_owned()), ("stderr", &stderr)] {
+        assert_eq!(first_unprintable(printed), None, "{what}: {printed:?}");
+    }
+}
