@@ -642,3 +642,49 @@ async fn a_receive_time_past_year_9999_is_refused_and_starts_nothing() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn two_jobs_on_one_source_still_leave_live_events_half_its_slots() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| s.max_in_flight = 4).await;
+    let events: Vec<(String, String)> = (0..8)
+        .map(|i| (format!("e{i}"), format!("run_{i}")))
+        .collect();
+    for (id, run) in &events {
+        app.ingest_ok(&body(id, run, "2026-11-29T10:00:00Z")).await;
+    }
+    eventually("every event delivered", || async {
+        app.event_ids("delivered").await.len() == 8
+    })
+    .await;
+    receiver.set(Behaviour::Hold(None));
+    let first = start_job(&app, "redeliver", json!({ "status": "delivered" })).await;
+    eventually("two replays held", || async { receiver.held() == 2 }).await;
+    let second = start_job(&app, "redeliver", json!({ "status": "delivered" })).await;
+    // Live traffic still has two of the four slots: the two jobs share
+    // their half.
+    app.ingest_ok(&body("live1", "run_live1", "2026-11-29T10:00:00Z"))
+        .await;
+    app.ingest_ok(&body("live2", "run_live2", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("both live events in flight", || async {
+        let held = receiver.received();
+        ["live1", "live2"]
+            .iter()
+            .all(|id| held.iter().any(|r| r.header("webhook-id") == *id))
+    })
+    .await;
+    assert_eq!(receiver.held(), 4);
+    let mut queued = 0;
+    for j in [&first, &second] {
+        queued += job(&app, j["id"].as_str().unwrap()).await["queued"]
+            .as_u64()
+            .unwrap();
+    }
+    assert_eq!(queued, 2, "the jobs' windows together are half the slots");
+    receiver.release();
+    for j in [&first, &second] {
+        let done = finished(&app, j["id"].as_str().unwrap()).await;
+        assert_eq!(done["state"], "done", "{done}");
+    }
+}
