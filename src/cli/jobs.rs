@@ -8,7 +8,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use dedupd::redact::json_for_terminal;
+use dedupd::redact::{escape_control, json_for_terminal};
 
 use super::operator::{BulkArgs, Common, print_count, text};
 use super::table;
@@ -113,6 +113,13 @@ pub fn bulk(
     common: &Common,
 ) -> anyhow::Result<ExitCode> {
     let filter = &bulk.filter;
+    if !bulk.dry_run && !filter.given() {
+        // Most likely the id was forgotten: not every dead event at once.
+        anyhow::bail!(
+            "give an event id, or filter flags for a job over every event they match \
+             (--status dead alone: every dead event of the source); --dry-run counts them first"
+        );
+    }
     if bulk.dry_run {
         return common.call(
             &format!("events of source {source}"),
@@ -157,11 +164,13 @@ pub fn bulk(
 
 /// Prints the job's progress whenever it changes, until it finishes.
 fn follow(common: &Common, id: &str) -> anyhow::Result<ExitCode> {
+    // The id may be the server's answer: escaped where it is printed.
+    let what = format!("job {}", escape_control(id));
     let mut last = String::new();
     loop {
         let mut answer = Value::Null;
         let code = common.call_quiet(
-            &format!("job {id}"),
+            &what,
             |c| c.request(Method::GET, c.url(&["v1", "jobs", id])),
             |v| answer = v.clone(),
         )?;

@@ -16,7 +16,7 @@ pub use auth_port::AuthPort;
 pub use created_at::{CreatedAt, CreatedAtFormat};
 pub use durability::Durability;
 pub use fingerprint::Fingerprint;
-pub use key::{Key, Namespace, ScopedKey};
+pub use key::{Key, MAX_KEY_BYTES, Namespace, ScopedKey};
 pub use rate::Rate;
 pub use scheme::{ALL_SCHEMES, Scheme};
 pub use source_name::valid_source_name;

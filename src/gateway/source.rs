@@ -43,6 +43,7 @@ const RESERVED_HEADERS: &[&str] = &[
     "webhook-signature",
     "dedupd-attempt",
     "dedupd-source",
+    "dedupd-replay",
     "host",
     "content-length",
     "transfer-encoding",

@@ -33,6 +33,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 /// error text), bytes.
 const MAX_TEXT: usize = 1024;
 
+/// Latest receive time a filter takes, Unix ms: the last of year 9999,
+/// the latest an RFC 3339 time (or the console's `Date`) can show.
+const MAX_RECEIVED_MS: Millis = 253_402_300_799_999;
+
 /// The filter, as query parameters (the count) or a JSON object (a job).
 #[derive(Debug, Deserialize, IntoParams, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -102,6 +106,19 @@ impl FilterQuery {
                 ));
             }
         }
+        let times = [
+            ("received_from", self.received_from),
+            ("received_to", self.received_to),
+        ];
+        for (name, ms) in times {
+            if ms.is_some_and(|t| t > MAX_RECEIVED_MS) {
+                return Err(invalid(
+                    "invalid_time",
+                    name,
+                    format!("Unix ms, at most {MAX_RECEIVED_MS} (the end of year 9999)"),
+                ));
+            }
+        }
         let status = EventStatus::parse(&self.status).ok_or_else(|| {
             invalid(
                 "invalid_status",
@@ -154,7 +171,7 @@ impl FilterQuery {
     params(("source" = String, Path, description = "A source name: configured, or removed with events still stored"), FilterQuery),
     responses(
         (status = 200, description = "What the filter matches", body = CountView),
-        (status = 400, description = "A parameter is wrong (`invalid_query`, `invalid_status`, a time that is not RFC 3339, `invalid_field`)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A parameter is wrong (`invalid_query`, `invalid_status`, a time that is not RFC 3339, `invalid_time` past year 9999, `invalid_field`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`unknown_source`", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store cannot be read now; retry", body = Problem, content_type = "application/problem+json"),

@@ -362,6 +362,9 @@ pub(super) async fn erase(
     {
         EraseOutcome::Erased | EraseOutcome::AlreadyErased => {
             tracing::info!(source = %source, event_id = %event_id, "event erased");
+            // A pending event the dispatcher leased ahead (its body in
+            // memory) must not go out: what it holds ahead goes back.
+            state.gateway.arrivals.push_unknown();
             // A pending event left its stream: the next one may run.
             state.gateway.wake.notify_one();
             Ok(HttpResponse::Ok().json(Erased {

@@ -47,6 +47,16 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
         false
     }
 
+    /// Whether `event` is still pending under lease generation `lease`:
+    /// asked before sending an event held leased ahead where others write
+    /// the inbox too (an operator on another instance may have erased or
+    /// redelivered it meanwhile). Where the inbox is this process's own,
+    /// every such change reaches the dispatcher directly: true.
+    async fn lease_holds(&self, event: &EventKey, lease: u64) -> Result<bool, StoreError> {
+        let _ = (event, lease);
+        Ok(true)
+    }
+
     /// How long after its receipt a reaped event's id stays a duplicate
     /// (`gateway.dedupe_window`, as the inbox was opened with).
     fn dedupe_window(&self) -> Duration;

@@ -43,6 +43,10 @@ impl Inbox for SharedInbox {
         self.shared.written_elsewhere()
     }
 
+    async fn lease_holds(&self, event: &EventKey, lease: u64) -> Result<bool, StoreError> {
+        self.shared.lease_holds(event, lease).await
+    }
+
     fn dedupe_window(&self) -> Duration {
         self.shared.dedupe_window()
     }

@@ -682,3 +682,62 @@ async fn events_redeliver_with_a_filter_counts_first_then_runs_a_job_to_its_end(
         stderr_of(&bad)
     );
 }
+
+#[tokio::test]
+async fn events_erase_without_an_id_or_a_filter_erases_nothing() {
+    let server = Server::start();
+    let first = server.dead_event().await;
+    // The id forgotten: not every dead event of the source, for good.
+    for kind in ["erase", "redeliver"] {
+        let out = server.run(&["events", kind, "--source", "sume"]);
+        assert!(!out.status.success(), "{kind}: {out:?}");
+        assert!(
+            stderr_of(&out).contains("give an event id, or filter flags"),
+            "{kind}: {}",
+            stderr_of(&out)
+        );
+    }
+    let jobs = server.json(&["jobs", "list"]);
+    assert_eq!(jobs["jobs"], json!([]), "{jobs}");
+    let dead = server.json(&["events", "list", "--source", "sume", "--status", "dead"]);
+    assert_eq!(dead["events"][0]["event_id"], first.as_str(), "{dead}");
+    // A dry run without flags counts, and a filter flag says it is meant.
+    let dry = server.ok(&["events", "erase", "--source", "sume", "--dry-run"]);
+    assert!(
+        dry.starts_with("1 dead events of source sume match"),
+        "{dry}"
+    );
+    let out = server.ok(&[
+        "events", "erase", "--source", "sume", "--status", "dead", "--wait",
+    ]);
+    assert!(
+        out.contains("done (1 matched, 1 erased, 0 skipped"),
+        "{out}"
+    );
+}
+
+/// A hostile server's job id, followed by `--wait`: its refusal of the
+/// follow-up names the job escaped, as every other answer is.
+#[test]
+fn a_job_id_a_server_answers_reaches_the_terminal_escaped() {
+    use crate::support::process::Recorder;
+    const E: &str = "job_\u{1b}]0;pwned\u{7}\u{1b}[31mRED\u{9b}2J\u{202e}evil";
+    let started = json!({ "id": E, "state": "running" });
+    let problem = json!({ "status": 404, "detail": "gone", "code": "unknown_job" });
+    let server =
+        Recorder::answering_each(vec![(201, started.to_string()), (404, problem.to_string())]);
+    let out = dedupd()
+        .args([
+            "events", "erase", "--source", "s", "--status", "dead", "--wait",
+        ])
+        .args(["--url", &format!("http://127.0.0.1:{}", server.port)])
+        .args(["--token", TOKEN])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), stderr_of(&out));
+    assert!(stderr.contains("unknown_job"), "{stderr}");
+    for (what, printed) in [("stdout", &stdout.into_owned()), ("stderr", &stderr)] {
+        assert_eq!(first_unprintable(printed), None, "{what}: {printed:?}");
+    }
+}

@@ -1033,3 +1033,38 @@ destination_secret = "not base64!"
         "the secret is redacted: {stdout}"
     );
 }
+
+#[test]
+fn check_config_refuses_forwarding_a_header_dedupd_sets_itself() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("reserved.toml");
+    // A provider's header of one of these names would pose as dedupd's:
+    // `dedupd-replay` says a bulk job sent the event again.
+    for name in ["dedupd-attempt", "Dedupd-Replay"] {
+        std::fs::write(
+            &file,
+            bounded_source(&format!("forward_headers = [\"content-type\", \"{name}\"]")),
+        )
+        .unwrap();
+        let out = check_config(&file);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: {stderr}");
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.contains("sources.s.forward_headers") && l.contains("set by dedupd")),
+            "{name}: {stderr}"
+        );
+    }
+    std::fs::write(
+        &file,
+        bounded_source("forward_headers = [\"content-type\", \"x-request-id\"]"),
+    )
+    .unwrap();
+    let out = check_config(&file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

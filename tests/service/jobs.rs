@@ -545,3 +545,146 @@ async fn a_job_takes_only_what_was_there_when_it_started() {
     let replayed: Vec<String> = replays(&receiver).into_iter().map(|r| r.0).collect();
     assert_eq!(replayed, ["old1", "old2"]);
 }
+
+#[tokio::test]
+async fn jobs_started_all_at_once_still_run_at_most_eight() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| s.max_in_flight = 2).await;
+    let events: Vec<(String, String)> = (0..12)
+        .map(|i| (format!("m{i:02}"), format!("run_{i}")))
+        .collect();
+    for (id, run) in &events {
+        app.ingest_ok(&body(id, run, "2026-11-29T10:00:00Z")).await;
+    }
+    eventually("every event delivered", || async {
+        app.event_ids("delivered").await.len() == 12
+    })
+    .await;
+    // Held: each job's one replay (a window of one) never settles, so
+    // every job started stays running.
+    receiver.set(Behaviour::Hold(None));
+    let posts = (0..12).map(|_| {
+        app.request(Method::POST, "/v1/sources/sume/jobs")
+            .json(&json!({ "kind": "redeliver", "filter": { "status": "delivered" } }))
+            .send()
+    });
+    let answers = futures_util::future::join_all(posts).await;
+    let statuses: Vec<u16> = answers
+        .into_iter()
+        .map(|r| r.unwrap().status().as_u16())
+        .collect();
+    let started = statuses.iter().filter(|s| **s == 201).count();
+    let refused = statuses.iter().filter(|s| **s == 409).count();
+    assert_eq!((started, refused), (8, 4), "{statuses:?}");
+    let list: Value = app
+        .request(Method::GET, "/v1/jobs")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let running = list["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["state"] == "running")
+        .count();
+    assert!(running <= 8, "{list}");
+    receiver.release();
+}
+
+#[tokio::test]
+async fn a_receive_time_past_year_9999_is_refused_and_starts_nothing() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    // 10000-01-01T00:00:00Z: no RFC 3339 time, nor the console's Date,
+    // can show it (a job listing it broke the console's jobs page).
+    let far: u64 = 253_402_300_800_000;
+    for filter in [
+        json!({ "status": "dead", "received_from": far }),
+        json!({ "status": "dead", "received_to": u64::MAX }),
+    ] {
+        let res = app
+            .request(Method::POST, "/v1/sources/sume/jobs")
+            .json(&json!({ "kind": "erase", "filter": filter }))
+            .send()
+            .await
+            .unwrap();
+        assert_problem(res, StatusCode::BAD_REQUEST, "invalid_time").await;
+    }
+    let res = app
+        .request(
+            Method::GET,
+            &format!("/v1/sources/sume/count?status=dead&received_to={far}"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::BAD_REQUEST, "invalid_time").await;
+    let list: Value = app
+        .request(Method::GET, "/v1/jobs")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["jobs"], json!([]), "{list}");
+    // The last millisecond of 9999 is a time like any other.
+    let res = app
+        .request(
+            Method::GET,
+            &format!("/v1/sources/sume/count?status=dead&received_to={}", far - 1),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn two_jobs_on_one_source_still_leave_live_events_half_its_slots() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |s| s.max_in_flight = 4).await;
+    let events: Vec<(String, String)> = (0..8)
+        .map(|i| (format!("e{i}"), format!("run_{i}")))
+        .collect();
+    for (id, run) in &events {
+        app.ingest_ok(&body(id, run, "2026-11-29T10:00:00Z")).await;
+    }
+    eventually("every event delivered", || async {
+        app.event_ids("delivered").await.len() == 8
+    })
+    .await;
+    receiver.set(Behaviour::Hold(None));
+    let first = start_job(&app, "redeliver", json!({ "status": "delivered" })).await;
+    eventually("two replays held", || async { receiver.held() == 2 }).await;
+    let second = start_job(&app, "redeliver", json!({ "status": "delivered" })).await;
+    // Live traffic still has two of the four slots: the two jobs share
+    // their half.
+    app.ingest_ok(&body("live1", "run_live1", "2026-11-29T10:00:00Z"))
+        .await;
+    app.ingest_ok(&body("live2", "run_live2", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("both live events in flight", || async {
+        let held = receiver.received();
+        ["live1", "live2"]
+            .iter()
+            .all(|id| held.iter().any(|r| r.header("webhook-id") == *id))
+    })
+    .await;
+    assert_eq!(receiver.held(), 4);
+    let mut queued = 0;
+    for j in [&first, &second] {
+        queued += job(&app, j["id"].as_str().unwrap()).await["queued"]
+            .as_u64()
+            .unwrap();
+    }
+    assert_eq!(queued, 2, "the jobs' windows together are half the slots");
+    receiver.release();
+    for j in [&first, &second] {
+        let done = finished(&app, j["id"].as_str().unwrap()).await;
+        assert_eq!(done["state"], "done", "{done}");
+    }
+}

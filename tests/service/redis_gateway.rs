@@ -146,3 +146,60 @@ async fn two_instances_never_deliver_one_stream_concurrently_or_out_of_order() {
     }
     drop(server);
 }
+
+#[tokio::test]
+async fn a_redeliver_job_replays_an_event_whose_id_is_as_long_as_ids_may_be() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let app = redis_gateway_app(server.url(), &receiver.url).await;
+    // 512 bytes, the longest id ingest takes: its replay's claim must
+    // still be a valid key.
+    let long = "L".repeat(512);
+    for (id, run) in [(long.as_str(), "run_1"), ("short", "run_2")] {
+        app.ingest_ok(&body(id, run, "2026-11-29T10:00:00Z")).await;
+    }
+    eventually("both delivered", || async {
+        app.event_ids("delivered").await.len() == 2
+    })
+    .await;
+    let res = app
+        .request(reqwest::Method::POST, "/v1/sources/sume/jobs")
+        .json(&serde_json::json!({ "kind": "redeliver", "filter": { "status": "delivered" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 201);
+    let job: serde_json::Value = res.json().await.unwrap();
+    let id = job["id"].as_str().unwrap().to_owned();
+    let show = || async {
+        app.request(reqwest::Method::GET, &format!("/v1/jobs/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
+    eventually("the job done", || async { show().await["state"] == "done" }).await;
+    let done = show().await;
+    assert_eq!(
+        (&done["matched"], &done["delivered"], &done["failed"]),
+        (
+            &serde_json::Value::from(2),
+            &serde_json::Value::from(2),
+            &serde_json::Value::from(0)
+        ),
+        "{done}"
+    );
+    let mut replayed: Vec<String> = receiver
+        .received()
+        .iter()
+        .filter(|r| r.header("dedupd-replay") == id)
+        .map(|r| r.header("webhook-id").to_owned())
+        .collect();
+    replayed.sort();
+    assert_eq!(replayed, [long, "short".to_owned()]);
+    drop(server);
+}

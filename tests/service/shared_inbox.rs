@@ -242,3 +242,95 @@ async fn a_bulk_job_is_run_by_one_instance_and_taken_over_by_another() {
     assert_eq!(acked.len(), 5, "{acked:?}");
     assert!(!acked.contains_key("ev-5"), "{acked:?}");
 }
+
+/// An event this instance holds leased ahead (its body in memory, waiting
+/// for the next token) and that another instance erases meanwhile is
+/// never sent: before sending what it held, an instance on the shared
+/// inbox checks that its lease still holds. (One instance's own erase
+/// reaches its dispatcher directly: `lease_ahead.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_held_ahead_then_erased_by_another_instance_is_never_sent() {
+    use dedupd::clock::Clock;
+    use dedupd::store::inbox::{EraseOutcome, Inbox};
+    use dedupd::store::redis::{RedisInbox, RedisOptions, SharedInboxOptions};
+
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let clock = ManualClock::new(T0);
+    let mut s = settings(&receiver.url);
+    s.rate_limit = Some("1/s".parse().unwrap());
+    s.rate_burst = Some(1);
+    let url = server.url();
+    let a = spawn_app_at(clock.clone(), move |l| {
+        l.settings.storage.backend = Backend::Redis;
+        l.settings.storage.redis.url = Secret::new(url);
+        l.settings.gateway.inbox = InboxPlace::Shared;
+        l.settings.gateway.inbox_buckets = 4;
+        l.settings.sources.insert("sume".into(), s);
+    })
+    .await;
+    a.ingest_ok(&body("a_filler", "run_f", "2026-11-29T10:00:00Z"))
+        .await;
+    a.ingest_ok(&body("b_erased", "run_s", "2026-11-29T10:00:10Z"))
+        .await;
+    clock.advance(Duration::from_secs(1));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let now = loop {
+        // The filler went with the first token; b_erased waits for the
+        // next, leased ahead: pending, due at its lease's end.
+        let now = a.clock.now_ms();
+        let held =
+            a.events("pending").await.iter().any(|e| {
+                e["event_id"] == "b_erased" && e["due_at_ms"].as_u64().unwrap() > now + 1000
+            });
+        if held && a.event_ids("delivered").await == ["a_filler"] {
+            break now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b_erased never held ahead"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+
+    // Another instance erases it: written to Redis; this one is not told.
+    let other = RedisInbox::connect(
+        RedisOptions {
+            url: server.url(),
+            cluster_nodes: Vec::new(),
+            prefix: "dedupd".into(),
+            expiry_slack: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(10),
+            response_timeout: Duration::from_secs(10),
+            durability: dedupd::domain::Durability::Server,
+            replicas_timeout: Duration::from_secs(1),
+            sentinels: Vec::new(),
+            sentinel_master: String::new(),
+        },
+        SharedInboxOptions {
+            buckets: 4,
+            dedupe_window: Duration::from_secs(30 * 86_400),
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        other
+            .erase("sume", "b_erased", 3_600_000, now)
+            .await
+            .unwrap(),
+        EraseOutcome::Erased
+    );
+
+    a.ingest_ok(&body("c_next", "run_c", "2026-11-29T10:00:20Z"))
+        .await;
+    a.retrying_until("c_next delivered", || async {
+        a.event_ids("delivered")
+            .await
+            .contains(&"c_next".to_owned())
+    })
+    .await;
+    assert_eq!(ids(&receiver.received()), ["a_filler", "c_next"]);
+    assert_eq!(a.event_ids("erased").await, ["b_erased"]);
+}

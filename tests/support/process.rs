@@ -202,6 +202,12 @@ impl Recorder {
 
     /// Answers `status` with `body`.
     pub(crate) fn answering(status: u16, body: String) -> Self {
+        Self::answering_each(vec![(status, body)])
+    }
+
+    /// Answers the first request with the first of `answers`, the second
+    /// with the second, …, and every later one with the last.
+    pub(crate) fn answering_each(answers: Vec<(u16, String)>) -> Self {
         use std::io::{Read, Write};
         use std::sync::atomic::Ordering;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -211,6 +217,7 @@ impl Recorder {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (h, st) = (heads.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
+            let mut served = 0usize;
             while !st.load(Ordering::Relaxed) {
                 let mut conn = match listener.accept() {
                     Ok((c, _)) => c,
@@ -246,6 +253,8 @@ impl Recorder {
                     }
                 }
                 h.lock().unwrap().push(head);
+                let (status, body) = &answers[served.min(answers.len() - 1)];
+                served += 1;
                 let _ = conn.write_all(
                     format!(
                         "HTTP/1.1 {status} Answer\r\ncontent-type: application/json\r\n\

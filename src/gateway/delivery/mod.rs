@@ -673,7 +673,7 @@ impl Dispatcher {
         };
         for (source, ev, slot) in slots {
             if let Some((ev, lease)) = fresh(ev) {
-                self.spawn(source, ev, lease, slot, tasks);
+                self.spawn(source, ev, lease, slot, tasks, false);
             }
         }
         for ev in extra {
@@ -701,10 +701,16 @@ impl Dispatcher {
             stream: ev.stream.clone(),
             reached: Reached::Nothing,
         };
-        self.spawn(source, ev, lease, slot, tasks);
+        // Held ahead in a shared inbox: another instance's operator may
+        // have erased or redelivered it since.
+        let check = self.gateway.inbox.written_elsewhere();
+        self.spawn(source, ev, lease, slot, tasks, check);
     }
 
-    /// Runs one turn in its own task; the slot goes when it ends.
+    /// Runs one turn in its own task; the slot goes when it ends. With
+    /// `check`, only if the event's lease still holds in the inbox;
+    /// otherwise (or unreadable) it is left to its lease's end, when it
+    /// comes due again if still pending.
     fn spawn(
         self: &Arc<Self>,
         source: Arc<Source>,
@@ -712,9 +718,23 @@ impl Dispatcher {
         lease: u64,
         mut slot: Slot,
         tasks: &mut JoinSet<()>,
+        check: bool,
     ) {
         let this = self.clone();
         tasks.spawn(async move {
+            if check {
+                match this.gateway.inbox.lease_holds(&ev.key(), lease).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::info!(source = %ev.source, event_id = %ev.event_id, "held ahead, but erased or taken elsewhere since: not sent");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(source = %ev.source, event_id = %ev.event_id, error = %e.chain(), "held ahead, and its lease could not be checked: it comes due at its lease's end");
+                        return;
+                    }
+                }
+            }
             slot.reached = this.turn(&source, &ev, lease, &slot).await;
             drop(slot);
             if ev.replay.is_some() {

@@ -14,12 +14,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
+
 use super::backoff::{backoff, millis};
 use super::forward::Failed;
 use super::schedule::Reached;
 use super::{Coordination, Dispatcher, GRACE_MS, Slot};
 use crate::clock::Millis;
-use crate::domain::{Key, Namespace, ScopedKey, Token, Ttl};
+use crate::domain::{Key, MAX_KEY_BYTES, Namespace, ScopedKey, Token, Ttl};
 use crate::gateway::Source;
 use crate::store::inbox::{Attempt, InboxEvent, Retention, Settle};
 use crate::store::{ClaimOutcome, Store};
@@ -303,10 +305,18 @@ impl Dispatcher {
         ev: &InboxEvent,
     ) -> Option<(ScopedKey, Option<ScopedKey>)> {
         // A replay is delivered again: its claim is its own, apart from
-        // the (done) claim of the first delivery.
+        // the (done) claim of the first delivery. An id too long to take
+        // the job's suffix is named by its digest instead.
         let id = match &ev.replay {
             None => Key::parse(&ev.event_id, "event_id").ok()?,
-            Some(r) => Key::parse(&format!("{}#{}", ev.event_id, r.job), "event_id").ok()?,
+            Some(r) => {
+                let mut raw = format!("{}#{}", ev.event_id, r.job);
+                if raw.len() > MAX_KEY_BYTES {
+                    let digest = Sha256::digest(ev.event_id.as_bytes());
+                    raw = format!("sha256:{}#{}", hex::encode(digest), r.job);
+                }
+                Key::parse(&raw, "event_id").ok()?
+            }
         };
         let key = ScopedKey::new(&Namespace::Gateway(source.name.clone()), &id);
         let stream = match &ev.stream {

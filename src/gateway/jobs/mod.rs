@@ -175,6 +175,10 @@ pub enum StartError {
 /// Stores a new job (the runner picks it up), deleting the oldest finished
 /// records past [`KEPT`].
 pub async fn start(inbox: &dyn Inbox, job: &Job, now: Millis) -> Result<(), StartError> {
+    // One start at a time in this process: the count of running jobs and
+    // the write of the new one must not interleave with another start's.
+    static STARTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one = STARTING.lock().await;
     let jobs = list(inbox).await?;
     if jobs.iter().filter(|j| j.state == JobState::Running).count() >= MAX_RUNNING {
         return Err(StartError::TooMany);

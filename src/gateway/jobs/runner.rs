@@ -6,8 +6,9 @@
 //!    window is written again, which changes nothing when it was);
 //! 2. **its scan**: the listing is read on from the cursor until the
 //!    window is full again — half the source's `max_in_flight` (at least
-//!    one) for a redeliver job, so live events keep the other half of the
-//!    source's slots; [`ERASE_BATCH`] for an erase job;
+//!    one, shared by the source's redeliver jobs) for a redeliver job, so
+//!    live events keep the other half of the source's slots;
+//!    [`ERASE_BATCH`] for an erase job;
 //! 3. **the record**: cursor, counters and window are written *before* the
 //!    replays and erasures they name. A crash between the two leaves them
 //!    in the window, and whoever runs the job next writes them again
@@ -150,12 +151,25 @@ impl Runner {
     async fn pass(&self, running: &mut Vec<Job>, held: &mut HashMap<String, Held>) -> bool {
         held.retain(|id, _| running.iter().any(|j| j.id == *id));
         let mut busy = false;
-        for job in running.iter_mut() {
+        for i in 0..running.len() {
+            // The source's replay window is shared by its redeliver jobs.
+            let others: usize = running
+                .iter()
+                .enumerate()
+                .filter(|(j, o)| {
+                    *j != i
+                        && o.kind == JobKind::Redeliver
+                        && o.source == running[i].source
+                        && o.state == JobState::Running
+                })
+                .map(|(_, o)| o.window.len())
+                .sum();
+            let job = &mut running[i];
             if !self.hold(job, held).await {
                 continue;
             }
             let rewrite = held.get(&job.id).is_none_or(|h| h.rewrite);
-            let stepped = self.step(job, rewrite).await;
+            let stepped = self.step(job, rewrite, others).await;
             if let Some(h) = held.get_mut(&job.id) {
                 h.rewrite = stepped.is_err();
             }
@@ -217,8 +231,9 @@ impl Runner {
     }
 
     /// One step of `job` (`rewrite`: its window may hold events whose
-    /// write a crash or a failure cut off); whether it moved.
-    async fn step(&self, job: &mut Job, rewrite: bool) -> Result<bool, StoreError> {
+    /// write a crash or a failure cut off; `others`: replays the source's
+    /// other redeliver jobs have queued); whether it moved.
+    async fn step(&self, job: &mut Job, rewrite: bool, others: usize) -> Result<bool, StoreError> {
         let inbox = self.gateway.inbox.clone();
         let now = self.clock.now_ms();
         let Some(source) = self.gateway.source(&job.source).cloned() else {
@@ -230,7 +245,7 @@ impl Runner {
         let before = (job.window.len(), job.scanned, job.matched);
         let settled = self.settle_window(job, &source, rewrite).await?;
         let room = match job.kind {
-            JobKind::Redeliver => window(&source).saturating_sub(job.window.len()),
+            JobKind::Redeliver => window(&source).saturating_sub(job.window.len() + others),
             JobKind::Erase => ERASE_BATCH,
         };
         let paused = job.kind == JobKind::Redeliver
@@ -327,6 +342,7 @@ impl Runner {
                         .map(|id| inbox.erase(&job.source, id, retention, now)),
                 )
                 .await;
+                let erased = job.erased;
                 for (id, outcome) in ids.iter().zip(outcomes) {
                     match outcome {
                         Ok(EraseOutcome::Erased | EraseOutcome::AlreadyErased) => job.erased += 1,
@@ -336,6 +352,13 @@ impl Runner {
                             tracing::debug!(error = %e.chain(), "erase failed; trying again");
                         }
                     }
+                }
+                if job.erased > erased && job.filter.status == EventStatus::Pending {
+                    // Pending events the dispatcher leased ahead (their
+                    // bodies in memory) must not go out: what it holds
+                    // ahead goes back; the streams' next events may run.
+                    self.gateway.arrivals.push_unknown();
+                    self.gateway.wake.notify_one();
                 }
             }
             JobKind::Redeliver => {

@@ -467,6 +467,19 @@ impl Inbox for RedisInbox {
         true
     }
 
+    async fn lease_holds(&self, event: &EventKey, lease: u64) -> Result<bool, StoreError> {
+        let t = self.bucket(&event.source, self.bucket_of(event));
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(format!("{t}:e:{}", event.event_id))
+            .arg("st")
+            .arg("ls");
+        let values: Vec<Option<String>> = self.query(cmd).await?;
+        Ok(matches!(
+            values.as_slice(),
+            [Some(st), Some(ls)] if st == "0" && ls.parse::<u64>().ok() == Some(lease)
+        ))
+    }
+
     fn dedupe_window(&self) -> Duration {
         self.opts.dedupe_window
     }
