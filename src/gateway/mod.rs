@@ -21,6 +21,7 @@ pub mod filter;
 pub mod ingest;
 pub mod jobs;
 pub mod locate;
+pub mod route;
 pub mod signature;
 pub mod source;
 
