@@ -53,8 +53,8 @@ pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> 
             .all_destination_secrets()
             .map(|s| s.expose().to_owned())
             .collect();
-        match Source::build(name, src, &secrets, &destination) {
-            Ok(source) => sources.push(Arc::new(source)),
+        match Source::build_all(name, src, &secrets, &destination) {
+            Ok(built) => sources.extend(built.into_iter().map(Arc::new)),
             Err(problems) => {
                 failed = true;
                 errors.extend(
@@ -101,7 +101,20 @@ pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> 
 /// `[alerts]`, its own alerts source.
 fn source_names(s: &crate::config::Settings) -> Vec<String> {
     let alerts = s.alerts.as_ref().map(|_| ALERT_SOURCE.to_owned());
-    s.sources.keys().cloned().chain(alerts).collect()
+    // A destination's lane counts as a source of its own
+    // (`SOURCE.DESTINATION`), `default` as the source.
+    let lanes = s.sources.iter().flat_map(|(name, src)| {
+        src.destinations
+            .iter()
+            .map(|d| crate::gateway::source::lane_name(name, &d.name))
+            .filter(move |lane| lane != name)
+    });
+    s.sources
+        .keys()
+        .cloned()
+        .chain(lanes)
+        .chain(alerts)
+        .collect()
 }
 
 /// A built, bound, not yet running application.

@@ -31,7 +31,7 @@ pub enum EventsCommand {
         /// The source.
         #[arg(long)]
         source: String,
-        /// pending, delivered, stale, dead or erased.
+        /// pending, delivered, stale, dead, erased or filtered.
         #[arg(long, default_value = "dead",
               value_parser = ["pending", "delivered", "stale", "dead", "erased"])]
         status: String,
@@ -98,7 +98,7 @@ pub enum EventsCommand {
 /// Which events: the filter of a count or a bulk job.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FilterArgs {
-    /// pending, delivered, stale, dead or erased [default: dead].
+    /// pending, delivered, stale, dead, erased or filtered [default: dead].
     #[arg(long, value_parser = ["pending", "delivered", "stale", "dead", "erased"])]
     pub status: Option<String>,
     /// Received within this long before now (`2h`, `30m`, `7d`).

@@ -576,7 +576,12 @@ impl Settings {
     pub fn to_redacted_toml(&self) -> String {
         let mut shown = self.clone();
         for source in shown.sources.values_mut() {
-            source.forward_to = crate::redact::url_str(&source.forward_to);
+            if let Some(url) = &mut source.forward_to {
+                *url = crate::redact::url_str(url);
+            }
+            for d in &mut source.destinations {
+                d.forward_to = crate::redact::url_str(&d.forward_to);
+            }
         }
         toml::to_string_pretty(&shown)
             .unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
@@ -626,6 +631,19 @@ impl Settings {
                  (the local inbox, the default, lives in this instance's data file)"
                     .into(),
             );
+        }
+        if g.inbox == sources::InboxPlace::Shared {
+            for (name, src) in &self.sources {
+                if !src.destinations.is_empty() {
+                    bad(
+                        &format!("sources.{name}.destinations"),
+                        "several destinations per source need the local inbox for now \
+                         (gateway.inbox = \"local\"); the shared inbox delivers a lone \
+                         forward_to"
+                            .into(),
+                    );
+                }
+            }
         }
         if self.storage.backend != Backend::Redis {
             return;

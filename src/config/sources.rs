@@ -6,7 +6,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::Secret;
+use std::collections::BTreeMap;
+
 use crate::domain::{CreatedAtFormat, Rate, Scheme};
+pub use crate::gateway::route::FilterValues;
 
 /// Largest `max_in_flight`, per source and over all sources.
 pub const MAX_IN_FLIGHT: usize = 4096;
@@ -106,8 +109,14 @@ pub struct SourceSettings {
     /// Where the ordering scope is, if events are ordered per stream.
     #[serde(default)]
     pub stream: Option<String>,
-    /// The application's endpoint.
-    pub forward_to: String,
+    /// The application's endpoint: the destination named `default`. Not
+    /// with `destinations`.
+    #[serde(default)]
+    pub forward_to: Option<String>,
+    /// Several destinations, each with its own filter and delivery state
+    /// (`[[sources.NAME.destinations]]`). Not with `forward_to`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destinations: Vec<DestinationSettings>,
     /// Time allowed for each delivery attempt.
     #[serde(with = "humantime_serde", default = "default_forward_timeout")]
     pub forward_timeout: Duration,
@@ -169,6 +178,84 @@ pub struct SourceSettings {
     /// (check-config) and read back.
     #[serde(skip)]
     pub files: SecretFiles,
+}
+
+/// One of a source's destinations: where its matching events go, and how
+/// (each setting left out is the source's).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestinationSettings {
+    /// 1 to 64 of A-Z a-z 0-9 _ -, unique in the source; `default` is the
+    /// one a lone `forward_to` names.
+    pub name: String,
+    /// The application's endpoint.
+    pub forward_to: String,
+    /// Which events go here: fields by locator and their values (absent:
+    /// every event). See `gateway::route`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub filter: BTreeMap<String, FilterValues>,
+    #[serde(default, with = "humantime_serde::option")]
+    pub forward_timeout: Option<Duration>,
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    #[serde(default, with = "humantime_serde::option")]
+    pub backoff_min: Option<Duration>,
+    #[serde(default, with = "humantime_serde::option")]
+    pub backoff_max: Option<Duration>,
+    #[serde(default)]
+    pub max_in_flight: Option<usize>,
+    #[serde(default)]
+    pub pause_after: Option<u32>,
+    #[serde(default)]
+    pub rate_limit: Option<Rate>,
+    #[serde(default)]
+    pub rate_burst: Option<u32>,
+    /// Its own secret(s) to sign forwards with (an application of its
+    /// own); absent: the source's.
+    #[serde(default)]
+    pub destination_secret: Option<Secret>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destination_secrets: Vec<Secret>,
+}
+
+impl DestinationSettings {
+    /// `settings` with this destination's own values in place of the
+    /// source's: what its deliveries run with.
+    pub fn over(&self, settings: &SourceSettings) -> SourceSettings {
+        let mut s = settings.clone();
+        s.forward_to = Some(self.forward_to.clone());
+        s.destinations = Vec::new();
+        if let Some(v) = self.forward_timeout {
+            s.forward_timeout = v;
+        }
+        if let Some(v) = self.max_attempts {
+            s.max_attempts = v;
+        }
+        if let Some(v) = self.backoff_min {
+            s.backoff_min = v;
+        }
+        if let Some(v) = self.backoff_max {
+            s.backoff_max = v;
+        }
+        if let Some(v) = self.max_in_flight {
+            s.max_in_flight = v;
+        }
+        if let Some(v) = self.pause_after {
+            s.pause_after = v;
+        }
+        if self.rate_limit.is_some() {
+            s.rate_limit = self.rate_limit;
+            s.rate_burst = self.rate_burst;
+        }
+        if self.destination_secret.is_some() || !self.destination_secrets.is_empty() {
+            s.destination_secret = self.destination_secret.clone();
+            s.destination_secrets = self.destination_secrets.clone();
+            s.destination_secret_file = None;
+            s.files.destination_secrets = Vec::new();
+            s.files.destination_unreadable = false;
+        }
+        s
+    }
 }
 
 /// What a source's secret files held when the settings were loaded

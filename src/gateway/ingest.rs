@@ -84,11 +84,29 @@ pub fn parse_event<'a>(
     body: &[u8],
     received_at: Millis,
 ) -> Result<NewEvent, IngestError> {
+    parse_routed(source, header, body, received_at).map(|(event, _)| event)
+}
+
+/// Where an event goes: the lanes of the destinations whose filters it
+/// matched; `None` for a source whose lone destination takes everything
+/// (its own lane).
+pub type Lanes = Option<Vec<String>>;
+
+/// As [`parse_event`], and which of the source's destinations take it.
+pub fn parse_routed<'a>(
+    source: &Source,
+    header: &dyn Fn(&str) -> Option<&'a str>,
+    body: &[u8],
+    received_at: Millis,
+) -> Result<(NewEvent, Lanes), IngestError> {
     source.verifier.verify(header, body, unix_s(received_at))?;
+    let single =
+        matches!(source.routes.as_slice(), [r] if r.filter.is_all() && r.lane == source.name);
     let needs_json = std::iter::once(&source.event_id)
         .chain(&source.created_at)
         .chain(&source.stream)
-        .any(Locator::needs_body);
+        .any(Locator::needs_body)
+        || source.routes.iter().any(|r| r.filter.needs_body());
     let json: Option<Value> = if needs_json {
         Some(serde_json::from_slice(body).map_err(|e| {
             IngestError::MalformedBody(format!(
@@ -190,7 +208,15 @@ pub fn parse_event<'a>(
         .iter()
         .filter_map(|name| header(name).map(|v| (name.clone(), v.to_owned())))
         .collect();
-    Ok(NewEvent {
+    let lanes = (!single).then(|| {
+        source
+            .routes
+            .iter()
+            .filter(|r| r.filter.matches(header, json.as_ref()))
+            .map(|r| r.lane.clone())
+            .collect()
+    });
+    let event = NewEvent {
         source: source.name.clone(),
         event_id: event_id.as_str().to_owned(),
         stream: stream.map(|s| s.as_str().to_owned()),
@@ -199,7 +225,8 @@ pub fn parse_event<'a>(
         received_at_ms: received_at,
         headers,
         body: body.to_vec(),
-    })
+    };
+    Ok((event, lanes))
 }
 
 /// A JSON value for an error message: at most 100 bytes of its text.

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::locate::Locator;
+use super::route::RouteFilter;
 use super::signature::{Scheme, Verifier, parse_whsec};
 use crate::config::sources::SourceSettings;
 use crate::store::inbox::Retention;
@@ -43,6 +44,7 @@ const RESERVED_HEADERS: &[&str] = &[
     "webhook-signature",
     "dedupd-attempt",
     "dedupd-source",
+    "dedupd-destination",
     "dedupd-replay",
     "host",
     "content-length",
@@ -96,6 +98,42 @@ pub struct Source {
     /// Its own retentions, ms, where it overrides the gateway's (delivered
     /// and stale, dead): see [`Source::retention`].
     pub retention_override: (Option<u64>, Option<u64>),
+    /// The destination it delivers to (`default` for a lone `forward_to`).
+    pub destination: String,
+    /// For a destination's lane other than the source's own name: the
+    /// source it belongs to (ingest refuses posts to a lane).
+    pub lane_of: Option<String>,
+    /// Whether its own name is a lane the dispatcher delivers: false for
+    /// a source whose destinations are all lanes of their own.
+    pub delivers: bool,
+    /// On the source posted to: where each event goes, by destination.
+    pub routes: Vec<Route>,
+}
+
+/// One destination of a source, as ingest routes to it.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The destination's name.
+    pub destination: String,
+    /// The inbox lane its deliveries live in ([`lane_name`]).
+    pub lane: String,
+    /// Which events go there.
+    pub filter: RouteFilter,
+}
+
+/// The name of the destination a lone `forward_to` is.
+pub const DEFAULT_DESTINATION: &str = "default";
+
+/// The inbox lane of a source's destination: the source's own name for
+/// `default` (so a source's rows from before destinations are its
+/// deliveries there), else `SOURCE.DESTINATION` (a `.` no source name
+/// holds).
+pub fn lane_name(source: &str, destination: &str) -> String {
+    if destination == DEFAULT_DESTINATION {
+        source.to_owned()
+    } else {
+        format!("{source}.{destination}")
+    }
 }
 
 impl Source {
@@ -246,7 +284,16 @@ impl Source {
                 ),
             ));
         }
-        let forward_to = match reqwest::Url::parse(&s.forward_to) {
+        let Some(raw_forward_to) = s.forward_to.as_deref() else {
+            errors.push((
+                "forward_to",
+                "missing: set forward_to (the application's URL) or \
+                 [[sources.NAME.destinations]]"
+                    .into(),
+            ));
+            return Err(errors);
+        };
+        let forward_to = match reqwest::Url::parse(raw_forward_to) {
             Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Some(u),
             Ok(u) => {
                 errors.push((
@@ -263,7 +310,7 @@ impl Source {
                     "forward_to",
                     format!(
                         "{:?} is not a URL: {e}",
-                        crate::redact::url_str(&s.forward_to)
+                        crate::redact::url_str(raw_forward_to)
                     ),
                 ));
                 None
@@ -365,9 +412,184 @@ impl Source {
                     s.dead_retention
                         .map(crate::gateway::delivery::backoff::millis),
                 ),
+                destination: DEFAULT_DESTINATION.to_owned(),
+                lane_of: None,
+                delivers: true,
+                routes: vec![Route {
+                    destination: DEFAULT_DESTINATION.to_owned(),
+                    lane: name.to_owned(),
+                    filter: RouteFilter::default(),
+                }],
             }),
             _ => Err(errors),
         }
+    }
+}
+
+/// Settings a destination may set for itself: a lane's errors under
+/// these keys are its own; the others are the source's (reported once).
+const DESTINATION_KEYS: &[&str] = &[
+    "forward_to",
+    "forward_timeout",
+    "max_attempts",
+    "backoff_min",
+    "backoff_max",
+    "max_in_flight",
+    "pause_after",
+    "rate_limit",
+    "rate_burst",
+    "destination_secret",
+    "destination_secrets",
+];
+
+/// Most destinations a source has.
+pub const MAX_DESTINATIONS: usize = 32;
+
+impl Source {
+    /// Builds a source and the lanes of its destinations: with a lone
+    /// `forward_to`, one [`Source`] (destination `default`); with
+    /// `destinations`, the source posted to (carrying the routes; a lane
+    /// itself if one destination is `default`) and a lane per other
+    /// destination. `destination_secrets` are the source's; a destination
+    /// with its own uses those. Errors are under keys relative to
+    /// `sources.NAME` (`destinations.0.forward_to`).
+    pub fn build_all(
+        name: &str,
+        s: &SourceSettings,
+        secrets: &[String],
+        destination_secrets: &[String],
+    ) -> Result<Vec<Self>, Vec<(String, String)>> {
+        let own = |e: Vec<SourceError>| -> Vec<(String, String)> {
+            e.into_iter().map(|(k, m)| (k.to_owned(), m)).collect()
+        };
+        if s.destinations.is_empty() {
+            return Self::build(name, s, secrets, destination_secrets)
+                .map(|one| vec![one])
+                .map_err(own);
+        }
+        let mut errors: Vec<(String, String)> = Vec::new();
+        if s.forward_to.is_some() {
+            errors.push((
+                "forward_to".into(),
+                "not with destinations: make it a destination (named \"default\" to keep \
+                 its events' history)"
+                    .into(),
+            ));
+        }
+        if s.destinations.len() > MAX_DESTINATIONS {
+            errors.push((
+                "destinations".into(),
+                format!("at most {MAX_DESTINATIONS} (got {})", s.destinations.len()),
+            ));
+        }
+        let mut routes = Vec::new();
+        let mut lanes = Vec::new();
+        for (i, d) in s.destinations.iter().enumerate() {
+            let at = |key: &str| format!("destinations.{i}.{key}");
+            if !crate::domain::valid_source_name(&d.name) {
+                errors.push((
+                    at("name"),
+                    format!("{:?}: 1 to 64 of A-Z a-z 0-9 _ -", d.name),
+                ));
+                continue;
+            }
+            if s.destinations[..i].iter().any(|o| o.name == d.name) {
+                errors.push((at("name"), format!("{:?} is named twice", d.name)));
+                continue;
+            }
+            let filter = match RouteFilter::parse(&d.filter) {
+                Ok(f) => f,
+                Err(e) => {
+                    errors.push((at("filter"), e));
+                    continue;
+                }
+            };
+            for header in filter.headers() {
+                if !signed_header(s.scheme, header) {
+                    errors.push((
+                        at("filter"),
+                        format!(
+                            "header {header:?} is not covered by the {} signature: anyone \
+                             could change it in a captured request and route the event \
+                             elsewhere; filter on the body (body:/…)",
+                            s.scheme.name()
+                        ),
+                    ));
+                }
+            }
+            let lane = lane_name(name, &d.name);
+            let settings = d.over(s);
+            let own_secrets: Vec<String>;
+            let keys = if d.destination_secret.is_some() || !d.destination_secrets.is_empty() {
+                own_secrets = d
+                    .destination_secret
+                    .iter()
+                    .chain(&d.destination_secrets)
+                    .map(|s| s.expose().to_owned())
+                    .collect();
+                &own_secrets[..]
+            } else {
+                destination_secrets
+            };
+            match Self::build(&lane, &settings, secrets, keys) {
+                Ok(mut built) => {
+                    built.destination.clone_from(&d.name);
+                    built.lane_of = (lane != name).then(|| name.to_owned());
+                    built.routes = Vec::new();
+                    lanes.push(built);
+                }
+                Err(e) => errors.extend(
+                    e.into_iter()
+                        .filter(|(k, _)| DESTINATION_KEYS.contains(k))
+                        .map(|(k, m)| (at(k), m)),
+                ),
+            }
+            routes.push(Route {
+                destination: d.name.clone(),
+                lane,
+                filter,
+            });
+        }
+        // The source posted to: its verifier, locators and limits.
+        let first = s.destinations[0].over(s);
+        let mut posted = match Self::build(name, &first, secrets, destination_secrets) {
+            Ok(p) => p,
+            Err(e) => {
+                errors.extend(
+                    e.into_iter()
+                        .filter(|(k, _)| !DESTINATION_KEYS.contains(k))
+                        .map(|(k, m)| (k.to_owned(), m)),
+                );
+                return Err(errors);
+            }
+        };
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        posted.routes = routes;
+        match lanes.iter().position(|l| l.name == name) {
+            // `default` is a lane of the source's own name: that source
+            // is posted to and delivers.
+            Some(i) => {
+                let mut own = lanes.remove(i);
+                own.routes = std::mem::take(&mut posted.routes);
+                lanes.insert(0, own);
+            }
+            None => {
+                posted.delivers = false;
+                posted.destination = String::new();
+                lanes.insert(0, posted);
+            }
+        }
+        Ok(lanes)
+    }
+
+    /// The lane of destination `destination` of this source, if it has one.
+    pub fn lane_of_destination(&self, destination: &str) -> Option<&str> {
+        self.routes
+            .iter()
+            .find(|r| r.destination == destination)
+            .map(|r| r.lane.as_str())
     }
 }
 

@@ -124,7 +124,7 @@ impl FilterQuery {
                 "invalid_status",
                 "status",
                 format!(
-                    "must be pending, delivered, stale, dead or erased; got {:?}",
+                    "must be pending, delivered, stale, dead, erased or filtered; got {:?}",
                     self.status
                 ),
             )

@@ -25,7 +25,7 @@ use super::{AppState, Endpoint, Guard, register};
 use crate::clock::Millis;
 use crate::error::{ApiError, Problem};
 use crate::gateway::alerts::ALERT_SOURCE;
-use crate::gateway::ingest::{check_headers, handshake, parse_event};
+use crate::gateway::ingest::{check_headers, handshake, parse_routed};
 use crate::store::inbox::IngestOutcome;
 
 /// `POST /ingest/{source}`.
@@ -150,7 +150,12 @@ async fn receive(
     let gw = &state.gateway;
     let name = super::path_segment(req, 2, "source").map_err(closing)?;
     // The alerts source is dedupd's own: from outside it is unknown.
-    let Some(source) = gw.source(&name).filter(|s| s.name != ALERT_SOURCE).cloned() else {
+    // The alerts source and a destination's lane take no posts.
+    let Some(source) = gw
+        .source(&name)
+        .filter(|s| s.name != ALERT_SOURCE && s.lane_of.is_none())
+        .cloned()
+    else {
         return Err(closing(ApiError::NotFound {
             code: "unknown_source",
             detail: format!("no source named {name:?} is configured"),
@@ -167,7 +172,8 @@ async fn receive(
         tracing::info!(source = %source.name, "answered the provider's URL check");
         return Ok(Received::Handshake(reply));
     }
-    let event = parse_event(&source, &header, &body, received_at).map_err(ApiError::from)?;
+    let (event, lanes) =
+        parse_routed(&source, &header, &body, received_at).map_err(ApiError::from)?;
     // Only the inbox is asked: a local inbox keeps ingest working while a
     // shared store is down, and an event another instance received too is
     // resolved at delivery, by its claim in the shared store. With the
@@ -183,17 +189,28 @@ async fn receive(
             .map_err(ApiError::from)?;
     let event_id = event.event_id.clone();
     let ordering = (event.stream.clone(), event.created_at);
-    let outcome = if known {
-        IngestOutcome::Duplicate
-    } else {
-        gw.inbox
+    // The lanes the event went to, for the dispatcher to hear of.
+    let arrived: Vec<String> = lanes.clone().unwrap_or_else(|| vec![source.name.clone()]);
+    let outcome = match lanes {
+        _ if known => IngestOutcome::Duplicate,
+        None => gw
+            .inbox
             .ingest(event, received_at)
             .await
-            .map_err(ApiError::from)?
+            .map_err(ApiError::from)?,
+        Some(lanes) => {
+            let known_in = source.routes.iter().map(|r| r.lane.clone()).collect();
+            let filtered_ms = source.retention(gw.retention).delivered_ms;
+            gw.inbox
+                .ingest_routed(event, lanes, known_in, filtered_ms, received_at)
+                .await
+                .map_err(ApiError::from)?
+        }
     };
     if outcome == IngestOutcome::Accepted {
-        gw.arrivals
-            .push(&source.name, ordering.0.as_deref(), ordering.1);
+        for lane in &arrived {
+            gw.arrivals.push(lane, ordering.0.as_deref(), ordering.1);
+        }
         gw.wake.notify_one();
         tracing::info!(source = %source.name, event_id = %event_id, "event accepted");
     }

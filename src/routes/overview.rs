@@ -54,6 +54,8 @@ pub struct SourceRow {
     /// Events erased by an operator (body and headers deleted, the record
     /// kept for the source's dead retention).
     erased: u64,
+    /// Events none of the source's destinations took (kept, never sent).
+    filtered: u64,
     /// When the oldest pending event was received, Unix ms.
     oldest_pending_received_at_ms: Option<Millis>,
     /// How long it has waited, ms, by the server's clock.
@@ -92,6 +94,7 @@ pub(super) async fn list(state: web::Data<AppState>) -> Result<HttpResponse, Api
                 stale: 0,
                 dead: 0,
                 erased: 0,
+                filtered: 0,
                 oldest_pending_ms: None,
             });
     }
@@ -111,6 +114,7 @@ pub(super) async fn list(state: web::Data<AppState>) -> Result<HttpResponse, Api
             stale: s.stale,
             dead: s.dead,
             erased: s.erased,
+            filtered: s.filtered,
             source: s.source,
         })
         .collect();

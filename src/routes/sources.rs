@@ -41,7 +41,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
-    /// pending | delivered | stale | dead | erased
+    /// pending | delivered | stale | dead | erased | filtered
     status: String,
     /// Page size, 1 to 500 (default 100).
     limit: Option<usize>,
@@ -261,7 +261,7 @@ pub(super) async fn list(
             "invalid_status",
             "status",
             format!(
-                "must be pending, delivered, stale, dead or erased; got {:?}",
+                "must be pending, delivered, stale, dead, erased or filtered; got {:?}",
                 query.status
             ),
         ))

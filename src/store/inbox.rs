@@ -47,6 +47,30 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
         false
     }
 
+    /// Stores a new event of a source with several destinations: a row in
+    /// each lane of `lanes` (the destinations it matched); with none, one
+    /// row in the event's source with status [`EventStatus::Filtered`],
+    /// kept `filtered_ms`. A duplicate when its id is known in any of
+    /// `known_in` (every lane of the source), as [`Inbox::ingest`] is.
+    /// An inbox without destinations refuses anything but a lone lane,
+    /// the source's own (`check-config` keeps such a configuration off it).
+    async fn ingest_routed(
+        &self,
+        event: NewEvent,
+        lanes: Vec<String>,
+        known_in: Vec<String>,
+        filtered_ms: u64,
+        now: Millis,
+    ) -> Result<IngestOutcome, StoreError> {
+        let _ = (known_in, filtered_ms);
+        if lanes.len() == 1 && lanes[0] == event.source {
+            return self.ingest(event, now).await;
+        }
+        Err(StoreError::Failed(std::sync::Arc::new(
+            std::io::Error::other("this inbox holds one destination per source"),
+        )))
+    }
+
     /// Whether `event` is still pending under lease generation `lease`:
     /// asked before sending an event held leased ahead where others write
     /// the inbox too (an operator on another instance may have erased or
@@ -272,6 +296,8 @@ pub enum EventStatus {
     Dead,
     /// Erased by an operator: body and headers deleted, the record kept.
     Erased,
+    /// Matched by none of its source's destinations: kept, never sent.
+    Filtered,
 }
 
 impl EventStatus {
@@ -283,6 +309,7 @@ impl EventStatus {
             EventStatus::Stale => 2,
             EventStatus::Dead => 3,
             EventStatus::Erased => 4,
+            EventStatus::Filtered => 5,
         }
     }
 
@@ -293,6 +320,7 @@ impl EventStatus {
             1 => EventStatus::Delivered,
             2 => EventStatus::Stale,
             4 => EventStatus::Erased,
+            5 => EventStatus::Filtered,
             _ => EventStatus::Dead,
         }
     }
@@ -305,6 +333,7 @@ impl EventStatus {
             "stale" => Some(EventStatus::Stale),
             "dead" => Some(EventStatus::Dead),
             "erased" => Some(EventStatus::Erased),
+            "filtered" => Some(EventStatus::Filtered),
             _ => None,
         }
     }
@@ -529,6 +558,8 @@ pub struct SourceSummary {
     pub dead: u64,
     /// Erased events kept for their retention.
     pub erased: u64,
+    /// Events no destination took, kept for the delivered retention.
+    pub filtered: u64,
     /// When the oldest pending event was received, Unix ms.
     pub oldest_pending_ms: Option<Millis>,
 }

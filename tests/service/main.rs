@@ -40,6 +40,7 @@ mod redis_backend;
 #[cfg(feature = "redis")]
 mod redis_gateway;
 mod resp;
+mod routing;
 #[cfg(feature = "redis")]
 mod shared_inbox;
 mod systemd;

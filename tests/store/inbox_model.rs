@@ -1208,6 +1208,7 @@ async fn check_state(s: &dyn Subject, m: &Model, ctx: &str) {
                 stale: 0,
                 dead: 0,
                 erased: 0,
+                filtered: 0,
                 oldest_pending_ms: None,
             });
         match e.status {
@@ -1222,6 +1223,7 @@ async fn check_state(s: &dyn Subject, m: &Model, ctx: &str) {
             EventStatus::Stale => x.stale += 1,
             EventStatus::Dead => x.dead += 1,
             EventStatus::Erased => x.erased += 1,
+            EventStatus::Filtered => x.filtered += 1,
         }
     }
     let summary: Vec<SourceSummary> = summary.into_values().collect();

@@ -68,7 +68,11 @@ impl Forwarder {
             .header("webhook-timestamp", now_s.to_string())
             .header("webhook-signature", signature)
             .header("dedupd-attempt", attempt.to_string())
-            .header("dedupd-source", source.name.as_str())
+            .header(
+                "dedupd-source",
+                source.lane_of.as_deref().unwrap_or(source.name.as_str()),
+            )
+            .header("dedupd-destination", source.destination.as_str())
             .send()
             .await;
         match res {

@@ -244,9 +244,12 @@ impl Dispatcher {
         clock: SharedClock,
         settings: DeliverySettings,
     ) -> reqwest::Result<Self> {
+        // Every lane a destination's deliveries run in; a source posted
+        // to whose destinations all have lanes of their own delivers none.
         let lanes = gateway
             .sources
             .values()
+            .filter(|s| s.delivers)
             .map(|s| (s.name.clone(), s.max_in_flight, s.pause_after))
             .collect::<Vec<_>>();
         let idle = lanes

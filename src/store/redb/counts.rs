@@ -36,7 +36,7 @@ impl StatusDeltas {
 }
 
 /// Events per source, indexed by [`EventStatus::to_byte`].
-pub type Counts = [u64; 5];
+pub type Counts = [u64; 6];
 
 /// The counts of the open file.
 #[derive(Debug, Default)]

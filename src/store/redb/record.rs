@@ -141,12 +141,10 @@ impl Request {
         let n = |len: usize| len as u64;
         SMALL
             + match self {
-                Request::Inbox(InboxRequest::Insert(e)) => {
-                    n(e.body.len())
-                        + e.headers
-                            .iter()
-                            .map(|(k, v)| n(k.len() + v.len()))
-                            .sum::<u64>()
+                Request::Inbox(InboxRequest::Insert(e)) => event_bytes(e),
+                // A row (and a body) per destination it went to.
+                Request::Inbox(InboxRequest::InsertRouted { event, lanes, .. }) => {
+                    event_bytes(event) * n(lanes.len().max(1))
                 }
                 Request::Inbox(InboxRequest::Lease { events, .. }) => n(events.len()) * 64,
                 Request::Inbox(InboxRequest::SettleAttempt {
@@ -166,6 +164,15 @@ impl Request {
                 _ => 0,
             }
     }
+}
+
+/// The bytes of an event's body and headers.
+fn event_bytes(e: &NewEvent) -> u64 {
+    e.body.len() as u64
+        + e.headers
+            .iter()
+            .map(|(k, v)| (k.len() + v.len()) as u64)
+            .sum::<u64>()
 }
 
 /// An inbox write.
@@ -233,6 +240,16 @@ pub enum InboxRequest {
     CancelJob { id: String },
     /// Delete a bulk job's record.
     DeleteJob { id: String },
+    /// Store a new event for the destinations it matched (log format 5
+    /// on): a row in each of `lanes`; with none, one row in the event's
+    /// source with status filtered, kept `filtered_ms`. Unless its id is
+    /// known in any of `known_in` (every lane of the source).
+    InsertRouted {
+        event: Box<NewEvent>,
+        lanes: Vec<String>,
+        known_in: Vec<String>,
+        filtered_ms: u64,
+    },
 }
 
 /// One batch as logged.

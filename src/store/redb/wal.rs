@@ -42,12 +42,13 @@ use super::record::{Batch, BatchRef, Request};
 use crate::clock::Millis;
 
 /// The log format this build writes.
-pub const FORMAT: u32 = 4;
+pub const FORMAT: u32 = 5;
 /// Formats whose records this build decodes: format 1 and 2 records are
 /// encoded alike (only the header differs); format 3 adds a request (a
 /// settle with its attempt, for the event's timeline) and changes none;
-/// format 4 adds the replay, erase and bulk job requests and changes none.
-pub const DECODES: &[u32] = &[1, 2, 3, 4];
+/// format 4 adds the replay, erase and bulk job requests and changes none;
+/// format 5 adds the insert of an event routed to several destinations.
+pub const DECODES: &[u32] = &[1, 2, 3, 4, 5];
 /// Every header starts `DDWAL`, two digits of format, and a newline.
 const MAGIC_PREFIX: &[u8; 5] = b"DDWAL";
 /// Bytes of a format 1 header.

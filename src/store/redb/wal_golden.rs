@@ -153,6 +153,34 @@ fn samples() -> Vec<Request> {
             headers: Vec::new(),
             body: vec![0, 0xFF, b'\n'],
         })),
+        Request::Inbox(InboxRequest::InsertRouted {
+            event: Box::new(NewEvent {
+                source: "sume".into(),
+                event_id: "evt_3".into(),
+                stream: Some("run_9".into()),
+                created_at,
+                received_at_ms: 1_800_000_000_002,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: br#"{"request_id":"evt_3","type":"run.updated"}"#.to_vec(),
+            }),
+            lanes: vec!["sume.runs".into(), "sume".into()],
+            known_in: vec!["sume".into(), "sume.runs".into(), "sume.billing".into()],
+            filtered_ms: 604_800_000,
+        }),
+        Request::Inbox(InboxRequest::InsertRouted {
+            event: Box::new(NewEvent {
+                source: "sume".into(),
+                event_id: "evt_4".into(),
+                stream: None,
+                created_at,
+                received_at_ms: 1_800_000_000_003,
+                headers: Vec::new(),
+                body: br#"{"request_id":"evt_4","type":"user.created"}"#.to_vec(),
+            }),
+            lanes: Vec::new(),
+            known_in: vec!["sume.runs".into()],
+            filtered_ms: 604_800_000,
+        }),
         Request::Inbox(InboxRequest::Lease {
             events: vec![
                 ("sume".into(), "evt_1".into(), 1_800_000_030_000),
@@ -440,6 +468,27 @@ fn inbox_shape(req: &InboxRequest, cov: &mut Coverage) -> String {
         InboxRequest::PutJob { id: _, record: _ } => "put_job".into(),
         InboxRequest::CancelJob { id: _ } => "cancel_job".into(),
         InboxRequest::DeleteJob { id: _ } => "delete_job".into(),
+        InboxRequest::InsertRouted {
+            event,
+            lanes,
+            known_in: _,
+            filtered_ms: _,
+        } => {
+            let NewEvent {
+                source: _,
+                event_id: _,
+                stream,
+                created_at: _,
+                received_at_ms: _,
+                headers: _,
+                body: _,
+            } = &**event;
+            format!(
+                "insert_routed{}stream{}lanes",
+                cov.state("InsertRouted.event.stream", stream.is_some()),
+                cov.state("InsertRouted.lanes", !lanes.is_empty())
+            )
+        }
     }
 }
 

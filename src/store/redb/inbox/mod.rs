@@ -70,6 +70,26 @@ impl Inbox for RedbInbox {
         }
     }
 
+    async fn ingest_routed(
+        &self,
+        event: NewEvent,
+        lanes: Vec<String>,
+        known_in: Vec<String>,
+        filtered_ms: u64,
+        now: Millis,
+    ) -> Result<IngestOutcome, StoreError> {
+        let request = InboxRequest::InsertRouted {
+            event: Box::new(event),
+            lanes,
+            known_in,
+            filtered_ms,
+        };
+        match self.write(request, now).await? {
+            InboxResponse::Inserted(o) => Ok(o),
+            _ => Err(EngineError::Unexpected("insert").into()),
+        }
+    }
+
     async fn knows_event(&self, event: &EventKey, now: Millis) -> Result<bool, StoreError> {
         // What the file shows, not what was acknowledged: that would make
         // the writer commit its open transaction at once, and anyone who
@@ -341,6 +361,7 @@ impl Inbox for RedbInbox {
                     stale: c[2],
                     dead: c[3],
                     erased: c[4],
+                    filtered: c[5],
                     oldest_pending_ms,
                     source: source.clone(),
                 });

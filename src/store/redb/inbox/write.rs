@@ -125,6 +125,18 @@ impl<'txn> InboxTables<'txn> {
     ) -> Result<InboxResponse, redb::Error> {
         Ok(match req {
             InboxRequest::Insert(new) => InboxResponse::Inserted(self.insert(new, now)?),
+            InboxRequest::InsertRouted {
+                event,
+                lanes,
+                known_in,
+                filtered_ms,
+            } => InboxResponse::Inserted(self.insert_routed(
+                event,
+                lanes,
+                known_in,
+                *filtered_ms,
+                now,
+            )?),
             InboxRequest::Lease {
                 events,
                 stale_check,
@@ -291,26 +303,72 @@ impl<'txn> InboxTables<'txn> {
     }
 
     fn insert(&mut self, new: &NewEvent, now: Millis) -> Result<IngestOutcome, redb::Error> {
-        let key = (new.source.as_str(), new.event_id.as_str());
-        if self.rows.open()?.get(key)?.is_some() {
+        if self.known(&new.source, &new.event_id, now)? {
             return Ok(IngestOutcome::Duplicate);
+        }
+        self.store_new(new, &new.source, EventStatus::Pending, 0, now)?;
+        Ok(IngestOutcome::Accepted)
+    }
+
+    /// Whether event `id` is known in lane `source`: a row, or a live
+    /// dedupe record. A record past its window is removed (the id is new
+    /// again, and a row takes its place).
+    fn known(&mut self, source: &str, id: &str, now: Millis) -> Result<bool, redb::Error> {
+        let key = (source, id);
+        if self.rows.open()?.get(key)?.is_some() {
+            return Ok(true);
         }
         // The one lookup a new event pays for replay protection past its
         // row's reaping.
         let record = self.dedupe.open()?.get(key)?.map(|g| g.value());
         if let Some(until) = record {
             if until > now {
-                return Ok(IngestOutcome::Duplicate);
+                return Ok(true);
             }
-            // Past its window but not reaped yet: the id is new again, and
-            // the row takes the record's place.
             self.dedupe.open()?.remove(key)?;
             self.dedupe_expiry.open()?.remove((until, key.0, key.1))?;
         }
+        Ok(false)
+    }
+
+    /// See [`InboxRequest::InsertRouted`].
+    fn insert_routed(
+        &mut self,
+        new: &NewEvent,
+        lanes: &[String],
+        known_in: &[String],
+        filtered_ms: u64,
+        now: Millis,
+    ) -> Result<IngestOutcome, redb::Error> {
+        for lane in known_in.iter().chain(lanes).chain([&new.source]) {
+            if self.known(lane, &new.event_id, now)? {
+                return Ok(IngestOutcome::Duplicate);
+            }
+        }
+        if lanes.is_empty() {
+            let expires = now.saturating_add(filtered_ms);
+            self.store_new(new, &new.source, EventStatus::Filtered, expires, now)?;
+        }
+        for lane in lanes {
+            self.store_new(new, lane, EventStatus::Pending, 0, now)?;
+        }
+        Ok(IngestOutcome::Accepted)
+    }
+
+    /// Stores `new` as a row of lane `source` with `status`: pending
+    /// (queued by its stream), or settled until `expires_at_ms`.
+    fn store_new(
+        &mut self,
+        new: &NewEvent,
+        source: &str,
+        status: EventStatus,
+        expires_at_ms: Millis,
+        now: Millis,
+    ) -> Result<(), redb::Error> {
         let e = InboxEvent {
-            source: new.source.clone(),
+            source: source.to_owned(),
             event_id: new.event_id.clone(),
-            status: EventStatus::Pending,
+            status,
             stream: new.stream.clone(),
             created_at: new.created_at,
             received_at_ms: new.received_at_ms,
@@ -320,7 +378,7 @@ impl<'txn> InboxTables<'txn> {
             force: false,
             headers: new.headers.clone(),
             body: Vec::new(),
-            expires_at_ms: 0,
+            expires_at_ms,
             lease: 0,
             body_bytes: new.body.len(),
             timeline: Vec::new(),
@@ -340,8 +398,15 @@ impl<'txn> InboxTables<'txn> {
             ),
             (),
         )?;
-        self.enqueue(&e)?;
-        Ok(IngestOutcome::Accepted)
+        if status == EventStatus::Pending {
+            self.enqueue(&e)?;
+        } else {
+            self.expiry.open()?.insert(
+                (e.expires_at_ms, e.source.as_str(), e.event_id.as_str()),
+                (),
+            )?;
+        }
+        Ok(())
     }
 
     /// Makes a pending row runnable (or queued behind its stream).

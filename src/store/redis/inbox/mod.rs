@@ -949,6 +949,7 @@ impl Inbox for RedisInbox {
                 stale: c[2],
                 dead: c[3],
                 erased: c[4],
+                filtered: 0,
                 oldest_pending_ms,
             });
         }

@@ -1,0 +1,165 @@
+//! Several destinations per source, with filters: each event goes to the
+//! destinations whose filters it matches, each with its own delivery
+//! state, order and limits; a destination that hangs holds back only its
+//! own deliveries; an event no destination takes is kept as `filtered`.
+//! Real receivers, the app's clock moved by the test.
+
+use dedupd::config::sources::SourceSettings;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::app::{TestApp, spawn_app_with};
+use crate::support::gateway::{DESTINATION, SECRET, ids};
+use crate::support::receiver::{Behaviour, Receiver};
+
+fn settings(runs: &str, billing: &str, audit: &str) -> SourceSettings {
+    toml::from_str(&format!(
+        r#"
+        scheme = "sume"
+        secrets = ["{SECRET}"]
+        event_id = "body:/request_id"
+        created_at = "body:/created_at"
+        stream = "body:/run_id"
+        destination_secret = "{DESTINATION}"
+        backoff_min = "10ms"
+        backoff_max = "40ms"
+        max_attempts = 3
+
+        [[destinations]]
+        name = "runs"
+        forward_to = "{runs}"
+        filter = {{ "body:/type" = ["run.updated", "run.completed"] }}
+
+        [[destinations]]
+        name = "billing"
+        forward_to = "{billing}"
+        filter = {{ "body:/type" = "invoice.*" }}
+        max_in_flight = 2
+
+        [[destinations]]
+        name = "audit"
+        forward_to = "{audit}"
+        filter = {{ "body:/type" = ["run.*", "invoice.*"] }}
+        "#
+    ))
+    .unwrap()
+}
+
+fn event(id: &str, kind: &str, run: &str, minute: u32) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "request_id": id, "type": kind, "run_id": run,
+        "created_at": format!("2026-11-29T10:{minute:02}:00Z"),
+    }))
+    .unwrap()
+}
+
+async fn listed(app: &TestApp, source: &str, status: &str) -> Vec<String> {
+    let v: Value = app
+        .request(
+            Method::GET,
+            &format!("/v1/sources/{source}/events?status={status}&limit=500"),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn each_destination_gets_what_its_filter_takes_and_a_hanging_one_holds_back_only_itself() {
+    let runs = Receiver::start(Behaviour::Accept).await;
+    let billing = Receiver::start(Behaviour::Hold(None)).await;
+    let audit = Receiver::start(Behaviour::Accept).await;
+    let s = settings(&runs.url, &billing.url, &audit.url);
+    let app = spawn_app_with(move |l| {
+        l.settings.sources.insert("sume".into(), s);
+    })
+    .await;
+    let posted = [
+        ("r1", "run.updated", "run_1", 1),
+        ("i1", "invoice.paid", "run_1", 2),
+        ("r2", "run.completed", "run_1", 3),
+        ("i2", "invoice.voided", "run_2", 4),
+        ("x1", "user.created", "run_3", 5),
+    ];
+    for (id, kind, run, minute) in posted {
+        let res = app
+            .post_signed_at("sume", &event(id, kind, run, minute), app.now_s(), SECRET)
+            .await;
+        assert_eq!(res.status(), 200);
+        let v: Value = res.json().await.unwrap();
+        assert_eq!(v["status"], "accepted", "{id}: {v}");
+    }
+    // A provider's retry is a duplicate, whichever destinations took it.
+    for (id, kind, run, minute) in [posted[1], posted[4]] {
+        let v: Value = app
+            .post_signed_at("sume", &event(id, kind, run, minute), app.now_s(), SECRET)
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["status"], "duplicate", "{id}: {v}");
+    }
+    // runs and audit deliver while billing hangs on both its requests.
+    app.retrying_until("runs and audit delivered", || async {
+        runs.received().len() == 2 && audit.received().len() == 4
+    })
+    .await;
+    app.retrying_until("billing holds two", || async { billing.held() == 2 })
+        .await;
+    assert_eq!(ids(&runs.received()), ["r1", "r2"]);
+    let audited = ids(&audit.received());
+    // Per stream in created_at order: run_1's three, in order.
+    let run_1: Vec<&String> = audited.iter().filter(|i| *i != "i2").collect();
+    assert_eq!(run_1, ["r1", "i1", "r2"], "{audited:?}");
+    assert!(audited.contains(&"i2".to_owned()));
+    // Each forward says which destination it is for.
+    for got in runs.received() {
+        assert_eq!(
+            (
+                got.header("dedupd-source"),
+                got.header("dedupd-destination")
+            ),
+            ("sume", "runs")
+        );
+    }
+    // Each destination's deliveries are listed in its own lane; the one
+    // no destination took is filtered, kept, never sent.
+    assert_eq!(listed(&app, "sume.runs", "delivered").await, ["r1", "r2"]);
+    assert_eq!(listed(&app, "sume.audit", "delivered").await.len(), 4);
+    assert_eq!(listed(&app, "sume.billing", "pending").await, ["i1", "i2"]);
+    assert_eq!(listed(&app, "sume", "filtered").await, ["x1"]);
+    assert!(
+        runs.received()
+            .iter()
+            .chain(&audit.received())
+            .all(|r| r.header("webhook-id") != "x1")
+    );
+
+    // billing comes back: its two are delivered, nothing else again.
+    billing.release();
+    app.retrying_until("billing delivered", || async {
+        listed(&app, "sume.billing", "delivered").await.len() == 2
+    })
+    .await;
+    assert_eq!(ids(&runs.received()), ["r1", "r2"]);
+    assert_eq!(audit.received().len(), 4);
+    // A lane takes no posts: only the source does.
+    let res = app
+        .post_signed_at(
+            "sume.runs",
+            &event("z", "run.updated", "run_9", 9),
+            app.now_s(),
+            SECRET,
+        )
+        .await;
+    assert_eq!(res.status(), 404);
+}
