@@ -163,3 +163,89 @@ async fn each_destination_gets_what_its_filter_takes_and_a_hanging_one_holds_bac
         .await;
     assert_eq!(res.status(), 404);
 }
+
+#[test]
+fn check_config_names_each_destination_mistake() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let file = dir.path().join("routes.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+[sources.sume]
+scheme = "sume"
+secrets = ["s"]
+event_id = "body:/request_id"
+forward_to = "http://127.0.0.1:3000/"
+destination_secret = "{DESTINATION}"
+
+[[sources.sume.destinations]]
+name = "runs"
+forward_to = "ftp://runs/"
+filter = {{ "body:type" = "run.*" }}
+
+[[sources.sume.destinations]]
+name = "runs"
+forward_to = "http://127.0.0.1:3001/"
+
+[[sources.sume.destinations]]
+name = "bad name"
+forward_to = "http://127.0.0.1:3002/"
+
+[[sources.sume.destinations]]
+name = "hdr"
+forward_to = "http://127.0.0.1:3003/"
+filter = {{ "header:x-kind" = "a" }}
+max_in_flight = 0
+"#
+        ),
+    )
+    .unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for (key, says) in [
+        ("sources.sume.forward_to", "not with destinations"),
+        ("sources.sume.destinations.0.filter", "not a JSON pointer"),
+        ("sources.sume.destinations.1.name", "named twice"),
+        ("sources.sume.destinations.2.name", "1 to 64 of"),
+        (
+            "sources.sume.destinations.3.filter",
+            "not covered by the sume signature",
+        ),
+        ("sources.sume.destinations.3.max_in_flight", "must be 1 to"),
+    ] {
+        assert!(
+            stderr.lines().any(|l| l.contains(key) && l.contains(says)),
+            "{key}: {says}\n{stderr}"
+        );
+    }
+    // On the shared inbox, destinations are refused for now, by name.
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+[storage]
+backend = "redis"
+[gateway]
+inbox = "shared"
+[sources.sume]
+scheme = "sume"
+secrets = ["s"]
+event_id = "body:/request_id"
+destination_secret = "{DESTINATION}"
+[[sources.sume.destinations]]
+name = "default"
+forward_to = "http://127.0.0.1:3000/"
+"#
+        ),
+    )
+    .unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("sources.sume.destinations") && stderr.contains("local inbox for now"),
+        "{stderr}"
+    );
+}

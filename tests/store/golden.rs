@@ -1220,7 +1220,7 @@ async fn open_golden(case: Case) {
     let id = file_id(&path);
     let header = std::fs::read(&log).unwrap();
     assert!(
-        header.starts_with(b"DDWAL04\n"),
+        header.starts_with(b"DDWAL05\n"),
         "{name}: {:?}",
         &header[..8]
     );

@@ -13,7 +13,7 @@
 //! same operations: a batch holds each request with its clock reading (and a
 //! claim's token), so replay reproduces exactly what was answered.
 //!
-//! Header (format 2 on; format 4 shown): `DDWAL04\n | data file id: u128 LE | crc32 of the
+//! Header (format 2 on; format 5 shown): `DDWAL05\n | data file id: u128 LE | crc32 of the
 //! 24 bytes before: u32 LE`. The id is the one the data file records when
 //! it is created (`meta`): a log is replayed only into the file it belongs
 //! to, never into a new or restored one. Format 1 (`DDWAL01\n`, the whole
