@@ -60,6 +60,51 @@ impl Gateway {
         self.sources.get(name)
     }
 
+    /// Every lane holding a copy of the events of the source `name` (or of
+    /// the source whose lane `name` is): the source's own name and each
+    /// destination's lane. What an erasure must reach: each lane stores
+    /// the event's body.
+    pub fn lanes_of(&self, name: &str) -> Vec<String> {
+        let posted = self
+            .sources
+            .get(name)
+            .and_then(|s| s.lane_of.as_deref())
+            .unwrap_or(name);
+        let mut lanes = vec![posted.to_owned()];
+        if let Some(source) = self.sources.get(posted) {
+            for r in &source.routes {
+                if !lanes.contains(&r.lane) {
+                    lanes.push(r.lane.clone());
+                }
+            }
+        }
+        lanes
+    }
+
+    /// Erases event `id` in every lane of `source`'s source
+    /// ([`Gateway::lanes_of`]): erased if any lane erased it, already
+    /// erased if one had, not found if none holds it.
+    pub async fn erase_everywhere(
+        &self,
+        source: &str,
+        id: &str,
+        retention_ms: u64,
+        now: crate::clock::Millis,
+    ) -> Result<crate::store::inbox::EraseOutcome, crate::store::StoreError> {
+        use crate::store::inbox::EraseOutcome;
+        let mut outcome = EraseOutcome::NotFound;
+        for lane in self.lanes_of(source) {
+            match self.inbox.erase(&lane, id, retention_ms, now).await? {
+                EraseOutcome::Erased => outcome = EraseOutcome::Erased,
+                EraseOutcome::AlreadyErased if outcome == EraseOutcome::NotFound => {
+                    outcome = EraseOutcome::AlreadyErased;
+                }
+                _ => {}
+            }
+        }
+        Ok(outcome)
+    }
+
     /// Raises an alert, with `[alerts]` (see [`alerts::Alerts::raise`]).
     pub fn alert(&self, kind: &'static str, source: Option<&str>, detail: serde_json::Value) {
         if let Some(alerts) = &self.alerts {

@@ -354,10 +354,10 @@ pub(super) async fn erase(
         })
         .dead_ms;
     let now = state.clock.now_ms();
+    // Every destination's copy of it.
     match state
         .gateway
-        .inbox
-        .erase(&source, &event_id, retention, now)
+        .erase_everywhere(&source, &event_id, retention, now)
         .await?
     {
         EraseOutcome::Erased | EraseOutcome::AlreadyErased => {

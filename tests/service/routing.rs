@@ -152,6 +152,16 @@ async fn each_destination_gets_what_its_filter_takes_and_a_hanging_one_holds_bac
     .await;
     assert_eq!(ids(&runs.received()), ["r1", "r2"]);
     assert_eq!(audit.received().len(), 4);
+    // Erasing an event erases every destination's copy of it.
+    let res = app
+        .request(Method::DELETE, "/v1/sources/sume/events/i1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(listed(&app, "sume.billing", "erased").await, ["i1"]);
+    assert_eq!(listed(&app, "sume.audit", "erased").await, ["i1"]);
+    assert_eq!(listed(&app, "sume.runs", "erased").await, Vec::<String>::new());
     // A lane takes no posts: only the source does.
     let res = app
         .post_signed_at(

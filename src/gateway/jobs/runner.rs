@@ -337,9 +337,11 @@ impl Runner {
         match job.kind {
             JobKind::Erase => {
                 let retention = source.retention(self.gateway.retention).dead_ms;
+                // Every destination's copy of each.
+                let gateway = &self.gateway;
                 let outcomes = join_all(
                     ids.iter()
-                        .map(|id| inbox.erase(&job.source, id, retention, now)),
+                        .map(|id| gateway.erase_everywhere(&job.source, id, retention, now)),
                 )
                 .await;
                 let erased = job.erased;
