@@ -632,19 +632,6 @@ impl Settings {
                     .into(),
             );
         }
-        if g.inbox == sources::InboxPlace::Shared {
-            for (name, src) in &self.sources {
-                if !src.destinations.is_empty() {
-                    bad(
-                        &format!("sources.{name}.destinations"),
-                        "several destinations per source need the local inbox for now \
-                         (gateway.inbox = \"local\"); the shared inbox delivers a lone \
-                         forward_to"
-                            .into(),
-                    );
-                }
-            }
-        }
         if self.storage.backend != Backend::Redis {
             return;
         }

@@ -31,6 +31,19 @@ impl Inbox for SharedInbox {
         self.shared.ingest(event, now).await
     }
 
+    async fn ingest_routed(
+        &self,
+        event: NewEvent,
+        lanes: Vec<String>,
+        known_in: Vec<String>,
+        filtered_ms: u64,
+        now: Millis,
+    ) -> Result<IngestOutcome, StoreError> {
+        self.shared
+            .ingest_routed(event, lanes, known_in, filtered_ms, now)
+            .await
+    }
+
     async fn knows_event(&self, event: &EventKey, now: Millis) -> Result<bool, StoreError> {
         self.shared.knows_event(event, now).await
     }

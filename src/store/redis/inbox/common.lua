@@ -3,9 +3,13 @@
 -- hash tag, so one cluster slot). KEYS[1] is the bucket's count hash, named
 -- so that a cluster routes the script to the bucket's master.
 --
+-- A destination's lane (SOURCE.DESTINATION) is a bucket of its own,
+-- `P:{i:S:B}/D`: the same hash tag as its source's bucket B, so that
+-- ingest_routed.lua writes an event into every lane in one script.
+--
 -- Keys of a bucket (ID an event id, HS a stream in hex):
 --   T:e:ID   the event: st status (0 pending, 1 delivered, 2 stale, 3 dead,
---            4 erased), sm stream, hs its hex, cr created_at ns, ca
+--            4 erased, 5 filtered), sm stream, hs its hex, cr created_at ns, ca
 --            created_at as 22 sortable digits, rc received ms, r2 received
 --            as 20 digits, at attempts, du due, lu leased until (while
 --            leased), er last error, fo forced, ex expiry, ls lease

@@ -54,6 +54,7 @@ pub struct SharedInboxOptions {
 /// The scripts, hashed once.
 struct Scripts {
     ingest: Script,
+    ingest_routed: Script,
     lease: Script,
     settle: Script,
     redeliver: Script,
@@ -127,6 +128,7 @@ impl RedisInbox {
             },
             scripts: Scripts {
                 ingest: script(include_str!("ingest.lua")),
+                ingest_routed: script(include_str!("ingest_routed.lua")),
                 lease: script(include_str!("lease.lua")),
                 settle: script(include_str!("settle.lua")),
                 redeliver: script(include_str!("redeliver.lua")),
@@ -156,9 +158,17 @@ impl RedisInbox {
         u16::try_from(fnv1a(basis.as_bytes()) % u64::from(self.opts.buckets)).unwrap_or(0)
     }
 
-    /// The prefix of every key of a bucket: one hash tag.
+    /// The prefix of every key of a bucket: one hash tag. A destination's
+    /// lane (`SOURCE.DESTINATION`) shares its source's tag, so that an
+    /// event's rows in every lane are in one slot, written by one script.
     fn bucket(&self, source: &str, bucket: u16) -> String {
-        format!("{}:{{i:{source}:{bucket}}}", self.client.opts().prefix)
+        let prefix = &self.client.opts().prefix;
+        match source.split_once('.') {
+            Some((source, destination)) => {
+                format!("{prefix}:{{i:{source}:{bucket}}}/{destination}")
+            }
+            None => format!("{prefix}:{{i:{source}:{bucket}}}"),
+        }
     }
 
     /// Every bucket of a source.
@@ -263,14 +273,15 @@ impl RedisInbox {
 
     /// A source's counts by status (indexed by the status byte), summed
     /// over its buckets.
-    async fn counts(&self, source: &str) -> Result<[u64; 5], StoreError> {
+    async fn counts(&self, source: &str) -> Result<[u64; 6], StoreError> {
         let replies = try_join_all(self.buckets(source).into_iter().map(|t| {
             let mut cmd = redis::cmd("HMGET");
-            cmd.arg(format!("{t}:n")).arg(&["0", "1", "2", "3", "4"]);
+            cmd.arg(format!("{t}:n"))
+                .arg(&["0", "1", "2", "3", "4", "5"]);
             self.query::<Vec<Option<i64>>>(cmd)
         }))
         .await?;
-        let mut sum = [0u64; 5];
+        let mut sum = [0u64; 6];
         for reply in replies {
             for (total, n) in sum.iter_mut().zip(reply) {
                 *total += u64::try_from(n.unwrap_or(0)).unwrap_or(0);
@@ -439,6 +450,52 @@ impl Inbox for RedisInbox {
             arg(self.slack_ms),
         ];
         let reply: String = self.run(&self.scripts.ingest, &t, args).await?;
+        match reply.as_str() {
+            "accepted" => Ok(IngestOutcome::Accepted),
+            "duplicate" => Ok(IngestOutcome::Duplicate),
+            _ => Err(unexpected("ingest", reply)),
+        }
+    }
+
+    async fn ingest_routed(
+        &self,
+        event: NewEvent,
+        lanes: Vec<String>,
+        known_in: Vec<String>,
+        filtered_ms: u64,
+        now: Millis,
+    ) -> Result<IngestOutcome, StoreError> {
+        self.check_layout().await?;
+        let b = self.bucket_of(&event.key());
+        let t = self.bucket(&event.source, b);
+        self.note_source(&event.source).await?;
+        for lane in &lanes {
+            self.note_source(lane).await?;
+        }
+        let headers =
+            serde_json::to_vec(&event.headers).map_err(|e| StoreError::failed(e.to_string()))?;
+        let window = ms(self.opts.dedupe_window);
+        let mut args = vec![
+            arg(now),
+            arg(&event.event_id),
+            arg(event.stream.as_deref().unwrap_or("")),
+            arg(event.stream.as_deref().map(hex::encode).unwrap_or_default()),
+            arg(event.created_at.unix_nanos()),
+            arg(created_key(event.created_at)),
+            arg(event.received_at_ms),
+            arg(received_key(event.received_at_ms)),
+            headers,
+            arg(event.body.len()),
+            event.body,
+            arg(event.received_at_ms.saturating_add(window)),
+            arg(self.slack_ms),
+            arg(now.saturating_add(filtered_ms)),
+            arg(lanes.len()),
+        ];
+        args.extend(lanes.iter().map(|l| arg(self.bucket(l, b))));
+        args.push(arg(known_in.len()));
+        args.extend(known_in.iter().map(|l| arg(self.bucket(l, b))));
+        let reply: String = self.run(&self.scripts.ingest_routed, &t, args).await?;
         match reply.as_str() {
             "accepted" => Ok(IngestOutcome::Accepted),
             "duplicate" => Ok(IngestOutcome::Duplicate),
@@ -949,7 +1006,7 @@ impl Inbox for RedisInbox {
                 stale: c[2],
                 dead: c[3],
                 erased: c[4],
-                filtered: 0,
+                filtered: c[5],
                 oldest_pending_ms,
             });
         }
