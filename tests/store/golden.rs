@@ -1457,3 +1457,111 @@ fn every_golden_file_is_checked() {
     names.sort();
     assert_eq!(dirs, names);
 }
+
+/// Destinations over a file of schema 9 (before destinations): its rows
+/// are the deliveries of each source's destination `default`, in the
+/// lane of the source's own name, with their state, order and stream
+/// heads; nothing is rewritten. A source given destinations `default`
+/// and `extra` dedupes a provider's retry of an event from before against
+/// those rows, routes a new event into both lanes, keeps one neither
+/// takes as filtered, and a new lane starts with nothing pending.
+#[tokio::test]
+async fn a_schema_9_files_rows_are_the_default_destinations_deliveries() {
+    let (_dir, path) = copy(&SCHEMA_9, true);
+    let store = RedbStore::open(&options(&path)).unwrap();
+    let inbox = store.inbox();
+    let lanes = vec!["sume".to_owned(), "sume.extra".to_owned()];
+    let new = |id: &str, stream: &str, created: &str| NewEvent {
+        source: "sume".to_owned(),
+        event_id: id.to_owned(),
+        stream: Some(stream.to_owned()),
+        created_at: at(created),
+        received_at_ms: NOW,
+        headers: Vec::new(),
+        body: format!(r#"{{"request_id":"{id}"}}"#).into_bytes(),
+    };
+    // The pending rows from before stay where they were, as they were.
+    let fail_1 = inbox.inbox_event("sume", "fail-1").await.unwrap().unwrap();
+    assert_eq!((fail_1.status, fail_1.attempts), (EventStatus::Pending, 1));
+    // A retry of an event from before: a duplicate, into no lane.
+    assert_eq!(
+        inbox
+            .ingest_routed(
+                new("ok-1", "run-1", "2027-01-15T07:30:00Z"),
+                lanes.clone(),
+                lanes.clone(),
+                DAY,
+                NOW
+            )
+            .await
+            .unwrap(),
+        IngestOutcome::Duplicate
+    );
+    assert!(
+        inbox
+            .inbox_event("sume.extra", "ok-1")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A new event goes into both lanes; one neither takes is filtered.
+    assert_eq!(
+        inbox
+            .ingest_routed(
+                new("new-1", "run-9", "2027-01-15T07:40:00Z"),
+                lanes.clone(),
+                lanes.clone(),
+                DAY,
+                NOW
+            )
+            .await
+            .unwrap(),
+        IngestOutcome::Accepted
+    );
+    for lane in &lanes {
+        let e = inbox.inbox_event(lane, "new-1").await.unwrap().unwrap();
+        assert_eq!(e.status, EventStatus::Pending, "{lane}");
+        assert_eq!(e.body, br#"{"request_id":"new-1"}"#, "{lane}");
+    }
+    assert_eq!(
+        inbox
+            .ingest_routed(
+                new("new-2", "run-9", "2027-01-15T07:41:00Z"),
+                Vec::new(),
+                lanes.clone(),
+                DAY,
+                NOW
+            )
+            .await
+            .unwrap(),
+        IngestOutcome::Accepted
+    );
+    let filtered = inbox.inbox_event("sume", "new-2").await.unwrap().unwrap();
+    assert_eq!(
+        (filtered.status, filtered.expires_at_ms),
+        (EventStatus::Filtered, NOW + DAY)
+    );
+    // The counts by lane: the old rows and new-1 in sume (default),
+    // new-1 alone in sume.extra; new-2 filtered.
+    let summary = inbox.inbox_summary().await.unwrap();
+    let of = |lane: &str| summary.iter().find(|s| s.source == lane).cloned().unwrap();
+    assert_eq!((of("sume").pending, of("sume").filtered), (3, 1));
+    assert_eq!(
+        (of("sume.extra").pending, of("sume.extra").delivered),
+        (1, 0)
+    );
+    // The head of run-1 (moved by ok-1 before the upgrade) still holds in
+    // the default destination's lane: an older event of run-1 routed there
+    // is stale when its turn comes.
+    let head = store
+        .head(&gateway_key("sume", "run-1"), NOW)
+        .await
+        .unwrap();
+    assert!(head.is_some(), "the head of run-1 is the default lane's");
+    let extra = store
+        .head(&gateway_key("sume.extra", "run-1"), NOW)
+        .await
+        .unwrap();
+    assert!(extra.is_none(), "a new lane has heads of its own");
+    store.close().await;
+}
