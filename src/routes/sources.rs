@@ -96,8 +96,26 @@ pub struct SourceView {
     source: String,
     /// False for a source that left the configuration but still has events.
     configured: bool,
-    /// Its delivery lane; null when not configured.
+    /// Its delivery lane; null when not configured, or for a source whose
+    /// destinations all have lanes of their own.
     delivery: Option<DeliveryView>,
+    /// The destination whose deliveries these are (`default` for a lone
+    /// `forward_to`); null when it delivers none.
+    destination: Option<String>,
+    /// For a destination's lane (`SOURCE.DESTINATION`): its source.
+    lane_of: Option<String>,
+    /// For the source posted to: its destinations, each with the name its
+    /// deliveries are listed and acted on under.
+    destinations: Vec<DestinationRef>,
+}
+
+/// One of a source's destinations.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DestinationRef {
+    /// Its name.
+    name: String,
+    /// Where its deliveries are: `/v1/sources/{lane}/…`.
+    lane: String,
 }
 
 /// A configured source's delivery lane and circuit breaker.
@@ -202,18 +220,35 @@ pub(super) async fn show(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let source = path_segment(&req, 3, "source")?;
-    let Some(lane) = state.dispatcher.lane(&source) else {
+    let Some(configured) = state.gateway.source(&source).cloned() else {
         known_source(&state, &source).await?;
         return Ok(HttpResponse::Ok().json(SourceView {
             source,
             configured: false,
             delivery: None,
+            destination: None,
+            lane_of: None,
+            destinations: Vec::new(),
         }));
     };
+    let delivery = state
+        .dispatcher
+        .lane(&source)
+        .map(|lane| DeliveryView::from(&lane));
     Ok(HttpResponse::Ok().json(SourceView {
         source,
         configured: true,
-        delivery: Some(DeliveryView::from(&lane)),
+        destination: configured.delivers.then(|| configured.destination.clone()),
+        delivery,
+        lane_of: configured.lane_of.clone(),
+        destinations: configured
+            .routes
+            .iter()
+            .map(|r| DestinationRef {
+                name: r.destination.clone(),
+                lane: r.lane.clone(),
+            })
+            .collect(),
     }))
 }
 

@@ -172,6 +172,33 @@ async fn fan_out(redis: Option<String>) {
             .all(|r| r.header("webhook-id") != "x1")
     );
 
+    // The source names its destinations and where each is listed; a lane
+    // says whose it is, with its own delivery state (billing's two held).
+    let sume = app.source_state("sume").await;
+    assert_eq!(
+        (&sume["configured"], &sume["delivery"], &sume["destination"]),
+        (&json!(true), &Value::Null, &Value::Null),
+        "{sume}"
+    );
+    assert_eq!(
+        sume["destinations"],
+        json!([
+            {"name": "runs", "lane": "sume.runs"},
+            {"name": "billing", "lane": "sume.billing"},
+            {"name": "audit", "lane": "sume.audit"},
+        ])
+    );
+    let lane = app.source_state("sume.billing").await;
+    assert_eq!(
+        (
+            &lane["destination"],
+            &lane["lane_of"],
+            &lane["delivery"]["in_flight"],
+            &lane["delivery"]["max_in_flight"]
+        ),
+        (&json!("billing"), &json!("sume"), &json!(2), &json!(2)),
+        "{lane}"
+    );
     // billing comes back: its two are delivered, nothing else again.
     billing.release();
     app.retrying_until("billing delivered", || async {
