@@ -10,7 +10,7 @@
   const OVERVIEW_REFRESH_MS = 3000;
   const DETAIL_REFRESH_MS = 1500;
   const JOBS_REFRESH_MS = 1000;
-  const STATUSES = ["pending", "delivered", "stale", "dead", "erased"];
+  const STATUSES = ["pending", "delivered", "stale", "dead", "erased", "filtered"];
   /** The statuses each bulk action takes (the API refuses the others). */
   const BULK_STATUSES = {
     redeliver: ["delivered", "dead", "stale"],
@@ -235,7 +235,8 @@
         : `No ${status} events of ${source}. ` + (status === "dead"
           ? "Nothing is waiting for a redeliver."
           : status === "erased" ? "Nothing was erased (or the erased records were reaped)."
-            : "Pick another status above."));
+            : status === "filtered" ? "Every event went to at least one destination."
+              : "Pick another status above."));
     } else {
       body = h("div", { class: "scroll" }, h("table", { id: "events" },
         h("thead", {}, h("tr", {},
