@@ -647,3 +647,131 @@ print(json.dumps({
     })
     .await;
 }
+
+/// What dedupd signs as Square, Paddle and Linear (as `dedupd trigger`
+/// and these tests do) is what the providers' own verifiers accept:
+/// squareup's `verify_signature`, paddle-python-sdk's `PaddleSignature`
+/// and @linear/sdk's `LinearWebhookClient` (none of them signs, and none
+/// of the three publishes a worked example past Square's, which
+/// `square.rs` checks). dedupd accepts the same requests. Needs
+/// `DEDUPD_TEST_PYTHON` (with squareup and paddle-python-sdk) and
+/// `DEDUPD_TEST_NODE_MODULES` (a node_modules with @linear/sdk); `.ci/run`
+/// installs them.
+#[tokio::test]
+#[ignore = "needs DEDUPD_TEST_PYTHON and DEDUPD_TEST_NODE_MODULES; .ci/run runs it"]
+async fn the_providers_own_verifiers_accept_what_dedupd_signs_as_them() {
+    let python = std::env::var("DEDUPD_TEST_PYTHON")
+        .expect("DEDUPD_TEST_PYTHON names a python with squareup and paddle-python-sdk");
+    let modules = std::env::var("DEDUPD_TEST_NODE_MODULES")
+        .expect("DEDUPD_TEST_NODE_MODULES names a node_modules holding @linear/sdk");
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let picked = [&PROVIDERS[2], &PROVIDERS[4], &PROVIDERS[6]];
+    let built: Vec<(String, SourceSettings)> = picked
+        .iter()
+        .map(|p| (p.scheme.name().to_owned(), settings(p, &receiver.url)))
+        .collect();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let app = crate::support::app::spawn_app_at(
+        dedupd::clock::ManualClock::new(u64::try_from(now_ms).unwrap()),
+        move |l| l.settings.sources.extend(built),
+    )
+    .await;
+    let mut signed = Vec::new();
+    for p in picked {
+        let body = serde_json::to_string(&(p.body)(app.now_s(), 1)).unwrap();
+        let headers = sign_at(
+            p.scheme,
+            p.secret,
+            app.now_s(),
+            "",
+            SQUARE_URL,
+            body.as_bytes(),
+        );
+        signed.push((p, body, headers));
+    }
+    let run = |program: String, args: Vec<String>, input: Value| async move {
+        tokio::task::spawn_blocking(move || {
+            let mut child = std::process::Command::new(program)
+                .args(args)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            serde_json::to_writer(child.stdin.take().unwrap(), &input).unwrap();
+            child.wait_with_output().unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    let header = |i: usize| signed[i].2[0].1.clone();
+    const PYTHON: &str = r#"
+import json, sys
+from square.utils.webhooks_helper import verify_signature
+from paddle_billing.Notifications import PaddleSignature, Secret
+c = json.load(sys.stdin)
+print("paddle", PaddleSignature().verify(c["paddle"][1], c["paddle"][0], Secret(c["paddle"][2])))
+print("square", verify_signature(request_body=c["square"][0], signature_header=c["square"][1],
+                                 signature_key=c["square"][2], notification_url=c["square"][3]))
+"#;
+    let out = run(
+        python,
+        vec!["-c".into(), PYTHON.into()],
+        json!({
+            "paddle": [signed[0].1, header(0), PROVIDERS[2].secret],
+            "square": [signed[1].1, header(1), PROVIDERS[4].secret, SQUARE_URL],
+        }),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        ["paddle True", "square True"]
+    );
+    let node = format!(
+        "import {{ LinearWebhookClient }} from '{modules}/@linear/sdk/dist/webhooks/index.mjs';\n\
+         let c = '';\n\
+         for await (const chunk of process.stdin) c += chunk;\n\
+         c = JSON.parse(c);\n\
+         const client = new LinearWebhookClient(c.secret);\n\
+         console.log('linear', client.verify(Buffer.from(c.body), c.signature));\n\
+         try {{ client.verify(Buffer.from(c.body + ' '), c.signature); console.log('tampered accepted'); }}\n\
+         catch (e) {{ console.log('tampered refused'); }}\n"
+    );
+    let out = run(
+        "node".into(),
+        vec!["--input-type=module".into(), "-e".into(), node],
+        json!({ "secret": PROVIDERS[6].secret, "body": signed[2].1, "signature": header(2) }),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        ["linear true", "tampered refused"]
+    );
+    // And dedupd takes each.
+    for (p, body, headers) in &signed {
+        let (status, v) = answer(post(&app, p.scheme.name(), body.as_bytes(), headers).await).await;
+        assert_eq!(
+            (status, &v["status"]),
+            (StatusCode::OK, &json!("accepted")),
+            "{:?}: {v}",
+            p.scheme
+        );
+    }
+}
