@@ -668,6 +668,7 @@ async fn the_providers_own_verifiers_accept_what_dedupd_signs_as_them() {
     let picked = [&PROVIDERS[2], &PROVIDERS[4], &PROVIDERS[6]];
     let built: Vec<(String, SourceSettings)> = picked
         .iter()
+        .chain([&&PROVIDERS[1]])
         .map(|p| (p.scheme.name().to_owned(), settings(p, &receiver.url)))
         .collect();
     let now_ms = std::time::SystemTime::now()
@@ -745,12 +746,18 @@ print("square", verify_signature(request_body=c["square"][0], signature_header=c
          const client = new LinearWebhookClient(c.secret);\n\
          console.log('linear', client.verify(Buffer.from(c.body), c.signature));\n\
          try {{ client.verify(Buffer.from(c.body + ' '), c.signature); console.log('tampered accepted'); }}\n\
-         catch (e) {{ console.log('tampered refused'); }}\n"
+         catch (e) {{ console.log('tampered refused'); }}\n\
+         const {{ getHmac }} = await import('{modules}/@shopify/shopify-api/dist/esm/test-helpers/get-hmac.mjs');\n\
+         console.log(getHmac(c.shopify[0], c.shopify[1]));\n"
     );
+    let shopify = serde_json::to_string(&(PROVIDERS[1].body)(app.now_s(), 1)).unwrap();
     let out = run(
         "node".into(),
         vec!["--input-type=module".into(), "-e".into(), node],
-        json!({ "secret": PROVIDERS[6].secret, "body": signed[2].1, "signature": header(2) }),
+        json!({
+            "secret": PROVIDERS[6].secret, "body": signed[2].1, "signature": header(2),
+            "shopify": [shopify, PROVIDERS[1].secret],
+        }),
     )
     .await;
     assert!(
@@ -758,12 +765,27 @@ print("square", verify_signature(request_body=c["square"][0], signature_header=c
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[..2], ["linear true", "tampered refused"], "{stdout}");
+    let shopify_hmac = lines[2].to_owned();
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .collect::<Vec<_>>(),
-        ["linear true", "tampered refused"]
+        sign_at(
+            Scheme::Shopify,
+            PROVIDERS[1].secret,
+            0,
+            "",
+            "",
+            shopify.as_bytes()
+        ),
+        [("X-Shopify-Hmac-Sha256", shopify_hmac.clone())],
+        "dedupd signs as Shopify's SDK does"
     );
+    signed.push((
+        &PROVIDERS[1],
+        shopify,
+        vec![("X-Shopify-Hmac-Sha256", shopify_hmac)],
+    ));
     // And dedupd takes each.
     for (p, body, headers) in &signed {
         let (status, v) = answer(post(&app, p.scheme.name(), body.as_bytes(), headers).await).await;
