@@ -14,7 +14,7 @@
   /** The statuses each bulk action takes (the API refuses the others). */
   const BULK_STATUSES = {
     redeliver: ["delivered", "dead", "stale"],
-    erase: ["pending", "delivered", "dead", "stale"],
+    erase: ["pending", "delivered", "dead", "stale", "filtered"],
   };
   const JOB_STATES = ["running", "done", "cancelled"];
 

@@ -33,7 +33,7 @@ pub enum EventsCommand {
         source: String,
         /// pending, delivered, stale, dead, erased or filtered.
         #[arg(long, default_value = "dead",
-              value_parser = ["pending", "delivered", "stale", "dead", "erased"])]
+              value_parser = ["pending", "delivered", "stale", "dead", "erased", "filtered"])]
         status: String,
         /// Events per page, 1 to 500.
         #[arg(long, default_value_t = 100)]
@@ -99,7 +99,7 @@ pub enum EventsCommand {
 #[derive(Debug, Clone, clap::Args)]
 pub struct FilterArgs {
     /// pending, delivered, stale, dead, erased or filtered [default: dead].
-    #[arg(long, value_parser = ["pending", "delivered", "stale", "dead", "erased"])]
+    #[arg(long, value_parser = ["pending", "delivered", "stale", "dead", "erased", "filtered"])]
     pub status: Option<String>,
     /// Received within this long before now (`2h`, `30m`, `7d`).
     #[arg(long, value_parser = humantime::parse_duration)]

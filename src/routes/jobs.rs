@@ -207,6 +207,7 @@ pub(super) async fn start(
             EventStatus::Delivered,
             EventStatus::Dead,
             EventStatus::Stale,
+            EventStatus::Filtered,
         ],
     };
     if !takes.contains(&filter.status) {
@@ -215,7 +216,9 @@ pub(super) async fn start(
             "status",
             match body.kind {
                 JobKind::Redeliver => "a redeliver job takes delivered, dead or stale events",
-                JobKind::Erase => "an erase job takes pending, delivered, dead or stale events",
+                JobKind::Erase => {
+                    "an erase job takes pending, delivered, dead, stale or filtered events"
+                }
             },
         ));
     }

@@ -220,6 +220,38 @@ async fn fan_out(redis: Option<String>) {
         listed(&app, "sume.runs", "erased").await,
         Vec::<String>::new()
     );
+    // Filtered events hold bodies too: an erase job takes them.
+    let job: Value = app
+        .request(Method::POST, "/v1/sources/sume/jobs")
+        .json(&json!({ "kind": "erase", "filter": { "status": "filtered" } }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = job["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{job}"))
+        .to_owned();
+    app.retrying_until("the erase job done", || async {
+        let j: Value = app
+            .request(Method::GET, &format!("/v1/jobs/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        j["state"] == "done" && j["erased"] == 1
+    })
+    .await;
+    assert_eq!(listed(&app, "sume", "filtered").await, Vec::<String>::new());
+    assert!(
+        listed(&app, "sume", "erased")
+            .await
+            .contains(&"x1".to_owned())
+    );
     // A lane takes no posts: only the source does.
     let res = app
         .post_signed_at(
