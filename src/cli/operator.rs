@@ -28,9 +28,8 @@ pub struct Common {
 pub enum EventsCommand {
     /// A source's gateway events with one status, oldest received first.
     List {
-        /// The source.
-        #[arg(long)]
-        source: String,
+        #[command(flatten)]
+        at: Lane,
         /// pending, delivered, stale, dead, erased or filtered.
         #[arg(long, default_value = "dead",
               value_parser = ["pending", "delivered", "stale", "dead", "erased", "filtered"])]
@@ -47,9 +46,8 @@ pub enum EventsCommand {
     /// One event: its state, and its last attempts (when each was sent,
     /// the status, the latency and the error).
     Show {
-        /// The source.
-        #[arg(long)]
-        source: String,
+        #[command(flatten)]
+        at: Lane,
         id: String,
         #[command(flatten)]
         common: Common,
@@ -57,9 +55,8 @@ pub enum EventsCommand {
     /// How many of a source's events match a filter, and the first ten:
     /// what a bulk operation over the same filter would touch.
     Count {
-        /// The source.
-        #[arg(long)]
-        source: String,
+        #[command(flatten)]
+        at: Lane,
         #[command(flatten)]
         filter: FilterArgs,
         #[command(flatten)]
@@ -69,9 +66,8 @@ pub enum EventsCommand {
     /// event a filter matches, as a job (`--dry-run` counts them first).
     /// A job replays delivered events too, with a `dedupd-replay` header.
     Redeliver {
-        /// The source.
-        #[arg(long)]
-        source: String,
+        #[command(flatten)]
+        at: Lane,
         /// One event (without a filter).
         id: Option<String>,
         #[command(flatten)]
@@ -83,9 +79,8 @@ pub enum EventsCommand {
     /// its id, a duplicate) kept. One event by its id, or every event a
     /// filter matches, as a job (`--dry-run` counts them first).
     Erase {
-        /// The source.
-        #[arg(long)]
-        source: String,
+        #[command(flatten)]
+        at: Lane,
         /// One event (without a filter).
         id: Option<String>,
         #[command(flatten)]
@@ -93,6 +88,30 @@ pub enum EventsCommand {
         #[command(flatten)]
         common: Common,
     },
+}
+
+/// Which source's events, or which of its destinations'.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Lane {
+    /// The source.
+    #[arg(long)]
+    pub source: String,
+    /// One of its destinations (`[[sources.NAME.destinations]]`): its
+    /// deliveries. Absent: the source's own name, which is its
+    /// destination `default` (or, with destinations, where the events no
+    /// destination took are listed as filtered).
+    #[arg(long)]
+    pub destination: Option<String>,
+}
+
+impl Lane {
+    /// Where the API lists them: the source, or `SOURCE.DESTINATION`.
+    pub fn lane(&self) -> String {
+        match &self.destination {
+            Some(d) => dedupd::gateway::source::lane_name(&self.source, d),
+            None => self.source.clone(),
+        }
+    }
 }
 
 /// Which events: the filter of a count or a bulk job.
@@ -221,14 +240,15 @@ pub enum StreamsCommand {
 pub fn events(cmd: &EventsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         EventsCommand::List {
-            source,
+            at,
             status,
             limit,
             after,
             common,
         } => common.call(
-            &format!("events of source {source}"),
+            &format!("events of source {}", at.lane()),
             |c| {
+                let source = &at.lane();
                 let mut query = vec![("status", status.clone()), ("limit", limit.to_string())];
                 if let Some(a) = after {
                     query.push(("after", a.clone()));
@@ -238,45 +258,48 @@ pub fn events(cmd: &EventsCommand) -> anyhow::Result<ExitCode> {
                     c.url_with(&["v1", "sources", source, "events"], &query),
                 )
             },
-            |v| print_events(v, source, status),
+            |v| print_events(v, &at.lane(), status),
         ),
-        EventsCommand::Show { source, id, common } => common.call(
-            &format!("event {id} of source {source}"),
-            |c| c.request(Method::GET, c.url(&["v1", "sources", source, "events", id])),
-            |v| print_event(v, source),
-        ),
-        EventsCommand::Count {
-            source,
-            filter,
-            common,
-        } => common.call(
-            &format!("events of source {source}"),
-            |c| {
-                c.request(
-                    Method::GET,
-                    c.url_with(&["v1", "sources", source, "count"], &filter.query()),
-                )
-            },
-            |v| print_count(v, source, filter.status()),
-        ),
+        EventsCommand::Show { at, id, common } => {
+            let source = &at.lane();
+            common.call(
+                &format!("event {id} of source {source}"),
+                |c| c.request(Method::GET, c.url(&["v1", "sources", source, "events", id])),
+                |v| print_event(v, source),
+            )
+        }
+        EventsCommand::Count { at, filter, common } => {
+            let source = &at.lane();
+            common.call(
+                &format!("events of source {source}"),
+                |c| {
+                    c.request(
+                        Method::GET,
+                        c.url_with(&["v1", "sources", source, "count"], &filter.query()),
+                    )
+                },
+                |v| print_count(v, source, filter.status()),
+            )
+        }
         EventsCommand::Redeliver {
-            source,
+            at,
             id: None,
             bulk,
             common,
-        } => super::jobs::bulk("redeliver", source, bulk, common),
+        } => super::jobs::bulk("redeliver", &at.lane(), bulk, common),
         EventsCommand::Erase {
-            source,
+            at,
             id: None,
             bulk,
             common,
-        } => super::jobs::bulk("erase", source, bulk, common),
+        } => super::jobs::bulk("erase", &at.lane(), bulk, common),
         EventsCommand::Redeliver {
-            source,
+            at,
             id: Some(id),
             bulk,
             common,
         } => {
+            let source = &at.lane();
             one_event_only(bulk)?;
             common.call(
                 &format!("event {id} of source {source}"),
@@ -297,11 +320,12 @@ pub fn events(cmd: &EventsCommand) -> anyhow::Result<ExitCode> {
             )
         }
         EventsCommand::Erase {
-            source,
+            at,
             id: Some(id),
             bulk,
             common,
         } => {
+            let source = &at.lane();
             one_event_only(bulk)?;
             common.call(
                 &format!("event {id} of source {source}"),

@@ -220,6 +220,42 @@ async fn fan_out(redis: Option<String>) {
         listed(&app, "sume.runs", "erased").await,
         Vec::<String>::new()
     );
+    // The CLI names a destination with --destination.
+    let address = app.address.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        crate::support::process::dedupd()
+            .args([
+                "events",
+                "list",
+                "--source",
+                "sume",
+                "--destination",
+                "billing",
+                "--status",
+                "delivered",
+                "--json",
+                "--url",
+            ])
+            .arg(&address)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got: Vec<&str> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap())
+        .collect();
+    // (i1 was erased just now.)
+    assert_eq!(got, ["i2"]);
     // Filtered events hold bodies too: an erase job takes them.
     let job: Value = app
         .request(Method::POST, "/v1/sources/sume/jobs")
