@@ -55,7 +55,7 @@ enum Command {
     /// A running server's gateway events: list, show, count, redeliver,
     /// erase (one, or all a filter matches).
     #[command(subcommand)]
-    Events(cli::operator::EventsCommand),
+    Events(Box<cli::operator::EventsCommand>),
     /// A running server's bulk jobs: list, show, cancel.
     #[command(subcommand)]
     Jobs(cli::jobs::JobsCommand),
