@@ -21,7 +21,7 @@ pub fn run(config: Option<&Path>) -> ExitCode {
                     dedupd::redact::url(&source.forward_to)
                 );
             }
-            removed_sources(&loaded);
+            removed_sources(&loaded, &sources);
             for file in loaded.open_secret_files() {
                 eprintln!("warning: {file}");
             }
@@ -48,8 +48,9 @@ pub fn run(config: Option<&Path>) -> ExitCode {
 }
 
 /// Names each source that left the configuration but still has events in
-/// the data file, with its count of pending events.
-fn removed_sources(loaded: &Loaded) {
+/// the data file, with its count of pending events. A destination's lane
+/// (`SOURCE.DESTINATION`) is configured while its destination is.
+fn removed_sources(loaded: &Loaded, sources: &[std::sync::Arc<dedupd::gateway::Source>]) {
     let path = &loaded.settings.data_path;
     match dedupd::store::inbox_sources_in_file(path) {
         Ok(None) => {}
@@ -70,7 +71,9 @@ fn removed_sources(loaded: &Loaded) {
             for (name, pending) in found {
                 let alerts = loaded.settings.alerts.is_some()
                     && name == dedupd::config::alerts::ALERT_SOURCE;
-                if !alerts && !loaded.settings.sources.contains_key(&name) {
+                let configured = loaded.settings.sources.contains_key(&name)
+                    || sources.iter().any(|s| s.name == name);
+                if !alerts && !configured {
                     println!(
                         "\n# removed source {name}: {pending} pending event(s) in {}; not \
                          delivered, listable under /v1/sources/{name}/events, reaped after \

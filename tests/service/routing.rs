@@ -289,3 +289,67 @@ max_in_flight = 0
         );
     }
 }
+
+/// check-config names a source's lane of a destination still configured
+/// as nothing removed; once the destination is gone from the file, its
+/// pending events are named as those of a removed source.
+#[tokio::test]
+async fn check_config_does_not_call_a_configured_destinations_lane_removed() {
+    let runs = Receiver::start(Behaviour::Accept).await;
+    let billing = Receiver::start(Behaviour::Always(503)).await;
+    let audit = Receiver::start(Behaviour::Accept).await;
+    let s = settings(&runs.url, &billing.url, &audit.url);
+    let app = spawn_app_with(move |l| {
+        l.settings.sources.insert("sume".into(), s);
+    })
+    .await;
+    let res = app
+        .post_signed_at(
+            "sume",
+            &event("i1", "invoice.paid", "run_1", 1),
+            app.now_s(),
+            SECRET,
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(listed(&app, "sume.billing", "pending").await, ["i1"]);
+    let (loaded, dir, _) = app.stop().await;
+    let config = |billing: &str| {
+        format!(
+            r#"
+data_path = {:?}
+
+[sources.sume]
+scheme = "sume"
+secrets = ["{SECRET}"]
+event_id = "body:/request_id"
+destination_secret = "{DESTINATION}"
+
+[[sources.sume.destinations]]
+name = "audit"
+forward_to = "{}"
+{billing}
+"#,
+            loaded.settings.data_path.display().to_string(),
+            audit.url
+        )
+    };
+    let file = dir.path().join("routes.toml");
+    let kept = format!(
+        "\n[[sources.sume.destinations]]\nname = \"billing\"\nforward_to = \"{}\"\n",
+        billing.url
+    );
+    std::fs::write(&file, config(&kept)).unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(!stdout.contains("removed source"), "{stdout}");
+    std::fs::write(&file, config("")).unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("removed source sume.billing: 1 pending event(s)"),
+        "{stdout}"
+    );
+}
