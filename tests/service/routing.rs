@@ -353,3 +353,39 @@ forward_to = "{}"
         "{stdout}"
     );
 }
+
+/// Destinations that each sign with a secret of their own need none of
+/// the source's: check-config takes such a file (it used to fail it
+/// without a word).
+#[test]
+fn destinations_with_their_own_secrets_need_no_source_secret() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let file = dir.path().join("own.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+[sources.sume]
+scheme = "sume"
+secrets = ["s"]
+event_id = "body:/request_id"
+
+[[sources.sume.destinations]]
+name = "runs"
+forward_to = "http://127.0.0.1:3001/"
+destination_secret = "{DESTINATION}"
+
+[[sources.sume.destinations]]
+name = "billing"
+forward_to = "http://127.0.0.1:3002/"
+destination_secret = "whsec_eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHg="
+"#
+        ),
+    )
+    .unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("# source sume.billing"), "{stdout}");
+}
