@@ -73,6 +73,15 @@ fn removed_sources(loaded: &Loaded, sources: &[std::sync::Arc<dedupd::gateway::S
                     && name == dedupd::config::alerts::ALERT_SOURCE;
                 let configured = loaded.settings.sources.contains_key(&name)
                     || sources.iter().any(|s| s.name == name);
+                let idle = sources.iter().any(|s| s.name == name && !s.delivers);
+                if idle && pending > 0 {
+                    println!(
+                        "\n# source {name}: {pending} pending event(s) in {} from before its \
+                         destinations, none of which is named default; not delivered, listable \
+                         under /v1/sources/{name}/events, reaped after gateway.dead_retention",
+                        path.display()
+                    );
+                }
                 if !alerts && !configured {
                     println!(
                         "\n# removed source {name}: {pending} pending event(s) in {}; not \

@@ -389,3 +389,57 @@ destination_secret = "whsec_eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHg="
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("# source sume.billing"), "{stdout}");
 }
+
+/// A source that moves from `forward_to` to destinations none of which is
+/// `default` no longer delivers its own lane: its events pending from
+/// before are then as a removed source's (not delivered, listable, reaped
+/// after `gateway.dead_retention`), not pending for ever.
+#[tokio::test]
+async fn pending_events_of_a_source_that_no_longer_delivers_are_reaped_as_a_removed_sources() {
+    use crate::support::gateway::{body, gateway_app};
+    use crate::support::receiver::eventually;
+    use std::time::Duration;
+
+    let down = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&down.url, |s| s.max_attempts = 100).await;
+    app.ingest_ok(&body("old", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("old was tried", || async { !down.received().is_empty() }).await;
+    let (mut loaded, dir, clock) = app.stop().await;
+    let runs = Receiver::start(Behaviour::Accept).await;
+    let source = loaded.settings.sources.get_mut("sume").unwrap();
+    source.forward_to = None;
+    source.destinations =
+        vec![toml::from_str(&format!("name = \"runs\"\nforward_to = \"{}\"\n", runs.url)).unwrap()];
+    loaded.settings.reaper.interval = Duration::from_millis(20);
+    loaded.settings.gateway.dead_retention = Duration::from_secs(3600);
+    // check-config says so.
+    let file = dir.path().join("moved.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "data_path = {:?}\n\n[sources.sume]\nscheme = \"sume\"\nsecrets = [\"{SECRET}\"]\n\
+             event_id = \"body:/request_id\"\ndestination_secret = \"{DESTINATION}\"\n\n\
+             [[sources.sume.destinations]]\nname = \"runs\"\nforward_to = \"{}\"\n",
+            loaded.settings.data_path.display().to_string(),
+            runs.url
+        ),
+    )
+    .unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("# source sume: 1 pending event(s)")
+            && stdout.contains("none of which is named default"),
+        "{stdout}"
+    );
+    let app = crate::support::app::start_again(loaded, dir, clock).await;
+    assert_eq!(listed(&app, "sume", "pending").await, ["old"]);
+    app.clock.advance(Duration::from_secs(3601));
+    eventually("the old pending event is reaped", || async {
+        listed(&app, "sume", "pending").await.is_empty()
+    })
+    .await;
+    assert!(runs.received().is_empty());
+}
