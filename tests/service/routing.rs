@@ -443,3 +443,40 @@ async fn pending_events_of_a_source_that_no_longer_delivers_are_reaped_as_a_remo
     .await;
     assert!(runs.received().is_empty());
 }
+
+/// A destination's `rate_burst` without a `rate_limit` of its own is its
+/// source's rate with that burst, or, with no rate at all, a mistake
+/// check-config names (it used to be dropped without a word).
+#[test]
+fn a_destinations_rate_burst_is_not_dropped() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let file = dir.path().join("burst.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+[sources.sume]
+scheme = "sume"
+secrets = ["s"]
+event_id = "body:/request_id"
+destination_secret = "{DESTINATION}"
+
+[[sources.sume.destinations]]
+name = "runs"
+forward_to = "http://127.0.0.1:3001/"
+rate_burst = 5
+"#
+        ),
+    )
+    .unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("sources.sume.destinations.0.rate_burst")
+                && l.contains("needs rate_limit")),
+        "{stderr}"
+    );
+}
