@@ -13,13 +13,28 @@ pub fn run(config: Option<&Path>) -> ExitCode {
         Ok((loaded, sources)) => {
             print!("{}", loaded.settings.to_redacted_toml());
             for source in &sources {
-                println!(
-                    "\n# source {}: {:?} signatures, /ingest/{} -> {}",
-                    source.name,
-                    source.scheme,
-                    source.name,
-                    dedupd::redact::url(&source.forward_to)
-                );
+                if let Some(of) = &source.lane_of {
+                    // A destination's lane takes no posts: its source does.
+                    println!(
+                        "\n# destination {} of source {of}: listed as {} -> {}",
+                        source.destination,
+                        source.name,
+                        dedupd::redact::url(&source.forward_to)
+                    );
+                } else if !source.delivers {
+                    println!(
+                        "\n# source {}: {:?} signatures, /ingest/{} -> its destinations",
+                        source.name, source.scheme, source.name
+                    );
+                } else {
+                    println!(
+                        "\n# source {}: {:?} signatures, /ingest/{} -> {}",
+                        source.name,
+                        source.scheme,
+                        source.name,
+                        dedupd::redact::url(&source.forward_to)
+                    );
+                }
             }
             removed_sources(&loaded, &sources);
             for file in loaded.open_secret_files() {

@@ -387,7 +387,18 @@ destination_secret = "whsec_eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHg="
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("# source sume.billing"), "{stdout}");
+    // A lane is no URL to post to: only its source is.
+    assert!(
+        stdout.contains(
+            "# destination billing of source sume: listed as sume.billing -> http://127.0.0.1:3002/"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("/ingest/sume.billing"), "{stdout}");
+    assert!(
+        stdout.contains("# source sume: Sume signatures, /ingest/sume -> its destinations"),
+        "{stdout}"
+    );
 }
 
 /// A source that moves from `forward_to` to destinations none of which is
