@@ -28,6 +28,10 @@ pub struct Orphans {
     pub inbox: Arc<dyn Inbox>,
     /// The configured source names.
     pub configured: Vec<String>,
+    /// Configured sources that deliver nothing themselves (posted to,
+    /// none of their destinations named `default`): their pending events,
+    /// from before their destinations, are as a removed source's.
+    pub idle: Vec<String>,
     /// How long after receipt they are kept, ms (`gateway.dead_retention`).
     pub retention_ms: u64,
 }
@@ -96,15 +100,29 @@ impl Reaper {
             Ok(found) => Some(
                 found
                     .into_iter()
-                    .filter(|(name, _)| !o.configured.contains(name))
+                    .filter(|(name, pending)| {
+                        !o.configured.contains(name) || (o.idle.contains(name) && *pending > 0)
+                    })
                     .map(|(name, pending)| {
-                        tracing::warn!(
-                            source = %name,
-                            pending,
-                            "source removed from the configuration still has events: they are \
-                             not delivered, stay listable under /v1/sources/{name}/events, and \
-                             are reaped after gateway.dead_retention"
-                        );
+                        if o.configured.contains(&name) {
+                            tracing::warn!(
+                                source = %name,
+                                pending,
+                                "source has pending events from before its destinations, none \
+                                 of which is named default: they are not delivered, stay \
+                                 listable under /v1/sources/{name}/events, and are reaped after \
+                                 gateway.dead_retention"
+                            );
+                        } else {
+                            tracing::warn!(
+                                source = %name,
+                                pending,
+                                "source removed from the configuration still has events: they \
+                                 are not delivered, stay listable under \
+                                 /v1/sources/{name}/events, and are reaped after \
+                                 gateway.dead_retention"
+                            );
+                        }
                         name
                     })
                     .collect(),

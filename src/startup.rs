@@ -348,6 +348,11 @@ impl Application {
         .with_orphans(Orphans {
             inbox: inbox.clone(),
             configured: sources.iter().map(|s| s.name.clone()).collect(),
+            idle: sources
+                .iter()
+                .filter(|s| !s.delivers)
+                .map(|s| s.name.clone())
+                .collect(),
             retention_ms: ms(s.gateway.dead_retention),
         });
         let resp_port = resp.as_ref().map(RespServer::port);

@@ -13,15 +13,30 @@ pub fn run(config: Option<&Path>) -> ExitCode {
         Ok((loaded, sources)) => {
             print!("{}", loaded.settings.to_redacted_toml());
             for source in &sources {
-                println!(
-                    "\n# source {}: {:?} signatures, /ingest/{} -> {}",
-                    source.name,
-                    source.scheme,
-                    source.name,
-                    dedupd::redact::url(&source.forward_to)
-                );
+                if let Some(of) = &source.lane_of {
+                    // A destination's lane takes no posts: its source does.
+                    println!(
+                        "\n# destination {} of source {of}: listed as {} -> {}",
+                        source.destination,
+                        source.name,
+                        dedupd::redact::url(&source.forward_to)
+                    );
+                } else if !source.delivers {
+                    println!(
+                        "\n# source {}: {:?} signatures, /ingest/{} -> its destinations",
+                        source.name, source.scheme, source.name
+                    );
+                } else {
+                    println!(
+                        "\n# source {}: {:?} signatures, /ingest/{} -> {}",
+                        source.name,
+                        source.scheme,
+                        source.name,
+                        dedupd::redact::url(&source.forward_to)
+                    );
+                }
             }
-            removed_sources(&loaded);
+            removed_sources(&loaded, &sources);
             for file in loaded.open_secret_files() {
                 eprintln!("warning: {file}");
             }
@@ -48,8 +63,9 @@ pub fn run(config: Option<&Path>) -> ExitCode {
 }
 
 /// Names each source that left the configuration but still has events in
-/// the data file, with its count of pending events.
-fn removed_sources(loaded: &Loaded) {
+/// the data file, with its count of pending events. A destination's lane
+/// (`SOURCE.DESTINATION`) is configured while its destination is.
+fn removed_sources(loaded: &Loaded, sources: &[std::sync::Arc<dedupd::gateway::Source>]) {
     let path = &loaded.settings.data_path;
     match dedupd::store::inbox_sources_in_file(path) {
         Ok(None) => {}
@@ -70,7 +86,18 @@ fn removed_sources(loaded: &Loaded) {
             for (name, pending) in found {
                 let alerts = loaded.settings.alerts.is_some()
                     && name == dedupd::config::alerts::ALERT_SOURCE;
-                if !alerts && !loaded.settings.sources.contains_key(&name) {
+                let configured = loaded.settings.sources.contains_key(&name)
+                    || sources.iter().any(|s| s.name == name);
+                let idle = sources.iter().any(|s| s.name == name && !s.delivers);
+                if idle && pending > 0 {
+                    println!(
+                        "\n# source {name}: {pending} pending event(s) in {} from before its \
+                         destinations, none of which is named default; not delivered, listable \
+                         under /v1/sources/{name}/events, reaped after gateway.dead_retention",
+                        path.display()
+                    );
+                }
+                if !alerts && !configured {
                     println!(
                         "\n# removed source {name}: {pending} pending event(s) in {}; not \
                          delivered, listable under /v1/sources/{name}/events, reaped after \

@@ -231,7 +231,7 @@ impl Poster<'_> {
             .ok_or_else(|| anyhow!("--wait {} is too long", humantime::format_duration(wait)))?;
         loop {
             if !self.listed(id, "pending").await? {
-                for status in ["stale", "dead", "delivered"] {
+                for status in ["stale", "dead", "delivered", "filtered"] {
                     if self.listed(id, status).await? {
                         return Ok(status);
                     }
@@ -249,8 +249,26 @@ impl Poster<'_> {
         }
     }
 
-    /// Whether the source's events with `status` include `id`, page by page.
+    /// Whether the source's events with `status` include `id`, in any
+    /// of its lanes (a destination's deliveries are listed under
+    /// `SOURCE.DESTINATION`), page by page.
     async fn listed(&self, id: &str, status: &str) -> anyhow::Result<bool> {
+        let mut lanes: Vec<&str> = vec![&self.source.name];
+        for r in &self.source.routes {
+            if !lanes.contains(&r.lane.as_str()) {
+                lanes.push(&r.lane);
+            }
+        }
+        for lane in lanes {
+            if self.listed_in(lane, id, status).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether `lane`'s events with `status` include `id`, page by page.
+    async fn listed_in(&self, lane: &str, id: &str, status: &str) -> anyhow::Result<bool> {
         let mut after: Option<String> = None;
         loop {
             let mut query = vec![("status", status.to_owned()), ("limit", "500".into())];
@@ -259,7 +277,7 @@ impl Poster<'_> {
             }
             let url = self
                 .api
-                .url_with(&["v1", "sources", &self.source.name, "events"], &query);
+                .url_with(&["v1", "sources", lane, "events"], &query);
             let page = self
                 .api
                 .json(self.api.request(reqwest::Method::GET, url))

@@ -246,6 +246,9 @@ impl DestinationSettings {
         if self.rate_limit.is_some() {
             s.rate_limit = self.rate_limit;
             s.rate_burst = self.rate_burst;
+        } else if self.rate_burst.is_some() {
+            // The source's rate with this burst (refused without one).
+            s.rate_burst = self.rate_burst;
         }
         if self.destination_secret.is_some() || !self.destination_secrets.is_empty() {
             s.destination_secret = self.destination_secret.clone();

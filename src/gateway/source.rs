@@ -550,9 +550,22 @@ impl Source {
                 filter,
             });
         }
-        // The source posted to: its verifier, locators and limits.
+        // The source posted to: its verifier, locators and limits, with
+        // the first destination's settings (and its own secrets, if it
+        // has them: the source need not have any then).
         let first = s.destinations[0].over(s);
-        let mut posted = match Self::build(name, &first, secrets, destination_secrets) {
+        let first_own: Vec<String> = s.destinations[0]
+            .destination_secret
+            .iter()
+            .chain(&s.destinations[0].destination_secrets)
+            .map(|s| s.expose().to_owned())
+            .collect();
+        let first_keys = if first_own.is_empty() {
+            destination_secrets
+        } else {
+            &first_own[..]
+        };
+        let mut posted = match Self::build(name, &first, secrets, first_keys) {
             Ok(p) => p,
             Err(e) => {
                 errors.extend(

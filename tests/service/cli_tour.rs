@@ -115,6 +115,12 @@ impl Tour {
 
     /// As [`Tour::start`], with `init --source SOURCE`.
     fn start_with(source: &str, receive_args: &[&str]) -> Self {
+        Self::start_edited(source, receive_args, |config| config)
+    }
+
+    /// As [`Tour::start_with`], the config edited by `edit` once it
+    /// delivers to the receiver.
+    fn start_edited(source: &str, receive_args: &[&str], edit: impl Fn(String) -> String) -> Self {
         let dir = TempDir::new().unwrap();
         let config = dir.path().join("dedupd.toml");
         let out = init(&config, &["--source", source]);
@@ -129,7 +135,7 @@ impl Tour {
             .replace("backoff_min = \"1s\"", "backoff_min = \"10ms\"")
             .replace("backoff_max = \"1h\"", "backoff_max = \"20ms\"");
         assert_ne!(written, edited);
-        std::fs::write(&config, edited).unwrap();
+        std::fs::write(&config, edit(edited)).unwrap();
         let mut cmd = dedupd();
         cmd.args(["serve", "--config"])
             .arg(&config)
@@ -335,6 +341,27 @@ fn a_duplicate_is_answered_as_such_and_received_once() {
         tour.receive.seen
     );
     assert!(tour.events("pending").is_empty());
+}
+
+/// A source whose one destination is not `default` delivers from its
+/// destination's lane (`sume.app`): `--out-of-order` follows the events
+/// there (it once waited for them in `sume`, where they never are, and
+/// said the newer was still pending though it had been received).
+#[test]
+fn trigger_out_of_order_follows_a_destinations_lane() {
+    let mut tour = Tour::start_edited("sume", &[], |config| {
+        let (before, after) = config.split_once("forward_to = \"").unwrap();
+        let (url, rest) = after.split_once('"').unwrap();
+        format!(
+            "{before}{rest}\n[[sources.sume.destinations]]\nname = \"app\"\nforward_to = \"{url}\"\n"
+        )
+    });
+    let out = tour.trigger(&["--out-of-order", "--wait", "20s"]);
+    let stdout = text(&out.stdout);
+    let newer = event_id_after(&stdout, "newer event ");
+    assert!(stdout.contains("-> delivered"), "{stdout}");
+    assert!(stdout.contains("-> stale"), "{stdout}");
+    tour.receive.until(&[&newer, "-> 204"]);
 }
 
 #[test]

@@ -357,3 +357,205 @@ max_in_flight = 0
         );
     }
 }
+
+/// check-config names a source's lane of a destination still configured
+/// as nothing removed; once the destination is gone from the file, its
+/// pending events are named as those of a removed source.
+#[tokio::test]
+async fn check_config_does_not_call_a_configured_destinations_lane_removed() {
+    let runs = Receiver::start(Behaviour::Accept).await;
+    let billing = Receiver::start(Behaviour::Always(503)).await;
+    let audit = Receiver::start(Behaviour::Accept).await;
+    let s = settings(&runs.url, &billing.url, &audit.url);
+    let app = spawn_app_with(move |l| {
+        l.settings.sources.insert("sume".into(), s);
+    })
+    .await;
+    let res = app
+        .post_signed_at(
+            "sume",
+            &event("i1", "invoice.paid", "run_1", 1),
+            app.now_s(),
+            SECRET,
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(listed(&app, "sume.billing", "pending").await, ["i1"]);
+    let (loaded, dir, _) = app.stop().await;
+    let config = |billing: &str| {
+        format!(
+            r#"
+data_path = {:?}
+
+[sources.sume]
+scheme = "sume"
+secrets = ["{SECRET}"]
+event_id = "body:/request_id"
+destination_secret = "{DESTINATION}"
+
+[[sources.sume.destinations]]
+name = "audit"
+forward_to = "{}"
+{billing}
+"#,
+            loaded.settings.data_path.display().to_string(),
+            audit.url
+        )
+    };
+    let file = dir.path().join("routes.toml");
+    let kept = format!(
+        "\n[[sources.sume.destinations]]\nname = \"billing\"\nforward_to = \"{}\"\n",
+        billing.url
+    );
+    std::fs::write(&file, config(&kept)).unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(!stdout.contains("removed source"), "{stdout}");
+    std::fs::write(&file, config("")).unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("removed source sume.billing: 1 pending event(s)"),
+        "{stdout}"
+    );
+}
+
+/// Destinations that each sign with a secret of their own need none of
+/// the source's: check-config takes such a file (it used to fail it
+/// without a word).
+#[test]
+fn destinations_with_their_own_secrets_need_no_source_secret() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let file = dir.path().join("own.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+[sources.sume]
+scheme = "sume"
+secrets = ["s"]
+event_id = "body:/request_id"
+
+[[sources.sume.destinations]]
+name = "runs"
+forward_to = "http://127.0.0.1:3001/"
+destination_secret = "{DESTINATION}"
+
+[[sources.sume.destinations]]
+name = "billing"
+forward_to = "http://127.0.0.1:3002/"
+destination_secret = "whsec_eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHg="
+"#
+        ),
+    )
+    .unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // A lane is no URL to post to: only its source is.
+    assert!(
+        stdout.contains(
+            "# destination billing of source sume: listed as sume.billing -> http://127.0.0.1:3002/"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("/ingest/sume.billing"), "{stdout}");
+    assert!(
+        stdout.contains("# source sume: Sume signatures, /ingest/sume -> its destinations"),
+        "{stdout}"
+    );
+}
+
+/// A source that moves from `forward_to` to destinations none of which is
+/// `default` no longer delivers its own lane: its events pending from
+/// before are then as a removed source's (not delivered, listable, reaped
+/// after `gateway.dead_retention`), not pending for ever.
+#[tokio::test]
+async fn pending_events_of_a_source_that_no_longer_delivers_are_reaped_as_a_removed_sources() {
+    use crate::support::gateway::{body, gateway_app};
+    use crate::support::receiver::eventually;
+    use std::time::Duration;
+
+    let down = Receiver::start(Behaviour::Always(503)).await;
+    let app = gateway_app(&down.url, |s| s.max_attempts = 100).await;
+    app.ingest_ok(&body("old", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    eventually("old was tried", || async { !down.received().is_empty() }).await;
+    let (mut loaded, dir, clock) = app.stop().await;
+    let runs = Receiver::start(Behaviour::Accept).await;
+    let source = loaded.settings.sources.get_mut("sume").unwrap();
+    source.forward_to = None;
+    source.destinations =
+        vec![toml::from_str(&format!("name = \"runs\"\nforward_to = \"{}\"\n", runs.url)).unwrap()];
+    loaded.settings.reaper.interval = Duration::from_millis(20);
+    loaded.settings.gateway.dead_retention = Duration::from_secs(3600);
+    // check-config says so.
+    let file = dir.path().join("moved.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "data_path = {:?}\n\n[sources.sume]\nscheme = \"sume\"\nsecrets = [\"{SECRET}\"]\n\
+             event_id = \"body:/request_id\"\ndestination_secret = \"{DESTINATION}\"\n\n\
+             [[sources.sume.destinations]]\nname = \"runs\"\nforward_to = \"{}\"\n",
+            loaded.settings.data_path.display().to_string(),
+            runs.url
+        ),
+    )
+    .unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("# source sume: 1 pending event(s)")
+            && stdout.contains("none of which is named default"),
+        "{stdout}"
+    );
+    let app = crate::support::app::start_again(loaded, dir, clock).await;
+    assert_eq!(listed(&app, "sume", "pending").await, ["old"]);
+    app.clock.advance(Duration::from_secs(3601));
+    eventually("the old pending event is reaped", || async {
+        listed(&app, "sume", "pending").await.is_empty()
+    })
+    .await;
+    assert!(runs.received().is_empty());
+}
+
+/// A destination's `rate_burst` without a `rate_limit` of its own is its
+/// source's rate with that burst, or, with no rate at all, a mistake
+/// check-config names (it used to be dropped without a word).
+#[test]
+fn a_destinations_rate_burst_is_not_dropped() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let file = dir.path().join("burst.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+[sources.sume]
+scheme = "sume"
+secrets = ["s"]
+event_id = "body:/request_id"
+destination_secret = "{DESTINATION}"
+
+[[sources.sume.destinations]]
+name = "runs"
+forward_to = "http://127.0.0.1:3001/"
+rate_burst = 5
+"#
+        ),
+    )
+    .unwrap();
+    let out = crate::support::process::check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("sources.sume.destinations.0.rate_burst")
+                && l.contains("needs rate_limit")),
+        "{stderr}"
+    );
+}
