@@ -265,6 +265,7 @@ impl Application {
                 .alerts
                 .as_ref()
                 .map(|a| Arc::new(Alerts::new(clock.clone(), a.every, a.backlog_after))),
+            stored_lanes: Default::default(),
         });
         let dispatcher = Arc::new(
             Dispatcher::new(

@@ -52,6 +52,11 @@ pub struct Gateway {
     pub retention: Retention,
     /// Where operational alerts are raised, with `[alerts]`.
     pub alerts: Option<Arc<alerts::Alerts>>,
+    /// The lanes (`SOURCE.DESTINATION`) the inbox held events in when this
+    /// process first looked, by source: a destination since removed or
+    /// renamed keeps copies there until they are reaped (read once: the
+    /// configuration, so the lanes, change only with a restart).
+    pub stored_lanes: tokio::sync::OnceCell<HashMap<String, Vec<String>>>,
 }
 
 impl Gateway {
@@ -81,20 +86,51 @@ impl Gateway {
         lanes
     }
 
-    /// Erases event `id` in every lane of `source`'s source
-    /// ([`Gateway::lanes_of`]): erased if any lane erased it, already
+    /// [`Gateway::lanes_of`], and the lanes of the source's destinations
+    /// that are no longer configured but held events when this process
+    /// first looked: where a provider's retry must be found a duplicate,
+    /// and where an erasure must reach.
+    pub async fn lanes_held(&self, name: &str) -> Result<Vec<String>, crate::store::StoreError> {
+        let mut lanes = self.lanes_of(name);
+        let stored = self
+            .stored_lanes
+            .get_or_try_init(|| async {
+                let mut by_source: HashMap<String, Vec<String>> = HashMap::new();
+                for (lane, _) in self.inbox.inbox_sources().await? {
+                    if let Some((source, _)) = lane.split_once('.') {
+                        by_source
+                            .entry(source.to_owned())
+                            .or_default()
+                            .push(lane.clone());
+                    }
+                }
+                Ok::<_, crate::store::StoreError>(by_source)
+            })
+            .await?;
+        if let Some(extra) = stored.get(&lanes[0]) {
+            for lane in extra {
+                if !lanes.contains(lane) {
+                    lanes.push(lane.clone());
+                }
+            }
+        }
+        Ok(lanes)
+    }
+
+    /// Erases event `id` in each of `lanes` (those of its source,
+    /// [`Gateway::lanes_held`]): erased if any lane erased it, already
     /// erased if one had, not found if none holds it.
     pub async fn erase_everywhere(
         &self,
-        source: &str,
+        lanes: &[String],
         id: &str,
         retention_ms: u64,
         now: crate::clock::Millis,
     ) -> Result<crate::store::inbox::EraseOutcome, crate::store::StoreError> {
         use crate::store::inbox::EraseOutcome;
         let mut outcome = EraseOutcome::NotFound;
-        for lane in self.lanes_of(source) {
-            match self.inbox.erase(&lane, id, retention_ms, now).await? {
+        for lane in lanes {
+            match self.inbox.erase(lane, id, retention_ms, now).await? {
                 EraseOutcome::Erased => outcome = EraseOutcome::Erased,
                 EraseOutcome::AlreadyErased if outcome == EraseOutcome::NotFound => {
                     outcome = EraseOutcome::AlreadyErased;

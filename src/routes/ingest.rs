@@ -199,7 +199,7 @@ async fn receive(
             .await
             .map_err(ApiError::from)?,
         Some(lanes) => {
-            let known_in = source.routes.iter().map(|r| r.lane.clone()).collect();
+            let known_in = gw.lanes_held(&source.name).await.map_err(ApiError::from)?;
             let filtered_ms = source.retention(gw.retention).delivered_ms;
             gw.inbox
                 .ingest_routed(event, lanes, known_in, filtered_ms, received_at)

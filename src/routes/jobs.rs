@@ -196,6 +196,9 @@ pub(super) async fn start(
     let body: StartBody =
         read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let filter = body.filter.filter()?;
+    if body.kind == JobKind::Redeliver {
+        super::sources::delivers(&state, &source)?;
+    }
     let takes: &[EventStatus] = match body.kind {
         JobKind::Redeliver => &[
             EventStatus::Delivered,
@@ -360,7 +363,12 @@ pub(super) async fn erase(
     // Every destination's copy of it.
     match state
         .gateway
-        .erase_everywhere(&source, &event_id, retention, now)
+        .erase_everywhere(
+            &state.gateway.lanes_held(&source).await?,
+            &event_id,
+            retention,
+            now,
+        )
         .await?
     {
         EraseOutcome::Erased | EraseOutcome::AlreadyErased => {

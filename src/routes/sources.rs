@@ -176,6 +176,26 @@ pub(super) async fn known_source(state: &AppState, name: &str) -> Result<(), Api
     }
 }
 
+/// Refuses a redelivery into a source that delivers only through its
+/// destinations' lanes: nothing would send it.
+pub(super) fn delivers(state: &AppState, name: &str) -> Result<(), ApiError> {
+    match state.gateway.source(name) {
+        Some(s) if !s.delivers => Err(ApiError::Refused {
+            code: "delivers_through_destinations",
+            detail: format!(
+                "source {name:?} delivers through its destinations: redeliver in one of them \
+                 ({})",
+                s.routes
+                    .iter()
+                    .map(|r| format!("/v1/sources/{}", r.lane))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 fn unknown_source(name: &str) -> ApiError {
     ApiError::NotFound {
         code: "unknown_source",
@@ -353,6 +373,7 @@ pub(super) async fn redeliver(
     let source = path_segment(&req, 3, "source")?;
     let event_id = path_segment(&req, 5, "event_id")?;
     known_source(&state, &source).await?;
+    delivers(&state, &source)?;
     let now = state.clock.now_ms();
     match state
         .gateway

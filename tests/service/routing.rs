@@ -559,3 +559,98 @@ rate_burst = 5
         "{stderr}"
     );
 }
+
+/// A destination renamed (or removed) keeps its copies in its old lane
+/// until they are reaped: a provider's retry of an event only that
+/// destination took is still a duplicate after the restart (not
+/// delivered again to the destination that took over its filter), and
+/// erasing the event reaches the old lane's copy. A redelivery into a
+/// source that delivers only through its destinations is refused, naming
+/// them.
+#[tokio::test]
+async fn a_renamed_destination_keeps_its_retries_duplicates_and_its_copies_erasable() {
+    use crate::support::app::start_again;
+
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let config = |names: [&str; 2]| -> SourceSettings {
+        toml::from_str(&format!(
+            r#"
+            scheme = "sume"
+            secrets = ["{SECRET}"]
+            event_id = "body:/request_id"
+            destination_secret = "{DESTINATION}"
+            [[destinations]]
+            name = "{}"
+            forward_to = "{url}"
+            filter = {{ "body:/type" = "x.*" }}
+            [[destinations]]
+            name = "{}"
+            forward_to = "{url}"
+            filter = {{ "body:/type" = "y.*" }}
+            "#,
+            names[0],
+            names[1],
+            url = receiver.url
+        ))
+        .unwrap()
+    };
+    let first = config(["old", "keep"]);
+    let app = spawn_app_with(move |l| {
+        l.settings.sources.insert("sume".into(), first);
+    })
+    .await;
+    let e1 = event("e1", "x.created", "run_1", 1);
+    assert_eq!(post(&app, e1.clone()).await, "accepted");
+    app.retrying_until("e1 delivered by old", || async {
+        listed(&app, "sume.old", "delivered").await == ["e1"]
+    })
+    .await;
+    let res = app
+        .request(Method::POST, "/v1/sources/sume/events/e1/redeliver")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 409);
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(v["code"], "delivers_through_destinations", "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap()
+            .contains("/v1/sources/sume.old"),
+        "{v}"
+    );
+
+    // Renamed: `old` is now `fresh`, with the same filter.
+    let (mut loaded, dir, clock) = app.stop().await;
+    loaded
+        .settings
+        .sources
+        .insert("sume".into(), config(["fresh", "keep"]));
+    let app = start_again(loaded, dir, clock).await;
+    assert_eq!(post(&app, e1).await, "duplicate");
+    assert_eq!(
+        listed(&app, "sume.fresh", "pending").await,
+        Vec::<String>::new()
+    );
+    // Erasing e1 reaches the copy in the old lane.
+    let res = app
+        .request(Method::DELETE, "/v1/sources/sume/events/e1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(listed(&app, "sume.old", "erased").await, ["e1"]);
+    assert_eq!(ids(&receiver.received()), ["e1"]);
+}
+
+/// Posts `body` to the source `sume`, signed; its answer's status.
+async fn post(app: &TestApp, body: Vec<u8>) -> String {
+    let v: Value = app
+        .post_signed_at("sume", &body, app.now_s(), SECRET)
+        .await
+        .json()
+        .await
+        .unwrap();
+    v["status"].as_str().unwrap().to_owned()
+}

@@ -339,9 +339,10 @@ impl Runner {
                 let retention = source.retention(self.gateway.retention).dead_ms;
                 // Every destination's copy of each.
                 let gateway = &self.gateway;
+                let lanes = gateway.lanes_held(&job.source).await?;
                 let outcomes = join_all(
                     ids.iter()
-                        .map(|id| gateway.erase_everywhere(&job.source, id, retention, now)),
+                        .map(|id| gateway.erase_everywhere(&lanes, id, retention, now)),
                 )
                 .await;
                 let erased = job.erased;
