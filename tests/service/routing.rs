@@ -53,26 +53,6 @@ fn event(id: &str, kind: &str, run: &str, minute: u32) -> Vec<u8> {
     .unwrap()
 }
 
-async fn listed(app: &TestApp, source: &str, status: &str) -> Vec<String> {
-    let v: Value = app
-        .request(
-            Method::GET,
-            &format!("/v1/sources/{source}/events?status={status}&limit=500"),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["events"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{v}"))
-        .iter()
-        .map(|e| e["event_id"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 #[tokio::test]
 async fn each_destination_gets_what_its_filter_takes_and_a_hanging_one_holds_back_only_itself() {
     fan_out(None).await;
@@ -158,13 +138,13 @@ async fn fan_out(redis: Option<String>) {
     // (A delivery is listed once its settle is written, just after the
     // receiver answered.)
     app.retrying_until("runs and audit settled", || async {
-        listed(&app, "sume.runs", "delivered").await.len() == 2
-            && listed(&app, "sume.audit", "delivered").await.len() == 4
+        app.ids_of("sume.runs", "delivered").await.len() == 2
+            && app.ids_of("sume.audit", "delivered").await.len() == 4
     })
     .await;
-    assert_eq!(listed(&app, "sume.runs", "delivered").await, ["r1", "r2"]);
-    assert_eq!(listed(&app, "sume.billing", "pending").await, ["i1", "i2"]);
-    assert_eq!(listed(&app, "sume", "filtered").await, ["x1"]);
+    assert_eq!(app.ids_of("sume.runs", "delivered").await, ["r1", "r2"]);
+    assert_eq!(app.ids_of("sume.billing", "pending").await, ["i1", "i2"]);
+    assert_eq!(app.ids_of("sume", "filtered").await, ["x1"]);
     assert!(
         runs.received()
             .iter()
@@ -202,7 +182,7 @@ async fn fan_out(redis: Option<String>) {
     // billing comes back: its two are delivered, nothing else again.
     billing.release();
     app.retrying_until("billing delivered", || async {
-        listed(&app, "sume.billing", "delivered").await.len() == 2
+        app.ids_of("sume.billing", "delivered").await.len() == 2
     })
     .await;
     assert_eq!(ids(&runs.received()), ["r1", "r2"]);
@@ -214,10 +194,10 @@ async fn fan_out(redis: Option<String>) {
         .await
         .unwrap();
     assert_eq!(res.status(), 200);
-    assert_eq!(listed(&app, "sume.billing", "erased").await, ["i1"]);
-    assert_eq!(listed(&app, "sume.audit", "erased").await, ["i1"]);
+    assert_eq!(app.ids_of("sume.billing", "erased").await, ["i1"]);
+    assert_eq!(app.ids_of("sume.audit", "erased").await, ["i1"]);
     assert_eq!(
-        listed(&app, "sume.runs", "erased").await,
+        app.ids_of("sume.runs", "erased").await,
         Vec::<String>::new()
     );
     // The CLI names a destination with --destination.
@@ -282,9 +262,9 @@ async fn fan_out(redis: Option<String>) {
         j["state"] == "done" && j["erased"] == 1
     })
     .await;
-    assert_eq!(listed(&app, "sume", "filtered").await, Vec::<String>::new());
+    assert_eq!(app.ids_of("sume", "filtered").await, Vec::<String>::new());
     assert!(
-        listed(&app, "sume", "erased")
+        app.ids_of("sume", "erased")
             .await
             .contains(&"x1".to_owned())
     );
@@ -380,7 +360,7 @@ async fn check_config_does_not_call_a_configured_destinations_lane_removed() {
         )
         .await;
     assert_eq!(res.status(), 200);
-    assert_eq!(listed(&app, "sume.billing", "pending").await, ["i1"]);
+    assert_eq!(app.ids_of("sume.billing", "pending").await, ["i1"]);
     let (loaded, dir, _) = app.stop().await;
     let config = |billing: &str| {
         format!(
@@ -514,10 +494,10 @@ async fn pending_events_of_a_source_that_no_longer_delivers_are_reaped_as_a_remo
         "{stdout}"
     );
     let app = crate::support::app::start_again(loaded, dir, clock).await;
-    assert_eq!(listed(&app, "sume", "pending").await, ["old"]);
+    assert_eq!(app.ids_of("sume", "pending").await, ["old"]);
     app.clock.advance(Duration::from_secs(3601));
     eventually("the old pending event is reaped", || async {
-        listed(&app, "sume", "pending").await.is_empty()
+        app.ids_of("sume", "pending").await.is_empty()
     })
     .await;
     assert!(runs.received().is_empty());
@@ -602,7 +582,7 @@ async fn a_renamed_destination_keeps_its_retries_duplicates_and_its_copies_erasa
     let e1 = event("e1", "x.created", "run_1", 1);
     assert_eq!(post(&app, e1.clone()).await, "accepted");
     app.retrying_until("e1 delivered by old", || async {
-        listed(&app, "sume.old", "delivered").await == ["e1"]
+        app.ids_of("sume.old", "delivered").await == ["e1"]
     })
     .await;
     let res = app
@@ -630,7 +610,7 @@ async fn a_renamed_destination_keeps_its_retries_duplicates_and_its_copies_erasa
     let app = start_again(loaded, dir, clock).await;
     assert_eq!(post(&app, e1).await, "duplicate");
     assert_eq!(
-        listed(&app, "sume.fresh", "pending").await,
+        app.ids_of("sume.fresh", "pending").await,
         Vec::<String>::new()
     );
     // Erasing e1 reaches the copy in the old lane.
@@ -640,7 +620,7 @@ async fn a_renamed_destination_keeps_its_retries_duplicates_and_its_copies_erasa
         .await
         .unwrap();
     assert_eq!(res.status(), 200);
-    assert_eq!(listed(&app, "sume.old", "erased").await, ["e1"]);
+    assert_eq!(app.ids_of("sume.old", "erased").await, ["e1"]);
     assert_eq!(ids(&receiver.received()), ["e1"]);
 }
 

@@ -158,6 +158,30 @@ impl RedisInbox {
         u16::try_from(fnv1a(basis.as_bytes()) % u64::from(self.opts.buckets)).unwrap_or(0)
     }
 
+    /// What ingest.lua (and ingest_routed.lua, before its own) takes after
+    /// the bucket: the event's fields, its body, its dedupe record's end.
+    fn ingest_args(&self, event: NewEvent, now: Millis) -> Result<Vec<Vec<u8>>, StoreError> {
+        let headers =
+            serde_json::to_vec(&event.headers).map_err(|e| StoreError::failed(e.to_string()))?;
+        let window = ms(self.opts.dedupe_window);
+        Ok(vec![
+            arg(now),
+            arg(&event.event_id),
+            arg(event.stream.as_deref().unwrap_or("")),
+            arg(event.stream.as_deref().map(hex::encode).unwrap_or_default()),
+            arg(event.created_at.unix_nanos()),
+            arg(created_key(event.created_at)),
+            arg(event.received_at_ms),
+            arg(received_key(event.received_at_ms)),
+            headers,
+            arg(event.body.len()),
+            // The body as it came, byte for byte.
+            event.body,
+            arg(event.received_at_ms.saturating_add(window)),
+            arg(self.slack_ms),
+        ])
+    }
+
     /// The prefix of every key of a bucket: one hash tag. A destination's
     /// lane (`SOURCE.DESTINATION`) shares its source's tag, so that an
     /// event's rows in every lane are in one slot, written by one script.
@@ -424,37 +448,24 @@ impl RedisInbox {
     }
 }
 
+/// An ingest script's answer.
+fn ingested(reply: String) -> Result<IngestOutcome, StoreError> {
+    match reply.as_str() {
+        "accepted" => Ok(IngestOutcome::Accepted),
+        "duplicate" => Ok(IngestOutcome::Duplicate),
+        _ => Err(unexpected("ingest", reply)),
+    }
+}
+
 #[async_trait]
 impl Inbox for RedisInbox {
     async fn ingest(&self, event: NewEvent, now: Millis) -> Result<IngestOutcome, StoreError> {
         self.check_layout().await?;
         let t = self.bucket(&event.source, self.bucket_of(&event.key()));
         self.note_source(&event.source).await?;
-        let headers =
-            serde_json::to_vec(&event.headers).map_err(|e| StoreError::failed(e.to_string()))?;
-        let window = ms(self.opts.dedupe_window);
-        let args = vec![
-            arg(now),
-            arg(&event.event_id),
-            arg(event.stream.as_deref().unwrap_or("")),
-            arg(event.stream.as_deref().map(hex::encode).unwrap_or_default()),
-            arg(event.created_at.unix_nanos()),
-            arg(created_key(event.created_at)),
-            arg(event.received_at_ms),
-            arg(received_key(event.received_at_ms)),
-            headers,
-            arg(event.body.len()),
-            // The body as it came, byte for byte.
-            event.body,
-            arg(event.received_at_ms.saturating_add(window)),
-            arg(self.slack_ms),
-        ];
+        let args = self.ingest_args(event, now)?;
         let reply: String = self.run(&self.scripts.ingest, &t, args).await?;
-        match reply.as_str() {
-            "accepted" => Ok(IngestOutcome::Accepted),
-            "duplicate" => Ok(IngestOutcome::Duplicate),
-            _ => Err(unexpected("ingest", reply)),
-        }
+        ingested(reply)
     }
 
     async fn ingest_routed(
@@ -472,35 +483,14 @@ impl Inbox for RedisInbox {
         for lane in &lanes {
             self.note_source(lane).await?;
         }
-        let headers =
-            serde_json::to_vec(&event.headers).map_err(|e| StoreError::failed(e.to_string()))?;
-        let window = ms(self.opts.dedupe_window);
-        let mut args = vec![
-            arg(now),
-            arg(&event.event_id),
-            arg(event.stream.as_deref().unwrap_or("")),
-            arg(event.stream.as_deref().map(hex::encode).unwrap_or_default()),
-            arg(event.created_at.unix_nanos()),
-            arg(created_key(event.created_at)),
-            arg(event.received_at_ms),
-            arg(received_key(event.received_at_ms)),
-            headers,
-            arg(event.body.len()),
-            event.body,
-            arg(event.received_at_ms.saturating_add(window)),
-            arg(self.slack_ms),
-            arg(now.saturating_add(filtered_ms)),
-            arg(lanes.len()),
-        ];
+        let mut args = self.ingest_args(event, now)?;
+        args.push(arg(now.saturating_add(filtered_ms)));
+        args.push(arg(lanes.len()));
         args.extend(lanes.iter().map(|l| arg(self.bucket(l, b))));
         args.push(arg(known_in.len()));
         args.extend(known_in.iter().map(|l| arg(self.bucket(l, b))));
         let reply: String = self.run(&self.scripts.ingest_routed, &t, args).await?;
-        match reply.as_str() {
-            "accepted" => Ok(IngestOutcome::Accepted),
-            "duplicate" => Ok(IngestOutcome::Duplicate),
-            _ => Err(unexpected("ingest", reply)),
-        }
+        ingested(reply)
     }
 
     async fn knows_event(&self, event: &EventKey, now: Millis) -> Result<bool, StoreError> {
