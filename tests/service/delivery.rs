@@ -453,19 +453,9 @@ for who, secret in case["secrets"]:
         except WebhookVerificationError as e:
             print(who, what, "refused:", e)
 "#;
-    let out = tokio::task::spawn_blocking(move || {
-        let mut child = std::process::Command::new(python)
-            .args(["-c", SCRIPT])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        serde_json::to_writer(child.stdin.take().unwrap(), &case).unwrap();
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap();
+    let out =
+        crate::support::process::run_with_json(python, vec!["-c".into(), SCRIPT.into()], case)
+            .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -18,6 +18,7 @@ use tempfile::TempDir;
 
 use crate::support::app::{TestApp, spawn_app_with};
 use crate::support::gateway::{DESTINATION, ids};
+use crate::support::process::run_with_json;
 use crate::support::receiver::{Behaviour, Receiver};
 
 const SQUARE_URL: &str = "https://hooks.example.com/ingest/square";
@@ -603,19 +604,7 @@ print(json.dumps({
                  data=case["svix"][2])},
 }))
 "#;
-    let out = tokio::task::spawn_blocking(move || {
-        let mut child = std::process::Command::new(python)
-            .args(["-c", SCRIPT])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        serde_json::to_writer(child.stdin.take().unwrap(), &case).unwrap();
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap();
+    let out = run_with_json(python, vec!["-c".into(), SCRIPT.into()], case).await;
     assert!(
         out.status.success(),
         "{}",
@@ -693,21 +682,6 @@ async fn the_providers_own_verifiers_accept_what_dedupd_signs_as_them() {
         );
         signed.push((p, body, headers));
     }
-    let run = |program: String, args: Vec<String>, input: Value| async move {
-        tokio::task::spawn_blocking(move || {
-            let mut child = std::process::Command::new(program)
-                .args(args)
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            serde_json::to_writer(child.stdin.take().unwrap(), &input).unwrap();
-            child.wait_with_output().unwrap()
-        })
-        .await
-        .unwrap()
-    };
     let header = |i: usize| signed[i].2[0].1.clone();
     const PYTHON: &str = r#"
 import json, sys
@@ -718,7 +692,7 @@ print("paddle", PaddleSignature().verify(c["paddle"][1], c["paddle"][0], Secret(
 print("square", verify_signature(request_body=c["square"][0], signature_header=c["square"][1],
                                  signature_key=c["square"][2], notification_url=c["square"][3]))
 "#;
-    let out = run(
+    let out = run_with_json(
         python,
         vec!["-c".into(), PYTHON.into()],
         json!({
@@ -751,7 +725,7 @@ print("square", verify_signature(request_body=c["square"][0], signature_header=c
          console.log(getHmac(c.shopify[0], c.shopify[1]));\n"
     );
     let shopify = serde_json::to_string(&(PROVIDERS[1].body)(app.now_s(), 1)).unwrap();
-    let out = run(
+    let out = run_with_json(
         "node".into(),
         vec!["--input-type=module".into(), "-e".into(), node],
         json!({

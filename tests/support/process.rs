@@ -286,3 +286,26 @@ impl Drop for Recorder {
         }
     }
 }
+
+/// Runs `program` with `args`, `input` as JSON on its stdin, off the
+/// async executor; its output once it exits (a provider's SDK in Python
+/// or Node, say).
+pub(crate) async fn run_with_json(
+    program: String,
+    args: Vec<String>,
+    input: serde_json::Value,
+) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        serde_json::to_writer(child.stdin.take().unwrap(), &input).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
+}
