@@ -154,8 +154,8 @@ run_wrk() { # KIND C SCRIPT
     k1=$(checkpoint_stats)
     threads_cpu "$DPID" >"$TMP/cpu1"
     awk -v k="$1" -v c="$2" -v r="$ROUND" -v a="$k0" -v b="$k1" 'BEGIN { split(a, x, " "); split(b, y, " ")
-        n = y[1] - x[1]; printf "  round %s  c=%-4s %-6s %3d checkpoints during the run, %s\n", r, c, k, n,
-        n > 0 ? sprintf("%.0f ms each on average", (y[2] - x[2]) / n * 1000) : "" }' >>"$CKPT"
+        n = y[1] - x[1]; avg = (n > 0) ? sprintf("%.0f ms each on average", (y[2] - x[2]) / n * 1000) : ""
+        printf "  round %s  c=%-4s %-6s %3d checkpoints during the run, %s\n", r, c, k, n, avg }' >>"$CKPT"
     [ "$1" = floor ] || settle
     echo "$out" >"$TMP/wrk-$1-$2.txt"
     local r; r=$(grep '^RESULT' <<<"$out") || die "no wrk result for $1 c=$2: $out"
