@@ -88,25 +88,55 @@ impl Gateway {
 
     /// [`Gateway::lanes_of`], and the lanes of the source's destinations
     /// that are no longer configured but held events when this process
-    /// first looked: where a provider's retry must be found a duplicate,
-    /// and where an erasure must reach.
+    /// first looked: where a provider's retry must be found a duplicate
+    /// (read once: this process's configuration, so its lanes, change
+    /// only with a restart; on the shared inbox, lanes another instance
+    /// created since are checked by the ingest script itself).
     pub async fn lanes_held(&self, name: &str) -> Result<Vec<String>, crate::store::StoreError> {
-        let mut lanes = self.lanes_of(name);
         let stored = self
             .stored_lanes
-            .get_or_try_init(|| async {
-                let mut by_source: HashMap<String, Vec<String>> = HashMap::new();
-                for (lane, _) in self.inbox.inbox_sources().await? {
-                    if let Some((source, _)) = lane.split_once('.') {
-                        by_source
-                            .entry(source.to_owned())
-                            .or_default()
-                            .push(lane.clone());
-                    }
-                }
-                Ok::<_, crate::store::StoreError>(by_source)
-            })
+            .get_or_try_init(|| self.lanes_in_inbox())
             .await?;
+        Ok(self.with_stored(name, stored))
+    }
+
+    /// Where an erasure must reach: [`Gateway::lanes_held`], but on an
+    /// inbox other instances write too (the shared inbox) the lanes it
+    /// holds now: another instance, configured with other destinations
+    /// (a rolling change), may have created lanes since this process
+    /// first looked, and each of them stores the event's body.
+    pub async fn lanes_to_erase(
+        &self,
+        name: &str,
+    ) -> Result<Vec<String>, crate::store::StoreError> {
+        if !self.inbox.written_elsewhere() {
+            return self.lanes_held(name).await;
+        }
+        let stored = self.lanes_in_inbox().await?;
+        Ok(self.with_stored(name, &stored))
+    }
+
+    /// The lanes (`SOURCE.DESTINATION`) the inbox holds events in, by
+    /// source.
+    async fn lanes_in_inbox(
+        &self,
+    ) -> Result<HashMap<String, Vec<String>>, crate::store::StoreError> {
+        let mut by_source: HashMap<String, Vec<String>> = HashMap::new();
+        for (lane, _) in self.inbox.inbox_sources().await? {
+            if let Some((source, _)) = lane.split_once('.') {
+                by_source
+                    .entry(source.to_owned())
+                    .or_default()
+                    .push(lane.clone());
+            }
+        }
+        Ok(by_source)
+    }
+
+    /// [`Gateway::lanes_of`] `name`, and the lanes of its source in
+    /// `stored`.
+    fn with_stored(&self, name: &str, stored: &HashMap<String, Vec<String>>) -> Vec<String> {
+        let mut lanes = self.lanes_of(name);
         if let Some(extra) = stored.get(&lanes[0]) {
             for lane in extra {
                 if !lanes.contains(lane) {
@@ -114,7 +144,7 @@ impl Gateway {
                 }
             }
         }
-        Ok(lanes)
+        lanes
     }
 
     /// Erases event `id` in each of `lanes` (those of its source,

@@ -364,7 +364,7 @@ pub(super) async fn erase(
     match state
         .gateway
         .erase_everywhere(
-            &state.gateway.lanes_held(&source).await?,
+            &state.gateway.lanes_to_erase(&source).await?,
             &event_id,
             retention,
             now,

@@ -634,3 +634,91 @@ async fn post(app: &TestApp, body: Vec<u8>) -> String {
         .unwrap();
     v["status"].as_str().unwrap().to_owned()
 }
+
+/// Two instances on one shared inbox during a rolling change of the
+/// destinations: the one still on the old configuration (`old`, `keep`)
+/// looked at the inbox's lanes before the new instance (`fresh`, `keep`)
+/// wrote its first event into `sume.fresh`. A provider's retry of that
+/// event, posted to the old instance, is still a duplicate: not stored
+/// again in `sume.old` and delivered a second time; and erasing it there
+/// reaches the copy in `sume.fresh`.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_shared_inbox_a_retry_to_an_instance_on_the_old_destinations_is_a_duplicate() {
+    use dedupd::clock::ManualClock;
+
+    use crate::support::app::{T0, spawn_app_at};
+
+    let server = tokio::task::spawn_blocking(crate::support::redis::RedisServer::start)
+        .await
+        .unwrap();
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let config = |names: [&str; 2]| -> SourceSettings {
+        toml::from_str(&format!(
+            r#"
+            scheme = "sume"
+            secrets = ["{SECRET}"]
+            event_id = "body:/request_id"
+            destination_secret = "{DESTINATION}"
+            [[destinations]]
+            name = "{}"
+            forward_to = "{url}"
+            filter = {{ "body:/type" = "x.*" }}
+            [[destinations]]
+            name = "{}"
+            forward_to = "{url}"
+            filter = {{ "body:/type" = "y.*" }}
+            "#,
+            names[0],
+            names[1],
+            url = receiver.url
+        ))
+        .unwrap()
+    };
+    let clock = ManualClock::new(T0);
+    let on = |names: [&str; 2]| {
+        let (s, url) = (config(names), server.url());
+        move |l: &mut dedupd::config::Loaded| {
+            l.settings.storage.backend = dedupd::config::Backend::Redis;
+            l.settings.storage.redis.url = dedupd::config::Secret::new(url);
+            l.settings.gateway.inbox = dedupd::config::sources::InboxPlace::Shared;
+            l.settings.gateway.inbox_buckets = 4;
+            l.settings.sources.insert("sume".into(), s);
+        }
+    };
+    let old = spawn_app_at(clock.clone(), on(["old", "keep"])).await;
+    // The old instance's first event: it looks at the inbox's lanes then.
+    assert_eq!(
+        post(&old, event("e0", "y.created", "run_1", 1)).await,
+        "accepted"
+    );
+    // The new instance starts and takes e1 into its new lane.
+    let new = spawn_app_at(clock.clone(), on(["fresh", "keep"])).await;
+    let e1 = event("e1", "x.created", "run_1", 2);
+    assert_eq!(post(&new, e1.clone()).await, "accepted");
+    // The provider's retry reaches the old instance.
+    assert_eq!(post(&old, e1).await, "duplicate");
+    new.retrying_until("e0 and e1 delivered", || async {
+        new.ids_of("sume.fresh", "delivered").await == ["e1"]
+            && new.ids_of("sume.keep", "delivered").await == ["e0"]
+    })
+    .await;
+    assert_eq!(
+        old.ids_of("sume.old", "pending").await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        receiver.received().len(),
+        2,
+        "{:?}",
+        ids(&receiver.received())
+    );
+    // Erasing e1 on the old instance reaches the new lane's copy.
+    let res = old
+        .request(Method::DELETE, "/v1/sources/sume/events/e1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(new.ids_of("sume.fresh", "erased").await, ["e1"]);
+}

@@ -339,7 +339,7 @@ impl Runner {
                 let retention = source.retention(self.gateway.retention).dead_ms;
                 // Every destination's copy of each.
                 let gateway = &self.gateway;
-                let lanes = gateway.lanes_held(&job.source).await?;
+                let lanes = gateway.lanes_to_erase(&job.source).await?;
                 let outcomes = join_all(
                     ids.iter()
                         .map(|id| gateway.erase_everywhere(&lanes, id, retention, now)),

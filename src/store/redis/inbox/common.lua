@@ -27,6 +27,9 @@
 --   T:s:N    events of status N, members `r2:ID` (lex order)
 --   T:n      counts per status (field N)
 --   T:x      settled (and erased) events, score expiry
+--   T:l      (a source's own bucket) the prefixes of its lanes' buckets of
+--            the same number that were ever written: every ingest checks
+--            them for a duplicate, whatever destinations its instance has
 --
 -- Outside the buckets, with a hash tag of their own (jobs.lua, no common
 -- part): P:{j}:jobs, bulk jobs' records (field id), and P:{j}:cancelled,

@@ -7,7 +7,9 @@
 -- Stores an event for the destinations it matched: a row in each lane
 -- (as ingest.lua), or, matched by none, one row in the source's own
 -- prefix with status filtered (5), kept until `filtered until`. A
--- duplicate if any lane of the source knows its id.
+-- duplicate if any lane of the source knows its id: those named, and
+-- those the source's bucket lists (T:l) as having held events, which
+-- another instance, configured with other destinations, may have written.
 local now, id = tonumber(ARGV[2]), ARGV[3]
 local source_t = ARGV[1]
 local n = tonumber(ARGV[16])
@@ -19,6 +21,9 @@ for i = 1, n do
 end
 for i = 1, m do
   known[#known + 1] = ARGV[17 + n + i]
+end
+for _, lane in ipairs(redis.call('SMEMBERS', source_t .. ':l')) do
+  known[#known + 1] = lane
 end
 for _, lane in ipairs(known) do
   T = lane
@@ -55,6 +60,9 @@ if n == 0 then
   store('5', ARGV[15])
 end
 for _, lane in ipairs(lanes) do
+  if lane ~= source_t then
+    redis.call('SADD', source_t .. ':l', lane)
+  end
   T = lane
   store('0', '0')
 end
