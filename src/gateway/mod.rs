@@ -66,16 +66,19 @@ impl Gateway {
     }
 
     /// Every lane holding a copy of the events of the source `name` (or of
-    /// the source whose lane `name` is): the source's own name and each
-    /// destination's lane. What an erasure must reach: each lane stores
-    /// the event's body.
+    /// the source whose lane `name` is, configured or not): the source's
+    /// own name, `name` and each destination's lane. What an erasure must
+    /// reach: each lane stores the event's body.
     pub fn lanes_of(&self, name: &str) -> Vec<String> {
-        let posted = self
-            .sources
-            .get(name)
-            .and_then(|s| s.lane_of.as_deref())
-            .unwrap_or(name);
+        let posted = match self.sources.get(name) {
+            Some(s) => s.lane_of.as_deref().unwrap_or(name),
+            // A lane of a destination since removed: `SOURCE.DESTINATION`.
+            None => name.split_once('.').map_or(name, |(source, _)| source),
+        };
         let mut lanes = vec![posted.to_owned()];
+        if name != posted {
+            lanes.push(name.to_owned());
+        }
         if let Some(source) = self.sources.get(posted) {
             for r in &source.routes {
                 if !lanes.contains(&r.lane) {

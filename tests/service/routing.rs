@@ -722,3 +722,63 @@ async fn on_the_shared_inbox_a_retry_to_an_instance_on_the_old_destinations_is_a
     assert_eq!(res.status(), 200);
     assert_eq!(new.ids_of("sume.fresh", "erased").await, ["e1"]);
 }
+
+/// Erasing an event through the lane of a destination since removed
+/// (`sume.old`, still listable) reaches every copy of it: the one in the
+/// lane of the destination still configured (`sume.keep`) too.
+#[tokio::test]
+async fn erasing_through_a_removed_destinations_lane_reaches_every_copy() {
+    use crate::support::app::start_again;
+
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let config = |names: [&str; 2]| -> SourceSettings {
+        toml::from_str(&format!(
+            r#"
+            scheme = "sume"
+            secrets = ["{SECRET}"]
+            event_id = "body:/request_id"
+            destination_secret = "{DESTINATION}"
+            [[destinations]]
+            name = "{}"
+            forward_to = "{url}"
+            filter = {{ "body:/type" = "x.*" }}
+            [[destinations]]
+            name = "{}"
+            forward_to = "{url}"
+            filter = {{ "body:/type" = ["x.*", "y.*"] }}
+            "#,
+            names[0],
+            names[1],
+            url = receiver.url
+        ))
+        .unwrap()
+    };
+    let first = config(["old", "keep"]);
+    let app = spawn_app_with(move |l| {
+        l.settings.sources.insert("sume".into(), first);
+    })
+    .await;
+    assert_eq!(
+        post(&app, event("e1", "x.created", "run_1", 1)).await,
+        "accepted"
+    );
+    app.retrying_until("e1 delivered by both", || async {
+        app.ids_of("sume.old", "delivered").await == ["e1"]
+            && app.ids_of("sume.keep", "delivered").await == ["e1"]
+    })
+    .await;
+    let (mut loaded, dir, clock) = app.stop().await;
+    loaded
+        .settings
+        .sources
+        .insert("sume".into(), config(["fresh", "keep"]));
+    let app = start_again(loaded, dir, clock).await;
+    let res = app
+        .request(Method::DELETE, "/v1/sources/sume.old/events/e1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(app.ids_of("sume.old", "erased").await, ["e1"]);
+    assert_eq!(app.ids_of("sume.keep", "erased").await, ["e1"]);
+}
