@@ -64,8 +64,8 @@ fn migrate(settings: &dedupd::config::Settings, dry_run: bool) -> anyhow::Result
             );
         } else {
             println!(
-                "{}: {} pending events moved to the shared inbox ({} stored, {} already there){named}; {} stream heads copied",
-                m.source, m.pending, m.stored, m.already, m.heads
+                "{}: {} pending events moved to the shared inbox ({} stored, {} already there){named}; {} stream heads copied; {} dedupe records copied",
+                m.source, m.pending, m.stored, m.already, m.heads, m.dedupe
             );
         }
     }

@@ -9,7 +9,10 @@
 //! Once every pending event of a source is in, they are deleted from the
 //! file. A run cut short is run again: what moved already answers
 //! duplicate, and the file still holds what did not. Settled events
-//! (delivered, stale, dead) stay in the file.
+//! (delivered, stale, dead) stay in the file; their dedupe records (and
+//! those of erased and filtered events) received within
+//! `gateway.dedupe_window` are copied, so a provider's retry of one is a
+//! duplicate in the shared inbox too.
 //!
 //! The stream heads go first: for every stream of an event the file still
 //! holds (any status), the head kept by the local mode — in the data file,
@@ -50,6 +53,10 @@ pub struct Moved {
     pub first_ids: Vec<String>,
     /// Stream heads copied into the shared inbox (would be, dry).
     pub heads: u64,
+    /// Dedupe records of settled (and filtered) events still within
+    /// `gateway.dedupe_window` copied into the shared inbox: a provider's
+    /// retry of one is a duplicate there too.
+    pub dedupe: u64,
 }
 
 /// Moves (or, with `dry_run`, counts) the local inbox's pending events
@@ -94,6 +101,7 @@ pub async fn move_to_shared(
         shared: &shared,
         retention_ms: u64::try_from(settings.ordering.retention.as_millis()).unwrap_or(u64::MAX),
     };
+    let window_ms = u64::try_from(settings.gateway.dedupe_window.as_millis()).unwrap_or(u64::MAX);
     let result = async {
         shared
             .ready()
@@ -103,6 +111,9 @@ pub async fn move_to_shared(
         for (source, _) in local.inbox_sources().await? {
             let copied = heads.copy(&local, &source, dry_run, now).await?;
             let mut moved = move_source(&local, &shared, &source, dry_run, now).await?;
+            if !dry_run {
+                moved.dedupe = move_dedupe(&local, &shared, &source, window_ms, now).await?;
+            }
             moved.heads = copied;
             report.push(moved);
         }
@@ -179,6 +190,51 @@ async fn move_source(
         );
     }
     Ok(moved)
+}
+
+/// Copies the dedupe records of `source`'s settled and filtered events
+/// received within the dedupe window into the shared inbox (they stay in
+/// the file): how many were copied.
+async fn move_dedupe(
+    local: &dyn Inbox,
+    shared: &RedisInbox,
+    source: &str,
+    window_ms: u64,
+    now: Millis,
+) -> anyhow::Result<u64> {
+    let mut copied = 0;
+    for status in [
+        EventStatus::Delivered,
+        EventStatus::Stale,
+        EventStatus::Dead,
+        EventStatus::Erased,
+        EventStatus::Filtered,
+    ] {
+        let mut after = None;
+        loop {
+            let (page, next) = local
+                .list_events(source, status, ListOrder::NewestFirst, after, 500)
+                .await?;
+            let mut past = false;
+            for e in page {
+                let until = e.received_at_ms.saturating_add(window_ms);
+                if until <= now {
+                    // Newest first: the rest are older still.
+                    past = true;
+                    break;
+                }
+                let set = shared
+                    .import_dedupe(source, &e.event_id, e.stream.as_deref(), until, now)
+                    .await?;
+                copied += u64::from(set);
+            }
+            match next {
+                Some(cursor) if !past => after = Some(cursor),
+                _ => break,
+            }
+        }
+    }
+    Ok(copied)
 }
 
 /// Where the local mode kept stream heads, and where they go.

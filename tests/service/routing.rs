@@ -782,3 +782,81 @@ async fn erasing_through_a_removed_destinations_lane_reaches_every_copy() {
     assert_eq!(app.ids_of("sume.old", "erased").await, ["e1"]);
     assert_eq!(app.ids_of("sume.keep", "erased").await, ["e1"]);
 }
+
+/// `dedupd inbox migrate` from a local inbox holding lanes: a lane's
+/// pending event moves into its lane in the shared inbox, and a provider's
+/// retry of any event — pending in one lane, delivered in another, only
+/// delivered, or filtered — is a duplicate there; nothing is sent twice.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_migration_of_lanes_keeps_every_retry_a_duplicate() {
+    use crate::support::app::start_again;
+    use dedupd::clock::Clock;
+    use dedupd::config::sources::InboxPlace;
+
+    let server = tokio::task::spawn_blocking(crate::support::redis::RedisServer::start)
+        .await
+        .unwrap();
+    let runs = Receiver::start(Behaviour::Always(503)).await;
+    let audit = Receiver::start(Behaviour::Accept).await;
+    let s: SourceSettings = toml::from_str(&format!(
+        r#"
+        scheme = "sume"
+        secrets = ["{SECRET}"]
+        event_id = "body:/request_id"
+        destination_secret = "{DESTINATION}"
+        max_attempts = 100
+        [[destinations]]
+        name = "runs"
+        forward_to = "{}"
+        filter = {{ "body:/type" = "x.*" }}
+        [[destinations]]
+        name = "audit"
+        forward_to = "{}"
+        filter = {{ "body:/type" = ["x.*", "y.*"] }}
+        "#,
+        runs.url, audit.url
+    ))
+    .unwrap();
+    let url = server.url();
+    let app = spawn_app_with(move |l| {
+        l.settings.storage.backend = dedupd::config::Backend::Redis;
+        l.settings.storage.redis.url = dedupd::config::Secret::new(url);
+        l.settings.gateway.inbox = InboxPlace::Local;
+        l.settings.gateway.inbox_buckets = 4;
+        l.settings.sources.insert("sume".into(), s);
+    })
+    .await;
+    let posted = [
+        event("e1", "x.created", "run_1", 1),
+        event("e2", "y.created", "run_1", 2),
+        event("e3", "z.created", "run_1", 3),
+    ];
+    for body in &posted {
+        assert_eq!(post(&app, body.clone()).await, "accepted");
+    }
+    app.retrying_until("audit delivered e1 and e2", || async {
+        app.ids_of("sume.audit", "delivered").await.len() == 2
+    })
+    .await;
+    let (mut loaded, dir, clock) = app.stop().await;
+    loaded.settings.gateway.inbox = InboxPlace::Shared;
+    let moved = dedupd::store::move_inbox::move_to_shared(&loaded.settings, false, clock.now_ms())
+        .await
+        .unwrap();
+    let pending: u64 = moved.iter().map(|m| m.pending).sum();
+    assert_eq!(pending, 1, "{moved:?}");
+    runs.set(Behaviour::Accept);
+    let app = start_again(loaded, dir, clock).await;
+    for body in &posted {
+        assert_eq!(post(&app, body.clone()).await, "duplicate");
+    }
+    app.retrying_until("runs delivered e1", || async {
+        app.ids_of("sume.runs", "delivered").await == ["e1"]
+    })
+    .await;
+    // (No stream: audit sent them in either order.)
+    let mut audited = ids(&audit.received());
+    audited.sort();
+    assert_eq!(audited, ["e1", "e2"]);
+}

@@ -162,6 +162,14 @@ async fn the_migration_carries_stream_heads_so_an_older_event_stays_stale() {
     assert_eq!(got.first().map(String::as_str), Some("new"));
     assert!(!got.contains(&"old".to_owned()), "{got:?}");
     assert_eq!(got.last().map(String::as_str), Some("pending"));
+    // A provider's retry of the event delivered before the move is still
+    // a duplicate: its dedupe record moved too.
+    assert_eq!(
+        shared
+            .ingest_ok(&body("new", "run_a", "2026-11-29T10:05:00Z"))
+            .await["status"],
+        "duplicate"
+    );
 }
 
 /// A bulk job on the shared inbox: every instance shows it, one runs it,

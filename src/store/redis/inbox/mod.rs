@@ -387,6 +387,34 @@ impl RedisInbox {
         Ok(set == 1)
     }
 
+    /// Records event `id` of `source` (with `stream`) as seen until
+    /// `until` unless a record of it is there already: for moving the
+    /// dedupe records of a local inbox's settled events into the shared
+    /// inbox, so a provider's retry of one stays a duplicate. Whether it
+    /// was recorded.
+    pub async fn import_dedupe(
+        &self,
+        source: &str,
+        event_id: &str,
+        stream: Option<&str>,
+        until: Millis,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        if until <= now {
+            return Ok(false);
+        }
+        let key = EventKey::new(source, event_id, stream);
+        let t = self.bucket(source, self.bucket_of(&key));
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(format!("{t}:d:{event_id}"))
+            .arg(until)
+            .arg("PX")
+            .arg(until.saturating_sub(now).saturating_add(self.slack_ms))
+            .arg("NX");
+        let set: Option<String> = self.query(cmd).await?;
+        Ok(set.is_some())
+    }
+
     /// One settle script: the shared part of the three settles.
     #[allow(clippy::too_many_arguments)]
     async fn settle_with(
