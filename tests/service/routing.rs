@@ -552,28 +552,7 @@ async fn a_renamed_destination_keeps_its_retries_duplicates_and_its_copies_erasa
     use crate::support::app::start_again;
 
     let receiver = Receiver::start(Behaviour::Accept).await;
-    let config = |names: [&str; 2]| -> SourceSettings {
-        toml::from_str(&format!(
-            r#"
-            scheme = "sume"
-            secrets = ["{SECRET}"]
-            event_id = "body:/request_id"
-            destination_secret = "{DESTINATION}"
-            [[destinations]]
-            name = "{}"
-            forward_to = "{url}"
-            filter = {{ "body:/type" = "x.*" }}
-            [[destinations]]
-            name = "{}"
-            forward_to = "{url}"
-            filter = {{ "body:/type" = "y.*" }}
-            "#,
-            names[0],
-            names[1],
-            url = receiver.url
-        ))
-        .unwrap()
-    };
+    let config = |names: [&str; 2]| two_destinations(names, &receiver.url);
     let first = config(["old", "keep"]);
     let app = spawn_app_with(move |l| {
         l.settings.sources.insert("sume".into(), first);
@@ -653,28 +632,7 @@ async fn on_the_shared_inbox_a_retry_to_an_instance_on_the_old_destinations_is_a
         .await
         .unwrap();
     let receiver = Receiver::start(Behaviour::Accept).await;
-    let config = |names: [&str; 2]| -> SourceSettings {
-        toml::from_str(&format!(
-            r#"
-            scheme = "sume"
-            secrets = ["{SECRET}"]
-            event_id = "body:/request_id"
-            destination_secret = "{DESTINATION}"
-            [[destinations]]
-            name = "{}"
-            forward_to = "{url}"
-            filter = {{ "body:/type" = "x.*" }}
-            [[destinations]]
-            name = "{}"
-            forward_to = "{url}"
-            filter = {{ "body:/type" = "y.*" }}
-            "#,
-            names[0],
-            names[1],
-            url = receiver.url
-        ))
-        .unwrap()
-    };
+    let config = |names: [&str; 2]| two_destinations(names, &receiver.url);
     let clock = ManualClock::new(T0);
     let on = |names: [&str; 2]| {
         let (s, url) = (config(names), server.url());
@@ -859,4 +817,27 @@ async fn the_migration_of_lanes_keeps_every_retry_a_duplicate() {
     let mut audited = ids(&audit.received());
     audited.sort();
     assert_eq!(audited, ["e1", "e2"]);
+}
+
+/// A Sume source with two destinations named `names`, both forwarding to
+/// `url`: the first takes `x.*` events, the second `y.*`.
+fn two_destinations(names: [&str; 2], url: &str) -> SourceSettings {
+    toml::from_str(&format!(
+        r#"
+        scheme = "sume"
+        secrets = ["{SECRET}"]
+        event_id = "body:/request_id"
+        destination_secret = "{DESTINATION}"
+        [[destinations]]
+        name = "{}"
+        forward_to = "{url}"
+        filter = {{ "body:/type" = "x.*" }}
+        [[destinations]]
+        name = "{}"
+        forward_to = "{url}"
+        filter = {{ "body:/type" = "y.*" }}
+        "#,
+        names[0], names[1],
+    ))
+    .unwrap()
 }
