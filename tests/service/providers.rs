@@ -451,6 +451,26 @@ async fn slacks_and_zooms_signed_url_checks_are_answered_and_nothing_is_stored()
     let (status, _) = answer(post(&app, "zoom", validation, &[]).await).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 
+    // 80 KB of nesting around the marker: refused as a body that is not
+    // JSON (serde_json's depth limit), the process unharmed.
+    let deep = format!(
+        "{}\"url_verification\"{}",
+        "[".repeat(40_000),
+        "]".repeat(40_000)
+    );
+    let (status, v) = answer(
+        post_signed(
+            &app,
+            "slack",
+            Scheme::Slack,
+            slack.secret,
+            "",
+            deep.as_bytes(),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     // Neither check is an event: nothing listed, nothing delivered.
     for source in ["slack", "zoom"] {
         for status in ["pending", "delivered", "dead"] {

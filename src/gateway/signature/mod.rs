@@ -586,6 +586,20 @@ mod tests {
     }
 
     #[test]
+    fn a_linear_body_nested_80_kb_deep_is_refused_not_a_stack_overflow() {
+        let s = secret(Scheme::Linear, 1);
+        let v = verifier(Scheme::Linear, std::slice::from_ref(&s));
+        let mut body = "[".repeat(40_000).into_bytes();
+        body.extend("]".repeat(40_000).bytes());
+        let headers = sign(Scheme::Linear, &s, NOW, "", &body);
+        let result = v.verify(&lookup(&headers), &body, NOW);
+        assert!(
+            matches!(&result, Err(VerifyError::Malformed(m)) if m.contains("not JSON")),
+            "{result:?}"
+        );
+    }
+
+    #[test]
     fn square_signs_the_notification_url() {
         let s = secret(Scheme::Square, 1);
         let url = "https://hooks.example.com/ingest/square";
