@@ -260,7 +260,8 @@ impl Drop for RedisCluster {
 }
 
 /// Three `redis-sentinel`s on loopback watching one master as `mymaster`:
-/// a quorum of two, a master down after 1 s of silence.
+/// a quorum of two, a master down after 2 s of silence (1 s made a
+/// loaded CI machine fail over a second time, back to the old master).
 pub struct RedisSentinels {
     dir: TempDir,
     children: Vec<Child>,
@@ -292,7 +293,7 @@ impl RedisSentinels {
                 format!(
                     "port {port}\nbind 127.0.0.1\n\
                      sentinel monitor {m} 127.0.0.1 {master_port} 2\n\
-                     sentinel down-after-milliseconds {m} 1000\n\
+                     sentinel down-after-milliseconds {m} 2000\n\
                      sentinel failover-timeout {m} 5000\n\
                      sentinel parallel-syncs {m} 1\n",
                     m = Self::MASTER
@@ -332,6 +333,35 @@ impl RedisSentinels {
             Self::MASTER,
         ])?;
         out.lines().nth(1)?.trim().parse().ok()
+    }
+
+    /// Whether the master the sentinels name now has a replica in sync
+    /// (whichever server that is: a second failover may have moved it).
+    pub fn master_has_replica_online(&self) -> bool {
+        self.master_port().is_some_and(|port| {
+            cli(&["-p", &port.to_string(), "info", "replication"])
+                .is_some_and(|o| o.contains("state=online"))
+        })
+    }
+
+    /// Who is master and who follows, for a failure message.
+    pub fn describe(&self, ports: &[u16]) -> String {
+        let mut out = format!("sentinels name {:?} master;", self.master_port());
+        for port in ports {
+            let info = cli(&["-p", &port.to_string(), "info", "replication"]).unwrap_or_default();
+            let role: Vec<&str> = info
+                .lines()
+                .filter(|l| {
+                    l.starts_with("role:")
+                        || l.starts_with("master_port:")
+                        || l.starts_with("master_link_status:")
+                        || l.starts_with("slave0:")
+                })
+                .map(str::trim)
+                .collect();
+            out.push_str(&format!(" {port}: {}", role.join(" ")));
+        }
+        out
     }
 }
 
