@@ -970,10 +970,6 @@ async fn check_jobs(case: &Case, store: &RedbStore) {
     );
 }
 
-/// A claim row as schema 6 stores it: (state, token, fence, expires_at_ms,
-/// fingerprint).
-type ClaimRow = (u8, [u8; 16], u64, u64, Option<&'static str>);
-
 /// Every applied event as stored, and the delivered events' claims the
 /// first gateways kept, read from the closed file.
 fn check_tables(case: &Case, path: &Path) {
@@ -1053,18 +1049,28 @@ fn check_tables(case: &Case, path: &Path) {
     }
     assert_eq!(events, expected, "{}", case.name);
 
-    let claims: TableDefinition<&str, ClaimRow> = TableDefinition::new("claims");
-    let claims: Vec<_> = tx
+    // Claims by row id (schema 10 on): (key, value, expiry), the value
+    // being state, token, fence (little-endian) and fingerprint.
+    let claims: TableDefinition<u64, (&[u8], &[u8], Option<u64>)> =
+        TableDefinition::new("claim_rows");
+    let mut claims: Vec<_> = tx
         .open_table(claims)
         .unwrap()
         .iter()
         .unwrap()
         .map(|e| {
-            let (k, v) = e.unwrap();
-            let (state, _, fence, expires_at, _) = v.value();
-            (k.value().to_owned(), state, fence, expires_at)
+            let (_, v) = e.unwrap();
+            let (k, value, expires_at) = v.value();
+            let fence = u64::from_le_bytes(value[17..25].try_into().unwrap());
+            (
+                String::from_utf8(k.to_vec()).unwrap(),
+                value[0],
+                fence,
+                expires_at.unwrap(),
+            )
         })
         .collect();
+    claims.sort();
     // The job runner's claims: only the cancelled job's, still running
     // when the process was killed.
     let job_claims: Vec<_> = claims

@@ -114,8 +114,62 @@ async fn answered_writes_share_one_commit_until_a_read_needs_them() {
     }
     assert_eq!(
         h.commits(),
+        before,
+        "a claim is read from the index in memory: no commit for it"
+    );
+    // A read of a table (a stream's head) needs them committed.
+    let stream = key("orders");
+    assert_eq!(h.store.head(&stream, T).await.unwrap(), None);
+    assert_eq!(h.store.head(&stream, T).await.unwrap(), None);
+    assert_eq!(
+        h.commits(),
         before + 1,
-        "the first read committed them all at once; the others found them committed"
+        "the first read of the file committed them all at once; the next found them committed"
+    );
+}
+
+/// A claim whose record is too large for the index in memory (a 256-byte
+/// fingerprint) is read from its row: answered in the open transaction, it
+/// reads back at once, and a claim of it with another fingerprint is told
+/// apart from one with the same.
+#[tokio::test]
+async fn a_claim_too_large_for_the_index_reads_from_its_row() {
+    use dedupd::domain::Fingerprint;
+    let h = Held::open();
+    let mine = Fingerprint::parse(&"a".repeat(256)).unwrap();
+    let other = Fingerprint::parse(&"b".repeat(256)).unwrap();
+    let outcome = h
+        .store
+        .claim(&key("big"), ttl(), Some(mine.clone()), T)
+        .await
+        .unwrap();
+    let ClaimOutcome::Claimed { fence, .. } = outcome else {
+        panic!("{outcome:?}");
+    };
+    let view = h
+        .store
+        .get(&key("big"), T)
+        .await
+        .unwrap()
+        .expect("answered");
+    assert_eq!((view.state, view.fence), (ClaimState::Processing, fence));
+    let same = h
+        .store
+        .claim(&key("big"), ttl(), Some(mine), T)
+        .await
+        .unwrap();
+    let differs = h
+        .store
+        .claim(&key("big"), ttl(), Some(other), T)
+        .await
+        .unwrap();
+    assert!(
+        matches!(same, ClaimOutcome::Busy { .. }),
+        "the same fingerprint: busy, {same:?}"
+    );
+    assert!(
+        matches!(differs, ClaimOutcome::FingerprintMismatch { .. }),
+        "the stored fingerprint was read back from the row: {differs:?}"
     );
 }
 

@@ -25,7 +25,7 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schema version 99") && msg.contains("reads version 9"),
+        msg.contains("schema version 99") && msg.contains("reads version 10"),
         "{msg}"
     );
 }
@@ -920,7 +920,7 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
         1
     );
     s.close().await;
-    assert_eq!(stored_schema(&opts.path).0, 9);
+    assert_eq!(stored_schema(&opts.path).0, 10);
 }
 
 #[tokio::test]
@@ -1065,7 +1065,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
     s.close().await;
 
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     assert!(!tables.contains(&"inbox".to_owned()), "{tables:?}");
 }
 
@@ -1164,7 +1164,7 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
     s.close().await;
 
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     assert!(!tables.contains(&"kv".to_owned()), "{tables:?}");
     assert!(!tables.contains(&"kv_expiry".to_owned()), "{tables:?}");
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
@@ -1269,7 +1269,7 @@ async fn a_schema_6_file_gains_the_dedupe_tables_and_its_reaped_events_stay_dupl
     );
     s.close().await;
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     for table in ["inbox_dedupe", "inbox_dedupe_expiry", "inbox_attempts"] {
         assert!(tables.contains(&table.to_owned()), "{tables:?}");
     }
@@ -1316,11 +1316,26 @@ async fn a_stray_expiry_entry_does_not_reap_a_claim_that_expires_later() {
     {
         let db = redb::Database::create(&path).unwrap();
         let tx = db.begin_write().unwrap();
-        let index: redb::TableDefinition<(u64, &str), ()> =
-            redb::TableDefinition::new("claim_expiry");
+        // The claim's row id, from the claims' rows (by row id).
+        let rows: redb::TableDefinition<u64, (&[u8], &[u8], Option<u64>)> =
+            redb::TableDefinition::new("claim_rows");
+        let id = {
+            use redb::ReadableTable as _;
+            let rows = tx.open_table(rows).unwrap();
+            let mut found = rows
+                .iter()
+                .unwrap()
+                .map(|e| e.unwrap())
+                .filter_map(|(id, row)| {
+                    (row.value().0 == key.as_str().as_bytes()).then(|| id.value())
+                });
+            found.next().expect("the claim's row")
+        };
+        let index: redb::TableDefinition<(u64, u64), ()> =
+            redb::TableDefinition::new("claim_row_expiry");
         tx.open_table(index)
             .unwrap()
-            .insert((2_000, key.as_str()), ())
+            .insert((2_000, id), ())
             .unwrap();
         tx.commit().unwrap();
     }

@@ -8,17 +8,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use redb::ReadableTable;
 
-use super::engine::Engine;
+use super::RedbOptions;
+use super::engine::{Engine, Fresh};
 use super::error::EngineError;
 use super::inbox::{self, RedbInbox};
 use super::keyspace::Keyspace;
+use super::kv::{self, Space};
 use super::open::OpenError;
 use super::ops::Response;
 use super::record::Request;
-use super::tables::{
-    self, CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, claim_from_row, head_from_row,
-};
-use super::{RedbOptions, kv};
+use super::tables::{self, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, claim_from_value, head_from_row};
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::{
@@ -137,13 +136,43 @@ impl Store for RedbStore {
     }
 
     async fn get(&self, key: &ScopedKey, now: Millis) -> Result<Option<ClaimView>, StoreError> {
-        let key = key.clone();
-        let read = self.engine.read(move |tx| {
-            let table = tx.open_table(CLAIMS)?;
-            let record = table.get(key.as_str())?.map(|g| claim_from_row(g.value()));
-            Ok(record.filter(|r| !r.is_expired(now)).map(|r| r.view()))
-        });
-        Ok(read.await?)
+        let key = Arc::new(key.as_str().as_bytes().to_vec());
+        // As the keyspace reads a key (`Keyspace::get`): from the index in
+        // memory; a row not committed yet is waited for on the next try.
+        for attempt in 0..kv::PENDING_TRIES {
+            let key = key.clone();
+            let fresh = if attempt == 0 {
+                Fresh::Shown
+            } else {
+                Fresh::Acknowledged
+            };
+            let found = self
+                .engine
+                .read_seen(fresh, move |db, shared| {
+                    kv::get(
+                        db,
+                        &shared.kv,
+                        Space::Claims,
+                        || shared.watermark.visible(),
+                        || shared.watermark.last_committed(),
+                        &key,
+                        now,
+                    )
+                })
+                .await?;
+            if let kv::Lookup::Found(entry) = found {
+                let Some(entry) = entry else {
+                    return Ok(None);
+                };
+                let at = entry.expires_at_ms.unwrap_or(0);
+                let record = claim_from_value(&entry.value, at)
+                    .ok_or(EngineError::Unexpected("a claim row that cannot be read"))?;
+                return Ok(Some(record)
+                    .filter(|r| !r.is_expired(now))
+                    .map(|r| r.view()));
+            }
+        }
+        Err(EngineError::NotCommitted.into())
     }
 
     async fn apply(
@@ -192,7 +221,7 @@ impl Store for RedbStore {
     async fn next_expiry(&self) -> Result<Option<Millis>, StoreError> {
         let read = self.engine.read(|tx| {
             let mut next: Option<Millis> = None;
-            for def in [CLAIM_EXPIRY, EVENT_EXPIRY, HEAD_EXPIRY] {
+            for def in [EVENT_EXPIRY, HEAD_EXPIRY] {
                 let table = tx.open_table(def)?;
                 if let Some((k, _)) = table.first()? {
                     let at = k.value().0;
@@ -203,9 +232,13 @@ impl Store for RedbStore {
                 let at = k.value().0;
                 next = Some(next.map_or(at, |n| n.min(at)));
             }
-            for at in [kv::next_expiry(tx)?, inbox::next_dedupe_expiry(tx)?]
-                .into_iter()
-                .flatten()
+            for at in [
+                kv::next_expiry(tx, Space::Kv)?,
+                kv::next_expiry(tx, Space::Claims)?,
+                inbox::next_dedupe_expiry(tx)?,
+            ]
+            .into_iter()
+            .flatten()
             {
                 next = Some(next.map_or(at, |n| n.min(at)));
             }

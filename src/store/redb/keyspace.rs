@@ -14,10 +14,6 @@ use crate::clock::Millis;
 use crate::store::StoreError;
 use crate::store::keyspace::{KvEntry, KvRequest, KvResponse};
 
-/// How many times a read waits for the batch writing the row it looks for
-/// (each wait is one batch's sync, or up to the read's reopen wait).
-const PENDING_TRIES: usize = 16;
-
 /// The keyspace of the data file; a handle on its engine (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct Keyspace {
@@ -53,7 +49,7 @@ impl Keyspace {
         let key = Arc::new(key);
         // A pending row's batch is on disk (so committed) by the time
         // `read_seen` returns: the next look finds the row, or a newer state.
-        for attempt in 0..PENDING_TRIES {
+        for attempt in 0..kv::PENDING_TRIES {
             let key = key.clone();
             // A small value is in the index; a row not committed yet is
             // waited for on the next attempt.
@@ -68,6 +64,7 @@ impl Keyspace {
                     kv::get(
                         db,
                         &shared.kv,
+                        kv::Space::Kv,
                         || shared.watermark.visible(),
                         || shared.watermark.last_committed(),
                         &key,

@@ -1,15 +1,17 @@
-//! The Redis-protocol keyspace's tables: its writes
-//! ([`crate::store::keyspace::KvRequest`]) run in the writer's transaction,
-//! and its reads.
+//! The tables keyed by row id — the Redis-protocol keyspace's and the
+//! claims' ([`Space`]) — in the writer's transaction: the keyspace's writes
+//! ([`crate::store::keyspace::KvRequest`]), the row writes claims are made
+//! of (`ops::claims`), the reaper's deletions, and the reads of both.
 //!
 //! Rows are keyed by a row id, and the map from key to row id is in memory
 //! ([`super::kv_index`]); this module changes both in the same steps.
 //!
-//! Invariants (kept by every write here):
+//! Invariants, in each space (kept by every write here):
 //! - each key in the index has exactly one row, at its slot's id, holding
 //!   the same key, value and expiry; every row is in the index;
-//! - a row with an expiry has exactly one [`KV_ROW_EXPIRY`] entry, at that
-//!   expiry; a row without one has none;
+//! - a row with an expiry has exactly one entry in its space's expiry
+//!   index ([`Space::expiry`]), at that expiry; a row without one has none
+//!   (every claim has one);
 //! - a stored expiry is always later than the clock reading of the write
 //!   that stored it (a write whose expiry has already passed deletes the
 //!   key instead, as Redis does).
@@ -19,29 +21,63 @@
 
 use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 
+pub use super::kv_index::Space;
 use super::kv_index::{Inner, KvIndex, Slot};
-use super::tables::{KV_ROW_EXPIRY, KV_ROWS, KvRow, Lazy};
+use super::tables::{KvRow, Lazy};
 use crate::clock::Millis;
 use crate::store::keyspace::{
     ExpireCondition, KvEntry, KvRequest, KvResponse, SetCondition, SetExpiry,
 };
 
-/// The keyspace tables of one write transaction, and the index.
+/// The tables of one space in one write transaction, and the index.
 pub struct KvTables<'txn> {
+    space: Space,
     rows: Lazy<'txn, u64, KvRow<'static>>,
     expiry: Lazy<'txn, (u64, u64), ()>,
     index: &'txn KvIndex,
 }
 
 impl<'txn> KvTables<'txn> {
-    /// The keyspace tables of `tx` (each opened on first use), changed
+    /// The tables of `space` in `tx` (each opened on first use), changed
     /// together with `index`.
-    pub fn open(tx: &'txn WriteTransaction, index: &'txn KvIndex) -> Self {
+    pub fn open(tx: &'txn WriteTransaction, index: &'txn KvIndex, space: Space) -> Self {
         Self {
-            rows: Lazy::new(tx, KV_ROWS),
-            expiry: Lazy::new(tx, KV_ROW_EXPIRY),
+            space,
+            rows: Lazy::new(tx, space.rows()),
+            expiry: Lazy::new(tx, space.expiry()),
             index,
         }
+    }
+
+    /// The slot of `key` (expired or not) and its value.
+    pub fn load(&mut self, key: &[u8]) -> Result<Option<(Slot, Vec<u8>)>, redb::Error> {
+        let slot = self.index.read().get(self.space, key).cloned();
+        match slot {
+            Some(slot) => {
+                let value = self.value_of(&slot)?;
+                Ok(Some((slot, value)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Stores `value` with `expires` under `key`, replacing `stored` (the
+    /// key's slot as [`KvTables::load`] found it).
+    pub fn store(
+        &mut self,
+        key: &[u8],
+        stored: Option<&Slot>,
+        value: &[u8],
+        expires: Option<Millis>,
+    ) -> Result<(), redb::Error> {
+        let index = self.index;
+        self.put(&mut index.write(), key, stored, value, expires)
+    }
+
+    /// Deletes `key`, whose slot [`KvTables::load`] found as `stored`.
+    pub fn delete(&mut self, key: &[u8], stored: Option<&Slot>) -> Result<(), redb::Error> {
+        let index = self.index;
+        self.remove(&mut index.write(), key, stored)
     }
 
     /// Performs one write at `now`.
@@ -56,7 +92,7 @@ impl<'txn> KvTables<'txn> {
                 expiry,
                 get,
             } => {
-                let stored = ix.get(key).cloned();
+                let stored = ix.get(self.space, key).cloned();
                 let live = stored.as_ref().filter(|s| s.is_live(now));
                 let old = match live {
                     Some(slot) if *get => Some(self.value_of(slot)?),
@@ -86,7 +122,7 @@ impl<'txn> KvTables<'txn> {
             KvRequest::Delete { keys } => {
                 let mut removed = 0;
                 for key in keys {
-                    if let Some(stored) = ix.get(key).cloned() {
+                    if let Some(stored) = ix.get(self.space, key).cloned() {
                         removed += u64::from(stored.is_live(now));
                         self.remove(&mut ix, key, Some(&stored))?;
                     }
@@ -94,7 +130,7 @@ impl<'txn> KvTables<'txn> {
                 KvResponse::Count(removed)
             }
             KvRequest::Expire { key, at, condition } => {
-                let stored = ix.get(key).cloned();
+                let stored = ix.get(self.space, key).cloned();
                 let Some(live) = stored.as_ref().filter(|s| s.is_live(now)) else {
                     return Ok(KvResponse::Count(0));
                 };
@@ -121,7 +157,7 @@ impl<'txn> KvTables<'txn> {
                 KvResponse::Count(1)
             }
             KvRequest::Persist { key } => {
-                let stored = ix.get(key).cloned();
+                let stored = ix.get(self.space, key).cloned();
                 match stored.as_ref().filter(|s| s.is_live(now)) {
                     Some(live) if live.expires_at_ms.is_some() => {
                         let value = self.value_of(live)?;
@@ -171,7 +207,7 @@ impl<'txn> KvTables<'txn> {
         if let Some(at) = expires {
             self.expiry.open()?.insert((at, id), ())?;
         }
-        ix.put(key, Slot::new(id, value, expires));
+        ix.put(self.space, key, Slot::new(id, value, expires));
         Ok(())
     }
 
@@ -187,7 +223,7 @@ impl<'txn> KvTables<'txn> {
                 self.expiry.open()?.remove((at, slot.id))?;
             }
             self.rows.open()?.remove(slot.id)?;
-            ix.remove(key);
+            ix.remove(self.space, key);
         }
         Ok(())
     }
@@ -222,8 +258,8 @@ impl<'txn> KvTables<'txn> {
             };
             let (key, value, expires) = old.value();
             if expires == Some(at) {
-                if ix.get(key).is_some_and(|s| s.id == id) {
-                    ix.remove(key);
+                if ix.get(self.space, key).is_some_and(|s| s.id == id) {
+                    ix.remove(self.space, key);
                 }
             } else {
                 let (key, value) = (key.to_vec(), value.to_vec());
@@ -256,6 +292,10 @@ fn missing_row(id: u64) -> redb::Error {
     ))
 }
 
+/// How many times a read waits for the batch writing the row it looks for
+/// (each wait is one batch's sync, or up to the read's reopen wait).
+pub const PENDING_TRIES: usize = 16;
+
 /// How often a read of a large value looks again for its row before it
 /// hands the wait to the caller (see [`Lookup::Pending`]).
 const ROW_TRIES: usize = 64;
@@ -277,6 +317,7 @@ pub enum Lookup {
 pub fn get(
     db: &Database,
     index: &KvIndex,
+    space: Space,
     visible: impl Fn() -> u64,
     committed: impl Fn() -> u64,
     key: &[u8],
@@ -289,7 +330,10 @@ pub fn get(
             let Some(ix) = index.settled() else {
                 break;
             };
-            (ix.get(key).filter(|s| s.is_live(now)).cloned(), ix.seq())
+            (
+                ix.get(space, key).filter(|s| s.is_live(now)).cloned(),
+                ix.seq(),
+            )
         };
         let Some(slot) = slot else {
             return Ok((Lookup::Found(None), seq));
@@ -314,7 +358,7 @@ pub fn get(
         // one that removed it committed after the map was read.
         let tx = db.begin_read()?;
         let seen = visible().max(seq);
-        let rows = tx.open_table(KV_ROWS)?;
+        let rows = tx.open_table(space.rows())?;
         if let Some(g) = rows.get(slot.id)? {
             let (k, value, expires_at_ms) = g.value();
             if k == key {
@@ -348,15 +392,18 @@ pub fn count_live(
     })?;
     let n = keys
         .iter()
-        .filter(|k| ix.get(k).is_some_and(|s| s.is_live(now)))
+        .filter(|k| ix.get(Space::Kv, k).is_some_and(|s| s.is_live(now)))
         .count();
     Ok((n as u64, ix.seq()))
 }
 
-/// The earliest expiry in the keyspace.
-pub fn next_expiry(tx: &redb::ReadTransaction) -> Result<Option<Millis>, redb::Error> {
+/// The earliest expiry in `space`.
+pub fn next_expiry(
+    tx: &redb::ReadTransaction,
+    space: Space,
+) -> Result<Option<Millis>, redb::Error> {
     Ok(tx
-        .open_table(KV_ROW_EXPIRY)?
+        .open_table(space.expiry())?
         .first()?
         .map(|(k, _)| k.value().0))
 }

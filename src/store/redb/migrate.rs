@@ -8,8 +8,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
 
 use super::OpenError;
 use super::tables::{
-    self, CLAIM_EXPIRY, CLAIMS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_FILE_ID,
-    META_SCHEMA_VERSION, SCHEMA_VERSION,
+    self, CLAIM_ROW_EXPIRY, CLAIM_ROWS, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, META, META_FILE_ID,
+    META_KV_NEXT_ID, META_SCHEMA_VERSION, SCHEMA_VERSION,
 };
 
 /// The data file's id, and whether it had one before this open (a file of
@@ -84,18 +84,20 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
             // version 9 the replay marks and bulk jobs, and the erased
             // status (their tables are created below; a file without them
             // simply has none; an older build must not read an erased
-            // row, which has no body). Logged requests keep their
-            // encoding, so an older log replays.
-            Some(7 | 8) => {
-                meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
-                    .map_err(|e| other(e.into()))?;
-            }
-            Some(old @ 1..=6) => {
+            // row, which has no body), version 10 keys the claims' rows
+            // by row id. Logged requests keep their encoding, so an older
+            // log replays.
+            Some(old @ 1..=9) => {
                 if old == 1 {
                     migrate_v1(&tx).map_err(other)?;
                 }
-                split_bodies(&tx).map_err(other)?;
-                keyspace_by_row_id(&tx).map_err(other)?;
+                if old <= 6 {
+                    split_bodies(&tx).map_err(other)?;
+                    keyspace_by_row_id(&tx).map_err(other)?;
+                }
+                drop(meta);
+                claims_by_row_id(&tx).map_err(other)?;
+                meta = tx.open_table(META).map_err(|e| other(e.into()))?;
                 meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
                     .map_err(|e| other(e.into()))?;
             }
@@ -113,8 +115,9 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
         }
         id = file_id(&mut meta).map_err(other)?;
         // Create every table now, so readers never meet a missing one.
-        tx.open_table(CLAIMS).map_err(|e| other(e.into()))?;
-        tx.open_table(CLAIM_EXPIRY).map_err(|e| other(e.into()))?;
+        tx.open_table(CLAIM_ROWS).map_err(|e| other(e.into()))?;
+        tx.open_table(CLAIM_ROW_EXPIRY)
+            .map_err(|e| other(e.into()))?;
         tx.open_table(tables::EVENTS).map_err(|e| other(e.into()))?;
         tx.open_table(EVENT_EXPIRY).map_err(|e| other(e.into()))?;
         tx.open_table(HEADS).map_err(|e| other(e.into()))?;
@@ -331,6 +334,56 @@ fn keyspace_by_row_id(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
     tx.delete_table(tables::KV_EXPIRY_V5)?;
     if moved > 0 {
         tracing::info!(keys = moved, "keyspace rows keyed by row id (schema 6)");
+    }
+    Ok(())
+}
+
+/// Schema 9 → 10: the claims move from a table keyed by the key to one
+/// keyed by row id (handed out in key order here, after the keyspace's
+/// ids: both draw from one counter), with their expiry index. Done in the
+/// transaction of the version bump, like the others.
+fn claims_by_row_id(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    if !tx
+        .list_tables()?
+        .any(|t| t.name() == tables::CLAIMS_V9.name())
+    {
+        return Ok(());
+    }
+    let mut meta = tx.open_table(META)?;
+    let after_kv = tx
+        .open_table(tables::KV_ROWS)?
+        .last()?
+        .map_or(1, |(id, _)| id.value() + 1);
+    let stored = meta.get(META_KV_NEXT_ID)?.map_or(1, |g| g.value());
+    let mut next = after_kv.max(stored);
+    let mut moved = 0u64;
+    {
+        let old = tx.open_table(tables::CLAIMS_V9)?;
+        let mut rows = tx.open_table(CLAIM_ROWS)?;
+        let mut expiry = tx.open_table(CLAIM_ROW_EXPIRY)?;
+        for entry in old.iter()? {
+            let (k, v) = entry?;
+            let record = tables::claim_from_row(v.value());
+            let value = tables::claim_value(&record);
+            rows.insert(
+                next,
+                (
+                    k.value().as_bytes(),
+                    value.as_slice(),
+                    Some(record.expires_at_ms),
+                ),
+            )?;
+            expiry.insert((record.expires_at_ms, next), ())?;
+            next += 1;
+            moved += 1;
+        }
+    }
+    meta.insert(META_KV_NEXT_ID, next)?;
+    drop(meta);
+    tx.delete_table(tables::CLAIMS_V9)?;
+    tx.delete_table(tables::CLAIM_EXPIRY_V9)?;
+    if moved > 0 {
+        tracing::info!(claims = moved, "claims keyed by row id (schema 10)");
     }
     Ok(())
 }

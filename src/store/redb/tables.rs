@@ -27,7 +27,7 @@ use crate::store::ordering::{EventRecord, Recorded};
 use crate::store::{ClaimRecord, ClaimState, Head};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 9;
+pub const SCHEMA_VERSION: u64 = 10;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -47,12 +47,64 @@ pub const META_LOG_OPEN: &str = "log_open";
 /// when the file is created; its write-ahead log carries the same id.
 pub const META_FILE_ID: [&str; 2] = ["file_id_hi", "file_id_lo"];
 
-/// Row of [`CLAIMS`]: (state, token, fence, expires_at_ms, fingerprint).
+/// Claims by row id, as [`KV_ROWS`] holds the keyspace (and for the same
+/// reason: a new claim is an append, not an insert at a random place in a
+/// B-tree; the key to row id map is in memory, see `kv_index`): (scoped
+/// key, [`claim_value`], `Some(expires_at_ms)`). Invariant: one row per
+/// key; a rewrite keeps the key's row id. Row ids come from the keyspace's
+/// counter ([`META_KV_NEXT_ID`]).
+pub const CLAIM_ROWS: TableDefinition<u64, KvRow<'static>> = TableDefinition::new("claim_rows");
+/// Expiry index of [`CLAIM_ROWS`], by (expires_at_ms, row id).
+pub const CLAIM_ROW_EXPIRY: TableDefinition<(u64, u64), ()> =
+    TableDefinition::new("claim_row_expiry");
+
+/// A claim's value in [`CLAIM_ROWS`] (its expiry is the row's): state
+/// (0 processing, 1 done), token (16 bytes), fence (8, little-endian),
+/// then the fingerprint's bytes, if any (a fingerprint is never empty).
+pub fn claim_value(rec: &ClaimRecord) -> Vec<u8> {
+    let fingerprint = rec.fingerprint.as_ref().map_or("", Fingerprint::as_str);
+    let mut v = Vec::with_capacity(25 + fingerprint.len());
+    v.push(match rec.state {
+        ClaimState::Processing => 0,
+        ClaimState::Done => 1,
+    });
+    v.extend_from_slice(rec.token.as_bytes());
+    v.extend_from_slice(&rec.fence.to_le_bytes());
+    v.extend_from_slice(fingerprint.as_bytes());
+    v
+}
+
+/// Decodes a claim from its [`claim_value`] and expiry; `None` if the
+/// value is too short to be one. Unknown state bytes read as done, the safe
+/// side: a done record refuses new claims.
+pub fn claim_from_value(value: &[u8], expires_at_ms: Millis) -> Option<ClaimRecord> {
+    let (&state, rest) = value.split_first()?;
+    let (token, rest) = rest.split_first_chunk::<16>()?;
+    let (fence, fingerprint) = rest.split_first_chunk::<8>()?;
+    Some(ClaimRecord {
+        state: if state == 0 {
+            ClaimState::Processing
+        } else {
+            ClaimState::Done
+        },
+        token: Token::from_bytes(*token),
+        fence: u64::from_le_bytes(*fence),
+        expires_at_ms,
+        // Only parsed fingerprints were ever stored.
+        fingerprint: std::str::from_utf8(fingerprint)
+            .ok()
+            .filter(|f| !f.is_empty())
+            .and_then(|f| Fingerprint::parse(f).ok()),
+    })
+}
+
+/// Row of [`CLAIMS_V9`]: (state, token, fence, expires_at_ms, fingerprint).
 pub type ClaimRow<'a> = (u8, [u8; 16], u64, u64, Option<&'a str>);
-/// Claims by scoped key.
-pub const CLAIMS: TableDefinition<&str, ClaimRow<'static>> = TableDefinition::new("claims");
-/// Expiry index of [`CLAIMS`].
-pub const CLAIM_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("claim_expiry");
+/// Schema 1 to 9's claims, by scoped key; read only to migrate such a file.
+pub const CLAIMS_V9: TableDefinition<&str, ClaimRow<'static>> = TableDefinition::new("claims");
+/// Schema 1 to 9's expiry index of [`CLAIMS_V9`] (dropped by the
+/// migration).
+pub const CLAIM_EXPIRY_V9: TableDefinition<(u64, &str), ()> = TableDefinition::new("claim_expiry");
 
 /// Row of [`EVENTS`]: (stream, created_at ns, applied_at_ms, expires_at_ms, outcome).
 pub type EventRow<'a> = (&'a str, i128, u64, u64, u8);
@@ -68,8 +120,8 @@ pub const HEADS: TableDefinition<&str, HeadRow<'static>> = TableDefinition::new(
 /// Expiry index of [`HEADS`].
 pub const HEAD_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("head_expiry");
 
-/// Decodes a claim row. Unknown state bytes read as done, the safe side: a
-/// done record refuses new claims.
+/// Decodes a claim row of [`CLAIMS_V9`] (to migrate it). Unknown state
+/// bytes read as done, the safe side: a done record refuses new claims.
 pub fn claim_from_row(row: ClaimRow<'_>) -> ClaimRecord {
     let (state, token, fence, expires_at_ms, fingerprint) = row;
     ClaimRecord {
@@ -84,20 +136,6 @@ pub fn claim_from_row(row: ClaimRow<'_>) -> ClaimRecord {
         // Only parsed fingerprints were ever stored.
         fingerprint: fingerprint.and_then(|f| Fingerprint::parse(f).ok()),
     }
-}
-
-/// Encodes a claim row.
-pub fn claim_to_row(rec: &ClaimRecord) -> ClaimRow<'_> {
-    (
-        match rec.state {
-            ClaimState::Processing => 0,
-            ClaimState::Done => 1,
-        },
-        *rec.token.as_bytes(),
-        rec.fence,
-        rec.expires_at_ms,
-        rec.fingerprint.as_ref().map(Fingerprint::as_str),
-    )
 }
 
 /// Decodes an event row.

@@ -1,13 +1,14 @@
-//! Claims: each request of the state table applied to the stored row, with
-//! its expiry index entry kept in step and the fence counter moved.
-
-use redb::ReadableTable;
+//! Claims: each request of the state table applied to the stored row (in
+//! the claims' space of the tables keyed by row id, which keep its expiry
+//! index entry and the in-memory index in step), and the fence counter
+//! moved.
 
 use super::Tables;
 use crate::clock::Millis;
 use crate::domain::{Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::claims::{self, Change, ClaimRecord};
-use crate::store::redb::tables::{claim_from_row, claim_to_row};
+use crate::store::redb::kv_index::Slot;
+use crate::store::redb::tables::{claim_from_value, claim_value};
 use crate::store::{ClaimOutcome, DoneOutcome, ExtendOutcome, ReleaseOutcome};
 
 impl Tables<'_> {
@@ -21,7 +22,10 @@ impl Tables<'_> {
         now: Millis,
     ) -> Result<ClaimOutcome, redb::Error> {
         let stored = self.load_claim(key)?;
-        let live = stored.as_ref().filter(|r| !r.is_expired(now));
+        let live = stored
+            .as_ref()
+            .map(|(_, r)| r)
+            .filter(|r| !r.is_expired(now));
         let fence = &mut self.fence;
         let dirty = &mut self.fence_dirty;
         let (outcome, change) = claims::claim(live, ttl, fingerprint.clone(), now, token, || {
@@ -29,7 +33,7 @@ impl Tables<'_> {
             *dirty = true;
             *fence
         });
-        self.change_claim(key, stored.as_ref(), change)?;
+        self.change_claim(key, stored.as_ref().map(|(s, _)| s), change)?;
         Ok(outcome)
     }
 
@@ -42,7 +46,10 @@ impl Tables<'_> {
         now: Millis,
     ) -> Result<DoneOutcome, redb::Error> {
         let stored = self.load_claim(key)?;
-        let live = stored.as_ref().filter(|r| !r.is_expired(now));
+        let live = stored
+            .as_ref()
+            .map(|(_, r)| r)
+            .filter(|r| !r.is_expired(now));
         let fence = &mut self.fence;
         let dirty = &mut self.fence_dirty;
         let (outcome, change) = claims::done(live, token, ttl, now, || {
@@ -50,7 +57,7 @@ impl Tables<'_> {
             *dirty = true;
             *fence
         });
-        self.change_claim(key, stored.as_ref(), change)?;
+        self.change_claim(key, stored.as_ref().map(|(s, _)| s), change)?;
         Ok(outcome)
     }
 
@@ -62,9 +69,12 @@ impl Tables<'_> {
         now: Millis,
     ) -> Result<ReleaseOutcome, redb::Error> {
         let stored = self.load_claim(key)?;
-        let live = stored.as_ref().filter(|r| !r.is_expired(now));
+        let live = stored
+            .as_ref()
+            .map(|(_, r)| r)
+            .filter(|r| !r.is_expired(now));
         let (outcome, change) = claims::release(live, token);
-        self.change_claim(key, stored.as_ref(), change)?;
+        self.change_claim(key, stored.as_ref().map(|(s, _)| s), change)?;
         Ok(outcome)
     }
 
@@ -77,46 +87,43 @@ impl Tables<'_> {
         now: Millis,
     ) -> Result<ExtendOutcome, redb::Error> {
         let stored = self.load_claim(key)?;
-        let live = stored.as_ref().filter(|r| !r.is_expired(now));
+        let live = stored
+            .as_ref()
+            .map(|(_, r)| r)
+            .filter(|r| !r.is_expired(now));
         let (outcome, change) = claims::extend(live, token, ttl, now);
-        self.change_claim(key, stored.as_ref(), change)?;
+        self.change_claim(key, stored.as_ref().map(|(s, _)| s), change)?;
         Ok(outcome)
     }
 
-    fn load_claim(&mut self, key: &ScopedKey) -> Result<Option<ClaimRecord>, redb::Error> {
-        Ok(self
-            .claims
-            .open()?
-            .get(key.as_str())?
-            .map(|g| claim_from_row(g.value())))
+    /// The stored claim of `key` (expired or not), with its slot.
+    fn load_claim(&mut self, key: &ScopedKey) -> Result<Option<(Slot, ClaimRecord)>, redb::Error> {
+        let Some((slot, value)) = self.claims.load(key.as_str().as_bytes())? else {
+            return Ok(None);
+        };
+        let expires_at_ms = slot.expires_at_ms.unwrap_or(0);
+        let record = claim_from_value(&value, expires_at_ms).ok_or_else(|| {
+            redb::Error::Corrupted(format!("the claim in row {} cannot be read", slot.id))
+        })?;
+        Ok(Some((slot, record)))
     }
 
-    /// Applies `change`; `stored` is the row as stored (expired or not), whose
-    /// index entry must go when the row is replaced or removed.
+    /// Applies `change`; `stored` is the slot as stored (expired or not),
+    /// which the new row replaces, keeping its row id.
     fn change_claim(
         &mut self,
         key: &ScopedKey,
-        stored: Option<&ClaimRecord>,
+        stored: Option<&Slot>,
         change: Change,
     ) -> Result<(), redb::Error> {
-        let k = key.as_str();
+        let k = key.as_str().as_bytes();
         match change {
             Change::Keep => {}
             Change::Put(new) => {
-                if let Some(old) = stored {
-                    self.claim_expiry.open()?.remove((old.expires_at_ms, k))?;
-                }
-                self.claims.open()?.insert(k, claim_to_row(&new))?;
-                self.claim_expiry
-                    .open()?
-                    .insert((new.expires_at_ms, k), ())?;
+                self.claims
+                    .store(k, stored, &claim_value(&new), Some(new.expires_at_ms))?;
             }
-            Change::Delete => {
-                if let Some(old) = stored {
-                    self.claim_expiry.open()?.remove((old.expires_at_ms, k))?;
-                }
-                self.claims.open()?.remove(k)?;
-            }
+            Change::Delete => self.claims.delete(k, stored)?,
         }
         Ok(())
     }

@@ -19,11 +19,11 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use super::counts::StatusDeltas;
 use super::inbox::{InboxResponse, InboxTables};
 use super::kv::KvTables;
-use super::kv_index::KvIndex;
+use super::kv_index::{KvIndex, Space};
 use super::record::{InboxRequest, Request};
 use super::tables::{
-    CLAIM_EXPIRY, CLAIMS, ClaimRow, EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow,
-    Lazy, META, META_FENCE, META_KV_NEXT_ID, META_WAL_SEQ, head_from_row,
+    EVENT_EXPIRY, EVENTS, EventRow, HEAD_EXPIRY, HEADS, HeadRow, Lazy, META, META_FENCE,
+    META_KV_NEXT_ID, META_WAL_SEQ, head_from_row,
 };
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Key, Namespace, ScopedKey};
@@ -58,8 +58,8 @@ pub enum Response {
 /// The tables of one write transaction, plus the fence counter.
 pub struct Tables<'txn> {
     meta: Table<'txn, &'static str, u64>,
-    claims: Lazy<'txn, &'static str, ClaimRow<'static>>,
-    claim_expiry: Lazy<'txn, (u64, &'static str), ()>,
+    /// Claims' rows, by row id (see [`super::kv`]).
+    claims: KvTables<'txn>,
     events: Lazy<'txn, &'static str, EventRow<'static>>,
     event_expiry: Lazy<'txn, (u64, &'static str), ()>,
     heads: Lazy<'txn, &'static str, HeadRow<'static>>,
@@ -87,14 +87,13 @@ impl<'txn> Tables<'txn> {
         let fence = meta.get(META_FENCE)?.map_or(0, |g| g.value());
         Ok(Self {
             meta,
-            claims: Lazy::new(tx, CLAIMS),
-            claim_expiry: Lazy::new(tx, CLAIM_EXPIRY),
+            claims: KvTables::open(tx, kv, Space::Claims),
             events: Lazy::new(tx, EVENTS),
             event_expiry: Lazy::new(tx, EVENT_EXPIRY),
             heads: Lazy::new(tx, HEADS),
             head_expiry: Lazy::new(tx, HEAD_EXPIRY),
             inbox: InboxTables::open(tx),
-            kv: KvTables::open(tx, kv),
+            kv: KvTables::open(tx, kv, Space::Kv),
             kv_index: kv,
             fence,
             fence_dirty: false,

@@ -22,10 +22,7 @@ impl Tables<'_> {
     ) -> Result<PurgeReport, redb::Error> {
         let mut report = PurgeReport::default();
         let mut budget = limit;
-        let claims = self.claims.open()?;
-        report.claims = purge_table(self.claim_expiry.open()?, now, budget, |k, at| {
-            remove_expiring(claims, k, at, |r| r.3)
-        })?;
+        report.claims = self.claims.purge(now, budget)?;
         budget -= report.claims;
         let events = self.events.open()?;
         report.events = purge_table(self.event_expiry.open()?, now, budget, |k, at| {
@@ -42,12 +39,9 @@ impl Tables<'_> {
         report.inbox = self.inbox.purge(now, budget, dedupe_window_ms)?;
         budget -= report.inbox;
         report.dedupe = self.inbox.purge_dedupe(now, budget)?;
-        let mut more = self.inbox.has_due_expiry(now)? || self.kv.has_due(now)?;
-        for index in [
-            &mut self.claim_expiry,
-            &mut self.event_expiry,
-            &mut self.head_expiry,
-        ] {
+        let mut more =
+            self.inbox.has_due_expiry(now)? || self.kv.has_due(now)? || self.claims.has_due(now)?;
+        for index in [&mut self.event_expiry, &mut self.head_expiry] {
             more |= index
                 .open()?
                 .first()?
