@@ -215,7 +215,11 @@ pub struct StorageSettings {
     /// A checkpoint (a durable commit of the data file, after which the
     /// write-ahead log starts over) once the log holds this many bytes.
     pub checkpoint_bytes: u64,
-    /// ... or once this long passed since the last one.
+    /// ... or once this long passed since the last one. A checkpoint
+    /// writes out the pages redb buffered since the last one while writes
+    /// wait, so it takes as long as the writes between two take to write
+    /// out: every second, about 10 ms at 60,000 claims/s on the 2-core VM
+    /// (every 30 s, 50 ms or more).
     #[serde(with = "humantime_serde")]
     pub checkpoint_interval: Duration,
     /// ... or once no write came for this long (with anything logged), so
@@ -340,7 +344,7 @@ impl Default for Settings {
                 queue_capacity: 4096,
                 max_batch: 512,
                 checkpoint_bytes: 64 * 1024 * 1024,
-                checkpoint_interval: Duration::from_secs(30),
+                checkpoint_interval: Duration::from_secs(1),
                 checkpoint_idle: Duration::from_secs(1),
                 commit_hold: Duration::from_millis(20),
                 accept_missing_log: false,
