@@ -45,6 +45,7 @@ schema-8          6be7d97 resp    storage term
 log-format-3      6be7d97 resp    storage kill
 schema-9          c9a2cba jobs    storage term
 log-format-4      c9a2cba jobs    storage kill
+schema-10         51af7e1 jobs    storage term
 "
 
 usage() {

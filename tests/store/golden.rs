@@ -1344,6 +1344,13 @@ const SCHEMA_9: Case = Case {
     jobs: true,
     ..case("schema-9", 9, Gateway::Current)
 };
+const SCHEMA_10: Case = Case {
+    log: Some(5),
+    keyspace: true,
+    timelines: true,
+    jobs: true,
+    ..case("schema-10", 10, Gateway::Current)
+};
 const LOG_FORMAT_4: Case = Case {
     log: Some(4),
     replays: true,
@@ -1386,6 +1393,11 @@ async fn a_schema_8_file_and_its_log_open_with_every_attempt_timeline() {
 #[tokio::test]
 async fn a_schema_9_file_and_its_log_open_with_erased_events_replay_marks_and_jobs() {
     open_golden(SCHEMA_9).await;
+}
+
+#[tokio::test]
+async fn a_schema_10_file_with_claims_by_row_id_opens_with_everything() {
+    open_golden(SCHEMA_10).await;
 }
 
 #[tokio::test]
@@ -1447,6 +1459,7 @@ fn every_golden_file_is_checked() {
         SCHEMA_7,
         SCHEMA_8,
         SCHEMA_9,
+        SCHEMA_10,
         LOG_FORMAT_1,
         LOG_FORMAT_2,
         LOG_FORMAT_3,
