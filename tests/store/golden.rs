@@ -970,6 +970,10 @@ async fn check_jobs(case: &Case, store: &RedbStore) {
     );
 }
 
+/// A table keyed by row id, as `claim_rows` and `kv_rows`: (key, value,
+/// expiry).
+type ByRowId = TableDefinition<'static, u64, (&'static [u8], &'static [u8], Option<u64>)>;
+
 /// Every applied event as stored, and the delivered events' claims the
 /// first gateways kept, read from the closed file.
 fn check_tables(case: &Case, path: &Path) {
@@ -1051,8 +1055,7 @@ fn check_tables(case: &Case, path: &Path) {
 
     // Claims by row id (schema 10 on): (key, value, expiry), the value
     // being state, token, fence (little-endian) and fingerprint.
-    let claims: TableDefinition<u64, (&[u8], &[u8], Option<u64>)> =
-        TableDefinition::new("claim_rows");
+    let claims: ByRowId = TableDefinition::new("claim_rows");
     let mut claims: Vec<_> = tx
         .open_table(claims)
         .unwrap()

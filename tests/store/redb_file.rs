@@ -1317,8 +1317,7 @@ async fn a_stray_expiry_entry_does_not_reap_a_claim_that_expires_later() {
         let db = redb::Database::create(&path).unwrap();
         let tx = db.begin_write().unwrap();
         // The claim's row id, from the claims' rows (by row id).
-        let rows: redb::TableDefinition<u64, (&[u8], &[u8], Option<u64>)> =
-            redb::TableDefinition::new("claim_rows");
+        let rows: KvRows = redb::TableDefinition::new("claim_rows");
         let id = {
             use redb::ReadableTable as _;
             let rows = tx.open_table(rows).unwrap();
