@@ -88,9 +88,18 @@ impl Shards {
         self.maps[at].insert(key, slot)
     }
 
+    /// Removes `key`; a map left at under a quarter of its room gives
+    /// half of it back (a burst of short-lived claims, once reaped, does
+    /// not keep its memory; one map is a 256th of the keys, so the rehash
+    /// is short).
     fn remove(&mut self, key: &[u8]) -> Option<Slot> {
         let at = self.shard(key);
-        self.maps[at].remove(key)
+        let map = &mut self.maps[at];
+        let removed = map.remove(key);
+        if removed.is_some() && map.capacity() > 64 && map.len() < map.capacity() / 4 {
+            map.shrink_to(map.len() * 2);
+        }
+        removed
     }
 
     /// Room for `n` keys in all, spread evenly.
@@ -376,6 +385,8 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
+    use std::collections::HashMap;
+
     use super::{KvIndex, Slot, Space};
 
     #[test]
@@ -460,5 +471,39 @@ mod tests {
         );
         assert!((0..10_000u32).all(|i| ix.get(Space::Claims, &i.to_be_bytes()).is_none()));
         assert_eq!(ix.seq(), 1, "back to the last kept batch");
+    }
+
+    /// A burst of keys, once removed, gives its memory back.
+    #[test]
+    fn maps_emptied_by_removals_give_their_room_back() {
+        let index = KvIndex::default();
+        let room = |index: &KvIndex| -> usize {
+            let ix = index.read();
+            ix.maps[Space::Claims.at()]
+                .maps
+                .iter()
+                .map(HashMap::capacity)
+                .sum()
+        };
+        let keys: Vec<[u8; 4]> = (0..400_000u32).map(u32::to_be_bytes).collect();
+        {
+            let mut ix = index.write();
+            for k in &keys {
+                ix.put(Space::Claims, k, Slot::new(1, b"x", None));
+            }
+        }
+        let full = room(&index);
+        assert!(full >= 400_000, "{full}");
+        {
+            let mut ix = index.write();
+            for k in &keys {
+                ix.remove(Space::Claims, k);
+            }
+        }
+        let after = room(&index);
+        assert!(
+            after < full / 8,
+            "room for {full} keys before, {after} after every key went"
+        );
     }
 }
