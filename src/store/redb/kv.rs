@@ -332,7 +332,7 @@ pub fn get(
             };
             (
                 ix.get(space, key).filter(|s| s.is_live(now)).cloned(),
-                ix.seq(),
+                ix.seq(space),
             )
         };
         let Some(slot) = slot else {
@@ -394,7 +394,7 @@ pub fn count_live(
         .iter()
         .filter(|k| ix.get(Space::Kv, k).is_some_and(|s| s.is_live(now)))
         .count();
-    Ok((n as u64, ix.seq()))
+    Ok((n as u64, ix.seq(Space::Kv)))
 }
 
 /// The earliest expiry in `space`.

@@ -192,8 +192,10 @@ pub struct Inner {
     maps: [Shards; 2],
     /// The next row id to hand out.
     next_id: u64,
-    /// The last batch that changed the map (readers wait for it).
-    seq: u64,
+    /// The last batch that changed each space's map, at [`Space::at`]
+    /// (readers wait for it: a read of a key waits for no batch of the
+    /// other space).
+    seq: [u64; 2],
     /// How to undo the batches since the last commit (`None` right after
     /// one).
     batch: Option<Undo>,
@@ -210,7 +212,7 @@ struct Undo {
     seq: u64,
     /// `next_id` and `seq` at the last commit.
     next_id: u64,
-    prev_seq: u64,
+    prev_seq: [u64; 2],
     /// Each key it changed, with its space and its slot before, oldest
     /// first.
     slots: Vec<(Space, Box<[u8]>, Option<Slot>)>,
@@ -222,9 +224,9 @@ impl Inner {
         self.maps[space.at()].get(key)
     }
 
-    /// The last batch that changed the map.
-    pub fn seq(&self) -> u64 {
-        self.seq
+    /// The last batch that changed the map of `space`.
+    pub fn seq(&self, space: Space) -> u64 {
+        self.seq[space.at()]
     }
 
     /// A new row id.
@@ -236,7 +238,7 @@ impl Inner {
 
     /// Sets the slot of `key` in `space` (as written by the running batch).
     pub fn put(&mut self, space: Space, key: &[u8], mut slot: Slot) {
-        slot.seq = self.batch.as_ref().map_or(self.seq, |u| u.seq);
+        slot.seq = self.batch.as_ref().map_or(self.seq[space.at()], |u| u.seq);
         let before = self.maps[space.at()].insert(key.into(), slot);
         self.record(space, key, before);
     }
@@ -248,7 +250,7 @@ impl Inner {
 
     fn record(&mut self, space: Space, key: &[u8], before: Option<Slot>) {
         if let Some(undo) = self.batch.as_mut() {
-            self.seq = undo.seq;
+            self.seq[space.at()] = undo.seq;
             undo.slots.push((space, key.into(), before));
         }
     }
@@ -315,7 +317,7 @@ impl KvIndex {
         *self.write() = Inner {
             maps,
             next_id: next_id.max(stored),
-            seq,
+            seq: [seq; 2],
             batch: None,
             redoing: false,
         };
@@ -470,7 +472,8 @@ mod tests {
             (Some(&b"claim"[..]), Some(10))
         );
         assert!((0..10_000u32).all(|i| ix.get(Space::Claims, &i.to_be_bytes()).is_none()));
-        assert_eq!(ix.seq(), 1, "back to the last kept batch");
+        assert_eq!(ix.seq(Space::Kv), 1, "back to the last kept batch");
+        assert_eq!(ix.seq(Space::Claims), 1);
     }
 
     /// A burst of keys, once removed, gives its memory back.
