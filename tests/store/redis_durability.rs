@@ -112,7 +112,13 @@ async fn with_replicas_a_write_is_answered_once_a_replica_has_it_and_503_without
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let s = store(&master, Durability::Replicas(1));
+    // A replica on a loaded machine may take longer than the usual 200 ms
+    // to acknowledge (CI once took longer): 2 s here, which the refusal
+    // below waits out too.
+    let mut opts = options(master.url(), Vec::new(), "durability-test".into());
+    opts.durability = Durability::Replicas(1);
+    opts.replicas_timeout = Duration::from_secs(2);
+    let s = RedisStore::connect(opts).unwrap();
     s.ready().await.unwrap();
     let ClaimOutcome::Claimed { token, .. } = s.claim(&key("k"), ttl(), None, NOW).await.unwrap()
     else {
@@ -325,7 +331,9 @@ fn cluster_store(
         "cluster-durability".into(),
     );
     opts.durability = durability;
-    opts.replicas_timeout = Duration::from_millis(200);
+    // Generous: a replica on a loaded machine may be slow to acknowledge
+    // (a refusal waits it out).
+    opts.replicas_timeout = Duration::from_secs(2);
     RedisStore::connect(opts).unwrap()
 }
 
