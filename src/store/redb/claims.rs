@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use redb::ReadableTable;
 
 use super::RedbOptions;
-use super::engine::{Engine, Fresh};
+use super::engine::Engine;
 use super::error::EngineError;
 use super::inbox::{self, RedbInbox};
 use super::keyspace::Keyspace;
@@ -136,43 +136,16 @@ impl Store for RedbStore {
     }
 
     async fn get(&self, key: &ScopedKey, now: Millis) -> Result<Option<ClaimView>, StoreError> {
-        let key = Arc::new(key.as_str().as_bytes().to_vec());
-        // As the keyspace reads a key (`Keyspace::get`): from the index in
-        // memory; a row not committed yet is waited for on the next try.
-        for attempt in 0..kv::PENDING_TRIES {
-            let key = key.clone();
-            let fresh = if attempt == 0 {
-                Fresh::Shown
-            } else {
-                Fresh::Acknowledged
-            };
-            let found = self
-                .engine
-                .read_seen(fresh, move |db, shared| {
-                    kv::get(
-                        db,
-                        &shared.kv,
-                        Space::Claims,
-                        || shared.watermark.visible(),
-                        || shared.watermark.last_committed(),
-                        &key,
-                        now,
-                    )
-                })
-                .await?;
-            if let kv::Lookup::Found(entry) = found {
-                let Some(entry) = entry else {
-                    return Ok(None);
-                };
-                let at = entry.expires_at_ms.unwrap_or(0);
-                let record = claim_from_value(&entry.value, at)
-                    .ok_or(EngineError::Unexpected("a claim row that cannot be read"))?;
-                return Ok(Some(record)
-                    .filter(|r| !r.is_expired(now))
-                    .map(|r| r.view()));
-            }
-        }
-        Err(EngineError::NotCommitted.into())
+        let key = key.as_str().as_bytes().to_vec();
+        let Some(entry) = kv::read_key(&self.engine, Space::Claims, key, now).await? else {
+            return Ok(None);
+        };
+        let at = entry.expires_at_ms.unwrap_or(0);
+        let record = claim_from_value(&entry.value, at)
+            .ok_or(EngineError::Unexpected("a claim row that cannot be read"))?;
+        Ok(Some(record)
+            .filter(|r| !r.is_expired(now))
+            .map(|r| r.view()))
     }
 
     async fn apply(

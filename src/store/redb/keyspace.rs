@@ -46,37 +46,7 @@ impl Keyspace {
 
     /// The live entry of `key` at `now`.
     pub async fn get(&self, key: Vec<u8>, now: Millis) -> Result<Option<KvEntry>, StoreError> {
-        let key = Arc::new(key);
-        // A pending row's batch is on disk (so committed) by the time
-        // `read_seen` returns: the next look finds the row, or a newer state.
-        for attempt in 0..kv::PENDING_TRIES {
-            let key = key.clone();
-            // A small value is in the index; a row not committed yet is
-            // waited for on the next attempt.
-            let fresh = if attempt == 0 {
-                Fresh::Shown
-            } else {
-                Fresh::Acknowledged
-            };
-            let found = self
-                .engine
-                .read_seen(fresh, move |db, shared| {
-                    kv::get(
-                        db,
-                        &shared.kv,
-                        kv::Space::Kv,
-                        || shared.watermark.visible(),
-                        || shared.watermark.last_committed(),
-                        &key,
-                        now,
-                    )
-                })
-                .await?;
-            if let kv::Lookup::Found(entry) = found {
-                return Ok(entry);
-            }
-        }
-        Err(EngineError::NotCommitted.into())
+        Ok(kv::read_key(&self.engine, kv::Space::Kv, key, now).await?)
     }
 
     /// How many of `keys` exist at `now`, a repeated key each time.

@@ -21,6 +21,8 @@
 
 use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 
+use super::engine::{Engine, Fresh};
+use super::error::EngineError;
 pub use super::kv_index::Space;
 use super::kv_index::{Inner, KvIndex, Slot};
 use super::tables::{KvRow, Lazy};
@@ -376,6 +378,46 @@ pub fn get(
     // Still not committed (a slow log append or sync, or a transaction the
     // writer holds open): wait for that batch without holding a thread.
     Ok((Lookup::Pending, seq))
+}
+
+/// The live entry of `key` in `space` at `now`, from the index (and a
+/// large value from its row), once the batch it comes from is on disk.
+/// A pending row's batch is on disk (so committed) by the time
+/// `read_seen` returns: the next look finds the row, or a newer state.
+pub async fn read_key(
+    engine: &Engine,
+    space: Space,
+    key: Vec<u8>,
+    now: Millis,
+) -> Result<Option<KvEntry>, EngineError> {
+    let key = std::sync::Arc::new(key);
+    for attempt in 0..PENDING_TRIES {
+        let key = key.clone();
+        // A small value is in the index; a row not committed yet is
+        // waited for on the next attempt.
+        let fresh = if attempt == 0 {
+            Fresh::Shown
+        } else {
+            Fresh::Acknowledged
+        };
+        let found = engine
+            .read_seen(fresh, move |db, shared| {
+                get(
+                    db,
+                    &shared.kv,
+                    space,
+                    || shared.watermark.visible(),
+                    || shared.watermark.last_committed(),
+                    &key,
+                    now,
+                )
+            })
+            .await?;
+        if let Lookup::Found(entry) = found {
+            return Ok(entry);
+        }
+    }
+    Err(EngineError::NotCommitted)
 }
 
 /// How many of `keys` exist at `now` (a repeated key counts each time),
