@@ -552,7 +552,7 @@ async fn a_renamed_destination_keeps_its_retries_duplicates_and_its_copies_erasa
     use crate::support::app::start_again;
 
     let receiver = Receiver::start(Behaviour::Accept).await;
-    let config = |names: [&str; 2]| two_destinations(names, &receiver.url);
+    let config = |names: [&str; 2]| two_destinations(names, [&receiver.url; 2], X_THEN_Y, "");
     let first = config(["old", "keep"]);
     let app = spawn_app_with(move |l| {
         l.settings.sources.insert("sume".into(), first);
@@ -632,7 +632,7 @@ async fn on_the_shared_inbox_a_retry_to_an_instance_on_the_old_destinations_is_a
         .await
         .unwrap();
     let receiver = Receiver::start(Behaviour::Accept).await;
-    let config = |names: [&str; 2]| two_destinations(names, &receiver.url);
+    let config = |names: [&str; 2]| two_destinations(names, [&receiver.url; 2], X_THEN_Y, "");
     let clock = ManualClock::new(T0);
     let on = |names: [&str; 2]| {
         let (s, url) = (config(names), server.url());
@@ -689,28 +689,7 @@ async fn erasing_through_a_removed_destinations_lane_reaches_every_copy() {
     use crate::support::app::start_again;
 
     let receiver = Receiver::start(Behaviour::Accept).await;
-    let config = |names: [&str; 2]| -> SourceSettings {
-        toml::from_str(&format!(
-            r#"
-            scheme = "sume"
-            secrets = ["{SECRET}"]
-            event_id = "body:/request_id"
-            destination_secret = "{DESTINATION}"
-            [[destinations]]
-            name = "{}"
-            forward_to = "{url}"
-            filter = {{ "body:/type" = "x.*" }}
-            [[destinations]]
-            name = "{}"
-            forward_to = "{url}"
-            filter = {{ "body:/type" = ["x.*", "y.*"] }}
-            "#,
-            names[0],
-            names[1],
-            url = receiver.url
-        ))
-        .unwrap()
-    };
+    let config = |names: [&str; 2]| two_destinations(names, [&receiver.url; 2], X_THEN_BOTH, "");
     let first = config(["old", "keep"]);
     let app = spawn_app_with(move |l| {
         l.settings.sources.insert("sume".into(), first);
@@ -757,25 +736,12 @@ async fn the_migration_of_lanes_keeps_every_retry_a_duplicate() {
         .unwrap();
     let runs = Receiver::start(Behaviour::Always(503)).await;
     let audit = Receiver::start(Behaviour::Accept).await;
-    let s: SourceSettings = toml::from_str(&format!(
-        r#"
-        scheme = "sume"
-        secrets = ["{SECRET}"]
-        event_id = "body:/request_id"
-        destination_secret = "{DESTINATION}"
-        max_attempts = 100
-        [[destinations]]
-        name = "runs"
-        forward_to = "{}"
-        filter = {{ "body:/type" = "x.*" }}
-        [[destinations]]
-        name = "audit"
-        forward_to = "{}"
-        filter = {{ "body:/type" = ["x.*", "y.*"] }}
-        "#,
-        runs.url, audit.url
-    ))
-    .unwrap();
+    let s = two_destinations(
+        ["runs", "audit"],
+        [&runs.url, &audit.url],
+        X_THEN_BOTH,
+        "max_attempts = 100",
+    );
     let url = server.url();
     let app = spawn_app_with(move |l| {
         l.settings.storage.backend = dedupd::config::Backend::Redis;
@@ -819,25 +785,37 @@ async fn the_migration_of_lanes_keeps_every_retry_a_duplicate() {
     assert_eq!(audited, ["e1", "e2"]);
 }
 
-/// A Sume source with two destinations named `names`, both forwarding to
-/// `url`: the first takes `x.*` events, the second `y.*`.
-fn two_destinations(names: [&str; 2], url: &str) -> SourceSettings {
+/// A Sume source with two destinations named `names`, forwarding to
+/// `urls`, taking what `filters` (TOML values for `body:/type`) take;
+/// `extra` adds source settings.
+fn two_destinations(
+    names: [&str; 2],
+    urls: [&str; 2],
+    filters: [&str; 2],
+    extra: &str,
+) -> SourceSettings {
     toml::from_str(&format!(
         r#"
         scheme = "sume"
         secrets = ["{SECRET}"]
         event_id = "body:/request_id"
         destination_secret = "{DESTINATION}"
+        {extra}
         [[destinations]]
         name = "{}"
-        forward_to = "{url}"
-        filter = {{ "body:/type" = "x.*" }}
+        forward_to = "{}"
+        filter = {{ "body:/type" = {} }}
         [[destinations]]
         name = "{}"
-        forward_to = "{url}"
-        filter = {{ "body:/type" = "y.*" }}
+        forward_to = "{}"
+        filter = {{ "body:/type" = {} }}
         "#,
-        names[0], names[1],
+        names[0], urls[0], filters[0], names[1], urls[1], filters[1],
     ))
     .unwrap()
 }
+
+/// `x.*` to the first destination, `y.*` to the second.
+const X_THEN_Y: [&str; 2] = [r#""x.*""#, r#""y.*""#];
+/// `x.*` to the first destination, both kinds to the second.
+const X_THEN_BOTH: [&str; 2] = [r#""x.*""#, r#"["x.*", "y.*"]"#];
