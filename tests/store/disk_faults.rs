@@ -349,6 +349,75 @@ async fn a_failed_sync_under_load_refuses_exactly_what_was_not_acknowledged() {
     }
 }
 
+/// A read of a keyspace key waits for no claim's sync, nor a read of a
+/// claim for a keyspace write's: each space of the index in memory keeps
+/// the last batch that changed it, and a read waits only for that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_one_space_waits_for_no_sync_of_the_other() {
+    use dedupd::store::keyspace::{KvRequest, SetCondition, SetExpiry};
+
+    let f = Arc::new(Faulty::with(patient_reads));
+    let set = |k: &'static str| {
+        let f = f.clone();
+        async move {
+            let request = KvRequest::Set {
+                key: k.as_bytes().to_vec(),
+                value: b"v".to_vec(),
+                condition: SetCondition::Always,
+                expiry: SetExpiry::Clear,
+                get: false,
+            };
+            f.store.keyspace().submit(request, T).await?.await
+        }
+    };
+    set("kv").await.unwrap();
+    f.store
+        .claim(&key("claim"), ttl(60_000), None, T)
+        .await
+        .unwrap();
+    // A batch that ran (and changed the index) but whose sync hangs.
+    let ran_one_more = |f: &Faulty, before: u64| f.store.write_stats().operations > before;
+    let hang = Duration::from_secs(5);
+
+    let before = f.store.write_stats().operations;
+    f.plan.set_hung(true);
+    let claim = tokio::spawn({
+        let f = f.clone();
+        async move { f.store.claim(&key("slow"), ttl(60_000), None, T).await }
+    });
+    while !ran_one_more(&f, before) {
+        tokio::task::yield_now().await;
+    }
+    let read = tokio::time::timeout(hang, f.store.keyspace().get(b"kv".to_vec(), T)).await;
+    assert_eq!(
+        read.expect("a keyspace read waited for a claim's sync")
+            .unwrap()
+            .map(|e| e.value),
+        Some(b"v".to_vec())
+    );
+    f.plan.set_hung(false);
+    assert!(matches!(
+        claim.await.unwrap(),
+        Ok(ClaimOutcome::Claimed { .. })
+    ));
+
+    let before = f.store.write_stats().operations;
+    f.plan.set_hung(true);
+    let write = tokio::spawn(set("slow"));
+    while !ran_one_more(&f, before) {
+        tokio::task::yield_now().await;
+    }
+    let read = tokio::time::timeout(hang, f.store.get(&key("claim"), T)).await;
+    assert_eq!(
+        read.expect("a claim's read waited for a keyspace write's sync")
+            .unwrap()
+            .map(|v| v.state),
+        Some(ClaimState::Processing)
+    );
+    f.plan.set_hung(false);
+    write.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_never_shows_a_write_whose_sync_has_not_returned() {
     let f = Arc::new(Faulty::with(patient_reads));

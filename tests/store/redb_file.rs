@@ -1295,6 +1295,53 @@ fn stored_schema(path: &std::path::Path) -> (u64, Vec<String>) {
     (version, tables)
 }
 
+/// A claim row that cannot be read (a file written by hand, or damaged:
+/// a value too short to be a claim) is an error for that key, never a
+/// panic, and later claims of other keys go on. (A write of it fails the
+/// batch it ran in, as any error inside a transaction does.)
+#[tokio::test]
+async fn a_claim_row_that_cannot_be_read_is_an_error_and_the_rest_goes_on() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("bad-row.redb");
+    let bad = ScopedKey::api(&Key::parse("bad", "key").unwrap());
+    let good = ScopedKey::api(&Key::parse("good", "key").unwrap());
+    let ttl = Ttl::from_ms_unchecked(60_000);
+    {
+        let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+        s.claim(&good, ttl, None, 1_000).await.unwrap();
+        s.close().await;
+    }
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        let rows: KvRows = redb::TableDefinition::new("claim_rows");
+        tx.open_table(rows)
+            .unwrap()
+            .insert(
+                1_000_000,
+                (bad.as_str().as_bytes(), &[1u8, 2, 3][..], Some(61_000)),
+            )
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    assert!(
+        s.get(&bad, 1_000).await.is_err(),
+        "the damaged row reads as an error"
+    );
+    assert!(s.claim(&bad, ttl, None, 1_000).await.is_err());
+    assert!(
+        s.get(&good, 1_000).await.unwrap().is_some(),
+        "the others read"
+    );
+    let other = ScopedKey::api(&Key::parse("other", "key").unwrap());
+    assert!(matches!(
+        s.claim(&other, ttl, None, 1_000).await.unwrap(),
+        dedupd::store::ClaimOutcome::Claimed { .. }
+    ));
+    s.close().await;
+}
+
 /// The reaper trusts a claim's row over its expiry index: an index entry
 /// whose row now expires at another time (as a file written by a bug or by
 /// hand could hold) removes only itself, and the claim lives on until its
