@@ -549,8 +549,6 @@ rate_burst = 5
 /// them.
 #[tokio::test]
 async fn a_renamed_destination_keeps_its_retries_duplicates_and_its_copies_erasable() {
-    use crate::support::app::start_again;
-
     let receiver = Receiver::start(Behaviour::Accept).await;
     let config = |names: [&str; 2]| two_destinations(names, [&receiver.url; 2], X_THEN_Y, "");
     let first = config(["old", "keep"]);
@@ -581,12 +579,7 @@ async fn a_renamed_destination_keeps_its_retries_duplicates_and_its_copies_erasa
     );
 
     // Renamed: `old` is now `fresh`, with the same filter.
-    let (mut loaded, dir, clock) = app.stop().await;
-    loaded
-        .settings
-        .sources
-        .insert("sume".into(), config(["fresh", "keep"]));
-    let app = start_again(loaded, dir, clock).await;
+    let app = restart_with(app, config(["fresh", "keep"])).await;
     assert_eq!(post(&app, e1).await, "duplicate");
     assert_eq!(
         app.ids_of("sume.fresh", "pending").await,
@@ -686,8 +679,6 @@ async fn on_the_shared_inbox_a_retry_to_an_instance_on_the_old_destinations_is_a
 /// lane of the destination still configured (`sume.keep`) too.
 #[tokio::test]
 async fn erasing_through_a_removed_destinations_lane_reaches_every_copy() {
-    use crate::support::app::start_again;
-
     let receiver = Receiver::start(Behaviour::Accept).await;
     let config = |names: [&str; 2]| two_destinations(names, [&receiver.url; 2], X_THEN_BOTH, "");
     let first = config(["old", "keep"]);
@@ -704,12 +695,7 @@ async fn erasing_through_a_removed_destinations_lane_reaches_every_copy() {
             && app.ids_of("sume.keep", "delivered").await == ["e1"]
     })
     .await;
-    let (mut loaded, dir, clock) = app.stop().await;
-    loaded
-        .settings
-        .sources
-        .insert("sume".into(), config(["fresh", "keep"]));
-    let app = start_again(loaded, dir, clock).await;
+    let app = restart_with(app, config(["fresh", "keep"])).await;
     let res = app
         .request(Method::DELETE, "/v1/sources/sume.old/events/e1")
         .send()
@@ -813,6 +799,14 @@ fn two_destinations(
         names[0], urls[0], filters[0], names[1], urls[1], filters[1],
     ))
     .unwrap()
+}
+
+/// Stops `app` and starts it again on the same data with `source` as
+/// `sume`: a restart after a change of destinations.
+async fn restart_with(app: TestApp, source: SourceSettings) -> TestApp {
+    let (mut loaded, dir, clock) = app.stop().await;
+    loaded.settings.sources.insert("sume".into(), source);
+    crate::support::app::start_again(loaded, dir, clock).await
 }
 
 /// `x.*` to the first destination, `y.*` to the second.
