@@ -31,8 +31,9 @@
 //! fingerprint; measured with 26-byte keys, about 230 bytes per live
 //! claim in all (the maps' spare room included).
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
@@ -50,62 +51,137 @@ pub const INLINE_MAX: usize = 256;
 const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How many maps a space's keys are spread over (by a keyed hash): a map
-/// grows by rehashing every entry it holds at once, while the writer waits
+/// grows by moving every entry it holds at once, while the writer waits
 /// and every write behind it. One map of 2 million keys took a second
-/// there (measured: p99 of 1 s at 60 000 claims/s); each of 256 holds a
-/// 256th of the keys, so a growth costs a 256th of that.
-const SHARDS: usize = 256;
+/// there (measured: p99 of 1 s at 60 000 claims/s). With 256 maps, each
+/// growth still held writes for a millisecond or two at 3 million claims
+/// (p99 of 7-10 ms while they ran, 4-6 without, in 2 s slices); each of
+/// 4096 holds a 4096th of the keys, so a growth moves a few hundred
+/// entries. Empty maps cost 32 bytes each.
+const SHARDS: usize = 4096;
+
+/// A map below this share of its room gives half of it back (it is then
+/// about half full, below every map's [`Shards::grows_at`]).
+const SHRINK_BELOW: usize = 5;
+
+/// A key in a map, with its hash (a growth moves entries without hashing
+/// their keys again, and without reading them: the keys live elsewhere on
+/// the heap).
+#[derive(Debug)]
+struct Entry {
+    hash: u64,
+    key: Box<[u8]>,
+    slot: Slot,
+}
 
 /// A space's keys, spread over [`SHARDS`] maps.
+///
+/// Filled evenly by a random hash, maps that all grew at their full room
+/// would all grow within a few thousand keys of each other: with 256
+/// maps, at 3.6 million claims, the growths moved 3.6 million entries and
+/// page faulted half a gigabyte within about a second, and claims ran at
+/// half speed for four (measured in 2 s slices). So each map grows at its own
+/// share of its room, from 55 % to 100 % ([`Shards::grows_at`]): the
+/// growths spread over the whole doubling.
 #[derive(Debug)]
 struct Shards {
-    /// Picks a key's map: keyed per process, so nobody can aim keys at
-    /// one map (each map's own hasher is keyed too).
-    pick: RandomState,
-    maps: Vec<HashMap<Box<[u8]>, Slot>>,
+    /// Hashes keys, keyed per process, so nobody can aim keys at one map
+    /// or one place in it. The hash picks the map from its middle bits
+    /// and the place in the map from its low and high ones.
+    hasher: RandomState,
+    maps: Vec<HashTable<Entry>>,
 }
 
 impl Default for Shards {
     fn default() -> Self {
-        Self {
-            pick: RandomState::new(),
-            maps: (0..SHARDS).map(|_| HashMap::new()).collect(),
-        }
+        Self::new(SHARDS)
     }
 }
 
+fn rehash(entry: &Entry) -> u64 {
+    entry.hash
+}
+
 impl Shards {
-    fn shard(&self, key: &[u8]) -> usize {
-        (self.pick.hash_one(key) % SHARDS as u64) as usize
+    /// `n` maps (the store uses [`SHARDS`]).
+    fn new(n: usize) -> Self {
+        Self {
+            hasher: RandomState::new(),
+            maps: (0..n).map(|_| HashTable::new()).collect(),
+        }
+    }
+
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The map of a key's hash, from bits 32-55: a map places keys by
+    /// the low bits (it uses bits past 32 only past 2^32 places) and tags
+    /// them with the top 7.
+    fn shard(&self, hash: u64) -> usize {
+        ((hash >> 32) as usize & 0xff_ffff) % self.maps.len()
+    }
+
+    /// How many keys map `at` holds when it grows, given its room: from
+    /// 55 % (the first map) to 100 % (the last), evenly.
+    fn grows_at(&self, at: usize, capacity: usize) -> usize {
+        let n = self.maps.len();
+        capacity - capacity * 45 * (n - 1 - at) / (100 * n)
     }
 
     fn get(&self, key: &[u8]) -> Option<&Slot> {
-        self.maps[self.shard(key)].get(key)
+        let hash = self.hash(key);
+        self.maps[self.shard(hash)]
+            .find(hash, |e| *e.key == *key)
+            .map(|e| &e.slot)
     }
 
-    fn insert(&mut self, key: Box<[u8]>, slot: Slot) -> Option<Slot> {
-        let at = self.shard(&key);
-        self.maps[at].insert(key, slot)
-    }
-
-    /// Removes `key`; a map left at under a quarter of its room gives
-    /// half of it back (a burst of short-lived claims, once reaped, does
-    /// not keep its memory; one map is a 256th of the keys, so the rehash
-    /// is short).
-    fn remove(&mut self, key: &[u8]) -> Option<Slot> {
-        let at = self.shard(key);
+    /// Sets the slot of `key`, returning the one it replaces.
+    fn insert(&mut self, key: &[u8], slot: Slot) -> Option<Slot> {
+        let hash = self.hash(key);
+        let at = self.shard(hash);
+        let grows_at = self.grows_at(at, self.maps[at].capacity());
         let map = &mut self.maps[at];
-        let removed = map.remove(key);
-        if removed.is_some() && map.capacity() > 64 && map.len() < map.capacity() / 4 {
-            map.shrink_to(map.len() * 2);
+        if let Some(entry) = map.find_mut(hash, |e| *e.key == *key) {
+            return Some(std::mem::replace(&mut entry.slot, slot));
         }
-        removed
+        let capacity = map.capacity();
+        if capacity > 0 && map.len() >= grows_at {
+            // Doubles now rather than at 100 %.
+            map.reserve(capacity + 1 - map.len(), rehash);
+        }
+        map.insert_unique(
+            hash,
+            Entry {
+                hash,
+                key: key.into(),
+                slot,
+            },
+            rehash,
+        );
+        None
+    }
+
+    /// Removes `key`; a map left at under a fifth of its room gives half
+    /// of it back (a burst of short-lived claims, once reaped, does not
+    /// keep its memory; one map is a 4096th of the keys, so the move is
+    /// short).
+    fn remove(&mut self, key: &[u8]) -> Option<Slot> {
+        let hash = self.hash(key);
+        let at = self.shard(hash);
+        let map = &mut self.maps[at];
+        let (entry, _) = map.find_entry(hash, |e| *e.key == *key).ok()?.remove();
+        if map.capacity() > 16 && map.len() < map.capacity() / SHRINK_BELOW {
+            map.shrink_to(map.len() * 2, rehash);
+        }
+        Some(entry.slot)
     }
 
     /// Room for `n` keys in all, spread evenly.
     fn reserve(&mut self, n: usize) {
+        let each = n / self.maps.len() + 1;
         for map in &mut self.maps {
-            map.reserve(n / SHARDS + 1);
+            map.reserve(each, rehash);
         }
     }
 }
@@ -239,7 +315,7 @@ impl Inner {
     /// Sets the slot of `key` in `space` (as written by the running batch).
     pub fn put(&mut self, space: Space, key: &[u8], mut slot: Slot) {
         slot.seq = self.batch.as_ref().map_or(self.seq[space.at()], |u| u.seq);
-        let before = self.maps[space.at()].insert(key.into(), slot);
+        let before = self.maps[space.at()].insert(key, slot);
         self.record(space, key, before);
     }
 
@@ -304,7 +380,7 @@ impl KvIndex {
             for entry in rows.iter()? {
                 let (id, row) = entry?;
                 let (key, value, expires) = row.value();
-                map.insert(key.into(), Slot::new(id.value(), value, expires));
+                map.insert(key, Slot::new(id.value(), value, expires));
                 next_id = next_id.max(id.value() + 1);
             }
         }
@@ -371,7 +447,7 @@ impl KvIndex {
         for (space, key, before) in undo.slots.into_iter().rev() {
             let map = &mut inner.maps[space.at()];
             match before {
-                Some(slot) => map.insert(key, slot),
+                Some(slot) => map.insert(&key, slot),
                 None => map.remove(&key),
             };
         }
@@ -386,8 +462,6 @@ mod tests {
     use std::sync::Arc;
     use std::sync::mpsc;
     use std::time::Duration;
-
-    use std::collections::HashMap;
 
     use super::{KvIndex, Slot, Space};
 
@@ -476,6 +550,51 @@ mod tests {
         assert_eq!(ix.seq(Space::Claims), 1);
     }
 
+    /// Maps filled evenly do not all grow at once: each grows at its own
+    /// share of its room, so one doubling's growths spread over many keys
+    /// (when they all grew at 100 %, the 256 growths fell within a few
+    /// thousand keys, and claims ran at half speed for seconds).
+    #[test]
+    fn the_maps_growths_spread_over_a_doubling() {
+        // 256 maps, so that each holds enough keys for the growths of maps
+        // that all grew at 100 % to fall close together.
+        let mut shards = super::Shards::new(256);
+        let mut rooms: Vec<usize> = shards.maps.iter().map(|m| m.capacity()).collect();
+        // Where (in keys inserted) maps of at least 1 000 keys' room grew.
+        let mut growths = Vec::new();
+        for i in 0..700_000u32 {
+            shards.insert(&i.to_le_bytes(), Slot::new(u64::from(i), b"", None));
+            let at = shards.shard(shards.hash(&i.to_le_bytes()));
+            let room = shards.maps[at].capacity();
+            if room != rooms[at] {
+                if rooms[at] >= 1_000 {
+                    growths.push(i);
+                }
+                rooms[at] = room;
+            }
+        }
+        assert!(growths.len() >= 256, "{} growths", growths.len());
+        // A window of 20 000 keys holds at most a quarter of one doubling's
+        // 256 growths (about 25 when spread evenly).
+        let busiest = growths
+            .iter()
+            .map(|&from| {
+                growths
+                    .iter()
+                    .filter(|&&g| g >= from && g < from + 20_000)
+                    .count()
+            })
+            .max()
+            .unwrap();
+        assert!(busiest <= 64, "{busiest} maps grew within 20 000 keys");
+        for i in (0..700_000u32).step_by(997) {
+            assert_eq!(
+                shards.get(&i.to_le_bytes()).map(|s| s.id),
+                Some(u64::from(i))
+            );
+        }
+    }
+
     /// A burst of keys, once removed, gives its memory back.
     #[test]
     fn maps_emptied_by_removals_give_their_room_back() {
@@ -485,7 +604,7 @@ mod tests {
             ix.maps[Space::Claims.at()]
                 .maps
                 .iter()
-                .map(HashMap::capacity)
+                .map(hashbrown::HashTable::capacity)
                 .sum()
         };
         let keys: Vec<[u8; 4]> = (0..400_000u32).map(u32::to_be_bytes).collect();
