@@ -109,6 +109,9 @@ pub(super) async fn scrape(state: web::Data<AppState>) -> HttpResponse {
     if let Some(space) = state.gateway.inbox.disk_space() {
         state.metrics.set_disk_space(space);
     }
+    if let Some(keys) = state.gateway.inbox.keys_in_memory() {
+        state.metrics.set_keys_in_memory(keys);
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render())

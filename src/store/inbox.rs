@@ -97,6 +97,12 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// The keys the store behind the inbox keeps in memory, counted now;
+    /// `None` where it keeps none there.
+    fn keys_in_memory(&self) -> Option<KeysInMemory> {
+        None
+    }
+
     /// Leases runnable events that are due at `now`, each until its own
     /// time, while they are being delivered: `(event, until)`;
     /// answers each one's current attempts (the read that found it may be
@@ -395,6 +401,17 @@ pub struct DiskSpace {
     pub free_bytes: u64,
     /// `storage.min_free_bytes`: writes are refused below it.
     pub min_free_bytes: u64,
+}
+
+/// Keys a store keeps in memory, one entry each
+/// (`dedupd_store_keys_in_memory`): expired ones count until the reaper
+/// deletes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeysInMemory {
+    /// Claims.
+    pub claims: u64,
+    /// Keys of the Redis-protocol keyspace.
+    pub keyspace: u64,
 }
 
 /// A stored event.

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use super::StoreError;
 use super::inbox::{
     Attempt, Cursor, DiskSpace, EraseOutcome, EventKey, EventStatus, Inbox, InboxEvent,
-    IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome, Retention, Settle, SourceDue,
-    SourceSummary, StoredJob,
+    IngestOutcome, KeysInMemory, Leased, ListOrder, NewEvent, RedeliverOutcome, Retention, Settle,
+    SourceDue, SourceSummary, StoredJob,
 };
 use super::redis::RedisInbox;
 use crate::clock::Millis;
@@ -72,6 +72,10 @@ impl Inbox for SharedInbox {
 
     fn disk_space(&self) -> Option<DiskSpace> {
         self.file.disk_space()
+    }
+
+    fn keys_in_memory(&self) -> Option<KeysInMemory> {
+        self.file.keys_in_memory()
     }
 
     async fn lease(

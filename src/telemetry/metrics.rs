@@ -19,7 +19,7 @@ use metrics_exporter_prometheus::{
 use crate::clock::Millis;
 use crate::domain::AuthPort;
 use crate::store::StoreError;
-use crate::store::inbox::{DiskSpace, SourceSummary};
+use crate::store::inbox::{DiskSpace, KeysInMemory, SourceSummary};
 
 /// HTTP request latency by `method`, `route` (the pattern), `status`.
 pub const HTTP_DURATION: &str = "dedupd_http_request_duration_seconds";
@@ -64,6 +64,9 @@ pub const STORE_CHECKPOINT: &str = "dedupd_store_checkpoint_seconds";
 pub const STORE_FREE_BYTES: &str = "dedupd_store_free_bytes";
 /// `storage.min_free_bytes`: writes are refused below it.
 pub const STORE_MIN_FREE_BYTES: &str = "dedupd_store_min_free_bytes";
+/// Keys the embedded store keeps in memory, by `space` (`claims`,
+/// `keyspace`).
+pub const STORE_KEYS_IN_MEMORY: &str = "dedupd_store_keys_in_memory";
 /// Records the reaper deleted, by `table`.
 pub const REAPER_DELETED: &str = "dedupd_reaper_deleted_total";
 /// Always 1; the `version` label carries the build's version.
@@ -539,6 +542,18 @@ impl Metrics {
         gauge(STORE_MIN_FREE_BYTES).set(space.min_free_bytes as f64);
     }
 
+    /// Sets the keys-in-memory gauge of each space.
+    pub fn set_keys_in_memory(&self, keys: KeysInMemory) {
+        for (space, n) in [("claims", keys.claims), ("keyspace", keys.keyspace)] {
+            self.recorder
+                .register_gauge(
+                    &Key::from_parts(STORE_KEYS_IN_MEMORY, vec![Label::new("space", space)]),
+                    &METADATA,
+                )
+                .set(n as f64);
+        }
+    }
+
     /// Sets the inbox gauges from `summary` (sources with events) at `now`:
     /// every source seen before and not in `summary` now reads zero.
     pub fn set_inbox(&self, summary: &[SourceSummary], now: Millis) {
@@ -626,6 +641,11 @@ fn describe(r: &PrometheusRecorder) {
         STORE_FREE_BYTES.into(),
         Some(Unit::Bytes),
         "Bytes free on the data file's disk, read at each scrape".into(),
+    );
+    r.describe_gauge(
+        STORE_KEYS_IN_MEMORY.into(),
+        None,
+        "Keys the embedded store keeps in memory, by space (claims, keyspace), read at each scrape; expired ones count until the reaper deletes them".into(),
     );
     r.describe_gauge(
         STORE_MIN_FREE_BYTES.into(),

@@ -82,6 +82,7 @@ async fn every_family_is_there_from_the_first_scrape() {
         "dedupd_store_commit_seconds",
         "dedupd_store_batch_size",
         "dedupd_reaper_deleted_total",
+        "dedupd_store_keys_in_memory",
         "dedupd_build_info",
     ] {
         assert!(
@@ -535,4 +536,43 @@ async fn a_scrape_answers_in_time_with_the_store_down_while_redis_hangs() {
         .unwrap();
     assert_eq!(count(&text, "dedupd_store_up", &[]), 0.0, "{text}");
     drop(server);
+}
+
+/// Operators see how many keys the store keeps in memory: each claim
+/// counts from when it is made until the reaper deletes it (expired, it
+/// still takes its memory until then).
+#[tokio::test]
+async fn the_keys_in_memory_count_claims_until_the_reaper_deletes_them() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    let claims = |s: &str| count(s, "dedupd_store_keys_in_memory", &[("space", "claims")]);
+    let s = app.scrape().await;
+    assert_eq!(claims(&s), 0.0);
+    assert_eq!(
+        count(&s, "dedupd_store_keys_in_memory", &[("space", "keyspace")]),
+        0.0
+    );
+    for i in 0..5 {
+        let res = app
+            .claim(&format!("k{i}"), json!({ "ttl_ms": 1_000 }))
+            .await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+    }
+    // A second claim of a held key is refused and adds nothing.
+    let res = app.claim("k0", json!({ "ttl_ms": 1_000 })).await;
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(claims(&app.scrape().await), 5.0);
+
+    app.clock.advance(Duration::from_secs(2));
+    assert_eq!(claims(&app.scrape().await), 5.0, "expired, not yet reaped");
+    dedupd::reaper::Reaper::new(
+        app.store.clone(),
+        std::sync::Arc::new(app.clock.clone()),
+        Duration::from_secs(60),
+        100,
+    )
+    .purge_once(dedupd::clock::Clock::now_ms(&app.clock))
+    .await
+    .unwrap();
+    assert_eq!(claims(&app.scrape().await), 0.0);
 }

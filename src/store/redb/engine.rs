@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::counts::StatusCounts;
 use super::error::{EngineError, is_disk_fault};
 use super::flusher::Flusher;
-use super::kv_index::KvIndex;
+use super::kv_index::{KvIndex, Space as KeySpace};
 use super::ops::Response;
 use super::record::Request;
 use super::tables::META;
@@ -336,6 +336,13 @@ impl Engine {
     pub(super) fn space_now(&self) -> (u64, u64) {
         let space = &self.shared.space;
         (space.read(), space.floor())
+    }
+
+    /// Keys held in memory: claims, then Redis-protocol keys.
+    pub(super) fn keys_in_memory(&self) -> (u64, u64) {
+        let ix = self.shared.kv.read();
+        let len = |space| u64::try_from(ix.len(space)).unwrap_or(u64::MAX);
+        (len(KeySpace::Claims), len(KeySpace::Kv))
     }
 
     /// Group-commit counters since the file was opened.

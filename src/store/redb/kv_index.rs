@@ -25,11 +25,12 @@
 //! `watermark::Watermark`). If that batch is undone instead, the writer
 //! moves the watermark's epoch, and the read runs again.
 //!
-//! Memory: about 100 bytes per key plus the key's length (and the value's,
+//! Memory: about 110 bytes per key plus the key's length (and the value's,
 //! up to [`INLINE_MAX`]); a larger value is read from its row. A claim's
 //! value is its state, token, fence and fingerprint: 25 bytes without a
-//! fingerprint; measured with 26-byte keys, about 230 bytes per live
-//! claim in all (the maps' spare room included).
+//! fingerprint; measured with 26-byte keys, about 275 bytes per live
+//! claim in all (the maps' spare room included). The count of keys per
+//! space is the `dedupd_store_keys_in_memory` gauge.
 
 use std::hash::{BuildHasher, RandomState};
 
@@ -90,6 +91,8 @@ struct Shards {
     /// and the place in the map from its low and high ones.
     hasher: RandomState,
     maps: Vec<HashTable<Entry>>,
+    /// Keys in all maps.
+    len: usize,
 }
 
 impl Default for Shards {
@@ -108,6 +111,7 @@ impl Shards {
         Self {
             hasher: RandomState::new(),
             maps: (0..n).map(|_| HashTable::new()).collect(),
+            len: 0,
         }
     }
 
@@ -159,6 +163,7 @@ impl Shards {
             },
             rehash,
         );
+        self.len += 1;
         None
     }
 
@@ -171,6 +176,7 @@ impl Shards {
         let at = self.shard(hash);
         let map = &mut self.maps[at];
         let (entry, _) = map.find_entry(hash, |e| *e.key == *key).ok()?.remove();
+        self.len -= 1;
         if map.capacity() > 16 && map.len() < map.capacity() / SHRINK_BELOW {
             map.shrink_to(map.len() * 2, rehash);
         }
@@ -298,6 +304,11 @@ impl Inner {
     /// The slot of `key` in `space`, expired or not.
     pub fn get(&self, space: Space, key: &[u8]) -> Option<&Slot> {
         self.maps[space.at()].get(key)
+    }
+
+    /// How many keys `space` holds (expired ones not yet reaped included).
+    pub fn len(&self, space: Space) -> usize {
+        self.maps[space.at()].len
     }
 
     /// The last batch that changed the map of `space`.
@@ -546,6 +557,11 @@ mod tests {
             (Some(&b"claim"[..]), Some(10))
         );
         assert!((0..10_000u32).all(|i| ix.get(Space::Claims, &i.to_be_bytes()).is_none()));
+        assert_eq!(
+            (ix.len(Space::Kv), ix.len(Space::Claims)),
+            (1, 1),
+            "the counts go back too"
+        );
         assert_eq!(ix.seq(Space::Kv), 1, "back to the last kept batch");
         assert_eq!(ix.seq(Space::Claims), 1);
     }

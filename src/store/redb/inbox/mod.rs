@@ -30,8 +30,8 @@ use crate::domain::{CreatedAt, ScopedKey};
 use crate::store::StoreError;
 use crate::store::inbox::{
     Attempt, Cursor, DiskSpace, EraseOutcome, EventKey, EventStatus, Inbox, InboxEvent,
-    IngestOutcome, Leased, ListOrder, NewEvent, RedeliverOutcome, ReplayState, Retention, Settle,
-    SourceDue, SourceSummary, StoredJob,
+    IngestOutcome, KeysInMemory, Leased, ListOrder, NewEvent, RedeliverOutcome, ReplayState,
+    Retention, Settle, SourceDue, SourceSummary, StoredJob,
 };
 
 /// The inbox in the data file; a handle on its engine (cheap to clone).
@@ -122,6 +122,11 @@ impl Inbox for RedbInbox {
             free_bytes,
             min_free_bytes,
         })
+    }
+
+    fn keys_in_memory(&self) -> Option<KeysInMemory> {
+        let (claims, keyspace) = self.engine.keys_in_memory();
+        Some(KeysInMemory { claims, keyspace })
     }
 
     async fn lease(
