@@ -204,6 +204,7 @@ impl ApiError {
             ApiError::Store(StoreError::Unavailable(_)) => "store_unavailable",
             ApiError::Store(StoreError::Failed(_)) => "internal",
             ApiError::Store(StoreError::LowSpace { .. }) => "insufficient_storage",
+            ApiError::Store(StoreError::KeysFull { .. }) => "keys_in_memory_full",
         }
     }
 
@@ -230,7 +231,9 @@ impl ApiError {
             ApiError::FingerprintMismatch { .. } => "Fingerprint mismatch",
             ApiError::Store(StoreError::Unavailable(_)) => "Store unavailable",
             ApiError::Store(StoreError::Failed(_)) => "Internal error",
-            ApiError::Store(StoreError::LowSpace { .. }) => "Insufficient storage",
+            ApiError::Store(StoreError::LowSpace { .. } | StoreError::KeysFull { .. }) => {
+                "Insufficient storage"
+            }
         }
     }
 }
@@ -257,7 +260,9 @@ impl ResponseError for ApiError {
             ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Store(StoreError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(StoreError::Failed(_)) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Store(StoreError::LowSpace { .. }) => StatusCode::INSUFFICIENT_STORAGE,
+            ApiError::Store(StoreError::LowSpace { .. } | StoreError::KeysFull { .. }) => {
+                StatusCode::INSUFFICIENT_STORAGE
+            }
         }
     }
 
@@ -271,8 +276,9 @@ impl ResponseError for ApiError {
                         tracing::warn!(error = %e.chain(), "store unavailable");
                     }
                     StoreError::Failed(_) => tracing::error!(error = %e.chain(), "store error"),
-                    // Logged once when the watermark is crossed, not per request.
-                    StoreError::LowSpace { .. } => {}
+                    // Logged once when the watermark or the cap is reached,
+                    // not per request.
+                    StoreError::LowSpace { .. } | StoreError::KeysFull { .. } => {}
                 }
                 match e {
                     StoreError::Unavailable(_) => {
@@ -282,6 +288,10 @@ impl ResponseError for ApiError {
                     StoreError::LowSpace { .. } => "free disk space is below the server's \
                         watermark: writes are refused until space frees; nothing was changed; \
                         retry later"
+                        .to_owned(),
+                    StoreError::KeysFull { .. } => "the server holds as many keys in memory as \
+                        storage.max_keys_in_memory allows: new keys are refused until expired \
+                        ones are reaped; nothing was changed; retry later"
                         .to_owned(),
                 }
             }
@@ -326,7 +336,7 @@ impl ResponseError for ApiError {
             ApiError::Store(StoreError::Unavailable(_)) => {
                 res.insert_header((header::RETRY_AFTER, HeaderValue::from_static("1")));
             }
-            ApiError::Store(StoreError::LowSpace { .. }) => {
+            ApiError::Store(StoreError::LowSpace { .. } | StoreError::KeysFull { .. }) => {
                 res.insert_header((header::RETRY_AFTER, HeaderValue::from_static("30")));
             }
             ApiError::AuthThrottled { retry_after } => {

@@ -223,6 +223,8 @@ pub fn store_error(e: &crate::store::StoreError) -> Reply {
         // Redis's code for "persistence cannot take writes now" (its AOF
         // on a full disk): clients treat it as an error to retry later.
         crate::store::StoreError::LowSpace { .. } => Reply::Error(format!("MISCONF {e}")),
+        // Redis's code for a write refused at `maxmemory`.
+        crate::store::StoreError::KeysFull { .. } => Reply::Error(format!("OOM {e}")),
         _ => Reply::err(e.chain()),
     }
 }

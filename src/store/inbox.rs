@@ -412,6 +412,8 @@ pub struct KeysInMemory {
     pub claims: u64,
     /// Keys of the Redis-protocol keyspace.
     pub keyspace: u64,
+    /// `storage.max_keys_in_memory`, resolved (`dedupd_store_max_keys_in_memory`).
+    pub cap: u64,
 }
 
 /// A stored event.

@@ -69,6 +69,16 @@ pub enum StoreError {
         /// The watermark.
         floor: u64,
     },
+    /// The embedded store holds `storage.max_keys_in_memory` keys in
+    /// memory: a write that may add one (a claim, a `SET`) is refused,
+    /// nothing was changed, and such writes resume once the reaper deletes
+    /// expired keys (HTTP 507 with `Retry-After`).
+    KeysFull {
+        /// Keys held.
+        held: u64,
+        /// The cap.
+        cap: u64,
+    },
 }
 
 impl std::fmt::Display for StoreError {
@@ -81,6 +91,11 @@ impl std::fmt::Display for StoreError {
                 "disk space low: {free} bytes free, below storage.min_free_bytes ({floor}); \
                  writes resume once space frees"
             ),
+            StoreError::KeysFull { held, cap } => write!(
+                f,
+                "{held} keys in memory, at storage.max_keys_in_memory ({cap}); \
+                 new keys are refused until expired ones are reaped"
+            ),
         }
     }
 }
@@ -90,7 +105,7 @@ impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             StoreError::Unavailable(cause) | StoreError::Failed(cause) => Some(&**cause),
-            StoreError::LowSpace { .. } => None,
+            StoreError::LowSpace { .. } | StoreError::KeysFull { .. } => None,
         }
     }
 }

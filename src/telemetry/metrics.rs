@@ -67,6 +67,8 @@ pub const STORE_MIN_FREE_BYTES: &str = "dedupd_store_min_free_bytes";
 /// Keys the embedded store keeps in memory, by `space` (`claims`,
 /// `keyspace`).
 pub const STORE_KEYS_IN_MEMORY: &str = "dedupd_store_keys_in_memory";
+/// `storage.max_keys_in_memory`, resolved: at it, new keys are refused.
+pub const STORE_MAX_KEYS_IN_MEMORY: &str = "dedupd_store_max_keys_in_memory";
 /// Records the reaper deleted, by `table`.
 pub const REAPER_DELETED: &str = "dedupd_reaper_deleted_total";
 /// Always 1; the `version` label carries the build's version.
@@ -552,6 +554,12 @@ impl Metrics {
                 )
                 .set(n as f64);
         }
+        self.recorder
+            .register_gauge(
+                &Key::from_parts(STORE_MAX_KEYS_IN_MEMORY, Vec::<Label>::new()),
+                &METADATA,
+            )
+            .set(keys.cap as f64);
     }
 
     /// Sets the inbox gauges from `summary` (sources with events) at `now`:
@@ -646,6 +654,11 @@ fn describe(r: &PrometheusRecorder) {
         STORE_KEYS_IN_MEMORY.into(),
         None,
         "Keys the embedded store keeps in memory, by space (claims, keyspace), read at each scrape; expired ones count until the reaper deletes them".into(),
+    );
+    r.describe_gauge(
+        STORE_MAX_KEYS_IN_MEMORY.into(),
+        None,
+        "storage.max_keys_in_memory, resolved: at it, claims and SETs of new keys are refused (507, -OOM)".into(),
     );
     r.describe_gauge(
         STORE_MIN_FREE_BYTES.into(),

@@ -298,6 +298,7 @@ max_ttl = "4000d"
 [storage]
 checkpoint_idle = "5ms"
 commit_hold = "1s"
+max_keys_in_memory = 10000000000000
 
 [sources.sume]
 scheme = "sume"
@@ -329,6 +330,10 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
         ("sources.sw.tolerance", "must be 1s to 1h"),
         ("storage.checkpoint_idle", "must be 10ms to 1h"),
         ("storage.commit_hold", "must be 0s to 100ms"),
+        (
+            "storage.max_keys_in_memory",
+            "must be 0 (automatic) to 1099511627776",
+        ),
     ] {
         assert!(
             stderr.lines().any(|l| l.contains(key) && l.contains(why)),

@@ -102,6 +102,8 @@ pub struct Engine {
     pub(super) read_reopen_wait: Duration,
     /// [`RedbOptions::dedupe_window`](super::RedbOptions::dedupe_window), ms.
     pub(super) dedupe_window_ms: u64,
+    /// [`RedbOptions::max_keys_in_memory`](super::RedbOptions::max_keys_in_memory).
+    pub(super) max_keys_in_memory: u64,
 }
 
 impl Engine {
@@ -338,11 +340,15 @@ impl Engine {
         (space.read(), space.floor())
     }
 
-    /// Keys held in memory: claims, then Redis-protocol keys.
-    pub(super) fn keys_in_memory(&self) -> (u64, u64) {
+    /// Keys held in memory: claims, Redis-protocol keys, and the cap.
+    pub(super) fn keys_in_memory(&self) -> (u64, u64, u64) {
         let ix = self.shared.kv.read();
         let len = |space| u64::try_from(ix.len(space)).unwrap_or(u64::MAX);
-        (len(KeySpace::Claims), len(KeySpace::Kv))
+        (
+            len(KeySpace::Claims),
+            len(KeySpace::Kv),
+            self.max_keys_in_memory,
+        )
     }
 
     /// Group-commit counters since the file was opened.

@@ -44,6 +44,15 @@ pub enum EngineError {
         /// The watermark.
         floor: u64,
     },
+    /// The in-memory index holds `storage.max_keys_in_memory` keys: a
+    /// write that may add one was refused before it ran.
+    #[error("{held} keys in memory, at storage.max_keys_in_memory ({cap})")]
+    KeysFull {
+        /// Keys held.
+        held: u64,
+        /// The cap.
+        cap: u64,
+    },
     /// The writer answered a request with the answer of another kind (a
     /// bug): `.0` names the request.
     #[error("writer answered {0} with another kind of response")]
@@ -60,7 +69,8 @@ impl EngineError {
             | EngineError::DiskRead(_)
             | EngineError::Reopened
             | EngineError::NotCommitted
-            | EngineError::LowSpace { .. } => true,
+            | EngineError::LowSpace { .. }
+            | EngineError::KeysFull { .. } => true,
             EngineError::ReadTask(_) | EngineError::Redb(_) | EngineError::Unexpected(_) => false,
         }
     }
@@ -76,6 +86,9 @@ impl From<EngineError> for StoreError {
     fn from(e: EngineError) -> Self {
         if let EngineError::LowSpace { free, floor } = e {
             return StoreError::LowSpace { free, floor };
+        }
+        if let EngineError::KeysFull { held, cap } = e {
+            return StoreError::KeysFull { held, cap };
         }
         if e.is_transient() {
             StoreError::Unavailable(Arc::new(e))

@@ -20,6 +20,7 @@ use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::inbox::{Attempt, NewEvent, Retention, Settle};
 use crate::store::keyspace::KvRequest;
+use crate::store::redb::kv_index::Space;
 
 /// A write the writer thread performs. Serializable for the write-ahead
 /// log: replaying the same requests with the same clock readings on the
@@ -102,6 +103,17 @@ pub enum Request {
 }
 
 impl Request {
+    /// The key this write may add to the in-memory index, with its space
+    /// (a claim, a Redis-protocol `SET`): refused while the index is full
+    /// and the key is not in it (see `keys_cap`).
+    pub fn may_add_key(&self) -> Option<(Space, &[u8])> {
+        match self {
+            Request::Claim { key, .. } => Some((Space::Claims, key.as_str().as_bytes())),
+            Request::Kv(KvRequest::Set { key, .. }) => Some((Space::Kv, key)),
+            _ => None,
+        }
+    }
+
     /// Whether the engine itself makes this write, to keep what it holds
     /// moving (a delivery's lease and outcome, the reaper's deletions),
     /// rather than a client asking for a new record. Below the free-space

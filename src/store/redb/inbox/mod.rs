@@ -125,8 +125,12 @@ impl Inbox for RedbInbox {
     }
 
     fn keys_in_memory(&self) -> Option<KeysInMemory> {
-        let (claims, keyspace) = self.engine.keys_in_memory();
-        Some(KeysInMemory { claims, keyspace })
+        let (claims, keyspace, cap) = self.engine.keys_in_memory();
+        Some(KeysInMemory {
+            claims,
+            keyspace,
+            cap,
+        })
     }
 
     async fn lease(

@@ -233,6 +233,9 @@ struct Writer<'a> {
     /// A shutdown was taken from the queue: finish the batch, checkpoint
     /// and stop.
     stopping: bool,
+    /// The last batch found the index at `storage.max_keys_in_memory`
+    /// (logged when that turns, not per refused write).
+    keys_full: bool,
 }
 
 impl<'a> Writer<'a> {
@@ -272,6 +275,7 @@ impl<'a> Writer<'a> {
             max_batch,
             batch: Vec::with_capacity(max_batch),
             stopping: false,
+            keys_full: false,
         }
     }
 }

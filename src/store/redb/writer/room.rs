@@ -6,6 +6,7 @@
 //! of it, so deliveries finish and the reaper frees room.
 
 use crate::store::redb::error::EngineError;
+use crate::store::redb::kv_index::Space;
 use crate::store::redb::space;
 use crate::store::redb::wal::GROW;
 
@@ -87,6 +88,54 @@ impl Writer<'_> {
         space.set_low(low);
         for reply in refused {
             let _ = reply.send(Err(EngineError::LowSpace { free, floor }));
+        }
+    }
+}
+
+impl Writer<'_> {
+    /// Keeps the in-memory index within `storage.max_keys_in_memory`: at
+    /// the cap, the batch's writes that may add a key (claims, `SET`s) are
+    /// answered `KeysFull` at once, having changed nothing; the rest run
+    /// (done, release, extend, deletes, the reaper's purge, which makes
+    /// room). Checked per batch, so the index may pass the cap by up to
+    /// one batch's new keys (`storage.max_batch`).
+    pub(super) fn cap_keys(&mut self) {
+        let cap = self.opts.max_keys_in_memory;
+        let held = {
+            let ix = self.shared.kv.read();
+            (ix.len(Space::Claims) + ix.len(Space::Kv)) as u64
+        };
+        let full = held >= cap;
+        if full != self.keys_full {
+            self.keys_full = full;
+            if full {
+                tracing::warn!(
+                    held,
+                    cap,
+                    "keys in memory at storage.max_keys_in_memory: claims and SETs of new keys answer 507 (-OOM) until the reaper deletes expired ones"
+                );
+            } else {
+                tracing::info!(
+                    held,
+                    cap,
+                    "keys in memory below storage.max_keys_in_memory again: new keys are taken"
+                );
+            }
+        }
+        if !full || !self.batch.iter().any(|(r, _, _)| r.may_add_key().is_some()) {
+            return;
+        }
+        // A key already held (a second claim of it, a SET that replaces
+        // it) adds nothing: it runs, and is answered as it would be.
+        let ix = self.shared.kv.read();
+        let (kept, refused): (Vec<_>, Vec<_>) = self.batch.drain(..).partition(|(r, _, _)| {
+            r.may_add_key()
+                .is_none_or(|(space, key)| ix.get(space, key).is_some())
+        });
+        drop(ix);
+        self.batch = kept;
+        for (_, _, reply) in refused {
+            let _ = reply.send(Err(EngineError::KeysFull { held, cap }));
         }
     }
 }

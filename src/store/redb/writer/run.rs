@@ -192,6 +192,7 @@ impl Writer<'_> {
             }
         }
         self.make_room();
+        self.cap_keys();
         if self.batch.is_empty() {
             return;
         }
