@@ -37,8 +37,8 @@
 //! The pieces: [`spawn`] starts the thread, whose state is a [`Writer`];
 //! `run` is its loop (take writes from the queue, run them as a batch,
 //! commit and checkpoint when due), `batch` the transaction it holds over
-//! batches, `room` the free-space watermark before each batch (see
-//! [`super::space`]), `reopen` the recovery after a disk fault, and `replay` the
+//! batches, `room` the free-space watermark and the cap on keys in memory
+//! before each batch (see [`super::space`]), `reopen` the recovery after a disk fault, and `replay` the
 //! checkpoints and the replay of the log (also used when the file opens).
 
 mod batch;

@@ -4,6 +4,9 @@
 //! changed nothing. Clients' writes stop at the watermark; the engine's own
 //! upkeep (a delivery's lease and outcome, the reaper) goes on down to half
 //! of it, so deliveries finish and the reaper frees room.
+//!
+//! And room in memory: at `storage.max_keys_in_memory` (see `keys_cap`),
+//! the writes that would add a key are answered `KeysFull` at once.
 
 use crate::store::redb::error::EngineError;
 use crate::store::redb::kv_index::Space;
