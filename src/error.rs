@@ -289,8 +289,8 @@ impl ResponseError for ApiError {
                         watermark: writes are refused until space frees; nothing was changed; \
                         retry later"
                         .to_owned(),
-                    StoreError::KeysFull { .. } => "the server holds as many keys in memory as \
-                        storage.max_keys_in_memory allows: new keys are refused until expired \
+                    StoreError::KeysFull { .. } => "the server's keys take as much memory as \
+                        storage.max_key_memory_bytes allows: new keys are refused until expired \
                         ones are reaped; nothing was changed; retry later"
                         .to_owned(),
                 }

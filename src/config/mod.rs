@@ -41,9 +41,9 @@ pub const MAX_RETENTION: Duration = MAX_TTL_BOUND;
 
 /// Most writes in one commit: the writer allocates a batch this large.
 pub const MAX_BATCH: usize = 65_536;
-/// Highest `storage.max_keys_in_memory`: about 2^40 keys, far past any
-/// machine's memory (a typo's extra digits are an error, not no cap).
-pub const MAX_KEYS_IN_MEMORY: u64 = 1 << 40;
+/// Highest `storage.max_key_memory_bytes`: 1 PiB, far past any machine's
+/// memory (a typo's extra digits are an error, not no cap).
+pub const MAX_KEY_MEMORY_BYTES: u64 = 1 << 50;
 
 /// Most writes waiting for the writer.
 pub const MAX_QUEUE_CAPACITY: usize = 1_000_000;
@@ -241,13 +241,13 @@ pub struct StorageSettings {
     /// disk never fills and a checkpoint and a replay always fit; they
     /// resume by themselves once space frees.
     pub min_free_bytes: u64,
-    /// Most keys the embedded store keeps in memory (claims and
-    /// Redis-protocol keys, expired ones until the reaper deletes them):
-    /// at the cap, a claim or a `SET` is refused with 507 (a Redis `-OOM`
-    /// error) until the reaper makes room. `0` (the default): half of the
-    /// machine's memory, or of the service's memory limit, at 512 bytes a
-    /// key (at least 100,000).
-    pub max_keys_in_memory: u64,
+    /// Most memory the embedded store's keys may take (claims and
+    /// Redis-protocol keys, expired ones until the reaper deletes them;
+    /// estimated per key): at the cap, a client's claim or `SET` of a new
+    /// key is refused with 507 (a Redis `-OOM` error) until the reaper
+    /// makes room. `0` (the default): half of the machine's memory, or of
+    /// the service's memory limit when lower.
+    pub max_key_memory_bytes: u64,
     /// Set for one start by `serve --accept-missing-log`: open a data file
     /// that was not closed cleanly although its write-ahead log is missing.
     /// Never read from a file or the environment, so it cannot stay on.
@@ -359,7 +359,7 @@ impl Default for Settings {
                 commit_hold: Duration::from_millis(20),
                 accept_missing_log: false,
                 min_free_bytes: 8 * 1024 * 1024,
-                max_keys_in_memory: 0,
+                max_key_memory_bytes: 0,
                 redis: RedisSettings {
                     url: Secret::new("redis://127.0.0.1:6379"),
                     cluster_nodes: Vec::new(),
@@ -905,10 +905,12 @@ impl Settings {
                 "must be 1048576 (1 MiB) to 1099511627776 (1 TiB)".into(),
             );
         }
-        if self.storage.max_keys_in_memory > MAX_KEYS_IN_MEMORY {
+        if self.storage.max_key_memory_bytes != 0
+            && !(1024..=MAX_KEY_MEMORY_BYTES).contains(&self.storage.max_key_memory_bytes)
+        {
             bad(
-                "storage.max_keys_in_memory",
-                format!("must be 0 (automatic) to {MAX_KEYS_IN_MEMORY}"),
+                "storage.max_key_memory_bytes",
+                format!("must be 0 (automatic) or 1024 to {MAX_KEY_MEMORY_BYTES} (1 PiB)"),
             );
         }
         if self.storage.commit_hold > Duration::from_millis(100) {

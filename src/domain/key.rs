@@ -95,6 +95,12 @@ impl ScopedKey {
         Self(stored)
     }
 
+    /// Whether it is in the API's namespace (a client's claim), not the
+    /// gateway's.
+    pub fn is_api(&self) -> bool {
+        self.0.starts_with("a/")
+    }
+
     /// The stored encoding.
     pub fn as_str(&self) -> &str {
         &self.0

@@ -403,17 +403,19 @@ pub struct DiskSpace {
     pub min_free_bytes: u64,
 }
 
-/// Keys a store keeps in memory, one entry each
-/// (`dedupd_store_keys_in_memory`): expired ones count until the reaper
-/// deletes them.
+/// Keys a store keeps in memory (`dedupd_store_keys_in_memory`): expired
+/// ones count until the reaper deletes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeysInMemory {
     /// Claims.
     pub claims: u64,
     /// Keys of the Redis-protocol keyspace.
     pub keyspace: u64,
-    /// `storage.max_keys_in_memory`, resolved (`dedupd_store_max_keys_in_memory`).
-    pub cap: u64,
+    /// The memory they take, estimated (`dedupd_store_key_memory_bytes`).
+    pub bytes: u64,
+    /// `storage.max_key_memory_bytes`, resolved
+    /// (`dedupd_store_max_key_memory_bytes`).
+    pub cap_bytes: u64,
 }
 
 /// A stored event.

@@ -69,12 +69,13 @@ pub enum StoreError {
         /// The watermark.
         floor: u64,
     },
-    /// The embedded store holds `storage.max_keys_in_memory` keys in
-    /// memory: a write that may add one (a claim, a `SET`) is refused,
-    /// nothing was changed, and such writes resume once the reaper deletes
-    /// expired keys (HTTP 507 with `Retry-After`).
+    /// The embedded store's keys in memory take
+    /// `storage.max_key_memory_bytes`: a client's write that would add one
+    /// (a claim, a `SET`) is refused, nothing was changed, and such writes
+    /// resume once the reaper deletes expired keys (HTTP 507 with
+    /// `Retry-After`).
     KeysFull {
-        /// Keys held.
+        /// Bytes they take, estimated.
         held: u64,
         /// The cap.
         cap: u64,
@@ -93,8 +94,8 @@ impl std::fmt::Display for StoreError {
             ),
             StoreError::KeysFull { held, cap } => write!(
                 f,
-                "{held} keys in memory, at storage.max_keys_in_memory ({cap}); \
-                 new keys are refused until expired ones are reaped"
+                "keys in memory take about {held} bytes, at storage.max_key_memory_bytes \
+                 ({cap}); new keys are refused until expired ones are reaped"
             ),
         }
     }

@@ -67,8 +67,10 @@ pub const STORE_MIN_FREE_BYTES: &str = "dedupd_store_min_free_bytes";
 /// Keys the embedded store keeps in memory, by `space` (`claims`,
 /// `keyspace`).
 pub const STORE_KEYS_IN_MEMORY: &str = "dedupd_store_keys_in_memory";
-/// `storage.max_keys_in_memory`, resolved: at it, new keys are refused.
-pub const STORE_MAX_KEYS_IN_MEMORY: &str = "dedupd_store_max_keys_in_memory";
+/// The memory those keys take, estimated.
+pub const STORE_KEY_MEMORY: &str = "dedupd_store_key_memory_bytes";
+/// `storage.max_key_memory_bytes`, resolved: at it, new keys are refused.
+pub const STORE_MAX_KEY_MEMORY: &str = "dedupd_store_max_key_memory_bytes";
 /// Records the reaper deleted, by `table`.
 pub const REAPER_DELETED: &str = "dedupd_reaper_deleted_total";
 /// Always 1; the `version` label carries the build's version.
@@ -554,12 +556,14 @@ impl Metrics {
                 )
                 .set(n as f64);
         }
-        self.recorder
-            .register_gauge(
-                &Key::from_parts(STORE_MAX_KEYS_IN_MEMORY, Vec::<Label>::new()),
-                &METADATA,
-            )
-            .set(keys.cap as f64);
+        for (name, n) in [
+            (STORE_KEY_MEMORY, keys.bytes),
+            (STORE_MAX_KEY_MEMORY, keys.cap_bytes),
+        ] {
+            self.recorder
+                .register_gauge(&Key::from_parts(name, Vec::<Label>::new()), &METADATA)
+                .set(n as f64);
+        }
     }
 
     /// Sets the inbox gauges from `summary` (sources with events) at `now`:
@@ -656,9 +660,14 @@ fn describe(r: &PrometheusRecorder) {
         "Keys the embedded store keeps in memory, by space (claims, keyspace), read at each scrape; expired ones count until the reaper deletes them".into(),
     );
     r.describe_gauge(
-        STORE_MAX_KEYS_IN_MEMORY.into(),
-        None,
-        "storage.max_keys_in_memory, resolved: at it, claims and SETs of new keys are refused (507, -OOM)".into(),
+        STORE_KEY_MEMORY.into(),
+        Some(Unit::Bytes),
+        "Memory the keys of the embedded store take, estimated (about 275 bytes for a claim with a 26-byte key)".into(),
+    );
+    r.describe_gauge(
+        STORE_MAX_KEY_MEMORY.into(),
+        Some(Unit::Bytes),
+        "storage.max_key_memory_bytes, resolved: at it, clients' claims and SETs of new keys are refused (507, -OOM)".into(),
     );
     r.describe_gauge(
         STORE_MIN_FREE_BYTES.into(),

@@ -298,7 +298,7 @@ max_ttl = "4000d"
 [storage]
 checkpoint_idle = "5ms"
 commit_hold = "1s"
-max_keys_in_memory = 10000000000000
+max_key_memory_bytes = 10000000000000000
 
 [sources.sume]
 scheme = "sume"
@@ -331,8 +331,8 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
         ("storage.checkpoint_idle", "must be 10ms to 1h"),
         ("storage.commit_hold", "must be 0s to 100ms"),
         (
-            "storage.max_keys_in_memory",
-            "must be 0 (automatic) to 1099511627776",
+            "storage.max_key_memory_bytes",
+            "must be 0 (automatic) or 1024 to 1125899906842624 (1 PiB)",
         ),
     ] {
         assert!(

@@ -25,7 +25,7 @@ mod fleet;
 mod gateway_ingest;
 mod http_limits;
 mod jobs;
-mod keys_cap;
+mod key_memory;
 mod leaks;
 mod lease_ahead;
 mod logging;

@@ -32,6 +32,7 @@ use super::watermark::Watermark;
 use super::writer::{Counters, Envelope};
 use crate::clock::Millis;
 use crate::store::WriteStats;
+use crate::store::inbox::KeysInMemory;
 
 /// What the store, its readers and its writer share.
 #[derive(Debug)]
@@ -102,8 +103,8 @@ pub struct Engine {
     pub(super) read_reopen_wait: Duration,
     /// [`RedbOptions::dedupe_window`](super::RedbOptions::dedupe_window), ms.
     pub(super) dedupe_window_ms: u64,
-    /// [`RedbOptions::max_keys_in_memory`](super::RedbOptions::max_keys_in_memory).
-    pub(super) max_keys_in_memory: u64,
+    /// [`RedbOptions::max_key_memory_bytes`](super::RedbOptions::max_key_memory_bytes).
+    pub(super) max_key_memory_bytes: u64,
 }
 
 impl Engine {
@@ -340,15 +341,17 @@ impl Engine {
         (space.read(), space.floor())
     }
 
-    /// Keys held in memory: claims, Redis-protocol keys, and the cap.
-    pub(super) fn keys_in_memory(&self) -> (u64, u64, u64) {
+    /// Keys held in memory: claims, Redis-protocol keys, the memory both
+    /// take (estimated), and the cap on it.
+    pub(super) fn keys_in_memory(&self) -> KeysInMemory {
         let ix = self.shared.kv.read();
-        let len = |space| u64::try_from(ix.len(space)).unwrap_or(u64::MAX);
-        (
-            len(KeySpace::Claims),
-            len(KeySpace::Kv),
-            self.max_keys_in_memory,
-        )
+        let n = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+        KeysInMemory {
+            claims: n(ix.len(KeySpace::Claims)),
+            keyspace: n(ix.len(KeySpace::Kv)),
+            bytes: n(ix.bytes(KeySpace::Claims) + ix.bytes(KeySpace::Kv)),
+            cap_bytes: self.max_key_memory_bytes,
+        }
     }
 
     /// Group-commit counters since the file was opened.

@@ -44,11 +44,11 @@ pub enum EngineError {
         /// The watermark.
         floor: u64,
     },
-    /// The in-memory index holds `storage.max_keys_in_memory` keys: a
-    /// write that may add one was refused before it ran.
-    #[error("{held} keys in memory, at storage.max_keys_in_memory ({cap})")]
+    /// The in-memory index's keys take `storage.max_key_memory_bytes`: a
+    /// client's write that would add one was refused before it ran.
+    #[error("keys in memory take about {held} bytes, at storage.max_key_memory_bytes ({cap})")]
     KeysFull {
-        /// Keys held.
+        /// Bytes they take, estimated.
         held: u64,
         /// The cap.
         cap: u64,

@@ -30,7 +30,7 @@ pub mod faults;
 mod flusher;
 mod guard;
 mod inbox;
-mod keys_cap;
+mod key_memory;
 mod keyspace;
 mod kv;
 mod kv_index;
@@ -107,10 +107,11 @@ pub struct RedbOptions {
     /// Writes are refused while less than this is free on the data file's
     /// filesystem (`storage.min_free_bytes`; see `space`).
     pub min_free_bytes: u64,
-    /// Most keys (claims and Redis-protocol keys) the in-memory index
-    /// holds before writes that add one are refused
-    /// (`storage.max_keys_in_memory`, resolved: never 0; see `keys_cap`).
-    pub max_keys_in_memory: u64,
+    /// Most memory the in-memory index's keys (claims and Redis-protocol
+    /// keys) may take, estimated, before clients' writes that add one are
+    /// refused (`storage.max_key_memory_bytes`, resolved: 0 here refuses
+    /// every new key; see `key_memory`).
+    pub max_key_memory_bytes: u64,
 }
 
 /// Histograms the writer records each successful group commit in; no-ops
@@ -157,7 +158,7 @@ impl RedbOptions {
             dedupe_window: settings.gateway.dedupe_window,
             accept_missing_log: s.accept_missing_log,
             min_free_bytes: s.min_free_bytes,
-            max_keys_in_memory: keys_cap::resolve(s.max_keys_in_memory),
+            max_key_memory_bytes: key_memory::resolve(s.max_key_memory_bytes),
         }
     }
 

@@ -265,7 +265,7 @@ impl Engine {
             counters,
             read_reopen_wait: opts.read_reopen_wait,
             dedupe_window_ms: u64::try_from(opts.dedupe_window.as_millis()).unwrap_or(u64::MAX),
-            max_keys_in_memory: opts.max_keys_in_memory,
+            max_key_memory_bytes: opts.max_key_memory_bytes,
         })
     }
 }

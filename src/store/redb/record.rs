@@ -103,12 +103,17 @@ pub enum Request {
 }
 
 impl Request {
-    /// The key this write may add to the in-memory index, with its space
-    /// (a claim, a Redis-protocol `SET`): refused while the index is full
-    /// and the key is not in it (see `keys_cap`).
+    /// The key a client's write may add to the in-memory index, with its
+    /// space: an API claim, or a `done` of a key not claimed (it stores
+    /// one); a Redis-protocol `SET`. Refused while the index is full and
+    /// the key is not in it (see `key_memory`). The gateway's own claims
+    /// (its stream leases and bulk jobs, bounded by its configuration) are
+    /// never refused: deliveries and an operator's redeliveries go on.
     pub fn may_add_key(&self) -> Option<(Space, &[u8])> {
         match self {
-            Request::Claim { key, .. } => Some((Space::Claims, key.as_str().as_bytes())),
+            Request::Claim { key, .. } | Request::Done { key, .. } if key.is_api() => {
+                Some((Space::Claims, key.as_str().as_bytes()))
+            }
             Request::Kv(KvRequest::Set { key, .. }) => Some((Space::Kv, key)),
             _ => None,
         }

@@ -125,12 +125,7 @@ impl Inbox for RedbInbox {
     }
 
     fn keys_in_memory(&self) -> Option<KeysInMemory> {
-        let (claims, keyspace, cap) = self.engine.keys_in_memory();
-        Some(KeysInMemory {
-            claims,
-            keyspace,
-            cap,
-        })
+        Some(self.engine.keys_in_memory())
     }
 
     async fn lease(

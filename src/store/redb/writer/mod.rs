@@ -233,8 +233,9 @@ struct Writer<'a> {
     /// A shutdown was taken from the queue: finish the batch, checkpoint
     /// and stop.
     stopping: bool,
-    /// The last batch found the index at `storage.max_keys_in_memory`
-    /// (logged when that turns, not per refused write).
+    /// A batch found the index at `storage.max_key_memory_bytes`, and none
+    /// since below 90 % of it (logged when that turns, not per refused
+    /// write nor each time the reaper makes a little room).
     keys_full: bool,
 }
 

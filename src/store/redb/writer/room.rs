@@ -5,8 +5,9 @@
 //! upkeep (a delivery's lease and outcome, the reaper) goes on down to half
 //! of it, so deliveries finish and the reaper frees room.
 //!
-//! And room in memory: at `storage.max_keys_in_memory` (see `keys_cap`),
-//! the writes that would add a key are answered `KeysFull` at once.
+//! And room in memory: at `storage.max_key_memory_bytes` (see
+//! `key_memory`), clients' writes that would add a key are answered
+//! `KeysFull` at once.
 
 use crate::store::redb::error::EngineError;
 use crate::store::redb::kv_index::Space;
@@ -96,48 +97,57 @@ impl Writer<'_> {
 }
 
 impl Writer<'_> {
-    /// Keeps the in-memory index within `storage.max_keys_in_memory`: at
-    /// the cap, the batch's writes that may add a key (claims, `SET`s) are
-    /// answered `KeysFull` at once, having changed nothing; the rest run
-    /// (done, release, extend, deletes, the reaper's purge, which makes
-    /// room). Checked per batch, so the index may pass the cap by up to
-    /// one batch's new keys (`storage.max_batch`).
+    /// Keeps the in-memory index within `storage.max_key_memory_bytes`: at
+    /// the cap, the batch's writes by clients that would add a key (see
+    /// [`Request::may_add_key`](crate::store::redb::record::Request::may_add_key))
+    /// are answered `KeysFull` at once, having changed nothing; the rest
+    /// run (a key already held, done, release, extend, deletes, the
+    /// gateway's own claims, the reaper's purge, which makes room).
+    /// Checked per batch, so the keys may pass the cap by one batch's.
     pub(super) fn cap_keys(&mut self) {
-        let cap = self.opts.max_keys_in_memory;
+        let cap = self.opts.max_key_memory_bytes;
         let held = {
             let ix = self.shared.kv.read();
-            (ix.len(Space::Claims) + ix.len(Space::Kv)) as u64
+            (ix.bytes(Space::Claims) + ix.bytes(Space::Kv)) as u64
         };
         let full = held >= cap;
-        if full != self.keys_full {
-            self.keys_full = full;
-            if full {
-                tracing::warn!(
-                    held,
-                    cap,
-                    "keys in memory at storage.max_keys_in_memory: claims and SETs of new keys answer 507 (-OOM) until the reaper deletes expired ones"
-                );
-            } else {
-                tracing::info!(
-                    held,
-                    cap,
-                    "keys in memory below storage.max_keys_in_memory again: new keys are taken"
-                );
-            }
+        if full && !self.keys_full {
+            self.keys_full = true;
+            tracing::warn!(
+                held,
+                cap,
+                "keys in memory at storage.max_key_memory_bytes: clients' claims and SETs of new keys answer 507 (-OOM) until the reaper deletes expired ones"
+            );
+        } else if self.keys_full && held < cap / 10 * 9 {
+            self.keys_full = false;
+            tracing::info!(
+                held,
+                cap,
+                "keys in memory below 90 % of storage.max_key_memory_bytes again"
+            );
         }
         if !full || !self.batch.iter().any(|(r, _, _)| r.may_add_key().is_some()) {
             return;
         }
         // A key already held (a second claim of it, a SET that replaces
         // it) adds nothing: it runs, and is answered as it would be.
-        let ix = self.shared.kv.read();
-        let (kept, refused): (Vec<_>, Vec<_>) = self.batch.drain(..).partition(|(r, _, _)| {
-            r.may_add_key()
-                .is_none_or(|(space, key)| ix.get(space, key).is_some())
-        });
-        drop(ix);
+        let mut kept = Vec::with_capacity(self.max_batch);
+        let mut refused = Vec::new();
+        {
+            let ix = self.shared.kv.read();
+            for (request, now, reply) in self.batch.drain(..) {
+                let adds = request
+                    .may_add_key()
+                    .is_some_and(|(space, key)| ix.get(space, key).is_none());
+                if adds {
+                    refused.push(reply);
+                } else {
+                    kept.push((request, now, reply));
+                }
+            }
+        }
         self.batch = kept;
-        for (_, _, reply) in refused {
+        for reply in refused {
             let _ = reply.send(Err(EngineError::KeysFull { held, cap }));
         }
     }

@@ -1,8 +1,9 @@
-//! `storage.max_keys_in_memory`: at the cap, a claim or a `SET` of a new
-//! key is refused (507, `-OOM`) and changes nothing, while everything else
-//! goes on — a second claim of a held key, `done`, a `SET` that replaces a
-//! key, reads — and new keys are taken again once the reaper deletes
-//! expired ones.
+//! `storage.max_key_memory_bytes`: once the keys held in memory take that
+//! much (as estimated), a client's claim, `done` or `SET` of a new key is
+//! refused (507, `-OOM`) and changes nothing, while everything else goes
+//! on — a second claim of a held key, `done` of a claim, a `SET` that
+//! replaces a key, reads — and new keys are taken again once the reaper
+//! deletes expired ones.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,44 +15,64 @@ use crate::metrics::count;
 use crate::resp::{resp_addr, spawn_resp_app_at};
 use crate::support::app::T0;
 
+/// The cap of these tests: a handful of keys.
+const CAP: u64 = 1024;
+
 #[tokio::test]
 async fn at_the_cap_new_keys_are_refused_and_the_rest_goes_on_until_the_reaper_makes_room() {
-    let app = spawn_resp_app_at(T0, |l| l.settings.storage.max_keys_in_memory = 4).await;
-    let mut tokens = Vec::new();
-    for key in ["k0", "k1", "k2"] {
-        let res = app.claim(key, json!({ "ttl_ms": 10_000 })).await;
-        assert_eq!(res.status(), StatusCode::CREATED, "{key}");
-        let v: Value = res.json().await.unwrap();
-        tokens.push(v["token"].as_str().unwrap().to_owned());
-    }
+    let app = spawn_resp_app_at(T0, |l| l.settings.storage.max_key_memory_bytes = CAP).await;
     let client = redis::Client::open(format!("redis://{}/", resp_addr(&app))).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let set = |key: &str, value: &str| redis::cmd("SET").arg(key).arg(value).clone();
     let ok: String = set("a", "1").query_async(&mut con).await.unwrap();
-    assert_eq!(ok, "OK", "the fourth key is taken");
+    assert_eq!(ok, "OK");
 
-    // Full: a claim of a new key is refused, with when to retry.
-    let res = app.claim("k3", json!({ "ttl_ms": 10_000 })).await;
-    assert_eq!(res.status(), StatusCode::INSUFFICIENT_STORAGE);
-    assert_eq!(res.headers()["retry-after"], "30");
-    let v: Value = res.json().await.unwrap();
+    // Claims are taken until their keys reach the cap; then refused, with
+    // when to retry.
+    let mut tokens = Vec::new();
+    let refused = loop {
+        let res = app
+            .claim(&format!("k{}", tokens.len()), json!({ "ttl_ms": 10_000 }))
+            .await;
+        if res.status() != StatusCode::CREATED {
+            break res;
+        }
+        let v: Value = res.json().await.unwrap();
+        tokens.push(v["token"].as_str().unwrap().to_owned());
+        assert!(tokens.len() < 20, "a cap of {CAP} bytes took 20 claims");
+    };
+    assert!(tokens.len() >= 2, "{} claims before the cap", tokens.len());
+    assert_eq!(refused.status(), StatusCode::INSUFFICIENT_STORAGE);
+    assert_eq!(refused.headers()["retry-after"], "30");
+    let v: Value = refused.json().await.unwrap();
     assert_eq!(v["code"], "keys_in_memory_full", "{v}");
+    let new = format!("k{}", tokens.len());
+    // A `done` of a key nobody claimed stores one: refused as well.
+    let res = app
+        .done(
+            "never-claimed",
+            json!({ "token": "00112233445566778899aabbccddeeff" }),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::INSUFFICIENT_STORAGE);
     // ... and so is a SET of a new key, with Redis's code for maxmemory.
     let err = set("b", "1")
         .query_async::<String>(&mut con)
         .await
         .unwrap_err();
     assert_eq!(err.code(), Some("OOM"), "{err}");
-    assert!(err.to_string().contains("max_keys_in_memory"), "{err}");
+    assert!(err.to_string().contains("max_key_memory_bytes"), "{err}");
 
     // Nothing was added: the refused keys are not there.
-    let res = app
-        .client
-        .get(app.url("/v1/claims/k3"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    for key in [new.as_str(), "never-claimed"] {
+        let res = app
+            .client
+            .get(app.url(&format!("/v1/claims/{key}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "{key}");
+    }
     let b: Option<String> = redis::cmd("GET")
         .arg("b")
         .query_async(&mut con)
@@ -73,17 +94,22 @@ async fn at_the_cap_new_keys_are_refused_and_the_rest_goes_on_until_the_reaper_m
     let s = app.scrape().await;
     assert_eq!(
         count(&s, "dedupd_store_keys_in_memory", &[("space", "claims")]),
-        3.0
+        tokens.len() as f64
     );
     assert_eq!(
         count(&s, "dedupd_store_keys_in_memory", &[("space", "keyspace")]),
         1.0
     );
-    assert_eq!(count(&s, "dedupd_store_max_keys_in_memory", &[]), 4.0);
+    assert!(count(&s, "dedupd_store_key_memory_bytes", &[]) >= CAP as f64);
+    assert_eq!(
+        count(&s, "dedupd_store_max_key_memory_bytes", &[]),
+        CAP as f64
+    );
 
-    // k1 and k2 expire; once the reaper deletes them, new keys fit again.
+    // All but k0 (done, kept a day) expire; once the reaper deletes them,
+    // new keys fit again.
     app.clock.advance(Duration::from_secs(11));
-    let res = app.claim("k3", json!({ "ttl_ms": 10_000 })).await;
+    let res = app.claim(&new, json!({ "ttl_ms": 10_000 })).await;
     assert_eq!(
         res.status(),
         StatusCode::INSUFFICIENT_STORAGE,
@@ -98,7 +124,7 @@ async fn at_the_cap_new_keys_are_refused_and_the_rest_goes_on_until_the_reaper_m
     .purge_once(dedupd::clock::Clock::now_ms(&app.clock))
     .await
     .unwrap();
-    let res = app.claim("k3", json!({ "ttl_ms": 10_000 })).await;
+    let res = app.claim(&new, json!({ "ttl_ms": 10_000 })).await;
     assert_eq!(res.status(), StatusCode::CREATED);
     let ok: String = set("b", "1").query_async(&mut con).await.unwrap();
     assert_eq!(ok, "OK");
@@ -109,14 +135,15 @@ async fn at_the_cap_new_keys_are_refused_and_the_rest_goes_on_until_the_reaper_m
 #[tokio::test]
 async fn a_restart_with_a_lower_cap_keeps_every_key_and_refuses_only_new_ones() {
     let app = crate::support::app::spawn_app().await;
-    for key in ["k0", "k1", "k2"] {
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    for key in &keys {
         let res = app.claim(key, json!({ "ttl_ms": 10_000 })).await;
         assert_eq!(res.status(), StatusCode::CREATED, "{key}");
     }
     let (mut loaded, dir, clock) = app.stop().await;
-    loaded.settings.storage.max_keys_in_memory = 2;
+    loaded.settings.storage.max_key_memory_bytes = CAP;
     let app = crate::support::app::start_again(loaded, dir, clock).await;
-    for key in ["k0", "k1", "k2"] {
+    for key in &keys {
         let res = app
             .client
             .get(app.url(&format!("/v1/claims/{key}")))
@@ -131,6 +158,6 @@ async fn a_restart_with_a_lower_cap_keeps_every_key_and_refuses_only_new_ones() 
         StatusCode::CONFLICT,
         "held keys answer as ever"
     );
-    let res = app.claim("k3", json!({ "ttl_ms": 10_000 })).await;
+    let res = app.claim("new", json!({ "ttl_ms": 10_000 })).await;
     assert_eq!(res.status(), StatusCode::INSUFFICIENT_STORAGE);
 }
