@@ -65,12 +65,7 @@ async fn at_the_cap_new_keys_are_refused_and_the_rest_goes_on_until_the_reaper_m
 
     // Nothing was added: the refused keys are not there.
     for key in [new.as_str(), "never-claimed"] {
-        let res = app
-            .client
-            .get(app.url(&format!("/v1/claims/{key}")))
-            .send()
-            .await
-            .unwrap();
+        let res = app.get(key).await;
         assert_eq!(res.status(), StatusCode::NOT_FOUND, "{key}");
     }
     let b: Option<String> = redis::cmd("GET")
@@ -144,12 +139,7 @@ async fn a_restart_with_a_lower_cap_keeps_every_key_and_refuses_only_new_ones() 
     loaded.settings.storage.max_key_memory_bytes = CAP;
     let app = crate::support::app::start_again(loaded, dir, clock).await;
     for key in &keys {
-        let res = app
-            .client
-            .get(app.url(&format!("/v1/claims/{key}")))
-            .send()
-            .await
-            .unwrap();
+        let res = app.get(key).await;
         assert_eq!(res.status(), StatusCode::OK, "{key} kept");
     }
     let res = app.claim("k1", json!({ "ttl_ms": 10_000 })).await;
