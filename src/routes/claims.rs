@@ -171,6 +171,7 @@ fn not_owner(state: ClaimState, expires_at_ms: Millis) -> ApiError {
         (status = 400, description = "Invalid key, token, TTL or body", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store cannot be reached or written; retry", body = Problem, content_type = "application/problem+json"),
+        (status = 507, description = "`insufficient_storage` (the disk is at `storage.min_free_bytes`) or `keys_in_memory_full` (the keys held in memory are at `storage.max_key_memory_bytes`): nothing was changed; retry after `Retry-After`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn claim(
     state: web::Data<AppState>,
@@ -230,6 +231,7 @@ pub(super) async fn claim(
         (status = 400, description = "Invalid key, token, TTL or body", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store cannot be reached or written; retry", body = Problem, content_type = "application/problem+json"),
+        (status = 507, description = "`insufficient_storage` (the disk is at `storage.min_free_bytes`) or `keys_in_memory_full` (a done of a key never claimed, while the keys held in memory are at `storage.max_key_memory_bytes`): nothing was changed; retry after `Retry-After`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn done(
     state: web::Data<AppState>,

@@ -83,7 +83,19 @@ async fn at_the_cap_new_keys_are_refused_and_the_rest_goes_on_until_the_reaper_m
         "a duplicate, not a refusal"
     );
     let ok: String = set("a", "2").query_async(&mut con).await.unwrap();
-    assert_eq!(ok, "OK", "a SET that replaces a key adds none");
+    assert_eq!(
+        ok, "OK",
+        "a SET that replaces a value with one as long adds nothing"
+    );
+    let err = set("a", &"x".repeat(200))
+        .query_async::<String>(&mut con)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some("OOM"),
+        "a longer value grows the key: {err}"
+    );
     let res = app.done("k0", json!({ "token": tokens[0] })).await;
     assert_eq!(res.status(), StatusCode::OK);
     let s = app.scrape().await;
@@ -110,6 +122,9 @@ async fn at_the_cap_new_keys_are_refused_and_the_rest_goes_on_until_the_reaper_m
         StatusCode::INSUFFICIENT_STORAGE,
         "expired but not reaped: they still take memory"
     );
+    // A claim of an expired key rewrites it no larger: taken.
+    let res = app.claim("k1", json!({ "ttl_ms": 10_000 })).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
     dedupd::reaper::Reaper::new(
         app.store.clone(),
         Arc::new(app.clock.clone()),
@@ -150,4 +165,42 @@ async fn a_restart_with_a_lower_cap_keeps_every_key_and_refuses_only_new_ones() 
     );
     let res = app.claim("new", json!({ "ttl_ms": 10_000 })).await;
     assert_eq!(res.status(), StatusCode::INSUFFICIENT_STORAGE);
+}
+
+/// Concurrent claims, taken by the writer in batches, stop at the cap
+/// too: no batch passes it by more than one key.
+#[tokio::test]
+async fn concurrent_claims_stop_at_the_cap() {
+    let app = crate::support::app::spawn_app_with(|l| {
+        l.settings.storage.max_key_memory_bytes = CAP;
+    })
+    .await;
+    let claims = (0..40).map(|i| app.claim_key(format!("c{i}")));
+    let statuses: Vec<StatusCode> = futures_util::future::join_all(claims).await;
+    let taken = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CREATED)
+        .count();
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::INSUFFICIENT_STORAGE)
+        .count();
+    assert_eq!(taken + refused, 40, "{statuses:?}");
+    // A claim of a 3-byte key takes about 250 bytes of the 1024: four fit
+    // under the cap, and the one that reaches it.
+    assert!(
+        (1..=5).contains(&taken),
+        "{taken} claims taken: {statuses:?}"
+    );
+    let s = app.scrape().await;
+    assert_eq!(
+        count(&s, "dedupd_store_keys_in_memory", &[("space", "claims")]),
+        taken as f64
+    );
+}
+
+impl crate::support::app::TestApp {
+    async fn claim_key(&self, key: String) -> StatusCode {
+        self.claim(&key, json!({ "ttl_ms": 10_000 })).await.status()
+    }
 }

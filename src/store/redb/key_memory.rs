@@ -11,28 +11,30 @@
 //! would add a key are refused (HTTP 507, a Redis `-OOM` error) until the
 //! reaper deletes expired ones, and everything else goes on.
 //!
-//! `0` (the default) takes half of the memory this process may use: the
-//! machine's, or its cgroup's limit when lower.
+//! `0` (the default) takes half of the memory this process may use (the
+//! machine's, or its cgroup's limit when lower) less redb's page cache.
 
 use std::path::Path;
 
 /// The automatic cap never goes below this.
-pub const AUTO_MIN: u64 = 64 << 20;
+pub const AUTO_MIN: u64 = 8 << 20;
 
 /// Memory assumed when neither `/proc/meminfo` nor a cgroup says.
 const FALLBACK_MEMORY: u64 = 1 << 30;
 
-/// The cap for the setting `setting` (0: automatic), in bytes.
-pub fn resolve(setting: u64) -> u64 {
+/// The cap for the setting `setting` (0: automatic), in bytes, with redb's
+/// page cache of `cache_bytes`.
+pub fn resolve(setting: u64, cache_bytes: u64) -> u64 {
     if setting != 0 {
         return setting;
     }
-    auto(memory_limit().unwrap_or(FALLBACK_MEMORY))
+    auto(memory_limit().unwrap_or(FALLBACK_MEMORY), cache_bytes)
 }
 
-/// The automatic cap with `memory` bytes to go by.
-pub fn auto(memory: u64) -> u64 {
-    (memory / 2).max(AUTO_MIN)
+/// The automatic cap with `memory` bytes to go by: half of them less the
+/// page cache, at least [`AUTO_MIN`].
+pub fn auto(memory: u64, cache_bytes: u64) -> u64 {
+    (memory / 2).saturating_sub(cache_bytes).max(AUTO_MIN)
 }
 
 /// The memory this process may use: the machine's, or the lowest limit of
@@ -87,8 +89,15 @@ fn cgroup_limit(cgroups: &str, root: &Path) -> Option<u64> {
         } else {
             continue;
         };
-        // The cgroup, each one above it, and the hierarchy's root.
-        let mut dir = Some(Path::new(path.trim_start_matches('/')));
+        // The cgroup, each one above it, and the hierarchy's root; only
+        // the root for a path outside this namespace's view ("/../x").
+        let path = path.trim_start_matches('/');
+        let path = if path.split('/').any(|c| c == "..") {
+            ""
+        } else {
+            path
+        };
+        let mut dir = Some(Path::new(path));
         while let Some(d) = dir {
             limit = lowest(limit, read(&base.join(d).join(file)));
             dir = d.parent();
@@ -102,11 +111,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn automatic_is_half_the_memory_with_a_floor() {
-        assert_eq!(auto(24 << 30), 12 << 30);
-        assert_eq!(auto(16 << 20), AUTO_MIN);
-        assert_eq!(resolve(4096), 4096, "a set cap is taken as it is");
-        assert!(resolve(0) >= AUTO_MIN);
+    fn automatic_is_half_the_memory_less_the_page_cache_with_a_floor() {
+        assert_eq!(auto(24 << 30, 64 << 20), (12 << 30) - (64 << 20));
+        assert_eq!(auto(128 << 20, 64 << 20), AUTO_MIN, "half is the cache");
+        assert_eq!(auto(512 << 20, 64 << 20), 192 << 20);
+        assert_eq!(resolve(4096, 64 << 20), 4096, "a set cap is taken as it is");
+        assert!(resolve(0, 64 << 20) >= AUTO_MIN);
     }
 
     #[test]
@@ -145,6 +155,11 @@ mod tests {
         std::fs::write(root.join("memory/memory.limit_in_bytes"), "134217728\n").unwrap();
         assert_eq!(
             cgroup_limit("4:memory:/docker/0123abcd\n", &root),
+            Some(128 << 20)
+        );
+        // A path outside the namespace's view: only the root is read.
+        assert_eq!(
+            cgroup_limit("4:memory:/../../escape\n", &root),
             Some(128 << 20)
         );
         std::fs::write(root.join("system.slice/memory.max"), "max\n").unwrap();

@@ -26,7 +26,9 @@
 //! moves the watermark's epoch, and the read runs again.
 //!
 //! Memory: about 110 bytes per key plus the key's length (and the value's,
-//! up to [`INLINE_MAX`]); a larger value is read from its row. A claim's
+//! when at most [`INLINE_MAX`]; a larger value is read from its row), and
+//! the maps' spare room; estimated as [`KEY_OVERHEAD`] per key for
+//! `storage.max_key_memory_bytes`. A claim's
 //! value is its state, token, fence and fingerprint: 25 bytes without a
 //! fingerprint; measured with 26-byte keys, about 275 bytes per live
 //! claim in all (the maps' spare room included). The count of keys per
@@ -196,13 +198,13 @@ impl Shards {
         Some(entry.slot)
     }
 
-    /// Room for `n` keys in all, spread evenly, each map at most 55 %
-    /// full, so none grows while they are inserted (nothing for none).
+    /// Room for `n` keys in all, spread evenly (nothing for none: an
+    /// empty file allocates no map).
     fn reserve(&mut self, n: usize) {
         if n == 0 {
             return;
         }
-        let each = (n / self.maps.len() + 1) * 100 / 55 + 1;
+        let each = n / self.maps.len() + 1;
         for map in &mut self.maps {
             map.reserve(each, rehash);
         }

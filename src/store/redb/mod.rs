@@ -158,7 +158,10 @@ impl RedbOptions {
             dedupe_window: settings.gateway.dedupe_window,
             accept_missing_log: s.accept_missing_log,
             min_free_bytes: s.min_free_bytes,
-            max_key_memory_bytes: key_memory::resolve(s.max_key_memory_bytes),
+            max_key_memory_bytes: key_memory::resolve(
+                s.max_key_memory_bytes,
+                u64::try_from(s.cache_bytes).unwrap_or(u64::MAX),
+            ),
         }
     }
 

@@ -20,7 +20,7 @@ use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::inbox::{Attempt, NewEvent, Retention, Settle};
 use crate::store::keyspace::KvRequest;
-use crate::store::redb::kv_index::Space;
+use crate::store::redb::kv_index::{INLINE_MAX, KEY_OVERHEAD, Slot, Space};
 
 /// A write the writer thread performs. Serializable for the write-ahead
 /// log: replaying the same requests with the same clock readings on the
@@ -103,18 +103,37 @@ pub enum Request {
 }
 
 impl Request {
-    /// The key a client's write may add to the in-memory index, with its
-    /// space: an API claim, or a `done` of a key not claimed (it stores
-    /// one); a Redis-protocol `SET`. Refused while the index is full and
-    /// the key is not in it (see `key_memory`). The gateway's own claims
-    /// (its stream leases and bulk jobs, bounded by its configuration) are
-    /// never refused: deliveries and an operator's redeliveries go on.
-    pub fn may_add_key(&self) -> Option<(Space, &[u8])> {
+    /// How a client's write may grow the in-memory index: an API claim, a
+    /// `done` (of a key not claimed it stores one), a Redis-protocol `SET`.
+    /// Refused at `storage.max_key_memory_bytes` when it would (see
+    /// `key_memory`). The gateway's own claims (its bulk jobs' holds,
+    /// bounded by its configuration) are never refused.
+    pub fn key_growth(&self) -> Option<KeyGrowth<'_>> {
         match self {
-            Request::Claim { key, .. } | Request::Done { key, .. } if key.is_api() => {
-                Some((Space::Claims, key.as_str().as_bytes()))
-            }
-            Request::Kv(KvRequest::Set { key, .. }) => Some((Space::Kv, key)),
+            Request::Claim {
+                key, fingerprint, ..
+            } if key.is_api() => Some(KeyGrowth {
+                space: Space::Claims,
+                key: key.as_str().as_bytes(),
+                when: GrowsWhen::AbsentOrExpired,
+                inline: CLAIM_VALUE_LEN + fingerprint.as_ref().map_or(0, |f| f.as_str().len()),
+            }),
+            Request::Done { key, .. } if key.is_api() => Some(KeyGrowth {
+                space: Space::Claims,
+                key: key.as_str().as_bytes(),
+                when: GrowsWhen::Absent,
+                inline: CLAIM_VALUE_LEN,
+            }),
+            Request::Kv(KvRequest::Set { key, value, .. }) => Some(KeyGrowth {
+                space: Space::Kv,
+                key,
+                when: GrowsWhen::Longer,
+                inline: if value.len() <= INLINE_MAX {
+                    value.len()
+                } else {
+                    0
+                },
+            }),
             _ => None,
         }
     }
@@ -287,4 +306,53 @@ pub(super) struct BatchRef<'a> {
     pub seq: u64,
     /// See [`Batch::ops`].
     pub ops: &'a [(Millis, &'a Request)],
+}
+
+/// A claim's stored value without a fingerprint: state, token, fence
+/// (`super::tables::claim_value`).
+const CLAIM_VALUE_LEN: usize = 25;
+
+/// How a client's write may grow the in-memory index
+/// ([`Request::key_growth`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyGrowth<'a> {
+    pub space: Space,
+    pub key: &'a [u8],
+    /// When it grows the index if the key is there.
+    pub when: GrowsWhen,
+    /// The value it keeps inline (0: read from its row).
+    pub inline: usize,
+}
+
+/// When a write grows the index for a key that is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrowsWhen {
+    /// Only when absent (a `done` rewrites a claim no larger).
+    Absent,
+    /// When absent or expired (a live claim refuses a new one).
+    AbsentOrExpired,
+    /// When absent, or its value grows (a `SET`).
+    Longer,
+}
+
+impl KeyGrowth<'_> {
+    /// What it adds to the index's memory (estimated, as
+    /// [`Slot::cost`]) given the key's slot `stored` at `now`: nothing
+    /// when it grows nothing.
+    pub fn added(&self, stored: Option<&Slot>, now: Millis) -> usize {
+        let Some(slot) = stored else {
+            return self.most();
+        };
+        let kept = slot.inline.as_ref().map_or(0, |v| v.len());
+        match self.when {
+            GrowsWhen::Absent => 0,
+            GrowsWhen::AbsentOrExpired if slot.is_live(now) => 0,
+            GrowsWhen::AbsentOrExpired | GrowsWhen::Longer => self.inline.saturating_sub(kept),
+        }
+    }
+
+    /// [`KeyGrowth::added`] at most: for a key not there.
+    pub fn most(&self) -> usize {
+        KEY_OVERHEAD + self.key.len() + self.inline
+    }
 }

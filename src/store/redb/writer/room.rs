@@ -98,12 +98,13 @@ impl Writer<'_> {
 
 impl Writer<'_> {
     /// Keeps the in-memory index within `storage.max_key_memory_bytes`: at
-    /// the cap, the batch's writes by clients that would add a key (see
-    /// [`Request::may_add_key`](crate::store::redb::record::Request::may_add_key))
+    /// the cap, clients' writes that would grow it (see
+    /// [`Request::key_growth`](crate::store::redb::record::Request::key_growth))
     /// are answered `KeysFull` at once, having changed nothing; the rest
-    /// run (a key already held, done, release, extend, deletes, the
-    /// gateway's own claims, the reaper's purge, which makes room).
-    /// Checked per batch, so the keys may pass the cap by one batch's.
+    /// run (a second claim of a held key, done of a claim, release,
+    /// extend, deletes, the gateway's own claims, the reaper's purge,
+    /// which makes room). The index passes the cap by one write's key at
+    /// most.
     pub(super) fn cap_keys(&mut self) {
         let cap = self.opts.max_key_memory_bytes;
         let held = {
@@ -126,22 +127,33 @@ impl Writer<'_> {
                 "keys in memory below 90 % of storage.max_key_memory_bytes again"
             );
         }
-        if !full || !self.batch.iter().any(|(r, _, _)| r.may_add_key().is_some()) {
+        // Far from the cap, even if every write added its key: all run.
+        let most: u64 = self
+            .batch
+            .iter()
+            .filter_map(|(r, _, _)| r.key_growth())
+            .map(|g| g.most() as u64)
+            .sum();
+        if held.saturating_add(most) < cap {
             return;
         }
-        // A key already held (a second claim of it, a SET that replaces
-        // it) adds nothing: it runs, and is answered as it would be.
+        // Near it: each write is counted by what it adds (a key already
+        // held, a second claim of it, a SET no longer than its value, add
+        // nothing), and the ones that add are refused once the cap is
+        // reached, this batch's additions included.
+        let mut added = 0u64;
         let mut kept = Vec::with_capacity(self.max_batch);
         let mut refused = Vec::new();
         {
             let ix = self.shared.kv.read();
             for (request, now, reply) in self.batch.drain(..) {
                 let adds = request
-                    .may_add_key()
-                    .is_some_and(|(space, key)| ix.get(space, key).is_none());
-                if adds {
+                    .key_growth()
+                    .map_or(0, |g| g.added(ix.get(g.space, g.key), now) as u64);
+                if adds > 0 && held.saturating_add(added) >= cap {
                     refused.push(reply);
                 } else {
+                    added += adds;
                     kept.push((request, now, reply));
                 }
             }
