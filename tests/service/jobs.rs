@@ -688,3 +688,35 @@ async fn two_jobs_on_one_source_still_leave_live_events_half_its_slots() {
         assert_eq!(done["state"], "done", "{done}");
     }
 }
+
+/// At `storage.max_key_memory_bytes`, clients' new claims are refused, but
+/// a redeliver job's own hold (a claim in the gateway's namespace) is not:
+/// the operator's recovery tools work when the cap is reached.
+#[tokio::test]
+async fn a_redeliver_job_runs_while_clients_keys_are_at_the_memory_cap() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let source = crate::support::gateway::settings(&receiver.url);
+    let app = crate::support::app::spawn_app_with(move |l| {
+        l.settings.sources.insert("sume".into(), source);
+        l.settings.storage.max_key_memory_bytes = 1024;
+    })
+    .await;
+    ingest_delivered(&app, &[("a1", "run_1", "2026-11-29T10:00:01Z")]).await;
+    let mut taken = 0;
+    loop {
+        let res = app
+            .claim(&format!("k{taken}"), json!({ "ttl_ms": 60_000 }))
+            .await;
+        if res.status() != StatusCode::CREATED {
+            assert_problem(res, StatusCode::INSUFFICIENT_STORAGE, "keys_in_memory_full").await;
+            break;
+        }
+        taken += 1;
+        assert!(taken < 20, "a cap of 1024 bytes took 20 claims");
+    }
+    let started = start_job(&app, "redeliver", json!({ "status": "delivered" })).await;
+    let done = finished(&app, started["id"].as_str().unwrap()).await;
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["delivered"], 1, "{done}");
+    assert_eq!(replays(&receiver).len(), 1);
+}

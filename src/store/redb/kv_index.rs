@@ -25,20 +25,18 @@
 //! `watermark::Watermark`). If that batch is undone instead, the writer
 //! moves the watermark's epoch, and the read runs again.
 //!
-//! Memory: about 110 bytes per key plus the key's length (and the value's,
-//! when at most [`INLINE_MAX`]; a larger value is read from its row), and
-//! the maps' spare room; estimated as [`KEY_OVERHEAD`] per key for
-//! `storage.max_key_memory_bytes`. A claim's
-//! value is its state, token, fence and fingerprint: 25 bytes without a
-//! fingerprint; measured with 26-byte keys, about 275 bytes per live
-//! claim in all (the maps' spare room included). The count of keys per
-//! space is the `dedupd_store_keys_in_memory` gauge.
+//! Memory, measured with 26-byte keys: about 275 bytes per live claim
+//! (the maps' spare room included; a claim's value is its state, token,
+//! fence and fingerprint, 25 bytes without one). A value over
+//! [`INLINE_MAX`] is read from its row. For `storage.max_key_memory_bytes`
+//! each key is estimated at [`KEY_OVERHEAD`] plus its bytes and its
+//! inline value's ([`Slot::cost`]); the gauges are
+//! `dedupd_store_keys_in_memory` and `dedupd_store_key_memory_bytes`.
 
 use std::hash::{BuildHasher, RandomState};
-
-use hashbrown::HashTable;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use hashbrown::HashTable;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use super::tables::{

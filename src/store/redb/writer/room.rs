@@ -14,14 +14,19 @@ use crate::store::redb::kv_index::Space;
 use crate::store::redb::space;
 use crate::store::redb::wal::GROW;
 
-use super::Writer;
+use super::{Reply, Writer};
+use crate::clock::Millis;
+use crate::store::redb::record::Request;
 
 impl Writer<'_> {
     /// Keeps the disk from filling: checkpoints first when what the log
     /// holds would no longer fit in the data file, then refuses the writes
     /// of the batch there is no room for.
     pub(super) fn make_room(&mut self) {
-        let space = &self.shared.space;
+        // The shared state outlives this borrow of the writer, so the
+        // batch can be sifted while `space` is in use.
+        let shared = self.shared;
+        let space = &shared.space;
         let floor = space.floor();
         let mut free = space.free();
         let total: u64 = self.batch.iter().map(|(r, _, _)| r.estimated_bytes()).sum();
@@ -59,31 +64,26 @@ impl Writer<'_> {
             return;
         }
         let mut taken = 0u64;
-        let mut refused = Vec::new();
-        let mut kept = Vec::with_capacity(self.batch.len());
-        for (request, now, reply) in self.batch.drain(..) {
+        let refused = self.sift(|request, _| {
             let bytes = request.estimated_bytes();
             let floor_here = if request.is_upkeep() {
                 floor / 2
             } else {
                 floor
             };
-            if space::admits(
+            let admitted = space::admits(
                 free.saturating_sub(taken),
                 floor_here,
                 logged.saturating_add(taken),
                 bytes,
-            ) {
+            );
+            if admitted {
                 taken += bytes;
-                kept.push((request, now, reply));
-            } else {
-                if !request.is_upkeep() {
-                    space.refused(bytes);
-                }
-                refused.push(reply);
+            } else if !request.is_upkeep() {
+                space.refused(bytes);
             }
-        }
-        self.batch = kept;
+            admitted
+        });
         // Whether a client's next write would be taken.
         space.set_logged(logged.saturating_add(taken));
         // Refusing while a client's write (the largest refused) would not
@@ -106,13 +106,22 @@ impl Writer<'_> {
     /// which makes room). The index passes the cap by one write's key at
     /// most.
     pub(super) fn cap_keys(&mut self) {
+        // At most what the batch's writes would add, were all their keys
+        // new: nothing for a batch of other writes (no index read).
+        let most: u64 = self
+            .batch
+            .iter()
+            .filter_map(|(r, _, _)| r.key_growth())
+            .map(|g| g.most() as u64)
+            .sum();
+        if most == 0 {
+            return;
+        }
+        let shared = self.shared;
         let cap = self.opts.max_key_memory_bytes;
-        let held = {
-            let ix = self.shared.kv.read();
-            (ix.bytes(Space::Claims) + ix.bytes(Space::Kv)) as u64
-        };
-        let full = held >= cap;
-        if full && !self.keys_full {
+        let ix = shared.kv.read();
+        let held = (ix.bytes(Space::Claims) + ix.bytes(Space::Kv)) as u64;
+        if held >= cap && !self.keys_full {
             self.keys_full = true;
             tracing::warn!(
                 held,
@@ -128,12 +137,6 @@ impl Writer<'_> {
             );
         }
         // Far from the cap, even if every write added its key: all run.
-        let most: u64 = self
-            .batch
-            .iter()
-            .filter_map(|(r, _, _)| r.key_growth())
-            .map(|g| g.most() as u64)
-            .sum();
         if held.saturating_add(most) < cap {
             return;
         }
@@ -142,25 +145,35 @@ impl Writer<'_> {
         // nothing), and the ones that add are refused once the cap is
         // reached, this batch's additions included.
         let mut added = 0u64;
-        let mut kept = Vec::with_capacity(self.max_batch);
-        let mut refused = Vec::new();
-        {
-            let ix = self.shared.kv.read();
-            for (request, now, reply) in self.batch.drain(..) {
-                let adds = request
-                    .key_growth()
-                    .map_or(0, |g| g.added(ix.get(g.space, g.key), now) as u64);
-                if adds > 0 && held.saturating_add(added) >= cap {
-                    refused.push(reply);
-                } else {
-                    added += adds;
-                    kept.push((request, now, reply));
-                }
+        let refused = self.sift(|request, now| {
+            let adds = request
+                .key_growth()
+                .map_or(0, |g| g.added(ix.get(g.space, g.key), now) as u64);
+            let taken = adds == 0 || held.saturating_add(added) < cap;
+            if taken {
+                added += adds;
             }
-        }
-        self.batch = kept;
+            taken
+        });
+        drop(ix);
         for reply in refused {
             let _ = reply.send(Err(EngineError::KeysFull { held, cap }));
         }
+    }
+
+    /// Keeps the batch's writes that `keep` takes, in their order, and
+    /// returns the replies of the others.
+    fn sift(&mut self, mut keep: impl FnMut(&Request, Millis) -> bool) -> Vec<Reply> {
+        let mut kept = Vec::with_capacity(self.max_batch);
+        let mut refused = Vec::new();
+        for (request, now, reply) in self.batch.drain(..) {
+            if keep(&request, now) {
+                kept.push((request, now, reply));
+            } else {
+                refused.push(reply);
+            }
+        }
+        self.batch = kept;
+        refused
     }
 }
