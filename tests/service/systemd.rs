@@ -201,3 +201,24 @@ async fn serve_raises_a_short_open_files_soft_limit_to_the_hard_one() {
     assert_ne!(hard, "256", "this test needs a hard limit above 256");
     assert_eq!(soft, hard, "the soft limit was raised to the hard one");
 }
+
+/// `serve` runs with transparent huge pages off (`THP_enabled: 0` in
+/// /proc): with them, memory grew in 2 MiB pages zeroed inside the writer's
+/// page faults, which held every write behind it for milliseconds several
+/// times a second under sustained claims.
+#[tokio::test]
+async fn serve_runs_without_transparent_huge_pages() {
+    let dir = TempDir::new().unwrap();
+    let (child, _port, drain) = crate::support::process::serve(&dir);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    assert!(
+        crate::support::process::stop(child, "-TERM", drain)
+            .await
+            .success()
+    );
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("THP_enabled:"))
+        .expect("this kernel reports THP_enabled in /proc/PID/status");
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+}
