@@ -33,6 +33,7 @@ pub mod domain;
 pub mod error;
 pub mod gateway;
 pub mod http_client;
+pub mod huge_pages;
 pub mod limits;
 pub mod peers;
 pub mod reaper;

@@ -9,24 +9,10 @@ use std::sync::Arc;
 
 /// mimalloc: the writer and the HTTP workers allocate and free many small
 /// buffers per request (glibc's malloc and free were about a tenth of the
-/// writer's time in a profile of the claims path).
+/// writer's time in a profile of the claims path). `serve` turns off the
+/// transparent huge pages it asks for (`dedupd::huge_pages`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Turns transparent huge pages off for this process. mimalloc asks for
-/// them on its regions, so memory grew in 2 MiB pages, and the kernel zeroed
-/// each one inside the fault of the thread that first touched it: the
-/// writer, as the keys' index grew, stopped for 3 to 7 ms about six times a
-/// second under sustained claims (more in a virtual machine, where each new
-/// page also faults on the host), and every write queued behind it. With
-/// 4 KiB pages the same zeroing is spread over the writes. If the kernel
-/// refuses, dedupd runs as before.
-fn no_huge_pages() {
-    #[cfg(target_os = "linux")]
-    if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
-        eprintln!("dedupd: cannot turn transparent huge pages off ({e}); running with them");
-    }
-}
 
 use clap::{Parser, Subcommand};
 use cli::load;
@@ -86,7 +72,6 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    no_huge_pages();
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::CheckConfig { config } => return cli::check_config::run(config.as_deref()),
@@ -115,6 +100,7 @@ fn main() -> ExitCode {
             dedupd::telemetry::init(&loaded.settings.log);
             loaded.warn_about_open_secret_files();
             dedupd::limits::ensure_open_files(&loaded.settings);
+            dedupd::huge_pages::turn_off();
             Ok(match serve(loaded) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

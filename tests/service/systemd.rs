@@ -1,6 +1,7 @@
 //! systemd integration: the real binary talks to a real notify socket, and
 //! the watchdog's liveness check notices a writer stuck in a sync.
-//! Also the example config shipped beside the unit.
+//! Also the example config shipped beside the unit, and what `serve` sets
+//! for its own process at start (open files, huge pages).
 
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
@@ -202,23 +203,49 @@ async fn serve_raises_a_short_open_files_soft_limit_to_the_hard_one() {
     assert_eq!(soft, hard, "the soft limit was raised to the hard one");
 }
 
-/// `serve` runs with transparent huge pages off (`THP_enabled: 0` in
-/// /proc): with them, memory grew in 2 MiB pages zeroed inside the writer's
-/// page faults, which held every write behind it for milliseconds several
-/// times a second under sustained claims.
-#[tokio::test]
-async fn serve_runs_without_transparent_huge_pages() {
+/// `THP_enabled` of process `pid` from /proc, if the kernel reports it.
+fn thp_enabled(pid: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("THP_enabled:"))?;
+    line.split_whitespace().nth(1).map(str::to_owned)
+}
+
+/// `THP_enabled` of a `serve` started with `env`, read while it serves.
+async fn serve_thp_enabled(env: &[(&str, &str)]) -> Option<String> {
     let dir = TempDir::new().unwrap();
-    let (child, _port, drain) = crate::support::process::serve(&dir);
-    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let mut cmd = dedupd();
+    cmd.arg("serve")
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "127.0.0.1:0")
+        .env_remove("MIMALLOC_ALLOW_THP")
+        .envs(env.iter().copied());
+    let (child, _port, drain) = spawn_serving(cmd);
+    let enabled = thp_enabled(&child.id().to_string());
     assert!(
         crate::support::process::stop(child, "-TERM", drain)
             .await
             .success()
     );
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("THP_enabled:"))
-        .expect("this kernel reports THP_enabled in /proc/PID/status");
-    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+    enabled
+}
+
+/// `serve` runs with transparent huge pages off (`THP_enabled: 0` in
+/// /proc): with them, memory grew in 2 MiB pages zeroed inside the writer's
+/// page faults, which held every write behind it for milliseconds several
+/// times a second under sustained claims. `MIMALLOC_ALLOW_THP=1` keeps them.
+#[tokio::test]
+async fn serve_turns_transparent_huge_pages_off_unless_told_to_keep_them() {
+    // Where this process has them off already (inherited) or the kernel
+    // does not say, a child's 0 would prove nothing.
+    if thp_enabled("self").as_deref() != Some("1") {
+        eprintln!("skipped: this test process's THP_enabled is not 1");
+        return;
+    }
+    assert_eq!(serve_thp_enabled(&[]).await.as_deref(), Some("0"));
+    assert_eq!(
+        serve_thp_enabled(&[("MIMALLOC_ALLOW_THP", "1")])
+            .await
+            .as_deref(),
+        Some("1")
+    );
 }
