@@ -821,12 +821,25 @@ async fn a_dispatcher_with_nothing_due_reads_nothing_on_its_poll() {
     eventually("held is being delivered", || async { receiver.held() == 1 }).await;
     assert_eq!(app.get("absent").await.status(), StatusCode::NOT_FOUND);
     let commits = || app.store.write_stats().commits;
-    app.claim_ok("k", serde_json::json!({})).await;
-    let before = commits();
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
-    assert_eq!(commits(), before, "a poll read the inbox");
+    // The dispatcher reads the inbox once more after the turn that sent
+    // `held`; on a loaded machine that read can land after the claim below
+    // and commit it. So a window with a commit is tried again with a fresh
+    // claim, up to three times: a poll that reads the inbox commits in
+    // every one of them.
+    let mut before = 0;
+    let mut quiet = false;
+    for i in 0..3 {
+        app.claim_ok(&format!("k{i}"), serde_json::json!({})).await;
+        before = commits();
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        if commits() == before {
+            quiet = true;
+            break;
+        }
+    }
+    assert!(quiet, "a poll read the inbox: a commit in every window");
     // A claim is read from the index in memory: no commit for it.
-    assert_eq!(app.get("k").await.status(), StatusCode::OK);
+    assert_eq!(app.get("k0").await.status(), StatusCode::OK);
     assert_eq!(commits(), before);
     // A read of the inbox does commit it, so the count above could have
     // moved.
