@@ -48,7 +48,7 @@ mod tests {
     use super::keep;
 
     #[test]
-    fn only_a_yes_keeps_them() {
+    fn any_value_but_a_no_keeps_them() {
         for v in ["1", "2", "true", "ON", " yes ", ""] {
             assert!(keep(Some(v)), "{v}");
         }
