@@ -6,8 +6,9 @@
 #   benches/claims_vs_redis.sh                       # 3 rounds, 10 s per run, 16 64 256
 #   ROUNDS=1 DURATION=3 CONCURRENCY="64" KEEP=1 benches/claims_vs_redis.sh
 #   SUSTAINED=1 benches/claims_vs_redis.sh           # issue 35's scenario: 3 rounds of 60 s at 64 and 256,
-#                                                    # claims against Redis AOF-always only, with p99.9, max and
-#                                                    # the checkpoints each run held (about 20 minutes)
+#                                                    # claims against Redis AOF-always (wrk against redis-benchmark,
+#                                                    # then one client for both), with p99.9, max and the
+#                                                    # checkpoints each run held (about 35 minutes)
 #
 # Env: ROUNDS (default 3: every run is repeated this many times, rounds one
 # after the other, and the tables show each figure's median over the rounds
@@ -17,6 +18,8 @@
 # KEEP=1 (keep the temp dir, with each run's raw output: wrk-*.txt, same-*.txt), MIX=0 (skip the claim->done mix), FLOOR=0
 # (skip the GET /healthz runs that show wrk's own latency floor), SAME=0
 # (skip the runs with one client for both sides, benches/loadgen.rs),
+# SAME_REF=0 (of those, run only dedupd's claims and Redis AOF-always's SETs:
+# no Redis without persistence, no GET /healthz),
 # OPS=0 (skip the other writes with that client: apply against the same
 # ordering as a Lua script on the AOF Redis, and a claim's
 # claim->extend->release; they need SAME=1),
@@ -33,7 +36,7 @@ SUSTAINED=${SUSTAINED:-0}
 if [ "$SUSTAINED" = 1 ]; then
     # Long enough for checkpoints to land inside every run, as they do in
     # production: short rounds flatter dedupd.
-    : "${DURATION:=60}" "${CONCURRENCY:=64 256}" "${MIX:=0}" "${FLOOR:=0}" "${SAME:=0}" "${OPS:=0}"
+    : "${DURATION:=60}" "${CONCURRENCY:=64 256}" "${MIX:=0}" "${FLOOR:=0}" "${SAME:=1}" "${SAME_REF:=0}" "${OPS:=0}"
 fi
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
@@ -41,6 +44,7 @@ CONCURRENCY=${CONCURRENCY:-16 64 256}
 MIX=${MIX:-1}
 FLOOR=${FLOOR:-1}
 SAME=${SAME:-1}
+SAME_REF=${SAME_REF:-1}
 OPS=${OPS:-1}
 WRK_THREADS=${WRK_THREADS:-2}
 RB_THREADS=${RB_THREADS:-2}
@@ -147,6 +151,12 @@ settle() {
     for i in $(seq 100); do [ "$(checkpoints)" != "$n0" ] && return; sleep 0.05; done
     log "   no checkpoint within 5 s of the run's end"
 }
+note_checkpoints() { # KIND C STATS-BEFORE STATS-AFTER: the checkpoints a dedupd run held
+    awk -v k="$1" -v c="$2" -v r="$ROUND" -v a="$3" -v b="$4" 'BEGIN { split(a, x, " "); split(b, y, " ")
+        n = y[1] - x[1]; over = n - (y[3] - x[3])
+        avg = (n > 0) ? sprintf("%.0f ms each on average, %d over 25 ms", (y[2] - x[2]) / n * 1000, over) : ""
+        printf "  round %s  c=%-4s %-10s %3d checkpoints during the run, %s\n", r, c, k, n, avg }' >>"$CKPT"
+}
 run_wrk() { # KIND C SCRIPT
     local out f0
     wait_quiet; f0=$(flag)
@@ -155,10 +165,7 @@ run_wrk() { # KIND C SCRIPT
     out=$(wrk -t "$WRK_THREADS" -c "$2" -d "${DURATION}s" --timeout 10s -s "$3" "http://127.0.0.1:$DPORT" -- "$1$2-$RANDOM$RANDOM")
     k1=$(checkpoint_stats)
     threads_cpu "$DPID" >"$TMP/cpu1"
-    awk -v k="$1" -v c="$2" -v r="$ROUND" -v a="$k0" -v b="$k1" 'BEGIN { split(a, x, " "); split(b, y, " ")
-        n = y[1] - x[1]; over = n - (y[3] - x[3])
-        avg = (n > 0) ? sprintf("%.0f ms each on average, %d over 25 ms", (y[2] - x[2]) / n * 1000, over) : ""
-        printf "  round %s  c=%-4s %-6s %3d checkpoints during the run, %s\n", r, c, k, n, avg }' >>"$CKPT"
+    note_checkpoints "$1" "$2" "$k0" "$k1"
     [ "$1" = floor ] || settle
     echo "$out" >"$TMP/wrk-$1-$2.txt"
     local r; r=$(grep '^RESULT' <<<"$out") || die "no wrk result for $1 c=$2: $out"
@@ -205,15 +212,20 @@ run_same() { # KIND LOADGEN-KIND PORT PID C: the same client (benches/loadgen.rs
     local out f0 r
     wait_quiet; f0=$(flag)
     threads_cpu "$4" >"$TMP/cpu0"
+    local k0 k1 writes=0
+    case $1 in same-claim | same-apply | same-cycle) writes=1; k0=$(checkpoint_stats) ;; esac
     out=$("$LOADGEN" "$2" "127.0.0.1:$3" "$5" "$DURATION" 2 1) || die "loadgen $2 c=$5 failed: $out"
     threads_cpu "$4" >"$TMP/cpu1"
-    case $1 in same-claim | same-apply | same-cycle) settle ;; esac
+    if [ "$writes" = 1 ]; then
+        # The 1 s warm-up is in these counts too.
+        k1=$(checkpoint_stats); note_checkpoints "$1" "$5" "$k0" "$k1"; settle
+    fi
     echo "$out" >"$TMP/same-$1-$5.txt"
     r=$(grep '^RESULT' <<<"$out") || die "no loadgen result for $1 c=$5: $out"
-    # kind c rps p50ms p99ms errors 0 flag round p99ms-with-wrk's-correction
+    # kind c rps p50ms p99ms errors 0 flag round p99ms-with-wrk's-correction p99.9ms maxms
     awk -v k="$1" -v c="$5" -v f="$f0/$(flag)" -v r="$ROUND" '{
         for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-        printf "%s %s %.0f %.3f %.3f %d 0 %s %s %.3f\n", k, c, v["rps"], v["p50_ms"], v["p99_ms"], v["errors"], f, r, v["p99co_ms"]
+        printf "%s %s %.0f %.3f %.3f %d 0 %s %s %.3f %.3f %.3f\n", k, c, v["rps"], v["p50_ms"], v["p99_ms"], v["errors"], f, r, v["p99co_ms"], v["p999_ms"], v["max_ms"]
     }' <<<"$r" >>"$RES"
     cpu_row "$1" "$5" "$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$r")"
 }
@@ -223,8 +235,10 @@ for c in $CONCURRENCY; do
     if [ "$SAME" = 1 ]; then
         log "c=$c: same client: dedupd claims";  run_same same-claim http-claim "$DPORT" "$DPID" "$c"
         log "c=$c: same client: redis AOF";      run_same same-aof resp-set "$RAOF" "$PAOF" "$c"
-        log "c=$c: same client: redis none";     run_same same-none resp-set "$RNONE" "$PNONE" "$c"
-        log "c=$c: same client: GET /healthz";   run_same same-floor http-healthz "$DPORT" "$DPID" "$c"
+        if [ "$SAME_REF" = 1 ]; then
+            log "c=$c: same client: redis none";   run_same same-none resp-set "$RNONE" "$PNONE" "$c"
+            log "c=$c: same client: GET /healthz"; run_same same-floor http-healthz "$DPORT" "$DPID" "$c"
+        fi
         if [ "$OPS" = 1 ]; then
             log "c=$c: same client: dedupd apply"; run_same same-apply http-apply "$DPORT" "$DPID" "$c"
             log "c=$c: same client: redis AOF, the recipe's apply (Lua)"
@@ -303,7 +317,7 @@ awk '
                 a[3] ? d[3] / a[3] : 0, a[5] ? d[5] / a[5] : 0
         }
     }' "$MED"
-echo "Checkpoints each dedupd run held (from dedupd_store_checkpoint_seconds):"
+echo "Checkpoints each dedupd run held (from dedupd_store_checkpoint_seconds; a one-client run's count includes its 1 s warm-up):"
 cat "$CKPT"
 if [ "$MIX" = 1 ]; then
     echo
@@ -339,6 +353,7 @@ if [ "$SAME" = 1 ]; then
     echo "p50/p99 are as measured, like redis-benchmark's; 'p99, wrk-corrected' is the p99 after wrk's correction for"
     echo "coordinated omission (each latency L >= 2 x the mean interval between a connection's requests also counts as"
     echo "L - interval, L - 2 x interval, ...), which wrk applies to the figures in the first table and redis-benchmark does not:"
+    [ "$SAME_REF" = 1 ] || echo "(SAME_REF=0: Redis without persistence and GET /healthz did not run; their columns show 0.)"
     awk '
         { k[$1 " " $2] = $0; if ($1 == "same-claim") cs[++nc] = $2 }
         END {
@@ -349,6 +364,20 @@ if [ "$SAME" = 1 ]; then
                 printf "%5s | %8d %6.2f %6.2f | %8d %6.2f %6.2f | %8d %6.2f %6.2f | %5.2fx %5.2fx | %8d %6.2f | %6.2f %6.2f %5.2fx | %d/%d/%d, %s %s %s\n", c,
                     d[3], d[4], d[5], a[3], a[4], a[5], z[3], z[4], z[5],
                     a[3] ? d[3] / a[3] : 0, a[5] ? d[5] / a[5] : 0, f[3], f[5], d[9], a[9], a[9] ? d[9] / a[9] : 0, d[6], a[6], z[6], d[8], a[8], z[8]
+            }
+        }' "$MED"
+    echo
+    echo "The tails with one client (medians over the rounds; ms; p99.9 and max as measured, then the p99 with wrk's"
+    echo "correction on both sides: a stall of either server weighs the same):"
+    awk '
+        { k[$1 " " $2] = $0; if ($1 == "same-claim") cs[++nc] = $2 }
+        END {
+            printf "%5s | %8s %7s %7s %7s %7s | %8s %7s %7s %7s %7s | %6s %6s %9s\n", "conns", "claims/s", "p99", "p99.9", "max", "p99 co", "AOF/s", "p99", "p99.9", "max", "p99 co", "tput", "p99", "p99 co"
+            for (i = 1; i <= nc; i++) {
+                c = cs[i]; split(k["same-claim " c], d, " "); split(k["same-aof " c], a, " ")
+                printf "%5s | %8d %7.2f %7.2f %7.2f %7.2f | %8d %7.2f %7.2f %7.2f %7.2f | %5.2fx %5.2fx %8.2fx\n", c,
+                    d[3], d[5], d[10], d[11], d[9], a[3], a[5], a[10], a[11], a[9],
+                    a[3] ? d[3] / a[3] : 0, a[5] ? d[5] / a[5] : 0, a[9] ? d[9] / a[9] : 0
             }
         }' "$MED"
     if [ "$OPS" = 1 ]; then
