@@ -6,9 +6,10 @@
 #   benches/claims_vs_redis.sh                       # 3 rounds, 10 s per run, 16 64 256
 #   ROUNDS=1 DURATION=3 CONCURRENCY="64" KEEP=1 benches/claims_vs_redis.sh
 #   SUSTAINED=1 benches/claims_vs_redis.sh           # issue 35's scenario: 3 rounds of 60 s at 64 and 256,
-#                                                    # claims against Redis AOF-always (wrk against redis-benchmark,
-#                                                    # then one client for both), with p99.9, max and the
-#                                                    # checkpoints each run held (about 35 minutes)
+#                                                    # claims against Redis AOF-always (one client for both, then
+#                                                    # wrk against redis-benchmark, with Redis without persistence
+#                                                    # for reference), with p99.9, max and the checkpoints each
+#                                                    # run held (about 35 minutes)
 #
 # Env: ROUNDS (default 3: every run is repeated this many times, rounds one
 # after the other, and the tables show each figure's median over the rounds
@@ -18,8 +19,7 @@
 # KEEP=1 (keep the temp dir, with each run's raw output: wrk-*.txt, same-*.txt), MIX=0 (skip the claim->done mix), FLOOR=0
 # (skip the GET /healthz runs that show wrk's own latency floor), SAME=0
 # (skip the runs with one client for both sides, benches/loadgen.rs),
-# SAME_REF=0 (of those, run only dedupd's claims and Redis AOF-always's SETs:
-# no Redis without persistence, no GET /healthz),
+# SAME_REF=0 (of those, leave out Redis without persistence and GET /healthz),
 # OPS=0 (skip the other writes with that client: apply against the same
 # ordering as a Lua script on the AOF Redis, and a claim's
 # claim->extend->release; they need SAME=1),
@@ -265,7 +265,8 @@ AWK_MED='
     }'
 # Each (kind, connections): the median of every figure over the rounds
 # (errors summed), so the tables below read as one run's. Field 9: the
-# one-client runs' p99 with wrk's correction (0 for the others).
+# one-client runs' p99 with wrk's correction (0 for the others); 10:
+# p99.9 (0 for redis-benchmark's); 11: max.
 MED=$TMP/medians
 awk "$AWK_MED"'
     {
@@ -424,7 +425,8 @@ awk "$AWK_MED"'
         }
     }' "$RES"
 echo
-echo "Server CPU per request, in microseconds (user + system time of each thread name, from /proc, over the measured run):"
+echo "Server CPU per request, in microseconds (user + system time of each thread name, from /proc, over the measured run;"
+echo "a one-client run's includes its 1 s warm-up, divided by the requests after it: about 1/DURATION too high):"
 cat "$CPU"
 grep -q 'rewriting started' "$TMP/redis-aof/redis.log" &&
     echo "Note: the AOF redis ran a background AOF rewrite during the runs (see its log)."
