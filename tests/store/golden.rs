@@ -22,6 +22,7 @@ use dedupd::store::inbox::{
     ReplayMark, ReplayState,
 };
 use dedupd::store::keyspace::KvEntry;
+use dedupd::store::redb::faults::FaultPlan;
 use dedupd::store::redb::{OpenError, RedbOptions, RedbStore};
 use dedupd::store::{
     ApplyOutcome, ClaimOutcome, ClaimState, ClaimView, DoneOutcome, ExtendOutcome, Head, Store,
@@ -1215,18 +1216,26 @@ async fn open_golden(case: Case) {
         "{name}: its id"
     );
 
-    let store = RedbStore::open(&options(&path)).unwrap();
-    check_contents(&case, &store).await;
+    opens_with_everything(&case, &path).await;
+}
+
+/// Opens `path`, a copy of `case` (migrated or not yet), and finds
+/// everything: migrated for good, the log rewritten, and the store in use.
+async fn opens_with_everything(case: &Case, path: &Path) {
+    let name = case.name;
+    let log = wal_of(path);
+    let store = RedbStore::open(&options(path)).unwrap();
+    check_contents(case, &store).await;
     store.close().await;
 
     // Migrated for good: this build's schema, an id, and a log bound to it
     // in this build's format.
     assert_eq!(
-        meta_value(&path, "schema_version"),
+        meta_value(path, "schema_version"),
         Some(current_schema().await),
         "{name}"
     );
-    let id = file_id(&path);
+    let id = file_id(path);
     let header = std::fs::read(&log).unwrap();
     assert!(
         header.starts_with(b"DDWAL05\n"),
@@ -1238,14 +1247,14 @@ async fn open_golden(case: Case) {
         id.to_le_bytes(),
         "{name}: the log names its file"
     );
-    check_tables(&case, &path);
-    let last_fence = meta_value(&path, "fence").unwrap();
+    check_tables(case, path);
+    let last_fence = meta_value(path, "fence").unwrap();
 
-    let store = RedbStore::open(&options(&path)).unwrap();
-    check_contents(&case, &store).await;
-    check_use(&case, &store, last_fence).await;
+    let store = RedbStore::open(&options(path)).unwrap();
+    check_contents(case, &store).await;
+    check_use(case, &store, last_fence).await;
     store.close().await;
-    assert_eq!(file_id(&path), id, "{name}: the id is given once");
+    assert_eq!(file_id(path), id, "{name}: the id is given once");
 }
 
 /// A log case's data file alone holds none of the scenario: what the
@@ -1396,6 +1405,48 @@ async fn a_schema_8_file_and_its_log_open_with_every_attempt_timeline() {
 #[tokio::test]
 async fn a_schema_9_file_and_its_log_open_with_erased_events_replay_marks_and_jobs() {
     open_golden(SCHEMA_9).await;
+}
+
+/// The migration to schema 10 copies the claims in the transaction of the
+/// version bump: a disk that fills anywhere in an upgrade's first open
+/// fails the open and loses nothing. The file is at schema 9 or 10, never
+/// between, and the next open, with room, finds everything.
+#[tokio::test]
+async fn a_disk_that_fills_during_the_schema_10_migration_loses_nothing() {
+    let mut left_at_9 = 0;
+    // Every cut point while the upgrade is small, then doubling.
+    for room in (0..64).chain((6..20).map(|i| 1u64 << i)) {
+        let (_dir, path) = copy(&SCHEMA_9, true);
+        let plan = FaultPlan::new();
+        plan.fill_after_writes(room);
+        let mut opts = options(&path);
+        opts.faults = Some(plan.clone());
+        match RedbStore::open(&opts) {
+            Ok(store) => {
+                // Room enough for the whole upgrade.
+                assert_eq!(plan.injected(), 0, "after {room} writes");
+                store.close().await;
+                // The version bump's commit writes several pages, and a
+                // cut after any of them but the last leaves schema 9.
+                assert!(
+                    left_at_9 > 1,
+                    "only {left_at_9} cut points left the file at schema 9"
+                );
+                return;
+            }
+            Err(e) => {
+                assert!(plan.injected() > 0, "after {room} writes: {e}");
+                let schema = meta_value(&path, "schema_version");
+                assert!(
+                    matches!(schema, Some(9 | 10)),
+                    "after {room} writes: schema {schema:?} ({e})"
+                );
+                left_at_9 += usize::from(schema == Some(9));
+                opens_with_everything(&SCHEMA_9, &path).await;
+            }
+        }
+    }
+    panic!("the upgrade never finished within 2^19 writes");
 }
 
 #[tokio::test]

@@ -25,6 +25,9 @@ pub struct FaultPlan {
     batches: AtomicU64,
     /// While set, every write and sync fails (a full disk).
     full: AtomicBool,
+    /// Writes still to let through before the disk "fills" (sets `full`);
+    /// `u64::MAX`: not counting.
+    fill_in: AtomicU64,
     /// Faults injected so far.
     injected: AtomicU64,
     /// While set, every sync (and, with `appends`, every append to the
@@ -42,6 +45,7 @@ impl FaultPlan {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
             free_bytes: AtomicU64::new(u64::MAX),
+            fill_in: AtomicU64::new(u64::MAX),
             ..Self::default()
         })
     }
@@ -82,6 +86,13 @@ impl FaultPlan {
             self.injected.fetch_add(1, Ordering::SeqCst);
         }
         hit
+    }
+
+    /// Lets the next `n` writes through, then fails every write and sync,
+    /// as [`FaultPlan::set_full`] does: a disk that fills part way through
+    /// whatever is writing.
+    pub fn fill_after_writes(&self, n: u64) {
+        self.fill_in.store(n, Ordering::SeqCst);
     }
 
     /// Fails every write and sync until called with `false`.
@@ -134,6 +145,10 @@ impl FaultPlan {
     pub fn trip(&self, sync: bool) -> bool {
         if sync {
             self.wait_while(|h| h.syncs);
+        }
+        if !sync && self.fill_in.load(Ordering::SeqCst) != u64::MAX && !decrement(&self.fill_in) {
+            self.fill_in.store(u64::MAX, Ordering::SeqCst);
+            self.full.store(true, Ordering::SeqCst);
         }
         self.take(if sync { &self.syncs } else { &self.writes })
     }
