@@ -330,3 +330,27 @@ pub async fn assert_problem(res: Response, status: StatusCode, code: &str) -> Va
     assert_eq!(v["type"], format!("urn:dedupd:problem:{code}"));
     v
 }
+
+impl TestApp {
+    /// Runs `window` (given its attempt, 0 to 2) until one run of it made
+    /// the writer commit nothing; the commit count of that run, or `None`
+    /// if all three committed. The dispatcher reads the inbox once more
+    /// after the turn that leased an event (the ingest's wake-up is still
+    /// stored), and on a loaded machine that read can land inside a window
+    /// and commit what the writer holds; a read on every quiet poll commits
+    /// in every window.
+    pub async fn window_without_commits<F, Fut>(&self, mut window: F) -> Option<u64>
+    where
+        F: FnMut(usize) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        for attempt in 0..3 {
+            let before = self.store.write_stats().commits;
+            window(attempt).await;
+            if self.store.write_stats().commits == before {
+                return Some(before);
+            }
+        }
+        None
+    }
+}
