@@ -4,6 +4,7 @@
 
 mod backends;
 mod cases;
+mod checkpoint_sync;
 mod disk_faults;
 mod golden;
 mod held_commit;

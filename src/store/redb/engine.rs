@@ -27,6 +27,7 @@ use super::flusher::Flusher;
 use super::kv_index::{KvIndex, Space as KeySpace};
 use super::ops::Response;
 use super::record::Request;
+use super::sync_gate::SyncGate;
 use super::tables::META;
 use super::watermark::Watermark;
 use super::writer::{Counters, Envelope};
@@ -53,6 +54,9 @@ pub struct Shared {
     pub(super) watermark: Watermark,
     /// The open file's switch that refuses its writes (see [`super::guard`]).
     pub(super) refuse: Mutex<Arc<AtomicBool>>,
+    /// Where the writer hands a checkpoint's sync to the flusher, and the
+    /// file's writes wait for it (see [`super::sync_gate`]).
+    pub(super) gate: Arc<SyncGate>,
     /// Set by a read waiting for the file to be reopened: the writer tries
     /// again soon instead of after its backoff.
     pub(super) reopen_wanted: AtomicBool,

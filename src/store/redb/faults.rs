@@ -11,6 +11,8 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 struct Hang {
     syncs: bool,
     appends: bool,
+    /// Only the checkpoints' syncs handed to the flusher.
+    handed_over: bool,
 }
 
 /// What to fail, shared by a test and the backend. All counts start at 0.
@@ -20,6 +22,8 @@ pub struct FaultPlan {
     writes: AtomicU64,
     /// Syncs still to fail.
     syncs: AtomicU64,
+    /// Checkpoints' syncs handed to the flusher still to fail.
+    handed_over: AtomicU64,
     /// Write batches still to fail once they ran, before they are logged,
     /// with an error that is not a disk fault.
     batches: AtomicU64,
@@ -70,6 +74,34 @@ impl FaultPlan {
     /// Fails the next `n` syncs.
     pub fn fail_next_syncs(&self, n: u64) {
         self.syncs.store(n, Ordering::SeqCst);
+    }
+
+    /// Fails the next `n` checkpoint syncs handed to the flusher thread
+    /// (see [`super::sync_gate`]), and no other sync.
+    pub fn fail_next_handed_over_syncs(&self, n: u64) {
+        self.handed_over.store(n, Ordering::SeqCst);
+    }
+
+    /// Makes every checkpoint sync handed to the flusher block until called
+    /// with `false` (other syncs go on): a checkpoint whose sync is slow.
+    pub fn set_handed_over_syncs_hung(&self, hung: bool) {
+        self.hung
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .handed_over = hung;
+        self.unhang.notify_all();
+    }
+
+    /// Whether a checkpoint's sync handed to the flusher fails; it first
+    /// waits while such syncs hang, then counts as any sync does
+    /// ([`FaultPlan::trip`]).
+    pub fn trip_handed_over(&self) -> bool {
+        self.wait_while(|h| h.handed_over);
+        if decrement(&self.handed_over) {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+            return true;
+        }
+        self.trip(true)
     }
 
     /// Fails the next `n` write batches after they ran, before they are

@@ -1,4 +1,5 @@
-//! Background write-back of the data file between checkpoints.
+//! Background write-back of the data file between checkpoints, and the
+//! checkpoints' syncs handed over by the writer.
 //!
 //! Batches reach redb without a sync (the write-ahead log holds them), and
 //! redb writes pages out of its write buffer into the kernel's page cache as
@@ -8,53 +9,82 @@
 //! through a handle of its own, so a checkpoint finds little left to write.
 //! Extra syncs only make data durable earlier; redb's commit protocol never
 //! depends on a page staying unwritten.
+//!
+//! It also makes the sync of a checkpoint the writer handed over
+//! ([`SyncGate`]): writes to the file wait for it at the gate, while the
+//! writer goes on running and logging batches.
 
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use super::faults::FaultPlan;
+use super::sync_gate::SyncGate;
 
 /// How often the file is synced in the background.
 const EVERY: Duration = Duration::from_millis(200);
 
-/// The running flusher; stopped (and joined) on drop.
+/// The running flusher; stopped (and joined) on drop, after it made a
+/// handed-over sync still pending.
 #[derive(Debug)]
 pub struct Flusher {
-    /// Set to stop the thread.
-    stop: Arc<AtomicBool>,
+    gate: Arc<SyncGate>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Flusher {
-    /// Starts syncing the file at `path` in the background.
-    pub fn start(path: &Path) -> std::io::Result<Self> {
+    /// Starts syncing the file at `path` in the background, and making the
+    /// syncs handed over at `gate` (which meet the test's `faults`).
+    pub fn start(
+        path: &Path,
+        gate: Arc<SyncGate>,
+        faults: Option<Arc<FaultPlan>>,
+    ) -> std::io::Result<Self> {
         let file = File::open(path)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let shared = gate.clone();
         let thread = std::thread::Builder::new()
             .name("dedupd-flusher".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    std::thread::park_timeout(EVERY);
-                    // A failure here is the writer's to see and handle at
-                    // its next sync; this thread only tries again.
-                    let _ = file.sync_data();
-                }
-            })?;
+            .spawn(move || run(&file, &shared, faults.as_deref()))?;
         Ok(Self {
-            stop,
+            gate,
             thread: Some(thread),
         })
     }
 }
 
+fn run(file: &File, gate: &SyncGate, faults: Option<&FaultPlan>) {
+    loop {
+        let handed_over = gate.next_request(EVERY);
+        if handed_over {
+            let made = match faults {
+                Some(plan) if plan.trip_handed_over() => Err(std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    "injected fault: no space left on device",
+                )),
+                _ => file.sync_data(),
+            };
+            if let Err(e) = &made {
+                tracing::error!(error = %e, "a checkpoint's sync of the data file failed: writes answer 503 until the file is reopened");
+            }
+            // Writes waiting at the gate go on (or fail, and the writer
+            // reopens the file).
+            gate.finish(made);
+        } else if gate.is_closed() {
+            return;
+        } else {
+            // A failure here is the writer's to see and handle at its next
+            // sync; this thread only tries again.
+            let _ = file.sync_data();
+        }
+    }
+}
+
 impl Drop for Flusher {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.gate.close();
         if let Some(t) = self.thread.take() {
-            t.thread().unpark();
             let _ = t.join();
         }
     }

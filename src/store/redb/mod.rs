@@ -39,11 +39,13 @@ mod open;
 mod ops;
 mod record;
 mod space;
+mod sync_gate;
 mod syncer;
 mod tables;
 mod wal;
 #[cfg(test)]
 mod wal_golden;
+mod wal_segments;
 mod watermark;
 mod writer;
 

@@ -14,7 +14,9 @@ use super::engine::{Engine, Shared};
 use super::flusher::Flusher;
 use super::kv_index::KvIndex;
 use super::space::{self, Space};
+use super::sync_gate::SyncGate;
 use super::tables::SCHEMA_VERSION;
+use super::wal_segments::{self, Segments};
 use super::watermark::Watermark;
 use super::writer::{self, Counters};
 use super::{OWNER_ONLY, RedbOptions, guard, inbox, migrate, wal};
@@ -174,21 +176,29 @@ impl Engine {
         // A log without its data file is never replayed into a new one.
         let wal_path = wal::path_for(&opts.path);
         let has_data = std::fs::metadata(&opts.path).is_ok_and(|m| m.len() > 0);
-        let has_log = std::fs::metadata(&wal_path).is_ok_and(|m| m.len() > 0);
-        if has_log && !has_data {
+        let exists = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.len() > 0);
+        let has_log = exists(&wal_path);
+        if !has_data
+            && let Some(log) = wal_segments::paths_for(&opts.path)
+                .into_iter()
+                .find(|p| exists(p))
+        {
             return Err(OpenError::OrphanLog {
-                log: wal_path,
+                log,
                 data: opts.path.clone(),
             });
         }
         let refuse = Arc::new(AtomicBool::new(false));
-        let db = open_db(opts, refuse.clone()).map_err(|e| match e {
+        let gate = Arc::new(SyncGate::default());
+        let db = open_db(opts, refuse.clone(), gate.clone()).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(opts.path.clone()),
             e => other(e.into()),
         })?;
         let id = migrate::init_schema(&db, &opts.path)?;
         warn_if_others_can_read(&opts.path);
-        warn_if_others_can_read(&wal_path);
+        for log in wal_segments::paths_for(&opts.path) {
+            warn_if_others_can_read(&log);
+        }
         // A file left open (not closed cleanly) has acknowledged writes in
         // its log: without the log they would be lost without a word.
         if !has_log && writer::log_open(&db).map_err(other)? {
@@ -207,14 +217,9 @@ impl Engine {
         }
         // Batches acknowledged after the last checkpoint are in the log.
         let stored = writer::stored_seq(&db).map_err(other)?;
-        let (mut log, batches) = wal::Wal::open(
-            wal_path.clone(),
-            opts.faults.clone(),
-            stored,
-            id.id,
-            id.bound,
-        )
-        .map_err(|e| log_error(e, &wal_path, &opts.path, id.id))?;
+        let (mut log, batches) =
+            Segments::open(&opts.path, opts.faults.as_ref(), stored, id.id, id.bound)
+                .map_err(|e| log_error(e.error, &e.path, &opts.path, id.id))?;
         // Replaying writes what the log holds into the file: refused up
         // front, before a byte is written, when it cannot fit (a failed
         // replay would take the room and leave nothing to show for it).
@@ -232,7 +237,7 @@ impl Engine {
         let seq = writer::replay(&db, &kv, batches).map_err(other)?;
         log.reset().map_err(|e| other(redb::Error::Io(e)))?;
         let logged = writer::Logged {
-            wal: log,
+            segments: log,
             seq,
             checkpointed: std::time::Instant::now(),
         };
@@ -245,6 +250,7 @@ impl Engine {
             kv,
             watermark: Watermark::new(seq),
             refuse: Mutex::new(refuse),
+            gate: gate.clone(),
             reopen_wanted: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             space,
@@ -258,7 +264,7 @@ impl Engine {
             writes,
             writer: Mutex::new(Some(handle)),
             flusher: Mutex::new(
-                Flusher::start(&opts.path)
+                Flusher::start(&opts.path, gate, opts.faults.clone())
                     .map_err(|e| other(redb::Error::Io(e)))
                     .map(Some)?,
             ),
@@ -295,9 +301,12 @@ fn warn_if_others_can_read(path: &Path) {
 /// backend when they carry a plan).
 /// `refuse` is the switch the writer throws before giving the file up (see
 /// [`guard`]).
+/// `gate` is where checkpoints' syncs are handed over (see
+/// [`super::sync_gate`]).
 pub(super) fn open_db(
     opts: &RedbOptions,
     refuse: Arc<AtomicBool>,
+    gate: Arc<SyncGate>,
 ) -> Result<Database, redb::DatabaseError> {
     let mut builder = redb::Builder::new();
     builder.set_cache_size(opts.cache_bytes);
@@ -315,6 +324,7 @@ pub(super) fn open_db(
         file,
         opts.faults.clone(),
         refuse,
+        gate,
     )?)
 }
 
@@ -334,7 +344,7 @@ fn log_error(e: wal::LogError, log: &Path, data: &Path, data_id: u128) -> OpenEr
             data_id,
         },
         wal::LogError::Version { found } => OpenError::LogVersion { log, found },
-        wal::LogError::Damaged { .. } => OpenError::DamagedLog {
+        wal::LogError::Damaged { .. } | wal::LogError::Segments { .. } => OpenError::DamagedLog {
             log,
             detail: e.to_string(),
         },

@@ -54,6 +54,10 @@ pub enum Job {
     /// The file was reopened: sync this log from now on and accept batches
     /// again.
     Resume(WalSync),
+    /// The writer went on in the log's other segment (see
+    /// [`super::wal_segments`]): the batches before this are synced in the
+    /// old one, those after in this one.
+    Swap(WalSync),
 }
 
 pub fn spawn(
@@ -89,6 +93,7 @@ fn run(shared: &Shared, rx: &Receiver<Job>, mut wal: WalSync, metrics: &CommitMe
                             wal = fresh;
                             failed = false;
                         }
+                        Job::Swap(next) => wal = next,
                         Job::Batch(_) => unreachable!("batches are collected above"),
                     }
                 }

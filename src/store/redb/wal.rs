@@ -111,6 +111,19 @@ pub enum LogError {
         /// The first batch the log has after it.
         first: u64,
     },
+    /// The log's two segments do not join: one ends at a batch and the
+    /// other does not continue from the next one (a segment lost, or
+    /// damaged at its start).
+    #[error(
+        "one log segment ends at batch {ends} and the other continues from batch {next}: the \
+         batches between are in neither"
+    )]
+    Segments {
+        /// The last batch of the segment that comes first.
+        ends: u64,
+        /// The first batch of the other.
+        next: u64,
+    },
 }
 
 /// A header for the data file `id`.
@@ -264,11 +277,16 @@ fn fault(faults: Option<&Arc<FaultPlan>>, sync: bool) -> std::io::Result<()> {
 /// A record to replay whose checksum holds but which does not decode, or
 /// any record to replay in a format this build does not decode, is an
 /// error: acknowledged writes are never dropped as if they were torn.
+///
+/// The first batch returned must be the one after `after`, unless
+/// `gap_ok` (a segment of a log in two, see [`super::wal_segments`]:
+/// the other segment holds those between, and the two are joined there).
 pub fn parse(
     bytes: &[u8],
     mut at: usize,
     format: u32,
     after: u64,
+    gap_ok: bool,
 ) -> Result<(Vec<Batch>, usize), LogError> {
     let mut batches: Vec<Batch> = Vec::new();
     let mut last: Option<u64> = None;
@@ -303,7 +321,7 @@ pub fn parse(
             if !DECODES.contains(&format) {
                 return Err(LogError::Version { found: format });
             }
-            if batches.is_empty() && seq != after + 1 {
+            if batches.is_empty() && seq != after + 1 && !gap_ok {
                 return Err(LogError::Gap {
                     holds: after,
                     first: seq,
@@ -410,6 +428,17 @@ pub enum Decoded {
 /// allocates by a length the bytes declare: a record's length is checked
 /// against the bytes there before its payload is looked at.
 pub fn read_log(bytes: &[u8], after: u64, id: u128, bound: bool) -> Result<Decoded, LogError> {
+    read_segment(bytes, after, id, bound, false)
+}
+
+/// [`read_log`], with `gap_ok` as [`parse`] takes it.
+fn read_segment(
+    bytes: &[u8],
+    after: u64,
+    id: u128,
+    bound: bool,
+    gap_ok: bool,
+) -> Result<Decoded, LogError> {
     let Some(h) = read_header(bytes)? else {
         return Ok(Decoded::New);
     };
@@ -425,7 +454,7 @@ pub fn read_log(bytes: &[u8], after: u64, id: u128, bound: bool) -> Result<Decod
     if h.format > FORMAT {
         return Err(LogError::Version { found: h.format });
     }
-    let (batches, end) = parse(bytes, h.len, h.format, after)?;
+    let (batches, end) = parse(bytes, h.len, h.format, after, gap_ok)?;
     Ok(Decoded::Log {
         batches,
         end,
@@ -489,12 +518,27 @@ impl Wal {
     /// format 1 log). A log of another file, of a format this build cannot
     /// replay, or with a record that does not decode, is refused and left
     /// as it is.
+    #[cfg(test)]
     pub fn open(
         path: PathBuf,
         faults: Option<Arc<FaultPlan>>,
         after: u64,
         id: u128,
         bound: bool,
+    ) -> Result<(Self, Vec<Batch>), LogError> {
+        Self::open_segment(path, faults, after, id, bound, false)
+    }
+
+    /// [`Wal::open`]; with `gap_ok`, its batches may start later than the
+    /// one after `after` (see [`super::wal_segments`], which checks the
+    /// two segments join).
+    pub fn open_segment(
+        path: PathBuf,
+        faults: Option<Arc<FaultPlan>>,
+        after: u64,
+        id: u128,
+        bound: bool,
+        gap_ok: bool,
     ) -> Result<(Self, Vec<Batch>), LogError> {
         let mut file = OpenOptions::new()
             .read(true)
@@ -506,22 +550,23 @@ impl Wal {
             .open(&path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let (batches, end, stale_header, header_len) = match read_log(&bytes, after, id, bound)? {
-            Decoded::New => {
-                // New (or torn while being created): start it.
-                let h = header(id);
-                file.set_len(0)?;
-                file.write_all_at(&h, 0)?;
-                file.sync_all()?;
-                (Vec::new(), h.len(), false, h.len())
-            }
-            Decoded::Log {
-                batches,
-                end,
-                stale_header,
-                header_len,
-            } => (batches, end, stale_header, header_len),
-        };
+        let (batches, end, stale_header, header_len) =
+            match read_segment(&bytes, after, id, bound, gap_ok)? {
+                Decoded::New => {
+                    // New (or torn while being created): start it.
+                    let h = header(id);
+                    file.set_len(0)?;
+                    file.write_all_at(&h, 0)?;
+                    file.sync_all()?;
+                    (Vec::new(), h.len(), false, h.len())
+                }
+                Decoded::Log {
+                    batches,
+                    end,
+                    stale_header,
+                    header_len,
+                } => (batches, end, stale_header, header_len),
+            };
         let capacity = file.metadata()?.len();
         let wal = Self {
             file,

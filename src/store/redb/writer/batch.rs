@@ -106,7 +106,7 @@ pub(super) fn run_batch(
         Some(o) => o,
         None => Open::begin(db, seq)?,
     };
-    let logged_at = log.wal.len();
+    let logged_at = log.segments.active.len();
     match run_logged(&o.tx, log, seq, &ops, &shared.kv, faults) {
         Ok((responses, deltas)) => {
             log.seq = seq;
@@ -161,7 +161,7 @@ fn run_logged(
         ));
     }
     let refs: Vec<(Millis, &Request)> = ops.iter().map(|(now, r)| (*now, r)).collect();
-    log.wal.append(seq, &refs)?;
+    log.segments.active.append(seq, &refs)?;
     Ok((responses, deltas))
 }
 

@@ -62,8 +62,10 @@ use super::engine::Shared;
 use super::error::EngineError;
 use super::ops::Response;
 use super::record::Request;
+use super::sync_gate::SyncGate;
 use super::syncer::{self, Job};
-use super::wal::Wal;
+use super::wal::WalSync;
+use super::wal_segments::Segments;
 use crate::clock::Millis;
 use crate::store::WriteStats;
 
@@ -131,7 +133,8 @@ pub fn spawn(
 /// The write-ahead log and where it stands.
 #[derive(Debug)]
 pub struct Logged {
-    pub wal: Wal,
+    /// Its two segments (see [`super::wal_segments`]).
+    pub segments: Segments,
     /// Sequence number of the last batch logged (or checkpointed).
     pub seq: u64,
     /// When the last checkpoint was made.
@@ -141,8 +144,9 @@ pub struct Logged {
 impl Logged {
     /// Whether a checkpoint is due.
     fn checkpoint_due(&self, opts: &RedbOptions) -> bool {
-        !self.wal.is_empty()
-            && (self.wal.len() >= opts.checkpoint_bytes
+        let active = &self.segments.active;
+        !active.is_empty()
+            && (active.len() >= opts.checkpoint_bytes
                 || self.checkpointed.elapsed() >= opts.checkpoint_interval)
     }
 
@@ -150,9 +154,30 @@ impl Logged {
     /// (`closing`: for good, at a clean shutdown).
     fn checkpoint(&mut self, db: &Database, closing: bool) -> Result<(), redb::Error> {
         replay::checkpoint(db, self.seq, !closing)?;
-        self.wal.reset()?;
+        self.segments.reset()?;
         self.checkpointed = Instant::now();
         Ok(())
+    }
+
+    /// A checkpoint whose sync is handed to the flusher thread (`gate`):
+    /// the commit returns once its pages are written, and the file's next
+    /// write waits for the sync. The log goes on in its other segment,
+    /// emptied first: the checkpoint before this one, which covers it, was
+    /// synced (waited for here). Returns the syncer's handle on the segment
+    /// now appended to.
+    fn checkpoint_handed_over(
+        &mut self,
+        db: &Database,
+        gate: &SyncGate,
+    ) -> Result<WalSync, redb::Error> {
+        gate.wait()?;
+        gate.arm();
+        let made = replay::checkpoint(db, self.seq, true);
+        gate.disarm();
+        made?;
+        let sync = self.segments.swap()?;
+        self.checkpointed = Instant::now();
+        Ok(sync)
     }
 }
 
@@ -166,7 +191,8 @@ fn run(
     log: Logged,
 ) {
     let started = log
-        .wal
+        .segments
+        .active
         .syncer()
         .and_then(|sync| syncer::spawn(shared.clone(), sync, opts.commit_metrics.clone(), 64));
     let (jobs, syncer) = match started {

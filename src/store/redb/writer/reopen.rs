@@ -10,7 +10,8 @@ use super::{Logged, Writer};
 use crate::store::redb::migrate::stored_file_id;
 use crate::store::redb::open::open_db;
 use crate::store::redb::syncer::Job;
-use crate::store::redb::wal::{self, Wal};
+use crate::store::redb::wal;
+use crate::store::redb::wal_segments::Segments;
 
 impl Writer<'_> {
     /// Reopens the file after a fault ([`Writer::reopen`]) and marks it
@@ -72,29 +73,34 @@ impl Writer<'_> {
         // Non-durable commits went with the old handle; the log has them
         // all.
         self.log = None;
+        // The failed file is closed: a checkpoint's sync that failed with
+        // it is the old file's, not the fresh one's.
+        shared.gate.clear();
         let refuse = Arc::new(AtomicBool::new(false));
-        let fresh = open_db(self.opts, refuse.clone())?;
+        let fresh = open_db(self.opts, refuse.clone(), shared.gate.clone())?;
         if let Ok(mut current) = shared.refuse.lock() {
             *current = refuse;
         }
         // The same file, so the same id: a log refused now was replaced
         // under the running process, and the file stays closed until it is
         // fixed.
-        let (mut wal, batches) = Wal::open(
-            wal::path_for(&self.opts.path),
-            self.opts.faults.clone(),
+        let (mut segments, batches) = Segments::open(
+            &self.opts.path,
+            self.opts.faults.as_ref(),
             stored_seq(&fresh)?,
             stored_file_id(&fresh)?,
             true,
         )
-        .map_err(|e| match e {
+        .map_err(|e| match e.error {
             wal::LogError::Io(e) => redb::Error::Io(e),
-            other => redb::Error::Corrupted(format!("write-ahead log: {other}")),
+            other => {
+                redb::Error::Corrupted(format!("write-ahead log {}: {other}", e.path.display()))
+            }
         })?;
         let seq = replay_up_to(&fresh, &shared.kv, batches, acknowledged)?;
-        wal.start_over()?;
+        segments.start_over()?;
         shared.counts.recount(&fresh)?;
-        let _ = self.jobs.send(Job::Resume(wal.syncer()?));
+        let _ = self.jobs.send(Job::Resume(segments.active.syncer()?));
         // The file first, then the epoch: a read that sees the new epoch
         // finds the file open (one that took the file with the old epoch
         // runs again).
@@ -103,7 +109,7 @@ impl Writer<'_> {
         shared.watermark.reopened(seq);
         self.db = Some(fresh);
         self.log = Some(Logged {
-            wal,
+            segments,
             seq,
             checkpointed: Instant::now(),
         });

@@ -30,12 +30,15 @@ impl Writer<'_> {
         let floor = space.floor();
         let mut free = space.free();
         let total: u64 = self.batch.iter().map(|(r, _, _)| r.estimated_bytes()).sum();
-        let logged = self.log.as_ref().map_or(0, |l| l.wal.len());
+        let logged = self.log.as_ref().map_or(0, |l| l.segments.len());
         // What the log holds would crowd out this batch: checkpoint it into
         // the file first, while it still fits.
         let crowded = !space::admits(free, floor, logged, total);
         if (crowded || space::checkpoint_first(free, floor, logged))
-            && self.log.as_ref().is_some_and(|l| !l.wal.is_empty())
+            && self
+                .log
+                .as_ref()
+                .is_some_and(|l| !l.segments.active.is_empty())
             && self.db.is_some()
         {
             self.commit_open();
@@ -46,17 +49,19 @@ impl Writer<'_> {
                 // back (the log grows again, a little at a time).
                 if free < floor.saturating_mul(2)
                     && let Some(log) = self.log.as_mut()
-                    && log.wal.capacity() > 0
-                    && log.wal.start_over().is_ok()
+                    && log.segments.active.capacity() + log.segments.spare.capacity() > 0
+                    && log.segments.start_over().is_ok()
                 {
                     free = space.read();
                 }
             }
         }
-        let logged = self.log.as_ref().map_or(0, |l| l.wal.len());
+        let logged = self.log.as_ref().map_or(0, |l| l.segments.len());
         space.set_logged(logged.saturating_add(total));
         if let Some(log) = self.log.as_mut() {
-            log.wal.set_growth(space::log_growth(GROW, free, floor));
+            let growth = space::log_growth(GROW, free, floor);
+            log.segments.active.set_growth(growth);
+            log.segments.spare.set_growth(growth);
         }
         // The common case, far from the watermark: the whole batch fits.
         if space::admits(free, floor, logged, total) {

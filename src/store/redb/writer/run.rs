@@ -98,7 +98,10 @@ impl Writer<'_> {
     /// transaction is committed; while only the log holds something, it
     /// ends after `storage.checkpoint_idle`, with a checkpoint.
     fn next(&mut self) -> Next {
-        let logged = self.log.as_ref().is_some_and(|l| !l.wal.is_empty());
+        let logged = self
+            .log
+            .as_ref()
+            .is_some_and(|l| !l.segments.active.is_empty());
         let (timer, hold_until) = match (&self.timer, &self.open) {
             (Some(timer), Some(o)) => (timer, Some(o.since + self.hold)),
             (Some(timer), None) if logged => (timer, None),
@@ -226,7 +229,7 @@ impl Writer<'_> {
                     // would apply what was refused. The batches before it
                     // in the transaction were answered (or will be): the
                     // reopen replays them.
-                    let _ = log.wal.cut_to(ran.logged_at);
+                    let _ = log.segments.active.cut_to(ran.logged_at);
                 })?;
             }
             Ok(ran)
@@ -276,8 +279,53 @@ impl Writer<'_> {
             .is_some_and(|l| self.stopping || l.checkpoint_due(self.opts));
         if self.db.is_some() && due {
             self.commit_open();
-            if self.shared.is_healthy() {
-                self.checkpoint_now(if self.stopping { "stop" } else { "due" });
+            if !self.shared.is_healthy() {
+                return;
+            }
+            if self.stopping {
+                self.checkpoint_now("stop");
+            } else {
+                self.checkpoint_handed_over();
+            }
+        }
+    }
+
+    /// A checkpoint whose sync the flusher makes while the writer goes on
+    /// (see [`super::Logged::checkpoint_handed_over`]); a failure marks the
+    /// store unhealthy, as [`Writer::checkpoint_now`]'s does.
+    fn checkpoint_handed_over(&mut self) {
+        let (Some(db), Some(log)) = (&self.db, self.log.as_mut()) else {
+            return;
+        };
+        let started = Instant::now();
+        let made = log
+            .checkpoint_handed_over(db, &self.shared.gate)
+            .and_then(|sync| {
+                // The batches logged before go on being synced in the old
+                // segment, in order, then the syncer takes the new one.
+                self.jobs
+                    .send(Job::Swap(sync))
+                    .map_err(|_| redb::Error::Io(std::io::Error::other("the log's syncer stopped")))
+            });
+        match made {
+            Ok(()) => {
+                // Batches are durable once their log records are synced,
+                // as before: the watermark moves with the syncer.
+                self.shared.space.set_logged(log.segments.len());
+                let took = started.elapsed();
+                self.opts
+                    .commit_metrics
+                    .checkpoint_seconds
+                    .record(took.as_secs_f64());
+                tracing::debug!(
+                    ms = took.as_millis() as u64,
+                    why = "due",
+                    "checkpoint, its sync handed over"
+                );
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "checkpoint failed: writes answer 503 until the data file can be written");
+                self.shared.set_unhealthy();
             }
         }
     }
@@ -294,7 +342,7 @@ impl Writer<'_> {
             // Everything committed is durable in the file now.
             Ok(()) => {
                 self.shared.watermark.synced(log.seq);
-                self.shared.space.set_logged(log.wal.len());
+                self.shared.space.set_logged(log.segments.len());
                 let took = started.elapsed();
                 self.opts
                     .commit_metrics

@@ -1,0 +1,237 @@
+//! A checkpoint's sync of the data file, handed to another thread so the
+//! writer can go on (docs/design/sustained-claims.md, "The next step").
+//!
+//! The writer arms the gate before a checkpoint's durable commit; redb's
+//! commit then calls the backend's `sync_data`, which hands the sync over
+//! instead of making it, and returns. Until the syncing thread has made it,
+//! every later write to the file, change of its length or other sync waits
+//! at the gate: nothing written after the checkpoint reaches the file
+//! before the checkpoint is durable, so the pages redb reuses after it
+//! (the previous checkpoint's, which a crash could still fall back to) are
+//! never overwritten early. A handed-over sync that failed fails every
+//! later wait: the file has to be given up and reopened.
+//!
+//! The log cannot be emptied until the sync is made, while the writer goes
+//! on appending: so it is kept in two segments (see [`super::writer`]), and
+//! the one a checkpoint covered is emptied only once this gate says the
+//! checkpoint's sync was made.
+
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The gate between the writer, the data file's backend and the thread
+/// that makes the handed-over syncs.
+#[derive(Debug, Default)]
+pub struct SyncGate {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The next sync is handed over.
+    armed: bool,
+    /// A handed-over sync not yet made.
+    pending: bool,
+    /// Why a handed-over sync failed; it stays failed (until
+    /// [`SyncGate::clear`]).
+    failed: Option<String>,
+    /// Closed: nothing more is handed over (the syncing thread stops).
+    closed: bool,
+}
+
+impl SyncGate {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next sync of the file is handed over instead of made.
+    pub fn arm(&self) {
+        self.state().armed = true;
+    }
+
+    /// Takes back an [`SyncGate::arm`] that no sync used (a commit that
+    /// failed before its sync).
+    pub fn disarm(&self) {
+        self.state().armed = false;
+    }
+
+    /// For the backend's `sync_data`: whether this sync is handed over
+    /// (the caller returns at once).
+    pub fn hand_over(&self) -> bool {
+        let mut s = self.state();
+        if !std::mem::take(&mut s.armed) || s.closed {
+            return false;
+        }
+        s.pending = true;
+        self.changed.notify_all();
+        true
+    }
+
+    /// Waits until no handed-over sync is pending. The error of one that
+    /// failed, now and from then on.
+    pub fn wait(&self) -> std::io::Result<()> {
+        let mut s = self.state();
+        while s.pending {
+            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+        match &s.failed {
+            Some(why) => Err(std::io::Error::other(format!(
+                "a checkpoint's sync of the data file failed: {why}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// For the syncing thread: waits up to `timeout` (less once closed)
+    /// for a handed-over sync; whether one is pending (the thread then
+    /// makes it and calls [`SyncGate::finish`]).
+    pub fn next_request(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.state();
+        while !s.pending {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || s.closed {
+                return false;
+            }
+            s = self
+                .changed
+                .wait_timeout(s, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+
+    /// For the syncing thread: the handed-over sync was made (or failed),
+    /// and what waits for it goes on.
+    pub fn finish(&self, result: std::io::Result<()>) {
+        let mut s = self.state();
+        if s.pending {
+            if let Err(e) = result {
+                s.failed.get_or_insert_with(|| e.to_string());
+            }
+            s.pending = false;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Hands nothing over from now on (syncs are made where they are
+    /// asked), and wakes the syncing thread so it can stop; one still
+    /// pending is its to make first ([`SyncGate::next_request`] reports it).
+    pub fn close(&self) {
+        self.state().closed = true;
+        self.changed.notify_all();
+    }
+
+    /// Whether [`SyncGate::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.state().closed
+    }
+
+    /// For a reopen after a disk fault, once the file that failed is
+    /// closed: waits out a sync still pending, then forgets a failure, so
+    /// the reopened file starts with a gate that lets writes through.
+    pub fn clear(&self) {
+        let _ = self.wait();
+        let mut s = self.state();
+        s.failed = None;
+        s.armed = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn only_an_armed_sync_is_handed_over_and_only_once() {
+        let gate = SyncGate::default();
+        assert!(!gate.hand_over());
+        gate.arm();
+        assert!(gate.hand_over());
+        assert!(!gate.hand_over(), "the arming is used up");
+        gate.arm();
+        gate.disarm();
+        assert!(!gate.hand_over());
+    }
+
+    #[test]
+    fn a_write_waits_until_the_handed_over_sync_is_made() {
+        let gate = Arc::new(SyncGate::default());
+        gate.arm();
+        assert!(gate.hand_over());
+        let passed = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (gate, passed) = (gate.clone(), passed.clone());
+            std::thread::spawn(move || {
+                gate.wait().unwrap();
+                passed.store(true, Ordering::SeqCst);
+            })
+        };
+        // The syncing thread takes the request; until it finishes, the
+        // write stays at the gate.
+        assert!(gate.next_request(Duration::from_secs(5)));
+        assert!(!passed.load(Ordering::SeqCst));
+        gate.finish(Ok(()));
+        writer.join().unwrap();
+        assert!(passed.load(Ordering::SeqCst));
+        assert!(
+            !gate.next_request(Duration::from_millis(1)),
+            "nothing is pending once it is made"
+        );
+    }
+
+    #[test]
+    fn a_failed_sync_fails_every_later_wait() {
+        let gate = SyncGate::default();
+        gate.arm();
+        assert!(gate.hand_over());
+        gate.finish(Err(std::io::Error::other("no space left on device")));
+        for _ in 0..2 {
+            let e = gate.wait().unwrap_err();
+            assert!(e.to_string().contains("no space left"), "{e}");
+        }
+        assert!(
+            !gate.next_request(Duration::from_millis(1)),
+            "no longer pending, though it failed: nothing waits for it"
+        );
+    }
+
+    #[test]
+    fn a_closed_gate_hands_nothing_over_and_a_clear_forgets_a_failure() {
+        let gate = SyncGate::default();
+        gate.arm();
+        assert!(gate.hand_over());
+        gate.finish(Err(std::io::Error::other("gone")));
+        assert!(gate.wait().is_err());
+        gate.clear();
+        gate.wait().unwrap();
+        gate.close();
+        gate.arm();
+        assert!(!gate.hand_over(), "closed: the sync is made where asked");
+        assert!(
+            !gate.next_request(Duration::from_secs(3600)),
+            "a closed gate does not keep its thread waiting"
+        );
+    }
+
+    #[test]
+    fn a_finish_with_nothing_pending_records_no_failure() {
+        let gate = SyncGate::default();
+        gate.finish(Err(std::io::Error::other("a periodic sync failed")));
+        gate.wait().unwrap();
+    }
+
+    #[test]
+    fn with_nothing_handed_over_the_syncing_thread_waits_out_its_timeout() {
+        let gate = SyncGate::default();
+        assert!(!gate.next_request(Duration::from_millis(1)));
+        gate.wait().unwrap();
+        gate.finish(Err(std::io::Error::other("a periodic sync failed")));
+        gate.wait().unwrap();
+    }
+}

@@ -1,0 +1,230 @@
+//! A checkpoint's sync made beside new writes: the writer hands the data
+//! file's sync to the flusher thread and goes on logging batches in the
+//! log's other segment (`dedupd.redb.wal2`). A crash before that sync
+//! replays the batches of both segments; the file's writes wait for it; a
+//! sync that fails is a disk fault the store recovers from, losing nothing.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupd::domain::{Key, ScopedKey, Ttl};
+use dedupd::store::redb::faults::FaultPlan;
+use dedupd::store::redb::{RedbOptions, RedbStore, WalContents, decode_wal};
+use dedupd::store::{ClaimOutcome, Store};
+use tempfile::TempDir;
+
+const NOW: u64 = 1_800_000_000_000;
+
+fn key(k: &str) -> ScopedKey {
+    ScopedKey::api(&Key::parse(k, "key").unwrap())
+}
+
+fn segments(data: &Path) -> [PathBuf; 2] {
+    ["wal", "wal2"].map(|ext| {
+        let mut p = data.as_os_str().to_owned();
+        p.push(".");
+        p.push(ext);
+        p.into()
+    })
+}
+
+async fn claim(store: &RedbStore, k: &str) {
+    let ttl = Ttl::from_ms_unchecked(86_400_000);
+    assert!(
+        matches!(
+            store.claim(&key(k), ttl, None, NOW).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ),
+        "{k}"
+    );
+}
+
+/// The batches of a segment numbered after `after`, and where its records
+/// end.
+fn batches(bytes: &[u8], after: u64) -> (Vec<u64>, usize) {
+    match decode_wal(bytes, after) {
+        WalContents::Log { seqs, end, .. } => (seqs, end),
+        other => panic!("not a log: {other:?}"),
+    }
+}
+
+/// Options whose only checkpoint comes when the log holds three claims'
+/// records: no checkpoint when idle or by time, and no commit of the held
+/// transaction but the checkpoint's (so nothing writes to the data file
+/// unless a test asks).
+fn opts_at(path: &Path, plan: &Arc<FaultPlan>, checkpoint_bytes: u64) -> RedbOptions {
+    let mut opts = RedbOptions::new(path);
+    opts.checkpoint_idle = Duration::from_secs(3600);
+    opts.checkpoint_interval = Duration::from_secs(3600);
+    opts.commit_hold = Duration::from_secs(3600);
+    opts.read_reopen_wait = Duration::from_secs(30);
+    opts.faults = Some(plan.clone());
+    opts.checkpoint_bytes = checkpoint_bytes;
+    opts
+}
+
+/// Bytes of a log that holds three claims of the keys the tests use (keys
+/// of one length, so records of one length), and of an empty log (its
+/// header), measured on a scratch store.
+async fn three_claims_of_log() -> (u64, u64) {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("measure.redb");
+    let mut opts = RedbOptions::new(&path);
+    opts.checkpoint_idle = Duration::from_secs(3600);
+    opts.checkpoint_interval = Duration::from_secs(3600);
+    let store = RedbStore::open(&opts).unwrap();
+    let [wal, _] = segments(&path);
+    let (_, empty) = batches(&std::fs::read(&wal).unwrap(), 0);
+    claim(&store, "k0").await;
+    let (_, one) = batches(&std::fs::read(&wal).unwrap(), 0);
+    claim(&store, "k9").await;
+    let (_, two) = batches(&std::fs::read(&wal).unwrap(), 0);
+    assert_eq!(two - one, one - empty, "records of one length");
+    store.close().await;
+    ((empty + 3 * (one - empty)) as u64, empty as u64)
+}
+
+/// Lets the checkpoints' syncs through when dropped, so a failed assertion
+/// does not leave the store's close waiting for a sync that hangs.
+struct Unhang(Arc<FaultPlan>);
+
+impl Drop for Unhang {
+    fn drop(&mut self) {
+        self.0.set_handed_over_syncs_hung(false);
+    }
+}
+
+/// Waits until the first segment's batches are checkpointed and the second
+/// segment holds the batches after them (the writer swapped).
+async fn swapped(data: &Path, later: usize) -> (Vec<u8>, Vec<u8>) {
+    let [first, second] = segments(data);
+    for _ in 0..3000 {
+        let a = std::fs::read(&first).unwrap();
+        let b = std::fs::read(&second).unwrap();
+        let (before, _) = batches(&a, 0);
+        let last = before.last().copied().unwrap_or(0);
+        if matches!(decode_wal(&b, last), WalContents::Log { ref seqs, .. } if seqs.len() == later)
+        {
+            return (a, b);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the log did not go on in its second segment");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_before_a_checkpoints_sync_replays_both_segments_and_writes_wait_for_it() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d.redb");
+    let plan = FaultPlan::new();
+    let (bytes, _) = three_claims_of_log().await;
+    let store = Arc::new(RedbStore::open(&opts_at(&path, &plan, bytes)).unwrap());
+    // The data file as a crash would leave it while the checkpoint's sync
+    // has not been made: as the last durable commit (the open's) left it.
+    let data = std::fs::read(&path).unwrap();
+    plan.set_handed_over_syncs_hung(true);
+    let _unhang = Unhang(plan.clone());
+    for k in ["k1", "k2", "k3"] {
+        claim(&store, k).await;
+    }
+    // The third claim made the checkpoint due; its sync hangs, and the
+    // next claims are answered all the same, logged in the second segment.
+    for k in ["k4", "k5"] {
+        claim(&store, k).await;
+    }
+    let (a, b) = swapped(&path, 2).await;
+    let (first, _) = batches(&a, 0);
+    assert_eq!(first.len(), 3, "the checkpoint covers the first three");
+
+    // The sixth claim makes the next checkpoint due. It is answered (its
+    // record is synced in the log), but that checkpoint waits for the
+    // first one's sync: the segment it empties holds the batches the
+    // first covers. Writes queue behind it.
+    claim(&store, "k6").await;
+    let seventh = tokio::spawn({
+        let store = store.clone();
+        async move { claim(&store, "k7").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !seventh.is_finished(),
+        "a checkpoint went ahead of the sync of the one before"
+    );
+    plan.set_handed_over_syncs_hung(false);
+    seventh.await.unwrap();
+
+    // The crash: both segments as they were, beside the data file without
+    // the checkpoint.
+    let crashed = TempDir::new().unwrap();
+    let moved = crashed.path().join("d.redb");
+    std::fs::write(&moved, &data).unwrap();
+    let [wal, wal2] = segments(&moved);
+    std::fs::write(&wal, &a).unwrap();
+    std::fs::write(&wal2, &b).unwrap();
+    let reopened = RedbStore::open(&opts_at(&moved, &FaultPlan::new(), bytes)).unwrap();
+    for k in ["k1", "k2", "k3", "k4", "k5"] {
+        assert!(
+            reopened.get(&key(k), NOW).await.unwrap().is_some(),
+            "{k} was answered, and is gone after the crash"
+        );
+    }
+    reopened.close().await;
+
+    // Without the first segment, the second's batches do not follow the
+    // file's: refused, not replayed with a hole.
+    std::fs::write(&moved, &data).unwrap();
+    std::fs::write(&wal, []).unwrap();
+    std::fs::write(&wal2, &b).unwrap();
+    let err = RedbStore::open(&opts_at(&moved, &FaultPlan::new(), bytes)).unwrap_err();
+    assert!(err.to_string().contains("wal"), "{err}");
+
+    store.close().await;
+    let store = RedbStore::open(&opts_at(&path, &FaultPlan::new(), bytes)).unwrap();
+    for k in ["k1", "k2", "k3", "k4", "k5", "k6", "k7"] {
+        assert!(store.get(&key(k), NOW).await.unwrap().is_some(), "{k}");
+    }
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoints_sync_that_fails_is_a_disk_fault_that_loses_nothing() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d.redb");
+    let plan = FaultPlan::new();
+    let (bytes, empty) = three_claims_of_log().await;
+    let store = RedbStore::open(&opts_at(&path, &plan, bytes)).unwrap();
+    plan.fail_next_handed_over_syncs(1);
+    for k in ["k1", "k2", "k3", "k4", "k5"] {
+        claim(&store, k).await;
+    }
+    let _ = swapped(&path, 2).await;
+    // The sixth claim makes the next checkpoint due, which finds the
+    // first one's sync failed: the file is given up and reopened, the log
+    // replayed into it, and both segments started over (only their
+    // headers are left: nothing else shrinks them).
+    claim(&store, "k6").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.ready().await.is_err()
+        || segments(&path)
+            .iter()
+            .any(|p| std::fs::metadata(p).unwrap().len() != empty)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the file was not reopened after its checkpoint's sync failed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(plan.injected(), 1, "the checkpoint's sync failed");
+    for k in ["k1", "k2", "k3", "k4", "k5", "k6"] {
+        assert!(store.get(&key(k), NOW).await.unwrap().is_some(), "{k}");
+    }
+    claim(&store, "k7").await;
+    store.close().await;
+    let store = RedbStore::open(&opts_at(&path, &FaultPlan::new(), bytes)).unwrap();
+    for k in ["k1", "k2", "k3", "k4", "k5", "k6", "k7"] {
+        assert!(store.get(&key(k), NOW).await.unwrap().is_some(), "{k}");
+    }
+    store.close().await;
+}
