@@ -365,6 +365,11 @@ run_case() {
         cp "$DIR/dedupd.redb.wal" "$out/dedupd.redb.wal"
         trim_log "$out/dedupd.redb.wal"
     fi
+    # The log's second segment (builds from 4052785 on).
+    if [ -e "$DIR/dedupd.redb.wal2" ]; then
+        cp "$DIR/dedupd.redb.wal2" "$out/dedupd.redb.wal2"
+        trim_log "$out/dedupd.redb.wal2"
+    fi
     cp "$ANSWERS" "$out/answers.txt"
     # As text: the tree tracks no data file dedupd could open.
     python3 "$HERE/pack.py" "$out"/dedupd.redb*

@@ -207,8 +207,11 @@ async fn the_data_file_and_its_log_are_created_for_their_owner_only() {
     assert_eq!(res.status(), 201);
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&data), 0o600, "{}", data.display());
-    let wal = dir.path().join("data").join("dedupd.redb.wal");
-    assert_eq!(mode(&wal), 0o600, "{}", wal.display());
+    // The write-ahead log's two segments.
+    for name in ["dedupd.redb.wal", "dedupd.redb.wal2"] {
+        let wal = dir.path().join("data").join(name);
+        assert_eq!(mode(&wal), 0o600, "{}", wal.display());
+    }
     assert_eq!(
         mode(&dir.path().join("data")),
         0o700,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dedupd::domain::{Key, ScopedKey, Ttl};
 use dedupd::store::redb::faults::FaultPlan;
-use dedupd::store::redb::{RedbOptions, RedbStore, WalContents, decode_wal};
+use dedupd::store::redb::{OpenError, RedbOptions, RedbStore, WalContents, decode_wal};
 use dedupd::store::{ClaimOutcome, Store};
 use tempfile::TempDir;
 
@@ -123,6 +123,7 @@ async fn a_crash_before_a_checkpoints_sync_replays_both_segments_and_writes_wait
     // The data file as a crash would leave it while the checkpoint's sync
     // has not been made: as the last durable commit (the open's) left it.
     let data = std::fs::read(&path).unwrap();
+    let empty_log = std::fs::read(&segments(&path)[0]).unwrap();
     plan.set_handed_over_syncs_hung(true);
     let _unhang = Unhang(plan.clone());
     for k in ["k1", "k2", "k3"] {
@@ -172,12 +173,28 @@ async fn a_crash_before_a_checkpoints_sync_replays_both_segments_and_writes_wait
     reopened.close().await;
 
     // Without the first segment, the second's batches do not follow the
-    // file's: refused, not replayed with a hole.
+    // file's: refused, not replayed with a hole; likewise with a first
+    // segment that holds none of them (one of another moment).
     std::fs::write(&moved, &data).unwrap();
     std::fs::write(&wal, []).unwrap();
     std::fs::write(&wal2, &b).unwrap();
     let err = RedbStore::open(&opts_at(&moved, &FaultPlan::new(), bytes)).unwrap_err();
-    assert!(err.to_string().contains("wal"), "{err}");
+    assert!(matches!(err, OpenError::MissingLog { .. }), "{err}");
+    std::fs::write(&moved, &data).unwrap();
+    std::fs::write(&wal, empty_log).unwrap();
+    std::fs::write(&wal2, &b).unwrap();
+    let err = RedbStore::open(&opts_at(&moved, &FaultPlan::new(), bytes)).unwrap_err();
+    assert!(matches!(err, OpenError::LogAhead { holds: 0, .. }), "{err}");
+    assert_eq!(std::fs::read(&wal2).unwrap(), b, "left as it was");
+    // The second segment lost: the file says its log has two, so it is
+    // missing, as the first would be.
+    std::fs::write(&moved, &data).unwrap();
+    std::fs::write(&wal, &a).unwrap();
+    std::fs::remove_file(&wal2).unwrap();
+    match RedbStore::open(&opts_at(&moved, &FaultPlan::new(), bytes)).unwrap_err() {
+        OpenError::MissingLog { log, .. } => assert_eq!(log, wal2),
+        err => panic!("{err}"),
+    }
 
     store.close().await;
     let store = RedbStore::open(&opts_at(&path, &FaultPlan::new(), bytes)).unwrap();
@@ -226,5 +243,51 @@ async fn a_checkpoints_sync_that_fails_is_a_disk_fault_that_loses_nothing() {
     for k in ["k1", "k2", "k3", "k4", "k5", "k6", "k7"] {
         assert!(store.get(&key(k), NOW).await.unwrap().is_some(), "{k}");
     }
+    store.close().await;
+}
+
+/// Low on room right after a checkpoint's sync failed: the writer's
+/// checkpoint for room fails too, and must not give the log's space back
+/// (that empties both segments), or the batches neither checkpoint made
+/// durable would be lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_for_room_after_a_failed_sync_keeps_the_log() {
+    const MIB: u64 = 1024 * 1024;
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d.redb");
+    let plan = FaultPlan::new();
+    plan.set_free_bytes(Some(100 * MIB));
+    let (bytes, _) = three_claims_of_log().await;
+    let mut opts = opts_at(&path, &plan, bytes);
+    opts.min_free_bytes = 8 * MIB;
+    let store = RedbStore::open(&opts).unwrap();
+    plan.fail_next_handed_over_syncs(1);
+    for k in ["k1", "k2", "k3"] {
+        claim(&store, k).await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while plan.injected() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint sync");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    claim(&store, "k4").await;
+    // Close to the floor: the next write checkpoints first, for room, and
+    // with little room the log's space would be given back after it.
+    plan.set_free_bytes(Some(9 * MIB));
+    let ttl = Ttl::from_ms_unchecked(86_400_000);
+    assert!(store.claim(&key("k5"), ttl, None, NOW).await.is_err());
+    plan.set_free_bytes(Some(100 * MIB));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.ready().await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the file was not reopened: its log lost batches"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for k in ["k1", "k2", "k3", "k4"] {
+        assert!(store.get(&key(k), NOW).await.unwrap().is_some(), "{k}");
+    }
+    claim(&store, "k5").await;
     store.close().await;
 }

@@ -13,6 +13,8 @@ fn key(k: &str) -> ScopedKey {
     ScopedKey::api(&Key::parse(k, "key").unwrap())
 }
 
+/// The log's first segment. These tests checkpoint only when the store
+/// opens and closes, so the second (`.wal2`) never holds a batch.
 fn wal_of(path: &std::path::Path) -> std::path::PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".wal");
@@ -23,7 +25,9 @@ fn wal_of(path: &std::path::Path) -> std::path::PathBuf {
 /// was before the claims and of its log after them, as a crash would leave
 /// them (the claims are in the log, synced before their answers, and not
 /// yet checkpointed into the file).
-async fn crashed_with_claims(dir: &TempDir) -> (Vec<u8>, Vec<u8>) {
+/// The third is the log's second segment (`.wal2`), as it was: it holds
+/// no batch, since nothing but the open checkpointed.
+async fn crashed_with_claims(dir: &TempDir) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
     let path = dir.path().join("a.redb");
     let mut opts = RedbOptions::new(&path);
     opts.checkpoint_idle = std::time::Duration::from_secs(3600);
@@ -39,14 +43,21 @@ async fn crashed_with_claims(dir: &TempDir) -> (Vec<u8>, Vec<u8>) {
         ));
     }
     let log = std::fs::read(wal_of(&path)).unwrap();
+    let second = std::fs::read(second_of(&path)).unwrap();
     store.close().await;
-    (data, log)
+    (data, log, second)
+}
+
+fn second_of(path: &std::path::Path) -> std::path::PathBuf {
+    let mut p = wal_of(path).into_os_string();
+    p.push("2");
+    p.into()
 }
 
 #[tokio::test]
 async fn a_log_without_its_data_file_is_refused_and_left_as_it_is() {
     let a = TempDir::new().unwrap();
-    let (_, log) = crashed_with_claims(&a).await;
+    let (_, log, _) = crashed_with_claims(&a).await;
     // A fresh directory that has only the log: a clone, a moved file, a
     // data file deleted by hand.
     let b = TempDir::new().unwrap();
@@ -66,9 +77,32 @@ async fn a_log_without_its_data_file_is_refused_and_left_as_it_is() {
 }
 
 #[tokio::test]
+async fn the_logs_second_segment_without_its_data_file_is_refused_too() {
+    let a = TempDir::new().unwrap();
+    let path = a.path().join("d.redb");
+    RedbStore::open(&RedbOptions::new(&path))
+        .unwrap()
+        .close()
+        .await;
+    let second = second_of(&path);
+    let bytes = std::fs::read(&second).unwrap();
+    // Only the second segment is left beside where the data file was.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::remove_file(wal_of(&path)).unwrap();
+    let err = RedbStore::open(&RedbOptions::new(&path)).unwrap_err();
+    match &err {
+        OpenError::OrphanLog { log, .. } => assert_eq!(log, &second),
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains(".wal2"), "{err}");
+    assert_eq!(std::fs::read(&second).unwrap(), bytes, "not touched");
+    assert!(!path.exists(), "no data file was created");
+}
+
+#[tokio::test]
 async fn a_log_beside_another_data_file_is_refused_and_left_as_it_is() {
     let a = TempDir::new().unwrap();
-    let (_, log) = crashed_with_claims(&a).await;
+    let (_, log, _) = crashed_with_claims(&a).await;
     // Another store's data file (say, restored from a backup), with the
     // first store's log put beside it.
     let b = TempDir::new().unwrap();
@@ -99,13 +133,14 @@ async fn a_log_beside_another_data_file_is_refused_and_left_as_it_is() {
 #[tokio::test]
 async fn a_log_beside_its_own_data_file_is_replayed() {
     let a = TempDir::new().unwrap();
-    let (data, log) = crashed_with_claims(&a).await;
+    let (data, log, second) = crashed_with_claims(&a).await;
     // Both files as the crash left them, in another directory (moved
     // together, as a backup of both would be).
     let b = TempDir::new().unwrap();
     let path = b.path().join("moved.redb");
     std::fs::write(&path, &data).unwrap();
     std::fs::write(wal_of(&path), &log).unwrap();
+    std::fs::write(second_of(&path), &second).unwrap();
     let store = RedbStore::open(&RedbOptions::new(&path)).unwrap();
     assert!(store.get(&key("a"), NOW).await.unwrap().is_some());
     assert!(store.get(&key("b"), NOW).await.unwrap().is_some());
@@ -177,7 +212,7 @@ async fn a_backup_of_the_data_file_beside_a_newer_log_is_refused() {
 #[tokio::test]
 async fn a_data_file_left_open_without_its_log_is_refused_unless_the_loss_is_accepted() {
     let a = TempDir::new().unwrap();
-    let (data, _) = crashed_with_claims(&a).await;
+    let (data, _, _) = crashed_with_claims(&a).await;
     let b = TempDir::new().unwrap();
     let path = b.path().join("moved.redb");
     std::fs::write(&path, &data).unwrap();
@@ -210,7 +245,7 @@ async fn a_data_file_left_open_without_its_log_is_refused_unless_the_loss_is_acc
 #[tokio::test]
 async fn a_damaged_record_before_intact_ones_is_refused_and_a_torn_last_one_is_cut() {
     let a = TempDir::new().unwrap();
-    let (data, log) = crashed_with_claims(&a).await;
+    let (data, log, second) = crashed_with_claims(&a).await;
     // The records after the 28-byte header: (start, end) of each.
     let mut records = Vec::new();
     let mut at = 28;
@@ -230,6 +265,7 @@ async fn a_damaged_record_before_intact_ones_is_refused_and_a_torn_last_one_is_c
     damaged[records[0].1 - 1] ^= 0x10;
     std::fs::write(&path, &data).unwrap();
     std::fs::write(wal_of(&path), &damaged).unwrap();
+    std::fs::write(second_of(&path), &second).unwrap();
     let err = RedbStore::open(&opts_at(&path)).unwrap_err();
     assert!(matches!(err, OpenError::DamagedLog { .. }), "{err}");
     assert!(err.to_string().contains("follows intact"), "{err}");

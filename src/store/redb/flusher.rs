@@ -12,7 +12,10 @@
 //!
 //! It also makes the sync of a checkpoint the writer handed over
 //! ([`SyncGate`]): writes to the file wait for it at the gate, while the
-//! writer goes on running and logging batches.
+//! writer goes on running and logging batches. Those syncs go through a
+//! handle of their own: the kernel reports a failed write-back once per
+//! open file, and a periodic sync that met it (and ignores it) must not
+//! leave a checkpoint's sync on the same handle reporting success.
 
 use std::fs::File;
 use std::path::Path;
@@ -21,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::faults::FaultPlan;
-use super::sync_gate::SyncGate;
+use super::sync_gate::{Next, SyncGate};
 
 /// How often the file is synced in the background.
 const EVERY: Duration = Duration::from_millis(200);
@@ -42,11 +45,12 @@ impl Flusher {
         gate: Arc<SyncGate>,
         faults: Option<Arc<FaultPlan>>,
     ) -> std::io::Result<Self> {
-        let file = File::open(path)?;
+        let periodic = File::open(path)?;
+        let checkpoints = File::open(path)?;
         let shared = gate.clone();
         let thread = std::thread::Builder::new()
             .name("dedupd-flusher".into())
-            .spawn(move || run(&file, &shared, faults.as_deref()))?;
+            .spawn(move || run(&periodic, &checkpoints, &shared, faults.as_deref()))?;
         Ok(Self {
             gate,
             thread: Some(thread),
@@ -54,16 +58,16 @@ impl Flusher {
     }
 }
 
-fn run(file: &File, gate: &SyncGate, faults: Option<&FaultPlan>) {
+fn run(periodic: &File, checkpoints: &File, gate: &SyncGate, faults: Option<&FaultPlan>) {
     loop {
-        let handed_over = gate.next_request(EVERY);
-        if handed_over {
+        let next = gate.next_request(EVERY);
+        if next == Next::Sync {
             let made = match faults {
                 Some(plan) if plan.trip_handed_over() => Err(std::io::Error::new(
                     std::io::ErrorKind::StorageFull,
                     "injected fault: no space left on device",
                 )),
-                _ => file.sync_data(),
+                _ => checkpoints.sync_data(),
             };
             if let Err(e) = &made {
                 tracing::error!(error = %e, "a checkpoint's sync of the data file failed: writes answer 503 until the file is reopened");
@@ -71,12 +75,13 @@ fn run(file: &File, gate: &SyncGate, faults: Option<&FaultPlan>) {
             // Writes waiting at the gate go on (or fail, and the writer
             // reopens the file).
             gate.finish(made);
-        } else if gate.is_closed() {
+        } else if next == Next::Stop {
             return;
         } else {
-            // A failure here is the writer's to see and handle at its next
-            // sync; this thread only tries again.
-            let _ = file.sync_data();
+            // A failure here is seen again by the syncs a checkpoint relies
+            // on (the writer's handle, and the other one here): this
+            // thread only tries again.
+            let _ = periodic.sync_data();
         }
     }
 }

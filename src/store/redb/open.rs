@@ -47,7 +47,8 @@ pub enum OpenError {
         "write-ahead log {log} exists but its data file {data} does not: the log holds \
          acknowledged writes of a data file that was moved or deleted. It was not replayed and \
          is left as it is. Restore {data} (from where it was moved, or from a backup), or move \
-         {log} away to start with an empty store"
+         {log} away to start with an empty store (and {data}.wal2, the log's other segment, if \
+         it is there)"
     )]
     OrphanLog {
         log: PathBuf,
@@ -90,7 +91,8 @@ pub enum OpenError {
         "write-ahead log {log}: {detail} (log format {version}, this build writes {}). That is \
          corruption or a log of another build, not a torn tail, so dedupd does not drop it: \
          the log is left as it is and nothing was replayed. Keep copies of {log} and its data \
-         file; start the dedupd release that wrote the log, or restore both from a backup",
+         file; start the dedupd release that wrote the log, or restore the data file and \
+         its log (.wal and .wal2) from a backup",
         wal::FORMAT
     )]
     CorruptLog {
@@ -105,11 +107,23 @@ pub enum OpenError {
         "write-ahead log {log}: {detail}. A damaged record followed by later ones is \
          corruption, not a torn tail, so dedupd does not drop what follows it: nothing was \
          replayed and the log is left as it is. Keep copies of {log} and its data file, and \
-         restore both from a backup"
+         restore the data file and its log (.wal and .wal2) from a backup"
     )]
     DamagedLog {
         log: PathBuf,
         /// Where, and what follows.
+        detail: String,
+    },
+    /// The log's two segments do not join: batches between are in neither.
+    #[error(
+        "write-ahead log {log}: {detail}. dedupd does not replay a log with batches missing: \
+         nothing was replayed and both segments are left as they are. Put back the segment \
+         that was moved away ({log} and the file beside it ending in .wal2 go together), or \
+         restore the data file and both segments from a backup"
+    )]
+    LogSegments {
+        log: PathBuf,
+        /// Where the segments part.
         detail: String,
     },
     /// The data file is older than its log: batches between are in neither.
@@ -119,7 +133,7 @@ pub enum OpenError {
          is older than its log (restored from a backup while the log stayed?). Nothing was \
          replayed; both are left as they are. Put back the data file that goes with this log; \
          or, to serve {data} as it is (losing every write after it was copied), move {log} \
-         away and start with --accept-missing-log"
+         and {data}.wal2 away and start with --accept-missing-log"
     )]
     LogAhead {
         log: PathBuf,
@@ -133,7 +147,8 @@ pub enum OpenError {
     #[error(
         "data file {data} was not closed cleanly, and its write-ahead log {log} is missing or \
          empty: the log holds the writes acknowledged since the last checkpoint. Put the log back \
-         beside the data file (the two are moved and backed up together). To serve {data} \
+         beside the data file (the data file and its log's two segments, .wal and .wal2, are \
+         moved and backed up together). To serve {data} \
          without them, losing those writes, start once with --accept-missing-log"
     )]
     MissingLog { log: PathBuf, data: PathBuf },
@@ -200,16 +215,25 @@ impl Engine {
             warn_if_others_can_read(&log);
         }
         // A file left open (not closed cleanly) has acknowledged writes in
-        // its log: without the log they would be lost without a word.
-        if !has_log && writer::log_open(&db).map_err(other)? {
+        // its log: without the log (either segment, once it has two) they
+        // would be lost without a word.
+        let missing = if has_log {
+            let spare = wal_segments::spare_path_for(&opts.path);
+            (writer::log_segments(&db).map_err(other)? >= 2 && !exists(&spare)).then_some(spare)
+        } else {
+            Some(wal_path.clone())
+        };
+        if let Some(missing) = missing
+            && writer::log_open(&db).map_err(other)?
+        {
             if !opts.accept_missing_log {
                 return Err(OpenError::MissingLog {
-                    log: wal_path,
+                    log: missing,
                     data: opts.path.clone(),
                 });
             }
             tracing::warn!(
-                log = %wal_path.display(),
+                log = %missing.display(),
                 data = %opts.path.display(),
                 "the data file was not closed cleanly and its write-ahead log is missing: serving \
                  it without the writes acknowledged since its last checkpoint, as asked"
@@ -255,6 +279,9 @@ impl Engine {
             closing: AtomicBool::new(false),
             space,
         });
+        // Before the writer: it makes the syncs the writer hands over.
+        let flusher = Flusher::start(&opts.path, gate, opts.faults.clone())
+            .map_err(|e| other(redb::Error::Io(e)))?;
         let counters = Arc::new(Counters::default());
         let (writes, handle) =
             writer::spawn(shared.clone(), opts.clone(), counters.clone(), logged)
@@ -263,11 +290,7 @@ impl Engine {
             shared,
             writes,
             writer: Mutex::new(Some(handle)),
-            flusher: Mutex::new(
-                Flusher::start(&opts.path, gate, opts.faults.clone())
-                    .map_err(|e| other(redb::Error::Io(e)))
-                    .map(Some)?,
-            ),
+            flusher: Mutex::new(Some(flusher)),
             counters,
             read_reopen_wait: opts.read_reopen_wait,
             dedupe_window_ms: u64::try_from(opts.dedupe_window.as_millis()).unwrap_or(u64::MAX),
@@ -344,7 +367,11 @@ fn log_error(e: wal::LogError, log: &Path, data: &Path, data_id: u128) -> OpenEr
             data_id,
         },
         wal::LogError::Version { found } => OpenError::LogVersion { log, found },
-        wal::LogError::Damaged { .. } | wal::LogError::Segments { .. } => OpenError::DamagedLog {
+        wal::LogError::Damaged { .. } => OpenError::DamagedLog {
+            log,
+            detail: e.to_string(),
+        },
+        wal::LogError::Segments { .. } => OpenError::LogSegments {
             log,
             detail: e.to_string(),
         },

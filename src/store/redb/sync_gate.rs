@@ -19,6 +19,17 @@
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+/// What the syncing thread is to do next ([`SyncGate::next_request`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Make the handed-over sync, then [`SyncGate::finish`].
+    Sync,
+    /// Nothing was handed over in the time given.
+    Idle,
+    /// Closed, and nothing is pending: stop.
+    Stop,
+}
+
 /// The gate between the writer, the data file's backend and the thread
 /// that makes the handed-over syncs.
 #[derive(Debug, Default)]
@@ -83,16 +94,20 @@ impl SyncGate {
         }
     }
 
-    /// For the syncing thread: waits up to `timeout` (less once closed)
-    /// for a handed-over sync; whether one is pending (the thread then
-    /// makes it and calls [`SyncGate::finish`]).
-    pub fn next_request(&self, timeout: Duration) -> bool {
+    /// For the syncing thread: waits up to `timeout` for a handed-over
+    /// sync. Decided under one lock, so a sync handed over before the gate
+    /// closed is always made: the thread stops only once closed with
+    /// nothing pending.
+    pub fn next_request(&self, timeout: Duration) -> Next {
         let deadline = Instant::now() + timeout;
         let mut s = self.state();
         while !s.pending {
+            if s.closed {
+                return Next::Stop;
+            }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || s.closed {
-                return false;
+            if left.is_zero() {
+                return Next::Idle;
             }
             s = self
                 .changed
@@ -100,7 +115,7 @@ impl SyncGate {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        true
+        Next::Sync
     }
 
     /// For the syncing thread: the handed-over sync was made (or failed),
@@ -122,11 +137,6 @@ impl SyncGate {
     pub fn close(&self) {
         self.state().closed = true;
         self.changed.notify_all();
-    }
-
-    /// Whether [`SyncGate::close`] was called.
-    pub fn is_closed(&self) -> bool {
-        self.state().closed
     }
 
     /// For a reopen after a disk fault, once the file that failed is
@@ -174,13 +184,14 @@ mod tests {
         };
         // The syncing thread takes the request; until it finishes, the
         // write stays at the gate.
-        assert!(gate.next_request(Duration::from_secs(5)));
+        assert_eq!(gate.next_request(Duration::from_secs(5)), Next::Sync);
         assert!(!passed.load(Ordering::SeqCst));
         gate.finish(Ok(()));
         writer.join().unwrap();
         assert!(passed.load(Ordering::SeqCst));
-        assert!(
-            !gate.next_request(Duration::from_millis(1)),
+        assert_eq!(
+            gate.next_request(Duration::from_millis(1)),
+            Next::Idle,
             "nothing is pending once it is made"
         );
     }
@@ -195,8 +206,9 @@ mod tests {
             let e = gate.wait().unwrap_err();
             assert!(e.to_string().contains("no space left"), "{e}");
         }
-        assert!(
-            !gate.next_request(Duration::from_millis(1)),
+        assert_eq!(
+            gate.next_request(Duration::from_millis(1)),
+            Next::Idle,
             "no longer pending, though it failed: nothing waits for it"
         );
     }
@@ -213,10 +225,25 @@ mod tests {
         gate.close();
         gate.arm();
         assert!(!gate.hand_over(), "closed: the sync is made where asked");
-        assert!(
-            !gate.next_request(Duration::from_secs(3600)),
+        assert_eq!(
+            gate.next_request(Duration::from_secs(3600)),
+            Next::Stop,
             "a closed gate does not keep its thread waiting"
         );
+    }
+
+    #[test]
+    fn a_sync_handed_over_before_the_gate_closed_is_made_before_the_thread_stops() {
+        let gate = SyncGate::default();
+        // The thread's wait ran out just before the hand-over and the close.
+        assert_eq!(gate.next_request(Duration::ZERO), Next::Idle);
+        gate.arm();
+        assert!(gate.hand_over());
+        gate.close();
+        assert_eq!(gate.next_request(Duration::from_secs(3600)), Next::Sync);
+        gate.finish(Ok(()));
+        gate.wait().unwrap();
+        assert_eq!(gate.next_request(Duration::from_secs(3600)), Next::Stop);
     }
 
     #[test]
@@ -229,7 +256,7 @@ mod tests {
     #[test]
     fn with_nothing_handed_over_the_syncing_thread_waits_out_its_timeout() {
         let gate = SyncGate::default();
-        assert!(!gate.next_request(Duration::from_millis(1)));
+        assert_eq!(gate.next_request(Duration::from_millis(1)), Next::Idle);
         gate.wait().unwrap();
         gate.finish(Err(std::io::Error::other("a periodic sync failed")));
         gate.wait().unwrap();

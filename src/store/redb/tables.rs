@@ -43,6 +43,12 @@ pub const META_FENCE: &str = "fence";
 /// a clean shutdown checkpointed them all. Opening a file marked 1 without
 /// its log is refused: the log holds acknowledged writes.
 pub const META_LOG_OPEN: &str = "log_open";
+/// Key in [`META`]: 2 once the file's write-ahead log is kept in two
+/// segments (`.wal` and `.wal2`, see `wal_segments`), written by every
+/// checkpoint; absent in files whose log was one file. Opening a file
+/// marked 2 and left open without its second segment is refused, as
+/// without the first.
+pub const META_LOG_SEGMENTS: &str = "log_segments";
 /// Keys in [`META`] of the file's id (a random u128 in two halves), written
 /// when the file is created; its write-ahead log carries the same id.
 pub const META_FILE_ID: [&str; 2] = ["file_id_hi", "file_id_lo"];

@@ -8,7 +8,10 @@
 //! batches' changes to the same pages are written once.
 //!
 //! A checkpoint is a durable redb commit that records the sequence number
-//! of the last batch it holds (`meta.wal_seq`); the log is then emptied. On
+//! of the last batch it holds (`meta.wal_seq`); the log is then emptied
+//! (the log is two files of this format, and a checkpoint whose sync is
+//! made beside new writes empties the one it covers later: see
+//! [`super::wal_segments`]). On
 //! open, the batches after the checkpoint are replayed in order through the
 //! same operations: a batch holds each request with its clock reading (and a
 //! claim's token), so replay reproduces exactly what was answered.
@@ -423,8 +426,8 @@ pub enum Decoded {
     New,
 }
 
-/// Reads a log file's `bytes` as [`Wal::open`] does, for the data file
-/// `id` (`bound`: see [`Wal::open`]), without touching the file. Never
+/// Reads a log file's `bytes` as [`Wal::open_segment`] does (without a
+/// gap), for the data file `id` (`bound`: see [`Wal::open_segment`]), without touching the file. Never
 /// allocates by a length the bytes declare: a record's length is checked
 /// against the bytes there before its payload is looked at.
 pub fn read_log(bytes: &[u8], after: u64, id: u128, bound: bool) -> Result<Decoded, LogError> {
@@ -490,7 +493,8 @@ pub enum WalContents {
     Refused(String),
 }
 
-/// Decodes a write-ahead log's bytes (`dedupd.redb.wal`) exactly as opening
+/// Decodes a write-ahead log segment's bytes (`dedupd.redb.wal`, or
+/// `.wal2` given the batch before its first as `after`) exactly as opening
 /// the store does beside the data file the log names, returning the
 /// batches numbered after `after`, without any file: the decoder under the
 /// fuzz targets (`tests/fuzz/wal.rs`).
@@ -511,13 +515,7 @@ pub fn decode_wal(bytes: &[u8], after: u64) -> WalContents {
 }
 
 impl Wal {
-    /// Opens (or creates) the log of the data file `id` and reads the valid
-    /// batches in it numbered after `after` (the last batch the data file
-    /// holds). `bound`: the data file had its id before this open (false
-    /// only for a file written before logs were bound, which may have a
-    /// format 1 log). A log of another file, of a format this build cannot
-    /// replay, or with a record that does not decode, is refused and left
-    /// as it is.
+    /// [`Wal::open_segment`] of a log in one file (the unit tests').
     #[cfg(test)]
     pub fn open(
         path: PathBuf,
@@ -529,9 +527,15 @@ impl Wal {
         Self::open_segment(path, faults, after, id, bound, false)
     }
 
-    /// [`Wal::open`]; with `gap_ok`, its batches may start later than the
-    /// one after `after` (see [`super::wal_segments`], which checks the
-    /// two segments join).
+    /// Opens (or creates) a log segment of the data file `id` and reads the
+    /// valid batches in it numbered after `after` (the last batch the data
+    /// file holds). `bound`: the data file had its id before this open
+    /// (false only for a file written before logs were bound, which may
+    /// have a format 1 log). A log of another file, of a format this build
+    /// cannot replay, or with a record that does not decode, is refused and
+    /// left as it is. With `gap_ok`, its batches may start later than the
+    /// one after `after` (see [`super::wal_segments`], which checks the two
+    /// segments join).
     pub fn open_segment(
         path: PathBuf,
         faults: Option<Arc<FaultPlan>>,
@@ -558,6 +562,11 @@ impl Wal {
                     file.set_len(0)?;
                     file.write_all_at(&h, 0)?;
                     file.sync_all()?;
+                    // The file's name too: records synced into a file
+                    // whose entry a power cut takes back would be lost.
+                    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                        File::open(dir)?.sync_all()?;
+                    }
                     (Vec::new(), h.len(), false, h.len())
                 }
                 Decoded::Log {

@@ -58,7 +58,7 @@ pub struct SegmentError {
 
 impl Segments {
     /// Opens (or creates) both segments of the data file at `data` (its id
-    /// `id`; `bound` as [`Wal::open`] takes it), and returns the batches
+    /// `id`; `bound` as [`Wal::open_segment`] takes it), and returns the batches
     /// numbered after `after` from both, in order. The first segment is
     /// the one appended to.
     pub fn open(
@@ -79,8 +79,8 @@ impl Segments {
         Ok((Self { active, spare }, batches))
     }
 
-    /// Bytes of records in both segments (what a checkpoint may have to
-    /// write into the data file).
+    /// Bytes of records in both segments, for the room a replay at open
+    /// needs (either may hold batches to replay).
     pub fn len(&self) -> u64 {
         let spare = if self.spare.is_empty() {
             0
@@ -109,9 +109,10 @@ impl Segments {
     /// synced): it is emptied. Returns a handle that syncs the segment now
     /// appended to, for the syncer.
     pub fn swap(&mut self) -> std::io::Result<WalSync> {
+        let sync = self.spare.syncer()?;
         self.spare.reset()?;
         std::mem::swap(&mut self.active, &mut self.spare);
-        self.active.syncer()
+        Ok(sync)
     }
 }
 

@@ -69,7 +69,7 @@ use super::wal_segments::Segments;
 use crate::clock::Millis;
 use crate::store::WriteStats;
 
-pub use self::replay::{log_open, replay, stored_seq};
+pub use self::replay::{log_open, log_segments, replay, stored_seq};
 
 /// A request on its way to the writer, with where to send the answer.
 #[derive(Debug)]

@@ -8,7 +8,7 @@ use redb::{Database, Durability, ReadableDatabase};
 use super::batch::apply;
 use crate::store::redb::kv_index::KvIndex;
 use crate::store::redb::record::Batch;
-use crate::store::redb::tables::{META, META_LOG_OPEN, META_WAL_SEQ};
+use crate::store::redb::tables::{META, META_LOG_OPEN, META_LOG_SEGMENTS, META_WAL_SEQ};
 
 /// A durable commit recording that the file holds every batch up to `seq`,
 /// and whether its log may hold more (`open`: anything but the clean
@@ -21,6 +21,7 @@ pub fn checkpoint(db: &Database, seq: u64, open: bool) -> Result<(), redb::Error
         let mut meta = tx.open_table(META)?;
         meta.insert(META_WAL_SEQ, seq)?;
         meta.insert(META_LOG_OPEN, u64::from(open))?;
+        meta.insert(META_LOG_SEGMENTS, 2)?;
     }
     tx.commit()?;
     Ok(())
@@ -32,6 +33,14 @@ pub fn log_open(db: &Database) -> Result<bool, redb::Error> {
     let tx = db.begin_read()?;
     let meta = tx.open_table(META)?;
     Ok(meta.get(META_LOG_OPEN)?.is_some_and(|g| g.value() != 0))
+}
+
+/// How many segments the file's log is kept in (see
+/// [`META_LOG_SEGMENTS`]): 1 for a file a build with one log file wrote.
+pub fn log_segments(db: &Database) -> Result<u64, redb::Error> {
+    let tx = db.begin_read()?;
+    let meta = tx.open_table(META)?;
+    Ok(meta.get(META_LOG_SEGMENTS)?.map_or(1, |g| g.value()))
 }
 
 /// The last write-ahead-log batch the file holds.

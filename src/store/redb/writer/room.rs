@@ -30,7 +30,9 @@ impl Writer<'_> {
         let floor = space.floor();
         let mut free = space.free();
         let total: u64 = self.batch.iter().map(|(r, _, _)| r.estimated_bytes()).sum();
-        let logged = self.log.as_ref().map_or(0, |l| l.segments.len());
+        // What a checkpoint would write: the batches in the segment appended
+        // to (the other's are in the file's pages since their checkpoint).
+        let logged = self.log.as_ref().map_or(0, |l| l.segments.active.len());
         // What the log holds would crowd out this batch: checkpoint it into
         // the file first, while it still fits.
         let crowded = !space::admits(free, floor, logged, total);
@@ -42,11 +44,12 @@ impl Writer<'_> {
             && self.db.is_some()
         {
             self.commit_open();
-            if self.shared.is_healthy() {
-                self.checkpoint_now("space");
+            if self.shared.is_healthy() && self.checkpoint_now("space") {
                 free = space.read();
                 // Low on room: the zeros written ahead of the log are given
-                // back (the log grows again, a little at a time).
+                // back (the log grows again, a little at a time). Only
+                // after a checkpoint that was made: the log holds what a
+                // failed one did not make durable.
                 if free < floor.saturating_mul(2)
                     && let Some(log) = self.log.as_mut()
                     && log.segments.active.capacity() + log.segments.spare.capacity() > 0
@@ -56,7 +59,7 @@ impl Writer<'_> {
                 }
             }
         }
-        let logged = self.log.as_ref().map_or(0, |l| l.segments.len());
+        let logged = self.log.as_ref().map_or(0, |l| l.segments.active.len());
         space.set_logged(logged.saturating_add(total));
         if let Some(log) = self.log.as_mut() {
             let growth = space::log_growth(GROW, free, floor);

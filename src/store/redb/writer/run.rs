@@ -141,7 +141,7 @@ impl Writer<'_> {
                 match timer.block_on(wait) {
                     Ok(env) => env.into(),
                     Err(_) => {
-                        self.checkpoint_now("idle");
+                        let _ = self.checkpoint_now("idle");
                         Next::Again
                     }
                 }
@@ -283,7 +283,7 @@ impl Writer<'_> {
                 return;
             }
             if self.stopping {
-                self.checkpoint_now("stop");
+                let _ = self.checkpoint_now("stop");
             } else {
                 self.checkpoint_handed_over();
             }
@@ -310,8 +310,10 @@ impl Writer<'_> {
         match made {
             Ok(()) => {
                 // Batches are durable once their log records are synced,
-                // as before: the watermark moves with the syncer.
-                self.shared.space.set_logged(log.segments.len());
+                // as before: the watermark moves with the syncer. The other
+                // segment's batches are in the file's pages already (what
+                // a checkpoint would still write is the new segment's).
+                self.shared.space.set_logged(log.segments.active.len());
                 let took = started.elapsed();
                 self.opts
                     .commit_metrics
@@ -332,27 +334,29 @@ impl Writer<'_> {
 
     /// Makes everything committed durable in the file and empties the log;
     /// a failure marks the store unhealthy (writes answer 503 until the file
-    /// is reopened). `why` is for the log line.
-    pub(super) fn checkpoint_now(&mut self, why: &str) {
+    /// is reopened). `why` is for the log line. Whether it was made.
+    pub(super) fn checkpoint_now(&mut self, why: &str) -> bool {
         let (Some(db), Some(log)) = (&self.db, self.log.as_mut()) else {
-            return;
+            return false;
         };
         let started = Instant::now();
         match log.checkpoint(db, self.stopping) {
             // Everything committed is durable in the file now.
             Ok(()) => {
                 self.shared.watermark.synced(log.seq);
-                self.shared.space.set_logged(log.segments.len());
+                self.shared.space.set_logged(log.segments.active.len());
                 let took = started.elapsed();
                 self.opts
                     .commit_metrics
                     .checkpoint_seconds
                     .record(took.as_secs_f64());
                 tracing::debug!(ms = took.as_millis() as u64, why, "checkpoint");
+                true
             }
             Err(e) => {
                 tracing::error!(error = %e, "checkpoint failed: writes answer 503 until the data file can be written");
                 self.shared.set_unhealthy();
+                false
             }
         }
     }
