@@ -62,6 +62,7 @@ fn run(periodic: &File, checkpoints: &File, gate: &SyncGate, faults: Option<&Fau
     loop {
         let next = gate.next_request(EVERY);
         if next == Next::Sync {
+            let started = std::time::Instant::now();
             let made = match faults {
                 Some(plan) if plan.trip_handed_over() => Err(std::io::Error::new(
                     std::io::ErrorKind::StorageFull,
@@ -69,6 +70,10 @@ fn run(periodic: &File, checkpoints: &File, gate: &SyncGate, faults: Option<&Fau
                 )),
                 _ => checkpoints.sync_data(),
             };
+            tracing::debug!(
+                ms = started.elapsed().as_millis() as u64,
+                "a checkpoint's sync of the data file, made beside new writes"
+            );
             if let Err(e) = &made {
                 tracing::error!(error = %e, "a checkpoint's sync of the data file failed: writes answer 503 until the file is reopened");
             }

@@ -164,20 +164,22 @@ impl Logged {
     /// write waits for the sync. The log goes on in its other segment,
     /// emptied first: the checkpoint before this one, which covers it, was
     /// synced (waited for here). Returns the syncer's handle on the segment
-    /// now appended to.
+    /// now appended to, and how long that wait took.
     fn checkpoint_handed_over(
         &mut self,
         db: &Database,
         gate: &SyncGate,
-    ) -> Result<WalSync, redb::Error> {
+    ) -> Result<(WalSync, Duration), redb::Error> {
+        let started = Instant::now();
         gate.wait()?;
+        let waited = started.elapsed();
         gate.arm();
         let made = replay::checkpoint(db, self.seq, true);
         gate.disarm();
         made?;
         let sync = self.segments.swap()?;
         self.checkpointed = Instant::now();
-        Ok(sync)
+        Ok((sync, waited))
     }
 }
 

@@ -300,15 +300,16 @@ impl Writer<'_> {
         let started = Instant::now();
         let made = log
             .checkpoint_handed_over(db, &self.shared.gate)
-            .and_then(|sync| {
+            .and_then(|(sync, waited)| {
                 // The batches logged before go on being synced in the old
                 // segment, in order, then the syncer takes the new one.
                 self.jobs
                     .send(Job::Swap(sync))
+                    .map(|()| waited)
                     .map_err(|_| redb::Error::Io(std::io::Error::other("the log's syncer stopped")))
             });
         match made {
-            Ok(()) => {
+            Ok(waited) => {
                 // Batches are durable once their log records are synced,
                 // as before: the watermark moves with the syncer. The other
                 // segment's batches are in the file's pages already (what
@@ -321,6 +322,8 @@ impl Writer<'_> {
                     .record(took.as_secs_f64());
                 tracing::debug!(
                     ms = took.as_millis() as u64,
+                    // Of which waiting for the sync of the one before.
+                    waited_ms = waited.as_millis() as u64,
                     why = "due",
                     "checkpoint, its sync handed over"
                 );
