@@ -197,11 +197,25 @@ async fn a_crash_before_a_checkpoints_sync_replays_both_segments_and_writes_wait
     }
 
     store.close().await;
-    let store = RedbStore::open(&opts_at(&path, &FaultPlan::new(), bytes)).unwrap();
-    for k in ["k1", "k2", "k3", "k4", "k5", "k6", "k7"] {
+    all_there(&path, bytes, &["k1", "k2", "k3", "k4", "k5", "k6", "k7"]).await;
+}
+
+/// Opens the store at `path` again and finds every one of `keys`.
+async fn all_there(path: &Path, checkpoint_bytes: u64, keys: &[&str]) {
+    let store = RedbStore::open(&opts_at(path, &FaultPlan::new(), checkpoint_bytes)).unwrap();
+    for k in keys {
         assert!(store.get(&key(k), NOW).await.unwrap().is_some(), "{k}");
     }
     store.close().await;
+}
+
+/// Waits (up to 30 s) until the store is ready and `also` holds.
+async fn ready_and(store: &RedbStore, what: &str, also: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.ready().await.is_err() || !also() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,29 +235,23 @@ async fn a_checkpoints_sync_that_fails_is_a_disk_fault_that_loses_nothing() {
     // replayed into it, and both segments started over (only their
     // headers are left: nothing else shrinks them).
     claim(&store, "k6").await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while store.ready().await.is_err()
-        || segments(&path)
-            .iter()
-            .any(|p| std::fs::metadata(p).unwrap().len() != empty)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the file was not reopened after its checkpoint's sync failed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    ready_and(
+        &store,
+        "the file was not reopened after its checkpoint's sync failed",
+        || {
+            segments(&path)
+                .iter()
+                .all(|p| std::fs::metadata(p).unwrap().len() == empty)
+        },
+    )
+    .await;
     assert_eq!(plan.injected(), 1, "the checkpoint's sync failed");
     for k in ["k1", "k2", "k3", "k4", "k5", "k6"] {
         assert!(store.get(&key(k), NOW).await.unwrap().is_some(), "{k}");
     }
     claim(&store, "k7").await;
     store.close().await;
-    let store = RedbStore::open(&opts_at(&path, &FaultPlan::new(), bytes)).unwrap();
-    for k in ["k1", "k2", "k3", "k4", "k5", "k6", "k7"] {
-        assert!(store.get(&key(k), NOW).await.unwrap().is_some(), "{k}");
-    }
-    store.close().await;
+    all_there(&path, bytes, &["k1", "k2", "k3", "k4", "k5", "k6", "k7"]).await;
 }
 
 /// Low on room right after a checkpoint's sync failed: the writer's
@@ -277,14 +285,12 @@ async fn a_checkpoint_for_room_after_a_failed_sync_keeps_the_log() {
     let ttl = Ttl::from_ms_unchecked(86_400_000);
     assert!(store.claim(&key("k5"), ttl, None, NOW).await.is_err());
     plan.set_free_bytes(Some(100 * MIB));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while store.ready().await.is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the file was not reopened: its log lost batches"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    ready_and(
+        &store,
+        "the file was not reopened: its log lost batches",
+        || true,
+    )
+    .await;
     for k in ["k1", "k2", "k3", "k4"] {
         assert!(store.get(&key(k), NOW).await.unwrap().is_some(), "{k}");
     }

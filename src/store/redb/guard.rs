@@ -139,3 +139,67 @@ impl StorageBackend for GuardedBackend {
         self.inner.query_lock_range(start, end)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn backend(gate: &Arc<SyncGate>) -> (tempfile::TempDir, GuardedBackend) {
+        let dir = tempfile::TempDir::new().unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.path().join("d"))
+            .unwrap();
+        let b = GuardedBackend::new(file, None, Arc::default(), gate.clone()).unwrap();
+        (dir, b)
+    }
+
+    #[test]
+    fn an_armed_sync_returns_at_once_and_the_next_write_waits_for_it() {
+        let gate = Arc::new(SyncGate::default());
+        let (_dir, b) = backend(&gate);
+        let b = Arc::new(b);
+        b.write(0, &[1; 4096]).unwrap();
+        gate.arm();
+        b.sync_data().unwrap();
+        let (done, written) = mpsc::channel();
+        let writer = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let r = b.write(4096, &[2; 4096]);
+                let _ = done.send(());
+                r
+            })
+        };
+        // Until the handed-over sync is made, the write stays at the gate.
+        assert!(
+            written.recv_timeout(Duration::from_millis(200)).is_err(),
+            "a write went ahead of the checkpoint's sync"
+        );
+        assert_eq!(
+            gate.next_request(Duration::from_secs(5)),
+            super::super::sync_gate::Next::Sync
+        );
+        gate.finish(Ok(()));
+        writer.join().unwrap().unwrap();
+        assert_eq!(b.len().unwrap(), 8192);
+    }
+
+    #[test]
+    fn after_a_failed_handed_over_sync_writes_syncs_and_resizes_fail() {
+        let gate = Arc::new(SyncGate::default());
+        let (_dir, b) = backend(&gate);
+        gate.arm();
+        b.sync_data().unwrap();
+        gate.finish(Err(std::io::Error::other("EIO")));
+        assert!(b.write(0, &[1; 16]).is_err());
+        assert!(b.sync_data().is_err());
+        assert!(b.set_len(0).is_err());
+    }
+}

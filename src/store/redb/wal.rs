@@ -629,6 +629,12 @@ impl Wal {
         self.capacity.saturating_sub(self.header)
     }
 
+    /// Makes every record appended so far durable, from the writer.
+    pub fn sync(&self) -> std::io::Result<()> {
+        fault(self.faults.as_ref(), true)?;
+        self.file.sync_data()
+    }
+
     /// A handle that syncs this log from another thread.
     pub fn syncer(&self) -> std::io::Result<WalSync> {
         Ok(WalSync {
@@ -702,8 +708,11 @@ impl Wal {
     /// them for acknowledged batches cut off by damage; none is kept.
     pub fn start_over(&mut self) -> std::io::Result<()> {
         fault(self.faults.as_ref(), false)?;
-        self.file.set_len(0)?;
+        // The header first, then the cut: a crash between leaves the
+        // header and old records (numbered at most what the data file
+        // holds), never an empty file, which would read as a lost log.
         self.file.write_all_at(&header(self.id), 0)?;
+        self.file.set_len(HEADER as u64)?;
         self.file.sync_all()?;
         self.capacity = HEADER as u64;
         self.header = HEADER as u64;

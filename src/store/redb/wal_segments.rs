@@ -108,7 +108,14 @@ impl Segments {
     /// must be durable in the data file (the checkpoint before this one was
     /// synced): it is emptied. Returns a handle that syncs the segment now
     /// appended to, for the syncer.
+    ///
+    /// The segment left is synced first. Its last records may not be yet
+    /// (the syncer syncs them on its own time), and the disk may write the
+    /// new segment's records before them: after a power cut the two would
+    /// not join, and opening would refuse the log, though nothing after
+    /// the missing records was acknowledged.
     pub fn swap(&mut self) -> std::io::Result<WalSync> {
+        self.active.sync()?;
         let sync = self.spare.syncer()?;
         self.spare.reset()?;
         std::mem::swap(&mut self.active, &mut self.spare);

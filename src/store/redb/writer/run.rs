@@ -314,12 +314,7 @@ impl Writer<'_> {
                 // as before: the watermark moves with the syncer. The other
                 // segment's batches are in the file's pages already (what
                 // a checkpoint would still write is the new segment's).
-                self.shared.space.set_logged(log.segments.active.len());
-                let took = started.elapsed();
-                self.opts
-                    .commit_metrics
-                    .checkpoint_seconds
-                    .record(took.as_secs_f64());
+                let took = self.checkpoint_made(started);
                 tracing::debug!(
                     ms = took.as_millis() as u64,
                     // Of which waiting for the sync of the one before.
@@ -347,12 +342,7 @@ impl Writer<'_> {
             // Everything committed is durable in the file now.
             Ok(()) => {
                 self.shared.watermark.synced(log.seq);
-                self.shared.space.set_logged(log.segments.active.len());
-                let took = started.elapsed();
-                self.opts
-                    .commit_metrics
-                    .checkpoint_seconds
-                    .record(took.as_secs_f64());
+                let took = self.checkpoint_made(started);
                 tracing::debug!(ms = took.as_millis() as u64, why, "checkpoint");
                 true
             }
@@ -362,6 +352,20 @@ impl Writer<'_> {
                 false
             }
         }
+    }
+
+    /// After a checkpoint that began at `started`: what the log holds for
+    /// the next one, and how long this one held the writer (recorded, and
+    /// returned for the log line).
+    fn checkpoint_made(&self, started: Instant) -> Duration {
+        let logged = self.log.as_ref().map_or(0, |l| l.segments.active.len());
+        self.shared.space.set_logged(logged);
+        let took = started.elapsed();
+        self.opts
+            .commit_metrics
+            .checkpoint_seconds
+            .record(took.as_secs_f64());
+        took
     }
 
     /// Whether the open transaction is due for its commit: it is `hold`
