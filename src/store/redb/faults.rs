@@ -167,6 +167,14 @@ impl FaultPlan {
         self.wait_while(|h| h.appends);
     }
 
+    /// The error an injected fault returns: what a full disk answers.
+    pub fn disk_full() -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            "injected fault: no space left on device",
+        )
+    }
+
     /// Faults injected so far.
     pub fn injected(&self) -> u64 {
         self.injected.load(Ordering::SeqCst)

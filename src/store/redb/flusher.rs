@@ -64,10 +64,7 @@ fn run(periodic: &File, checkpoints: &File, gate: &SyncGate, faults: Option<&Fau
         if next == Next::Sync {
             let started = std::time::Instant::now();
             let made = match faults {
-                Some(plan) if plan.trip_handed_over() => Err(std::io::Error::new(
-                    std::io::ErrorKind::StorageFull,
-                    "injected fault: no space left on device",
-                )),
+                Some(plan) if plan.trip_handed_over() => Err(FaultPlan::disk_full()),
                 _ => checkpoints.sync_data(),
             };
             tracing::debug!(

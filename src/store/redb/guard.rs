@@ -69,10 +69,7 @@ impl GuardedBackend {
     fn check(&self, sync: bool) -> Result<(), std::io::Error> {
         self.admit()?;
         match &self.faults {
-            Some(plan) if plan.trip(sync) => Err(std::io::Error::new(
-                std::io::ErrorKind::StorageFull,
-                "injected fault: no space left on device",
-            )),
+            Some(plan) if plan.trip(sync) => Err(FaultPlan::disk_full()),
             _ => Ok(()),
         }
     }

@@ -244,9 +244,14 @@ pub struct WalSync {
 impl WalSync {
     /// Makes every record appended so far durable.
     pub fn sync(&self) -> std::io::Result<()> {
-        fault(self.faults.as_ref(), true)?;
-        self.file.sync_data()
+        sync_file(&self.file, self.faults.as_ref())
     }
+}
+
+/// Syncs a log file's records (after the test's faults, if any).
+fn sync_file(file: &File, faults: Option<&Arc<FaultPlan>>) -> std::io::Result<()> {
+    fault(faults, true)?;
+    file.sync_data()
 }
 
 /// Space the log grows by at a time, with room to spare on the disk.
@@ -261,10 +266,7 @@ pub fn path_for(data: &Path) -> PathBuf {
 
 fn fault(faults: Option<&Arc<FaultPlan>>, sync: bool) -> std::io::Result<()> {
     match faults {
-        Some(plan) if plan.trip(sync) => Err(std::io::Error::new(
-            std::io::ErrorKind::StorageFull,
-            "injected fault: no space left on device",
-        )),
+        Some(plan) if plan.trip(sync) => Err(FaultPlan::disk_full()),
         _ => Ok(()),
     }
 }
@@ -631,8 +633,7 @@ impl Wal {
 
     /// Makes every record appended so far durable, from the writer.
     pub fn sync(&self) -> std::io::Result<()> {
-        fault(self.faults.as_ref(), true)?;
-        self.file.sync_data()
+        sync_file(&self.file, self.faults.as_ref())
     }
 
     /// A handle that syncs this log from another thread.
