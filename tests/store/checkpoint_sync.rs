@@ -200,6 +200,53 @@ async fn a_crash_before_a_checkpoints_sync_replays_both_segments_and_writes_wait
     all_there(&path, bytes, &["k1", "k2", "k3", "k4", "k5", "k6", "k7"]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoints_pages_are_written_beside_new_writes_and_a_crash_before_loses_nothing() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d.redb");
+    let plan = FaultPlan::new();
+    let (bytes, _) = three_claims_of_log().await;
+    let store = RedbStore::open(&opts_at(&path, &plan, bytes)).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    plan.set_handed_over_syncs_hung(true);
+    let _unhang = Unhang(plan.clone());
+    for k in ["k1", "k2", "k3", "k4"] {
+        claim(&store, k).await;
+    }
+    let (a, b) = swapped(&path, 1).await;
+    // The writer made the checkpoint's commit and went on; its pages wait
+    // in memory for the flusher, so the file is as the open left it.
+    let now = std::fs::read(&path).unwrap();
+    assert!(
+        now == before,
+        "the writer wrote the checkpoint's pages itself"
+    );
+
+    // A crash now loses the pages held in memory: the log has the batches.
+    let crashed = TempDir::new().unwrap();
+    let moved = crashed.path().join("d.redb");
+    std::fs::write(&moved, &now).unwrap();
+    let [wal, wal2] = segments(&moved);
+    std::fs::write(&wal, &a).unwrap();
+    std::fs::write(&wal2, &b).unwrap();
+    all_there(&moved, bytes, &["k1", "k2", "k3", "k4"]).await;
+
+    // Once the flusher goes on, it writes the pages.
+    plan.set_handed_over_syncs_hung(false);
+    let mut waited = 0;
+    while std::fs::read(&path).unwrap() == before {
+        waited += 1;
+        assert!(
+            waited < 3000,
+            "the checkpoint's pages never reached the file"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    claim(&store, "k5").await;
+    store.close().await;
+    all_there(&path, bytes, &["k1", "k2", "k3", "k4", "k5"]).await;
+}
+
 /// Opens the store at `path` again and finds every one of `keys`.
 async fn all_there(path: &Path, checkpoint_bytes: u64, keys: &[&str]) {
     let store = RedbStore::open(&opts_at(path, &FaultPlan::new(), checkpoint_bytes)).unwrap();

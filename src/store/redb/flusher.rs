@@ -10,14 +10,15 @@
 //! Extra syncs only make data durable earlier; redb's commit protocol never
 //! depends on a page staying unwritten.
 //!
-//! It also makes the sync of a checkpoint the writer handed over
-//! ([`SyncGate`]): writes to the file wait for it at the gate, while the
-//! writer goes on running and logging batches. Those syncs go through a
-//! handle of their own: the kernel reports a failed write-back once per
+//! It also makes the page writes and the sync of a checkpoint the writer
+//! handed over ([`SyncGate`]): writes to the file wait for them at the
+//! gate, while the writer goes on running and logging batches. They go
+//! through a handle of their own: the kernel reports a failed write-back once per
 //! open file, and a periodic sync that met it (and ignores it) must not
 //! leave a checkpoint's sync on the same handle reporting success.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -46,7 +47,8 @@ impl Flusher {
         faults: Option<Arc<FaultPlan>>,
     ) -> std::io::Result<Self> {
         let periodic = File::open(path)?;
-        let checkpoints = File::open(path)?;
+        // Writes the checkpoints' pages, too.
+        let checkpoints = OpenOptions::new().read(true).write(true).open(path)?;
         let shared = gate.clone();
         let thread = std::thread::Builder::new()
             .name("dedupd-flusher".into())
@@ -63,13 +65,20 @@ fn run(periodic: &File, checkpoints: &File, gate: &SyncGate, faults: Option<&Fau
         let next = gate.next_request(EVERY);
         if next == Next::Sync {
             let started = std::time::Instant::now();
+            let mut pages = 0;
             let made = match faults {
                 Some(plan) if plan.trip_handed_over() => Err(FaultPlan::disk_full()),
-                _ => checkpoints.sync_data(),
+                _ => gate
+                    .write_held(|offset, data| checkpoints.write_all_at(data, offset))
+                    .and_then(|n| {
+                        pages = n;
+                        checkpoints.sync_data()
+                    }),
             };
             tracing::debug!(
                 ms = started.elapsed().as_millis() as u64,
-                "a checkpoint's sync of the data file, made beside new writes"
+                pages,
+                "a checkpoint's page writes and sync of the data file, made beside new writes"
             );
             if let Err(e) = &made {
                 tracing::error!(error = %e, "a checkpoint's sync of the data file failed: writes answer 503 until the file is reopened");

@@ -10,9 +10,11 @@
 //! checkpoint and the log is replayed onto it up to the last batch answered
 //! `Ok`.
 //!
-//! The backend is also where a checkpoint's sync is handed to another
-//! thread ([`SyncGate`]): a sync the writer armed returns at once, and
-//! every later write, change of length or sync waits until it was made.
+//! The backend is also where a checkpoint's page writes and sync are
+//! handed to another thread ([`SyncGate`]): while the writer has the gate
+//! armed, writes are held in memory and reads see them; the armed sync
+//! returns at once, and every later write, change of length or sync waits
+//! until the held writes and the sync were made.
 
 use std::fs::File;
 use std::ops::Bound;
@@ -65,6 +67,30 @@ impl GuardedBackend {
         self.gate.wait()
     }
 
+    /// Writes out page writes still held, ahead of what is about to reach
+    /// the file (see [`SyncGate::write_out`]).
+    fn write_out_held(&self) -> Result<(), std::io::Error> {
+        self.gate
+            .write_out(|offset, data| self.inner.write(offset, data))
+    }
+
+    /// Reads `out` from `offset` of a file that held writes make `end`
+    /// long: what lies past the file's end so far reads as zeros (the
+    /// held writes are laid over it). Past `end` too, it is the file's
+    /// error, as without held writes.
+    fn read_to(&self, offset: u64, out: &mut [u8], end: u64) -> Result<(), std::io::Error> {
+        let len = self.inner.len()?;
+        if offset + out.len() as u64 > len.max(end) {
+            return self.inner.read(offset, out);
+        }
+        let have = len.saturating_sub(offset).min(out.len() as u64) as usize;
+        out[have..].fill(0);
+        if have == 0 {
+            return Ok(());
+        }
+        self.inner.read(offset, &mut out[..have])
+    }
+
     /// Whether a write (or, with `sync`, a sync) may go to the file.
     fn check(&self, sync: bool) -> Result<(), std::io::Error> {
         self.admit()?;
@@ -77,30 +103,40 @@ impl GuardedBackend {
 
 impl StorageBackend for GuardedBackend {
     fn len(&self) -> Result<u64, std::io::Error> {
-        self.inner.len()
+        Ok(self.inner.len()?.max(self.gate.held_end()))
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.inner.read(offset, out)
+        self.gate.read(offset, out, |out, held_end| match held_end {
+            None => self.inner.read(offset, out),
+            Some(end) => self.read_to(offset, out, end),
+        })
     }
 
     fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
         self.check(false)?;
+        self.write_out_held()?;
         self.inner.set_len(len)
     }
 
     fn sync_data(&self) -> Result<(), std::io::Error> {
         self.admit()?;
         if self.gate.hand_over() {
-            // The syncing thread makes it (and meets the test's faults).
+            // The syncing thread writes what was held, makes the sync, and
+            // meets the test's faults.
             return Ok(());
         }
         self.check(true)?;
+        self.write_out_held()?;
         self.inner.sync_data()
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
         self.check(false)?;
+        if self.gate.hold(offset, data) {
+            return Ok(());
+        }
+        self.write_out_held()?;
         self.inner.write(offset, data)
     }
 
@@ -186,6 +222,114 @@ mod tests {
         gate.finish(Ok(()));
         writer.join().unwrap().unwrap();
         assert_eq!(b.len().unwrap(), 8192);
+    }
+
+    fn on_disk(dir: &tempfile::TempDir) -> Vec<u8> {
+        std::fs::read(dir.path().join("d")).unwrap()
+    }
+
+    /// What the flusher thread does with a handed-over sync: writes the
+    /// held pages through a handle of its own, then finishes.
+    fn make_handed_over(dir: &tempfile::TempDir, gate: &SyncGate) {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("d"))
+            .unwrap();
+        assert_eq!(
+            gate.next_request(Duration::from_secs(5)),
+            super::super::sync_gate::Next::Sync
+        );
+        let made = gate
+            .write_held(|offset, data| file.write_all_at(data, offset))
+            .map(|_| ());
+        gate.finish(made);
+    }
+
+    #[test]
+    fn while_armed_writes_are_held_read_back_and_written_before_the_sync() {
+        let gate = Arc::new(SyncGate::default());
+        let (dir, b) = backend(&gate);
+        b.write(0, &[1; 4096]).unwrap();
+        gate.arm();
+        b.write(4096, &[2; 4096]).unwrap();
+        b.write(8, &[3; 16]).unwrap();
+        assert_eq!(
+            on_disk(&dir),
+            vec![1; 4096],
+            "a held write reached the file"
+        );
+        assert_eq!(b.len().unwrap(), 8192, "the length counts held writes");
+        // Reads see the file as it will be, the later write winning.
+        let mut out = vec![0; 8192];
+        b.read(0, &mut out).unwrap();
+        let mut want = vec![1; 4096];
+        want[8..24].fill(3);
+        want.extend([2; 4096]);
+        assert_eq!(out, want);
+        assert!(
+            b.read(8190, &mut [0; 4]).is_err(),
+            "past every write: the file's error"
+        );
+        b.sync_data().unwrap();
+        make_handed_over(&dir, &gate);
+        assert_eq!(on_disk(&dir), want);
+        // Written: reads go to the file alone again.
+        b.read(0, &mut out).unwrap();
+        assert_eq!(out, want);
+        b.write(0, &[4; 8]).unwrap();
+        want[..8].fill(4);
+        assert_eq!(on_disk(&dir), want, "not armed: written at once");
+    }
+
+    #[test]
+    fn held_writes_no_sync_took_reach_the_file_before_anything_after_them() {
+        let gate = Arc::new(SyncGate::default());
+        let (dir, b) = backend(&gate);
+        // A commit that failed before its sync leaves its writes held.
+        gate.arm();
+        b.write(0, b"aaaa").unwrap();
+        gate.disarm();
+        b.write(2, b"bb").unwrap();
+        assert_eq!(on_disk(&dir), b"aabb");
+        gate.arm();
+        b.write(4, b"cccc").unwrap();
+        gate.disarm();
+        b.set_len(6).unwrap();
+        assert_eq!(
+            on_disk(&dir),
+            b"aabbcc",
+            "cut after the held write, not before"
+        );
+        gate.arm();
+        b.write(0, b"d").unwrap();
+        gate.disarm();
+        b.sync_data().unwrap();
+        assert_eq!(on_disk(&dir), b"dabbcc", "a sync makes the held writes too");
+    }
+
+    #[test]
+    fn a_failed_handed_over_sync_keeps_its_writes_readable_until_the_file_is_given_up() {
+        let gate = Arc::new(SyncGate::default());
+        let (dir, b) = backend(&gate);
+        b.write(0, b"old").unwrap();
+        gate.arm();
+        b.write(0, b"new").unwrap();
+        b.sync_data().unwrap();
+        assert_eq!(
+            gate.next_request(Duration::from_secs(5)),
+            super::super::sync_gate::Next::Sync
+        );
+        gate.finish(Err(std::io::Error::other("no space left on device")));
+        let mut out = [0; 3];
+        b.read(0, &mut out).unwrap();
+        assert_eq!(&out, b"new", "what redb wrote still reads back");
+        assert!(b.write(3, b"x").is_err());
+        // The reopen forgets them with the file that failed.
+        gate.clear();
+        b.read(0, &mut out).unwrap();
+        assert_eq!(&out, b"old");
+        assert_eq!(on_disk(&dir), b"old");
     }
 
     #[test]

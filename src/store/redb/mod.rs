@@ -37,6 +37,7 @@ mod kv_index;
 mod migrate;
 mod open;
 mod ops;
+mod pending_pages;
 mod record;
 mod space;
 mod sync_gate;

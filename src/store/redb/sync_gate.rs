@@ -11,13 +11,25 @@
 //! never overwritten early. A handed-over sync that failed fails every
 //! later wait: the file has to be given up and reopened.
 //!
+//! The checkpoint's page writes are handed over too: while the gate is
+//! armed, the backend holds them in memory ([`PendingPages`]) instead of
+//! writing them, reads of the file see them laid over it, and the syncing
+//! thread writes them out, in order, just before the sync. A write, change
+//! of length or sync made while some are still held (one the gate did not
+//! hand over) first writes them out where it is made.
+//!
 //! The log cannot be emptied until the sync is made, while the writer goes
 //! on appending: so it is kept in two segments (see [`super::writer`]), and
 //! the one a checkpoint covered is emptied only once this gate says the
 //! checkpoint's sync was made.
 
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{
+    Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 use std::time::{Duration, Instant};
+
+use super::pending_pages::PendingPages;
 
 /// What the syncing thread is to do next ([`SyncGate::next_request`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +48,12 @@ pub enum Next {
 pub struct SyncGate {
     state: Mutex<State>,
     changed: Condvar,
+    /// The page writes made while armed, not yet in the file. Taken after
+    /// `state` where both are. Read (shared) while the syncing thread
+    /// writes them out, so reads of the file go on meanwhile.
+    pages: RwLock<PendingPages>,
+    /// Some page writes are held: reads have to look at them.
+    held: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -54,6 +72,14 @@ struct State {
 impl SyncGate {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn pages(&self) -> RwLockReadGuard<'_, PendingPages> {
+        self.pages.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn pages_mut(&self) -> RwLockWriteGuard<'_, PendingPages> {
+        self.pages.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The next sync of the file is handed over instead of made.
@@ -77,6 +103,83 @@ impl SyncGate {
         s.pending = true;
         self.changed.notify_all();
         true
+    }
+
+    /// For the backend's `write`: while armed, holds a copy of the write
+    /// for the syncing thread to make, and says so (the caller returns at
+    /// once); otherwise `false`, and the caller writes.
+    pub fn hold(&self, offset: u64, data: &[u8]) -> bool {
+        let s = self.state();
+        if !s.armed || s.closed {
+            return false;
+        }
+        self.pages_mut().push(offset, data);
+        self.held.store(true, Ordering::Release);
+        true
+    }
+
+    /// For the backend's `read`: reads with `read_file`, then lays the
+    /// page writes still held over what it read. With some held,
+    /// `read_file` is given where they end: the file is that long once
+    /// they are written, so a read up to there is not past its end.
+    pub fn read(
+        &self,
+        offset: u64,
+        out: &mut [u8],
+        read_file: impl FnOnce(&mut [u8], Option<u64>) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        // Cleared only once they are in the file (see `finish`).
+        if !self.held.load(Ordering::Acquire) {
+            return read_file(out, None);
+        }
+        // Under the lock: they are forgotten only once written, so this
+        // reads either the file with them or the overlay.
+        let pages = self.pages();
+        read_file(out, Some(pages.end()))?;
+        pages.overlay(offset, out);
+        Ok(())
+    }
+
+    /// Where the page writes held end (0 with none): the file's length
+    /// counts them.
+    pub fn held_end(&self) -> u64 {
+        if !self.held.load(Ordering::Acquire) {
+            return 0;
+        }
+        self.pages().end()
+    }
+
+    /// For a write, change of length or sync the gate does not hand over:
+    /// writes out with `write` the page writes still held (an armed commit
+    /// that failed before its sync, or one not handed over), so nothing
+    /// reaches the file ahead of them.
+    pub fn write_out(
+        &self,
+        write: impl FnMut(u64, &[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        if !self.held.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut pages = self.pages_mut();
+        if pages.is_empty() {
+            return Ok(());
+        }
+        pages.write_all(write)?;
+        pages.clear();
+        self.held.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// For the syncing thread: writes out with `write` the page writes to
+    /// make before the handed-over sync, in order; returns how many. They
+    /// stay held (and read) until [`SyncGate::finish`].
+    pub fn write_held(
+        &self,
+        write: impl FnMut(u64, &[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<usize> {
+        let pages = self.pages();
+        pages.write_all(write)?;
+        Ok(pages.len())
     }
 
     /// Waits until no handed-over sync is pending. The error of one that
@@ -123,8 +226,16 @@ impl SyncGate {
     pub fn finish(&self, result: std::io::Result<()>) {
         let mut s = self.state();
         if s.pending {
-            if let Err(e) = result {
-                s.failed.get_or_insert_with(|| e.to_string());
+            match result {
+                // They are in the file now.
+                Ok(()) => {
+                    self.pages_mut().clear();
+                    self.held.store(false, Ordering::Release);
+                }
+                // Kept, and read, until the file is given up (`clear`).
+                Err(e) => {
+                    s.failed.get_or_insert_with(|| e.to_string());
+                }
             }
             s.pending = false;
         }
@@ -140,13 +251,16 @@ impl SyncGate {
     }
 
     /// For a reopen after a disk fault, once the file that failed is
-    /// closed: waits out a sync still pending, then forgets a failure, so
-    /// the reopened file starts with a gate that lets writes through.
+    /// closed: waits out a sync still pending, then forgets a failure and
+    /// the page writes still held for that file, so the reopened file
+    /// starts with a gate that lets writes through.
     pub fn clear(&self) {
         let _ = self.wait();
         let mut s = self.state();
         s.failed = None;
         s.armed = false;
+        self.pages_mut().clear();
+        self.held.store(false, Ordering::Release);
     }
 }
 
