@@ -82,8 +82,9 @@ impl FaultPlan {
         self.handed_over.store(n, Ordering::SeqCst);
     }
 
-    /// Makes every checkpoint sync handed to the flusher block until called
-    /// with `false` (other syncs go on): a checkpoint whose sync is slow.
+    /// Makes every checkpoint sync handed to the flusher block, before it
+    /// writes the checkpoint's held pages, until called with `false` (other
+    /// syncs go on): a checkpoint whose writes and sync are slow.
     pub fn set_handed_over_syncs_hung(&self, hung: bool) {
         self.hung
             .lock()
@@ -92,8 +93,15 @@ impl FaultPlan {
         self.unhang.notify_all();
     }
 
-    /// Whether a checkpoint's sync handed to the flusher fails; it first
-    /// waits while such syncs hang, then counts as any sync does
+    /// Waits while checkpoint syncs handed to the flusher hang
+    /// ([`FaultPlan::set_handed_over_syncs_hung`]).
+    pub fn wait_handed_over(&self) {
+        self.wait_while(|h| h.handed_over);
+    }
+
+    /// Whether a checkpoint's sync handed to the flusher fails (asked once
+    /// its held pages are written, as a failed `fdatasync` after them);
+    /// it first waits while such syncs hang, then counts as any sync does
     /// ([`FaultPlan::trip`]).
     pub fn trip_handed_over(&self) -> bool {
         self.wait_while(|h| h.handed_over);

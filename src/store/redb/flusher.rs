@@ -65,16 +65,20 @@ fn run(periodic: &File, checkpoints: &File, gate: &SyncGate, faults: Option<&Fau
         let next = gate.next_request(EVERY);
         if next == Next::Sync {
             let started = std::time::Instant::now();
+            if let Some(plan) = faults {
+                plan.wait_handed_over();
+            }
             let mut pages = 0;
-            let made = match faults {
-                Some(plan) if plan.trip_handed_over() => Err(FaultPlan::disk_full()),
-                _ => gate
-                    .write_held(|offset, data| checkpoints.write_all_at(data, offset))
-                    .and_then(|n| {
-                        pages = n;
-                        checkpoints.sync_data()
-                    }),
-            };
+            let made = gate
+                .write_held(|offset, data| checkpoints.write_all_at(data, offset))
+                .and_then(|n| {
+                    pages = n;
+                    match faults {
+                        // The pages are in the page cache; the sync fails.
+                        Some(plan) if plan.trip_handed_over() => Err(FaultPlan::disk_full()),
+                        _ => checkpoints.sync_data(),
+                    }
+                });
             tracing::debug!(
                 ms = started.elapsed().as_millis() as u64,
                 pages,

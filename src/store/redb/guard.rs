@@ -20,6 +20,7 @@ use std::fs::File;
 use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
@@ -64,7 +65,19 @@ impl GuardedBackend {
                 "the data file was given up: commits after the last answered batch are discarded",
             ));
         }
-        self.gate.wait()
+        let started = Instant::now();
+        let waited = self.gate.wait();
+        let took = started.elapsed();
+        if took >= Duration::from_millis(1) {
+            // Not a checkpoint's own time: a write of redb's (an eviction
+            // from its buffer, a growth of the file, the next checkpoint)
+            // that came while the last one's pages and sync were made.
+            tracing::debug!(
+                ms = took.as_millis() as u64,
+                "a write to the data file waited for a checkpoint's page writes and sync"
+            );
+        }
+        waited
     }
 
     /// Writes out page writes still held, ahead of what is about to reach
@@ -107,9 +120,14 @@ impl StorageBackend for GuardedBackend {
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.gate.read(offset, out, |out, held_end| match held_end {
-            None => self.inner.read(offset, out),
-            Some(end) => self.read_to(offset, out, end),
+        self.gate.read(offset, out, |out, held_end| {
+            match (self.inner.read(offset, out), held_end) {
+                // Past the file's end so far, but not past the held writes.
+                (Err(e), Some(end)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    self.read_to(offset, out, end)
+                }
+                (read, _) => read,
+            }
         })
     }
 

@@ -21,6 +21,8 @@ pub struct PendingPages {
     bytes: Vec<u8>,
     /// (file offset, start in `bytes`, length), in order.
     writes: Vec<(u64, usize, usize)>,
+    /// Where the last byte written ends.
+    end: u64,
 }
 
 impl PendingPages {
@@ -28,6 +30,7 @@ impl PendingPages {
     pub fn push(&mut self, offset: u64, data: &[u8]) {
         self.writes.push((offset, self.bytes.len(), data.len()));
         self.bytes.extend_from_slice(data);
+        self.end = self.end.max(offset + data.len() as u64);
     }
 
     /// Whether nothing is held.
@@ -40,6 +43,7 @@ impl PendingPages {
     pub fn clear(&mut self) {
         self.writes.clear();
         self.bytes.clear();
+        self.end = 0;
         self.bytes.shrink_to(KEEP);
     }
 
@@ -58,11 +62,7 @@ impl PendingPages {
     /// Where the last byte written ends: the file is at least this long
     /// once they are written.
     pub fn end(&self) -> u64 {
-        self.writes
-            .iter()
-            .map(|&(offset, _, len)| offset + len as u64)
-            .max()
-            .unwrap_or(0)
+        self.end
     }
 
     /// Lays the held writes over `out`, the file's bytes from `offset`, in

@@ -113,7 +113,9 @@ impl SyncGate {
         if !s.armed || s.closed {
             return false;
         }
-        self.pages_mut().push(offset, data);
+        let mut pages = self.pages_mut();
+        pages.push(offset, data);
+        // Before the lock goes: a read after it takes the overlay.
         self.held.store(true, Ordering::Release);
         true
     }
@@ -128,12 +130,14 @@ impl SyncGate {
         out: &mut [u8],
         read_file: impl FnOnce(&mut [u8], Option<u64>) -> std::io::Result<()>,
     ) -> std::io::Result<()> {
-        // Cleared only once they are in the file (see `finish`).
+        // Cleared once they are in the file (see `finish`), or with the
+        // file they were for closed (`clear`).
         if !self.held.load(Ordering::Acquire) {
             return read_file(out, None);
         }
-        // Under the lock: they are forgotten only once written, so this
-        // reads either the file with them or the overlay.
+        // Under the lock: they are forgotten only once written (or the
+        // file closed), so this reads either the file with them or the
+        // overlay.
         let pages = self.pages();
         read_file(out, Some(pages.end()))?;
         pages.overlay(offset, out);

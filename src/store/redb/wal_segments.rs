@@ -229,6 +229,51 @@ mod tests {
         assert!(second.exists());
     }
 
+    fn run(seqs: std::ops::RangeInclusive<u64>) -> Vec<Batch> {
+        seqs.map(|seq| Batch { seq, ops: vec![] }).collect()
+    }
+
+    proptest::proptest! {
+        /// However a run of batches is split between the segments (the
+        /// earlier part in either file), and wherever the data file's
+        /// checkpoint is, the join is exactly the batches after it.
+        #[test]
+        fn a_split_run_joins_whichever_segment_holds_its_start(
+            n in 0u64..12, cut in 0u64..12, after in 0u64..12, flip: bool,
+        ) {
+            let (cut, after) = (cut.min(n), after.min(n));
+            // Each segment's batches after the checkpoint, as parsing
+            // gives them.
+            let a = run(after + 1..=cut);
+            let b = run(after.max(cut) + 1..=n);
+            let (a, b) = if flip { (b, a) } else { (a, b) };
+            let joined = join(after, a, b).unwrap();
+            proptest::prop_assert_eq!(seqs(&joined), (after + 1..=n).collect::<Vec<_>>());
+        }
+
+        /// A batch missing anywhere (at the start or between the two) is
+        /// refused, never replayed with a hole.
+        #[test]
+        fn a_run_with_a_batch_missing_is_refused(
+            n in 1u64..12, cut in 0u64..12, missing in 0u64..12, flip: bool,
+        ) {
+            let cut = cut.min(n);
+            let missing = missing.min(n - 1) + 1;
+            let keep = |seqs: std::ops::RangeInclusive<u64>| -> Vec<Batch> {
+                run(seqs).into_iter().filter(|b| b.seq != missing).collect()
+            };
+            let (a, b) = (keep(1..=cut), keep(cut + 1..=n));
+            // A missing batch inside one segment is the parser's to
+            // refuse (a segment's batches are consecutive); here it is
+            // at a segment's start or end.
+            let inside = |s: &[Batch]| s.windows(2).any(|w| w[1].seq != w[0].seq + 1);
+            proptest::prop_assume!(!inside(&a) && !inside(&b));
+            let (a, b) = if flip { (b, a) } else { (a, b) };
+            let refused = join(0, a, b).is_err();
+            proptest::prop_assert!(refused || missing == n, "a hole was joined");
+        }
+    }
+
     #[test]
     fn a_segment_of_another_data_file_is_refused_by_its_path() {
         let dir = tempfile::TempDir::new().unwrap();
