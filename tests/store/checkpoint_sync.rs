@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupd::domain::{Key, ScopedKey, Ttl};
+use dedupd::store::keyspace::{KvRequest, KvResponse, SetCondition, SetExpiry};
 use dedupd::store::redb::faults::FaultPlan;
 use dedupd::store::redb::{OpenError, RedbOptions, RedbStore, WalContents, decode_wal};
 use dedupd::store::{ClaimOutcome, Store};
@@ -245,6 +246,126 @@ async fn a_checkpoints_pages_are_written_beside_new_writes_and_a_crash_before_lo
     claim(&store, "k5").await;
     store.close().await;
     all_there(&path, bytes, &["k1", "k2", "k3", "k4", "k5"]).await;
+}
+
+/// The Redis-protocol key numbered `i`, and its value: 2,000 bytes, too
+/// long to be kept in memory, so a read of it reads its row from redb.
+fn kv(i: usize) -> (Vec<u8>, Vec<u8>) {
+    let key = format!("kv-{i:04}").into_bytes();
+    let value = format!("{i:0>2000}").into_bytes();
+    (key, value)
+}
+
+async fn set(store: &RedbStore, i: usize) {
+    let (key, value) = kv(i);
+    let set = KvRequest::Set {
+        key,
+        value,
+        condition: SetCondition::Always,
+        expiry: SetExpiry::Clear,
+        get: false,
+    };
+    assert!(matches!(
+        store
+            .keyspace()
+            .submit(set, NOW)
+            .await
+            .unwrap()
+            .await
+            .unwrap(),
+        KvResponse::Set { written: true, .. }
+    ));
+}
+
+/// Bytes of the log after [`set`] of keys `0..n`, one after the other,
+/// measured on a scratch store without checkpoints.
+async fn log_of_sets(n: usize) -> u64 {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("measure.redb");
+    let mut opts = RedbOptions::new(&path);
+    opts.checkpoint_idle = Duration::from_secs(3600);
+    opts.checkpoint_interval = Duration::from_secs(3600);
+    let store = RedbStore::open(&opts).unwrap();
+    for i in 0..n {
+        set(&store, i).await;
+    }
+    let (_, end) = batches(&std::fs::read(&segments(&path)[0]).unwrap(), 0);
+    store.close().await;
+    end as u64
+}
+
+/// With a page cache far smaller than the table read, redb reads its
+/// pages from the file. Right after a checkpoint whose page writes are
+/// held in memory (its sync hangs), the file has none of the rows that
+/// checkpoint wrote: each read finds them in the held writes laid over
+/// the file, or reads the wrong bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_tiny_cache_reads_find_a_checkpoints_pages_while_they_are_held() {
+    const KEYS: usize = 150;
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d.redb");
+    let plan = FaultPlan::new();
+    // The last of the sets makes the only checkpoint due.
+    let checkpoint_bytes = log_of_sets(KEYS).await;
+    let mut opts = opts_at(&path, &plan, checkpoint_bytes);
+    // 16 pages; the rows take about 75.
+    opts.cache_bytes = 64 * 1024;
+    let store = RedbStore::open(&opts).unwrap();
+    plan.set_handed_over_syncs_hung(true);
+    let unhang = Unhang(plan.clone());
+    for i in 0..KEYS {
+        set(&store, i).await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while plan.handed_over_taken() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The small write buffer sent some of the rows' pages to the file
+    // before the checkpoint; the checkpoint's own writes are held.
+    let held = std::fs::read(&path).unwrap();
+    // Out of order: not one leaf after the other. A read never waits for
+    // the checkpoint's sync (redb's readers write back buffered pages to
+    // make room; those writes are refused meanwhile, and the pages stay
+    // buffered).
+    for i in (0..KEYS).map(|i| (i * 7919) % KEYS) {
+        let (key, value) = kv(i);
+        let got = tokio::time::timeout(Duration::from_secs(30), store.keyspace().get(key, NOW))
+            .await
+            .expect("a read waited for the checkpoint's sync")
+            .unwrap();
+        assert!(
+            got.as_ref().is_some_and(|e| e.value == value),
+            "key {i} read wrong while the checkpoint's pages were held"
+        );
+    }
+    assert!(
+        std::fs::read(&path).unwrap() == held,
+        "the checkpoint's pages reached the file while its sync hung"
+    );
+    drop(unhang);
+    let mut waited = 0;
+    while std::fs::read(&path).unwrap() == held {
+        waited += 1;
+        assert!(waited < 3000, "no checkpoint's pages were held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    store.close().await;
+
+    // The file they were written to is whole, and holds every row.
+    let copy = TempDir::new().unwrap();
+    let copied = copy.path().join("d.redb");
+    std::fs::copy(&path, &copied).unwrap();
+    let mut db = redb::Database::open(&copied).unwrap();
+    assert!(db.check_integrity().unwrap(), "the file needed repair");
+    drop(db);
+    let store = RedbStore::open(&opts_at(&path, &FaultPlan::new(), checkpoint_bytes)).unwrap();
+    for i in 0..KEYS {
+        let (key, value) = kv(i);
+        let got = store.keyspace().get(key, NOW).await.unwrap();
+        assert!(got.is_some_and(|e| e.value == value), "key {i}");
+    }
+    store.close().await;
 }
 
 /// Opens the store at `path` again and finds every one of `keys`.

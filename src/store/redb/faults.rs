@@ -34,6 +34,8 @@ pub struct FaultPlan {
     fill_in: AtomicU64,
     /// Faults injected so far.
     injected: AtomicU64,
+    /// Checkpoint syncs the flusher took up so far.
+    handed_over_taken: AtomicU64,
     /// While set, every sync (and, with `appends`, every append to the
     /// log) blocks: a disk that stopped answering.
     hung: Mutex<Hang>,
@@ -94,9 +96,18 @@ impl FaultPlan {
     }
 
     /// Waits while checkpoint syncs handed to the flusher hang
-    /// ([`FaultPlan::set_handed_over_syncs_hung`]).
+    /// ([`FaultPlan::set_handed_over_syncs_hung`]); the flusher calls it
+    /// as it takes one up, so it counts them.
     pub fn wait_handed_over(&self) {
+        self.handed_over_taken.fetch_add(1, Ordering::SeqCst);
         self.wait_while(|h| h.handed_over);
+    }
+
+    /// How many checkpoint syncs the flusher took up so far: once a
+    /// checkpoint's commit handed its sync over, its pages are held in
+    /// memory (until its sync is made).
+    pub fn handed_over_taken(&self) -> u64 {
+        self.handed_over_taken.load(Ordering::SeqCst)
     }
 
     /// Whether a checkpoint's sync handed to the flusher fails (asked once

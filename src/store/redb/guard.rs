@@ -14,8 +14,14 @@
 //! handed to another thread ([`SyncGate`]): while the writer has the gate
 //! armed, writes are held in memory and reads see them; the armed sync
 //! returns at once, and every later write, change of length or sync waits
-//! until the held writes and the sync were made.
+//! until the held writes and the sync were made. Only the writer thread
+//! waits: redb's readers write too, to reclaim buffer space from pages a
+//! non-durable commit left in its write buffer, but only as best effort (a
+//! page whose write fails stays buffered, and nothing fails), so a write
+//! from any other thread meanwhile is refused at once and a read never
+//! waits on a checkpoint.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -27,6 +33,21 @@ use redb::{BackendError, StorageBackend};
 
 use super::faults::FaultPlan;
 use super::sync_gate::SyncGate;
+
+thread_local! {
+    /// Set on the store's writer thread, the one that may wait at the gate.
+    static WRITER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this thread as the store's writer: its writes to the file wait for
+/// a checkpoint's sync handed over, where another thread's are refused.
+pub fn mark_writer_thread() {
+    WRITER.with(|w| w.set(true));
+}
+
+fn on_writer_thread() -> bool {
+    WRITER.with(Cell::get)
+}
 
 /// The backend with its switch.
 #[derive(Debug)]
@@ -150,6 +171,14 @@ impl StorageBackend for GuardedBackend {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        if self.gate.pending() && !on_writer_thread() {
+            // A reader's reclaim of buffer space (best effort in redb): the
+            // page stays in redb's buffer, and the read goes on.
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "a checkpoint's sync of the data file is being made: the page stays buffered",
+            ));
+        }
         self.check(false)?;
         if self.gate.hold(offset, data) {
             return Ok(());
@@ -214,15 +243,24 @@ mod tests {
     #[test]
     fn an_armed_sync_returns_at_once_and_the_next_write_waits_for_it() {
         let gate = Arc::new(SyncGate::default());
-        let (_dir, b) = backend(&gate);
+        let (dir, b) = backend(&gate);
         let b = Arc::new(b);
         b.write(0, &[1; 4096]).unwrap();
         gate.arm();
         b.sync_data().unwrap();
+        // Another thread's write (a reader's reclaim in redb) is refused
+        // at once, and changes nothing.
+        let other = std::thread::spawn({
+            let b = b.clone();
+            move || b.write(4096, &[3; 4096])
+        });
+        let refused = other.join().unwrap().unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::WouldBlock);
         let (done, written) = mpsc::channel();
         let writer = {
             let b = b.clone();
             std::thread::spawn(move || {
+                mark_writer_thread();
                 let r = b.write(4096, &[2; 4096]);
                 let _ = done.send(());
                 r
@@ -240,6 +278,7 @@ mod tests {
         gate.finish(Ok(()));
         writer.join().unwrap().unwrap();
         assert_eq!(b.len().unwrap(), 8192);
+        assert_eq!(on_disk(&dir)[4096..], [2; 4096], "the writer's write");
     }
 
     fn on_disk(dir: &tempfile::TempDir) -> Vec<u8> {

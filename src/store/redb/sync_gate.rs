@@ -105,6 +105,12 @@ impl SyncGate {
         true
     }
 
+    /// Whether a handed-over sync is not made yet: the writer's writes
+    /// wait for it.
+    pub fn pending(&self) -> bool {
+        self.state().pending
+    }
+
     /// For the backend's `write`: while armed, holds a copy of the write
     /// for the syncing thread to make, and says so (the caller returns at
     /// once); otherwise `false`, and the caller writes.
