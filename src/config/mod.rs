@@ -246,7 +246,9 @@ pub struct StorageSettings {
     /// estimated per key): at the cap, a client's claim or `SET` of a new
     /// key is refused with 507 (a Redis `-OOM` error) until the reaper
     /// makes room. `0` (the default): half of the machine's memory (or of
-    /// the service's memory limit when lower) less `cache_bytes`.
+    /// the service's memory limit when lower) less twice `cache_bytes`
+    /// (the cache, and the copy of a checkpoint's pages held while they
+    /// are written).
     pub max_key_memory_bytes: u64,
     /// Set for one start by `serve --accept-missing-log`: open a data file
     /// that was not closed cleanly although its write-ahead log is missing.

@@ -12,7 +12,11 @@
 //! reaper deletes expired ones, and everything else goes on.
 //!
 //! `0` (the default) takes half of the memory this process may use (the
-//! machine's, or its cgroup's limit when lower) less redb's page cache.
+//! machine's, or its cgroup's limit when lower) less twice redb's page
+//! cache: the cache itself, and the copy of a checkpoint's page writes
+//! held while the flusher writes them ([`super::pending_pages`]: redb's
+//! write buffer, at most half the cache, in a buffer that may have grown
+//! to twice what it holds).
 
 use std::path::Path;
 
@@ -32,9 +36,12 @@ pub fn resolve(setting: u64, cache_bytes: u64) -> u64 {
 }
 
 /// The automatic cap with `memory` bytes to go by: half of them less the
-/// page cache, at least [`AUTO_MIN`].
+/// page cache and the held copy of a checkpoint's pages (up to as much
+/// again), at least [`AUTO_MIN`].
 pub fn auto(memory: u64, cache_bytes: u64) -> u64 {
-    (memory / 2).saturating_sub(cache_bytes).max(AUTO_MIN)
+    (memory / 2)
+        .saturating_sub(cache_bytes.saturating_mul(2))
+        .max(AUTO_MIN)
 }
 
 /// The memory this process may use: the machine's, or the lowest limit of
@@ -111,10 +118,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn automatic_is_half_the_memory_less_the_page_cache_with_a_floor() {
-        assert_eq!(auto(24 << 30, 64 << 20), (12 << 30) - (64 << 20));
-        assert_eq!(auto(128 << 20, 64 << 20), AUTO_MIN, "half is the cache");
-        assert_eq!(auto(512 << 20, 64 << 20), 192 << 20);
+    fn automatic_is_half_the_memory_less_the_page_cache_twice_with_a_floor() {
+        assert_eq!(auto(24 << 30, 64 << 20), (12 << 30) - (128 << 20));
+        assert_eq!(
+            auto(256 << 20, 64 << 20),
+            AUTO_MIN,
+            "half is the cache twice"
+        );
+        assert_eq!(auto(512 << 20, 64 << 20), 128 << 20);
         assert_eq!(resolve(4096, 64 << 20), 4096, "a set cap is taken as it is");
         assert!(resolve(0, 64 << 20) >= AUTO_MIN);
     }
