@@ -1414,10 +1414,11 @@ async fn a_schema_9_file_and_its_log_open_with_erased_events_replay_marks_and_jo
     open_golden(SCHEMA_9).await;
 }
 
-/// The migration to schema 10 copies the claims in the transaction of the
-/// version bump: a disk that fills anywhere in an upgrade's first open
-/// fails the open and loses nothing. The file is at schema 9 or 10, never
-/// between, and the next open, with room, finds everything.
+/// The migration from schema 9 copies the claims (schema 10) in the
+/// transaction of the version bump (to 11): a disk that fills anywhere in
+/// an upgrade's first open fails the open and loses nothing. The file is
+/// at schema 9 or 11, never between, and the next open, with room, finds
+/// everything.
 #[tokio::test]
 async fn a_disk_that_fills_during_the_schema_10_migration_loses_nothing() {
     let mut left_at_9 = 0;
@@ -1437,7 +1438,7 @@ async fn a_disk_that_fills_during_the_schema_10_migration_loses_nothing() {
                 // schema 9 (its two writes to the data file come after
                 // five others of the open, and the log's writes count
                 // too); the later ones, in the log's rewrite and the
-                // checkpoint, leave 10.
+                // checkpoint, leave 11.
                 assert!(
                     left_at_9 > 1,
                     "only {left_at_9} cut points left the file at schema 9"
@@ -1448,7 +1449,7 @@ async fn a_disk_that_fills_during_the_schema_10_migration_loses_nothing() {
                 assert!(plan.injected() > 0, "after {room} writes: {e}");
                 let schema = meta_value(&path, "schema_version");
                 assert!(
-                    matches!(schema, Some(9 | 10)),
+                    matches!(schema, Some(9 | 11)),
                     "after {room} writes: schema {schema:?} ({e})"
                 );
                 left_at_9 += usize::from(schema == Some(9));

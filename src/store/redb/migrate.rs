@@ -85,9 +85,12 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
             // status (their tables are created below; a file without them
             // simply has none; an older build must not read an erased
             // row, which has no body), version 10 keys the claims' rows
-            // by row id. Logged requests keep their encoding, so an older
-            // log replays.
-            Some(old @ 1..=9) => {
+            // by row id. Version 11 changes no table: its log is two
+            // files (`.wal` and `.wal2`), and a build of version 10 or
+            // before, which reads only the first, must refuse the file
+            // rather than replay half of its log. Logged requests keep
+            // their encoding, so an older log replays.
+            Some(old @ 1..=10) => {
                 if old == 1 {
                     migrate_v1(&tx).map_err(other)?;
                 }
@@ -96,7 +99,9 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
                     keyspace_by_row_id(&tx).map_err(other)?;
                 }
                 drop(meta);
-                claims_by_row_id(&tx).map_err(other)?;
+                if old <= 9 {
+                    claims_by_row_id(&tx).map_err(other)?;
+                }
                 meta = tx.open_table(META).map_err(|e| other(e.into()))?;
                 meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
                     .map_err(|e| other(e.into()))?;

@@ -27,7 +27,7 @@ use crate::store::ordering::{EventRecord, Recorded};
 use crate::store::{ClaimRecord, ClaimState, Head};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 10;
+pub const SCHEMA_VERSION: u64 = 11;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
