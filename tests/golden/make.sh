@@ -46,6 +46,7 @@ log-format-3      6be7d97 resp    storage kill
 schema-9          c9a2cba jobs    storage term
 log-format-4      c9a2cba jobs    storage kill
 schema-10         51af7e1 jobs    storage term
+schema-11         5d5add1 jobs    storage term
 "
 
 usage() {

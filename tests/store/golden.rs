@@ -1370,6 +1370,13 @@ const SCHEMA_10: Case = Case {
     jobs: true,
     ..case("schema-10", 10, Gateway::Current)
 };
+const SCHEMA_11: Case = Case {
+    log: Some(5),
+    keyspace: true,
+    timelines: true,
+    jobs: true,
+    ..case("schema-11", 11, Gateway::Current)
+};
 const LOG_FORMAT_4: Case = Case {
     log: Some(4),
     replays: true,
@@ -1465,6 +1472,13 @@ async fn a_schema_10_file_with_claims_by_row_id_opens_with_everything() {
     open_golden(SCHEMA_10).await;
 }
 
+/// The first schema whose log is two files (`.wal` and `.wal2`), both
+/// as the build left them.
+#[tokio::test]
+async fn a_schema_11_file_and_its_two_log_segments_open_with_everything() {
+    open_golden(SCHEMA_11).await;
+}
+
 #[tokio::test]
 async fn a_schema_3_file_and_its_log_open_with_everything() {
     open_golden(SCHEMA_3).await;
@@ -1525,6 +1539,7 @@ fn every_golden_file_is_checked() {
         SCHEMA_8,
         SCHEMA_9,
         SCHEMA_10,
+        SCHEMA_11,
         LOG_FORMAT_1,
         LOG_FORMAT_2,
         LOG_FORMAT_3,
