@@ -324,10 +324,10 @@ async fn with_a_tiny_cache_reads_find_a_checkpoints_pages_while_they_are_held() 
     // The small write buffer sent some of the rows' pages to the file
     // before the checkpoint; the checkpoint's own writes are held.
     let held = std::fs::read(&path).unwrap();
-    // Out of order: not one leaf after the other. A read never waits for
-    // the checkpoint's sync (redb's readers write back buffered pages to
-    // make room; those writes are refused meanwhile, and the pages stay
-    // buffered).
+    // Out of order: not one leaf after the other. With nothing written
+    // meanwhile, a read does not wait for the checkpoint's sync: redb's
+    // readers write buffered pages back to make room, and a read's writes
+    // are refused meanwhile (the pages stay buffered).
     for i in (0..KEYS).map(|i| (i * 7919) % KEYS) {
         let (key, value) = kv(i);
         let got = tokio::time::timeout(Duration::from_secs(30), store.keyspace().get(key, NOW))

@@ -266,16 +266,20 @@ impl Engine {
             });
         };
         let shared = self.shared.clone();
-        let (value, seen) = tokio::task::spawn_blocking(move || f(&db, &shared))
-            .await
-            .map_err(|e| ReadFailure::Final(EngineError::ReadTask(Arc::new(e))))?
-            .map_err(|e| {
-                if is_disk_fault(&e) {
-                    ReadFailure::Reopening(EngineError::DiskRead(Arc::new(e)))
-                } else {
-                    ReadFailure::Final(e.into())
-                }
-            })?;
+        let (value, seen) = tokio::task::spawn_blocking(move || {
+            // Its reclaims of redb's buffer never wait for a checkpoint.
+            let _reading = super::guard::reading();
+            f(&db, &shared)
+        })
+        .await
+        .map_err(|e| ReadFailure::Final(EngineError::ReadTask(Arc::new(e))))?
+        .map_err(|e| {
+            if is_disk_fault(&e) {
+                ReadFailure::Reopening(EngineError::DiskRead(Arc::new(e)))
+            } else {
+                ReadFailure::Final(e.into())
+            }
+        })?;
         // Nothing that is not on disk is shown: a batch still syncing is
         // waited for (one sync at most); if the file was reopened meanwhile,
         // what was seen may be gone, so the read runs again. A sync that

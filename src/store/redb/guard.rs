@@ -14,12 +14,14 @@
 //! handed to another thread ([`SyncGate`]): while the writer has the gate
 //! armed, writes are held in memory and reads see them; the armed sync
 //! returns at once, and every later write, change of length or sync waits
-//! until the held writes and the sync were made. Only the writer thread
-//! waits: redb's readers write too, to reclaim buffer space from pages a
-//! non-durable commit left in its write buffer, but only as best effort (a
-//! page whose write fails stays buffered, and nothing fails), so a write
-//! from any other thread meanwhile is refused at once and a read never
-//! waits on a checkpoint.
+//! until the held writes and the sync were made. Except a read's: redb's
+//! readers write too, to reclaim buffer space from pages a non-durable
+//! commit left in its write buffer, but only as best effort (a page whose
+//! write fails stays buffered, and the read goes on), so on a thread
+//! running a read ([`reading`]) such a write is refused at once rather
+//! than waiting. A read can still wait behind the writer when the writer
+//! itself waits at the gate holding one of redb's locks (a growth of the
+//! file, a write-buffer stripe).
 
 use std::cell::Cell;
 use std::fs::File;
@@ -35,18 +37,32 @@ use super::faults::FaultPlan;
 use super::sync_gate::SyncGate;
 
 thread_local! {
-    /// Set on the store's writer thread, the one that may wait at the gate.
-    static WRITER: Cell<bool> = const { Cell::new(false) };
+    /// Set while this thread runs a read of the store ([`reading`]).
+    static READING: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Marks this thread as the store's writer: its writes to the file wait for
-/// a checkpoint's sync handed over, where another thread's are refused.
-pub fn mark_writer_thread() {
-    WRITER.with(|w| w.set(true));
+/// Marks this thread as running a read of the store until the returned
+/// guard is dropped: its writes to the file (redb's best-effort reclaims
+/// of buffer space) are refused while a checkpoint's sync is being made,
+/// instead of waiting for it. Other threads' writes wait, as the writer's
+/// must.
+pub fn reading() -> Reading {
+    READING.with(|r| r.set(true));
+    Reading(())
 }
 
-fn on_writer_thread() -> bool {
-    WRITER.with(Cell::get)
+/// See [`reading`].
+#[must_use]
+pub struct Reading(());
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        READING.with(|r| r.set(false));
+    }
+}
+
+fn on_reading_thread() -> bool {
+    READING.with(Cell::get)
 }
 
 /// The backend with its switch.
@@ -171,7 +187,7 @@ impl StorageBackend for GuardedBackend {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        if self.gate.pending() && !on_writer_thread() {
+        if on_reading_thread() && self.gate.pending() {
             // A reader's reclaim of buffer space (best effort in redb): the
             // page stays in redb's buffer, and the read goes on.
             return Err(std::io::Error::new(
@@ -248,11 +264,14 @@ mod tests {
         b.write(0, &[1; 4096]).unwrap();
         gate.arm();
         b.sync_data().unwrap();
-        // Another thread's write (a reader's reclaim in redb) is refused
-        // at once, and changes nothing.
+        // A read's write (a reclaim of buffer space in redb) is refused at
+        // once, and changes nothing.
         let other = std::thread::spawn({
             let b = b.clone();
-            move || b.write(4096, &[3; 4096])
+            move || {
+                let _reading = reading();
+                b.write(4096, &[3; 4096])
+            }
         });
         let refused = other.join().unwrap().unwrap_err();
         assert_eq!(refused.kind(), std::io::ErrorKind::WouldBlock);
@@ -260,7 +279,6 @@ mod tests {
         let writer = {
             let b = b.clone();
             std::thread::spawn(move || {
-                mark_writer_thread();
                 let r = b.write(4096, &[2; 4096]);
                 let _ = done.send(());
                 r

@@ -126,10 +126,7 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel(opts.queue_capacity.max(1));
     let handle = std::thread::Builder::new()
         .name("dedupd-writer".into())
-        .spawn(move || {
-            super::guard::mark_writer_thread();
-            run(&shared, rx, &opts, &counters, log)
-        })?;
+        .spawn(move || run(&shared, rx, &opts, &counters, log))?;
     Ok((tx, handle))
 }
 
