@@ -65,16 +65,23 @@ fn opts_at(path: &Path, plan: &Arc<FaultPlan>, checkpoint_bytes: u64) -> RedbOpt
     opts
 }
 
-/// Bytes of a log that holds three claims of the keys the tests use (keys
-/// of one length, so records of one length), and of an empty log (its
-/// header), measured on a scratch store.
-async fn three_claims_of_log() -> (u64, u64) {
+/// A store in a new directory, with no checkpoint when idle or by time:
+/// its log keeps every batch, to be measured.
+fn scratch_store() -> (TempDir, PathBuf, RedbStore) {
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("measure.redb");
     let mut opts = RedbOptions::new(&path);
     opts.checkpoint_idle = Duration::from_secs(3600);
     opts.checkpoint_interval = Duration::from_secs(3600);
     let store = RedbStore::open(&opts).unwrap();
+    (dir, path, store)
+}
+
+/// Bytes of a log that holds three claims of the keys the tests use (keys
+/// of one length, so records of one length), and of an empty log (its
+/// header), measured on a scratch store.
+async fn three_claims_of_log() -> (u64, u64) {
+    let (_dir, path, store) = scratch_store();
     let [wal, _] = segments(&path);
     let (_, empty) = batches(&std::fs::read(&wal).unwrap(), 0);
     claim(&store, "k0").await;
@@ -280,12 +287,7 @@ async fn set(store: &RedbStore, i: usize) {
 /// Bytes of the log after [`set`] of keys `0..n`, one after the other,
 /// measured on a scratch store without checkpoints.
 async fn log_of_sets(n: usize) -> u64 {
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("measure.redb");
-    let mut opts = RedbOptions::new(&path);
-    opts.checkpoint_idle = Duration::from_secs(3600);
-    opts.checkpoint_interval = Duration::from_secs(3600);
-    let store = RedbStore::open(&opts).unwrap();
+    let (_dir, path, store) = scratch_store();
     for i in 0..n {
         set(&store, i).await;
     }
