@@ -271,8 +271,8 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Option<InboxEvent>, StoreError>;
 
     /// A page of a source's events with `status`, in `order`, after the
-    /// cursor of the previous page (bodies left out: see
-    /// [`InboxEvent::body_bytes`]).
+    /// cursor of the previous page (bodies and headers left out: see
+    /// [`InboxEvent::body_bytes`]; the data file keeps both sealed).
     async fn list_events(
         &self,
         source: &str,

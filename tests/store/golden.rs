@@ -1245,7 +1245,7 @@ async fn opens_with_everything(case: &Case, path: &Path) {
     let id = file_id(path);
     let header = std::fs::read(&log).unwrap();
     assert!(
-        header.starts_with(b"DDWAL05\n"),
+        header.starts_with(b"DDWAL06\n"),
         "{name}: {:?}",
         &header[..8]
     );
@@ -1422,9 +1422,9 @@ async fn a_schema_9_file_and_its_log_open_with_erased_events_replay_marks_and_jo
 }
 
 /// The migration from schema 9 copies the claims (schema 10) in the
-/// transaction of the version bump (to 11): a disk that fills anywhere in
+/// transaction of the version bump (to 12): a disk that fills anywhere in
 /// an upgrade's first open fails the open and loses nothing. The file is
-/// at schema 9 or 11, never between, and the next open, with room, finds
+/// at schema 9 or 12, never between, and the next open, with room, finds
 /// everything.
 #[tokio::test]
 async fn a_disk_that_fills_during_the_schema_10_migration_loses_nothing() {
@@ -1444,8 +1444,8 @@ async fn a_disk_that_fills_during_the_schema_10_migration_loses_nothing() {
                 // Cuts before the migration's commit and inside it leave
                 // schema 9 (its two writes to the data file come after
                 // five others of the open, and the log's writes count
-                // too); the later ones, in the log's rewrite and the
-                // checkpoint, leave 11.
+                // too); the later ones, in the log's rewrite, the
+                // checkpoint and the key file's creation, leave 12.
                 assert!(
                     left_at_9 > 1,
                     "only {left_at_9} cut points left the file at schema 9"
@@ -1456,7 +1456,7 @@ async fn a_disk_that_fills_during_the_schema_10_migration_loses_nothing() {
                 assert!(plan.injected() > 0, "after {room} writes: {e}");
                 let schema = meta_value(&path, "schema_version");
                 assert!(
-                    matches!(schema, Some(9 | 11)),
+                    matches!(schema, Some(9 | 12)),
                     "after {room} writes: schema {schema:?} ({e})"
                 );
                 left_at_9 += usize::from(schema == Some(9));

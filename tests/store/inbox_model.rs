@@ -1455,6 +1455,7 @@ async fn run(mut s: Box<dyn Subject>, mut m: Model, ops: Vec<Op>) {
                     .values()
                     .filter(|e| e.source == source && e.status == status)
                     .map(|e| InboxEvent {
+                        headers: Vec::new(),
                         body: Vec::new(),
                         timeline: Vec::new(),
                         ..e.clone()

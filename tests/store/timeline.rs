@@ -56,6 +56,12 @@ fn wal_of(path: &std::path::Path) -> std::path::PathBuf {
     p.into()
 }
 
+fn keys_of(path: &std::path::Path) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".keys");
+    p.into()
+}
+
 fn second_of(path: &std::path::Path) -> std::path::PathBuf {
     let mut p = wal_of(path).into_os_string();
     p.push("2");
@@ -233,6 +239,9 @@ async fn after_a_crash_the_log_replays_every_acknowledged_attempt() {
             .unwrap();
     }
     let log = std::fs::read(wal_of(&path)).unwrap();
+    // The key file (see `seal`): written as keys are lent, not with the
+    // checkpoints.
+    let keys = std::fs::read(keys_of(&path)).unwrap();
     // The log's second segment: no batch in it (nothing but the open
     // checkpointed), but the file says its log has two.
     let second = std::fs::read(second_of(&path)).unwrap();
@@ -244,6 +253,7 @@ async fn after_a_crash_the_log_replays_every_acknowledged_attempt() {
     std::fs::write(&path, data).unwrap();
     std::fs::write(wal_of(&path), log).unwrap();
     std::fs::write(second_of(&path), second).unwrap();
+    std::fs::write(keys_of(&path), keys).unwrap();
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
     let after = s.inbox().inbox_event("sume", "e").await.unwrap().unwrap();
     assert_eq!(after.timeline.len(), 3);

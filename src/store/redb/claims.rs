@@ -185,10 +185,13 @@ impl Store for RedbStore {
             limit,
             dedupe_window_ms: self.engine.dedupe_window_ms,
         };
-        match self.engine.write(request, now).await? {
-            Response::Purge(r) => Ok(r),
-            _ => Err(unexpected("purge")),
-        }
+        let report = match self.engine.write(request, now).await? {
+            Response::Purge(r) => r,
+            _ => return Err(unexpected("purge")),
+        };
+        // The reaped events' keys (see `seal`).
+        self.engine.shred().await?;
+        Ok(report)
     }
 
     async fn next_expiry(&self) -> Result<Option<Millis>, StoreError> {

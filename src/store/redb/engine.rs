@@ -27,6 +27,7 @@ use super::flusher::Flusher;
 use super::kv_index::{KvIndex, Space as KeySpace};
 use super::ops::Response;
 use super::record::Request;
+use super::seal::Seals;
 use super::sync_gate::SyncGate;
 use super::tables::META;
 use super::watermark::Watermark;
@@ -65,6 +66,8 @@ pub struct Shared {
     /// Free space on the file's disk, and whether writes are refused for
     /// want of it.
     pub(super) space: Space,
+    /// The key file of the inbox's sealed events (see [`super::seal`]).
+    pub(super) seals: Arc<Seals>,
 }
 
 impl Shared {
@@ -200,6 +203,47 @@ impl Engine {
             // Any batch the transaction sees is at or below this.
             let seen = shared.watermark.visible();
             f(&tx).map(|v| (v, seen))
+        })
+        .await
+    }
+
+    /// Shreds the keys of every sealed row gone so far (erased, reaped)
+    /// and of every seal never stored: they no longer open anywhere (see
+    /// [`super::seal`]).
+    pub(super) async fn shred(&self) -> Result<(), EngineError> {
+        let seals = self.shared.seals.clone();
+        if seals.retired() == 0 {
+            return Ok(());
+        }
+        tokio::task::spawn_blocking(move || seals.shred())
+            .await
+            .map_err(|e| EngineError::ReadTask(Arc::new(e)))?
+            .map_err(|e| self.key_fault(e))?;
+        Ok(())
+    }
+
+    /// The key file could not be written (see [`super::seal`]): the disk
+    /// is full or failing, as the data file's would be. The store is
+    /// marked unhealthy (`/readyz` fails, writes answer 503) until the
+    /// writer's reopen proves the disk writable again.
+    pub(super) fn key_fault(&self, e: std::io::Error) -> EngineError {
+        tracing::warn!(error = %e, "the key file cannot be written: writes answer 503 until the disk takes writes again");
+        self.shared.set_unhealthy();
+        self.want_reopen();
+        EngineError::Keys(Arc::new(e))
+    }
+
+    /// [`Engine::read`] for a read that opens sealed events (see
+    /// [`super::seal`]).
+    pub(super) async fn read_sealed<T, F>(&self, f: F) -> Result<T, EngineError>
+    where
+        T: Send + 'static,
+        F: Fn(&ReadTransaction, &Seals) -> Result<T, redb::Error> + Send + Sync + 'static,
+    {
+        self.read_seen(Fresh::Acknowledged, move |db, shared| {
+            let tx = db.begin_read()?;
+            let seen = shared.watermark.visible();
+            f(&tx, &shared.seals).map(|v| (v, seen))
         })
         .await
     }

@@ -53,6 +53,11 @@ pub enum EngineError {
         /// The cap.
         cap: u64,
     },
+    /// The key file (see `seal`) cannot be written now: a new event could
+    /// not be sealed (nothing was stored), or an erased event's key could
+    /// not be shredded yet (the erasure is stored; asking again shreds it).
+    #[error("the key file cannot be written now (disk full or failing)")]
+    Keys(#[source] Arc<std::io::Error>),
     /// The writer answered a request with the answer of another kind (a
     /// bug): `.0` names the request.
     #[error("writer answered {0} with another kind of response")]
@@ -70,7 +75,8 @@ impl EngineError {
             | EngineError::Reopened
             | EngineError::NotCommitted
             | EngineError::LowSpace { .. }
-            | EngineError::KeysFull { .. } => true,
+            | EngineError::KeysFull { .. }
+            | EngineError::Keys(_) => true,
             EngineError::ReadTask(_) | EngineError::Redb(_) | EngineError::Unexpected(_) => false,
         }
     }

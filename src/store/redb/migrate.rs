@@ -89,8 +89,11 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
             // files (`.wal` and `.wal2`), and a build of version 10 or
             // before, which reads only the first, must refuse the file
             // rather than replay half of its log. Logged requests keep
-            // their encoding, so an older log replays.
-            Some(old @ 1..=10) => {
+            // their encoding, so an older log replays. Version 12 seals
+            // each new inbox row's headers and body (table `inbox_seals`,
+            // created below; the keys in `dedupd.redb.keys`): a build of
+            // version 11 or before would deliver a seal as the body.
+            Some(old @ 1..=11) => {
                 if old == 1 {
                     migrate_v1(&tx).map_err(other)?;
                 }
@@ -147,6 +150,8 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
         tx.open_table(tables::INBOX_REPLAY)
             .map_err(|e| other(e.into()))?;
         tx.open_table(tables::INBOX_JOBS)
+            .map_err(|e| other(e.into()))?;
+        tx.open_table(tables::INBOX_SEALS)
             .map_err(|e| other(e.into()))?;
         tx.open_table(tables::KV_ROWS)
             .map_err(|e| other(e.into()))?;

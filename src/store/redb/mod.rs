@@ -13,6 +13,9 @@
 //! - The log: [`record`] (what a record holds: the write requests), [`wal`]
 //!   (the file, and [`decode_wal`], its decoder without a file, for the
 //!   fuzz targets), `wal_golden` (their encoding, pinned).
+//! - The inbox's keys: [`seal`] (each event's headers and body sealed
+//!   under a key of its own, in `dedupd.redb.keys`, shredded when the
+//!   event is erased or reaped).
 //! - The file: [`tables`] (tables and row encodings), [`migrate`] (schema
 //!   versions), [`guard`] (the storage backend and its switch), [`flusher`]
 //!   (background write-back), [`faults`] (fault injection for tests),
@@ -39,6 +42,7 @@ mod open;
 mod ops;
 mod pending_pages;
 mod record;
+mod seal;
 mod space;
 mod sync_gate;
 mod syncer;

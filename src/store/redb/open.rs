@@ -13,6 +13,7 @@ use super::counts::StatusCounts;
 use super::engine::{Engine, Shared};
 use super::flusher::Flusher;
 use super::kv_index::KvIndex;
+use super::seal::{self, KeysError, Seals};
 use super::space::{self, Space};
 use super::sync_gate::SyncGate;
 use super::tables::SCHEMA_VERSION;
@@ -168,6 +169,37 @@ pub enum OpenError {
     /// The file beside the data file is not a write-ahead log.
     #[error("{0} is not a dedupd write-ahead log; move it away")]
     NotALog(PathBuf),
+    /// The data file holds sealed events and their key file is missing.
+    #[error(
+        "data file {data} holds sealed webhook events, but their key file {keys} is missing: \
+         without it their bodies and headers cannot be read. Put it back beside the data file \
+         (the data file, its log's two segments .wal and .wal2 and its key file .keys are \
+         moved and backed up together); nothing was changed"
+    )]
+    MissingKeys { keys: PathBuf, data: PathBuf },
+    /// The key file belongs to another data file, or is not a key file.
+    #[error(
+        "key file {keys} {detail}, not to data file {data}: it was left as it is and nothing \
+         was changed. This happens when {data} was replaced, created anew or copied from \
+         another installation while the key file stayed. Put back the key file that goes \
+         with {data}; if {data} holds no events yet, move {keys} away and start again"
+    )]
+    ForeignKeys {
+        keys: PathBuf,
+        data: PathBuf,
+        /// Whose it is.
+        detail: String,
+    },
+    /// The key file lacks slots the data file's events use.
+    #[error(
+        "key file {keys} is damaged or from an older copy: {detail}. Nothing was changed; \
+         restore the data file and its key file from the same backup"
+    )]
+    DamagedKeys {
+        keys: PathBuf,
+        /// What is missing.
+        detail: String,
+    },
     /// Anything else redb or the OS reported.
     #[error("cannot open data file {path}: {source}")]
     Other { path: PathBuf, source: redb::Error },
@@ -214,6 +246,7 @@ impl Engine {
         for log in wal_segments::paths_for(&opts.path) {
             warn_if_others_can_read(&log);
         }
+        warn_if_others_can_read(&seal::path_for(&opts.path));
         // A file left open (not closed cleanly) has acknowledged writes in
         // its log: without the log (either segment, once it has two) they
         // would be lost without a word.
@@ -267,6 +300,7 @@ impl Engine {
         };
         let counts = StatusCounts::default();
         counts.recount(&db).map_err(other)?;
+        let seals = open_seals(&db, opts, id.id)?;
         let shared = Arc::new(Shared {
             db: Mutex::new(Some(Arc::new(db))),
             healthy: AtomicBool::new(true),
@@ -278,6 +312,7 @@ impl Engine {
             reopen_wanted: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             space,
+            seals: Arc::new(seals),
         });
         // Before the writer: it makes the syncs the writer hands over.
         let flusher = Flusher::start(&opts.path, gate, opts.faults.clone())
@@ -297,6 +332,42 @@ impl Engine {
             max_key_memory_bytes: opts.max_key_memory_bytes,
         })
     }
+}
+
+/// Opens the key file of the data file `db` (its id `id`), once the log is
+/// replayed: every slot no row uses is shredded (see [`seal`]).
+fn open_seals(db: &Database, opts: &RedbOptions, id: u128) -> Result<Seals, OpenError> {
+    let other = |e: redb::Error| OpenError::Other {
+        path: opts.path.clone(),
+        source: e,
+    };
+    let used =
+        inbox::sealed_slots(&db.begin_read().map_err(|e| other(e.into()))?).map_err(other)?;
+    let keys = seal::path_for(&opts.path);
+    Seals::open(&opts.path, id, &used, opts.faults.clone()).map_err(|e| match e {
+        KeysError::Io(e) => OpenError::Other {
+            path: keys,
+            source: redb::Error::Io(e),
+        },
+        KeysError::Missing => OpenError::MissingKeys {
+            keys,
+            data: opts.path.clone(),
+        },
+        KeysError::NotKeys => OpenError::ForeignKeys {
+            keys,
+            data: opts.path.clone(),
+            detail: "is not a dedupd key file".into(),
+        },
+        KeysError::Foreign(of) => OpenError::ForeignKeys {
+            keys,
+            data: opts.path.clone(),
+            detail: format!("belongs to data file {of:032x}"),
+        },
+        e @ KeysError::Short { .. } => OpenError::DamagedKeys {
+            keys,
+            detail: e.to_string(),
+        },
+    })
 }
 
 /// Whether a file of `mode` may be read or written by its group or others.

@@ -14,6 +14,8 @@
 //! fingerprints and timestamps. New variants go last; fields are renamed
 //! freely (names are not encoded) but never reordered.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Millis;
@@ -21,6 +23,7 @@ use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::inbox::{Attempt, NewEvent, Retention, Settle};
 use crate::store::keyspace::KvRequest;
 use crate::store::redb::kv_index::{INLINE_MAX, KEY_OVERHEAD, Slot, Space};
+use crate::store::redb::seal::Seals;
 
 /// A write the writer thread performs. Serializable for the write-ahead
 /// log: replaying the same requests with the same clock readings on the
@@ -182,6 +185,9 @@ impl Request {
                 Request::Inbox(InboxRequest::InsertRouted { event, lanes, .. }) => {
                     event_bytes(event) * n(lanes.len().max(1))
                 }
+                Request::Inbox(InboxRequest::InsertSealed { rows, .. }) => {
+                    rows.iter().map(|r| n(r.seal.len())).sum::<u64>()
+                }
                 Request::Inbox(InboxRequest::Lease { events, .. }) => n(events.len()) * 64,
                 Request::Inbox(InboxRequest::SettleAttempt {
                     settle, attempt, ..
@@ -286,6 +292,85 @@ pub enum InboxRequest {
         known_in: Vec<String>,
         filtered_ms: u64,
     },
+    /// Store a new event with its headers and body sealed (log format 6
+    /// on; see `seal`): a row in each lane of `rows`, each with its own
+    /// seal, unless its id is known in any of `known_in` or of the rows'
+    /// lanes (a duplicate stores nothing, and its seals' slots are
+    /// retired). With `filtered_ms`, the one row is its source's, with
+    /// status filtered, kept that long. `event` carries no headers and no
+    /// body: they are in the seals.
+    InsertSealed {
+        event: Box<NewEvent>,
+        /// Bytes of the body, as received.
+        body_bytes: u64,
+        rows: Vec<SealedRow>,
+        known_in: Vec<String>,
+        filtered_ms: Option<u64>,
+        /// The slots of `rows`, lent by the caller: retired if the request
+        /// is dropped before it is logged (not logged itself).
+        #[serde(skip)]
+        lent: Lent,
+    },
+}
+
+/// The key slots lent for a request's seals, until the request is stored
+/// or refused. Dropped, it retires them: a request refused before it was
+/// logged stored none of its seals. Once its batch is logged, the writer
+/// takes it out of the request ([`InboxRequest::take_lent`]): kept when
+/// the batch is synced ([`Lent::keep`]), held when it is refused after it
+/// was logged ([`Lent::hold`]), since a crash before the log is started
+/// over could still replay its record.
+#[derive(Debug, Default)]
+pub struct Lent(Option<(Arc<Seals>, Vec<u64>)>);
+
+impl Lent {
+    /// `slots`, lent by `seals`.
+    pub fn new(seals: Arc<Seals>, slots: Vec<u64>) -> Self {
+        Self(Some((seals, slots)))
+    }
+
+    /// Its seals are stored (a duplicate's slots are among its batch's
+    /// freed ones): nothing to give back.
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+
+    /// Its batch was logged and then refused: the slots are held until
+    /// the log is started over (see `Seals::hold`).
+    pub fn hold(mut self) {
+        if let Some((seals, slots)) = self.0.take() {
+            seals.hold(slots);
+        }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some((seals, slots)) = self.0.take() {
+            seals.retire(slots);
+        }
+    }
+}
+
+/// One row of an [`InboxRequest::InsertSealed`].
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SealedRow {
+    /// Its lane (a source, or `SOURCE.DESTINATION`).
+    pub lane: String,
+    /// The key slot it is sealed under.
+    pub slot: u64,
+    /// The sealed headers and body.
+    pub seal: Vec<u8>,
+}
+
+impl Request {
+    /// The key slots lent for its seals, taken out of it (see [`Lent`]).
+    pub fn take_lent(&mut self) -> Option<Lent> {
+        match self {
+            Request::Inbox(InboxRequest::InsertSealed { lent, .. }) => Some(std::mem::take(lent)),
+            _ => None,
+        }
+    }
 }
 
 /// One batch as logged.

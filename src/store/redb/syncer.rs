@@ -27,6 +27,7 @@ use super::CommitMetrics;
 use super::engine::Shared;
 use super::error::EngineError;
 use super::ops::Response;
+use super::record::Lent;
 use super::wal::WalSync;
 
 /// A batch that ran and was logged, waiting for its log record's sync.
@@ -38,6 +39,12 @@ pub struct Synced {
     pub started: Instant,
     /// Each caller and its answer.
     pub replies: Vec<(oneshot::Sender<Result<Response, EngineError>>, Response)>,
+    /// Key slots it freed: retired once it is synced, before anyone is
+    /// answered (an erasure then shreds them, see `seal`).
+    pub freed: Vec<u64>,
+    /// The key slots its inserts' seals were lent: kept once it is
+    /// synced, retired if it is refused (their rows are then never stored).
+    pub lent: Vec<Lent>,
 }
 
 /// What the writer hands over, answered in order.
@@ -117,7 +124,14 @@ fn answer(
     };
     if !*failed {
         match wal.sync() {
-            Ok(()) => shared.watermark.synced(last),
+            Ok(()) => {
+                shared.watermark.synced(last);
+                shared.seals.retire(
+                    waiting
+                        .iter_mut()
+                        .flat_map(|b| std::mem::take(&mut b.freed)),
+                );
+            }
             Err(e) => {
                 tracing::error!(error = %e, "the write-ahead log cannot be synced: writes answer 503 until the data file can be written");
                 *failed = true;
@@ -127,11 +141,13 @@ fn answer(
     }
     for batch in waiting.drain(..) {
         if *failed {
+            batch.lent.into_iter().for_each(Lent::hold);
             for (reply, _) in batch.replies {
                 let _ = reply.send(Err(EngineError::DiskRefused));
             }
             continue;
         }
+        batch.lent.into_iter().for_each(Lent::keep);
         metrics
             .seconds
             .record(batch.started.elapsed().as_secs_f64());

@@ -1,6 +1,8 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 9. Version 8 files have no replay marks or bulk jobs, and
+//! Schema version 12. Version 11 files store inbox bodies and headers as
+//! they came, unsealed (opening one creates [`INBOX_SEALS`]; their rows
+//! stay unsealed until reaped, see `seal`). Version 8 files have no replay marks or bulk jobs, and
 //! no erased events (opening one creates their tables). Version 7 files
 //! have no attempt timelines (opening one creates their table). Version 6 files have no dedupe records of reaped
 //! inbox events (opening one creates their tables). Version 5 and 4 files key the Redis-protocol
@@ -27,7 +29,7 @@ use crate::store::ordering::{EventRecord, Recorded};
 use crate::store::{ClaimRecord, ClaimState, Head};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 11;
+pub const SCHEMA_VERSION: u64 = 12;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -330,6 +332,13 @@ pub const INBOX: TableDefinition<(&str, &str), InboxRow<'static>> =
 /// the event, never rewritten (a delivery attempt changes only the
 /// [`INBOX`] row).
 pub const INBOX_BODIES: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("inbox_bodies");
+/// The key slot of each sealed row's body and headers, by (source, event
+/// id): written with the row, deleted with its body (an erasure, the
+/// reaper), and the slot then shredded (see `seal`). A row with an entry
+/// here has its headers and body sealed in [`INBOX_BODIES`] and stores
+/// headers `[]`; a row without one (written before schema 12) stores them
+/// as they came. Invariant: an entry only beside a body.
+pub const INBOX_SEALS: TableDefinition<(&str, &str), u64> = TableDefinition::new("inbox_seals");
 /// Schema 1 to 4 inbox rows: (status, received_at_ms, created_at ns,
 /// stream, attempts, due_at_ms, last_error, force, headers as JSON, body,
 /// expires_at_ms, lease generation). Read only to migrate such a file.

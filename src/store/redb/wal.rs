@@ -16,7 +16,7 @@
 //! same operations: a batch holds each request with its clock reading (and a
 //! claim's token), so replay reproduces exactly what was answered.
 //!
-//! Header (format 2 on; format 5 shown): `DDWAL05\n | data file id: u128 LE | crc32 of the
+//! Header (format 2 on; format 6 shown): `DDWAL06\n | data file id: u128 LE | crc32 of the
 //! 24 bytes before: u32 LE`. The id is the one the data file records when
 //! it is created (`meta`): a log is replayed only into the file it belongs
 //! to, never into a new or restored one. Format 1 (`DDWAL01\n`, the whole
@@ -45,13 +45,15 @@ use super::record::{Batch, BatchRef, Request};
 use crate::clock::Millis;
 
 /// The log format this build writes.
-pub const FORMAT: u32 = 5;
+pub const FORMAT: u32 = 6;
 /// Formats whose records this build decodes: format 1 and 2 records are
 /// encoded alike (only the header differs); format 3 adds a request (a
 /// settle with its attempt, for the event's timeline) and changes none;
 /// format 4 adds the replay, erase and bulk job requests and changes none;
-/// format 5 adds the insert of an event routed to several destinations.
-pub const DECODES: &[u32] = &[1, 2, 3, 4, 5];
+/// format 5 adds the insert of an event routed to several destinations;
+/// format 6 adds the insert of a sealed event (and no longer writes the
+/// two inserts before it).
+pub const DECODES: &[u32] = &[1, 2, 3, 4, 5, 6];
 /// Every header starts `DDWAL`, two digits of format, and a newline.
 const MAGIC_PREFIX: &[u8; 5] = b"DDWAL";
 /// Bytes of a format 1 header.

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::record::{InboxRequest, Request};
+use super::record::{InboxRequest, Lent, Request, SealedRow};
 use super::wal::{self, DECODES, FORMAT};
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
@@ -180,6 +180,53 @@ fn samples() -> Vec<Request> {
             lanes: Vec::new(),
             known_in: vec!["sume.runs".into()],
             filtered_ms: 604_800_000,
+        }),
+        Request::Inbox(InboxRequest::InsertSealed {
+            event: Box::new(NewEvent {
+                source: "sume".into(),
+                event_id: "evt_5".into(),
+                stream: Some("run_9".into()),
+                created_at,
+                received_at_ms: 1_800_000_000_004,
+                headers: Vec::new(),
+                body: Vec::new(),
+            }),
+            body_bytes: 43,
+            rows: vec![
+                SealedRow {
+                    lane: "sume.runs".into(),
+                    slot: 7,
+                    seal: b"DDSEAL1\0 a seal of evt_5 for sume.runs".to_vec(),
+                },
+                SealedRow {
+                    lane: "sume.billing".into(),
+                    slot: 1_000_001,
+                    seal: b"DDSEAL1\0 a seal of evt_5 for sume.billing".to_vec(),
+                },
+            ],
+            known_in: vec!["sume".into(), "sume.runs".into()],
+            filtered_ms: None,
+            lent: Lent::default(),
+        }),
+        Request::Inbox(InboxRequest::InsertSealed {
+            event: Box::new(NewEvent {
+                source: "gh".into(),
+                event_id: "evt_6".into(),
+                stream: None,
+                created_at: CreatedAt::from_unix_nanos(-2),
+                received_at_ms: 1_800_000_000_005,
+                headers: Vec::new(),
+                body: Vec::new(),
+            }),
+            body_bytes: 3,
+            rows: vec![SealedRow {
+                lane: "gh".into(),
+                slot: 0,
+                seal: b"DDSEAL1\0 a seal of evt_6".to_vec(),
+            }],
+            known_in: Vec::new(),
+            filtered_ms: Some(604_800_000),
+            lent: Lent::default(),
         }),
         Request::Inbox(InboxRequest::Lease {
             events: vec![
@@ -487,6 +534,36 @@ fn inbox_shape(req: &InboxRequest, cov: &mut Coverage) -> String {
                 "insert_routed{}stream{}lanes",
                 cov.state("InsertRouted.event.stream", stream.is_some()),
                 cov.state("InsertRouted.lanes", !lanes.is_empty())
+            )
+        }
+        InboxRequest::InsertSealed {
+            event,
+            body_bytes: _,
+            rows,
+            known_in: _,
+            filtered_ms,
+            lent: _,
+        } => {
+            let NewEvent {
+                source: _,
+                event_id: _,
+                stream,
+                created_at: _,
+                received_at_ms: _,
+                headers: _,
+                body: _,
+            } = &**event;
+            for SealedRow {
+                lane: _,
+                slot: _,
+                seal: _,
+            } in rows
+            {}
+            format!(
+                "insert_sealed{}stream{}filtered_{}rows",
+                cov.state("InsertSealed.event.stream", stream.is_some()),
+                cov.state("InsertSealed.filtered_ms", filtered_ms.is_some()),
+                rows.len()
             )
         }
     }

@@ -19,12 +19,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redb::ReadableDatabase;
 
-pub use self::read::{InboxIndexes, next_dedupe_expiry, sources};
+pub use self::read::{InboxIndexes, next_dedupe_expiry, sealed_slots, sources};
 pub use self::write::{InboxResponse, InboxTables};
 use super::engine::{Engine, Fresh};
 use super::error::EngineError;
 use super::ops::Response;
-use super::record::{InboxRequest, Request};
+use super::record::{InboxRequest, Lent, Request, SealedRow};
+use super::seal::Seals;
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, ScopedKey};
 use crate::store::StoreError;
@@ -57,17 +58,77 @@ impl RedbInbox {
     /// reads the whole inbox).
     #[doc(hidden)]
     pub async fn inbox_indexes(&self) -> Result<InboxIndexes, StoreError> {
-        Ok(self.engine.read(read::indexes).await?)
+        Ok(self.engine.read_sealed(read::indexes).await?)
     }
+
+    /// Stores `event` in each of `lanes` (with `filtered_ms`, the one lane
+    /// is its source's, as filtered), each row with its own seal, unless
+    /// its id is known in any of `known_in` or the lanes.
+    async fn insert(
+        &self,
+        mut event: NewEvent,
+        lanes: Vec<String>,
+        known_in: Vec<String>,
+        filtered_ms: Option<u64>,
+        now: Millis,
+    ) -> Result<IngestOutcome, StoreError> {
+        let headers = std::mem::take(&mut event.headers);
+        let body = std::mem::take(&mut event.body);
+        let body_bytes = body.len() as u64;
+        let seals = self.engine.shared.seals.clone();
+        // A seal is a lent slot and a few µs of AES; growing the key file
+        // (once per thousand seals) syncs it: off the async threads.
+        let sealed = if seals.can_lend(lanes.len()) {
+            seal_each(&seals, lanes, &headers, &body)
+        } else {
+            let seals = seals.clone();
+            tokio::task::spawn_blocking(move || seal_each(&seals, lanes, &headers, &body))
+                .await
+                .map_err(|e| EngineError::ReadTask(Arc::new(e)))?
+        }
+        .map_err(|e| self.engine.key_fault(e))?;
+        let lent = Lent::new(seals, sealed.iter().map(|r| r.slot).collect());
+        let request = InboxRequest::InsertSealed {
+            event: Box::new(event),
+            body_bytes,
+            rows: sealed,
+            known_in,
+            filtered_ms,
+            lent,
+        };
+        match self.write(request, now).await? {
+            InboxResponse::Inserted(o) => Ok(o),
+            _ => Err(EngineError::Unexpected("insert").into()),
+        }
+    }
+}
+
+/// A row per lane, each sealed under a slot of its own; on an error the
+/// slots lent so far are retired.
+fn seal_each(
+    seals: &Seals,
+    lanes: Vec<String>,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> std::io::Result<Vec<SealedRow>> {
+    let mut rows = Vec::with_capacity(lanes.len());
+    for lane in lanes {
+        match seals.seal(headers, body) {
+            Ok((slot, seal)) => rows.push(SealedRow { lane, slot, seal }),
+            Err(e) => {
+                seals.retire(rows.iter().map(|r| r.slot));
+                return Err(e);
+            }
+        }
+    }
+    Ok(rows)
 }
 
 #[async_trait]
 impl Inbox for RedbInbox {
     async fn ingest(&self, event: NewEvent, now: Millis) -> Result<IngestOutcome, StoreError> {
-        match self.write(InboxRequest::Insert(event), now).await? {
-            InboxResponse::Inserted(o) => Ok(o),
-            _ => Err(EngineError::Unexpected("insert").into()),
-        }
+        let lanes = vec![event.source.clone()];
+        self.insert(event, lanes, Vec::new(), None, now).await
     }
 
     async fn ingest_routed(
@@ -78,16 +139,13 @@ impl Inbox for RedbInbox {
         filtered_ms: u64,
         now: Millis,
     ) -> Result<IngestOutcome, StoreError> {
-        let request = InboxRequest::InsertRouted {
-            event: Box::new(event),
-            lanes,
-            known_in,
-            filtered_ms,
-        };
-        match self.write(request, now).await? {
-            InboxResponse::Inserted(o) => Ok(o),
-            _ => Err(EngineError::Unexpected("insert").into()),
+        if lanes.is_empty() {
+            let own = vec![event.source.clone()];
+            return self
+                .insert(event, own, known_in, Some(filtered_ms), now)
+                .await;
         }
+        self.insert(event, lanes, known_in, None, now).await
     }
 
     async fn knows_event(&self, event: &EventKey, now: Millis) -> Result<bool, StoreError> {
@@ -269,10 +327,16 @@ impl Inbox for RedbInbox {
             event_id: event_id.to_owned(),
             retention_ms,
         };
-        match self.write(request, now).await? {
-            InboxResponse::Erased(o) => Ok(o),
-            _ => Err(EngineError::Unexpected("erase").into()),
+        let outcome = match self.write(request, now).await? {
+            InboxResponse::Erased(o) => o,
+            _ => return Err(EngineError::Unexpected("erase").into()),
+        };
+        // Answered once its key is shredded too; and an erasure answered
+        // before (whose caller went away before the shred) is made good.
+        if outcome != EraseOutcome::NotFound {
+            self.engine.shred().await?;
         }
+        Ok(outcome)
     }
 
     async fn put_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError> {
@@ -325,10 +389,12 @@ impl Inbox for RedbInbox {
             before,
             limit,
         };
-        match self.engine.write(request, now).await? {
-            Response::Purged(n) => Ok(n),
-            _ => Err(EngineError::Unexpected("purge of pending events").into()),
-        }
+        let purged = match self.engine.write(request, now).await? {
+            Response::Purged(n) => n,
+            _ => return Err(EngineError::Unexpected("purge of pending events").into()),
+        };
+        self.engine.shred().await?;
+        Ok(purged)
     }
 
     async fn due_events(
@@ -339,7 +405,7 @@ impl Inbox for RedbInbox {
     ) -> Result<Vec<SourceDue>, StoreError> {
         Ok(self
             .engine
-            .read(move |tx| read::due(tx, now, &wants, max_bytes))
+            .read_sealed(move |tx, seals| read::due(tx, seals, now, &wants, max_bytes))
             .await?)
     }
 
@@ -391,7 +457,7 @@ impl Inbox for RedbInbox {
         let (source, id) = (source.to_owned(), event_id.to_owned());
         Ok(self
             .engine
-            .read(move |tx| read::get(tx, &source, &id))
+            .read_sealed(move |tx, seals| read::get(tx, seals, &source, &id))
             .await?)
     }
 

@@ -4,14 +4,17 @@
 
 use redb::{ReadTransaction, ReadableTable};
 
-use super::row::{attempt_from_row, decode, read_whole, with_body};
+use std::collections::HashSet;
+
+use super::row::{BodyTables, attempt_from_row, decode};
 use crate::clock::Millis;
 use crate::store::inbox::{
     Cursor, EventStatus, InboxEvent, ListOrder, ReplayMark, ReplayState, SourceDue, StoredJob,
 };
+use crate::store::redb::seal::Seals;
 use crate::store::redb::tables::{
     INBOX, INBOX_ATTEMPTS, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE,
-    INBOX_EXPIRY, INBOX_JOBS, INBOX_QUEUE, INBOX_REPLAY, INBOX_STATUS,
+    INBOX_EXPIRY, INBOX_JOBS, INBOX_QUEUE, INBOX_REPLAY, INBOX_SEALS, INBOX_STATUS,
 };
 
 /// For each `(source, limit)`: its runnable events due at `now`, in due
@@ -22,13 +25,14 @@ use crate::store::redb::tables::{
 /// nothing however many events it holds.
 pub fn due(
     tx: &ReadTransaction,
+    seals: &Seals,
     now: Millis,
     wants: &[(String, usize)],
     max_bytes: u64,
 ) -> Result<Vec<SourceDue>, redb::Error> {
     let due = tx.open_table(INBOX_DUE)?;
     let rows = tx.open_table(INBOX)?;
-    let bodies = tx.open_table(INBOX_BODIES)?;
+    let bodies = BodyTables::open(tx, seals)?;
     let mut out = Vec::with_capacity(wants.len());
     for (source, limit) in wants {
         let mut found = SourceDue::default();
@@ -53,7 +57,7 @@ pub fn due(
                 break;
             }
             bytes = bytes.saturating_add(row.body_bytes);
-            found.events.push(with_body(&bodies, decode(s, id, row))?);
+            found.events.push(bodies.with_body(decode(s, id, row))?);
         }
         out.push(found);
     }
@@ -140,12 +144,13 @@ pub fn next_dedupe_expiry(tx: &ReadTransaction) -> Result<Option<Millis>, redb::
 /// One event whole: its row, body and attempt timeline.
 pub fn get(
     tx: &ReadTransaction,
+    seals: &Seals,
     source: &str,
     id: &str,
 ) -> Result<Option<InboxEvent>, redb::Error> {
     let rows = tx.open_table(INBOX)?;
-    let bodies = tx.open_table(INBOX_BODIES)?;
-    let Some(mut e) = read_whole(&rows, &bodies, source, id)? else {
+    let bodies = BodyTables::open(tx, seals)?;
+    let Some(mut e) = bodies.read_whole(&rows, source, id)? else {
         return Ok(None);
     };
     if let Some(timeline) = tx.open_table(INBOX_ATTEMPTS)?.get((source, id))? {
@@ -285,23 +290,39 @@ pub struct InboxIndexes {
     /// Erased rows that still have a body: (source, event id). Always
     /// empty.
     pub erased_bodies: Vec<(String, String)>,
+    /// Seal entries without a body: (source, event id). Always empty.
+    pub orphan_seals: Vec<(String, String)>,
+    /// Key slots used by more than one row. Always empty.
+    pub shared_slots: Vec<u64>,
     /// Dedupe records of reaped events: (source, event id, until).
     pub dedupe: Vec<(String, String, u64)>,
     /// Their expiry index: (until, source, event id).
     pub dedupe_expiry: Vec<(u64, String, String)>,
 }
 
+/// The key slots the inbox's sealed rows use.
+pub fn sealed_slots(tx: &ReadTransaction) -> Result<HashSet<u64>, redb::Error> {
+    let mut used = HashSet::new();
+    for entry in tx.open_table(INBOX_SEALS)?.iter()? {
+        let (_, slot) = entry?;
+        used.insert(slot.value());
+    }
+    Ok(used)
+}
+
 /// Reads every inbox table whole (tests only: it reads everything).
-pub fn indexes(tx: &ReadTransaction) -> Result<InboxIndexes, redb::Error> {
+pub fn indexes(tx: &ReadTransaction, seals: &Seals) -> Result<InboxIndexes, redb::Error> {
     let mut out = InboxIndexes::default();
     let rows = tx.open_table(INBOX)?;
+    let opened = BodyTables::open(tx, seals)?;
     let bodies = tx.open_table(INBOX_BODIES)?;
+    let sealed = tx.open_table(INBOX_SEALS)?;
     let timelines = tx.open_table(INBOX_ATTEMPTS)?;
     let marks = tx.open_table(INBOX_REPLAY)?;
     for entry in rows.iter()? {
         let (k, v) = entry?;
         let (s, id) = k.value();
-        let mut e = with_body(&bodies, decode(s, id, v.value()))?;
+        let mut e = opened.with_body(decode(s, id, v.value()))?;
         if let Some(t) = timelines.get((s, id))? {
             e.timeline = t.value().into_iter().map(attempt_from_row).collect();
         }
@@ -330,6 +351,17 @@ pub fn indexes(tx: &ReadTransaction) -> Result<InboxIndexes, redb::Error> {
         let (s, id) = k.value();
         if rows.get((s, id))?.is_none() {
             out.orphan_bodies.push((s.to_owned(), id.to_owned()));
+        }
+    }
+    let mut slots = HashSet::new();
+    for entry in sealed.iter()? {
+        let (k, slot) = entry?;
+        let (s, id) = k.value();
+        if bodies.get((s, id))?.is_none() {
+            out.orphan_seals.push((s.to_owned(), id.to_owned()));
+        }
+        if !slots.insert(slot.value()) {
+            out.shared_slots.push(slot.value());
         }
     }
     for entry in tx.open_table(INBOX_DUE)?.iter()? {

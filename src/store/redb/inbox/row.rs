@@ -1,11 +1,12 @@
 //! An inbox row and the event it holds: the row's fields from the event,
 //! and the event (its body read from its own table) from the row.
 
-use redb::ReadableTable;
+use redb::{ReadOnlyTable, ReadTransaction, ReadableTable};
 
 use crate::domain::CreatedAt;
 use crate::store::inbox::{Attempt, EventStatus, InboxEvent};
-use crate::store::redb::tables::{AttemptRow, InboxRow};
+use crate::store::redb::seal::Seals;
+use crate::store::redb::tables::{AttemptRow, INBOX_BODIES, INBOX_SEALS, InboxRow};
 
 /// Encodes an event's row (`headers`: its headers as JSON).
 pub(super) fn to_row<'a>(e: &'a InboxEvent, headers: &'a str) -> InboxRow<'a> {
@@ -60,36 +61,78 @@ pub(super) fn attempt_from_row(row: AttemptRow<'_>) -> Attempt {
     }
 }
 
-/// Fills in an event's body.
-pub(super) fn with_body(
-    bodies: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
-    mut e: InboxEvent,
-) -> Result<InboxEvent, redb::Error> {
-    // Every row but an erased one has its body (written together,
-    // deleted together): a missing one is never delivered as an empty
-    // body.
-    if e.status == EventStatus::Erased {
-        return Ok(e);
-    }
-    let Some(body) = bodies.get((e.source.as_str(), e.event_id.as_str()))? else {
-        return Err(redb::Error::Corrupted(format!(
-            "inbox event {}/{} has no body",
-            e.source, e.event_id
-        )));
-    };
-    e.body = body.value().to_vec();
-    Ok(e)
+/// The tables an event's body is read from, and the keys its seal opens
+/// with.
+pub(super) struct BodyTables<'a, B, S> {
+    pub bodies: B,
+    /// The key slot of each sealed row (see `tables::INBOX_SEALS`).
+    pub sealed: S,
+    pub seals: &'a Seals,
 }
 
-/// Reads one whole event: its row and its body.
-pub(super) fn read_whole(
-    rows: &impl ReadableTable<(&'static str, &'static str), InboxRow<'static>>,
-    bodies: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
-    source: &str,
-    id: &str,
-) -> Result<Option<InboxEvent>, redb::Error> {
-    match rows.get((source, id))? {
-        Some(row) => with_body(bodies, decode(source, id, row.value())).map(Some),
-        None => Ok(None),
+impl<'a>
+    BodyTables<
+        'a,
+        ReadOnlyTable<(&'static str, &'static str), &'static [u8]>,
+        ReadOnlyTable<(&'static str, &'static str), u64>,
+    >
+{
+    /// The body tables of a read transaction.
+    pub(super) fn open(tx: &ReadTransaction, seals: &'a Seals) -> Result<Self, redb::Error> {
+        Ok(Self {
+            bodies: tx.open_table(INBOX_BODIES)?,
+            sealed: tx.open_table(INBOX_SEALS)?,
+            seals,
+        })
+    }
+}
+
+impl<B, S> BodyTables<'_, B, S>
+where
+    B: ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    S: ReadableTable<(&'static str, &'static str), u64>,
+{
+    /// Fills in an event's body (and a sealed event's headers).
+    pub(super) fn with_body(&self, mut e: InboxEvent) -> Result<InboxEvent, redb::Error> {
+        // Every row but an erased one has its body (written together,
+        // deleted together): a missing one is never delivered as an empty
+        // body.
+        if e.status == EventStatus::Erased {
+            return Ok(e);
+        }
+        let key = (e.source.as_str(), e.event_id.as_str());
+        let Some(body) = self.bodies.get(key)? else {
+            return Err(redb::Error::Corrupted(format!(
+                "inbox event {}/{} has no body",
+                e.source, e.event_id
+            )));
+        };
+        if self.sealed.get(key)?.is_none() {
+            // Stored before bodies were sealed (schema 11 and before).
+            e.body = body.value().to_vec();
+            return Ok(e);
+        }
+        let opened = self.seals.open_seal(body.value()).map_err(|err| {
+            redb::Error::Corrupted(format!(
+                "inbox event {}/{}: its sealed body does not open: {err}",
+                e.source, e.event_id
+            ))
+        })?;
+        e.headers = opened.headers;
+        e.body = opened.body;
+        Ok(e)
+    }
+
+    /// Reads one whole event: its row and its body.
+    pub(super) fn read_whole(
+        &self,
+        rows: &impl ReadableTable<(&'static str, &'static str), InboxRow<'static>>,
+        source: &str,
+        id: &str,
+    ) -> Result<Option<InboxEvent>, redb::Error> {
+        match rows.get((source, id))? {
+            Some(row) => self.with_body(decode(source, id, row.value())).map(Some),
+            None => Ok(None),
+        }
     }
 }

@@ -17,7 +17,12 @@
 //! - a row has at most one [`INBOX_REPLAY`] mark, deleted with it; none
 //!   without a row;
 //! - an erased row has no body, no stream queue or runnable entry, and
-//!   stored headers `[]`.
+//!   stored headers `[]`;
+//! - a row has at most one [`INBOX_SEALS`] entry (the key slot of its
+//!   sealed headers and body), written with its body and deleted with it;
+//!   a sealed row stores headers `[]`. Each slot a write takes out of the
+//!   table, or finds unused (a duplicate's), joins [`InboxTables::freed`]:
+//!   once the batch is durable, its key is shredded (see `seal`).
 
 mod purge;
 
@@ -31,10 +36,10 @@ use crate::store::inbox::{
     RedeliverOutcome, ReplayMark, Retention, Settle, TIMELINE_ATTEMPTS,
 };
 use crate::store::redb::counts::StatusDeltas;
-use crate::store::redb::record::InboxRequest;
+use crate::store::redb::record::{InboxRequest, SealedRow};
 use crate::store::redb::tables::{
     AttemptRow, INBOX, INBOX_ATTEMPTS, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE,
-    INBOX_EXPIRY, INBOX_JOBS, INBOX_QUEUE, INBOX_REPLAY, INBOX_STATUS, InboxRow, Lazy,
+    INBOX_EXPIRY, INBOX_JOBS, INBOX_QUEUE, INBOX_REPLAY, INBOX_SEALS, INBOX_STATUS, InboxRow, Lazy,
 };
 
 /// Answer to an [`InboxRequest`].
@@ -52,6 +57,19 @@ pub enum InboxResponse {
     Erased(EraseOutcome),
     /// Whether the job a write named exists.
     Job(bool),
+}
+
+/// A new row's body: as received (a request logged before seals), or
+/// sealed with its headers.
+#[derive(Clone, Copy)]
+enum Body<'a> {
+    Plain(&'a [u8]),
+    Sealed {
+        slot: u64,
+        seal: &'a [u8],
+        /// Bytes of the body inside.
+        bytes: usize,
+    },
 }
 
 /// Reads the `created_at` of a stream's live head: (source, stream).
@@ -73,6 +91,10 @@ pub struct InboxTables<'txn> {
     dedupe_expiry: Lazy<'txn, (u64, &'static str, &'static str), ()>,
     replay: Lazy<'txn, (&'static str, &'static str), (&'static str, u32)>,
     jobs: Lazy<'txn, &'static str, (&'static [u8], bool)>,
+    seals: Lazy<'txn, (&'static str, &'static str), u64>,
+    /// Key slots this transaction freed (their rows' bodies deleted) or
+    /// found unused (a duplicate's seals), to shred once it is durable.
+    freed: Vec<u64>,
 }
 
 impl<'txn> InboxTables<'txn> {
@@ -91,7 +113,23 @@ impl<'txn> InboxTables<'txn> {
             dedupe_expiry: Lazy::new(tx, INBOX_DEDUPE_EXPIRY),
             replay: Lazy::new(tx, INBOX_REPLAY),
             jobs: Lazy::new(tx, INBOX_JOBS),
+            seals: Lazy::new(tx, INBOX_SEALS),
+            freed: Vec::new(),
         }
+    }
+
+    /// The key slots the transaction freed so far (see [`InboxTables::freed`]).
+    pub fn take_freed(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.freed)
+    }
+
+    /// Deletes a row's body and its seal's entry, freeing the slot.
+    fn drop_body(&mut self, source: &str, id: &str) -> Result<(), redb::Error> {
+        self.bodies.open()?.remove((source, id))?;
+        if let Some(slot) = self.seals.open()?.remove((source, id))? {
+            self.freed.push(slot.value());
+        }
+        Ok(())
     }
 
     /// How the transaction changed the counts so far.
@@ -133,6 +171,21 @@ impl<'txn> InboxTables<'txn> {
             } => InboxResponse::Inserted(self.insert_routed(
                 event,
                 lanes,
+                known_in,
+                *filtered_ms,
+                now,
+            )?),
+            InboxRequest::InsertSealed {
+                event,
+                body_bytes,
+                rows,
+                known_in,
+                filtered_ms,
+                lent: _,
+            } => InboxResponse::Inserted(self.insert_sealed(
+                event,
+                *body_bytes,
+                rows,
                 known_in,
                 *filtered_ms,
                 now,
@@ -255,10 +308,10 @@ impl<'txn> InboxTables<'txn> {
         Ok(())
     }
 
-    /// Deletes an event's row, body and timeline.
+    /// Deletes an event's row, body (and seal) and timeline.
     fn delete(&mut self, source: &str, id: &str) -> Result<(), redb::Error> {
         self.rows.open()?.remove((source, id))?;
-        self.bodies.open()?.remove((source, id))?;
+        self.drop_body(source, id)?;
         self.attempts.open()?.remove((source, id))?;
         self.replay.open()?.remove((source, id))?;
         Ok(())
@@ -355,6 +408,39 @@ impl<'txn> InboxTables<'txn> {
         Ok(IngestOutcome::Accepted)
     }
 
+    /// See [`InboxRequest::InsertSealed`].
+    fn insert_sealed(
+        &mut self,
+        new: &NewEvent,
+        body_bytes: u64,
+        rows: &[SealedRow],
+        known_in: &[String],
+        filtered_ms: Option<u64>,
+        now: Millis,
+    ) -> Result<IngestOutcome, redb::Error> {
+        let lanes = rows.iter().map(|r| &r.lane);
+        for lane in known_in.iter().chain(lanes).chain([&new.source]) {
+            if self.known(lane, &new.event_id, now)? {
+                self.freed.extend(rows.iter().map(|r| r.slot));
+                return Ok(IngestOutcome::Duplicate);
+            }
+        }
+        let (status, expires) = match filtered_ms {
+            Some(ms) => (EventStatus::Filtered, now.saturating_add(ms)),
+            None => (EventStatus::Pending, 0),
+        };
+        let body_bytes = usize::try_from(body_bytes).unwrap_or(usize::MAX);
+        for row in rows {
+            let body = Body::Sealed {
+                slot: row.slot,
+                seal: &row.seal,
+                bytes: body_bytes,
+            };
+            self.store(new, &row.lane, status, expires, now, body)?;
+        }
+        Ok(IngestOutcome::Accepted)
+    }
+
     /// Stores `new` as a row of lane `source` with `status`: pending
     /// (queued by its stream), or settled until `expires_at_ms`.
     fn store_new(
@@ -364,6 +450,26 @@ impl<'txn> InboxTables<'txn> {
         status: EventStatus,
         expires_at_ms: Millis,
         now: Millis,
+    ) -> Result<(), redb::Error> {
+        self.store(
+            new,
+            source,
+            status,
+            expires_at_ms,
+            now,
+            Body::Plain(&new.body),
+        )
+    }
+
+    /// [`InboxTables::store_new`] with `body`, as received or sealed.
+    fn store(
+        &mut self,
+        new: &NewEvent,
+        source: &str,
+        status: EventStatus,
+        expires_at_ms: Millis,
+        now: Millis,
+        body: Body<'_>,
     ) -> Result<(), redb::Error> {
         let e = InboxEvent {
             source: source.to_owned(),
@@ -376,19 +482,32 @@ impl<'txn> InboxTables<'txn> {
             due_at_ms: now,
             last_error: None,
             force: false,
-            headers: new.headers.clone(),
+            // A sealed row's are in its seal.
+            headers: match body {
+                Body::Plain(_) => new.headers.clone(),
+                Body::Sealed { .. } => Vec::new(),
+            },
             body: Vec::new(),
             expires_at_ms,
             lease: 0,
-            body_bytes: new.body.len(),
+            body_bytes: match body {
+                Body::Plain(b) => b.len(),
+                Body::Sealed { bytes, .. } => bytes,
+            },
             timeline: Vec::new(),
             replay: None,
         };
         self.save(&e)?;
-        self.bodies.open()?.insert(
-            (e.source.as_str(), e.event_id.as_str()),
-            new.body.as_slice(),
-        )?;
+        let key = (e.source.as_str(), e.event_id.as_str());
+        match body {
+            Body::Plain(b) => {
+                self.bodies.open()?.insert(key, b)?;
+            }
+            Body::Sealed { slot, seal, .. } => {
+                self.bodies.open()?.insert(key, seal)?;
+                self.seals.open()?.insert(key, slot)?;
+            }
+        }
         self.index_status(
             (
                 e.source.as_str(),
@@ -676,7 +795,7 @@ impl<'txn> InboxTables<'txn> {
             self.expiry.open()?.remove((e.expires_at_ms, source, id))?;
         }
         self.unindex_status((source, e.status.to_byte(), e.received_at_ms, id))?;
-        self.bodies.open()?.remove((source, id))?;
+        self.drop_body(source, id)?;
         self.replay.open()?.remove((source, id))?;
         e.status = EventStatus::Erased;
         e.headers = Vec::new();

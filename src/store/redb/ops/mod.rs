@@ -55,6 +55,15 @@ pub enum Response {
     Kv(KvResponse),
 }
 
+/// What a transaction's requests did beside their answers.
+#[derive(Debug, Default)]
+pub struct Finished {
+    /// How the inbox counts moved.
+    pub deltas: StatusDeltas,
+    /// The key slots it freed, to shred once it is durable (see `seal`).
+    pub freed: Vec<u64>,
+}
+
 /// The tables of one write transaction, plus the fence counter.
 pub struct Tables<'txn> {
     meta: Table<'txn, &'static str, u64>,
@@ -110,14 +119,17 @@ impl<'txn> Tables<'txn> {
     }
 
     /// Writes the fence counter back if it moved. Call before commit.
-    pub fn finish(mut self) -> Result<StatusDeltas, redb::Error> {
+    pub fn finish(mut self) -> Result<Finished, redb::Error> {
         if self.fence_dirty {
             self.meta.insert(META_FENCE, self.fence)?;
         }
         if let Some(next) = self.kv_index.next_id_moved() {
             self.meta.insert(META_KV_NEXT_ID, next)?;
         }
-        Ok(self.inbox.take_deltas())
+        Ok(Finished {
+            deltas: self.inbox.take_deltas(),
+            freed: self.inbox.take_freed(),
+        })
     }
 
     /// Performs one request.

@@ -12,8 +12,8 @@ use crate::store::redb::counts::StatusDeltas;
 use crate::store::redb::engine::Shared;
 use crate::store::redb::faults::FaultPlan;
 use crate::store::redb::kv_index::KvIndex;
-use crate::store::redb::ops::{Response, Tables};
-use crate::store::redb::record::Request;
+use crate::store::redb::ops::{Finished, Response, Tables};
+use crate::store::redb::record::{Lent, Request};
 
 /// The writer's write transaction, kept open over several batches until it
 /// is committed (see `storage.commit_hold`). Each batch in it is logged;
@@ -55,6 +55,10 @@ pub(super) struct Ran {
     pub(super) responses: Vec<Response>,
     /// Inbox counts it moved.
     pub(super) deltas: StatusDeltas,
+    /// Key slots it freed, shredded once it is synced (see `seal`).
+    pub(super) freed: Vec<u64>,
+    /// The key slots its inserts' seals were lent (see [`Lent`]).
+    pub(super) lent: Vec<Lent>,
     /// Where its log record begins.
     pub(super) logged_at: u64,
 }
@@ -96,7 +100,7 @@ pub(super) fn commit(shared: &Shared, counters: &Counters, open: Open) -> Result
 pub(super) fn run_batch(
     db: &Database,
     log: &mut Logged,
-    ops: Vec<(Millis, Request)>,
+    mut ops: Vec<(Millis, Request)>,
     shared: &Shared,
     open: &mut Option<Open>,
     faults: Option<&FaultPlan>,
@@ -108,14 +112,18 @@ pub(super) fn run_batch(
     };
     let logged_at = log.segments.active.len();
     match run_logged(&o.tx, log, seq, &ops, &shared.kv, faults) {
-        Ok((responses, deltas)) => {
+        Ok((responses, Finished { deltas, freed })) => {
             log.seq = seq;
+            // Logged: the slots its seals were lent go with its answers.
+            let lent = ops.iter_mut().filter_map(|(_, r)| r.take_lent()).collect();
             o.batches.push(ops);
             *open = Some(o);
             Ok(Ran {
                 seq,
                 responses,
                 deltas,
+                freed,
+                lent,
                 logged_at,
             })
         }
@@ -153,8 +161,8 @@ fn run_logged(
     ops: &[(Millis, Request)],
     kv: &KvIndex,
     faults: Option<&FaultPlan>,
-) -> Result<(Vec<Response>, StatusDeltas), redb::Error> {
-    let (responses, deltas) = apply(tx, kv, seq, ops)?;
+) -> Result<(Vec<Response>, Finished), redb::Error> {
+    let (responses, finished) = apply(tx, kv, seq, ops)?;
     if faults.is_some_and(FaultPlan::trip_batch) {
         return Err(redb::Error::Corrupted(
             "injected fault: the batch failed".into(),
@@ -162,17 +170,18 @@ fn run_logged(
     }
     let refs: Vec<(Millis, &Request)> = ops.iter().map(|(now, r)| (*now, r)).collect();
     log.segments.active.append(seq, &refs)?;
-    Ok((responses, deltas))
+    Ok((responses, finished))
 }
 
 /// Runs batch `seq`'s requests in `tx` and records it as the last batch the
-/// file holds.
+/// file holds: the answers, how the inbox counts moved, and the key slots
+/// it freed.
 pub(super) fn apply(
     tx: &WriteTransaction,
     kv: &KvIndex,
     seq: u64,
     ops: &[(Millis, Request)],
-) -> Result<(Vec<Response>, StatusDeltas), redb::Error> {
+) -> Result<(Vec<Response>, Finished), redb::Error> {
     let mut tables = Tables::open(tx, kv, seq)?;
     let mut responses = Vec::with_capacity(ops.len());
     for (now, request) in ops {
@@ -194,7 +203,8 @@ fn redo(
     let mut o = Open::begin(db, first)?;
     o.since = since;
     for (seq, ops) in (first..).zip(&batches) {
-        // Their inbox counts were taken when they first ran.
+        // Their inbox counts and freed slots were taken when they first
+        // ran.
         let _ = apply(&o.tx, kv, seq, ops)?;
     }
     o.batches = batches;

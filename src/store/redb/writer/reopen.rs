@@ -99,6 +99,9 @@ impl Writer<'_> {
         })?;
         let seq = replay_up_to(&fresh, &shared.kv, batches, acknowledged)?;
         segments.start_over()?;
+        // The refused batches' records can no longer be replayed: the
+        // slots lent to their seals may be shredded and lent again.
+        shared.seals.release_held();
         shared.counts.recount(&fresh)?;
         let _ = self.jobs.send(Job::Resume(segments.active.syncer()?));
         // The file first, then the epoch: a read that sees the new epoch

@@ -10,6 +10,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 use super::batch::{self, run_batch};
 use super::{Envelope, REOPEN_FIRST, REOPEN_MAX, Writer};
 use crate::store::redb::error::{EngineError, is_disk_fault};
+use crate::store::redb::record::Lent;
 use crate::store::redb::syncer::{Job, Synced};
 
 /// What the loop does after waiting for the queue.
@@ -216,7 +217,7 @@ impl Writer<'_> {
             ),
             _ => Err(redb::Error::PreviousIo),
         };
-        let result = result.and_then(|ran| {
+        let result = result.and_then(|mut ran| {
             let due = self.stopping
                 || self
                     .log
@@ -230,6 +231,11 @@ impl Writer<'_> {
                     // in the transaction were answered (or will be): the
                     // reopen replays them.
                     let _ = log.segments.active.cut_to(ran.logged_at);
+                    // Should the cut not reach the disk, a crash could
+                    // replay it: its seals' slots wait for the reopen.
+                    std::mem::take(&mut ran.lent)
+                        .into_iter()
+                        .for_each(Lent::hold);
                 })?;
             }
             Ok(ran)
@@ -244,8 +250,11 @@ impl Writer<'_> {
                     seq: ran.seq,
                     started,
                     replies: replies.into_iter().zip(ran.responses).collect(),
+                    freed: ran.freed,
+                    lent: ran.lent,
                 });
                 if let Err(std::sync::mpsc::SendError(Job::Batch(lost))) = self.jobs.send(job) {
+                    lost.lent.into_iter().for_each(Lent::hold);
                     for (reply, _) in lost.replies {
                         let _ = reply.send(Err(EngineError::DiskRefused));
                     }
