@@ -132,6 +132,29 @@ impl RedisServer {
         let _ = std::fs::remove_file(&self.socket);
     }
 
+    /// Its working directory: where it keeps its AOF and snapshot, when
+    /// started with them.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Stops it cleanly (`SHUTDOWN`: its AOF synced, a snapshot taken where
+    /// `save` is set) and waits for it to exit.
+    pub fn shutdown(&mut self) {
+        let sock = self.socket.to_str().unwrap().to_owned();
+        let _ = cli(&["-s", &sock, "shutdown"]);
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+
+    /// Starts it again in the same directory, after [`RedisServer::shutdown`]
+    /// or [`RedisServer::stop`]: it loads what its files hold.
+    pub fn start_again(&mut self) {
+        self.launch();
+    }
+
     /// Starts it again on the same socket (empty: no persistence).
     pub fn restart(&mut self) {
         self.stop();

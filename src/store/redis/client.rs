@@ -441,6 +441,96 @@ impl Client {
         }
     }
 
+    /// Runs a server command (such as `INFO`) on every master: each one's
+    /// name (`master` for one node or Sentinel's master, its address in a
+    /// cluster) and its answer, or the error it answered with. `Err` when
+    /// Redis cannot be reached.
+    pub(super) async fn each_master(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<Vec<(String, Result<redis::Value, String>)>, StoreError> {
+        match self.conn().await? {
+            Conn::Cluster(mut c) => {
+                let reply = c
+                    .route_command(
+                        cmd.clone(),
+                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                    )
+                    .await
+                    .map_err(map_err)?;
+                let redis::Value::Map(answers) = reply else {
+                    return Err(RedisFault::Unexpected {
+                        what: "an answer of every master",
+                        reply: vec![format!("{reply:?}")],
+                    }
+                    .into());
+                };
+                Ok(answers
+                    .into_iter()
+                    .map(|(node, answer)| {
+                        let node = match node {
+                            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+                            other => format!("{other:?}"),
+                        };
+                        let answer = match answer {
+                            redis::Value::ServerError(e) => Err(e.to_string()),
+                            v => Ok(v),
+                        };
+                        (node, answer)
+                    })
+                    .collect())
+            }
+            _ => Ok(vec![(
+                "master".to_owned(),
+                self.on_node("master", cmd).await?,
+            )]),
+        }
+    }
+
+    /// Runs a server command on the master named `node` by
+    /// [`Client::each_master`]: its answer, or the error it answered with.
+    /// `Err` when Redis cannot be reached.
+    pub(super) async fn on_node(
+        &self,
+        node: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<Result<redis::Value, String>, StoreError> {
+        let answered = |r: Result<redis::Value, RedisError>| match r {
+            Ok(v) => Ok(Ok(v)),
+            Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+                Err(map_err(e))
+            }
+            Err(e) => Ok(Err(e.to_string())),
+        };
+        match self.conn().await? {
+            Conn::Single(mut c) => answered(cmd.query_async(&mut c).await),
+            Conn::Sentinel(s) => {
+                let mut c = s.get().await.map_err(map_err)?;
+                let r = cmd.query_async(&mut c).await;
+                if let Err(e) = &r {
+                    s.saw(e);
+                }
+                answered(r)
+            }
+            Conn::Cluster(mut c) => {
+                let (host, port) = node
+                    .rsplit_once(':')
+                    .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+                    .ok_or_else(|| RedisFault::Unexpected {
+                        what: "a node's address",
+                        reply: vec![node.to_owned()],
+                    })?;
+                let r = c
+                    .route_command(
+                        cmd.clone(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port }),
+                    )
+                    .await;
+                answered(r)
+            }
+        }
+    }
+
     /// The settings it was made with.
     pub fn opts(&self) -> &RedisOptions {
         &self.opts

@@ -34,12 +34,15 @@
 //! - `inbox`: the shared gateway inbox (`gateway.inbox = "shared"`);
 //! - `layout`: claim keys and fence counters, per slot in a cluster;
 //! - `upgrade`: moving a cluster's claims from the one-slot layout;
-//! - `sentinel`: following the master Sentinel names.
+//! - `sentinel`: following the master Sentinel names;
+//! - `rewrite`: Redis's own files (AOF, snapshot) rewritten after an
+//!   erasure from the shared inbox.
 
 mod claims;
 mod client;
 mod inbox;
 mod layout;
+mod rewrite;
 mod sentinel;
 mod upgrade;
 

@@ -32,6 +32,7 @@ use redis::Script;
 
 use self::codec::{Fields, LIST_FIELDS, created_key, decode, received_key};
 use super::client::{Client, RedisFault, ms};
+use super::rewrite::Rewrites;
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, ScopedKey};
 use crate::store::StoreError;
@@ -74,6 +75,8 @@ fn script(body: &str) -> Script {
 /// The gateway inbox in Redis, shared by every instance.
 pub struct RedisInbox {
     client: Arc<Client>,
+    /// Redis's files rewritten after erasures (see `rewrite`).
+    rewrites: Arc<Rewrites>,
     opts: SharedInboxOptions,
     scripts: Scripts,
     slack_ms: u64,
@@ -121,6 +124,7 @@ impl RedisInbox {
     pub fn new(client: Arc<Client>, opts: SharedInboxOptions) -> Self {
         Self {
             slack_ms: ms(client.opts().expiry_slack),
+            rewrites: Rewrites::new(client.clone()),
             client,
             opts: SharedInboxOptions {
                 buckets: opts.buckets.max(1),
@@ -774,6 +778,11 @@ impl Inbox for RedisInbox {
                 _ => return Err(unexpected("erase", reply)),
             };
         }
+        if outcome != EraseOutcome::NotFound {
+            // Out of memory now; out of Redis's files once rewritten (an
+            // erasure asked again asks again, should the last have failed).
+            self.rewrites.erased();
+        }
         Ok(outcome)
     }
 
@@ -1103,7 +1112,15 @@ impl Inbox for RedisInbox {
             self.load(source, &buckets[*b], id, false)
         }))
         .await?;
-        let events: Vec<InboxEvent> = loaded.into_iter().flatten().collect();
+        // A listing shows no headers, as the data file's (sealed there).
+        let events: Vec<InboxEvent> = loaded
+            .into_iter()
+            .flatten()
+            .map(|e| InboxEvent {
+                headers: Vec::new(),
+                ..e
+            })
+            .collect();
         let next = if more {
             events
                 .last()
