@@ -20,6 +20,7 @@ mod cross_site;
 mod delivery;
 mod destinations;
 mod disk_full;
+mod erasure;
 #[cfg(feature = "redis")]
 mod fleet;
 mod gateway_ingest;
