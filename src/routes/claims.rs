@@ -13,8 +13,8 @@ use crate::error::{ApiError, Problem};
 use crate::store::{ClaimOutcome, ClaimState, DoneOutcome, ExtendOutcome, ReleaseOutcome};
 use crate::telemetry::RouteName;
 
-/// Registers the claim routes: `/claims/{key}` (POST claim, GET inspect,
-/// DELETE release), `/claims/{key}/done` and `/claims/{key}/extend` (POST).
+/// Registers the claim routes: `/claims/{key}` (POST claim, GET or HEAD
+/// inspect, DELETE release), `/claims/{key}/done` and `/claims/{key}/extend` (POST).
 ///
 /// The hottest routes of the service are dispatched here by hand under a
 /// static prefix: actix matches `{key}` patterns with a regex engine, which
@@ -57,9 +57,10 @@ async fn dispatch(
     req.extensions_mut().insert(RouteName(route));
     match (segments, action) {
         (1, _) if method == Method::POST => claim(state, req, payload).await,
-        (1, _) if method == Method::GET => inspect(state, req).await,
+        // `HEAD` as `GET`: actix drops the body of a `HEAD` answer.
+        (1, _) if method == Method::GET || method == Method::HEAD => inspect(state, req).await,
         (1, _) if method == Method::DELETE => release(state, req, payload).await,
-        (1, _) => super::not_allowed(&req, "GET, POST, DELETE"),
+        (1, _) => super::not_allowed(&req, "GET, HEAD, POST, DELETE"),
         (2, Some("done")) if method == Method::POST => done(state, req, payload).await,
         (2, Some("extend")) if method == Method::POST => extend(state, req, payload).await,
         (2, Some("done" | "extend")) => super::not_allowed(&req, "POST"),

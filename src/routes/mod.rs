@@ -184,8 +184,24 @@ pub enum Guard {
     Bearer,
 }
 
+/// The methods a path with `methods` answers, for its `Allow` header:
+/// each `GET` is followed by the `HEAD` it implies.
+fn allow_header<'a>(methods: impl IntoIterator<Item = &'a Method>) -> String {
+    let mut allowed: Vec<&str> = Vec::new();
+    for m in methods {
+        allowed.push(m.as_str());
+        if *m == Method::GET {
+            allowed.push(Method::HEAD.as_str());
+        }
+    }
+    allowed.join(", ")
+}
+
 /// Registers `endpoints` as resources, one per path, each answering other
-/// methods with 405 and the `Allow` header.
+/// methods with 405 and the `Allow` header. A `GET` route answers `HEAD`
+/// too, with the same handler: actix sends a `HEAD` answer's status and
+/// headers (`Content-Length` included) and drops its body. The OpenAPI
+/// document lists the `GET` only.
 pub fn register(cfg: &mut web::ServiceConfig, endpoints: Vec<Endpoint>, guard: Guard) {
     let mut paths: Vec<Cow<'static, str>> = Vec::new();
     for e in &endpoints {
@@ -195,15 +211,14 @@ pub fn register(cfg: &mut web::ServiceConfig, endpoints: Vec<Endpoint>, guard: G
     }
     for path in paths {
         let here: Vec<&Endpoint> = endpoints.iter().filter(|e| e.path == path).collect();
-        let allowed = here
-            .iter()
-            .map(|e| e.method.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
+        let allowed = allow_header(here.iter().map(|e| &e.method));
         let mut resource = web::resource(path.into_owned());
         for e in here {
             if let Some(route) = e.route {
                 resource = resource.route(route().method(e.method.clone()));
+                if e.method == Method::GET {
+                    resource = resource.route(route().method(Method::HEAD));
+                }
             }
         }
         let resource = resource.default_service(method_not_allowed(allowed));

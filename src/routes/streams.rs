@@ -50,8 +50,9 @@ async fn dispatch(
     };
     req.extensions_mut().insert(RouteName(route));
     match (segments, action) {
-        (1, _) if method == Method::GET => get_head(state, req).await,
-        (1, _) => super::not_allowed(&req, "GET"),
+        // `HEAD` as `GET`: actix drops the body of a `HEAD` answer.
+        (1, _) if method == Method::GET || method == Method::HEAD => get_head(state, req).await,
+        (1, _) => super::not_allowed(&req, "GET, HEAD"),
         (2, Some("apply")) if method == Method::POST => apply(state, req, payload).await,
         (2, Some("apply")) => super::not_allowed(&req, "POST"),
         _ => super::not_found(req).await,

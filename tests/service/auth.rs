@@ -14,6 +14,10 @@ use crate::support::app::claim_path;
 use crate::support::app::spawn_app_with;
 use crate::support::app::with_read_tokens;
 use crate::support::app::with_tokens;
+use crate::support::gateway::body;
+use crate::support::gateway::settings;
+use crate::support::receiver::Behaviour;
+use crate::support::receiver::Receiver;
 const TOKEN: &str = "test-token-0123456789";
 const ROTATED: &str = "next-token-9876543210";
 
@@ -150,6 +154,80 @@ async fn a_read_only_token_reads_everything_and_writes_nothing() {
         count(&s, "dedupd_auth_failures_total", &[("port", "http")]),
         0.0
     );
+}
+
+/// `HEAD` on every route that answers `GET` (a read-only token's other
+/// method, docs/security.md): `GET`'s status and headers without the body,
+/// under `GET`'s token rules.
+#[tokio::test]
+async fn head_answers_every_read_as_get_does_and_needs_the_same_token() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let url = receiver.url.clone();
+    let app = spawn_app_with(move |l| {
+        with_tokens(l, &[TOKEN]);
+        with_read_tokens(l, &[READER]);
+        l.settings.sources.insert("sume".into(), settings(&url));
+    })
+    .await;
+    app.ingest_ok(&body("e1", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    app.claim_ok("k1", json!({})).await;
+    app.apply_ok("s1", "e1", "2026-11-29T10:00:00Z").await;
+    let reads: Vec<String> = dedupd::routes::endpoints()
+        .iter()
+        .filter(|e| e.method.as_str() == "GET")
+        .map(|e| {
+            e.path
+                .replace("{key}", "k1")
+                .replace("{stream}", "s1")
+                .replace("{source}", "sume")
+                .replace("{event_id}", "e1")
+                .replace("{job}", "nosuch")
+                .replace("{file}", "app.js")
+        })
+        .collect();
+    assert!(reads.iter().filter(|p| p.starts_with("/v1/")).count() >= 7);
+    let send = |method: Method, path: &str, token: Option<&str>| {
+        let rb = app.client.request(method, app.url(path));
+        match token {
+            Some(t) => rb.bearer_auth(t),
+            None => rb,
+        }
+        .send()
+    };
+    for path in &reads {
+        for token in [Some(READER), None] {
+            let get = send(Method::GET, path, token).await.unwrap();
+            let head = send(Method::HEAD, path, token).await.unwrap();
+            assert_eq!(head.status(), get.status(), "HEAD {path} ({token:?})");
+            let mut headers = |res: &reqwest::Response| {
+                let mut h: Vec<(String, String)> = res
+                    .headers()
+                    .iter()
+                    // The scrape counts itself: its length grows.
+                    .filter(|(n, _)| {
+                        *n != "date" && !(path == "/metrics" && *n == "content-length")
+                    })
+                    .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                    .collect();
+                h.sort();
+                h
+            };
+            assert_eq!(headers(&head), headers(&get), "HEAD {path} ({token:?})");
+            assert!(
+                head.bytes().await.unwrap().is_empty(),
+                "HEAD {path} has no body"
+            );
+        }
+    }
+    // Behind the tokens, a HEAD without one is refused as a GET is.
+    let res = send(Method::HEAD, "/v1/sources", None).await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let res = send(Method::HEAD, &claim_path("k1"), Some(READER))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers()["content-length"].to_str().unwrap() != "0");
 }
 
 #[tokio::test]

@@ -193,10 +193,10 @@ async fn a_body_over_the_limit_returns_413_and_changes_nothing() {
 async fn a_wrong_method_returns_405_with_allow() {
     let app = spawn_app().await;
     for (method, path, allow) in [
-        (Method::PUT, "/v1/claims/k", "GET, POST, DELETE"),
+        (Method::PUT, "/v1/claims/k", "GET, HEAD, POST, DELETE"),
         (Method::GET, "/v1/claims/k/done", "POST"),
         (Method::DELETE, "/v1/claims/k/extend", "POST"),
-        (Method::POST, "/v1/streams/s", "GET"),
+        (Method::POST, "/v1/streams/s", "GET, HEAD"),
         (Method::GET, "/v1/streams/s/apply", "POST"),
     ] {
         let res = app.request(method, path).send().await.unwrap();
