@@ -74,7 +74,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::CheckConfig { config } => return cli::check_config::run(config.as_deref()),
+        Command::CheckConfig { config } => cli::check_config::run(config.as_deref()),
         Command::Init(args) => cli::init::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Trigger(args) => cli::trigger::run(&args),
         Command::Receive(args) => cli::receive::run(&args).map(|()| ExitCode::SUCCESS),
@@ -112,6 +112,10 @@ fn main() -> ExitCode {
         }
     };
     outcome.unwrap_or_else(|e| {
+        // `dedupd events list | head -1`: the reader has what it wanted.
+        if cli::out::reader_left(&e) {
+            return ExitCode::SUCCESS;
+        }
         eprintln!("dedupd: {e:#}");
         ExitCode::FAILURE
     })

@@ -6,37 +6,41 @@ use std::process::ExitCode;
 
 use dedupd::config::Loaded;
 
+use super::out::{Printed, out, outln};
+
 /// Prints the effective settings and sources; FAILURE with the errors on
 /// stderr when the configuration is wrong.
-pub fn run(config: Option<&Path>) -> ExitCode {
+pub fn run(config: Option<&Path>) -> anyhow::Result<ExitCode> {
     match super::load(config) {
         Ok((loaded, sources)) => {
-            print!("{}", loaded.settings.to_redacted_toml());
+            out!("{}", loaded.settings.to_redacted_toml())?;
             for source in &sources {
                 if let Some(of) = &source.lane_of {
                     // A destination's lane takes no posts: its source does.
-                    println!(
+                    outln!(
                         "\n# destination {} of source {of}: listed as {} -> {}",
                         source.destination,
                         source.name,
                         dedupd::redact::url(&source.forward_to)
-                    );
+                    )?;
                 } else if !source.delivers {
-                    println!(
+                    outln!(
                         "\n# source {}: {:?} signatures, /ingest/{} -> its destinations",
-                        source.name, source.scheme, source.name
-                    );
+                        source.name,
+                        source.scheme,
+                        source.name
+                    )?;
                 } else {
-                    println!(
+                    outln!(
                         "\n# source {}: {:?} signatures, /ingest/{} -> {}",
                         source.name,
                         source.scheme,
                         source.name,
                         dedupd::redact::url(&source.forward_to)
-                    );
+                    )?;
                 }
             }
-            removed_sources(&loaded, &sources);
+            removed_sources(&loaded, &sources)?;
             for file in loaded.open_secret_files() {
                 eprintln!("warning: {file}");
             }
@@ -44,7 +48,7 @@ pub fn run(config: Option<&Path>) -> ExitCode {
                 0 => String::new(),
                 n => format!(" and {n} read-only token(s)"),
             };
-            println!(
+            outln!(
                 "\n# {} API token(s){read_only} in effect; {}",
                 loaded.api_tokens.len(),
                 if loaded.api_tokens.is_empty() {
@@ -52,12 +56,12 @@ pub fn run(config: Option<&Path>) -> ExitCode {
                 } else {
                     "/v1 requires a bearer token"
                 }
-            );
-            ExitCode::SUCCESS
+            )?;
+            Ok(ExitCode::SUCCESS)
         }
         Err(errors) => {
             eprintln!("{errors}");
-            ExitCode::FAILURE
+            Ok(ExitCode::FAILURE)
         }
     }
 }
@@ -65,7 +69,10 @@ pub fn run(config: Option<&Path>) -> ExitCode {
 /// Names each source that left the configuration but still has events in
 /// the data file, with its count of pending events. A destination's lane
 /// (`SOURCE.DESTINATION`) is configured while its destination is.
-fn removed_sources(loaded: &Loaded, sources: &[std::sync::Arc<dedupd::gateway::Source>]) {
+fn removed_sources(
+    loaded: &Loaded,
+    sources: &[std::sync::Arc<dedupd::gateway::Source>],
+) -> Printed {
     let path = &loaded.settings.data_path;
     match dedupd::store::inbox_sources_in_file(path) {
         Ok(None) => {}
@@ -74,12 +81,12 @@ fn removed_sources(loaded: &Loaded, sources: &[std::sync::Arc<dedupd::gateway::S
         {
             let pending: u64 = found.iter().map(|(_, n)| n).sum();
             if pending > 0 {
-                println!(
+                outln!(
                     "\n# gateway.inbox = \"shared\", but {} holds {pending} pending event(s) of \
                      this instance's local inbox: they are not delivered from there. Stop the \
                      instance and run `dedupd inbox migrate` to move them into the shared inbox",
                     path.display()
-                );
+                )?;
             }
         }
         Ok(Some(found)) => {
@@ -90,26 +97,27 @@ fn removed_sources(loaded: &Loaded, sources: &[std::sync::Arc<dedupd::gateway::S
                     || sources.iter().any(|s| s.name == name);
                 let idle = sources.iter().any(|s| s.name == name && !s.delivers);
                 if idle && pending > 0 {
-                    println!(
+                    outln!(
                         "\n# source {name}: {pending} pending event(s) in {} from before its \
                          destinations, none of which is named default; not delivered, listable \
                          under /v1/sources/{name}/events, reaped after gateway.dead_retention",
                         path.display()
-                    );
+                    )?;
                 }
                 if !alerts && !configured {
-                    println!(
+                    outln!(
                         "\n# removed source {name}: {pending} pending event(s) in {}; not \
                          delivered, listable under /v1/sources/{name}/events, reaped after \
                          gateway.dead_retention",
                         path.display()
-                    );
+                    )?;
                 }
             }
         }
-        Err(e) => println!(
+        Err(e) => outln!(
             "\n# events of removed sources not checked: cannot read {}: {e}",
             path.display()
-        ),
+        )?,
     }
+    Ok(())
 }

@@ -7,6 +7,9 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use dedupd::config::CONFIG_ENV;
 
+#[cfg(feature = "redis")]
+use super::out::outln;
+
 /// The inbox itself, offline.
 #[derive(Debug, Subcommand)]
 pub enum InboxCommand {
@@ -44,7 +47,7 @@ fn migrate(settings: &dedupd::config::Settings, dry_run: bool) -> anyhow::Result
         settings, dry_run, now,
     ))?;
     if report.is_empty() {
-        println!("no pending events in the data file: nothing to move");
+        outln!("no pending events in the data file: nothing to move")?;
     }
     for m in &report {
         let named = if m.first_ids.is_empty() {
@@ -58,19 +61,26 @@ fn migrate(settings: &dedupd::config::Settings, dry_run: bool) -> anyhow::Result
             format!(" ({}{more})", m.first_ids.join(", "))
         };
         if dry_run {
-            println!(
+            outln!(
                 "{}: {} pending events would move{named}; {} stream heads would be copied",
-                m.source, m.pending, m.heads
-            );
+                m.source,
+                m.pending,
+                m.heads
+            )?;
         } else {
-            println!(
+            outln!(
                 "{}: {} pending events moved to the shared inbox ({} stored, {} already there){named}; {} stream heads copied; {} dedupe records copied",
-                m.source, m.pending, m.stored, m.already, m.heads, m.dedupe
-            );
+                m.source,
+                m.pending,
+                m.stored,
+                m.already,
+                m.heads,
+                m.dedupe
+            )?;
         }
     }
     if dry_run {
-        println!("dry run: nothing changed");
+        outln!("dry run: nothing changed")?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -14,6 +14,8 @@ use dedupd::domain::{ALL_SCHEMES, Scheme, valid_source_name};
 use dedupd::startup::build_sources;
 use figment::providers::{Format, Toml};
 
+use super::out::outln;
+
 /// `dedupd init` arguments.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -78,7 +80,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .and_then(|()| file.sync_all())
         .with_context(|| format!("writing {}", path.display()))?;
     let shown = path.display();
-    println!(
+    outln!(
         "wrote {shown}: source {name} ({scheme} signatures) at /ingest/{name}, \
          delivering to {to}\n\
          \n\
@@ -89,7 +91,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         name = args.source,
         scheme = scheme.name(),
         to = dedupd::redact::url_str(&args.forward_to),
-    );
+    )?;
     Ok(())
 }
 

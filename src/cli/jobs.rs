@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use dedupd::redact::{escape_control, json_for_terminal};
 
 use super::operator::{BulkArgs, Common, print_count, text};
+use super::out::{out, outln};
 use super::table;
 
 /// `dedupd jobs …`
@@ -48,8 +49,7 @@ pub fn jobs(cmd: &JobsCommand) -> anyhow::Result<ExitCode> {
             |v| {
                 let jobs = v["jobs"].as_array().map_or(&[][..], Vec::as_slice);
                 if jobs.is_empty() {
-                    println!("no jobs");
-                    return;
+                    return outln!("no jobs");
                 }
                 let now = table::now_ms();
                 let rows: Vec<Vec<String>> = jobs
@@ -67,13 +67,13 @@ pub fn jobs(cmd: &JobsCommand) -> anyhow::Result<ExitCode> {
                         ]
                     })
                     .collect();
-                print!(
+                out!(
                     "{}",
                     table::render(
                         &["JOB", "SOURCE", "KIND", "STATE", "PROGRESS", "CREATED"],
                         &rows
                     )
-                );
+                )
             },
         ),
         JobsCommand::Show { id, wait, common } => {
@@ -83,7 +83,7 @@ pub fn jobs(cmd: &JobsCommand) -> anyhow::Result<ExitCode> {
                 common.call(
                     &format!("job {id}"),
                     |c| c.request(Method::GET, c.url(&["v1", "jobs", id])),
-                    |v| println!("{}", line(v)),
+                    |v| outln!("{}", line(v)),
                 )
             }
         }
@@ -92,12 +92,12 @@ pub fn jobs(cmd: &JobsCommand) -> anyhow::Result<ExitCode> {
             |c| c.request(Method::POST, c.url(&["v1", "jobs", id, "cancel"])),
             |v| {
                 if v["state"] == "running" {
-                    println!(
+                    outln!(
                         "{}: cancelled; it queues nothing more and ends once what it queued settled",
                         text(&v["id"])
-                    );
+                    )
                 } else {
-                    println!("{}: already {}", text(&v["id"]), text(&v["state"]));
+                    outln!("{}: already {}", text(&v["id"]), text(&v["state"]))
                 }
             },
         ),
@@ -130,8 +130,8 @@ pub fn bulk(
                 )
             },
             |v| {
-                print_count(v, source, filter.status());
-                println!("run it again without --dry-run to {kind} them");
+                print_count(v, source, filter.status())?;
+                outln!("run it again without --dry-run to {kind} them")
             },
         );
     }
@@ -144,16 +144,16 @@ pub fn bulk(
         },
         |v| {
             started = v["id"].as_str().map(str::to_owned);
-            println!(
+            outln!(
                 "started {}: {kind} of the {} events of source {source} the filter matches",
                 text(&v["id"]),
                 filter.status(),
-            );
-            println!(
+            )?;
+            outln!(
                 "follow it with `dedupd jobs show {} --wait`, stop it with `dedupd jobs cancel {}`",
                 text(&v["id"]),
                 text(&v["id"]),
-            );
+            )
         },
     )?;
     match started {
@@ -180,9 +180,9 @@ fn follow(common: &Common, id: &str) -> anyhow::Result<ExitCode> {
         let now = line(&answer);
         if now != last {
             if common.json() {
-                println!("{}", json_for_terminal(&answer));
+                outln!("{}", json_for_terminal(&answer))?;
             } else {
-                println!("{now}");
+                outln!("{now}")?;
             }
             last = now;
         }

@@ -7,6 +7,8 @@
 //! - `inbox`: `inbox migrate`, a local inbox into the shared one;
 //! - `operator`: the `/v1` operator API from the terminal (`events`,
 //!   `claims`, `streams`), over `client`, printed with `table`;
+//! - `out`: standard output that reports a failed write (a reader gone
+//!   away ends a command quietly) instead of panicking;
 //! - `jobs`: bulk redelivery and erasure (`events redeliver|erase` with a
 //!   filter) and `jobs list|show|cancel`.
 
@@ -16,6 +18,7 @@ pub mod inbox;
 pub mod init;
 pub mod jobs;
 pub mod operator;
+pub mod out;
 pub mod receive;
 mod table;
 pub mod trigger;

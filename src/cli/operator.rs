@@ -11,6 +11,7 @@ use serde_json::Value;
 use dedupd::redact::{escape_control, json_for_terminal, shell_word};
 
 use super::client::{Client, Refusal, ServerArgs};
+use super::out::{Printed, out, outln};
 use super::table;
 
 /// Flags every operator command takes.
@@ -310,12 +311,12 @@ pub fn events(cmd: &EventsCommand) -> anyhow::Result<ExitCode> {
                     )
                 },
                 |v| {
-                    println!(
+                    outln!(
                         "{} of source {}: {} again; it will be delivered",
                         text(&v["event_id"]),
                         text(&v["source"]),
                         text(&v["status"])
-                    );
+                    )
                 },
             )
         }
@@ -336,11 +337,11 @@ pub fn events(cmd: &EventsCommand) -> anyhow::Result<ExitCode> {
                     )
                 },
                 |v| {
-                    println!(
+                    outln!(
                         "{} of source {}: erased (its body and headers are deleted; its id stays a duplicate)",
                         text(&v["event_id"]),
                         text(&v["source"]),
-                    );
+                    )
                 },
             )
         }
@@ -358,7 +359,7 @@ fn one_event_only(bulk: &BulkArgs) -> anyhow::Result<()> {
 }
 
 /// A count's answer, for people.
-pub(super) fn print_count(v: &Value, source: &str, status: &str) {
+pub(super) fn print_count(v: &Value, source: &str, status: &str) -> Printed {
     let matched = v["matched"].as_u64().unwrap_or(0);
     let bound = if v["complete"].as_bool() == Some(false) {
         "at least "
@@ -379,10 +380,10 @@ pub(super) fn print_count(v: &Value, source: &str, status: &str) {
         };
         format!(": {}{more}", ids.join(", "))
     };
-    println!(
+    outln!(
         "{bound}{matched} {status} events of source {source} match (of {} read){named}",
         v["scanned"].as_u64().unwrap_or(0)
-    );
+    )
 }
 
 /// Runs `dedupd claims …`.
@@ -393,7 +394,7 @@ pub fn claims(cmd: &ClaimsCommand) -> anyhow::Result<ExitCode> {
         |c| c.request(Method::GET, c.url(&["v1", "claims", key])),
         |v| {
             let now = table::now_ms();
-            print!(
+            out!(
                 "{}",
                 table::render(
                     &["KEY", "STATE", "FENCE", "EXPIRES AT"],
@@ -406,7 +407,7 @@ pub fn claims(cmd: &ClaimsCommand) -> anyhow::Result<ExitCode> {
                             .map_or_else(|| "-".into(), |ms| table::when(ms, now)),
                     ]],
                 )
-            );
+            )
         },
     )
 }
@@ -418,7 +419,7 @@ pub fn streams(cmd: &StreamsCommand) -> anyhow::Result<ExitCode> {
         &format!("stream {stream}"),
         |c| c.request(Method::GET, c.url(&["v1", "streams", stream])),
         |v| {
-            print!(
+            out!(
                 "{}",
                 table::render(
                     &["STREAM", "HEAD EVENT", "HEAD CREATED AT"],
@@ -428,7 +429,7 @@ pub fn streams(cmd: &StreamsCommand) -> anyhow::Result<ExitCode> {
                         text(&v["head"]["created_at"]),
                     ]],
                 )
-            );
+            )
         },
     )
 }
@@ -475,7 +476,7 @@ impl Common {
         &self,
         what: &str,
         build: impl FnOnce(&Client) -> reqwest::RequestBuilder,
-        show: impl FnOnce(&Value),
+        show: impl FnOnce(&Value) -> Printed,
     ) -> anyhow::Result<ExitCode> {
         let loaded = if self.server.needs_config() {
             Some(self.server.load()?)
@@ -486,19 +487,19 @@ impl Common {
         let answer = super::runtime()?.block_on(client.json(build(&client)));
         match answer {
             Ok(v) if self.json => {
-                println!("{}", json_for_terminal(&v));
+                outln!("{}", json_for_terminal(&v))?;
                 Ok(ExitCode::SUCCESS)
             }
             Ok(v) => {
-                show(&v);
+                show(&v)?;
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => match e.downcast_ref::<Refusal>() {
                 Some(r) => {
                     if self.json {
                         match serde_json::from_str::<Value>(&r.body) {
-                            Ok(problem) => println!("{}", json_for_terminal(&problem)),
-                            Err(_) => println!("{}", escape_control(r.body.trim())),
+                            Ok(problem) => outln!("{}", json_for_terminal(&problem))?,
+                            Err(_) => outln!("{}", escape_control(r.body.trim()))?,
                         }
                     }
                     eprintln!("dedupd: {what}: {r}");
@@ -522,7 +523,7 @@ pub(super) fn text(v: &Value) -> String {
 }
 
 /// One event: its fields, then its attempt timeline.
-fn print_event(v: &Value, source: &str) {
+fn print_event(v: &Value, source: &str) -> Printed {
     let now = table::now_ms();
     let at = |field: &str| {
         v[field]
@@ -549,13 +550,12 @@ fn print_event(v: &Value, source: &str) {
     ];
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, value) in fields {
-        println!("{k:width$}  {value}");
+        outln!("{k:width$}  {value}")?;
     }
-    println!();
+    outln!()?;
     let attempts = v["timeline"].as_array().map_or(&[][..], Vec::as_slice);
     if attempts.is_empty() {
-        println!("no attempts yet");
-        return;
+        return outln!("no attempts yet");
     }
     let rows: Vec<Vec<String>> = attempts
         .iter()
@@ -573,16 +573,16 @@ fn print_event(v: &Value, source: &str) {
             ]
         })
         .collect();
-    print!(
+    out!(
         "{}",
         table::render(&["ATTEMPT", "SENT AT", "STATUS", "LATENCY", "ERROR"], &rows)
-    );
+    )
 }
 
-fn print_events(v: &Value, source: &str, status: &str) {
+fn print_events(v: &Value, source: &str, status: &str) -> Printed {
     let events = v["events"].as_array().map_or(&[][..], Vec::as_slice);
     if events.is_empty() {
-        println!("no {status} events in source {source}");
+        outln!("no {status} events in source {source}")?;
     } else {
         let rows: Vec<Vec<String>> = events
             .iter()
@@ -597,7 +597,7 @@ fn print_events(v: &Value, source: &str, status: &str) {
                 ]
             })
             .collect();
-        print!(
+        out!(
             "{}",
             table::render(
                 &[
@@ -610,19 +610,20 @@ fn print_events(v: &Value, source: &str, status: &str) {
                 ],
                 &rows,
             )
-        );
+        )?;
     }
     if let Some(next) = v["next"].as_str() {
         // The cursor is the server's: escaped for the terminal and quoted
         // for the shell the line may be pasted into.
         let next = escape_control(next);
-        println!(
+        outln!(
             "more: dedupd events list --source {} --status {} --after {}",
             shell_word(&escape_control(source)),
             shell_word(status),
             shell_word(&next)
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// `POINTER=VALUE` of `--field`.

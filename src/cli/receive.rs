@@ -8,14 +8,18 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use anyhow::{Context, anyhow, bail};
 use dedupd::config::CONFIG_ENV;
 use dedupd::gateway::locate::{Found, Locator};
 use dedupd::gateway::signature::{Scheme, Verifier};
 use dedupd::redact::escape_control;
+
+use super::out::{Printed, StdoutError, outln};
 
 /// Largest body read; what a source may set at most.
 const MAX_BODY: usize = dedupd::gateway::source::MAX_BODY_LIMIT;
@@ -55,6 +59,10 @@ struct Checks {
     streams: BTreeMap<String, Locator>,
     /// Attempts of each event answered 503.
     fail: u32,
+    /// The running server, stopped when a line cannot be printed.
+    server: OnceLock<ServerHandle>,
+    /// The failed print that stopped it, for `run` to return.
+    unprinted: Mutex<Option<StdoutError>>,
 }
 
 /// Listens until SIGINT or SIGTERM.
@@ -73,7 +81,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         verifier,
         streams,
         fail: args.fail,
+        server: OnceLock::new(),
+        unprinted: Mutex::new(None),
     });
+    let stopped = checks.clone();
     super::runtime()?.block_on(async {
         let server = HttpServer::new(move || {
             App::new()
@@ -97,8 +108,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         line(&format!(
             "listening on http://{addr}: verifying Standard Webhooks signatures with {whose}; \
              answering {answer}"
-        ));
-        server.run().await.context("serving")
+        ))?;
+        let server = server.run();
+        let _ = stopped.server.set(server.handle());
+        server.await.context("serving")?;
+        match stopped.unprinted.lock().map(|mut e| e.take()) {
+            Ok(Some(e)) => Err(e.into()),
+            _ => Ok(()),
+        }
     })
 }
 
@@ -161,10 +178,9 @@ fn from_config(args: &Args) -> anyhow::Result<(Vec<String>, BTreeMap<String, Loc
 
 /// Prints `text` as one line and flushes it, so a reader sees each
 /// delivery as it happens.
-fn line(text: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{text}");
-    let _ = out.flush();
+fn line(text: &str) -> Printed {
+    outln!("{text}")?;
+    std::io::stdout().flush().map_err(StdoutError)
 }
 
 async fn hook(req: HttpRequest, body: web::Bytes, checks: web::Data<Checks>) -> HttpResponse {
@@ -200,9 +216,20 @@ async fn hook(req: HttpRequest, body: web::Bytes, checks: web::Data<Checks>) -> 
     };
     // The id and the stream come from the request, verified or not: a
     // body may carry terminal escapes, so the line is printed escaped.
-    line(&escape_control(&format!(
+    let printed = line(&escape_control(&format!(
         "{id}  attempt {attempt}  stream {stream}  {verified}  -> {status}{note}"
     )));
+    // Printing the deliveries is what `receive` is for: once it cannot
+    // (its reader went away, `dedupd receive | head -3`), it stops, after
+    // answering this one.
+    if let Err(e) = printed {
+        if let Ok(mut first) = checks.unprinted.lock() {
+            first.get_or_insert(e);
+        }
+        if let Some(server) = checks.server.get() {
+            actix_web::rt::spawn(server.stop(true));
+        }
+    }
     match status {
         401 => HttpResponse::Unauthorized().body("bad signature\n"),
         503 => HttpResponse::ServiceUnavailable().body("failing on purpose (--fail)\n"),

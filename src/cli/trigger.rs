@@ -23,6 +23,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::client::{Client, ServerArgs};
+use super::out::outln;
 
 /// How often `--out-of-order` looks at an event's status.
 const POLL: Duration = Duration::from_millis(50);
@@ -124,10 +125,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 OffsetDateTime::now_utc(),
             ),
         };
-        println!("{} event {}", source.name, sample.describe());
+        outln!("{} event {}", source.name, sample.describe())?;
         let mut ok = poster.post(&sample).await?;
         if args.duplicate {
-            println!("the same event again");
+            outln!("the same event again")?;
             ok &= poster.post(&sample).await?;
         }
         Ok(if ok {
@@ -176,10 +177,10 @@ impl Poster<'_> {
         let status = res.status();
         let body = res.text().await.unwrap_or_default();
         // `--url` may name any server: its answer is printed escaped.
-        println!(
+        outln!(
             "  -> {status} {}",
             dedupd::redact::escape_control(body.trim())
-        );
+        )?;
         Ok(status.is_success())
     }
 
@@ -197,28 +198,28 @@ impl Poster<'_> {
         let now = OffsetDateTime::now_utc();
         let newer = sample(self.source, &stream, now);
         let older = sample(self.source, &stream, now - time::Duration::minutes(1));
-        println!("newer event {}", newer.describe());
+        outln!("newer event {}", newer.describe())?;
         if !self.post(&newer).await? {
             return Ok(ExitCode::FAILURE);
         }
-        println!("waiting for {} to be delivered", newer.id);
+        outln!("waiting for {} to be delivered", newer.id)?;
         match self.settled(&newer.id, wait).await? {
-            "delivered" => println!("  -> delivered"),
+            "delivered" => outln!("  -> delivered")?,
             other => bail!(
                 "{} was not delivered (it is {other}); the older event was not sent",
                 newer.id
             ),
         }
-        println!("older event {}", older.describe());
+        outln!("older event {}", older.describe())?;
         if !self.post(&older).await? {
             return Ok(ExitCode::FAILURE);
         }
         match self.settled(&older.id, wait).await? {
-            "stale" => println!(
+            "stale" => outln!(
                 "  -> stale: not delivered, an event of its stream created later was \
                  delivered first"
-            ),
-            other => println!("  -> {other}"),
+            )?,
+            other => outln!("  -> {other}")?,
         }
         Ok(ExitCode::SUCCESS)
     }

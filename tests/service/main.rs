@@ -13,6 +13,7 @@ mod bad_input;
 mod circuit_breaker;
 mod claims;
 mod cli_operator;
+mod cli_output;
 mod cli_tour;
 mod config;
 mod crash_and_restart;
