@@ -200,7 +200,7 @@ async fn head_answers_every_read_as_get_does_and_needs_the_same_token() {
             let get = send(Method::GET, path, token).await.unwrap();
             let head = send(Method::HEAD, path, token).await.unwrap();
             assert_eq!(head.status(), get.status(), "HEAD {path} ({token:?})");
-            let mut headers = |res: &reqwest::Response| {
+            let headers = |res: &reqwest::Response| {
                 let mut h: Vec<(String, String)> = res
                     .headers()
                     .iter()
