@@ -99,6 +99,7 @@ fn main() -> ExitCode {
             };
             dedupd::telemetry::init(&loaded.settings.log);
             loaded.warn_about_open_secret_files();
+            loaded.warn_about_settings_without_effect();
             dedupd::limits::ensure_open_files(&loaded.settings);
             dedupd::huge_pages::turn_off();
             Ok(match serve(loaded) {

@@ -44,6 +44,9 @@ pub fn run(config: Option<&Path>) -> anyhow::Result<ExitCode> {
             for file in loaded.open_secret_files() {
                 eprintln!("warning: {file}");
             }
+            for setting in loaded.settings_without_effect() {
+                eprintln!("warning: {setting}");
+            }
             let read_only = match loaded.api_read_tokens.len() {
                 0 => String::new(),
                 n => format!(" and {n} read-only token(s)"),

@@ -125,6 +125,38 @@ fn commented(line: &str, comment: &str) -> String {
     }
 }
 
+/// What keeps a captured request from being posted again: for a scheme
+/// that signs a timestamp, `tolerance`; for the others (whose `tolerance`
+/// would bound nothing), what does instead.
+fn replay(scheme: Scheme) -> String {
+    if scheme.signs_timestamp() {
+        // Linear's own SDK allows a minute.
+        let tolerance = if scheme == Scheme::Linear { "1m" } else { "5m" };
+        return commented(
+            &format!("tolerance = {}", quoted(tolerance)),
+            "replay window on the signed timestamp",
+        );
+    }
+    format!(
+        "# {} signs no timestamp, so a captured request verifies forever and\n\
+         # there is no `tolerance` to set. A replay is answered as a duplicate\n\
+         # while dedupd knows its event_id: the event's retention, and after it\n\
+         # gateway.dedupe_window (30 days) from its receipt; then it is delivered\n\
+         # again (docs/gateway.md, \"How long replay protection lasts\").\n",
+        provider(scheme)
+    )
+}
+
+/// The provider's name, for a comment.
+fn provider(scheme: Scheme) -> &'static str {
+    match scheme {
+        Scheme::Github => "GitHub",
+        Scheme::Shopify => "Shopify",
+        Scheme::Square => "Square",
+        other => other.name(),
+    }
+}
+
 /// The file's text.
 fn render(name: &str, scheme: Scheme, forward_to: &str) -> String {
     // Standard Webhooks secrets are keys in base64; the others are used as
@@ -316,8 +348,7 @@ scheme = {scheme}
 # test events; put the provider's own secret first when you connect it
 # (several may be listed during a rotation).
 secrets = [{provider_secret}]
-tolerance = {tolerance}{pad}# replay window on the signed timestamp
-{fields}# Your application. `dedupd receive` listens on 127.0.0.1:3000.
+{replay}{fields}# Your application. `dedupd receive` listens on 127.0.0.1:3000.
 forward_to = {forward_to}
 # dedupd signs what it forwards (Standard Webhooks) with this secret; give
 # it to your application (`dedupd receive` reads it from here). To rotate
@@ -328,9 +359,7 @@ backoff_min = "1s"                     # the first retry's delay, doubled per fa
 backoff_max = "1h"                     # ... up to this
 "#,
         api_token = quoted(&api_token),
-        // Linear's own SDK allows a minute.
-        tolerance = quoted(if scheme == Scheme::Linear { "1m" } else { "5m" }),
-        pad = " ".repeat(23),
+        replay = replay(scheme),
         scheme = quoted(scheme.name()),
         provider_secret = quoted(&provider_secret),
         forward_to = quoted(forward_to),

@@ -8,6 +8,7 @@
 pub mod alerts;
 pub mod env;
 mod file;
+mod idle;
 mod readable;
 mod secret;
 pub mod sources;

@@ -261,6 +261,44 @@ fn init_writes_a_config_that_check_config_accepts() {
     assert!(stdout.contains("1 API token(s) in effect"), "{stdout}");
 }
 
+/// `tolerance` bounds a signed timestamp: `init` writes it, as a replay
+/// window, only for the schemes that sign one, and for the others says
+/// what catches a replay instead. Every template passes `check-config`
+/// without a warning.
+#[test]
+fn init_promises_a_replay_window_only_where_a_timestamp_is_signed() {
+    let untimed = ["github", "shopify", "square"];
+    let dir = TempDir::new().unwrap();
+    for scheme in dedupd::domain::ALL_SCHEMES.map(|s| s.name()) {
+        let config = dir.path().join(format!("{scheme}.toml"));
+        let out = init(&config, &["--scheme", scheme]);
+        assert!(out.status.success(), "{scheme}: {}", text(&out.stderr));
+        let written = std::fs::read_to_string(&config).unwrap();
+        let window = written.lines().any(|l| {
+            l.starts_with("tolerance = ") && l.contains("replay window on the signed timestamp")
+        });
+        if untimed.contains(&scheme) {
+            assert!(
+                !written.contains("signed timestamp")
+                    && !written.lines().any(|l| l.starts_with("tolerance")),
+                "{scheme} signs no timestamp:\n{written}"
+            );
+            for words in ["signs no timestamp", "duplicate", "gateway.dedupe_window"] {
+                assert!(written.contains(words), "{scheme}: {words:?} in\n{written}");
+            }
+        } else {
+            assert!(window, "{scheme} signs a timestamp:\n{written}");
+        }
+        let check = dedupd()
+            .args(["check-config", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "{scheme}: {}", text(&check.stderr));
+        assert_eq!(text(&check.stderr), "", "{scheme}");
+    }
+}
+
 #[test]
 fn init_refuses_to_overwrite_a_file_and_says_so() {
     let dir = TempDir::new().unwrap();

@@ -627,6 +627,46 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     );
 }
 
+/// A `tolerance` set for a scheme that signs no timestamp bounds nothing:
+/// `check-config` accepts it and says so, naming the key and the file.
+#[test]
+fn check_config_warns_that_a_tolerance_does_nothing_where_no_timestamp_is_signed() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("untimed.toml");
+    std::fs::write(
+        &file,
+        r#"
+[sources.sw]
+scheme = "standard-webhooks"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+tolerance = "10m"
+event_id = "header:webhook-id"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+[sources.gh]
+scheme = "github"
+secrets = ["github-secret"]
+tolerance = "5m"
+event_id = "body-sha256"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"#,
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warning = stderr
+        .lines()
+        .find(|l| l.starts_with("warning: sources.gh.tolerance"))
+        .unwrap_or_else(|| panic!("no warning about sources.gh.tolerance in:\n{stderr}"));
+    for part in ["untimed.toml", "github signs no timestamp", "dedupe_window"] {
+        assert!(warning.contains(part), "{part} missing in: {warning}");
+    }
+    assert!(!stderr.contains("sources.sw.tolerance"), "{stderr}");
+}
+
 #[test]
 fn check_config_refuses_a_rate_limit_it_cannot_read_and_a_burst_without_one() {
     let dir = TempDir::new().unwrap();
