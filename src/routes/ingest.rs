@@ -10,7 +10,8 @@
 //! 3. the signature over the body (401; nothing stored), then the event id
 //!    (400), stream and `created_at`;
 //! 4. a known event id: 200 duplicate; otherwise a durable insert into the
-//!    inbox, then 200.
+//!    inbox, then 200 accepted (or filtered, when no destination of the
+//!    source takes it).
 //!
 //! The request never waits on the application: delivery happens later, in
 //! the dispatcher.
@@ -43,11 +44,35 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 /// The answer to an accepted or repeated webhook.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Ingested {
-    /// `accepted` (stored; it will be delivered) or `duplicate` (this
-    /// source's inbox already holds the event id).
-    pub status: &'static str,
+    /// What became of the event.
+    pub status: IngestStatus,
     /// The provider's event id.
     pub event_id: String,
+}
+
+/// What became of a posted event. Each is answered 200: the provider must
+/// not retry any of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum IngestStatus {
+    /// Stored durably; it will be delivered.
+    Accepted,
+    /// Stored durably, but none of the source's destinations' filters
+    /// takes it: kept as `filtered`, never delivered.
+    Filtered,
+    /// This source's inbox already holds the event id.
+    Duplicate,
+}
+
+impl IngestStatus {
+    /// The name, as answered and as counted in `dedupd_ingest_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Filtered => "filtered",
+            Self::Duplicate => "duplicate",
+        }
+    }
 }
 
 /// A refusal before (or instead of) reading the body: the connection is
@@ -72,7 +97,7 @@ fn refuse_and_close(e: &ApiError) -> HttpResponse {
             Square: `x-square-hmacsha256-signature`; Zoom: `x-zm-request-timestamp`, \
             `x-zm-signature`; Linear: `Linear-Signature`)"),
     responses(
-        (status = 200, description = "Stored durably (accepted) or already held (duplicate); or, for a Slack or Zoom source, the answer to the provider's signed URL check ({\"challenge\"} or {\"plainToken\", \"encryptedToken\"}), nothing stored", body = Ingested),
+        (status = 200, description = "Stored durably (accepted), stored but taken by none of the source's destinations' filters, so never delivered (filtered), or already held (duplicate); or, for a Slack or Zoom source, the answer to the provider's signed URL check ({\"challenge\"} or {\"plainToken\", \"encryptedToken\"}), nothing stored", body = Ingested),
         (status = 400, description = "No usable event id, stream or created_at", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong, or its timestamp out of tolerance", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such source", body = Problem, content_type = "application/problem+json"),
@@ -88,16 +113,10 @@ pub(super) async fn ingest(
     let mut source = None;
     let result = receive(&state, &req, payload, &mut source).await;
     let (outcome, response) = match result {
-        Ok(Received::Event(outcome, event_id)) => {
-            let status = match outcome {
-                IngestOutcome::Accepted => "accepted",
-                IngestOutcome::Duplicate => "duplicate",
-            };
-            (
-                status,
-                HttpResponse::Ok().json(Ingested { status, event_id }),
-            )
-        }
+        Ok(Received::Event(status, event_id)) => (
+            status.as_str(),
+            HttpResponse::Ok().json(Ingested { status, event_id }),
+        ),
         Ok(Received::Handshake(reply)) => ("handshake", HttpResponse::Ok().json(reply)),
         Err(Refused { error, close }) => (
             error.code(),
@@ -133,8 +152,8 @@ impl From<ApiError> for Refused {
 
 /// What a request was.
 enum Received {
-    /// An event, stored or a duplicate, and its id.
-    Event(IngestOutcome, String),
+    /// An event, what became of it, and its id.
+    Event(IngestStatus, String),
     /// The provider's URL check and its answer (nothing stored).
     Handshake(serde_json::Value),
 }
@@ -189,7 +208,8 @@ async fn receive(
             .map_err(ApiError::from)?;
     let event_id = event.event_id.clone();
     let ordering = (event.stream.clone(), event.created_at);
-    // The lanes the event went to, for the dispatcher to hear of.
+    // The lanes the event went to, for the dispatcher to hear of; none
+    // when every destination's filter missed it.
     let arrived: Vec<String> = lanes.clone().unwrap_or_else(|| vec![source.name.clone()]);
     let outcome = match lanes {
         _ if known => IngestOutcome::Duplicate,
@@ -207,12 +227,20 @@ async fn receive(
                 .map_err(ApiError::from)?
         }
     };
-    if outcome == IngestOutcome::Accepted {
-        for lane in &arrived {
-            gw.arrivals.push(lane, ordering.0.as_deref(), ordering.1);
+    let status = match outcome {
+        IngestOutcome::Duplicate => IngestStatus::Duplicate,
+        IngestOutcome::Accepted if arrived.is_empty() => {
+            tracing::info!(source = %source.name, event_id = %event_id, "event filtered");
+            IngestStatus::Filtered
         }
-        gw.wake.notify_one();
-        tracing::info!(source = %source.name, event_id = %event_id, "event accepted");
-    }
-    Ok(Received::Event(outcome, event_id))
+        IngestOutcome::Accepted => {
+            for lane in &arrived {
+                gw.arrivals.push(lane, ordering.0.as_deref(), ordering.1);
+            }
+            gw.wake.notify_one();
+            tracing::info!(source = %source.name, event_id = %event_id, "event accepted");
+            IngestStatus::Accepted
+        }
+    };
+    Ok(Received::Event(status, event_id))
 }

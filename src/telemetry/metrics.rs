@@ -29,8 +29,8 @@ pub const CLAIMS: &str = "dedupd_claims_total";
 pub const CLAIM_OPS: &str = "dedupd_claim_ops_total";
 /// Stream applies by `outcome`.
 pub const APPLIES: &str = "dedupd_applies_total";
-/// Webhooks received by `source` and `outcome` (accepted, duplicate, or
-/// the refusal's error code).
+/// Webhooks received by `source` and `outcome` (accepted, filtered,
+/// duplicate, handshake, or the refusal's error code).
 pub const INGEST: &str = "dedupd_ingest_total";
 /// Delivery turns by `source` and `outcome`.
 pub const DELIVERIES: &str = "dedupd_deliveries_total";
@@ -94,8 +94,9 @@ pub const CLAIM_OP_OUTCOMES: [(&str, &[&str]); 3] = [
 /// Outcomes of an apply.
 pub const APPLY_OUTCOMES: [&str; 3] = ["applied", "stale", "duplicate"];
 /// Outcomes of ingest known up front: the answers and every refusal code.
-pub const INGEST_OUTCOMES: [&str; 15] = [
+pub const INGEST_OUTCOMES: [&str; 16] = [
     "accepted",
+    "filtered",
     "duplicate",
     "handshake",
     "missing_signature",
@@ -367,8 +368,8 @@ impl Metrics {
         }
     }
 
-    /// Counts a webhook of a configured source: accepted, duplicate, or
-    /// the error code that refused it. Unknown sources are not counted (the
+    /// Counts a webhook of a configured source: accepted, filtered,
+    /// duplicate, handshake, or the error code that refused it. Unknown sources are not counted (the
     /// name comes from the request path: anyone could grow the label set).
     pub fn ingest(&self, source: &str, outcome: &'static str) {
         let Some(handles) = self.sources.get(source) else {
@@ -636,7 +637,7 @@ fn describe(r: &PrometheusRecorder) {
     r.describe_counter(
         INGEST.into(),
         None,
-        "Webhooks received by source and outcome: accepted, duplicate, or the refusal's code"
+        "Webhooks received by source and outcome: accepted, filtered, duplicate, handshake, or the refusal's code"
             .into(),
     );
     r.describe_counter(

@@ -52,3 +52,67 @@ async fn the_default_log_level_writes_no_line_per_request_and_debug_does() {
         "{debug:?}"
     );
 }
+
+/// At `info`, each stored event is logged as what it became: `event
+/// accepted` when a destination takes it, `event filtered` when none does
+/// (the provider's answer says the same).
+#[tokio::test]
+async fn an_event_no_destination_takes_is_logged_as_filtered() {
+    use dedupd::gateway::signature::{Scheme, sign};
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    std::fs::write(
+        &config,
+        r#"
+[sources.sume]
+scheme = "sume"
+secrets = ["sume-test-secret"]
+event_id = "body:/request_id"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+[[sources.sume.destinations]]
+name = "x"
+forward_to = "http://127.0.0.1:9/x"
+filter = { "body:/type" = "x.*" }
+"#,
+    )
+    .unwrap();
+    let mut cmd = dedupd();
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "127.0.0.1:0")
+        .env("DEDUPD_LOG__LEVEL", "info");
+    let (child, port, drain) = spawn_serving(cmd);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for (id, kind) in [("z1", "z.created"), ("x1", "x.created")] {
+        let body = format!(r#"{{"request_id":"{id}","type":"{kind}"}}"#);
+        let mut req = crate::support::http::client()
+            .post(format!("http://127.0.0.1:{port}/ingest/sume"))
+            .header("content-type", "application/json")
+            .body(body.clone());
+        for (name, value) in sign(
+            Scheme::Sume,
+            "sume-test-secret",
+            i64::try_from(now).unwrap(),
+            "",
+            body.as_bytes(),
+        ) {
+            req = req.header(name, value);
+        }
+        assert_eq!(req.send().await.unwrap().status(), reqwest::StatusCode::OK);
+    }
+    let (status, log) = stop_logged(child, "-TERM", drain).await;
+    assert!(status.success());
+    let said = |id: &str| -> Vec<String> {
+        log.iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["event_id"] == id && v["target"] == "dedupd::routes::ingest")
+            .map(|v| v["message"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(said("z1"), ["event filtered"], "{log:?}");
+    assert_eq!(said("x1"), ["event accepted"], "{log:?}");
+}

@@ -98,7 +98,9 @@ async fn fan_out(redis: Option<String>) {
             .await;
         assert_eq!(res.status(), 200);
         let v: Value = res.json().await.unwrap();
-        assert_eq!(v["status"], "accepted", "{id}: {v}");
+        // No destination takes user.created.
+        let answer = if id == "x1" { "filtered" } else { "accepted" };
+        assert_eq!(v["status"], answer, "{id}: {v}");
     }
     // A provider's retry is a duplicate, whichever destinations took it.
     for (id, kind, run, minute) in [posted[1], posted[4]] {
@@ -597,6 +599,57 @@ async fn a_renamed_destination_keeps_its_retries_duplicates_and_its_copies_erasa
 }
 
 /// Posts `body` to the source `sume`, signed; its answer's status.
+/// An event no destination takes is answered `filtered`, still with 200
+/// (the provider must not retry it), so a provider's test delivery shows
+/// what became of it; its retry is a duplicate, and each is counted under
+/// its own outcome.
+#[tokio::test]
+async fn an_event_no_destination_takes_is_answered_filtered_and_its_retry_a_duplicate() {
+    let x = Receiver::start(Behaviour::Accept).await;
+    let y = Receiver::start(Behaviour::Accept).await;
+    let s = two_destinations(["x", "y"], [&x.url, &y.url], X_THEN_Y, "");
+    let app = spawn_app_with(move |l| {
+        l.settings.sources.insert("sume".into(), s);
+    })
+    .await;
+    let res = app
+        .post_signed_at(
+            "sume",
+            &event("z1", "z.created", "run_1", 1),
+            app.now_s(),
+            SECRET,
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(v, json!({ "status": "filtered", "event_id": "z1" }));
+    assert_eq!(
+        post(&app, event("z1", "z.created", "run_1", 1)).await,
+        "duplicate"
+    );
+    assert_eq!(
+        post(&app, event("x1", "x.created", "run_1", 2)).await,
+        "accepted"
+    );
+    assert_eq!(app.ids_of("sume", "filtered").await, ["z1"]);
+    let scrape = app.scrape().await;
+    let ingested = |outcome| {
+        crate::metrics::count(
+            &scrape,
+            "dedupd_ingest_total",
+            &[("source", "sume"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        (
+            ingested("filtered"),
+            ingested("duplicate"),
+            ingested("accepted")
+        ),
+        (1.0, 1.0, 1.0)
+    );
+}
+
 async fn post(app: &TestApp, body: Vec<u8>) -> String {
     let v: Value = app
         .post_signed_at("sume", &body, app.now_s(), SECRET)
@@ -742,8 +795,9 @@ async fn the_migration_of_lanes_keeps_every_retry_a_duplicate() {
         event("e2", "y.created", "run_1", 2),
         event("e3", "z.created", "run_1", 3),
     ];
-    for body in &posted {
-        assert_eq!(post(&app, body.clone()).await, "accepted");
+    // No destination takes z.created.
+    for (body, answer) in posted.iter().zip(["accepted", "accepted", "filtered"]) {
+        assert_eq!(post(&app, body.clone()).await, answer);
     }
     app.retrying_until("audit delivered e1 and e2", || async {
         app.ids_of("sume.audit", "delivered").await.len() == 2
