@@ -9,9 +9,8 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
-use crate::auth::RetryAfter;
 use crate::clock::Millis;
-use crate::domain::Invalid;
+use crate::domain::{Invalid, RetryAfter};
 use crate::gateway::ingest::IngestError;
 use crate::gateway::signature::VerifyError;
 use crate::store::inbox::EventStatus;

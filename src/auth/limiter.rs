@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::clock::{Millis, SharedClock, SystemClock};
-pub use crate::domain::AuthPort;
+pub use crate::domain::{AuthPort, RetryAfter};
 use crate::telemetry::metrics::Metrics;
 
 /// Failures a peer may have within [`WINDOW`]; the next attempt is refused.
@@ -30,14 +30,6 @@ pub const MAX_FAILURES: u32 = 10;
 pub const WINDOW: Duration = Duration::from_secs(60);
 /// Most peers remembered at once.
 pub const MAX_PEERS: usize = 4096;
-
-/// A throttled peer may try again after this long (whole seconds, at
-/// least 1, as `Retry-After` says it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryAfter {
-    /// Seconds until the peer's window passes, rounded up.
-    pub secs: u64,
-}
 
 /// Who is counted: an IPv4 address (an IPv4-mapped IPv6 one too), or an
 /// IPv6 /64, which one client is usually given whole.
