@@ -10,9 +10,10 @@ use serde_json::{Value, json};
 
 use dedupd::redact::{escape_control, json_for_terminal};
 
-use super::operator::{BulkArgs, Common, print_count, text};
+use super::call::Common;
+use super::filter::{BulkArgs, print_count};
 use super::out::{out, outln};
-use super::table;
+use super::table::{self, text};
 
 /// `dedupd jobs …`
 #[derive(Debug, clap::Subcommand)]

@@ -6,14 +6,25 @@
 //! - `receive`: a local application that verifies and prints deliveries;
 //! - `inbox`: `inbox migrate`, a local inbox into the shared one;
 //! - `operator`: the `/v1` operator API from the terminal (`events`,
-//!   `claims`, `streams`), over `client`, printed with `table`;
-//! - `out`: standard output that reports a failed write (a reader gone
-//!   away ends a command quietly) instead of panicking;
+//!   `claims`, `streams`);
 //! - `jobs`: bulk redelivery and erasure (`events redeliver|erase` with a
-//!   filter) and `jobs list|show|cancel`.
+//!   filter) and `jobs list|show|cancel`;
+//!
+//! and below them, what they share, none importing the ones above:
+//!
+//! - `call`: an operator command's flags, its request and its answer
+//!   printed;
+//! - `client`: where the server is, which token, and errors that say what
+//!   to do;
+//! - `filter`: which events a count or a bulk job means;
+//! - `table`: tables, times and JSON values for a terminal;
+//! - `out`: standard output that reports a failed write (a reader gone
+//!   away ends a command quietly) instead of panicking.
 
+mod call;
 pub mod check_config;
 pub mod client;
+mod filter;
 pub mod inbox;
 pub mod init;
 pub mod jobs;

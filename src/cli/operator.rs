@@ -8,21 +8,12 @@ use std::process::ExitCode;
 use reqwest::Method;
 use serde_json::Value;
 
-use dedupd::redact::{escape_control, json_for_terminal, shell_word};
+use dedupd::redact::{escape_control, shell_word};
 
-use super::client::{Client, Refusal, ServerArgs};
+use super::call::Common;
+use super::filter::{BulkArgs, FilterArgs, print_count};
 use super::out::{Printed, out, outln};
-use super::table;
-
-/// Flags every operator command takes.
-#[derive(Debug, clap::Args)]
-pub struct Common {
-    /// Print the server's JSON answer instead of a table.
-    #[arg(long)]
-    json: bool,
-    #[command(flatten)]
-    server: ServerArgs,
-}
+use super::table::{self, text};
 
 /// `dedupd events …`
 #[derive(Debug, clap::Subcommand)]
@@ -112,104 +103,6 @@ impl Lane {
             Some(d) => dedupd::gateway::source::lane_name(&self.source, d),
             None => self.source.clone(),
         }
-    }
-}
-
-/// Which events: the filter of a count or a bulk job.
-#[derive(Debug, Clone, clap::Args)]
-pub struct FilterArgs {
-    /// pending, delivered, stale, dead, erased or filtered [default: dead].
-    #[arg(long, value_parser = ["pending", "delivered", "stale", "dead", "erased", "filtered"])]
-    pub status: Option<String>,
-    /// Received within this long before now (`2h`, `30m`, `7d`).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    pub since: Option<std::time::Duration>,
-    /// Created at or after this time (RFC 3339).
-    #[arg(long)]
-    pub created_from: Option<String>,
-    /// Created before this time (RFC 3339).
-    #[arg(long)]
-    pub created_to: Option<String>,
-    /// In this stream.
-    #[arg(long)]
-    pub stream: Option<String>,
-    /// A body field and its value, `POINTER=VALUE` (`/type=run.failed`).
-    #[arg(long, value_parser = parse_field)]
-    pub field: Option<(String, String)>,
-    /// The last error contains this text.
-    #[arg(long)]
-    pub error_contains: Option<String>,
-}
-
-/// A bulk job's filter and how to run it.
-#[derive(Debug, Clone, clap::Args)]
-pub struct BulkArgs {
-    #[command(flatten)]
-    pub filter: FilterArgs,
-    /// Count what the filter matches and the first ids; start nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Follow the job's progress until it finishes.
-    #[arg(long)]
-    pub wait: bool,
-}
-
-impl FilterArgs {
-    /// Whether any filter flag was given.
-    pub fn given(&self) -> bool {
-        self.status.is_some()
-            || self.since.is_some()
-            || self.created_from.is_some()
-            || self.created_to.is_some()
-            || self.stream.is_some()
-            || self.field.is_some()
-            || self.error_contains.is_some()
-    }
-
-    /// The status, or dead.
-    pub fn status(&self) -> &str {
-        self.status.as_deref().unwrap_or("dead")
-    }
-
-    /// The filter as the count's query parameters.
-    pub fn query(&self) -> Vec<(&'static str, String)> {
-        let mut query = vec![("status", self.status().to_owned())];
-        if let Some(since) = self.since {
-            let ago = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
-            query.push((
-                "received_from",
-                table::now_ms().saturating_sub(ago).to_string(),
-            ));
-        }
-        let optional = [
-            ("created_from", &self.created_from),
-            ("created_to", &self.created_to),
-            ("stream", &self.stream),
-            ("error_contains", &self.error_contains),
-        ];
-        for (name, value) in optional {
-            if let Some(v) = value {
-                query.push((name, v.clone()));
-            }
-        }
-        if let Some((pointer, value)) = &self.field {
-            query.push(("field", pointer.clone()));
-            query.push(("value", value.clone()));
-        }
-        query
-    }
-
-    /// The filter as a job's JSON.
-    pub fn json(&self) -> Value {
-        let mut object = serde_json::Map::new();
-        for (name, value) in self.query() {
-            let value = match name {
-                "received_from" => Value::from(value.parse::<u64>().unwrap_or(0)),
-                _ => Value::from(value),
-            };
-            object.insert(name.to_owned(), value);
-        }
-        Value::Object(object)
     }
 }
 
@@ -358,34 +251,6 @@ fn one_event_only(bulk: &BulkArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A count's answer, for people.
-pub(super) fn print_count(v: &Value, source: &str, status: &str) -> Printed {
-    let matched = v["matched"].as_u64().unwrap_or(0);
-    let bound = if v["complete"].as_bool() == Some(false) {
-        "at least "
-    } else {
-        ""
-    };
-    let ids: Vec<String> = v["first_ids"]
-        .as_array()
-        .map(|a| a.iter().map(text).collect())
-        .unwrap_or_default();
-    let named = if ids.is_empty() {
-        String::new()
-    } else {
-        let more = if (ids.len() as u64) < matched {
-            ", …"
-        } else {
-            ""
-        };
-        format!(": {}{more}", ids.join(", "))
-    };
-    outln!(
-        "{bound}{matched} {status} events of source {source} match (of {} read){named}",
-        v["scanned"].as_u64().unwrap_or(0)
-    )
-}
-
 /// Runs `dedupd claims …`.
 pub fn claims(cmd: &ClaimsCommand) -> anyhow::Result<ExitCode> {
     let ClaimsCommand::Get { key, common } = cmd;
@@ -432,94 +297,6 @@ pub fn streams(cmd: &StreamsCommand) -> anyhow::Result<ExitCode> {
             )
         },
     )
-}
-
-impl Common {
-    /// Whether `--json` was given.
-    pub(super) fn json(&self) -> bool {
-        self.json
-    }
-
-    /// [`Common::call`] that hands the answer to `take` in both modes and
-    /// prints nothing but a refusal.
-    pub(super) fn call_quiet(
-        &self,
-        what: &str,
-        build: impl FnOnce(&Client) -> reqwest::RequestBuilder,
-        take: impl FnOnce(&Value),
-    ) -> anyhow::Result<ExitCode> {
-        let loaded = if self.server.needs_config() {
-            Some(self.server.load()?)
-        } else {
-            None
-        };
-        let client = self.server.client(loaded.as_ref())?;
-        match super::runtime()?.block_on(client.json(build(&client))) {
-            Ok(v) => {
-                take(&v);
-                Ok(ExitCode::SUCCESS)
-            }
-            Err(e) => match e.downcast_ref::<Refusal>() {
-                Some(r) => {
-                    eprintln!("dedupd: {what}: {r}");
-                    Ok(ExitCode::FAILURE)
-                }
-                None => Err(e),
-            },
-        }
-    }
-
-    /// Sends the request `build` makes and prints the answer: as JSON with
-    /// `--json`, else with `show`. A refusal of `what` is printed to stderr
-    /// (and its problem document to stdout with `--json`) and fails.
-    pub(super) fn call(
-        &self,
-        what: &str,
-        build: impl FnOnce(&Client) -> reqwest::RequestBuilder,
-        show: impl FnOnce(&Value) -> Printed,
-    ) -> anyhow::Result<ExitCode> {
-        let loaded = if self.server.needs_config() {
-            Some(self.server.load()?)
-        } else {
-            None
-        };
-        let client = self.server.client(loaded.as_ref())?;
-        let answer = super::runtime()?.block_on(client.json(build(&client)));
-        match answer {
-            Ok(v) if self.json => {
-                outln!("{}", json_for_terminal(&v))?;
-                Ok(ExitCode::SUCCESS)
-            }
-            Ok(v) => {
-                show(&v)?;
-                Ok(ExitCode::SUCCESS)
-            }
-            Err(e) => match e.downcast_ref::<Refusal>() {
-                Some(r) => {
-                    if self.json {
-                        match serde_json::from_str::<Value>(&r.body) {
-                            Ok(problem) => outln!("{}", json_for_terminal(&problem))?,
-                            Err(_) => outln!("{}", escape_control(r.body.trim()))?,
-                        }
-                    }
-                    eprintln!("dedupd: {what}: {r}");
-                    Ok(ExitCode::FAILURE)
-                }
-                None => Err(e),
-            },
-        }
-    }
-}
-
-/// A JSON value as plain text for a terminal: strings unquoted (control
-/// characters escaped: the server's answer is printed, whoever sent it),
-/// null as "-".
-pub(super) fn text(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => escape_control(s).into_owned(),
-        other => other.to_string(),
-    }
 }
 
 /// One event: its fields, then its attempt timeline.
@@ -624,16 +401,4 @@ fn print_events(v: &Value, source: &str, status: &str) -> Printed {
         )?;
     }
     Ok(())
-}
-
-/// `POINTER=VALUE` of `--field`.
-fn parse_field(raw: &str) -> Result<(String, String), String> {
-    match raw.split_once('=') {
-        Some((pointer, value)) if pointer.starts_with('/') => {
-            Ok((pointer.to_owned(), value.to_owned()))
-        }
-        _ => Err(format!(
-            "expected POINTER=VALUE with a JSON pointer, such as /type=run.failed; got {raw:?}"
-        )),
-    }
 }

@@ -1,7 +1,9 @@
-//! Plain-text tables and times for people reading a terminal.
+//! Plain-text tables, times and JSON values for people reading a terminal.
 
 use std::time::Duration;
 
+use dedupd::redact::escape_control;
+use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -34,6 +36,17 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
         line(&mut row.iter().map(String::as_str));
     }
     out
+}
+
+/// A JSON value as plain text for a terminal: strings unquoted (control
+/// characters escaped: the server's answer is printed, whoever sent it),
+/// null as "-".
+pub fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => escape_control(s).into_owned(),
+        other => other.to_string(),
+    }
 }
 
 /// Unix milliseconds as RFC 3339 in UTC.
