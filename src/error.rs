@@ -132,6 +132,12 @@ pub enum ApiError {
         state: ClaimState,
         expires_at_ms: Millis,
     },
+    /// Too many counts and jobs wait to read the inbox already (429).
+    #[error(
+        "too many counts wait to read the inbox already (gateway.max_scans run at once); retry \
+         in a moment"
+    )]
+    ScansBusy,
     /// The store refused or failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -184,6 +190,7 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::ReadOnlyToken { .. } => "read_only_token",
             ApiError::AuthThrottled { .. } => "auth_throttled",
+            ApiError::ScansBusy => "too_many_scans",
             ApiError::HostNotAllowed => "host_not_allowed",
             ApiError::NotReady { reason, .. } => reason,
             ApiError::ProxiedWithoutTokens { .. } => "proxy_needs_tokens",
@@ -215,7 +222,7 @@ impl ApiError {
             ApiError::BodyTimeout { .. } => "Request timeout",
             ApiError::Unauthorized => "Unauthorized",
             ApiError::ReadOnlyToken { .. } | ApiError::CrossOrigin => "Forbidden",
-            ApiError::AuthThrottled { .. } => "Too many requests",
+            ApiError::AuthThrottled { .. } | ApiError::ScansBusy => "Too many requests",
             ApiError::HostNotAllowed | ApiError::ProxiedWithoutTokens { .. } => {
                 "Misdirected request"
             }
@@ -245,7 +252,7 @@ impl ResponseError for ApiError {
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized | ApiError::Signature(_) => StatusCode::UNAUTHORIZED,
             ApiError::ReadOnlyToken { .. } | ApiError::CrossOrigin => StatusCode::FORBIDDEN,
-            ApiError::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::AuthThrottled { .. } | ApiError::ScansBusy => StatusCode::TOO_MANY_REQUESTS,
             ApiError::HostNotAllowed | ApiError::ProxiedWithoutTokens { .. } => {
                 StatusCode::MISDIRECTED_REQUEST
             }
@@ -332,7 +339,7 @@ impl ResponseError for ApiError {
                     res.insert_header((header::ALLOW, v));
                 }
             }
-            ApiError::Store(StoreError::Unavailable(_)) => {
+            ApiError::Store(StoreError::Unavailable(_)) | ApiError::ScansBusy => {
                 res.insert_header((header::RETRY_AFTER, HeaderValue::from_static("1")));
             }
             ApiError::Store(StoreError::LowSpace { .. } | StoreError::KeysFull { .. }) => {

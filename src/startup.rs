@@ -27,7 +27,9 @@ use crate::gateway::Gateway;
 use crate::gateway::Source;
 use crate::gateway::alerts::Alerts;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
+use crate::gateway::filter;
 use crate::gateway::jobs::Runner;
+use crate::gateway::scan::{Budget, Scanner};
 use crate::peers::PeerConnections;
 use crate::reaper::{Orphans, Reaper};
 use crate::resp::RespServer;
@@ -266,6 +268,15 @@ impl Application {
                 .as_ref()
                 .map(|a| Arc::new(Alerts::new(clock.clone(), a.every, a.backlog_after))),
             stored_lanes: Default::default(),
+            scanner: Scanner::start(
+                Budget {
+                    rows: filter::MAX_SCAN,
+                    bytes: s.gateway.scan_bytes,
+                    time: s.gateway.scan_time,
+                },
+                s.gateway.max_scans,
+            )
+            .context("cannot start the scan thread")?,
         });
         let dispatcher = Arc::new(
             Dispatcher::new(

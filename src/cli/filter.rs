@@ -130,7 +130,14 @@ pub fn print_count(v: &Value, source: &str, status: &str) -> Printed {
     outln!(
         "{bound}{matched} {status} events of source {source} match (of {} read){named}",
         v["scanned"].as_u64().unwrap_or(0)
-    )
+    )?;
+    match v["next"].as_str() {
+        Some(next) => outln!(
+            "the count stopped at the server's scan budget: count on with --after {next} \
+             (and add the counts up)"
+        ),
+        None => Ok(()),
+    }
 }
 
 /// `POINTER=VALUE` of `--field`.

@@ -51,6 +51,10 @@ pub enum EventsCommand {
         at: Lane,
         #[command(flatten)]
         filter: FilterArgs,
+        /// Go on from where a count of the same filter stopped at the
+        /// server's scan budget (the cursor it printed).
+        #[arg(long)]
+        after: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -162,14 +166,23 @@ pub fn events(cmd: &EventsCommand) -> anyhow::Result<ExitCode> {
                 |v| print_event(v, source),
             )
         }
-        EventsCommand::Count { at, filter, common } => {
+        EventsCommand::Count {
+            at,
+            filter,
+            after,
+            common,
+        } => {
             let source = &at.lane();
+            let mut query = filter.query();
+            if let Some(after) = after {
+                query.push(("after", after.clone()));
+            }
             common.call(
                 &format!("events of source {source}"),
                 |c| {
                     c.request(
                         Method::GET,
-                        c.url_with(&["v1", "sources", source, "count"], &filter.query()),
+                        c.url_with(&["v1", "sources", source, "count"], &query),
                     )
                 },
                 |v| print_count(v, source, filter.status()),

@@ -642,6 +642,24 @@ impl Settings {
                 format!("must be 1 to {}", sources::MAX_INBOX_BUCKETS),
             );
         }
+        if g.scan_bytes == 0 {
+            bad("gateway.scan_bytes", "must be more than 0".into());
+        }
+        if g.scan_time.is_zero() || g.scan_time > sources::MAX_SCAN_TIME {
+            bad(
+                "gateway.scan_time",
+                format!(
+                    "must be more than 0 and at most {}",
+                    humantime::format_duration(sources::MAX_SCAN_TIME)
+                ),
+            );
+        }
+        if !(1..=sources::MAX_SCANS).contains(&g.max_scans) {
+            bad(
+                "gateway.max_scans",
+                format!("must be 1 to {}", sources::MAX_SCANS),
+            );
+        }
         if g.inbox == sources::InboxPlace::Shared && self.storage.backend != Backend::Redis {
             bad(
                 "gateway.inbox",

@@ -45,6 +45,15 @@ pub struct GatewaySettings {
     /// Buckets per source of the shared inbox: how far one source spreads
     /// over a Redis Cluster's masters. Fixed once events are stored.
     pub inbox_buckets: u16,
+    /// Most body bytes one count (or dry run, or pass of a bulk job) reads
+    /// and parses for a filter on a body field; past it, a count answers
+    /// `complete: false` with a cursor (see `gateway::scan`).
+    pub scan_bytes: u64,
+    /// Longest one count (or dry run, or pass of a job) scans.
+    #[serde(with = "humantime_serde")]
+    pub scan_time: Duration,
+    /// Counts, dry runs and job passes that scan at once; more wait.
+    pub max_scans: usize,
 }
 
 /// Where the gateway inbox lives (`gateway.inbox`).
@@ -60,6 +69,10 @@ pub enum InboxPlace {
 
 /// Most buckets per source of the shared inbox.
 pub const MAX_INBOX_BUCKETS: u16 = 1024;
+/// Most scans at once (`gateway.max_scans`).
+pub const MAX_SCANS: usize = 16;
+/// Longest `gateway.scan_time`.
+pub const MAX_SCAN_TIME: Duration = Duration::from_secs(10);
 
 impl Default for GatewaySettings {
     fn default() -> Self {
@@ -71,6 +84,9 @@ impl Default for GatewaySettings {
             dedupe_window: Duration::from_secs(30 * 86_400),
             inbox: InboxPlace::Local,
             inbox_buckets: 16,
+            scan_bytes: 16 * 1024 * 1024,
+            scan_time: Duration::from_millis(250),
+            max_scans: 1,
         }
     }
 }

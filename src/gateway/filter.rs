@@ -1,22 +1,18 @@
 //! Which events an operator means: a filter over one source's events (a
 //! status; receive-time and `created_at` ranges; a stream; a body field's
 //! value; text in the last error), checked over the inbox's listing in
-//! receive order. Counting what matches is the dry run of a bulk
-//! operation (docs/design/operator-power.md).
+//! receive order (`gateway::scan` reads it). Counting what matches is the
+//! dry run of a bulk operation (docs/design/operator-power.md).
 
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
-use crate::store::StoreError;
-use crate::store::inbox::{Cursor, EventStatus, Inbox, InboxEvent, ListOrder};
+use crate::store::inbox::{EventStatus, InboxEvent};
 
-/// Ids a count names.
-pub const NAMED: usize = 10;
-/// Rows a count reads at most: past it, the count says "at least".
+/// Rows a count reads at most: past it, the count says "at least" and
+/// gives a cursor to go on from (see `gateway::scan`).
 pub const MAX_SCAN: u64 = 1_000_000;
-/// Rows per listing page read.
-const PAGE: usize = 500;
 
 /// The events of one source an operator means. Stored with a bulk job
 /// (as JSON, see `gateway::jobs`): fields are added with defaults only.
@@ -71,10 +67,7 @@ impl EventFilter {
             .stream
             .as_ref()
             .is_none_or(|s| e.stream.as_ref() == Some(s));
-        let error = self
-            .error_contains
-            .as_ref()
-            .is_none_or(|text| e.last_error.as_ref().is_some_and(|err| err.contains(text)));
+        let error = self.error_matches(e.last_error.as_deref());
         let field = self.field.as_ref().is_none_or(|(pointer, value)| {
             serde_json::from_slice::<serde_json::Value>(&e.body)
                 .ok()
@@ -89,87 +82,36 @@ impl EventFilter {
     }
 }
 
-/// What a count found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Counted {
-    /// Events that match.
-    pub matched: u64,
-    /// Events read to find them.
-    pub scanned: u64,
-    /// False when [`MAX_SCAN`] stopped the count first: `matched` is then
-    /// a lower bound.
-    pub complete: bool,
-    /// The first [`NAMED`] that match, oldest received first.
-    pub first_ids: Vec<String>,
-}
-
-/// Counts the events of `source` that `filter` matches, reading at most
-/// `max_scan` rows.
-pub async fn count(
-    inbox: &dyn Inbox,
-    source: &str,
-    filter: &EventFilter,
-    max_scan: u64,
-) -> Result<Counted, StoreError> {
-    let mut counted = Counted {
-        complete: true,
-        ..Counted::default()
-    };
-    let mut after: Option<Cursor> = None;
-    loop {
-        let (page, next) = inbox
-            .list_events(source, filter.status, ListOrder::OldestFirst, after, PAGE)
-            .await?;
-        for listed in page {
-            if counted.scanned >= max_scan {
-                counted.complete = false;
-                return Ok(counted);
-            }
-            counted.scanned += 1;
-            // Receive order: nothing past the range's end matches.
-            if filter
-                .received_to
-                .is_some_and(|t| listed.received_at_ms >= t)
-            {
-                return Ok(counted);
-            }
-            if let Some(event) = matching(inbox, filter, listed).await? {
-                counted.matched += 1;
-                if counted.first_ids.len() < NAMED {
-                    counted.first_ids.push(event.event_id);
-                }
-            }
-        }
-        match next {
-            Some(cursor) => after = Some(cursor),
-            None => return Ok(counted),
-        }
-    }
-}
-
-/// `listed` (a row of a listing, without its body) if `filter` matches it,
-/// reading its body only when the filter needs it and all else matches.
-pub async fn matching(
-    inbox: &dyn Inbox,
-    filter: &EventFilter,
-    listed: InboxEvent,
-) -> Result<Option<InboxEvent>, StoreError> {
-    if !filter.needs_body() {
-        return Ok(filter.matches(&listed).then_some(listed));
-    }
-    if !filter.matches_without_body(&listed) {
-        return Ok(None);
-    }
-    Ok(inbox
-        .inbox_event(&listed.source, &listed.event_id)
-        .await?
-        .filter(|full| filter.matches(full)))
-}
+/// What a filter's text values read as once they are dropped.
+pub const DROPPED: &str = "(dropped when the job ended)";
 
 impl EventFilter {
+    /// The filter with its texts (stream, body field value, error text)
+    /// dropped: what a finished job keeps, since an erasure's filter names
+    /// the person erased.
+    pub fn without_values(&self) -> Self {
+        let dropped = |v: &Option<String>| v.as_ref().map(|_| DROPPED.to_owned());
+        Self {
+            stream: dropped(&self.stream),
+            field: self
+                .field
+                .as_ref()
+                .map(|(pointer, _)| (pointer.clone(), DROPPED.to_owned())),
+            error_contains: dropped(&self.error_contains),
+            ..self.clone()
+        }
+    }
+
+    /// Whether a last error of `error` passes the filter's error text.
+    pub fn error_matches(&self, error: Option<&str>) -> bool {
+        self.error_contains
+            .as_ref()
+            .is_none_or(|text| error.is_some_and(|err| err.contains(text.as_str())))
+    }
+
     /// Whether `e` may match, on everything but its body: a body is read
     /// only for those.
-    fn matches_without_body(&self, e: &InboxEvent) -> bool {
+    pub fn matches_without_body(&self, e: &InboxEvent) -> bool {
         Self {
             field: None,
             ..self.clone()

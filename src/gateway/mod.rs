@@ -9,8 +9,9 @@
 //!   retries with backoff, dead letters.
 //! - [`alerts`]: dedupd's own operational events, delivered as the
 //!   internal source `dedupd-alerts`.
-//! - [`filter`]: which events an operator means; [`jobs`]: bulk
-//!   redelivery and erasure over a filter.
+//! - [`filter`]: which events an operator means; [`scan`]: reading them,
+//!   bounded and off the request path; [`jobs`]: bulk redelivery and
+//!   erasure over a filter.
 //! - [`arrivals`]: events that go before the next in line of their stream,
 //!   for the dispatcher to hear of.
 
@@ -22,6 +23,7 @@ pub mod ingest;
 pub mod jobs;
 pub mod locate;
 pub mod route;
+pub mod scan;
 pub mod signature;
 pub mod source;
 
@@ -57,6 +59,8 @@ pub struct Gateway {
     /// renamed keeps copies there until they are reaped (read once: the
     /// configuration, so the lanes, change only with a restart).
     pub stored_lanes: tokio::sync::OnceCell<HashMap<String, Vec<String>>>,
+    /// Where counts and bulk jobs read the inbox (see [`scan`]).
+    pub scanner: scan::Scanner,
 }
 
 impl Gateway {
@@ -148,6 +152,21 @@ impl Gateway {
             }
         }
         lanes
+    }
+
+    /// The lanes a count or a bulk job over `name` reads: a source's own
+    /// and each of its destinations' (configured, or holding events when
+    /// this process first looked); a destination's lane (`SOURCE.NAME`)
+    /// alone.
+    pub async fn lanes_to_scan(&self, name: &str) -> Result<Vec<String>, crate::store::StoreError> {
+        let lane_of_a_source = match self.sources.get(name) {
+            Some(s) => s.lane_of.is_some(),
+            None => name.contains('.'),
+        };
+        if lane_of_a_source {
+            return Ok(vec![name.to_owned()]);
+        }
+        self.lanes_to_erase(name).await
     }
 
     /// Erases event `id` in each of `lanes` (those of its source,

@@ -12,8 +12,12 @@ use super::{AppState, Endpoint, Guard, path_segment, register};
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, Invalid};
 use crate::error::{ApiError, Problem};
-use crate::gateway::filter::{self, EventFilter};
+use crate::gateway::filter::EventFilter;
+use crate::gateway::scan::{Position, ScanError};
+use crate::gateway::source::lane_name;
 use crate::store::inbox::EventStatus;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 /// The count route, relative to `/v1`.
 pub fn endpoints() -> Vec<Endpoint> {
@@ -61,19 +65,43 @@ pub struct FilterQuery {
     value: Option<String>,
     /// The last error contains this text.
     error_contains: Option<String>,
+    /// One destination's copies only (on a source with destinations; by
+    /// default every destination's, each event counted once).
+    destination: Option<String>,
+    /// A count: go on from where an earlier count of the same filter
+    /// stopped (its `next`). Not taken by a job.
+    pub(super) after: Option<String>,
 }
 
 /// What the filter matches.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CountView {
-    /// Events that match (a lower bound when `complete` is false).
+    /// Events that match in what was read (from `after`, if given).
     matched: u64,
     /// Events read to find them.
     scanned: u64,
-    /// False when the count stopped after reading 1,000,000 events.
+    /// False when the count stopped at its budget (`gateway.scan_bytes`,
+    /// `gateway.scan_time`) before the end: `matched` counts what was read,
+    /// and `next` goes on from there.
     complete: bool,
     /// The first 10 that match, oldest received first.
     first_ids: Vec<String>,
+    /// When not complete: pass it as `after` to count on from here (the
+    /// same filter; add up the `matched` of each answer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
+}
+
+/// Which lanes a filter reads, and from where.
+#[derive(Debug)]
+pub(super) struct Scope {
+    /// The name a job runs under: the source, or with `destination`, its
+    /// lane.
+    pub name: String,
+    /// The lanes read, in order.
+    pub lanes: Vec<String>,
+    /// Where a count starts.
+    pub from: Position,
 }
 
 pub(super) fn invalid(
@@ -85,11 +113,44 @@ pub(super) fn invalid(
 }
 
 impl FilterQuery {
+    /// The lanes of `source` the parameters read (its own and each
+    /// destination's, or `destination`'s alone), and where a count starts
+    /// (`after`).
+    pub(super) async fn scope(&self, state: &AppState, source: &str) -> Result<Scope, ApiError> {
+        let (name, lanes) = match &self.destination {
+            None => (
+                source.to_owned(),
+                state.gateway.lanes_to_scan(source).await?,
+            ),
+            Some(d) => {
+                let lane = lane_name(source, d);
+                let known =
+                    state.gateway.lanes_to_scan(source).await?.contains(&lane) && lane != source;
+                if !known || d.contains('.') {
+                    return Err(ApiError::NotFound {
+                        code: "unknown_destination",
+                        detail: format!(
+                            "source {source:?} has no destination {d:?} (nor events stored for one)"
+                        ),
+                    });
+                }
+                (lane.clone(), vec![lane])
+            }
+        };
+        let from = match &self.after {
+            None => Position::default(),
+            Some(raw) => decode_position(raw, &lanes)?,
+        };
+        Ok(Scope { name, lanes, from })
+    }
+
     /// The filter the parameters say, or what is wrong with them.
-    pub(super) fn filter(self) -> Result<EventFilter, ApiError> {
+    pub(super) fn filter(&self) -> Result<EventFilter, ApiError> {
         // A job stores its filter and writes it with its progress: texts
         // are bounded.
         let texts = [
+            ("destination", &self.destination),
+            ("after", &self.after),
             ("stream", &self.stream),
             ("field", &self.field),
             ("value", &self.value),
@@ -133,7 +194,7 @@ impl FilterQuery {
             raw.map(|r| CreatedAt::parse(&r, field).map_err(ApiError::Invalid))
                 .transpose()
         };
-        let field = match (self.field, self.value) {
+        let field = match (self.field.clone(), self.value.clone()) {
             (Some(pointer), Some(value)) if pointer.starts_with('/') => Some((pointer, value)),
             (Some(pointer), Some(_)) => {
                 return Err(invalid(
@@ -155,11 +216,11 @@ impl FilterQuery {
             status,
             received_from: self.received_from,
             received_to: self.received_to,
-            created_from: created(self.created_from, "created_from")?,
-            created_to: created(self.created_to, "created_to")?,
-            stream: self.stream,
+            created_from: created(self.created_from.clone(), "created_from")?,
+            created_to: created(self.created_to.clone(), "created_to")?,
+            stream: self.stream.clone(),
             field,
-            error_contains: self.error_contains,
+            error_contains: self.error_contains.clone(),
         })
     }
 }
@@ -195,23 +256,77 @@ pub(super) async fn count(
         )
     })?;
     let filter = query.filter()?;
-    let counted = filter::count(
-        state.gateway.inbox.as_ref(),
-        &source,
-        &filter,
-        filter::MAX_SCAN,
-    )
-    .await?;
-    Ok(HttpResponse::Ok().json(CountView::from(counted)))
+    let scope = query.scope(&state, &source).await?;
+    let counted = count_in(&state, scope, filter).await?;
+    Ok(HttpResponse::Ok().json(counted))
 }
 
-impl From<filter::Counted> for CountView {
-    fn from(counted: filter::Counted) -> Self {
-        Self {
-            matched: counted.matched,
-            scanned: counted.scanned,
-            complete: counted.complete,
-            first_ids: counted.first_ids,
-        }
+/// Counts what `filter` matches in `scope`, on the scan thread, within the
+/// budget.
+pub(super) async fn count_in(
+    state: &AppState,
+    scope: Scope,
+    filter: EventFilter,
+) -> Result<CountView, ApiError> {
+    let lanes = scope.lanes.clone();
+    let scanned = state
+        .gateway
+        .scanner
+        .count(state.gateway.inbox.clone(), scope.lanes, filter, scope.from)
+        .await
+        .map_err(scan_error)?;
+    Ok(CountView {
+        matched: scanned.matched,
+        scanned: scanned.rows,
+        complete: scanned.next.is_none(),
+        first_ids: scanned.matches.into_iter().map(|e| e.event_id).collect(),
+        next: scanned.next.map(|p| encode_position(&p, &lanes)),
+    })
+}
+
+/// A scan that did not run, for the client.
+pub(super) fn scan_error(e: ScanError) -> ApiError {
+    match e {
+        ScanError::Store(e) => ApiError::Store(e),
+        ScanError::Busy => ApiError::ScansBusy,
+        ScanError::Stopped => ApiError::Store(crate::store::StoreError::Unavailable(
+            std::sync::Arc::new(std::io::Error::other("the scan thread has stopped")),
+        )),
     }
+}
+
+/// A count's cursor: the lane by name and the last row read there, so a
+/// cursor never lands in another lane.
+#[derive(Serialize, Deserialize)]
+struct Cursor {
+    lane: String,
+    after: Option<(Millis, String)>,
+}
+
+fn encode_position(p: &Position, lanes: &[String]) -> String {
+    let cursor = Cursor {
+        lane: lanes.get(p.lane).cloned().unwrap_or_default(),
+        after: p.after.clone(),
+    };
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(&cursor).unwrap_or_default())
+}
+
+fn decode_position(raw: &str, lanes: &[String]) -> Result<Position, ApiError> {
+    let bad = || {
+        invalid(
+            "invalid_cursor",
+            "after",
+            "must be the `next` of an earlier count of the same source and destination",
+        )
+    };
+    let bytes = URL_SAFE_NO_PAD.decode(raw).map_err(|_| bad())?;
+    let cursor: Cursor = serde_json::from_slice(&bytes).map_err(|_| bad())?;
+    let lane = lanes
+        .iter()
+        .position(|l| *l == cursor.lane)
+        .ok_or_else(bad)?;
+    Ok(Position {
+        lane,
+        after: cursor.after,
+    })
 }

@@ -10,13 +10,13 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::body::read_json;
-use super::count::{CountView, FilterQuery, invalid};
+use super::count::{CountView, FilterQuery, count_in, invalid};
 use super::sources::known_source;
 use super::{AppState, Endpoint, Guard, path_segment, register};
 use crate::clock::Millis;
 use crate::domain::CreatedAt;
 use crate::error::{ApiError, Problem};
-use crate::gateway::filter::{self, EventFilter};
+use crate::gateway::filter::EventFilter;
 use crate::gateway::jobs::{self, Job, JobKind, JobState, StartError};
 use crate::store::inbox::{EraseOutcome, EventStatus};
 
@@ -60,10 +60,14 @@ pub struct JobView {
     /// `job_` and 16 hex digits; the `dedupd-replay` header of its
     /// deliveries.
     id: String,
+    /// The source (or, with a `destination`, its lane).
     source: String,
+    /// The lanes it reads: the source's own, and each destination's.
+    lanes: Vec<String>,
     kind: JobKind,
     state: JobState,
-    /// The filter, as it was posted.
+    /// The filter, as it was posted; once the job ended, its texts
+    /// (stream, body field value, error text) are dropped.
     filter: FilterView,
     /// Unix ms.
     created_ms: Millis,
@@ -135,6 +139,7 @@ impl From<EventFilter> for FilterView {
 impl From<Job> for JobView {
     fn from(j: Job) -> Self {
         Self {
+            lanes: j.lanes(),
             filter: FilterView::from(j.filter),
             queued: j.window.len() as u64,
             id: j.id,
@@ -196,8 +201,17 @@ pub(super) async fn start(
     let body: StartBody =
         read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let filter = body.filter.filter()?;
+    if body.filter.after.is_some() && !body.dry_run {
+        return Err(invalid(
+            "invalid_filter",
+            "after",
+            "a job reads every event its filter matches: `after` goes on from a count's cursor, \
+             and only a dry run takes it",
+        ));
+    }
+    let scope = body.filter.scope(&state, &source).await?;
     if body.kind == JobKind::Redeliver {
-        super::sources::delivers(&state, &source)?;
+        super::sources::delivers(&state, &scope.name)?;
     }
     let takes: &[EventStatus] = match body.kind {
         JobKind::Redeliver => &[
@@ -227,8 +241,7 @@ pub(super) async fn start(
     }
     let inbox = state.gateway.inbox.as_ref();
     if body.dry_run {
-        let counted = filter::count(inbox, &source, &filter, filter::MAX_SCAN).await?;
-        return Ok(HttpResponse::Ok().json(CountView::from(counted)));
+        return Ok(HttpResponse::Ok().json(count_in(&state, scope, filter).await?));
     }
     if state.gateway.source(&source).is_none() {
         return Err(ApiError::Refused {
@@ -239,7 +252,8 @@ pub(super) async fn start(
         });
     }
     let now = state.clock.now_ms();
-    let job = Job::new(&source, body.kind, filter, now);
+    let mut job = Job::new(&scope.name, body.kind, filter, now);
+    job.lanes = scope.lanes;
     match jobs::start(inbox, &job, now).await {
         Ok(()) => {}
         Err(StartError::Store(e)) => return Err(e.into()),

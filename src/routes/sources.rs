@@ -183,8 +183,14 @@ pub(super) fn delivers(state: &AppState, name: &str) -> Result<(), ApiError> {
         Some(s) if !s.delivers => Err(ApiError::Refused {
             code: "delivers_through_destinations",
             detail: format!(
-                "source {name:?} delivers through its destinations: redeliver in one of them \
+                "source {name:?} delivers through its destinations, each on its own: redeliver \
+                 to one of them, with the job's filter's `destination` ({}), or at its lane \
                  ({})",
+                s.routes
+                    .iter()
+                    .map(|r| r.destination.clone())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 s.routes
                     .iter()
                     .map(|r| format!("/v1/sources/{}", r.lane))

@@ -204,8 +204,9 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// Every job's record, in id order.
     async fn jobs(&self) -> Result<Vec<StoredJob>, StoreError>;
 
-    /// For each of `source`'s events `event_ids`: its status and the job
-    /// of its replay mark, `None` when the inbox does not hold it. What a
+    /// For each of `source`'s events `event_ids`: its status, the job of
+    /// its replay mark and its last error, `None` when the inbox does not
+    /// hold it. What a
     /// bulk job looks up of its window each pass: one read where the store
     /// can.
     async fn replay_states(
@@ -218,6 +219,7 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
             out.push(self.inbox_event(source, id).await?.map(|e| ReplayState {
                 status: e.status,
                 job: e.replay.map(|m| m.job),
+                last_error: e.last_error,
             }));
         }
         Ok(out)
@@ -476,6 +478,8 @@ pub struct ReplayState {
     pub status: EventStatus,
     /// The job that last replayed it, if any.
     pub job: Option<String>,
+    /// What went wrong last, if anything.
+    pub last_error: Option<String>,
 }
 
 /// A bulk job's record as the inbox keeps it.

@@ -61,8 +61,16 @@ pub struct Job {
     /// When it finished (done or cancelled), Unix ms.
     #[serde(default)]
     pub finished_ms: Option<Millis>,
-    /// The last row its scan read, in the listing's order; none before
-    /// the first.
+    /// The lanes it reads, in order: a source with destinations keeps
+    /// each one's copies in a lane of its own (`SOURCE.DESTINATION`).
+    /// Empty in records from before: its source's own.
+    #[serde(default)]
+    pub lanes: Vec<String>,
+    /// The lane its scan is in (none: the first).
+    #[serde(default)]
+    pub lane: Option<String>,
+    /// The last row its scan read there, in the listing's order; none
+    /// before the first.
     #[serde(default)]
     pub cursor: Option<Cursor>,
     /// The scan reached the end of the listing.
@@ -110,6 +118,8 @@ impl Job {
             state: JobState::Running,
             created_ms: now,
             finished_ms: None,
+            lanes: vec![source.to_owned()],
+            lane: None,
             cursor: None,
             scanned_all: false,
             scanned: 0,
@@ -138,10 +148,21 @@ impl Job {
         Some(job)
     }
 
-    /// Ends the job as `state` at `now`.
+    /// Ends the job as `state` at `now`. Its filter keeps its shape, not
+    /// its values: an erasure's filter names the person erased.
     pub fn finish(&mut self, state: JobState, now: Millis) {
         self.state = state;
         self.finished_ms = Some(now);
+        self.filter = self.filter.without_values();
+    }
+
+    /// The lanes it reads.
+    pub fn lanes(&self) -> Vec<String> {
+        if self.lanes.is_empty() {
+            vec![self.source.clone()]
+        } else {
+            self.lanes.clone()
+        }
     }
 }
 

@@ -30,18 +30,16 @@ use crate::clock::SharedClock;
 use crate::domain::{Key, Namespace, ScopedKey, Token, Ttl};
 use crate::gateway::delivery::Dispatcher;
 use crate::gateway::delivery::circuit::State;
-use crate::gateway::filter;
+use crate::gateway::scan::{Budget, Position, ScanError, ScanRequest};
 use crate::gateway::{Gateway, Source};
-use crate::store::inbox::{EraseOutcome, EventStatus, ListOrder, RedeliverOutcome};
+use crate::store::inbox::{EraseOutcome, EventStatus, RedeliverOutcome};
 use crate::store::{ClaimOutcome, ExtendOutcome, Store, StoreError};
 
 /// Events an erase job erases per pass.
 pub const ERASE_BATCH: usize = 500;
 /// Rows a pass reads at most per job (a filter that matches little must
 /// not hold the runner on one job).
-const SCAN_PER_PASS: usize = 5_000;
-/// Listing page.
-const PAGE: usize = 500;
+const SCAN_PER_PASS: u64 = 5_000;
 /// How long a runner's claim on a job lasts without being extended.
 const OWNERSHIP: Duration = Duration::from_secs(30);
 /// How often it is extended.
@@ -400,59 +398,56 @@ impl Runner {
         Ok(changed)
     }
 
-    /// Reads the listing on from the job's cursor: the next matches, at
-    /// most `room`, reading at most [`SCAN_PER_PASS`] rows.
+    /// Reads the job's lanes on from where its scan stands, on the scan
+    /// thread: the next matches, at most `room`, within a pass's budget
+    /// (at most [`SCAN_PER_PASS`] rows, and the scans' bytes and time).
     async fn scan(
         &self,
         job: &mut Job,
         room: usize,
     ) -> Result<Vec<crate::store::inbox::InboxEvent>, StoreError> {
-        let inbox = self.gateway.inbox.as_ref();
-        let mut taken = Vec::new();
-        let mut read = 0usize;
-        while taken.len() < room && read < SCAN_PER_PASS {
-            let (page, next) = inbox
-                .list_events(
-                    &job.source,
-                    job.filter.status,
-                    ListOrder::OldestFirst,
-                    job.cursor.clone(),
-                    PAGE,
-                )
-                .await?;
-            for listed in page {
-                if taken.len() >= room {
-                    return Ok(taken);
-                }
-                read += 1;
-                job.scanned += 1;
-                job.cursor = Some((listed.received_at_ms, listed.event_id.clone()));
-                // Receive order: nothing past the range's end matches, and
-                // a job takes only what was there when it started (events
-                // delivered after are not chased).
-                if job
-                    .filter
-                    .received_to
-                    .is_some_and(|t| listed.received_at_ms >= t)
-                    || listed.received_at_ms > job.created_ms
-                {
-                    job.scanned_all = true;
-                    return Ok(taken);
-                }
-                if listed.replay.as_ref().is_some_and(|m| m.job == job.id) {
-                    continue;
-                }
-                if let Some(e) = filter::matching(inbox, &job.filter, listed).await? {
-                    job.matched += 1;
-                    taken.push(e);
-                }
+        let lanes = job.lanes();
+        let lane = job
+            .lane
+            .as_ref()
+            .and_then(|l| lanes.iter().position(|x| x == l))
+            .unwrap_or(0);
+        let scanner = &self.gateway.scanner;
+        let request = ScanRequest {
+            lanes: lanes.clone(),
+            filter: job.filter.clone(),
+            from: Position {
+                lane,
+                after: job.cursor.clone(),
+            },
+            budget: Budget {
+                rows: SCAN_PER_PASS,
+                ..scanner.budget
+            },
+            max_matches: room as u64,
+            keep: room,
+            // A job takes only what was there when it started (events
+            // delivered after are not chased).
+            until: Some(job.created_ms),
+            skip: job.window.iter().cloned().collect(),
+            skip_replayed_by: Some(job.id.clone()),
+        };
+        let scanned = match scanner.scan(self.gateway.inbox.clone(), request).await {
+            Ok(s) => s,
+            Err(ScanError::Store(e)) => return Err(e),
+            // Waiting or stopping: the next pass tries again.
+            Err(ScanError::Busy | ScanError::Stopped) => return Ok(Vec::new()),
+        };
+        job.scanned += scanned.rows;
+        job.matched += scanned.matched;
+        match scanned.next {
+            Some(next) => {
+                job.lane = lanes.get(next.lane).cloned();
+                job.cursor = next.after;
             }
-            if next.is_none() {
-                job.scanned_all = true;
-                break;
-            }
+            None => job.scanned_all = true,
         }
-        Ok(taken)
+        Ok(scanned.matches)
     }
 }
 

@@ -187,10 +187,14 @@ pub fn replay_states(
     for id in ids {
         let state = match rows.get((source, id.as_str()))? {
             None => None,
-            Some(row) => Some(ReplayState {
-                status: EventStatus::from_byte(row.value().status),
-                job: mark(&marks, source, id)?.map(|m| m.job),
-            }),
+            Some(row) => {
+                let row = row.value();
+                Some(ReplayState {
+                    status: EventStatus::from_byte(row.status),
+                    job: mark(&marks, source, id)?.map(|m| m.job),
+                    last_error: row.last_error.map(str::to_owned),
+                })
+            }
         };
         out.push(state);
     }

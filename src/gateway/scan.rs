@@ -1,0 +1,401 @@
+//! Scans over a source's events for the operator: a count (the dry run of
+//! a bulk job), and each pass of a bulk job. A scan reads a source's
+//! listing (its status index, in receive order) and reads and parses a
+//! body only for rows that match on everything else, when the filter has a
+//! body field. Parsing bodies is the one thing here that costs: a read-only
+//! token's count over a million 64 KB bodies would be a minute of CPU.
+//!
+//! So a scan is bounded and kept off the request path:
+//! - **a budget** ([`Budget`]): rows read, body bytes parsed and time. A
+//!   count over it answers with what it found and a cursor to continue
+//!   from (`complete: false`); a job's pass stops there and goes on at its
+//!   next pass.
+//! - **its own thread** ([`Scanner`]): every scan runs on one thread of
+//!   its own (with its own blocking pool of one thread for the store's
+//!   reads), never on an HTTP worker or the runtime that delivers;
+//! - **turns** (`gateway.max_scans`, 1 by default): more wait for a turn,
+//!   and past [`MAX_WAITING`] waiting a count is refused with 429.
+//!
+//! What is indexed is used: the status picks the index; `received_from`
+//! starts the read at that time and `received_to` ends it; a job reads
+//! nothing received after it started. Stream, `created_at` and error text
+//! are read from the rows, without a body.
+//!
+//! A source with destinations keeps each destination's copy in a lane of
+//! its own (`SOURCE.DESTINATION`): a scan of the source reads every lane,
+//! one after the other, and an event whose copy matched in an earlier lane
+//! is not counted again.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Semaphore, oneshot};
+
+use super::filter::EventFilter;
+use crate::clock::Millis;
+use crate::store::StoreError;
+use crate::store::inbox::{Cursor, Inbox, InboxEvent, ListOrder};
+
+/// Matches a count names (the first ones).
+pub const NAMED: usize = 10;
+/// Scans waiting for a turn past which a count is refused (429).
+pub const MAX_WAITING: usize = 64;
+/// Rows per listing page read.
+const PAGE: usize = 500;
+
+/// How much one count, dry run or job pass may read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Rows read.
+    pub rows: u64,
+    /// Body bytes read and parsed (a body is read only for a filter on a
+    /// body field).
+    pub bytes: u64,
+    /// Time spent.
+    pub time: Duration,
+}
+
+/// Where a scan stands: the lane it reads (an index into its lanes) and
+/// the last row it read there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Position {
+    pub lane: usize,
+    pub after: Option<Cursor>,
+}
+
+/// What a scan reads.
+#[derive(Debug, Clone)]
+pub struct ScanRequest {
+    /// The lanes of the source, in the order read.
+    pub lanes: Vec<String>,
+    pub filter: EventFilter,
+    /// Where to start.
+    pub from: Position,
+    pub budget: Budget,
+    /// Stop after this many matches.
+    pub max_matches: u64,
+    /// Keep the first this many (the others are counted).
+    pub keep: usize,
+    /// Rows received after this are not read (a job takes what was there
+    /// when it started).
+    pub until: Option<Millis>,
+    /// Events not to take: those a job holds already.
+    pub skip: HashSet<String>,
+    /// Events replayed by this job already are not taken again.
+    pub skip_replayed_by: Option<String>,
+}
+
+/// What a scan found.
+#[derive(Debug, Clone, Default)]
+pub struct Scanned {
+    /// The first matches (as many as the request keeps), each once however
+    /// many lanes hold it (its `source` is the lane it matched in; its body
+    /// filled in when the filter read it).
+    pub matches: Vec<InboxEvent>,
+    /// Matches in all.
+    pub matched: u64,
+    /// Rows read.
+    pub rows: u64,
+    /// Body bytes read and parsed.
+    pub bytes: u64,
+    /// Where to go on from; `None` once every lane was read to its end.
+    pub next: Option<Position>,
+}
+
+/// Why a scan did not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// [`MAX_WAITING`] scans wait for a turn already.
+    #[error("{MAX_WAITING} scans wait for a turn already; retry in a moment")]
+    Busy,
+    /// The scan thread is gone (the server stops).
+    #[error("the scan thread has stopped")]
+    Stopped,
+}
+
+/// The thread scans run on, and their turns.
+#[derive(Debug)]
+pub struct Scanner {
+    handle: tokio::runtime::Handle,
+    turns: Semaphore,
+    waiting: AtomicUsize,
+    /// Each count's and each job pass's budget.
+    pub budget: Budget,
+    /// Dropped with the scanner: the thread ends.
+    _stop: oneshot::Sender<()>,
+}
+
+impl Scanner {
+    /// Starts the scan thread: `max_scans` scans at once, each within
+    /// `budget`.
+    pub fn start(budget: Budget, max_scans: usize) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(1)
+            .thread_name("dedupd-scan-read")
+            .build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("dedupd-scan".into())
+            .spawn(move || {
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+            })?;
+        Ok(Self {
+            handle,
+            turns: Semaphore::new(max_scans.max(1)),
+            waiting: AtomicUsize::new(0),
+            budget,
+            _stop: stop,
+        })
+    }
+
+    /// Runs `scan` on the scan thread once a turn is free.
+    pub async fn run<T, F>(&self, scan: F) -> Result<T, ScanError>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(ScanError::Busy);
+        }
+        let turn = self.turns.acquire().await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        let _turn = turn.map_err(|_| ScanError::Stopped)?;
+        Ok(self
+            .handle
+            .spawn(scan)
+            .await
+            .map_err(|_| ScanError::Stopped)??)
+    }
+
+    /// Counts what `filter` matches in `lanes` from `from` on, within the
+    /// budget: a count, or the dry run of a job.
+    pub async fn count(
+        &self,
+        inbox: Arc<dyn Inbox>,
+        lanes: Vec<String>,
+        filter: EventFilter,
+        from: Position,
+    ) -> Result<Scanned, ScanError> {
+        let request = ScanRequest {
+            lanes,
+            filter,
+            from,
+            budget: self.budget,
+            max_matches: u64::MAX,
+            keep: NAMED,
+            until: None,
+            skip: HashSet::new(),
+            skip_replayed_by: None,
+        };
+        self.scan(inbox, request).await
+    }
+
+    /// [`scan`] on the scan thread.
+    pub async fn scan(
+        &self,
+        inbox: Arc<dyn Inbox>,
+        request: ScanRequest,
+    ) -> Result<Scanned, ScanError> {
+        self.run(async move { scan(inbox.as_ref(), &request).await })
+            .await
+    }
+}
+
+/// Reads `request.lanes` on from `request.from`, in each lane's listing
+/// order, until `max_matches` matches, the budget, or the end of the last
+/// lane.
+pub async fn scan(inbox: &dyn Inbox, request: &ScanRequest) -> Result<Scanned, StoreError> {
+    let started = Instant::now();
+    let filter = &request.filter;
+    let budget = &request.budget;
+    let mut out = Scanned::default();
+    let mut at = request.from.clone();
+    while at.lane < request.lanes.len() {
+        let lane = &request.lanes[at.lane];
+        // The index is in receive order: start at `received_from` (ids are
+        // never empty, so every row received then comes after this).
+        if at.after.is_none()
+            && let Some(from) = filter.received_from
+        {
+            at.after = Some((from, String::new()));
+        }
+        let (page, more) = inbox
+            .list_events(
+                lane,
+                filter.status,
+                ListOrder::OldestFirst,
+                at.after.clone(),
+                PAGE,
+            )
+            .await?;
+        let mut lane_done = more.is_none();
+        for listed in page {
+            if out.rows >= budget.rows
+                || started.elapsed() >= budget.time
+                || out.matched >= request.max_matches
+            {
+                out.next = Some(at);
+                return Ok(out);
+            }
+            // Nothing past these is read: the lane is done.
+            let past = filter
+                .received_to
+                .is_some_and(|t| listed.received_at_ms >= t)
+                || request.until.is_some_and(|t| listed.received_at_ms > t);
+            if past {
+                lane_done = true;
+                break;
+            }
+            let before = at.clone();
+            out.rows += 1;
+            at.after = Some((listed.received_at_ms, listed.event_id.clone()));
+            if request.skip.contains(&listed.event_id)
+                || request
+                    .skip_replayed_by
+                    .as_ref()
+                    .is_some_and(|job| listed.replay.as_ref().is_some_and(|m| m.job == *job))
+                || !filter.matches_without_body(&listed)
+            {
+                continue;
+            }
+            let event = if filter.needs_body() {
+                let size = listed.body_bytes as u64;
+                if out.bytes > 0 && out.bytes.saturating_add(size) > budget.bytes {
+                    // The next scan reads this row again, with a budget
+                    // of its own (a body over the budget is read alone).
+                    out.rows -= 1;
+                    out.next = Some(before);
+                    return Ok(out);
+                }
+                out.bytes = out.bytes.saturating_add(size);
+                match inbox.inbox_event(lane, &listed.event_id).await? {
+                    Some(full) if filter.matches(&full) => full,
+                    _ => continue,
+                }
+            } else {
+                listed
+            };
+            if at.lane > 0
+                && matched_before(inbox, &request.lanes[..at.lane], filter, &event).await?
+            {
+                continue;
+            }
+            out.matched += 1;
+            if out.matches.len() < request.keep {
+                out.matches.push(event);
+            }
+        }
+        if lane_done {
+            at = Position {
+                lane: at.lane + 1,
+                after: None,
+            };
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `event`'s copy in one of `lanes` (read before its own) matches
+/// `filter`, so it was counted there. Its body, times and stream are its
+/// event's, the same in every lane: its copy's status and last error
+/// decide.
+async fn matched_before(
+    inbox: &dyn Inbox,
+    lanes: &[String],
+    filter: &EventFilter,
+    event: &InboxEvent,
+) -> Result<bool, StoreError> {
+    for lane in lanes {
+        let states = inbox
+            .replay_states(lane, vec![event.event_id.clone()])
+            .await?;
+        if let Some(Some(state)) = states.into_iter().next()
+            && state.status == filter.status
+            && filter.error_matches(state.last_error.as_deref())
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    fn budget() -> Budget {
+        Budget {
+            rows: 10,
+            bytes: 10,
+            time: Duration::from_secs(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn scans_run_on_their_own_thread_one_at_a_time_and_too_many_waiting_are_refused() {
+        let scanner = Arc::new(Scanner::start(budget(), 1).expect("a scan thread"));
+        let name = scanner
+            .run(async { Ok(std::thread::current().name().map(str::to_owned)) })
+            .await
+            .expect("runs");
+        assert_eq!(name.as_deref(), Some("dedupd-scan"));
+
+        // The one turn is taken...
+        let (release, held) = oneshot::channel::<()>();
+        let first = tokio::spawn({
+            let scanner = scanner.clone();
+            async move {
+                scanner
+                    .run(async move {
+                        let _ = held.await;
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        while scanner.turns.available_permits() > 0 {
+            tokio::task::yield_now().await;
+        }
+        // ...so the others wait, and none of them runs meanwhile.
+        let ran = Arc::new(AtomicBool::new(false));
+        let mut waiting = Vec::new();
+        for _ in 0..MAX_WAITING {
+            let (scanner, ran) = (scanner.clone(), ran.clone());
+            waiting.push(tokio::spawn(async move {
+                scanner
+                    .run(async move {
+                        ran.store(true, Ordering::SeqCst);
+                        Ok(())
+                    })
+                    .await
+            }));
+        }
+        while scanner.waiting.load(Ordering::SeqCst) < MAX_WAITING {
+            tokio::task::yield_now().await;
+        }
+        assert!(!ran.load(Ordering::SeqCst));
+        // One more is refused at once.
+        assert!(matches!(
+            scanner.run(async { Ok(()) }).await,
+            Err(ScanError::Busy)
+        ));
+        release.send(()).expect("the first waits");
+        assert!(first.await.expect("joins").is_ok());
+        for w in waiting {
+            assert!(w.await.expect("joins").is_ok());
+        }
+        assert!(ran.load(Ordering::SeqCst));
+    }
+}
