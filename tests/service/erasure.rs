@@ -11,14 +11,11 @@ use std::path::Path;
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
-use dedupd::clock::Clock;
-use dedupd::config::sources::SourceSettings;
-use dedupd::gateway::signature::{Scheme, sign};
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::support::app::{TestApp, spawn_app_with, start_again};
-use crate::support::gateway::{DESTINATION, SECRET};
+use crate::support::gateway::{fan_out, invoice as event, post_with_customer as post};
 use crate::support::receiver::{Behaviour, Receiver, eventually};
 
 /// What the erased event's body carries (a personal datum).
@@ -27,55 +24,6 @@ const BODY_MARKER: &str = "alice.body.7f3c9e@example.com";
 const HEADER_MARKER: &str = "alice-header-51d2ab";
 /// What an event that is not erased carries: still readable.
 const KEPT_MARKER: &str = "bob.kept.0c8d41@example.com";
-
-/// A source with two destinations that both take every event, forwarding
-/// the header `x-customer`.
-fn fan_out(billing: &str, audit: &str) -> SourceSettings {
-    toml::from_str(&format!(
-        r#"
-        scheme = "sume"
-        secrets = ["{SECRET}"]
-        event_id = "body:/request_id"
-        created_at = "body:/created_at"
-        destination_secret = "{DESTINATION}"
-        forward_headers = ["content-type", "x-customer"]
-        backoff_min = "10ms"
-        backoff_max = "40ms"
-
-        [[destinations]]
-        name = "billing"
-        forward_to = "{billing}"
-
-        [[destinations]]
-        name = "audit"
-        forward_to = "{audit}"
-        "#
-    ))
-    .unwrap()
-}
-
-fn event(id: &str, email: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "request_id": id, "type": "invoice.paid", "email": email,
-        "created_at": "2026-11-29T10:00:00Z",
-    }))
-    .unwrap()
-}
-
-async fn post(app: &TestApp, body: &[u8], customer: &str) {
-    let ts = i64::try_from(app.clock.now_ms() / 1000).unwrap();
-    let mut req = app
-        .client
-        .post(app.url("/ingest/sw"))
-        .header("content-type", "application/json")
-        .header("x-customer", customer)
-        .body(body.to_vec());
-    for (name, value) in sign(Scheme::Sume, SECRET, ts, "", body) {
-        req = req.header(name, value);
-    }
-    let res = req.send().await.unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-}
 
 /// Every file under `dir`, read whole.
 fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {

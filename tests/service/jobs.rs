@@ -440,12 +440,28 @@ async fn an_erase_job_erases_what_its_filter_matches_and_nothing_else() {
         (&json!("done"), &json!(2), &json!(2)),
         "{done}"
     );
-    // The filter comes back as it was posted.
+    // While it runs, the filter comes back as it was posted.
+    assert_eq!(
+        started["filter"],
+        json!({ "status": "delivered", "field": "/run_id", "value": "run_1" }),
+        "{started}"
+    );
+    // Once it ended, its shape without its values: an erasure's filter
+    // names the person erased, and any read-only token reads jobs.
     assert_eq!(
         done["filter"],
-        json!({ "status": "delivered", "field": "/run_id", "value": "run_1" }),
+        json!({ "status": "delivered", "field": "/run_id", "value": "(dropped when the job ended)" }),
         "{done}"
     );
+    let listed: Value = app
+        .request(Method::GET, "/v1/jobs")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(!listed.to_string().contains("run_1"), "{listed}");
     assert_eq!(app.event_ids("erased").await, ["k1", "k3"]);
     assert_eq!(app.event_ids("delivered").await, ["k2"]);
     // Listed by /v1/jobs, newest first.

@@ -44,6 +44,7 @@ mod redis_backend;
 mod redis_gateway;
 mod resp;
 mod routing;
+mod scans;
 #[cfg(feature = "redis")]
 mod shared_inbox;
 mod systemd;

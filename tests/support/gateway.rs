@@ -235,3 +235,55 @@ pub(crate) fn delivered_order(receiver: &Receiver) -> Vec<String> {
     }
     order
 }
+
+/// A source `sw` with two destinations, `billing` and `audit`, that both
+/// take every event (each keeps its copies in a lane of its own), and
+/// forward the header `x-customer`.
+pub(crate) fn fan_out(billing: &str, audit: &str) -> SourceSettings {
+    toml::from_str(&format!(
+        r#"
+        scheme = "sume"
+        secrets = ["{SECRET}"]
+        event_id = "body:/request_id"
+        created_at = "body:/created_at"
+        destination_secret = "{DESTINATION}"
+        forward_headers = ["content-type", "x-customer"]
+        backoff_min = "10ms"
+        backoff_max = "40ms"
+
+        [[destinations]]
+        name = "billing"
+        forward_to = "{billing}"
+
+        [[destinations]]
+        name = "audit"
+        forward_to = "{audit}"
+        "#
+    ))
+    .unwrap()
+}
+
+/// An invoice event `id` for the customer `email`.
+pub(crate) fn invoice(id: &str, email: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "request_id": id, "type": "invoice.paid", "email": email,
+        "created_at": "2026-11-29T10:00:00Z",
+    }))
+    .unwrap()
+}
+
+/// Posts `body` to the source `sw`, signed, with `x-customer: customer`.
+pub(crate) async fn post_with_customer(app: &TestApp, body: &[u8], customer: &str) {
+    let ts = app.now_s();
+    let mut req = app
+        .client
+        .post(app.url("/ingest/sw"))
+        .header("content-type", "application/json")
+        .header("x-customer", customer)
+        .body(body.to_vec());
+    for (name, value) in sign(Scheme::Sume, SECRET, ts, "", body) {
+        req = req.header(name, value);
+    }
+    let res = req.send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
