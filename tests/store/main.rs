@@ -9,6 +9,7 @@ mod disk_faults;
 mod golden;
 mod held_commit;
 mod inbox_model;
+mod key_file;
 mod keyspace;
 mod log_identity;
 mod low_space;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use redb::{Database, ReadableDatabase};
+use redb::{Database, ReadableDatabase, ReadableTable};
 
 use super::counts::StatusCounts;
 use super::engine::{Engine, Shared};
@@ -235,12 +235,25 @@ impl Engine {
                 data: opts.path.clone(),
             });
         }
+        // Nor is a key file left from another data file taken for a new
+        // one's (its keys open that one's events).
+        let keys = seal::path_for(&opts.path);
+        if !has_data && exists(&keys) {
+            return Err(OpenError::ForeignKeys {
+                keys,
+                data: opts.path.clone(),
+                detail: "is left from a data file that is not there".into(),
+            });
+        }
         let refuse = Arc::new(AtomicBool::new(false));
         let gate = Arc::new(SyncGate::default());
         let db = open_db(opts, refuse.clone(), gate.clone()).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(opts.path.clone()),
             e => other(e.into()),
         })?;
+        // Before anything is written: a file with sealed events opens only
+        // beside its own key file.
+        check_keys(&db, opts)?;
         let id = migrate::init_schema(&db, &opts.path)?;
         warn_if_others_can_read(&opts.path);
         for log in wal_segments::paths_for(&opts.path) {
@@ -334,17 +347,35 @@ impl Engine {
     }
 }
 
-/// Opens the key file of the data file `db` (its id `id`), once the log is
-/// replayed: every slot no row uses is shredded (see [`seal`]).
-fn open_seals(db: &Database, opts: &RedbOptions, id: u128) -> Result<Seals, OpenError> {
-    let other = |e: redb::Error| OpenError::Other {
+/// Refuses a data file that holds sealed events unless its own key file
+/// is beside it, reading only (a file of an older schema has none).
+fn check_keys(db: &Database, opts: &RedbOptions) -> Result<(), OpenError> {
+    let sealed = || -> Result<Option<u128>, redb::Error> {
+        let tx = db.begin_read()?;
+        let seals = match tx.open_table(super::tables::INBOX_SEALS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if seals.first()?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(migrate::stored_file_id(db)?))
+    };
+    let Some(id) = sealed().map_err(|e| OpenError::Other {
         path: opts.path.clone(),
         source: e,
+    })?
+    else {
+        return Ok(());
     };
-    let used =
-        inbox::sealed_slots(&db.begin_read().map_err(|e| other(e.into()))?).map_err(other)?;
+    Seals::check(&opts.path, id).map_err(|e| keys_error(e, opts))
+}
+
+/// The open error for a key file that cannot be used.
+fn keys_error(e: KeysError, opts: &RedbOptions) -> OpenError {
     let keys = seal::path_for(&opts.path);
-    Seals::open(&opts.path, id, &used, opts.faults.clone()).map_err(|e| match e {
+    match e {
         KeysError::Io(e) => OpenError::Other {
             path: keys,
             source: redb::Error::Io(e),
@@ -367,7 +398,19 @@ fn open_seals(db: &Database, opts: &RedbOptions, id: u128) -> Result<Seals, Open
             keys,
             detail: e.to_string(),
         },
-    })
+    }
+}
+
+/// Opens the key file of the data file `db` (its id `id`), once the log is
+/// replayed: every slot no row uses is shredded (see [`seal`]).
+fn open_seals(db: &Database, opts: &RedbOptions, id: u128) -> Result<Seals, OpenError> {
+    let other = |e: redb::Error| OpenError::Other {
+        path: opts.path.clone(),
+        source: e,
+    };
+    let used =
+        inbox::sealed_slots(&db.begin_read().map_err(|e| other(e.into()))?).map_err(other)?;
+    Seals::open(&opts.path, id, &used, opts.faults.clone()).map_err(|e| keys_error(e, opts))
 }
 
 /// Whether a file of `mode` may be read or written by its group or others.

@@ -211,6 +211,24 @@ impl Seals {
         Ok(seals)
     }
 
+    /// Checks, without writing anything, that the key file beside `data`
+    /// is there and belongs to data file `id` (for a data file that holds
+    /// sealed rows, before anything is written to it).
+    pub fn check(data: &Path, id: u128) -> Result<(), KeysError> {
+        let path = path_for(data);
+        let Ok(file) = File::open(&path) else {
+            return Err(KeysError::Missing);
+        };
+        let mut header = [0u8; HEADER as usize];
+        file.read_exact_at(&mut header, 0)
+            .map_err(|_| KeysError::NotKeys)?;
+        match read_header(&header) {
+            Some(found) if found == id => Ok(()),
+            Some(found) => Err(KeysError::Foreign(found)),
+            None => Err(KeysError::NotKeys),
+        }
+    }
+
     /// Cuts free slots past the last one in `used` off the file, shreds
     /// every other slot not in `used`, and makes them the clean ones.
     fn start_over(&self, used: &HashSet<u64>) -> std::io::Result<()> {

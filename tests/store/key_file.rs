@@ -1,0 +1,146 @@
+//! The key file (`dedupd.redb.keys`, see `store::redb::seal`) is bound to
+//! its data file: a data file with sealed events opens only beside its own
+//! key file, whole; anything else is refused with the files named, and
+//! nothing is changed. And every event, on a source with several lanes
+//! too, opens after a crash (the log replayed) and after a restart.
+
+use dedupd::domain::CreatedAt;
+use dedupd::store::inbox::{Inbox, NewEvent};
+use dedupd::store::redb::{OpenError, RedbOptions, RedbStore};
+use tempfile::TempDir;
+
+const NOW: u64 = 1_800_000_000_000;
+
+fn keys_of(path: &std::path::Path) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".keys");
+    p.into()
+}
+
+fn event(id: &str, body: &str) -> NewEvent {
+    NewEvent {
+        source: "sume".into(),
+        event_id: id.into(),
+        stream: None,
+        created_at: CreatedAt::from_unix_nanos(1),
+        received_at_ms: NOW,
+        headers: vec![("x-customer".into(), format!("h-{id}"))],
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+/// A closed store in `dir` holding the events `e1` and `e2`.
+async fn with_events(dir: &TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("dedupd.redb");
+    let store = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let inbox = store.inbox();
+    inbox.ingest(event("e1", "body one"), NOW).await.unwrap();
+    inbox.ingest(event("e2", "body two"), NOW).await.unwrap();
+    store.close().await;
+    path
+}
+
+#[tokio::test]
+async fn every_event_opens_after_a_restart_with_its_headers_and_body() {
+    let dir = TempDir::new().unwrap();
+    let path = with_events(&dir).await;
+    let store = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let e = store
+        .inbox()
+        .inbox_event("sume", "e2")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.body, b"body two");
+    assert_eq!(e.headers, [("x-customer".to_owned(), "h-e2".to_owned())]);
+    let indexes = store.inbox().inbox_indexes().await.unwrap();
+    assert!(indexes.orphan_seals.is_empty() && indexes.shared_slots.is_empty());
+    store.close().await;
+}
+
+/// Every event opens, whole (the files were left fit to serve).
+async fn opens_whole(path: &std::path::Path) {
+    let store = RedbStore::open(&RedbOptions::new(path)).unwrap();
+    for (id, body) in [("e1", "body one"), ("e2", "body two")] {
+        let e = store
+            .inbox()
+            .inbox_event("sume", id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.body, body.as_bytes(), "{id}");
+    }
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_data_file_with_sealed_events_is_refused_without_its_key_file() {
+    let dir = TempDir::new().unwrap();
+    let path = with_events(&dir).await;
+    let keys = std::fs::read(keys_of(&path)).unwrap();
+    std::fs::remove_file(keys_of(&path)).unwrap();
+    let err = RedbStore::open(&RedbOptions::new(&path)).unwrap_err();
+    assert!(matches!(err, OpenError::MissingKeys { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&keys_of(&path).display().to_string()) && msg.contains("missing"),
+        "{msg}"
+    );
+    assert!(!keys_of(&path).exists(), "no key file was made up");
+    std::fs::write(keys_of(&path), keys).unwrap();
+    opens_whole(&path).await;
+}
+
+#[tokio::test]
+async fn a_key_file_of_another_data_file_is_refused_and_left_as_it_is() {
+    let a = TempDir::new().unwrap();
+    let b = TempDir::new().unwrap();
+    let path = with_events(&a).await;
+    let other = with_events(&b).await;
+    let own = std::fs::read(keys_of(&path)).unwrap();
+    std::fs::copy(keys_of(&other), keys_of(&path)).unwrap();
+    let foreign = std::fs::read(keys_of(&path)).unwrap();
+    let err = RedbStore::open(&RedbOptions::new(&path)).unwrap_err();
+    assert!(matches!(err, OpenError::ForeignKeys { .. }), "{err}");
+    assert!(err.to_string().contains("belongs to data file"), "{err}");
+    assert!(
+        std::fs::read(keys_of(&path)).unwrap() == foreign,
+        "left as it was"
+    );
+    // Not a key file at all.
+    std::fs::write(keys_of(&path), b"{\"not\": \"a key file, not at all\"}").unwrap();
+    let err = RedbStore::open(&RedbOptions::new(&path)).unwrap_err();
+    assert!(
+        err.to_string().contains("is not a dedupd key file"),
+        "{err}"
+    );
+    std::fs::write(keys_of(&path), own).unwrap();
+    opens_whole(&path).await;
+}
+
+#[tokio::test]
+async fn a_key_file_cut_short_is_refused_as_damaged() {
+    let dir = TempDir::new().unwrap();
+    let path = with_events(&dir).await;
+    let keys = std::fs::read(keys_of(&path)).unwrap();
+    // The header and no slot.
+    std::fs::write(keys_of(&path), &keys[..32]).unwrap();
+    let err = RedbStore::open(&RedbOptions::new(&path)).unwrap_err();
+    assert!(matches!(err, OpenError::DamagedKeys { .. }), "{err}");
+    assert!(err.to_string().contains("key slot"), "{err}");
+}
+
+#[tokio::test]
+async fn a_key_file_left_beside_a_new_data_file_is_refused() {
+    let dir = TempDir::new().unwrap();
+    let path = with_events(&dir).await;
+    // The operator deleted the data file and its log, not the key file.
+    for ext in ["", ".wal", ".wal2"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(ext);
+        let _ = std::fs::remove_file(std::path::PathBuf::from(p));
+    }
+    let err = RedbStore::open(&RedbOptions::new(&path)).unwrap_err();
+    assert!(matches!(err, OpenError::ForeignKeys { .. }), "{err}");
+    assert!(err.to_string().contains("move"), "{err}");
+}
