@@ -26,7 +26,10 @@
 //! `EVENTS` (10000), `DELAY_MS` (50), `MAX_IN_FLIGHT` (unset: dedupd's
 //! defaults, as a new user runs it; a number sets it for the gateway and
 //! the source), `WAIT_S` (120: longest wait for deliveries after
-//! posting), `SCENARIOS` (`a,nginx,b`; `wrk` runs when named). A quick run:
+//! posting), `SCENARIOS` (`a,nginx,b`; `wrk` runs when named),
+//! `DEDUPD_BIN` (this build's binary; another, to measure another build
+//! the same way). Beside each scenario: the server's CPU and context
+//! switches per accepted event. A quick run:
 //! `DURATION_S=1 EVENTS=2000 STREAMS=100 cargo bench --bench delivery`.
 //!
 //! Under `cargo test --all-targets` (no `--bench` argument) it does nothing.
@@ -296,6 +299,7 @@ async fn run_scenario(p: &Params, s: &Scenario) -> anyhow::Result<()> {
     tokio::time::sleep(DUPLICATE_GRACE).await;
     sampling.store(false, Ordering::Relaxed);
     let lane = sampler.await.unwrap_or_default();
+    let (cpu_ns, switches) = usage(server.pid());
     let statuses = count_statuses(&client, &server.base).await;
     let tracker = receiver.tracker().clone();
     let max_at_receiver = receiver.max_in_flight();
@@ -312,6 +316,13 @@ async fn run_scenario(p: &Params, s: &Scenario) -> anyhow::Result<()> {
         max_at_receiver,
         &statuses,
     );
+    if accepted > 0 {
+        println!(
+            "  server (its threads' schedstat, start to end): {:.1} µs CPU and {:.2} context switches per accepted event, its ingest and delivery",
+            cpu_ns as f64 / 1000.0 / accepted as f64,
+            switches as f64 / accepted as f64
+        );
+    }
     let log = server_log.trim();
     if !log.is_empty() {
         let lines: Vec<&str> = log.lines().collect();
@@ -881,7 +892,10 @@ impl Dedupd {
         )?;
         let log = dir.path().join("dedupd.log");
         let out = std::fs::File::create(&log)?;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
+        // `DEDUPD_BIN`: another build's binary, measured the same way.
+        let bin =
+            std::env::var("DEDUPD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_dedupd").to_owned());
+        let mut cmd = Command::new(bin);
         for (k, _) in std::env::vars() {
             let lower = k.to_ascii_lowercase();
             if k.starts_with("DEDUPD_") || k == "RUST_LOG" || lower.ends_with("_proxy") {
@@ -912,6 +926,11 @@ impl Dedupd {
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
         wait_ready(&mut self.child, &self.base, &self.log).await
+    }
+
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.child.id()
     }
 
     /// Kills the server; returns what it logged.
@@ -1318,4 +1337,34 @@ pub(crate) fn sign(ts: u64, body: &[u8]) -> String {
     mac.update(format!("{ts}.").as_bytes());
     mac.update(body);
     format!("v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// A process's threads' time on a CPU (`schedstat`, ns) and context
+/// switches (`voluntary` + `nonvoluntary`), summed over the threads alive
+/// now (a thread that ended took its counts with it).
+pub(crate) fn usage(pid: u32) -> (u64, u64) {
+    let (mut cpu, mut switches) = (0u64, 0u64);
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    for task in tasks.flatten() {
+        if let Ok(s) = std::fs::read_to_string(task.path().join("schedstat")) {
+            cpu += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        if let Ok(s) = std::fs::read_to_string(task.path().join("status")) {
+            for line in s.lines() {
+                if let Some(n) = line
+                    .strip_prefix("voluntary_ctxt_switches:")
+                    .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+                {
+                    switches += n.trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+    }
+    (cpu, switches)
 }

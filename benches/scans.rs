@@ -23,8 +23,11 @@
 //! `PIN=1` starts the server pinned to CPU 0 (`taskset -c 0`); run the
 //! bench itself on the other one: `PIN=1 taskset -c 1 cargo bench --bench
 //! scans`. Settings (defaults): `EVENTS` (1000), `BODY_KB` (60), `RATE`
-//! (100), `SECONDS` (10), `COUNTERS` (16). Under `cargo test
-//! --all-targets` (no `--bench` argument) it does nothing.
+//! (100), `SECONDS` (10), `COUNTERS` (16), `SETTLE_S` (5: the pause after
+//! the fill, so its checkpoint is not in the first phase), `DEDUPD_BIN`
+//! (this build's binary; another, to measure another build the same way).
+//! Under `cargo test --all-targets` (no `--bench` argument) it does
+//! nothing.
 
 #![allow(clippy::expect_used)]
 
@@ -42,7 +45,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use delivery::{
-    ChildGuard, DESTINATION_SECRET, Receiver, ReceiverKind, SECRET, env_or, free_port, sign,
+    ChildGuard, DESTINATION_SECRET, Receiver, ReceiverKind, SECRET, env_or, free_port, sign, usage,
     wait_ready,
 };
 
@@ -53,6 +56,8 @@ struct Params {
     seconds: u64,
     counters: usize,
     pin: bool,
+    settle_s: u64,
+    bin: String,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -66,6 +71,8 @@ fn main() -> anyhow::Result<()> {
         seconds: env_or("SECONDS", 10)?,
         counters: env_or("COUNTERS", 16)?,
         pin: env_or("PIN", 0u8)? == 1,
+        settle_s: env_or("SETTLE_S", 5)?,
+        bin: env_or("DEDUPD_BIN", env!("CARGO_BIN_EXE_dedupd").to_owned())?,
     };
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -102,10 +109,10 @@ async fn run(p: Params) -> anyhow::Result<()> {
     let out = std::fs::File::create(&log)?;
     let mut cmd = if p.pin {
         let mut c = Command::new("taskset");
-        c.args(["-c", "0", env!("CARGO_BIN_EXE_dedupd")]);
+        c.args(["-c", "0", &p.bin]);
         c
     } else {
-        Command::new(env!("CARGO_BIN_EXE_dedupd"))
+        Command::new(&p.bin)
     };
     let child = cmd
         .args(["serve", "--config"])
@@ -127,7 +134,8 @@ async fn run(p: Params) -> anyhow::Result<()> {
     let client = dedupd::http_client::builder().no_proxy().build()?;
 
     println!(
-        "== scans beside ingest: {} events of {} KB, {} counters, ingest at {}/s for {} s{}",
+        "== scans beside ingest ({}): {} events of {} KB, {} counters, ingest at {}/s for {} s{}",
+        p.bin,
         p.events,
         p.body_kb,
         p.counters,
@@ -140,6 +148,7 @@ async fn run(p: Params) -> anyhow::Result<()> {
         }
     );
     fill(&client, &base, &p).await?;
+    tokio::time::sleep(Duration::from_secs(p.settle_s)).await;
 
     let idle = Phase::start(pid);
     let alone = ingest(&client, &base, &p, "alone").await?;
@@ -372,32 +381,4 @@ impl Phase {
     fn switches(&self) -> f64 {
         self.switches as f64
     }
-}
-
-/// Every thread's time on a CPU (`schedstat`, ns) and context switches.
-fn usage(pid: u32) -> (u64, u64) {
-    let (mut cpu, mut switches) = (0u64, 0u64);
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return (0, 0);
-    };
-    for task in tasks.flatten() {
-        if let Ok(s) = std::fs::read_to_string(task.path().join("schedstat")) {
-            cpu += s
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-        if let Ok(s) = std::fs::read_to_string(task.path().join("status")) {
-            for line in s.lines() {
-                if let Some(n) = line
-                    .strip_prefix("voluntary_ctxt_switches:")
-                    .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
-                {
-                    switches += n.trim().parse::<u64>().unwrap_or(0);
-                }
-            }
-        }
-    }
-    (cpu, switches)
 }

@@ -145,11 +145,12 @@ impl Gateway {
     fn with_stored(&self, name: &str, stored: &HashMap<String, Vec<String>>) -> Vec<String> {
         let mut lanes = self.lanes_of(name);
         if let Some(extra) = stored.get(&lanes[0]) {
-            for lane in extra {
-                if !lanes.contains(lane) {
-                    lanes.push(lane.clone());
-                }
-            }
+            // In name order: a count's cursor names its lane, and the
+            // lanes after it must be the same ones next time.
+            let mut extra: Vec<&String> = extra.iter().filter(|l| !lanes.contains(l)).collect();
+            extra.sort();
+            extra.dedup();
+            lanes.extend(extra.into_iter().cloned());
         }
         lanes
     }

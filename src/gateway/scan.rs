@@ -10,11 +10,14 @@
 //!   count over it answers with what it found and a cursor to continue
 //!   from (`complete: false`); a job's pass stops there and goes on at its
 //!   next pass.
-//! - **its own thread** ([`Scanner`]): every scan runs on one thread of
-//!   its own (with its own blocking pool of one thread for the store's
-//!   reads), never on an HTTP worker or the runtime that delivers;
+//! - **its own thread** ([`Scanner`]): the bodies a scan reads are parsed
+//!   and matched on a thread of their own, a page at a time, never on an
+//!   HTTP worker or the runtime that delivers; the store reads where it
+//!   always does (the data file on tokio's blocking pool, Redis on its
+//!   connection), so no connection ever lives on the scan thread;
 //! - **turns** (`gateway.max_scans`, 1 by default): more wait for a turn,
-//!   and past [`MAX_WAITING`] waiting a count is refused with 429.
+//!   and past [`MAX_WAITING`] waiting a count is refused with 429 (a job's
+//!   pass waits its turn).
 //!
 //! What is indexed is used: the status picks the index; `received_from`
 //! starts the read at that time and `received_to` ends it; a job reads
@@ -27,12 +30,11 @@
 //! is not counted again.
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::filter::EventFilter;
 use crate::clock::Millis;
@@ -66,6 +68,17 @@ pub struct Position {
     pub after: Option<Cursor>,
 }
 
+/// How a scan keeps from taking an event twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dedupe {
+    /// A count: a copy whose copy in an earlier lane matches was counted
+    /// there.
+    EarlierLanes,
+    /// A job: each id once per scan (its window holds what it took
+    /// before); an erasure reaches every copy of what it takes anyway.
+    Taken,
+}
+
 /// What a scan reads.
 #[derive(Debug, Clone)]
 pub struct ScanRequest {
@@ -86,6 +99,7 @@ pub struct ScanRequest {
     pub skip: HashSet<String>,
     /// Events replayed by this job already are not taken again.
     pub skip_replayed_by: Option<String>,
+    pub dedupe: Dedupe,
 }
 
 /// What a scan found.
@@ -110,7 +124,7 @@ pub struct Scanned {
 pub enum ScanError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// [`MAX_WAITING`] scans wait for a turn already.
+    /// [`MAX_WAITING`] counts wait for a turn already.
     #[error("{MAX_WAITING} scans wait for a turn already; retry in a moment")]
     Busy,
     /// The scan thread is gone (the server stops).
@@ -118,16 +132,26 @@ pub enum ScanError {
     Stopped,
 }
 
-/// The thread scans run on, and their turns.
+/// Where scans parse bodies, and their turns.
 #[derive(Debug)]
 pub struct Scanner {
     handle: tokio::runtime::Handle,
-    turns: Semaphore,
+    turns: Arc<Semaphore>,
     waiting: AtomicUsize,
     /// Each count's and each job pass's budget.
     pub budget: Budget,
     /// Dropped with the scanner: the thread ends.
     _stop: oneshot::Sender<()>,
+}
+
+/// A count waiting for a turn, counted while it waits (however its wait
+/// ends: a client gone drops it).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Scanner {
@@ -136,8 +160,6 @@ impl Scanner {
     pub fn start(budget: Budget, max_scans: usize) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .max_blocking_threads(1)
-            .thread_name("dedupd-scan-read")
             .build()?;
         let handle = runtime.handle().clone();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -150,42 +172,50 @@ impl Scanner {
             })?;
         Ok(Self {
             handle,
-            turns: Semaphore::new(max_scans.max(1)),
+            turns: Arc::new(Semaphore::new(max_scans.max(1))),
             waiting: AtomicUsize::new(0),
             budget,
             _stop: stop,
         })
     }
 
-    /// Runs `scan` on the scan thread once a turn is free.
-    pub async fn run<T, F>(&self, scan: F) -> Result<T, ScanError>
-    where
-        T: Send + 'static,
-        F: Future<Output = Result<T, StoreError>> + Send + 'static,
-    {
-        if self.waiting.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
+    /// A turn to scan, held until dropped. A count (`capped`) is refused
+    /// when [`MAX_WAITING`] wait already; a job's pass waits its turn.
+    pub async fn turn(&self, capped: bool) -> Result<OwnedSemaphorePermit, ScanError> {
+        let waited = self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        if capped && waited >= MAX_WAITING {
             return Err(ScanError::Busy);
         }
-        let turn = self.turns.acquire().await;
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-        let _turn = turn.map_err(|_| ScanError::Stopped)?;
-        Ok(self
-            .handle
-            .spawn(scan)
+        self.turns
+            .clone()
+            .acquire_owned()
             .await
-            .map_err(|_| ScanError::Stopped)??)
+            .map_err(|_| ScanError::Stopped)
+    }
+
+    /// Runs `work` (CPU only: parsing, matching) on the scan thread.
+    pub async fn compute<T, F>(&self, work: F) -> Result<T, ScanError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        self.handle
+            .spawn(async move { work() })
+            .await
+            .map_err(|_| ScanError::Stopped)
     }
 
     /// Counts what `filter` matches in `lanes` from `from` on, within the
     /// budget: a count, or the dry run of a job.
     pub async fn count(
         &self,
-        inbox: Arc<dyn Inbox>,
+        inbox: &dyn Inbox,
         lanes: Vec<String>,
         filter: EventFilter,
         from: Position,
     ) -> Result<Scanned, ScanError> {
+        let _turn = self.turn(true).await?;
         let request = ScanRequest {
             lanes,
             filter,
@@ -196,30 +226,38 @@ impl Scanner {
             until: None,
             skip: HashSet::new(),
             skip_replayed_by: None,
+            dedupe: Dedupe::EarlierLanes,
         };
-        self.scan(inbox, request).await
+        scan(self, inbox, &request).await
     }
 
-    /// [`scan`] on the scan thread.
-    pub async fn scan(
+    /// A job's pass (see [`scan`]), once it has a turn.
+    pub async fn job_pass(
         &self,
-        inbox: Arc<dyn Inbox>,
-        request: ScanRequest,
+        inbox: &dyn Inbox,
+        request: &ScanRequest,
     ) -> Result<Scanned, ScanError> {
-        self.run(async move { scan(inbox.as_ref(), &request).await })
-            .await
+        let _turn = self.turn(false).await?;
+        scan(self, inbox, request).await
     }
 }
 
 /// Reads `request.lanes` on from `request.from`, in each lane's listing
 /// order, until `max_matches` matches, the budget, or the end of the last
-/// lane.
-pub async fn scan(inbox: &dyn Inbox, request: &ScanRequest) -> Result<Scanned, StoreError> {
+/// lane. It reads at least one row, so a scan always moves on. The store's
+/// reads run where the store runs them (the data file's on the blocking
+/// pool); the bodies read are parsed on the scan thread, a page at a time.
+pub async fn scan(
+    scanner: &Scanner,
+    inbox: &dyn Inbox,
+    request: &ScanRequest,
+) -> Result<Scanned, ScanError> {
     let started = Instant::now();
     let filter = &request.filter;
     let budget = &request.budget;
     let mut out = Scanned::default();
     let mut at = request.from.clone();
+    let mut taken: HashSet<String> = HashSet::new();
     while at.lane < request.lanes.len() {
         let lane = &request.lanes[at.lane];
         // The index is in receive order: start at `received_from` (ids are
@@ -239,13 +277,21 @@ pub async fn scan(inbox: &dyn Inbox, request: &ScanRequest) -> Result<Scanned, S
             )
             .await?;
         let mut lane_done = more.is_none();
+        if page.is_empty()
+            && let Some(next) = more
+        {
+            // Rows that were gone by the time the page was read.
+            at.after = Some(next);
+            continue;
+        }
+        let mut candidates = Vec::new();
+        let mut stop = false;
         for listed in page {
-            if out.rows >= budget.rows
-                || started.elapsed() >= budget.time
-                || out.matched >= request.max_matches
-            {
-                out.next = Some(at);
-                return Ok(out);
+            let spent =
+                out.rows > 0 && (out.rows >= budget.rows || started.elapsed() >= budget.time);
+            if spent || out.matched + candidates.len() as u64 >= request.max_matches {
+                stop = true;
+                break;
             }
             // Nothing past these is read: the lane is done.
             let past = filter
@@ -256,7 +302,14 @@ pub async fn scan(inbox: &dyn Inbox, request: &ScanRequest) -> Result<Scanned, S
                 lane_done = true;
                 break;
             }
-            let before = at.clone();
+            let size = listed.body_bytes as u64;
+            if filter.needs_body() && out.bytes > 0 && out.bytes.saturating_add(size) > budget.bytes
+            {
+                // The next scan reads this row, with a budget of its own (a
+                // body over the budget is read alone).
+                stop = true;
+                break;
+            }
             out.rows += 1;
             at.after = Some((listed.received_at_ms, listed.event_id.clone()));
             if request.skip.contains(&listed.event_id)
@@ -268,32 +321,47 @@ pub async fn scan(inbox: &dyn Inbox, request: &ScanRequest) -> Result<Scanned, S
             {
                 continue;
             }
-            let event = if filter.needs_body() {
-                let size = listed.body_bytes as u64;
-                if out.bytes > 0 && out.bytes.saturating_add(size) > budget.bytes {
-                    // The next scan reads this row again, with a budget
-                    // of its own (a body over the budget is read alone).
-                    out.rows -= 1;
-                    out.next = Some(before);
-                    return Ok(out);
+            if !filter.needs_body() {
+                candidates.push(listed);
+                continue;
+            }
+            out.bytes = out.bytes.saturating_add(size);
+            if let Some(full) = inbox.inbox_event(lane, &listed.event_id).await? {
+                candidates.push(full);
+            }
+        }
+        let matched = if filter.needs_body() && !candidates.is_empty() {
+            let filter = filter.clone();
+            scanner
+                .compute(move || {
+                    candidates
+                        .into_iter()
+                        .filter(|e| filter.matches(e))
+                        .collect::<Vec<_>>()
+                })
+                .await?
+        } else {
+            candidates
+        };
+        for event in matched {
+            let again = match request.dedupe {
+                Dedupe::EarlierLanes => {
+                    at.lane > 0
+                        && matched_before(inbox, &request.lanes[..at.lane], filter, &event).await?
                 }
-                out.bytes = out.bytes.saturating_add(size);
-                match inbox.inbox_event(lane, &listed.event_id).await? {
-                    Some(full) if filter.matches(&full) => full,
-                    _ => continue,
-                }
-            } else {
-                listed
+                Dedupe::Taken => !taken.insert(event.event_id.clone()),
             };
-            if at.lane > 0
-                && matched_before(inbox, &request.lanes[..at.lane], filter, &event).await?
-            {
+            if again {
                 continue;
             }
             out.matched += 1;
             if out.matches.len() < request.keep {
                 out.matches.push(event);
             }
+        }
+        if stop {
+            out.next = Some(at);
+            return Ok(out);
         }
         if lane_done {
             at = Position {
@@ -331,8 +399,6 @@ async fn matched_before(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
-
     use super::*;
 
     fn budget() -> Budget {
@@ -344,58 +410,59 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn scans_run_on_their_own_thread_one_at_a_time_and_too_many_waiting_are_refused() {
-        let scanner = Arc::new(Scanner::start(budget(), 1).expect("a scan thread"));
+    async fn bodies_are_parsed_on_the_scan_thread() {
+        let scanner = Scanner::start(budget(), 1).expect("a scan thread");
         let name = scanner
-            .run(async { Ok(std::thread::current().name().map(str::to_owned)) })
+            .compute(|| std::thread::current().name().map(str::to_owned))
             .await
             .expect("runs");
         assert_eq!(name.as_deref(), Some("dedupd-scan"));
+    }
 
+    #[tokio::test]
+    async fn counts_take_turns_too_many_waiting_are_refused_and_one_that_gives_up_leaves() {
+        let scanner = Arc::new(Scanner::start(budget(), 1).expect("a scan thread"));
         // The one turn is taken...
-        let (release, held) = oneshot::channel::<()>();
-        let first = tokio::spawn({
-            let scanner = scanner.clone();
-            async move {
-                scanner
-                    .run(async move {
-                        let _ = held.await;
-                        Ok(())
-                    })
-                    .await
-            }
-        });
-        while scanner.turns.available_permits() > 0 {
-            tokio::task::yield_now().await;
-        }
-        // ...so the others wait, and none of them runs meanwhile.
-        let ran = Arc::new(AtomicBool::new(false));
+        let held = scanner.turn(true).await.expect("a turn");
+        // ...so the others wait, none of them with a turn meanwhile.
+        let got = Arc::new(AtomicUsize::new(0));
         let mut waiting = Vec::new();
         for _ in 0..MAX_WAITING {
-            let (scanner, ran) = (scanner.clone(), ran.clone());
+            let (scanner, got) = (scanner.clone(), got.clone());
             waiting.push(tokio::spawn(async move {
-                scanner
-                    .run(async move {
-                        ran.store(true, Ordering::SeqCst);
-                        Ok(())
-                    })
-                    .await
+                let turn = scanner.turn(true).await;
+                got.fetch_add(1, Ordering::SeqCst);
+                turn.map(drop)
             }));
         }
         while scanner.waiting.load(Ordering::SeqCst) < MAX_WAITING {
             tokio::task::yield_now().await;
         }
-        assert!(!ran.load(Ordering::SeqCst));
-        // One more is refused at once.
-        assert!(matches!(
-            scanner.run(async { Ok(()) }).await,
-            Err(ScanError::Busy)
-        ));
-        release.send(()).expect("the first waits");
-        assert!(first.await.expect("joins").is_ok());
-        for w in waiting {
-            assert!(w.await.expect("joins").is_ok());
+        assert_eq!(got.load(Ordering::SeqCst), 0);
+        // One more count is refused at once; a job's pass waits.
+        assert!(matches!(scanner.turn(true).await, Err(ScanError::Busy)));
+        let job = tokio::spawn({
+            let scanner = scanner.clone();
+            async move { scanner.turn(false).await.map(drop) }
+        });
+        // Clients that go away while they wait leave the queue.
+        for w in waiting.drain(..) {
+            w.abort();
+            let _ = w.await;
         }
-        assert!(ran.load(Ordering::SeqCst));
+        while scanner.waiting.load(Ordering::SeqCst) > 1 {
+            tokio::task::yield_now().await;
+        }
+        let next = tokio::spawn({
+            let scanner = scanner.clone();
+            async move { scanner.turn(true).await.map(drop) }
+        });
+        while scanner.waiting.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        assert!(job.await.expect("joins").is_ok());
+        assert!(next.await.expect("joins").is_ok());
+        assert_eq!(scanner.waiting.load(Ordering::SeqCst), 0);
     }
 }

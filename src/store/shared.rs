@@ -21,7 +21,8 @@ use crate::domain::{CreatedAt, ScopedKey};
 pub struct SharedInbox {
     /// Where the events are.
     pub shared: RedisInbox,
-    /// The data file's inbox: asked only about the file's disk and writer.
+    /// The data file's inbox: asked about the file's disk and writer, and
+    /// to erase what it kept from before the move.
     pub file: std::sync::Arc<dyn Inbox>,
 }
 
@@ -154,7 +155,21 @@ impl Inbox for SharedInbox {
         retention_ms: u64,
         now: Millis,
     ) -> Result<EraseOutcome, StoreError> {
-        self.shared.erase(source, event_id, retention_ms, now).await
+        // Events the data file kept from before the move to the shared
+        // inbox (settled ones stay there until reaped) are erased too: a
+        // deletion request reaches every copy.
+        let shared = self
+            .shared
+            .erase(source, event_id, retention_ms, now)
+            .await?;
+        let file = self.file.erase(source, event_id, retention_ms, now).await?;
+        Ok(match (shared, file) {
+            (EraseOutcome::Erased, _) | (_, EraseOutcome::Erased) => EraseOutcome::Erased,
+            (EraseOutcome::AlreadyErased, _) | (_, EraseOutcome::AlreadyErased) => {
+                EraseOutcome::AlreadyErased
+            }
+            _ => EraseOutcome::NotFound,
+        })
     }
 
     /// In Redis with the events, so every instance's job runner sees them.

@@ -822,6 +822,48 @@ async fn erase_on_an_events_view_asks_first_then_it_shows_and_lists_as_erased() 
     .await;
 }
 
+/// A count stops at the server's scan budget (here one body per answer)
+/// and hands back a cursor: the form follows it to the end, so the number
+/// to type for an erasure is every match, not the first answer's.
+#[tokio::test]
+async fn the_bulk_form_adds_up_a_count_the_budget_cut_into_several_answers() {
+    let down = Receiver::start(Behaviour::Always(503)).await;
+    let app = spawn_app_with(|l| {
+        l.settings.gateway.scan_bytes = 1;
+        l.settings
+            .sources
+            .insert("billing".into(), source(&down.url, 1));
+    })
+    .await;
+    for i in 1..=3 {
+        ingest(&app, "billing", &format!("inv_{i}"), &format!("cust_{i}")).await;
+    }
+    eventually("three dead", || async {
+        count(&app, "billing", "dead").await == 3
+    })
+    .await;
+    let url = app.url("/ui#/sources/billing/bulk?status=dead");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        c.element("#bulk-kind")
+            .await
+            .select_by_value("erase")
+            .await
+            .unwrap();
+        fill(&c, "#bulk-field", "/request_id").await;
+        fill(&c, "#bulk-value", "inv_2").await;
+        click(&c, "#bulk-count").await;
+        c.until_text("#bulk-count-text", "the count", |t| {
+            t == "1 event matches (first ids: inv_2)."
+        })
+        .await;
+        let filter = c.text_of("#bulk-filter").await.unwrap();
+        assert!(filter.ends_with("3 dead events read."), "{filter}");
+        assert!(jobs(&app).await.is_empty());
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn counting_starts_nothing_and_a_bulk_erase_waits_for_the_count_typed() {
     let down = Receiver::start(Behaviour::Always(503)).await;

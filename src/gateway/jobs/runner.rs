@@ -30,7 +30,7 @@ use crate::clock::SharedClock;
 use crate::domain::{Key, Namespace, ScopedKey, Token, Ttl};
 use crate::gateway::delivery::Dispatcher;
 use crate::gateway::delivery::circuit::State;
-use crate::gateway::scan::{Budget, Position, ScanError, ScanRequest};
+use crate::gateway::scan::{Budget, Dedupe, Position, ScanError, ScanRequest};
 use crate::gateway::{Gateway, Source};
 use crate::store::inbox::{EraseOutcome, EventStatus, RedeliverOutcome};
 use crate::store::{ClaimOutcome, ExtendOutcome, Store, StoreError};
@@ -234,7 +234,15 @@ impl Runner {
     async fn step(&self, job: &mut Job, rewrite: bool, others: usize) -> Result<bool, StoreError> {
         let inbox = self.gateway.inbox.clone();
         let now = self.clock.now_ms();
-        let Some(source) = self.gateway.source(&job.source).cloned() else {
+        // An erasure reaches a removed destination's copies too: its lane
+        // is read under its source's settings.
+        let configured = self.gateway.source(&job.source).or_else(|| {
+            let parent = job.source.split_once('.').map(|(s, _)| s);
+            parent
+                .filter(|_| job.kind == JobKind::Erase)
+                .and_then(|s| self.gateway.source(s))
+        });
+        let Some(source) = configured.cloned() else {
             job.error = Some(format!("source {:?} is no longer configured", job.source));
             job.finish(JobState::Done, now);
             inbox.put_job(&job.id, job.encode(), now).await?;
@@ -431,11 +439,15 @@ impl Runner {
             until: Some(job.created_ms),
             skip: job.window.iter().cloned().collect(),
             skip_replayed_by: Some(job.id.clone()),
+            dedupe: Dedupe::Taken,
         };
-        let scanned = match scanner.scan(self.gateway.inbox.clone(), request).await {
+        let scanned = match scanner
+            .job_pass(self.gateway.inbox.as_ref(), &request)
+            .await
+        {
             Ok(s) => s,
             Err(ScanError::Store(e)) => return Err(e),
-            // Waiting or stopping: the next pass tries again.
+            // Stopping: the next pass (if any) tries again.
             Err(ScanError::Busy | ScanError::Stopped) => return Ok(Vec::new()),
         };
         job.scanned += scanned.rows;

@@ -212,7 +212,7 @@ impl Engine {
     /// [`super::seal`]).
     pub(super) async fn shred(&self) -> Result<(), EngineError> {
         let seals = self.shared.seals.clone();
-        if seals.retired() == 0 {
+        if seals.shredded() {
             return Ok(());
         }
         tokio::task::spawn_blocking(move || seals.shred())

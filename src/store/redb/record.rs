@@ -316,10 +316,10 @@ pub enum InboxRequest {
 /// The key slots lent for a request's seals, until the request is stored
 /// or refused. Dropped, it retires them: a request refused before it was
 /// logged stored none of its seals. Once its batch is logged, the writer
-/// takes it out of the request ([`InboxRequest::take_lent`]): kept when
-/// the batch is synced ([`Lent::keep`]), held when it is refused after it
-/// was logged ([`Lent::hold`]), since a crash before the log is started
-/// over could still replay its record.
+/// takes it out of the request ([`Request::take_lent`], [`Lent::logged`]):
+/// kept when the batch is synced ([`LoggedLent::keep`]), held otherwise
+/// (dropped), since a crash before the log is started over could still
+/// replay its record (see `Seals::hold`).
 #[derive(Debug, Default)]
 pub struct Lent(Option<(Arc<Seals>, Vec<u64>)>);
 
@@ -328,26 +328,40 @@ impl Lent {
     pub fn new(seals: Arc<Seals>, slots: Vec<u64>) -> Self {
         Self(Some((seals, slots)))
     }
-
-    /// Its seals are stored (a duplicate's slots are among its batch's
-    /// freed ones): nothing to give back.
-    pub fn keep(mut self) {
-        self.0 = None;
-    }
-
-    /// Its batch was logged and then refused: the slots are held until
-    /// the log is started over (see `Seals::hold`).
-    pub fn hold(mut self) {
-        if let Some((seals, slots)) = self.0.take() {
-            seals.hold(slots);
-        }
-    }
 }
 
 impl Drop for Lent {
     fn drop(&mut self) {
         if let Some((seals, slots)) = self.0.take() {
             seals.retire(slots);
+        }
+    }
+}
+
+impl Lent {
+    /// Its request was logged: from here on, dropped without a word (the
+    /// syncer gone, say), its slots are held, not retired.
+    pub fn logged(mut self) -> LoggedLent {
+        LoggedLent(self.0.take())
+    }
+}
+
+/// The key slots of a logged request's seals (see [`Lent`]): kept once
+/// its batch is synced; held otherwise, however it is dropped.
+#[derive(Debug)]
+pub struct LoggedLent(Option<(Arc<Seals>, Vec<u64>)>);
+
+impl LoggedLent {
+    /// Its batch is synced: its seals are stored.
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for LoggedLent {
+    fn drop(&mut self) {
+        if let Some((seals, slots)) = self.0.take() {
+            seals.hold(slots);
         }
     }
 }

@@ -152,6 +152,10 @@ pub struct Seals {
     /// Held while the file grows, so callers that find no clean slot grow
     /// it once between them.
     growing: Mutex<()>,
+    /// Held for a whole shred, writes and sync: a shred that finds nothing
+    /// retired returns only once the one before it (which may have taken
+    /// its slots) is synced.
+    shredding: Mutex<()>,
 }
 
 impl Seals {
@@ -206,6 +210,7 @@ impl Seals {
                 ..Slots::default()
             }),
             growing: Mutex::new(()),
+            shredding: Mutex::new(()),
         };
         seals.start_over(used)?;
         Ok(seals)
@@ -216,8 +221,10 @@ impl Seals {
     /// sealed rows, before anything is written to it).
     pub fn check(data: &Path, id: u128) -> Result<(), KeysError> {
         let path = path_for(data);
-        let Ok(file) = File::open(&path) else {
-            return Err(KeysError::Missing);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(KeysError::Missing),
+            Err(e) => return Err(KeysError::Io(e)),
         };
         let mut header = [0u8; HEADER as usize];
         file.read_exact_at(&mut header, 0)
@@ -234,16 +241,19 @@ impl Seals {
     fn start_over(&self, used: &HashSet<u64>) -> std::io::Result<()> {
         let keep = used.iter().max().map_or(0, |m| m + 1);
         let mut slots = self.lock();
+        // Every slot no row uses gets a fresh key, those cut off too: a cut
+        // leaves the old bytes in the filesystem's free blocks.
+        let free: Vec<u64> = (0..slots.len).filter(|s| !used.contains(s)).collect();
+        self.write_fresh(&free)?;
+        fault(self.faults.as_ref(), true)?;
+        self.file.sync_data()?;
         if keep < slots.len {
             fault(self.faults.as_ref(), false)?;
             self.file.set_len(HEADER + keep * KEY_LEN as u64)?;
             slots.len = keep;
         }
-        let free: Vec<u64> = (0..keep).filter(|s| !used.contains(s)).collect();
-        self.write_fresh(&free)?;
-        fault(self.faults.as_ref(), true)?;
         self.file.sync_all()?;
-        slots.clean = free;
+        slots.clean = free.into_iter().filter(|s| *s < keep).collect();
         slots.dirty.clear();
         slots.held.clear();
         Ok(())
@@ -265,6 +275,24 @@ impl Seals {
                 Err(e)
             }
         }
+    }
+
+    /// [`Seals::seal`] with a clean slot there now; `None` when there is
+    /// none (the caller then seals off the async threads, where a lend may
+    /// shred or grow the file).
+    pub fn seal_now(
+        &self,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Option<std::io::Result<(u64, Vec<u8>)>> {
+        let slot = self.lend_now()?;
+        Some(match self.seal_in(slot, headers, body) {
+            Ok(seal) => Ok((slot, seal)),
+            Err(e) => {
+                self.retire([slot]);
+                Err(e)
+            }
+        })
     }
 
     fn seal_in(
@@ -361,6 +389,7 @@ impl Seals {
     /// the seals they made no longer open. Returns how many were shredded.
     /// On an error they stay retired (a later shred writes them again).
     pub fn shred(&self) -> std::io::Result<usize> {
+        let _one = self.shredding.lock().unwrap_or_else(|p| p.into_inner());
         let dirty = std::mem::take(&mut self.lock().dirty);
         if dirty.is_empty() {
             return Ok(0);
@@ -383,34 +412,40 @@ impl Seals {
         }
     }
 
-    /// Whether `n` clean slots are there to lend now, without growing the
-    /// file or shredding.
-    pub fn can_lend(&self, n: usize) -> bool {
-        self.lock().clean.len() >= n
-    }
-
-    /// Slots retired and not shredded yet.
-    pub fn retired(&self) -> usize {
-        self.lock().dirty.len()
+    /// Whether every slot retired so far is shredded and synced: none is
+    /// waiting, and no shred (which may hold some) is under way.
+    pub fn shredded(&self) -> bool {
+        // The shred's lock first: one that failed puts its slots back
+        // before it lets go.
+        match self.shredding.try_lock() {
+            Ok(_none_under_way) => self.lock().dirty.is_empty(),
+            Err(_) => false,
+        }
     }
 
     /// A clean slot, growing the file when there is none (shredding the
     /// retired ones first, if any).
     fn lend(&self) -> std::io::Result<u64> {
-        if let Some(slot) = self.lock().clean.pop() {
-            return Ok(slot);
+        loop {
+            if let Some(slot) = self.lock().clean.pop() {
+                return Ok(slot);
+            }
+            let _one = self.growing.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = self.lock().clean.pop() {
+                return Ok(slot);
+            }
+            if self.shred()? == 0 {
+                self.grow()?;
+            }
+            // Other callers may take what was made before this one looks:
+            // it makes more.
         }
-        let _one = self.growing.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(slot) = self.lock().clean.pop() {
-            return Ok(slot);
-        }
-        if self.shred()? == 0 {
-            self.grow()?;
-        }
-        self.lock()
-            .clean
-            .pop()
-            .ok_or_else(|| std::io::Error::other("no key slot after growing the key file"))
+    }
+
+    /// A clean slot if one is there now (no shred, no growth: nothing
+    /// that writes or waits for the disk).
+    fn lend_now(&self) -> Option<u64> {
+        self.lock().clean.pop()
     }
 
     /// Adds [`GROW_SLOTS`] slots of fresh keys, synced.

@@ -27,7 +27,7 @@ use super::CommitMetrics;
 use super::engine::Shared;
 use super::error::EngineError;
 use super::ops::Response;
-use super::record::Lent;
+use super::record::LoggedLent;
 use super::wal::WalSync;
 
 /// A batch that ran and was logged, waiting for its log record's sync.
@@ -44,7 +44,7 @@ pub struct Synced {
     pub freed: Vec<u64>,
     /// The key slots its inserts' seals were lent: kept once it is
     /// synced, retired if it is refused (their rows are then never stored).
-    pub lent: Vec<Lent>,
+    pub lent: Vec<LoggedLent>,
 }
 
 /// What the writer hands over, answered in order.
@@ -141,13 +141,14 @@ fn answer(
     }
     for batch in waiting.drain(..) {
         if *failed {
-            batch.lent.into_iter().for_each(Lent::hold);
+            // Dropped: held.
+            drop(batch.lent);
             for (reply, _) in batch.replies {
                 let _ = reply.send(Err(EngineError::DiskRefused));
             }
             continue;
         }
-        batch.lent.into_iter().for_each(Lent::keep);
+        batch.lent.into_iter().for_each(LoggedLent::keep);
         metrics
             .seconds
             .record(batch.started.elapsed().as_secs_f64());

@@ -33,12 +33,18 @@ const POLL: Duration = Duration::from_millis(200);
 /// Longest wait for one that runs (a huge dataset): asked again later.
 const LONGEST: Duration = Duration::from_secs(600);
 
+/// Longest wait before a failed round is tried again.
+const RETRY_MAX: Duration = Duration::from_secs(300);
+
 /// Rounds of rewrites asked for after erasures.
 #[derive(Debug)]
 pub struct Rewrites {
     client: Arc<Client>,
     wanted: Arc<Notify>,
     started: std::sync::Once,
+    /// The runtime the inbox was made on: the task runs there, not on the
+    /// runtime of whichever request erased first.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Rewrites {
@@ -47,6 +53,7 @@ impl Rewrites {
             client,
             wanted: Arc::new(Notify::new()),
             started: std::sync::Once::new(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         })
     }
 
@@ -54,35 +61,61 @@ impl Rewrites {
     /// starts the task that makes them (it ends with the last handle).
     pub fn erased(self: &Arc<Self>) {
         self.started.call_once(|| {
-            tokio::spawn(run(Arc::downgrade(self), self.wanted.clone()));
+            let task = run(Arc::downgrade(self), self.wanted.clone());
+            match &self.runtime {
+                Some(runtime) => drop(runtime.spawn(task)),
+                None => drop(tokio::spawn(task)),
+            }
         });
         self.wanted.notify_one();
     }
 
-    /// One round: every master rewrites its AOF and takes a snapshot, as
-    /// it is configured to. Returns once each one started them (after
-    /// waiting out those already running).
-    async fn round(&self) -> Result<(), String> {
+    /// One round: every master rewrites its AOF (where `appendonly` is on)
+    /// and takes a snapshot (where `save` is set). Each master is asked,
+    /// whatever another answered: `Ok` with what could not be told (a
+    /// master that refuses `CONFIG`), `Err` with what failed, to be asked
+    /// again.
+    async fn round(&self) -> Result<Vec<String>, String> {
         let masters = self
             .client
             .each_master(&redis::cmd("INFO").arg("persistence").to_owned())
             .await
             .map_err(|e| e.to_string())?;
+        let (mut failed, mut unknown) = (Vec::new(), Vec::new());
         for (node, info) in masters {
-            let info = text(&info.map_err(|e| format!("{node}: INFO: {e}"))?);
-            if field(&info, "aof_enabled") == Some("1") {
-                self.rewrite(&node).await?;
+            let info = match info {
+                Ok(v) => text(&v),
+                Err(e) => {
+                    failed.push(format!("{node}: INFO: {e}"));
+                    continue;
+                }
+            };
+            if field(&info, "aof_enabled") == Some("1")
+                && let Err(e) = self.rewrite(&node).await
+            {
+                failed.push(e);
             }
-            if self.saves(&node).await? {
-                let asked = self
-                    .client
-                    .on_node(&node, &redis::cmd("BGSAVE").arg("SCHEDULE").to_owned())
-                    .await
-                    .map_err(|e| format!("{node}: BGSAVE: {e}"))?;
-                asked.map_err(|e| format!("{node}: BGSAVE: {e}"))?;
+            match self.saves(&node).await {
+                Ok(true) => {
+                    let asked = self
+                        .client
+                        .on_node(&node, &redis::cmd("BGSAVE").arg("SCHEDULE").to_owned())
+                        .await;
+                    match asked {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => failed.push(format!("{node}: BGSAVE: {e}")),
+                        Err(e) => failed.push(format!("{node}: BGSAVE: {e}")),
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => unknown.push(e),
             }
         }
-        Ok(())
+        if failed.is_empty() {
+            Ok(unknown)
+        } else {
+            Err(failed.join("; "))
+        }
     }
 
     /// Asks `node` for an AOF rewrite, waiting out one already running.
@@ -104,7 +137,8 @@ impl Rewrites {
         }
     }
 
-    /// Whether `node` takes snapshots (`save` configured).
+    /// Whether `node` takes snapshots (`save` configured); `Err` when it
+    /// will not say.
     async fn saves(&self, node: &str) -> Result<bool, String> {
         let reply = self
             .client
@@ -114,7 +148,12 @@ impl Rewrites {
             )
             .await
             .map_err(|e| format!("{node}: CONFIG GET save: {e}"))?
-            .map_err(|e| format!("{node}: CONFIG GET save: {e}"))?;
+            .map_err(|e| {
+                format!(
+                    "{node} refuses CONFIG GET save ({e}): if it saves snapshots, an erased \
+                     body stays in its snapshot until its next one"
+                )
+            })?;
         let values: Vec<String> = match reply {
             Value::Array(v) => v.iter().map(text).collect(),
             Value::Map(v) => v.iter().flat_map(|(k, v)| [text(k), text(v)]).collect(),
@@ -124,9 +163,11 @@ impl Rewrites {
     }
 }
 
-/// Makes a round each time one is due, at most one every [`EVERY`]; ends
-/// once the inbox is gone.
+/// Makes a round each time one is due, at most one every [`EVERY`]; a
+/// round that failed is made again, waiting longer each time (up to
+/// [`RETRY_MAX`]). Ends once the inbox is gone.
 async fn run(rewrites: Weak<Rewrites>, wanted: Arc<Notify>) {
+    let mut wait = EVERY;
     loop {
         let due = tokio::time::timeout(Duration::from_secs(60), wanted.notified()).await;
         let Some(r) = rewrites.upgrade() else { return };
@@ -134,17 +175,23 @@ async fn run(rewrites: Weak<Rewrites>, wanted: Arc<Notify>) {
             continue;
         }
         match r.round().await {
-            Ok(()) => {
+            Ok(unknown) => {
+                wait = EVERY;
                 tracing::info!(
                     "erased events: Redis asked to rewrite its append-only file and snapshot"
                 );
+                for u in unknown {
+                    tracing::warn!(detail = %u, "erased events: cannot tell whether Redis saves snapshots");
+                }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "erased events: Redis cannot be asked to rewrite its files now; the erased bodies stay in its append-only file or snapshot until its next rewrite");
+                tracing::warn!(error = %e, retry_in = ?wait, "erased events: Redis could not be asked to rewrite its files; the erased bodies stay in its append-only file or snapshot until it is");
+                wanted.notify_one();
+                wait = (wait * 2).min(RETRY_MAX);
             }
         }
         drop(r);
-        tokio::time::sleep(EVERY).await;
+        tokio::time::sleep(wait).await;
     }
 }
 

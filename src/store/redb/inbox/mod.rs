@@ -78,13 +78,14 @@ impl RedbInbox {
         let seals = self.engine.shared.seals.clone();
         // A seal is a lent slot and a few µs of AES; growing the key file
         // (once per thousand seals) syncs it: off the async threads.
-        let sealed = if seals.can_lend(lanes.len()) {
-            seal_each(&seals, lanes, &headers, &body)
-        } else {
-            let seals = seals.clone();
-            tokio::task::spawn_blocking(move || seal_each(&seals, lanes, &headers, &body))
-                .await
-                .map_err(|e| EngineError::ReadTask(Arc::new(e)))?
+        let sealed = match seal_each_now(&seals, &lanes, &headers, &body) {
+            Some(sealed) => sealed,
+            None => {
+                let seals = seals.clone();
+                tokio::task::spawn_blocking(move || seal_each(&seals, lanes, &headers, &body))
+                    .await
+                    .map_err(|e| EngineError::ReadTask(Arc::new(e)))?
+            }
         }
         .map_err(|e| self.engine.key_fault(e))?;
         let lent = Lent::new(seals, sealed.iter().map(|r| r.slot).collect());
@@ -101,6 +102,31 @@ impl RedbInbox {
             _ => Err(EngineError::Unexpected("insert").into()),
         }
     }
+}
+
+/// [`seal_each`] with clean slots there now; `None` (nothing lent) when
+/// one is missing.
+fn seal_each_now(
+    seals: &Seals,
+    lanes: &[String],
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Option<std::io::Result<Vec<SealedRow>>> {
+    let mut rows: Vec<SealedRow> = Vec::with_capacity(lanes.len());
+    for lane in lanes {
+        match seals.seal_now(headers, body) {
+            Some(Ok((slot, seal))) => rows.push(SealedRow {
+                lane: lane.clone(),
+                slot,
+                seal,
+            }),
+            failed => {
+                seals.retire(rows.iter().map(|r| r.slot));
+                return failed.map(|r| r.map(|_| Vec::new()));
+            }
+        }
+    }
+    Some(Ok(rows))
 }
 
 /// A row per lane, each sealed under a slot of its own; on an error the
@@ -455,10 +481,19 @@ impl Inbox for RedbInbox {
         event_id: &str,
     ) -> Result<Option<InboxEvent>, StoreError> {
         let (source, id) = (source.to_owned(), event_id.to_owned());
-        Ok(self
-            .engine
-            .read_sealed(move |tx, seals| read::get(tx, seals, &source, &id))
-            .await?)
+        let read = move || {
+            let (source, id) = (source.clone(), id.clone());
+            self.engine
+                .read_sealed(move |tx, seals| read::get(tx, seals, &source, &id))
+        };
+        match read().await {
+            // Its key was shredded after the read began (erased or reaped
+            // meanwhile): a fresh read shows what it is now.
+            Err(EngineError::Redb(e)) if matches!(&*e, redb::Error::Corrupted(m) if m.starts_with(row::SEAL_CLOSED)) => {
+                Ok(read().await?)
+            }
+            other => Ok(other?),
+        }
     }
 
     async fn list_events(

@@ -5,7 +5,10 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTable};
 
 use crate::domain::CreatedAt;
 use crate::store::inbox::{Attempt, EventStatus, InboxEvent};
-use crate::store::redb::seal::Seals;
+use crate::store::redb::seal::{OpenSealError, Seals};
+
+/// How the error of a sealed body that does not open begins.
+pub(super) const SEAL_CLOSED: &str = "a sealed body does not open";
 use crate::store::redb::tables::{AttemptRow, INBOX_BODIES, INBOX_SEALS, InboxRow};
 
 /// Encodes an event's row (`headers`: its headers as JSON).
@@ -92,13 +95,29 @@ where
     B: ReadableTable<(&'static str, &'static str), &'static [u8]>,
     S: ReadableTable<(&'static str, &'static str), u64>,
 {
-    /// Fills in an event's body (and a sealed event's headers).
-    pub(super) fn with_body(&self, mut e: InboxEvent) -> Result<InboxEvent, redb::Error> {
+    /// Fills in an event's body (and a sealed event's headers); an error
+    /// for a seal that does not open.
+    pub(super) fn with_body(&self, e: InboxEvent) -> Result<InboxEvent, redb::Error> {
+        let (source, id) = (e.source.clone(), e.event_id.clone());
+        self.try_with_body(e)?.ok_or_else(|| {
+            redb::Error::Corrupted(format!(
+                "{SEAL_CLOSED}: inbox event {source}/{id} (its key is not in the key file)"
+            ))
+        })
+    }
+
+    /// [`BodyTables::with_body`], `None` for a seal that does not open:
+    /// its key was shredded after this read began (an erasure or the
+    /// reaper), or the key file is not the one it was sealed with.
+    pub(super) fn try_with_body(
+        &self,
+        mut e: InboxEvent,
+    ) -> Result<Option<InboxEvent>, redb::Error> {
         // Every row but an erased one has its body (written together,
         // deleted together): a missing one is never delivered as an empty
         // body.
         if e.status == EventStatus::Erased {
-            return Ok(e);
+            return Ok(Some(e));
         }
         let key = (e.source.as_str(), e.event_id.as_str());
         let Some(body) = self.bodies.get(key)? else {
@@ -110,17 +129,20 @@ where
         if self.sealed.get(key)?.is_none() {
             // Stored before bodies were sealed (schema 11 and before).
             e.body = body.value().to_vec();
-            return Ok(e);
+            return Ok(Some(e));
         }
-        let opened = self.seals.open_seal(body.value()).map_err(|err| {
-            redb::Error::Corrupted(format!(
-                "inbox event {}/{}: its sealed body does not open: {err}",
-                e.source, e.event_id
-            ))
-        })?;
-        e.headers = opened.headers;
-        e.body = opened.body;
-        Ok(e)
+        match self.seals.open_seal(body.value()) {
+            Ok(opened) => {
+                e.headers = opened.headers;
+                e.body = opened.body;
+                Ok(Some(e))
+            }
+            Err(OpenSealError::Io(err)) => Err(redb::Error::Io(err)),
+            Err(err) => {
+                tracing::debug!(source = %e.source, event_id = %e.event_id, error = %err, "a sealed body does not open");
+                Ok(None)
+            }
+        }
     }
 
     /// Reads one whole event: its row and its body.

@@ -13,7 +13,7 @@ use crate::store::redb::engine::Shared;
 use crate::store::redb::faults::FaultPlan;
 use crate::store::redb::kv_index::KvIndex;
 use crate::store::redb::ops::{Finished, Response, Tables};
-use crate::store::redb::record::{Lent, Request};
+use crate::store::redb::record::{Lent, LoggedLent, Request};
 
 /// The writer's write transaction, kept open over several batches until it
 /// is committed (see `storage.commit_hold`). Each batch in it is logged;
@@ -58,7 +58,7 @@ pub(super) struct Ran {
     /// Key slots it freed, shredded once it is synced (see `seal`).
     pub(super) freed: Vec<u64>,
     /// The key slots its inserts' seals were lent (see [`Lent`]).
-    pub(super) lent: Vec<Lent>,
+    pub(super) lent: Vec<LoggedLent>,
     /// Where its log record begins.
     pub(super) logged_at: u64,
 }
@@ -115,7 +115,11 @@ pub(super) fn run_batch(
         Ok((responses, Finished { deltas, freed })) => {
             log.seq = seq;
             // Logged: the slots its seals were lent go with its answers.
-            let lent = ops.iter_mut().filter_map(|(_, r)| r.take_lent()).collect();
+            let lent = ops
+                .iter_mut()
+                .filter_map(|(_, r)| r.take_lent())
+                .map(Lent::logged)
+                .collect();
             o.batches.push(ops);
             *open = Some(o);
             Ok(Ran {

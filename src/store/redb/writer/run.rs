@@ -10,7 +10,6 @@ use tokio::sync::mpsc::error::TryRecvError;
 use super::batch::{self, run_batch};
 use super::{Envelope, REOPEN_FIRST, REOPEN_MAX, Writer};
 use crate::store::redb::error::{EngineError, is_disk_fault};
-use crate::store::redb::record::Lent;
 use crate::store::redb::syncer::{Job, Synced};
 
 /// What the loop does after waiting for the queue.
@@ -233,9 +232,7 @@ impl Writer<'_> {
                     let _ = log.segments.active.cut_to(ran.logged_at);
                     // Should the cut not reach the disk, a crash could
                     // replay it: its seals' slots wait for the reopen.
-                    std::mem::take(&mut ran.lent)
-                        .into_iter()
-                        .for_each(Lent::hold);
+                    drop(std::mem::take(&mut ran.lent));
                 })?;
             }
             Ok(ran)
@@ -254,7 +251,7 @@ impl Writer<'_> {
                     lent: ran.lent,
                 });
                 if let Err(std::sync::mpsc::SendError(Job::Batch(lost))) = self.jobs.send(job) {
-                    lost.lent.into_iter().for_each(Lent::hold);
+                    drop(lost.lent);
                     for (reply, _) in lost.replies {
                         let _ = reply.send(Err(EngineError::DiskRefused));
                     }

@@ -1121,10 +1121,13 @@ impl Inbox for RedisInbox {
                 ..e
             })
             .collect();
+        // From the last member read, not the last event loaded: a page
+        // whose events were all reaped meanwhile still moves on.
         let next = if more {
-            events
-                .last()
-                .map(|e| (e.received_at_ms, e.event_id.clone()))
+            members.last().and_then(|(m, _)| {
+                let at = m.get(..20)?.parse::<u64>().ok()?;
+                Some((at, m.get(21..)?.to_owned()))
+            })
         } else {
             None
         };
