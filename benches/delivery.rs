@@ -27,9 +27,10 @@
 //! defaults, as a new user runs it; a number sets it for the gateway and
 //! the source), `WAIT_S` (120: longest wait for deliveries after
 //! posting), `SCENARIOS` (`a,nginx,b`; `wrk` runs when named),
-//! `DEDUPD_BIN` (this build's binary; another, to measure another build
-//! the same way). Beside each scenario: the server's CPU and context
-//! switches per accepted event. A quick run:
+//! `BENCH_BIN` (this build's binary; another, to measure another build
+//! the same way), `PIN` (`1`: the server on CPU 0; run the bench itself
+//! on the other with `taskset -c 1`). Beside each scenario: the server's
+//! CPU and context switches per accepted event. A quick run:
 //! `DURATION_S=1 EVENTS=2000 STREAMS=100 cargo bench --bench delivery`.
 //!
 //! Under `cargo test --all-targets` (no `--bench` argument) it does nothing.
@@ -154,7 +155,7 @@ async fn run(p: Params) -> anyhow::Result<()> {
     println!(
         "delivery bench: dedupd {} | concurrency {}, {} streams, max_in_flight {}, \
          {} s posting (a), {} events through a {} ms receiver (b), waits bounded at {} s",
-        env!("CARGO_BIN_EXE_dedupd"),
+        std::env::var("BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_dedupd").to_owned()),
         p.concurrency,
         p.streams,
         p.max_in_flight
@@ -892,10 +893,18 @@ impl Dedupd {
         )?;
         let log = dir.path().join("dedupd.log");
         let out = std::fs::File::create(&log)?;
-        // `DEDUPD_BIN`: another build's binary, measured the same way.
+        // `BENCH_BIN`: another build's binary, measured the same way.
         let bin =
-            std::env::var("DEDUPD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_dedupd").to_owned());
-        let mut cmd = Command::new(bin);
+            std::env::var("BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_dedupd").to_owned());
+        // `PIN=1`: the server on CPU 0 (run the bench on the other one:
+        // `PIN=1 taskset -c 1 cargo bench --bench delivery`).
+        let mut cmd = if std::env::var("PIN").is_ok_and(|v| v == "1") {
+            let mut c = Command::new("taskset");
+            c.args(["-c", "0"]).arg(bin);
+            c
+        } else {
+            Command::new(bin)
+        };
         for (k, _) in std::env::vars() {
             let lower = k.to_ascii_lowercase();
             if k.starts_with("DEDUPD_") || k == "RUST_LOG" || lower.ends_with("_proxy") {

@@ -24,7 +24,7 @@
 //! bench itself on the other one: `PIN=1 taskset -c 1 cargo bench --bench
 //! scans`. Settings (defaults): `EVENTS` (1000), `BODY_KB` (60), `RATE`
 //! (100), `SECONDS` (10), `COUNTERS` (16), `SETTLE_S` (5: the pause after
-//! the fill, so its checkpoint is not in the first phase), `DEDUPD_BIN`
+//! the fill, so its checkpoint is not in the first phase), `BENCH_BIN`
 //! (this build's binary; another, to measure another build the same way).
 //! Under `cargo test --all-targets` (no `--bench` argument) it does
 //! nothing.
@@ -72,7 +72,7 @@ fn main() -> anyhow::Result<()> {
         counters: env_or("COUNTERS", 16)?,
         pin: env_or("PIN", 0u8)? == 1,
         settle_s: env_or("SETTLE_S", 5)?,
-        bin: env_or("DEDUPD_BIN", env!("CARGO_BIN_EXE_dedupd").to_owned())?,
+        bin: env_or("BENCH_BIN", env!("CARGO_BIN_EXE_dedupd").to_owned())?,
     };
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -114,10 +114,14 @@ async fn run(p: Params) -> anyhow::Result<()> {
     } else {
         Command::new(&p.bin)
     };
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DEDUPD_") || k == "RUST_LOG" {
+            cmd.env_remove(&k);
+        }
+    }
     let child = cmd
         .args(["serve", "--config"])
         .arg(&config)
-        .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)

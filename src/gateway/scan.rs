@@ -10,11 +10,15 @@
 //!   count over it answers with what it found and a cursor to continue
 //!   from (`complete: false`); a job's pass stops there and goes on at its
 //!   next pass.
-//! - **its own thread** ([`Scanner`]): the bodies a scan reads are parsed
-//!   and matched on a thread of their own, a page at a time, never on an
-//!   HTTP worker or the runtime that delivers; the store reads where it
-//!   always does (the data file on tokio's blocking pool, Redis on its
-//!   connection), so no connection ever lives on the scan thread;
+//! - **threads of its own** ([`Scanner`]): a scan runs on `dedupd-scan`
+//!   (the data file's reads on its one blocking thread), never on an HTTP
+//!   worker or the runtime that delivers, and the bodies it reads are
+//!   parsed on `dedupd-scan-parse`, which does nothing else (a Redis
+//!   connection a scan had to make again is served by the first, which
+//!   never parses). The parser gives up its core after each body
+//!   (`sched_yield`): a whole page parsed at once held a core for tens of
+//!   milliseconds, and each step of an ingest waiting for that core
+//!   added up to a p99 three times its idle one;
 //! - **turns** (`gateway.max_scans`, 1 by default): more wait for a turn,
 //!   and past [`MAX_WAITING`] waiting a count is refused with 429 (a job's
 //!   pass waits its turn).
@@ -47,6 +51,8 @@ pub const NAMED: usize = 10;
 pub const MAX_WAITING: usize = 64;
 /// Rows per listing page read.
 const PAGE: usize = 500;
+/// Body bytes read at once.
+const READ_BYTES: u64 = 256 * 1024;
 
 /// How much one count, dry run or job pass may read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,13 +141,45 @@ pub enum ScanError {
 /// Where scans parse bodies, and their turns.
 #[derive(Debug)]
 pub struct Scanner {
-    handle: tokio::runtime::Handle,
+    /// Where bodies are parsed: a thread that does nothing else.
+    parse: tokio::runtime::Handle,
+    /// Where scans run and read (the data file's reads on its one
+    /// blocking thread): a thread that parses nothing, so a Redis
+    /// connection a scan (re)made there keeps being served.
+    home: tokio::runtime::Handle,
     turns: Arc<Semaphore>,
     waiting: AtomicUsize,
     /// Each count's and each job pass's budget.
     pub budget: Budget,
-    /// Dropped with the scanner: the thread ends.
-    _stop: oneshot::Sender<()>,
+    /// Dropped with the scanner: the threads end.
+    _stop: (oneshot::Sender<()>, oneshot::Sender<()>),
+}
+
+/// A thread of its own running a current-thread runtime (`reads`: with
+/// one blocking thread for the data file's reads, and a driver for I/O),
+/// until the sender returned is dropped.
+fn thread(
+    name: &str,
+    reads: bool,
+) -> std::io::Result<(tokio::runtime::Handle, oneshot::Sender<()>)> {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    if reads {
+        builder
+            .enable_all()
+            .max_blocking_threads(1)
+            .thread_name(format!("{name}-read"));
+    }
+    let runtime = builder.build()?;
+    let handle = runtime.handle().clone();
+    let (stop, stopped) = oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            runtime.block_on(async {
+                let _ = stopped.await;
+            });
+        })?;
+    Ok((handle, stop))
 }
 
 /// A count waiting for a turn, counted while it waits (however its wait
@@ -158,24 +196,15 @@ impl Scanner {
     /// Starts the scan thread: `max_scans` scans at once, each within
     /// `budget`.
     pub fn start(budget: Budget, max_scans: usize) -> std::io::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let handle = runtime.handle().clone();
-        let (stop, stopped) = oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("dedupd-scan".into())
-            .spawn(move || {
-                runtime.block_on(async {
-                    let _ = stopped.await;
-                });
-            })?;
+        let (home, stop_home) = thread("dedupd-scan", true)?;
+        let (parse, stop_parse) = thread("dedupd-scan-parse", false)?;
         Ok(Self {
-            handle,
+            parse,
+            home,
             turns: Arc::new(Semaphore::new(max_scans.max(1))),
             waiting: AtomicUsize::new(0),
             budget,
-            _stop: stop,
+            _stop: (stop_home, stop_parse),
         })
     }
 
@@ -200,7 +229,7 @@ impl Scanner {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        self.handle
+        self.parse
             .spawn(async move { work() })
             .await
             .map_err(|_| ScanError::Stopped)
@@ -210,12 +239,12 @@ impl Scanner {
     /// budget: a count, or the dry run of a job.
     pub async fn count(
         &self,
-        inbox: &dyn Inbox,
+        inbox: Arc<dyn Inbox>,
         lanes: Vec<String>,
         filter: EventFilter,
         from: Position,
     ) -> Result<Scanned, ScanError> {
-        let _turn = self.turn(true).await?;
+        let turn = self.turn(true).await?;
         let request = ScanRequest {
             lanes,
             filter,
@@ -228,17 +257,34 @@ impl Scanner {
             skip_replayed_by: None,
             dedupe: Dedupe::EarlierLanes,
         };
-        scan(self, inbox, &request).await
+        // On the scan thread, not the HTTP worker that asked: the turn
+        // goes with it, and ends with the scan (a client that went away
+        // meanwhile does not free it early).
+        let parse = self.parse.clone();
+        self.home
+            .spawn(async move {
+                let _turn = turn;
+                scan(&parse, inbox.as_ref(), &request).await
+            })
+            .await
+            .map_err(|_| ScanError::Stopped)?
     }
 
     /// A job's pass (see [`scan`]), once it has a turn.
     pub async fn job_pass(
         &self,
-        inbox: &dyn Inbox,
-        request: &ScanRequest,
+        inbox: Arc<dyn Inbox>,
+        request: ScanRequest,
     ) -> Result<Scanned, ScanError> {
-        let _turn = self.turn(false).await?;
-        scan(self, inbox, request).await
+        let turn = self.turn(false).await?;
+        let parse = self.parse.clone();
+        self.home
+            .spawn(async move {
+                let _turn = turn;
+                scan(&parse, inbox.as_ref(), &request).await
+            })
+            .await
+            .map_err(|_| ScanError::Stopped)?
     }
 }
 
@@ -246,9 +292,10 @@ impl Scanner {
 /// order, until `max_matches` matches, the budget, or the end of the last
 /// lane. It reads at least one row, so a scan always moves on. The store's
 /// reads run where the store runs them (the data file's on the blocking
-/// pool); the bodies read are parsed on the scan thread, a page at a time.
+/// pool), a page's bodies in one read; they are parsed on the scan thread,
+/// a page at a time.
 pub async fn scan(
-    scanner: &Scanner,
+    parse: &tokio::runtime::Handle,
     inbox: &dyn Inbox,
     request: &ScanRequest,
 ) -> Result<Scanned, ScanError> {
@@ -321,25 +368,42 @@ pub async fn scan(
             {
                 continue;
             }
-            if !filter.needs_body() {
-                candidates.push(listed);
-                continue;
+            if filter.needs_body() {
+                out.bytes = out.bytes.saturating_add(size);
             }
-            out.bytes = out.bytes.saturating_add(size);
-            if let Some(full) = inbox.inbox_event(lane, &listed.event_id).await? {
-                candidates.push(full);
-            }
+            candidates.push(listed);
         }
+        // The page's bodies in one read, parsed on the scan thread.
         let matched = if filter.needs_body() && !candidates.is_empty() {
+            let mut full = Vec::with_capacity(candidates.len());
+            let mut chunk: Vec<String> = Vec::new();
+            let mut chunk_bytes = 0u64;
+            let last = candidates.len();
+            for (i, e) in candidates.into_iter().enumerate() {
+                chunk_bytes += e.body_bytes as u64;
+                chunk.push(e.event_id);
+                if chunk_bytes >= READ_BYTES || i + 1 == last {
+                    full.extend(inbox.inbox_bodies(lane, std::mem::take(&mut chunk)).await?);
+                    chunk_bytes = 0;
+                }
+            }
             let filter = filter.clone();
-            scanner
-                .compute(move || {
-                    candidates
-                        .into_iter()
-                        .filter(|e| filter.matches(e))
+            parse
+                .spawn(async move {
+                    full.into_iter()
+                        .flatten()
+                        .filter(|e| {
+                            let matched = filter.matches(e);
+                            // A body at a time: the cores go to whoever
+                            // waits (an ingest's next step), not to the
+                            // rest of the page.
+                            std::thread::yield_now();
+                            matched
+                        })
                         .collect::<Vec<_>>()
                 })
-                .await?
+                .await
+                .map_err(|_| ScanError::Stopped)?
         } else {
             candidates
         };

@@ -272,12 +272,7 @@ pub(super) async fn count_in(
     let scanned = state
         .gateway
         .scanner
-        .count(
-            state.gateway.inbox.as_ref(),
-            scope.lanes,
-            filter,
-            scope.from,
-        )
+        .count(state.gateway.inbox.clone(), scope.lanes, filter, scope.from)
         .await
         .map_err(scan_error)?;
     Ok(CountView {

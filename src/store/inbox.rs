@@ -272,6 +272,22 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
         event_id: &str,
     ) -> Result<Option<InboxEvent>, StoreError>;
 
+    /// Several events of `source` with their bodies (no timelines), in the
+    /// order of `event_ids`, `None` for one it does not hold (or whose key
+    /// was shredded meanwhile): what a scan reads of a page, one read where
+    /// the store can.
+    async fn inbox_bodies(
+        &self,
+        source: &str,
+        event_ids: Vec<String>,
+    ) -> Result<Vec<Option<InboxEvent>>, StoreError> {
+        let mut out = Vec::with_capacity(event_ids.len());
+        for id in &event_ids {
+            out.push(self.inbox_event(source, id).await?);
+        }
+        Ok(out)
+    }
+
     /// A page of a source's events with `status`, in `order`, after the
     /// cursor of the previous page (bodies and headers left out: see
     /// [`InboxEvent::body_bytes`]; the data file keeps both sealed).

@@ -441,10 +441,7 @@ impl Runner {
             skip_replayed_by: Some(job.id.clone()),
             dedupe: Dedupe::Taken,
         };
-        let scanned = match scanner
-            .job_pass(self.gateway.inbox.as_ref(), &request)
-            .await
-        {
+        let scanned = match scanner.job_pass(self.gateway.inbox.clone(), request).await {
             Ok(s) => s,
             Err(ScanError::Store(e)) => return Err(e),
             // Stopping: the next pass (if any) tries again.

@@ -496,6 +496,18 @@ impl Inbox for RedbInbox {
         }
     }
 
+    async fn inbox_bodies(
+        &self,
+        source: &str,
+        event_ids: Vec<String>,
+    ) -> Result<Vec<Option<InboxEvent>>, StoreError> {
+        let source = source.to_owned();
+        Ok(self
+            .engine
+            .read_sealed(move |tx, seals| read::bodies(tx, seals, &source, &event_ids))
+            .await?)
+    }
+
     async fn list_events(
         &self,
         source: &str,

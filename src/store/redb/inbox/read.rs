@@ -164,6 +164,27 @@ pub fn get(
     Ok(Some(e))
 }
 
+/// Several events of `source` with their bodies (no timelines), in the
+/// order of `ids`; `None` for one not held, or whose seal no longer opens
+/// (erased or reaped after this read began).
+pub fn bodies(
+    tx: &ReadTransaction,
+    seals: &Seals,
+    source: &str,
+    ids: &[String],
+) -> Result<Vec<Option<InboxEvent>>, redb::Error> {
+    let rows = tx.open_table(INBOX)?;
+    let bodies = BodyTables::open(tx, seals)?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        out.push(match rows.get((source, id.as_str()))? {
+            Some(row) => bodies.try_with_body(decode(source, id, row.value()))?,
+            None => None,
+        });
+    }
+    Ok(out)
+}
+
 /// An event's replay mark, if it has one.
 fn mark(
     marks: &impl ReadableTable<(&'static str, &'static str), (&'static str, u32)>,
