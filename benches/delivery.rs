@@ -893,25 +893,7 @@ impl Dedupd {
         )?;
         let log = dir.path().join("dedupd.log");
         let out = std::fs::File::create(&log)?;
-        // `BENCH_BIN`: another build's binary, measured the same way.
-        let bin =
-            std::env::var("BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_dedupd").to_owned());
-        // `PIN=1`: the server on CPU 0 (run the bench on the other one:
-        // `PIN=1 taskset -c 1 cargo bench --bench delivery`).
-        let mut cmd = if std::env::var("PIN").is_ok_and(|v| v == "1") {
-            let mut c = Command::new("taskset");
-            c.args(["-c", "0"]).arg(bin);
-            c
-        } else {
-            Command::new(bin)
-        };
-        for (k, _) in std::env::vars() {
-            let lower = k.to_ascii_lowercase();
-            if k.starts_with("DEDUPD_") || k == "RUST_LOG" || lower.ends_with("_proxy") {
-                cmd.env_remove(&k);
-            }
-        }
-        let child = cmd
+        let child = server_command()
             .arg("serve")
             .arg("--config")
             .arg(&config)
@@ -948,6 +930,29 @@ impl Dedupd {
         drop(child);
         read(&log)
     }
+}
+
+/// The command that starts the server: `BENCH_BIN` (another build's
+/// binary, measured the same way) or this build's; with `PIN=1`, on CPU 0
+/// (run the bench on the other one: `PIN=1 taskset -c 1 cargo bench …`).
+/// Without the caller's `DEDUPD_*` settings, log level and proxies.
+pub(crate) fn server_command() -> Command {
+    let bin =
+        std::env::var("BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_dedupd").to_owned());
+    let mut cmd = if std::env::var("PIN").is_ok_and(|v| v == "1") {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    for (k, _) in std::env::vars() {
+        let lower = k.to_ascii_lowercase();
+        if k.starts_with("DEDUPD_") || k == "RUST_LOG" || lower.ends_with("_proxy") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd
 }
 
 /// Waits until the `dedupd serve` in `child` answers `/readyz` at `base`

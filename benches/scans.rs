@@ -35,7 +35,7 @@
 #[path = "delivery.rs"]
 mod delivery;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -45,8 +45,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use delivery::{
-    ChildGuard, DESTINATION_SECRET, Receiver, ReceiverKind, SECRET, env_or, free_port, sign, usage,
-    wait_ready,
+    ChildGuard, DESTINATION_SECRET, Receiver, ReceiverKind, SECRET, env_or, free_port,
+    server_command, sign, usage, wait_ready,
 };
 
 struct Params {
@@ -107,18 +107,7 @@ async fn run(p: Params) -> anyhow::Result<()> {
     )?;
     let log = dir.path().join("dedupd.log");
     let out = std::fs::File::create(&log)?;
-    let mut cmd = if p.pin {
-        let mut c = Command::new("taskset");
-        c.args(["-c", "0", &p.bin]);
-        c
-    } else {
-        Command::new(&p.bin)
-    };
-    for (k, _) in std::env::vars() {
-        if k.starts_with("DEDUPD_") || k == "RUST_LOG" {
-            cmd.env_remove(&k);
-        }
-    }
+    let mut cmd = server_command();
     let child = cmd
         .args(["serve", "--config"])
         .arg(&config)

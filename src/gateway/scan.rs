@@ -257,17 +257,7 @@ impl Scanner {
             skip_replayed_by: None,
             dedupe: Dedupe::EarlierLanes,
         };
-        // On the scan thread, not the HTTP worker that asked: the turn
-        // goes with it, and ends with the scan (a client that went away
-        // meanwhile does not free it early).
-        let parse = self.parse.clone();
-        self.home
-            .spawn(async move {
-                let _turn = turn;
-                scan(&parse, inbox.as_ref(), &request).await
-            })
-            .await
-            .map_err(|_| ScanError::Stopped)?
+        self.run(turn, inbox, request).await
     }
 
     /// A job's pass (see [`scan`]), once it has a turn.
@@ -277,6 +267,18 @@ impl Scanner {
         request: ScanRequest,
     ) -> Result<Scanned, ScanError> {
         let turn = self.turn(false).await?;
+        self.run(turn, inbox, request).await
+    }
+
+    /// Runs `request` on the scan thread, not on the task that asked (an
+    /// HTTP worker, the job runner): the turn goes with it, and ends with
+    /// the scan (a client that went away meanwhile does not free it early).
+    async fn run(
+        &self,
+        turn: OwnedSemaphorePermit,
+        inbox: Arc<dyn Inbox>,
+        request: ScanRequest,
+    ) -> Result<Scanned, ScanError> {
         let parse = self.parse.clone();
         self.home
             .spawn(async move {
@@ -290,10 +292,9 @@ impl Scanner {
 
 /// Reads `request.lanes` on from `request.from`, in each lane's listing
 /// order, until `max_matches` matches, the budget, or the end of the last
-/// lane. It reads at least one row, so a scan always moves on. The store's
-/// reads run where the store runs them (the data file's on the blocking
-/// pool), a page's bodies in one read; they are parsed on the scan thread,
-/// a page at a time.
+/// lane. It reads at least one row, so a scan always moves on. A page's
+/// bodies are read 256 KiB at a time, and parsed on `parse` (the parse
+/// thread), a body at a time.
 pub async fn scan(
     parse: &tokio::runtime::Handle,
     inbox: &dyn Inbox,
@@ -480,7 +481,7 @@ mod tests {
             .compute(|| std::thread::current().name().map(str::to_owned))
             .await
             .expect("runs");
-        assert_eq!(name.as_deref(), Some("dedupd-scan"));
+        assert_eq!(name.as_deref(), Some("dedupd-scan-parse"));
     }
 
     #[tokio::test]

@@ -453,18 +453,9 @@ async fn an_erase_job_erases_what_its_filter_matches_and_nothing_else() {
         json!({ "status": "delivered", "field": "/run_id", "value": "(dropped when the job ended)" }),
         "{done}"
     );
-    let listed: Value = app
-        .request(Method::GET, "/v1/jobs")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(!listed.to_string().contains("run_1"), "{listed}");
     assert_eq!(app.event_ids("erased").await, ["k1", "k3"]);
     assert_eq!(app.event_ids("delivered").await, ["k2"]);
-    // Listed by /v1/jobs, newest first.
+    // Listed by /v1/jobs, newest first, without the values.
     let list: Value = app
         .request(Method::GET, "/v1/jobs")
         .send()
@@ -474,6 +465,7 @@ async fn an_erase_job_erases_what_its_filter_matches_and_nothing_else() {
         .await
         .unwrap();
     assert_eq!(list["jobs"][0]["id"], id.as_str(), "{list}");
+    assert!(!list.to_string().contains("run_1"), "{list}");
 }
 
 #[tokio::test]

@@ -384,6 +384,21 @@ impl<'txn> InboxTables<'txn> {
         Ok(false)
     }
 
+    /// Whether `new`'s id is known in any of `lanes` or in its source.
+    fn known_in_any<'l>(
+        &mut self,
+        lanes: impl Iterator<Item = &'l String>,
+        new: &'l NewEvent,
+        now: Millis,
+    ) -> Result<bool, redb::Error> {
+        for lane in lanes.chain([&new.source]) {
+            if self.known(lane, &new.event_id, now)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// See [`InboxRequest::InsertRouted`].
     fn insert_routed(
         &mut self,
@@ -393,10 +408,8 @@ impl<'txn> InboxTables<'txn> {
         filtered_ms: u64,
         now: Millis,
     ) -> Result<IngestOutcome, redb::Error> {
-        for lane in known_in.iter().chain(lanes).chain([&new.source]) {
-            if self.known(lane, &new.event_id, now)? {
-                return Ok(IngestOutcome::Duplicate);
-            }
+        if self.known_in_any(known_in.iter().chain(lanes), new, now)? {
+            return Ok(IngestOutcome::Duplicate);
         }
         if lanes.is_empty() {
             let expires = now.saturating_add(filtered_ms);
@@ -419,11 +432,9 @@ impl<'txn> InboxTables<'txn> {
         now: Millis,
     ) -> Result<IngestOutcome, redb::Error> {
         let lanes = rows.iter().map(|r| &r.lane);
-        for lane in known_in.iter().chain(lanes).chain([&new.source]) {
-            if self.known(lane, &new.event_id, now)? {
-                self.freed.extend(rows.iter().map(|r| r.slot));
-                return Ok(IngestOutcome::Duplicate);
-            }
+        if self.known_in_any(known_in.iter().chain(lanes), new, now)? {
+            self.freed.extend(rows.iter().map(|r| r.slot));
+            return Ok(IngestOutcome::Duplicate);
         }
         let (status, expires) = match filtered_ms {
             Some(ms) => (EventStatus::Filtered, now.saturating_add(ms)),
