@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs dedupd under strace through a real workload — claims, a signed
-# webhook delivered to a real receiver, a metrics scrape, SIGTERM — and
+# webhook delivered to a real receiver, a metrics scrape, a count over
+# bodies, an erasure, SIGTERM — and
 # checks every system call it made against the unit's SystemCallFilter=
 # lines, expanded by systemd-analyze. A call the filter would refuse fails
 # the check: the unit must not break the service.
@@ -60,6 +61,11 @@ curl -fs -X POST "http://127.0.0.1:$port/ingest/sume" -H "X-Sume-Timestamp: $ts"
 for _ in $(seq 100); do grep -q req_strace "$work/received" 2>/dev/null && break; sleep 0.1; done
 grep -q req_strace "$work/received" || { echo "the webhook was not delivered"; cat "$work/log"; exit 1; }
 curl -fs "http://127.0.0.1:$port/metrics" >/dev/null
+# A count that parses bodies (the scan threads) and an erasure (its key
+# overwritten and synced in the key file).
+curl -fs "http://127.0.0.1:$port/v1/sources/sume/count?status=delivered&field=/type&value=run.updated" \
+  | grep -q '"matched":1' || { echo "the count did not find the event"; cat "$work/log"; exit 1; }
+curl -fs -X DELETE "http://127.0.0.1:$port/v1/sources/sume/events/req_strace" >/dev/null
 # SIGTERM to dedupd itself (strace's child): a graceful stop.
 kill -TERM "$(pgrep -P "$pid")"
 wait "$pid"

@@ -605,17 +605,19 @@ async fn the_bulk_form_counts_then_a_confirmed_redeliver_runs_to_done_in_the_job
                 ("ord_3".to_owned(), id.clone())
             ]
         );
-        // The job holds the filter counted, its receive range pinned to the
-        // count (the app's clock stands still).
+        // The job held the filter counted, its receive range pinned to the
+        // count (the app's clock stands still); ended, it keeps the
+        // filter's shape and times, not its texts.
         let listed = jobs(&app).await;
         assert_eq!(listed.len(), 1);
         let f = &listed[0]["filter"];
         let now = app.clock.now_ms();
         assert_eq!(f["status"], "delivered", "{f}");
-        assert_eq!(f["stream"], "run_a", "{f}");
+        let dropped = json!("(dropped when the job ended)");
+        assert_eq!(f["stream"], dropped, "{f}");
         assert_eq!(
             (&f["field"], &f["value"]),
-            (&json!("/type"), &json!("run.updated")),
+            (&json!("/type"), &dropped),
             "{f}"
         );
         assert_eq!(f["received_from"], json!(now - 3_600_000), "{f}");
