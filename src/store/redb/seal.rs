@@ -161,8 +161,8 @@ pub struct Seals {
 impl Seals {
     /// Opens (or creates) the key file of the data file at `data`, whose
     /// id is `id`, and shreds every slot not in `used` (the slots of the
-    /// file's rows). `sealed`: the data file holds sealed rows, so a
-    /// missing key file is refused rather than created.
+    /// file's rows). With rows in `used`, a missing key file is refused
+    /// rather than created.
     pub fn open(
         data: &Path,
         id: u128,
@@ -236,8 +236,8 @@ impl Seals {
         }
     }
 
-    /// Cuts free slots past the last one in `used` off the file, shreds
-    /// every other slot not in `used`, and makes them the clean ones.
+    /// Shreds every slot not in `used`, cuts those past the last one in
+    /// `used` off the file, and makes the others the clean ones.
     fn start_over(&self, used: &HashSet<u64>) -> std::io::Result<()> {
         let keep = used.iter().max().map_or(0, |m| m + 1);
         let mut slots = self.lock();
