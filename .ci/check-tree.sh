@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bad=$(git ls-files |
-  grep -E '\.(redb|wal|wal2|log)$|(^|/)log[0-9]*\.txt$|(^|/)nohup\.out$' || true)
+  grep -E '\.(redb|wal|wal2|keys|log)$|(^|/)log[0-9]*\.txt$|(^|/)nohup\.out$' || true)
 if [ -n "$bad" ]; then
   echo "data or log files are tracked (remove them with git rm --cached; .gitignore covers them):" >&2
   echo "$bad" >&2

@@ -47,6 +47,7 @@ schema-9          c9a2cba jobs    storage term
 log-format-4      c9a2cba jobs    storage kill
 schema-10         51af7e1 jobs    storage term
 schema-11         5d5add1 jobs    storage term
+schema-12         90b41e1 jobs    storage term
 "
 
 usage() {
@@ -370,6 +371,10 @@ run_case() {
     if [ -e "$DIR/dedupd.redb.wal2" ]; then
         cp "$DIR/dedupd.redb.wal2" "$out/dedupd.redb.wal2"
         trim_log "$out/dedupd.redb.wal2"
+    fi
+    # The key file the inbox's sealed events open with (schema 12 on).
+    if [ -e "$DIR/dedupd.redb.keys" ]; then
+        cp "$DIR/dedupd.redb.keys" "$out/dedupd.redb.keys"
     fi
     cp "$ANSWERS" "$out/answers.txt"
     # As text: the tree tracks no data file dedupd could open.
