@@ -46,6 +46,10 @@ enum Command {
         /// TOML settings file (default: none, or $DEDUPD_CONFIG).
         #[arg(long, env = CONFIG_ENV)]
         config: Option<PathBuf>,
+        /// One line when the configuration is good (the unit's check at
+        /// every start); warnings and mistakes as ever, on stderr.
+        #[arg(long, short)]
+        quiet: bool,
     },
     /// Write a commented dedupd.toml with one source and fresh secrets.
     Init(cli::init::Args),
@@ -69,12 +73,24 @@ enum Command {
     /// The inbox, with the instance stopped: migrate to the shared inbox.
     #[command(subcommand)]
     Inbox(cli::inbox::InboxCommand),
+    /// Print a shell's completions for dedupd (bash, zsh, fish, elvish,
+    /// powershell).
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages, dedupd(1) and one per subcommand, into a
+    /// directory.
+    Man {
+        /// Where to write them.
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::CheckConfig { config } => cli::check_config::run(config.as_deref()),
+        Command::CheckConfig { config, quiet } => cli::check_config::run(config.as_deref(), quiet),
+        Command::Completions { shell } => cli::docs::completions::<Cli>(shell),
+        Command::Man { out } => cli::docs::man_pages::<Cli>(&out),
         Command::Init(args) => cli::init::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Trigger(args) => cli::trigger::run(&args),
         Command::Receive(args) => cli::receive::run(&args).map(|()| ExitCode::SUCCESS),

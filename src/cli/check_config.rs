@@ -8,10 +8,26 @@ use dedupd::config::Loaded;
 
 use super::out::{Printed, out, outln};
 
-/// Prints the effective settings and sources; FAILURE with the errors on
-/// stderr when the configuration is wrong.
-pub fn run(config: Option<&Path>) -> anyhow::Result<ExitCode> {
+/// Prints the effective settings and sources (with `quiet`, one line
+/// that says the configuration is good); FAILURE with the errors on stderr
+/// when it is wrong. Warnings go to stderr either way.
+pub fn run(config: Option<&Path>, quiet: bool) -> anyhow::Result<ExitCode> {
     match super::load(config) {
+        Ok((loaded, sources)) if quiet => {
+            for file in loaded.open_secret_files() {
+                eprintln!("warning: {file}");
+            }
+            for setting in loaded.settings_without_effect() {
+                eprintln!("warning: {setting}");
+            }
+            let posted = sources.iter().filter(|s| s.lane_of.is_none()).count();
+            outln!(
+                "configuration good: {posted} source(s), {} API token(s), data in {}",
+                loaded.api_tokens.len(),
+                loaded.settings.data_path.display()
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
         Ok((loaded, sources)) => {
             out!("{}", loaded.settings.to_redacted_toml())?;
             for source in &sources {

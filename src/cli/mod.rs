@@ -9,6 +9,7 @@
 //!   `claims`, `streams`);
 //! - `jobs`: bulk redelivery and erasure (`events redeliver|erase` with a
 //!   filter) and `jobs list|show|cancel`;
+//! - `docs`: `completions` and `man`, what the package installs;
 //!
 //! and below them, what they share, none importing the ones above:
 //!
@@ -24,6 +25,7 @@
 mod call;
 pub mod check_config;
 pub mod client;
+pub mod docs;
 mod filter;
 pub mod inbox;
 pub mod init;

@@ -230,7 +230,7 @@ async fn receive(
     let status = match outcome {
         IngestOutcome::Duplicate => IngestStatus::Duplicate,
         IngestOutcome::Accepted if arrived.is_empty() => {
-            tracing::info!(source = %source.name, event_id = %event_id, "event filtered");
+            tracing::info!(source = %source.name, event_id = %event_id, outcome = "filtered", "event filtered");
             IngestStatus::Filtered
         }
         IngestOutcome::Accepted => {
@@ -238,7 +238,7 @@ async fn receive(
                 gw.arrivals.push(lane, ordering.0.as_deref(), ordering.1);
             }
             gw.wake.notify_one();
-            tracing::info!(source = %source.name, event_id = %event_id, "event accepted");
+            tracing::info!(source = %source.name, event_id = %event_id, outcome = "accepted", "event accepted");
             IngestStatus::Accepted
         }
     };

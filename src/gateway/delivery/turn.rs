@@ -85,7 +85,7 @@ impl Dispatcher {
         match recorded {
             Ok(()) => {
                 self.metrics.delivery(&source.name, "delivered");
-                tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, "delivered");
+                tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, outcome = "delivered", "delivered");
             }
             Err(_) => {
                 // Shutting down: neither the head nor the status moved, so
@@ -229,7 +229,7 @@ impl Dispatcher {
             match store.head(stream, now).await {
                 Ok(Some(head)) if ev.created_at < head.created_at => {
                     self.release(store, key, token).await;
-                    tracing::info!(source = %source.name, event_id = %ev.event_id, "stale: older than its stream's head");
+                    tracing::info!(source = %source.name, event_id = %ev.event_id, outcome = "stale", "stale: older than its stream's head");
                     self.settle(ev, lease, Settle::Stale, None).await;
                     return Reached::Nothing;
                 }
@@ -283,7 +283,7 @@ impl Dispatcher {
             // The claim expires; the local inbox still says delivered.
             tracing::warn!(error = %e.chain(), "cannot mark the delivered event done");
         }
-        tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, "delivered");
+        tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, outcome = "delivered", "delivered");
         self.settle(ev, lease, Settle::Delivered { attempted: true }, Some(sent))
             .await;
         Reached::Success
@@ -389,14 +389,14 @@ impl Dispatcher {
         let base = ev.replay.as_ref().map_or(0, |r| r.base_attempts);
         let tried = attempt.saturating_sub(base);
         if tried >= source.max_attempts {
-            tracing::warn!(source = %source.name, event_id = %ev.event_id, attempt, %error, "dead: every attempt failed");
+            tracing::warn!(source = %source.name, event_id = %ev.event_id, attempt, %error, outcome = "dead", "dead: every attempt failed");
             self.settle(ev, lease, Settle::Dead { error }, Some(sent))
                 .await;
         } else {
             // The destination's wait replaces the backoff when it is longer.
             let wait = backoff(source, tried).max(asked.unwrap_or(0));
             let retry_at = self.clock.now_ms().saturating_add(wait);
-            tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, %error, retry_at, "delivery failed; will retry");
+            tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, %error, retry_at, outcome = "retry", "delivery failed; will retry");
             let settle = Settle::Retry {
                 retry_at,
                 error,

@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# The systemd drill (issue 51): the Debian package under a real systemd.
+#
+#   .ci/systemd-drill.sh PACKAGE.deb UPGRADE.deb
+#
+# Boots a minimal Debian (bookworm) under systemd-nspawn, with systemd as
+# its PID 1 and a network of its own (loopback only), installs PACKAGE with
+# dpkg, and checks what an operator relies on:
+#   - install: the unit enabled and started, an API token made (0600, root);
+#   - start: `systemctl start` returns once READY=1 came, /readyz answers,
+#     a signed webhook reaches an application inside the container;
+#   - the journal: structured lines with source, event id and outcome;
+#   - crash: SIGKILL under ingest load, restarted, every event answered
+#     2xx delivered;
+#   - watchdog: SIGSTOP, restarted within WatchdogSec (5 s for the drill),
+#     nothing acknowledged lost;
+#   - stop: `systemctl stop` during deliveries exits cleanly;
+#   - the sandbox: a dynamic user, no writes outside its state directory,
+#     no /home;
+#   - upgrade: UPGRADE (the same build, a higher version) keeps the edited
+#     settings, restarts the service and serves the old data, and a data
+#     file of the schema before (tests/golden/schema-11) is migrated;
+#   - remove keeps the data; purge removes it.
+#
+# Needs root, systemd-nspawn (systemd-container), debootstrap, python3.
+# The base system is made once with debootstrap and kept in
+# $DRILL_CACHE (/var/cache/dedupd-drill); each run works on a copy of it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deb=$(realpath "$1")
+upgrade=$(realpath "$2")
+cache=${DRILL_CACHE:-/var/cache/dedupd-drill}
+base=$cache/rootfs
+
+log() { printf '== drill: %s\n' "$*"; }
+die() { printf 'drill FAILED: %s\n' "$*" >&2; exit 1; }
+
+if [ ! -x "$base/usr/lib/systemd/systemd" ]; then
+    log "making the base system with debootstrap (once; kept in $base)"
+    rm -rf "$base.tmp"
+    mkdir -p "$cache"
+    debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,curl,ca-certificates \
+        bookworm "$base.tmp" http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 ||
+        { tail -20 "$cache/debootstrap.log"; die "debootstrap"; }
+    mv "$base.tmp" "$base"
+fi
+
+work=$(mktemp -d /var/tmp/dedupd-drill.XXXXXX)
+root=$work/root
+nspawn=""
+cleanup() {
+    if [ -n "$nspawn" ] && kill -0 "$nspawn" 2>/dev/null; then
+        kill -TERM "$nspawn" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$nspawn" 2>/dev/null || break; sleep 0.2; done
+        kill -KILL "$nspawn" 2>/dev/null || true
+    fi
+    [ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+cp -a "$base" "$root"
+cp "$deb" "$root/root/dedupd.deb"
+cp "$upgrade" "$root/root/dedupd-upgrade.deb"
+python3 tests/golden/unpack.py tests/golden/schema-11 "$root/root/schema-11"
+echo drill >"$root/etc/hostname"
+
+log "booting the container"
+systemd-nspawn -D "$root" --boot --register=no --keep-unit --private-network \
+    --console=read-only >"$work/console" 2>&1 &
+nspawn=$!
+init=""
+for _ in $(seq 100); do
+    # The container's PID 1 is nspawn's child.
+    init=$(pgrep -P "$nspawn" -x systemd || true)
+    [ -n "$init" ] && break
+    sleep 0.1
+done
+[ -n "$init" ] || { cat "$work/console"; die "no systemd in the container"; }
+c() { nsenter -t "$init" -a -- "$@"; }
+state=$(c systemctl is-system-running --wait || true)
+log "booted ($state)"
+
+log "install: dpkg -i"
+c env DEBIAN_FRONTEND=noninteractive dpkg -i /root/dedupd.deb >"$work/dpkg-install" 2>&1 ||
+    { cat "$work/dpkg-install"; die "dpkg -i"; }
+c systemctl is-enabled dedupd >/dev/null || die "the unit is not enabled"
+c systemctl is-active dedupd >/dev/null || { c journalctl -u dedupd --no-pager | tail -20; die "the unit is not started"; }
+mode=$(c stat -c '%a %U' /etc/dedupd/api-tokens)
+[ "$mode" = "600 root" ] || die "/etc/dedupd/api-tokens is $mode, not 600 root"
+token=$(c cat /etc/dedupd/api-tokens)
+[ "${#token}" -ge 32 ] || die "the API token is too short"
+
+log "start: a source and an application; systemctl restart returns once ready"
+c sh -c 'cat >>/etc/dedupd/dedupd.toml' <<'TOML'
+
+# Added by the drill (an edited conffile: an upgrade must keep it).
+[sources.drill]
+scheme = "sume"
+secrets = ["drill_secret_0123456789abcdef"]
+event_id = "body:/request_id"
+created_at = "body:/created_at"
+stream = "body:/run_id"
+forward_to = "http://127.0.0.1:3000/hooks"
+destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+backoff_min = "100ms"
+backoff_max = "1s"
+TOML
+# The drill's watchdog: 5 s, not 30, so a frozen process is restarted soon.
+c mkdir -p /etc/systemd/system/dedupd.service.d
+c sh -c 'printf "[Service]\nWatchdogSec=5s\n" >/etc/systemd/system/dedupd.service.d/drill.conf'
+c systemctl daemon-reload
+c systemd-run --unit=drill-app --property=Restart=always \
+    /usr/bin/dedupd receive --config /etc/dedupd/dedupd.toml >/dev/null
+c systemctl restart dedupd
+[ "$(c systemctl show -P ActiveState dedupd)" = active ] || die "not active once systemctl restart returned"
+c curl -fsS http://127.0.0.1:8080/readyz >/dev/null || die "/readyz does not answer once started"
+api() { c curl -fsS -H "authorization: Bearer $token" "http://127.0.0.1:8080$1"; }
+
+# trigger: posts one signed sample event; prints its id on success.
+trigger() {
+    local out
+    out=$(c /usr/bin/dedupd trigger drill --config /etc/dedupd/dedupd.toml 2>/dev/null) || return 1
+    printf '%s\n' "$out" | sed -n 's/^drill event \([^ ]*\).*/\1/p' | head -1
+}
+delivered() { c journalctl -u drill-app -o cat --no-pager | grep -c "$1" || true; }
+first=$(trigger) || die "the first webhook was refused"
+for _ in $(seq 100); do [ "$(delivered "$first")" -gt 0 ] && break; sleep 0.1; done
+[ "$(delivered "$first")" -gt 0 ] || die "the webhook $first did not reach the application"
+
+log "the journal: structured lines"
+lines=$(c journalctl -u dedupd -o cat --no-pager)
+printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | grep -q '"outcome":"accepted"' ||
+    die "no structured line with the event id and its outcome: $(printf '%s' "$lines" | tail -5)"
+printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | grep -q '"source":"drill"' ||
+    die "no structured line with the source"
+starts=$(c journalctl -u dedupd -o cat --no-pager | grep -c 'configuration good' || true)
+[ "$starts" -ge 1 ] || die "ExecStartPre's check did not say its one line"
+
+log "crash: SIGKILL under ingest load"
+pid0=$(c systemctl show -P MainPID dedupd)
+acked=()
+for _ in $(seq 20); do
+    if id=$(trigger); then acked+=("$id"); fi
+done
+# Killed with posts on their way; the load goes on through the restart
+# (RestartSec=2s), until 20 more are answered.
+posting=()
+for _ in $(seq 5); do trigger >/dev/null & posting+=($!); done
+c systemctl kill -s KILL dedupd
+wait "${posting[@]}" || true
+before=${#acked[@]}
+deadline=$((SECONDS + 30))
+while [ $((${#acked[@]} - before)) -lt 20 ] && [ $SECONDS -lt $deadline ]; do
+    if id=$(trigger); then acked+=("$id"); else sleep 0.2; fi
+done
+pid1=$(c systemctl show -P MainPID dedupd)
+[ "$pid1" != "$pid0" ] && [ "$pid1" != 0 ] || die "not restarted after SIGKILL"
+[ "${#acked[@]}" -ge 40 ] || die "only ${#acked[@]} posts were answered 2xx around the kill"
+for id in "${acked[@]}"; do
+    for _ in $(seq 300); do [ "$(delivered "$id")" -gt 0 ] && break; sleep 0.1; done
+    [ "$(delivered "$id")" -gt 0 ] || die "$id was answered 2xx and never delivered"
+done
+log "crash: ${#acked[@]} events answered 2xx, every one delivered"
+
+log "watchdog: SIGSTOP"
+# sh's own kill: a minimal system has no /bin/kill.
+c sh -c "kill -STOP $pid1"
+for _ in $(seq 200); do
+    pid2=$(c systemctl show -P MainPID dedupd)
+    [ "$pid2" != "$pid1" ] && [ "$pid2" != 0 ] && break
+    sleep 0.1
+done
+[ "$pid2" != "$pid1" ] || die "not restarted by the watchdog within 20 s"
+for _ in $(seq 50); do
+    c journalctl -u dedupd -o cat --no-pager | grep -q 'Watchdog timeout' && break
+    sleep 0.1
+done
+c journalctl -u dedupd -o cat --no-pager | grep -q 'Watchdog timeout' || die "no watchdog line in the journal"
+after=$(trigger) || die "not serving after the watchdog restart"
+for id in "${acked[@]}" "$after"; do
+    for _ in $(seq 300); do [ "$(delivered "$id")" -gt 0 ] && break; sleep 0.1; done
+    [ "$(delivered "$id")" -gt 0 ] || die "$id lost across the watchdog restart"
+done
+
+log "stop: systemctl stop during deliveries"
+for _ in $(seq 10); do trigger >/dev/null || true; done
+c systemctl stop dedupd
+result=$(c systemctl show -P Result dedupd)
+status=$(c systemctl show -P ExecMainStatus dedupd)
+[ "$result" = success ] && [ "$status" = 0 ] || die "stop: Result=$result ExecMainStatus=$status"
+c systemctl start dedupd
+
+log "the sandbox: a dynamic user, nothing outside its state directory"
+pid=$(c systemctl show -P MainPID dedupd)
+uid=$(c awk '/^Uid:/ { print $2 }' "/proc/$pid/status")
+[ "$uid" -ge 61184 ] && [ "$uid" -le 65519 ] || die "runs as uid $uid, not a dynamic user"
+c test -d /home || c mkdir /home
+c sh -c 'echo private >/home/secret'
+# In the service's own mount namespace, as its user.
+as_service() { c nsenter -t "$pid" -m -S "$uid" -G "$uid" -- "$@"; }
+as_service sh -c 'echo x >/var/lib/dedupd/drill-probe' || die "cannot write its state directory"
+if as_service sh -c 'echo x >/etc/dedupd/drill-probe' 2>/dev/null; then die "wrote /etc"; fi
+if as_service sh -c 'echo x >/usr/drill-probe' 2>/dev/null; then die "wrote /usr"; fi
+if as_service cat /home/secret 2>/dev/null; then die "read /home"; fi
+as_service rm -f /var/lib/dedupd/drill-probe
+
+log "upgrade: a higher version keeps the settings, restarts, serves the old data"
+old=$(api "/v1/sources/drill/events/$first") || die "the event before the upgrade is not there"
+pid=$(c systemctl show -P MainPID dedupd)
+c env DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold /root/dedupd-upgrade.deb >"$work/dpkg-upgrade" 2>&1 ||
+    { cat "$work/dpkg-upgrade"; die "dpkg -i of the upgrade"; }
+c grep -q '^\[sources.drill\]' /etc/dedupd/dedupd.toml || die "the edited settings were replaced"
+pidu=$(c systemctl show -P MainPID dedupd)
+[ "$pidu" != "$pid" ] || die "not restarted by the upgrade"
+api "/v1/sources/drill/events/$first" | grep -q "\"event_id\":\"$first\"" || die "the old data is not served after the upgrade"
+
+log "upgrade: a data file of schema 11 is migrated"
+c systemctl stop dedupd
+# As an operator restores a file: the service's own owner (its dynamic
+# user owns the directory; systemd does not chown what is in it).
+c sh -c 'cd /var/lib/private/dedupd && rm -f dedupd.redb* &&
+    cp /root/schema-11/dedupd.redb* . && chown --reference=. dedupd.redb*'
+c systemctl start dedupd || { c journalctl -u dedupd -o cat --no-pager | tail -20; die "does not start on a schema 11 file"; }
+api /v1/claims/job-done | grep -q '"state":"done"' || die "the schema 11 file's claim is not there"
+api /v1/sources/sume/events/ok-1 | grep -q '"status":"delivered"' || die "the schema 11 file's event is not there"
+
+log "remove keeps the data; purge removes it"
+c env DEBIAN_FRONTEND=noninteractive dpkg -r dedupd >/dev/null 2>&1 || die "dpkg -r"
+c test -e /var/lib/private/dedupd/dedupd.redb || die "remove took the data"
+c test -e /etc/dedupd/api-tokens || die "remove took the API token"
+if c systemctl is-active dedupd >/dev/null 2>&1; then die "still running after remove"; fi
+c env DEBIAN_FRONTEND=noninteractive dpkg --purge dedupd >/dev/null 2>&1 || die "dpkg --purge"
+if c test -e /var/lib/private/dedupd; then die "purge left the data"; fi
+if c test -e /etc/dedupd/api-tokens; then die "purge left the API token"; fi
+
+log "passed"
