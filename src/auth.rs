@@ -21,6 +21,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{Method, header};
 use actix_web::middleware::Next;
 use actix_web::web;
+use arc_swap::ArcSwap;
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 
@@ -37,12 +38,17 @@ pub enum Access {
     Full,
 }
 
+/// A token's digest and what it may do.
+type Digests = Vec<([u8; 32], Access)>;
+
 /// The accepted tokens, as digests, and the limiter of failed attempts.
 /// Empty: no authentication (which startup allows on loopback only).
-/// Clones share the limiter.
+/// Clones share both: a reload's [`ApiTokens::replace`] reaches every port.
 #[derive(Debug, Clone, Default)]
 pub struct ApiTokens {
-    digests: Vec<([u8; 32], Access)>,
+    /// Read once per check: a request is judged against one set, the one
+    /// in force when it was looked at.
+    digests: Arc<ArcSwap<Digests>>,
     limiter: Arc<AuthLimiter>,
 }
 
@@ -51,22 +57,26 @@ impl ApiTokens {
     /// nothing in metrics (see [`ApiTokens::with_limiter`]).
     pub fn new(tokens: &[Secret]) -> Self {
         Self {
-            digests: tokens
-                .iter()
-                .map(|t| (digest(t.expose()), Access::Full))
-                .collect(),
+            digests: Arc::new(ArcSwap::from_pointee(digests(tokens, &[]))),
             limiter: Arc::default(),
         }
     }
 
     /// Adds read-only `tokens`.
-    pub fn with_read_only(mut self, tokens: &[Secret]) -> Self {
-        self.digests.extend(
-            tokens
-                .iter()
-                .map(|t| (digest(t.expose()), Access::ReadOnly)),
-        );
+    pub fn with_read_only(self, tokens: &[Secret]) -> Self {
+        let mut all = Digests::clone(&self.digests.load());
+        all.extend(digests(&[], tokens));
+        self.digests.store(Arc::new(all));
         self
+    }
+
+    /// Makes `full` and `read_only` the accepted tokens, on every clone (a
+    /// reload). A request already past its check goes on; every later one,
+    /// and every later `AUTH`, is checked against these. A Redis-protocol
+    /// connection that authenticated stays so (as Redis's own
+    /// `requirepass` change leaves it). The limiter's counts stay.
+    pub fn replace(&self, full: &[Secret], read_only: &[Secret]) {
+        self.digests.store(Arc::new(digests(full, read_only)));
     }
 
     /// Counts failures in `limiter` (the app's, shared by every port).
@@ -77,14 +87,14 @@ impl ApiTokens {
 
     /// True when no token of either kind is configured.
     pub fn is_empty(&self) -> bool {
-        self.digests.is_empty()
+        self.digests.load().is_empty()
     }
 
     /// What `presented` may do, if it is one of the tokens.
     pub fn access(&self, presented: &str) -> Option<Access> {
         let d = digest(presented);
         let (mut full, mut read) = (Choice::from(0), Choice::from(0));
-        for (t, access) in &self.digests {
+        for (t, access) in self.digests.load().iter() {
             let hit = t.ct_eq(&d);
             let is_full = Choice::from(u8::from(*access == Access::Full));
             full |= hit & is_full;
@@ -109,6 +119,18 @@ impl ApiTokens {
     pub fn limiter(&self) -> &AuthLimiter {
         &self.limiter
     }
+}
+
+/// The digests of `full` and `read_only` tokens.
+fn digests(full: &[Secret], read_only: &[Secret]) -> Digests {
+    full.iter()
+        .map(|t| (digest(t.expose()), Access::Full))
+        .chain(
+            read_only
+                .iter()
+                .map(|t| (digest(t.expose()), Access::ReadOnly)),
+        )
+        .collect()
 }
 
 fn digest(s: &str) -> [u8; 32] {

@@ -15,6 +15,8 @@
 //!   by [`store::open`]; the embedded redb engine (one data file, a
 //!   group-commit writer, a write-ahead log) and the Redis backend.
 //! - [`reaper`]: the task that deletes expired records in expiry order.
+//! - [`reload`]: SIGHUP's reload of the sources, API tokens and log level
+//!   while serving.
 //! - [`resp`]: the Redis-protocol listener (SET/GET/DEL/EXPIRE/… over the
 //!   keyspace in the data file).
 //! - [`limits`]: the open-files limit the settings need, checked at start.
@@ -38,6 +40,7 @@ pub mod limits;
 pub mod peers;
 pub mod reaper;
 pub mod redact;
+pub mod reload;
 pub mod resp;
 pub mod routes;
 pub mod startup;

@@ -26,14 +26,22 @@ use crate::telemetry::metrics::Metrics;
 #[derive(Debug, Clone)]
 pub struct Orphans {
     pub inbox: Arc<dyn Inbox>,
+    /// The sources the configuration in force names: a reload sends new
+    /// ones, and the next pass looks again at which sources are removed.
+    pub configured: watch::Receiver<Configured>,
+    /// How long after receipt they are kept, ms (`gateway.dead_retention`).
+    pub retention_ms: u64,
+}
+
+/// Which sources a configuration names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Configured {
     /// The configured source names.
-    pub configured: Vec<String>,
+    pub names: Vec<String>,
     /// Configured sources that deliver nothing themselves (posted to,
     /// none of their destinations named `default`): their pending events,
     /// from before their destinations, are as a removed source's.
     pub idle: Vec<String>,
-    /// How long after receipt they are kept, ms (`gateway.dead_retention`).
-    pub retention_ms: u64,
 }
 
 /// The reaper's handle on the store and its limits.
@@ -96,15 +104,17 @@ impl Reaper {
         let Some(o) = &self.orphans else {
             return Some(Vec::new());
         };
+        let configured = o.configured.borrow().clone();
         match o.inbox.inbox_sources().await {
             Ok(found) => Some(
                 found
                     .into_iter()
                     .filter(|(name, pending)| {
-                        !o.configured.contains(name) || (o.idle.contains(name) && *pending > 0)
+                        !configured.names.contains(name)
+                            || (configured.idle.contains(name) && *pending > 0)
                     })
                     .map(|(name, pending)| {
-                        if o.configured.contains(&name) {
+                        if configured.names.contains(&name) {
                             tracing::warn!(
                                 source = %name,
                                 pending,
@@ -229,14 +239,20 @@ impl Reaper {
     }
 
     /// Runs until `stop` turns true.
-    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         // Asked until the inbox answers (it may be in Redis, down at the
-        // start).
+        // start), and again after a reload changed the sources.
         let mut removed = None;
         let mut was_failing = false;
         loop {
             let now = self.clock.now_ms();
             let mut error = None;
+            if let Some(o) = &mut self.orphans
+                && o.configured.has_changed().unwrap_or(false)
+            {
+                o.configured.mark_unchanged();
+                removed = None;
+            }
             if removed.is_none() {
                 removed = self.removed_sources().await;
             }

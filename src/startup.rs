@@ -14,7 +14,7 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::auth::browser::{local_host_only, same_origin_json};
@@ -23,15 +23,15 @@ use crate::clock::SharedClock;
 use crate::config::alerts::ALERT_SOURCE;
 use crate::config::sources::InboxPlace;
 use crate::config::{Backend, ConfigErrors, Loaded};
-use crate::gateway::Gateway;
-use crate::gateway::Source;
 use crate::gateway::alerts::Alerts;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
 use crate::gateway::filter;
 use crate::gateway::jobs::Runner;
 use crate::gateway::scan::{Budget, Scanner};
+use crate::gateway::{Gateway, Source, Sources};
 use crate::peers::PeerConnections;
 use crate::reaper::{Orphans, Reaper};
+use crate::reload::Reloader;
 use crate::resp::RespServer;
 use crate::resp::connection::RespOptions;
 use crate::routes::{self, AppState};
@@ -101,7 +101,7 @@ pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> 
 
 /// The names of the sources dedupd delivers: the configured ones and, with
 /// `[alerts]`, its own alerts source.
-fn source_names(s: &crate::config::Settings) -> Vec<String> {
+pub(crate) fn source_names(s: &crate::config::Settings) -> Vec<String> {
     let alerts = s.alerts.as_ref().map(|_| ALERT_SOURCE.to_owned());
     // A destination's lane counts as a source of its own
     // (`SOURCE.DESTINATION`), `default` as the source.
@@ -143,6 +143,8 @@ pub struct Application {
     resp_port: Option<u16>,
     /// The Redis-protocol listener's task, when it is on.
     resp: Option<JoinHandle<()>>,
+    /// What SIGHUP calls.
+    reloader: Reloader,
 }
 
 impl std::fmt::Debug for Application {
@@ -250,25 +252,17 @@ impl Application {
             ),
         };
         let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let gateway = Arc::new(Gateway {
-            sources: sources
-                .iter()
-                .map(|src| (src.name.clone(), src.clone()))
-                .collect(),
-            inbox: inbox.clone(),
-            wake: Notify::new(),
-            jobs_wake: Notify::new(),
-            arrivals: Default::default(),
-            retention: Retention {
+        let gateway = Arc::new(Gateway::new(
+            Sources::new(sources.iter().cloned()),
+            inbox.clone(),
+            Retention {
                 delivered_ms: ms(s.gateway.delivered_retention),
                 dead_ms: ms(s.gateway.dead_retention),
             },
-            alerts: s
-                .alerts
+            s.alerts
                 .as_ref()
                 .map(|a| Arc::new(Alerts::new(clock.clone(), a.every, a.backlog_after))),
-            stored_lanes: Default::default(),
-            scanner: Scanner::start(
+            Scanner::start(
                 Budget {
                     rows: filter::MAX_SCAN,
                     bytes: s.gateway.scan_bytes,
@@ -277,7 +271,7 @@ impl Application {
                 s.gateway.max_scans,
             )
             .context("cannot start the scan thread")?,
-        });
+        ));
         let dispatcher = Arc::new(
             Dispatcher::new(
                 gateway.clone(),
@@ -302,7 +296,7 @@ impl Application {
             body_timeout: s.http.body_timeout,
             metrics: metrics.clone(),
         });
-        let tokens = web::Data::new(api_tokens);
+        let tokens = web::Data::new(api_tokens.clone());
         // The request log's own handle on the metrics, so telemetry needs
         // nothing from the routes.
         let request_metrics = web::Data::from(metrics.clone());
@@ -350,6 +344,7 @@ impl Application {
         let (stop, stop_rx) = watch::channel(false);
         let dispatch = dispatcher.clone();
         let dispatcher = tokio::spawn(dispatcher.run(stop_rx.clone()));
+        let (orphans, orphans_rx) = watch::channel(crate::reload::configured(&sources));
         let reaper = Reaper::new(
             file.clone(),
             clock.clone(),
@@ -359,12 +354,7 @@ impl Application {
         .with_metrics(metrics.clone())
         .with_orphans(Orphans {
             inbox: inbox.clone(),
-            configured: sources.iter().map(|s| s.name.clone()).collect(),
-            idle: sources
-                .iter()
-                .filter(|s| !s.delivers)
-                .map(|s| s.name.clone())
-                .collect(),
+            configured: orphans_rx,
             retention_ms: ms(s.gateway.dead_retention),
         });
         let resp_port = resp.as_ref().map(RespServer::port);
@@ -380,7 +370,15 @@ impl Application {
         if let Some(alerts) = gateway.alerts.clone() {
             tokio::spawn(alerts.run(gateway.clone(), store.clone(), stop_rx.clone()));
         }
-        tokio::spawn(upkeep(metrics, stop_rx));
+        tokio::spawn(upkeep(metrics.clone(), stop_rx));
+        let reloader = Reloader::new(
+            loaded,
+            gateway,
+            dispatch.clone(),
+            api_tokens,
+            metrics,
+            orphans,
+        );
         Ok(Self {
             port,
             server,
@@ -393,6 +391,7 @@ impl Application {
             reaper,
             resp_port,
             resp,
+            reloader,
         })
     }
 
@@ -404,6 +403,11 @@ impl Application {
     /// The port the server listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// What reloads the configuration while serving (SIGHUP calls it).
+    pub fn reloader(&self) -> Reloader {
+        self.reloader.clone()
     }
 
     /// A handle that stops the server gracefully.

@@ -10,6 +10,7 @@ pub mod env;
 mod file;
 mod idle;
 mod readable;
+pub mod reload;
 mod secret;
 pub mod sources;
 
@@ -568,7 +569,18 @@ impl Settings {
                     .collect(),
             )
         })?;
-        let (loaded, mut errors) = settings.validate(fig);
+        Self::checked(settings, fig, check)
+    }
+
+    /// Validates extracted `settings` (`fig` tells where each value came
+    /// from), then runs `check` on them, with or without errors: every
+    /// mistake is reported at once.
+    fn checked(
+        self,
+        fig: &Figment,
+        check: impl FnOnce(&Loaded) -> Result<(), ConfigErrors>,
+    ) -> Result<Loaded, ConfigErrors> {
+        let (loaded, mut errors) = self.validate(fig);
         if let Err(more) = check(&loaded) {
             errors.extend(more.0);
         }

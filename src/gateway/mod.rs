@@ -30,6 +30,7 @@ pub mod source;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 
 use crate::store::inbox::{Inbox, Retention};
@@ -37,11 +38,53 @@ use crate::store::inbox::{Inbox, Retention};
 pub use arrivals::Arrivals;
 pub use source::Source;
 
+/// The configured sources by name, as one configuration (the start, or a
+/// reload) made them. A reload installs a new one whole; whoever loaded
+/// the old one (a request, a turn in flight) keeps it to its end.
+#[derive(Debug, Default)]
+pub struct Sources {
+    /// Sources (and destinations' lanes) by name.
+    by_name: HashMap<String, Arc<Source>>,
+    /// The lanes (`SOURCE.DESTINATION`) the inbox held events in when this
+    /// configuration was first looked at, by source: a destination since
+    /// removed or renamed keeps copies there until they are reaped (read
+    /// once per configuration: a reload can remove destinations, and a
+    /// new configuration reads again, as a restart would).
+    stored_lanes: tokio::sync::OnceCell<HashMap<String, Vec<String>>>,
+}
+
+impl Sources {
+    /// `sources` by name.
+    pub fn new(sources: impl IntoIterator<Item = Arc<Source>>) -> Self {
+        Self {
+            by_name: sources.into_iter().map(|s| (s.name.clone(), s)).collect(),
+            stored_lanes: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The source (or destination's lane) called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<Source>> {
+        self.by_name.get(name)
+    }
+
+    /// Every source and lane.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Source>> {
+        self.by_name.values()
+    }
+
+    /// Every source's and lane's name.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.by_name.keys()
+    }
+}
+
 /// What ingest, delivery and the operator API share.
 #[derive(Debug)]
 pub struct Gateway {
-    /// Sources by name.
-    pub sources: HashMap<String, Arc<Source>>,
+    /// The sources in force: replaced whole by a reload
+    /// ([`Gateway::replace_sources`]); read with [`Gateway::sources`] or
+    /// [`Gateway::source`].
+    sources: ArcSwap<Sources>,
     /// The inbox (always the local data file).
     pub inbox: Arc<dyn Inbox>,
     /// Wakes the dispatcher when something became runnable.
@@ -54,19 +97,47 @@ pub struct Gateway {
     pub retention: Retention,
     /// Where operational alerts are raised, with `[alerts]`.
     pub alerts: Option<Arc<alerts::Alerts>>,
-    /// The lanes (`SOURCE.DESTINATION`) the inbox held events in when this
-    /// process first looked, by source: a destination since removed or
-    /// renamed keeps copies there until they are reaped (read once: the
-    /// configuration, so the lanes, change only with a restart).
-    pub stored_lanes: tokio::sync::OnceCell<HashMap<String, Vec<String>>>,
     /// Where counts and bulk jobs read the inbox (see [`scan`]).
     pub scanner: scan::Scanner,
 }
 
 impl Gateway {
-    /// The source called `name`.
-    pub fn source(&self, name: &str) -> Option<&Arc<Source>> {
-        self.sources.get(name)
+    /// A gateway over `sources`, with nothing arrived or waiting.
+    pub fn new(
+        sources: Sources,
+        inbox: Arc<dyn Inbox>,
+        retention: Retention,
+        alerts: Option<Arc<alerts::Alerts>>,
+        scanner: scan::Scanner,
+    ) -> Self {
+        Self {
+            sources: ArcSwap::from_pointee(sources),
+            inbox,
+            wake: Notify::new(),
+            jobs_wake: Notify::new(),
+            arrivals: Arrivals::default(),
+            retention,
+            alerts,
+            scanner,
+        }
+    }
+
+    /// The sources in force now. One call, one configuration: a caller
+    /// that looks up several names reads them from the same snapshot.
+    pub fn sources(&self) -> Arc<Sources> {
+        self.sources.load_full()
+    }
+
+    /// The source called `name`, as configured now.
+    pub fn source(&self, name: &str) -> Option<Arc<Source>> {
+        self.sources.load().get(name).cloned()
+    }
+
+    /// Puts `sources` in force (a reload): requests and turns that hold
+    /// the old ones finish with them; every later lookup sees the new
+    /// ones.
+    pub fn replace_sources(&self, sources: Sources) {
+        self.sources.store(Arc::new(sources));
     }
 
     /// Every lane holding a copy of the events of the source `name` (or of
@@ -74,7 +145,12 @@ impl Gateway {
     /// own name, `name` and each destination's lane. What an erasure must
     /// reach: each lane stores the event's body.
     pub fn lanes_of(&self, name: &str) -> Vec<String> {
-        let posted = match self.sources.get(name) {
+        Self::lanes_in(&self.sources(), name)
+    }
+
+    /// [`Gateway::lanes_of`] in `sources`.
+    fn lanes_in(sources: &Sources, name: &str) -> Vec<String> {
+        let posted = match sources.get(name) {
             Some(s) => s.lane_of.as_deref().unwrap_or(name),
             // A lane of a destination since removed: `SOURCE.DESTINATION`.
             None => name.split_once('.').map_or(name, |(source, _)| source),
@@ -83,7 +159,7 @@ impl Gateway {
         if name != posted {
             lanes.push(name.to_owned());
         }
-        if let Some(source) = self.sources.get(posted) {
+        if let Some(source) = sources.get(posted) {
             for r in &source.routes {
                 if !lanes.contains(&r.lane) {
                     lanes.push(r.lane.clone());
@@ -94,17 +170,18 @@ impl Gateway {
     }
 
     /// [`Gateway::lanes_of`], and the lanes of the source's destinations
-    /// that are no longer configured but held events when this process
-    /// first looked: where a provider's retry must be found a duplicate
-    /// (read once: this process's configuration, so its lanes, change
-    /// only with a restart; on the shared inbox, lanes another instance
-    /// created since are checked by the ingest script itself).
+    /// that are no longer configured but held events when this
+    /// configuration was first looked at: where a provider's retry must be
+    /// found a duplicate (read once per configuration, see
+    /// [`Sources::stored_lanes`]; on the shared inbox, lanes another
+    /// instance created since are checked by the ingest script itself).
     pub async fn lanes_held(&self, name: &str) -> Result<Vec<String>, crate::store::StoreError> {
-        let stored = self
+        let sources = self.sources();
+        let stored = sources
             .stored_lanes
             .get_or_try_init(|| self.lanes_in_inbox())
             .await?;
-        Ok(self.with_stored(name, stored))
+        Ok(Self::with_stored(&sources, name, stored))
     }
 
     /// Where an erasure must reach: [`Gateway::lanes_held`], but on an
@@ -120,7 +197,7 @@ impl Gateway {
             return self.lanes_held(name).await;
         }
         let stored = self.lanes_in_inbox().await?;
-        Ok(self.with_stored(name, &stored))
+        Ok(Self::with_stored(&self.sources(), name, &stored))
     }
 
     /// The lanes (`SOURCE.DESTINATION`) the inbox holds events in, by
@@ -142,8 +219,12 @@ impl Gateway {
 
     /// [`Gateway::lanes_of`] `name`, and the lanes of its source in
     /// `stored`.
-    fn with_stored(&self, name: &str, stored: &HashMap<String, Vec<String>>) -> Vec<String> {
-        let mut lanes = self.lanes_of(name);
+    fn with_stored(
+        sources: &Sources,
+        name: &str,
+        stored: &HashMap<String, Vec<String>>,
+    ) -> Vec<String> {
+        let mut lanes = Self::lanes_in(sources, name);
         if let Some(extra) = stored.get(&lanes[0]) {
             // In name order: a count's cursor names its lane, and the
             // lanes after it must be the same ones next time.
@@ -157,10 +238,10 @@ impl Gateway {
 
     /// The lanes a count or a bulk job over `name` reads: a source's own
     /// and each of its destinations' (configured, or holding events when
-    /// this process first looked); a destination's lane (`SOURCE.NAME`)
-    /// alone.
+    /// this configuration was first looked at); a destination's lane
+    /// (`SOURCE.NAME`) alone.
     pub async fn lanes_to_scan(&self, name: &str) -> Result<Vec<String>, crate::store::StoreError> {
-        let lane_of_a_source = match self.sources.get(name) {
+        let lane_of_a_source = match self.source(name) {
             Some(s) => s.lane_of.is_some(),
             None => name.contains('.'),
         };

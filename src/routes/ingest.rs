@@ -173,7 +173,6 @@ async fn receive(
     let Some(source) = gw
         .source(&name)
         .filter(|s| s.name != ALERT_SOURCE && s.lane_of.is_none())
-        .cloned()
     else {
         return Err(closing(ApiError::NotFound {
             code: "unknown_source",

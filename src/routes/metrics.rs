@@ -54,8 +54,10 @@ pub(super) async fn scrape(state: web::Data<AppState>) -> HttpResponse {
         }
     };
     // Read from the schedule, which decides, rather than mirrored at each
-    // transition: the gauge cannot miss one.
-    for name in state.gateway.sources.keys() {
+    // transition: the gauge cannot miss one. Every source with series: one
+    // a reload removed has no lane, so its gauges go to zero.
+    let sources = state.metrics.source_names();
+    for name in &sources {
         let paused = state
             .dispatcher
             .lane(name)
@@ -87,7 +89,7 @@ pub(super) async fn scrape(state: web::Data<AppState>) -> HttpResponse {
                 }
                 match listed {
                     Ok(listed) => {
-                        for name in state.gateway.sources.keys() {
+                        for name in &sources {
                             let running = listed
                                 .iter()
                                 .filter(|j| j.source == *name && j.state == JobState::Running)

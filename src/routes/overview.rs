@@ -84,7 +84,8 @@ pub(super) async fn list(state: web::Data<AppState>) -> Result<HttpResponse, Api
         .into_iter()
         .map(|s| (s.source.clone(), s))
         .collect();
-    for name in state.gateway.sources.keys() {
+    let sources = state.gateway.sources();
+    for name in sources.names() {
         by_name
             .entry(name.clone())
             .or_insert_with(|| SourceSummary {
@@ -101,7 +102,7 @@ pub(super) async fn list(state: web::Data<AppState>) -> Result<HttpResponse, Api
     let sources = by_name
         .into_values()
         .map(|s| SourceRow {
-            configured: state.gateway.source(&s.source).is_some(),
+            configured: sources.get(&s.source).is_some(),
             delivery: state
                 .dispatcher
                 .lane(&s.source)

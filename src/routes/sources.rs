@@ -246,7 +246,7 @@ pub(super) async fn show(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let source = path_segment(&req, 3, "source")?;
-    let Some(configured) = state.gateway.source(&source).cloned() else {
+    let Some(configured) = state.gateway.source(&source) else {
         known_source(&state, &source).await?;
         return Ok(HttpResponse::Ok().json(SourceView {
             source,

@@ -11,6 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock};
 
+use arc_swap::ArcSwap;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
@@ -153,6 +154,47 @@ struct SourceHandles {
     jobs: Gauge,
 }
 
+impl SourceHandles {
+    /// Registers `source`'s series in `recorder`, the gauges at zero.
+    fn register(recorder: &PrometheusRecorder, s: &str) -> Self {
+        let counter = |name: &'static str, labels: Vec<Label>| {
+            recorder.register_counter(&Key::from_parts(name, labels), &METADATA)
+        };
+        let source = || Label::new("source", s.to_owned());
+        let handles = SourceHandles {
+            ingest: INGEST_OUTCOMES
+                .iter()
+                .map(|o| {
+                    (
+                        *o,
+                        counter(INGEST, vec![source(), Label::new("outcome", *o)]),
+                    )
+                })
+                .collect(),
+            deliveries: DELIVERY_OUTCOMES
+                .iter()
+                .map(|o| {
+                    (
+                        *o,
+                        counter(DELIVERIES, vec![source(), Label::new("outcome", *o)]),
+                    )
+                })
+                .collect(),
+            delivery_duration: recorder.register_histogram(
+                &Key::from_parts(DELIVERY_DURATION, vec![source()]),
+                &METADATA,
+            ),
+            paused: recorder
+                .register_gauge(&Key::from_parts(SOURCE_PAUSED, vec![source()]), &METADATA),
+            jobs: recorder
+                .register_gauge(&Key::from_parts(JOBS_RUNNING, vec![source()]), &METADATA),
+        };
+        handles.paused.set(0.0);
+        handles.jobs.set(0.0);
+        handles
+    }
+}
+
 /// One latency series of a route: method, status, its handle.
 type HttpSeries = (String, u16, Histogram);
 
@@ -166,8 +208,10 @@ pub struct Metrics {
     claims: [Counter; 4],
     /// `dedupd_applies_total` by outcome, in [`APPLY_OUTCOMES`] order.
     applies: [Counter; 3],
-    /// Per configured source.
-    sources: HashMap<String, SourceHandles>,
+    /// Per source configured since the start: one a reload adds is
+    /// registered then ([`Metrics::add_sources`]); one it removes keeps
+    /// its series (counters do not go back).
+    sources: ArcSwap<HashMap<String, SourceHandles>>,
     /// Sources whose inbox gauges were set: configured ones, and removed
     /// ones once they had events.
     gauge_sources: Mutex<BTreeSet<String>>,
@@ -241,40 +285,7 @@ impl Metrics {
         let applies = APPLY_OUTCOMES.map(|o| counter(APPLIES, vec![Label::new("outcome", o)]));
         let sources: HashMap<String, SourceHandles> = sources
             .iter()
-            .map(|s| {
-                let source = || Label::new("source", s.clone());
-                let handles = SourceHandles {
-                    ingest: INGEST_OUTCOMES
-                        .iter()
-                        .map(|o| {
-                            (
-                                *o,
-                                counter(INGEST, vec![source(), Label::new("outcome", *o)]),
-                            )
-                        })
-                        .collect(),
-                    deliveries: DELIVERY_OUTCOMES
-                        .iter()
-                        .map(|o| {
-                            (
-                                *o,
-                                counter(DELIVERIES, vec![source(), Label::new("outcome", *o)]),
-                            )
-                        })
-                        .collect(),
-                    delivery_duration: recorder.register_histogram(
-                        &Key::from_parts(DELIVERY_DURATION, vec![source()]),
-                        &METADATA,
-                    ),
-                    paused: recorder
-                        .register_gauge(&Key::from_parts(SOURCE_PAUSED, vec![source()]), &METADATA),
-                    jobs: recorder
-                        .register_gauge(&Key::from_parts(JOBS_RUNNING, vec![source()]), &METADATA),
-                };
-                handles.paused.set(0.0);
-                handles.jobs.set(0.0);
-                (s.clone(), handles)
-            })
+            .map(|s| (s.clone(), SourceHandles::register(&recorder, s)))
             .collect();
         for table in REAPED_TABLES {
             counter(REAPER_DELETED, vec![Label::new("table", table)]).increment(0);
@@ -327,7 +338,7 @@ impl Metrics {
             claims,
             applies,
             gauge_sources: Mutex::new(sources.keys().cloned().collect()),
-            sources,
+            sources: ArcSwap::from_pointee(sources),
             http: RwLock::default(),
             store_commit,
             store_batch,
@@ -343,6 +354,30 @@ impl Metrics {
         // The gauges exist (at zero) before the first scrape sets them.
         metrics.set_inbox(&[], 0);
         metrics
+    }
+
+    /// Registers the series of each of `sources` not known yet (sources a
+    /// reload added), so they count from now on.
+    pub fn add_sources(&self, sources: &[String]) {
+        self.sources.rcu(|known| {
+            let mut all = HashMap::clone(known);
+            for s in sources {
+                if !all.contains_key(s) {
+                    all.insert(s.clone(), SourceHandles::register(&self.recorder, s));
+                }
+            }
+            all
+        });
+        let mut seen = self
+            .gauge_sources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        seen.extend(sources.iter().cloned());
+    }
+
+    /// Every source with series: those configured since the start.
+    pub fn source_names(&self) -> Vec<String> {
+        self.sources.load().keys().cloned().collect()
     }
 
     /// Counts a claim request's outcome (one of [`CLAIM_OUTCOMES`]).
@@ -372,7 +407,8 @@ impl Metrics {
     /// duplicate, handshake, or the error code that refused it. Unknown sources are not counted (the
     /// name comes from the request path: anyone could grow the label set).
     pub fn ingest(&self, source: &str, outcome: &'static str) {
-        let Some(handles) = self.sources.get(source) else {
+        let sources = self.sources.load();
+        let Some(handles) = sources.get(source) else {
             return;
         };
         match handles.ingest.get(outcome) {
@@ -393,6 +429,7 @@ impl Metrics {
     pub fn delivery(&self, source: &str, outcome: &'static str) {
         if let Some(c) = self
             .sources
+            .load()
             .get(source)
             .and_then(|h| h.deliveries.get(outcome))
         {
@@ -402,7 +439,7 @@ impl Metrics {
 
     /// Records how long one delivery request took.
     pub fn delivery_duration(&self, source: &str, seconds: f64) {
-        if let Some(h) = self.sources.get(source) {
+        if let Some(h) = self.sources.load().get(source) {
             h.delivery_duration.record(seconds);
         }
     }
@@ -445,14 +482,14 @@ impl Metrics {
 
     /// Sets whether `source`'s circuit breaker holds its deliveries.
     pub fn set_source_paused(&self, source: &str, paused: bool) {
-        if let Some(h) = self.sources.get(source) {
+        if let Some(h) = self.sources.load().get(source) {
             h.paused.set(if paused { 1.0 } else { 0.0 });
         }
     }
 
     /// Sets how many bulk jobs run on `source`.
     pub fn set_jobs_running(&self, source: &str, running: usize) {
-        if let Some(h) = self.sources.get(source) {
+        if let Some(h) = self.sources.load().get(source) {
             #[allow(clippy::cast_precision_loss)]
             h.jobs.set(running as f64);
         }

@@ -72,6 +72,12 @@ impl Circuit {
         }
     }
 
+    /// Opens after `threshold` consecutive failures from now on (a
+    /// reload changed `pause_after`); where it is and what it counted stay.
+    pub fn set_threshold(&mut self, threshold: u32) {
+        self.threshold = threshold;
+    }
+
     /// Where it is now.
     pub fn state(&self) -> State {
         self.state

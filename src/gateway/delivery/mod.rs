@@ -40,8 +40,8 @@ use self::ahead::{Ahead, Ready};
 use self::backoff::millis;
 use self::circuit::Transition;
 use self::forward::Forwarder;
-use self::schedule::{AHEAD_PER_SLOT, LaneView, Reached, Schedule, Wants};
-use super::{Gateway, Source};
+use self::schedule::{AHEAD_PER_SLOT, LaneConfig, LaneView, Reached, Schedule, Wants};
+use super::{Gateway, Source, Sources};
 use crate::clock::{Millis, SharedClock};
 use crate::domain::Ttl;
 use crate::store::inbox::{EventKey, InboxEvent, Leased, LeasedEvent, Retention, Settle};
@@ -189,6 +189,25 @@ impl Drop for Slot {
     }
 }
 
+/// The lanes of `sources` the dispatcher delivers: a source posted to whose
+/// destinations all have lanes of their own delivers none itself. With
+/// `old` (a reload), a lane whose destination URL changed is marked so.
+fn lane_configs(sources: &Sources, old: Option<&Sources>) -> Vec<LaneConfig> {
+    sources
+        .iter()
+        .filter(|s| s.delivers)
+        .map(|s| LaneConfig {
+            name: s.name.clone(),
+            limit: s.max_in_flight,
+            pause_after: s.pause_after,
+            rate: s.rate,
+            new_destination: old
+                .and_then(|o| o.get(&s.name))
+                .is_some_and(|o| o.forward_to != s.forward_to),
+        })
+        .collect()
+}
+
 /// The bodies one read may load per source when it reads `sources` of
 /// them: an even share of [`READ_BYTES_TOTAL`], between 64 KiB and
 /// [`READ_BYTES`].
@@ -244,28 +263,16 @@ impl Dispatcher {
         clock: SharedClock,
         settings: DeliverySettings,
     ) -> reqwest::Result<Self> {
-        // Every lane a destination's deliveries run in; a source posted
-        // to whose destinations all have lanes of their own delivers none.
-        let lanes = gateway
-            .sources
-            .values()
-            .filter(|s| s.delivers)
-            .map(|s| (s.name.clone(), s.max_in_flight, s.pause_after))
-            .collect::<Vec<_>>();
+        let lanes = lane_configs(&gateway.sources(), None);
         let idle = lanes
             .iter()
-            .map(|(_, n, _)| *n)
+            .map(|l| l.limit)
             .max()
             .unwrap_or(1)
             .min(settings.max_in_flight);
         let done_ttl = Ttl::from_ms_unchecked(gateway.retention.delivered_ms);
-        let mut schedule = Schedule::new(settings.max_in_flight, lanes);
-        let now = clock.now_ms();
-        for s in gateway.sources.values() {
-            if let Some((rate, burst)) = s.rate {
-                schedule.rate_limit(&s.name, rate, burst, now);
-            }
-        }
+        let mut schedule = Schedule::new(settings.max_in_flight, []);
+        schedule.reconfigure(lanes, clock.now_ms());
         Ok(Self {
             gateway,
             coordination,
@@ -278,6 +285,33 @@ impl Dispatcher {
             last_pass: Mutex::new(Instant::now()),
             stopping: AtomicBool::new(false),
         })
+    }
+
+    /// Takes the sources a reload put in force (`new`, where `old` were)
+    /// from the next pass on: see [`Schedule::reconfigure`] for what each
+    /// lane keeps. Turns in flight finish with the source they started
+    /// with. Events leased ahead go back to the inbox (they were leased
+    /// for the old settings), to be read again under the new ones.
+    pub fn reconfigure(&self, old: &Sources, new: &Sources) {
+        let now = self.clock.now_ms();
+        self.schedule()
+            .reconfigure(lane_configs(new, Some(old)), now);
+        self.gateway.arrivals.push_unknown();
+        self.gateway.wake.notify_one();
+    }
+
+    /// Gives back the place `pick` took for `ev`, whose source a reload
+    /// removed before its turn could start: nothing was sent.
+    fn unpick(&self, ev: &InboxEvent) {
+        let now = self.clock.now_ms();
+        self.schedule().finish(
+            &ev.source,
+            &ev.event_id,
+            ev.stream.as_deref(),
+            Reached::Nothing,
+            now,
+            |_| 0,
+        );
     }
 
     /// The delivery state of a configured source.
@@ -591,7 +625,8 @@ impl Dispatcher {
     ) -> Result<(), StoreError> {
         let mut slots = Vec::with_capacity(picked.len());
         for ev in picked {
-            let Some(source) = self.gateway.source(&ev.source).cloned() else {
+            let Some(source) = self.gateway.source(&ev.source) else {
+                self.unpick(&ev);
                 continue;
             };
             let slot = Slot {
@@ -694,7 +729,10 @@ impl Dispatcher {
 
     /// Starts the turn of an event picked from those leased ahead.
     fn spawn_turn(self: &Arc<Self>, ev: InboxEvent, lease: u64, tasks: &mut JoinSet<()>) {
-        let Some(source) = self.gateway.source(&ev.source).cloned() else {
+        let Some(source) = self.gateway.source(&ev.source) else {
+            // Its lease ends and it comes due again, as any pending event
+            // of a removed source: listed, not delivered.
+            self.unpick(&ev);
             return;
         };
         let slot = Slot {

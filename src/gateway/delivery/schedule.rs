@@ -17,6 +17,12 @@
 //! deliveries at once, and its next event is not read before the head
 //! moved. The outcomes waiting for their commit are bounded too: at most
 //! [`SETTLING_PER_SLOT`] times a source's `max_in_flight`.
+//!
+//! A reload changes the lanes in place ([`Schedule::reconfigure`]): a lane
+//! that stays keeps its counts, its breaker and its bucket (unless its
+//! rate, or its destination, changed); a new one starts as at a start; a
+//! removed one starts nothing more, and goes once its deliveries out have
+//! finished, so the global count of what is in flight stays exact.
 
 use std::collections::HashSet;
 
@@ -50,6 +56,25 @@ struct Lane {
     bucket: Option<Bucket>,
     /// Until when its destination asked to be left alone (`Retry-After`).
     held_until: Option<Millis>,
+    /// Removed by a reload while deliveries of it were out: it starts no
+    /// more, and goes once they have finished.
+    retired: bool,
+}
+
+/// One lane's settings, as [`Schedule::reconfigure`] takes them.
+#[derive(Debug, Clone)]
+pub struct LaneConfig {
+    /// The lane's (source's) name.
+    pub name: String,
+    /// Its `max_in_flight`.
+    pub limit: usize,
+    /// Its `pause_after`: consecutive failures that open its breaker.
+    pub pause_after: u32,
+    /// Its `rate_limit` and burst, if any.
+    pub rate: Option<(Rate, u32)>,
+    /// Its destination changed (another URL): the breaker and a
+    /// `Retry-After` hold, which were about the old one, start over.
+    pub new_destination: bool,
 }
 
 /// A token bucket: `burst` tokens at most, refilled at `per_ms`; a
@@ -65,6 +90,21 @@ struct Bucket {
 }
 
 impl Bucket {
+    /// An empty bucket at `now`: a start or a new rate does not burst.
+    fn empty(rate: Rate, burst: u32, now: Millis) -> Self {
+        Self {
+            per_ms: rate.per_ms(),
+            burst: f64::from(burst.max(1)),
+            tokens: 0.0,
+            at: now,
+        }
+    }
+
+    /// Whether it refills at `rate` up to `burst`.
+    fn is(&self, rate: Rate, burst: u32) -> bool {
+        self.per_ms == rate.per_ms() && self.burst == f64::from(burst.max(1))
+    }
+
     fn refill(&mut self, now: Millis) {
         if now > self.at {
             let gained = (now - self.at) as f64 * self.per_ms;
@@ -89,6 +129,20 @@ impl Bucket {
 }
 
 impl Lane {
+    /// A lane with nothing in flight and its breaker closed.
+    fn new(limit: usize, pause_after: u32) -> Self {
+        Self {
+            limit: limit.max(1),
+            in_flight: 0,
+            settling: 0,
+            circuit: Circuit::new(pause_after),
+            probe: None,
+            bucket: None,
+            held_until: None,
+            retired: false,
+        }
+    }
+
     /// How many events it may hold leased ahead: [`AHEAD_PER_SLOT`] times
     /// its `max_in_flight`, but with a rate limit no more than ten seconds
     /// of tokens, and none unless its breaker is closed (a probe goes
@@ -180,18 +234,7 @@ impl Schedule {
     pub fn new(limit: usize, sources: impl IntoIterator<Item = (String, usize, u32)>) -> Self {
         let mut lanes: Vec<(String, Lane)> = sources
             .into_iter()
-            .map(|(name, limit, pause_after)| {
-                let lane = Lane {
-                    limit: limit.max(1),
-                    in_flight: 0,
-                    settling: 0,
-                    circuit: Circuit::new(pause_after),
-                    probe: None,
-                    bucket: None,
-                    held_until: None,
-                };
-                (name, lane)
-            })
+            .map(|(name, limit, pause_after)| (name, Lane::new(limit, pause_after)))
             .collect();
         lanes.sort_by(|a, b| a.0.cmp(&b.0));
         Self {
@@ -209,13 +252,54 @@ impl Schedule {
     /// `now`.
     pub fn rate_limit(&mut self, source: &str, rate: Rate, burst: u32, now: Millis) {
         if let Some((_, lane)) = self.lanes.iter_mut().find(|(l, _)| l == source) {
-            lane.bucket = Some(Bucket {
-                per_ms: rate.per_ms(),
-                burst: f64::from(burst.max(1)),
-                tokens: 0.0,
-                at: now,
-            });
+            lane.bucket = Some(Bucket::empty(rate, burst, now));
         }
+    }
+
+    /// Makes `lanes` the configured lanes at `now` (a start, or a reload).
+    /// A lane that stays keeps what is in flight, its breaker and its
+    /// bucket, with its new limit and `pause_after`; a changed rate starts
+    /// an empty bucket, a changed destination a closed breaker and no
+    /// hold. A new lane starts as at a start. A removed lane starts
+    /// nothing more and goes once what it has in flight has finished
+    /// (until then [`Schedule::finish`] still counts it down).
+    pub fn reconfigure(&mut self, lanes: Vec<LaneConfig>, now: Millis) {
+        for (_, lane) in &mut self.lanes {
+            lane.retired = true;
+        }
+        for cfg in lanes {
+            let lane = match self.lanes.iter_mut().find(|(l, _)| *l == cfg.name) {
+                Some((_, lane)) => {
+                    lane.retired = false;
+                    lane.limit = cfg.limit.max(1);
+                    lane.circuit.set_threshold(cfg.pause_after);
+                    if cfg.new_destination {
+                        lane.circuit = Circuit::new(cfg.pause_after);
+                        lane.probe = None;
+                        lane.held_until = None;
+                    }
+                    lane
+                }
+                None => {
+                    self.lanes
+                        .push((cfg.name.clone(), Lane::new(cfg.limit, cfg.pause_after)));
+                    &mut self.lanes.last_mut().expect("just pushed").1
+                }
+            };
+            lane.bucket = match (cfg.rate, lane.bucket.take()) {
+                (Some((rate, burst)), Some(b)) if b.is(rate, burst) => Some(b),
+                (Some((rate, burst)), _) => Some(Bucket::empty(rate, burst, now)),
+                (None, _) => None,
+            };
+        }
+        self.drop_retired();
+        self.lanes.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+
+    /// Forgets the removed lanes with nothing left in flight.
+    fn drop_retired(&mut self) {
+        self.lanes
+            .retain(|(_, l)| !l.retired || l.in_flight + l.settling > 0);
     }
 
     /// Starts no delivery of `source` before `until` (its destination
@@ -246,10 +330,14 @@ impl Schedule {
     /// transitions to log, and the earliest time a paused source reopens.
     pub fn wants(&mut self, now: Millis) -> Wants {
         let mut wants = Wants::default();
+        self.drop_retired();
         if self.free() == 0 {
             return wants;
         }
         for (name, lane) in &mut self.lanes {
+            if lane.retired {
+                continue;
+            }
             let free = lane.free();
             let (mut n, t) = lane.circuit.allowance(free, now);
             if let Some(t) = t {
@@ -336,7 +424,11 @@ impl Schedule {
                 else {
                     continue;
                 };
-                if lane.free() == 0 || lane.bucket.as_ref().is_some_and(|b| b.tokens < 1.0) {
+                // Retired by a reload since the pass read its events.
+                if lane.retired
+                    || lane.free() == 0
+                    || lane.bucket.as_ref().is_some_and(|b| b.tokens < 1.0)
+                {
                     continue;
                 }
                 if matches!(lane.circuit.state(), State::Probing { in_flight: true }) {
@@ -455,7 +547,7 @@ impl Schedule {
     pub fn view(&self, source: &str) -> Option<LaneView> {
         self.lanes
             .iter()
-            .find(|(l, _)| l == source)
+            .find(|(l, lane)| l == source && !lane.retired)
             .map(|(_, l)| LaneView {
                 in_flight: l.in_flight,
                 max_in_flight: l.limit,
@@ -695,5 +787,83 @@ mod tests {
         assert_eq!(s.view("a").unwrap().held_until, Some(5_000));
         assert_eq!(s.wants(5_000).reads.len(), 2);
         assert_eq!(s.view("a").unwrap().held_until, None);
+    }
+
+    fn lane(name: &str, limit: usize, pause_after: u32) -> LaneConfig {
+        LaneConfig {
+            name: name.into(),
+            limit,
+            pause_after,
+            rate: None,
+            new_destination: false,
+        }
+    }
+
+    #[test]
+    fn a_reload_keeps_a_remaining_lanes_breaker_and_deliveries_and_adds_new_lanes_fresh() {
+        let mut s = Schedule::new(8, [("a".into(), 4, 1)]);
+        s.pick(vec![("a".into(), events("a", 2))]);
+        s.finish("a", "a0", None, Reached::Failure, 100, pause);
+        assert!(matches!(s.view("a").unwrap().state, State::Open { .. }));
+        s.reconfigure(vec![lane("a", 6, 3), lane("b", 2, 5)], 200);
+        let a = s.view("a").unwrap();
+        assert!(matches!(a.state, State::Open { .. }), "{a:?}");
+        assert_eq!((a.in_flight, a.max_in_flight), (1, 6));
+        let b = s.view("b").unwrap();
+        assert_eq!((b.in_flight, b.state), (0, State::Closed));
+        assert_eq!(s.wants(200).reads, [("b".to_owned(), 2)]);
+        // A new destination: the old one's breaker is no news about it.
+        s.reconfigure(
+            vec![
+                LaneConfig {
+                    new_destination: true,
+                    ..lane("a", 6, 3)
+                },
+                lane("b", 2, 5),
+            ],
+            300,
+        );
+        assert_eq!(s.view("a").unwrap().state, State::Closed);
+        assert_eq!(s.view("a").unwrap().in_flight, 1);
+    }
+
+    #[test]
+    fn a_lane_a_reload_removed_starts_nothing_and_goes_once_its_deliveries_finished() {
+        let mut s = Schedule::new(2, [("a".into(), 2, 5), ("b".into(), 2, 5)]);
+        let (picked, _) = s.pick(vec![("a".into(), events("a", 2))]);
+        assert_eq!(picked.len(), 2);
+        s.reconfigure(vec![lane("b", 2, 5)], 0);
+        assert!(s.view("a").is_none(), "no longer configured");
+        // Its deliveries still hold the global slots until they finish.
+        assert_eq!(s.free(), 0);
+        let (none, _) = s.pick(vec![("a".into(), events("a", 4))]);
+        assert!(none.is_empty());
+        s.finish("a", "a0", None, Reached::Success, 0, pause);
+        s.finish("a", "a1", None, Reached::Success, 0, pause);
+        assert_eq!((s.in_flight(), s.free()), (0, 2));
+        assert_eq!(s.wants(0).reads, [("b".to_owned(), 2)]);
+        assert_eq!(s.lanes.len(), 1, "the removed lane went");
+        // Back by a later reload: a lane as new.
+        s.reconfigure(vec![lane("a", 2, 5), lane("b", 2, 5)], 0);
+        assert_eq!(s.view("a").unwrap().in_flight, 0);
+    }
+
+    #[test]
+    fn a_reload_keeps_a_rate_limits_tokens_unless_the_rate_changed() {
+        let rated = |rate: &str| LaneConfig {
+            rate: Some((rate.parse().unwrap(), 3)),
+            ..lane("a", 8, 5)
+        };
+        let mut s = Schedule::new(8, []);
+        s.reconfigure(vec![rated("2/s")], 0);
+        assert_eq!(s.wants(10_000).reads, [("a".to_owned(), 3)]);
+        s.reconfigure(vec![rated("2/s")], 10_000);
+        assert_eq!(s.wants(10_000).reads, [("a".to_owned(), 3)], "kept");
+        s.reconfigure(vec![rated("1/s")], 10_000);
+        let w = s.wants(10_000);
+        assert!(w.reads.is_empty(), "a new rate starts empty");
+        assert_eq!(w.reopens_at, Some(11_000));
+        s.reconfigure(vec![lane("a", 8, 5)], 10_000);
+        assert_eq!(s.wants(10_000).reads, [("a".to_owned(), 8)], "no limit");
     }
 }

@@ -242,7 +242,7 @@ impl Runner {
                 .filter(|_| job.kind == JobKind::Erase)
                 .and_then(|s| self.gateway.source(s))
         });
-        let Some(source) = configured.cloned() else {
+        let Some(source) = configured else {
             job.error = Some(format!("source {:?} is no longer configured", job.source));
             job.finish(JobState::Done, now);
             inbox.put_job(&job.id, job.encode(), now).await?;

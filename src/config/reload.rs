@@ -1,0 +1,174 @@
+//! What a reload (`SIGHUP`, `systemctl reload`) may change, and the
+//! settings it puts in force.
+//!
+//! A reload reads the configuration as `check-config` does: the file (or
+//! none), then the `DEDUPD_*` variables, every check, and the secret and
+//! token files read again. A configuration with errors changes nothing.
+//! Otherwise the settings put in force are the file's [`RELOADABLE`] ones
+//! over the running ones for everything else, validated again as a whole:
+//! the file alone may pass with a restart-only setting that makes a
+//! reloadable one unsafe at the value still running (the file moves
+//! `listen` to loopback and removes every API token, while the process
+//! still listens on every address), so the whole is what must pass.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{ConfigErrors, Loaded, Settings, secret};
+
+/// The settings a reload takes from the file: each source (its secrets,
+/// destinations, filters and limits), the API tokens, and the log level.
+/// Every other setting keeps its running value until a restart.
+pub const RELOADABLE: [&str; 3] = ["sources", "api", "log.level"];
+
+/// The settings a reload puts in force.
+#[derive(Debug)]
+pub struct Reload {
+    /// The settings to run with: the file's [`RELOADABLE`] ones over the
+    /// running ones, validated as a whole.
+    pub loaded: Loaded,
+    /// Settings (dotted keys) the file changes that need a restart: not
+    /// applied, named so the operator knows.
+    pub restart_only: Vec<String>,
+}
+
+/// Whether `key` (dotted) is one a reload applies.
+pub fn reloadable(key: &str) -> bool {
+    RELOADABLE.iter().any(|r| {
+        key == *r
+            || key
+                .strip_prefix(r)
+                .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
+impl Loaded {
+    /// The settings a reload from `file` (or `DEDUPD_CONFIG`, as at the
+    /// start) puts in force over these running ones. The configuration is
+    /// loaded and checked as `check-config` does (`check` builds what the
+    /// settings describe, as [`Settings::load_checked`]); its errors
+    /// refuse the reload. Then the file's [`RELOADABLE`] settings over
+    /// these are checked as a whole: an error there names the running
+    /// value it meets when its key needs a restart.
+    pub fn reload(
+        &self,
+        file: Option<&Path>,
+        check: impl Fn(&Loaded) -> Result<(), ConfigErrors>,
+    ) -> Result<Reload, ConfigErrors> {
+        let from_file = Settings::load_checked(file, &check)?;
+        let restart_only: Vec<String> = changed_keys(&self.settings, &from_file.settings)
+            .into_iter()
+            .filter(|k| !reloadable(k))
+            .collect();
+        let fig = from_file
+            .figment
+            .clone()
+            .unwrap_or_else(Settings::defaults_figment);
+        let mut settings = self.settings.clone();
+        settings.sources = from_file.settings.sources;
+        settings.api = from_file.settings.api;
+        settings.log.level = from_file.settings.log.level;
+        let loaded = settings.checked(&fig, &check).map_err(|errors| {
+            ConfigErrors(
+                errors
+                    .0
+                    .into_iter()
+                    .map(|mut e| {
+                        if !e.key.is_empty() && !reloadable(&e.key) {
+                            e.origin =
+                                "the running settings: it needs a restart to change".to_owned();
+                        }
+                        e
+                    })
+                    .collect(),
+            )
+        })?;
+        Ok(Reload {
+            loaded,
+            restart_only,
+        })
+    }
+}
+
+impl Loaded {
+    /// The settings a reload applies (dotted keys) whose values differ in
+    /// `new`. The contents of secret and token files are not compared:
+    /// a reload reads them again in any case.
+    pub fn changed_reloadable(&self, new: &Loaded) -> Vec<String> {
+        changed_keys(&self.settings, &new.settings)
+            .into_iter()
+            .filter(|k| reloadable(k))
+            .collect()
+    }
+}
+
+/// The dotted keys whose values differ between `old` and `new`, secrets
+/// compared by value (never printed: only the keys leave here), in order.
+fn changed_keys(old: &Settings, new: &Settings) -> Vec<String> {
+    let values = |s: &Settings| secret::exposed(|| serde_json::to_value(s).unwrap_or(Value::Null));
+    let mut out = Vec::new();
+    diff("", &values(old), &values(new), &mut out);
+    out
+}
+
+/// Pushes onto `out` each key under `prefix` where `a` and `b` differ: the
+/// leaves of objects, a list or a value whole.
+fn diff(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                match (a.get(k), b.get(k)) {
+                    (Some(x), Some(y)) => diff(&key, x, y, out),
+                    (x, y) if x != y => out.push(key),
+                    _ => {}
+                }
+            }
+        }
+        (a, b) if a != b => out.push(prefix.to_owned()),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reloadable_keys_are_the_sources_the_api_and_the_log_level() {
+        for key in ["sources", "sources.a.secrets", "api.tokens", "log.level"] {
+            assert!(reloadable(key), "{key}");
+        }
+        for key in ["listen", "log.format", "apis", "http.workers", "sourcesx"] {
+            assert!(!reloadable(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn changed_keys_name_each_leaf_that_differs() {
+        let old = Settings::default();
+        let mut new = old.clone();
+        new.http.workers = 7;
+        new.listen = "127.0.0.1:9999".parse().unwrap();
+        new.storage.redis.url = super::super::Secret::new("redis://elsewhere:6379");
+        new.alerts = Some(
+            toml::from_str(
+                "forward_to = \"http://127.0.0.1:9/a\"\n\
+                 destination_secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"",
+            )
+            .unwrap(),
+        );
+        assert_eq!(
+            changed_keys(&old, &new),
+            ["alerts", "http.workers", "listen", "storage.redis.url"]
+        );
+        assert!(changed_keys(&old, &old.clone()).is_empty());
+    }
+}
