@@ -30,7 +30,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve the API until SIGTERM or SIGINT.
+    /// Serve the API until SIGTERM or SIGINT; SIGHUP reloads the
+    /// configuration (sources, API tokens, log level).
     Serve {
         /// TOML settings file (default: none, or $DEDUPD_CONFIG).
         #[arg(long, env = CONFIG_ENV)]
@@ -41,6 +42,9 @@ enum Command {
         #[arg(long)]
         accept_missing_log: bool,
     },
+    /// Check the configuration, then have a serving dedupd reload it
+    /// (SIGHUP): what systemd's ExecReload= runs.
+    Reload(cli::reload::Args),
     /// Print the effective settings (secrets redacted) or what is wrong.
     CheckConfig {
         /// TOML settings file (default: none, or $DEDUPD_CONFIG).
@@ -89,6 +93,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::CheckConfig { config, quiet } => cli::check_config::run(config.as_deref(), quiet),
+        Command::Reload(args) => cli::reload::run(&args),
         Command::Completions { shell } => cli::docs::completions::<Cli>(shell),
         Command::Man { out } => cli::docs::man_pages::<Cli>(&out),
         Command::Init(args) => cli::init::run(&args).map(|()| ExitCode::SUCCESS),
@@ -118,7 +123,7 @@ fn main() -> ExitCode {
             loaded.warn_about_settings_without_effect();
             dedupd::limits::ensure_open_files(&loaded.settings);
             dedupd::huge_pages::turn_off();
-            Ok(match serve(loaded) {
+            Ok(match serve(loaded, config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "dedupd failed");
@@ -139,10 +144,11 @@ fn main() -> ExitCode {
 }
 
 #[tokio::main]
-async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
+async fn serve(loaded: dedupd::config::Loaded, config: Option<PathBuf>) -> anyhow::Result<()> {
     // Watched before anything else: a SIGTERM from here on stops gracefully
-    // (one during the start waits until the app is up, then stops it).
-    let signals = Signals::install()?;
+    // (one during the start waits until the app is up, then stops it), and
+    // a SIGHUP (whose default kills) reloads once the app is up.
+    let (signals, hup) = Signals::install()?;
     let listen = loaded.settings.listen;
     let data = loaded.settings.data_path.clone();
     let app = Application::build(loaded, Arc::new(SystemClock)).await?;
@@ -164,6 +170,13 @@ async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
             app.stopped(),
         ));
     }
+    tokio::spawn(reload_on_hangup(
+        hup,
+        app.reloader(),
+        config,
+        listen,
+        app.port(),
+    ));
     tokio::spawn(async move {
         let signal = signals.wait().await;
         tracing::info!(
@@ -177,6 +190,32 @@ async fn serve(loaded: dedupd::config::Loaded) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Reloads the configuration from `config` on each SIGHUP, one at a time,
+/// off the async threads (it reads files); the outcome goes to the log
+/// and systemd's status line.
+async fn reload_on_hangup(
+    mut hup: tokio::signal::unix::Signal,
+    reloader: dedupd::reload::Reloader,
+    config: Option<PathBuf>,
+    listen: std::net::SocketAddr,
+    port: u16,
+) {
+    while hup.recv().await.is_some() {
+        tracing::info!(signal = "SIGHUP", "reloading the configuration");
+        let (r, file) = (reloader.clone(), config.clone());
+        let outcome = tokio::task::spawn_blocking(move || r.reload(file.as_deref())).await;
+        let serving = format!("serving on {}:{port}", listen.ip());
+        match outcome {
+            Ok(Ok(_)) => dedupd::systemd::status(&format!("{serving}; configuration reloaded")),
+            Ok(Err(errors)) => dedupd::systemd::status(&format!(
+                "{serving}; reload refused ({} error(s), see the log): the previous settings stay in force",
+                errors.0.len()
+            )),
+            Err(e) => tracing::error!(error = %e, "the reload failed"),
+        }
+    }
+}
+
 /// SIGTERM and SIGINT, both graceful stops.
 struct Signals {
     /// SIGTERM (systemd's stop).
@@ -186,13 +225,15 @@ struct Signals {
 }
 
 impl Signals {
-    /// Takes both signals over from their default (which kills the process).
-    fn install() -> std::io::Result<Self> {
+    /// Takes both signals, and SIGHUP (returned apart), over from their
+    /// default (which kills the process).
+    fn install() -> std::io::Result<(Self, tokio::signal::unix::Signal)> {
         use tokio::signal::unix::{SignalKind, signal};
-        Ok(Self {
+        let signals = Self {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
-        })
+        };
+        Ok((signals, signal(SignalKind::hangup())?))
     }
 
     /// Waits for either; names it.

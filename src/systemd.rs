@@ -41,6 +41,11 @@ pub fn ready(status: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
+/// Sets the status line `systemctl status` shows (after a reload).
+pub fn status(status: &str) {
+    send(&[NotifyState::Status(status)]);
+}
+
 /// Tells systemd the service is stopping.
 pub fn stopping(status: &str) {
     send(&[NotifyState::Stopping, NotifyState::Status(status)]);

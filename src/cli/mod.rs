@@ -4,6 +4,8 @@
 //! - `init`: write a commented `dedupd.toml` with one source and fresh secrets;
 //! - `trigger`: post a signed sample event to a running server;
 //! - `receive`: a local application that verifies and prints deliveries;
+//! - `reload`: check the configuration and send SIGHUP to a serving dedupd
+//!   (what the unit's `ExecReload=` runs);
 //! - `inbox`: `inbox migrate`, a local inbox into the shared one;
 //! - `operator`: the `/v1` operator API from the terminal (`events`,
 //!   `claims`, `streams`);
@@ -33,6 +35,7 @@ pub mod jobs;
 pub mod operator;
 pub mod out;
 pub mod receive;
+pub mod reload;
 mod table;
 pub mod trigger;
 
