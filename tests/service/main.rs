@@ -42,6 +42,7 @@ mod proxy;
 mod redis_backend;
 #[cfg(feature = "redis")]
 mod redis_gateway;
+mod reload;
 mod resp;
 mod routing;
 mod scans;

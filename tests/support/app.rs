@@ -45,6 +45,8 @@ pub struct TestApp {
     pub token: Option<String>,
     /// The Redis-protocol listener's port, when `resp.listen` is set.
     pub resp_port: Option<u16>,
+    /// What SIGHUP calls in `serve`.
+    pub reloader: dedupd::reload::Reloader,
     handle: ServerHandle,
     join: JoinHandle<std::io::Result<()>>,
 }
@@ -150,6 +152,7 @@ pub(crate) fn running(
     let handle = app.handle();
     let store = app.store();
     let liveness = app.liveness();
+    let reloader = app.reloader();
     let join = tokio::spawn(app.run_until_stopped());
     let token = loaded.api_tokens.first().map(|t| t.expose().to_owned());
     TestApp {
@@ -165,6 +168,7 @@ pub(crate) fn running(
         dir,
         token,
         resp_port,
+        reloader,
         handle,
         join,
     }
@@ -191,6 +195,38 @@ pub fn with_read_tokens(loaded: &mut Loaded, tokens: &[&str]) {
 }
 
 impl TestApp {
+    /// The settings `test_settings` gives, as a configuration file's
+    /// lines: what a reload finds unchanged (it names the others as
+    /// needing a restart). `rest` follows (tables: sources, `[api]`).
+    pub fn config_file(&self, rest: &str) -> String {
+        let s = &self.loaded.settings;
+        format!(
+            "listen = {:?}\ndata_path = {:?}\n\n[http]\nworkers = {}\nshutdown_timeout = \"{}s\"\n\n\
+             [storage]\ncache_bytes = {}\n\n{rest}",
+            s.listen.to_string(),
+            s.data_path.display().to_string(),
+            s.http.workers,
+            s.http.shutdown_timeout.as_secs(),
+            s.storage.cache_bytes,
+        )
+    }
+
+    /// Writes [`TestApp::config_file`] with `rest` as the app's
+    /// configuration file and reloads from it as SIGHUP does in `serve`
+    /// (the same call, off the async threads). A `DEDUPD_*` variable in
+    /// the tests' environment is read too, as `serve` would.
+    pub async fn reload(
+        &self,
+        rest: &str,
+    ) -> Result<dedupd::reload::Reloaded, dedupd::config::ConfigErrors> {
+        let path = self.dir.path().join("dedupd.toml");
+        std::fs::write(&path, self.config_file(rest)).expect("write the configuration");
+        let reloader = self.reloader.clone();
+        tokio::task::spawn_blocking(move || reloader.reload(Some(&path)))
+            .await
+            .expect("the reload ran")
+    }
+
     /// Stops gracefully and waits until the store is closed.
     pub async fn stop(self) -> (Loaded, Arc<TempDir>, ManualClock) {
         drop(self.store);

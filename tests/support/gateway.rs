@@ -82,7 +82,18 @@ pub(crate) const SECRET: &str = "sume_test_secret";
 pub(crate) const DESTINATION: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 pub(crate) fn settings(forward_to: &str) -> SourceSettings {
-    let toml = format!(
+    toml::from_str(&settings_toml(forward_to, &[SECRET])).unwrap()
+}
+
+/// [`settings`] as the lines of a `[sources.NAME]` table, signed with
+/// `secrets`: for a configuration file (a reload reads one).
+pub(crate) fn settings_toml(forward_to: &str, secrets: &[&str]) -> String {
+    let secrets = secrets
+        .iter()
+        .map(|s| format!("{s:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
         r#"
         scheme = "sume"
         event_id = "body:/request_id"
@@ -94,11 +105,10 @@ pub(crate) fn settings(forward_to: &str) -> SourceSettings {
         backoff_max = "40ms"
         forward_timeout = "30s"
         max_body_bytes = 4096
-        secrets = ["{SECRET}"]
+        secrets = [{secrets}]
         destination_secret = "{DESTINATION}"
         "#
-    );
-    toml::from_str(&toml).unwrap()
+    )
 }
 
 pub(crate) async fn gateway_app(

@@ -76,8 +76,52 @@ pub(crate) fn spawn_serving_on(
 /// [`spawn_serving_on`], also giving the log's lines up to the one that
 /// names the port (start-up warnings among them).
 pub(crate) fn spawn_serving_logged(
+    cmd: Command,
+    field: &str,
+) -> (
+    std::process::Child,
+    u16,
+    Vec<String>,
+    crate::support::process::Drain,
+) {
+    spawn_serving_into(cmd, field, None)
+}
+
+/// A served dedupd's log after the line naming its port, as it comes:
+/// for a test that waits on what the process logs while it runs.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LiveLog(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl LiveLog {
+    /// The lines so far, each parsed as JSON (`Null` if it is not).
+    pub(crate) fn json(&self) -> Vec<Value> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or(Value::Null))
+            .collect()
+    }
+}
+
+/// [`spawn_serving`], the log also kept in a [`LiveLog`] as it comes.
+pub(crate) fn spawn_serving_live(
+    cmd: Command,
+) -> (
+    std::process::Child,
+    u16,
+    LiveLog,
+    crate::support::process::Drain,
+) {
+    let live = LiveLog::default();
+    let (child, port, _, drain) = spawn_serving_into(cmd, "port", Some(live.clone()));
+    (child, port, live, drain)
+}
+
+fn spawn_serving_into(
     mut cmd: Command,
     field: &str,
+    live: Option<LiveLog>,
 ) -> (
     std::process::Child,
     u16,
@@ -106,6 +150,9 @@ pub(crate) fn spawn_serving_logged(
         for line in lines.map_while(Result::ok) {
             if echo {
                 eprintln!("{line}");
+            }
+            if let Some(live) = &live {
+                live.0.lock().unwrap().push(line.clone());
             }
             rest.push(line);
         }
