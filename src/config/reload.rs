@@ -171,4 +171,43 @@ mod tests {
         );
         assert!(changed_keys(&old, &old.clone()).is_empty());
     }
+
+    /// The file alone is valid (it moves `listen` to loopback, where no
+    /// token is needed), but `listen` keeps its running value until a
+    /// restart: without tokens the API would be open on every address.
+    #[test]
+    fn a_file_removing_every_token_is_refused_while_the_running_listen_is_public() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("dedupd.toml");
+        let mut settings = Settings {
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            ..Settings::default()
+        };
+        settings.api.tokens = vec![super::super::Secret::new("full-token-0123456789")];
+        let running = Loaded::new(settings);
+
+        std::fs::write(&file, "listen = \"127.0.0.1:8080\"\n").unwrap();
+        let errors = running.reload(Some(&file), |_| Ok(())).unwrap_err();
+        let listen = errors.0.iter().find(|e| e.key == "listen").unwrap();
+        assert_eq!(
+            listen.origin,
+            "the running settings: it needs a restart to change"
+        );
+
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:8080\"\n[api]\ntokens = [\"new-token-0123456789\"]\n",
+        )
+        .unwrap();
+        let reload = running.reload(Some(&file), |_| Ok(())).unwrap();
+        assert_eq!(reload.restart_only, ["listen"]);
+        assert_eq!(reload.loaded.settings.listen, running.settings.listen);
+        let tokens: Vec<&str> = reload
+            .loaded
+            .api_tokens
+            .iter()
+            .map(|t| t.expose())
+            .collect();
+        assert_eq!(tokens, ["new-token-0123456789"]);
+    }
 }
