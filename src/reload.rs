@@ -28,9 +28,9 @@ use crate::auth::ApiTokens;
 use crate::config::reload::Reload;
 use crate::config::{ConfigErrors, Loaded};
 use crate::gateway::delivery::Dispatcher;
+use crate::gateway::sources::{build_sources, source_names};
 use crate::gateway::{Gateway, Source, Sources};
 use crate::reaper::Configured;
-use crate::startup::{build_sources, source_names};
 use crate::telemetry::metrics::Metrics;
 
 /// What a reload swaps, and the settings in force. Clones reload the same

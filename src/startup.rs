@@ -20,15 +20,15 @@ use tokio::task::JoinHandle;
 use crate::auth::browser::{local_host_only, same_origin_json};
 use crate::auth::{ApiTokens, AuthLimiter, require_bearer};
 use crate::clock::SharedClock;
-use crate::config::alerts::ALERT_SOURCE;
 use crate::config::sources::InboxPlace;
-use crate::config::{Backend, ConfigErrors, Loaded};
+use crate::config::{Backend, Loaded};
 use crate::gateway::alerts::Alerts;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
 use crate::gateway::filter;
 use crate::gateway::jobs::Runner;
 use crate::gateway::scan::{Budget, Scanner};
-use crate::gateway::{Gateway, Source, Sources};
+use crate::gateway::sources::{build_sources, source_names};
+use crate::gateway::{Gateway, Sources};
 use crate::peers::PeerConnections;
 use crate::reaper::{Orphans, Reaper};
 use crate::reload::Reloader;
@@ -40,84 +40,6 @@ use crate::store::{self, CommitMetrics, Opened, Store};
 use crate::systemd::Liveness;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::observe_requests;
-
-/// Builds the configured sources: every setting parsed and checked. Each
-/// error names its key (`sources.NAME.KEY`) and where the value came from.
-pub fn build_sources(loaded: &Loaded) -> Result<Vec<Arc<Source>>, ConfigErrors> {
-    let mut sources = Vec::new();
-    let mut errors = Vec::new();
-    // A source with an unreadable secret file fails without an error of
-    // its own (`Settings::validate` reported it): none is left out here.
-    let mut failed = false;
-    for (name, src) in &loaded.settings.sources {
-        let secrets: Vec<String> = src.all_secrets().map(|s| s.expose().to_owned()).collect();
-        let destination: Vec<String> = src
-            .all_destination_secrets()
-            .map(|s| s.expose().to_owned())
-            .collect();
-        match Source::build_all(name, src, &secrets, &destination) {
-            Ok(built) => sources.extend(built.into_iter().map(Arc::new)),
-            Err(problems) => {
-                failed = true;
-                errors.extend(
-                    problems.into_iter().map(|(key, message)| {
-                        loaded.error(&format!("sources.{name}.{key}"), message)
-                    }),
-                );
-            }
-        }
-    }
-    if let Some(alerts) = &loaded.settings.alerts {
-        // Nobody posts to the alerts source (routes::ingest refuses it):
-        // its signing secret is random, only to satisfy the builder.
-        let signing = format!("whsec_{}", {
-            use base64::Engine;
-            base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>())
-        });
-        let destination: Vec<String> = alerts
-            .destination_secret
-            .iter()
-            .chain(&alerts.destination_secrets)
-            .map(|s| s.expose().to_owned())
-            .collect();
-        match Source::build(ALERT_SOURCE, &alerts.source(), &[signing], &destination) {
-            Ok(source) => sources.push(Arc::new(source)),
-            Err(problems) => {
-                failed = true;
-                errors.extend(
-                    problems
-                        .into_iter()
-                        .map(|(key, message)| loaded.error(&format!("alerts.{key}"), message)),
-                );
-            }
-        }
-    }
-    if !failed {
-        Ok(sources)
-    } else {
-        Err(ConfigErrors(errors))
-    }
-}
-
-/// The names of the sources dedupd delivers: the configured ones and, with
-/// `[alerts]`, its own alerts source.
-pub(crate) fn source_names(s: &crate::config::Settings) -> Vec<String> {
-    let alerts = s.alerts.as_ref().map(|_| ALERT_SOURCE.to_owned());
-    // A destination's lane counts as a source of its own
-    // (`SOURCE.DESTINATION`), `default` as the source.
-    let lanes = s.sources.iter().flat_map(|(name, src)| {
-        src.destinations
-            .iter()
-            .map(|d| crate::gateway::source::lane_name(name, &d.name))
-            .filter(move |lane| lane != name)
-    });
-    s.sources
-        .keys()
-        .cloned()
-        .chain(lanes)
-        .chain(alerts)
-        .collect()
-}
 
 /// A built, bound, not yet running application.
 pub struct Application {

@@ -11,7 +11,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use dedupd::config::{CONFIG_ENV, Settings};
 use dedupd::domain::{ALL_SCHEMES, Scheme, valid_source_name};
-use dedupd::startup::build_sources;
+use dedupd::gateway::sources::build_sources;
 use figment::providers::{Format, Toml};
 
 use super::out::outln;

@@ -44,7 +44,7 @@ use std::sync::Arc;
 
 use dedupd::config::{ConfigErrors, Loaded, Settings};
 use dedupd::gateway::Source;
-use dedupd::startup::build_sources;
+use dedupd::gateway::sources::build_sources;
 
 /// Loads the settings and builds the sources from them: every mistake of
 /// either kind, each naming its key and where its value came from.

@@ -1090,7 +1090,7 @@ impl Settings {
         // Secrets named by file are read here and kept beside the inline
         // ones (`SourceSettings::files`), so what is loaded is complete and
         // still prints as given; the rest of a source is checked when
-        // startup builds it (`startup::build_sources`).
+        // startup (and a reload) builds it (`gateway::sources::build_sources`).
         for (name, src) in &mut self.sources {
             if !valid_source_name(name) {
                 bad(

@@ -2,7 +2,8 @@
 //!
 //! - [`signature`]: the providers' signature schemes.
 //! - [`locate`]: `header:NAME` / `body:/pointer` field locations.
-//! - [`source`]: a configured source, parsed.
+//! - [`source`]: a configured source, parsed; [`sources`]: all of them,
+//!   built from the settings, as one snapshot a reload replaces.
 //! - [`ingest`]: headers, then body → a verified, parsed event (the HTTP
 //!   handler is `routes::ingest`).
 //! - [`delivery`]: the dispatcher and its workers: per stream in order,
@@ -26,6 +27,7 @@ pub mod route;
 pub mod scan;
 pub mod signature;
 pub mod source;
+pub mod sources;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,46 +39,7 @@ use crate::store::inbox::{Inbox, Retention};
 
 pub use arrivals::Arrivals;
 pub use source::Source;
-
-/// The configured sources by name, as one configuration (the start, or a
-/// reload) made them. A reload installs a new one whole; whoever loaded
-/// the old one (a request, a turn in flight) keeps it to its end.
-#[derive(Debug, Default)]
-pub struct Sources {
-    /// Sources (and destinations' lanes) by name.
-    by_name: HashMap<String, Arc<Source>>,
-    /// The lanes (`SOURCE.DESTINATION`) the inbox held events in when this
-    /// configuration was first looked at, by source: a destination since
-    /// removed or renamed keeps copies there until they are reaped (read
-    /// once per configuration: a reload can remove destinations, and a
-    /// new configuration reads again, as a restart would).
-    stored_lanes: tokio::sync::OnceCell<HashMap<String, Vec<String>>>,
-}
-
-impl Sources {
-    /// `sources` by name.
-    pub fn new(sources: impl IntoIterator<Item = Arc<Source>>) -> Self {
-        Self {
-            by_name: sources.into_iter().map(|s| (s.name.clone(), s)).collect(),
-            stored_lanes: tokio::sync::OnceCell::new(),
-        }
-    }
-
-    /// The source (or destination's lane) called `name`.
-    pub fn get(&self, name: &str) -> Option<&Arc<Source>> {
-        self.by_name.get(name)
-    }
-
-    /// Every source and lane.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Source>> {
-        self.by_name.values()
-    }
-
-    /// Every source's and lane's name.
-    pub fn names(&self) -> impl Iterator<Item = &String> {
-        self.by_name.keys()
-    }
-}
+pub use sources::Sources;
 
 /// What ingest, delivery and the operator API share.
 #[derive(Debug)]

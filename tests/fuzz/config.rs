@@ -8,7 +8,7 @@ use std::path::Path;
 
 use dedupd::config::env::MAX_DEPTH;
 use dedupd::config::{ConfigErrors, Loaded, Settings};
-use dedupd::startup::build_sources;
+use dedupd::gateway::sources::build_sources;
 use proptest::prelude::*;
 use tempfile::TempDir;
 
