@@ -73,8 +73,8 @@ impl ApiTokens {
     /// Makes `full` and `read_only` the accepted tokens, on every clone (a
     /// reload). A request already past its check goes on; every later one,
     /// and every later `AUTH`, is checked against these. A Redis-protocol
-    /// connection that authenticated stays so (as Redis's own
-    /// `requirepass` change leaves it). The limiter's counts stay.
+    /// connection that authenticated stays so (authentication is per
+    /// connection, checked once). The limiter's counts stay.
     pub fn replace(&self, full: &[Secret], read_only: &[Secret]) {
         self.digests.store(Arc::new(digests(full, read_only)));
     }

@@ -201,7 +201,7 @@ async fn a_broken_file_is_refused_and_the_running_settings_stay_in_force() {
 
 /// Tokens changed by a reload: the old one is refused from then on, the
 /// new one accepted, on HTTP and on the Redis protocol; a Redis connection
-/// that had authenticated stays so (as with Redis's own `requirepass`).
+/// that had authenticated stays so (authentication is per connection).
 #[tokio::test]
 async fn api_tokens_changed_by_reload_refuse_the_old_token_and_accept_the_new() {
     const OLD_TOKEN: &str = "old-token-0123456789";
