@@ -49,3 +49,4 @@ mod scans;
 #[cfg(feature = "redis")]
 mod shared_inbox;
 mod systemd;
+mod upgrade;

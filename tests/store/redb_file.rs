@@ -25,7 +25,7 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schema version 99") && msg.contains("reads version 12"),
+        msg.contains("schema version 99") && msg.contains("reads schema version 12"),
         "{msg}"
     );
 }

@@ -54,6 +54,37 @@ pub(super) fn stored_file_id(db: &Database) -> Result<u128, redb::Error> {
     Ok(u128::from(half(hi)?) << 64 | u128::from(half(lo)?))
 }
 
+/// Refuses a file a newer release wrote before it is opened for writing:
+/// redb changes a file it opened for writing even when nothing is written
+/// (it keeps its allocator state at close), and the newer release must
+/// find its file byte for byte as it left it. A file that cannot be opened
+/// read-only (not closed cleanly, or open elsewhere) goes on to the usual
+/// open, which says what is wrong with it (and checks the version again).
+pub(super) fn refuse_newer(path: &Path) -> Result<(), OpenError> {
+    let Ok(db) = redb::ReadOnlyDatabase::open(path) else {
+        return Ok(());
+    };
+    match stored_schema(&db) {
+        Ok(Some(found)) if found > SCHEMA_VERSION => Err(OpenError::UnknownSchema {
+            path: path.to_owned(),
+            found,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The schema version a file records, read without writing: none in a new
+/// file (or a foreign one).
+fn stored_schema(db: &impl redb::ReadableDatabase) -> Result<Option<u64>, redb::Error> {
+    let tx = db.begin_read()?;
+    let meta = match tx.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(meta.get(META_SCHEMA_VERSION)?.map(|g| g.value()))
+}
+
 /// Creates the tables of a new file, or checks the schema of an old one;
 /// returns the file's id.
 pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenError> {
@@ -61,6 +92,17 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
         path: path.to_owned(),
         source: e,
     };
+    // A newer schema is refused before any write: a write transaction,
+    // even one dropped unfinished, grows the file, and the newer release
+    // must find it as it left it.
+    if let Some(found) = stored_schema(db).map_err(other)?
+        && found > SCHEMA_VERSION
+    {
+        return Err(OpenError::UnknownSchema {
+            path: path.to_owned(),
+            found,
+        });
+    }
     let tx = db.begin_write().map_err(|e| other(e.into()))?;
     let id;
     {

@@ -32,8 +32,11 @@ pub enum OpenError {
     InUse(PathBuf),
     /// The file was written by a build with another schema.
     #[error(
-        "data file {path} has schema version {found}, but this dedupd reads version {SCHEMA_VERSION}; \
-         use the dedupd release that wrote it, or move the file away to start empty"
+        "data file {path} has schema version {found}, but this dedupd ({}) reads schema version \
+         {SCHEMA_VERSION} and the ones before it: a newer dedupd wrote it. Nothing was changed. \
+         Install that newer release again (a downgrade of the package cannot read the file), or \
+         restore a backup made by this release; moving the file away starts empty",
+        env!("CARGO_PKG_VERSION")
     )]
     UnknownSchema {
         path: PathBuf,
@@ -244,6 +247,9 @@ impl Engine {
                 data: opts.path.clone(),
                 detail: "is left from a data file that is not there".into(),
             });
+        }
+        if has_data {
+            migrate::refuse_newer(&opts.path)?;
         }
         let refuse = Arc::new(AtomicBool::new(false));
         let gate = Arc::new(SyncGate::default());
