@@ -135,6 +135,32 @@ printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | grep -q '"source":"dri
 starts=$(c journalctl -u dedupd -o cat --no-pager | grep -c 'configuration good' || true)
 [ "$starts" -ge 1 ] || die "ExecStartPre's check did not say its one line"
 
+log "reload: a rotated secret and a broken file, without a restart"
+pid0=$(c systemctl show -P MainPID dedupd)
+# The new secret first: dedupd trigger signs with a source's first one.
+c sed -i 's/^secrets = \["drill_secret_0123456789abcdef"\]$/secrets = ["drill_rotated_0123456789abcdef", "drill_secret_0123456789abcdef"]/' /etc/dedupd/dedupd.toml
+c grep -q drill_rotated /etc/dedupd/dedupd.toml || die "the drill's secret edit did not apply"
+c systemctl reload dedupd || die "systemctl reload failed"
+for _ in $(seq 50); do
+    c journalctl -u dedupd -o cat --no-pager | grep -q 'configuration reloaded' && break
+    sleep 0.1
+done
+c journalctl -u dedupd -o cat --no-pager | grep -q 'configuration reloaded' || die "no 'configuration reloaded' line"
+[ "$(c systemctl show -P MainPID dedupd)" = "$pid0" ] || die "the reload restarted the service"
+rotated=$(trigger) || die "a webhook signed with the rotated secret was refused after the reload"
+c cp /etc/dedupd/dedupd.toml /root/dedupd.toml.good
+c sh -c 'printf "\n[sources.broken]\nscheme = \"sume\"\n" >>/etc/dedupd/dedupd.toml'
+if c systemctl reload dedupd 2>/dev/null; then die "a broken file was reloaded"; fi
+c journalctl -u dedupd -o cat --no-pager | grep -q 'not reloaded: the configuration has errors' ||
+    die "the refused reload said nothing in the journal"
+[ "$(c systemctl show -P MainPID dedupd)" = "$pid0" ] || die "the refused reload restarted the service"
+c cp /root/dedupd.toml.good /etc/dedupd/dedupd.toml
+again=$(trigger) || die "not serving with the rotated secret after a refused reload"
+for id in "$rotated" "$again"; do
+    for _ in $(seq 100); do [ "$(delivered "$id")" -gt 0 ] && break; sleep 0.1; done
+    [ "$(delivered "$id")" -gt 0 ] || die "$id, posted after the reload, was not delivered"
+done
+
 log "crash: SIGKILL under ingest load"
 pid0=$(c systemctl show -P MainPID dedupd)
 acked=()

@@ -19,7 +19,7 @@
 //!
 //! [`RELOADABLE`]: crate::config::reload::RELOADABLE
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
@@ -154,6 +154,13 @@ impl Reloader {
             log_level = %loaded.settings.log.level,
             "configuration reloaded"
         );
+        for file in credential_copies(&loaded.settings.api) {
+            tracing::info!(
+                file = %file.display(),
+                "this token file is a systemd credential, copied when the service started: \
+                 an edit of the file LoadCredential= names takes effect at a restart"
+            );
+        }
         if !restart_only.is_empty() {
             tracing::warn!(
                 settings = restart_only.join(", "),
@@ -169,6 +176,21 @@ impl Reloader {
             restart_only,
         })
     }
+}
+
+/// The token files read from systemd's credentials directory
+/// (`LoadCredential=`): copies made at the start, which a reload reads
+/// again unchanged.
+fn credential_copies(api: &crate::config::ApiSettings) -> Vec<&Path> {
+    let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY") else {
+        return Vec::new();
+    };
+    [&api.tokens_file, &api.read_tokens_file]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+        .filter(|f| f.starts_with(&dir))
+        .collect()
 }
 
 /// The names in `new` and not in `old`, and those in `old` and not in
