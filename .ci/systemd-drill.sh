@@ -6,10 +6,14 @@
 # Boots a minimal Debian (bookworm) under systemd-nspawn, with systemd as
 # its PID 1 and a network of its own (loopback only), installs PACKAGE with
 # dpkg, and checks what an operator relies on:
-#   - install: the unit enabled and started, an API token made (0600, root);
+#   - install: the unit enabled and started, an API token made (0600, root)
+#     in /etc/dedupd/credentials (0700), staged for the service at start;
 #   - start: `systemctl start` returns once READY=1 came, /readyz answers,
 #     a signed webhook reaches an application inside the container;
 #   - the journal: structured lines with source, event id and outcome;
+#   - reload: a source's secret and the API token rotated by `systemctl
+#     reload` (same process, the new ones accepted, the old token refused),
+#     a broken file refused with the service untouched;
 #   - crash: SIGKILL under ingest load, restarted, every event answered
 #     2xx delivered;
 #   - watchdog: SIGSTOP, restarted within WatchdogSec (5 s for the drill),
@@ -33,7 +37,15 @@ cache=${DRILL_CACHE:-/var/cache/dedupd-drill}
 base=$cache/rootfs
 
 log() { printf '== drill: %s\n' "$*"; }
-die() { printf 'drill FAILED: %s\n' "$*" >&2; exit 1; }
+die() {
+    printf 'drill FAILED: %s\n' "$*" >&2
+    # What the service said last, while the container is still up.
+    if [ -n "${init:-}" ]; then
+        printf -- '-- the last of journalctl -u dedupd:\n' >&2
+        nsenter -t "$init" -a -- journalctl -u dedupd -o cat --no-pager -n 25 >&2 || true
+    fi
+    exit 1
+}
 
 if [ ! -x "$base/usr/lib/systemd/systemd" ]; then
     log "making the base system with debootstrap (once; kept in $base)"
@@ -84,18 +96,21 @@ c env DEBIAN_FRONTEND=noninteractive dpkg -i /root/dedupd.deb >"$work/dpkg-insta
     { cat "$work/dpkg-install"; die "dpkg -i"; }
 c systemctl is-enabled dedupd >/dev/null || die "the unit is not enabled"
 c systemctl is-active dedupd >/dev/null || { c journalctl -u dedupd --no-pager | tail -20; die "the unit is not started"; }
-mode=$(c stat -c '%a %U' /etc/dedupd/api-tokens)
-[ "$mode" = "600 root" ] || die "/etc/dedupd/api-tokens is $mode, not 600 root"
-token=$(c cat /etc/dedupd/api-tokens)
+mode=$(c stat -c '%a %U' /etc/dedupd/credentials /etc/dedupd/credentials/api-tokens | tr '\n' ' ')
+[ "$mode" = "700 root 600 root " ] || die "/etc/dedupd/credentials and its api-tokens are $mode, not 700 and 600 root's"
+token=$(c cat /etc/dedupd/credentials/api-tokens)
 [ "${#token}" -ge 32 ] || die "the API token is too short"
 
 log "start: a source and an application; systemctl restart returns once ready"
+# The source's secrets where the package's settings say: root-only, staged
+# for the service before each start and reload.
+c sh -c 'umask 077; printf "drill_secret_0123456789abcdef\n" >/etc/dedupd/credentials/drill-secrets'
 c sh -c 'cat >>/etc/dedupd/dedupd.toml' <<'TOML'
 
 # Added by the drill (an edited conffile: an upgrade must keep it).
 [sources.drill]
 scheme = "sume"
-secrets = ["drill_secret_0123456789abcdef"]
+secrets_file = "/run/dedupd/credentials/drill-secrets"
 event_id = "body:/request_id"
 created_at = "body:/created_at"
 stream = "body:/run_id"
@@ -135,11 +150,15 @@ printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | grep -q '"source":"dri
 starts=$(c journalctl -u dedupd -o cat --no-pager | grep -c 'configuration good' || true)
 [ "$starts" -ge 1 ] || die "ExecStartPre's check did not say its one line"
 
-log "reload: a rotated secret and a broken file, without a restart"
+log "reload: a rotated secret and API token, a broken file, without a restart"
 pid0=$(c systemctl show -P MainPID dedupd)
+c journalctl -u dedupd -o cat --no-pager | grep -q 'staged 2 credential(s)' ||
+    die "the start did not stage the credentials"
+c stat -c '%a %u' /run/dedupd/credentials/drill-secrets | grep -qx "400 $(c stat -c %u /run/dedupd)" ||
+    die "the staged secret is not the service user's alone"
 # The new secret first: dedupd trigger signs with a source's first one.
-c sed -i 's/^secrets = \["drill_secret_0123456789abcdef"\]$/secrets = ["drill_rotated_0123456789abcdef", "drill_secret_0123456789abcdef"]/' /etc/dedupd/dedupd.toml
-c grep -q drill_rotated /etc/dedupd/dedupd.toml || die "the drill's secret edit did not apply"
+c sh -c 'printf "drill_rotated_0123456789abcdef\ndrill_secret_0123456789abcdef\n" >/etc/dedupd/credentials/drill-secrets'
+c sh -c 'printf "drill-rotated-token-0123456789abcdef\n" >/etc/dedupd/credentials/api-tokens'
 c systemctl reload dedupd || die "systemctl reload failed"
 for _ in $(seq 50); do
     c journalctl -u dedupd -o cat --no-pager | grep -q 'configuration reloaded' && break
@@ -148,6 +167,11 @@ done
 c journalctl -u dedupd -o cat --no-pager | grep -q 'configuration reloaded' || die "no 'configuration reloaded' line"
 [ "$(c systemctl show -P MainPID dedupd)" = "$pid0" ] || die "the reload restarted the service"
 rotated=$(trigger) || die "a webhook signed with the rotated secret was refused after the reload"
+old_token=$(c curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $token" \
+    "http://127.0.0.1:8080/v1/sources/drill/events/$rotated")
+[ "$old_token" = 401 ] || die "the old API token got $old_token, not 401, after the reload"
+token=drill-rotated-token-0123456789abcdef
+api "/v1/sources/drill/events/$rotated" >/dev/null || die "the rotated API token is refused after the reload"
 c cp /etc/dedupd/dedupd.toml /root/dedupd.toml.good
 c sh -c 'printf "\n[sources.broken]\nscheme = \"sume\"\n" >>/etc/dedupd/dedupd.toml'
 if c systemctl reload dedupd 2>/dev/null; then die "a broken file was reloaded"; fi
@@ -252,10 +276,10 @@ api /v1/sources/sume/events/ok-1 | grep -q '"status":"delivered"' || die "the sc
 log "remove keeps the data; purge removes it"
 c env DEBIAN_FRONTEND=noninteractive dpkg -r dedupd >/dev/null 2>&1 || die "dpkg -r"
 c test -e /var/lib/private/dedupd/dedupd.redb || die "remove took the data"
-c test -e /etc/dedupd/api-tokens || die "remove took the API token"
+c test -e /etc/dedupd/credentials/api-tokens || die "remove took the API token"
 if c systemctl is-active dedupd >/dev/null 2>&1; then die "still running after remove"; fi
 c env DEBIAN_FRONTEND=noninteractive dpkg --purge dedupd >/dev/null 2>&1 || die "dpkg --purge"
 if c test -e /var/lib/private/dedupd; then die "purge left the data"; fi
-if c test -e /etc/dedupd/api-tokens; then die "purge left the API token"; fi
+if c test -e /etc/dedupd/credentials; then die "purge left the credentials"; fi
 
 log "passed"

@@ -45,6 +45,10 @@ enum Command {
     /// Check the configuration, then have a serving dedupd reload it
     /// (SIGHUP): what systemd's ExecReload= runs.
     Reload(cli::reload::Args),
+    /// Copy root-only credentials (API tokens, secrets) into the service's
+    /// runtime directory for its dynamic user: what the unit runs as root
+    /// before each start and reload.
+    StageCredentials(cli::credentials::Args),
     /// Print the effective settings (secrets redacted) or what is wrong.
     CheckConfig {
         /// TOML settings file (default: none, or $DEDUPD_CONFIG).
@@ -94,6 +98,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::CheckConfig { config, quiet } => cli::check_config::run(config.as_deref(), quiet),
         Command::Reload(args) => cli::reload::run(&args),
+        Command::StageCredentials(args) => cli::credentials::run(&args),
         Command::Completions { shell } => cli::docs::completions::<Cli>(shell),
         Command::Man { out } => cli::docs::man_pages::<Cli>(&out),
         Command::Init(args) => cli::init::run(&args).map(|()| ExitCode::SUCCESS),

@@ -6,6 +6,8 @@
 //! - `receive`: a local application that verifies and prints deliveries;
 //! - `reload`: check the configuration and send SIGHUP to a serving dedupd
 //!   (what the unit's `ExecReload=` runs);
+//! - `credentials`: `stage-credentials`, root-only secrets copied for the
+//!   service's dynamic user before each start and reload;
 //! - `inbox`: `inbox migrate`, a local inbox into the shared one;
 //! - `operator`: the `/v1` operator API from the terminal (`events`,
 //!   `claims`, `streams`);
@@ -27,6 +29,7 @@
 mod call;
 pub mod check_config;
 pub mod client;
+pub mod credentials;
 pub mod docs;
 mod filter;
 pub mod inbox;

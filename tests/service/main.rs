@@ -17,6 +17,7 @@ mod cli_output;
 mod cli_tour;
 mod config;
 mod crash_and_restart;
+mod credentials;
 mod cross_site;
 mod delivery;
 mod destinations;

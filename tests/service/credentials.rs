@@ -1,0 +1,171 @@
+//! `dedupd stage-credentials`, as the unit runs it (as root) before each
+//! start and reload: root-only files copied for the service's user, a
+//! rotated one replacing its copy, a removed one's copy gone, and a file
+//! that should not be trusted refusing the whole stage with the copies
+//! left as they were.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use tempfile::TempDir;
+
+use crate::support::process::dedupd;
+
+/// The service's dynamic user, as far as the files can tell.
+const SERVICE_UID: u32 = 61_999;
+
+/// `/etc/dedupd/credentials` and the runtime directory `/run/dedupd`
+/// (owned by the service's user), in a temp dir.
+fn dirs() -> (TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let root = TempDir::new().unwrap();
+    let from = root.path().join("etc-credentials");
+    std::fs::create_dir(&from).unwrap();
+    std::fs::set_permissions(&from, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let run = root.path().join("run-dedupd");
+    std::fs::create_dir(&run).unwrap();
+    std::os::unix::fs::chown(&run, Some(SERVICE_UID), Some(SERVICE_UID)).unwrap();
+    let to = run.join("credentials");
+    (root, from, to)
+}
+
+fn put(dir: &Path, name: &str, text: &str) {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+fn stage(from: &Path, to: &Path) -> std::process::Output {
+    dedupd()
+        .arg("stage-credentials")
+        .arg("--from")
+        .arg(from)
+        .arg("--to")
+        .arg(to)
+        .output()
+        .unwrap()
+}
+
+/// Each staged file: its text, mode and owner.
+fn staged(to: &Path) -> Vec<(String, String, u32, u32)> {
+    let mut files: Vec<_> = std::fs::read_dir(to)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let meta = e.metadata().unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read_to_string(e.path()).unwrap(),
+                meta.mode() & 0o777,
+                meta.uid(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn credentials_are_copied_for_the_service_user_and_follow_rotations_and_removals() {
+    let (_root, from, to) = dirs();
+    put(&from, "api-tokens", "token-one\n");
+    put(&from, "sume-secret", "whsec_one\n");
+    put(&from, ".api-tokens.swp", "an editor's file\n");
+    let out = stage(&from, &to);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("staged 2 credential(s)"),
+        "{out:?}"
+    );
+    assert_eq!(
+        staged(&to),
+        [
+            (
+                "api-tokens".into(),
+                "token-one\n".into(),
+                0o400,
+                SERVICE_UID
+            ),
+            (
+                "sume-secret".into(),
+                "whsec_one\n".into(),
+                0o400,
+                SERVICE_UID
+            ),
+        ]
+    );
+    let dir = std::fs::metadata(&to).unwrap();
+    assert_eq!((dir.uid(), dir.mode() & 0o777), (SERVICE_UID, 0o700));
+
+    // A rotation and a removal, staged again (the reload's first step).
+    put(&from, "api-tokens", "token-two\n");
+    std::fs::remove_file(from.join("sume-secret")).unwrap();
+    assert!(stage(&from, &to).status.success());
+    assert_eq!(
+        staged(&to),
+        [(
+            "api-tokens".into(),
+            "token-two\n".into(),
+            0o400,
+            SERVICE_UID
+        )]
+    );
+}
+
+#[test]
+fn a_file_that_cannot_be_trusted_refuses_the_stage_and_the_copies_stay() {
+    let (root, from, to) = dirs();
+    put(&from, "api-tokens", "token-one\n");
+    assert!(stage(&from, &to).status.success());
+    let before = staged(&to);
+
+    put(&from, "api-tokens", "token-two\n");
+    let cases: [(&str, &dyn Fn(&Path), &str); 4] = [
+        (
+            "world-writable",
+            &|from| {
+                put(from, "other", "x\n");
+                let p = from.join("other");
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+            },
+            "can be written by other users",
+        ),
+        (
+            "a link",
+            &|from| {
+                std::os::unix::fs::symlink(root.path().join("elsewhere"), from.join("other"))
+                    .unwrap()
+            },
+            "is not a plain file",
+        ),
+        (
+            "too large",
+            &|from| put(from, "other", &"x".repeat(2 << 20)),
+            "more than a credential's",
+        ),
+        (
+            "another user's",
+            &|from| {
+                put(from, "other", "x\n");
+                std::os::unix::fs::chown(from.join("other"), Some(4242), None).unwrap();
+            },
+            "belongs to uid 4242",
+        ),
+    ];
+    for (what, make, says) in cases {
+        make(&from);
+        let out = stage(&from, &to);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: staged: {stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains("nothing was staged"),
+            "{what}: {stderr}"
+        );
+        assert_eq!(staged(&to), before, "{what}: the copies changed");
+        std::fs::remove_file(from.join("other")).unwrap();
+    }
+    // A directory others may write is refused too.
+    std::fs::set_permissions(&from, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = stage(&from, &to);
+    assert!(!out.status.success());
+    assert_eq!(staged(&to), before);
+}
