@@ -111,6 +111,9 @@ fn credentials_are_copied_for_the_service_user_and_follow_rotations_and_removals
     );
 }
 
+/// Puts a file named `other` that must not be staged in a directory.
+type MakeBad<'a> = dyn Fn(&Path) + 'a;
+
 #[test]
 fn a_file_that_cannot_be_trusted_refuses_the_stage_and_the_copies_stay() {
     let (root, from, to) = dirs();
@@ -119,7 +122,7 @@ fn a_file_that_cannot_be_trusted_refuses_the_stage_and_the_copies_stay() {
     let before = staged(&to);
 
     put(&from, "api-tokens", "token-two\n");
-    let cases: [(&str, &dyn Fn(&Path), &str); 4] = [
+    let cases: [(&str, &MakeBad<'_>, &str); 4] = [
         (
             "world-writable",
             &|from| {
