@@ -102,30 +102,22 @@ token=$(c cat /etc/dedupd/credentials/api-tokens)
 [ "${#token}" -ge 32 ] || die "the API token is too short"
 
 log "start: a source and an application; systemctl restart returns once ready"
-# The source's secrets where the package's settings say: root-only, staged
-# for the service before each start and reload.
-c sh -c 'umask 077; printf "drill_secret_0123456789abcdef\n" >/etc/dedupd/credentials/drill-secrets'
-c sh -c 'cat >>/etc/dedupd/dedupd.toml' <<'TOML'
-
-# Added by the drill (an edited conffile: an upgrade must keep it).
-[sources.drill]
-scheme = "sume"
-secrets_file = "/run/dedupd/credentials/drill-secrets"
-event_id = "body:/request_id"
-created_at = "body:/created_at"
-stream = "body:/run_id"
-forward_to = "http://127.0.0.1:3000/hooks"
-destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-backoff_min = "100ms"
-backoff_max = "1s"
-TOML
+# The README's first webhook, as written there: the settings' own
+# [sources.sume] example uncommented (an edited conffile: an upgrade must
+# keep it), its secrets root-only where it names them.
+c sed -i '/^# \[sources.sume\]/,$ s/^# //' /etc/dedupd/dedupd.toml
+c sh -c 'cd /etc/dedupd/credentials && umask 077 &&
+  echo "drill_secret_0123456789abcdef" >sume-secrets &&
+  echo "whsec_$(head -c 32 /dev/urandom | base64)" >sume-destination'
 # The drill's watchdog: 5 s, not 30, so a frozen process is restarted soon.
 c mkdir -p /etc/systemd/system/dedupd.service.d
 c sh -c 'printf "[Service]\nWatchdogSec=5s\n" >/etc/systemd/system/dedupd.service.d/drill.conf'
 c systemctl daemon-reload
+c systemctl restart dedupd
+# The application: it verifies with the staged destination secret, there
+# once dedupd has started.
 c systemd-run --unit=drill-app --property=Restart=always \
     /usr/bin/dedupd receive --config /etc/dedupd/dedupd.toml >/dev/null
-c systemctl restart dedupd
 [ "$(c systemctl show -P ActiveState dedupd)" = active ] || die "not active once systemctl restart returned"
 c curl -fsS http://127.0.0.1:8080/readyz >/dev/null || die "/readyz does not answer once started"
 api() { c curl -fsS -H "authorization: Bearer $token" "http://127.0.0.1:8080$1"; }
@@ -133,8 +125,8 @@ api() { c curl -fsS -H "authorization: Bearer $token" "http://127.0.0.1:8080$1";
 # trigger: posts one signed sample event; prints its id on success.
 trigger() {
     local out
-    out=$(c /usr/bin/dedupd trigger drill --config /etc/dedupd/dedupd.toml 2>/dev/null) || return 1
-    printf '%s\n' "$out" | sed -n 's/^drill event \([^ ]*\).*/\1/p' | head -1
+    out=$(c /usr/bin/dedupd trigger sume --config /etc/dedupd/dedupd.toml 2>/dev/null) || return 1
+    printf '%s\n' "$out" | sed -n 's/^sume event \([^ ]*\).*/\1/p' | head -1
 }
 delivered() { c journalctl -u drill-app -o cat --no-pager | grep -c "$1" || true; }
 first=$(trigger) || die "the first webhook was refused"
@@ -145,19 +137,19 @@ log "the journal: structured lines"
 lines=$(c journalctl -u dedupd -o cat --no-pager)
 printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | grep -q '"outcome":"accepted"' ||
     die "no structured line with the event id and its outcome: $(printf '%s' "$lines" | tail -5)"
-printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | grep -q '"source":"drill"' ||
+printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | grep -q '"source":"sume"' ||
     die "no structured line with the source"
 starts=$(c journalctl -u dedupd -o cat --no-pager | grep -c 'configuration good' || true)
 [ "$starts" -ge 1 ] || die "ExecStartPre's check did not say its one line"
 
 log "reload: a rotated secret and API token, a broken file, without a restart"
 pid0=$(c systemctl show -P MainPID dedupd)
-c journalctl -u dedupd -o cat --no-pager | grep -q 'staged 2 credential(s)' ||
+c journalctl -u dedupd -o cat --no-pager | grep -q 'staged 3 credential(s)' ||
     die "the start did not stage the credentials"
-c stat -c '%a %u' /run/dedupd/credentials/drill-secrets | grep -qx "400 $(c stat -c %u /run/dedupd)" ||
+c stat -c '%a %u' /run/dedupd/credentials/sume-secrets | grep -qx "400 $(c stat -c %u /run/dedupd)" ||
     die "the staged secret is not the service user's alone"
 # The new secret first: dedupd trigger signs with a source's first one.
-c sh -c 'printf "drill_rotated_0123456789abcdef\ndrill_secret_0123456789abcdef\n" >/etc/dedupd/credentials/drill-secrets'
+c sh -c 'printf "drill_rotated_0123456789abcdef\ndrill_secret_0123456789abcdef\n" >/etc/dedupd/credentials/sume-secrets'
 c sh -c 'printf "drill-rotated-token-0123456789abcdef\n" >/etc/dedupd/credentials/api-tokens'
 c systemctl reload dedupd || die "systemctl reload failed"
 for _ in $(seq 50); do
@@ -168,10 +160,10 @@ c journalctl -u dedupd -o cat --no-pager | grep -q 'configuration reloaded' || d
 [ "$(c systemctl show -P MainPID dedupd)" = "$pid0" ] || die "the reload restarted the service"
 rotated=$(trigger) || die "a webhook signed with the rotated secret was refused after the reload"
 old_token=$(c curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $token" \
-    "http://127.0.0.1:8080/v1/sources/drill/events/$rotated")
+    "http://127.0.0.1:8080/v1/sources/sume/events/$rotated")
 [ "$old_token" = 401 ] || die "the old API token got $old_token, not 401, after the reload"
 token=drill-rotated-token-0123456789abcdef
-api "/v1/sources/drill/events/$rotated" >/dev/null || die "the rotated API token is refused after the reload"
+api "/v1/sources/sume/events/$rotated" >/dev/null || die "the rotated API token is refused after the reload"
 c cp /etc/dedupd/dedupd.toml /root/dedupd.toml.good
 c sh -c 'printf "\n[sources.broken]\nscheme = \"sume\"\n" >>/etc/dedupd/dedupd.toml'
 if c systemctl reload dedupd 2>/dev/null; then die "a broken file was reloaded"; fi
@@ -225,6 +217,11 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 c journalctl -u dedupd -o cat --no-pager | grep -q 'Watchdog timeout' || die "no watchdog line in the journal"
+# MainPID changes when the new process starts; it serves once READY=1.
+for _ in $(seq 100); do
+    [ "$(c systemctl show -P ActiveState dedupd)" = active ] && break
+    sleep 0.1
+done
 after=$(trigger) || die "not serving after the watchdog restart"
 for id in "${acked[@]}" "$after"; do
     for _ in $(seq 300); do [ "$(delivered "$id")" -gt 0 ] && break; sleep 0.1; done
@@ -254,14 +251,14 @@ if as_service cat /home/secret 2>/dev/null; then die "read /home"; fi
 as_service rm -f /var/lib/dedupd/drill-probe
 
 log "upgrade: a higher version keeps the settings, restarts, serves the old data"
-old=$(api "/v1/sources/drill/events/$first") || die "the event before the upgrade is not there"
+old=$(api "/v1/sources/sume/events/$first") || die "the event before the upgrade is not there"
 pid=$(c systemctl show -P MainPID dedupd)
 c env DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold /root/dedupd-upgrade.deb >"$work/dpkg-upgrade" 2>&1 ||
     { cat "$work/dpkg-upgrade"; die "dpkg -i of the upgrade"; }
-c grep -q '^\[sources.drill\]' /etc/dedupd/dedupd.toml || die "the edited settings were replaced"
+c grep -q '^\[sources.sume\]' /etc/dedupd/dedupd.toml || die "the edited settings were replaced"
 pidu=$(c systemctl show -P MainPID dedupd)
 [ "$pidu" != "$pid" ] || die "not restarted by the upgrade"
-api "/v1/sources/drill/events/$first" | grep -q "\"event_id\":\"$first\"" || die "the old data is not served after the upgrade"
+api "/v1/sources/sume/events/$first" | grep -q "\"event_id\":\"$first\"" || die "the old data is not served after the upgrade"
 
 log "upgrade: a data file of schema 11 is migrated"
 c systemctl stop dedupd
