@@ -106,9 +106,9 @@ log "start: a source and an application; systemctl restart returns once ready"
 # [sources.sume] example uncommented (an edited conffile: an upgrade must
 # keep it), its secrets root-only where it names them.
 c sed -i '/^# \[sources.sume\]/,$ s/^# //' /etc/dedupd/dedupd.toml
-c sh -c 'cd /etc/dedupd/credentials && umask 077 &&
-  echo "drill_secret_0123456789abcdef" >sume-secrets &&
-  echo "whsec_$(head -c 32 /dev/urandom | base64)" >sume-destination'
+SUME_SIGNING_SECRET=drill_secret_0123456789abcdef
+echo "$SUME_SIGNING_SECRET" | c install -m 600 /dev/stdin /etc/dedupd/credentials/sume-secrets
+echo "whsec_$(head -c 32 /dev/urandom | base64)" | c install -m 600 /dev/stdin /etc/dedupd/credentials/sume-destination
 # The drill's watchdog: 5 s, not 30, so a frozen process is restarted soon.
 c mkdir -p /etc/systemd/system/dedupd.service.d
 c sh -c 'printf "[Service]\nWatchdogSec=5s\n" >/etc/systemd/system/dedupd.service.d/drill.conf'
