@@ -14,15 +14,24 @@
 //! another user could write, a link, something not a file or a file over
 //! [`MAX_BYTES`] refuses the whole stage, and the staged copies stay as
 //! they were.
+//!
+//! It runs as root in a directory the service's user owns, so it trusts
+//! nothing there: the target is opened once, never through a link, and
+//! every file is made, given away, renamed and removed relative to that
+//! open directory (`openat` and friends), never by a path the service
+//! could have pointed elsewhere in the meantime.
 
 use std::collections::BTreeMap;
-use std::fs::{self, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
+use rustix::fs::{AtFlags, Dir, Gid, Mode, OFlags, Uid};
+use rustix::io::Errno;
 
 use super::out::outln;
 
@@ -71,30 +80,48 @@ pub fn stage(from: &Path, to: &Path) -> anyhow::Result<Vec<String>> {
             parent.display()
         )
     })?;
-    let (uid, gid) = (owner.uid(), owner.gid());
-    match fs::symlink_metadata(to) {
-        Ok(m) if m.is_dir() && !m.file_type().is_symlink() => {}
-        Ok(_) => bail!("{} is there and is not a directory", to.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => fs::DirBuilder::new()
-            .mode(0o700)
-            .create(to)
-            .with_context(|| format!("cannot create {}", to.display()))?,
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", to.display())),
+    let (uid, gid) = (
+        Some(Uid::from_raw(owner.uid())),
+        Some(Gid::from_raw(owner.gid())),
+    );
+    match rustix::fs::mkdir(to, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(Errno::EXIST) => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", to.display())),
     }
-    std::os::unix::fs::chown(to, Some(uid), Some(gid))
-        .with_context(|| format!("cannot give {} to uid {uid}", to.display()))?;
-    fs::set_permissions(to, fs::Permissions::from_mode(0o700))
+    // Never through a link: the service's user could have put one there.
+    let dir = rustix::fs::open(
+        to,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .with_context(|| format!("{} is not a directory (or cannot be opened)", to.display()))?;
+    rustix::fs::fchown(&dir, uid, gid)
+        .with_context(|| format!("cannot give {} to uid {}", to.display(), owner.uid()))?;
+    rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700))
         .with_context(|| format!("cannot set the mode of {}", to.display()))?;
     for (name, bytes) in &sources {
-        write_copy(to, name, bytes, uid, gid)?;
+        write_copy(&dir, name, bytes, (uid, gid))
+            .with_context(|| format!("cannot stage {name} in {}", to.display()))?;
     }
-    for entry in fs::read_dir(to).with_context(|| format!("cannot list {}", to.display()))? {
+    let mut stale = Vec::new();
+    for entry in Dir::read_from(&dir).with_context(|| format!("cannot list {}", to.display()))? {
         let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !sources.contains_key(&name) {
-            fs::remove_file(entry.path())
-                .with_context(|| format!("cannot remove {}", entry.path().display()))?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
         }
+        if !std::str::from_utf8(name).is_ok_and(|n| sources.contains_key(n)) {
+            stale.push(entry.file_name().to_owned());
+        }
+    }
+    for name in stale {
+        rustix::fs::unlinkat(&dir, name.as_c_str(), AtFlags::empty()).with_context(|| {
+            format!(
+                "cannot remove {} from {}",
+                name.to_string_lossy(),
+                to.display()
+            )
+        })?;
     }
     Ok(sources.into_keys().collect())
 }
@@ -124,27 +151,57 @@ fn read_sources(from: &Path) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
         if name.starts_with('.') {
             continue;
         }
-        let path = entry.path();
-        let meta = fs::symlink_metadata(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if !meta.file_type().is_file() {
-            bail!(
-                "{} is not a plain file (a link, a directory or a device): nothing was staged",
-                path.display()
-            );
-        }
-        writable_by_others(&path, &meta)?;
-        if meta.len() > MAX_BYTES {
-            bail!(
-                "{} is {} bytes, more than a credential's {MAX_BYTES}: nothing was staged",
-                path.display(),
-                meta.len()
-            );
-        }
-        let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let bytes = read_source(&entry.path())?;
         sources.insert(name.to_owned(), bytes);
     }
     Ok(sources)
+}
+
+/// One credential's bytes: a plain file, not a link (opened without
+/// following one, and without waiting on a FIFO), checked on the file
+/// opened.
+fn read_source(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let not_plain = || {
+        anyhow::anyhow!(
+            "{} is not a plain file (a link, a directory or a device): nothing was staged",
+            path.display()
+        )
+    };
+    let fd = match rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::LOOP) => return Err(not_plain()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let file = File::from(fd);
+    let meta = file
+        .metadata()
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.file_type().is_file() {
+        return Err(not_plain());
+    }
+    writable_by_others(path, &meta)?;
+    if meta.len() > MAX_BYTES {
+        bail!(
+            "{} is {} bytes, more than a credential's {MAX_BYTES}: nothing was staged",
+            path.display(),
+            meta.len()
+        );
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if bytes.len() as u64 > MAX_BYTES {
+        bail!(
+            "{} grew past a credential's {MAX_BYTES} bytes while read: nothing was staged",
+            path.display()
+        );
+    }
+    Ok(bytes)
 }
 
 /// Refuses a file or directory that another user than its owner, root or
@@ -169,22 +226,30 @@ fn writable_by_others(path: &Path, meta: &fs::Metadata) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `bytes` as `dir/name`, mode 0400, owned by `uid`:`gid`, by a
+/// Writes `bytes` as `name` in `dir`, mode 0400, given to `owner`, by a
 /// rename: a reader sees the old copy or the new one, never a part.
-fn write_copy(dir: &Path, name: &str, bytes: &[u8], uid: u32, gid: u32) -> anyhow::Result<()> {
-    let tmp = dir.join(format!(".{name}.staging"));
-    let _ = fs::remove_file(&tmp);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o400)
-        .open(&tmp)
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::os::unix::fs::chown(&tmp, Some(uid), Some(gid))
-        .with_context(|| format!("cannot give {} to uid {uid}", tmp.display()))?;
-    fs::rename(&tmp, dir.join(name))
-        .with_context(|| format!("cannot put {name} in place in {}", dir.display()))
+fn write_copy(
+    dir: &OwnedFd,
+    name: &str,
+    bytes: &[u8],
+    (uid, gid): (Option<Uid>, Option<Gid>),
+) -> anyhow::Result<()> {
+    let tmp = format!(".{name}.staging");
+    match rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // EXCL: never through a link or onto a file someone else made.
+    let fd = rustix::fs::openat(
+        dir,
+        tmp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o400),
+    )?;
+    rustix::fs::fchown(&fd, uid, gid)?;
+    let mut file = File::from(fd);
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    rustix::fs::renameat(dir, tmp.as_str(), dir, name)?;
+    Ok(())
 }

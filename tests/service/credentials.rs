@@ -172,3 +172,54 @@ fn a_file_that_cannot_be_trusted_refuses_the_stage_and_the_copies_stay() {
     assert!(!out.status.success());
     assert_eq!(staged(&to), before);
 }
+
+/// The runtime directory is the service's: a compromised service could
+/// plant links there for the next stage, run as root, to follow. None is
+/// followed: a link in place of the directory is refused, and links
+/// inside it are replaced or removed, their targets untouched.
+#[test]
+fn links_planted_in_the_runtime_directory_lead_nowhere() {
+    let (root, from, to) = dirs();
+    put(&from, "api-tokens", "token-one\n");
+    let outside = root.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let victim = outside.join("keep");
+    std::fs::write(&victim, "keep\n").unwrap();
+    let mode = std::fs::metadata(&victim).unwrap().mode() & 0o777;
+    let untouched = |outside: &Path| {
+        let names: Vec<_> = std::fs::read_dir(outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, ["keep"]);
+        assert_eq!(
+            std::fs::read_to_string(outside.join("keep")).unwrap(),
+            "keep\n"
+        );
+        let meta = std::fs::metadata(outside.join("keep")).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (0, mode));
+    };
+
+    std::os::unix::fs::symlink(&outside, &to).unwrap();
+    let out = stage(&from, &to);
+    assert!(!out.status.success(), "staged through a link: {out:?}");
+    untouched(&outside);
+
+    std::fs::remove_file(&to).unwrap();
+    std::fs::create_dir(&to).unwrap();
+    for name in ["api-tokens", ".api-tokens.staging", "stale"] {
+        std::os::unix::fs::symlink(&victim, to.join(name)).unwrap();
+    }
+    let out = stage(&from, &to);
+    assert!(out.status.success(), "{out:?}");
+    untouched(&outside);
+    assert_eq!(
+        staged(&to),
+        [(
+            "api-tokens".into(),
+            "token-one\n".into(),
+            0o400,
+            SERVICE_UID
+        )]
+    );
+}
