@@ -10,27 +10,31 @@
 //! before each reload, a rotated secret or token takes effect at the
 //! reload. The runtime directory is removed when the service stops.
 //!
-//! Every file is checked before anything is written: a directory or file
-//! another user could write, a link, something not a file or a file over
-//! [`MAX_BYTES`] refuses the whole stage, and the staged copies stay as
-//! they were.
+//! All or nothing: every file is read and checked first (a directory or
+//! file another user could write, a link, something not a plain file or a
+//! file over [`MAX_BYTES`] refuses the stage), the copies are written into
+//! a new directory, and that directory takes the old one's place in one
+//! `renameat2(RENAME_EXCHANGE)`. A reader sees the old set or the new one.
 //!
-//! It runs as root in a directory the service's user owns, so it trusts
-//! nothing there: the target is opened once, never through a link, and
-//! every file is made, given away, renamed and removed relative to that
-//! open directory (`openat` and friends), never by a path the service
-//! could have pointed elsewhere in the meantime.
+//! It runs as root beside files others may control, so it follows no
+//! path twice: `--from` and `--to`'s parent are opened once, never
+//! through a link, and every file is listed, opened, made, given away,
+//! renamed and removed relative to an open directory (`openat` and
+//! friends). The new directory stays root's until its files are written,
+//! and only then is given to the service's user, who owns `--to`'s parent
+//! and could otherwise have put something in it.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::ffi::{CStr, CString};
+use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use rustix::fs::{AtFlags, Dir, Gid, Mode, OFlags, Uid};
+use rustix::fs::{AtFlags, Dir, FileType, Gid, Mode, OFlags, RenameFlags, Uid};
 use rustix::io::Errno;
 
 use super::out::outln;
@@ -66,133 +70,165 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Copies every credential in `from` to `to` (mode 0400, owned by the
-/// owner of `to`'s parent), then removes the copies whose original is
-/// gone. Returns the names staged.
+/// owner of `to`'s parent), replacing the set staged before. Returns the
+/// names staged.
 pub fn stage(from: &Path, to: &Path) -> anyhow::Result<Vec<String>> {
     let sources = read_sources(from)?;
-    let parent = to
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .with_context(|| format!("--to {} has no parent directory", to.display()))?;
-    let owner = fs::metadata(parent).with_context(|| {
+    let (parent, name) = match (to.parent(), to.file_name()) {
+        (Some(p), Some(n)) if !p.as_os_str().is_empty() => (p, n),
+        _ => bail!("--to {} has no parent directory", to.display()),
+    };
+    let parent_dir = open_dir(parent).with_context(|| {
         format!(
-            "cannot read {} (the service's runtime directory: RuntimeDirectory= makes it)",
+            "cannot open {} (the service's runtime directory: RuntimeDirectory= makes it)",
             parent.display()
         )
     })?;
-    let (uid, gid) = (
-        Some(Uid::from_raw(owner.uid())),
-        Some(Gid::from_raw(owner.gid())),
+    let owner = rustix::fs::fstat(&parent_dir)?;
+    let owner = (
+        Some(Uid::from_raw(owner.st_uid)),
+        Some(Gid::from_raw(owner.st_gid)),
     );
-    match rustix::fs::mkdir(to, Mode::from_raw_mode(0o700)) {
-        Ok(()) | Err(Errno::EXIST) => {}
-        Err(e) => return Err(e).with_context(|| format!("cannot create {}", to.display())),
-    }
-    // Never through a link: the service's user could have put one there.
-    let dir = rustix::fs::open(
-        to,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .with_context(|| format!("{} is not a directory (or cannot be opened)", to.display()))?;
-    rustix::fs::fchown(&dir, uid, gid)
-        .with_context(|| format!("cannot give {} to uid {}", to.display(), owner.uid()))?;
-    rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700))
-        .with_context(|| format!("cannot set the mode of {}", to.display()))?;
-    for (name, bytes) in &sources {
-        write_copy(&dir, name, bytes, (uid, gid))
-            .with_context(|| format!("cannot stage {name} in {}", to.display()))?;
-    }
-    let mut stale = Vec::new();
-    for entry in Dir::read_from(&dir).with_context(|| format!("cannot list {}", to.display()))? {
-        let entry = entry?;
-        let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." {
-            continue;
+    let name = name
+        .to_str()
+        .with_context(|| format!("--to {}: the name must be UTF-8", to.display()))?;
+    let staging = format!(".{name}.staging");
+    // What a stage that failed half-way left.
+    remove_tree(&parent_dir, &staging)?;
+    rustix::fs::mkdirat(&parent_dir, staging.as_str(), Mode::from_raw_mode(0o700))
+        .with_context(|| format!("cannot create {staging} in {}", parent.display()))?;
+    let written = (|| -> anyhow::Result<()> {
+        let dir = rustix::fs::openat(
+            &parent_dir,
+            staging.as_str(),
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        for (file, bytes) in &sources {
+            write_copy(&dir, file, bytes, owner).with_context(|| format!("cannot stage {file}"))?;
         }
-        if !std::str::from_utf8(name).is_ok_and(|n| sources.contains_key(n)) {
-            stale.push(entry.file_name().to_owned());
+        // Only now the service's user's: nothing of theirs got in.
+        rustix::fs::fchown(&dir, owner.0, owner.1)?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        let _ = remove_tree(&parent_dir, &staging);
+        return Err(e.context(format!("nothing was staged: {} is as it was", to.display())));
+    }
+    match rustix::fs::renameat_with(
+        &parent_dir,
+        staging.as_str(),
+        &parent_dir,
+        name,
+        RenameFlags::EXCHANGE,
+    ) {
+        Ok(()) => {}
+        Err(Errno::NOENT) => rustix::fs::renameat_with(
+            &parent_dir,
+            staging.as_str(),
+            &parent_dir,
+            name,
+            RenameFlags::NOREPLACE,
+        )
+        .with_context(|| format!("cannot put {} in place", to.display()))?,
+        Err(e) => {
+            let _ = remove_tree(&parent_dir, &staging);
+            return Err(e).with_context(|| format!("cannot put {} in place", to.display()));
         }
     }
-    for name in stale {
-        rustix::fs::unlinkat(&dir, name.as_c_str(), AtFlags::empty()).with_context(|| {
-            format!(
-                "cannot remove {} from {}",
-                name.to_string_lossy(),
-                to.display()
-            )
-        })?;
+    // The set staged before, under the staging name after the exchange.
+    if let Err(e) = remove_tree(&parent_dir, &staging) {
+        eprintln!(
+            "warning: the credentials staged before are left in {}/{staging}: {e:#}",
+            parent.display()
+        );
     }
     Ok(sources.into_keys().collect())
 }
 
+/// Opens a directory, never through a link.
+fn open_dir(path: &Path) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::open(
+        path,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
 /// Every credential's name and contents, each checked.
 fn read_sources(from: &Path) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
-    let dir = fs::symlink_metadata(from).with_context(|| {
-        format!(
-            "cannot read {} (the package makes it; mkdir -m 0700 {0} to make it again)",
+    let dir = match open_dir(from) {
+        Ok(dir) => dir,
+        Err(Errno::LOOP | Errno::NOTDIR) => bail!(
+            "{} is a link or not a directory: it must be root's own directory (mkdir -m 0700 {0}); nothing was staged",
             from.display()
-        )
-    })?;
-    if !dir.is_dir() {
-        bail!("{} is not a directory", from.display());
-    }
-    writable_by_others(from, &dir)?;
+        ),
+        Err(e) => {
+            return Err(e).with_context(|| {
+                format!(
+                    "cannot read {} (the package makes it; mkdir -m 0700 {0} to make it again)",
+                    from.display()
+                )
+            });
+        }
+    };
+    trusted(from, &rustix::fs::fstat(&dir)?)?;
     let mut sources = BTreeMap::new();
-    for entry in fs::read_dir(from).with_context(|| format!("cannot list {}", from.display()))? {
+    for entry in Dir::read_from(&dir).with_context(|| format!("cannot list {}", from.display()))? {
         let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else {
+        let raw = entry.file_name();
+        let Ok(name) = raw.to_str() else {
             bail!(
-                "{}: a credential's name must be UTF-8",
-                entry.path().display()
+                "{}: a credential's name must be UTF-8 (nothing was staged)",
+                from.join(std::ffi::OsStr::from_bytes(raw.to_bytes()))
+                    .display()
             );
         };
+        // `.`, `..`, and what an editor or dpkg leaves.
         if name.starts_with('.') {
             continue;
         }
-        let bytes = read_source(&entry.path())?;
-        sources.insert(name.to_owned(), bytes);
+        let path = from.join(name);
+        let fd = match rustix::fs::openat(
+            &dir,
+            raw,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::LOOP) => bail!(
+                "{} is a link: nothing was staged (copy the file itself there)",
+                path.display()
+            ),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        sources.insert(name.to_owned(), read_source(&path, fd)?);
     }
     Ok(sources)
 }
 
-/// One credential's bytes: a plain file, not a link (opened without
-/// following one, and without waiting on a FIFO), checked on the file
-/// opened.
-fn read_source(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let not_plain = || {
-        anyhow::anyhow!(
-            "{} is not a plain file (a link, a directory or a device): nothing was staged",
-            path.display()
-        )
-    };
-    let fd = match rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(Errno::LOOP) => return Err(not_plain()),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    };
-    let file = File::from(fd);
-    let meta = file
-        .metadata()
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    if !meta.file_type().is_file() {
-        return Err(not_plain());
-    }
-    writable_by_others(path, &meta)?;
-    if meta.len() > MAX_BYTES {
+/// One credential's bytes, checked on the file opened: a plain file (not
+/// a FIFO, which would never end, nor a device), root's, at most
+/// [`MAX_BYTES`].
+fn read_source(path: &Path, fd: OwnedFd) -> anyhow::Result<Vec<u8>> {
+    let stat = rustix::fs::fstat(&fd)?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
         bail!(
-            "{} is {} bytes, more than a credential's {MAX_BYTES}: nothing was staged",
-            path.display(),
-            meta.len()
+            "{} is not a plain file (a directory, a FIFO or a device): nothing was staged",
+            path.display()
+        );
+    }
+    trusted(path, &stat)?;
+    let len = u64::try_from(stat.st_size).unwrap_or(0);
+    if len > MAX_BYTES {
+        bail!(
+            "{} is {len} bytes, more than a credential's {MAX_BYTES}: nothing was staged",
+            path.display()
         );
     }
     let mut bytes = Vec::new();
-    file.take(MAX_BYTES + 1)
+    File::from(fd)
+        .take(MAX_BYTES + 1)
         .read_to_end(&mut bytes)
         .with_context(|| format!("cannot read {}", path.display()))?;
     if bytes.len() as u64 > MAX_BYTES {
@@ -204,45 +240,39 @@ fn read_source(path: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Refuses a file or directory that another user than its owner, root or
-/// the one running this, could change: its contents would decide who may
-/// call the API.
-fn writable_by_others(path: &Path, meta: &fs::Metadata) -> anyhow::Result<()> {
+/// Refuses a file or directory that another user than root (or the one
+/// running this) owns or could change: its contents decide who may call
+/// the API.
+fn trusted(path: &Path, stat: &rustix::fs::Stat) -> anyhow::Result<()> {
     let me = rustix::process::geteuid().as_raw();
-    if meta.uid() != 0 && meta.uid() != me {
+    if stat.st_uid != 0 && stat.st_uid != me {
         bail!(
             "{} belongs to uid {}, not root: chown root {0} (nothing was staged)",
             path.display(),
-            meta.uid()
+            stat.st_uid
         );
     }
-    if meta.mode() & 0o022 != 0 {
+    if stat.st_mode & 0o022 != 0 {
         bail!(
             "{} can be written by other users (mode {:o}): chmod go-w {0} (nothing was staged)",
             path.display(),
-            meta.mode() & 0o7777
+            stat.st_mode & 0o7777
         );
     }
     Ok(())
 }
 
-/// Writes `bytes` as `name` in `dir`, mode 0400, given to `owner`, by a
-/// rename: a reader sees the old copy or the new one, never a part.
+/// Writes `bytes` as `name` in `dir` (a new, root-only directory), mode
+/// 0400, given to `owner`.
 fn write_copy(
     dir: &OwnedFd,
     name: &str,
     bytes: &[u8],
     (uid, gid): (Option<Uid>, Option<Gid>),
 ) -> anyhow::Result<()> {
-    let tmp = format!(".{name}.staging");
-    match rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty()) {
-        Ok(()) | Err(Errno::NOENT) => {}
-        Err(e) => return Err(e.into()),
-    }
-    // EXCL: never through a link or onto a file someone else made.
     let fd = rustix::fs::openat(
         dir,
-        tmp.as_str(),
+        name,
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o400),
     )?;
@@ -250,6 +280,45 @@ fn write_copy(
     let mut file = File::from(fd);
     file.write_all(bytes)?;
     file.sync_all()?;
-    rustix::fs::renameat(dir, tmp.as_str(), dir, name)?;
     Ok(())
+}
+
+/// How deep [`remove_tree`] goes: what it stages is one level; deeper is
+/// something the service's user made, left for the runtime directory's
+/// removal at the stop.
+const MAX_DEPTH: usize = 8;
+
+/// Removes `name` in `parent` and all under it, relative to open
+/// directories, never through a link; nothing there: fine.
+fn remove_tree(parent: &OwnedFd, name: &str) -> anyhow::Result<()> {
+    fn remove(parent: &OwnedFd, name: &CStr, depth: usize) -> rustix::io::Result<()> {
+        match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => return Ok(()),
+            Err(Errno::ISDIR | Errno::PERM) => {}
+            Err(e) => return Err(e),
+        }
+        if depth >= MAX_DEPTH {
+            return Err(Errno::TOOBIG);
+        }
+        let dir = rustix::fs::openat(
+            parent,
+            name,
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let mut names = Vec::new();
+        for entry in Dir::read_from(&dir)? {
+            let entry = entry?;
+            let n = entry.file_name();
+            if n.to_bytes() != b"." && n.to_bytes() != b".." {
+                names.push(n.to_owned());
+            }
+        }
+        for n in names {
+            remove(&dir, &n, depth + 1)?;
+        }
+        rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
+    }
+    let name = CString::new(name)?;
+    remove(parent, &name, 0).with_context(|| format!("cannot remove {}", name.to_string_lossy()))
 }

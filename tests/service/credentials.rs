@@ -138,7 +138,7 @@ fn a_file_that_cannot_be_trusted_refuses_the_stage_and_the_copies_stay() {
                 std::os::unix::fs::symlink(root.path().join("elsewhere"), from.join("other"))
                     .unwrap()
             },
-            "is not a plain file",
+            "is a link",
         ),
         (
             "too large",
@@ -200,16 +200,28 @@ fn links_planted_in_the_runtime_directory_lead_nowhere() {
         assert_eq!((meta.uid(), meta.mode() & 0o777), (0, mode));
     };
 
+    // A link in place of the directory, and one in place of the staging
+    // directory: each is replaced, never followed.
     std::os::unix::fs::symlink(&outside, &to).unwrap();
+    let staging = to.with_file_name(".credentials.staging");
+    std::os::unix::fs::symlink(&outside, &staging).unwrap();
     let out = stage(&from, &to);
-    assert!(!out.status.success(), "staged through a link: {out:?}");
+    assert!(out.status.success(), "{out:?}");
     untouched(&outside);
+    assert!(!std::fs::symlink_metadata(&to).unwrap().is_symlink());
+    assert!(
+        std::fs::symlink_metadata(&staging).is_err(),
+        "the staging name is left"
+    );
 
-    std::fs::remove_file(&to).unwrap();
-    std::fs::create_dir(&to).unwrap();
-    for name in ["api-tokens", ".api-tokens.staging", "stale"] {
+    // Links and a tree the service's user put in the directory: the new
+    // set replaces it whole, and none is followed.
+    for name in ["api-tokens", "stale"] {
+        let _ = std::fs::remove_file(to.join(name));
         std::os::unix::fs::symlink(&victim, to.join(name)).unwrap();
     }
+    std::fs::create_dir_all(to.join("junk/deeper")).unwrap();
+    std::os::unix::fs::symlink(&outside, to.join("junk/deeper/out")).unwrap();
     let out = stage(&from, &to);
     assert!(out.status.success(), "{out:?}");
     untouched(&outside);
@@ -222,4 +234,76 @@ fn links_planted_in_the_runtime_directory_lead_nowhere() {
             SERVICE_UID
         )]
     );
+}
+
+/// A stage refused after some files were read (a FIFO last in the list:
+/// it would never end a read) leaves the set staged before whole: every
+/// file as it was, none added.
+#[test]
+fn a_stage_that_fails_leaves_the_set_staged_before() {
+    let (_root, from, to) = dirs();
+    put(&from, "api-tokens", "token-one\n");
+    assert!(stage(&from, &to).status.success());
+    let before = staged(&to);
+    put(&from, "api-tokens", "token-two\n");
+    put(&from, "sume-secrets", "whsec_two\n");
+    let fifo = from.join("zz-fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = stage(&from, &to);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not a plain file"),
+        "{out:?}"
+    );
+    assert_eq!(staged(&to), before);
+}
+
+/// The runtime directory full (a real 64 KiB tmpfs, as `/run` can be) in
+/// the middle of writing the new set: the stage fails saying so, the set
+/// staged before stays whole, and no half-written directory is left.
+/// Root only (it mounts the tmpfs): `.ci/run` runs it as root.
+#[test]
+#[ignore = "mounts a tmpfs: root only; .ci/run runs it"]
+fn a_full_runtime_directory_leaves_the_set_staged_before() {
+    let (_root, from, to) = dirs();
+    let run = to.parent().unwrap().to_owned();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs"])
+        .arg(&run)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mounting a tmpfs needs root");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(run.clone());
+    std::os::unix::fs::chown(&run, Some(SERVICE_UID), Some(SERVICE_UID)).unwrap();
+
+    put(&from, "api-tokens", "token-one\n");
+    assert!(stage(&from, &to).status.success());
+    let before = staged(&to);
+    put(&from, "api-tokens", "token-two\n");
+    put(&from, "big", &"x".repeat(100 << 10));
+    let out = stage(&from, &to);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "staged onto a full disk");
+    assert!(
+        stderr.contains("nothing was staged") && stderr.contains("No space left"),
+        "{stderr}"
+    );
+    assert_eq!(staged(&to), before);
+    let left: Vec<_> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, ["credentials"], "a half-written set is left");
 }
