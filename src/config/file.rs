@@ -38,7 +38,7 @@ impl Provider for TomlFile {
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        let text = std::fs::read_to_string(&self.path)
+        let text = super::bounded::read_text(&self.path, super::bounded::MAX_SETTINGS_FILE)
             .map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
         let dict: Dict = toml::from_str(&text).map_err(|e| syntax_error(&text, &e))?;
         Ok(Profile::Default.collect(dict))

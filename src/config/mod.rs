@@ -6,6 +6,7 @@
 //! where its value came from.
 
 pub mod alerts;
+mod bounded;
 pub mod env;
 mod file;
 mod idle;
@@ -1186,7 +1187,7 @@ fn origin(fig: &Figment, key: &str) -> String {
 
 /// The non-empty, non-comment lines of a secrets file, trimmed.
 fn read_lines(path: &Path) -> Result<Vec<String>, String> {
-    std::fs::read_to_string(path)
+    bounded::read_text(path, bounded::MAX_SECRETS_FILE)
         .map(|text| {
             text.lines()
                 .map(str::trim)

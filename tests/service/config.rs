@@ -1113,3 +1113,41 @@ fn check_config_refuses_forwarding_a_header_dedupd_sets_itself() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A token or secrets file that is not a plain file is refused at once,
+/// by name: a FIFO nobody writes used to hang `check-config`, the start
+/// and a reload (and then the stop, waiting on the reload), and
+/// `/dev/zero` grew the process's memory until the kernel killed it.
+#[test]
+fn a_secrets_file_that_is_a_fifo_or_a_device_is_refused_at_once() {
+    let dir = TempDir::new().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let file = dir.path().join("dedupd.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[api]\ntokens_file = \"/dev/zero\"\n[sources.s]\nscheme = \"sume\"\nsecrets_file = \
+             {fifo:?}\nevent_id = \"body:/id\"\nforward_to = \"http://127.0.0.1:1/\"\n"
+        ),
+    )
+    .unwrap();
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {stderr}");
+    for (key, kind) in [
+        ("api.tokens_file", "not a plain file (a device)"),
+        ("sources.s.secrets_file", "not a plain file (a FIFO)"),
+    ] {
+        assert!(
+            stderr.lines().any(|l| l.contains(key) && l.contains(kind)),
+            "{key}: {stderr}"
+        );
+    }
+}
