@@ -152,6 +152,9 @@ c stat -c '%a %u' /run/dedupd/credentials/sume-secrets | grep -qx "400 $(c stat 
 c sh -c 'printf "drill_rotated_0123456789abcdef\ndrill_secret_0123456789abcdef\n" >/etc/dedupd/credentials/sume-secrets'
 c sh -c 'printf "drill-rotated-token-0123456789abcdef\n" >/etc/dedupd/credentials/api-tokens'
 c systemctl reload dedupd || die "systemctl reload failed"
+# ExecReload='s dedupd reload waited for the server's answer.
+c journalctl -u dedupd -o cat --no-pager | grep -q "reloaded: dedupd (pid $pid0)" ||
+    die "dedupd reload did not wait for the server's answer"
 for _ in $(seq 50); do
     c journalctl -u dedupd -o cat --no-pager | grep -q 'configuration reloaded' && break
     sleep 0.1

@@ -196,8 +196,9 @@ async fn serve(loaded: dedupd::config::Loaded, config: Option<PathBuf>) -> anyho
 }
 
 /// Reloads the configuration from `config` on each SIGHUP, one at a time,
-/// off the async threads (it reads files); the outcome goes to the log
-/// and systemd's status line.
+/// off the async threads (it reads files); the outcome goes to the log,
+/// systemd's status line and, with a runtime directory, the status file
+/// `dedupd reload` waits on.
 async fn reload_on_hangup(
     mut hup: tokio::signal::unix::Signal,
     reloader: dedupd::reload::Reloader,
@@ -205,18 +206,58 @@ async fn reload_on_hangup(
     listen: std::net::SocketAddr,
     port: u16,
 ) {
+    use dedupd::reload::status::{self, State, Status};
+    let file = status::path();
+    let record = |s: &Status| {
+        if let Some(path) = &file
+            && let Err(e) = status::write(path, s)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the reload status");
+        }
+    };
+    let mut generation = 0;
+    record(&Status {
+        generation,
+        state: State::Serving,
+        errors: vec![],
+    });
     while hup.recv().await.is_some() {
+        generation += 1;
+        record(&Status {
+            generation,
+            state: State::Reloading,
+            errors: vec![],
+        });
         tracing::info!(signal = "SIGHUP", "reloading the configuration");
         let (r, file) = (reloader.clone(), config.clone());
         let outcome = tokio::task::spawn_blocking(move || r.reload(file.as_deref())).await;
         let serving = format!("serving on {}:{port}", listen.ip());
         match outcome {
-            Ok(Ok(_)) => dedupd::systemd::status(&format!("{serving}; configuration reloaded")),
-            Ok(Err(errors)) => dedupd::systemd::status(&format!(
-                "{serving}; reload refused ({} error(s), see the log): the previous settings stay in force",
-                errors.0.len()
-            )),
-            Err(e) => tracing::error!(error = %e, "the reload failed"),
+            Ok(Ok(_)) => {
+                dedupd::systemd::status(&format!("{serving}; configuration reloaded"));
+                record(&Status {
+                    generation,
+                    state: State::Reloaded,
+                    errors: vec![],
+                });
+            }
+            Ok(Err(errors)) => {
+                dedupd::systemd::status(&format!(
+                    "{serving}; reload refused ({} error(s), see the log): the previous settings stay in force",
+                    errors.0.len()
+                ));
+                record(&Status::refused(
+                    generation,
+                    errors.0.iter().map(ToString::to_string),
+                ));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the reload failed");
+                record(&Status::refused(
+                    generation,
+                    [format!("the reload failed: {e}")],
+                ));
+            }
         }
     }
 }

@@ -1,13 +1,19 @@
 //! `dedupd reload --pid PID`: what `ExecReload=` runs. Checks the
 //! configuration as `check-config` does, then sends SIGHUP to the serving
-//! dedupd, which reads it again (see `dedupd::reload`). A minimal system
-//! has no `kill` (it comes with procps): the unit calls only dedupd.
+//! dedupd, which reads it again (see `dedupd::reload`), and, when the
+//! server keeps a reload status (under systemd's `RuntimeDirectory=`),
+//! waits for the reload's outcome: refused by the server (which also
+//! checks the file against its running settings), it fails too. A
+//! minimal system has no `kill` (it comes with procps): the unit calls
+//! only dedupd.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use dedupd::config::CONFIG_ENV;
+use dedupd::reload::status::{self, State, Status};
 use rustix::process::{Pid, Signal, kill_process};
 
 use super::out::outln;
@@ -22,6 +28,14 @@ pub struct Args {
     /// The serving dedupd's process id (systemd's $MAINPID).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(i32::MAX)))]
     pid: u32,
+    /// The server's reload status file, whose outcome it waits for
+    /// [default: reload-status in $RUNTIME_DIRECTORY, which systemd sets;
+    /// without one, it returns once the signal is sent].
+    #[arg(long)]
+    status: Option<PathBuf>,
+    /// How long it waits for the server to say how the reload went.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    wait: Duration,
 }
 
 /// FAILURE, signalling nothing, when the configuration has errors: the
@@ -36,11 +50,63 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let raw = i32::try_from(args.pid).context("--pid is out of range")?;
     let pid = Pid::from_raw(raw).context("--pid must be a process id above 0")?;
+    let file = args.status.clone().or_else(status::path);
+    // Read before the signal: which reload will answer it.
+    let before = match &file {
+        Some(path) => status::read(path)
+            .with_context(|| format!("cannot read the reload status {}", path.display()))?,
+        None => None,
+    };
     kill_process(pid, Signal::HUP)
         .with_context(|| format!("cannot send SIGHUP to process {raw}"))?;
-    outln!(
-        "sent SIGHUP to dedupd (pid {raw}): it reads the configuration again and logs \
-         \"configuration reloaded\", or \"reload refused\" with what is wrong"
-    )?;
-    Ok(ExitCode::SUCCESS)
+    let (Some(path), Some(before)) = (file, before) else {
+        outln!(
+            "sent SIGHUP to dedupd (pid {raw}): it reads the configuration again and logs \
+             \"configuration reloaded\", or \"reload refused\" with what is wrong"
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    wait_for(&path, before.answering(), args.wait, raw)
+}
+
+/// Waits until reload `generation` (or a later one) has an outcome in the
+/// status file, and says it.
+fn wait_for(path: &Path, generation: u64, wait: Duration, pid: i32) -> anyhow::Result<ExitCode> {
+    let deadline = Instant::now() + wait;
+    loop {
+        if let Some(Status {
+            generation: g,
+            state,
+            errors,
+        }) = status::read(path)
+            .with_context(|| format!("cannot read the reload status {}", path.display()))?
+            && g >= generation
+        {
+            match state {
+                State::Reloaded => {
+                    outln!("reloaded: dedupd (pid {pid}) put the configuration in force")?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                State::Refused => {
+                    for e in &errors {
+                        eprintln!("{e}");
+                    }
+                    eprintln!(
+                        "dedupd: reload refused by the server (pid {pid}): the running settings stay in force"
+                    );
+                    return Ok(ExitCode::FAILURE);
+                }
+                State::Serving | State::Reloading => {}
+            }
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "dedupd: sent SIGHUP to pid {pid}, but it has not said how the reload went \
+                 within {}: see its log",
+                humantime::format_duration(wait)
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

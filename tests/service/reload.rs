@@ -538,3 +538,74 @@ async fn sighup_reloads_a_served_dedupds_tokens_and_log_level_and_refuses_a_brok
     assert_eq!(claim(NEW_TOKEN, "d").await.unwrap().status(), 201);
     assert!(stop(child, "-TERM", drain).await.success());
 }
+
+/// `dedupd reload` waits for the server's answer when the server keeps a
+/// reload status (`$RUNTIME_DIRECTORY`, as systemd sets it): a file that
+/// passes alone but that the server refuses against its running settings
+/// (every token removed while it listens on all interfaces, which needs a
+/// restart to change) fails the command, naming the error, where it used
+/// to say it was sent and exit 0; a good file succeeds once in force.
+#[tokio::test]
+async fn dedupd_reload_fails_when_the_server_refuses_the_file() {
+    use crate::support::process::{dedupd, spawn_serving, stop};
+    const TOKEN: &str = "token-0123456789abcdef";
+    let dir = tempfile::TempDir::new().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let config = dir.path().join("dedupd.toml");
+    std::fs::write(
+        &config,
+        format!("listen = \"0.0.0.0:0\"\n[api]\ntokens = [{TOKEN:?}]\n"),
+    )
+    .unwrap();
+    let mut cmd = dedupd();
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .current_dir(dir.path())
+        .env("RUNTIME_DIRECTORY", &run);
+    let (child, port, drain) = spawn_serving(cmd);
+    let reload = || {
+        dedupd()
+            .args(["reload", "--config"])
+            .arg(&config)
+            .args(["--pid", &child.id().to_string()])
+            .env("RUNTIME_DIRECTORY", &run)
+            .output()
+            .unwrap()
+    };
+    // Alone, loopback without tokens is a good file.
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\n").unwrap();
+    let out = reload();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the refused reload succeeded: {out:?}"
+    );
+    assert!(
+        stderr.contains("reload refused by the server") && stderr.contains("api"),
+        "{stderr}"
+    );
+    let client = crate::support::http::client();
+    let claim = |key: &'static str| {
+        client
+            .post(format!("http://127.0.0.1:{port}/v1/claims/{key}"))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    assert_eq!(claim("a").await.unwrap().status(), 201);
+
+    // A good one: it returns once the server has put it in force.
+    std::fs::write(
+        &config,
+        "listen = \"0.0.0.0:0\"\n[api]\ntokens = [\"token-abcdef0123456789\"]\n",
+    )
+    .unwrap();
+    let out = reload();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("reloaded:"),
+        "{out:?}"
+    );
+    assert_eq!(claim("b").await.unwrap().status(), 401);
+    assert!(stop(child, "-TERM", drain).await.success());
+}

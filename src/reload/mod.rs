@@ -19,6 +19,8 @@
 //!
 //! [`RELOADABLE`]: crate::config::reload::RELOADABLE
 
+pub mod status;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 

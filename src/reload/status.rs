@@ -1,0 +1,131 @@
+//! How the last reload went, for `dedupd reload` to wait on and report:
+//! `systemctl reload` then fails when the server refuses the file, not
+//! only when the file alone is wrong (the server also checks it against
+//! the running settings, and reads the secret files again).
+//!
+//! The server writes it to `reload-status` in its runtime directory
+//! (`$RUNTIME_DIRECTORY`, which systemd's `RuntimeDirectory=` sets for
+//! the service and for `ExecReload=`): when it starts serving, when a
+//! reload begins, and with each reload's outcome. Each write replaces the
+//! file by a rename, so a reader sees one whole status.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The environment variable naming the runtime directory.
+pub const DIR_ENV: &str = "RUNTIME_DIRECTORY";
+/// The status file's name in it.
+pub const FILE: &str = "reload-status";
+/// At most this many of a refused reload's errors are kept.
+const MAX_ERRORS: usize = 32;
+
+/// Where the server is in its reloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Serving; no reload yet.
+    Serving,
+    /// Reload `generation` is under way.
+    Reloading,
+    /// Reload `generation` put the file in force.
+    Reloaded,
+    /// Reload `generation` was refused: the settings before stay.
+    Refused,
+}
+
+/// The status file's contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// Reloads begun since the start.
+    pub generation: u64,
+    pub state: State,
+    /// A refused reload's errors, as the log has them.
+    #[serde(default)]
+    pub errors: Vec<String>,
+}
+
+impl Status {
+    /// The generation whose outcome answers a SIGHUP sent now: the next,
+    /// or the one after when one is under way (it may have read the
+    /// files before they were changed; the signal makes another).
+    pub fn answering(&self) -> u64 {
+        match self.state {
+            State::Reloading => self.generation + 1,
+            _ => self.generation,
+        }
+        .saturating_add(1)
+    }
+
+    /// This status's errors, at most [`MAX_ERRORS`] of them.
+    pub fn refused(generation: u64, errors: impl IntoIterator<Item = String>) -> Self {
+        Self {
+            generation,
+            state: State::Refused,
+            errors: errors.into_iter().take(MAX_ERRORS).collect(),
+        }
+    }
+}
+
+/// The status file's path, when there is a runtime directory (the first
+/// of `$RUNTIME_DIRECTORY`'s, which may list several).
+pub fn path() -> Option<PathBuf> {
+    let dirs = std::env::var_os(DIR_ENV)?;
+    let first = std::env::split_paths(&dirs).next()?;
+    (!first.as_os_str().is_empty()).then(|| first.join(FILE))
+}
+
+/// Replaces the file at `path` with `status`.
+pub fn write(path: &Path, status: &Status) -> std::io::Result<()> {
+    let tmp = path.with_file_name(format!(".{FILE}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut text = serde_json::to_vec(status)?;
+    text.push(b'\n');
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The status at `path`: none when there is no such file.
+pub fn read(path: &Path) -> std::io::Result<Option<Status>> {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut text = Vec::new();
+    file.take(1 << 16).read_to_end(&mut text)?;
+    serde_json::from_slice(&text)
+        .map(Some)
+        .map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_is_answered_by_the_next_reload_or_the_one_after_a_reload_under_way() {
+        let at = |generation, state| Status {
+            generation,
+            state,
+            errors: vec![],
+        };
+        assert_eq!(at(0, State::Serving).answering(), 1);
+        assert_eq!(at(3, State::Reloaded).answering(), 4);
+        assert_eq!(at(3, State::Refused).answering(), 4);
+        assert_eq!(at(3, State::Reloading).answering(), 5);
+    }
+
+    #[test]
+    fn a_status_written_is_read_back_and_a_missing_file_is_none() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join(FILE);
+        assert_eq!(read(&path).unwrap(), None);
+        let status = Status::refused(2, (0..40).map(|i| format!("error {i}")));
+        write(&path, &status).unwrap();
+        let back = read(&path).unwrap().unwrap();
+        assert_eq!(back, status);
+        assert_eq!(back.errors.len(), MAX_ERRORS);
+    }
+}
