@@ -91,6 +91,13 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Write a backup of the data file while the server serves (one file,
+    /// checked before it is kept).
+    Backup(cli::backup::BackupArgs),
+    /// Check a backup, or a stopped instance's data file, changing nothing.
+    Verify(cli::backup::VerifyArgs),
+    /// Put a backup in place of the data file, with the instance stopped.
+    Restore(cli::backup::RestoreArgs),
 }
 
 fn main() -> ExitCode {
@@ -109,6 +116,9 @@ fn main() -> ExitCode {
         Command::Claims(cmd) => cli::operator::claims(&cmd),
         Command::Streams(cmd) => cli::operator::streams(&cmd),
         Command::Inbox(cmd) => cli::inbox::run(&cmd),
+        Command::Backup(args) => cli::backup::backup(&args),
+        Command::Verify(args) => cli::backup::verify(&args),
+        Command::Restore(args) => cli::backup::restore(&args),
         Command::Serve {
             config,
             accept_missing_log,

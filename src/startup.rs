@@ -131,6 +131,7 @@ impl Application {
             file,
             inbox,
             keyspace,
+            backups,
         } = opened;
         // The reaper writes the inbox's dedupe records with the file's
         // window: one opened otherwise would quietly protect for less. The
@@ -217,6 +218,7 @@ impl Application {
             dispatcher: dispatcher.clone(),
             body_timeout: s.http.body_timeout,
             metrics: metrics.clone(),
+            backups,
         });
         let tokens = web::Data::new(api_tokens.clone());
         // The request log's own handle on the metrics, so telemetry needs

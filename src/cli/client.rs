@@ -193,12 +193,47 @@ impl Client {
     pub async fn json(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Value> {
         let res = self.send(req).await?;
         let status = res.status();
-        let body = res
-            .text()
+        let body = self.body(res).await?;
+        self.refused(status, &body)?;
+        serde_json::from_str(&body).with_context(|| {
+            format!(
+                "dedupd at {} answered {status} with a body that is not JSON",
+                self.shown()
+            )
+        })
+    }
+
+    /// An answer's body as text.
+    async fn body(&self, res: reqwest::Response) -> anyhow::Result<String> {
+        res.text()
             .await
             // reqwest's message names the URL, userinfo and query included.
             .map_err(reqwest::Error::without_url)
-            .with_context(|| format!("reading the answer of {}", self.shown()))?;
+            .with_context(|| format!("reading the answer of {}", self.shown()))
+    }
+
+    /// Sends a `/v1` request whose answer is not JSON (a backup's bytes):
+    /// the answer, once its status is a success; a refusal as
+    /// [`Client::json`] makes it. `within` bounds the whole exchange
+    /// instead of the usual 10 s.
+    pub async fn stream(
+        &self,
+        req: reqwest::RequestBuilder,
+        within: Duration,
+    ) -> anyhow::Result<reqwest::Response> {
+        let res = self.send(req.timeout(within)).await?;
+        let status = res.status();
+        if status.is_success() {
+            return Ok(res);
+        }
+        let body = self.body(res).await?;
+        self.refused(status, &body)?;
+        bail!("dedupd at {} answered {status}", self.shown())
+    }
+
+    /// The error for an answer of `status` with `body` that is not a
+    /// success; `Ok` for a success.
+    fn refused(&self, status: StatusCode, body: &str) -> anyhow::Result<()> {
         if status == StatusCode::UNAUTHORIZED {
             match &self.token {
                 None => bail!(
@@ -214,7 +249,7 @@ impl Client {
             }
         }
         if !status.is_success() {
-            let problem: Option<Value> = serde_json::from_str(&body).ok();
+            let problem: Option<Value> = serde_json::from_str(body).ok();
             let field = |k: &str| {
                 problem
                     .as_ref()
@@ -225,16 +260,11 @@ impl Client {
                 status,
                 detail: field("detail").unwrap_or_else(|| body.trim().to_owned()),
                 code: field("code"),
-                body,
+                body: body.to_owned(),
             }
             .into());
         }
-        serde_json::from_str(&body).with_context(|| {
-            format!(
-                "dedupd at {} answered {status} with a body that is not JSON",
-                self.shown()
-            )
-        })
+        Ok(())
     }
 }
 

@@ -1,5 +1,6 @@
 //! The subcommands beside `serve`, one file per family:
 //!
+//! - `backup`: `backup`, `verify` and `restore` of the data file;
 //! - `check_config`: print the effective settings or what is wrong;
 //! - `init`: write a commented `dedupd.toml` with one source and fresh secrets;
 //! - `trigger`: post a signed sample event to a running server;
@@ -26,6 +27,7 @@
 //! - `out`: standard output that reports a failed write (a reader gone
 //!   away ends a command quietly) instead of panicking.
 
+pub mod backup;
 mod call;
 pub mod check_config;
 pub mod client;

@@ -1,6 +1,7 @@
 //! HTTP resources, one module each. Handlers parse input into domain types
 //! first and only then touch the store.
 
+pub mod backup;
 pub(crate) mod body;
 pub mod claims;
 pub mod count;
@@ -49,6 +50,8 @@ pub struct AppState {
     pub body_timeout: std::time::Duration,
     /// Counters and histograms behind `GET /metrics`.
     pub metrics: Arc<crate::telemetry::metrics::Metrics>,
+    /// Backups of the data file.
+    pub backups: crate::store::redb::Backups,
 }
 
 /// Registers the `/v1` resources on `cfg` (the caller adds auth).
@@ -60,6 +63,7 @@ pub fn configure_v1(cfg: &mut web::ServiceConfig) {
     count::configure(cfg);
     event::configure(cfg);
     jobs::configure(cfg);
+    backup::configure(cfg);
 }
 
 /// The request path below `prefix`, for the scopes that dispatch by hand:
@@ -246,6 +250,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .chain(count::endpoints())
         .chain(event::endpoints())
         .chain(jobs::endpoints())
+        .chain(backup::endpoints())
     {
         e.path = format!("/v1{}", e.path).into();
         all.push(e);

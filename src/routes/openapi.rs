@@ -42,6 +42,7 @@ use super::{Endpoint, Guard, register};
         super::jobs::show,
         super::jobs::cancel,
         super::jobs::erase,
+        super::backup::backup,
         super::ui::page,
         super::ui::file,
     ),
@@ -50,7 +51,7 @@ use super::{Endpoint, Guard, register};
         (name = "claims", description = "Claim a key, mark it done, extend or release it"),
         (name = "streams", description = "Apply events of a stream in created_at order"),
         (name = "gateway", description = "Receive webhooks; see, redeliver and erase what was received, one event or in bulk"),
-        (name = "operations", description = "Metrics and this document"),
+        (name = "operations", description = "Metrics, backups and this document"),
         (name = "console", description = "The operator console: a page in the binary that reads the /v1 API"),
         (name = "health", description = "Liveness and readiness"),
     )

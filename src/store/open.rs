@@ -9,7 +9,7 @@ use anyhow::Context;
 use super::Store;
 use super::inbox::Inbox;
 use super::keyspace::Keyspace;
-use super::redb::{CommitMetrics, RedbOptions, RedbStore};
+use super::redb::{Backups, CommitMetrics, RedbOptions, RedbStore};
 use crate::config::{Backend, Settings};
 
 /// The store, open: a handle for each concern.
@@ -26,6 +26,9 @@ pub struct Opened {
     pub inbox: Arc<dyn Inbox>,
     /// The Redis-protocol keyspace, in the data file.
     pub keyspace: Keyspace,
+    /// Backups of the data file (whatever the backend: Redis keeps its
+    /// own).
+    pub backups: Backups,
 }
 
 impl Opened {
@@ -34,12 +37,14 @@ impl Opened {
     pub fn embedded(file: RedbStore) -> Self {
         let inbox = Arc::new(file.inbox());
         let keyspace = file.keyspace();
+        let backups = file.backups();
         let file: Arc<dyn Store> = Arc::new(file);
         Self {
             claims: file.clone(),
             file,
             inbox,
             keyspace,
+            backups,
         }
     }
 }

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use redb::ReadableTable;
 
 use super::RedbOptions;
+use super::backup::Backups;
 use super::engine::Engine;
 use super::error::EngineError;
 use super::inbox::{self, RedbInbox};
@@ -48,6 +49,11 @@ impl RedbStore {
     /// The Redis-protocol keyspace in this file.
     pub fn keyspace(&self) -> Keyspace {
         Keyspace::new(self.engine.clone())
+    }
+
+    /// Backups of this file.
+    pub fn backups(&self) -> Backups {
+        Backups::new(self.engine.clone())
     }
 
     /// Finishes queued writes, stops the writer and releases the file, so

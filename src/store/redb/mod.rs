@@ -21,10 +21,13 @@
 //!   (background write-back), [`faults`] (fault injection for tests),
 //!   [`space`] (free disk space and the watermark that keeps the file off
 //!   a full disk).
+//! - Backups: [`backup`] (a snapshot copied while the writer goes on,
+//!   one self-checking file; verified; restored as a new data file).
 //! - Executing writes: [`ops`] (claims, stream heads, purges, and the
 //!   dispatch of every request), [`inbox`], [`kv`] with the keyspace's
 //!   in-memory index [`kv_index`]; [`counts`] (inbox counts in memory).
 
+pub mod backup;
 mod claims;
 mod counts;
 mod engine;
@@ -59,6 +62,7 @@ use std::sync::Arc;
 
 use crate::config::Settings;
 
+pub use self::backup::Backups;
 pub use self::claims::RedbStore;
 pub use self::engine::READ_REOPEN_WAIT;
 pub use self::inbox::{InboxIndexes, RedbInbox};

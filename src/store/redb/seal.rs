@@ -62,7 +62,7 @@ pub const KEY_LEN: usize = 32;
 /// The key file's first bytes.
 const FILE_MAGIC: &[u8; 8] = b"DDKEYS1\n";
 /// Bytes of the key file's header.
-const HEADER: u64 = 32;
+pub const HEADER: u64 = 32;
 /// Slots a growing key file gains at a time (32 KiB of keys, one sync).
 const GROW_SLOTS: u64 = 1024;
 /// A seal's first bytes.
@@ -334,36 +334,34 @@ impl Seals {
 
     /// Opens a seal with its slot's key.
     pub fn open_seal(&self, seal: &[u8]) -> Result<Opened, OpenSealError> {
-        let (slot, len) = seal_header(seal).ok_or(OpenSealError::Malformed)?;
-        if seal.len() != SEAL_HEADER + len {
-            return Err(OpenSealError::Malformed);
-        }
+        let (slot, _) = seal_header(seal).ok_or(OpenSealError::Malformed)?;
         if slot >= self.lock().len {
             return Err(OpenSealError::NoSlot(slot));
         }
-        let key = self.key(slot)?;
-        let cipher = Aes256Gcm::new((&key).into());
-        let plain = cipher
-            .decrypt(
-                Nonce::from_slice(&seal[SEAL_AAD..SEAL_HEADER]),
-                Payload {
-                    msg: &seal[SEAL_HEADER..],
-                    aad: &seal[..SEAL_AAD],
-                },
-            )
-            .map_err(|_| OpenSealError::WrongKey)?;
-        let (headers_len, rest) = plain
-            .split_first_chunk::<4>()
-            .ok_or(OpenSealError::Malformed)?;
-        let headers_len = u32::from_le_bytes(*headers_len) as usize;
-        if rest.len() < headers_len {
-            return Err(OpenSealError::Malformed);
-        }
-        let (headers, body) = rest.split_at(headers_len);
-        Ok(Opened {
-            headers: serde_json::from_slice(headers).map_err(|_| OpenSealError::Malformed)?,
-            body: body.to_vec(),
-        })
+        open_with(seal, &self.key(slot)?)
+    }
+
+    /// Runs `take` (which begins a snapshot of the data file) with no
+    /// shred under way, and returns what it returns with every key of
+    /// the file as they are then (slot `n` at `32 n`). A slot in use by a
+    /// row the snapshot sees holds that row's key: it is shredded only
+    /// after the batch that deleted its row was synced, and `take` must
+    /// first make every batch synced so far visible (see
+    /// `backup::snapshot`). Shreds (an erasure's answer, a lend that
+    /// found no clean slot) wait meanwhile: `take` is one commit of the
+    /// writer at most, and the read is of 32 bytes a slot.
+    pub fn keys_for<T>(&self, take: impl FnOnce() -> T) -> (T, std::io::Result<Vec<u8>>) {
+        let _no_shred = self.shredding.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = take();
+        let len = self.lock().len;
+        let keys = usize::try_from(len * KEY_LEN as u64)
+            .map_err(std::io::Error::other)
+            .and_then(|n| {
+                let mut keys = vec![0u8; n];
+                self.file.read_exact_at(&mut keys, HEADER)?;
+                Ok(keys)
+            });
+        (taken, keys)
     }
 
     /// Gives slots back whose seals are gone or were never stored: they
@@ -500,7 +498,7 @@ fn offset(slot: u64) -> u64 {
 }
 
 /// The key file's header for data file `id`.
-fn header(id: u128) -> [u8; HEADER as usize] {
+pub fn header(id: u128) -> [u8; HEADER as usize] {
     let mut h = [0u8; HEADER as usize];
     h[..8].copy_from_slice(FILE_MAGIC);
     h[8..24].copy_from_slice(&id.to_le_bytes());
@@ -525,6 +523,36 @@ pub fn seal_header(seal: &[u8]) -> Option<(u64, usize)> {
     let slot = u64::from_le_bytes(seal[8..16].try_into().ok()?);
     let len = u32::from_le_bytes(seal[16..20].try_into().ok()?) as usize;
     Some((slot, len))
+}
+
+/// Opens `seal` with `key` (the key of the slot its header names).
+pub fn open_with(seal: &[u8], key: &[u8]) -> Result<Opened, OpenSealError> {
+    let (_, len) = seal_header(seal).ok_or(OpenSealError::Malformed)?;
+    if seal.len() != SEAL_HEADER + len || key.len() != KEY_LEN {
+        return Err(OpenSealError::Malformed);
+    }
+    let cipher = Aes256Gcm::new(key.into());
+    let plain = cipher
+        .decrypt(
+            Nonce::from_slice(&seal[SEAL_AAD..SEAL_HEADER]),
+            Payload {
+                msg: &seal[SEAL_HEADER..],
+                aad: &seal[..SEAL_AAD],
+            },
+        )
+        .map_err(|_| OpenSealError::WrongKey)?;
+    let (headers_len, rest) = plain
+        .split_first_chunk::<4>()
+        .ok_or(OpenSealError::Malformed)?;
+    let headers_len = u32::from_le_bytes(*headers_len) as usize;
+    if rest.len() < headers_len {
+        return Err(OpenSealError::Malformed);
+    }
+    let (headers, body) = rest.split_at(headers_len);
+    Ok(Opened {
+        headers: serde_json::from_slice(headers).map_err(|_| OpenSealError::Malformed)?,
+        body: body.to_vec(),
+    })
 }
 
 fn fault(faults: Option<&Arc<FaultPlan>>, sync: bool) -> std::io::Result<()> {

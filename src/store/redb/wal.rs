@@ -439,7 +439,7 @@ pub fn read_log(bytes: &[u8], after: u64, id: u128, bound: bool) -> Result<Decod
 }
 
 /// [`read_log`], with `gap_ok` as [`parse`] takes it.
-fn read_segment(
+pub(super) fn read_segment(
     bytes: &[u8],
     after: u64,
     id: u128,

@@ -123,6 +123,34 @@ impl Segments {
     }
 }
 
+/// Reads both segments of the data file at `data` (its id `id`, `bound`
+/// as [`Segments::open`] takes it) without changing either, and returns
+/// the batches numbered after `after` that opening would replay: for
+/// `verify`, which must not write. An absent segment holds none.
+pub fn read(data: &Path, after: u64, id: u128, bound: bool) -> Result<Vec<Batch>, SegmentError> {
+    let read = |path: PathBuf| -> Result<Vec<Batch>, SegmentError> {
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(SegmentError {
+                    path,
+                    error: LogError::Io(e),
+                });
+            }
+        };
+        match wal::read_segment(&bytes, after, id, bound, true) {
+            Ok(wal::Decoded::Log { batches, .. }) => Ok(batches),
+            Ok(wal::Decoded::New) => Ok(Vec::new()),
+            Err(error) => Err(SegmentError { path, error }),
+        }
+    };
+    let [first, second] = paths_for(data);
+    let a = read(first.clone())?;
+    let b = read(second)?;
+    join(after, a, b).map_err(|error| SegmentError { path: first, error })
+}
+
 /// The batches of both segments (each consecutive, after `after`) as one
 /// run from the batch after `after`.
 fn join(after: u64, a: Vec<Batch>, b: Vec<Batch>) -> Result<Vec<Batch>, LogError> {

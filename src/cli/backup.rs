@@ -1,0 +1,305 @@
+//! `dedupd backup`, `dedupd verify` and `dedupd restore` (see
+//! `dedupd::store::redb::backup` for what a backup is).
+//!
+//! - `backup --to FILE`: through the running server (`POST /v1/backup`,
+//!   a full API token), or with `--offline` from the data file of a
+//!   stopped instance. The bytes go to `FILE.partial`, which is checked
+//!   whole (as `verify` does), synced, and only then renamed to `FILE`: a
+//!   file at `FILE` is always a whole backup.
+//! - `verify FILE`: a backup, or a stopped data file, checked without
+//!   changing anything.
+//! - `restore FILE`: the backup put in place of the configured data file,
+//!   with the instance stopped.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use dedupd::config::CONFIG_ENV;
+use dedupd::store::redb::backup::format::MAGIC;
+use dedupd::store::redb::backup::restore::{self, RestoreOptions};
+use dedupd::store::redb::backup::verify::{self, BackupReport, DataFileReport};
+use dedupd::store::redb::{CommitMetrics, RedbOptions, RedbStore};
+
+use super::client::ServerArgs;
+use super::out::outln;
+use super::table::{now_ms, rfc3339_ms};
+
+/// `dedupd backup`.
+#[derive(Debug, clap::Args)]
+pub struct BackupArgs {
+    /// Where the backup goes: written to FILE.partial beside it, checked,
+    /// synced, then renamed to FILE (replacing one there).
+    #[arg(long, value_name = "FILE")]
+    to: PathBuf,
+    /// Back up the data file (the config's data_path) directly, with the
+    /// instance stopped, instead of through the running server.
+    #[arg(long)]
+    offline: bool,
+    #[command(flatten)]
+    server: ServerArgs,
+}
+
+/// `dedupd verify`.
+#[derive(Debug, clap::Args)]
+pub struct VerifyArgs {
+    /// A backup, or a stopped instance's data file (dedupd.redb; its log
+    /// and key file are read beside it).
+    file: PathBuf,
+}
+
+/// `dedupd restore`.
+#[derive(Debug, clap::Args)]
+pub struct RestoreArgs {
+    /// The backup to restore.
+    file: PathBuf,
+    /// TOML settings file: the backup goes to its data_path (default:
+    /// none, or $DEDUPD_CONFIG).
+    #[arg(long, env = CONFIG_ENV)]
+    config: Option<PathBuf>,
+    /// Rename the files already there (the data file, its log and key
+    /// file) aside to NAME.before-restore-TIME instead of refusing.
+    #[arg(long)]
+    replace: bool,
+}
+
+/// How long a backup through the server may take, whole. Each chunk of it
+/// must come within [`dedupd::store::redb::backup::STALL`].
+const WHOLE: Duration = Duration::from_secs(24 * 3600);
+
+/// Runs `dedupd backup`.
+pub fn backup(args: &BackupArgs) -> anyhow::Result<ExitCode> {
+    let partial = partial_of(&args.to);
+    let started = Instant::now();
+    let taken = super::runtime()?.block_on(async {
+        if args.offline {
+            offline(args, &partial).await
+        } else {
+            through_server(args, &partial).await
+        }
+    });
+    let report = taken.and_then(|()| {
+        let report = verify::verify_backup(&partial).with_context(|| {
+            format!(
+                "the backup written to {} does not verify",
+                partial.display()
+            )
+        })?;
+        keep(&partial, &args.to)?;
+        Ok(report)
+    });
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e.context(format!("no backup was written to {}", args.to.display())));
+        }
+    };
+    outln!(
+        "wrote {}: {} bytes in {:.1}s",
+        args.to.display(),
+        report.bytes,
+        started.elapsed().as_secs_f64()
+    )?;
+    print_backup(&report)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `FILE.partial`.
+fn partial_of(to: &Path) -> PathBuf {
+    let mut p = to.as_os_str().to_owned();
+    p.push(".partial");
+    PathBuf::from(p)
+}
+
+/// A new file for the backup's bytes: the owner's only (it holds every
+/// event and the keys that open them).
+fn create(path: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))
+}
+
+/// Takes the backup through the running server into `partial`.
+async fn through_server(args: &BackupArgs, partial: &Path) -> anyhow::Result<()> {
+    let loaded = if args.server.needs_config() {
+        Some(args.server.load()?)
+    } else {
+        None
+    };
+    let client = args.server.client(loaded.as_ref())?;
+    let req = client.request(reqwest::Method::POST, client.url(&["v1", "backup"]));
+    let mut res = client.stream(req, WHOLE).await.context("the backup")?;
+    let mut file = std::io::BufWriter::with_capacity(1 << 20, create(partial)?);
+    let stall = dedupd::store::redb::backup::STALL;
+    loop {
+        let chunk = tokio::time::timeout(stall, res.chunk())
+            .await
+            .map_err(|_| anyhow!("the server sent nothing for {}s", stall.as_secs()))?
+            .map_err(|e| {
+                anyhow!(
+                    "the backup stopped midway ({}): the server's log says why",
+                    e.without_url()
+                )
+            })?;
+        let Some(chunk) = chunk else { break };
+        file.write_all(&chunk)
+            .with_context(|| format!("writing {}", partial.display()))?;
+    }
+    file.into_inner()
+        .map_err(|e| e.into_error())
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("writing {}", partial.display()))
+}
+
+/// Takes the backup from the data file itself, the instance stopped.
+async fn offline(args: &BackupArgs, partial: &Path) -> anyhow::Result<()> {
+    let loaded = args.server.load()?;
+    let opts = RedbOptions::from_settings(&loaded.settings, CommitMetrics::default());
+    let path = opts.path.clone();
+    let store = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
+        .await?
+        .with_context(|| {
+            format!(
+                "cannot open {} (leave out --offline to back up a running instance through its \
+                 server)",
+                path.display()
+            )
+        })?;
+    let file = std::io::BufWriter::with_capacity(1 << 20, create(partial)?);
+    let written = store.backups().write_to(now_ms(), file).await;
+    store.close().await;
+    let (file, _) = written?;
+    file.into_inner()
+        .map_err(|e| e.into_error())
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("writing {}", partial.display()))
+}
+
+/// Renames the checked `partial` to `to`, durably.
+fn keep(partial: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::rename(partial, to)
+        .with_context(|| format!("renaming {} to {}", partial.display(), to.display()))?;
+    let dir = to
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing {}", dir.display()))
+}
+
+/// What a backup holds, for people.
+fn print_backup(r: &BackupReport) -> anyhow::Result<()> {
+    let h = &r.header;
+    outln!(
+        "  taken at {} from data file {} (schema {}, write-ahead-log batch {}, last fence {}), by {}",
+        rfc3339_ms(h.taken_at_ms),
+        h.data_file,
+        h.schema,
+        h.batch,
+        h.fence,
+        h.written_by
+    )?;
+    outln!(
+        "  {} claims, {} applied events, {} stream heads, {} gateway events ({} sealed, each \
+         opened with its key), {} dedupe records, {} bulk jobs, {} keyspace keys",
+        r.rows("claim_rows"),
+        r.rows("applied_events"),
+        r.rows("stream_heads"),
+        r.rows("inbox_events"),
+        r.sealed,
+        r.rows("inbox_dedupe"),
+        r.rows("inbox_jobs"),
+        r.rows("kv_rows"),
+    )?;
+    outln!("  SHA-256 {}", r.end.sha256)?;
+    Ok(())
+}
+
+/// Runs `dedupd verify`.
+pub fn verify(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
+    let mut magic = [0u8; 8];
+    let n = std::fs::File::open(&args.file)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut magic))
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    if n == 8 && &magic == MAGIC {
+        let report = verify::verify_backup(&args.file)
+            .with_context(|| format!("backup {} does not verify", args.file.display()))?;
+        outln!(
+            "{}: a whole dedupd backup, {} bytes, every checksum intact",
+            args.file.display(),
+            report.bytes
+        )?;
+        print_backup(&report)?;
+    } else if magic.starts_with(b"redb") {
+        let report = verify::verify_data_file(&args.file)
+            .with_context(|| format!("data file {} does not verify", args.file.display()))?;
+        print_data_file(&args.file, &report)?;
+    } else {
+        bail!(
+            "{} is neither a dedupd backup nor a data file",
+            args.file.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What a data file holds, for people.
+fn print_data_file(path: &Path, r: &DataFileReport) -> anyhow::Result<()> {
+    outln!(
+        "{}: a dedupd data file of schema {} (id {:032x}), {}",
+        path.display(),
+        r.schema,
+        r.id,
+        if r.closed_cleanly {
+            "closed cleanly".to_owned()
+        } else {
+            format!(
+                "not closed cleanly: its log is bound to it, intact, and holds {} batches to replay",
+                r.to_replay
+            )
+        }
+    )?;
+    let tables: Vec<String> = r.tables.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    outln!("  rows: {}", tables.join(", "))?;
+    outln!("  {} sealed events opened with their keys", r.sealed)?;
+    for note in &r.notes {
+        outln!("  note: {note}")?;
+    }
+    Ok(())
+}
+
+/// Runs `dedupd restore`.
+pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
+    let loaded = dedupd::config::Settings::load(args.config.as_deref())
+        .map_err(|e| anyhow!("{e}\n(the data file to restore to is the config's data_path)"))?;
+    let data = loaded.settings.data_path.clone();
+    let restored = super::runtime()?.block_on(restore::restore(RestoreOptions {
+        backup: args.file.clone(),
+        data: data.clone(),
+        replace: args.replace,
+        now_ms: now_ms(),
+    }))?;
+    outln!("restored {} to {}", args.file.display(), data.display())?;
+    print_backup(&restored.report)?;
+    outln!(
+        "  a new data file: id {:032x}, closed cleanly, an empty log; fences go on after {}",
+        restored.id,
+        restored.fence
+    )?;
+    for old in &restored.moved_aside {
+        outln!("  the file that was there is now {}", old.display())?;
+    }
+    if let Some(w) = &restored.owner_warning {
+        eprintln!("dedupd: warning: {w}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
