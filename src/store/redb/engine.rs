@@ -112,6 +112,8 @@ pub struct Engine {
     pub(super) dedupe_window_ms: u64,
     /// [`RedbOptions::max_key_memory_bytes`](super::RedbOptions::max_key_memory_bytes).
     pub(super) max_key_memory_bytes: u64,
+    /// Set while a backup is taken (see [`super::backup`]): one at a time.
+    pub(super) backing_up: Arc<AtomicBool>,
 }
 
 impl Engine {

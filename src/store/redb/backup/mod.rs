@@ -14,11 +14,13 @@
 //! - [`restore`]: a data file and its key file built from a backup, proven
 //!   by opening them, then put in place.
 //! - [`verify`]: a backup or a stopped data file checked without changing
-//!   anything.
+//!   anything ([`overlay`]: redb's own checks of the file, its writes kept
+//!   in memory).
 //!
 //! [`Backups`] is the handle the app and the CLI take backups through.
 
 pub mod format;
+mod overlay;
 mod raw;
 pub mod restore;
 mod snapshot;
@@ -108,8 +110,6 @@ const CHUNK: usize = 256 * 1024;
 #[derive(Debug, Clone)]
 pub struct Backups {
     engine: Arc<Engine>,
-    /// Set while a backup is taken.
-    running: Arc<AtomicBool>,
 }
 
 /// Held while a backup is taken; lets the next one in when dropped.
@@ -125,17 +125,15 @@ impl Drop for Turn {
 impl Backups {
     /// Backups of the file `engine` has open.
     pub(super) fn new(engine: Arc<Engine>) -> Self {
-        Self {
-            engine,
-            running: Arc::default(),
-        }
+        Self { engine }
     }
 
     fn turn(&self) -> Result<Turn, BackupError> {
-        if self.running.swap(true, Ordering::SeqCst) {
+        let running = &self.engine.backing_up;
+        if running.swap(true, Ordering::SeqCst) {
             return Err(BackupError::Busy);
         }
-        Ok(Turn(self.running.clone()))
+        Ok(Turn(running.clone()))
     }
 
     /// Takes a backup at `now` and writes it to `out`, on a blocking
