@@ -9,6 +9,7 @@ mod support;
 
 mod alerts;
 mod auth;
+mod backup;
 mod bad_input;
 mod circuit_breaker;
 mod claims;

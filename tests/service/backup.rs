@@ -1,0 +1,553 @@
+//! Backup and restore of a running instance (issue 51): `dedupd backup`
+//! through the API while claims, applies and webhooks keep coming, then
+//! `dedupd restore` and a fresh instance on what it put in place. Every
+//! write acknowledged before the backup began is there; every one after
+//! is absent or whole; claims keep their fences and tokens, fences go on
+//! above every fence either instance handed out, the inbox and its dedupe
+//! hold, stream heads stand where they stood. And the CLI's refusals.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dedupd::store::redb::backup::verify::verify_backup;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::support::app::{
+    TestApp, assert_problem, start, test_settings, with_read_tokens, with_tokens,
+};
+use crate::support::gateway::{body, settings};
+use crate::support::process::dedupd;
+use crate::support::receiver::{Behaviour, Receiver};
+
+const FULL: &str = "backup-full-token-0123456789";
+const READ: &str = "backup-read-token-0123456789";
+
+/// One write and when it was acknowledged.
+#[derive(Debug, Clone)]
+struct Acked {
+    /// Its answer came before the backup was asked for.
+    before: bool,
+    what: Write,
+}
+
+#[derive(Debug, Clone)]
+enum Write {
+    Claim {
+        key: String,
+        token: String,
+        fence: u64,
+    },
+    Done {
+        key: String,
+    },
+    Ingest {
+        id: String,
+        body: Vec<u8>,
+    },
+    Apply {
+        stream: String,
+        event: String,
+        created_at: String,
+    },
+}
+
+/// Where the load writes what it got.
+#[derive(Debug, Default)]
+struct Log {
+    acked: Mutex<Vec<Acked>>,
+    /// Set just before the backup is asked for.
+    began: AtomicBool,
+    stop: AtomicBool,
+    count: AtomicUsize,
+}
+
+impl Log {
+    fn push(&self, what: Write) {
+        // Read after the answer came: `before` only if it came before the
+        // backup was asked for.
+        let before = !self.began.load(Ordering::SeqCst);
+        self.acked.lock().unwrap().push(Acked { before, what });
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+async fn claims_load(app: Arc<TestApp>, log: Arc<Log>, worker: usize) {
+    let mut i = 0;
+    while !log.stop.load(Ordering::SeqCst) {
+        let key = format!("c{worker}-{i}");
+        i += 1;
+        let res = app.claim(&key, json!({ "ttl_ms": 3_600_000 })).await;
+        assert_eq!(res.status(), StatusCode::CREATED, "{key}");
+        let v: Value = res.json().await.unwrap();
+        let token = v["token"].as_str().unwrap().to_owned();
+        log.push(Write::Claim {
+            key: key.clone(),
+            token: token.clone(),
+            fence: v["fence"].as_u64().unwrap(),
+        });
+        if i % 2 == 0 {
+            let res = app.done(&key, json!({ "token": token })).await;
+            assert_eq!(res.status(), StatusCode::OK, "{key}");
+            log.push(Write::Done { key });
+        }
+    }
+}
+
+async fn ingest_load(app: Arc<TestApp>, log: Arc<Log>, worker: usize) {
+    let mut i = 0;
+    while !log.stop.load(Ordering::SeqCst) {
+        let id = format!("d{worker}-{i}");
+        let created = format!("2026-11-29T10:{:02}:{:02}Z", (i / 60) % 60, i % 60);
+        i += 1;
+        let b = body(&id, &format!("run-{worker}"), &created);
+        let v = app.ingest_ok(&b).await;
+        assert_eq!(v["status"], "accepted", "{id}: {v}");
+        log.push(Write::Ingest { id, body: b });
+    }
+}
+
+async fn apply_load(app: Arc<TestApp>, log: Arc<Log>, worker: usize) {
+    let mut i = 0u32;
+    while !log.stop.load(Ordering::SeqCst) {
+        let stream = format!("s{worker}");
+        let event = format!("a{worker}-{i}");
+        let created_at = format!("2026-11-29T10:00:00.{i:09}Z");
+        i += 1;
+        let v = app.apply_ok(&stream, &event, &created_at).await;
+        assert_eq!(v["outcome"], "applied", "{event}: {v}");
+        log.push(Write::Apply {
+            stream,
+            event,
+            created_at,
+        });
+    }
+}
+
+/// The settings of the test instances: the source `sume` delivering to
+/// `url`, a full and a read-only token, the data file in `dir`.
+fn instance(dir: &TempDir, url: &str) -> dedupd::config::Loaded {
+    let mut loaded = test_settings(dir);
+    with_tokens(&mut loaded, &[FULL]);
+    with_read_tokens(&mut loaded, &[READ]);
+    loaded.settings.sources.insert("sume".into(), settings(url));
+    loaded
+}
+
+/// `dedupd ARGS`, to completion: its status, stdout and stderr.
+async fn run(args: Vec<String>) -> (bool, String, String) {
+    let out = tokio::task::spawn_blocking(move || dedupd().args(&args).output().unwrap())
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `dedupd backup` of `app` to `to`.
+async fn backup(app: &TestApp, to: &Path) -> (bool, String, String) {
+    run(vec![
+        "backup".into(),
+        "--url".into(),
+        app.address.clone(),
+        "--token".into(),
+        FULL.into(),
+        "--to".into(),
+        to.display().to_string(),
+    ])
+    .await
+}
+
+/// A config file in `dir` whose data file is `dir/dedupd.redb`.
+fn config_in(dir: &Path) -> PathBuf {
+    let path = dir.join("restore.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "data_path = {:?}\n",
+            dir.join("dedupd.redb").display().to_string()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+async fn restore(file: &Path, dir: &Path, extra: &[&str]) -> (bool, String, String) {
+    let mut args = vec![
+        "restore".to_owned(),
+        file.display().to_string(),
+        "--config".into(),
+        config_in(dir).display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    run(args).await
+}
+
+async fn get_json(app: &TestApp, path: &str) -> (StatusCode, Value) {
+    let res = app.request(Method::GET, path).send().await.unwrap();
+    let status = res.status();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_drill_a_backup_under_load_restores_every_acknowledged_write_and_fences_go_on() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let old_dir = Arc::new(TempDir::new().unwrap());
+    let clock = dedupd::clock::ManualClock::new(crate::support::app::T0);
+    let mut settings = instance(&old_dir, &receiver.url);
+    // Writes answered from the log stay uncommitted until a read (the
+    // dispatcher's, a duplicate check) or the backup commits them.
+    settings.settings.storage.commit_hold = Duration::from_secs(3600);
+    let app = Arc::new(start(settings, old_dir.clone(), clock.clone()).await);
+    let log = Arc::new(Log::default());
+    let mut load = Vec::new();
+    for w in 0..3 {
+        load.push(tokio::spawn(claims_load(app.clone(), log.clone(), w)));
+    }
+    for w in 0..2 {
+        load.push(tokio::spawn(ingest_load(app.clone(), log.clone(), w)));
+        load.push(tokio::spawn(apply_load(app.clone(), log.clone(), w)));
+    }
+    let until = |n: usize| {
+        let log = log.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while log.count.load(Ordering::SeqCst) < n {
+                assert!(tokio::time::Instant::now() < deadline, "the load stalled");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    until(300).await;
+    log.began.store(true, Ordering::SeqCst);
+    let before = log.count.load(Ordering::SeqCst);
+    let scratch = TempDir::new().unwrap();
+    let file = scratch.path().join("drill.backup");
+    let (ok, out, err) = backup(&app, &file).await;
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("wrote"), "{out}");
+    // Writes go on after it: none of them may be in it but whole.
+    until(log.count.load(Ordering::SeqCst) + 100).await;
+    log.stop.store(true, Ordering::SeqCst);
+    for l in load {
+        l.await.unwrap();
+    }
+    let acked = log.acked.lock().unwrap().clone();
+    assert!(
+        acked.iter().filter(|a| !a.before).count() >= 100,
+        "writes went on during and after the backup ({before} before)"
+    );
+    let highest = acked
+        .iter()
+        .filter_map(|a| match &a.what {
+            Write::Claim { fence, .. } => Some(*fence),
+            _ => None,
+        })
+        .max()
+        .unwrap();
+    let Ok(app) = Arc::try_unwrap(app) else {
+        panic!("the load still holds the app")
+    };
+    app.stop().await;
+
+    // Restored into a fresh directory, checked, and served by a fresh
+    // instance.
+    let new_dir = Arc::new(TempDir::new().unwrap());
+    let (ok, out, err) = restore(&file, new_dir.path(), &[]).await;
+    assert!(ok, "{out}\n{err}");
+    let data = new_dir.path().join("dedupd.redb");
+    let (ok, out, err) = run(vec!["verify".into(), data.display().to_string()]).await;
+    assert!(ok && out.contains("closed cleanly"), "{out}\n{err}");
+    let app = start(instance(&new_dir, &receiver.url), new_dir.clone(), clock).await;
+
+    let done_before: Vec<&str> = acked
+        .iter()
+        .filter_map(|a| match &a.what {
+            Write::Done { key } if a.before => Some(key.as_str()),
+            _ => None,
+        })
+        .collect();
+    let done_ever: Vec<&str> = acked
+        .iter()
+        .filter_map(|a| match &a.what {
+            Write::Done { key } => Some(key.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut finished_with_old_token = 0;
+    for a in &acked {
+        match &a.what {
+            Write::Claim { key, token, fence } => {
+                let (status, v) = get_json(&app, &format!("/v1/claims/{key}")).await;
+                if status == StatusCode::NOT_FOUND {
+                    assert!(
+                        !a.before,
+                        "{key}: acknowledged before the backup, and missing"
+                    );
+                    continue;
+                }
+                assert_eq!(status, StatusCode::OK, "{key}: {v}");
+                assert_eq!(v["fence"].as_u64(), Some(*fence), "{key}: whole");
+                let state = v["state"].as_str().unwrap();
+                if done_before.contains(&key.as_str()) {
+                    assert_eq!(state, "done", "{key}: done before the backup");
+                } else if state == "done" {
+                    assert!(done_ever.contains(&key.as_str()), "{key}");
+                } else if finished_with_old_token < 5 {
+                    // Its owner, holding the token the old instance gave,
+                    // finishes it on the restored one.
+                    let res = app.done(key, json!({ "token": token })).await;
+                    assert_eq!(res.status(), StatusCode::OK, "{key}");
+                    finished_with_old_token += 1;
+                }
+            }
+            Write::Ingest { id, body: b } => {
+                let (status, v) = get_json(&app, &format!("/v1/sources/sume/events/{id}")).await;
+                if status == StatusCode::NOT_FOUND {
+                    assert!(
+                        !a.before,
+                        "{id}: acknowledged before the backup, and missing"
+                    );
+                    continue;
+                }
+                assert_eq!(status, StatusCode::OK, "{id}: {v}");
+                assert_eq!(v["body"].as_str().unwrap().as_bytes(), b.as_slice(), "{id}");
+                if a.before {
+                    let again = app.ingest(b).await.json::<Value>().await.unwrap();
+                    assert_eq!(again["status"], "duplicate", "{id}: {again}");
+                }
+            }
+            Write::Apply {
+                stream,
+                event,
+                created_at,
+            } if a.before => {
+                let (status, v) = get_json(&app, &format!("/v1/streams/{stream}")).await;
+                assert_eq!(status, StatusCode::OK, "{stream}: {v}");
+                // Events of a stream are applied in the order of their
+                // number: the head is this one or a later one.
+                let n = |e: &str| e.rsplit('-').next().unwrap().parse::<u32>().unwrap();
+                let head = v["head"]["event_id"].as_str().unwrap();
+                assert!(n(head) >= n(event), "{stream}: head {head}, before {event}");
+                let again = app.apply_ok(stream, event, created_at).await;
+                assert_eq!(again["outcome"], "duplicate", "{event}: {again}");
+            }
+            Write::Apply { .. } | Write::Done { .. } => {}
+        }
+    }
+    assert!(
+        finished_with_old_token > 0,
+        "some claim was still held at the backup"
+    );
+    // Fences never go backwards: above every fence the old instance handed
+    // out, before the backup and after it.
+    let (_, fence, _) = app.claim_ok("after-restore", json!({})).await;
+    assert!(fence > highest, "{fence} > {highest}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_backup_through_the_api_takes_a_full_token_and_is_one_whole_file() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let dir = Arc::new(TempDir::new().unwrap());
+    let clock = dedupd::clock::ManualClock::new(crate::support::app::T0);
+    let app = start(instance(&dir, &receiver.url), dir.clone(), clock).await;
+    app.claim_ok("k", json!({})).await;
+    let post = |token: Option<&str>| {
+        let req = app.client.post(app.url("/v1/backup"));
+        match token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    };
+    assert_problem(
+        post(None).send().await.unwrap(),
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    )
+    .await;
+    assert_problem(
+        post(Some(READ)).send().await.unwrap(),
+        StatusCode::FORBIDDEN,
+        "read_only_token",
+    )
+    .await;
+    let res = post(Some(FULL)).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/vnd.dedupd.backup"
+    );
+    assert!(res.headers().contains_key("x-dedupd-backup-batch"));
+    let bytes = res.bytes().await.unwrap();
+    let scratch = TempDir::new().unwrap();
+    let path = scratch.path().join("b");
+    std::fs::write(&path, &bytes).unwrap();
+    let report = verify_backup(&path).unwrap();
+    assert_eq!(report.rows("claim_rows"), 1);
+    // A read-only token cannot take one through the CLI either.
+    let (ok, _, err) = run(vec![
+        "backup".into(),
+        "--url".into(),
+        app.address.clone(),
+        "--token".into(),
+        READ.into(),
+        "--to".into(),
+        scratch.path().join("c").display().to_string(),
+    ])
+    .await;
+    assert!(!ok && err.contains("read_only_token"), "{err}");
+    assert!(!scratch.path().join("c").exists() && !scratch.path().join("c.partial").exists());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_cli_refuses_a_damaged_backup_and_a_running_target_and_replaces_only_when_told() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let a_dir = Arc::new(TempDir::new().unwrap());
+    let clock = dedupd::clock::ManualClock::new(crate::support::app::T0);
+    let a = start(
+        instance(&a_dir, &receiver.url),
+        a_dir.clone(),
+        clock.clone(),
+    )
+    .await;
+    a.claim_ok("from-a", json!({})).await;
+    let scratch = TempDir::new().unwrap();
+    let file = scratch.path().join("a.backup");
+    let (ok, out, err) = backup(&a, &file).await;
+    assert!(ok, "{out}\n{err}");
+    a.stop().await;
+    // Another instance, running, with its own data.
+    let b_dir = Arc::new(TempDir::new().unwrap());
+    let b = start(
+        instance(&b_dir, &receiver.url),
+        b_dir.clone(),
+        clock.clone(),
+    )
+    .await;
+    b.claim_ok("from-b", json!({})).await;
+    let (ok, _, err) = restore(&file, b_dir.path(), &["--replace"]).await;
+    assert!(!ok && err.contains("running dedupd"), "{err}");
+    let b_clock = b.clock.clone();
+    b.stop().await;
+    let files = |dir: &Path| -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("dedupd.redb"))
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let there = files(b_dir.path());
+    // Damaged or cut short: verify and restore refuse it, nothing changes.
+    let good = std::fs::read(&file).unwrap();
+    let bad = scratch.path().join("bad.backup");
+    for (what, bytes) in [
+        ("cut short", good[..good.len() - 10].to_vec()),
+        ("a byte changed", {
+            let mut b = good.clone();
+            let mid = b.len() / 2;
+            b[mid] ^= 1;
+            b
+        }),
+    ] {
+        std::fs::write(&bad, &bytes).unwrap();
+        let (ok, _, err) = run(vec!["verify".into(), bad.display().to_string()]).await;
+        assert!(!ok && err.contains("does not verify"), "{what}: {err}");
+        let (ok, _, err) = restore(&bad, b_dir.path(), &["--replace"]).await;
+        assert!(!ok && err.contains("nothing was restored"), "{what}: {err}");
+        assert_eq!(files(b_dir.path()), there, "{what}");
+    }
+    // Files there: refused unless told to replace them.
+    let (ok, _, err) = restore(&file, b_dir.path(), &[]).await;
+    assert!(!ok && err.contains("--replace"), "{err}");
+    assert_eq!(files(b_dir.path()), there);
+    // Another instance's backup restored over it: a restore like any other.
+    let (ok, out, err) = restore(&file, b_dir.path(), &["--replace"]).await;
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("before-restore"), "{out}");
+    let b = start(instance(&b_dir, &receiver.url), b_dir.clone(), b_clock).await;
+    assert_eq!(b.get("from-a").await.status(), StatusCode::OK);
+    assert_eq!(b.get("from-b").await.status(), StatusCode::NOT_FOUND);
+    b.stop().await;
+}
+
+/// A 1 MiB tmpfs mounted on a new temp dir (root only), unmounted on drop.
+struct Tmpfs(TempDir);
+
+impl Tmpfs {
+    fn mount() -> Self {
+        let dir = TempDir::new().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mounting a tmpfs needs root");
+        Self(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root to mount a tmpfs: .ci/run runs it"]
+async fn a_backup_onto_a_disk_too_small_fails_leaves_nothing_and_the_next_one_is_whole() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let dir = Arc::new(TempDir::new().unwrap());
+    let clock = dedupd::clock::ManualClock::new(crate::support::app::T0);
+    let app = start(instance(&dir, &receiver.url), dir.clone(), clock).await;
+    // About 1.5 MiB of bodies: more than the disk under the backup holds.
+    let pad = "x".repeat(3500);
+    for i in 0..450 {
+        let b = serde_json::to_vec(&json!({
+            "request_id": format!("big-{i}"), "run_id": format!("run-{i}"),
+            "created_at": "2026-11-29T10:00:00Z", "pad": pad,
+        }))
+        .unwrap();
+        app.ingest_ok(&b).await;
+    }
+    let small = Tmpfs::mount();
+    let to = small.0.path().join("b.backup");
+    let (ok, out, err) = backup(&app, &to).await;
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("No space left on device") && err.contains("no backup was written"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(small.0.path())
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // The server is fine, and the next backup, where there is room, whole.
+    app.claim_ok("after", json!({})).await;
+    let roomy = TempDir::new().unwrap();
+    let to = roomy.path().join("b.backup");
+    let (ok, out, err) = backup(&app, &to).await;
+    assert!(ok, "{out}\n{err}");
+    let report = verify_backup(&to).unwrap();
+    assert_eq!(report.rows("inbox_events"), 450);
+    assert!(report.bytes > 1 << 20);
+    app.stop().await;
+}
