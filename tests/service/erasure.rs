@@ -4,6 +4,7 @@
 //! searching them for the bytes, or by opening every seal found in them
 //! with every key in the key file. At once, after a clean stop, and after
 //! a restart. On a source with destinations, for every destination's copy.
+//! Nor from a backup taken after the erasure (one taken before holds it).
 //! With the shared inbox in a real Redis (`appendonly yes`), from its AOF
 //! and snapshot too, once the rewrite dedupd asks for is done.
 
@@ -46,11 +47,28 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
+/// The keys a backup file holds (its keys frames).
+fn backup_keys(bytes: &[u8]) -> Vec<[u8; 32]> {
+    use dedupd::store::redb::backup::format::{FrameReader, Kind, keys};
+    let Ok(mut frames) = FrameReader::new(bytes) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    while let Ok(Some(frame)) = frames.next_frame() {
+        if frame.kind == Kind::Keys {
+            for (_, key) in keys(&frame.payload).unwrap() {
+                out.push(<[u8; 32]>::try_from(key).unwrap());
+            }
+        }
+    }
+    out
+}
+
 /// What an attacker holding every file under `dir` reads back that holds
 /// `marker`: each file where it is in plain, and each seal found anywhere
 /// (by its `DDSEAL1\0` prefix: slot, length, nonce, ciphertext) that opens
-/// with a key of any key file there (the one its slot names, or any other)
-/// into plaintext holding it.
+/// with a key of any key file or backup there (the one its slot names, or
+/// any other) into plaintext holding it.
 fn recoverable(dir: &Path, marker: &str) -> Vec<String> {
     let all = files(dir);
     let keys: Vec<[u8; 32]> = all
@@ -64,6 +82,7 @@ fn recoverable(dir: &Path, marker: &str) -> Vec<String> {
                 .map(|k| <[u8; 32]>::try_from(k).unwrap())
                 .collect::<Vec<_>>()
         })
+        .chain(all.iter().flat_map(|(_, bytes)| backup_keys(bytes)))
         .collect();
     let mut found = Vec::new();
     for (name, bytes) in &all {
@@ -114,6 +133,18 @@ async fn erase(app: &TestApp, source: &str, id: &str) {
     assert_eq!(res.status(), StatusCode::OK);
 }
 
+/// A backup of `app` (`POST /v1/backup`) in the new directory `dir`.
+async fn backup_to(app: &TestApp, dir: &Path) {
+    let res = app
+        .request(Method::POST, "/v1/backup")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    std::fs::create_dir(dir).unwrap();
+    std::fs::write(dir.join("dedupd.backup"), res.bytes().await.unwrap()).unwrap();
+}
+
 async fn event_json(app: &TestApp, lane: &str, id: &str) -> Value {
     app.request(Method::GET, &format!("/v1/sources/{lane}/events/{id}"))
         .send()
@@ -162,9 +193,22 @@ async fn an_erased_event_cannot_be_read_back_from_any_file_of_the_data_file() {
     for marker in [BODY_MARKER, HEADER_MARKER] {
         assert!(!recoverable(&dir, marker).is_empty(), "{marker} is stored");
     }
+    let backups = tempfile::TempDir::new().unwrap();
+    let before = backups.path().join("before");
+    backup_to(&app, &before).await;
 
     erase(&app, "sw", "inv-1").await;
     assert_gone(&dir, "at once");
+    // A backup taken after the erasure holds neither the event nor its
+    // key; one taken before holds both, for as long as it is kept (the
+    // operations guide says so).
+    let after = backups.path().join("after");
+    backup_to(&app, &after).await;
+    assert_gone(&after, "in a backup taken after it");
+    assert!(!recoverable(&after, KEPT_MARKER).is_empty());
+    for marker in [BODY_MARKER, HEADER_MARKER] {
+        assert!(!recoverable(&before, marker).is_empty(), "{marker}");
+    }
     for lane in ["sw.billing", "sw.audit"] {
         let e = event_json(&app, lane, "inv-1").await;
         assert_eq!(e["status"], "erased", "{e}");
