@@ -146,6 +146,9 @@ impl Snapshot {
     /// threads). Stops with an error as soon as the store closes or meets
     /// a disk fault, or `out` fails.
     pub fn write_to<W: Write>(self, out: W) -> Result<(W, Written), BackupError> {
+        // A read: redb's reclaims of its buffer from this thread never wait
+        // for a checkpoint's sync (nor hold its locks meanwhile).
+        let _reading = crate::store::redb::guard::reading();
         let started = std::time::Instant::now();
         let mut w = FrameWriter::new(out).map_err(BackupError::Write)?;
         w.header(&self.header).map_err(BackupError::Write)?;
