@@ -181,6 +181,18 @@ async fn run(p: Params) -> anyhow::Result<()> {
         &during_usage,
         Some(&alone),
     );
+    let mut slow: Vec<(f64, f64, &str)> = during
+        .claims
+        .iter()
+        .map(|(at, ms)| (at, ms, "claim"))
+        .chain(during.webhooks.iter().map(|(at, ms)| (at, ms, "webhook")))
+        .filter(|(_, ms, _)| **ms > 25.0)
+        .map(|(at, ms, what)| ((*at - began).as_secs_f64() * 1000.0, *ms, what))
+        .collect();
+    slow.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (at, ms, what) in slow {
+        println!("  a {what} sent {at:.0} ms into the backup took {ms:.1} ms");
+    }
 
     let verify = timed(&p.bin, &["verify", &file.display().to_string()]).await?;
     println!("`dedupd verify` of the backup: {verify}");

@@ -13,7 +13,8 @@
 //! - [`store`]: the [`store::Store`] trait (claims, ordering, expiry), the
 //!   gateway inbox and the Redis-protocol keyspace, opened from the settings
 //!   by [`store::open`]; the embedded redb engine (one data file, a
-//!   group-commit writer, a write-ahead log) and the Redis backend.
+//!   group-commit writer, a write-ahead log, backups taken while it
+//!   serves) and the Redis backend.
 //! - [`reaper`]: the task that deletes expired records in expiry order.
 //! - [`reload`]: SIGHUP's reload of the sources, API tokens and log level
 //!   while serving.

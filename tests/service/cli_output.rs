@@ -93,6 +93,18 @@ async fn every_subcommand_ends_quietly_when_its_reader_has_gone() {
         assert!(out.status.success());
         let config = config.to_str().unwrap();
         let written = dir.path().join("written.toml");
+        let backup = dir.path().join("b.backup");
+        let backup = backup.to_str().unwrap();
+        let restore_config = dir.path().join("restore.toml");
+        std::fs::write(
+            &restore_config,
+            format!(
+                "data_path = {:?}\n",
+                dir.path().join("restored").join("dedupd.redb")
+            ),
+        )
+        .unwrap();
+        let restore_config = restore_config.to_str().unwrap();
         let commands: Vec<Vec<&str>> = vec![
             vec!["check-config", "--config", config],
             vec!["init", "--config", written.to_str().unwrap()],
@@ -105,6 +117,9 @@ async fn every_subcommand_ends_quietly_when_its_reader_has_gone() {
             vec!["streams", "get", "s", "--url", &url],
             vec!["jobs", "list", "--url", &url],
             vec!["jobs", "list", "--url", &url, "--json"],
+            vec!["backup", "--url", &url, "--to", backup],
+            vec!["verify", backup],
+            vec!["restore", backup, "--config", restore_config],
             vec!["--help"],
             vec!["--version"],
         ];
