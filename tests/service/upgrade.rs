@@ -36,8 +36,10 @@ fn digest(bytes: &[u8]) -> (usize, String) {
 /// the file's schema, the one it reads and its own version, and saying
 /// what to do; the data file, its log and its key file are left byte for
 /// byte as they were, so the newer release still opens them.
-#[tokio::test]
-async fn a_data_file_from_a_newer_release_is_refused_naming_both_versions_and_left_as_it_was() {
+/// What a release with the next schema leaves behind: its file closed
+/// cleanly, or (`crashed`) the bytes its disk holds while it runs, which a
+/// crash or a power cut leaves, and which redb repairs when it opens them.
+async fn newer_release_file(crashed: bool) -> TempDir {
     let dir = TempDir::new().unwrap();
     let (child, port, drain) = serve(&dir);
     let claim = client()
@@ -48,8 +50,8 @@ async fn a_data_file_from_a_newer_release_is_refused_naming_both_versions_and_le
     assert_eq!(claim.status(), StatusCode::CREATED);
     assert!(stop(child, "-TERM", drain).await.success());
 
-    // What a release with the next schema leaves behind.
     let data = dir.path().join("dedupd.redb");
+    let running = dir.path().join("running.copy");
     {
         let db = redb::Database::create(&data).unwrap();
         let tx = db.begin_write().unwrap();
@@ -59,30 +61,54 @@ async fn a_data_file_from_a_newer_release_is_refused_naming_both_versions_and_le
             .insert("schema_version", 13)
             .unwrap();
         tx.commit().unwrap();
+        if crashed {
+            std::fs::copy(&data, &running).unwrap();
+        }
     }
-    let before = snapshot(dir.path());
-    assert!(before.contains_key("dedupd.redb"), "{:?}", before.keys());
+    if crashed {
+        std::fs::rename(&running, &data).unwrap();
+        assert!(
+            matches!(
+                redb::ReadOnlyDatabase::open(&data),
+                Err(redb::DatabaseError::RepairAborted)
+            ),
+            "the copy must be one redb repairs"
+        );
+    }
+    dir
+}
 
-    let out = dedupd()
-        .arg("serve")
-        .current_dir(dir.path())
-        .env("DEDUPD_LISTEN", "127.0.0.1:0")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "served a newer file: {stderr}");
-    for part in [
-        "has schema version 13",
-        "reads schema version 12",
-        concat!("this dedupd (", env!("CARGO_PKG_VERSION"), ")"),
-        "Nothing was changed",
-        "Install that newer release again",
-    ] {
-        assert!(stderr.contains(part), "no {part:?} in: {stderr}");
+#[tokio::test]
+async fn a_data_file_from_a_newer_release_is_refused_naming_both_versions_and_left_as_it_was() {
+    for crashed in [false, true] {
+        let dir = newer_release_file(crashed).await;
+        let before = snapshot(dir.path());
+        assert!(before.contains_key("dedupd.redb"), "{:?}", before.keys());
+
+        let out = dedupd()
+            .arg("serve")
+            .current_dir(dir.path())
+            .env("DEDUPD_LISTEN", "127.0.0.1:0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "served a newer file: {stderr}");
+        for part in [
+            "has schema version 13",
+            "reads schema version 12",
+            concat!("this dedupd (", env!("CARGO_PKG_VERSION"), ")"),
+            "Nothing was changed",
+            "Install that newer release again",
+        ] {
+            assert!(
+                stderr.contains(part),
+                "crashed {crashed}: no {part:?} in: {stderr}"
+            );
+        }
+        assert_eq!(
+            snapshot(dir.path()),
+            before,
+            "crashed {crashed}: the refused start changed the data directory"
+        );
     }
-    assert_eq!(
-        snapshot(dir.path()),
-        before,
-        "the refused start changed the data directory"
-    );
 }

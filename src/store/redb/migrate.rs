@@ -60,11 +60,28 @@ pub(super) fn stored_file_id(db: &Database) -> Result<u128, redb::Error> {
 /// find its file byte for byte as it left it. A file that cannot be opened
 /// read-only (not closed cleanly, or open elsewhere) goes on to the usual
 /// open, which says what is wrong with it (and checks the version again).
+/// A file a crash left cannot be opened read-only: redb must repair it
+/// first, and a repair writes. Its schema is read through an
+/// [`Overlay`](super::overlay::Overlay), the repair kept in memory, so a
+/// newer release's file is refused unchanged after a crash too (the
+/// repair is made twice when the file is ours: once in memory, then by
+/// the open).
 pub(super) fn refuse_newer(path: &Path) -> Result<(), OpenError> {
-    let Ok(db) = redb::ReadOnlyDatabase::open(path) else {
-        return Ok(());
+    let schema = match redb::ReadOnlyDatabase::open(path) {
+        Ok(db) => stored_schema(&db),
+        Err(redb::DatabaseError::RepairAborted) => {
+            let Some(db) = std::fs::File::open(path)
+                .ok()
+                .and_then(|file| super::overlay::Overlay::new(file).ok())
+                .and_then(|overlay| redb::Builder::new().create_with_backend(overlay).ok())
+            else {
+                return Ok(());
+            };
+            stored_schema(&db)
+        }
+        Err(_) => return Ok(()),
     };
-    match stored_schema(&db) {
+    match schema {
         Ok(Some(found)) if found > SCHEMA_VERSION => Err(OpenError::UnknownSchema {
             path: path.to_owned(),
             found,

@@ -43,6 +43,7 @@ mod kv_index;
 mod migrate;
 mod open;
 mod ops;
+mod overlay;
 mod pending_pages;
 mod record;
 mod seal;

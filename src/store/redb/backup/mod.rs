@@ -14,13 +14,12 @@
 //! - [`restore`]: a data file and its key file built from a backup, proven
 //!   by opening them, then put in place.
 //! - [`verify`]: a backup or a stopped data file checked without changing
-//!   anything ([`overlay`]: redb's own checks of the file, its writes kept
-//!   in memory).
+//!   anything (through [`super::overlay`]: redb's own checks of the file, its
+//!   writes kept in memory).
 //!
 //! [`Backups`] is the handle the app and the CLI take backups through.
 
 pub mod format;
-mod overlay;
 mod raw;
 pub mod restore;
 mod snapshot;

@@ -25,8 +25,8 @@ use std::path::Path;
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, Value};
 
 use super::format::{self, End, FormatError, FrameReader, Header, Kind};
-use super::overlay::Overlay;
 use super::raw::{SEALS, TABLES, index_of};
+use crate::store::redb::overlay::Overlay;
 use crate::store::redb::seal::{self, KEY_LEN};
 use crate::store::redb::tables::{
     self as t, META_FENCE, META_FILE_ID, META_LOG_OPEN, META_LOG_SEGMENTS, META_SCHEMA_VERSION,

@@ -1,4 +1,6 @@
-//! A data file opened by redb without a byte written to it, for `verify`.
+//! A data file opened by redb without a byte written to it: for `verify`,
+//! and to read the schema of a file a crash left before it is opened for
+//! writing ([`super::migrate::refuse_newer`]).
 //!
 //! redb's read-only open refuses a file a crash left (it would have to be
 //! repaired), and only a writable open checks every page's checksum
