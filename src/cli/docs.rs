@@ -40,7 +40,20 @@ fn write_pages(cmd: &clap::Command, name: &str, dir: &Path) -> anyhow::Result<us
         .render(&mut page)
         .with_context(|| format!("cannot render the page of {name}"))?;
     let path = dir.join(format!("{name}.1"));
-    std::fs::write(&path, page).with_context(|| format!("cannot write {}", path.display()))?;
+    // A page already there is replaced, never written through: a link
+    // planted in the directory leads nowhere.
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("cannot replace {}", path.display()));
+        }
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &page))
+        .with_context(|| format!("cannot write {}", path.display()))?;
     let mut written = 1;
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
         if sub.get_name() == "help" {

@@ -38,6 +38,7 @@ mod monitoring;
 mod openapi;
 mod operator_api;
 mod ordering;
+mod package_pages;
 mod providers;
 mod proxy;
 #[cfg(feature = "redis")]
