@@ -21,6 +21,9 @@
 #   - stop: `systemctl stop` during deliveries exits cleanly;
 #   - the sandbox: a dynamic user, no writes outside its state directory,
 #     no /home;
+#   - backup: dedupd-backup.service writes a backup (0600, verified), which
+#     `dedupd restore` puts back: what came before it is there, what came
+#     after is not, fences go on; the timer is installed, not enabled;
 #   - upgrade: UPGRADE (the same build, a higher version) keeps the edited
 #     settings, restarts the service and serves the old data, and a data
 #     file of the schema before (tests/golden/schema-11) is migrated;
@@ -253,12 +256,41 @@ if as_service sh -c 'echo x >/usr/drill-probe' 2>/dev/null; then die "wrote /usr
 if as_service cat /home/secret 2>/dev/null; then die "read /home"; fi
 as_service rm -f /var/lib/dedupd/drill-probe
 
+log "backup: dedupd-backup.service under systemd, then restored"
+if c systemctl is-enabled dedupd-backup.timer >/dev/null 2>&1; then die "the backup timer was enabled unasked"; fi
+claim() {
+    c curl -fsS -X POST -H "authorization: Bearer $token" "http://127.0.0.1:8080/v1/claims/$1" |
+        sed -n 's/.*"fence":\([0-9]*\).*/\1/p'
+}
+fence0=$(claim drill-before-backup) || die "a claim before the backup was refused"
+[ -n "$fence0" ] || die "the claim before the backup has no fence"
+c systemctl start dedupd-backup || { c journalctl -u dedupd-backup -o cat --no-pager | tail -20; die "dedupd-backup failed"; }
+backup=$(c sh -c 'ls /var/backups/dedupd/dedupd-*.backup')
+[ "$(printf '%s\n' "$backup" | wc -l)" = 1 ] || die "not one backup file: $backup"
+[ "$(c stat -c '%a %U' "$backup")" = "600 root" ] || die "the backup is not 0600 root's"
+c journalctl -u dedupd-backup -o cat --no-pager | grep -q "^wrote $backup" || die "dedupd-backup did not say what it wrote"
+c /usr/bin/dedupd verify "$backup" >/dev/null || die "the backup does not verify"
+late=$(trigger) || die "a webhook after the backup was refused"
+c systemctl stop dedupd
+c /usr/bin/dedupd restore "$backup" --config /etc/dedupd/dedupd.toml --replace >"$work/restore" 2>&1 ||
+    { cat "$work/restore"; die "dedupd restore"; }
+c systemctl start dedupd || { c journalctl -u dedupd -o cat --no-pager | tail -20; die "does not start on the restored file"; }
+api "/v1/sources/sume/events/$first" | grep -q "\"event_id\":\"$first\"" || die "the event before the backup is not restored"
+api /v1/claims/drill-before-backup | grep -q '"state":"processing"' || die "the claim before the backup is not restored"
+gone=$(c curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $token" \
+    "http://127.0.0.1:8080/v1/sources/sume/events/$late")
+[ "$gone" = 404 ] || die "the event after the backup got $gone, not 404, after the restore"
+fence1=$(claim drill-after-restore) || die "a claim after the restore was refused"
+[ "$fence1" -gt "$fence0" ] || die "a fence went backwards: $fence1 after $fence0"
+c systemctl enable --now dedupd-backup.timer >/dev/null 2>&1 || die "cannot enable the backup timer"
+
 log "upgrade: a higher version keeps the settings, restarts, serves the old data"
 old=$(api "/v1/sources/sume/events/$first") || die "the event before the upgrade is not there"
 pid=$(c systemctl show -P MainPID dedupd)
 c env DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold /root/dedupd-upgrade.deb >"$work/dpkg-upgrade" 2>&1 ||
     { cat "$work/dpkg-upgrade"; die "dpkg -i of the upgrade"; }
 c grep -q '^\[sources.sume\]' /etc/dedupd/dedupd.toml || die "the edited settings were replaced"
+c systemctl is-enabled dedupd-backup.timer >/dev/null || die "the upgrade disabled the backup timer"
 pidu=$(c systemctl show -P MainPID dedupd)
 [ "$pidu" != "$pid" ] || die "not restarted by the upgrade"
 api "/v1/sources/sume/events/$first" | grep -q "\"event_id\":\"$first\"" || die "the old data is not served after the upgrade"
@@ -281,5 +313,7 @@ if c systemctl is-active dedupd >/dev/null 2>&1; then die "still running after r
 c env DEBIAN_FRONTEND=noninteractive dpkg --purge dedupd >/dev/null 2>&1 || die "dpkg --purge"
 if c test -e /var/lib/private/dedupd; then die "purge left the data"; fi
 if c test -e /etc/dedupd/credentials; then die "purge left the credentials"; fi
+if c test -e /etc/systemd/system/timers.target.wants/dedupd-backup.timer; then die "purge left the backup timer enabled"; fi
+c test -e "$backup" || die "purge took the backups (they are the operator's)"
 
 log "passed"
