@@ -40,6 +40,9 @@ cache=${DRILL_CACHE:-/var/cache/dedupd-drill}
 base=$cache/rootfs
 
 log() { printf '== drill: %s\n' "$*"; }
+# grep -q in a pipe: grep reads all of its input (grep -q would stop at
+# the first match, and the writer's SIGPIPE fail the pipe under pipefail).
+has() { grep "$@" >/dev/null; }
 die() {
     printf 'drill FAILED: %s\n' "$*" >&2
     # What the service said last, while the container is still up.
@@ -138,31 +141,31 @@ for _ in $(seq 100); do [ "$(delivered "$first")" -gt 0 ] && break; sleep 0.1; d
 
 log "the journal: structured lines"
 lines=$(c journalctl -u dedupd -o cat --no-pager)
-printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | grep -q '"outcome":"accepted"' ||
+printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | has '"outcome":"accepted"' ||
     die "no structured line with the event id and its outcome: $(printf '%s' "$lines" | tail -5)"
-printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | grep -q '"source":"sume"' ||
+printf '%s\n' "$lines" | grep "\"event_id\":\"$first\"" | has '"source":"sume"' ||
     die "no structured line with the source"
 starts=$(c journalctl -u dedupd -o cat --no-pager | grep -c 'configuration good' || true)
 [ "$starts" -ge 1 ] || die "ExecStartPre's check did not say its one line"
 
 log "reload: a rotated secret and API token, a broken file, without a restart"
 pid0=$(c systemctl show -P MainPID dedupd)
-c journalctl -u dedupd -o cat --no-pager | grep -q 'staged 3 credential(s)' ||
+c journalctl -u dedupd -o cat --no-pager | has 'staged 3 credential(s)' ||
     die "the start did not stage the credentials"
-c stat -c '%a %u' /run/dedupd/credentials/sume-secrets | grep -qx "400 $(c stat -c %u /run/dedupd)" ||
+c stat -c '%a %u' /run/dedupd/credentials/sume-secrets | has -x "400 $(c stat -c %u /run/dedupd)" ||
     die "the staged secret is not the service user's alone"
 # The new secret first: dedupd trigger signs with a source's first one.
 c sh -c 'printf "drill_rotated_0123456789abcdef\ndrill_secret_0123456789abcdef\n" >/etc/dedupd/credentials/sume-secrets'
 c sh -c 'printf "drill-rotated-token-0123456789abcdef\n" >/etc/dedupd/credentials/api-tokens'
 c systemctl reload dedupd || die "systemctl reload failed"
 # ExecReload='s dedupd reload waited for the server's answer.
-c journalctl -u dedupd -o cat --no-pager | grep -q "reloaded: dedupd (pid $pid0)" ||
+c journalctl -u dedupd -o cat --no-pager | has "reloaded: dedupd (pid $pid0)" ||
     die "dedupd reload did not wait for the server's answer"
 for _ in $(seq 50); do
-    c journalctl -u dedupd -o cat --no-pager | grep -q 'configuration reloaded' && break
+    c journalctl -u dedupd -o cat --no-pager | has 'configuration reloaded' && break
     sleep 0.1
 done
-c journalctl -u dedupd -o cat --no-pager | grep -q 'configuration reloaded' || die "no 'configuration reloaded' line"
+c journalctl -u dedupd -o cat --no-pager | has 'configuration reloaded' || die "no 'configuration reloaded' line"
 [ "$(c systemctl show -P MainPID dedupd)" = "$pid0" ] || die "the reload restarted the service"
 rotated=$(trigger) || die "a webhook signed with the rotated secret was refused after the reload"
 old_token=$(c curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $token" \
@@ -173,7 +176,7 @@ api "/v1/sources/sume/events/$rotated" >/dev/null || die "the rotated API token 
 c cp /etc/dedupd/dedupd.toml /root/dedupd.toml.good
 c sh -c 'printf "\n[sources.broken]\nscheme = \"sume\"\n" >>/etc/dedupd/dedupd.toml'
 if c systemctl reload dedupd 2>/dev/null; then die "a broken file was reloaded"; fi
-c journalctl -u dedupd -o cat --no-pager | grep -q 'not reloaded: the configuration has errors' ||
+c journalctl -u dedupd -o cat --no-pager | has 'not reloaded: the configuration has errors' ||
     die "the refused reload said nothing in the journal"
 [ "$(c systemctl show -P MainPID dedupd)" = "$pid0" ] || die "the refused reload restarted the service"
 c cp /root/dedupd.toml.good /etc/dedupd/dedupd.toml
@@ -219,10 +222,10 @@ for _ in $(seq 200); do
 done
 [ "$pid2" != "$pid1" ] || die "not restarted by the watchdog within 20 s"
 for _ in $(seq 50); do
-    c journalctl -u dedupd -o cat --no-pager | grep -q 'Watchdog timeout' && break
+    c journalctl -u dedupd -o cat --no-pager | has 'Watchdog timeout' && break
     sleep 0.1
 done
-c journalctl -u dedupd -o cat --no-pager | grep -q 'Watchdog timeout' || die "no watchdog line in the journal"
+c journalctl -u dedupd -o cat --no-pager | has 'Watchdog timeout' || die "no watchdog line in the journal"
 # MainPID changes when the new process starts; it serves once READY=1.
 for _ in $(seq 100); do
     [ "$(c systemctl show -P ActiveState dedupd)" = active ] && break
@@ -268,15 +271,15 @@ c systemctl start dedupd-backup || { c journalctl -u dedupd-backup -o cat --no-p
 backup=$(c sh -c 'ls /var/backups/dedupd/dedupd-*.backup')
 [ "$(printf '%s\n' "$backup" | wc -l)" = 1 ] || die "not one backup file: $backup"
 [ "$(c stat -c '%a %U' "$backup")" = "600 root" ] || die "the backup is not 0600 root's"
-c journalctl -u dedupd-backup -o cat --no-pager | grep -q "^wrote $backup" || die "dedupd-backup did not say what it wrote"
+c journalctl -u dedupd-backup -o cat --no-pager | has "^wrote $backup" || die "dedupd-backup did not say what it wrote"
 c /usr/bin/dedupd verify "$backup" >/dev/null || die "the backup does not verify"
 late=$(trigger) || die "a webhook after the backup was refused"
 c systemctl stop dedupd
 c /usr/bin/dedupd restore "$backup" --config /etc/dedupd/dedupd.toml --replace >"$work/restore" 2>&1 ||
     { cat "$work/restore"; die "dedupd restore"; }
 c systemctl start dedupd || { c journalctl -u dedupd -o cat --no-pager | tail -20; die "does not start on the restored file"; }
-api "/v1/sources/sume/events/$first" | grep -q "\"event_id\":\"$first\"" || die "the event before the backup is not restored"
-api /v1/claims/drill-before-backup | grep -q '"state":"processing"' || die "the claim before the backup is not restored"
+api "/v1/sources/sume/events/$first" | has "\"event_id\":\"$first\"" || die "the event before the backup is not restored"
+api /v1/claims/drill-before-backup | has '"state":"processing"' || die "the claim before the backup is not restored"
 gone=$(c curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $token" \
     "http://127.0.0.1:8080/v1/sources/sume/events/$late")
 [ "$gone" = 404 ] || die "the event after the backup got $gone, not 404, after the restore"
@@ -293,7 +296,7 @@ c grep -q '^\[sources.sume\]' /etc/dedupd/dedupd.toml || die "the edited setting
 c systemctl is-enabled dedupd-backup.timer >/dev/null || die "the upgrade disabled the backup timer"
 pidu=$(c systemctl show -P MainPID dedupd)
 [ "$pidu" != "$pid" ] || die "not restarted by the upgrade"
-api "/v1/sources/sume/events/$first" | grep -q "\"event_id\":\"$first\"" || die "the old data is not served after the upgrade"
+api "/v1/sources/sume/events/$first" | has "\"event_id\":\"$first\"" || die "the old data is not served after the upgrade"
 
 log "upgrade: a data file of schema 11 is migrated"
 c systemctl stop dedupd
@@ -302,8 +305,8 @@ c systemctl stop dedupd
 c sh -c 'cd /var/lib/private/dedupd && rm -f dedupd.redb* &&
     cp /root/schema-11/dedupd.redb* . && chown --reference=. dedupd.redb*'
 c systemctl start dedupd || { c journalctl -u dedupd -o cat --no-pager | tail -20; die "does not start on a schema 11 file"; }
-api /v1/claims/job-done | grep -q '"state":"done"' || die "the schema 11 file's claim is not there"
-api /v1/sources/sume/events/ok-1 | grep -q '"status":"delivered"' || die "the schema 11 file's event is not there"
+api /v1/claims/job-done | has '"state":"done"' || die "the schema 11 file's claim is not there"
+api /v1/sources/sume/events/ok-1 | has '"status":"delivered"' || die "the schema 11 file's event is not there"
 
 log "remove keeps the data; purge removes it"
 c env DEBIAN_FRONTEND=noninteractive dpkg -r dedupd >/dev/null 2>&1 || die "dpkg -r"

@@ -118,11 +118,20 @@ fn partial_of(to: &Path) -> PathBuf {
 /// A new file for the backup's bytes: the owner's only (it holds every
 /// event and the keys that open them), written through [`Paced`] and a
 /// buffer of 1 MiB.
+/// A `FILE.partial` left by a backup that died is replaced; a link there
+/// (another user's, in a shared directory) is removed, never followed: the
+/// file is made new (`O_EXCL`), so root's backup never truncates the
+/// file a link points to.
 fn create(path: &Path) -> anyhow::Result<std::io::BufWriter<Paced>> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("cannot replace {}", path.display()));
+        }
+        _ => {}
+    }
     let file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(path)
         .with_context(|| format!("cannot create {}", path.display()))?;
@@ -315,7 +324,7 @@ fn print_data_file(path: &Path, r: &DataFileReport) -> anyhow::Result<()> {
 
 /// Runs `dedupd restore`.
 pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
-    let loaded = dedupd::config::Settings::load(args.config.as_deref())
+    let loaded = dedupd::config::Settings::load_for_operator(args.config.as_deref())
         .map_err(|e| anyhow!("{e}\n(the data file to restore to is the config's data_path)"))?;
     let data = loaded.settings.data_path.clone();
     let restored = super::runtime()?.block_on(restore::restore(RestoreOptions {

@@ -38,7 +38,7 @@ impl ServerArgs {
 
     /// Loads the settings (defaults and `DEDUPD_*` when no file is named).
     pub fn load(&self) -> anyhow::Result<Loaded> {
-        Settings::load(self.config.as_deref()).map_err(|e| {
+        Settings::load_for_operator(self.config.as_deref()).map_err(|e| {
             anyhow!(
                 "{e}\n(the server's address and token come from this configuration; \
                  or give them with --url and --token)"

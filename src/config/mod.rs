@@ -547,6 +547,42 @@ impl Settings {
         Self::load_from_checked(&Self::figment(file.as_deref()), check)
     }
 
+    /// As [`Settings::load`], for the commands that read the settings for
+    /// the server's address, an API token or the data file's path and never
+    /// use a source's secrets (the operator commands, `backup`,
+    /// `restore`): a source's secrets file that cannot be read is no error
+    /// here (under the unit they name the service's staged copies, the
+    /// service user's alone and gone while it is stopped, when `restore`
+    /// runs). Every other mistake is, and the sources keep no secrets.
+    pub fn load_for_operator(file: Option<&Path>) -> Result<Loaded, ConfigErrors> {
+        match Self::load(file) {
+            Ok(loaded) => Ok(loaded),
+            Err(ConfigErrors(errors)) => {
+                let unused = |key: &str| {
+                    key.starts_with("sources.")
+                        && (key.ends_with(".secrets_file")
+                            || key.ends_with(".destination_secret_file"))
+                };
+                if errors.iter().all(|e| unused(&e.key)) {
+                    let fig = Self::figment(
+                        file.map(Path::to_path_buf)
+                            .or_else(|| std::env::var_os(CONFIG_ENV).map(PathBuf::from))
+                            .as_deref(),
+                    );
+                    let mut settings: Settings =
+                        fig.extract().map_err(|_| ConfigErrors(errors.clone()))?;
+                    for src in settings.sources.values_mut() {
+                        src.secrets_file = None;
+                        src.destination_secret_file = None;
+                    }
+                    settings.checked(&fig, |_| Ok(()))
+                } else {
+                    Err(ConfigErrors(errors))
+                }
+            }
+        }
+    }
+
     /// Extracts and validates settings from a prepared figment.
     pub fn load_from(fig: &Figment) -> Result<Loaded, ConfigErrors> {
         Self::load_from_checked(fig, |_| Ok(()))

@@ -404,6 +404,19 @@ async fn a_backup_through_the_api_takes_a_full_token_and_is_one_whole_file() {
     .await;
     assert!(!ok && err.contains("read_only_token"), "{err}");
     assert!(!scratch.path().join("c").exists() && !scratch.path().join("c.partial").exists());
+
+    // A link planted where the partial file goes (another user, in a
+    // shared directory, waiting for root's backup) is replaced, never
+    // written through.
+    let victim = scratch.path().join("victim");
+    std::fs::write(&victim, "keep me\n").unwrap();
+    let d = scratch.path().join("d");
+    std::os::unix::fs::symlink(&victim, scratch.path().join("d.partial")).unwrap();
+    let (ok, out, err) = backup(&app, &d).await;
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me\n");
+    assert_eq!(verify_backup(&d).unwrap().rows("claim_rows"), 1);
+    assert!(std::fs::symlink_metadata(scratch.path().join("d.partial")).is_err());
     app.stop().await;
 }
 
@@ -550,4 +563,88 @@ async fn a_backup_onto_a_disk_too_small_fails_leaves_nothing_and_the_next_one_is
     assert_eq!(report.rows("inbox_events"), 450);
     assert!(report.bytes > 1 << 20);
     app.stop().await;
+}
+
+/// Under the packaged unit a source's secrets files name the service's
+/// staged copies, the service user's alone and gone while it is stopped,
+/// which is when a restore runs. `backup`, `restore` and the operator
+/// commands read the settings for the address, the token and the data
+/// file only: such a file does not stop them, while `check-config` (and
+/// `serve`) still refuse it, and any other mistake still stops them.
+#[tokio::test]
+async fn backup_restore_and_the_operator_commands_need_no_source_secrets() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let dir = Arc::new(TempDir::new().unwrap());
+    let clock = dedupd::clock::ManualClock::new(crate::support::app::T0);
+    let app = start(instance(&dir, &receiver.url), dir.clone(), clock).await;
+    app.claim_ok("kept", json!({})).await;
+    let target = TempDir::new().unwrap();
+    let gone = target.path().join("staged");
+    let settings = |listen: &str| {
+        format!(
+            "listen = {listen:?}\ndata_path = {:?}\n[api]\ntokens = [\"{FULL}\"]\n\
+             [sources.sume]\nscheme = \"sume\"\nsecrets_file = {:?}\n\
+             destination_secret_file = {:?}\nevent_id = \"body:/request_id\"\n\
+             created_at = \"body:/created_at\"\nstream = \"body:/run_id\"\n\
+             forward_to = \"http://127.0.0.1:9/nobody\"\n",
+            target.path().join("dedupd.redb").display().to_string(),
+            gone.join("sume-secrets").display().to_string(),
+            gone.join("sume-destination").display().to_string(),
+        )
+    };
+    let config = target.path().join("dedupd.toml");
+    let listen = app.address.trim_start_matches("http://").to_owned();
+    std::fs::write(&config, settings(&listen)).unwrap();
+    let config_arg = config.display().to_string();
+
+    let file = target.path().join("b.backup");
+    let (ok, out, err) = run(vec![
+        "backup".into(),
+        "--config".into(),
+        config_arg.clone(),
+        "--to".into(),
+        file.display().to_string(),
+    ])
+    .await;
+    assert!(ok, "{out}\n{err}");
+    let (ok, out, err) = run(vec![
+        "claims".into(),
+        "get".into(),
+        "kept".into(),
+        "--config".into(),
+        config_arg.clone(),
+    ])
+    .await;
+    assert!(ok && out.contains("processing"), "{out}\n{err}");
+    app.stop().await;
+
+    let (ok, out, err) = run(vec![
+        "check-config".into(),
+        "--config".into(),
+        config_arg.clone(),
+    ])
+    .await;
+    assert!(!ok && err.contains("sume-secrets"), "{out}\n{err}");
+    let (ok, out, err) = run(vec![
+        "restore".into(),
+        file.display().to_string(),
+        "--config".into(),
+        config_arg.clone(),
+    ])
+    .await;
+    assert!(ok, "{out}\n{err}");
+    assert!(target.path().join("dedupd.redb").exists());
+
+    // Another mistake still stops it, the secrets aside.
+    std::fs::write(&config, settings("not an address")).unwrap();
+    std::fs::remove_file(target.path().join("dedupd.redb")).unwrap();
+    let (ok, _, err) = run(vec![
+        "restore".into(),
+        file.display().to_string(),
+        "--config".into(),
+        config_arg,
+    ])
+    .await;
+    assert!(!ok && err.contains("listen"), "{err}");
+    assert!(!target.path().join("dedupd.redb").exists());
 }
