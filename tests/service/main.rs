@@ -8,6 +8,7 @@
 mod support;
 
 mod alerts;
+mod attack_backup;
 mod auth;
 mod backup;
 mod bad_input;

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod backends;
+mod attack_backup;
 mod backup;
 mod cases;
 mod checkpoint_sync;

@@ -1,0 +1,555 @@
+//! Attacks on backups and restore: hostile backup files (their SHA-256 and
+//! crc32s recomputed over forged contents: a checksum is not a signature,
+//! so anyone who can hand the operator a file can make every check of the
+//! container pass) and the target directory of a restore.
+//!
+//! Each test states what should hold; those that fail show a finding.
+
+use std::path::{Path, PathBuf};
+
+use aes_gcm::aead::{Aead, KeyInit, Payload};
+use aes_gcm::{Aes256Gcm, Nonce};
+use dedupd::domain::{CreatedAt, Key, ScopedKey, Ttl};
+use dedupd::store::inbox::{Inbox, NewEvent};
+use dedupd::store::redb::backup::format::{
+    FrameReader, FrameWriter, Header, Kind, keys as key_slots, push_row, rows as rows_of,
+};
+use dedupd::store::redb::backup::restore::{RestoreOptions, restore};
+use dedupd::store::redb::backup::verify::verify_backup;
+use dedupd::store::redb::{RedbOptions, RedbStore};
+use dedupd::store::{ClaimOutcome, Store};
+use tempfile::TempDir;
+
+use crate::support::process::dedupd;
+
+const T: u64 = 1_800_000_000_000;
+/// `T` as a restore names the files it moves aside.
+const STAMP: &str = "20270115T080000Z";
+
+/// Table indexes in a backup (`raw::TABLES`' order).
+const SEALS: usize = 0;
+const META: usize = 1;
+const CLAIM_ROWS: usize = 2;
+const EVENT_EXPIRY: usize = 5;
+const BODIES: usize = 9;
+
+fn key(k: &str) -> ScopedKey {
+    ScopedKey::api(&Key::parse(k, "key").unwrap())
+}
+
+fn ttl() -> Ttl {
+    Ttl::from_ms_unchecked(3_600_000)
+}
+
+fn event(id: &str, body: &[u8]) -> NewEvent {
+    NewEvent {
+        source: "sume".into(),
+        event_id: id.into(),
+        stream: Some("run_1".into()),
+        created_at: CreatedAt::from_unix_nanos(i128::from(T) * 1_000_000),
+        received_at_ms: T,
+        headers: vec![("x-customer".into(), "h".into())],
+        body: body.to_vec(),
+    }
+}
+
+fn open(dir: &Path) -> RedbStore {
+    RedbStore::open(&RedbOptions::new(dir.join("dedupd.redb"))).unwrap()
+}
+
+async fn claim(store: &RedbStore, k: &str) -> u64 {
+    match store.claim(&key(k), ttl(), None, T).await.unwrap() {
+        ClaimOutcome::Claimed { fence, .. } => fence,
+        other => panic!("{k}: {other:?}"),
+    }
+}
+
+/// A backup's contents, decoded, to be changed and written again with
+/// every checksum recomputed.
+#[derive(Debug, Clone)]
+struct Forged {
+    header: Header,
+    tables: Vec<Vec<(Vec<u8>, Vec<u8>)>>,
+    keys: Vec<(u64, Vec<u8>)>,
+}
+
+impl Forged {
+    fn parse(bytes: &[u8]) -> Self {
+        let mut r = FrameReader::new(bytes).unwrap();
+        let mut header = None;
+        let mut tables = vec![Vec::new(); 21];
+        let mut keys = Vec::new();
+        while let Some(f) = r.next_frame().unwrap() {
+            match f.kind {
+                Kind::Header => header = Some(serde_json::from_slice(&f.payload).unwrap()),
+                Kind::Rows => {
+                    let (t, rows) = rows_of(&f.payload).unwrap();
+                    tables[usize::from(t)]
+                        .extend(rows.into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())));
+                }
+                Kind::Keys => keys.extend(
+                    key_slots(&f.payload)
+                        .unwrap()
+                        .into_iter()
+                        .map(|(s, k)| (s, k.to_vec())),
+                ),
+                Kind::End => {}
+            }
+        }
+        Self {
+            header: header.unwrap(),
+            tables,
+            keys,
+        }
+    }
+
+    /// The bytes, every checksum made to hold.
+    fn bytes(&self) -> Vec<u8> {
+        let mut w = FrameWriter::new(Vec::new()).unwrap();
+        w.header(&self.header).unwrap();
+        for (i, rows) in self.tables.iter().enumerate() {
+            if !rows.is_empty() {
+                let mut payload = u16::try_from(i).unwrap().to_le_bytes().to_vec();
+                for (k, v) in rows {
+                    push_row(&mut payload, k, v).unwrap();
+                }
+                w.frame(Kind::Rows, &payload).unwrap();
+            }
+            if i == SEALS && !self.keys.is_empty() {
+                let mut payload = Vec::new();
+                for (s, k) in &self.keys {
+                    payload.extend_from_slice(&s.to_le_bytes());
+                    payload.extend_from_slice(k);
+                }
+                w.frame(Kind::Keys, &payload).unwrap();
+            }
+        }
+        let counts = self.tables.iter().map(|t| t.len() as u64).collect();
+        w.finish(counts, self.keys.len() as u64).unwrap().0
+    }
+
+    fn set_meta(&mut self, name: &str, value: u64) {
+        let row = self.tables[META]
+            .iter_mut()
+            .find(|(k, _)| k == name.as_bytes())
+            .unwrap();
+        row.1 = value.to_le_bytes().to_vec();
+    }
+}
+
+/// A backup of a store holding one sealed event, `sume/e1`.
+async fn backup_with_a_sealed_event() -> Vec<u8> {
+    let dir = TempDir::new().unwrap();
+    let store = open(dir.path());
+    store.inbox().ingest(event("e1", b"one"), T).await.unwrap();
+    claim(&store, "k").await;
+    let (bytes, _) = store.backups().write_to(T, Vec::new()).await.unwrap();
+    store.close().await;
+    bytes
+}
+
+/// `seal` opened with `key` and sealed again naming slot `slot` (the
+/// seal format of `store::redb::seal`: magic, slot, len, nonce; AAD the
+/// first 20 bytes).
+fn reseal(seal: &[u8], key: &[u8], slot: u64) -> Vec<u8> {
+    let cipher = Aes256Gcm::new(key.into());
+    let plain = cipher
+        .decrypt(
+            Nonce::from_slice(&seal[20..32]),
+            Payload {
+                msg: &seal[32..],
+                aad: &seal[..20],
+            },
+        )
+        .unwrap();
+    let mut out = seal[..32].to_vec();
+    out[8..16].copy_from_slice(&slot.to_le_bytes());
+    let sealed = cipher
+        .encrypt(
+            Nonce::from_slice(&out[20..32]),
+            Payload {
+                msg: &plain,
+                aad: &out[..20],
+            },
+        )
+        .unwrap();
+    out.extend_from_slice(&sealed);
+    out
+}
+
+/// The backup with its one sealed event moved to key slot `slot`: a
+/// consistent backup by every check `verify` makes.
+async fn sealed_at_slot(slot: u64) -> Vec<u8> {
+    let mut f = Forged::parse(&backup_with_a_sealed_event().await);
+    assert_eq!(f.tables[SEALS].len(), 1);
+    assert_eq!(f.keys.len(), 1);
+    let key = f.keys[0].1.clone();
+    f.tables[SEALS][0].1 = slot.to_le_bytes().to_vec();
+    f.keys[0].0 = slot;
+    let event = f.tables[SEALS][0].0.clone();
+    let body = f.tables[BODIES]
+        .iter_mut()
+        .find(|(k, _)| *k == event)
+        .unwrap();
+    body.1 = reseal(&body.1, &key, slot);
+    f.bytes()
+}
+
+fn file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn snapshot_of(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn opts(backup: &Path, dir: &Path) -> RestoreOptions {
+    RestoreOptions {
+        backup: backup.to_owned(),
+        data: dir.join("dedupd.redb"),
+        replace: true,
+        now_ms: T,
+    }
+}
+
+/// Finding: a backup of a few kilobytes whose one sealed event names key
+/// slot 2^40 passes `dedupd verify`, and `dedupd restore` allocates 32 TiB
+/// for the key file (`restore::write_keys`: `vec![0; (max slot + 1) * 32]`)
+/// and dies (SIGABRT "memory allocation failed" under a memory limit; with
+/// none, it fills the machine's memory until the OOM killer ends it)
+/// instead of refusing.
+/// A slot of 2^27 or so instead makes it write a 4 GiB key file (and every
+/// later open rewrites it and lists every free slot in memory).
+#[tokio::test]
+async fn a_backup_naming_a_huge_key_slot_is_refused_not_an_abort_of_restore() {
+    let dir = TempDir::new().unwrap();
+    let path = file(dir.path(), "hostile.backup", &sealed_at_slot(1 << 40).await);
+    assert!(std::fs::metadata(&path).unwrap().len() < 64 * 1024);
+    let verified = verify_backup(&path);
+    let target = TempDir::new().unwrap();
+    let config = target.path().join("restore.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_path = {:?}\n",
+            target.path().join("dedupd.redb").display().to_string()
+        ),
+    )
+    .unwrap();
+    // Under a limit of 4 GiB of address space: unbounded, the 32 TiB
+    // calloc succeeds lazily and filling it with random keys took every
+    // byte of a 24 GiB machine until the OOM killer ended it (SIGKILL,
+    // after four minutes).
+    let out = tokio::task::spawn_blocking(move || {
+        let mut cmd = std::process::Command::new("prlimit");
+        cmd.arg("--as=4294967296")
+            .arg("--")
+            .arg(dedupd().get_program());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("DEDUPD_") || k == "RUST_LOG" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.arg("restore")
+            .arg(&path)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code().is_some(),
+        "restore was killed by a signal ({:?}) instead of refusing the backup (verify said \
+         {verified:?}): {stderr}",
+        std::os::unix::process::ExitStatusExt::signal(&out.status)
+    );
+    assert!(!out.status.success(), "a slot of 2^40 restored: {stderr}");
+    let left: Vec<_> = std::fs::read_dir(target.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with(".dedupd-restore-"))
+        .collect();
+    assert!(left.is_empty(), "a staging directory was left: {left:?}");
+    assert!(
+        !target.path().join("dedupd.redb").exists(),
+        "a restore that failed left a data file"
+    );
+}
+
+/// Finding: the fence counter of a restore is the backup's (header and
+/// `meta.fence`, which verify only checks agree) plus a margin, with
+/// saturating adds. A backup whose counter is near `u64::MAX` verifies and
+/// restores to a counter of `u64::MAX`; the next claim's `*fence += 1`
+/// overflows: a panic of the writer thread in a debug build (every later
+/// write answers that the store is closed), a wrap to fence 0 in release
+/// (below every fence handed out, the opposite of what fences promise).
+#[tokio::test]
+async fn a_restored_counter_at_the_top_never_hands_out_a_fence_that_overflows() {
+    let mut f = Forged::parse(&backup_with_a_sealed_event().await);
+    let top = u64::MAX - 10;
+    f.header.fence = top;
+    f.set_meta("fence", top);
+    let dir = TempDir::new().unwrap();
+    let path = file(dir.path(), "hostile.backup", &f.bytes());
+    verify_backup(&path).unwrap();
+    let target = TempDir::new().unwrap();
+    match restore(opts(&path, target.path())).await {
+        Err(e) => eprintln!("refused, as it should be: {e}"),
+        Ok(done) => {
+            let store = open(target.path());
+            let answer = store.claim(&key("after"), ttl(), None, T).await;
+            store.close().await;
+            match answer {
+                Ok(ClaimOutcome::Claimed { fence, .. }) => assert!(
+                    fence > done.fence.min(top),
+                    "fence {fence} handed out after a restore whose counter is {}",
+                    done.fence
+                ),
+                other => panic!(
+                    "restored counter {}: the next claim failed: {other:?} (the writer thread \
+                     died of an overflow)",
+                    done.fence
+                ),
+            }
+        }
+    }
+}
+
+/// Finding: a claim row's fence is not checked against the counter. A
+/// backup holding claim `k` at fence F above the header's counter (by
+/// more than the restore's margin of a million) verifies and restores, and
+/// the next claims are handed fences below F: a holder of a later claim
+/// is fenced off by an older one.
+#[tokio::test]
+async fn fences_after_a_restore_are_above_every_fence_its_rows_hold() {
+    let mut f = Forged::parse(&backup_with_a_sealed_event().await);
+    let high = 1_000_000_000_000u64;
+    assert_eq!(f.tables[CLAIM_ROWS].len(), 1);
+    // The claim's value: state, token (16), fence (8 LE), fingerprint;
+    // inside the row's (key, value, expiry) tuple. Its fence is the
+    // header's counter (the only claim taken).
+    let at_fence = f.header.fence.to_le_bytes();
+    let value = &mut f.tables[CLAIM_ROWS][0].1;
+    let pos = value
+        .windows(8)
+        .rposition(|w| w == at_fence)
+        .expect("the claim's fence in its row");
+    value[pos..pos + 8].copy_from_slice(&high.to_le_bytes());
+    let dir = TempDir::new().unwrap();
+    let path = file(dir.path(), "hostile.backup", &f.bytes());
+    verify_backup(&path).unwrap();
+    let target = TempDir::new().unwrap();
+    if let Err(e) = restore(opts(&path, target.path())).await {
+        eprintln!("refused: {e}");
+        return;
+    }
+    let store = open(target.path());
+    let restored = store.get(&key("k"), T).await.unwrap().unwrap();
+    assert_eq!(restored.fence, high, "the forged row is what was restored");
+    let next = claim(&store, "other").await;
+    store.close().await;
+    assert!(
+        next > high,
+        "a claim after the restore got fence {next}, below the restored claim's {high}"
+    );
+}
+
+/// Finding: rows are restored as bytes and never decoded, so a row that
+/// does not decode as its table's type (here an `event_expiry` key whose
+/// event id is not UTF-8, due long ago) passes verify and restore (whose
+/// open reads only the claims' and keyspace's rows); the reaper's first
+/// purge decodes it on the writer thread, which panics: every write after
+/// that fails (`Closed`) until the process restarts, and the same again.
+#[tokio::test]
+async fn a_restored_row_that_does_not_decode_never_wedges_the_writer() {
+    let mut f = Forged::parse(&backup_with_a_sealed_event().await);
+    let mut bad = <(u64, &str) as redb::Value>::as_bytes(&(1u64, "zz")).to_vec();
+    let n = bad.len();
+    bad[n - 2..].copy_from_slice(&[0xff, 0xfe]);
+    f.tables[EVENT_EXPIRY].push((bad, Vec::new()));
+    let dir = TempDir::new().unwrap();
+    let path = file(dir.path(), "hostile.backup", &f.bytes());
+    verify_backup(&path).unwrap();
+    let target = TempDir::new().unwrap();
+    if let Err(e) = restore(opts(&path, target.path())).await {
+        eprintln!("refused: {e}");
+        return;
+    }
+    let store = open(target.path());
+    let purged = store.purge_expired(T, 100).await;
+    let after = store.claim(&key("after"), ttl(), None, T).await;
+    store.close().await;
+    assert!(
+        matches!(after, Ok(ClaimOutcome::Claimed { .. })),
+        "after the reaper met the restored row ({purged:?}), a claim answers {after:?}"
+    );
+}
+
+/// Finding (low): verify says a backup with a row twice is whole, and
+/// restore refuses it (a table short of its count): `dedupd verify` is not
+/// the check of a restore it says it is.
+#[tokio::test]
+async fn verify_refuses_what_restore_refuses_a_row_twice() {
+    let mut f = Forged::parse(&backup_with_a_sealed_event().await);
+    let row = f.tables[CLAIM_ROWS][0].clone();
+    f.tables[CLAIM_ROWS].push(row);
+    let dir = TempDir::new().unwrap();
+    let path = file(dir.path(), "dup.backup", &f.bytes());
+    let target = TempDir::new().unwrap();
+    let restored = restore(opts(&path, target.path())).await;
+    assert!(restored.is_err(), "restore takes a row twice");
+    let verified = verify_backup(&path);
+    assert!(
+        verified.is_err(),
+        "verify passes a backup restore refuses ({}): {verified:?}",
+        restored.unwrap_err()
+    );
+}
+
+/// A data directory with an instance's four files, closed, and a backup.
+async fn instance_and_backup(dir: &Path) -> PathBuf {
+    let store = open(dir);
+    store.inbox().ingest(event("e1", b"one"), T).await.unwrap();
+    claim(&store, "k").await;
+    let (bytes, _) = store.backups().write_to(T, Vec::new()).await.unwrap();
+    store.close().await;
+    let scratch = dir.join("..").join(format!(
+        "attack-backup-{}.backup",
+        dir.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::write(&scratch, bytes).unwrap();
+    scratch
+}
+
+/// Finding: files are moved aside to NAME.before-restore-SECOND with a
+/// plain rename, which replaces whatever is there. Two restores in the
+/// same second (a script restoring, checking, restoring another backup)
+/// move the first restore's files over the originals it had moved aside:
+/// the original data file, log and key file are gone, silently.
+#[tokio::test]
+async fn a_second_restore_in_the_same_second_keeps_the_original_files_it_moved_aside() {
+    let target = TempDir::new().unwrap();
+    let backup = instance_and_backup(target.path()).await;
+    let original = std::fs::read(target.path().join("dedupd.redb")).unwrap();
+    let original_keys = std::fs::read(target.path().join("dedupd.redb.keys")).unwrap();
+    restore(opts(&backup, target.path())).await.unwrap();
+    restore(opts(&backup, target.path())).await.unwrap();
+    let files = snapshot_of(target.path());
+    let _ = std::fs::remove_file(&backup);
+    assert!(
+        files.iter().any(|(_, b)| *b == original),
+        "the original data file is nowhere in {:?}",
+        files.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    assert!(
+        files.iter().any(|(_, b)| *b == original_keys),
+        "the original key file is nowhere"
+    );
+}
+
+/// Finding: a restore that fails while it moves the old files aside
+/// leaves the target half changed: the key file is renamed aside first,
+/// then the log's rename fails (here a directory sits at its aside name),
+/// and the error is returned with the data file left without its key
+/// file (its sealed events no longer open; `serve` refuses it).
+#[tokio::test]
+async fn a_restore_that_fails_moving_files_aside_leaves_the_target_as_it_was() {
+    let target = TempDir::new().unwrap();
+    let backup = instance_and_backup(target.path()).await;
+    let blocker = target
+        .path()
+        .join(format!("dedupd.redb.wal.before-restore-{STAMP}"));
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("x"), b"x").unwrap();
+    let there = snapshot_of(target.path());
+    let err = restore(opts(&backup, target.path())).await.unwrap_err();
+    let _ = std::fs::remove_file(&backup);
+    let now = snapshot_of(target.path());
+    assert_eq!(
+        now.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        there.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "restore failed ({err}) and the target changed"
+    );
+    // As served: the old instance still opens.
+    let reopened = RedbStore::open(&RedbOptions::new(target.path().join("dedupd.redb")));
+    assert!(
+        reopened.is_ok(),
+        "after the failed restore: {:?}",
+        reopened.err()
+    );
+    reopened.unwrap().close().await;
+}
+
+/// Finding (root): a restore gives the files it put in place to the
+/// owner of their directory (`restore::give_to_owner_of`) with `metadata`
+/// and `chown`, both of which follow links, by path, after the files were
+/// renamed into a directory that owner can write. The directory's owner
+/// (the service's user, whose `StateDirectory` a root `dedupd restore`
+/// writes into) swaps `dedupd.redb.keys` for a link to a file of root's
+/// between the rename and the chown (the window holds a directory fsync
+/// and the staging directory's removal: the first try wins), and root
+/// gives it that file: here a root-only file becomes uid 65534's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root to chown: .ci/run runs it"]
+async fn a_restore_as_root_never_gives_the_directory_owner_a_file_a_link_names() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    let source = TempDir::new().unwrap();
+    let backup = instance_and_backup(source.path()).await;
+    let root_only = TempDir::new().unwrap();
+    let victim = root_only.path().join("shadow");
+    std::fs::write(&victim, b"root:$6$secret\n").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let target = TempDir::new().unwrap();
+    std::os::unix::fs::chown(target.path(), Some(65534), Some(65534)).unwrap();
+    // What the directory's owner can do: rename over entries of its own
+    // directory.
+    let dir = target.path().to_owned();
+    let link_to = victim.clone();
+    let racer = std::thread::spawn(move || {
+        let keys = dir.join("dedupd.redb.keys");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            match std::fs::symlink_metadata(&keys) {
+                Ok(m) if !m.file_type().is_symlink() && !m.file_type().is_fifo() => {
+                    let tmp = dir.join(".l");
+                    std::os::unix::fs::symlink(&link_to, &tmp).unwrap();
+                    std::fs::rename(&tmp, &keys).unwrap();
+                    return true;
+                }
+                _ => std::hint::spin_loop(),
+            }
+        }
+        false
+    });
+    let mut o = opts(&backup, target.path());
+    o.replace = false;
+    let done = restore(o).await;
+    let swapped = racer.join().unwrap();
+    let _ = std::fs::remove_file(&backup);
+    let owner = std::fs::metadata(&victim).unwrap().uid();
+    assert_eq!(
+        owner,
+        0,
+        "root's file {} now belongs to uid {owner} (the link was planted: {swapped}; restore: \
+         {:?})",
+        victim.display(),
+        done.map(|d| d.owner_warning)
+    );
+}
