@@ -212,6 +212,15 @@ async fn offline(args: &BackupArgs, partial: &Path) -> anyhow::Result<()> {
     let loaded = args.server.load()?;
     let opts = RedbOptions::from_settings(&loaded.settings, CommitMetrics::default());
     let path = opts.path.clone();
+    // Opening a path with nothing there would make a new, empty instance
+    // and back that up.
+    if !path.is_file() {
+        bail!(
+            "there is no data file at {} (the config's data_path): --offline backs up the data \
+             file of a stopped instance",
+            path.display()
+        );
+    }
     let store = tokio::task::spawn_blocking(move || RedbStore::open(&opts))
         .await?
         .with_context(|| {

@@ -647,4 +647,20 @@ async fn backup_restore_and_the_operator_commands_need_no_source_secrets() {
     .await;
     assert!(!ok && err.contains("listen"), "{err}");
     assert!(!target.path().join("dedupd.redb").exists());
+
+    // --offline with a data_path where there is no data file: refused,
+    // rather than a backup of a new, empty instance made there.
+    std::fs::write(&config, settings(&listen)).unwrap();
+    let offline = target.path().join("offline.backup");
+    let (ok, _, err) = run(vec![
+        "backup".into(),
+        "--offline".into(),
+        "--config".into(),
+        config.display().to_string(),
+        "--to".into(),
+        offline.display().to_string(),
+    ])
+    .await;
+    assert!(!ok && err.contains("there is no data file at"), "{err}");
+    assert!(!offline.exists() && !target.path().join("dedupd.redb").exists());
 }

@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod backends;
-mod attack_backup;
 mod backup;
+mod backup_hostile;
 mod cases;
 mod checkpoint_sync;
 mod disk_faults;

@@ -366,16 +366,39 @@ pub type Row<'a> = (&'a [u8], &'a [u8]);
 
 /// The table index and the rows of a [`Kind::Rows`] payload.
 pub fn rows(payload: &[u8]) -> Result<(u16, Vec<Row<'_>>), FormatError> {
-    let (table, mut rest) = payload
+    let (table, rows) = rows_of(payload)?;
+    Ok((table, rows.collect::<Result<_, _>>()?))
+}
+
+/// The table index of a [`Kind::Rows`] payload and its rows, read one at a
+/// time: a frame of a million empty rows is never listed whole (a slice
+/// pair is 32 bytes, an empty row 8).
+pub fn rows_of(payload: &[u8]) -> Result<(u16, RowIter<'_>), FormatError> {
+    let (table, rest) = payload
         .split_first_chunk::<2>()
         .ok_or_else(|| FormatError::Malformed("a rows frame has no table".into()))?;
-    let mut out = Vec::new();
-    while !rest.is_empty() {
-        let key = part(&mut rest)?;
-        let value = part(&mut rest)?;
-        out.push((key, value));
+    Ok((u16::from_le_bytes(*table), RowIter { rest }))
+}
+
+/// The rows of a [`Kind::Rows`] payload ([`rows_of`]).
+#[derive(Debug)]
+pub struct RowIter<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for RowIter<'a> {
+    type Item = Result<Row<'a>, FormatError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let row = part(&mut self.rest).and_then(|key| Ok((key, part(&mut self.rest)?)));
+        if row.is_err() {
+            self.rest = &[];
+        }
+        Some(row)
     }
-    Ok((u16::from_le_bytes(*table), out))
 }
 
 /// The next length-prefixed part of a row in `rest`.

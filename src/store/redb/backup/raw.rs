@@ -96,6 +96,12 @@ pub trait Copied: Sync {
     fn insert(&self, tx: &WriteTransaction, rows: &[(&[u8], &[u8])]) -> Result<(), redb::Error>;
     /// Rows in the table of `tx`.
     fn len(&self, tx: &ReadTransaction) -> Result<u64, redb::Error>;
+    /// Whether the row reads as the table's key and value types, and
+    /// writes back to the same bytes (redb's readers of a type panic on
+    /// bytes that are not one; this catches that panic).
+    fn decodes(&self, key: &[u8], value: &[u8]) -> bool;
+    /// The order of two keys in the table.
+    fn compare(&self, a: &[u8], b: &[u8]) -> Ordering;
 }
 
 /// Why a table could not be read out.
@@ -151,6 +157,19 @@ impl<K: Key + Sync + 'static, V: Value + Sync + 'static> Copied for Def<K, V> {
             table.insert(k, v)?;
         }
         Ok(())
+    }
+
+    fn decodes(&self, key: &[u8], value: &[u8]) -> bool {
+        std::panic::catch_unwind(|| {
+            let k = K::from_bytes(key);
+            let v = V::from_bytes(value);
+            K::as_bytes(&k).as_ref() == key && V::as_bytes(&v).as_ref() == value
+        })
+        .unwrap_or(false)
+    }
+
+    fn compare(&self, a: &[u8], b: &[u8]) -> Ordering {
+        std::panic::catch_unwind(|| K::compare(a, b)).unwrap_or(Ordering::Equal)
     }
 
     fn len(&self, tx: &ReadTransaction) -> Result<u64, redb::Error> {

@@ -22,10 +22,12 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use redb::{Durability, ReadableDatabase, WriteTransaction};
+use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, RenameFlags, Uid};
 
 use super::raw::TABLES;
 use super::verify::{self, BackupReport, Load, VerifyError};
@@ -156,32 +158,16 @@ pub async fn restore(opts: RestoreOptions) -> Result<Restored, RestoreError> {
     store.close().await;
     // Into place. A server started meanwhile has the file now.
     in_use(&data)?;
-    let stamp = stamp(opts.now_ms);
-    let mut moved_aside = Vec::new();
-    for old in there() {
-        let mut aside = old.as_os_str().to_owned();
-        aside.push(format!(".before-restore-{stamp}"));
-        let aside = PathBuf::from(aside);
-        std::fs::rename(&old, &aside).map_err(io(format!(
-            "renaming {} aside (the files renamed before it: {:?})",
-            old.display(),
-            moved_aside
-        )))?;
-        moved_aside.push(aside);
-    }
-    for (from, to) in files_of(&stage.data).iter().zip(files_of(&data)) {
-        if from.exists() {
-            std::fs::rename(from, &to).map_err(io(format!(
-                "moving {} into place (the files already there were renamed aside: {moved_aside:?})",
-                to.display()
-            )))?;
-        }
-    }
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(format!("syncing {}", dir.display())))?;
+    let target = rustix::fs::open(
+        &dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io(format!("opening {}", dir.display()))(e.into()))?;
+    let owner_warning = stage.give_to(&target);
+    let moved_aside = place(&stage, &target, &data, opts.now_ms)?;
+    rustix::fs::fsync(&target).map_err(|e| io(format!("syncing {}", dir.display()))(e.into()))?;
     drop(stage);
-    let owner_warning = give_to_owner_of(&dir, &files_of(&data));
     Ok(Restored {
         report,
         id,
@@ -189,6 +175,118 @@ pub async fn restore(opts: RestoreOptions) -> Result<Restored, RestoreError> {
         moved_aside,
         owner_warning,
     })
+}
+
+/// The name of `path` in its directory.
+fn name_of(path: &Path) -> std::ffi::OsString {
+    path.file_name().unwrap_or_default().to_owned()
+}
+
+/// Renames the files at the target (`data`, in the directory `target`)
+/// aside, each to a name no file has (`NAME.before-restore-TIME`, then
+/// `-2`, `-3` …), and the staged ones into place, the data file last; the
+/// names the old files went to. A rename that fails undoes those before
+/// it, so the target is as it was.
+fn place(
+    stage: &Stage,
+    target: &OwnedFd,
+    data: &Path,
+    now_ms: u64,
+) -> Result<Vec<PathBuf>, RestoreError> {
+    let dir = data.parent().unwrap_or(Path::new("."));
+    let stamp = stamp(now_ms);
+    // (from, from's name, to, to's name), to undo in reverse.
+    let mut done: Vec<(&OwnedFd, std::ffi::OsString, &OwnedFd, std::ffi::OsString)> = Vec::new();
+    let undo = |done: &mut Vec<(&OwnedFd, std::ffi::OsString, &OwnedFd, std::ffi::OsString)>| {
+        let mut failed = Vec::new();
+        while let Some((from, from_name, to, to_name)) = done.pop() {
+            if rustix::fs::renameat_with(to, &to_name, from, &from_name, RenameFlags::NOREPLACE)
+                .is_err()
+            {
+                failed.push(dir.join(&to_name).display().to_string());
+            }
+        }
+        failed
+    };
+    let failure = |what: String, e: rustix::io::Errno, failed: Vec<String>| {
+        let left = if failed.is_empty() {
+            "; the files there were left as they were".to_owned()
+        } else {
+            format!(
+                "; these could not be put back and are where they were renamed to: {}",
+                failed.join(", ")
+            )
+        };
+        RestoreError::Io {
+            what: format!("{what}{left}"),
+            source: e.into(),
+        }
+    };
+    let mut moved_aside = Vec::new();
+    for old in files_of(data) {
+        let name = name_of(&old);
+        match rustix::fs::statat(target, &name, AtFlags::SYMLINK_NOFOLLOW) {
+            // Empty files are left to be replaced, as when nothing is there.
+            Ok(st)
+                if st.st_size > 0
+                    || FileType::from_raw_mode(st.st_mode) != FileType::RegularFile => {}
+            Ok(_) => continue,
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => {
+                let failed = undo(&mut done);
+                return Err(failure(format!("looking at {}", old.display()), e, failed));
+            }
+        }
+        let mut n = 1;
+        loop {
+            let mut aside = name.clone();
+            aside.push(format!(".before-restore-{stamp}"));
+            if n > 1 {
+                aside.push(format!("-{n}"));
+            }
+            match rustix::fs::renameat_with(target, &name, target, &aside, RenameFlags::NOREPLACE) {
+                Ok(()) => {
+                    moved_aside.push(dir.join(&aside));
+                    done.push((target, name.clone(), target, aside));
+                    break;
+                }
+                Err(rustix::io::Errno::EXIST) if n < 1000 => n += 1,
+                Err(e) => {
+                    let failed = undo(&mut done);
+                    return Err(failure(
+                        format!("renaming {} aside", old.display()),
+                        e,
+                        failed,
+                    ));
+                }
+            }
+        }
+    }
+    for old in files_of(data) {
+        let name = name_of(&old);
+        match rustix::fs::statat(&stage.fd, &name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => {
+                let failed = undo(&mut done);
+                return Err(failure(
+                    format!("looking at the staged {}", old.display()),
+                    e,
+                    failed,
+                ));
+            }
+        }
+        if let Err(e) = rustix::fs::renameat(&stage.fd, &name, target, &name) {
+            let failed = undo(&mut done);
+            return Err(failure(
+                format!("moving {} into place", old.display()),
+                e,
+                failed,
+            ));
+        }
+        done.push((&stage.fd, name.clone(), target, name));
+    }
+    Ok(moved_aside)
 }
 
 /// Refuses when a server has `data` open.
@@ -204,10 +302,14 @@ fn in_use(data: &Path) -> Result<(), RestoreError> {
     }
 }
 
-/// A directory beside the target the files are built in; removed with
-/// whatever is left in it when dropped.
+/// A directory beside the target the files are built in, the owner's
+/// alone, reached through the descriptor it was opened as (its path in the
+/// target's directory, whose owner may rename it, is never followed
+/// again); removed with whatever is left in it when dropped.
 struct Stage {
     dir: PathBuf,
+    fd: OwnedFd,
+    /// The data file in it, as a path through `fd`.
     data: PathBuf,
 }
 
@@ -219,16 +321,98 @@ impl Stage {
             .mode(0o700)
             .create(&stage)
             .map_err(io(format!("creating {}", stage.display())))?;
+        let opened = rustix::fs::open(
+            &stage,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io(format!("opening {}", stage.display()))(e.into()));
+        let fd = match opened.and_then(|fd| {
+            let st = rustix::fs::fstat(&fd).map_err(|e| io("looking at it")(e.into()))?;
+            if st.st_uid != rustix::process::geteuid().as_raw() || st.st_mode & 0o077 != 0 {
+                return Err(io(format!(
+                    "{} was replaced while it was made",
+                    stage.display()
+                ))(std::io::Error::other(
+                    "not this user's own directory",
+                )));
+            }
+            Ok(fd)
+        }) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = std::fs::remove_dir(&stage);
+                return Err(e);
+            }
+        };
+        let through = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        if !through.is_dir() {
+            return Err(io("restoring")(std::io::Error::other(
+                "/proc is not mounted: restore needs /proc/self/fd",
+            )));
+        }
         Ok(Self {
-            data: stage.join(name),
+            data: through.join(name),
+            fd,
             dir: stage,
         })
+    }
+
+    /// Gives every file in it the owner and group of the directory
+    /// `target` (a restore run as root into a service's state directory
+    /// leaves files the service could not open), each through a
+    /// descriptor opened without following a link; why not, if it could
+    /// not.
+    fn give_to(&self, target: &OwnedFd) -> Option<String> {
+        let owner = match rustix::fs::fstat(target) {
+            Ok(st) => st,
+            Err(e) => return Some(format!("the target's owner is unknown: {e}")),
+        };
+        let names = files_of(Path::new(&self.data));
+        for path in names {
+            let name = name_of(&path);
+            let fd = match rustix::fs::openat(
+                &self.fd,
+                &name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+                Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::NOENT) => continue,
+                Err(e) => return Some(format!("{}: {e}", path.display())),
+            };
+            let Ok(st) = rustix::fs::fstat(&fd) else {
+                continue;
+            };
+            if (st.st_uid, st.st_gid) == (owner.st_uid, owner.st_gid) {
+                continue;
+            }
+            if let Err(e) = rustix::fs::fchown(
+                &fd,
+                Some(Uid::from_raw(owner.st_uid)),
+                Some(Gid::from_raw(owner.st_gid)),
+            ) {
+                return Some(format!(
+                    "{} could not be given to the owner of its directory (uid {}, gid {}): {e}; \
+                     chown the restored files to the user dedupd runs as",
+                    name.to_string_lossy(),
+                    owner.st_uid,
+                    owner.st_gid
+                ));
+            }
+        }
+        None
     }
 }
 
 impl Drop for Stage {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // Its files through the descriptor, then the directory if it is
+        // still the one made (empty, so a removal elsewhere fails).
+        for path in files_of(Path::new(&self.data)) {
+            let _ = rustix::fs::unlinkat(&self.fd, name_of(&path), AtFlags::empty());
+        }
+        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
@@ -308,29 +492,56 @@ fn build(
 }
 
 /// Writes the key file of data file `id`: `keys` in their slots, fresh
-/// random keys in the others (opening it shreds those again).
+/// random keys in the others (opening it shreds those again), a MiB at a
+/// time. A backup names its slots (a seal is bound to its slot), so the
+/// key file is as long as its highest slot: one that would not fit in the
+/// space left on the target's disk is refused before a byte is written.
 fn write_keys(path: &Path, id: u128, keys: &[(u64, [u8; KEY_LEN])]) -> Result<(), RestoreError> {
     let slots = keys.last().map_or(0, |(s, _)| s + 1);
-    let len = usize::try_from(slots)
-        .ok()
-        .and_then(|s| s.checked_mul(KEY_LEN))
+    let len = slots
+        .checked_mul(KEY_LEN as u64)
         .ok_or_else(|| io("writing the key file")(std::io::Error::other("too many key slots")))?;
-    let mut bytes = vec![0u8; len];
-    rand::fill(&mut bytes[..]);
-    for (slot, key) in keys {
-        let at = *slot as usize * KEY_LEN;
-        bytes[at..at + KEY_LEN].copy_from_slice(key);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let free = rustix::fs::statvfs(dir)
+        .map(|st| st.f_bavail.saturating_mul(st.f_frsize))
+        .map_err(|e| io(format!("looking at the space left in {}", dir.display()))(e.into()))?;
+    // The data file is built already; leave room for its log too.
+    if len.saturating_add(64 << 20) > free {
+        return Err(io(format!(
+            "writing the key file: its highest key slot is {}, so it takes {len} bytes, and {} \
+             has {free} free; nothing was restored",
+            slots - 1,
+            dir.display()
+        ))(std::io::Error::from(
+            std::io::ErrorKind::StorageFull,
+        )));
     }
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(OWNER_ONLY)
         .open(path)
         .map_err(io(format!("creating {}", path.display())))?;
-    file.write_all(&seal::header(id))
-        .and_then(|()| file.write_all(&bytes))
-        .and_then(|()| file.sync_all())
-        .map_err(io(format!("writing {}", path.display())))
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let written = (|| -> std::io::Result<()> {
+        out.write_all(&seal::header(id))?;
+        let mut next = keys.iter().peekable();
+        let mut fresh = [0u8; KEY_LEN];
+        for slot in 0..slots {
+            match next.peek() {
+                Some((s, key)) if *s == slot => {
+                    out.write_all(key)?;
+                    next.next();
+                }
+                _ => {
+                    rand::fill(&mut fresh[..]);
+                    out.write_all(&fresh)?;
+                }
+            }
+        }
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()
+    })();
+    written.map_err(io(format!("writing {}", path.display())))
 }
 
 /// Rows loaded into the data file being built, keys kept for its key file.
@@ -387,29 +598,4 @@ fn stamp(now_ms: u64) -> String {
         "[year][month][day]T[hour][minute][second]Z"
     ))
     .unwrap_or_else(|_| now_ms.to_string())
-}
-
-/// Gives `files` the owner and group of `dir` (a restore run as root into
-/// a service's state directory leaves files the service could not open);
-/// why not, if it could not.
-fn give_to_owner_of(dir: &Path, files: &[PathBuf]) -> Option<String> {
-    let owner = std::fs::metadata(dir).ok()?;
-    for f in files {
-        let Ok(m) = std::fs::metadata(f) else {
-            continue;
-        };
-        if (m.uid(), m.gid()) != (owner.uid(), owner.gid())
-            && let Err(e) = std::os::unix::fs::chown(f, Some(owner.uid()), Some(owner.gid()))
-        {
-            return Some(format!(
-                "{} could not be given to the owner of {} (uid {}, gid {}): {e}; chown the \
-                 restored files to the user dedupd runs as",
-                f.display(),
-                dir.display(),
-                owner.uid(),
-                owner.gid()
-            ));
-        }
-    }
-    None
 }

@@ -29,8 +29,8 @@ use super::raw::{SEALS, TABLES, index_of};
 use crate::store::redb::overlay::Overlay;
 use crate::store::redb::seal::{self, KEY_LEN};
 use crate::store::redb::tables::{
-    self as t, META_FENCE, META_FILE_ID, META_LOG_OPEN, META_LOG_SEGMENTS, META_SCHEMA_VERSION,
-    META_WAL_SEQ, SCHEMA_VERSION,
+    self as t, KvRow, META_FENCE, META_FILE_ID, META_LOG_OPEN, META_LOG_SEGMENTS,
+    META_SCHEMA_VERSION, META_WAL_SEQ, SCHEMA_VERSION, claim_from_value,
 };
 use crate::store::redb::wal_segments;
 
@@ -132,6 +132,14 @@ impl Load for Nothing {
     }
 }
 
+/// Rows of a frame checked and loaded at a time.
+const ROWS_AT_ONCE: usize = 4096;
+
+/// The highest fence counter a backup may hold: a counter dedupd wrote is
+/// far below (a million fences a second for a hundred thousand years), and
+/// a restore moves it on without coming near `u64::MAX`.
+pub const MAX_FENCE: u64 = 1 << 62;
+
 /// Checks the backup at `path` (see the module doc).
 pub fn verify_backup(path: &Path) -> Result<BackupReport, VerifyError> {
     let file = std::fs::File::open(path)?;
@@ -161,10 +169,20 @@ pub(super) fn read(input: impl Read, load: &mut dyn Load) -> Result<BackupReport
         match frame.kind {
             Kind::Header => return Err(VerifyError::Malformed("a second header".into())),
             Kind::Rows => {
-                let (table, rows) = format::rows(&frame.payload)?;
+                let (table, mut rows) = format::rows_of(&frame.payload)?;
                 let table = usize::from(table);
-                check.rows(table, &rows)?;
-                load.rows(table, &rows)?;
+                let mut chunk = Vec::with_capacity(ROWS_AT_ONCE);
+                loop {
+                    chunk.clear();
+                    for row in rows.by_ref().take(ROWS_AT_ONCE) {
+                        chunk.push(row?);
+                    }
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    check.rows(table, &chunk)?;
+                    load.rows(table, &chunk)?;
+                }
             }
             Kind::Keys => {
                 let keys = format::keys(&frame.payload)?;
@@ -199,6 +217,12 @@ fn header_of(payload: &[u8]) -> Result<Header, VerifyError> {
             found: header.schema,
         });
     }
+    if header.fence > MAX_FENCE {
+        return Err(VerifyError::Malformed(format!(
+            "its fence counter is {}, above any dedupd hands out ({MAX_FENCE})",
+            header.fence
+        )));
+    }
     let ours: Vec<format::TableInfo> = TABLES.iter().map(|table| table.info()).collect();
     if header.tables != ours {
         let names: Vec<&str> = header
@@ -216,6 +240,8 @@ struct Check<'h> {
     header: &'h Header,
     /// The table of the last rows frame.
     table: Option<usize>,
+    /// The key of the last row of that table.
+    last_key: Option<Vec<u8>>,
     /// Rows read, per table.
     rows: Vec<u64>,
     /// Sealed rows: a hash of their key → their slot.
@@ -232,6 +258,7 @@ impl<'h> Check<'h> {
         Self {
             header,
             table: None,
+            last_key: None,
             rows: vec![0; TABLES.len()],
             sealed: HashMap::new(),
             hasher: RandomState::new(),
@@ -246,9 +273,35 @@ impl<'h> Check<'h> {
                 "rows of table {table} out of order"
             )));
         }
+        if self.table != Some(table) {
+            self.last_key = None;
+        }
         self.table = Some(table);
         self.rows[table] += rows.len() as u64;
-        match TABLES[table].name() {
+        let copied = TABLES[table];
+        for (k, v) in rows {
+            // Each row as its table's type reads it, without a panic of
+            // the reader (a server's writer, the reaper) later; in the
+            // table's own order, once each: a row twice would leave the
+            // restored table short.
+            if !copied.decodes(k, v) {
+                return Err(VerifyError::Malformed(format!(
+                    "a row of table {} does not read as its type",
+                    copied.name()
+                )));
+            }
+            if let Some(last) = &self.last_key
+                && copied.compare(last, k) != std::cmp::Ordering::Less
+            {
+                return Err(VerifyError::Malformed(format!(
+                    "the rows of table {} are out of order, or one is there twice",
+                    copied.name()
+                )));
+            }
+            self.last_key = Some(k.to_vec());
+        }
+        match copied.name() {
+            "claim_rows" => self.claims(rows)?,
             "inbox_seals" => {
                 for (k, v) in rows {
                     let slot = u64::from_le_bytes(
@@ -267,6 +320,24 @@ impl<'h> Check<'h> {
                 }
             }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Every claim's fence is at most the counter's: the next fence handed
+    /// out after a restore must be above each.
+    fn claims(&self, rows: &[(&[u8], &[u8])]) -> Result<(), VerifyError> {
+        for (_, v) in rows {
+            let (_, value, expiry) = <KvRow<'static> as Value>::from_bytes(v);
+            let Some(claim) = claim_from_value(value, expiry.unwrap_or(0)) else {
+                return Err(VerifyError::Malformed("a claim's row is too short".into()));
+            };
+            if claim.fence > self.header.fence {
+                return Err(VerifyError::Malformed(format!(
+                    "a claim holds fence {}, above the backup's fence counter {}",
+                    claim.fence, self.header.fence
+                )));
+            }
         }
         Ok(())
     }

@@ -29,7 +29,7 @@ impl Tables<'_> {
         let fence = &mut self.fence;
         let dirty = &mut self.fence_dirty;
         let (outcome, change) = claims::claim(live, ttl, fingerprint.clone(), now, token, || {
-            *fence += 1;
+            *fence = fence.saturating_add(1);
             *dirty = true;
             *fence
         });
@@ -53,7 +53,7 @@ impl Tables<'_> {
         let fence = &mut self.fence;
         let dirty = &mut self.fence_dirty;
         let (outcome, change) = claims::done(live, token, ttl, now, || {
-            *fence += 1;
+            *fence = fence.saturating_add(1);
             *dirty = true;
             *fence
         });

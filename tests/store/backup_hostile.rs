@@ -1,9 +1,8 @@
-//! Attacks on backups and restore: hostile backup files (their SHA-256 and
-//! crc32s recomputed over forged contents: a checksum is not a signature,
-//! so anyone who can hand the operator a file can make every check of the
-//! container pass) and the target directory of a restore.
-//!
-//! Each test states what should hold; those that fail show a finding.
+//! Hostile backups and restore targets: backup files whose SHA-256 and
+//! crc32s were recomputed over forged contents (a checksum is not a
+//! signature: anyone who can hand the operator a file can make every check
+//! of the container pass), and a restore's target directory in the hands
+//! of its owner. Each test's comment says what once went wrong.
 
 use std::path::{Path, PathBuf};
 
@@ -225,7 +224,7 @@ fn opts(backup: &Path, dir: &Path) -> RestoreOptions {
     }
 }
 
-/// Finding: a backup of a few kilobytes whose one sealed event names key
+/// Once: a backup of a few kilobytes whose one sealed event names key
 /// slot 2^40 passes `dedupd verify`, and `dedupd restore` allocates 32 TiB
 /// for the key file (`restore::write_keys`: `vec![0; (max slot + 1) * 32]`)
 /// and dies (SIGABRT "memory allocation failed" under a memory limit; with
@@ -293,7 +292,7 @@ async fn a_backup_naming_a_huge_key_slot_is_refused_not_an_abort_of_restore() {
     );
 }
 
-/// Finding: the fence counter of a restore is the backup's (header and
+/// Once: the fence counter of a restore is the backup's (header and
 /// `meta.fence`, which verify only checks agree) plus a margin, with
 /// saturating adds. A backup whose counter is near `u64::MAX` verifies and
 /// restores to a counter of `u64::MAX`; the next claim's `*fence += 1`
@@ -308,31 +307,18 @@ async fn a_restored_counter_at_the_top_never_hands_out_a_fence_that_overflows() 
     f.set_meta("fence", top);
     let dir = TempDir::new().unwrap();
     let path = file(dir.path(), "hostile.backup", &f.bytes());
-    verify_backup(&path).unwrap();
+    let refused = verify_backup(&path).unwrap_err();
+    assert!(refused.to_string().contains("fence counter"), "{refused}");
     let target = TempDir::new().unwrap();
-    match restore(opts(&path, target.path())).await {
-        Err(e) => eprintln!("refused, as it should be: {e}"),
-        Ok(done) => {
-            let store = open(target.path());
-            let answer = store.claim(&key("after"), ttl(), None, T).await;
-            store.close().await;
-            match answer {
-                Ok(ClaimOutcome::Claimed { fence, .. }) => assert!(
-                    fence > done.fence.min(top),
-                    "fence {fence} handed out after a restore whose counter is {}",
-                    done.fence
-                ),
-                other => panic!(
-                    "restored counter {}: the next claim failed: {other:?} (the writer thread \
-                     died of an overflow)",
-                    done.fence
-                ),
-            }
-        }
-    }
+    let refused = restore(opts(&path, target.path())).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("nothing was restored"),
+        "{refused}"
+    );
+    assert!(!target.path().join("dedupd.redb").exists());
 }
 
-/// Finding: a claim row's fence is not checked against the counter. A
+/// Once: a claim row's fence is not checked against the counter. A
 /// backup holding claim `k` at fence F above the header's counter (by
 /// more than the restore's margin of a million) verifies and restores, and
 /// the next claims are handed fences below F: a holder of a later claim
@@ -354,24 +340,23 @@ async fn fences_after_a_restore_are_above_every_fence_its_rows_hold() {
     value[pos..pos + 8].copy_from_slice(&high.to_le_bytes());
     let dir = TempDir::new().unwrap();
     let path = file(dir.path(), "hostile.backup", &f.bytes());
-    verify_backup(&path).unwrap();
-    let target = TempDir::new().unwrap();
-    if let Err(e) = restore(opts(&path, target.path())).await {
-        eprintln!("refused: {e}");
-        return;
-    }
-    let store = open(target.path());
-    let restored = store.get(&key("k"), T).await.unwrap().unwrap();
-    assert_eq!(restored.fence, high, "the forged row is what was restored");
-    let next = claim(&store, "other").await;
-    store.close().await;
+    let refused = verify_backup(&path).unwrap_err();
     assert!(
-        next > high,
-        "a claim after the restore got fence {next}, below the restored claim's {high}"
+        refused
+            .to_string()
+            .contains("above the backup's fence counter"),
+        "{refused}"
     );
+    let target = TempDir::new().unwrap();
+    let refused = restore(opts(&path, target.path())).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("nothing was restored"),
+        "{refused}"
+    );
+    assert!(!target.path().join("dedupd.redb").exists());
 }
 
-/// Finding: rows are restored as bytes and never decoded, so a row that
+/// Once: rows are restored as bytes and never decoded, so a row that
 /// does not decode as its table's type (here an `event_expiry` key whose
 /// event id is not UTF-8, due long ago) passes verify and restore (whose
 /// open reads only the claims' and keyspace's rows); the reaper's first
@@ -386,23 +371,21 @@ async fn a_restored_row_that_does_not_decode_never_wedges_the_writer() {
     f.tables[EVENT_EXPIRY].push((bad, Vec::new()));
     let dir = TempDir::new().unwrap();
     let path = file(dir.path(), "hostile.backup", &f.bytes());
-    verify_backup(&path).unwrap();
-    let target = TempDir::new().unwrap();
-    if let Err(e) = restore(opts(&path, target.path())).await {
-        eprintln!("refused: {e}");
-        return;
-    }
-    let store = open(target.path());
-    let purged = store.purge_expired(T, 100).await;
-    let after = store.claim(&key("after"), ttl(), None, T).await;
-    store.close().await;
+    let refused = verify_backup(&path).unwrap_err();
     assert!(
-        matches!(after, Ok(ClaimOutcome::Claimed { .. })),
-        "after the reaper met the restored row ({purged:?}), a claim answers {after:?}"
+        refused.to_string().contains("does not read as its type"),
+        "{refused}"
     );
+    let target = TempDir::new().unwrap();
+    let refused = restore(opts(&path, target.path())).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("nothing was restored"),
+        "{refused}"
+    );
+    assert!(!target.path().join("dedupd.redb").exists());
 }
 
-/// Finding (low): verify says a backup with a row twice is whole, and
+/// Once: verify says a backup with a row twice is whole, and
 /// restore refuses it (a table short of its count): `dedupd verify` is not
 /// the check of a restore it says it is.
 #[tokio::test]
@@ -438,7 +421,7 @@ async fn instance_and_backup(dir: &Path) -> PathBuf {
     scratch
 }
 
-/// Finding: files are moved aside to NAME.before-restore-SECOND with a
+/// Once: files are moved aside to NAME.before-restore-SECOND with a
 /// plain rename, which replaces whatever is there. Two restores in the
 /// same second (a script restoring, checking, restoring another backup)
 /// move the first restore's files over the originals it had moved aside:
@@ -464,29 +447,63 @@ async fn a_second_restore_in_the_same_second_keeps_the_original_files_it_moved_a
     );
 }
 
-/// Finding: a restore that fails while it moves the old files aside
-/// leaves the target half changed: the key file is renamed aside first,
-/// then the log's rename fails (here a directory sits at its aside name),
-/// and the error is returned with the data file left without its key
-/// file (its sealed events no longer open; `serve` refuses it).
+/// Files are moved aside to names no file has: with a directory planted
+/// at the log's first aside name, the log goes to the next one, and
+/// nothing that was there is lost.
 #[tokio::test]
-async fn a_restore_that_fails_moving_files_aside_leaves_the_target_as_it_was() {
+async fn a_restore_moves_files_aside_to_names_no_file_has() {
     let target = TempDir::new().unwrap();
     let backup = instance_and_backup(target.path()).await;
+    let wal = std::fs::read(target.path().join("dedupd.redb.wal")).unwrap();
     let blocker = target
         .path()
         .join(format!("dedupd.redb.wal.before-restore-{STAMP}"));
     std::fs::create_dir(&blocker).unwrap();
     std::fs::write(blocker.join("x"), b"x").unwrap();
+    let done = restore(opts(&backup, target.path())).await.unwrap();
+    let _ = std::fs::remove_file(&backup);
+    assert_eq!(std::fs::read(blocker.join("x")).unwrap(), b"x");
+    let next = target
+        .path()
+        .join(format!("dedupd.redb.wal.before-restore-{STAMP}-2"));
+    assert_eq!(std::fs::read(&next).unwrap(), wal);
+    assert!(done.moved_aside.contains(&next), "{:?}", done.moved_aside);
+}
+
+/// A restore that fails while it moves the old files aside (here the
+/// log's name is a mount point, which cannot be renamed: EBUSY) puts back
+/// those it had moved: the target is as it was, and still opens.
+#[tokio::test]
+#[ignore = "needs root to mount a tmpfs: .ci/run runs it"]
+async fn a_restore_that_fails_moving_files_aside_leaves_the_target_as_it_was() {
+    let target = TempDir::new().unwrap();
+    let backup = instance_and_backup(target.path()).await;
+    // The log's second segment made a mount point: the key file and the
+    // log's first segment are moved aside before it.
+    let wal2 = target.path().join("dedupd.redb.wal2");
+    let saved = std::fs::read(&wal2).unwrap();
+    std::fs::remove_file(&wal2).unwrap();
+    std::fs::create_dir(&wal2).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&wal2)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mounting a tmpfs needs root");
+    std::fs::write(wal2.join("x"), b"x").unwrap();
     let there = snapshot_of(target.path());
     let err = restore(opts(&backup, target.path())).await.unwrap_err();
-    let _ = std::fs::remove_file(&backup);
     let now = snapshot_of(target.path());
+    let _ = std::process::Command::new("umount").arg(&wal2).status();
+    let _ = std::fs::remove_file(&backup);
+    assert!(err.to_string().contains("left as they were"), "{err}");
     assert_eq!(
         now.iter().map(|(n, _)| n).collect::<Vec<_>>(),
         there.iter().map(|(n, _)| n).collect::<Vec<_>>(),
         "restore failed ({err}) and the target changed"
     );
+    std::fs::remove_dir(&wal2).unwrap();
+    std::fs::write(&wal2, saved).unwrap();
     // As served: the old instance still opens.
     let reopened = RedbStore::open(&RedbOptions::new(target.path().join("dedupd.redb")));
     assert!(
@@ -497,7 +514,7 @@ async fn a_restore_that_fails_moving_files_aside_leaves_the_target_as_it_was() {
     reopened.unwrap().close().await;
 }
 
-/// Finding (root): a restore gives the files it put in place to the
+/// Once: a restore gives the files it put in place to the
 /// owner of their directory (`restore::give_to_owner_of`) with `metadata`
 /// and `chown`, both of which follow links, by path, after the files were
 /// renamed into a directory that owner can write. The directory's owner
@@ -554,7 +571,7 @@ async fn a_restore_as_root_never_gives_the_directory_owner_a_file_a_link_names()
     );
 }
 
-/// Finding (low): a frame is read whole (up to `MAX_FRAME`, 1 GiB) and
+/// Once: a frame is read whole (up to `MAX_FRAME`, 1 GiB) and
 /// `format::rows` then lists its rows as a `Vec` of slice pairs, 32 bytes
 /// for each row of 8: a rows frame of empty rows costs about 5 times its
 /// length (7 times in peak RSS: a 256 MiB file took 1.9 GB, so a 1 GiB
