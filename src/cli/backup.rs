@@ -72,6 +72,7 @@ const WHOLE: Duration = Duration::from_secs(24 * 3600);
 
 /// Runs `dedupd backup`.
 pub fn backup(args: &BackupArgs) -> anyhow::Result<ExitCode> {
+    verify::quiet_panics();
     let partial = partial_of(&args.to);
     let started = Instant::now();
     let taken = super::runtime()?.block_on(async {
@@ -280,6 +281,7 @@ fn print_backup(r: &BackupReport) -> anyhow::Result<()> {
 
 /// Runs `dedupd verify`.
 pub fn verify(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
+    verify::quiet_panics();
     let mut magic = [0u8; 8];
     let n = std::fs::File::open(&args.file)
         .and_then(|mut f| std::io::Read::read(&mut f, &mut magic))
@@ -333,6 +335,7 @@ fn print_data_file(path: &Path, r: &DataFileReport) -> anyhow::Result<()> {
 
 /// Runs `dedupd restore`.
 pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
+    verify::quiet_panics();
     let loaded = dedupd::config::Settings::load_for_operator(args.config.as_deref())
         .map_err(|e| anyhow!("{e}\n(the data file to restore to is the config's data_path)"))?;
     let data = loaded.settings.data_path.clone();

@@ -376,6 +376,12 @@ async fn a_restored_row_that_does_not_decode_never_wedges_the_writer() {
         refused.to_string().contains("does not read as its type"),
         "{refused}"
     );
+    // The CLI says so in one line, not with the panic it caught.
+    let out = dedupd().arg("verify").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("does not read as its type"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
     let target = TempDir::new().unwrap();
     let refused = restore(opts(&path, target.path())).await.unwrap_err();
     assert!(

@@ -114,6 +114,36 @@ pub enum CopyError {
     Io(#[from] std::io::Error),
 }
 
+thread_local! {
+    /// Set while [`quietly`] runs on this thread.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `f`, with a panic caught (redb's readers of a type panic on bytes that
+/// are not one) and, once [`quiet_panics`] ran, not printed.
+pub fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Option<T> {
+    QUIET.with(|q| q.set(true));
+    let out = std::panic::catch_unwind(f).ok();
+    QUIET.with(|q| q.set(false));
+    out
+}
+
+/// Installs a panic hook that says nothing of the panics [`quietly`]
+/// catches (a hostile backup's rows would print one line each) and hands
+/// every other panic to the hook there before. For the CLI's `verify`
+/// and `restore`; once per process.
+pub fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let before = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(std::cell::Cell::get) {
+                before(info);
+            }
+        }));
+    });
+}
+
 /// A table of the data file, by its typed definition.
 struct Def<K: Key + 'static, V: Value + 'static>(TableDefinition<'static, K, V>);
 
@@ -160,7 +190,7 @@ impl<K: Key + Sync + 'static, V: Value + Sync + 'static> Copied for Def<K, V> {
     }
 
     fn decodes(&self, key: &[u8], value: &[u8]) -> bool {
-        std::panic::catch_unwind(|| {
+        quietly(|| {
             let k = K::from_bytes(key);
             let v = V::from_bytes(value);
             K::as_bytes(&k).as_ref() == key && V::as_bytes(&v).as_ref() == value
@@ -169,7 +199,7 @@ impl<K: Key + Sync + 'static, V: Value + Sync + 'static> Copied for Def<K, V> {
     }
 
     fn compare(&self, a: &[u8], b: &[u8]) -> Ordering {
-        std::panic::catch_unwind(|| K::compare(a, b)).unwrap_or(Ordering::Equal)
+        quietly(|| K::compare(a, b)).unwrap_or(Ordering::Equal)
     }
 
     fn len(&self, tx: &ReadTransaction) -> Result<u64, redb::Error> {
