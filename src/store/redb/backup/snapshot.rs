@@ -41,9 +41,10 @@ use crate::store::redb::tables::{META, META_FENCE, META_SCHEMA_VERSION, META_WAL
 
 /// A consistent view of the data file, ready to be written out.
 pub struct Snapshot {
+    /// Before `_db`: the transaction is dropped first.
+    tx: ReadTransaction,
     /// Held for the length of the copy: a reopen or a close sees a reader.
     _db: Arc<Database>,
-    tx: ReadTransaction,
     /// Every key of the key file when the transaction began.
     keys: Vec<u8>,
     shared: Arc<Shared>,
@@ -95,8 +96,8 @@ impl Engine {
         shared.watermark.wait(epoch, seen, deadline).await?;
         let header = header_of(&db, &tx, now)?;
         Ok(Snapshot {
-            _db: db,
             tx,
+            _db: db,
             keys,
             shared,
             header,
