@@ -16,10 +16,10 @@ use std::time::Duration;
 use dedupd::domain::{CreatedAt, Key, ScopedKey, Token, Ttl};
 use dedupd::store::inbox::{EraseOutcome, EventStatus, Inbox, IngestOutcome, NewEvent};
 use dedupd::store::keyspace::{KvRequest, KvResponse, SetCondition, SetExpiry};
-use dedupd::store::redb::backup::BackupError;
 use dedupd::store::redb::backup::format::{FrameReader, Kind, keys as key_slots};
 use dedupd::store::redb::backup::restore::{FENCE_FLOOR, RestoreError, RestoreOptions, restore};
 use dedupd::store::redb::backup::verify::{VerifyError, verify_backup, verify_data_file};
+use dedupd::store::redb::backup::{BackupError, STALL};
 use dedupd::store::redb::faults::FaultPlan;
 use dedupd::store::redb::{RedbOptions, RedbStore};
 use dedupd::store::{ApplyOutcome, ClaimOutcome, ClaimState, DoneOutcome, Store, StoreError};
@@ -589,6 +589,81 @@ async fn a_disk_fault_during_a_backup_stops_it_and_the_store_recovers_without_wa
         "before and after; not the refused one"
     );
     store.close().await;
+}
+
+/// A store holding 24 MB that no compression shrinks (more than a
+/// streaming reader's queue takes: chunks of up to a frame), and a backup of it streamed to a
+/// reader that takes nothing: returned once its queue is full, the copy
+/// waiting on it with its snapshot held.
+async fn stalled_stream(
+    dir: &Path,
+) -> (
+    RedbStore,
+    tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>,
+) {
+    let store = open_held(dir, None);
+    for i in 0..24u32 {
+        let value: Vec<u8> = (0..1_000_000u32)
+            .map(|j| (j.wrapping_mul(2_654_435_761) >> 13) as u8 ^ i as u8)
+            .collect();
+        set(&store, &format!("big-{i}"), &value).await;
+    }
+    let (_, chunks) = store.backups().stream(T).await.unwrap();
+    until("the reader's queue is full", || chunks.capacity() == 0).await;
+    (store, chunks)
+}
+
+/// What a streaming reader gets to the end: how many chunks, then the
+/// error that ended the stream (a stream that ends without one fails).
+async fn read_to_the_error(
+    chunks: &mut tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>,
+) -> (usize, std::io::Error) {
+    let mut n = 0;
+    loop {
+        match chunks.recv().await {
+            Some(Ok(_)) => n += 1,
+            Some(Err(e)) => {
+                assert!(chunks.recv().await.is_none(), "nothing after the error");
+                return (n, e);
+            }
+            None => panic!("the stream ended without an error after {n} chunks: a whole file?"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stopping_ends_a_backup_whose_reader_takes_nothing_at_once_and_refuses_the_next() {
+    let dir = TempDir::new().unwrap();
+    let (store, mut chunks) = stalled_stream(dir.path()).await;
+    // Returns once the copy has let go of its snapshot, the reader having
+    // taken nothing: long before the copy would give it up.
+    tokio::time::timeout(STALL / 2, store.backups().stop())
+        .await
+        .expect("the stop waited for the reader");
+    // The reader gets what was queued, then the error: its file is cut
+    // short, and refused.
+    let (n, err) = read_to_the_error(&mut chunks).await;
+    assert!(n > 0);
+    assert!(err.to_string().contains("the server is stopping"), "{err}");
+    // No backup begins once the server is stopping.
+    let refused = store.backups().write_to(T, Vec::new()).await.unwrap_err();
+    assert!(matches!(refused, BackupError::Closing), "{refused}");
+    // The store goes on writing, and closes: nothing holds the file.
+    claim(&store, "after").await;
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_store_ends_a_backup_whose_reader_takes_nothing_at_once() {
+    let dir = TempDir::new().unwrap();
+    let (store, mut chunks) = stalled_stream(dir.path()).await;
+    // The close waits for every reader of the file, the copy's snapshot
+    // among them: the copy stops rather than waiting on its reader.
+    tokio::time::timeout(STALL / 2, store.close())
+        .await
+        .expect("the close waited for the backup's reader");
+    let (_, err) = read_to_the_error(&mut chunks).await;
+    assert!(err.to_string().contains("the server is stopping"), "{err}");
 }
 
 /// The files of a store in `dir` as a crash leaves them: the data file

@@ -112,8 +112,9 @@ pub struct Engine {
     pub(super) dedupe_window_ms: u64,
     /// [`RedbOptions::max_key_memory_bytes`](super::RedbOptions::max_key_memory_bytes).
     pub(super) max_key_memory_bytes: u64,
-    /// Set while a backup is taken (see [`super::backup`]): one at a time.
-    pub(super) backing_up: Arc<AtomicBool>,
+    /// The backups' turn (one at a time) and their word to stop (see
+    /// [`super::backup`]).
+    pub(super) backups: Arc<super::backup::Turns>,
 }
 
 impl Engine {
@@ -121,6 +122,8 @@ impl Engine {
     /// same path can be opened again. Later calls answer `Unavailable`.
     pub(super) async fn close(&self) {
         self.shared.closing.store(true, Ordering::SeqCst);
+        // A backup waiting on its reader stops too (it holds the file).
+        self.backups.stop();
         let flusher = self.flusher.lock().ok().and_then(|mut f| f.take());
         // Joining it waits out one sync: off the async threads.
         let _ = tokio::task::spawn_blocking(move || drop(flusher)).await;

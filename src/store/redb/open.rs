@@ -349,7 +349,7 @@ impl Engine {
             read_reopen_wait: opts.read_reopen_wait,
             dedupe_window_ms: u64::try_from(opts.dedupe_window.as_millis()).unwrap_or(u64::MAX),
             max_key_memory_bytes: opts.max_key_memory_bytes,
-            backing_up: Arc::default(),
+            backups: Arc::new(super::backup::Turns::new()),
         })
     }
 }

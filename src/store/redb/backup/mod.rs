@@ -27,11 +27,10 @@ pub mod verify;
 
 use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use self::format::{End, Header};
 pub use self::snapshot::Snapshot;
@@ -49,7 +48,8 @@ pub enum BackupError {
     /// Another backup is being taken.
     #[error("a backup is being taken already: one at a time")]
     Busy,
-    /// The store began to close during the copy.
+    /// The server began to stop (or the store to close) during the copy,
+    /// or before it: see [`Backups::stop`].
     #[error("the server is stopping: the backup was not finished")]
     Closing,
     /// Where the backup goes failed (a full disk, a client gone away).
@@ -105,19 +105,61 @@ pub const STALL: Duration = Duration::from_secs(60);
 /// Bytes handed to a streaming reader at a time.
 const CHUNK: usize = 256 * 1024;
 
+/// Chunks a streaming reader may have waiting (beside the place kept for
+/// the error that ends a failed stream).
+const QUEUED: usize = 8;
+
 /// The handle backups are taken through: one at a time per data file.
 #[derive(Debug, Clone)]
 pub struct Backups {
     engine: Arc<Engine>,
 }
 
+/// What the backups of one data file share: the turn (one at a time) and
+/// the word to stop, under one lock so that no backup begins once a stop
+/// has looked for a running one.
+#[derive(Debug)]
+pub(in crate::store::redb) struct Turns(watch::Sender<TurnState>);
+
+#[derive(Debug, Default)]
+struct TurnState {
+    /// A backup holds the turn: until its copy has ended and let go of
+    /// its snapshot.
+    running: bool,
+    /// The server is stopping, or the store closing: a running copy stops
+    /// at once, even while it waits on its reader, and none begins.
+    stopping: bool,
+}
+
+impl Turns {
+    pub(in crate::store::redb) fn new() -> Self {
+        Self(watch::Sender::new(TurnState::default()))
+    }
+
+    /// Stops the running backup (if any) and every later one; returns at
+    /// once (see [`Backups::stop`]).
+    pub(in crate::store::redb) fn stop(&self) {
+        self.0.send_modify(|s| s.stopping = true);
+    }
+
+    /// Whether backups were told to stop.
+    pub(in crate::store::redb) fn stopping(&self) -> bool {
+        self.0.borrow().stopping
+    }
+
+    /// What a copy watches to stop while it waits.
+    fn watch(&self) -> watch::Receiver<TurnState> {
+        self.0.subscribe()
+    }
+}
+
 /// Held while a backup is taken; lets the next one in when dropped.
 #[derive(Debug)]
-struct Turn(Arc<AtomicBool>);
+struct Turn(Arc<Turns>);
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
+        self.0.0.send_modify(|s| s.running = false);
     }
 }
 
@@ -128,11 +170,43 @@ impl Backups {
     }
 
     fn turn(&self) -> Result<Turn, BackupError> {
-        let running = &self.engine.backing_up;
-        if running.swap(true, Ordering::SeqCst) {
-            return Err(BackupError::Busy);
+        let turns = &self.engine.backups;
+        let mut refused = None;
+        turns.0.send_if_modified(|s| {
+            if s.stopping {
+                refused = Some(BackupError::Closing);
+                false
+            } else if s.running {
+                refused = Some(BackupError::Busy);
+                false
+            } else {
+                s.running = true;
+                true
+            }
+        });
+        match refused {
+            Some(why) => Err(why),
+            None => Ok(Turn(turns.clone())),
         }
-        Ok(Turn(running.clone()))
+    }
+
+    /// Stops the backup being taken, at once, and refuses every later one
+    /// ([`BackupError::Closing`]): the server is stopping. A copy stops
+    /// between two frames or while it waits on its reader; a stream ends
+    /// with the error (its reader's file is refused). Returns once the
+    /// copy has ended and let go of its read transaction.
+    pub async fn stop(&self) {
+        self.engine.backups.stop();
+        let mut state = self.engine.backups.watch();
+        // Its sender lives as long as the engine: no error.
+        let _ = state.wait_for(|s| !s.running).await;
+    }
+
+    /// Resolves once backups were told to stop ([`Backups::stop`], or the
+    /// store closing).
+    pub async fn stopping(&self) {
+        let mut state = self.engine.backups.watch();
+        let _ = state.wait_for(|s| s.stopping).await;
     }
 
     /// Takes a backup at `now` and writes it to `out`, on a blocking
@@ -156,7 +230,8 @@ impl Backups {
     /// as a thread of its own (`dedupd-backup`) writes them. A reader that
     /// goes away stops the copy; an error midway ends the stream with it
     /// (the reader is left with a file cut short, which no reader of
-    /// backups accepts).
+    /// backups accepts), and so does [`Backups::stop`], also while the
+    /// copy waits on a reader that takes nothing.
     pub async fn stream(
         &self,
         now: Millis,
@@ -164,30 +239,51 @@ impl Backups {
         let turn = self.turn()?;
         let snapshot = self.engine.snapshot(now).await?;
         let header = snapshot.header().clone();
-        let (tx, rx) = mpsc::channel(8);
+        let (tx, rx) = mpsc::channel(QUEUED + 1);
+        // The place of the error that may end the stream, kept from the
+        // start: putting it there never waits for the reader.
+        let last = tx.clone().reserve_owned().await.map_err(|_| {
+            BackupError::Write(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the backup's reader went away",
+            ))
+        })?;
         let runtime = tokio::runtime::Handle::current();
-        let errors = tx.clone();
+        let stop = turn.0.watch();
         std::thread::Builder::new()
             .name("dedupd-backup".into())
             .spawn(move || {
                 let _turn = turn;
                 let out = Chunks {
                     tx,
-                    runtime: runtime.clone(),
+                    runtime,
+                    stop,
                     buf: Vec::with_capacity(CHUNK),
                 };
-                match snapshot.write_to(out) {
-                    Ok((_, written)) => tracing::info!(
-                        bytes = written.bytes,
-                        ms = written.took.as_millis() as u64,
-                        batch = written.header.batch,
-                        "backup written"
-                    ),
+                let failed = match snapshot.write_to(out) {
+                    Ok((_, written)) => {
+                        tracing::info!(
+                            bytes = written.bytes,
+                            ms = written.took.as_millis() as u64,
+                            batch = written.header.batch,
+                            "backup written"
+                        );
+                        return;
+                    }
+                    Err(BackupError::Closing) => {
+                        tracing::warn!(
+                            "backup stopped: the server is stopping (the file being written \
+                             is refused)"
+                        );
+                        BackupError::Closing
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "backup stopped");
-                        let _ = runtime.block_on(errors.send(Err(std::io::Error::other(e))));
+                        e
                     }
-                }
+                };
+                // The reader sees the error after what it was sent.
+                last.send(Err(std::io::Error::other(failed)));
             })
             .map_err(BackupError::Write)?;
         Ok((header, rx))
@@ -198,7 +294,17 @@ impl Backups {
 struct Chunks {
     tx: mpsc::Sender<std::io::Result<Bytes>>,
     runtime: tokio::runtime::Handle,
+    /// Stops a send that waits on the reader.
+    stop: watch::Receiver<TurnState>,
     buf: Vec<u8>,
+}
+
+/// How a hand-over of a chunk ended.
+enum Handed {
+    Taken,
+    Gone,
+    Stalled,
+    Stopped,
 }
 
 impl Chunks {
@@ -207,18 +313,26 @@ impl Chunks {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        let tx = &self.tx;
+        let (tx, stop) = (&self.tx, &mut self.stop);
         // The timer is made inside: it needs the runtime.
-        let sent = self
-            .runtime
-            .block_on(async { tokio::time::timeout(STALL, tx.send(Ok(chunk))).await });
-        match sent {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(std::io::Error::new(
+        let handed = self.runtime.block_on(async {
+            tokio::select! {
+                sent = tx.send(Ok(chunk)) => match sent {
+                    Ok(()) => Handed::Taken,
+                    Err(_) => Handed::Gone,
+                },
+                () = tokio::time::sleep(STALL) => Handed::Stalled,
+                _ = stop.wait_for(|s| s.stopping) => Handed::Stopped,
+            }
+        });
+        match handed {
+            Handed::Taken => Ok(()),
+            Handed::Gone => Err(std::io::Error::new(
                 std::io::ErrorKind::BrokenPipe,
                 "the backup's reader went away",
             )),
-            Err(_) => Err(std::io::Error::other(BackupError::Stalled)),
+            Handed::Stalled => Err(std::io::Error::other(BackupError::Stalled)),
+            Handed::Stopped => Err(std::io::Error::other(BackupError::Closing)),
         }
     }
 }

@@ -19,8 +19,9 @@
 //!    read transaction (redb's MVCC: the writer never waits for it; pages
 //!    it frees meanwhile are reused only once the copy ends, so the file
 //!    grows by what is written during the copy). It stops at once when
-//!    the store is closing or meets a disk fault (the reopen waits for no
-//!    backup).
+//!    the server stops ([`super::Backups::stop`]: between two frames, or
+//!    while a stream waits on its reader), the store is closing or meets a
+//!    disk fault (the reopen waits for no backup).
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -31,7 +32,7 @@ use redb::{Database, MultimapTableHandle, ReadTransaction, ReadableDatabase, Tab
 
 use super::format::{self, FrameWriter, Header, Kind};
 use super::raw::{CopyError, SEALS, TABLES};
-use super::{BackupError, Written};
+use super::{BackupError, Turns, Written};
 use crate::clock::Millis;
 use crate::store::redb::engine::{Engine, Shared};
 use crate::store::redb::error::EngineError;
@@ -48,6 +49,8 @@ pub struct Snapshot {
     /// Every key of the key file when the transaction began.
     keys: Vec<u8>,
     shared: Arc<Shared>,
+    /// Whether backups were told to stop.
+    turns: Arc<Turns>,
     header: Header,
 }
 
@@ -100,6 +103,7 @@ impl Engine {
             _db: db,
             keys,
             shared,
+            turns: self.backups.clone(),
             header,
         })
     }
@@ -144,9 +148,19 @@ impl Snapshot {
     }
 
     /// Writes the backup to `out` (blocking: call it off the async
-    /// threads). Stops with an error as soon as the store closes or meets
-    /// a disk fault, or `out` fails.
+    /// threads). Stops with an error as soon as the server stops or the
+    /// store closes ([`BackupError::Closing`], whatever failed first: a
+    /// write the stop broke off), the store meets a disk fault, or `out`
+    /// fails.
     pub fn write_to<W: Write>(self, out: W) -> Result<(W, Written), BackupError> {
+        let written = self.copy(out);
+        match written {
+            Err(_) if self.stopping() => Err(BackupError::Closing),
+            written => written,
+        }
+    }
+
+    fn copy<W: Write>(&self, out: W) -> Result<(W, Written), BackupError> {
         // A read: redb's reclaims of its buffer from this thread never wait
         // for a checkpoint's sync (nor hold its locks meanwhile).
         let _reading = crate::store::redb::guard::reading();
@@ -233,9 +247,14 @@ impl Snapshot {
         Ok(())
     }
 
+    /// Whether the server is stopping or the store closing.
+    fn stopping(&self) -> bool {
+        self.shared.closing.load(Ordering::SeqCst) || self.turns.stopping()
+    }
+
     /// Why the copy must stop now, if it must.
     fn interrupted(&self) -> Option<BackupError> {
-        if self.shared.closing.load(Ordering::SeqCst) {
+        if self.stopping() {
             Some(BackupError::Closing)
         } else if !self.shared.is_healthy() {
             Some(EngineError::DiskRefused.into())
