@@ -20,6 +20,8 @@
 //!   while serving.
 //! - [`resp`]: the Redis-protocol listener (SET/GET/DEL/EXPIRE/… over the
 //!   keyspace in the data file).
+//! - [`connections`]: the HTTP connections a stop waits for, and those it
+//!   closes (a backup's answer it abandoned).
 //! - [`limits`]: the open-files limit the settings need, checked at start.
 //! - [`clock`]: wall-clock time in Unix milliseconds, replaceable in tests.
 //! - [`telemetry`]: tracing setup.
@@ -32,6 +34,7 @@
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod connections;
 pub mod domain;
 pub mod error;
 pub mod gateway;

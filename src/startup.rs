@@ -2,10 +2,11 @@
 //!
 //! [`Application::build`] opens the store, binds the listener (port 0 picks a
 //! free port, which is how tests start the real app) and starts the reaper;
-//! [`Application::run_until_stopped`] serves until [`ServerHandle::stop`]
+//! [`Application::run_until_stopped`] serves until [`StopHandle::stop`]
 //! (the binary calls it on SIGTERM or SIGINT), then finishes in-flight
 //! requests and deliveries, stops the reaper and closes the store so every
-//! acknowledged write is committed.
+//! acknowledged write is committed. A backup being taken is not waited
+//! for: the stop abandons it at once (see [`crate::connections`]).
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use crate::auth::{ApiTokens, AuthLimiter, require_bearer};
 use crate::clock::SharedClock;
 use crate::config::sources::InboxPlace;
 use crate::config::{Backend, Loaded};
+use crate::connections::Connections;
 use crate::gateway::alerts::Alerts;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
 use crate::gateway::filter;
@@ -36,6 +38,7 @@ use crate::resp::RespServer;
 use crate::resp::connection::RespOptions;
 use crate::routes::{self, AppState};
 use crate::store::inbox::{Inbox, Retention};
+use crate::store::redb::Backups;
 use crate::store::{self, CommitMetrics, Opened, Store};
 use crate::systemd::Liveness;
 use crate::telemetry::metrics::Metrics;
@@ -67,6 +70,10 @@ pub struct Application {
     resp: Option<JoinHandle<()>>,
     /// What SIGHUP calls.
     reloader: Reloader,
+    /// Backups of the data file: a stop abandons the one being taken.
+    backups: Backups,
+    /// The HTTP connections open, and those carrying a backup's answer.
+    connections: Arc<Connections>,
 }
 
 impl std::fmt::Debug for Application {
@@ -218,13 +225,15 @@ impl Application {
             dispatcher: dispatcher.clone(),
             body_timeout: s.http.body_timeout,
             metrics: metrics.clone(),
-            backups,
+            backups: backups.clone(),
         });
         let tokens = web::Data::new(api_tokens.clone());
         // The request log's own handle on the metrics, so telemetry needs
         // nothing from the routes.
         let request_metrics = web::Data::from(metrics.clone());
         let peers = PeerConnections::new(s.http.max_connections_per_address, Some(metrics.clone()));
+        let connections = Connections::new();
+        let counted = connections.clone();
         let server = HttpServer::new(move || {
             App::new()
                 // Inside the request log, so its refusals are counted.
@@ -255,7 +264,10 @@ impl Application {
         // as a forced stop, and both must finish in-flight requests.
         .disable_signals()
         // Before `listen`: actix captures the hook when the listener binds.
-        .on_connect(move |io, data| peers.on_connect(io, data))
+        .on_connect(move |io, data| {
+            counted.on_connect(data);
+            peers.on_connect(io, data);
+        })
         .workers(s.http.workers)
         // actix counts connections per worker.
         .max_connections(s.http.max_connections.div_ceil(s.http.workers.max(1)))
@@ -316,6 +328,8 @@ impl Application {
             resp_port,
             resp,
             reloader,
+            backups,
+            connections,
         })
     }
 
@@ -334,9 +348,12 @@ impl Application {
         self.reloader.clone()
     }
 
-    /// A handle that stops the server gracefully.
-    pub fn handle(&self) -> ServerHandle {
-        self.server.handle()
+    /// A handle that stops the app.
+    pub fn handle(&self) -> StopHandle {
+        StopHandle {
+            server: self.server.handle(),
+            backups: self.backups.clone(),
+        }
     }
 
     /// What the systemd watchdog checks: the writer and the dispatcher.
@@ -358,11 +375,33 @@ impl Application {
     }
 
     /// Serves until stopped, then shuts down in order: HTTP (in-flight
-    /// requests finish), the Redis-protocol listener (commands read are
-    /// answered), deliveries in flight, reaper, store and inbox (queued
-    /// writes commit).
+    /// requests finish; a backup's answer, abandoned, does not: once only
+    /// such answers are left, their connections are closed), the
+    /// Redis-protocol listener (commands read are answered), deliveries in
+    /// flight, reaper, store and inbox (queued writes commit).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let served = self.server.await;
+        let mut server = self.server;
+        let (backups, connections) = (self.backups.clone(), self.connections.clone());
+        let abandoned = async move {
+            backups.stopping().await;
+            connections.only_backups_left().await;
+        };
+        let served = tokio::select! {
+            served = &mut server => served,
+            () = abandoned => {
+                tracing::info!(
+                    "closing the connections of backups stopped by the shutdown: no other \
+                     request is in flight"
+                );
+                // Dropping the server stops its workers at once, closing
+                // what connections they hold: only those answers.
+                drop(server);
+                Ok(())
+            }
+        };
+        // Whatever ended HTTP, no backup goes on: its copy has let go of
+        // the data file before the store closes.
+        self.backups.stop().await;
         let _ = self.stop.send(true);
         if let Some(resp) = self.resp {
             let _ = resp.await;
@@ -373,6 +412,23 @@ impl Application {
         self.file.close().await;
         tracing::info!("stopped");
         served
+    }
+}
+
+/// Stops the app: what SIGTERM and SIGINT call.
+#[derive(Debug, Clone)]
+pub struct StopHandle {
+    server: ServerHandle,
+    backups: Backups,
+}
+
+impl StopHandle {
+    /// Stops serving: the listener closes, a graceful stop lets in-flight
+    /// requests finish (up to `http.shutdown_timeout`), and a backup being
+    /// taken is abandoned at once (its answer ends with an error, so its
+    /// file is refused). Returns once HTTP has stopped.
+    pub async fn stop(&self, graceful: bool) {
+        tokio::join!(self.backups.stop(), self.server.stop(graceful));
     }
 }
 

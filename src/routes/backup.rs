@@ -7,13 +7,17 @@
 //! holds every write acknowledged before the request; a refusal before
 //! then is a problem document. A failure during the copy cuts the body
 //! short (the server logs why): the file left is refused by every reader
-//! of backups (`dedupd backup` removes it).
+//! of backups (`dedupd backup` removes it). So does a stop of the server:
+//! it abandons the backup at once, and closes the answer's connection when
+//! nothing else is in flight, however little its client reads (see
+//! [`crate::connections`]).
 
 use actix_web::http::Method;
 use actix_web::http::header::{self, HeaderValue};
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 
 use super::{AppState, Endpoint, Guard, register};
+use crate::connections::Open;
 use crate::error::{ApiError, Problem};
 use crate::store::redb::backup::BackupError;
 
@@ -45,7 +49,10 @@ pub const MEDIA_TYPE: &str = "application/vnd.dedupd.backup";
         (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The data file cannot be read now (a disk fault, stopping); retry", body = Problem, content_type = "application/problem+json"),
     ))]
-pub(super) async fn backup(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub(super) async fn backup(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let now = state.clock.now_ms();
     let (header, chunks) = match state.backups.stream(now).await {
         Ok(started) => started,
@@ -68,7 +75,12 @@ pub(super) async fn backup(state: web::Data<AppState>) -> Result<HttpResponse, A
         header.taken_at_ms
     );
     let mut chunks = chunks;
-    let body = futures_util::stream::poll_fn(move |cx| chunks.poll_recv(cx));
+    // Its connection carries a backup's answer as long as the body lives.
+    let answer = req.conn_data::<Open>().map(Open::backup_answer);
+    let body = futures_util::stream::poll_fn(move |cx| {
+        let _carrying = &answer;
+        chunks.poll_recv(cx)
+    });
     let mut answer = HttpResponse::Ok();
     answer
         .content_type(MEDIA_TYPE)

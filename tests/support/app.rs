@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::dev::ServerHandle;
 use dedupd::clock::ManualClock;
 use dedupd::config::Loaded;
 use dedupd::config::Secret;
 use dedupd::config::Settings;
 use dedupd::gateway::delivery::Coordination;
 use dedupd::startup::Application;
+use dedupd::startup::StopHandle;
 use dedupd::store::CommitMetrics;
 use dedupd::store::Opened;
 use dedupd::store::Store;
@@ -47,7 +47,7 @@ pub struct TestApp {
     pub resp_port: Option<u16>,
     /// What SIGHUP calls in `serve`.
     pub reloader: dedupd::reload::Reloader,
-    handle: ServerHandle,
+    handle: StopHandle,
     join: JoinHandle<std::io::Result<()>>,
 }
 
