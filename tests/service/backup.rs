@@ -4,24 +4,30 @@
 //! write acknowledged before the backup began is there; every one after
 //! is absent or whole; claims keep their fences and tokens, fences go on
 //! above every fence either instance handed out, the inbox and its dedupe
-//! hold, stream heads stand where they stood. And the CLI's refusals.
+//! hold, stream heads stand where they stood. And the CLI's refusals, and
+//! a stop that does not wait for a backup whose client reads nothing.
 
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use dedupd::gateway::delivery::Coordination;
+use dedupd::store::keyspace::{KvRequest, SetCondition, SetExpiry};
 use dedupd::store::redb::backup::verify::verify_backup;
+use dedupd::store::redb::{Keyspace, RedbOptions, RedbStore};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::support::app::{
-    TestApp, assert_problem, start, test_settings, with_read_tokens, with_tokens,
+    TestApp, assert_problem, spawn_over_file, start, test_settings, with_read_tokens, with_tokens,
 };
 use crate::support::gateway::{body, settings};
-use crate::support::process::dedupd;
+use crate::support::process::{Running, dedupd, serve, sigterm};
 use crate::support::receiver::{Behaviour, Receiver};
 
 const FULL: &str = "backup-full-token-0123456789";
@@ -663,4 +669,208 @@ async fn backup_restore_and_the_operator_commands_need_no_source_secrets() {
     .await;
     assert!(!ok && err.contains("there is no data file at"), "{err}");
     assert!(!offline.exists() && !target.path().join("dedupd.redb").exists());
+}
+
+/// About 24 MB of values no compression shrinks in `keyspace`: a backup
+/// larger than what a reader's queue, the sockets' buffers and a chunk
+/// hold, so a copy whose client reads nothing waits on it.
+async fn fill(keyspace: &Keyspace) {
+    for i in 0..24u32 {
+        let value: Vec<u8> = (0..1_000_000u32)
+            .map(|j| (j.wrapping_mul(2_654_435_761) >> 13) as u8 ^ i as u8)
+            .collect();
+        let request = KvRequest::Set {
+            key: format!("big-{i}").into_bytes(),
+            value,
+            condition: SetCondition::Always,
+            expiry: SetExpiry::Clear,
+            get: false,
+        };
+        keyspace
+            .submit(request, crate::support::app::T0)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+}
+
+/// Asks for a backup on a connection of its own (no token: none is
+/// configured), reads its answer's head (a 200) and the first 16 KiB of
+/// the file, then nothing more: a client that stalled, or one that means
+/// to hold the server.
+fn stalled_backup(port: u16) -> TcpStream {
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client
+        .set_read_timeout(Some(crate::support::process::PATIENCE))
+        .unwrap();
+    write!(
+        client,
+        "POST /v1/backup HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let head = read_head(&mut client);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut first = vec![0u8; 16 * 1024];
+    client.read_exact(&mut first).unwrap();
+    client
+}
+
+/// An answer's head, read byte by byte (nothing after it is taken).
+fn read_head(client: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8];
+    while !head.ends_with(b"\r\n\r\n") {
+        client.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// Reads what is left of a stalled backup's answer once the server closed
+/// its connection, and asserts that it was cut short: the chunked body
+/// never ends (`0\r\n\r\n`), so no client takes it for a whole file.
+fn assert_cut_short(mut stalled: TcpStream) {
+    let mut rest = Vec::new();
+    match stalled.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("the backup's connection was left open: {e}"),
+    }
+    assert!(
+        !rest.ends_with(b"\r\n0\r\n\r\n"),
+        "the abandoned backup's answer ended as a whole one ({} bytes after the first)",
+        rest.len()
+    );
+}
+
+/// A client that asks for a backup and then reads nothing does not hold
+/// a SIGTERM: the stop abandons the backup at once (the log says so) and,
+/// once no other request is in flight, closes its connection, its answer
+/// cut short. The server is gone in moments, not after
+/// `http.shutdown_timeout` (30 s here, as in the package), which any local
+/// process that can reach the port could otherwise impose on every stop.
+#[tokio::test]
+async fn a_sigterm_does_not_wait_for_a_backup_whose_client_reads_nothing() {
+    let dir = TempDir::new().unwrap();
+    {
+        let store = RedbStore::open(&RedbOptions::new(dir.path().join("dedupd.redb"))).unwrap();
+        fill(&store.keyspace()).await;
+        store.close().await;
+    }
+    let (child, port, drain) = serve(&dir);
+    let mut child = Running(child);
+    let stalled = tokio::task::spawn_blocking(move || stalled_backup(port))
+        .await
+        .unwrap();
+    let asked = Instant::now();
+    sigterm(&child.0);
+    let (took, child) = tokio::task::spawn_blocking(move || {
+        // A failed assertion kills it (`Running`).
+        let deadline = asked + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.0.try_wait().unwrap() {
+                return (asked.elapsed(), status);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dedupd did not stop within 60 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+    // Without the fix it takes the whole shutdown_timeout, 30 s.
+    assert!(
+        took < Duration::from_secs(10),
+        "SIGTERM took {took:?} with a backup's client reading nothing"
+    );
+    assert!(child.success(), "{child:?}");
+    let log = drain.join().unwrap();
+    let said = |what: &str| log.iter().any(|l| l.contains(what));
+    assert!(
+        said("backup stopped: the server is stopping"),
+        "{}",
+        log.join("\n")
+    );
+    assert!(!said("backup written"), "{}", log.join("\n"));
+    assert!(said("\"stopped\""), "{}", log.join("\n"));
+    tokio::task::spawn_blocking(move || assert_cut_short(stalled))
+        .await
+        .unwrap();
+}
+
+/// A stop abandons a backup whose client reads nothing, but not the other
+/// requests in flight: a claim whose body is still coming is answered,
+/// and only then is the backup's connection closed and the app stopped,
+/// long before `http.shutdown_timeout` (an hour here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_finishes_the_requests_in_flight_but_not_a_backup_whose_client_reads_nothing() {
+    let mut keyspace = None;
+    let app = spawn_over_file(
+        |l| {
+            l.settings.http.shutdown_timeout = Duration::from_secs(3600);
+            l.settings.http.body_timeout = Duration::from_secs(3600);
+        },
+        None,
+        |opened| {
+            keyspace = Some(opened.keyspace.clone());
+            (opened, Coordination::Inbox)
+        },
+    );
+    fill(&keyspace.unwrap()).await;
+    let port: u16 = app.address.rsplit(':').next().unwrap().parse().unwrap();
+    let stalled = tokio::task::spawn_blocking(move || stalled_backup(port))
+        .await
+        .unwrap();
+    // A claim in flight: its handler waits for the rest of its body.
+    let mut busy = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    busy.set_read_timeout(Some(crate::support::process::PATIENCE))
+        .unwrap();
+    write!(
+        busy,
+        "POST /v1/claims/in-flight HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+         Content-Type: application/json\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .unwrap();
+    // Its handler has begun once it asks for the body.
+    let (mut busy, go_on) = tokio::task::spawn_blocking(move || {
+        let go_on = read_head(&mut busy);
+        (busy, go_on)
+    })
+    .await
+    .unwrap();
+    assert!(go_on.starts_with("HTTP/1.1 100"), "{go_on}");
+    busy.write_all(b"{").unwrap();
+
+    let stopping = tokio::spawn(app.stop());
+    // The stop has begun once the listener is closed.
+    until_refused(port).await;
+    busy.write_all(b"}").unwrap();
+    let answer = tokio::task::spawn_blocking(move || read_head(&mut busy))
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    // The backup's connection is all that is left: closed, and the app
+    // stops (its store closed, the backup's snapshot let go of).
+    tokio::time::timeout(Duration::from_secs(60), stopping)
+        .await
+        .expect("the stop waited for the backup's client")
+        .unwrap();
+    tokio::task::spawn_blocking(move || assert_cut_short(stalled))
+        .await
+        .unwrap();
+}
+
+/// Waits until a connection to `port` is refused.
+async fn until_refused(port: u16) {
+    let deadline = tokio::time::Instant::now() + crate::support::process::PATIENCE;
+    while TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the listener stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

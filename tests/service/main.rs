@@ -8,7 +8,6 @@
 mod support;
 
 mod alerts;
-mod attack_backup;
 mod auth;
 mod backup;
 mod bad_input;
