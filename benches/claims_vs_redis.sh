@@ -26,7 +26,9 @@
 # BENCH_TMP (parent of the temp dir, default /var/tmp; must not be tmpfs),
 # QUIET_WAIT (s to wait for other builds to finish, default 900),
 # WRK_THREADS (default 2), RB_THREADS (redis-benchmark --threads, default 2;
-# 1 = its classic single-threaded client, which is faster on 2 cores).
+# 1 = its classic single-threaded client, which is faster on 2 cores),
+# PIN=1 (each server on CPU 0, every client on CPU 1, both sides alike: the
+# 1-vCPU VM; wrk then runs one thread unless WRK_THREADS says otherwise).
 # Besides requests per second, it prints the CPU time each server spent
 # per request, by thread (from /proc): where the time goes.
 set -euo pipefail
@@ -46,7 +48,7 @@ FLOOR=${FLOOR:-1}
 SAME=${SAME:-1}
 SAME_REF=${SAME_REF:-1}
 OPS=${OPS:-1}
-WRK_THREADS=${WRK_THREADS:-2}
+if [ "${PIN:-0}" = 1 ]; then WRK_THREADS=${WRK_THREADS:-1}; else WRK_THREADS=${WRK_THREADS:-2}; fi
 RB_THREADS=${RB_THREADS:-2}
 # shellcheck source=benches/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -162,7 +164,7 @@ run_wrk() { # KIND C SCRIPT
     wait_quiet; f0=$(flag)
     threads_cpu "$DPID" >"$TMP/cpu0"
     local k0 k1; k0=$(checkpoint_stats)
-    out=$(wrk -t "$WRK_THREADS" -c "$2" -d "${DURATION}s" --timeout 10s -s "$3" "http://127.0.0.1:$DPORT" -- "$1$2-$RANDOM$RANDOM")
+    out=$("${CLIENT_CPU[@]}" wrk -t "$WRK_THREADS" -c "$2" -d "${DURATION}s" --timeout 10s -s "$3" "http://127.0.0.1:$DPORT" -- "$1$2-$RANDOM$RANDOM")
     k1=$(checkpoint_stats)
     threads_cpu "$DPID" >"$TMP/cpu1"
     note_checkpoints "$1" "$2" "$k0" "$k1"
@@ -184,7 +186,7 @@ run_redis() { # KIND PORT PID C
     set -- "$1" "$2" "$4"
     wait_quiet
     probe=$(( $3 * 200 > 50000 ? $3 * 200 : 50000 ))
-    rps=$(redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -n "$probe" "${RB_OPTS[@]}" "${RB_CMD[@]}" |
+    rps=$("${CLIENT_CPU[@]}" redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -n "$probe" "${RB_OPTS[@]}" "${RB_CMD[@]}" |
         awk -F'"' 'NR == 2 { print int($4) }')
     n=$(( rps * DURATION > probe ? rps * DURATION : probe ))
     # The probe may run slower than the run that follows (this VM's disk
@@ -195,7 +197,7 @@ run_redis() { # KIND PORT PID C
     for attempt in 1 2; do
         f0=$(flag); t0=$(date +%s.%N)
         threads_cpu "$pid" >"$TMP/cpu0"
-        line=$(redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -n "$n" "${RB_OPTS[@]}" "${RB_CMD[@]}" | sed -n 2p)
+        line=$("${CLIENT_CPU[@]}" redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -n "$n" "${RB_OPTS[@]}" "${RB_CMD[@]}" | sed -n 2p)
         threads_cpu "$pid" >"$TMP/cpu1"
         [ -n "$line" ] || die "no redis-benchmark result for $1 c=$3"
         took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
@@ -214,7 +216,7 @@ run_same() { # KIND LOADGEN-KIND PORT PID C: the same client (benches/loadgen.rs
     threads_cpu "$4" >"$TMP/cpu0"
     local k0 k1 writes=0
     case $1 in same-claim | same-apply | same-cycle) writes=1; k0=$(checkpoint_stats) ;; esac
-    out=$("$LOADGEN" "$2" "127.0.0.1:$3" "$5" "$DURATION" 2 1) || die "loadgen $2 c=$5 failed: $out"
+    out=$("${CLIENT_CPU[@]}" "$LOADGEN" "$2" "127.0.0.1:$3" "$5" "$DURATION" 2 1) || die "loadgen $2 c=$5 failed: $out"
     threads_cpu "$4" >"$TMP/cpu1"
     if [ "$writes" = 1 ]; then
         # The 1 s warm-up is in these counts too.
@@ -288,6 +290,7 @@ awk "$AWK_MED"'
 echo
 machine
 echo "       'build' column: a rustc/cc1/clippy-driver/cargo process was running at the start/end of that run ('-' = none)."
+echo "Pinned: $([ "$PIN" = 1 ] && echo "yes, servers on CPU 0, wrk, redis-benchmark and loadgen on CPU 1" || echo no)"
 echo "Duration: ${DURATION}s per run; dedupd $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' + uncommitted src changes'), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
 echo
 echo "Claims (latencies in ms; ratio = dedupd / Redis AOF-always). wrk's latencies are corrected for coordinated"

@@ -1,12 +1,23 @@
 # Shared by the benchmark scripts in benches/: tools, a temp dir on disk,
 # free ports, the release build, waiting for a quiet machine, starting
 # dedupd and redis-server. Source it after setting BENCH (the script's name,
-# for messages); it honours KEEP=1, BENCH_TMP and QUIET_WAIT.
+# for messages); it honours KEEP=1, BENCH_TMP, QUIET_WAIT and PIN=1.
 # shellcheck shell=bash
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 KEEP=${KEEP:-0}
 QUIET_WAIT=${QUIET_WAIT:-900}
+# PIN=1: every server on CPU 0 and every load generator on CPU 1, for both
+# sides alike (the 1-vCPU VM: there a hand-off between a server's threads
+# costs what it costs, with no second core to hide it).
+PIN=${PIN:-0}
+SERVER_CPU=()
+CLIENT_CPU=()
+if [ "$PIN" = 1 ]; then
+    [ "$(nproc)" -ge 2 ] || { echo "$BENCH: PIN=1 needs two CPUs" >&2; exit 1; }
+    SERVER_CPU=(taskset -c 0)
+    CLIENT_CPU=(taskset -c 1)
+fi
 
 die() { echo "$BENCH: $*" >&2; exit 1; }
 log() { echo "== $*" >&2; }
@@ -86,7 +97,7 @@ level = "warn"
 workers = 2
 $per_address
 TOML
-    "$BIN" serve --config "$TMP/$name/dedupd.toml" >"$TMP/$name/dedupd.log" 2>&1 &
+    "${SERVER_CPU[@]}" "$BIN" serve --config "$TMP/$name/dedupd.toml" >"$TMP/$name/dedupd.log" 2>&1 &
     DPID=$!; PIDS+=("$DPID")
     for i in $(seq 600); do
         [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$DPORT/readyz")" = 200 ] && break
@@ -101,7 +112,7 @@ TOML
 start_redis() { # start_redis NAME ARGS... ; sets PORT and RPID
     local name=$1 port i; shift
     port=$(free_port); mkdir -p "$TMP/$name"
-    redis-server --port "$port" --bind 127.0.0.1 --dir "$TMP/$name" --daemonize no \
+    "${SERVER_CPU[@]}" redis-server --port "$port" --bind 127.0.0.1 --dir "$TMP/$name" --daemonize no \
         --logfile "$TMP/$name/redis.log" "$@" >/dev/null 2>&1 &
     RPID=$!; PIDS+=("$RPID")
     for i in $(seq 100); do

@@ -12,7 +12,8 @@
 # (default "1 16"), KEEP=1 (keep the temp dir), BENCH_TMP (parent of the
 # temp dir, default /var/tmp; must not be tmpfs), QUIET_WAIT (s to wait for
 # other builds to finish, default 900), RB_THREADS (redis-benchmark
-# --threads, default 2). Besides requests per second, it prints the CPU time
+# --threads, default 2), PIN=1 (each server on CPU 0, redis-benchmark on
+# CPU 1: the 1-vCPU VM, the same for both sides). Besides requests per second, it prints the CPU time
 # each server spent per SET, by thread (from /proc): where the time goes.
 set -euo pipefail
 
@@ -49,12 +50,12 @@ run() { # KIND PORT PID C P
     local kind=$1 port=$2 pid=$3 c=$4 p=$5 probe rps n f0 line
     wait_quiet
     probe=$(( c * p * 300 > 50000 ? c * p * 300 : 50000 ))
-    rps=$(redis-benchmark -h 127.0.0.1 -p "$port" -c "$c" -P "$p" -n "$probe" "${RB_OPTS[@]}" "${RB_CMD[@]}" 2>/dev/null |
+    rps=$("${CLIENT_CPU[@]}" redis-benchmark -h 127.0.0.1 -p "$port" -c "$c" -P "$p" -n "$probe" "${RB_OPTS[@]}" "${RB_CMD[@]}" 2>/dev/null |
         awk -F'"' 'NR == 2 { print int($4) }')
     n=$(( rps * DURATION > probe ? rps * DURATION : probe ))
     f0=$(flag)
     threads_cpu "$pid" >"$TMP/cpu0"
-    line=$(redis-benchmark -h 127.0.0.1 -p "$port" -c "$c" -P "$p" -n "$n" "${RB_OPTS[@]}" "${RB_CMD[@]}" 2>/dev/null | sed -n 2p)
+    line=$("${CLIENT_CPU[@]}" redis-benchmark -h 127.0.0.1 -p "$port" -c "$c" -P "$p" -n "$n" "${RB_OPTS[@]}" "${RB_CMD[@]}" 2>/dev/null | sed -n 2p)
     threads_cpu "$pid" >"$TMP/cpu1"
     [ -n "$line" ] || die "no redis-benchmark result for $kind c=$c P=$p"
     awk -F'"' -v k="$kind" -v c="$c" -v p="$p" -v f="$f0/$(flag)" \
@@ -72,6 +73,7 @@ done
 echo
 machine
 echo "       'build' column: a rustc/cc1/clippy-driver/cargo process was running at the start/end of that run ('-' = none)."
+echo "Pinned: $([ "$PIN" = 1 ] && echo "yes, servers on CPU 0, redis-benchmark on CPU 1" || echo no)"
 echo "Duration: about ${DURATION}s per run; dedupd $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' + uncommitted src changes'), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
 echo
 echo "SET k:__rand_int__ processing NX EX 300 (ops/s; latencies in ms; ratio = dedupd / Redis AOF always; goal: tput >= 0.80x, p99 <= 2x):"
