@@ -1,8 +1,9 @@
 //! The reaper: deletes expired records in expiry order, in bounded batches.
 //!
-//! It sleeps until the earliest stored expiry (never longer than a second,
-//! [`LOOK_AGAIN`], nor the configured interval, so records written after it
-//! fell asleep are not left for long) and then deletes what is due. Each batch is one write
+//! After a pass that deleted something it sleeps until the earliest stored
+//! expiry; after one that found nothing due, a second ([`LOOK_AGAIN`]); never
+//! longer than either nor the configured interval, so records written after
+//! it fell asleep are not left for long. Then it deletes what is due. Each batch is one write
 //! transaction of at most `batch_size` deletions, so the writer is never held
 //! for long, and each batch reads only due index entries, so the cost follows
 //! the number of expired records, not the number stored. Between batches
@@ -277,16 +278,20 @@ impl Reaper {
                 Ok(n) => tracing::debug!(inbox = n, "reaped settled events past their retention"),
                 Err(e) => error = Some(e),
             }
+            let mut deleted = false;
             match self.purge_once(now).await {
-                Ok(r) if r.total() > 0 => tracing::debug!(
-                    claims = r.claims,
-                    events = r.events,
-                    heads = r.heads,
-                    inbox = r.inbox,
-                    kv = r.kv,
-                    inbox_dedupe = r.dedupe,
-                    "reaped expired records"
-                ),
+                Ok(r) if r.total() > 0 => {
+                    deleted = true;
+                    tracing::debug!(
+                        claims = r.claims,
+                        events = r.events,
+                        heads = r.heads,
+                        inbox = r.inbox,
+                        kv = r.kv,
+                        inbox_dedupe = r.dedupe,
+                        "reaped expired records"
+                    );
+                }
                 Ok(_) => {}
                 Err(e) => error = Some(e),
             }
@@ -299,15 +304,25 @@ impl Reaper {
                 _ => {}
             }
             was_failing = error.is_some();
-            let sleep = match self.store.next_expiry().await {
+            let sleep = if was_failing {
                 // A failing store must not turn the reaper into a busy loop.
-                _ if was_failing => self.interval,
-                Ok(Some(at)) => {
-                    Duration::from_millis(at.saturating_sub(self.clock.now_ms()).max(1))
-                        .min(self.interval)
-                        .min(LOOK_AGAIN)
+                self.interval
+            } else if !deleted {
+                // Nothing was due: the next pass, in a second, finds what
+                // comes due meanwhile, written since too. Not a read of the
+                // next expiry: a read makes the writer commit what it
+                // holds (`storage.commit_hold`), and a pass that finds
+                // nothing due does not.
+                self.interval.min(LOOK_AGAIN)
+            } else {
+                match self.store.next_expiry().await {
+                    Ok(Some(at)) => {
+                        Duration::from_millis(at.saturating_sub(self.clock.now_ms()).max(1))
+                            .min(self.interval)
+                            .min(LOOK_AGAIN)
+                    }
+                    _ => self.interval.min(LOOK_AGAIN),
                 }
-                _ => self.interval.min(LOOK_AGAIN),
             };
             tokio::select! {
                 () = tokio::time::sleep(sleep) => {}
