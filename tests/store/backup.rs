@@ -27,11 +27,11 @@ use tempfile::TempDir;
 
 const T: u64 = 1_800_000_000_000;
 
-fn key(k: &str) -> ScopedKey {
+pub(crate) fn key(k: &str) -> ScopedKey {
     ScopedKey::api(&Key::parse(k, "key").unwrap())
 }
 
-fn ttl() -> Ttl {
+pub(crate) fn ttl() -> Ttl {
     Ttl::from_ms_unchecked(3_600_000)
 }
 
@@ -66,7 +66,7 @@ async fn backup_of(store: &RedbStore, now: u64) -> Vec<u8> {
 }
 
 /// `bytes` written to `dir/name`.
-fn file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+pub(crate) fn file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
     path
@@ -340,7 +340,7 @@ async fn a_backup_holds_the_keys_of_its_events_only_and_none_of_an_event_erased_
 }
 
 /// Hashes of every file in `dir`.
-fn snapshot_of(dir: &Path) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn snapshot_of(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
         .flatten()

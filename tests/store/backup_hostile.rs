@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
-use dedupd::domain::{CreatedAt, Key, ScopedKey, Ttl};
+use dedupd::domain::CreatedAt;
 use dedupd::store::inbox::{Inbox, NewEvent};
 use dedupd::store::redb::backup::format::{
     FrameReader, FrameWriter, Header, Kind, keys as key_slots, push_row, rows as rows_of,
@@ -19,6 +19,7 @@ use dedupd::store::redb::{RedbOptions, RedbStore};
 use dedupd::store::{ClaimOutcome, Store};
 use tempfile::TempDir;
 
+use crate::backup::{file, key, snapshot_of, ttl};
 use crate::support::process::dedupd;
 
 const T: u64 = 1_800_000_000_000;
@@ -31,14 +32,6 @@ const META: usize = 1;
 const CLAIM_ROWS: usize = 2;
 const EVENT_EXPIRY: usize = 5;
 const BODIES: usize = 9;
-
-fn key(k: &str) -> ScopedKey {
-    ScopedKey::api(&Key::parse(k, "key").unwrap())
-}
-
-fn ttl() -> Ttl {
-    Ttl::from_ms_unchecked(3_600_000)
-}
 
 fn event(id: &str, body: &[u8]) -> NewEvent {
     NewEvent {
@@ -192,27 +185,6 @@ async fn sealed_at_slot(slot: u64) -> Vec<u8> {
         .unwrap();
     body.1 = reseal(&body.1, &key, slot);
     f.bytes()
-}
-
-fn file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, bytes).unwrap();
-    path
-}
-
-fn snapshot_of(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap_or_default(),
-            )
-        })
-        .collect();
-    out.sort();
-    out
 }
 
 fn opts(backup: &Path, dir: &Path) -> RestoreOptions {
