@@ -133,6 +133,9 @@ NONE_ARGS=(--appendonly no --save "")
 # (0.47 s against 0.84 s in one 5 s run; the writer's agreed), while the
 # schedstat sums matched the process's own total. Ticks only where the
 # kernel has no schedstat.
+# Context switches per request come from the same snapshot (the threads'
+# voluntary and involuntary counts in .../status): a hand-off between
+# threads costs more on some VMs than the work it carries.
 TICK_NS=$(( 1000000000 / $(getconf CLK_TCK) ))
 threads_cpu() { # threads_cpu PID: "<thread name> <ns on a CPU>" per thread name
     local t
@@ -142,12 +145,17 @@ threads_cpu() { # threads_cpu PID: "<thread name> <ns on a CPU>" per thread name
         else
             printf '%s %s\n' "$(tr ' ' _ <"$t/comm")" "$(awk -v ns="$TICK_NS" '{ print ($14 + $15) * ns }' "$t/stat")"
         fi
-    done | awk '{ n[$1] += $2 } END { for (k in n) printf "%s %.0f\n", k, n[k] }' | sort
+        # Context switches, voluntary (a wait: a queue, a lock, a sync)
+        # and not (preempted), under one pseudo-thread name.
+        awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { printf "~switches %d\n", s }' "$t/status"
+    done | awk '{ n[$1] += $2 } END { for (k in n) printf "%s %.0f\n", k, n[k] }' | LC_ALL=C sort
 }
-cpu_per_op() { # cpu_per_op BEFORE AFTER OPS: "name=us ..." per thread name, then "total=us"
-    join -a 2 "$1" "$2" | awk -v ops="$3" '
-        { d = (NF == 3 ? $3 - $2 : $2) / 1000 / ops; t += d; if (d >= 0.05) printf "%s=%.1f ", $1, d }
-        END { printf "total=%.1f\n", t }'
+cpu_per_op() { # cpu_per_op BEFORE AFTER OPS: "name=us ..." per thread name, "total=us", then "switches=N" per op
+    LC_ALL=C join -a 2 "$1" "$2" | awk -v ops="$3" '
+        { d = (NF == 3 ? $3 - $2 : $2) / ops }
+        $1 == "~switches" { sw = d; next }
+        { d /= 1000; t += d; if (d >= 0.05) printf "%s=%.1f ", $1, d }
+        END { printf "total=%.1f switches=%.3f\n", t, sw }'
 }
 
 machine() { # one line about the machine and the temp dir's disk
