@@ -2,10 +2,9 @@
 //! much (as estimated), a client's claim, `done` or `SET` of a new key is
 //! refused (507, `-OOM`) and changes nothing, while everything else goes
 //! on — a second claim of a held key, `done` of a claim, a `SET` that
-//! replaces a key, reads — and new keys are taken again once the reaper
-//! deletes expired ones.
+//! replaces a key, reads — and new keys are taken again once keys expire:
+//! the writer deletes expired ones at the cap, without the reaper.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -19,7 +18,7 @@ use crate::support::app::T0;
 const CAP: u64 = 1024;
 
 #[tokio::test]
-async fn at_the_cap_new_keys_are_refused_and_the_rest_goes_on_until_the_reaper_makes_room() {
+async fn at_the_cap_new_keys_are_refused_and_the_rest_goes_on_until_keys_expire() {
     let app = spawn_resp_app_at(T0, |l| l.settings.storage.max_key_memory_bytes = CAP).await;
     let client = redis::Client::open(format!("redis://{}/", resp_addr(&app))).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
@@ -113,31 +112,81 @@ async fn at_the_cap_new_keys_are_refused_and_the_rest_goes_on_until_the_reaper_m
         CAP as f64
     );
 
-    // All but k0 (done, kept a day) expire; once the reaper deletes them,
-    // new keys fit again.
+    // All but k0 (done, kept a day) expire; they are still in memory.
     app.clock.advance(Duration::from_secs(11));
-    let res = app.claim(&new, json!({ "ttl_ms": 10_000 })).await;
-    assert_eq!(
-        res.status(),
-        StatusCode::INSUFFICIENT_STORAGE,
-        "expired but not reaped: they still take memory"
+    let before = count(
+        &app.scrape().await,
+        "dedupd_store_keys_in_memory",
+        &[("space", "claims")],
     );
-    // A claim of an expired key rewrites it no larger: taken.
+    // A claim at the cap: the writer deletes the expired keys first,
+    // without waiting for the reaper (which this app never runs), so an
+    // expired key is claimed again and a new key is taken.
     let res = app.claim("k1", json!({ "ttl_ms": 10_000 })).await;
     assert_eq!(res.status(), StatusCode::CREATED);
-    dedupd::reaper::Reaper::new(
-        app.store.clone(),
-        Arc::new(app.clock.clone()),
-        Duration::from_secs(60),
-        100,
-    )
-    .purge_once(dedupd::clock::Clock::now_ms(&app.clock))
-    .await
-    .unwrap();
     let res = app.claim(&new, json!({ "ttl_ms": 10_000 })).await;
-    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(res.status(), StatusCode::CREATED, "expired keys make room");
     let ok: String = set("b", "1").query_async(&mut con).await.unwrap();
     assert_eq!(ok, "OK");
+    let after = count(
+        &app.scrape().await,
+        "dedupd_store_keys_in_memory",
+        &[("space", "claims")],
+    );
+    // k0 (done), k1 (claimed again) and the new key are left.
+    assert_eq!((before, after), (tokens.len() as f64, 3.0));
+    for (key, status) in [
+        ("k0", StatusCode::OK),
+        ("k1", StatusCode::OK),
+        (new.as_str(), StatusCode::OK),
+        ("k2", StatusCode::NOT_FOUND),
+    ] {
+        assert_eq!(app.get(key).await.status(), status, "{key}");
+    }
+}
+
+/// At the cap with nothing expired, a new key is refused as ever, and a
+/// key that expires later makes room for one then, with no reaper.
+#[tokio::test]
+async fn at_a_cap_of_live_keys_new_ones_wait_for_an_expiry_not_the_reaper() {
+    let app = crate::support::app::spawn_app_with(|l| {
+        l.settings.storage.max_key_memory_bytes = CAP;
+    })
+    .await;
+    let mut n = 0;
+    while app
+        .claim(&format!("k{n}"), json!({ "ttl_ms": 5_000 + n * 1_000 }))
+        .await
+        .status()
+        == StatusCode::CREATED
+    {
+        n += 1;
+        assert!(n < 20, "a cap of {CAP} bytes took 20 claims");
+    }
+    // Refused again and again: nothing to reclaim, and after one reclaim
+    // that found nothing no other is tried for 100 ms (each is a logged
+    // write of its own).
+    let written = app.store.write_stats().operations;
+    for _ in 0..3 {
+        let res = app.claim("new", json!({ "ttl_ms": 10_000 })).await;
+        assert_eq!(res.status(), StatusCode::INSUFFICIENT_STORAGE);
+    }
+    assert!(
+        app.store.write_stats().operations - written <= 1,
+        "a reclaim per refused claim"
+    );
+    // k0 expires: one key's room. (Reclaims that found nothing wait
+    // 100 ms before the next: a cap reached by live keys costs no purge
+    // per batch.)
+    app.clock.advance(Duration::from_millis(5_500));
+    let status = app.claim("new", json!({ "ttl_ms": 10_000 })).await.status();
+    assert_eq!(status, StatusCode::CREATED, "k0's room");
+    assert_eq!(app.get("k0").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        app.get("k1").await.status(),
+        StatusCode::OK,
+        "live keys stay"
+    );
 }
 
 /// A cap lowered below what the file holds drops nothing: every claim is

@@ -293,8 +293,8 @@ async fn a_write_whose_log_sync_failed_is_refused_and_gone_once_the_store_recove
     f.store.close().await;
 }
 
-/// Under load several batches are in flight: the writer runs the next while
-/// the syncer thread syncs the log for the last. A sync that fails refuses
+/// Under load batch follows batch, each synced before the next runs (its
+/// writes queue meanwhile). A sync that fails refuses
 /// the batches it covered and every one after them until the file is
 /// reopened: afterwards, every claim answered `Ok` is there with its fence,
 /// and no refused one is.

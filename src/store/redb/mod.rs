@@ -2,7 +2,7 @@
 //! engine with three handles over it.
 //!
 //! - [`engine`]: the engine. One writer thread with group commit
-//!   ([`writer`], whose log is synced by [`syncer`]), reads that never wait
+//!   ([`writer`], which syncs its log with [`syncer`]), reads that never wait
 //!   for it and show only what is on disk ([`watermark`]), a reopen after a
 //!   disk fault; [`open`] opens it (and says why it cannot: [`OpenError`]),
 //!   [`error`] says why a read or write failed.

@@ -339,8 +339,8 @@ impl Drop for Lent {
 }
 
 impl Lent {
-    /// Its request was logged: from here on, dropped without a word (the
-    /// syncer gone, say), its slots are held, not retired.
+    /// Its request was logged: from here on, dropped without a word (its
+    /// batch not answered, say), its slots are held, not retired.
     pub fn logged(mut self) -> LoggedLent {
         LoggedLent(self.0.take())
     }

@@ -233,8 +233,8 @@ pub struct Wal {
     faults: Option<Arc<FaultPlan>>,
 }
 
-/// Syncs a log's records to disk; used by the syncer thread while the
-/// writer appends.
+/// Syncs a log's records to disk (another handle on its file: see
+/// [`super::syncer`]).
 #[derive(Debug)]
 pub struct WalSync {
     /// The log file (another handle on it).

@@ -107,10 +107,10 @@ impl Segments {
     /// logged so far whose sync is handed over. The other segment's batches
     /// must be durable in the data file (the checkpoint before this one was
     /// synced): it is emptied. Returns a handle that syncs the segment now
-    /// appended to, for the syncer.
+    /// appended to, for the writer's syncs.
     ///
     /// The segment left is synced first. Its last records may not be yet
-    /// (the syncer syncs them on its own time), and the disk may write the
+    /// (a batch logged but refused is not synced), and the disk may write the
     /// new segment's records before them: after a power cut the two would
     /// not join, and opening would refuse the log, though nothing after
     /// the missing records was acknowledged.

@@ -2,8 +2,8 @@
 //! disk.
 //!
 //! Each write batch has a sequence number. The writer runs batches in one
-//! redb write transaction and logs each; the syncer makes the log durable
-//! and only then answers. Two rules follow for reads:
+//! redb write transaction and logs each, then makes the log durable (see
+//! `syncer`) and only then answers. Two rules follow for reads:
 //!
 //! - Nothing that is not on disk is shown (an ingest answered "duplicate"
 //!   from a batch lost in a crash would lose the event): a read notes the

@@ -17,7 +17,7 @@ use crate::store::redb::record::{Lent, LoggedLent, Request};
 
 /// The writer's write transaction, kept open over several batches until it
 /// is committed (see `storage.commit_hold`). Each batch in it is logged;
-/// the syncer answers its callers once the log is synced, commit or not.
+/// its callers are answered once the log is synced, commit or not.
 pub(super) struct Open {
     tx: WriteTransaction,
     /// When its first batch ran.
@@ -93,7 +93,7 @@ pub(super) fn commit(shared: &Shared, counters: &Counters, open: Open) -> Result
 }
 
 /// Runs a batch in the open transaction (begun if there is none) and logs
-/// it; the syncer syncs the record. On an error nothing in the batch took
+/// it; the writer then syncs the record. On an error nothing in the batch took
 /// effect: the transaction is dropped, and the batches before it in the
 /// transaction run again in a fresh one (if that fails too, the error is
 /// a disk fault and the reopen replays them from the log).

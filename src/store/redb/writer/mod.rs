@@ -3,11 +3,11 @@
 //! Every write goes through one bounded queue to one thread. The thread takes
 //! the first waiting request, drains whatever else is already queued (up to
 //! `max_batch`), runs them all in one write transaction in arrival order,
-//! appends the batch to the write-ahead log, and hands the answers to the
-//! syncer thread ([`super::syncer`]), which syncs the log and only then
-//! answers each caller. While one batch's record is syncing, the writer
-//! already runs the next, so throughput grows with concurrency instead of
-//! being capped at one fsync per operation.
+//! appends the batch to the write-ahead log, syncs the log once for the
+//! whole batch ([`super::syncer`]) and only then answers each caller.
+//! Writes that come in while it syncs wait in the queue and make the next
+//! batch, so throughput grows with concurrency instead of being capped at
+//! one fsync per operation.
 //!
 //! The transaction stays open for the next batches until it is
 //! `storage.commit_hold` old (20 ms by default), then it is committed to
@@ -49,7 +49,6 @@ mod run;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::SyncSender;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -63,7 +62,7 @@ use super::error::EngineError;
 use super::ops::Response;
 use super::record::Request;
 use super::sync_gate::SyncGate;
-use super::syncer::{self, Job};
+use super::syncer::Syncer;
 use super::wal::WalSync;
 use super::wal_segments::Segments;
 use crate::clock::Millis;
@@ -84,8 +83,8 @@ pub enum Envelope {
     },
     /// Finish what is queued before this, then stop.
     Shutdown,
-    /// Answered once the writer took it from the queue and the syncer has
-    /// answered everything before it: proof that neither is stuck in a
+    /// Answered once the writer took it from the queue, having
+    /// answered everything before it: proof that it is not stuck in a
     /// commit or a sync (the watchdog asks).
     Ping(oneshot::Sender<()>),
 }
@@ -163,7 +162,7 @@ impl Logged {
     /// the commit returns once its pages are written, and the file's next
     /// write waits for the sync. The log goes on in its other segment,
     /// emptied first: the checkpoint before this one, which covers it, was
-    /// synced (waited for here). Returns the syncer's handle on the segment
+    /// synced (waited for here). Returns a handle that syncs the segment
     /// now appended to, and how long that wait took.
     fn checkpoint_handed_over(
         &mut self,
@@ -183,47 +182,42 @@ impl Logged {
     }
 }
 
-/// The writer thread: starts the syncer, then runs the loop until the
-/// queue closes or a shutdown comes.
+/// The writer thread: runs the loop until the queue closes or a shutdown
+/// comes.
 fn run(
     shared: &Arc<Shared>,
-    mut rx: mpsc::Receiver<Envelope>,
+    rx: mpsc::Receiver<Envelope>,
     opts: &RedbOptions,
     counters: &Counters,
     log: Logged,
 ) {
-    let started = log
-        .segments
-        .active
-        .syncer()
-        .and_then(|sync| syncer::spawn(shared.clone(), sync, opts.commit_metrics.clone(), 64));
-    let (jobs, syncer) = match started {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the log's syncer thread: writes answer 503");
-            shared.set_unhealthy();
-            while let Some(env) = rx.blocking_recv() {
-                match env {
-                    Envelope::Write { reply, .. } => {
-                        let _ = reply.send(Err(EngineError::DiskRefused));
-                    }
-                    Envelope::Ping(_) => {}
-                    Envelope::Shutdown => return,
-                }
-            }
-            return;
-        }
+    let wal = match log.segments.active.syncer() {
+        Ok(wal) => wal,
+        Err(e) => return refuse_all(shared, rx, &e),
     };
-    Writer::new(shared, rx, opts, counters, log, &jobs).run();
-    // The syncer answers what it holds, then stops.
-    drop(jobs);
-    let _ = syncer.join();
+    let syncer = Syncer::new(wal, opts.commit_metrics.clone());
+    Writer::new(shared, rx, opts, counters, log, syncer).run();
     tracing::debug!("writer stopped");
+}
+
+/// Without a handle to sync the log, every write is refused.
+fn refuse_all(shared: &Shared, mut rx: mpsc::Receiver<Envelope>, e: &std::io::Error) {
+    tracing::error!(error = %e, "cannot open the log for its syncs: writes answer 503");
+    shared.set_unhealthy();
+    while let Some(env) = rx.blocking_recv() {
+        match env {
+            Envelope::Write { reply, .. } => {
+                let _ = reply.send(Err(EngineError::DiskRefused));
+            }
+            Envelope::Ping(_) => {}
+            Envelope::Shutdown => return,
+        }
+    }
 }
 
 /// The writer thread's state from one message to the next.
 struct Writer<'a> {
-    /// What the store, its readers and the syncer share.
+    /// What the store and its readers share.
     shared: &'a Shared,
     /// The queue of writes.
     rx: mpsc::Receiver<Envelope>,
@@ -231,9 +225,8 @@ struct Writer<'a> {
     opts: &'a RedbOptions,
     /// Where operations and commits are counted.
     counters: &'a Counters,
-    /// The syncer's queue: logged batches to answer once synced, pings,
-    /// barriers.
-    jobs: &'a SyncSender<Job>,
+    /// Syncs the log for each logged batch and answers its callers.
+    syncer: Syncer,
     /// The database; `None` while a reopen after a disk fault has not
     /// succeeded yet.
     db: Option<Arc<Database>>,
@@ -265,6 +258,9 @@ struct Writer<'a> {
     /// since below 90 % of it (logged when that turns, not per refused
     /// write nor each time the reaper makes a little room).
     keys_full: bool,
+    /// No expired keys are reclaimed at the cap before this (after a
+    /// reclaim that freed nothing: see `room`).
+    reclaim_after: Option<Millis>,
 }
 
 impl<'a> Writer<'a> {
@@ -274,7 +270,7 @@ impl<'a> Writer<'a> {
         opts: &'a RedbOptions,
         counters: &'a Counters,
         log: Logged,
-        jobs: &'a SyncSender<Job>,
+        syncer: Syncer,
     ) -> Self {
         let max_batch = opts.max_batch.max(1);
         let timer = tokio::runtime::Builder::new_current_thread()
@@ -294,7 +290,7 @@ impl<'a> Writer<'a> {
             rx,
             opts,
             counters,
-            jobs,
+            syncer,
             db: shared.db(),
             log: Some(log),
             open: None,
@@ -305,6 +301,7 @@ impl<'a> Writer<'a> {
             batch: Vec::with_capacity(max_batch),
             stopping: false,
             keys_full: false,
+            reclaim_after: None,
         }
     }
 }

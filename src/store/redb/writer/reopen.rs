@@ -9,7 +9,6 @@ use super::replay::{replay_up_to, stored_seq};
 use super::{Logged, Writer};
 use crate::store::redb::migrate::stored_file_id;
 use crate::store::redb::open::open_db;
-use crate::store::redb::syncer::Job;
 use crate::store::redb::wal;
 use crate::store::redb::wal_segments::Segments;
 
@@ -35,12 +34,9 @@ impl Writer<'_> {
     /// commit.
     fn reopen(&mut self) -> Result<(), redb::Error> {
         let shared = self.shared;
-        // Once the syncer has answered everything handed to it, the batches
-        // answered `Ok` are exactly those up to the watermark's durable one.
-        let (done, wait) = std::sync::mpsc::sync_channel(1);
-        if self.jobs.send(Job::Barrier(done)).is_ok() {
-            let _ = wait.recv();
-        }
+        // Every batch logged is answered (synced and answered before the
+        // next is taken): those answered `Ok` are exactly those up to the
+        // watermark's durable one.
         let acknowledged = shared.watermark.durable();
         // Commits after the last answered batch must not survive the close.
         if let Ok(refuse) = shared.refuse.lock() {
@@ -103,7 +99,7 @@ impl Writer<'_> {
         // slots lent to their seals may be shredded and lent again.
         shared.seals.release_held();
         shared.counts.recount(&fresh)?;
-        let _ = self.jobs.send(Job::Resume(segments.active.syncer()?));
+        self.syncer.resume(segments.active.syncer()?);
         // The file first, then the epoch: a read that sees the new epoch
         // finds the file open (one that took the file with the old epoch
         // runs again).

@@ -6,8 +6,8 @@
 //! of it, so deliveries finish and the reaper frees room.
 //!
 //! And room in memory: at `storage.max_key_memory_bytes` (see
-//! `key_memory`), clients' writes that would add a key are answered
-//! `KeysFull` at once.
+//! `key_memory`), expired keys are deleted first, then clients' writes
+//! that would add a key are answered `KeysFull` at once.
 
 use crate::store::redb::error::EngineError;
 use crate::store::redb::kv_index::Space;
@@ -104,6 +104,16 @@ impl Writer<'_> {
     }
 }
 
+/// Fewest records a reclaim at the cap deletes (the reaper's default
+/// batch).
+const RECLAIM_LEAST: u64 = 100;
+/// Most: a reclaim holds the batch behind it about as long as one of the
+/// reaper's batches of the largest size.
+const RECLAIM_MOST: u64 = 1000;
+/// After a reclaim that freed nothing, the wait before the next (ms of
+/// the callers' clock).
+const RECLAIM_AGAIN_MS: u64 = 100;
+
 impl Writer<'_> {
     /// Keeps the in-memory index within `storage.max_key_memory_bytes`: at
     /// the cap, clients' writes that would grow it (see
@@ -127,14 +137,19 @@ impl Writer<'_> {
         }
         let shared = self.shared;
         let cap = self.opts.max_key_memory_bytes;
+        let mut held = self.held_keys();
+        // Near the cap: expired keys the reaper has not deleted yet go
+        // first, so they never crowd out live ones.
+        if held.saturating_add(most) >= cap && self.reclaim(held) {
+            held = self.held_keys();
+        }
         let ix = shared.kv.read();
-        let held = (ix.bytes(Space::Claims) + ix.bytes(Space::Kv)) as u64;
         if held >= cap && !self.keys_full {
             self.keys_full = true;
             tracing::warn!(
                 held,
                 cap,
-                "keys in memory at storage.max_key_memory_bytes: clients' claims and SETs of new keys answer 507 (-OOM) until the reaper deletes expired ones"
+                "keys in memory at storage.max_key_memory_bytes: clients' claims and SETs of new keys answer 507 (-OOM) until keys expire or are deleted"
             );
         } else if self.keys_full && held < cap / 10 * 9 {
             self.keys_full = false;
@@ -167,6 +182,50 @@ impl Writer<'_> {
         for reply in refused {
             let _ = reply.send(Err(EngineError::KeysFull { held, cap }));
         }
+    }
+
+    /// The memory the keys of the index take (estimated).
+    fn held_keys(&self) -> u64 {
+        let ix = self.shared.kv.read();
+        (ix.bytes(Space::Claims) + ix.bytes(Space::Kv)) as u64
+    }
+
+    /// At the cap, before the batch: deletes expired records ahead of it,
+    /// as the reaper would (claims first, then the other tables, each in
+    /// expiry order), up to twice as many as the batch's writes could add
+    /// keys and at least [`RECLAIM_LEAST`]. It is a purge of its own,
+    /// logged and synced like the reaper's, answered to no one. So
+    /// short-lived keys written faster than the reaper's share of the
+    /// writer deletes them never fill the cap while few are live. The
+    /// reaper's next pass shreds the keys of any sealed events it deleted
+    /// (see `seal`). After one that freed nothing, none is tried for
+    /// [`RECLAIM_AGAIN_MS`]: a cap reached by live keys costs no purge per
+    /// batch. Whether it freed something (`held`: the keys' memory before).
+    fn reclaim(&mut self, held: u64) -> bool {
+        let Some(now) = self.batch.iter().map(|(_, now, _)| *now).max() else {
+            return false;
+        };
+        if self.reclaim_after.is_some_and(|t| now < t) {
+            return false;
+        }
+        let adding = self
+            .batch
+            .iter()
+            .filter(|(r, _, _)| r.key_growth().is_some())
+            .count() as u64;
+        let limit = (adding * 2).clamp(RECLAIM_LEAST, RECLAIM_MOST);
+        let (reply, _) = tokio::sync::oneshot::channel();
+        let purge = Request::PurgeExpired {
+            limit,
+            dedupe_window_ms: u64::try_from(self.opts.dedupe_window.as_millis())
+                .unwrap_or(u64::MAX),
+        };
+        let clients = std::mem::replace(&mut self.batch, vec![(purge, now, reply)]);
+        self.run_collected();
+        self.batch = clients;
+        let freed = self.held_keys() < held;
+        self.reclaim_after = (!freed).then(|| now.saturating_add(RECLAIM_AGAIN_MS));
+        freed
     }
 
     /// Keeps the batch's writes that `keep` takes, in their order, and

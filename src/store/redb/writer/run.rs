@@ -1,5 +1,5 @@
 //! The writer's loop: take the writes waiting in the queue, run them as one
-//! batch in the open transaction, hand their answers to the syncer, commit
+//! batch in the open transaction, sync the log and answer them, commit
 //! and checkpoint when due; reopen the file after a disk fault.
 
 use std::sync::atomic::Ordering;
@@ -10,7 +10,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 use super::batch::{self, run_batch};
 use super::{Envelope, REOPEN_FIRST, REOPEN_MAX, Writer};
 use crate::store::redb::error::{EngineError, is_disk_fault};
-use crate::store::redb::syncer::{Job, Synced};
+use crate::store::redb::syncer::Synced;
 
 /// What the loop does after waiting for the queue.
 enum Next {
@@ -82,7 +82,7 @@ impl Writer<'_> {
                         let _ = reply.send(Err(EngineError::DiskRefused));
                     }
                     Ok(Envelope::Ping(reply)) => {
-                        let _ = self.jobs.send(Job::Ping(reply));
+                        let _ = reply.send(());
                     }
                     Ok(Envelope::Shutdown) | Err(TryRecvError::Disconnected) => return false,
                     Err(TryRecvError::Empty) => break,
@@ -150,19 +150,21 @@ impl Writer<'_> {
     }
 
     /// Takes `first` and whatever else waits in the queue into the batch,
-    /// up to `max_batch` writes; pings go to the syncer, a shutdown ends
+    /// up to `max_batch` writes; pings are answered (every batch before
+    /// them is), a shutdown ends
     /// the batch.
     fn collect(&mut self, first: Envelope) {
-        let more = std::iter::from_fn(|| self.rx.try_recv().ok());
-        for env in std::iter::once(first).chain(more) {
+        let mut next = Some(first);
+        while let Some(env) = next.take() {
             match env {
                 Envelope::Write {
                     request,
                     now,
                     reply,
                 } => self.batch.push((request, now, reply)),
+                // Every batch before it is answered.
                 Envelope::Ping(reply) => {
-                    let _ = self.jobs.send(Job::Ping(reply));
+                    let _ = reply.send(());
                 }
                 Envelope::Shutdown => {
                     self.stopping = true;
@@ -172,19 +174,20 @@ impl Writer<'_> {
             if self.batch.len() >= self.max_batch {
                 break;
             }
+            next = self.rx.try_recv().ok();
         }
     }
 
-    /// Runs the collected batch, logs it and hands its answers to the
-    /// syncer; commits now when a checkpoint or the stop needs it, when a
+    /// Runs the collected batch, logs it, syncs the log and answers its
+    /// callers; commits now when a checkpoint or the stop needs it, when a
     /// read waits for it, or when the transaction is old enough (otherwise
     /// it stays open for the next batch). A failed batch answers every
     /// caller in it with the error, and nothing in it took effect.
     fn write_batch(&mut self) {
         let shared = self.shared;
-        // The syncer may have found a failed sync while this batch was
-        // collected: its batches (and what ran after them) must be gone
-        // before this one runs, so the file is reopened first.
+        // A sync (or a commit, or a read) may have failed since the last
+        // batch: what ran after the failure must be gone before this one
+        // runs, so the file is reopened first.
         if !shared.is_healthy() {
             self.open = None;
             if self.recover().is_err() {
@@ -199,6 +202,12 @@ impl Writer<'_> {
         if self.batch.is_empty() {
             return;
         }
+        self.run_collected();
+    }
+
+    /// Runs the batch as collected and sifted (see [`Writer::write_batch`]).
+    pub(super) fn run_collected(&mut self) {
+        let shared = self.shared;
         let started = Instant::now();
         let (ops, replies): (Vec<_>, Vec<_>) = self
             .batch
@@ -243,19 +252,14 @@ impl Writer<'_> {
                 self.counters
                     .operations
                     .fetch_add(replies.len() as u64, Ordering::Relaxed);
-                let job = Job::Batch(Synced {
+                let batch = Synced {
                     seq: ran.seq,
                     started,
                     replies: replies.into_iter().zip(ran.responses).collect(),
                     freed: ran.freed,
                     lent: ran.lent,
-                });
-                if let Err(std::sync::mpsc::SendError(Job::Batch(lost))) = self.jobs.send(job) {
-                    drop(lost.lent);
-                    for (reply, _) in lost.replies {
-                        let _ = reply.send(Err(EngineError::DiskRefused));
-                    }
-                }
+                };
+                self.syncer.answer(shared, batch);
             }
             Err(e) if is_disk_fault(&e) => {
                 tracing::error!(error = %e, batch = replies.len(), "the data file cannot be written: writes answer 503 until it can again");
@@ -306,18 +310,15 @@ impl Writer<'_> {
         let started = Instant::now();
         let made = log
             .checkpoint_handed_over(db, &self.shared.gate)
-            .and_then(|(sync, waited)| {
-                // The batches logged before go on being synced in the old
-                // segment, in order, then the syncer takes the new one.
-                self.jobs
-                    .send(Job::Swap(sync))
-                    .map(|()| waited)
-                    .map_err(|_| redb::Error::Io(std::io::Error::other("the log's syncer stopped")))
+            .map(|(sync, waited)| {
+                // The batches logged before were synced in the old segment.
+                self.syncer.swap(sync);
+                waited
             });
         match made {
             Ok(waited) => {
                 // Batches are durable once their log records are synced,
-                // as before: the watermark moves with the syncer. The other
+                // as before: the watermark moves with their syncs. The other
                 // segment's batches are in the file's pages already (what
                 // a checkpoint would still write is the new segment's).
                 let took = self.checkpoint_made(started);
