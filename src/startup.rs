@@ -235,6 +235,8 @@ impl Application {
         let connections = Connections::new();
         let counted = connections.clone();
         let server = HttpServer::new(move || {
+            // On the worker's thread and runtime, as it starts.
+            crate::store::on_http_worker_start();
             App::new()
                 // Inside the request log, so its refusals are counted.
                 .wrap(from_fn(local_host_only))

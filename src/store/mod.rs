@@ -46,6 +46,14 @@ pub use ordering::{ApplyOutcome, ApplyResult, Head};
 pub use self::open::{Opened, open};
 pub use self::redb::{CommitMetrics, inbox_sources_in_file};
 
+/// Called on each HTTP worker thread as it starts, on its runtime: the
+/// answers to its requests' writes come back with one wake a batch (see
+/// the embedded store's `answers`). Needs a local runtime or a `LocalSet`,
+/// as actix's workers have.
+pub fn on_http_worker_start() {
+    self::redb::answers::install();
+}
+
 /// Why a store could not answer. Refusals (busy, not owner, …) are not
 /// errors: they are outcomes.
 ///

@@ -31,7 +31,7 @@ use super::seal::Seals;
 use super::sync_gate::SyncGate;
 use super::tables::META;
 use super::watermark::Watermark;
-use super::writer::{Counters, Envelope};
+use super::writer::{Counters, Envelope, Reply};
 use crate::clock::Millis;
 use crate::store::WriteStats;
 use crate::store::inbox::KeysInMemory;
@@ -157,7 +157,7 @@ impl Engine {
         request: Request,
         now: Millis,
     ) -> Result<Response, EngineError> {
-        let (reply, answer) = oneshot::channel();
+        let (reply, answer) = Reply::for_this_thread();
         self.writes
             .send(Envelope::Write {
                 request,
@@ -178,7 +178,7 @@ impl Engine {
         now: Millis,
     ) -> Result<impl Future<Output = Result<Response, EngineError>> + Send + 'static, EngineError>
     {
-        let (reply, answer) = oneshot::channel();
+        let (reply, answer) = Reply::for_this_thread();
         self.writes
             .send(Envelope::Write {
                 request,

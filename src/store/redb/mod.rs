@@ -27,6 +27,7 @@
 //!   dispatch of every request), [`inbox`], [`kv`] with the keyspace's
 //!   in-memory index [`kv_index`]; [`counts`] (inbox counts in memory).
 
+pub(super) mod answers;
 pub mod backup;
 mod claims;
 mod counts;

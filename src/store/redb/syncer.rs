@@ -21,11 +21,11 @@
 //! reopened the file; the reopened file holds exactly the batches that were
 //! answered `Ok` (the log is replayed up to the last one synced).
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::oneshot;
-
 use super::CommitMetrics;
+use super::answers::{self, Mailbox, Reply};
 use super::engine::Shared;
 use super::error::EngineError;
 use super::ops::Response;
@@ -40,7 +40,7 @@ pub struct Synced {
     /// When the writer took it from the queue.
     pub started: Instant,
     /// Each caller and its answer.
-    pub replies: Vec<(oneshot::Sender<Result<Response, EngineError>>, Response)>,
+    pub replies: Vec<(Reply, Response)>,
     /// Key slots it freed: retired once it is synced, before anyone is
     /// answered (an erasure then shreds them, see `seal`).
     pub freed: Vec<u64>,
@@ -57,6 +57,9 @@ pub struct Syncer {
     metrics: CommitMetrics,
     /// A sync failed: every batch is refused until [`Syncer::resume`].
     failed: bool,
+    /// The mailboxes a batch's answers were posted to (kept for its
+    /// allocation).
+    posted: Vec<Arc<Mailbox>>,
 }
 
 impl Syncer {
@@ -65,6 +68,7 @@ impl Syncer {
             wal,
             metrics,
             failed: false,
+            posted: Vec::new(),
         }
     }
 
@@ -112,10 +116,12 @@ impl Syncer {
             .seconds
             .record(batch.started.elapsed().as_secs_f64());
         self.metrics.batch_size.record(batch.replies.len() as f64);
+        // A caller that went away no longer needs its answer; its write is
+        // durable all the same. Callers on a worker thread with a mailbox
+        // are woken once a thread (see `answers`).
         for (reply, response) in batch.replies {
-            // A caller that went away no longer needs its answer; its write
-            // is durable all the same.
-            let _ = reply.send(Ok(response));
+            reply.post(Ok(response), &mut self.posted);
         }
+        answers::wake(&mut self.posted);
     }
 }

@@ -59,7 +59,6 @@ use self::batch::Open;
 use super::RedbOptions;
 use super::engine::Shared;
 use super::error::EngineError;
-use super::ops::Response;
 use super::record::Request;
 use super::sync_gate::SyncGate;
 use super::syncer::Syncer;
@@ -89,8 +88,7 @@ pub enum Envelope {
     Ping(oneshot::Sender<()>),
 }
 
-/// Where a write's answer goes.
-pub type Reply = oneshot::Sender<Result<Response, EngineError>>;
+pub use super::answers::Reply;
 
 /// Counters shared between the writer and the store.
 #[derive(Debug, Default)]

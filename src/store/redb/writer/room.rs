@@ -214,7 +214,7 @@ impl Writer<'_> {
             .filter(|(r, _, _)| r.key_growth().is_some())
             .count() as u64;
         let limit = (adding * 2).clamp(RECLAIM_LEAST, RECLAIM_MOST);
-        let (reply, _) = tokio::sync::oneshot::channel();
+        let reply = Reply::unheard();
         let purge = Request::PurgeExpired {
             limit,
             dedupe_window_ms: u64::try_from(self.opts.dedupe_window.as_millis())
