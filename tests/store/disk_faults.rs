@@ -815,3 +815,48 @@ async fn a_get_of_a_large_value_whose_batch_has_not_committed_waits_for_it() {
         assert_eq!(answer.map(|e| e.value.len()), Some(4_000));
     }
 }
+
+/// At `max_key_memory_bytes` the writer purges expired keys ahead of a
+/// batch, in a logged, synced write of its own. When that sync fails, the
+/// batch that waited for it is refused and nothing runs before the file is
+/// reopened: afterwards every claim acknowledged before is there, the
+/// refused one is not, and the purge's room is taken again.
+#[tokio::test]
+async fn a_failed_sync_of_a_purge_at_the_key_cap_refuses_the_batch_behind_it() {
+    let f = Faulty::with(|o| o.max_key_memory_bytes = 1024);
+    let mut held = Vec::new();
+    loop {
+        let k = format!("k{}", held.len());
+        match f.store.claim(&key(&k), ttl(1_000), None, T).await {
+            Ok(ClaimOutcome::Claimed { fence, .. }) => held.push((k, fence)),
+            Err(StoreError::KeysFull { .. }) => break,
+            other => panic!("{k}: {other:?}"),
+        }
+        assert!(held.len() < 20, "a cap of 1 KiB took 20 claims");
+    }
+    // All expired: the next new key makes the writer purge first, and
+    // that purge's sync fails.
+    f.plan.fail_next_syncs(1);
+    let r = f
+        .store
+        .claim(&key("new"), ttl(60_000), None, T + 2_000)
+        .await;
+    assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+    assert_eq!(f.plan.injected(), 1);
+    f.recovered("after the purge's failed sync").await;
+    // The refused purge is not replayed: the claims it would have deleted
+    // are still stored, expired, with their fences.
+    for (k, fence) in &held {
+        let got = f.store.get(&key(k), T).await.unwrap();
+        assert_eq!(got.map(|c| c.fence), Some(*fence), "{k}");
+    }
+    assert!(f.store.get(&key("new"), T + 2_000).await.unwrap().is_none());
+    // The disk takes writes again: the purge makes room and the key is
+    // taken.
+    let r = f
+        .store
+        .claim(&key("new"), ttl(60_000), None, T + 2_000)
+        .await;
+    assert!(matches!(r, Ok(ClaimOutcome::Claimed { .. })), "{r:?}");
+    f.store.close().await;
+}

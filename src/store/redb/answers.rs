@@ -41,16 +41,19 @@ impl Reply {
     /// comes on.
     pub fn for_this_thread() -> (Self, oneshot::Receiver<Answer>) {
         let (tx, rx) = oneshot::channel();
-        let mailbox = MAILBOX.with(|m| m.borrow().as_ref().filter(|m| m.open()).cloned());
+        // (While the thread's locals are being destroyed: none.)
+        let mailbox = MAILBOX
+            .try_with(|m| m.borrow().as_ref().filter(|m| m.open()).cloned())
+            .ok()
+            .flatten();
         (Self { tx, mailbox }, rx)
     }
 
-    /// A reply no one waits for (the writer's own purges).
-    pub fn unheard() -> Self {
-        Self {
-            tx: oneshot::channel().0,
-            mailbox: None,
-        }
+    /// A reply answered straight on its channel, whatever the thread (the
+    /// writer's own purges).
+    pub fn direct() -> (Self, oneshot::Receiver<Answer>) {
+        let (tx, rx) = oneshot::channel();
+        (Self { tx, mailbox: None }, rx)
     }
 
     /// Answers at once (a refusal, an error). Gives the answer back if the
@@ -130,7 +133,9 @@ thread_local! {
 /// Gives this thread a mailbox and starts its pump, a local task of the
 /// runtime this thread runs for its whole life (an HTTP worker's, at its
 /// start: `tokio::task::spawn_local` needs a local runtime or a
-/// `LocalSet`). A live one is kept.
+/// `LocalSet`). A live one is kept. The thread must never block on a
+/// write's answer (`block_on`, `block_in_place`): the pump that brings it
+/// runs on this thread.
 pub fn install() {
     MAILBOX.with(|m| {
         let mut m = m.borrow_mut();

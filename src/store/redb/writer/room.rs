@@ -11,6 +11,7 @@
 
 use crate::store::redb::error::EngineError;
 use crate::store::redb::kv_index::Space;
+use crate::store::redb::ops::Response;
 use crate::store::redb::space;
 use crate::store::redb::wal::GROW;
 
@@ -191,18 +192,23 @@ impl Writer<'_> {
     }
 
     /// At the cap, before the batch: deletes expired records ahead of it,
-    /// as the reaper would (claims first, then the other tables, each in
+    /// as the reaper would (in its order: claims, applied events, stream
+    /// heads, Redis-protocol keys, settled inbox events; each table in
     /// expiry order), up to twice as many as the batch's writes could add
-    /// keys and at least [`RECLAIM_LEAST`]. It is a purge of its own,
-    /// logged and synced like the reaper's, answered to no one. So
-    /// short-lived keys written faster than the reaper's share of the
-    /// writer deletes them never fill the cap while few are live. The
+    /// keys, [`RECLAIM_LEAST`] to [`RECLAIM_MOST`]. It is a purge of its
+    /// own, logged and synced like the reaper's, at the batch's earliest
+    /// clock reading (nothing any of its writes still sees as live goes).
+    /// So short-lived keys written faster than the reaper's share of the
+    /// writer deletes them do not fill the cap while few are live. The
     /// reaper's next pass shreds the keys of any sealed events it deleted
-    /// (see `seal`). After one that freed nothing, none is tried for
+    /// (see `seal`). After one that deleted nothing, none is tried for
     /// [`RECLAIM_AGAIN_MS`]: a cap reached by live keys costs no purge per
-    /// batch. Whether it freed something (`held`: the keys' memory before).
+    /// batch; after one that deleted other records but no key, the next
+    /// batch goes on from there. A purge that fails (the disk) refuses the
+    /// batch: nothing runs before the file is reopened. Whether the keys
+    /// take less memory than `held` now.
     fn reclaim(&mut self, held: u64) -> bool {
-        let Some(now) = self.batch.iter().map(|(_, now, _)| *now).max() else {
+        let Some(now) = self.batch.iter().map(|(_, now, _)| *now).min() else {
             return false;
         };
         if self.reclaim_after.is_some_and(|t| now < t) {
@@ -214,7 +220,7 @@ impl Writer<'_> {
             .filter(|(r, _, _)| r.key_growth().is_some())
             .count() as u64;
         let limit = (adding * 2).clamp(RECLAIM_LEAST, RECLAIM_MOST);
-        let reply = Reply::unheard();
+        let (reply, mut answer) = Reply::direct();
         let purge = Request::PurgeExpired {
             limit,
             dedupe_window_ms: u64::try_from(self.opts.dedupe_window.as_millis())
@@ -223,9 +229,19 @@ impl Writer<'_> {
         let clients = std::mem::replace(&mut self.batch, vec![(purge, now, reply)]);
         self.run_collected();
         self.batch = clients;
-        let freed = self.held_keys() < held;
-        self.reclaim_after = (!freed).then(|| now.saturating_add(RECLAIM_AGAIN_MS));
-        freed
+        if !self.shared.is_healthy() {
+            for (_, _, reply) in self.batch.drain(..) {
+                let _ = reply.send(Err(EngineError::DiskRefused));
+            }
+            return false;
+        }
+        // Synced and answered before `run_collected` returned.
+        let deleted = match answer.try_recv() {
+            Ok(Ok(Response::Purge(report))) => report.total(),
+            _ => 0,
+        };
+        self.reclaim_after = (deleted == 0).then(|| now.saturating_add(RECLAIM_AGAIN_MS));
+        self.held_keys() < held
     }
 
     /// Keeps the batch's writes that `keep` takes, in their order, and
