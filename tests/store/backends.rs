@@ -13,19 +13,35 @@ use crate::Backend;
 pub struct Redb {
     dir: TempDir,
     store: Arc<RedbStore>,
+    /// The log synced on a thread of its own (the default on one CPU).
+    sync_thread: bool,
 }
 
-fn options(dir: &TempDir) -> RedbOptions {
+fn options(dir: &TempDir, sync_thread: bool) -> RedbOptions {
     let mut opts = RedbOptions::new(dir.path().join("store.redb"));
     opts.cache_bytes = 4 * 1024 * 1024;
+    opts.sync_thread = sync_thread;
     opts
 }
 
-/// A fresh, empty redb backend.
-pub async fn redb() -> Redb {
+async fn redb_with(sync_thread: bool) -> Redb {
     let dir = TempDir::new().unwrap();
-    let store = Arc::new(RedbStore::open(&options(&dir)).unwrap());
-    Redb { dir, store }
+    let store = Arc::new(RedbStore::open(&options(&dir, sync_thread)).unwrap());
+    Redb {
+        dir,
+        store,
+        sync_thread,
+    }
+}
+
+/// A fresh, empty redb backend, its log synced by the writer.
+pub async fn redb() -> Redb {
+    redb_with(false).await
+}
+
+/// The same, its log synced on a thread of its own.
+pub async fn redb_sync_thread() -> Redb {
+    redb_with(true).await
 }
 
 #[async_trait]
@@ -36,11 +52,12 @@ impl Backend for Redb {
 
     async fn restart(&mut self) {
         self.store.close().await;
-        self.store = Arc::new(RedbStore::open(&options(&self.dir)).unwrap());
+        self.store = Arc::new(RedbStore::open(&options(&self.dir, self.sync_thread)).unwrap());
     }
 }
 
 crate::conformance!(redb_store, crate::backends::redb);
+crate::conformance!(redb_sync_thread_store, crate::backends::redb_sync_thread);
 
 /// The Redis backend against real servers the tests start.
 #[cfg(feature = "redis")]

@@ -300,12 +300,27 @@ async fn a_write_whose_log_sync_failed_is_refused_and_gone_once_the_store_recove
 /// and no refused one is.
 #[tokio::test(flavor = "current_thread")]
 async fn a_failed_sync_under_load_refuses_exactly_what_was_not_acknowledged() {
+    failed_sync_under_load(false).await;
+}
+
+/// The same with the log synced on a thread of its own (the default with
+/// one CPU), where the writer runs the next batches while a sync covering
+/// several of them fails.
+#[tokio::test(flavor = "current_thread")]
+async fn with_the_sync_on_its_own_thread_a_failed_sync_refuses_exactly_what_was_not_acknowledged() {
+    failed_sync_under_load(true).await;
+}
+
+async fn failed_sync_under_load(sync_thread: bool) {
     // Batches of at most 8, 200 queued claims at a time: the first 200 go
     // through; the next sync, in the middle of the second 200, fails.
     // (Armed once the first wave is answered: how many batches one sync
     // covers depends on the machine's speed, so "the second sync fails"
     // could fall after the last batch, or right after the first.)
-    let f = Arc::new(Faulty::with(|o| o.max_batch = 8));
+    let f = Arc::new(Faulty::with(|o| {
+        o.max_batch = 8;
+        o.sync_thread = sync_thread;
+    }));
     let before = f.store.claim(&key("before"), ttl(60_000), None, T).await;
     assert!(matches!(before, Ok(ClaimOutcome::Claimed { .. })));
     let wave = |range: std::ops::Range<usize>| {
@@ -823,7 +838,21 @@ async fn a_get_of_a_large_value_whose_batch_has_not_committed_waits_for_it() {
 /// refused one is not, and the purge's room is taken again.
 #[tokio::test]
 async fn a_failed_sync_of_a_purge_at_the_key_cap_refuses_the_batch_behind_it() {
-    let f = Faulty::with(|o| o.max_key_memory_bytes = 1024);
+    failed_purge_at_the_cap(false).await;
+}
+
+/// The same with the log synced on a thread of its own: the batch behind
+/// the purge runs, and is refused by the failed sync that covers both.
+#[tokio::test]
+async fn with_the_sync_on_its_own_thread_a_failed_purge_at_the_cap_refuses_the_batch_behind_it() {
+    failed_purge_at_the_cap(true).await;
+}
+
+async fn failed_purge_at_the_cap(sync_thread: bool) {
+    let f = Faulty::with(|o| {
+        o.max_key_memory_bytes = 1024;
+        o.sync_thread = sync_thread;
+    });
     let mut held = Vec::new();
     loop {
         let k = format!("k{}", held.len());

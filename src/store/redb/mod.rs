@@ -125,6 +125,9 @@ pub struct RedbOptions {
     /// refused (`storage.max_key_memory_bytes`, resolved: 0 here refuses
     /// every new key; see `key_memory`).
     pub max_key_memory_bytes: u64,
+    /// The log is synced on a thread of its own, not on the writer's (see
+    /// `syncer`): by default when the process may use one CPU only.
+    pub sync_thread: bool,
 }
 
 /// Histograms the writer records each successful group commit in; no-ops
@@ -175,6 +178,7 @@ impl RedbOptions {
                 s.max_key_memory_bytes,
                 u64::try_from(s.cache_bytes).unwrap_or(u64::MAX),
             ),
+            sync_thread: std::thread::available_parallelism().is_ok_and(|n| n.get() == 1),
         }
     }
 

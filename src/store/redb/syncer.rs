@@ -22,7 +22,11 @@
 //! answered `Ok` (the log is replayed up to the last one synced).
 
 use std::sync::Arc;
+use std::sync::mpsc::SyncSender;
+use std::thread::JoinHandle;
 use std::time::Instant;
+
+use tokio::sync::oneshot;
 
 use super::CommitMetrics;
 use super::answers::{self, Mailbox, Reply};
@@ -89,12 +93,25 @@ impl Syncer {
     /// Syncs the log for `batch`, then answers its callers; after a
     /// failed sync (this one or one before the file was reopened), with
     /// [`EngineError::DiskRefused`].
-    pub fn answer(&mut self, shared: &Shared, mut batch: Synced) {
+    pub fn answer(&mut self, shared: &Shared, batch: Synced) {
+        self.answer_all(shared, &mut vec![batch]);
+    }
+
+    /// Syncs the log once for every batch in `waiting`, then answers them
+    /// all, in order.
+    fn answer_all(&mut self, shared: &Shared, waiting: &mut Vec<Synced>) {
+        let Some(last) = waiting.last().map(|b| b.seq) else {
+            return;
+        };
         if !self.failed {
             match self.wal.sync() {
                 Ok(()) => {
-                    shared.watermark.synced(batch.seq);
-                    shared.seals.retire(std::mem::take(&mut batch.freed));
+                    shared.watermark.synced(last);
+                    shared.seals.retire(
+                        waiting
+                            .iter_mut()
+                            .flat_map(|b| std::mem::take(&mut b.freed)),
+                    );
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "the write-ahead log cannot be synced: writes answer 503 until the data file can be written");
@@ -103,25 +120,84 @@ impl Syncer {
                 }
             }
         }
-        if self.failed {
-            // Dropped: held.
-            drop(batch.lent);
-            for (reply, _) in batch.replies {
-                let _ = reply.send(Err(EngineError::DiskRefused));
+        for batch in waiting.drain(..) {
+            if self.failed {
+                // Dropped: held.
+                drop(batch.lent);
+                for (reply, _) in batch.replies {
+                    let _ = reply.send(Err(EngineError::DiskRefused));
+                }
+                continue;
             }
-            return;
-        }
-        batch.lent.into_iter().for_each(LoggedLent::keep);
-        self.metrics
-            .seconds
-            .record(batch.started.elapsed().as_secs_f64());
-        self.metrics.batch_size.record(batch.replies.len() as f64);
-        // A caller that went away no longer needs its answer; its write is
-        // durable all the same. Callers on a worker thread with a mailbox
-        // are woken once a thread (see `answers`).
-        for (reply, response) in batch.replies {
-            reply.post(Ok(response), &mut self.posted);
+            batch.lent.into_iter().for_each(LoggedLent::keep);
+            self.metrics
+                .seconds
+                .record(batch.started.elapsed().as_secs_f64());
+            self.metrics.batch_size.record(batch.replies.len() as f64);
+            // A caller that went away no longer needs its answer; its
+            // write is durable all the same. Callers on a worker thread
+            // with a mailbox are woken once a thread (see `answers`).
+            for (reply, response) in batch.replies {
+                reply.post(Ok(response), &mut self.posted);
+            }
         }
         answers::wake(&mut self.posted);
     }
+}
+
+/// What the writer hands to the syncer's own thread, done in order.
+#[derive(Debug)]
+pub enum Job {
+    /// Answer these callers once the log is synced.
+    Batch(Synced),
+    /// Answered once everything handed over before is answered: the
+    /// watchdog's proof that syncs return.
+    Ping(oneshot::Sender<()>),
+    /// Like `Ping`, for the writer, which waits for it before reopening
+    /// the file (so it knows which batches were answered `Ok`).
+    Barrier(SyncSender<()>),
+    /// See [`Syncer::resume`].
+    Resume(WalSync),
+    /// See [`Syncer::swap`].
+    Swap(WalSync),
+}
+
+/// Runs `syncer` on a thread of its own, for a machine with one CPU: the
+/// writer runs the next batch while the last one's sync waits for the
+/// disk, the only overlap one CPU has, and the hand-off between the two
+/// threads crosses no core. Each sync covers every batch handed over
+/// since the last.
+pub fn spawn(
+    shared: Arc<Shared>,
+    mut syncer: Syncer,
+) -> std::io::Result<(SyncSender<Job>, JoinHandle<()>)> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(64);
+    let handle = std::thread::Builder::new()
+        .name("dedupd-syncer".into())
+        .spawn(move || {
+            let mut waiting = Vec::new();
+            while let Ok(first) = rx.recv() {
+                for job in std::iter::once(first).chain(rx.try_iter()) {
+                    if let Job::Batch(b) = job {
+                        waiting.push(b);
+                        continue;
+                    }
+                    syncer.answer_all(&shared, &mut waiting);
+                    match job {
+                        Job::Ping(reply) => {
+                            let _ = reply.send(());
+                        }
+                        Job::Barrier(reply) => {
+                            let _ = reply.send(());
+                        }
+                        Job::Resume(fresh) => syncer.resume(fresh),
+                        Job::Swap(next) => syncer.swap(next),
+                        Job::Batch(_) => unreachable!("collected above"),
+                    }
+                }
+                syncer.answer_all(&shared, &mut waiting);
+            }
+            tracing::debug!("syncer stopped");
+        })?;
+    Ok((tx, handle))
 }

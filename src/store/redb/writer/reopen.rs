@@ -34,9 +34,9 @@ impl Writer<'_> {
     /// commit.
     fn reopen(&mut self) -> Result<(), redb::Error> {
         let shared = self.shared;
-        // Every batch logged is answered (synced and answered before the
-        // next is taken): those answered `Ok` are exactly those up to the
-        // watermark's durable one.
+        // Once every batch logged is answered, those answered `Ok` are
+        // exactly those up to the watermark's durable one.
+        self.syncer.barrier();
         let acknowledged = shared.watermark.durable();
         // Commits after the last answered batch must not survive the close.
         if let Ok(refuse) = shared.refuse.lock() {

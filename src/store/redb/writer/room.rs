@@ -235,9 +235,14 @@ impl Writer<'_> {
             }
             return false;
         }
-        // Synced and answered before `run_collected` returned.
         let deleted = match answer.try_recv() {
+            // Synced and answered before `run_collected` returned.
             Ok(Ok(Response::Purge(report))) => report.total(),
+            // Synced on the syncer's own thread (one CPU), not answered
+            // yet: whether the index lost keys.
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
+                u64::from(self.held_keys() < held)
+            }
             _ => 0,
         };
         self.reclaim_after = (deleted == 0).then(|| now.saturating_add(RECLAIM_AGAIN_MS));

@@ -81,9 +81,7 @@ impl Writer<'_> {
                     Ok(Envelope::Write { reply, .. }) => {
                         let _ = reply.send(Err(EngineError::DiskRefused));
                     }
-                    Ok(Envelope::Ping(reply)) => {
-                        let _ = reply.send(());
-                    }
+                    Ok(Envelope::Ping(reply)) => self.syncer.ping(reply),
                     Ok(Envelope::Shutdown) | Err(TryRecvError::Disconnected) => return false,
                     Err(TryRecvError::Empty) => break,
                 }
@@ -162,10 +160,7 @@ impl Writer<'_> {
                     now,
                     reply,
                 } => self.batch.push((request, now, reply)),
-                // Every batch before it is answered.
-                Envelope::Ping(reply) => {
-                    let _ = reply.send(());
-                }
+                Envelope::Ping(reply) => self.syncer.ping(reply),
                 Envelope::Shutdown => {
                     self.stopping = true;
                     break;
@@ -310,10 +305,10 @@ impl Writer<'_> {
         let started = Instant::now();
         let made = log
             .checkpoint_handed_over(db, &self.shared.gate)
-            .map(|(sync, waited)| {
-                // The batches logged before were synced in the old segment.
-                self.syncer.swap(sync);
-                waited
+            .and_then(|(sync, waited)| {
+                // The batches logged before are (or go on being) synced in
+                // the old segment, in order; then the new one is.
+                self.syncer.swap(sync).map(|()| waited)
             });
         match made {
             Ok(waited) => {
