@@ -1,16 +1,21 @@
-//! The log's sync, made by the writer itself for each batch, as Redis's
-//! `appendfsync always` is made by its one thread.
+//! The log's sync: by the writer itself for each batch, as Redis's
+//! `appendfsync always` is made by its one thread, or, with one CPU, on a
+//! thread of its own.
 //!
 //! The writer logs a batch (written, not synced), runs it in its redb
 //! transaction (committed without a sync, now or a little later), then
 //! syncs the log once for it and answers its callers: no caller hears
 //! `Ok` before its batch's record is on disk. Writes that come in while
 //! the sync runs wait in the writer's queue and make the next batch: the
-//! group commit. (The sync was on a thread of its own until issue 38, so
-//! the writer ran the next batch meanwhile; measured, the hand-off
-//! between the two threads cost more than the overlap gave: 11 to 20 %
-//! more CPU per claim and a third more context switches, at a lower
-//! rate, docs/performance.md.)
+//! group commit. With two CPUs or more this is measured best: the
+//! hand-off to a second thread, which let the writer run the next batch
+//! meanwhile, cost 11 to 20 % more CPU per claim and a third more context
+//! switches, at a lower rate. With one CPU ([`spawn`], the default when
+//! the process may use only one) the overlap of the disk's sync with the
+//! next batch is all the parallelism there is and the hand-off crosses no
+//! core; there the writer syncing itself let each pipelined Redis-protocol
+//! write wake it and preempt its sender, one context switch a write
+//! (docs/performance.md).
 //!
 //! Readers must not see what is not durable either (an ingest answered
 //! "duplicate" from a batch lost in a crash would lose the event): the

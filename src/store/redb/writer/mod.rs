@@ -4,10 +4,11 @@
 //! the first waiting request, drains whatever else is already queued (up to
 //! `max_batch`), runs them all in one write transaction in arrival order,
 //! appends the batch to the write-ahead log, syncs the log once for the
-//! whole batch ([`super::syncer`]) and only then answers each caller.
-//! Writes that come in while it syncs wait in the queue and make the next
-//! batch, so throughput grows with concurrency instead of being capped at
-//! one fsync per operation.
+//! whole batch ([`super::syncer`]; with one CPU on the syncer's own
+//! thread, while the writer runs the next) and only then answers each
+//! caller. Writes that come in while it syncs wait in the queue and make
+//! the next batch, so throughput grows with concurrency instead of being
+//! capped at one fsync per operation.
 //!
 //! The transaction stays open for the next batches until it is
 //! `storage.commit_hold` old (20 ms by default), then it is committed to
