@@ -9,7 +9,8 @@
 # About RATE x TTL_MS / 1000 keys are live at any moment; whatever the
 # server holds beyond that is expired and not yet reclaimed. wrk paces each
 # of its C connections (default 8) to RATE / C claims a second; the rate
-# reached is printed. Env: RATE, TTL_MS, DURATION (s), C, PIN=1 (server on
+# reached is printed, with how many claims were refused (507 at the key
+# cap). Env: RATE, TTL_MS, DURATION (s), C, PIN=1 (server on
 # CPU 0, wrk on CPU 1), KEEP=1, BENCH_TMP, QUIET_WAIT, EXTRA_TOML (added to
 # dedupd's settings), BIN_OVERRIDE (another build, for A/B runs).
 set -euo pipefail
@@ -44,8 +45,9 @@ function request()
     { ["Content-Type"] = "application/json" }, '{"ttl_ms":$TTL_MS}')
 end
 function done(s, lat)
-  io.write(string.format("RESULT %d %d %d %d\n", s.requests, s.duration,
-    lat:percentile(50), lat:percentile(99)))
+  local e = s.errors
+  io.write(string.format("RESULT %d %d %d %d %d\n", s.requests, s.duration,
+    lat:percentile(50), lat:percentile(99), e.status + e.connect + e.read + e.write + e.timeout))
 end
 LUA
 
@@ -66,7 +68,7 @@ done
 wait "$WRK" || true
 threads_cpu "$DPID" >"$TMP/cpu1"
 r=$(grep '^RESULT' "$TMP/wrk.txt") || die "no wrk result: $(cat "$TMP/wrk.txt")"
-read -r _ requests micros p50 p99 <<<"$r"
+read -r _ requests micros p50 p99 refused <<<"$r"
 rate=$(( requests * 1000000 / micros ))
 live=$(( rate * TTL_MS / 1000 ))
 # Ten more seconds with no claims: how soon the rest go.
@@ -80,6 +82,7 @@ machine
 echo "Pinned: $([ "$PIN" = 1 ] && echo "yes, the server on CPU 0, wrk on CPU 1" || echo no)"
 echo "dedupd $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' + uncommitted src changes'); reaper defaults unless EXTRA_TOML says otherwise"
 echo "Claims: $requests in ${DURATION}s = $rate/s, ttl_ms $TTL_MS: about $live live at any moment; p50 $((p50 / 1000)).$(( (p50 % 1000) / 100 )) ms, p99 $((p99 / 1000)).$(( (p99 % 1000) / 100 )) ms"
+echo "Refused or failed (not 2xx, or a socket error; at storage.max_key_memory_bytes a new key is refused with 507): $refused"
 echo "Server CPU per claim (us, by thread): $(cpu_per_op "$TMP/cpu0" "$TMP/cpu1" "$requests")"
 echo
 echo "Every 10 s (t in s; keys = claims held in memory, live or expired and not yet reclaimed; reaped = claims the reaper deleted so far):"
