@@ -51,5 +51,6 @@ mod routing;
 mod scans;
 #[cfg(feature = "redis")]
 mod shared_inbox;
+mod sync_mode;
 mod systemd;
 mod upgrade;

@@ -69,6 +69,9 @@ pub struct Syncer {
     /// The mailboxes a batch's answers were posted to (kept for its
     /// allocation).
     posted: Vec<Arc<Mailbox>>,
+    /// The batch being answered (kept for its allocation: one a batch on
+    /// the writer).
+    one: Vec<Synced>,
 }
 
 impl Syncer {
@@ -78,6 +81,7 @@ impl Syncer {
             metrics,
             failed: false,
             posted: Vec::new(),
+            one: Vec::with_capacity(1),
         }
     }
 
@@ -99,7 +103,10 @@ impl Syncer {
     /// failed sync (this one or one before the file was reopened), with
     /// [`EngineError::DiskRefused`].
     pub fn answer(&mut self, shared: &Shared, batch: Synced) {
-        self.answer_all(shared, &mut vec![batch]);
+        let mut one = std::mem::take(&mut self.one);
+        one.push(batch);
+        self.answer_all(shared, &mut one);
+        self.one = one;
     }
 
     /// Syncs the log once for every batch in `waiting`, then answers them

@@ -144,7 +144,6 @@ impl Writer<'_> {
         if held.saturating_add(most) >= cap && self.reclaim(held) {
             held = self.held_keys();
         }
-        let ix = shared.kv.read();
         if held >= cap && !self.keys_full {
             self.keys_full = true;
             tracing::warn!(
@@ -164,6 +163,7 @@ impl Writer<'_> {
         if held.saturating_add(most) < cap {
             return;
         }
+        let ix = shared.kv.read();
         // Near it: each write is counted by what it adds (a key already
         // held, a second claim of it, a SET no longer than its value, add
         // nothing), and the ones that add are refused once the cap is
