@@ -20,7 +20,7 @@
 #     nothing acknowledged lost;
 #   - stop: `systemctl stop` during deliveries exits cleanly;
 #   - the sandbox: a dynamic user, no writes outside its state directory,
-#     no /home;
+#     no /home; with CPUAffinity=0, SCHED_BATCH under the system call filter;
 #   - backup: dedupd-backup.service writes a backup (0600, verified), which
 #     `dedupd restore` puts back: what came before it is there, what came
 #     after is not, fences go on; the timer is installed, not enabled;
@@ -258,6 +258,21 @@ if as_service sh -c 'echo x >/etc/dedupd/drill-probe' 2>/dev/null; then die "wro
 if as_service sh -c 'echo x >/usr/drill-probe' 2>/dev/null; then die "wrote /usr"; fi
 if as_service cat /home/secret 2>/dev/null; then die "read /home"; fi
 as_service rm -f /var/lib/dedupd/drill-probe
+
+log "one CPU: SCHED_BATCH under the unit's system call filter"
+# The unit with CPUAffinity=0, as on a 1-vCPU VM: dedupd schedules itself
+# as SCHED_BATCH (the policy, field 41 of /proc/PID/stat: 3); with both
+# CPUs it is left as SCHED_OTHER (0).
+policy() { c sh -c "sed 's/.*) //' /proc/$(c systemctl show -P MainPID dedupd)/stat" | awk '{ print $39 }'; }
+[ "$(policy)" = 0 ] || die "with two CPUs the policy is $(policy), not SCHED_OTHER"
+c sh -c 'printf "[Service]\nCPUAffinity=0\n" >/etc/systemd/system/dedupd.service.d/one-cpu.conf'
+c systemctl daemon-reload
+c systemctl restart dedupd
+[ "$(policy)" = 3 ] || { c journalctl -u dedupd -o cat --no-pager | tail -5; die "with one CPU the policy is $(policy), not SCHED_BATCH"; }
+c curl -fsS http://127.0.0.1:8080/readyz >/dev/null || die "/readyz does not answer on one CPU"
+c rm /etc/systemd/system/dedupd.service.d/one-cpu.conf
+c systemctl daemon-reload
+c systemctl restart dedupd
 
 log "backup: dedupd-backup.service under systemd, then restored"
 if c systemctl is-enabled dedupd-backup.timer >/dev/null 2>&1; then die "the backup timer was enabled unasked"; fi

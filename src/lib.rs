@@ -23,6 +23,7 @@
 //! - [`connections`]: the HTTP connections a stop waits for, and those it
 //!   closes (a backup's answer it abandoned).
 //! - [`limits`]: the open-files limit the settings need, checked at start.
+//! - [`scheduling`]: with one CPU, `SCHED_BATCH` for the process.
 //! - [`clock`]: wall-clock time in Unix milliseconds, replaceable in tests.
 //! - [`telemetry`]: tracing setup.
 //! - [`http_client`]: the HTTP client builder (reqwest over rustls on ring)
@@ -47,6 +48,7 @@ pub mod redact;
 pub mod reload;
 pub mod resp;
 pub mod routes;
+pub mod scheduling;
 pub mod startup;
 pub mod store;
 pub mod systemd;

@@ -138,6 +138,7 @@ fn main() -> ExitCode {
             loaded.warn_about_settings_without_effect();
             dedupd::limits::ensure_open_files(&loaded.settings);
             dedupd::huge_pages::turn_off();
+            dedupd::scheduling::on_one_cpu();
             Ok(match serve(loaded, config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

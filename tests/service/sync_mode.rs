@@ -1,7 +1,9 @@
-//! Where the log is synced: by the writer with two CPUs or more, on a
-//! syncer thread of its own when the process may use only one (its
-//! affinity, a 1-vCPU VM, a cgroup's quota): measured best each way
-//! (docs/performance.md, "Claims on any VM").
+//! What the process does by the CPUs it may use (its affinity, a 1-vCPU
+//! VM, a cgroup's quota), each measured best that way (docs/performance.md,
+//! "Claims on any VM"): with two or more the writer syncs the log and the
+//! scheduling policy is left alone; with one the log is synced on a thread
+//! of its own, and the process runs as `SCHED_BATCH` unless it was given
+//! another policy.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -10,22 +12,57 @@ use tempfile::TempDir;
 
 use crate::support::process::{dedupd, spawn_serving};
 
-/// The names of the process's threads.
-fn threads(pid: u32) -> Vec<String> {
+/// `SCHED_OTHER`, `SCHED_BATCH` and `SCHED_IDLE`, as `/proc` shows them.
+const OTHER: u32 = 0;
+const BATCH: u32 = 3;
+const IDLE: u32 = 5;
+
+/// A thread of the process: its name, its scheduling policy and its nice
+/// value.
+#[derive(Debug)]
+struct Thread {
+    name: String,
+    policy: u32,
+    nice: i32,
+}
+
+/// The process's threads.
+fn threads(pid: u32) -> Vec<Thread> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|c| c.trim().to_owned())
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let name = std::fs::read_to_string(dir.join("comm")).ok()?;
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            // After the name in brackets: field 3 (the state) onwards;
+            // the nice value is field 19, the policy field 41.
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            Some(Thread {
+                name: name.trim().to_owned(),
+                nice: fields[19 - 3].parse().ok()?,
+                policy: fields[41 - 3].parse().ok()?,
+            })
+        })
         .collect()
 }
 
-/// Serves from a fresh directory, on CPU 0 alone when `one_cpu`, until
-/// `/readyz` answers 200 (the watchdog's ping has then gone through the
-/// writer and, if there is one, the syncer); its threads' names.
-async fn threads_when_ready(one_cpu: bool) -> Vec<String> {
+fn has(threads: &[Thread], name: &str) -> bool {
+    threads.iter().any(|t| t.name == name)
+}
+
+/// Serves from a fresh directory, on CPU 0 alone when `one_cpu` (after
+/// the command `pre`, if any), until `/readyz` answers 200 (the watchdog's
+/// ping has then gone through the writer and, if there is one, the
+/// syncer); its threads.
+async fn threads_when_ready(one_cpu: bool, pre: &[&str]) -> Vec<Thread> {
     let dir = TempDir::new().unwrap();
     let mut cmd = if one_cpu {
-        let mut cmd = Command::new("taskset");
+        let (program, args) = pre.split_first().unwrap_or((&"taskset", &[]));
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        if !pre.is_empty() {
+            cmd.arg("taskset");
+        }
         cmd.args(["-c", "0", env!("CARGO_BIN_EXE_dedupd")]);
         for (k, _) in std::env::vars() {
             if k.starts_with("DEDUPD_") || k == "RUST_LOG" {
@@ -69,15 +106,45 @@ impl Drop for Killed {
 
 #[tokio::test]
 async fn with_one_cpu_the_log_is_synced_on_its_own_thread_and_with_more_by_the_writer() {
-    let one = threads_when_ready(true).await;
-    assert!(one.iter().any(|t| t == "dedupd-writer"), "{one:?}");
-    assert!(one.iter().any(|t| t == "dedupd-syncer"), "one CPU: {one:?}");
+    let one = threads_when_ready(true, &[]).await;
+    assert!(has(&one, "dedupd-writer"), "{one:?}");
+    assert!(has(&one, "dedupd-syncer"), "one CPU: {one:?}");
     if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
-        let more = threads_when_ready(false).await;
-        assert!(more.iter().any(|t| t == "dedupd-writer"), "{more:?}");
+        let more = threads_when_ready(false, &[]).await;
+        assert!(has(&more, "dedupd-writer"), "{more:?}");
+        assert!(!has(&more, "dedupd-syncer"), "two CPUs or more: {more:?}");
+    }
+}
+
+/// With one CPU, the threads that hand requests to each other (HTTP and
+/// Redis-protocol workers, the writer, the syncer) run as `SCHED_BATCH`,
+/// at the nice value they had; with more, as they were started.
+#[tokio::test]
+async fn with_one_cpu_the_process_is_scheduled_as_batch_at_its_nice_value() {
+    let one = threads_when_ready(true, &["nice", "-n", "3"]).await;
+    // (`comm` keeps 15 bytes of a name.)
+    for name in ["dedupd-writer", "dedupd-syncer", "actix-server wo"] {
+        assert!(has(&one, name), "no {name} in {one:?}");
+    }
+    assert!(
+        one.iter().all(|t| (t.policy, t.nice) == (BATCH, 3)),
+        "one CPU: {one:?}"
+    );
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        let more = threads_when_ready(false, &[]).await;
+        assert!(has(&more, "dedupd-writer"), "{more:?}");
         assert!(
-            !more.iter().any(|t| t == "dedupd-syncer"),
+            more.iter().all(|t| t.policy == OTHER && t.nice == 0),
             "two CPUs or more: {more:?}"
         );
     }
+}
+
+/// A policy the process was started with (systemd's
+/// `CPUSchedulingPolicy=`, `chrt`) is kept, with one CPU too.
+#[tokio::test]
+async fn a_scheduling_policy_given_to_the_process_is_kept() {
+    let one = threads_when_ready(true, &["chrt", "--idle", "0"]).await;
+    assert!(has(&one, "dedupd-syncer"), "one CPU: {one:?}");
+    assert!(one.iter().all(|t| t.policy == IDLE), "{one:?}");
 }
