@@ -240,10 +240,10 @@ async fn each_provider_signed_as_it_signs_is_delivered_once_its_retry_a_duplicat
     app.clock.advance(Duration::from_secs(5));
     let got = receiver.received();
     assert_eq!(got.len(), PROVIDERS.len(), "{:?}", ids(&got));
-    for p in &PROVIDERS {
-        let name = p.scheme.name();
-        let delivered: Vec<Value> = app
-            .request(
+    let delivered_of = |name: &'static str| {
+        let app = &app;
+        async move {
+            app.request(
                 reqwest::Method::GET,
                 &format!("/v1/sources/{name}/events?status=delivered"),
             )
@@ -253,9 +253,25 @@ async fn each_provider_signed_as_it_signs_is_delivered_once_its_retry_a_duplicat
             .json::<Value>()
             .await
             .unwrap()["events"]
-            .as_array()
-            .unwrap()
-            .clone();
+                .as_array()
+                .unwrap()
+                .clone()
+        }
+    };
+    // The receiver answered each; the dispatcher marks each delivered once
+    // it has read that answer.
+    app.retrying_until("every event marked delivered", || async {
+        for p in &PROVIDERS {
+            if delivered_of(p.scheme.name()).await.is_empty() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    for p in &PROVIDERS {
+        let name = p.scheme.name();
+        let delivered: Vec<Value> = delivered_of(name).await;
         assert_eq!(delivered.len(), 1, "{name}: {delivered:?}");
         // Time fields read as instants: Slack's Unix seconds, Clerk's and
         // Zoom's milliseconds, the others' RFC 3339.
