@@ -138,7 +138,7 @@ fn main() -> ExitCode {
             loaded.warn_about_settings_without_effect();
             dedupd::limits::ensure_open_files(&loaded.settings);
             dedupd::huge_pages::turn_off();
-            dedupd::scheduling::on_one_cpu();
+            dedupd::scheduling::on_one_cpu(loaded.settings.cpu_scheduling);
             Ok(match serve(loaded, config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

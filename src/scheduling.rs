@@ -15,6 +15,9 @@
 //!
 //! Only the default policy is changed: one an operator chose (systemd's
 //! `CPUSchedulingPolicy=`, `chrt`) is kept. The nice value is kept too.
+//! `cpu_scheduling = "as-started"` keeps the default policy as well.
+
+use crate::config::CpuScheduling;
 
 /// Whether the process may use only one CPU (its affinity, a 1-vCPU VM, a
 /// cgroup's quota), as the store's log decides where it is synced.
@@ -22,11 +25,16 @@ pub fn one_cpu() -> bool {
     std::thread::available_parallelism().is_ok_and(|n| n.get() == 1)
 }
 
-/// With one CPU, switches the calling thread from the default policy to
-/// `SCHED_BATCH`; threads it starts afterwards inherit it, so `serve` calls
-/// this before its runtime starts. Logs what it did.
-pub fn on_one_cpu() {
+/// With one CPU and `cpu_scheduling = "auto"`, switches the calling thread
+/// from the default policy to `SCHED_BATCH`; threads it starts afterwards
+/// inherit it, so `serve` calls this before its runtime starts. Logs what
+/// it did.
+pub fn on_one_cpu(setting: CpuScheduling) {
     if !one_cpu() {
+        return;
+    }
+    if setting == CpuScheduling::AsStarted {
+        tracing::info!("one CPU: scheduled as started (cpu_scheduling = \"as-started\")");
         return;
     }
     #[cfg(target_os = "linux")]

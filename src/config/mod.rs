@@ -90,6 +90,20 @@ pub struct Settings {
     /// Operational alerts as signed webhooks (`[alerts]`); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alerts: Option<alerts::AlertSettings>,
+    /// How the process asks to be scheduled (see `crate::scheduling`).
+    pub cpu_scheduling: CpuScheduling,
+}
+
+/// How the process asks to be scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpuScheduling {
+    /// With one CPU, `SCHED_BATCH` at the same nice value, unless the
+    /// process was started with a policy other than the default one.
+    #[default]
+    Auto,
+    /// As the process was started, whatever the CPUs.
+    AsStarted,
 }
 
 /// The Redis-protocol (RESP2/RESP3) listener: SET/GET/DEL/EXPIRE/… on a
@@ -385,6 +399,7 @@ impl Default for Settings {
             gateway: GatewaySettings::default(),
             sources: BTreeMap::new(),
             alerts: None,
+            cpu_scheduling: CpuScheduling::Auto,
             resp: RespSettings {
                 listen: None,
                 max_connections: 1024,

@@ -3,7 +3,7 @@
 //! "Claims on any VM"): with two or more the writer syncs the log and the
 //! scheduling policy is left alone; with one the log is synced on a thread
 //! of its own, and the process runs as `SCHED_BATCH` unless it was given
-//! another policy.
+//! another policy or `cpu_scheduling = "as-started"`.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -55,6 +55,11 @@ fn has(threads: &[Thread], name: &str) -> bool {
 /// ping has then gone through the writer and, if there is one, the
 /// syncer); its threads.
 async fn threads_when_ready(one_cpu: bool, pre: &[&str]) -> Vec<Thread> {
+    threads_when_ready_with(one_cpu, pre, &[]).await
+}
+
+/// [`threads_when_ready`], with `env` set for the server.
+async fn threads_when_ready_with(one_cpu: bool, pre: &[&str], env: &[(&str, &str)]) -> Vec<Thread> {
     let dir = TempDir::new().unwrap();
     let mut cmd = if one_cpu {
         let (program, args) = pre.split_first().unwrap_or((&"taskset", &[]));
@@ -75,7 +80,8 @@ async fn threads_when_ready(one_cpu: bool, pre: &[&str]) -> Vec<Thread> {
     };
     cmd.arg("serve")
         .current_dir(dir.path())
-        .env("DEDUPD_LISTEN", "127.0.0.1:0");
+        .env("DEDUPD_LISTEN", "127.0.0.1:0")
+        .envs(env.iter().copied());
     let (child, port, _drain) = spawn_serving(cmd);
     let child = Killed(child);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -147,4 +153,12 @@ async fn a_scheduling_policy_given_to_the_process_is_kept() {
     let one = threads_when_ready(true, &["chrt", "--idle", "0"]).await;
     assert!(has(&one, "dedupd-syncer"), "one CPU: {one:?}");
     assert!(one.iter().all(|t| t.policy == IDLE), "{one:?}");
+}
+
+/// `cpu_scheduling = "as-started"` keeps the default policy with one CPU.
+#[tokio::test]
+async fn as_started_keeps_the_default_policy_with_one_cpu() {
+    let one = threads_when_ready_with(true, &[], &[("DEDUPD_CPU_SCHEDULING", "as-started")]).await;
+    assert!(has(&one, "dedupd-syncer"), "one CPU: {one:?}");
+    assert!(one.iter().all(|t| t.policy == OTHER), "{one:?}");
 }
