@@ -7,10 +7,10 @@
 //! before the reader has read the rest. `SCHED_BATCH` is the same fair
 //! scheduling at the same nice value, without that wake-up preemption: the
 //! reader finishes its burst, the writer takes it as one batch. Measured
-//! with the server on one core (docs/performance.md, "Claims on any VM"):
-//! the Redis protocol's `SET NX EX` at 64 connections went from 1.18–1.34×
-//! Redis to 1.41–1.59×, context switches per `SET` from 0.33 to 0.19; claims
-//! over HTTP the same within noise. With two CPUs or more it was slower, so
+//! with the server on one core (docs/performance.md, "Claims on any VM",
+//! medians of three): the Redis protocol's `SET NX EX` at 64 connections
+//! went from 1.05× Redis to 1.38×, context switches per `SET` from 0.35 to
+//! 0.18; claims over HTTP the same within noise. With two CPUs or more it was slower, so
 //! it is left as it is.
 //!
 //! Only the default policy is changed: one an operator chose (systemd's
