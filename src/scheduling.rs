@@ -10,8 +10,8 @@
 //! with the server on one core (docs/performance.md, "Claims on any VM",
 //! medians of three): the Redis protocol's `SET NX EX` at 64 connections
 //! went from 1.05× Redis to 1.38×, context switches per `SET` from 0.35 to
-//! 0.18; claims over HTTP the same within noise. With two CPUs or more it was slower, so
-//! it is left as it is.
+//! 0.18; claims over HTTP the same within noise. With two CPUs or more it
+//! was slower, so there it is left as it is.
 //!
 //! Only the default policy is changed: one an operator chose (systemd's
 //! `CPUSchedulingPolicy=`, `chrt`) is kept. The nice value is kept too.
@@ -20,7 +20,8 @@
 use crate::config::CpuScheduling;
 
 /// Whether the process may use only one CPU (its affinity, a 1-vCPU VM, a
-/// cgroup's quota), as the store's log decides where it is synced.
+/// cgroup's quota); the store's log is then synced on a thread of its own
+/// too (`RedbOptions::sync_thread`).
 pub fn one_cpu() -> bool {
     std::thread::available_parallelism().is_ok_and(|n| n.get() == 1)
 }

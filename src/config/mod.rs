@@ -1278,6 +1278,20 @@ mod tests {
     }
 
     #[test]
+    fn cpu_scheduling_is_auto_by_default_and_refuses_an_unknown_value() {
+        assert_eq!(
+            load_toml("").unwrap().settings.cpu_scheduling,
+            CpuScheduling::Auto
+        );
+        let started = load_toml("cpu_scheduling = \"as-started\"").unwrap();
+        assert_eq!(started.settings.cpu_scheduling, CpuScheduling::AsStarted);
+        let errors = load_toml("cpu_scheduling = \"fast\"").unwrap_err();
+        assert_eq!(errors.0.len(), 1, "{errors}");
+        assert_eq!(errors.0[0].key, "cpu_scheduling");
+        assert!(errors.0[0].message.contains("as-started"), "{errors}");
+    }
+
+    #[test]
     fn read_only_tokens_are_loaded_apart_and_checked_like_full_ones() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("readers");

@@ -178,7 +178,7 @@ impl RedbOptions {
                 s.max_key_memory_bytes,
                 u64::try_from(s.cache_bytes).unwrap_or(u64::MAX),
             ),
-            sync_thread: std::thread::available_parallelism().is_ok_and(|n| n.get() == 1),
+            sync_thread: crate::scheduling::one_cpu(),
         }
     }
 
