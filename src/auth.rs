@@ -145,11 +145,13 @@ fn reads_only(method: &Method) -> bool {
 /// Middleware: with tokens configured, requires `Authorization: Bearer
 /// <token>`, a full one for anything but `GET` and `HEAD`. A peer over the
 /// limiter's count of failures gets 429 without its token being looked at.
+/// For routes outside `/v1` (`crate::gate` checks `/v1` itself).
 pub async fn require_bearer<B: MessageBody>(
     req: ServiceRequest,
     next: Next<B>,
 ) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
-    match authorize(&req) {
+    let tokens = req.app_data::<web::Data<ApiTokens>>();
+    match authorize(tokens.map(|t| t.get_ref()), &req) {
         Ok(()) => Ok(next.call(req).await?.map_into_left_body()),
         Err(e) => Ok(refuse(req, &e)),
     }
@@ -161,16 +163,17 @@ pub(crate) fn refuse<B>(req: ServiceRequest, e: &ApiError) -> ServiceResponse<Ei
     req.into_response(e.error_response()).map_into_right_body()
 }
 
-/// [`require_bearer`]'s decision.
-fn authorize(req: &ServiceRequest) -> Result<(), ApiError> {
-    let Some(tokens) = req.app_data::<web::Data<ApiTokens>>() else {
+/// [`require_bearer`]'s decision, against `tokens`: the app's token set
+/// (`None` when the app has none in its state).
+pub(crate) fn authorize(tokens: Option<&ApiTokens>, req: &ServiceRequest) -> Result<(), ApiError> {
+    let Some(tokens) = tokens else {
         // Fail closed: a route wired without its token set refuses
         // everyone rather than letting everyone in.
         tracing::error!("bearer auth has no token set in the app state: refusing the request");
         return Err(ApiError::Unauthorized);
     };
     // No tokens configured: open, which startup allows on loopback only
-    // (and `browser::local_host_only` keeps to loopback names).
+    // (and `browser::check_host` keeps to loopback names).
     if tokens.is_empty() {
         return Ok(());
     }

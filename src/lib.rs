@@ -6,6 +6,8 @@
 //!   validated into [`config::Settings`].
 //! - [`startup`]: [`startup::Application`] binds the listener, opens the store,
 //!   starts the reaper; tests build it on port 0.
+//! - [`gate`]: the one middleware in front of every route: the request's
+//!   record, and the host, origin and token checks of [`auth`].
 //! - [`routes`]: one module per HTTP resource; handlers see parsed types only.
 //! - [`domain`]: types that cannot hold invalid input (keys, TTLs, tokens,
 //!   fingerprints, event timestamps).
@@ -38,6 +40,7 @@ pub mod config;
 pub mod connections;
 pub mod domain;
 pub mod error;
+pub mod gate;
 pub mod gateway;
 pub mod http_client;
 pub mod huge_pages;

@@ -12,18 +12,17 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use actix_web::dev::{Server, ServerHandle};
-use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::auth::browser::{local_host_only, same_origin_json};
-use crate::auth::{ApiTokens, AuthLimiter, require_bearer};
+use crate::auth::{ApiTokens, AuthLimiter};
 use crate::clock::SharedClock;
 use crate::config::sources::InboxPlace;
 use crate::config::{Backend, Loaded};
 use crate::connections::Connections;
+use crate::gate::Gate;
 use crate::gateway::alerts::Alerts;
 use crate::gateway::delivery::{Coordination, DeliverySettings, Dispatcher};
 use crate::gateway::filter;
@@ -42,7 +41,6 @@ use crate::store::redb::Backups;
 use crate::store::{self, CommitMetrics, Opened, Store};
 use crate::systemd::Liveness;
 use crate::telemetry::metrics::Metrics;
-use crate::telemetry::observe_requests;
 
 /// A built, bound, not yet running application.
 pub struct Application {
@@ -238,23 +236,16 @@ impl Application {
             // On the worker's thread and runtime, as it starts.
             crate::store::on_http_worker_start();
             App::new()
-                // Inside the request log, so its refusals are counted.
-                .wrap(from_fn(local_host_only))
-                .wrap(from_fn(observe_requests))
+                // The request's record, the host check, and on `/v1` the
+                // origin and token checks: one layer for all.
+                .wrap(Gate)
                 .app_data(state.clone())
                 .app_data(request_metrics.clone())
                 .app_data(tokens.clone())
                 // `/v1` first: actix tries resources in order, and the claims
                 // (the hottest routes) then skip the regex matches of
                 // `/ingest/{source}` and `/ui/{file}`. No path overlaps.
-                .service(
-                    web::scope("/v1")
-                        .wrap(from_fn(require_bearer))
-                        // Outermost: a cross-origin page is refused before
-                        // its credential (if any) is looked at.
-                        .wrap(from_fn(same_origin_json))
-                        .configure(routes::configure_v1),
-                )
+                .service(web::scope("/v1").configure(routes::configure_v1))
                 .configure(routes::health::configure)
                 .configure(routes::ingest::configure)
                 .configure(routes::metrics::configure)

@@ -5,12 +5,12 @@
 //! and a page can point a name it controls at 127.0.0.1 (DNS rebinding)
 //! to read the answers too. So:
 //!
-//! - [`local_host_only`]: without API tokens, only requests addressed to a
+//! - [`check_host`]: without API tokens, only requests addressed to a
 //!   loopback name (`localhost`, `127.0.0.0/8`, `[::1]`, any port) are
 //!   served, except `/ingest/…` (signed, and reached through proxies that
 //!   pass the public `Host`) and `/healthz` and `/readyz` (probes, which
 //!   show nothing). Others get 421.
-//! - [`local_host_only`] also refuses, without API tokens and on the same
+//! - [`check_host`] also refuses, without API tokens and on the same
 //!   paths, a request that came through a reverse proxy: one with a header
 //!   a proxy adds (`Forwarded`, `Via`, `X-Forwarded-*`, `X-Real-IP` and the
 //!   like) or in HTTP/1.0. nginx's default `proxy_pass` sends none of those
@@ -18,7 +18,7 @@
 //!   `Host: 127.0.0.1:PORT`; without this check every client of a proxy in
 //!   front of a token-less dedupd was served as a local one. Browsers and
 //!   curl speak HTTP/1.1 (or 2) and add no such header.
-//! - [`same_origin_json`], on `/v1`, tokens or not: a request whose
+//! - [`check_v1`], on `/v1`, tokens or not: a request whose
 //!   `Origin` is not this server's own (`http` or `https` and the `Host`
 //!   it was sent to; the scheme is not compared, as TLS ends in front of
 //!   dedupd) or whose `Sec-Fetch-Site` says another site sent it gets 403;
@@ -30,14 +30,10 @@
 use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::dev::ServiceRequest;
 use actix_web::http::header::{self, HeaderMap, HeaderName};
 use actix_web::http::{Method, Version};
-use actix_web::middleware::Next;
-use actix_web::web;
 
-use super::{ApiTokens, refuse};
 use crate::error::ApiError;
 
 /// Set by browsers: who made the page that sent the request.
@@ -49,29 +45,23 @@ fn any_host(path: &str) -> bool {
     path == "/healthz" || path == "/readyz" || path.starts_with("/ingest/")
 }
 
-/// Middleware for the whole app: with no API token configured, refuses a
+/// For every request: with no API token configured (`open`), refuses a
 /// request addressed to a name that is not loopback, or one that came
 /// through a proxy (see the module doc). The check is by path, so a route
 /// added later is covered unless listed in [`any_host`].
-pub async fn local_host_only<B: MessageBody>(
-    req: ServiceRequest,
-    next: Next<B>,
-) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
-    let open = req
-        .app_data::<web::Data<ApiTokens>>()
-        .is_none_or(|t| t.is_empty());
+pub(crate) fn check_host(req: &ServiceRequest, open: bool) -> Result<(), ApiError> {
     if open && !any_host(req.path()) {
         // The proxy first: its remedy (tokens) is the one that helps, and a
         // proxy that passes the public `Host` would otherwise be told only
         // about names.
         if let Some(mark) = proxy_mark(req.headers(), req.version()) {
-            return Ok(refuse(req, &ApiError::ProxiedWithoutTokens { mark }));
+            return Err(ApiError::ProxiedWithoutTokens { mark });
         }
-        if !addressed_to_loopback(&req) {
-            return Ok(refuse(req, &ApiError::HostNotAllowed));
+        if !addressed_to_loopback(req) {
+            return Err(ApiError::HostNotAllowed);
         }
     }
-    Ok(next.call(req).await?.map_into_left_body())
+    Ok(())
 }
 
 /// Headers that reverse proxies and load balancers add to say who the
@@ -93,18 +83,26 @@ const PROXY_HEADERS: [(&str, &str); 7] = [
 /// unless told otherwise (`proxy_http_version`) while browsers and curl
 /// send HTTP/1.1.
 fn proxy_mark(headers: &HeaderMap, version: Version) -> Option<&'static str> {
-    for (name, shown) in PROXY_HEADERS {
-        if headers.contains_key(name) {
-            return Some(shown);
-        }
+    // One pass over the request's few header names (not a lookup per
+    // name on the list), keeping the list's order when several are there.
+    let mut first = None::<usize>;
+    for name in headers.keys() {
+        let name = name.as_str();
+        let at = match PROXY_HEADERS.iter().position(|(h, _)| *h == name) {
+            Some(i) => i,
+            None if name.starts_with("x-forwarded-") => PROXY_HEADERS.len(),
+            None => continue,
+        };
+        first = Some(first.map_or(at, |f| f.min(at)));
     }
-    if headers
-        .keys()
-        .any(|k| k.as_str().starts_with("x-forwarded-"))
-    {
-        return Some("X-Forwarded-*");
+    match first {
+        Some(i) => Some(
+            PROXY_HEADERS
+                .get(i)
+                .map_or("X-Forwarded-*", |(_, shown)| shown),
+        ),
+        None => (version == Version::HTTP_10).then_some("HTTP/1.0"),
     }
-    (version == Version::HTTP_10).then_some("HTTP/1.0")
 }
 
 /// Whether the request names only loopback: exactly one `Host`, and the
@@ -118,20 +116,9 @@ fn addressed_to_loopback(req: &ServiceRequest) -> bool {
     host.is_some_and(|h| h.is_loopback()) && target_ok
 }
 
-/// Middleware for `/v1`: same-origin browsers only, and JSON bodies (see
-/// the module doc).
-pub async fn same_origin_json<B: MessageBody>(
-    req: ServiceRequest,
-    next: Next<B>,
-) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
-    match check_v1(&req) {
-        Ok(()) => Ok(next.call(req).await?.map_into_left_body()),
-        Err(e) => Ok(refuse(req, &e)),
-    }
-}
-
-/// [`same_origin_json`]'s decision.
-fn check_v1(req: &ServiceRequest) -> Result<(), ApiError> {
+/// For `/v1`: same-origin browsers only, and JSON bodies (see the module
+/// doc).
+pub(crate) fn check_v1(req: &ServiceRequest) -> Result<(), ApiError> {
     let headers = req.headers();
     if let Some(site) = headers.get(SEC_FETCH_SITE) {
         // `none`: the operator typed the URL or opened a bookmark.

@@ -446,6 +446,13 @@ impl Metrics {
 
     /// Records one answered HTTP request.
     pub fn http_request(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        self.http_histogram(method, route, status).record(seconds);
+    }
+
+    /// The latency histogram of answers with `status` to `method` on
+    /// `route`, registered on first use. A handle to keep: recording into
+    /// it takes no lock.
+    pub fn http_histogram(&self, method: &str, route: &str, status: u16) -> Histogram {
         let known = self
             .http
             .read()
@@ -457,7 +464,7 @@ impl Metrics {
                     .find(|(m, s, _)| m == method && *s == status)
                     .map(|(_, _, h)| h.clone())
             });
-        let histogram = known.unwrap_or_else(|| {
+        known.unwrap_or_else(|| {
             let h = self.recorder.register_histogram(
                 &Key::from_parts(
                     HTTP_DURATION,
@@ -476,8 +483,7 @@ impl Metrics {
                 .or_default()
                 .push((method.to_owned(), status, h.clone()));
             h
-        });
-        histogram.record(seconds);
+        })
     }
 
     /// Sets whether `source`'s circuit breaker holds its deliveries.

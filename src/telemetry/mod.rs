@@ -10,7 +10,7 @@ mod requests;
 
 use std::sync::OnceLock;
 
-pub use requests::{RouteName, observe_requests};
+pub use requests::{RequestRecord, RouteName, WorkerHistograms};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, fmt, reload};

@@ -81,6 +81,54 @@ async fn with_tokens_configured_v1_requires_a_valid_bearer_token() {
 }
 
 #[tokio::test]
+async fn a_v1_path_spelled_with_escapes_needs_the_token_its_route_needs() {
+    let app = spawn_app_with(|l| with_tokens(l, &[TOKEN])).await;
+    // The router decodes `%76%31` to `v1`: this path is `/v1/sources`.
+    let sources = app.url("/%76%31/sources");
+    let res = app.client.get(&sources).send().await.unwrap();
+    assert_problem(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let res = app
+        .client
+        .get(&sources)
+        .bearer_auth(TOKEN)
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::FORBIDDEN, "cross_origin").await;
+    let res = app
+        .client
+        .get(&sources)
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "served as /v1/sources");
+
+    let escaped = format!("/%76%31{}", &claim_path("k")["/v1".len()..]);
+    let res = app
+        .client
+        .post(app.url(&escaped))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    for path in ["/v1", "/v1/", "/v1/no-such-route"] {
+        let res = app.client.get(app.url(path)).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let res = app
+        .client
+        .get(app.url(&claim_path("k")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND, "nothing was claimed");
+}
+
+#[tokio::test]
 async fn health_endpoints_need_no_token() {
     let app = spawn_app_with(|l| with_tokens(l, &[TOKEN])).await;
     for path in ["/healthz", "/readyz"] {
