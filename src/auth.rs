@@ -87,25 +87,20 @@ impl ApiTokens {
 
     /// True when no token of either kind is configured.
     pub fn is_empty(&self) -> bool {
-        self.digests.load().is_empty()
+        self.snapshot().is_empty()
     }
 
     /// What `presented` may do, if it is one of the tokens.
     pub fn access(&self, presented: &str) -> Option<Access> {
-        let d = digest(presented);
-        let (mut full, mut read) = (Choice::from(0), Choice::from(0));
-        for (t, access) in self.digests.load().iter() {
-            let hit = t.ct_eq(&d);
-            let is_full = Choice::from(u8::from(*access == Access::Full));
-            full |= hit & is_full;
-            read |= hit & !is_full;
-        }
-        if bool::from(full) {
-            Some(Access::Full)
-        } else if bool::from(read) {
-            Some(Access::ReadOnly)
-        } else {
-            None
+        self.snapshot().access(presented)
+    }
+
+    /// The tokens in force now, for every check of one request: a reload
+    /// in between does not make a request judged by two sets.
+    pub fn snapshot(&self) -> TokenSnapshot<'_> {
+        TokenSnapshot {
+            tokens: self,
+            digests: self.digests.load(),
         }
     }
 
@@ -118,6 +113,41 @@ impl ApiTokens {
     /// The limiter of failed attempts, for every port that takes a token.
     pub fn limiter(&self) -> &AuthLimiter {
         &self.limiter
+    }
+}
+
+/// The token set in force when a request was looked at
+/// ([`ApiTokens::snapshot`]).
+#[derive(Debug)]
+pub struct TokenSnapshot<'a> {
+    tokens: &'a ApiTokens,
+    digests: arc_swap::Guard<Arc<Digests>>,
+}
+
+impl TokenSnapshot<'_> {
+    /// True when no token of either kind is configured.
+    pub fn is_empty(&self) -> bool {
+        self.digests.is_empty()
+    }
+
+    /// What `presented` may do, if it is one of the tokens: every token is
+    /// compared, in constant time.
+    pub fn access(&self, presented: &str) -> Option<Access> {
+        let d = digest(presented);
+        let (mut full, mut read) = (Choice::from(0), Choice::from(0));
+        for (t, access) in self.digests.iter() {
+            let hit = t.ct_eq(&d);
+            let is_full = Choice::from(u8::from(*access == Access::Full));
+            full |= hit & is_full;
+            read |= hit & !is_full;
+        }
+        if bool::from(full) {
+            Some(Access::Full)
+        } else if bool::from(read) {
+            Some(Access::ReadOnly)
+        } else {
+            None
+        }
     }
 }
 
@@ -150,8 +180,11 @@ pub async fn require_bearer<B: MessageBody>(
     req: ServiceRequest,
     next: Next<B>,
 ) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
-    let tokens = req.app_data::<web::Data<ApiTokens>>();
-    match authorize(tokens.map(|t| t.get_ref()), &req) {
+    let verdict = {
+        let tokens = req.app_data::<web::Data<ApiTokens>>().map(|t| t.snapshot());
+        authorize(tokens.as_ref(), &req)
+    };
+    match verdict {
         Ok(()) => Ok(next.call(req).await?.map_into_left_body()),
         Err(e) => Ok(refuse(req, &e)),
     }
@@ -164,8 +197,11 @@ pub(crate) fn refuse<B>(req: ServiceRequest, e: &ApiError) -> ServiceResponse<Ei
 }
 
 /// [`require_bearer`]'s decision, against `tokens`: the app's token set
-/// (`None` when the app has none in its state).
-pub(crate) fn authorize(tokens: Option<&ApiTokens>, req: &ServiceRequest) -> Result<(), ApiError> {
+/// as the request found it (`None` when the app has none in its state).
+pub(crate) fn authorize(
+    tokens: Option<&TokenSnapshot<'_>>,
+    req: &ServiceRequest,
+) -> Result<(), ApiError> {
     let Some(tokens) = tokens else {
         // Fail closed: a route wired without its token set refuses
         // everyone rather than letting everyone in.
@@ -180,6 +216,7 @@ pub(crate) fn authorize(tokens: Option<&ApiTokens>, req: &ServiceRequest) -> Res
     let peer = req.peer_addr().map(|a| a.ip());
     if let Some(ip) = peer {
         tokens
+            .tokens
             .limiter()
             .allow(AuthPort::Http, ip)
             .map_err(|r| ApiError::AuthThrottled { retry_after: r })?;
@@ -196,7 +233,7 @@ pub(crate) fn authorize(tokens: Option<&ApiTokens>, req: &ServiceRequest) -> Res
             // A request without credentials guesses nothing: only a
             // credential that fails counts against the peer.
             if let (Some(ip), Some(_)) = (peer, authorization) {
-                tokens.limiter().failed(AuthPort::Http, ip);
+                tokens.tokens.limiter().failed(AuthPort::Http, ip);
             }
             Err(ApiError::Unauthorized)
         }

@@ -30,13 +30,15 @@ use actix_web::web;
 use futures_util::future::Either;
 use pin_project_lite::pin_project;
 
-use crate::auth::{self, ApiTokens, browser, refuse};
+use crate::auth::{self, ApiTokens, TokenSnapshot, browser, refuse};
 use crate::error::ApiError;
 use crate::telemetry::{RequestRecord, WorkerHistograms};
 
 /// The scope whose routes need a token (when tokens are configured) and a
-/// same-origin JSON request.
-const V1: &str = "/v1";
+/// same-origin JSON request: `startup` mounts them under this very prefix.
+/// The gate decides before routing, so no middleware that rewrites paths
+/// (`NormalizePath`) may sit between it and the router.
+pub const V1: &str = "/v1";
 
 /// The middleware: `App::new().wrap(Gate)`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -94,13 +96,15 @@ where
     }
 }
 
-/// Whether `req` may go on to its route (see the module doc).
+/// Whether `req` may go on to its route (see the module doc). Every check
+/// reads the one token set the request found: a reload between them
+/// cannot make it judged by two.
 fn admit(req: &ServiceRequest) -> Result<(), ApiError> {
-    let tokens = req.app_data::<web::Data<ApiTokens>>().map(|t| t.get_ref());
-    browser::check_host(req, tokens.is_none_or(ApiTokens::is_empty))?;
+    let tokens = req.app_data::<web::Data<ApiTokens>>().map(|t| t.snapshot());
+    browser::check_host(req, tokens.as_ref().is_none_or(TokenSnapshot::is_empty))?;
     if under_v1(req.match_info().as_str()) {
         browser::check_v1(req)?;
-        auth::authorize(tokens, req)?;
+        auth::authorize(tokens.as_ref(), req)?;
     }
     Ok(())
 }
@@ -139,7 +143,13 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::under_v1;
+    use actix_web::http::StatusCode;
+    use actix_web::test as http_test;
+    use actix_web::{App, HttpResponse, web};
+
+    use super::{Gate, V1, under_v1};
+    use crate::auth::ApiTokens;
+    use crate::config::Secret;
 
     #[test]
     fn the_v1_scope_is_its_prefix_whole() {
@@ -156,5 +166,72 @@ mod tests {
         ] {
             assert!(!under_v1(path), "{path}");
         }
+    }
+
+    /// The gate checks a request as `/v1` exactly when actix's router
+    /// serves it from the `/v1` scope, however its path is spelled: a
+    /// request the scope serves without a token would be a way around it.
+    #[actix_web::test]
+    async fn the_gate_checks_exactly_what_the_router_serves_as_v1() {
+        const TOKEN: &str = "gate-test-token-0123456789";
+        let app = http_test::init_service(
+            App::new()
+                .wrap(Gate)
+                .app_data(web::Data::new(ApiTokens::new(&[Secret::new(TOKEN)])))
+                .service(
+                    web::scope(V1)
+                        .default_service(web::to(|| async { HttpResponse::Ok().body("v1") })),
+                )
+                .default_service(web::to(|| async { HttpResponse::ImATeapot().finish() })),
+        )
+        .await;
+        let paths = [
+            "/v1",
+            "/v1/",
+            "/v1//x",
+            "/v1/x",
+            "/%76%31",
+            "/%76%31/x",
+            "/v%31/x",
+            "/V1/x",
+            "/v1%2Fx",
+            "/v1%2fx",
+            "/%2Fv1/x",
+            "//v1/x",
+            "/v1;x",
+            "/v1%3Bx",
+            "/v1%FF/x",
+            "/%FFv1/x",
+            "/v10",
+            "/v1?x=1",
+            "/v1x",
+            "http://127.0.0.1/%76%31/x",
+            "http://127.0.0.1/v1",
+            "/%2576%2531/x",
+        ];
+        let mut served = 0;
+        for path in paths {
+            let bare =
+                http_test::call_service(&app, http_test::TestRequest::get().uri(path).to_request())
+                    .await
+                    .status();
+            let res = http_test::call_service(
+                &app,
+                http_test::TestRequest::get()
+                    .uri(path)
+                    .insert_header(("authorization", format!("Bearer {TOKEN}")))
+                    .to_request(),
+            )
+            .await;
+            let by_scope =
+                res.status() == StatusCode::OK && http_test::read_body(res).await.as_ref() == b"v1";
+            served += usize::from(by_scope);
+            assert_eq!(
+                bare == StatusCode::UNAUTHORIZED,
+                by_scope,
+                "{path}: without a token {bare}; the scope serves it: {by_scope}"
+            );
+        }
+        assert!(served >= 8, "the scope served only {served} of the paths");
     }
 }

@@ -237,7 +237,8 @@ impl Application {
             crate::store::on_http_worker_start();
             App::new()
                 // The request's record, the host check, and on `/v1` the
-                // origin and token checks: one layer for all.
+                // origin and token checks: one layer for all, before
+                // routing (no path-rewriting layer may go inside it).
                 .wrap(Gate)
                 .app_data(state.clone())
                 .app_data(request_metrics.clone())
@@ -245,7 +246,7 @@ impl Application {
                 // `/v1` first: actix tries resources in order, and the claims
                 // (the hottest routes) then skip the regex matches of
                 // `/ingest/{source}` and `/ui/{file}`. No path overlaps.
-                .service(web::scope("/v1").configure(routes::configure_v1))
+                .service(web::scope(crate::gate::V1).configure(routes::configure_v1))
                 .configure(routes::health::configure)
                 .configure(routes::ingest::configure)
                 .configure(routes::metrics::configure)

@@ -381,6 +381,40 @@ mod tests {
     /// does HTTP/1.0 (nginx's default to its upstream); what a browser or
     /// curl sends on this machine does not.
     #[test]
+    fn with_several_proxy_marks_the_first_listed_is_named_in_any_order() {
+        let all = [
+            ("forwarded", "Forwarded"),
+            ("via", "Via"),
+            ("x-real-ip", "X-Real-IP"),
+            ("x-client-ip", "X-Client-IP"),
+            ("true-client-ip", "True-Client-IP"),
+            ("cf-connecting-ip", "CF-Connecting-IP"),
+            ("fastly-client-ip", "Fastly-Client-IP"),
+            ("x-forwarded-for", "X-Forwarded-*"),
+        ];
+        for (i, (first, shown)) in all.iter().enumerate() {
+            for (later, _) in &all[i + 1..] {
+                for names in [[first, later], [later, first]] {
+                    let mut h = HeaderMap::new();
+                    for name in names {
+                        h.insert(
+                            HeaderName::from_static(name),
+                            header::HeaderValue::from_static("192.0.2.60"),
+                        );
+                    }
+                    for version in [Version::HTTP_10, Version::HTTP_11] {
+                        assert_eq!(
+                            proxy_mark(&h, version),
+                            Some(*shown),
+                            "{names:?} over {version:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn each_proxy_mark_alone_is_seen_and_a_local_client_bears_none() {
         let with = |name: &str, value: &str| {
             let mut h = HeaderMap::new();

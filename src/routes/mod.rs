@@ -54,7 +54,8 @@ pub struct AppState {
     pub backups: crate::store::redb::Backups,
 }
 
-/// Registers the `/v1` resources on `cfg` (the caller adds auth).
+/// Registers the `/v1` resources on `cfg`, each with [`Guard::Open`]:
+/// `crate::gate` checks the origin and the token of everything under `/v1`.
 pub fn configure_v1(cfg: &mut web::ServiceConfig) {
     claims::configure(cfg);
     streams::configure(cfg);
@@ -178,8 +179,9 @@ impl Endpoint {
     }
 }
 
-/// Whether [`register`] puts each resource behind the API tokens (routes
-/// outside `/v1`, whose scope has them already).
+/// Whether [`register`] puts each resource behind the API tokens: for
+/// routes outside `/v1` only (`crate::gate` checks every `/v1` request,
+/// and a second check would count each bad credential twice).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Guard {
     /// Anyone who reaches the listener.

@@ -444,11 +444,6 @@ impl Metrics {
         }
     }
 
-    /// Records one answered HTTP request.
-    pub fn http_request(&self, method: &str, route: &str, status: u16, seconds: f64) {
-        self.http_histogram(method, route, status).record(seconds);
-    }
-
     /// The latency histogram of answers with `status` to `method` on
     /// `route`, registered on first use. A handle to keep: recording into
     /// it takes no lock.

@@ -35,8 +35,8 @@ pub struct RouteName(pub &'static str);
 #[derive(Debug)]
 pub struct RequestRecord {
     start: Instant,
-    /// Method and path, kept only when every request is logged: an error
-    /// (actix's, from a handler) has no request to read them from.
+    /// Method and path, kept only when every request is logged, for an
+    /// answer that comes as an error (which carries no request).
     each: Option<(Method, String)>,
 }
 
@@ -66,22 +66,17 @@ impl RequestRecord {
             histograms.record(r.request(), status.as_u16(), elapsed);
         }
         let ms = elapsed * 1e3;
-        let each = self.each.is_some();
+        if !status.is_server_error() && self.each.is_none() {
+            return;
+        }
+        let (method, path) = match (res, self.each) {
+            (Ok(r), _) => (r.request().method().clone(), r.request().path().to_owned()),
+            (Err(_), Some(each)) => each,
+            (Err(_), None) => (Method::GET, String::new()),
+        };
         if status.is_server_error() {
-            let (method, path) = match (res, self.each) {
-                (Ok(r), _) => (
-                    r.request().method().to_string(),
-                    r.request().path().to_owned(),
-                ),
-                (Err(_), Some((method, path))) => (method.to_string(), path),
-                (Err(_), None) => (String::new(), String::new()),
-            };
             tracing::error!(%method, %path, status = status.as_u16(), ms, "request failed");
-        } else if each {
-            let (method, path) = match res {
-                Ok(r) => (r.request().method().as_str(), r.request().path()),
-                Err(_) => ("", ""),
-            };
+        } else {
             tracing::debug!(%method, %path, status = status.as_u16(), ms, "request done");
         }
     }
@@ -91,8 +86,10 @@ impl RequestRecord {
 type Series = (&'static str, u16, Histogram);
 
 /// One HTTP worker's handles on the latency histogram's series, so that
-/// recording a request takes no lock and no shared reference count (the
-/// workers would pass both cache lines back and forth at every request).
+/// recording a request takes no lock and no reference count shared with
+/// the other workers (they passed both cache lines back and forth at every
+/// request). The series themselves, one bucket per label set, are shared:
+/// every worker adds to the same counts.
 /// Per worker: actix builds the app, and its middleware, on each worker's
 /// own thread.
 #[derive(Debug, Default)]

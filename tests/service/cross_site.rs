@@ -83,6 +83,51 @@ async fn raw_status(app: &TestApp, head: &str) -> u16 {
         .unwrap_or_else(|| panic!("no status in {text:?}"))
 }
 
+/// The router decodes `%76%31` to `v1`, so a page may spell a path that
+/// way: it is checked as the `/v1` route it reaches.
+#[tokio::test]
+async fn a_v1_path_spelled_with_escapes_is_checked_as_v1() {
+    let app = spawn_app().await;
+    let res = app
+        .sent_by_page(Method::GET, "/%76%31/sources", None, None, "")
+        .await;
+    assert_eq!(res.status(), StatusCode::OK, "served as /v1/sources");
+    let res = app
+        .sent_by_page(
+            Method::POST,
+            "/%76%31/backup",
+            None,
+            Some("text/plain"),
+            "{}",
+        )
+        .await;
+    assert_problem(
+        res,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+    )
+    .await;
+    let res = app
+        .sent_by_page(
+            Method::POST,
+            "/%76%31/backup",
+            Some(EVIL),
+            Some("application/json"),
+            "{}",
+        )
+        .await;
+    assert_problem(res, StatusCode::FORBIDDEN, "cross_origin").await;
+    let res = app
+        .request(Method::POST, "/%76%31/backup")
+        .header("sec-fetch-site", "cross-site")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(res, StatusCode::FORBIDDEN, "cross_origin").await;
+}
+
 /// The curl: `-X POST -H 'Origin: http://evil.example' -H
 /// 'Content-Type: text/plain'`, no body.
 #[tokio::test]

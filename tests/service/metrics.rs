@@ -262,6 +262,54 @@ async fn made_up_methods_share_one_series() {
     assert_eq!(other, 3.0, "{s}");
 }
 
+/// Each HTTP worker keeps its own handles on the latency series; the
+/// counts are still one per request, whichever worker answered, and a
+/// refusal is counted under its route, never under the path as sent.
+#[tokio::test]
+async fn with_two_workers_every_request_is_counted_once_under_its_route() {
+    let app = spawn_app_with(|l| {
+        l.settings.http.workers = 2;
+        with_tokens(l, &["metrics-token"]);
+    })
+    .await;
+    const N: usize = 12;
+    for _ in 0..N {
+        // A client of its own each: a new connection, which actix hands to
+        // its workers in turn.
+        let res = crate::support::http::client()
+            .get(app.url("/v1/sources"))
+            .bearer_auth("metrics-token")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    for path in ["/v1/sources", "/%76%31/sources"] {
+        let res = crate::support::http::client()
+            .get(app.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let res = app
+        .client
+        .get(app.url("/metrics"))
+        .bearer_auth("metrics-token")
+        .send()
+        .await
+        .unwrap();
+    let s = res.text().await.unwrap();
+    let series = "dedupd_http_request_duration_seconds_count";
+    let labels = |route, status| [("method", "GET"), ("route", route), ("status", status)];
+    #[allow(clippy::cast_precision_loss)]
+    let n = N as f64;
+    assert_eq!(count(&s, series, &labels("/v1/sources", "200")), n);
+    assert_eq!(count(&s, series, &labels("/v1/sources", "401")), 1.0);
+    assert_eq!(count(&s, series, &labels("unmatched", "401")), 1.0);
+    assert!(!s.contains("%76"), "{s}");
+}
+
 #[tokio::test]
 async fn the_oldest_pending_age_grows_while_the_application_is_down() {
     let receiver = Receiver::start(Behaviour::Always(503)).await;
