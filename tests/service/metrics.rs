@@ -292,14 +292,7 @@ async fn with_two_workers_every_request_is_counted_once_under_its_route() {
             .unwrap();
         assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{path}");
     }
-    let res = app
-        .client
-        .get(app.url("/metrics"))
-        .bearer_auth("metrics-token")
-        .send()
-        .await
-        .unwrap();
-    let s = res.text().await.unwrap();
+    let s = app.scrape().await;
     let series = "dedupd_http_request_duration_seconds_count";
     let labels = |route, status| [("method", "GET"), ("route", route), ("status", status)];
     #[allow(clippy::cast_precision_loss)]
