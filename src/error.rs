@@ -8,9 +8,10 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 use crate::clock::Millis;
-use crate::domain::{Invalid, RetryAfter};
+use crate::domain::{BadResult, ClaimResult, Invalid, ResultTooLarge, RetryAfter};
 use crate::gateway::ingest::IngestError;
 use crate::gateway::signature::VerifyError;
 use crate::store::inbox::EventStatus;
@@ -31,6 +32,9 @@ pub enum ApiError {
         /// The limit, in bytes.
         limit: usize,
     },
+    /// A done's result is over `claims.max_result_bytes` (413).
+    #[error(transparent)]
+    ResultTooLarge(#[from] ResultTooLarge),
     /// The body did not arrive in time (408).
     #[error("the request body did not arrive within {after:?}")]
     BodyTimeout {
@@ -112,6 +116,8 @@ pub enum ApiError {
         /// State of the existing record.
         state: ClaimState,
         expires_at_ms: Millis,
+        /// The result the done record keeps (`done` only).
+        result: Option<ClaimResult>,
     },
     /// The request conflicts with the state of what it names (409): a
     /// source no longer configured, too many jobs.
@@ -177,6 +183,20 @@ pub struct Problem<'a> {
     /// When the key's current state expires, Unix ms (409 and 422).
     #[serde(skip_serializing_if = "Option::is_none")]
     expires_at_ms: Option<Millis>,
+    /// The result the done record keeps, as `done` was given it (409
+    /// `done` of the claims API, when it keeps one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    result: Option<&'a RawValue>,
+}
+
+impl From<BadResult> for ApiError {
+    fn from(e: BadResult) -> Self {
+        match e {
+            BadResult::TooLarge(e) => ApiError::ResultTooLarge(e),
+            BadResult::Invalid(e) => ApiError::Invalid(e),
+        }
+    }
 }
 
 impl ApiError {
@@ -186,6 +206,7 @@ impl ApiError {
             ApiError::Invalid(i) => i.code,
             ApiError::MalformedBody(_) => "malformed_body",
             ApiError::BodyTooLarge { .. } => "body_too_large",
+            ApiError::ResultTooLarge(_) => "result_too_large",
             ApiError::BodyTimeout { .. } => "body_timeout",
             ApiError::Unauthorized => "unauthorized",
             ApiError::ReadOnlyToken { .. } => "read_only_token",
@@ -219,6 +240,7 @@ impl ApiError {
             ApiError::Invalid(_) => "Invalid input",
             ApiError::MalformedBody(_) => "Malformed request body",
             ApiError::BodyTooLarge { .. } => "Request body too large",
+            ApiError::ResultTooLarge(_) => "Result too large",
             ApiError::BodyTimeout { .. } => "Request timeout",
             ApiError::Unauthorized => "Unauthorized",
             ApiError::ReadOnlyToken { .. } | ApiError::CrossOrigin => "Forbidden",
@@ -248,7 +270,9 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::Invalid(_) | ApiError::MalformedBody(_) => StatusCode::BAD_REQUEST,
-            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTooLarge { .. } | ApiError::ResultTooLarge(_) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized | ApiError::Signature(_) => StatusCode::UNAUTHORIZED,
             ApiError::ReadOnlyToken { .. } | ApiError::CrossOrigin => StatusCode::FORBIDDEN,
@@ -315,6 +339,13 @@ impl ResponseError for ApiError {
             } => (Some(*state), Some(*expires_at_ms)),
             _ => (None, None),
         };
+        let result = match self {
+            ApiError::Conflict {
+                result: Some(result),
+                ..
+            } => Some(result.as_raw()),
+            _ => None,
+        };
         let problem = Problem {
             type_: format!("urn:dedupd:problem:{}", self.code()),
             title: self.title(),
@@ -327,6 +358,7 @@ impl ResponseError for ApiError {
             },
             state,
             expires_at_ms,
+            result,
         };
         let mut res = HttpResponse::build(status);
         res.content_type("application/problem+json");

@@ -393,11 +393,12 @@ mod tests {
         ) -> Result<ClaimOutcome, StoreError> {
             unreachable!("the reaper only purges")
         }
-        async fn done(
+        async fn done_with(
             &self,
             _: &ScopedKey,
             _: Token,
             _: Ttl,
+            _: Option<crate::domain::ClaimResult>,
             _: Millis,
         ) -> Result<DoneOutcome, StoreError> {
             unreachable!("the reaper only purges")

@@ -219,6 +219,7 @@ impl Application {
             ttl: s.ttl_bounds(),
             retention_ms: ms(s.ordering.retention),
             max_body_bytes: s.http.max_body_bytes,
+            max_result_bytes: s.claims.max_result_bytes,
             gateway: gateway.clone(),
             dispatcher: dispatcher.clone(),
             body_timeout: s.http.body_timeout,

@@ -211,6 +211,9 @@ pub struct ClaimSettings {
     /// Largest TTL a request may name.
     #[serde(with = "humantime_serde")]
     pub max_ttl: Duration,
+    /// Largest result a `done` may keep: bytes of its JSON text (larger:
+    /// 413 `result_too_large`, nothing changed; 0 keeps none).
+    pub max_result_bytes: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -363,6 +366,7 @@ impl Default for Settings {
                 default_ttl: Duration::from_secs(300),
                 default_done_ttl: Duration::from_secs(86_400),
                 max_ttl: Duration::from_secs(30 * 86_400),
+                max_result_bytes: crate::domain::DEFAULT_MAX_RESULT_BYTES,
             },
             ordering: OrderingSettings {
                 retention: Duration::from_secs(30 * 86_400),
@@ -920,6 +924,15 @@ impl Settings {
                     ),
                 );
             }
+        }
+        if c.max_result_bytes > crate::domain::MAX_RESULT_BYTES_LIMIT {
+            bad(
+                "claims.max_result_bytes",
+                format!(
+                    "must be 0 (keep no results) to {} (1 MiB)",
+                    crate::domain::MAX_RESULT_BYTES_LIMIT
+                ),
+            );
         }
         if self.ordering.retention.as_millis() == 0 || self.ordering.retention > MAX_RETENTION {
             bad("ordering.retention", "must be 1ms to 3650d".into());

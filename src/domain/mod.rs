@@ -2,6 +2,7 @@
 //! handlers and the store only ever see valid values.
 
 mod auth_port;
+mod claim_result;
 mod created_at;
 pub mod durability;
 mod fingerprint;
@@ -14,6 +15,10 @@ mod token;
 mod ttl;
 
 pub use auth_port::AuthPort;
+pub use claim_result::{
+    BadResult, ClaimResult, DEFAULT_MAX_RESULT_BYTES, MAX_RESULT_BYTES_LIMIT, MAX_RESULT_DEPTH,
+    ResultTooLarge,
+};
 pub use created_at::{CreatedAt, CreatedAtFormat};
 pub use durability::Durability;
 pub use fingerprint::Fingerprint;

@@ -3,12 +3,13 @@
 use actix_web::http::Method;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use super::body::read_json;
 use super::{AppState, Endpoint, below, path_segment};
 use crate::clock::Millis;
-use crate::domain::{Fingerprint, Key, ScopedKey, Token};
+use crate::domain::{ClaimResult, Fingerprint, Key, ScopedKey, Token};
 use crate::error::{ApiError, Problem};
 use crate::store::{ClaimOutcome, ClaimState, DoneOutcome, ExtendOutcome, ReleaseOutcome};
 use crate::telemetry::RouteName;
@@ -33,6 +34,10 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::by_hand(Method::POST, EXTEND),
     ]
 }
+
+/// A done's body limit above `claims.max_result_bytes`: its token, TTL
+/// and field names, with room to spare.
+const DONE_BODY_ROOM: usize = 4096;
 
 /// The patterns, relative to `/v1`.
 const KEY: &str = "/claims/{key}";
@@ -78,7 +83,24 @@ pub struct ClaimBody {
     fingerprint: Option<String>,
 }
 
-/// Body of done and extend.
+/// Body of done.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DoneBody {
+    /// The owner token from the claim.
+    token: String,
+    /// How long the done record lives; the configured default when absent.
+    ttl_ms: Option<u64>,
+    /// What the work returned, any JSON value (`null`: none): kept with the
+    /// done record as sent, and returned by a read of the key and in the
+    /// `409 done` a later claim gets. At most `claims.max_result_bytes` of
+    /// JSON text (default 64 KiB; larger: 413 `result_too_large`, nothing
+    /// changed). A repeated done keeps the first done's result.
+    #[schema(value_type = Option<Object>)]
+    result: Option<Box<RawValue>>,
+}
+
+/// Body of extend.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenTtlBody {
@@ -124,6 +146,11 @@ pub struct StateAnswer<'a> {
     fence: Option<u64>,
     /// When this state lapses, Unix ms.
     expires_at_ms: Millis,
+    /// The result the done record keeps (inspect of a done key that keeps
+    /// one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    result: Option<&'a RawValue>,
 }
 
 fn parse_key(req: &HttpRequest) -> Result<(Key, ScopedKey), ApiError> {
@@ -138,15 +165,17 @@ fn busy(expires_at_ms: Millis) -> ApiError {
         detail: "another worker holds this key".into(),
         state: ClaimState::Processing,
         expires_at_ms,
+        result: None,
     }
 }
 
-fn already_done(expires_at_ms: Millis) -> ApiError {
+fn already_done(expires_at_ms: Millis, result: Option<ClaimResult>) -> ApiError {
     ApiError::Conflict {
         code: "done",
         detail: "the work for this key is done".into(),
         state: ClaimState::Done,
         expires_at_ms,
+        result,
     }
 }
 
@@ -156,6 +185,7 @@ fn not_owner(state: ClaimState, expires_at_ms: Millis) -> ApiError {
         detail: "the token does not own this key".into(),
         state,
         expires_at_ms,
+        result: None,
     }
 }
 
@@ -167,7 +197,7 @@ fn not_owner(state: ClaimState, expires_at_ms: Millis) -> ApiError {
         description = "Optional; an empty body takes the default TTL"),
     responses(
         (status = 201, description = "Claimed: do the work, then done (or release)", body = Claimed),
-        (status = 409, description = "`busy` (another worker holds it) or `done` (already processed)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`busy` (another worker holds it) or `done` (already processed; the problem carries the `result` the done kept, if any)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`fingerprint_mismatch`: the key was claimed with another payload digest", body = Problem, content_type = "application/problem+json"),
         (status = 400, description = "Invalid key, token, TTL or body", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
@@ -209,7 +239,10 @@ pub(super) async fn claim(
             expires_at_ms,
         })),
         ClaimOutcome::Busy { expires_at_ms } => Err(busy(expires_at_ms)),
-        ClaimOutcome::Done { expires_at_ms } => Err(already_done(expires_at_ms)),
+        ClaimOutcome::Done {
+            expires_at_ms,
+            result,
+        } => Err(already_done(expires_at_ms, result)),
         ClaimOutcome::FingerprintMismatch {
             state,
             expires_at_ms,
@@ -225,9 +258,10 @@ pub(super) async fn claim(
 #[utoipa::path(post, path = "/v1/claims/{key}/done", operation_id = "markDone", tag = "claims",
     security(("bearer" = [])),
     params(("key" = String, Path, description = "The idempotency key, 1 to 512 bytes of UTF-8 (percent-encode `/`, `%`, spaces)")),
-    request_body(content = TokenTtlBody, content_type = "application/json"),
+    request_body(content = DoneBody, content_type = "application/json"),
     responses(
         (status = 200, description = "Done", body = StateAnswer),
+        (status = 413, description = "`result_too_large`: the result is over `claims.max_result_bytes` (nothing was changed); or `body_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`not_owner`: the token does not hold this key", body = Problem, content_type = "application/problem+json"),
         (status = 400, description = "Invalid key, token, TTL or body", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Tokens are configured and none matched", body = Problem, content_type = "application/problem+json"),
@@ -240,12 +274,25 @@ pub(super) async fn done(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (key, scoped) = parse_key(&req)?;
-    let body: TokenTtlBody =
-        read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
+    // Room for a result as large as `claims.max_result_bytes` allows, and
+    // the token and TTL around it.
+    let limit = state
+        .max_body_bytes
+        .max(state.max_result_bytes.saturating_add(DONE_BODY_ROOM));
+    let body: DoneBody = read_json(&req, payload, limit, state.body_timeout).await?;
     let token = Token::parse(&body.token)?;
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_done)?;
+    let result = body
+        .result
+        .as_deref()
+        .map(|r| ClaimResult::parse(r, state.max_result_bytes))
+        .transpose()?
+        .flatten();
     let now = state.clock.now_ms();
-    let outcome = state.store.done(&scoped, token, ttl, now).await?;
+    let outcome = state
+        .store
+        .done_with(&scoped, token, ttl, result, now)
+        .await?;
     state.metrics.claim_op(
         "done",
         match outcome {
@@ -259,6 +306,7 @@ pub(super) async fn done(
             state: ClaimState::Done,
             fence: None,
             expires_at_ms,
+            result: None,
         })),
         DoneOutcome::NotOwner {
             state,
@@ -307,6 +355,7 @@ pub(super) async fn extend(
             state: ClaimState::Processing,
             fence: None,
             expires_at_ms,
+            result: None,
         })),
         ExtendOutcome::Lost => Err(ApiError::NotFound {
             code: "lost",
@@ -315,7 +364,7 @@ pub(super) async fn extend(
         ExtendOutcome::NotOwner { expires_at_ms } => {
             Err(not_owner(ClaimState::Processing, expires_at_ms))
         }
-        ExtendOutcome::Done { expires_at_ms } => Err(already_done(expires_at_ms)),
+        ExtendOutcome::Done { expires_at_ms } => Err(already_done(expires_at_ms, None)),
     }
 }
 
@@ -358,7 +407,7 @@ pub(super) async fn release(
         ReleaseOutcome::NotOwner { expires_at_ms } => {
             Err(not_owner(ClaimState::Processing, expires_at_ms))
         }
-        ReleaseOutcome::Done { expires_at_ms } => Err(already_done(expires_at_ms)),
+        ReleaseOutcome::Done { expires_at_ms } => Err(already_done(expires_at_ms, None)),
     }
 }
 
@@ -385,6 +434,7 @@ pub(super) async fn inspect(
             state: view.state,
             fence: Some(view.fence),
             expires_at_ms: view.expires_at_ms,
+            result: view.result.as_ref().map(ClaimResult::as_raw),
         })),
         None => Err(ApiError::NotFound {
             code: "not_found",

@@ -42,6 +42,8 @@ pub struct AppState {
     pub retention_ms: u64,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
+    /// Largest result a done keeps (`claims.max_result_bytes`).
+    pub max_result_bytes: usize,
     /// The webhook gateway (sources, inbox).
     pub gateway: Arc<Gateway>,
     /// The delivery dispatcher, for each source's delivery state.

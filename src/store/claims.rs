@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use crate::clock::Millis;
-use crate::domain::{Fingerprint, Token, Ttl};
+use crate::domain::{ClaimResult, Fingerprint, Token, Ttl};
 
 /// The two stored states; absent is the absence of a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -31,6 +31,8 @@ pub struct ClaimRecord {
     pub expires_at_ms: Millis,
     /// Digest of the payload the claim was made for, if the claimer gave one.
     pub fingerprint: Option<Fingerprint>,
+    /// What the work returned, kept by `done` (done records only).
+    pub result: Option<ClaimResult>,
 }
 
 impl ClaimRecord {
@@ -40,6 +42,7 @@ impl ClaimRecord {
             state: self.state,
             fence: self.fence,
             expires_at_ms: self.expires_at_ms,
+            result: self.result.clone(),
         }
     }
 
@@ -50,13 +53,15 @@ impl ClaimRecord {
 }
 
 /// What `GET /v1/claims/{key}` shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimView {
     /// Processing or done.
     pub state: ClaimState,
     pub fence: u64,
     /// Expiry, Unix milliseconds.
     pub expires_at_ms: Millis,
+    /// The result `done` kept, if any.
+    pub result: Option<ClaimResult>,
 }
 
 /// Answer to a claim.
@@ -81,6 +86,8 @@ pub enum ClaimOutcome {
     Done {
         /// When the done record expires.
         expires_at_ms: Millis,
+        /// The result `done` kept, if any.
+        result: Option<ClaimResult>,
     },
     /// The key is held or done with a different fingerprint.
     FingerprintMismatch {
@@ -173,6 +180,7 @@ pub fn claim(
                 fence: next_fence(),
                 expires_at_ms: ttl.expires_at(now),
                 fingerprint,
+                result: None,
             };
             let outcome = ClaimOutcome::Claimed {
                 token: record.token,
@@ -198,6 +206,7 @@ pub fn claim(
             } else {
                 ClaimOutcome::Done {
                     expires_at_ms: rec.expires_at_ms,
+                    result: rec.result.clone(),
                 }
             };
             (outcome, Change::Keep)
@@ -205,14 +214,16 @@ pub fn claim(
     }
 }
 
-/// done(token, ttl): absent → done (record the finished work); processing
-/// with the token → done; done with the same token → ok, unchanged.
+/// done(token, ttl, result): absent → done (record the finished work);
+/// processing with the token → done; done with the same token → ok,
+/// unchanged (the first done's expiry and result stay).
 /// A done record written from absent takes a fresh fence, so every record's
 /// fence is unique (per slot in a Redis Cluster, so per key).
 pub fn done(
     current: Option<&ClaimRecord>,
     token: Token,
     ttl: Ttl,
+    result: Option<ClaimResult>,
     now: Millis,
     next_fence: impl FnOnce() -> u64,
 ) -> (DoneOutcome, Change) {
@@ -224,6 +235,7 @@ pub fn done(
                 fence: next_fence(),
                 expires_at_ms: ttl.expires_at(now),
                 fingerprint: None,
+                result,
             };
             let outcome = DoneOutcome::Done {
                 expires_at_ms: record.expires_at_ms,
@@ -242,6 +254,7 @@ pub fn done(
                 let record = ClaimRecord {
                     state: ClaimState::Done,
                     expires_at_ms: ttl.expires_at(now),
+                    result,
                     ..rec.clone()
                 };
                 let outcome = DoneOutcome::Done {

@@ -36,7 +36,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use crate::clock::Millis;
-use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+use crate::domain::{ClaimResult, CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 
 pub use claims::{
     ClaimOutcome, ClaimRecord, ClaimState, ClaimView, DoneOutcome, ExtendOutcome, ReleaseOutcome,
@@ -206,14 +206,27 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         now: Millis,
     ) -> Result<ClaimOutcome, StoreError>;
 
-    /// Records that the work for `key` finished; the record lives for `ttl`.
+    /// Records that the work for `key` finished; the record lives for `ttl`
+    /// and keeps `result` (returned to later claims and reads of the key).
+    async fn done_with(
+        &self,
+        key: &ScopedKey,
+        token: Token,
+        ttl: Ttl,
+        result: Option<ClaimResult>,
+        now: Millis,
+    ) -> Result<DoneOutcome, StoreError>;
+
+    /// [`Store::done_with`] without a result.
     async fn done(
         &self,
         key: &ScopedKey,
         token: Token,
         ttl: Ttl,
         now: Millis,
-    ) -> Result<DoneOutcome, StoreError>;
+    ) -> Result<DoneOutcome, StoreError> {
+        self.done_with(key, token, ttl, None, now).await
+    }
 
     /// Gives up a claim so the next delivery can try again.
     async fn release(

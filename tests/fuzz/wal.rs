@@ -108,7 +108,7 @@ fn seed() -> &'static Seed {
         assert!(seqs.len() >= 5, "{seqs:?}");
         let bytes = bytes[..end].to_vec();
         let mut records = Vec::new();
-        assert!(bytes.starts_with(b"DDWAL06\n"));
+        assert!(bytes.starts_with(b"DDWAL07\n"));
         let mut at = HEADER;
         while at < bytes.len() {
             let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;

@@ -175,8 +175,8 @@ pub(crate) async fn kill_under_load(
 struct Acked {
     /// Claimed keys and their fences.
     claims: HashMap<String, u64>,
-    /// Keys acknowledged as done.
-    done: Vec<String>,
+    /// Keys acknowledged as done, with the result each kept (`null`: none).
+    done: Vec<(String, Value)>,
     /// Applied (stream, event id, created_at minute).
     applies: Vec<(String, String, u32)>,
     /// Highest fence acknowledged so far.
@@ -208,9 +208,15 @@ async fn work(base: String, worker: usize, round: usize, acked: Arc<Mutex<Acked>
             a.claims.insert(key.clone(), fence);
             a.max_fence = a.max_fence.max(fence);
         }
+        // Every other done keeps a result.
+        let result = if i % 2 == 0 {
+            json!({ "key": key, "fence": fence, "note": "kept with the done" })
+        } else {
+            Value::Null
+        };
         let Ok(res) = client
             .post(format!("{base}/v1/claims/{key}/done"))
-            .json(&json!({ "token": token, "ttl_ms": 86_400_000 }))
+            .json(&json!({ "token": token, "ttl_ms": 86_400_000, "result": result }))
             .send()
             .await
         else {
@@ -219,7 +225,7 @@ async fn work(base: String, worker: usize, round: usize, acked: Arc<Mutex<Acked>
         if res.status() != 200 {
             return;
         }
-        acked.lock().unwrap().done.push(key.clone());
+        acked.lock().unwrap().done.push((key.clone(), result));
         let stream = format!("s{worker}");
         let minute = u32::try_from(i % 50).unwrap();
         let event = format!("{key}-ev");
@@ -279,9 +285,11 @@ async fn check_part(base: &str, acked: &Acked, part: usize) {
         let v = claim(key).await;
         assert_eq!(v["fence"].as_u64(), Some(*fence), "claim {key}: {v}");
     }
-    for (_, key) in acked.done.iter().enumerate().filter(|(i, _)| mine(i)) {
+    for (_, (key, result)) in acked.done.iter().enumerate().filter(|(i, _)| mine(i)) {
         let v = claim(key).await;
         assert_eq!(v["state"], "done", "done {key}: {v}");
+        // `null` when none was kept: the answer has no `result` then.
+        assert_eq!(&v["result"], result, "done {key}: its result: {v}");
     }
     for (_, (stream, event, _)) in acked.applies.iter().enumerate().filter(|(i, _)| mine(i)) {
         let again = json!({ "event_id": event, "created_at": "2026-11-29T00:00:00Z" });

@@ -153,14 +153,15 @@ impl Store for FailingApply {
     ) -> Result<ClaimOutcome, StoreError> {
         self.inner.claim(key, ttl, fp, now).await
     }
-    async fn done(
+    async fn done_with(
         &self,
         key: &ScopedKey,
         token: Token,
         ttl: Ttl,
+        result: Option<dedupd::domain::ClaimResult>,
         now: Millis,
     ) -> Result<DoneOutcome, StoreError> {
-        self.inner.done(key, token, ttl, now).await
+        self.inner.done_with(key, token, ttl, result, now).await
     }
     async fn release(
         &self,

@@ -253,3 +253,39 @@ impl crate::support::app::TestApp {
         self.claim(&key, json!({ "ttl_ms": 10_000 })).await.status()
     }
 }
+
+/// A done's result is counted where it is held: a small one stays in
+/// memory with its key (as the cap counts it), a large one is read from its
+/// row and holds no memory.
+#[tokio::test]
+async fn a_results_bytes_count_against_the_cap_while_it_is_held_in_memory() {
+    let app = crate::support::app::spawn_app().await;
+    let bytes = |s: &str| count(s, "dedupd_store_key_memory_bytes", &[]);
+    let small = format!("\"{}\"", "s".repeat(198));
+    let large = format!("\"{}\"", "l".repeat(9_998));
+    for (key, result, inline) in [("small", &small, true), ("large", &large, false)] {
+        let res = app.claim(key, json!({})).await;
+        let token = res.json::<Value>().await.unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let before = bytes(&app.scrape().await);
+        let body = format!(r#"{{"token":"{token}","result":{result}}}"#);
+        let res = app
+            .request(reqwest::Method::POST, &format!("/v1/claims/{key}/done"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let after = bytes(&app.scrape().await);
+        if inline {
+            // The result's 200 bytes and its fingerprint's 2-byte length.
+            assert_eq!(after - before, 202.0, "{key}");
+        } else {
+            // Read from its row: the key's value no longer held at all.
+            assert_eq!(after - before, -25.0, "{key}");
+        }
+    }
+}

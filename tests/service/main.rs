@@ -12,6 +12,7 @@ mod auth;
 mod backup;
 mod bad_input;
 mod circuit_breaker;
+mod claim_results;
 mod claims;
 mod cli_operator;
 mod cli_output;

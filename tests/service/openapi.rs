@@ -170,3 +170,43 @@ async fn the_document_passes_openapi_spec_validator() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A done's `result` (issue 53) is described where a client meets it: the
+/// done's body, a read of the key, and the problem of a `409 done`; and the
+/// 413 a result over the cap gets.
+#[tokio::test]
+async fn a_done_result_is_described_in_the_body_the_read_and_the_problem() {
+    let doc = document().await;
+    let schemas = &doc["components"]["schemas"];
+    for schema in ["DoneBody", "StateAnswer", "Problem"] {
+        let result = &schemas[schema]["properties"]["result"];
+        assert!(
+            result.is_object(),
+            "{schema} has no result: {}",
+            schemas[schema]
+        );
+    }
+    assert!(
+        schemas["DoneBody"]["properties"]["result"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("claims.max_result_bytes")),
+        "{}",
+        schemas["DoneBody"]
+    );
+    let done = &doc["paths"]["/v1/claims/{key}/done"]["post"];
+    assert_eq!(
+        done["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/DoneBody"
+    );
+    assert!(
+        done["responses"]["413"].is_object(),
+        "{}",
+        done["responses"]
+    );
+    let extend = &doc["paths"]["/v1/claims/{key}/extend"]["post"];
+    assert_eq!(
+        extend["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/TokenTtlBody",
+        "extend takes no result"
+    );
+}

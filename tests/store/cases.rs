@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use dedupd::domain::{CreatedAt, Fingerprint, Key, ScopedKey, Token, Ttl};
+use dedupd::domain::{ClaimResult, CreatedAt, Fingerprint, Key, ScopedKey, Token, Ttl};
 use dedupd::reaper::Reaper;
 use dedupd::store::{
     ApplyOutcome, ClaimOutcome, ClaimState, DoneOutcome, ExtendOutcome, ReleaseOutcome, Store,
@@ -80,7 +80,8 @@ pub async fn claim_refuses_busy_and_done_keys(b: &mut dyn Backend) {
     assert_eq!(
         s.claim(&key("k"), ttl(5), None, T + 3).await.unwrap(),
         ClaimOutcome::Done {
-            expires_at_ms: T + 10_002
+            expires_at_ms: T + 10_002,
+            result: None,
         }
     );
 }
@@ -442,6 +443,94 @@ pub async fn the_reaper_works_in_bounded_batches(b: &mut dyn Backend) {
     );
     assert_eq!(reaper.purge_once(T + 10).await.unwrap().claims, 15);
     assert_eq!(s.next_expiry().await.unwrap(), None);
+}
+
+fn result(text: &str) -> ClaimResult {
+    ClaimResult::from_stored(text).unwrap()
+}
+
+/// A done keeps the work's result, exactly as given: a later claim and a
+/// read of the key get it, a repeated done keeps the first, a done without
+/// one keeps none, and all of it survives a restart. A result as large as
+/// the default cap (64 KiB) and one a float would round included.
+pub async fn a_done_keeps_its_result_for_repeats_and_restarts(b: &mut dyn Backend) {
+    let s = b.store();
+    let first = result(r#"{"charge": "ch_1", "amount": 12345678901234567890123, "ok": true}"#);
+    let large = result(&format!("\"{}\"", "x".repeat(64 * 1024 - 2)));
+    // processing → done with a result
+    let (token, fence) = claim(&*s, "p", 1_000, T).await;
+    assert_eq!(
+        s.done_with(&key("p"), token, ttl(5_000), Some(first.clone()), T + 1)
+            .await
+            .unwrap(),
+        DoneOutcome::Done {
+            expires_at_ms: T + 5_001
+        }
+    );
+    // a repeated done, with another result: ok, the first one stays
+    assert_eq!(
+        s.done_with(&key("p"), token, ttl(9_000), Some(result("2")), T + 2)
+            .await
+            .unwrap(),
+        DoneOutcome::Done {
+            expires_at_ms: T + 5_001
+        }
+    );
+    // absent → done with a result; and a done with none
+    s.done_with(
+        &key("a"),
+        Token::random(),
+        ttl(5_000),
+        Some(large.clone()),
+        T,
+    )
+    .await
+    .unwrap();
+    let (plain, _) = claim(&*s, "n", 1_000, T).await;
+    s.done(&key("n"), plain, ttl(5_000), T).await.unwrap();
+    for restart in [false, true] {
+        if restart {
+            b.restart().await;
+        }
+        let s = b.store();
+        let view = s.get(&key("p"), T + 3).await.unwrap().unwrap();
+        assert_eq!(
+            (view.state, view.fence, view.result.as_ref()),
+            (ClaimState::Done, fence, Some(&first)),
+            "restarted: {restart}"
+        );
+        assert_eq!(
+            s.claim(&key("p"), ttl(1_000), None, T + 3).await.unwrap(),
+            ClaimOutcome::Done {
+                expires_at_ms: T + 5_001,
+                result: Some(first.clone()),
+            },
+            "restarted: {restart}"
+        );
+        assert_eq!(
+            s.get(&key("a"), T + 3).await.unwrap().unwrap().result,
+            Some(large.clone()),
+            "restarted: {restart}"
+        );
+        assert_eq!(
+            s.claim(&key("n"), ttl(1_000), None, T + 3).await.unwrap(),
+            ClaimOutcome::Done {
+                expires_at_ms: T + 5_000,
+                result: None,
+            },
+            "restarted: {restart}"
+        );
+        // At its expiry the record is gone, result and all.
+        assert_eq!(s.get(&key("p"), T + 5_001).await.unwrap(), None);
+    }
+    // Expired, the key is claimable again, and a new claim has no result.
+    let s = b.store();
+    let (again, _) = claim(&*s, "p", 1_000, T + 5_001).await;
+    assert_eq!(
+        s.get(&key("p"), T + 5_002).await.unwrap().unwrap().result,
+        None
+    );
+    s.release(&key("p"), again, T + 5_002).await.unwrap();
 }
 
 pub async fn state_survives_a_restart(b: &mut dyn Backend) {

@@ -263,6 +263,7 @@ fn claim_view(state: ClaimState, fence: u64, expires_at_ms: Millis) -> Option<Cl
         state,
         fence,
         expires_at_ms,
+        result: None,
     })
 }
 
@@ -1259,7 +1260,7 @@ async fn opens_with_everything(case: &Case, path: &Path) {
     let id = file_id(path);
     let header = std::fs::read(&log).unwrap();
     assert!(
-        header.starts_with(b"DDWAL06\n"),
+        header.starts_with(b"DDWAL07\n"),
         "{name}: {:?}",
         &header[..8]
     );

@@ -72,6 +72,7 @@ macro_rules! conformance {
             case!(claim_from_absent_gives_processing_token_and_fence);
             case!(claim_refuses_busy_and_done_keys);
             case!(done_follows_the_state_table);
+            case!(a_done_keeps_its_result_for_repeats_and_restarts);
             case!(release_follows_the_state_table);
             case!(extend_follows_the_state_table);
             case!(a_stale_token_cannot_touch_the_takeover_claim);

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use dedupd::domain::{CreatedAt, Fingerprint, Key, ScopedKey, Token, Ttl};
+use dedupd::domain::{ClaimResult, CreatedAt, Fingerprint, Key, ScopedKey, Token, Ttl};
 use dedupd::store::{
     ApplyOutcome, ClaimOutcome, ClaimState, DoneOutcome, ExtendOutcome, ReleaseOutcome,
 };
@@ -27,13 +27,38 @@ enum Tok {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Claim { key: u8, ttl: u64, fp: Option<u8> },
-    Done { key: u8, tok: Tok, ttl: u64 },
-    Release { key: u8, tok: Tok },
-    Extend { key: u8, tok: Tok, ttl: u64 },
-    Get { key: u8 },
-    Apply { stream: u8, event: u8, minute: u8 },
-    Head { stream: u8 },
+    Claim {
+        key: u8,
+        ttl: u64,
+        fp: Option<u8>,
+    },
+    /// `result`: none, or one of a few JSON values ([`result`]).
+    Done {
+        key: u8,
+        tok: Tok,
+        ttl: u64,
+        result: Option<u8>,
+    },
+    Release {
+        key: u8,
+        tok: Tok,
+    },
+    Extend {
+        key: u8,
+        tok: Tok,
+        ttl: u64,
+    },
+    Get {
+        key: u8,
+    },
+    Apply {
+        stream: u8,
+        event: u8,
+        minute: u8,
+    },
+    Head {
+        stream: u8,
+    },
     Advance(u64),
     Purge,
     Restart,
@@ -49,7 +74,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (key.clone(), ttl.clone(), proptest::option::of(0u8..2))
             .prop_map(|(key, ttl, fp)| Op::Claim { key, ttl, fp }),
-        3 => (key.clone(), tok(), ttl.clone()).prop_map(|(key, tok, ttl)| Op::Done { key, tok, ttl }),
+        3 => (key.clone(), tok(), ttl.clone(), proptest::option::of(0u8..3))
+            .prop_map(|(key, tok, ttl, result)| Op::Done { key, tok, ttl, result }),
         3 => (key.clone(), tok()).prop_map(|(key, tok)| Op::Release { key, tok }),
         3 => (key.clone(), tok(), ttl).prop_map(|(key, tok, ttl)| Op::Extend { key, tok, ttl }),
         2 => key.prop_map(|key| Op::Get { key }),
@@ -70,6 +96,8 @@ struct MClaim {
     fence: Option<u64>,
     expires: u64,
     fp: Option<u8>,
+    /// The result a done kept.
+    result: Option<u8>,
 }
 
 #[derive(Debug, Default)]
@@ -119,6 +147,17 @@ fn k(n: u8) -> ScopedKey {
 
 fn fingerprint(n: u8) -> Fingerprint {
     Fingerprint::parse(&format!("fp-{n}")).unwrap()
+}
+
+/// Results of a few shapes: a string, an object, a number that a float
+/// would round.
+fn result(n: u8) -> ClaimResult {
+    let text = match n {
+        0 => r#""ok""#,
+        1 => r#"{"charge": "ch_1", "items": [1, 2, {"a": null}]}"#,
+        _ => "123456789012345678901234567890",
+    };
+    ClaimResult::from_stored(text).unwrap()
 }
 
 fn minute(m: u8) -> CreatedAt {
@@ -175,6 +214,7 @@ async fn run(open: &Open, ops: Vec<Op>) {
                                 fence: Some(fence),
                                 expires: now + ttl,
                                 fp,
+                                result: None,
                             },
                         );
                     }
@@ -186,6 +226,7 @@ async fn run(open: &Open, ops: Vec<Op>) {
                             },
                             _ if c.done => ClaimOutcome::Done {
                                 expires_at_ms: c.expires,
+                                result: c.result.map(result),
                             },
                             _ => ClaimOutcome::Busy {
                                 expires_at_ms: c.expires,
@@ -195,10 +236,21 @@ async fn run(open: &Open, ops: Vec<Op>) {
                     }
                 }
             }
-            Op::Done { key, tok, ttl } => {
+            Op::Done {
+                key,
+                tok,
+                ttl,
+                result: kept,
+            } => {
                 let token = m.token(&tok);
                 let got = s
-                    .done(&k(key), token, Ttl::from_ms_unchecked(ttl), now)
+                    .done_with(
+                        &k(key),
+                        token,
+                        Ttl::from_ms_unchecked(ttl),
+                        kept.map(result),
+                        now,
+                    )
                     .await
                     .unwrap();
                 let want = match m.live(key).cloned() {
@@ -215,6 +267,7 @@ async fn run(open: &Open, ops: Vec<Op>) {
                                 fence,
                                 expires: now + ttl,
                                 fp: None,
+                                result: kept,
                             },
                         );
                         DoneOutcome::Done {
@@ -231,6 +284,7 @@ async fn run(open: &Open, ops: Vec<Op>) {
                     Some(mut c) => {
                         c.done = true;
                         c.expires = now + ttl;
+                        c.result = kept;
                         m.claims.insert(key, c);
                         DoneOutcome::Done {
                             expires_at_ms: now + ttl,
@@ -293,9 +347,11 @@ async fn run(open: &Open, ops: Vec<Op>) {
                     c.fence = Some(v.fence);
                     m.last.insert(key, v.fence);
                 }
-                let want = m.live(key).map(|c| (Model::state(c), c.fence, c.expires));
+                let want = m
+                    .live(key)
+                    .map(|c| (Model::state(c), c.fence, c.expires, c.result.map(result)));
                 assert_eq!(
-                    got.map(|v| (v.state, Some(v.fence), v.expires_at_ms)),
+                    got.map(|v| (v.state, Some(v.fence), v.expires_at_ms, v.result)),
                     want,
                     "{ctx}"
                 );

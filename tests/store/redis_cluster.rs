@@ -177,7 +177,8 @@ async fn an_upgrade_keeps_the_one_slot_layouts_claims_and_fences_grow_past_its_c
     assert_eq!(
         done.unwrap(),
         ClaimOutcome::Done {
-            expires_at_ms: NOW + 60_000
+            expires_at_ms: NOW + 60_000,
+            result: None,
         }
     );
     for n in 0..300 {

@@ -20,7 +20,7 @@ use super::ops::Response;
 use super::record::Request;
 use super::tables::{self, EVENT_EXPIRY, HEAD_EXPIRY, HEADS, claim_from_value, head_from_row};
 use crate::clock::Millis;
-use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+use crate::domain::{ClaimResult, CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::{
     ApplyResult, ClaimOutcome, ClaimView, DoneOutcome, ExtendOutcome, Head, PurgeReport,
     ReleaseOutcome, Store, StoreError, WriteStats,
@@ -89,17 +89,23 @@ impl Store for RedbStore {
         }
     }
 
-    async fn done(
+    async fn done_with(
         &self,
         key: &ScopedKey,
         token: Token,
         ttl: Ttl,
+        result: Option<ClaimResult>,
         now: Millis,
     ) -> Result<DoneOutcome, StoreError> {
-        let request = Request::Done {
-            key: key.clone(),
-            token,
-            ttl,
+        let key = key.clone();
+        let request = match result {
+            None => Request::Done { key, token, ttl },
+            Some(result) => Request::DoneResult {
+                key,
+                token,
+                ttl,
+                result,
+            },
         };
         match self.engine.write(request, now).await? {
             Response::Done(o) => Ok(o),

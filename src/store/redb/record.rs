@@ -19,7 +19,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Millis;
-use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+use crate::domain::{ClaimResult, CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::inbox::{Attempt, NewEvent, Retention, Settle};
 use crate::store::keyspace::KvRequest;
 use crate::store::redb::kv_index::{INLINE_MAX, KEY_OVERHEAD, Slot, Space};
@@ -103,6 +103,13 @@ pub enum Request {
         /// duplicate (`gateway.dedupe_window`), ms.
         dedupe_window_ms: u64,
     },
+    /// [`Request::Done`] that keeps the work's result (log format 7).
+    DoneResult {
+        key: ScopedKey,
+        token: Token,
+        ttl: Ttl,
+        result: ClaimResult,
+    },
 }
 
 impl Request {
@@ -126,6 +133,15 @@ impl Request {
                 key: key.as_str().as_bytes(),
                 when: GrowsWhen::Absent,
                 inline: CLAIM_VALUE_LEN,
+            }),
+            // A done of a held claim is never refused (the work is finished:
+            // refusing its done would have it done again); its result is
+            // counted once stored, like every inline value.
+            Request::DoneResult { key, result, .. } if key.is_api() => Some(KeyGrowth {
+                space: Space::Claims,
+                key: key.as_str().as_bytes(),
+                when: GrowsWhen::Absent,
+                inline: claim_inline_len(CLAIM_VALUE_LEN + 2 + result.len()),
             }),
             Request::Kv(KvRequest::Set { key, value, .. }) => Some(KeyGrowth {
                 space: Space::Kv,
@@ -165,6 +181,7 @@ impl Request {
             }
             Request::Claim { .. }
             | Request::Done { .. }
+            | Request::DoneResult { .. }
             | Request::Release { .. }
             | Request::Extend { .. }
             | Request::Apply { .. }
@@ -199,6 +216,7 @@ impl Request {
                     settled + n(attempt.error.as_ref().map_or(0, String::len))
                 }
                 Request::Inbox(InboxRequest::PutJob { record, .. }) => n(record.len()),
+                Request::DoneResult { result, .. } => n(result.len()),
                 Request::Kv(KvRequest::Set { key, value, .. }) => n(key.len() + value.len()),
                 Request::Kv(KvRequest::Delete { keys }) => {
                     keys.iter().map(|k| n(k.len())).sum::<u64>()
@@ -410,6 +428,11 @@ pub(super) struct BatchRef<'a> {
 /// A claim's stored value without a fingerprint: state, token, fence
 /// (`super::tables::claim_value`).
 const CLAIM_VALUE_LEN: usize = 25;
+
+/// What a claim's value of `len` bytes keeps inline in the index.
+fn claim_inline_len(len: usize) -> usize {
+    if len <= INLINE_MAX { len } else { 0 }
+}
 
 /// How a client's write may grow the in-memory index
 /// ([`Request::key_growth`]).

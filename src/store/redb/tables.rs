@@ -24,7 +24,7 @@
 use redb::TableDefinition;
 
 use crate::clock::Millis;
-use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token};
+use crate::domain::{ClaimResult, CreatedAt, Fingerprint, ScopedKey, Token};
 use crate::store::ordering::{EventRecord, Recorded};
 use crate::store::{ClaimRecord, ClaimState, Head};
 
@@ -69,16 +69,30 @@ pub const CLAIM_ROW_EXPIRY: TableDefinition<(u64, u64), ()> =
 /// A claim's value in [`CLAIM_ROWS`] (its expiry is the row's): state
 /// (0 processing, 1 done), token (16 bytes), fence (8, little-endian),
 /// then the fingerprint's bytes, if any (a fingerprint is never empty).
+/// A done record that keeps a result has state 2, and after the fence the
+/// fingerprint's length (2 bytes, little-endian), the fingerprint and the
+/// result's JSON text. Builds before results read state 2 as done (every
+/// state byte but 0 is), so a record never opens again as claimable.
 pub fn claim_value(rec: &ClaimRecord) -> Vec<u8> {
     let fingerprint = rec.fingerprint.as_ref().map_or("", Fingerprint::as_str);
-    let mut v = Vec::with_capacity(25 + fingerprint.len());
-    v.push(match rec.state {
-        ClaimState::Processing => 0,
-        ClaimState::Done => 1,
+    let result = rec.result.as_ref().map_or("", ClaimResult::as_str);
+    let mut v = Vec::with_capacity(27 + fingerprint.len() + result.len());
+    v.push(match (rec.state, &rec.result) {
+        (ClaimState::Processing, _) => 0,
+        (ClaimState::Done, None) => 1,
+        (ClaimState::Done, Some(_)) => 2,
     });
     v.extend_from_slice(rec.token.as_bytes());
     v.extend_from_slice(&rec.fence.to_le_bytes());
-    v.extend_from_slice(fingerprint.as_bytes());
+    if v[0] == 2 {
+        // A fingerprint is at most 256 bytes (`MAX_FINGERPRINT_BYTES`).
+        let len = u16::try_from(fingerprint.len()).unwrap_or(u16::MAX);
+        v.extend_from_slice(&len.to_le_bytes());
+        v.extend_from_slice(fingerprint.as_bytes());
+        v.extend_from_slice(result.as_bytes());
+    } else {
+        v.extend_from_slice(fingerprint.as_bytes());
+    }
     v
 }
 
@@ -88,7 +102,23 @@ pub fn claim_value(rec: &ClaimRecord) -> Vec<u8> {
 pub fn claim_from_value(value: &[u8], expires_at_ms: Millis) -> Option<ClaimRecord> {
     let (&state, rest) = value.split_first()?;
     let (token, rest) = rest.split_first_chunk::<16>()?;
-    let (fence, fingerprint) = rest.split_first_chunk::<8>()?;
+    let (fence, rest) = rest.split_first_chunk::<8>()?;
+    let (fingerprint, result) = if state == 2 {
+        let (len, rest) = rest.split_first_chunk::<2>()?;
+        let len = usize::from(u16::from_le_bytes(*len));
+        if rest.len() < len {
+            return None;
+        }
+        let (fingerprint, result) = rest.split_at(len);
+        // Only parsed results were ever stored; a damaged one is dropped,
+        // the record stays done.
+        let result = std::str::from_utf8(result)
+            .ok()
+            .and_then(|r| ClaimResult::from_stored(r).ok());
+        (fingerprint, result)
+    } else {
+        (rest, None)
+    };
     Some(ClaimRecord {
         state: if state == 0 {
             ClaimState::Processing
@@ -103,6 +133,7 @@ pub fn claim_from_value(value: &[u8], expires_at_ms: Millis) -> Option<ClaimReco
             .ok()
             .filter(|f| !f.is_empty())
             .and_then(|f| Fingerprint::parse(f).ok()),
+        result,
     })
 }
 
@@ -143,6 +174,7 @@ pub fn claim_from_row(row: ClaimRow<'_>) -> ClaimRecord {
         expires_at_ms,
         // Only parsed fingerprints were ever stored.
         fingerprint: fingerprint.and_then(|f| Fingerprint::parse(f).ok()),
+        result: None,
     }
 }
 
@@ -514,5 +546,54 @@ mod tests {
         let bytes = InboxTuple::as_bytes(&tuple);
         assert_eq!(InboxRow::as_bytes(&row), bytes);
         assert_eq!(InboxRow::from_bytes(&bytes), row);
+    }
+
+    fn record(state: ClaimState, fingerprint: Option<&str>, result: Option<&str>) -> ClaimRecord {
+        ClaimRecord {
+            state,
+            token: Token::from_bytes([7; 16]),
+            fence: 0x0102,
+            expires_at_ms: 1_800_000_000_000,
+            fingerprint: fingerprint.map(|f| Fingerprint::parse(f).unwrap()),
+            result: result.map(|r| ClaimResult::from_stored(r).unwrap()),
+        }
+    }
+
+    /// Every shape reads back as written, and the bytes are pinned: rows
+    /// written by earlier builds (states 0 and 1) read as they did, and a
+    /// row with a result is laid out as `claim_value` documents.
+    #[test]
+    fn a_claim_value_reads_back_and_its_bytes_are_pinned() {
+        for rec in [
+            record(ClaimState::Processing, None, None),
+            record(ClaimState::Processing, Some("sha256:aa"), None),
+            record(ClaimState::Done, None, None),
+            record(ClaimState::Done, Some("sha256:aa"), None),
+            record(ClaimState::Done, None, Some(r#"{"id":1}"#)),
+            record(ClaimState::Done, Some("sha256:aa"), Some("[1, 2.50]")),
+        ] {
+            let value = claim_value(&rec);
+            assert_eq!(claim_from_value(&value, rec.expires_at_ms), Some(rec));
+        }
+        let mut old = vec![1];
+        old.extend_from_slice(&[7; 16]);
+        old.extend_from_slice(&0x0102u64.to_le_bytes());
+        old.extend_from_slice(b"sha256:aa");
+        assert_eq!(
+            claim_value(&record(ClaimState::Done, Some("sha256:aa"), None)),
+            old
+        );
+        let mut with_result = vec![2];
+        with_result.extend_from_slice(&[7; 16]);
+        with_result.extend_from_slice(&0x0102u64.to_le_bytes());
+        with_result.extend_from_slice(&[9, 0]);
+        with_result.extend_from_slice(b"sha256:aa\"ok\"");
+        assert_eq!(
+            claim_value(&record(ClaimState::Done, Some("sha256:aa"), Some("\"ok\""))),
+            with_result
+        );
+        // A fingerprint length past the value's end is no claim value.
+        with_result[25] = 200;
+        assert_eq!(claim_from_value(&with_result, 0), None);
     }
 }

@@ -45,15 +45,15 @@ use super::record::{Batch, BatchRef, Request};
 use crate::clock::Millis;
 
 /// The log format this build writes.
-pub const FORMAT: u32 = 6;
+pub const FORMAT: u32 = 7;
 /// Formats whose records this build decodes: format 1 and 2 records are
 /// encoded alike (only the header differs); format 3 adds a request (a
 /// settle with its attempt, for the event's timeline) and changes none;
 /// format 4 adds the replay, erase and bulk job requests and changes none;
 /// format 5 adds the insert of an event routed to several destinations;
 /// format 6 adds the insert of a sealed event (and no longer writes the
-/// two inserts before it).
-pub const DECODES: &[u32] = &[1, 2, 3, 4, 5, 6];
+/// two inserts before it); format 7 adds the done that keeps a result.
+pub const DECODES: &[u32] = &[1, 2, 3, 4, 5, 6, 7];
 /// Every header starts `DDWAL`, two digits of format, and a newline.
 const MAGIC_PREFIX: &[u8; 5] = b"DDWAL";
 /// Bytes of a format 1 header.

@@ -26,7 +26,7 @@ use serde::de::DeserializeOwned;
 use super::record::{InboxRequest, Lent, Request, SealedRow};
 use super::wal::{self, DECODES, FORMAT};
 use crate::clock::Millis;
-use crate::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
+use crate::domain::{ClaimResult, CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
 use crate::store::inbox::{Attempt, NewEvent, Retention, Settle};
 use crate::store::keyspace::{ExpireCondition, KvRequest, SetCondition, SetExpiry};
 
@@ -114,6 +114,13 @@ fn samples() -> Vec<Request> {
             key: api("order-1"),
             token: token(0xA1),
             ttl: Ttl::from_ms_unchecked(86_400_000),
+        },
+        Request::DoneResult {
+            key: api("order-3"),
+            token: token(0xA3),
+            ttl: Ttl::from_ms_unchecked(86_400_000),
+            result: ClaimResult::from_stored(r#"{"charge":"ch_1","amount":1250}"#)
+                .expect("a result"),
         },
         Request::Release {
             key: api("order-2"),
@@ -405,6 +412,12 @@ fn shape(req: &Request, cov: &mut Coverage) -> String {
             token: _,
             ttl: _,
         } => "done".into(),
+        Request::DoneResult {
+            key: _,
+            token: _,
+            ttl: _,
+            result: _,
+        } => "done_result".into(),
         Request::Release { key: _, token: _ } => "release".into(),
         Request::Extend {
             key: _,

@@ -13,7 +13,7 @@ if r then
   if r[1] == 'p' then
     return {'busy', r[1], r[4]}
   end
-  return {'done', r[1], r[4]}
+  return {'done', r[1], r[4], r[6]}
 end
 local fence = next_fence(KEYS[2], tonumber(ARGV[6]))
 local e = now + tonumber(ARGV[2])

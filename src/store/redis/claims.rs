@@ -10,7 +10,7 @@ use super::client::{Client, RedisFault};
 use super::layout::Layout;
 use super::upgrade::Upgrade;
 use crate::clock::Millis;
-use crate::domain::{CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
+use crate::domain::{ClaimResult, CreatedAt, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::{
     ApplyOutcome, ApplyResult, ClaimOutcome, ClaimState, ClaimView, DoneOutcome, ExtendOutcome,
     Head, PurgeReport, ReleaseOutcome, Store, StoreError, WriteStats,
@@ -57,6 +57,14 @@ fn state(s: Option<&String>) -> ClaimState {
     } else {
         ClaimState::Done
     }
+}
+
+/// A result as the scripts keep it: JSON text, '' or absent for none. Only
+/// results parsed as JSON are ever stored; one that no longer parses is
+/// dropped (the record stays done).
+fn stored_result(r: Option<&str>) -> Option<ClaimResult> {
+    r.filter(|r| !r.is_empty())
+        .and_then(|r| ClaimResult::from_stored(r).ok())
 }
 
 fn unexpected(what: &'static str, reply: &[String]) -> StoreError {
@@ -223,6 +231,7 @@ impl Store for RedisStore {
             }),
             Some("done") => Ok(ClaimOutcome::Done {
                 expires_at_ms: num(reply.get(2))?,
+                result: stored_result(reply.get(3).map(String::as_str)),
             }),
             Some("mismatch") => Ok(ClaimOutcome::FingerprintMismatch {
                 state: state(reply.get(1)),
@@ -232,11 +241,12 @@ impl Store for RedisStore {
         }
     }
 
-    async fn done(
+    async fn done_with(
         &self,
         key: &ScopedKey,
         token: Token,
         ttl: Ttl,
+        result: Option<ClaimResult>,
         now: Millis,
     ) -> Result<DoneOutcome, StoreError> {
         let args = [
@@ -245,6 +255,7 @@ impl Store for RedisStore {
             token.to_hex(),
             self.slack_ms.to_string(),
             self.fence_floor().await?.to_string(),
+            result.as_ref().map_or("", ClaimResult::as_str).to_owned(),
         ];
         let claim_key = self.claim_key(key);
         let reply: Vec<String> = self
@@ -332,11 +343,11 @@ impl Store for RedisStore {
             .query(
                 redis::cmd("HMGET")
                     .arg(self.claim_key(key))
-                    .arg(&["s", "f", "e"]),
+                    .arg(&["s", "f", "e", "r"]),
             )
             .await?;
         match reply.as_slice() {
-            [Some(s), Some(f), Some(e)] => {
+            [Some(s), Some(f), Some(e), r] => {
                 let expires_at_ms: u64 = num(Some(e))?;
                 if expires_at_ms <= now {
                     return Ok(None);
@@ -345,6 +356,7 @@ impl Store for RedisStore {
                     state: state(Some(s)),
                     fence: num(Some(f))?,
                     expires_at_ms,
+                    result: stored_result(r.as_deref()),
                 }))
             }
             _ => Ok(None),

@@ -7,20 +7,27 @@ local function fmt(n)
 end
 
 -- A claim record: s = 'p' (processing) | 'd' (done), t = token, f = fence,
--- e = expires_at_ms, fp = fingerprint ('' for none). nil when absent or
--- expired at `now`.
+-- e = expires_at_ms, fp = fingerprint ('' for none), r = the result a done
+-- keeps (JSON text; absent for none). nil when absent or expired at `now`;
+-- otherwise {s, t, f, e, fp, r}, with '' for no fingerprint or result.
 local function live_claim(key, now)
-  local r = redis.call('HMGET', key, 's', 't', 'f', 'e', 'fp')
+  local r = redis.call('HMGET', key, 's', 't', 'f', 'e', 'fp', 'r')
   if not r[1] or tonumber(r[4]) <= now then
     return nil
   end
   r[5] = r[5] or ''
+  r[6] = r[6] or ''
   return r
 end
 
-local function put_claim(key, s, t, f, e, fp, now, slack)
+-- `result`: JSON text, or '' or nil for none.
+local function put_claim(key, s, t, f, e, fp, now, slack, result)
   redis.call('DEL', key)
-  redis.call('HSET', key, 's', s, 't', t, 'f', f, 'e', fmt(e), 'fp', fp)
+  if result and result ~= '' then
+    redis.call('HSET', key, 's', s, 't', t, 'f', f, 'e', fmt(e), 'fp', fp, 'r', result)
+  else
+    redis.call('HSET', key, 's', s, 't', t, 'f', f, 'e', fmt(e), 'fp', fp)
+  end
   redis.call('PEXPIRE', key, fmt(e - now + slack))
 end
 

@@ -5,7 +5,7 @@
 
 use super::Tables;
 use crate::clock::Millis;
-use crate::domain::{Fingerprint, ScopedKey, Token, Ttl};
+use crate::domain::{ClaimResult, Fingerprint, ScopedKey, Token, Ttl};
 use crate::store::claims::{self, Change, ClaimRecord};
 use crate::store::redb::kv_index::Slot;
 use crate::store::redb::tables::{claim_from_value, claim_value};
@@ -43,6 +43,7 @@ impl Tables<'_> {
         key: &ScopedKey,
         token: Token,
         ttl: Ttl,
+        result: Option<ClaimResult>,
         now: Millis,
     ) -> Result<DoneOutcome, redb::Error> {
         let stored = self.load_claim(key)?;
@@ -52,7 +53,7 @@ impl Tables<'_> {
             .filter(|r| !r.is_expired(now));
         let fence = &mut self.fence;
         let dirty = &mut self.fence_dirty;
-        let (outcome, change) = claims::done(live, token, ttl, now, || {
+        let (outcome, change) = claims::done(live, token, ttl, result, now, || {
             *fence = fence.saturating_add(1);
             *dirty = true;
             *fence

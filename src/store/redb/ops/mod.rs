@@ -141,7 +141,15 @@ impl<'txn> Tables<'txn> {
                 fingerprint,
                 token,
             } => Response::Claim(self.claim(key, *ttl, fingerprint, *token, now)?),
-            Request::Done { key, token, ttl } => Response::Done(self.done(key, *token, *ttl, now)?),
+            Request::Done { key, token, ttl } => {
+                Response::Done(self.done(key, *token, *ttl, None, now)?)
+            }
+            Request::DoneResult {
+                key,
+                token,
+                ttl,
+                result,
+            } => Response::Done(self.done(key, *token, *ttl, Some(result.clone()), now)?),
             Request::Release { key, token } => Response::Release(self.release(key, *token, now)?),
             Request::Extend { key, token, ttl } => {
                 Response::Extend(self.extend(key, *token, *ttl, now)?)
