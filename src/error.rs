@@ -186,7 +186,7 @@ pub struct Problem<'a> {
     /// The result the done record keeps, as `done` was given it (409
     /// `done` of the claims API, when it keeps one).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<serde_json::Value>)]
     result: Option<&'a RawValue>,
 }
 

@@ -16,10 +16,11 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 64 * 1024;
 /// log and the data file with its done record, and read back whole.
 pub const MAX_RESULT_BYTES_LIMIT: usize = 1024 * 1024;
 
-/// Deepest nesting of arrays and objects a result may have: what
-/// `serde_json` parses by default, and below the recursion limits of the
-/// clients that read it back (Python's `json` fails near 1000).
-pub const MAX_RESULT_DEPTH: usize = 128;
+/// Deepest nesting of arrays and objects a result may have: well below the
+/// recursion limits of the parsers that read it back inside an answer
+/// (`serde_json`'s 128 levels, the answer itself one of them; Python's
+/// `json` fails near 1000).
+pub const MAX_RESULT_DEPTH: usize = 100;
 
 /// One JSON value (never `null`: a `null` result is no result), as the
 /// client sent it: its text is kept byte for byte, so a number is never
@@ -30,8 +31,12 @@ pub struct ClaimResult(Arc<str>);
 
 impl ClaimResult {
     /// A result from the `result` field of a done, parsed already as JSON:
-    /// `Ok(None)` for `null`; refused over `max_bytes` of text or nested
-    /// deeper than [`MAX_RESULT_DEPTH`].
+    /// `Ok(None)` for `null`; refused over `max_bytes` of text, nested
+    /// deeper than [`MAX_RESULT_DEPTH`], or not JSON every reader takes.
+    /// (The body's parser only skips over the value: it lets through a
+    /// lone surrogate escape such as `"\ud800"` and numbers out of range
+    /// such as `1e400`, which strict parsers, `serde_json`'s own included,
+    /// refuse; so the value is parsed again, strictly.)
     pub fn parse(raw: &RawValue, max_bytes: usize) -> Result<Option<Self>, BadResult> {
         let text = raw.get();
         if text.len() > max_bytes {
@@ -45,6 +50,13 @@ impl ClaimResult {
                 "invalid_result",
                 "result",
                 format!("must be nested at most {MAX_RESULT_DEPTH} arrays or objects deep"),
+            )));
+        }
+        if let Err(e) = serde_json::from_str::<serde_json::Value>(text) {
+            return Err(BadResult::Invalid(Invalid::new(
+                "invalid_result",
+                "result",
+                format!("must be JSON that every parser reads: {e}"),
             )));
         }
         if text == "null" {
@@ -181,6 +193,22 @@ mod tests {
             Err(BadResult::Invalid(_))
         ));
         assert_eq!(depth(r#"{"a":"[[[\"{{","b":[{"c":[]}]}"#), 4);
+    }
+
+    #[test]
+    fn what_a_strict_parser_refuses_is_refused() {
+        for text in [r#""\ud800""#, "1e400", r#"{"a":"\udc00x"}"#] {
+            assert!(
+                matches!(
+                    ClaimResult::parse(&raw(text), 1 << 20),
+                    Err(BadResult::Invalid(_))
+                ),
+                "{text}"
+            );
+        }
+        for text in [r#""\ud83d\ude00""#, "1e300", r#""\u0000""#, "-0", "[]"] {
+            assert!(ClaimResult::parse(&raw(text), 1 << 20).is_ok(), "{text}");
+        }
         assert_eq!(depth(r#""\\""#), 0);
     }
 

@@ -96,7 +96,7 @@ pub struct DoneBody {
     /// `409 done` a later claim gets. At most `claims.max_result_bytes` of
     /// JSON text (default 64 KiB; larger: 413 `result_too_large`, nothing
     /// changed). A repeated done keeps the first done's result.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<serde_json::Value>)]
     result: Option<Box<RawValue>>,
 }
 
@@ -149,7 +149,7 @@ pub struct StateAnswer<'a> {
     /// The result the done record keeps (inspect of a done key that keeps
     /// one).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<serde_json::Value>)]
     result: Option<&'a RawValue>,
 }
 

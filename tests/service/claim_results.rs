@@ -162,6 +162,18 @@ async fn a_body_past_the_results_room_or_nested_deep_is_refused_and_changes_noth
     )
     .await;
     assert_problem(res, StatusCode::BAD_REQUEST, "invalid_result").await;
+    // JSON the body's parser skips over but strict readers refuse (a lone
+    // surrogate, a number out of any float's range): refused, so every
+    // answer that carries a result stays JSON every client reads.
+    for bad in [r#""\ud800""#, "1e400"] {
+        let res = done_raw(
+            &app,
+            "k",
+            format!(r#"{{"token":"{token}","result":{bad}}}"#),
+        )
+        .await;
+        assert_problem(res, StatusCode::BAD_REQUEST, "invalid_result").await;
+    }
     // Not JSON at all.
     let res = done_raw(&app, "k", format!(r#"{{"token":"{token}","result":nope}}"#)).await;
     assert_problem(res, StatusCode::BAD_REQUEST, "malformed_body").await;

@@ -209,7 +209,11 @@ impl<'txn> KvTables<'txn> {
         if let Some(at) = expires {
             self.expiry.open()?.insert((at, id), ())?;
         }
-        ix.put(self.space, key, Slot::new(id, value, expires));
+        ix.put(
+            self.space,
+            key,
+            Slot::in_space(self.space, id, value, expires),
+        );
         Ok(())
     }
 

@@ -40,7 +40,8 @@ use hashbrown::HashTable;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use super::tables::{
-    CLAIM_ROW_EXPIRY, CLAIM_ROWS, KV_ROW_EXPIRY, KV_ROWS, KvRow, META, META_KV_NEXT_ID,
+    CLAIM_ROW_EXPIRY, CLAIM_ROWS, CLAIM_STATE_WITH_RESULT, KV_ROW_EXPIRY, KV_ROWS, KvRow, META,
+    META_KV_NEXT_ID,
 };
 use crate::clock::Millis;
 
@@ -262,6 +263,19 @@ pub struct Slot {
 }
 
 impl Slot {
+    /// A slot for row `id` of `space` holding `value`: as [`Slot::new`],
+    /// but a claim that keeps a result is never held inline (a done's
+    /// result would otherwise grow a key that is there already, past
+    /// `storage.max_key_memory_bytes`, and a done is never refused for
+    /// room: see `record::Request::key_growth`). It is read from its row.
+    pub fn in_space(space: Space, id: u64, value: &[u8], expires_at_ms: Option<Millis>) -> Self {
+        let mut slot = Self::new(id, value, expires_at_ms);
+        if space == Space::Claims && value.first() == Some(&CLAIM_STATE_WITH_RESULT) {
+            slot.inline = None;
+        }
+        slot
+    }
+
     /// A slot for row `id` holding `value`.
     pub fn new(id: u64, value: &[u8], expires_at_ms: Option<Millis>) -> Self {
         Self {
@@ -419,7 +433,7 @@ impl KvIndex {
             for entry in rows.iter()? {
                 let (id, row) = entry?;
                 let (key, value, expires) = row.value();
-                map.insert(key, Slot::new(id.value(), value, expires));
+                map.insert(key, Slot::in_space(space, id.value(), value, expires));
                 next_id = next_id.max(id.value() + 1);
             }
         }

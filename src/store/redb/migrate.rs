@@ -152,7 +152,10 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
             // each new inbox row's headers and body (table `inbox_seals`,
             // created below; the keys in `dedupd.redb.keys`): a build of
             // version 11 or before would deliver a seal as the body.
-            Some(old @ 1..=11) => {
+            // Version 13 changes no table: a done record may keep a result
+            // (its claim value's state byte 2), which a build of version 12
+            // or before would read as done without it, silently.
+            Some(old @ 1..=12) => {
                 if old == 1 {
                     migrate_v1(&tx).map_err(other)?;
                 }

@@ -135,13 +135,14 @@ impl Request {
                 inline: CLAIM_VALUE_LEN,
             }),
             // A done of a held claim is never refused (the work is finished:
-            // refusing its done would have it done again); its result is
-            // counted once stored, like every inline value.
-            Request::DoneResult { key, result, .. } if key.is_api() => Some(KeyGrowth {
+            // refusing its done would have it done again); a result is kept
+            // in its row only, never in memory (`kv_index::Slot::in_space`),
+            // so it grows no key.
+            Request::DoneResult { key, .. } if key.is_api() => Some(KeyGrowth {
                 space: Space::Claims,
                 key: key.as_str().as_bytes(),
                 when: GrowsWhen::Absent,
-                inline: claim_inline_len(CLAIM_VALUE_LEN + 2 + result.len()),
+                inline: 0,
             }),
             Request::Kv(KvRequest::Set { key, value, .. }) => Some(KeyGrowth {
                 space: Space::Kv,
@@ -428,11 +429,6 @@ pub(super) struct BatchRef<'a> {
 /// A claim's stored value without a fingerprint: state, token, fence
 /// (`super::tables::claim_value`).
 const CLAIM_VALUE_LEN: usize = 25;
-
-/// What a claim's value of `len` bytes keeps inline in the index.
-fn claim_inline_len(len: usize) -> usize {
-    if len <= INLINE_MAX { len } else { 0 }
-}
 
 /// How a client's write may grow the in-memory index
 /// ([`Request::key_growth`]).

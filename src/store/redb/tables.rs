@@ -29,7 +29,7 @@ use crate::store::ordering::{EventRecord, Recorded};
 use crate::store::{ClaimRecord, ClaimState, Head};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 12;
+pub const SCHEMA_VERSION: u64 = 13;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -66,6 +66,10 @@ pub const CLAIM_ROWS: TableDefinition<u64, KvRow<'static>> = TableDefinition::ne
 pub const CLAIM_ROW_EXPIRY: TableDefinition<(u64, u64), ()> =
     TableDefinition::new("claim_row_expiry");
 
+/// The state byte of a done record that keeps a result ([`claim_value`]):
+/// such a value is never held in memory (`kv_index::Slot::in_space`).
+pub const CLAIM_STATE_WITH_RESULT: u8 = 2;
+
 /// A claim's value in [`CLAIM_ROWS`] (its expiry is the row's): state
 /// (0 processing, 1 done), token (16 bytes), fence (8, little-endian),
 /// then the fingerprint's bytes, if any (a fingerprint is never empty).
@@ -80,11 +84,11 @@ pub fn claim_value(rec: &ClaimRecord) -> Vec<u8> {
     v.push(match (rec.state, &rec.result) {
         (ClaimState::Processing, _) => 0,
         (ClaimState::Done, None) => 1,
-        (ClaimState::Done, Some(_)) => 2,
+        (ClaimState::Done, Some(_)) => CLAIM_STATE_WITH_RESULT,
     });
     v.extend_from_slice(rec.token.as_bytes());
     v.extend_from_slice(&rec.fence.to_le_bytes());
-    if v[0] == 2 {
+    if v[0] == CLAIM_STATE_WITH_RESULT {
         // A fingerprint is at most 256 bytes (`MAX_FINGERPRINT_BYTES`).
         let len = u16::try_from(fingerprint.len()).unwrap_or(u16::MAX);
         v.extend_from_slice(&len.to_le_bytes());
@@ -103,7 +107,7 @@ pub fn claim_from_value(value: &[u8], expires_at_ms: Millis) -> Option<ClaimReco
     let (&state, rest) = value.split_first()?;
     let (token, rest) = rest.split_first_chunk::<16>()?;
     let (fence, rest) = rest.split_first_chunk::<8>()?;
-    let (fingerprint, result) = if state == 2 {
+    let (fingerprint, result) = if state == CLAIM_STATE_WITH_RESULT {
         let (len, rest) = rest.split_first_chunk::<2>()?;
         let len = usize::from(u16::from_le_bytes(*len));
         if rest.len() < len {

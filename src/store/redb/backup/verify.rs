@@ -29,8 +29,8 @@ use super::raw::{SEALS, TABLES, index_of};
 use crate::store::redb::overlay::Overlay;
 use crate::store::redb::seal::{self, KEY_LEN};
 use crate::store::redb::tables::{
-    self as t, KvRow, META_FENCE, META_FILE_ID, META_LOG_OPEN, META_LOG_SEGMENTS,
-    META_SCHEMA_VERSION, META_WAL_SEQ, SCHEMA_VERSION, claim_from_value,
+    self as t, CLAIM_STATE_WITH_RESULT, KvRow, META_FENCE, META_FILE_ID, META_LOG_OPEN,
+    META_LOG_SEGMENTS, META_SCHEMA_VERSION, META_WAL_SEQ, SCHEMA_VERSION, claim_from_value,
 };
 use crate::store::redb::wal_segments;
 
@@ -338,6 +338,13 @@ impl<'h> Check<'h> {
             let Some(claim) = claim_from_value(value, expiry.unwrap_or(0)) else {
                 return Err(VerifyError::Malformed("a claim's row is too short".into()));
             };
+            // A result that no longer parses is dropped when read (the
+            // record stays done); a backup that holds one is damaged.
+            if value.first() == Some(&CLAIM_STATE_WITH_RESULT) && claim.result.is_none() {
+                return Err(VerifyError::Malformed(
+                    "a done record's result is not JSON".into(),
+                ));
+            }
             if claim.fence > self.header.fence {
                 return Err(VerifyError::Malformed(format!(
                     "a claim holds fence {}, above the backup's fence counter {}",
