@@ -1,0 +1,487 @@
+"""What the sync and async clients share: argument checks, each call's
+request and the parsing of its answer, the retry rule, and results.
+
+A :class:`Call` is one API request, built without I/O; the clients send it
+(with :func:`retry_delay` deciding about retries) and hand the answer to its
+``parse``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Callable, Generic, TypeVar, cast
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from ._errors import (
+    DedupdError,
+    InvalidRequest,
+    NotFound,
+    ResultTooLarge,
+    ServerError,
+    from_problem,
+)
+from ._models import Applied, Head, Outcome, Record, State
+
+T = TypeVar("T")
+
+log = logging.getLogger("dedupd")
+
+#: Largest result the decorator and the context manager store with a done,
+#: as compact JSON (the server's ``claims.max_result_bytes`` by default).
+DEFAULT_MAX_RESULT_BYTES = 65536
+
+#: Keys (and streams) are at most this many bytes of UTF-8.
+MAX_KEY_BYTES = 512
+
+USER_AGENT = "dedupd-python/0.1.0"
+
+
+# Argument checks: a clear error here rather than a puzzling answer later.
+
+
+def check_url(url: str) -> str:
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str such as 'http://127.0.0.1:8080', got {url!r}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(
+            "url must be http:// or https:// with a host, such as 'http://127.0.0.1:8080', "
+            f"got {url!r}"
+        )
+    return url.rstrip("/")
+
+
+def check_key(key: object, what: str = "key") -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"{what} must be a str, got {type(key).__name__} {key!r}")
+    if not key:
+        raise ValueError(f"{what} must not be empty")
+    if len(key.encode()) > MAX_KEY_BYTES:
+        raise ValueError(
+            f"{what} must be at most {MAX_KEY_BYTES} bytes of UTF-8, got {len(key.encode())}"
+        )
+    return key
+
+
+def check_token(token: object) -> str:
+    if not isinstance(token, str):
+        raise TypeError(f"token must be the claim's token (a str), got {type(token).__name__}")
+    return token
+
+
+def ttl_ms(ttl: float | None, what: str = "ttl") -> int | None:
+    """Seconds (int or float) as whole milliseconds, at least 1; ``None`` for
+    the server's default."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {ttl!r}")
+    if not math.isfinite(ttl) or ttl <= 0:
+        raise ValueError(f"{what} must be a positive number of seconds, got {ttl!r}")
+    return max(1, round(ttl * 1000))
+
+
+def check_seconds(value: float, what: str, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        least = "more than 0" if positive else "0 or more"
+        raise ValueError(f"{what} must be {least} seconds, got {value!r}")
+    return float(value)
+
+
+def check_count(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{what} must be zero or more, got {value!r}")
+    return value
+
+
+def headers(token: str | None) -> dict[str, str]:
+    h = {"user-agent": USER_AGENT, "accept": "application/json"}
+    if token is not None:
+        if not isinstance(token, str) or not token or token != token.strip():
+            raise ValueError(
+                "token must be a non-empty str without surrounding spaces (an API token)"
+            )
+        h["authorization"] = f"Bearer {token}"
+    return h
+
+
+def created_at_text(created_at: str | datetime) -> str:
+    if isinstance(created_at, datetime):
+        if created_at.tzinfo is None or created_at.utcoffset() is None:
+            raise ValueError(
+                "created_at must be an aware datetime (with a timezone), got a naive one"
+            )
+        return created_at.isoformat()
+    if not isinstance(created_at, str):
+        raise TypeError(
+            f"created_at must be an RFC 3339 str or an aware datetime, got {created_at!r}"
+        )
+    return created_at
+
+
+def segment(key: str) -> str:
+    """A key as one path segment: everything percent-encoded but unreserved
+    characters, and ``.`` too, so that ``.`` and ``..`` stay keys rather
+    than path steps."""
+    return quote(key, safe="").replace(".", "%2E")
+
+
+# Results.
+
+
+def encode_result(value: Any, limit: int) -> Any:
+    """``value`` when it can be stored as a done's result (JSON, and its
+    compact encoding at most ``limit`` bytes), else ``None`` (logged)."""
+    if value is None:
+        return None
+    try:
+        size = len(json_bytes(value))
+    except (TypeError, ValueError, RecursionError) as e:
+        log.warning("the result (%s) is not JSON, so it is not stored: %s", type(value).__name__, e)
+        return None
+    if size > limit:
+        log.warning("the result is %d bytes of JSON, over %d: it is not stored", size, limit)
+        return None
+    return value
+
+
+def refuses_result(e: InvalidRequest) -> bool:
+    """Whether the server refused a done for its result alone (too large, or
+    nested too deep): it changed nothing, and a done without one will do."""
+    return isinstance(e, ResultTooLarge) or e.field == "result"
+
+
+def json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+# Calls.
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One request: ``read`` marks an idempotent read (retried on a network
+    failure too); ``key`` names the key or stream for errors."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None
+    key: str
+    parse: Callable[[httpx.Response], T]
+    read: bool = False
+
+    def content(self) -> bytes | None:
+        return None if self.body is None else json_bytes(self.body)
+
+
+def body_headers(call: Call[Any]) -> dict[str, str] | None:
+    return None if call.body is None else {"content-type": "application/json"}
+
+
+def _json(resp: httpx.Response, key: str) -> dict[str, Any]:
+    try:
+        value = resp.json()
+    except ValueError as e:
+        raise ServerError(
+            f"HTTP {resp.status_code} with a body that is not JSON",
+            status=resp.status_code,
+            key=key,
+        ) from e
+    if not isinstance(value, dict):
+        raise ServerError(
+            f"HTTP {resp.status_code} with an unexpected body: {value!r}",
+            status=resp.status_code,
+            key=key,
+        )
+    return value
+
+
+def error(resp: httpx.Response, key: str) -> DedupdError:
+    """The exception for an error answer."""
+    try:
+        problem = resp.json()
+    except ValueError:
+        problem = {}
+    if not isinstance(problem, dict):
+        problem = {}
+    return from_problem(resp.status_code, problem, retry_after=retry_after(resp.headers), key=key)
+
+
+def _ok(resp: httpx.Response, key: str) -> dict[str, Any]:
+    if resp.is_success:
+        return _json(resp, key)
+    raise error(resp, key)
+
+
+def _field(body: Mapping[str, Any], name: str, kind: type[T], resp: httpx.Response) -> T:
+    value = body.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ServerError(
+            f"the answer's {name!r} is not a {kind.__name__}: {dict(body)!r}",
+            status=resp.status_code,
+        )
+    return value
+
+
+def _record(resp: httpx.Response, key: str) -> Record:
+    body = _ok(resp, key)
+    state = _field(body, "state", str, resp)
+    if state not in ("processing", "done"):
+        raise ServerError(f"unknown state {state!r}", status=resp.status_code, key=key)
+    fence = body.get("fence")
+    return Record(
+        key=_field(body, "key", str, resp),
+        state=cast(State, state),
+        expires_at_ms=_field(body, "expires_at_ms", int, resp),
+        fence=fence if isinstance(fence, int) else None,
+        result=body.get("result"),
+    )
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A successful claim's answer."""
+
+    key: str
+    token: str
+    fence: int
+    expires_at_ms: int
+
+
+def claim(key: str, ttl: float | None, fingerprint: str | None) -> Call[Grant]:
+    key = check_key(key)
+    body: dict[str, Any] = {}
+    ms = ttl_ms(ttl)
+    if ms is not None:
+        body["ttl_ms"] = ms
+    if fingerprint is not None:
+        if not isinstance(fingerprint, str):
+            raise TypeError(f"fingerprint must be a str, got {fingerprint!r}")
+        body["fingerprint"] = fingerprint
+
+    def parse(resp: httpx.Response) -> Grant:
+        b = _ok(resp, key)
+        return Grant(
+            key=_field(b, "key", str, resp),
+            token=_field(b, "token", str, resp),
+            fence=_field(b, "fence", int, resp),
+            expires_at_ms=_field(b, "expires_at_ms", int, resp),
+        )
+
+    return Call("POST", f"/v1/claims/{segment(key)}", body, key, parse)
+
+
+def done(key: str, token: str, ttl: float | None, result: Any) -> Call[Record]:
+    key = check_key(key)
+    body: dict[str, Any] = {"token": check_token(token)}
+    ms = ttl_ms(ttl)
+    if ms is not None:
+        body["ttl_ms"] = ms
+    if result is not None:
+        body["result"] = result
+    # Fail here, not in the middle of sending, on a result that is not JSON.
+    json_bytes(body)
+    return Call("POST", f"/v1/claims/{segment(key)}/done", body, key, lambda r: _record(r, key))
+
+
+def extend(key: str, token: str, ttl: float | None) -> Call[Record]:
+    key = check_key(key)
+    body: dict[str, Any] = {"token": check_token(token)}
+    ms = ttl_ms(ttl)
+    if ms is not None:
+        body["ttl_ms"] = ms
+    return Call("POST", f"/v1/claims/{segment(key)}/extend", body, key, lambda r: _record(r, key))
+
+
+def release(key: str, token: str) -> Call[None]:
+    key = check_key(key)
+
+    def parse(resp: httpx.Response) -> None:
+        if not resp.is_success:
+            raise error(resp, key)
+
+    body = {"token": check_token(token)}
+    return Call("DELETE", f"/v1/claims/{segment(key)}", body, key, parse)
+
+
+def _absent(resp: httpx.Response, key: str) -> bool:
+    """Whether the answer is ``404 not_found`` (raises any other 404)."""
+    if resp.status_code != 404:
+        return False
+    e = error(resp, key)
+    if type(e) is NotFound:
+        return True
+    raise e
+
+
+def get(key: str) -> Call[Record | None]:
+    key = check_key(key)
+
+    def parse(resp: httpx.Response) -> Record | None:
+        return None if _absent(resp, key) else _record(resp, key)
+
+    return Call("GET", f"/v1/claims/{segment(key)}", None, key, parse, read=True)
+
+
+def _head(value: object, resp: httpx.Response) -> Head:
+    if not isinstance(value, dict):
+        raise ServerError(f"the answer's head is not an object: {value!r}", status=resp.status_code)
+    return Head(
+        event_id=_field(value, "event_id", str, resp),
+        created_at=_field(value, "created_at", str, resp),
+    )
+
+
+def apply(stream: str, event_id: str, created_at: str | datetime) -> Call[Applied]:
+    stream = check_key(stream, "stream")
+    body = {"event_id": check_key(event_id, "event_id"), "created_at": created_at_text(created_at)}
+
+    def parse(resp: httpx.Response) -> Applied:
+        b = _ok(resp, stream)
+        outcome = _field(b, "outcome", str, resp)
+        if outcome not in ("applied", "stale", "duplicate"):
+            raise ServerError(f"unknown outcome {outcome!r}", status=resp.status_code, key=stream)
+        head = b.get("head")
+        return Applied(
+            stream=_field(b, "stream", str, resp),
+            outcome=cast(Outcome, outcome),
+            head=None if head is None else _head(head, resp),
+        )
+
+    return Call("POST", f"/v1/streams/{segment(stream)}/apply", body, stream, parse)
+
+
+def head(stream: str) -> Call[Head | None]:
+    stream = check_key(stream, "stream")
+
+    def parse(resp: httpx.Response) -> Head | None:
+        return None if _absent(resp, stream) else _head(_ok(resp, stream).get("head"), resp)
+
+    return Call("GET", f"/v1/streams/{segment(stream)}", None, stream, parse, read=True)
+
+
+# Retries.
+
+
+def retry_after(headers: httpx.Headers) -> float | None:
+    """The ``Retry-After`` header in seconds (delay-seconds or an HTTP date)."""
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if raw.isdigit():
+        return float(raw)
+    try:
+        when = parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - datetime.now(tz=when.tzinfo).timestamp())
+
+
+def backoff(attempt: int) -> float:
+    """A jittered delay before retry ``attempt`` (0, 1, ...): 50 ms doubling, at most 1 s."""
+    return min(1.0, 0.05 * 2.0**attempt) * random.uniform(0.5, 1.0)
+
+
+def retry_delay(
+    call: Call[Any], resp: httpx.Response, attempt: int, max_wait: float
+) -> float | None:
+    """How long to wait before sending ``call`` again after ``resp``, or
+    ``None`` not to. A write is sent again only when the server said it
+    changed nothing and when to come back: 503 or 507 with ``Retry-After``
+    (at most ``max_wait`` seconds). A read is also retried after a 502, 503
+    or 504 without one."""
+    status = resp.status_code
+    if status in (503, 507):
+        after = retry_after(resp.headers)
+        if after is not None:
+            return after if after <= max_wait else None
+    if call.read and status in (502, 503, 504):
+        return backoff(attempt)
+    return None
+
+
+# A failed connect sent nothing, so any request may be sent again after one.
+CONNECT_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+def may_resend(call: Call[Any], e: httpx.TransportError) -> bool:
+    """Whether ``call`` may be sent again after a network failure: a read
+    always; a write only when its connection could not be opened."""
+    return call.read or isinstance(e, CONNECT_FAILURES)
+
+
+def network_detail(url: str, e: httpx.TransportError) -> str:
+    return f"no answer from {url}: {type(e).__name__}: {e}"
+
+
+# Once and its claims.
+
+
+def poll_delay(attempt: int) -> float:
+    """The wait before claiming a busy key again: 10 ms doubling, at most 250 ms, jittered."""
+    return min(0.25, 0.01 * 2.0**attempt) * random.uniform(0.5, 1.0)
+
+
+def beat_interval(ttl: float | None, expires_at_ms: int) -> float:
+    """A third of the claim's TTL (of what is left of it when the server chose the TTL)."""
+    if ttl is None:
+        ttl = expires_at_ms / 1000 - time.time()
+    return max(0.001, ttl / 3)
+
+
+@dataclass(frozen=True)
+class Once:
+    """The checked settings of ``once``."""
+
+    key: Callable[..., str]
+    ttl: float
+    done_ttl: float | None
+    fingerprint: Callable[..., str] | None
+    wait: float
+    raise_if_done: bool
+
+    @classmethod
+    def check(
+        cls,
+        key: Callable[..., str],
+        ttl: float,
+        done_ttl: float | None,
+        fingerprint: Callable[..., str] | None,
+        wait: float,
+        raise_if_done: bool,
+    ) -> Once:
+        if not callable(key):
+            raise TypeError(
+                "key must be a function of the decorated function's arguments that returns the "
+                "key, such as key=lambda event: event['request_id']"
+            )
+        if fingerprint is not None and not callable(fingerprint):
+            raise TypeError("fingerprint must be a function of the decorated function's arguments")
+        ttl_ms(ttl)
+        ttl_ms(done_ttl, "done_ttl")
+        return cls(
+            key, ttl, done_ttl, fingerprint, check_seconds(wait, "wait"), bool(raise_if_done)
+        )
+
+    def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str | None]:
+        """The key and fingerprint of one call."""
+        key = check_key(self.key(*args, **kwargs), "the key function's value")
+        fp = None if self.fingerprint is None else self.fingerprint(*args, **kwargs)
+        if fp is not None and not isinstance(fp, str):
+            raise TypeError(f"the fingerprint function must return a str, got {fp!r}")
+        return key, fp

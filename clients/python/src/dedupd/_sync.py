@@ -1,0 +1,445 @@
+"""The blocking client: :class:`Client`, its :class:`Claim` and ``once``."""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import inspect
+import itertools
+import threading
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
+
+import httpx
+
+from . import _core
+from ._context import CURRENT
+from ._errors import (
+    AlreadyDone,
+    Busy,
+    ClaimLost,
+    DedupdError,
+    InvalidRequest,
+    Lost,
+    NetworkError,
+    NotOwner,
+)
+from ._models import Applied, BaseClaim, Head, Record
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from typing_extensions import ParamSpec
+
+    P = ParamSpec("P")
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+class Client:
+    """A dedupd server's claims and ordering API, over a pool of connections.
+
+    ``url`` is the server's base URL (``http://127.0.0.1:8080``), ``token``
+    an API token when the server has ``api.tokens``, ``timeout`` the seconds
+    each request may take. Reads are retried after a network failure, and
+    any request whose connection could not be opened (nothing was sent);
+    writes also after a 503 or 507 whose ``Retry-After`` is at most
+    ``max_retry_wait`` seconds (the server changed nothing). ``retries``
+    bounds the retries of one call. ``max_result_bytes`` is the largest
+    result (as compact JSON) that ``once`` and ``with client.claim(...)``
+    store with a done.
+
+    Safe to share between threads; close it (or use it as a context manager)
+    to close its connections.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 10.0,
+        retries: int = 3,
+        max_retry_wait: float = 5.0,
+        max_result_bytes: int = _core.DEFAULT_MAX_RESULT_BYTES,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = _core.check_url(url)
+        self._retries = _core.check_count(retries, "retries")
+        self._max_retry_wait = _core.check_seconds(max_retry_wait, "max_retry_wait")
+        self.max_result_bytes = _core.check_count(max_result_bytes, "max_result_bytes")
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=_core.headers(token),
+            timeout=_core.check_seconds(timeout, "timeout", positive=True),
+            transport=transport,
+        )
+        self._heartbeats = _Heartbeats()
+
+    def close(self) -> None:
+        """Closes the pooled connections, and stops the heartbeat thread (a
+        claim still held in a block is then lost: leaving it raises
+        ClaimLost)."""
+        self._heartbeats.close()
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, call: _core.Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                resp = self._http.request(
+                    call.method, call.path, content=call.content(), headers=_core.body_headers(call)
+                )
+            except httpx.TransportError as e:
+                if _core.may_resend(call, e) and attempt < self._retries:
+                    time.sleep(_core.backoff(attempt))
+                    attempt += 1
+                    continue
+                raise NetworkError(_core.network_detail(self.url, e), key=call.key) from e
+            if attempt < self._retries:
+                delay = _core.retry_delay(call, resp, attempt, self._max_retry_wait)
+                if delay is not None:
+                    time.sleep(delay)
+                    attempt += 1
+                    continue
+            return call.parse(resp)
+
+    # The API, one call each.
+
+    def claim(
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        fingerprint: str | None = None,
+        wait: float = 0.0,
+        done_ttl: float | None = None,
+    ) -> Claim:
+        """Claims ``key`` for ``ttl`` seconds (the server's default when
+        ``None``); ``fingerprint`` (a digest of the payload) makes a claim of
+        the same key with another payload fail with FingerprintMismatch.
+
+        Raises Busy when another worker holds the key, AlreadyDone (with its
+        ``result``) when its work is done. With ``wait`` seconds, a busy key
+        is claimed again (with a backoff) until it is free, done, or ``wait``
+        passes.
+
+        The :class:`Claim` answers ``done``, ``release`` and ``extend``; used
+        as a context manager it heartbeats, and marks done (with ``done_ttl``)
+        or releases on the way out.
+        """
+        call = _core.claim(key, ttl, fingerprint)
+        deadline = time.monotonic() + _core.check_seconds(wait, "wait")
+        _core.ttl_ms(done_ttl, "done_ttl")
+        attempt = 0
+        while True:
+            try:
+                grant = self._run(call)
+            except Busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(min(left, _core.poll_delay(attempt)))
+                attempt += 1
+                continue
+            return Claim(self, grant, ttl=ttl, done_ttl=done_ttl)
+
+    def done(self, key: str, token: str, *, ttl: float | None = None, result: Any = None) -> Record:
+        """Marks the work for ``key`` done, for ``ttl`` seconds (the server's
+        default done TTL when ``None``), storing ``result`` (any JSON value;
+        ``None`` stores none) for repeats to get. Raises NotOwner when
+        ``token`` does not hold the key, ResultTooLarge over the server's
+        limit."""
+        return self._run(_core.done(key, token, ttl, result))
+
+    def release(self, key: str, token: str) -> None:
+        """Releases the claim so a retry can claim the key again (nothing to do
+        when nobody holds it). Raises NotOwner, or AlreadyDone."""
+        self._run(_core.release(key, token))
+
+    def extend(self, key: str, token: str, *, ttl: float | None = None) -> Record:
+        """Extends the claim to ``ttl`` seconds from now. Raises Lost when it
+        expired, NotOwner when another worker holds the key, AlreadyDone."""
+        return self._run(_core.extend(key, token, ttl))
+
+    def get(self, key: str) -> Record | None:
+        """The key's state (with its fence, and its result once done), or
+        ``None`` when no live record holds it."""
+        return self._run(_core.get(key))
+
+    def apply(self, stream: str, event_id: str, created_at: str | datetime) -> Applied:
+        """Records that ``event_id`` (created at ``created_at``: RFC 3339 text
+        or an aware datetime) is applied to ``stream``, unless it is a
+        duplicate or older than the stream's head: check ``.applied`` (or
+        ``.outcome``) before the write."""
+        return self._run(_core.apply(stream, event_id, created_at))
+
+    def head(self, stream: str) -> Head | None:
+        """The stream's newest applied event, or ``None``."""
+        return self._run(_core.head(stream))
+
+    # Once.
+
+    def once(
+        self,
+        key: Callable[..., str],
+        *,
+        ttl: float = 300.0,
+        done_ttl: float | None = None,
+        fingerprint: Callable[..., str] | None = None,
+        wait: float = 10.0,
+        raise_if_done: bool = False,
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Decorates a function so that its work runs once per key.
+
+        ``key`` (and ``fingerprint``, optional) are called with the
+        function's arguments. Each call claims the key for ``ttl`` seconds,
+        extends the claim every ``ttl / 3`` while the function runs, then:
+
+        - on return, marks the key done for ``done_ttl`` seconds (the
+          server's default when ``None``) with the return value as its
+          result, when that is JSON of at most ``max_result_bytes``;
+        - on an exception, releases the key and re-raises;
+        - when a heartbeat found the claim lost (expired and taken over),
+          raises ClaimLost and does not mark it done.
+
+        A repeat of a done key returns the stored result (decoded JSON;
+        ``None`` when none was stored) without calling the function, or
+        raises AlreadyDone with ``raise_if_done``. A caller that finds the key
+        busy waits up to ``wait`` seconds for it to be done (and returns its
+        result) or free (and claims it); then it raises Busy.
+        """
+        settings = _core.Once.check(key, ttl, done_ttl, fingerprint, wait, raise_if_done)
+
+        def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+            if inspect.iscoroutinefunction(fn):
+                raise TypeError(
+                    f"{fn.__qualname__} is an async def: decorate it with AsyncClient.once"
+                )
+
+            @functools.wraps(fn)
+            def once(*args: P.args, **kwargs: P.kwargs) -> R:
+                k, fp = settings.key_of(args, kwargs)
+                try:
+                    claim = self.claim(
+                        k,
+                        ttl=settings.ttl,
+                        fingerprint=fp,
+                        wait=settings.wait,
+                        done_ttl=settings.done_ttl,
+                    )
+                except AlreadyDone as e:
+                    if settings.raise_if_done:
+                        raise
+                    return cast(R, e.result)
+                with claim:
+                    value = fn(*args, **kwargs)
+                    claim.result = value
+                return value
+
+            return once
+
+        return decorate
+
+
+class Claim(BaseClaim):
+    """A claim this client holds (see :class:`BaseClaim` for its fields).
+
+    As a context manager (``with client.claim(key, ttl=30) as c:``), it is
+    extended every ``ttl / 3`` (by the client's heartbeat thread) while the
+    block runs, and :func:`dedupd.current_claim` returns it. Set
+    ``c.result`` in the block to store a result. Leaving the block:
+
+    - normally: marks done with ``c.result`` (when JSON and small enough);
+    - by an exception: releases the key, and the exception goes on;
+    - normally, but a heartbeat found the claim lost: raises ClaimLost, and
+      does not mark done.
+    """
+
+    def __init__(
+        self, client: Client, grant: _core.Grant, *, ttl: float | None, done_ttl: float | None
+    ) -> None:
+        super().__init__(grant.key, grant.token, grant.fence, grant.expires_at_ms)
+        self._client = client
+        self.ttl = ttl
+        self.done_ttl = done_ttl
+        self.result: Any = None
+        self._entered = False
+        self._beating = False  # guarded by the client's heartbeat lock
+        self._interval = 0.0
+        self._failures = 0
+        self._context: Any = None
+
+    def done(self, result: Any = None, *, ttl: float | None = None) -> Record:
+        """Marks the key done (for ``ttl``, else the claim's ``done_ttl``)
+        with ``result``."""
+        return self._client.done(
+            self.key, self.token, ttl=self.done_ttl if ttl is None else ttl, result=result
+        )
+
+    def release(self) -> None:
+        """Releases the key so a retry can claim it."""
+        self._client.release(self.key, self.token)
+
+    def extend(self, ttl: float | None = None) -> Record:
+        """Extends the claim by ``ttl`` seconds from now (else the claim's TTL)."""
+        record = self._client.extend(self.key, self.token, ttl=self.ttl if ttl is None else ttl)
+        self.expires_at_ms = record.expires_at_ms
+        return record
+
+    def __enter__(self) -> Claim:
+        if self._entered:
+            raise RuntimeError("a Claim can be entered once")
+        self._entered = True
+        self._interval = _core.beat_interval(self.ttl, self.expires_at_ms)
+        self._client._heartbeats.start(self)
+        self._context = CURRENT.set(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        CURRENT.reset(self._context)
+        self._client._heartbeats.stop(self)
+        if exc is not None:
+            if self._lost is None:
+                try:
+                    self.release()
+                except DedupdError as e:
+                    _core.log.warning("releasing %r after %r failed: %s", self.key, exc, e)
+            return
+        if self._lost is not None:
+            raise ClaimLost(
+                "the claim was lost while the work ran: it is not marked done", key=self.key
+            ) from self._lost
+        result = _core.encode_result(self.result, self._client.max_result_bytes)
+        try:
+            try:
+                self.done(result)
+            except InvalidRequest as e:
+                if result is None or not _core.refuses_result(e):
+                    raise
+                _core.log.warning("the result of %r is not stored: %s", self.key, e)
+                self.done()
+        except NotOwner as e:
+            raise ClaimLost("the claim was taken over before done", key=self.key) from e
+
+    def _beat(self) -> float | None:
+        """One heartbeat (on the client's heartbeat thread): extends the claim,
+        and tells when to beat next, or ``None`` to stop (the claim is lost)."""
+        try:
+            self.extend()
+        except (Lost, NotOwner, AlreadyDone) as e:
+            self._lost = e
+            return None
+        except DedupdError as e:  # no answer, a restart, a 503: beat on until it expires
+            _core.log.warning("extending the claim of %r failed, retrying: %s", self.key, e)
+            self._failures += 1
+            return min(self._interval, _core.backoff(self._failures - 1))
+        except Exception as e:  # a bug: the claim cannot be vouched for
+            _core.log.error("the heartbeat of %r stopped: %r", self.key, e)
+            self._lost = e
+            return None
+        self._failures = 0
+        return self._interval
+
+
+class _Heartbeats:
+    """The heartbeats of a client's claims held in ``with`` blocks: one thread
+    (started with the first) extends each claim when it is due, every
+    ``ttl / 3``. Entering and leaving a block costs a heap push and a flag,
+    not a thread start and join."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, Claim]] = []  # a heap; stopped claims are skipped
+        self._stopped = 0  # stopped claims still in the heap
+        self._order = itertools.count()
+        self._busy: Claim | None = None  # the claim being extended now
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def start(self, claim: Claim) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            claim._beating = True
+            self._push(claim, claim._interval)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="dedupd-heartbeat", daemon=True
+                )
+                self._thread.start()
+            elif self._due[0][2] is claim:
+                self._cond.notify()  # due before whatever the thread waits for
+
+    def stop(self, claim: Claim) -> None:
+        """Stops beating for ``claim``; returns once no extend of it is in flight."""
+        with self._cond:
+            if claim._beating:
+                claim._beating = False
+                if self._busy is not claim:  # in the heap, until popped
+                    self._stopped += 1
+            while self._busy is claim:
+                self._cond.wait()
+            if self._stopped > 64 and self._stopped * 2 > len(self._due):
+                self._due = [d for d in self._due if d[2]._beating]
+                heapq.heapify(self._due)
+                self._stopped = 0
+
+    def close(self) -> None:
+        """Ends the thread; the claims still beating are lost."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _push(self, claim: Claim, delay: float) -> None:
+        heapq.heappush(self._due, (time.monotonic() + delay, next(self._order), claim))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        for _, _, held in self._due:
+                            if held._beating:
+                                held._beating = False
+                                held._lost = RuntimeError(
+                                    "the client was closed with the claim held"
+                                )
+                        return
+                    while self._due and not self._due[0][2]._beating:
+                        heapq.heappop(self._due)
+                        self._stopped -= 1
+                    if not self._due:
+                        self._cond.wait()
+                        continue
+                    wait = self._due[0][0] - time.monotonic()
+                    if wait <= 0:
+                        break
+                    self._cond.wait(wait)
+                _, _, claim = heapq.heappop(self._due)
+                self._busy = claim
+            delay = claim._beat()
+            with self._cond:
+                self._busy = None
+                if claim._beating:
+                    if delay is None:
+                        claim._beating = False
+                    else:
+                        self._push(claim, delay)
+                self._cond.notify_all()
