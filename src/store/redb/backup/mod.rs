@@ -248,12 +248,27 @@ impl Backups {
                 "the backup's reader went away",
             ))
         })?;
-        let runtime = tokio::runtime::Handle::current();
         let stop = turn.0.watch();
         std::thread::Builder::new()
             .name("dedupd-backup".into())
             .spawn(move || {
                 let _turn = turn;
+                // A runtime of its own for the wait's timer: the caller's
+                // (an HTTP worker's) shuts down when the server stops,
+                // maybe while this thread waits on the reader, and a timer
+                // polled then panics the thread (seen in CI). The channel
+                // and the stop signal work across runtimes.
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "backup stopped");
+                        last.send(Err(e));
+                        return;
+                    }
+                };
                 let out = Chunks {
                     tx,
                     runtime,
@@ -293,7 +308,7 @@ impl Backups {
 /// A writer that hands its bytes to a channel, [`CHUNK`] at a time.
 struct Chunks {
     tx: mpsc::Sender<std::io::Result<Bytes>>,
-    runtime: tokio::runtime::Handle,
+    runtime: tokio::runtime::Runtime,
     /// Stops a send that waits on the reader.
     stop: watch::Receiver<TurnState>,
     buf: Vec<u8>,
@@ -314,15 +329,17 @@ impl Chunks {
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
         let (tx, stop) = (&self.tx, &mut self.stop);
-        // The timer is made inside: it needs the runtime.
         let handed = self.runtime.block_on(async {
             tokio::select! {
+                // The stop first: a server stopping says so, whatever else
+                // is ready.
+                biased;
+                _ = stop.wait_for(|s| s.stopping) => Handed::Stopped,
                 sent = tx.send(Ok(chunk)) => match sent {
                     Ok(()) => Handed::Taken,
                     Err(_) => Handed::Gone,
                 },
                 () = tokio::time::sleep(STALL) => Handed::Stalled,
-                _ = stop.wait_for(|s| s.stopping) => Handed::Stopped,
             }
         });
         match handed {
