@@ -25,7 +25,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 
 # case | commit | what the build has (claims: claims and ordering only;
 # gateway: + webhook inbox; resp: + Redis-protocol keyspace; jobs: + bulk
-# jobs and erasure, on a third source) | config
+# jobs and erasure, on a third source; results: + dones that keep a
+# result) | config
 # style (store: the [store] table; storage: [storage]) | how it stops
 # (term: SIGTERM, a clean shutdown; kill: SIGKILL with the log holding
 # batches not checkpointed)
@@ -48,6 +49,8 @@ log-format-4      c9a2cba jobs    storage kill
 schema-10         51af7e1 jobs    storage term
 schema-11         5d5add1 jobs    storage term
 schema-12         90b41e1 jobs    storage term
+schema-13         b43ec92 results storage term
+log-format-7      b43ec92 results storage kill
 "
 
 usage() {
@@ -291,6 +294,14 @@ scenario() {
         http GET '/v1/sources/bulk/events?status=erased' >/dev/null
         http GET /v1/jobs >/dev/null
     fi
+    if [ -n "${RESULTS:-}" ]; then
+        # Dones that keep a result: a small one, and one of 300 bytes.
+        token=$(http POST /v1/claims/job-result '{"ttl_ms":3600000}' | json '["token"]')
+        http POST /v1/claims/job-result/done "{\"token\":\"$token\",\"ttl_ms\":86400000,\"result\":{\"charge\":\"ch_1\",\"amount\":12345678901234567890123}}" >/dev/null
+        token=$(http POST /v1/claims/job-result-large '{"ttl_ms":3600000,"fingerprint":"sha256:cc"}' | json '["token"]')
+        http POST /v1/claims/job-result-large/done "{\"token\":\"$token\",\"ttl_ms\":86400000,\"result\":\"$(printf 'r%.0s' $(seq 300))\"}" >/dev/null
+        http GET /v1/claims/job-result >/dev/null
+    fi
 }
 
 # trim_log FILE: cuts a write-ahead log after its last valid record (the
@@ -334,6 +345,12 @@ run_case() {
     local name=$1 bin=$2 commit kind style stop
     read -r _ commit kind style stop <<<"$(echo "$CASES" | awk -v n="$name" '$1 == n')"
     [ -n "${commit:-}" ] || { echo "unknown case $name" >&2; usage; }
+    # A build with results has everything a build with jobs has.
+    RESULTS=""
+    if [ "$kind" = results ]; then
+        RESULTS=1
+        kind=jobs
+    fi
     [ -x "$bin" ] || die "$bin is not an executable"
     echo "== $name: $bin (must be built from $commit)"
     DIR="$WORK/$name"

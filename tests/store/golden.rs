@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use dedupd::clock::Millis;
-use dedupd::domain::{CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
+use dedupd::domain::{ClaimResult, CreatedAt, Fingerprint, Key, Namespace, ScopedKey, Token, Ttl};
 use dedupd::gateway::jobs::{Job, JobKind, JobState};
 use dedupd::store::inbox::{
     EventStatus, Inbox, InboxEvent, IngestOutcome, ListOrder, NewEvent, RedeliverOutcome,
@@ -70,6 +70,9 @@ struct Case {
     /// Whether the build had bulk jobs and erasure (schema 9 on): the
     /// scenario's third source, `bulk`.
     jobs: bool,
+    /// Whether the build's dones keep a result (schema 13 on):
+    /// `job-result` and `job-result-large`.
+    results: bool,
 }
 
 const fn case(name: &'static str, schema: u64, gateway: Gateway) -> Case {
@@ -82,6 +85,7 @@ const fn case(name: &'static str, schema: u64, gateway: Gateway) -> Case {
         keyspace: false,
         timelines: false,
         jobs: false,
+        results: false,
     }
 }
 
@@ -338,6 +342,66 @@ fn body(event_id: &str) -> &'static [u8] {
         .as_bytes()
 }
 
+/// The results the scenario's dones kept (builds with results), and none
+/// for the keys of builds without.
+async fn check_results(case: &Case, store: &RedbStore) {
+    let name = case.name;
+    let (small, large) = (api("job-result"), api("job-result-large"));
+    if !case.results {
+        assert_eq!(store.get(&small, NOW).await.unwrap(), None, "{name}");
+        return;
+    }
+    let small_result =
+        ClaimResult::from_stored(r#"{"charge":"ch_1","amount":12345678901234567890123}"#).unwrap();
+    let large_result = ClaimResult::from_stored(&format!("\"{}\"", "r".repeat(300))).unwrap();
+    assert_eq!(
+        store.get(&small, NOW).await.unwrap(),
+        Some(ClaimView {
+            state: ClaimState::Done,
+            fence: 7,
+            expires_at_ms: T0 + DAY,
+            result: Some(small_result.clone()),
+        }),
+        "{name}"
+    );
+    assert_eq!(
+        store.get(&large, NOW).await.unwrap(),
+        Some(ClaimView {
+            state: ClaimState::Done,
+            fence: 8,
+            expires_at_ms: T0 + DAY,
+            result: Some(large_result),
+        }),
+        "{name}"
+    );
+    let ttl = Ttl::from_ms_unchecked(HOUR);
+    assert_eq!(
+        store.claim(&small, ttl, None, NOW).await.unwrap(),
+        ClaimOutcome::Done {
+            expires_at_ms: T0 + DAY,
+            result: Some(small_result),
+        },
+        "{name}"
+    );
+    // The fingerprint kept beside the result.
+    assert_eq!(
+        store
+            .claim(
+                &large,
+                ttl,
+                Some(Fingerprint::parse("sha256:dd").unwrap()),
+                NOW
+            )
+            .await
+            .unwrap(),
+        ClaimOutcome::FingerprintMismatch {
+            state: ClaimState::Done,
+            expires_at_ms: T0 + DAY
+        },
+        "{name}"
+    );
+}
+
 /// Everything the scenario left, read through the store without changing
 /// anything.
 async fn check_contents(case: &Case, store: &RedbStore) {
@@ -359,6 +423,7 @@ async fn check_contents(case: &Case, store: &RedbStore) {
         "{name}"
     );
     assert_eq!(store.get(&api("job-released"), NOW).await.unwrap(), None);
+    check_results(case, store).await;
     // The fingerprint is kept: another one is refused as a mismatch, the
     // same one as busy. (Neither changes anything.)
     let fingerprint = |f: &str| Some(Fingerprint::parse(f).unwrap());
@@ -1399,6 +1464,23 @@ const SCHEMA_12: Case = Case {
     jobs: true,
     ..case("schema-12", 12, Gateway::Current)
 };
+const SCHEMA_13: Case = Case {
+    log: Some(7),
+    keyspace: true,
+    timelines: true,
+    jobs: true,
+    results: true,
+    ..case("schema-13", 13, Gateway::Current)
+};
+const LOG_FORMAT_7: Case = Case {
+    log: Some(7),
+    replays: true,
+    keyspace: true,
+    timelines: true,
+    jobs: true,
+    results: true,
+    ..case("log-format-7", 13, Gateway::Current)
+};
 const LOG_FORMAT_4: Case = Case {
     log: Some(4),
     replays: true,
@@ -1502,6 +1584,21 @@ async fn a_schema_11_file_and_its_two_log_segments_open_with_everything() {
     open_golden(SCHEMA_11).await;
 }
 
+/// The first schema whose dones keep a result: each result as it was
+/// sent, on a later claim and a read, the one past the index's inline
+/// size too.
+#[tokio::test]
+async fn a_schema_13_file_opens_with_every_done_result() {
+    open_golden(SCHEMA_13).await;
+}
+
+/// A format 7 log holding dones that keep a result (`DoneResult`), every
+/// batch replayed after a SIGKILL.
+#[tokio::test]
+async fn a_format_7_log_replays_dones_with_their_results() {
+    open_golden(LOG_FORMAT_7).await;
+}
+
 /// The first schema whose inbox events are sealed: every body and its
 /// headers open with the key file the build left beside it.
 #[tokio::test]
@@ -1571,10 +1668,12 @@ fn every_golden_file_is_checked() {
         SCHEMA_10,
         SCHEMA_11,
         SCHEMA_12,
+        SCHEMA_13,
         LOG_FORMAT_1,
         LOG_FORMAT_2,
         LOG_FORMAT_3,
         LOG_FORMAT_4,
+        LOG_FORMAT_7,
     ];
     let mut dirs: Vec<String> = std::fs::read_dir(golden_dir(""))
         .unwrap()
