@@ -10,7 +10,10 @@
 # PYTHON is a virtualenv's python to test in; without it, target/py-venv is
 # made (or reused). The binary is $DEDUPD_BIN, else target/release/dedupd,
 # built with --features redis. Needs python3 (with venv) and redis-server;
-# installs the test dependencies from the package registry.
+# installs the test dependencies from the package registry, at the versions
+# of ci-constraints.txt (an existing virtualenv is moved to them), which the
+# builds' isolated environments get too (PIP_CONSTRAINT). Those need Python
+# 3.10 or later: with an older PYTHON, the newest versions it can run.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -40,7 +43,17 @@ if [ -z "$python" ]; then
   python="$venv/bin/python"
 fi
 "$python" --version
-pipq "$python" -m pip install httpx pytest anyio mypy ruff build standardwebhooks flask
+# The pins for an interpreter (empty before 3.10, which they need).
+pins() {
+  if "$1" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+    echo "$here/ci-constraints.txt"
+  else
+    echo "$1 is older than Python 3.10: its packages are not pinned (ci-constraints.txt)" >&2
+  fi
+}
+constraints="$(pins "$python")"
+PIP_CONSTRAINT="$constraints" pipq "$python" -m pip install \
+  httpx pytest anyio mypy ruff build standardwebhooks flask
 
 export DEDUPD_BIN="${DEDUPD_BIN:-$repo/target/release/dedupd}"
 if [ ! -x "$DEDUPD_BIN" ]; then
@@ -63,12 +76,14 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 echo "== python client: python -m build"
-"$python" -m build --outdir "$tmp/dist" . >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
+PIP_CONSTRAINT="$constraints" "$python" -m build --outdir "$tmp/dist" . >"$tmp/build.log" 2>&1 \
+  || { cat "$tmp/build.log"; exit 1; }
 ls "$tmp/dist"
 
 echo "== python client: pip install ./clients/python into a fresh virtualenv"
 make_venv "$tmp/fresh"
-(cd "$repo" && pipq "$tmp/fresh/bin/python" -m pip install ./clients/python)
+fresh_constraints="$(pins "$tmp/fresh/bin/python")"
+(cd "$repo" && PIP_CONSTRAINT="$fresh_constraints" pipq "$tmp/fresh/bin/python" -m pip install ./clients/python)
 "$tmp/fresh/bin/python" -c 'import dedupd, httpx; print("imported dedupd", dedupd.__version__, "from", dedupd.__file__)'
 
 echo "== python client: the built wheel into the test virtualenv"

@@ -8,6 +8,7 @@ The binary is ``$DEDUPD_BIN``, else the repository's
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import shutil
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +32,12 @@ REPO = Path(__file__).resolve().parents[2]
 BACKENDS = os.environ.get("DEDUPD_TEST_BACKENDS", "redb,redis").split(",")
 # Up to the large result a done may carry (`claims.max_result_bytes`, 64 KiB by default), and more.
 MAX_BODY_BYTES = 256 * 1024
+
+# The servers here listen on 127.0.0.1: no proxy of the environment between
+# them and the clients (httpx honours HTTP_PROXY and the like), those of the
+# examples' subprocesses included.
+for _var in ("NO_PROXY", "no_proxy"):
+    os.environ[_var] = ",".join(filter(None, [os.environ.get(_var), "127.0.0.1", "localhost"]))
 
 
 def free_port() -> int:
@@ -192,6 +200,28 @@ def serve(backend: str, extra: str = "") -> Iterator[Server]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "one_backend: the client's own behaviour, whatever the store: run against the first "
+        "backend only",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselects the ``one_backend`` tests' runs on the other backends."""
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("server", BACKENDS[0]) if callspec else BACKENDS[0]
+        other = item.get_closest_marker("one_backend") is not None and backend != BACKENDS[0]
+        (drop if other else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture(scope="session", params=BACKENDS)
 def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     """One server per backend for the session: tests use keys of their own."""
@@ -224,18 +254,25 @@ def anyio_backend() -> str:
 class Recorder(httpx.HTTPTransport):
     """A transport that records each request's method, path and status, and
     can cut this client off from the server's ``/extend`` (a partition that
-    starves its heartbeat)."""
+    starves its heartbeat), or hold each extend until ``hold_extends`` is set
+    (a worker paused with its extend unsent)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[str, str, int | None]] = []
         self.cut_extends = False
+        self.hold_extends: threading.Event | None = None
+        self.held = 0
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         path = request.url.raw_path.decode()
         if self.cut_extends and path.endswith("/extend"):
             self.calls.append((request.method, path, None))
             raise httpx.ConnectError("partitioned by the test", request=request)
+        hold = self.hold_extends
+        if hold is not None and path.endswith("/extend"):
+            self.held += 1
+            hold.wait(30)
         resp = super().handle_request(request)
         self.calls.append((request.method, path, resp.status_code))
         return resp
@@ -251,12 +288,18 @@ class AsyncRecorder(httpx.AsyncHTTPTransport):
         super().__init__()
         self.calls: list[tuple[str, str, int | None]] = []
         self.cut_extends = False
+        self.hold_extends: asyncio.Event | None = None
+        self.held = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         path = request.url.raw_path.decode()
         if self.cut_extends and path.endswith("/extend"):
             self.calls.append((request.method, path, None))
             raise httpx.ConnectError("partitioned by the test", request=request)
+        hold = self.hold_extends
+        if hold is not None and path.endswith("/extend"):
+            self.held += 1
+            await asyncio.wait_for(hold.wait(), 30)
         resp = await super().handle_async_request(request)
         self.calls.append((request.method, path, resp.status_code))
         return resp

@@ -10,9 +10,12 @@ result without running again.
     DEDUPD_URL=http://127.0.0.1:8080 DEDUPD_TOKEN=... \\
     DESTINATION_SECRET=whsec_... python receiver.py     # listens on :3000/hooks
 
-The write is fenced: the claim's fence is stored with each run's row, and a
-write with a smaller fence than the row's is refused, so a worker whose
-claim lapsed and was taken over cannot overwrite the newer worker's write.
+The write is fenced: each event's row is keyed by its claim's key and
+stores that claim's fence, and a write whose fence is not above the row's is
+refused, so a worker whose claim lapsed and was taken over cannot overwrite
+the newer worker's write. Fences are compared within one key only (on a
+Redis Cluster each key's fences grow on their own, docs/claims.md): to order
+the writes of different events to one run, use apply and the stream's head.
 """
 
 from __future__ import annotations
@@ -30,19 +33,21 @@ def create_app(client: dedupd.Client, secret: str, db_path: str) -> Flask:
     app = Flask(__name__)
     with sqlite3.connect(db_path) as db:
         db.execute(
-            "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, status TEXT, "
-            "event_id TEXT, fence INTEGER)"
+            "CREATE TABLE IF NOT EXISTS events (key TEXT PRIMARY KEY, run_id TEXT, "
+            "status TEXT, event_id TEXT, fence INTEGER)"
         )
 
     @client.once(key=lambda event_id, event: f"sume:{event_id}", ttl=60)
     def process(event_id: str, event: dict[str, Any]) -> dict[str, Any]:
-        fence = dedupd.current_claim().fence
+        claim = dedupd.current_claim()
         with sqlite3.connect(db_path) as db:
+            # One row per claim key: its fences are comparable, those of two keys are not.
             written = db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET "
-                "status = excluded.status, event_id = excluded.event_id, fence = excluded.fence "
-                "WHERE excluded.fence > runs.fence",
-                (event["run_id"], event["type"], event_id, fence),
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                "run_id = excluded.run_id, status = excluded.status, "
+                "event_id = excluded.event_id, fence = excluded.fence "
+                "WHERE excluded.fence > events.fence",
+                (claim.key, event["run_id"], event["type"], event_id, claim.fence),
             ).rowcount
         return {"event_id": event_id, "run_id": event["run_id"], "written": written == 1}
 

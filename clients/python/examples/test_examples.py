@@ -97,16 +97,19 @@ def test_the_flask_receiver_verifies_and_processes_once(
         assert trigger.returncode == 0, trigger.stderr
         assert '"status":"duplicate"' in trigger.stdout
 
-        def rows() -> list[tuple[str, str, str, int]]:
+        def rows() -> list[tuple[str, str, str, str, int]]:
             with sqlite3.connect(db) as c:
-                return c.execute("SELECT run_id, status, event_id, fence FROM runs").fetchall()
+                query = "SELECT key, run_id, status, event_id, fence FROM events"
+                return c.execute(query).fetchall()
 
         wait_until(lambda: len(rows()) == 1, "the delivery to be processed")
-        ((run_id, status, event_id, fence),) = rows()
+        ((claim_key, run_id, status, event_id, fence),) = rows()
         assert status == "run.completed"
+        # The row is the event's, keyed by its claim's key: fences compare within one key.
+        assert claim_key == f"sume:{event_id}"
         # The row carries the fence of the claim that processed it.
         with server.client() as client:
-            record = client.get(f"sume:{event_id}")
+            record = client.get(claim_key)
         assert record is not None
         assert (record.state, record.fence) == ("done", fence)
 
@@ -126,12 +129,12 @@ def test_the_flask_receiver_verifies_and_processes_once(
         again = httpx.post(hooks, content=body, headers=headers)
         assert again.status_code == 200
         assert again.json() == {"event_id": event_id, "run_id": run_id, "written": True}
-        assert rows() == [(run_id, status, event_id, fence)]
+        assert rows() == [(claim_key, run_id, status, event_id, fence)]
 
         # A forgery is refused before anything is claimed.
         forged = httpx.post(hooks, content=body.replace(b"succeeded", b"failed"), headers=headers)
         assert forged.status_code == 401
-        assert rows() == [(run_id, status, event_id, fence)]
+        assert rows() == [(claim_key, run_id, status, event_id, fence)]
     finally:
         receiver.terminate()
         receiver.wait(10)

@@ -9,6 +9,7 @@ import re
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 import dedupd
@@ -159,23 +160,25 @@ async def test_a_claim_lost_mid_work_raises_claim_lost_and_is_never_done(
     server: Server, key: str
 ) -> None:
     rec = AsyncRecorder()
+    resume = asyncio.Event()
     taken = asyncio.Event()
     async with server.async_client(transport=rec) as worker, server.async_client() as other:
 
         @worker.once(key=lambda: key, ttl=1)
         async def work() -> str:
-            rec.cut_extends = True
+            rec.hold_extends = resume  # a paused worker: its extend is held unsent
             await asyncio.wait_for(taken.wait(), 10)
-            rec.cut_extends = False
             claim = dedupd.current_claim()
             await eventually(lambda: claim.lost, "the heartbeat to find the claim lost")
             return "too late"
 
         task = asyncio.ensure_future(work())
         try:
-            await eventually(lambda: rec.count("POST", "/extend") > 0, "the first cut extend")
+            await eventually(lambda: rec.held > 0, "an extend to be held")
             thief = await other.claim(key, ttl=30, wait=5)
         finally:
+            rec.hold_extends = None
+            resume.set()
             taken.set()
         with pytest.raises(dedupd.ClaimLost) as lost:
             await task
@@ -184,6 +187,26 @@ async def test_a_claim_lost_mid_work_raises_claim_lost_and_is_never_done(
         record = await other.get(key)
     assert record is not None
     assert (record.state, record.fence) == ("processing", thief.fence)
+    assert heartbeat_tasks() == []
+
+
+@pytest.mark.one_backend
+async def test_extends_that_fail_for_the_whole_ttl_lose_the_claim(server: Server, key: str) -> None:
+    rec = AsyncRecorder()
+    async with server.async_client(transport=rec) as worker:
+
+        @worker.once(key=lambda: key, ttl=1)
+        async def work() -> str:
+            rec.cut_extends = True  # a partition: no extend gets an answer
+            claim = dedupd.current_claim()
+            await eventually(lambda: claim.lost, "the claim to be lost by the client's clock")
+            return "too late"
+
+        with pytest.raises(dedupd.ClaimLost) as e:
+            await work()
+        assert isinstance(e.value.__cause__, dedupd.NetworkError)
+        assert rec.count("POST", "/extend") >= 2
+        assert rec.count("POST", "/done") == 0
     assert heartbeat_tasks() == []
 
 
@@ -221,5 +244,154 @@ async def test_cancelling_the_call_releases_and_stops_the_heartbeat(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        assert await client.get(key) is None
+    assert heartbeat_tasks() == []
+
+
+class HoldsReleases(AsyncRecorder):
+    """Holds each release until ``go`` is set; ``releasing`` is set when one
+    is held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.releasing = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "DELETE":
+            self.releasing.set()
+            await self.go.wait()
+        return await super().handle_async_request(request)
+
+
+@pytest.mark.one_backend
+async def test_a_cancelled_call_releases_even_when_cancelled_again(
+    server: Server, key: str
+) -> None:
+    rec = HoldsReleases()
+    started = asyncio.Event()
+    async with server.async_client(transport=rec) as client:
+
+        @client.once(key=lambda: key, ttl=30)
+        async def forever() -> None:
+            started.set()
+            await asyncio.sleep(3600)
+
+        task = asyncio.ensure_future(forever())
+        await started.wait()
+        task.cancel()
+        await rec.releasing.wait()
+        task.cancel()  # again, while the release is out
+        for _ in range(5):
+            await asyncio.sleep(0)  # the second cancellation lands
+        rec.go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await client.get(key) is None
+    assert heartbeat_tasks() == []
+
+
+@pytest.mark.one_backend
+async def test_an_anyio_cancel_scope_still_releases(server: Server, key: str) -> None:
+    """anyio cancels a scope's task again at every step until it leaves the
+    scope: the release on the way out is not cut short."""
+    import anyio
+
+    async with server.async_client() as client:
+        with anyio.move_on_after(0.2) as scope:
+            async with client.claim(key, ttl=30):
+                await asyncio.sleep(3600)
+        assert scope.cancelled_caught
+        assert await client.get(key) is None
+    assert heartbeat_tasks() == []
+
+
+@pytest.mark.one_backend
+async def test_a_release_or_done_in_the_block_is_final(server: Server, key: str) -> None:
+    rec = AsyncRecorder()
+    async with server.async_client(transport=rec) as client:
+        async with client.claim(f"{key}/released", ttl=30) as c:
+            await c.release()
+        assert await client.get(f"{key}/released") is None
+
+        async with client.claim(f"{key}/done", ttl=0.6) as c:
+            await c.done("by hand")
+            c.result = "not this"
+            beats = rec.count("POST", "/extend")
+            await asyncio.sleep(0.5)  # past the next beat's time: no beat comes to find it done
+        assert not c.lost
+        assert rec.count("POST", "/extend") == beats
+
+        async def done_then_raise() -> None:
+            async with client.claim(f"{key}/raised", ttl=30) as c:
+                await c.done(2)
+                raise KeyError("after the done")
+
+        with pytest.raises(KeyError):
+            await done_then_raise()
+        assert rec.count("DELETE") == 1  # the first block's release only
+        assert rec.count("POST", "/done") == 2
+        for k, result in [(f"{key}/done", "by hand"), (f"{key}/raised", 2)]:
+            record = await client.get(k)
+            assert record is not None
+            assert (record.state, record.result) == ("done", result)
+    assert heartbeat_tasks() == []
+
+
+@pytest.mark.one_backend
+async def test_an_extend_in_the_block_sets_the_heartbeats_ttl(server: Server, key: str) -> None:
+    rec = AsyncRecorder()
+    async with server.async_client(transport=rec) as client:
+        async with client.claim(key, ttl=1) as c:
+            await eventually(lambda: rec.count("POST", "/extend") >= 1, "a beat")
+            await c.extend(3600)
+            beats = rec.count("POST", "/extend")
+            await asyncio.sleep(0.7)  # two of the old periods: no beat cuts it back to 1 s
+            assert rec.count("POST", "/extend") == beats
+            record = await client.get(key)
+            assert record is not None
+            assert record.expires_at_ms > time.time() * 1000 + 3000_000
+            await c.extend(1.5)
+            await eventually(lambda: rec.count("POST", "/extend") >= beats + 3, "beats every 0.5 s")
+            record = await client.get(key)
+            assert record is not None
+            assert record.expires_at_ms <= time.time() * 1000 + 1600
+        assert not c.lost
+    assert heartbeat_tasks() == []
+
+
+@pytest.mark.one_backend
+async def test_a_block_left_in_another_task_still_ends(server: Server, key: str) -> None:
+    """Entered in one task (its context) and left in another, as an async
+    generator finalized elsewhere is: the heartbeat stops and the done goes."""
+    async with server.async_client() as client:
+        c = await client.claim(key, ttl=30)
+        await asyncio.ensure_future(c.__aenter__())
+        c.result = "r"
+        await c.__aexit__(None, None, None)
+        record = await client.get(key)
+    assert record is not None
+    assert (record.state, record.result) == ("done", "r")
+    assert heartbeat_tasks() == []
+
+
+@pytest.mark.one_backend
+async def test_work_that_would_run_later_is_refused(server: Server, key: str) -> None:
+    async with server.async_client() as client:
+        with pytest.raises(TypeError, match="generator function"):
+
+            @client.once(key=str)
+            async def generator(x: str) -> Any:
+                yield x
+
+        async def inner() -> int:
+            return 1
+
+        @client.once(key=lambda: key)
+        async def deferred() -> Any:
+            return inner()
+
+        with pytest.raises(TypeError, match="runs later"):
+            await deferred()
         assert await client.get(key) is None
     assert heartbeat_tasks() == []

@@ -5,11 +5,14 @@ a server restart in the middle of a heartbeat."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import os
 import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 import dedupd
@@ -254,18 +257,19 @@ def test_one_heartbeat_thread_keeps_many_claims(server: Server, key: str) -> Non
 def test_a_claim_lost_mid_work_raises_claim_lost_and_is_never_done(
     server: Server, key: str
 ) -> None:
-    """The worker's extends cannot reach the server (a partition): its 1 s
-    claim expires, another worker takes the key, and when the partition heals
-    the heartbeat hears not_owner. The call ends in ClaimLost, no done sent."""
+    """The worker's heartbeat stalls (a paused process: its extend is held
+    unsent): its 1 s claim expires, another worker takes the key, and when the
+    held extend goes out it is answered not_owner. The call ends in
+    ClaimLost, no done sent."""
     rec = Recorder()
+    resume = threading.Event()
     taken = threading.Event()
     with server.client(transport=rec) as worker, server.client() as other:
 
         @worker.once(key=lambda: key, ttl=1)
         def work() -> str:
-            rec.cut_extends = True
+            rec.hold_extends = resume
             taken.wait(10)
-            rec.cut_extends = False
             claim = dedupd.current_claim()
             wait_until(lambda: claim.lost, "the heartbeat to find the claim lost")
             return "too late"
@@ -281,9 +285,11 @@ def test_a_claim_lost_mid_work_raises_claim_lost_and_is_never_done(
         t = threading.Thread(target=run)
         t.start()
         try:
-            wait_until(lambda: rec.count("POST", "/extend") > 0, "the first cut extend")
+            wait_until(lambda: rec.held > 0, "an extend to be held")
             thief = other.claim(key, ttl=30, wait=5)
         finally:
+            rec.hold_extends = None
+            resume.set()
             taken.set()
             t.join()
         assert len(outcome) == 1
@@ -293,6 +299,29 @@ def test_a_claim_lost_mid_work_raises_claim_lost_and_is_never_done(
         record = other.get(key)
         assert record is not None
         assert (record.state, record.fence) == ("processing", thief.fence)
+
+
+@pytest.mark.one_backend
+def test_extends_that_fail_for_the_whole_ttl_lose_the_claim(server: Server, key: str) -> None:
+    """A partition: every extend fails (no answer). They are tried again
+    sooner than every period, and once the claim's TTL has passed since the
+    last one that went through (by this client's clock), it is lost: the call
+    ends in ClaimLost, no done sent."""
+    rec = Recorder()
+    with server.client(transport=rec) as worker:
+
+        @worker.once(key=lambda: key, ttl=1)
+        def work() -> str:
+            rec.cut_extends = True
+            claim = dedupd.current_claim()
+            wait_until(lambda: claim.lost, "the claim to be lost by the client's clock")
+            return "too late"
+
+        with pytest.raises(dedupd.ClaimLost) as e:
+            work()
+        assert isinstance(e.value.__cause__, dedupd.NetworkError)
+        assert rec.count("POST", "/extend") >= 2
+        assert rec.count("POST", "/done") == 0
 
 
 def test_a_heartbeat_that_cannot_go_on_ends_in_claim_lost(server: Server, key: str) -> None:
@@ -365,3 +394,306 @@ def test_a_server_restart_in_the_middle_of_a_heartbeat(own_server: Server, key: 
         record = client.get(key)
         assert record is not None
         assert (record.state, record.result) == ("done", "survived")
+
+
+class DropsDoneAnswers(Recorder):
+    """Sends each done to the server, then drops the answer of the first
+    ``drops`` of them (the server hung up before answering)."""
+
+    def __init__(self, drops: int) -> None:
+        super().__init__()
+        self.drops = drops
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        resp = super().handle_request(request)
+        if request.url.raw_path.endswith(b"/done") and self.drops > 0:
+            self.drops -= 1
+            resp.read()
+            raise httpx.RemoteProtocolError(
+                "Server disconnected without sending a response.", request=request
+            )
+        return resp
+
+
+@pytest.mark.one_backend
+def test_a_done_whose_answer_is_dropped_is_sent_again(server: Server, key: str) -> None:
+    rec = DropsDoneAnswers(drops=2)
+    with server.client(transport=rec) as worker:
+
+        @worker.once(key=lambda: key)
+        def work() -> dict[str, int]:
+            return {"v": 1}
+
+        assert work() == {"v": 1}
+        # The first done went through; the second and third find it done (200).
+        assert [s for m, p, s in rec.calls if p.endswith("/done")] == [200, 200, 200]
+        record = worker.get(key)
+    assert record is not None
+    assert (record.state, record.result) == ("done", {"v": 1})
+
+
+class FailsDonesWhileBeating(Recorder):
+    """Each done fails without reaching the server until the heartbeat has
+    extended the claim twice since the first one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dones = 0
+        self.beats_during_done = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.raw_path
+        if path.endswith(b"/extend") and self.dones > 0:
+            self.beats_during_done += 1
+        if path.endswith(b"/done"):
+            self.dones += 1
+            if self.beats_during_done < 2:
+                raise httpx.ReadError("connection reset (the test)", request=request)
+        return super().handle_request(request)
+
+
+@pytest.mark.one_backend
+def test_the_heartbeat_goes_on_while_done_is_retried(server: Server, key: str) -> None:
+    rec = FailsDonesWhileBeating()
+    with server.client(transport=rec, retries=10) as worker:
+        with worker.claim(key, ttl=2) as c:
+            c.result = "kept"
+        assert rec.beats_during_done >= 2
+        assert not c.lost
+        record = worker.get(key)
+    assert record is not None
+    assert (record.state, record.result) == ("done", "kept")
+
+
+@pytest.mark.one_backend
+def test_a_done_that_keeps_failing_raises_done_failed_with_the_value(
+    server: Server, key: str
+) -> None:
+    rec = Recorder()
+    with server.client(transport=rec, retries=1) as worker:
+
+        @worker.once(key=lambda: key)
+        def work() -> dict[str, str]:
+            rec.cut_dones = True
+            return {"charged": "ch_1"}
+
+        original = rec.handle_request
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            if getattr(rec, "cut_dones", False) and request.url.raw_path.endswith(b"/done"):
+                raise httpx.ReadError("connection reset (the test)", request=request)
+            return original(request)
+
+        rec.handle_request = handle  # type: ignore[method-assign]
+        with pytest.raises(dedupd.DoneFailed) as e:
+            work()
+        assert e.value.value == {"charged": "ch_1"}
+        assert isinstance(e.value.__cause__, dedupd.NetworkError)
+        assert isinstance(e.value, dedupd.DedupdError)
+        # Not released: the work ran. The claim holds until its TTL lapses, and
+        # the done can be sent again.
+        record = worker.get(key)
+        assert record is not None
+        assert record.state == "processing"
+        rec.cut_dones = False
+        e.value.claim.done(e.value.value)
+        record = worker.get(key)
+    assert record is not None
+    assert (record.state, record.result) == ("done", {"charged": "ch_1"})
+
+
+def test_a_release_in_the_block_is_final(server: Server, key: str) -> None:
+    rec = Recorder()
+    with server.client(transport=rec) as worker:
+        with worker.claim(key, ttl=30) as c:
+            c.release()
+        assert worker.get(key) is None
+        assert rec.count("POST", "/done") == 0
+        assert not c.lost
+
+
+@pytest.mark.one_backend
+def test_a_done_in_the_block_is_final(server: Server, key: str) -> None:
+    rec = Recorder()
+    with server.client(transport=rec) as worker:
+        with worker.claim(key, ttl=0.6) as c:
+            c.done("by hand")
+            c.result = "not this"
+            beats = rec.count("POST", "/extend")
+            time.sleep(0.5)  # past the next beat's time: no beat comes to find it done
+        assert not c.lost
+        assert rec.count("POST", "/extend") == beats
+        record = worker.get(key)
+        assert record is not None
+        assert (record.state, record.result) == ("done", "by hand")
+
+        # An exception after the done goes on, and nothing releases the done key.
+        def done_then_raise() -> None:
+            with worker.claim(f"{key}/2", ttl=30) as c:
+                c.done(2)
+                raise KeyError("after the done")
+
+        with pytest.raises(KeyError):
+            done_then_raise()
+        assert rec.count("DELETE") == 0
+        record = worker.get(f"{key}/2")
+    assert record is not None
+    assert (record.state, record.result) == ("done", 2)
+
+
+@pytest.mark.one_backend
+def test_an_extend_in_the_block_sets_the_heartbeats_ttl(server: Server, key: str) -> None:
+    rec = Recorder()
+    with server.client(transport=rec) as worker, worker.claim(key, ttl=1) as c:
+        wait_until(lambda: rec.count("POST", "/extend") >= 1, "a beat")
+        c.extend(3600)
+        beats = rec.count("POST", "/extend")
+        time.sleep(0.7)  # two of the old periods: no beat comes to cut it back to 1 s
+        assert rec.count("POST", "/extend") == beats
+        record = worker.get(key)
+        assert record is not None
+        assert record.expires_at_ms > time.time() * 1000 + 3000_000
+        # A shorter TTL: the heartbeat follows it at once.
+        c.extend(1.5)
+        wait_until(lambda: rec.count("POST", "/extend") >= beats + 3, "beats every 0.5 s")
+        record = worker.get(key)
+        assert record is not None
+        assert record.expires_at_ms <= time.time() * 1000 + 1600
+        c.result = "done"
+    assert not c.lost
+
+
+def test_work_that_would_run_later_is_refused(client: dedupd.Client, key: str) -> None:
+    with pytest.raises(TypeError, match="generator function"):
+
+        @client.once(key=str)
+        def generator(x: str) -> Any:
+            yield x
+
+    async def coroutine() -> int:
+        return 1
+
+    deferred = client.once(key=lambda: key)(lambda: coroutine())
+    with pytest.raises(TypeError, match="runs later"):
+        deferred()
+    lazy = client.once(key=lambda: f"{key}/lazy")(lambda: (n for n in range(3)))
+    with pytest.raises(TypeError, match="runs later"):
+        lazy()
+    # Released, not done: the work never ran.
+    assert client.get(key) is None
+    assert client.get(f"{key}/lazy") is None
+
+
+@pytest.mark.one_backend
+def test_a_block_left_in_another_context_still_ends(server: Server, key: str) -> None:
+    rec = Recorder()
+    with server.client(transport=rec) as worker:
+        c = worker.claim(key, ttl=1)
+        contextvars.copy_context().run(c.__enter__)
+        wait_until(lambda: rec.count("POST", "/extend") >= 1, "a beat")
+        c.result = "r"
+        c.__exit__(None, None, None)
+        record = worker.get(key)
+    assert record is not None
+    assert (record.state, record.result) == ("done", "r")
+
+
+class StallsExtends(Recorder):
+    """The extends of one key get no answer: each waits out its read timeout."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+        self.timeouts: list[float] = []
+        self.unblock = threading.Event()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path  # decoded
+        if path.endswith("/extend") and self.key in path:
+            timeout = request.extensions["timeout"]["read"]
+            self.timeouts.append(timeout)
+            self.unblock.wait(timeout)
+            raise httpx.ReadTimeout("no answer (the test)", request=request)
+        return super().handle_request(request)
+
+
+@pytest.mark.one_backend
+def test_an_extend_without_an_answer_does_not_starve_the_other_claims(
+    server: Server, key: str
+) -> None:
+    """One heartbeat thread beats for both claims. A's extends get no answer:
+    each waits at most half A's period (not the client's 10 s timeout), is
+    not retried inside the call, and B's beats go on between them. A is lost
+    once its TTL has passed; B is held throughout."""
+    stalled, kept = f"{key}/stalled", f"{key}/kept"
+    rec = StallsExtends(stalled)
+    with server.client(transport=rec) as worker, server.client() as other:
+        outcome: list[BaseException] = []
+
+        def hold_stalled() -> None:
+            try:
+                with worker.claim(stalled, ttl=3) as a:
+                    wait_until(lambda: a.lost, "the stalled claim to be lost", timeout=20)
+            except BaseException as e:
+                outcome.append(e)
+
+        t = threading.Thread(target=hold_stalled)
+        try:
+            with worker.claim(kept, ttl=2) as b:
+                t.start()
+                t.join()
+                assert not b.lost
+                with pytest.raises(dedupd.Busy):
+                    other.claim(kept)
+                b.result = "kept"
+        finally:
+            rec.unblock.set()
+            t.join()
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], dedupd.ClaimLost)
+        assert isinstance(outcome[0].__cause__, dedupd.NetworkError)
+        assert len(rec.timeouts) >= 2
+        assert max(rec.timeouts) <= 0.5
+        record = other.get(kept)
+    assert record is not None
+    assert (record.state, record.result) == ("done", "kept")
+
+
+@pytest.mark.one_backend
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_a_forked_child_heartbeats_its_own_claims(server: Server, key: str) -> None:
+    """A child forked after the parent's heartbeat thread started holds a
+    1 s claim through 3 s of work: its client has a heartbeat thread (and
+    connections) of its own."""
+    with server.client() as client:
+        with client.claim(f"{key}/parent", ttl=30):  # the parent's heartbeat thread runs
+            pass
+        assert len(heartbeats()) == 1
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            status = 1
+            try:
+                os.close(r)
+                with client.claim(key, ttl=1) as c:
+                    time.sleep(3)  # the work
+                    record = client.get(key)
+                    if record is None or (record.state, record.fence) != ("processing", c.fence):
+                        os.write(w, f"the claim lapsed: {record!r}".encode())
+                        status = 2
+                    c.result = "child"
+                if status == 1:
+                    status = 0
+            except BaseException as e:
+                os.write(w, repr(e).encode())
+                status = 3
+            finally:
+                os._exit(status)
+        os.close(w)
+        _, code = os.waitpid(pid, 0)
+        with os.fdopen(r, "rb") as pipe:
+            why = pipe.read().decode(errors="replace")
+        assert os.waitstatus_to_exitcode(code) == 0, why
+        record = client.get(key)
+    assert record is not None
+    assert (record.state, record.result) == ("done", "child")

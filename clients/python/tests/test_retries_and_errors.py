@@ -5,7 +5,10 @@ real 503 of a store outage)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -14,7 +17,10 @@ import httpx
 import pytest
 
 import dedupd
+from dedupd import _core
 from dedupd._errors import error_class
+
+from conftest import wait_until
 
 URL = "http://dedupd.test"
 TOKEN = "ab" * 16
@@ -206,3 +212,302 @@ def test_a_problem_becomes_its_exception_with_its_fields() -> None:
             client(t, retries=0).claim("k")
         assert get(e.value) == expected
         assert e.value.status == answer.status_code
+
+
+# Owner writes: done, release and extend do nothing more when sent twice.
+
+DROPPED: list[Callable[[], Exception]] = [
+    lambda: httpx.ReadError("connection reset"),
+    lambda: httpx.RemoteProtocolError("Server disconnected without sending a response."),
+    lambda: httpx.ReadTimeout("timed out"),
+    lambda: httpx.WriteError("broken pipe"),
+]
+DROPPED_IDS = ["read-error", "server-disconnected", "read-timeout", "write-error"]
+
+
+def record(state: str = "processing") -> httpx.Response:
+    return httpx.Response(200, json={"key": "k", "state": state, "expires_at_ms": 1})
+
+
+OWNER_CALLS: dict[str, tuple[Callable[[dedupd.Client], Any], Callable[[], httpx.Response]]] = {
+    "done": (lambda c: c.done("k", TOKEN, result=[1]), lambda: record("done")),
+    "release": (lambda c: c.release("k", TOKEN), lambda: httpx.Response(204)),
+    "extend": (lambda c: c.extend("k", TOKEN, ttl=30), record),
+}
+
+
+@pytest.mark.parametrize("dropped", DROPPED, ids=DROPPED_IDS)
+@pytest.mark.parametrize("name", list(OWNER_CALLS))
+def test_an_owners_write_is_sent_again_after_a_dropped_answer(
+    name: str, dropped: Callable[[], Exception]
+) -> None:
+    call, answer = OWNER_CALLS[name]
+    t, seen = scripted(dropped(), dropped(), answer())
+    call(client(t))
+    assert len(seen) == 3
+    assert len(set(seen)) == 1
+
+
+@pytest.mark.parametrize("dropped", DROPPED, ids=DROPPED_IDS)
+@pytest.mark.parametrize(
+    "call",
+    [lambda c: c.claim("k"), lambda c: c.apply("s", "e", "2026-01-01T00:00:00Z")],
+    ids=["claim", "apply"],
+)
+def test_a_claim_or_apply_is_not_sent_again_once_it_may_have_arrived(
+    call: Callable[[dedupd.Client], Any], dropped: Callable[[], Exception]
+) -> None:
+    t, seen = scripted(dropped(), CLAIMED)
+    with pytest.raises(dedupd.NetworkError):
+        call(client(t))
+    assert len(seen) == 1
+
+
+def proxy_503() -> httpx.Response:
+    return httpx.Response(503, text="<h1>Service Unavailable</h1>", headers={"Retry-After": "0"})
+
+
+def test_a_503_that_is_not_dedupds_resends_only_what_is_safe() -> None:
+    """A proxy's 503 may come after it forwarded the request: a claim is not
+    sent again (the claim may be made); a read, or a done, is."""
+    t, seen = scripted(proxy_503(), CLAIMED)
+    with pytest.raises(dedupd.Unavailable) as e:
+        client(t).claim("k")
+    assert (len(seen), e.value.status, e.value.code) == (1, 503, None)
+    t, seen = scripted(proxy_503(), STATE)
+    assert client(t).get("k") is not None
+    assert len(seen) == 2
+    t, seen = scripted(proxy_503(), record("done"))
+    assert client(t).done("k", TOKEN).state == "done"
+    assert len(seen) == 2
+    # A 503 of dedupd's that names something else is not a "nothing changed" either.
+    t, seen = scripted(problem(503, "something_else", {"Retry-After": "0"}), CLAIMED)
+    with pytest.raises(dedupd.Unavailable):
+        client(t).claim("k")
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda: httpx.Response(404, text="<h1>Not Found</h1>"),
+        lambda: httpx.Response(404, json={"error": "no such route"}),
+        lambda: httpx.Response(404),
+    ],
+    ids=["html", "other-json", "empty"],
+)
+def test_only_dedupds_not_found_is_an_absent_key(answer: Callable[[], httpx.Response]) -> None:
+    t, _ = scripted(answer(), answer())
+    c = client(t)
+    with pytest.raises(dedupd.ServerError, match="not_found"):
+        c.get("k")
+    with pytest.raises(dedupd.ServerError, match="not_found"):
+        c.head("s")
+    t, _ = scripted(problem(404, "not_found"), problem(404, "not_found"))
+    c = client(t)
+    assert c.get("k") is None
+    assert c.head("s") is None
+
+
+def test_secrets_stay_out_of_messages_and_reprs() -> None:
+    # A malformed answer that carries the owner token.
+    malformed = {"key": "k", "token": TOKEN, "fence": "one", "expires_at_ms": 1, "x": "y" * 500}
+    t, _ = scripted(httpx.Response(201, json=malformed))
+    with pytest.raises(dedupd.ServerError) as e:
+        client(t).claim("k")
+    assert "fence" in str(e.value)
+    assert len(str(e.value)) < 400
+    for text in (str(e.value), repr(e.value)):
+        assert TOKEN not in text
+    # The URL's userinfo.
+    t, _ = scripted(httpx.ConnectError("refused"))
+    c = dedupd.Client("http://user:s3cret@dedupd.test", transport=t, retries=0)
+    with pytest.raises(dedupd.NetworkError) as n:
+        c.get("k")
+    assert "dedupd.test" in str(n.value)
+    assert "s3cret" not in str(n.value)
+    assert "s3cret" not in repr(n.value)
+    # The calls, with the token in their bodies.
+    for call in (
+        _core.done("k", TOKEN, None, {"a": 1}),
+        _core.release("k", TOKEN),
+        _core.extend("k", TOKEN, 30),
+    ):
+        assert TOKEN not in repr(call)
+
+
+# The heartbeat and the way out, against scripted answers.
+
+
+def routed(
+    **answers: Callable[[], httpx.Response | Exception],
+) -> tuple[httpx.MockTransport, list[str]]:
+    """A transport answering by the operation (``claim``, ``extend``,
+    ``done``, ``release``, ``get``), and the list of operations it saw."""
+    seen: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        path = request.url.raw_path.decode()
+        if request.method == "DELETE":
+            op = "release"
+        elif path.endswith(("/done", "/extend")):
+            op = path.rsplit("/", 1)[1]
+        else:
+            op = "claim" if request.method == "POST" else "get"
+        seen.append(op)
+        answer = answers[op]()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return httpx.MockTransport(handle), seen
+
+
+def claimed() -> httpx.Response:
+    return httpx.Response(
+        201,
+        json={"key": "k", "state": "processing", "token": TOKEN, "fence": 1, "expires_at_ms": 1},
+    )
+
+
+def test_the_default_ttl_is_sent_and_times_the_heartbeat() -> None:
+    """No ttl given: 300 s, sent, and the heartbeat's period is a third of it
+    by this process's clock, whatever the server's expiry says (here 1970: a
+    skewed clock)."""
+    bodies: list[Any] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        bodies.append((request.url.raw_path.decode(), json.loads(request.content or b"null")))
+        return claimed() if len(bodies) == 1 else record("done")
+
+    c = client(httpx.MockTransport(handle))
+    with c.claim("k") as claim:
+        assert claim.ttl == 300
+        time.sleep(0.05)  # beats timed by the server's expiry would come every millisecond
+    c.close()
+    assert bodies[0] == ("/v1/claims/k", {"ttl_ms": 300_000})
+    assert [path for path, _ in bodies[1:]] == ["/v1/claims/k/done"]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        lambda: problem(401, "unauthorized"),
+        lambda: problem(403, "read_only_token"),
+        lambda: problem(400, "invalid_token", field="token"),
+    ],
+    ids=["401", "403", "400"],
+)
+def test_a_heartbeat_refused_for_good_loses_the_claim(
+    refusal: Callable[[], httpx.Response],
+) -> None:
+    t, seen = routed(claim=claimed, extend=refusal, done=lambda: record("done"))
+    with client(t) as c:
+
+        @c.once(key=lambda: "k", ttl=0.3)
+        def work() -> None:
+            claim = dedupd.current_claim()
+            wait_until(lambda: claim.lost, "the heartbeat to give up")
+
+        with pytest.raises(dedupd.ClaimLost) as e:
+            work()
+    assert e.value.__cause__ is not None
+    assert type(e.value.__cause__) is type(error_class(refusal().status_code, None)("x"))
+    assert seen == ["claim", "extend"]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        lambda: problem(503, "store_unavailable"),
+        lambda: httpx.ConnectError("refused"),
+        lambda: problem(429, "auth_throttled"),
+    ],
+    ids=["503", "no-answer", "429"],
+)
+def test_a_heartbeat_that_keeps_failing_loses_the_claim_once_its_ttl_passed(
+    failure: Callable[[], httpx.Response | Exception],
+) -> None:
+    t, seen = routed(claim=claimed, extend=failure, done=lambda: record("done"))
+    with client(t, retries=0) as c:
+
+        @c.once(key=lambda: "k", ttl=0.5)
+        def work() -> None:
+            claim = dedupd.current_claim()
+            wait_until(lambda: claim.lost, "the claim to expire by the client's clock")
+
+        with pytest.raises(dedupd.ClaimLost) as e:
+            work()
+    assert isinstance(e.value.__cause__, (dedupd.Unavailable, dedupd.NetworkError))
+    assert seen.count("extend") >= 2  # tried again
+    assert "done" not in seen
+
+
+def test_the_async_heartbeat_follows_the_same_rules() -> None:
+    async def run(extend: Callable[[], httpx.Response | Exception]) -> BaseException | None:
+        t, _ = routed(claim=claimed, extend=extend, done=lambda: record("done"))
+        async with dedupd.AsyncClient(URL, token=TOKEN, transport=t, retries=0) as c:
+
+            @c.once(key=lambda: "k", ttl=0.3)
+            async def work() -> None:
+                claim = dedupd.current_claim()
+                while not claim.lost:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+
+            try:
+                await asyncio.wait_for(work(), 10)
+            except dedupd.ClaimLost as e:
+                return e.__cause__
+        return None
+
+    assert isinstance(asyncio.run(run(lambda: problem(401, "unauthorized"))), dedupd.Unauthorized)
+    assert isinstance(asyncio.run(run(lambda: httpx.ConnectError("x"))), dedupd.NetworkError)
+
+
+def test_a_done_that_fails_raises_done_failed_with_the_value() -> None:
+    t, seen = scripted(CLAIMED, read_error(), read_error())
+    c = client(t, retries=1)
+
+    @c.once(key=lambda: "k")
+    def work() -> dict[str, int]:
+        return {"v": 1}
+
+    with pytest.raises(dedupd.DoneFailed) as e:
+        work()
+    assert e.value.value == {"v": 1}
+    assert e.value.claim.key == "k"
+    assert isinstance(e.value.__cause__, dedupd.NetworkError)
+    assert TOKEN not in str(e.value)
+    assert seen == ["POST /v1/claims/k", "POST /v1/claims/k/done", "POST /v1/claims/k/done"]
+    c.close()
+
+    t, seen = scripted(CLAIMED, problem(500, "internal"))
+    with client(t, retries=0) as c, pytest.raises(dedupd.DoneFailed) as e, c.claim("k") as claim:
+        claim.result = [5]
+    assert e.value.value == [5]
+    assert isinstance(e.value.__cause__, dedupd.ServerError)
+
+
+def test_the_async_done_that_fails_raises_done_failed_with_the_value() -> None:
+    async def run() -> dedupd.DoneFailed:
+        t, _ = scripted(claimed(), read_error())
+        async with dedupd.AsyncClient(URL, token=TOKEN, transport=t, retries=0) as c:
+
+            @c.once(key=lambda: "k")
+            async def work() -> str:
+                return "value"
+
+            with pytest.raises(dedupd.DoneFailed) as e:
+                await work()
+            return e.value
+
+    failed = asyncio.run(run())
+    assert failed.value == "value"
+    assert isinstance(failed.__cause__, dedupd.NetworkError)
+
+
+def test_a_release_after_an_exception_is_sent_again_after_a_dropped_answer() -> None:
+    t, seen = scripted(CLAIMED, read_error(), httpx.Response(204))
+    with client(t) as c, pytest.raises(KeyError), c.claim("k"):
+        raise KeyError("the work failed")
+    assert seen == ["POST /v1/claims/k", "DELETE /v1/claims/k", "DELETE /v1/claims/k"]

@@ -6,23 +6,26 @@ The same API as the blocking client, awaited; heartbeats are asyncio tasks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
-from collections.abc import Awaitable, Generator
+import time
+from collections.abc import Awaitable, Generator, Iterator
+from contextvars import Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import httpx
 
 from . import _core
-from ._context import CURRENT
+from ._context import CURRENT, reset
 from ._errors import (
     AlreadyDone,
     Busy,
     ClaimLost,
     DedupdError,
+    DoneFailed,
     InvalidRequest,
-    Lost,
     NetworkError,
     NotOwner,
 )
@@ -37,6 +40,39 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def _anyio_shield() -> Iterator[None]:
+    """Under anyio (a task group, ``move_on_after``), keeps its cancel scopes
+    from cancelling the waits inside again at every step; nothing without
+    anyio."""
+    try:
+        import anyio
+    except ImportError:  # pragma: no cover - httpx depends on anyio
+        yield
+        return
+    with anyio.CancelScope(shield=True):
+        yield
+
+
+async def _uncancelled(aw: Awaitable[T]) -> T:
+    """Runs ``aw`` (a claim's done or release) to its end in a task of its
+    own, even when this task is cancelled (again) meanwhile: then, once it
+    has ended, raises CancelledError."""
+    task = asyncio.ensure_future(aw)
+    cancelled = False
+    with _anyio_shield():
+        while not task.done():
+            try:
+                await asyncio.wait([task])
+            except asyncio.CancelledError:
+                cancelled = True
+    if cancelled:
+        if not task.cancelled() and task.exception() is not None:
+            _core.log.warning("after a cancellation: %s", task.exception())
+        raise asyncio.CancelledError
+    return task.result()
 
 
 class AsyncClient:
@@ -59,10 +95,11 @@ class AsyncClient:
         self._retries = _core.check_count(retries, "retries")
         self._max_retry_wait = _core.check_seconds(max_retry_wait, "max_retry_wait")
         self.max_result_bytes = _core.check_count(max_result_bytes, "max_result_bytes")
+        self._timeout = _core.check_seconds(timeout, "timeout", positive=True)
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers=_core.headers(token),
-            timeout=_core.check_seconds(timeout, "timeout", positive=True),
+            timeout=self._timeout,
             transport=transport,
         )
 
@@ -76,20 +113,27 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _run(self, call: _core.Call[T]) -> T:
+    async def _run(
+        self, call: _core.Call[T], *, timeout: float | None = None, retries: int | None = None
+    ) -> T:
+        limit = self._retries if retries is None else retries
         attempt = 0
         while True:
             try:
                 resp = await self._http.request(
-                    call.method, call.path, content=call.content(), headers=_core.body_headers(call)
+                    call.method,
+                    call.path,
+                    content=call.content(),
+                    headers=_core.body_headers(call),
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
                 )
             except httpx.TransportError as e:
-                if _core.may_resend(call, e) and attempt < self._retries:
+                if _core.may_resend(call, e) and attempt < limit:
                     await asyncio.sleep(_core.backoff(attempt))
                     attempt += 1
                     continue
                 raise NetworkError(_core.network_detail(self.url, e), key=call.key) from e
-            if attempt < self._retries:
+            if attempt < limit:
                 delay = _core.retry_delay(call, resp, attempt, self._max_retry_wait)
                 if delay is not None:
                     await asyncio.sleep(delay)
@@ -101,34 +145,35 @@ class AsyncClient:
         self,
         key: str,
         *,
-        ttl: float | None = None,
+        ttl: float = _core.DEFAULT_TTL,
         fingerprint: str | None = None,
         wait: float = 0.0,
         done_ttl: float | None = None,
     ) -> PendingClaim:
         """As :meth:`dedupd.Client.claim`. Await it for the :class:`AsyncClaim`,
         or use it directly as ``async with client.claim(key, ttl=30) as c:``."""
+        ttl = _core.claim_ttl(ttl)
         call = _core.claim(key, ttl, fingerprint)
         _core.ttl_ms(done_ttl, "done_ttl")
         return PendingClaim(self._claim(call, _core.check_seconds(wait, "wait"), ttl, done_ttl))
 
     async def _claim(
-        self, call: _core.Call[_core.Grant], wait: float, ttl: float | None, done_ttl: float | None
+        self, call: _core.Call[_core.Grant], wait: float, ttl: float, done_ttl: float | None
     ) -> AsyncClaim:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
+        deadline = time.monotonic() + wait
         attempt = 0
         while True:
+            sent_at = time.monotonic()
             try:
                 grant = await self._run(call)
             except Busy:
-                left = deadline - loop.time()
+                left = deadline - time.monotonic()
                 if left <= 0:
                     raise
                 await asyncio.sleep(min(left, _core.poll_delay(attempt)))
                 attempt += 1
                 continue
-            return AsyncClaim(self, grant, ttl=ttl, done_ttl=done_ttl)
+            return AsyncClaim(self, grant, ttl=ttl, done_ttl=done_ttl, sent_at=sent_at)
 
     async def done(
         self, key: str, token: str, *, ttl: float | None = None, result: Any = None
@@ -160,7 +205,7 @@ class AsyncClient:
         self,
         key: Callable[..., str],
         *,
-        ttl: float = 300.0,
+        ttl: float = _core.DEFAULT_TTL,
         done_ttl: float | None = None,
         fingerprint: Callable[..., str] | None = None,
         wait: float = 10.0,
@@ -171,6 +216,7 @@ class AsyncClient:
         settings = _core.Once.check(key, ttl, done_ttl, fingerprint, wait, raise_if_done)
 
         def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+            _core.refuse_generator_function(fn)
             if not inspect.iscoroutinefunction(fn):
                 raise TypeError(
                     f"{getattr(fn, '__qualname__', fn)!s} is not an async def: decorate it with "
@@ -194,6 +240,7 @@ class AsyncClient:
                     return cast(R, e.result)
                 async with claim:
                     value = await fn(*args, **kwargs)
+                    _core.refuse_deferred(fn, value)
                     claim.result = value
                 return value
 
@@ -229,47 +276,87 @@ class PendingClaim:
 
 
 class AsyncClaim(BaseClaim):
-    """:class:`dedupd.Claim` for asyncio: ``await c.done(...)``, ``async with``."""
+    """:class:`dedupd.Claim` for asyncio: ``await c.done(...)``, ``async with``.
+
+    Leaving the block, its done or release runs to its end even when the
+    task is cancelled (again) meanwhile."""
 
     def __init__(
         self,
         client: AsyncClient,
         grant: _core.Grant,
         *,
-        ttl: float | None,
+        ttl: float,
         done_ttl: float | None,
+        sent_at: float,
     ) -> None:
         super().__init__(grant.key, grant.token, grant.fence, grant.expires_at_ms)
         self._client = client
         self.ttl = ttl
         self.done_ttl = done_ttl
         self.result: Any = None
+        self._entered = False
+        self._finished = False  # done or released: nothing more to send
+        self._interval = _core.beat_interval(ttl)
+        self._deadline = sent_at + ttl  # as Claim's: monotonic, from the last claim or extend
         self._beat: asyncio.Task[None] | None = None
-        self._context: Any = None
+        self._wake: asyncio.Event | None = None  # set when a manual extend changed the TTL
+        self._context: Token[BaseClaim] | None = None
 
     async def done(self, result: Any = None, *, ttl: float | None = None) -> Record:
-        """Marks the key done (for ``ttl``, else the claim's ``done_ttl``) with ``result``."""
+        """Marks the key done (for ``ttl``, else the claim's ``done_ttl``)
+        with ``result``. In an ``async with`` block, its heartbeat stops, and
+        leaving the block sends nothing more."""
+        record = await self._done(result, ttl)
+        await self._finish()
+        if isinstance(self._lost, AlreadyDone):  # a beat that came after this done
+            self._lost = None
+        return record
+
+    async def release(self) -> None:
+        """Releases the key so a retry can claim it. In an ``async with``
+        block, its heartbeat stops, and leaving the block sends nothing more."""
+        await self._client.release(self.key, self.token)
+        await self._finish()
+
+    async def extend(self, ttl: float | None = None) -> Record:
+        """Extends the claim to ``ttl`` seconds from now (else the claim's
+        TTL). A ``ttl`` given becomes the claim's TTL: its heartbeat extends
+        by it from then on, every ``ttl / 3``."""
+        new = self.ttl if ttl is None else _core.claim_ttl(ttl)
+        sent_at = time.monotonic()
+        record = await self._client.extend(self.key, self.token, ttl=new)
+        self.expires_at_ms = record.expires_at_ms
+        self._deadline = sent_at + new
+        if new != self.ttl:
+            self.ttl = new
+            self._interval = _core.beat_interval(new)
+            if self._wake is not None:
+                self._wake.set()
+        return record
+
+    async def _done(self, result: Any, ttl: float | None = None) -> Record:
         return await self._client.done(
             self.key, self.token, ttl=self.done_ttl if ttl is None else ttl, result=result
         )
 
-    async def release(self) -> None:
-        """Releases the key so a retry can claim it."""
-        await self._client.release(self.key, self.token)
+    async def _finish(self) -> None:
+        self._finished = True
+        await self._stop_beat()
 
-    async def extend(self, ttl: float | None = None) -> Record:
-        """Extends the claim by ``ttl`` seconds from now (else the claim's TTL)."""
-        record = await self._client.extend(
-            self.key, self.token, ttl=self.ttl if ttl is None else ttl
-        )
-        self.expires_at_ms = record.expires_at_ms
-        return record
+    async def _stop_beat(self) -> None:
+        beat = self._beat
+        if beat is not None and not beat.done():
+            beat.cancel()
+            await asyncio.wait([beat])
 
     async def __aenter__(self) -> AsyncClaim:
-        if self._beat is not None:
+        if self._entered:
             raise RuntimeError("an AsyncClaim can be entered once")
-        interval = _core.beat_interval(self.ttl, self.expires_at_ms)
-        self._beat = asyncio.ensure_future(self._heartbeat(interval))
+        self._entered = True
+        if not self._finished:
+            self._wake = asyncio.Event()
+            self._beat = asyncio.ensure_future(self._heartbeat(self._wake))
         self._context = CURRENT.set(self)
         return self
 
@@ -279,15 +366,25 @@ class AsyncClaim(BaseClaim):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        CURRENT.reset(self._context)
-        if self._beat is not None:
-            self._beat.cancel()
-            # Waits for the task to end; a cancellation of this task still comes through.
-            await asyncio.wait([self._beat])
+        try:
+            await _uncancelled(self._leave_and_stop(exc))
+        finally:
+            reset(self._context)
+
+    async def _leave_and_stop(self, exc: BaseException | None) -> None:
+        try:
+            await self._leave(exc)
+        finally:
+            # After the done or release: the claim cannot lapse while they are retried.
+            await self._stop_beat()
+
+    async def _leave(self, exc: BaseException | None) -> None:
+        if self._finished:  # done or released in the block
+            return
         if exc is not None:
             if self._lost is None:
                 try:
-                    await self.release()
+                    await self._client.release(self.key, self.token)
                 except DedupdError as e:
                     _core.log.warning("releasing %r after %r failed: %s", self.key, exc, e)
             return
@@ -298,30 +395,70 @@ class AsyncClaim(BaseClaim):
         result = _core.encode_result(self.result, self._client.max_result_bytes)
         try:
             try:
-                await self.done(result)
+                await self._done(result)
             except InvalidRequest as e:
                 if result is None or not _core.refuses_result(e):
                     raise
                 _core.log.warning("the result of %r is not stored: %s", self.key, e)
-                await self.done()
+                await self._done(None)
         except NotOwner as e:
             raise ClaimLost("the claim was taken over before done", key=self.key) from e
+        except DedupdError as e:
+            raise DoneFailed(
+                f"the work finished but marking it done failed: {e}",
+                value=self.result,
+                claim=self,
+                key=self.key,
+            ) from e
+        self._finished = True
 
-    async def _heartbeat(self, interval: float) -> None:
-        wait, failures = interval, 0
+    async def _heartbeat(self, wake: asyncio.Event) -> None:
+        """Extends the claim every period, as Claim's heartbeat does: each
+        extend sent once, waiting at most half the period; a failed one tried
+        again sooner, until the claim's TTL has passed since the last that
+        went through."""
+        wait, failures = self._interval, 0
         while True:
-            await asyncio.sleep(wait)
             try:
-                await self.extend()
-            except (Lost, NotOwner, AlreadyDone) as e:
-                self._lost = e
-                return
-            except DedupdError as e:  # no answer, a restart, a 503: beat on until it expires
+                await asyncio.wait_for(wake.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+            else:  # a manual extend changed the TTL: the next beat is one period on
+                wake.clear()
+                wait = self._interval
+                continue
+            ttl = self.ttl
+            sent_at = time.monotonic()
+            try:
+                record = await self._client._run(
+                    _core.extend(self.key, self.token, ttl),
+                    timeout=_core.beat_timeout(self._client._timeout, self._interval),
+                    retries=0,
+                )
+            except DedupdError as e:
+                if _core.ends_claim(e):  # lost, not_owner, done, unauthorized, ...
+                    if not self._finished:
+                        _core.log.warning("the claim of %r is lost: %s", self.key, e)
+                    self._lost = e
+                    return
+                failures += 1
+                if time.monotonic() >= self._deadline:
+                    _core.log.error(
+                        "the claim of %r has expired: extends failed for its whole TTL: %s",
+                        self.key,
+                        e,
+                    )
+                    self._lost = e
+                    return
                 _core.log.warning("extending the claim of %r failed, retrying: %s", self.key, e)
-                wait, failures = min(interval, _core.backoff(failures)), failures + 1
+                wait = _core.beat_retry(self._interval, failures)
             except Exception as e:  # a closed client, a bug: the claim cannot be vouched for
                 _core.log.error("the heartbeat of %r stopped: %r", self.key, e)
                 self._lost = e
                 return
             else:
-                wait, failures = interval, 0
+                self.expires_at_ms = record.expires_at_ms
+                self._deadline = sent_at + ttl
+                failures = 0
+                # A manual extend changed the TTL while this one was out: extend by it now.
+                wait = 0.0 if self.ttl != ttl else self._interval

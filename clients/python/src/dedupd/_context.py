@@ -3,7 +3,9 @@ running in this context (thread, or asyncio task)."""
 
 from __future__ import annotations
 
-from contextvars import ContextVar
+import contextlib
+from contextvars import ContextVar, Token
+from typing import Any
 
 from ._models import BaseClaim
 
@@ -25,3 +27,13 @@ def current_claim() -> BaseClaim:
             "dedupd.current_claim() is called outside a claim: call it inside a function "
             "decorated with client.once(...) or a `with client.claim(...)` block"
         ) from None
+
+
+def reset(token: Token[Any] | None) -> None:
+    """Puts back the claim that was current before ``CURRENT.set`` gave
+    ``token``; nothing when the block is left in another context than the
+    one that entered it (an async generator finalized by another task, say),
+    where that context's claim is not this one's to undo."""
+    if token is not None:
+        with contextlib.suppress(ValueError):
+            CURRENT.reset(token)

@@ -8,17 +8,17 @@ A :class:`Call` is one API request, built without I/O; the clients send it
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
 import random
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Generic, TypeVar, cast
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
@@ -44,6 +44,9 @@ DEFAULT_MAX_RESULT_BYTES = 65536
 MAX_KEY_BYTES = 512
 
 USER_AGENT = "dedupd-python/0.1.0"
+
+#: The claim TTL of ``once`` and ``claim`` when none is given, in seconds.
+DEFAULT_TTL = 300.0
 
 
 # Argument checks: a clear error here rather than a puzzling answer later.
@@ -89,6 +92,19 @@ def ttl_ms(ttl: float | None, what: str = "ttl") -> int | None:
     if not math.isfinite(ttl) or ttl <= 0:
         raise ValueError(f"{what} must be a positive number of seconds, got {ttl!r}")
     return max(1, round(ttl * 1000))
+
+
+def claim_ttl(ttl: float | None) -> float:
+    """A claim's TTL: a number of seconds (never ``None``: the heartbeat
+    needs to know it, and the server's answer only tells when it ends by the
+    server's clock)."""
+    if ttl is None:
+        raise TypeError(
+            f"ttl must be a number of seconds (the claim's TTL, {DEFAULT_TTL:g} when left out), "
+            "not None"
+        )
+    ttl_ms(ttl)
+    return float(ttl)
 
 
 def check_seconds(value: float, what: str, *, positive: bool = False) -> float:
@@ -169,20 +185,82 @@ def json_bytes(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
+def refuse_deferred(fn: Callable[..., Any], value: Any) -> None:
+    """Raises TypeError when a function decorated with ``once`` returned work
+    that runs later (a coroutine or other awaitable, a generator): it would
+    run outside the claim, after the key was marked done."""
+    if not (inspect.isawaitable(value) or inspect.isgenerator(value) or inspect.isasyncgen(value)):
+        return
+    if inspect.iscoroutine(value) or inspect.isgenerator(value):
+        value.close()  # no "never awaited" warning: it is refused, not forgotten
+    raise TypeError(
+        f"{getattr(fn, '__qualname__', fn)!s} returned {type(value).__name__}, work that "
+        "runs later, outside the claim: decorate a plain function with Client.once, an "
+        "async def with AsyncClient.once"
+    )
+
+
+def refuse_generator_function(fn: Callable[..., Any]) -> None:
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"{getattr(fn, '__qualname__', fn)!s} is a generator function: its body runs when "
+            "the generator is iterated, outside the claim; once cannot decorate it"
+        )
+
+
+# Secrets out of messages.
+
+_REDACTED = "<redacted>"
+_SHOWN_CHARS = 200
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _REDACTED if k == "token" else _redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v) for v in value]
+    return value
+
+
+def shown(value: Any) -> str:
+    """``value`` for an error message: ``token`` fields redacted, at most 200
+    characters."""
+    text = repr(_redact(value))
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def public_url(url: str) -> str:
+    """``url`` without its userinfo (``user:password@``)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
 # Calls.
 
 
 @dataclass(frozen=True)
 class Call(Generic[T]):
-    """One request: ``read`` marks an idempotent read (retried on a network
-    failure too); ``key`` names the key or stream for errors."""
+    """One request: ``read`` marks a read, ``owner`` a write that only the
+    claim's owner can make and that changes nothing when made twice (done,
+    release, extend): both are sent again after any network failure, even
+    one after the request went out. ``key`` names the key or stream for
+    errors. The body (with its owner token) is left out of the repr."""
 
     method: str
     path: str
-    body: dict[str, Any] | None
+    body: dict[str, Any] | None = field(repr=False)
     key: str
-    parse: Callable[[httpx.Response], T]
+    parse: Callable[[httpx.Response], T] = field(repr=False)
     read: bool = False
+    owner: bool = False
+
+    @property
+    def resendable(self) -> bool:
+        """Whether sending it twice does what sending it once does."""
+        return self.read or self.owner
 
     def content(self) -> bytes | None:
         return None if self.body is None else json_bytes(self.body)
@@ -203,7 +281,7 @@ def _json(resp: httpx.Response, key: str) -> dict[str, Any]:
         ) from e
     if not isinstance(value, dict):
         raise ServerError(
-            f"HTTP {resp.status_code} with an unexpected body: {value!r}",
+            f"HTTP {resp.status_code} with an unexpected body: {shown(value)}",
             status=resp.status_code,
             key=key,
         )
@@ -231,7 +309,7 @@ def _field(body: Mapping[str, Any], name: str, kind: type[T], resp: httpx.Respon
     value = body.get(name)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ServerError(
-            f"the answer's {name!r} is not a {kind.__name__}: {dict(body)!r}",
+            f"the answer's {name!r} is not a {kind.__name__}: {shown(dict(body))}",
             status=resp.status_code,
         )
     return value
@@ -295,7 +373,9 @@ def done(key: str, token: str, ttl: float | None, result: Any) -> Call[Record]:
         body["result"] = result
     # Fail here, not in the middle of sending, on a result that is not JSON.
     json_bytes(body)
-    return Call("POST", f"/v1/claims/{segment(key)}/done", body, key, lambda r: _record(r, key))
+    return Call(
+        "POST", f"/v1/claims/{segment(key)}/done", body, key, lambda r: _record(r, key), owner=True
+    )
 
 
 def extend(key: str, token: str, ttl: float | None) -> Call[Record]:
@@ -304,7 +384,14 @@ def extend(key: str, token: str, ttl: float | None) -> Call[Record]:
     ms = ttl_ms(ttl)
     if ms is not None:
         body["ttl_ms"] = ms
-    return Call("POST", f"/v1/claims/{segment(key)}/extend", body, key, lambda r: _record(r, key))
+    return Call(
+        "POST",
+        f"/v1/claims/{segment(key)}/extend",
+        body,
+        key,
+        lambda r: _record(r, key),
+        owner=True,
+    )
 
 
 def release(key: str, token: str) -> Call[None]:
@@ -315,16 +402,25 @@ def release(key: str, token: str) -> Call[None]:
             raise error(resp, key)
 
     body = {"token": check_token(token)}
-    return Call("DELETE", f"/v1/claims/{segment(key)}", body, key, parse)
+    return Call("DELETE", f"/v1/claims/{segment(key)}", body, key, parse, owner=True)
 
 
 def _absent(resp: httpx.Response, key: str) -> bool:
-    """Whether the answer is ``404 not_found`` (raises any other 404)."""
+    """Whether the answer is dedupd's ``404 not_found`` (raises any other
+    404: one without the problem's code is not dedupd's, a wrong base path
+    behind a proxy say, and tells nothing about the key)."""
     if resp.status_code != 404:
         return False
     e = error(resp, key)
-    if type(e) is NotFound:
+    if type(e) is NotFound and e.code == "not_found":
         return True
+    if e.code is None:
+        raise ServerError(
+            "HTTP 404 without dedupd's not_found problem: is the url dedupd's API (a proxy's "
+            "base path)?",
+            status=404,
+            key=key,
+        )
     raise e
 
 
@@ -339,7 +435,9 @@ def get(key: str) -> Call[Record | None]:
 
 def _head(value: object, resp: httpx.Response) -> Head:
     if not isinstance(value, dict):
-        raise ServerError(f"the answer's head is not an object: {value!r}", status=resp.status_code)
+        raise ServerError(
+            f"the answer's head is not an object: {shown(value)}", status=resp.status_code
+        )
     return Head(
         event_id=_field(value, "event_id", str, resp),
         created_at=_field(value, "created_at", str, resp),
@@ -397,20 +495,37 @@ def backoff(attempt: int) -> float:
     return min(1.0, 0.05 * 2.0**attempt) * random.uniform(0.5, 1.0)
 
 
+#: The problem codes of dedupd's answers that changed nothing and say when to
+#: come back (503 and 507 with ``Retry-After``). A 503 without one of them
+#: may be a proxy's, after it forwarded the request.
+NOTHING_CHANGED = frozenset({"store_unavailable", "insufficient_storage", "keys_in_memory_full"})
+
+
+def problem_code(resp: httpx.Response) -> str | None:
+    try:
+        problem = resp.json()
+    except ValueError:
+        return None
+    code = problem.get("code") if isinstance(problem, dict) else None
+    return code if isinstance(code, str) else None
+
+
 def retry_delay(
     call: Call[Any], resp: httpx.Response, attempt: int, max_wait: float
 ) -> float | None:
     """How long to wait before sending ``call`` again after ``resp``, or
-    ``None`` not to. A write is sent again only when the server said it
-    changed nothing and when to come back: 503 or 507 with ``Retry-After``
-    (at most ``max_wait`` seconds). A read is also retried after a 502, 503
-    or 504 without one."""
+    ``None`` not to. A claim or an apply is sent again only when dedupd said
+    it changed nothing and when to come back: 503 or 507 with one of the
+    :data:`NOTHING_CHANGED` codes and ``Retry-After`` (at most ``max_wait``
+    seconds). A read, or an owner's done, release or extend, is also sent
+    again after any 503 or 507 with ``Retry-After``, and after a 502, 503 or
+    504 without one."""
     status = resp.status_code
     if status in (503, 507):
         after = retry_after(resp.headers)
-        if after is not None:
+        if after is not None and (call.resendable or problem_code(resp) in NOTHING_CHANGED):
             return after if after <= max_wait else None
-    if call.read and status in (502, 503, 504):
+    if call.resendable and status in (502, 503, 504):
         return backoff(attempt)
     return None
 
@@ -420,13 +535,20 @@ CONNECT_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
 def may_resend(call: Call[Any], e: httpx.TransportError) -> bool:
-    """Whether ``call`` may be sent again after a network failure: a read
-    always; a write only when its connection could not be opened."""
-    return call.read or isinstance(e, CONNECT_FAILURES)
+    """Whether ``call`` may be sent again after a network failure: a read, or
+    an owner's done, release or extend, always (twice does what once does);
+    a claim or an apply only when its connection could not be opened (a
+    dropped answer may follow a claim that was made)."""
+    return call.resendable or isinstance(e, CONNECT_FAILURES)
 
 
 def network_detail(url: str, e: httpx.TransportError) -> str:
-    return f"no answer from {url}: {type(e).__name__}: {e}"
+    safe = public_url(url)
+    message = str(e)
+    userinfo = urlsplit(url).netloc.rpartition("@")[0]
+    if userinfo:
+        message = message.replace(userinfo, _REDACTED)
+    return f"no answer from {safe}: {type(e).__name__}: {message}"
 
 
 # Once and its claims.
@@ -437,11 +559,33 @@ def poll_delay(attempt: int) -> float:
     return min(0.25, 0.01 * 2.0**attempt) * random.uniform(0.5, 1.0)
 
 
-def beat_interval(ttl: float | None, expires_at_ms: int) -> float:
-    """A third of the claim's TTL (of what is left of it when the server chose the TTL)."""
-    if ttl is None:
-        ttl = expires_at_ms / 1000 - time.time()
+def beat_interval(ttl: float) -> float:
+    """The heartbeat's period: a third of the claim's TTL (by this process's
+    monotonic clock, never the server's expiry against the local wall clock)."""
     return max(0.001, ttl / 3)
+
+
+def beat_timeout(timeout: float, interval: float) -> float:
+    """How long a heartbeat's extend waits for its answer: at most half the
+    period, so that a slow answer leaves time for another beat before the
+    claim ends."""
+    return min(timeout, interval / 2)
+
+
+def beat_retry(interval: float, failures: int) -> float:
+    """The wait before the next beat after ``failures`` failed ones in a row:
+    sooner than the period (at most a third of it, 50 ms doubling to 1 s,
+    jittered), never less than 5 ms."""
+    return max(0.005, min(interval / 3, backoff(failures - 1)))
+
+
+def ends_claim(e: DedupdError) -> bool:
+    """Whether an extend's refusal means the claim is gone for good: a 4xx
+    answer (``lost``, ``not_owner``, ``done``, and ``unauthorized``,
+    ``read_only_token``, an invalid request, which retrying cannot change),
+    but not 408 or 429. No answer, a 5xx or an answer this client does not
+    understand is worth another try."""
+    return e.status is not None and 400 <= e.status < 500 and e.status not in (408, 429)
 
 
 @dataclass(frozen=True)
@@ -472,7 +616,7 @@ class Once:
             )
         if fingerprint is not None and not callable(fingerprint):
             raise TypeError("fingerprint must be a function of the decorated function's arguments")
-        ttl_ms(ttl)
+        ttl = claim_ttl(ttl)
         ttl_ms(done_ttl, "done_ttl")
         return cls(
             key, ttl, done_ttl, fingerprint, check_seconds(wait, "wait"), bool(raise_if_done)

@@ -144,9 +144,27 @@ class Unavailable(DedupdError):
 
 class ClaimLost(DedupdError):
     """The worker no longer owns its claim: a heartbeat's extend (or the final
-    done) was answered ``lost``, ``not_owner`` or ``done``, or the heartbeat
-    stopped on an unexpected error (a closed client). The work was not marked
-    done; ``__cause__`` is the answer or the error."""
+    done) was answered ``lost``, ``not_owner`` or ``done``, or another
+    refusal that retrying cannot change (``unauthorized``, ``read_only_token``,
+    ...); or extends failed (no answer, 5xx) until the claim's TTL had passed
+    since the last one that went through; or the heartbeat stopped on an
+    unexpected error (a closed client). The work was not marked done;
+    ``__cause__`` is the answer or the error."""
+
+
+class DoneFailed(DedupdError):
+    """The work finished but marking its key done failed (no answer after
+    the retries, a 503 that outlasted them, ...): ``__cause__`` is the error.
+    ``value`` is what the decorated function returned (or the block's
+    ``result``); ``claim`` is the claim, to send the done again with
+    ``claim.done(value)``. The key stays claimed until its TTL lapses (the
+    heartbeat has stopped); it was not released, so no retry can run the work
+    again while the claim lasts."""
+
+    def __init__(self, detail: str, *, value: Any, claim: Any, **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        self.value = value
+        self.claim = claim
 
 
 class InvalidSignature(DedupdError):
@@ -224,7 +242,12 @@ def from_problem(
     raw_code = problem.get("code")
     code = raw_code if isinstance(raw_code, str) else None
     raw_detail = problem.get("detail")
-    detail = raw_detail if isinstance(raw_detail, str) else f"HTTP {status}"
+    if isinstance(raw_detail, str):
+        detail = raw_detail
+    elif code is None:
+        detail = f"HTTP {status} without dedupd's problem document (a proxy's answer?)"
+    else:
+        detail = f"HTTP {status}"
     cls = error_class(status, code)
     if issubclass(cls, Unavailable):
         return cls(

@@ -6,22 +6,25 @@ import functools
 import heapq
 import inspect
 import itertools
+import os
 import threading
 import time
+import weakref
+from contextvars import Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import httpx
 
 from . import _core
-from ._context import CURRENT
+from ._context import CURRENT, reset
 from ._errors import (
     AlreadyDone,
     Busy,
     ClaimLost,
     DedupdError,
+    DoneFailed,
     InvalidRequest,
-    Lost,
     NetworkError,
     NotOwner,
 )
@@ -38,21 +41,37 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
+# The clients of this process, for a forked child to reset (see _after_fork).
+_CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def _reset_clients_in_child() -> None:
+    for client in list(_CLIENTS):
+        client._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_reset_clients_in_child)
+
+
 class Client:
     """A dedupd server's claims and ordering API, over a pool of connections.
 
     ``url`` is the server's base URL (``http://127.0.0.1:8080``), ``token``
     an API token when the server has ``api.tokens``, ``timeout`` the seconds
-    each request may take. Reads are retried after a network failure, and
-    any request whose connection could not be opened (nothing was sent);
-    writes also after a 503 or 507 whose ``Retry-After`` is at most
-    ``max_retry_wait`` seconds (the server changed nothing). ``retries``
-    bounds the retries of one call. ``max_result_bytes`` is the largest
-    result (as compact JSON) that ``once`` and ``with client.claim(...)``
-    store with a done.
+    each request may take. Reads, and an owner's done, release and extend
+    (which do nothing more when sent twice), are sent again after a network
+    failure; a claim or an apply only when its connection could not be
+    opened (nothing was sent). Any write is also sent again after dedupd's
+    503 or 507 saying it changed nothing, when its ``Retry-After`` is at
+    most ``max_retry_wait`` seconds. ``retries`` bounds the retries of one
+    call. ``max_result_bytes`` is the largest result (as compact JSON) that
+    ``once`` and ``with client.claim(...)`` store with a done.
 
     Safe to share between threads; close it (or use it as a context manager)
-    to close its connections.
+    to close its connections. In a child process made by ``os.fork()``, it
+    opens new connections and a new heartbeat thread (a ``transport`` given
+    here is kept as it is).
     """
 
     def __init__(
@@ -70,18 +89,39 @@ class Client:
         self._retries = _core.check_count(retries, "retries")
         self._max_retry_wait = _core.check_seconds(max_retry_wait, "max_retry_wait")
         self.max_result_bytes = _core.check_count(max_result_bytes, "max_result_bytes")
-        self._http = httpx.Client(
+        self._timeout = _core.check_seconds(timeout, "timeout", positive=True)
+        self._headers = _core.headers(token)
+        self._transport = transport
+        self._http = self._new_http()
+        self._heartbeats = _Heartbeats()
+        self._closed = False
+        self._inherited: httpx.Client | None = None
+        _CLIENTS.add(self)
+
+    def _new_http(self) -> httpx.Client:
+        return httpx.Client(
             base_url=self.url,
-            headers=_core.headers(token),
-            timeout=_core.check_seconds(timeout, "timeout", positive=True),
-            transport=transport,
+            headers=self._headers,
+            timeout=self._timeout,
+            transport=self._transport,
         )
+
+    def _after_fork(self) -> None:
+        """In the child of a fork: the parent's heartbeat thread does not run
+        here (and its lock may be held), and its pooled connections are the
+        parent's. Starts afresh with new ones. The inherited connections are
+        kept unused, not closed: closing them could end the parent's."""
+        if self._closed:
+            return
+        self._inherited = self._http
+        self._http = self._new_http()
         self._heartbeats = _Heartbeats()
 
     def close(self) -> None:
         """Closes the pooled connections, and stops the heartbeat thread (a
         claim still held in a block is then lost: leaving it raises
         ClaimLost)."""
+        self._closed = True
         self._heartbeats.close()
         self._http.close()
 
@@ -91,20 +131,27 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, call: _core.Call[T]) -> T:
+    def _run(
+        self, call: _core.Call[T], *, timeout: float | None = None, retries: int | None = None
+    ) -> T:
+        limit = self._retries if retries is None else retries
         attempt = 0
         while True:
             try:
                 resp = self._http.request(
-                    call.method, call.path, content=call.content(), headers=_core.body_headers(call)
+                    call.method,
+                    call.path,
+                    content=call.content(),
+                    headers=_core.body_headers(call),
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
                 )
             except httpx.TransportError as e:
-                if _core.may_resend(call, e) and attempt < self._retries:
+                if _core.may_resend(call, e) and attempt < limit:
                     time.sleep(_core.backoff(attempt))
                     attempt += 1
                     continue
                 raise NetworkError(_core.network_detail(self.url, e), key=call.key) from e
-            if attempt < self._retries:
+            if attempt < limit:
                 delay = _core.retry_delay(call, resp, attempt, self._max_retry_wait)
                 if delay is not None:
                     time.sleep(delay)
@@ -118,14 +165,14 @@ class Client:
         self,
         key: str,
         *,
-        ttl: float | None = None,
+        ttl: float = _core.DEFAULT_TTL,
         fingerprint: str | None = None,
         wait: float = 0.0,
         done_ttl: float | None = None,
     ) -> Claim:
-        """Claims ``key`` for ``ttl`` seconds (the server's default when
-        ``None``); ``fingerprint`` (a digest of the payload) makes a claim of
-        the same key with another payload fail with FingerprintMismatch.
+        """Claims ``key`` for ``ttl`` seconds (300 by default); ``fingerprint``
+        (a digest of the payload) makes a claim of the same key with another
+        payload fail with FingerprintMismatch.
 
         Raises Busy when another worker holds the key, AlreadyDone (with its
         ``result``) when its work is done. With ``wait`` seconds, a busy key
@@ -136,11 +183,13 @@ class Client:
         as a context manager it heartbeats, and marks done (with ``done_ttl``)
         or releases on the way out.
         """
+        ttl = _core.claim_ttl(ttl)
         call = _core.claim(key, ttl, fingerprint)
         deadline = time.monotonic() + _core.check_seconds(wait, "wait")
         _core.ttl_ms(done_ttl, "done_ttl")
         attempt = 0
         while True:
+            sent_at = time.monotonic()
             try:
                 grant = self._run(call)
             except Busy:
@@ -150,7 +199,7 @@ class Client:
                 time.sleep(min(left, _core.poll_delay(attempt)))
                 attempt += 1
                 continue
-            return Claim(self, grant, ttl=ttl, done_ttl=done_ttl)
+            return Claim(self, grant, ttl=ttl, done_ttl=done_ttl, sent_at=sent_at)
 
     def done(self, key: str, token: str, *, ttl: float | None = None, result: Any = None) -> Record:
         """Marks the work for ``key`` done, for ``ttl`` seconds (the server's
@@ -166,13 +215,15 @@ class Client:
         self._run(_core.release(key, token))
 
     def extend(self, key: str, token: str, *, ttl: float | None = None) -> Record:
-        """Extends the claim to ``ttl`` seconds from now. Raises Lost when it
-        expired, NotOwner when another worker holds the key, AlreadyDone."""
+        """Extends the claim to ``ttl`` seconds from now (the server's default
+        claim TTL when ``None``). Raises Lost when it expired, NotOwner when
+        another worker holds the key, AlreadyDone."""
         return self._run(_core.extend(key, token, ttl))
 
     def get(self, key: str) -> Record | None:
         """The key's state (with its fence, and its result once done), or
-        ``None`` when no live record holds it."""
+        ``None`` when no live record holds it (dedupd's ``404 not_found``;
+        another 404 raises)."""
         return self._run(_core.get(key))
 
     def apply(self, stream: str, event_id: str, created_at: str | datetime) -> Applied:
@@ -192,7 +243,7 @@ class Client:
         self,
         key: Callable[..., str],
         *,
-        ttl: float = 300.0,
+        ttl: float = _core.DEFAULT_TTL,
         done_ttl: float | None = None,
         fingerprint: Callable[..., str] | None = None,
         wait: float = 10.0,
@@ -206,7 +257,9 @@ class Client:
 
         - on return, marks the key done for ``done_ttl`` seconds (the
           server's default when ``None``) with the return value as its
-          result, when that is JSON of at most ``max_result_bytes``;
+          result, when that is JSON of at most ``max_result_bytes``; if that
+          done fails (no answer through the retries), raises DoneFailed with
+          the value;
         - on an exception, releases the key and re-raises;
         - when a heartbeat found the claim lost (expired and taken over),
           raises ClaimLost and does not mark it done.
@@ -216,6 +269,10 @@ class Client:
         raises AlreadyDone with ``raise_if_done``. A caller that finds the key
         busy waits up to ``wait`` seconds for it to be done (and returns its
         result) or free (and claims it); then it raises Busy.
+
+        The function must do its work when called: an ``async def`` or a
+        generator function is refused (TypeError), and so is a call that
+        returns an awaitable or a generator (the key is released).
         """
         settings = _core.Once.check(key, ttl, done_ttl, fingerprint, wait, raise_if_done)
 
@@ -224,6 +281,7 @@ class Client:
                 raise TypeError(
                     f"{fn.__qualname__} is an async def: decorate it with AsyncClient.once"
                 )
+            _core.refuse_generator_function(fn)
 
             @functools.wraps(fn)
             def once(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -242,6 +300,7 @@ class Client:
                     return cast(R, e.result)
                 with claim:
                     value = fn(*args, **kwargs)
+                    _core.refuse_deferred(fn, value)
                     claim.result = value
                 return value
 
@@ -258,14 +317,24 @@ class Claim(BaseClaim):
     block runs, and :func:`dedupd.current_claim` returns it. Set
     ``c.result`` in the block to store a result. Leaving the block:
 
-    - normally: marks done with ``c.result`` (when JSON and small enough);
+    - normally: marks done with ``c.result`` (when JSON and small enough),
+      the heartbeat going on until the done has gone through; raises
+      DoneFailed (with ``.value``) when it does not;
     - by an exception: releases the key, and the exception goes on;
     - normally, but a heartbeat found the claim lost: raises ClaimLost, and
-      does not mark done.
+      does not mark done;
+    - after ``c.done(...)`` or ``c.release()`` in the block: nothing more is
+      sent (the heartbeat stopped with them), and an exception goes on.
     """
 
     def __init__(
-        self, client: Client, grant: _core.Grant, *, ttl: float | None, done_ttl: float | None
+        self,
+        client: Client,
+        grant: _core.Grant,
+        *,
+        ttl: float,
+        done_ttl: float | None,
+        sent_at: float,
     ) -> None:
         super().__init__(grant.key, grant.token, grant.fence, grant.expires_at_ms)
         self._client = client
@@ -273,34 +342,63 @@ class Claim(BaseClaim):
         self.done_ttl = done_ttl
         self.result: Any = None
         self._entered = False
-        self._beating = False  # guarded by the client's heartbeat lock
-        self._interval = 0.0
+        self._finished = False  # done or released: nothing more to send
+        self._interval = _core.beat_interval(ttl)
+        # By this process's monotonic clock, when the claim has surely
+        # expired unless an extend goes through: the last claim or extend
+        # that did, from when it was sent, plus its TTL.
+        self._deadline = sent_at + ttl
         self._failures = 0
-        self._context: Any = None
+        self._beating = False  # guarded by the heartbeats' lock
+        self._entry: int | None = None  # its heap entry (guarded by the heartbeats' lock)
+        self._context: Token[BaseClaim] | None = None
 
     def done(self, result: Any = None, *, ttl: float | None = None) -> Record:
         """Marks the key done (for ``ttl``, else the claim's ``done_ttl``)
-        with ``result``."""
+        with ``result``. In a ``with`` block, its heartbeat stops, and leaving
+        the block sends nothing more."""
+        record = self._done(result, ttl)
+        self._finish()
+        if isinstance(self._lost, AlreadyDone):  # a beat that came after this done
+            self._lost = None
+        return record
+
+    def release(self) -> None:
+        """Releases the key so a retry can claim it. In a ``with`` block, its
+        heartbeat stops, and leaving the block sends nothing more."""
+        self._client.release(self.key, self.token)
+        self._finish()
+
+    def extend(self, ttl: float | None = None) -> Record:
+        """Extends the claim to ``ttl`` seconds from now (else the claim's
+        TTL). A ``ttl`` given becomes the claim's TTL: its heartbeat extends
+        by it from then on, every ``ttl / 3``."""
+        new = self.ttl if ttl is None else _core.claim_ttl(ttl)
+        sent_at = time.monotonic()
+        record = self._client.extend(self.key, self.token, ttl=new)
+        self.expires_at_ms = record.expires_at_ms
+        self._deadline = sent_at + new
+        if new != self.ttl:
+            self.ttl = new
+            self._interval = _core.beat_interval(new)
+            self._client._heartbeats.reschedule(self)
+        return record
+
+    def _done(self, result: Any, ttl: float | None = None) -> Record:
         return self._client.done(
             self.key, self.token, ttl=self.done_ttl if ttl is None else ttl, result=result
         )
 
-    def release(self) -> None:
-        """Releases the key so a retry can claim it."""
-        self._client.release(self.key, self.token)
-
-    def extend(self, ttl: float | None = None) -> Record:
-        """Extends the claim by ``ttl`` seconds from now (else the claim's TTL)."""
-        record = self._client.extend(self.key, self.token, ttl=self.ttl if ttl is None else ttl)
-        self.expires_at_ms = record.expires_at_ms
-        return record
+    def _finish(self) -> None:
+        self._finished = True
+        self._client._heartbeats.stop(self)
 
     def __enter__(self) -> Claim:
         if self._entered:
             raise RuntimeError("a Claim can be entered once")
         self._entered = True
-        self._interval = _core.beat_interval(self.ttl, self.expires_at_ms)
-        self._client._heartbeats.start(self)
+        if not self._finished:
+            self._client._heartbeats.start(self)
         self._context = CURRENT.set(self)
         return self
 
@@ -310,12 +408,20 @@ class Claim(BaseClaim):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        CURRENT.reset(self._context)
-        self._client._heartbeats.stop(self)
+        try:
+            self._leave(exc)
+        finally:
+            # After the done or release: the claim cannot lapse while they are retried.
+            self._client._heartbeats.stop(self)
+            reset(self._context)
+
+    def _leave(self, exc: BaseException | None) -> None:
+        if self._finished:  # done or released in the block
+            return
         if exc is not None:
             if self._lost is None:
                 try:
-                    self.release()
+                    self._client.release(self.key, self.token)
                 except DedupdError as e:
                     _core.log.warning("releasing %r after %r failed: %s", self.key, exc, e)
             return
@@ -326,45 +432,77 @@ class Claim(BaseClaim):
         result = _core.encode_result(self.result, self._client.max_result_bytes)
         try:
             try:
-                self.done(result)
+                self._done(result)
             except InvalidRequest as e:
                 if result is None or not _core.refuses_result(e):
                     raise
                 _core.log.warning("the result of %r is not stored: %s", self.key, e)
-                self.done()
+                self._done(None)
         except NotOwner as e:
             raise ClaimLost("the claim was taken over before done", key=self.key) from e
+        except DedupdError as e:
+            raise DoneFailed(
+                f"the work finished but marking it done failed: {e}",
+                value=self.result,
+                claim=self,
+                key=self.key,
+            ) from e
+        self._finished = True
 
     def _beat(self) -> float | None:
         """One heartbeat (on the client's heartbeat thread): extends the claim,
-        and tells when to beat next, or ``None`` to stop (the claim is lost)."""
+        and tells when to beat next, or ``None`` to stop (the claim is lost).
+        The extend is sent once, waiting at most half the period for its
+        answer (the thread beats for every claim of the client); a failed
+        one is tried again sooner, by the next beat."""
+        ttl = self.ttl
+        sent_at = time.monotonic()
         try:
-            self.extend()
-        except (Lost, NotOwner, AlreadyDone) as e:
-            self._lost = e
-            return None
-        except DedupdError as e:  # no answer, a restart, a 503: beat on until it expires
-            _core.log.warning("extending the claim of %r failed, retrying: %s", self.key, e)
+            record = self._client._run(
+                _core.extend(self.key, self.token, ttl),
+                timeout=_core.beat_timeout(self._client._timeout, self._interval),
+                retries=0,
+            )
+        except DedupdError as e:
+            if _core.ends_claim(e):  # lost, not_owner, done, unauthorized, ...
+                if not self._finished:
+                    _core.log.warning("the claim of %r is lost: %s", self.key, e)
+                self._lost = e
+                return None
             self._failures += 1
-            return min(self._interval, _core.backoff(self._failures - 1))
-        except Exception as e:  # a bug: the claim cannot be vouched for
+            if time.monotonic() >= self._deadline:
+                _core.log.error(
+                    "the claim of %r has expired: extends failed for its whole TTL: %s", self.key, e
+                )
+                self._lost = e
+                return None
+            _core.log.warning("extending the claim of %r failed, retrying: %s", self.key, e)
+            return _core.beat_retry(self._interval, self._failures)
+        except Exception as e:  # a closed client, a bug: the claim cannot be vouched for
             _core.log.error("the heartbeat of %r stopped: %r", self.key, e)
             self._lost = e
             return None
+        self.expires_at_ms = record.expires_at_ms
+        self._deadline = sent_at + ttl
         self._failures = 0
-        return self._interval
+        # A manual extend changed the TTL while this one was out: extend by it now.
+        return 0.0 if self.ttl != ttl else self._interval
 
 
 class _Heartbeats:
     """The heartbeats of a client's claims held in ``with`` blocks: one thread
     (started with the first) extends each claim when it is due, every
     ``ttl / 3``. Entering and leaving a block costs a heap push and a flag,
-    not a thread start and join."""
+    not a thread start and join.
+
+    Each beating claim has one live entry in the heap (``claim._entry`` is
+    its number); entries of stopped or rescheduled claims stay until popped
+    (or a compaction), and are skipped."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._due: list[tuple[float, int, Claim]] = []  # a heap; stopped claims are skipped
-        self._stopped = 0  # stopped claims still in the heap
+        self._due: list[tuple[float, int, Claim]] = []  # a heap
+        self._stale = 0  # dead entries in the heap
         self._order = itertools.count()
         self._busy: Claim | None = None  # the claim being extended now
         self._thread: threading.Thread | None = None
@@ -375,28 +513,34 @@ class _Heartbeats:
             if self._closed:
                 raise RuntimeError("the client is closed")
             claim._beating = True
-            self._push(claim, claim._interval)
+            self._schedule(claim, claim._interval)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="dedupd-heartbeat", daemon=True
                 )
                 self._thread.start()
-            elif self._due[0][2] is claim:
-                self._cond.notify()  # due before whatever the thread waits for
+
+    def reschedule(self, claim: Claim) -> None:
+        """Makes the next beat of ``claim`` due one period from now (its
+        period changed)."""
+        with self._cond:
+            if claim._beating and self._busy is not claim:
+                self._schedule(claim, claim._interval)
 
     def stop(self, claim: Claim) -> None:
         """Stops beating for ``claim``; returns once no extend of it is in flight."""
         with self._cond:
             if claim._beating:
                 claim._beating = False
-                if self._busy is not claim:  # in the heap, until popped
-                    self._stopped += 1
+                if claim._entry is not None:
+                    claim._entry = None
+                    self._stale += 1
             while self._busy is claim:
                 self._cond.wait()
-            if self._stopped > 64 and self._stopped * 2 > len(self._due):
-                self._due = [d for d in self._due if d[2]._beating]
+            if self._stale > 64 and self._stale * 2 > len(self._due):
+                self._due = [d for d in self._due if d[2]._entry == d[1]]
                 heapq.heapify(self._due)
-                self._stopped = 0
+                self._stale = 0
 
     def close(self) -> None:
         """Ends the thread; the claims still beating are lost."""
@@ -407,24 +551,32 @@ class _Heartbeats:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def _push(self, claim: Claim, delay: float) -> None:
-        heapq.heappush(self._due, (time.monotonic() + delay, next(self._order), claim))
+    def _schedule(self, claim: Claim, delay: float) -> None:
+        """Pushes the claim's next beat (with the lock held)."""
+        if claim._entry is not None:
+            self._stale += 1
+        n = next(self._order)
+        claim._entry = n
+        heapq.heappush(self._due, (time.monotonic() + delay, n, claim))
+        if self._due[0][1] == n:
+            self._cond.notify_all()  # due before whatever the thread waits for
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while True:
                     if self._closed:
-                        for _, _, held in self._due:
-                            if held._beating:
+                        for _, n, held in self._due:
+                            if held._entry == n:
                                 held._beating = False
+                                held._entry = None
                                 held._lost = RuntimeError(
                                     "the client was closed with the claim held"
                                 )
                         return
-                    while self._due and not self._due[0][2]._beating:
+                    while self._due and self._due[0][2]._entry != self._due[0][1]:
                         heapq.heappop(self._due)
-                        self._stopped -= 1
+                        self._stale -= 1
                     if not self._due:
                         self._cond.wait()
                         continue
@@ -433,6 +585,7 @@ class _Heartbeats:
                         break
                     self._cond.wait(wait)
                 _, _, claim = heapq.heappop(self._due)
+                claim._entry = None
                 self._busy = claim
             delay = claim._beat()
             with self._cond:
@@ -441,5 +594,5 @@ class _Heartbeats:
                     if delay is None:
                         claim._beating = False
                     else:
-                        self._push(claim, delay)
+                        self._schedule(claim, delay)
                 self._cond.notify_all()
