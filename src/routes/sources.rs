@@ -14,6 +14,7 @@ use crate::domain::Invalid;
 use crate::error::{ApiError, Problem};
 use crate::gateway::delivery::circuit::State as CircuitState;
 use crate::gateway::delivery::schedule::LaneView;
+use crate::store::StoreError;
 use crate::store::inbox::{EventStatus, InboxEvent, ListOrder, RedeliverOutcome};
 
 /// The source routes, relative to `/v1`.
@@ -107,6 +108,30 @@ pub struct SourceView {
     /// For the source posted to: its destinations, each with the name its
     /// deliveries are listed and acted on under.
     destinations: Vec<DestinationRef>,
+    /// Whether the store takes writes now: while it does not, nothing is
+    /// taken in or delivered, whatever the delivery's state says.
+    store: StoreState,
+}
+
+/// The store's state, as `/readyz` sees it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StoreState {
+    /// `ready`; `disk_low` (below `storage.min_free_bytes`: writes are
+    /// refused, reads served); or `unavailable` (a disk fault, or the Redis
+    /// backend down or not durable as configured: the log says which).
+    state: &'static str,
+}
+
+impl StoreState {
+    async fn now(state: &AppState) -> Self {
+        Self {
+            state: match super::health::readiness(state).await {
+                Ok(()) => "ready",
+                Err(StoreError::LowSpace { .. }) => "disk_low",
+                Err(_) => "unavailable",
+            },
+        }
+    }
 }
 
 /// One of a source's destinations.
@@ -255,12 +280,14 @@ pub(super) async fn show(
             destination: None,
             lane_of: None,
             destinations: Vec::new(),
+            store: StoreState::now(&state).await,
         }));
     };
     let delivery = state
         .dispatcher
         .lane(&source)
         .map(|lane| DeliveryView::from(&lane));
+    let store = StoreState::now(&state).await;
     Ok(HttpResponse::Ok().json(SourceView {
         source,
         configured: true,
@@ -275,6 +302,7 @@ pub(super) async fn show(
                 lane: r.lane.clone(),
             })
             .collect(),
+        store,
     }))
 }
 

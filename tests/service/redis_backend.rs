@@ -143,3 +143,43 @@ async fn dedupd_starts_not_ready_while_redis_is_down_and_becomes_ready_when_it_a
     app.claim_ok("k", json!({})).await;
     drop(server);
 }
+
+/// Issue 54: a source's view says whether the store takes writes: while
+/// Redis is down it is `unavailable` (the delivery's own state may still
+/// say `running`: nothing is taken in or delivered then), and `ready` once
+/// dedupd has reconnected.
+#[tokio::test]
+async fn a_sources_view_shows_the_store_down_and_back() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let url = server.url();
+    let app = spawn_app_with(|l| {
+        l.settings.storage.backend = Backend::Redis;
+        l.settings.storage.redis.url = Secret::new(url);
+        l.settings.storage.redis.response_timeout = Duration::from_secs(5);
+        l.settings.storage.redis.connect_timeout = Duration::from_secs(5);
+        let s = crate::support::gateway::settings("http://127.0.0.1:9/hook");
+        l.settings.sources.insert("sume".into(), s);
+    })
+    .await;
+    let store_state = || async {
+        let v: serde_json::Value = app
+            .request(Method::GET, "/v1/sources/sume")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["store"]["state"].as_str().unwrap_or_default().to_owned()
+    };
+    assert_eq!(store_state().await, "ready");
+    let server = stopped(server).await;
+    assert_eq!(store_state().await, "unavailable");
+    let _server = restarted(server).await;
+    eventually("the view says ready again", || async {
+        store_state().await == "ready"
+    })
+    .await;
+}
