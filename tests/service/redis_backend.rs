@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use dedupd::config::Backend;
+use dedupd::config::Loaded;
 use dedupd::config::Secret;
 use reqwest::Method;
 use reqwest::StatusCode;
@@ -13,6 +14,15 @@ use crate::support::app::assert_problem;
 use crate::support::app::spawn_app_with;
 use crate::support::receiver::eventually;
 use crate::support::redis::RedisServer;
+/// The app on the Redis backend at `url`, with room for a slow test host
+/// in its timeouts.
+fn on_redis(l: &mut Loaded, url: String) {
+    l.settings.storage.backend = Backend::Redis;
+    l.settings.storage.redis.url = Secret::new(url);
+    l.settings.storage.redis.response_timeout = Duration::from_secs(5);
+    l.settings.storage.redis.connect_timeout = Duration::from_secs(5);
+}
+
 /// Stops the server (off the async threads: it waits for the process).
 async fn stopped(mut server: RedisServer) -> RedisServer {
     tokio::task::spawn_blocking(move || {
@@ -40,11 +50,8 @@ async fn with_redis_down_claims_and_applies_answer_503_and_recover_when_it_retur
         .unwrap();
     let url = server.url();
     let app = spawn_app_with(|l| {
-        l.settings.storage.backend = Backend::Redis;
-        l.settings.storage.redis.url = Secret::new(url);
+        on_redis(l, url);
         l.settings.storage.redis.expiry_slack = Duration::from_secs(600);
-        l.settings.storage.redis.response_timeout = Duration::from_secs(5);
-        l.settings.storage.redis.connect_timeout = Duration::from_secs(5);
     })
     .await;
     let (token, _, _) = app.claim_ok("k", json!({})).await;
@@ -155,10 +162,7 @@ async fn a_sources_view_shows_the_store_down_and_back() {
         .unwrap();
     let url = server.url();
     let app = spawn_app_with(|l| {
-        l.settings.storage.backend = Backend::Redis;
-        l.settings.storage.redis.url = Secret::new(url);
-        l.settings.storage.redis.response_timeout = Duration::from_secs(5);
-        l.settings.storage.redis.connect_timeout = Duration::from_secs(5);
+        on_redis(l, url);
         let s = crate::support::gateway::settings("http://127.0.0.1:9/hook");
         l.settings.sources.insert("sume".into(), s);
     })
