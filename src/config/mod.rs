@@ -710,6 +710,30 @@ impl Settings {
                 format!("must be 1 to {}", sources::MAX_INBOX_BUCKETS),
             );
         }
+        if g.lease_grace < sources::MIN_LEASE_GRACE || g.lease_grace > sources::MAX_LEASE_GRACE {
+            bad(
+                "gateway.lease_grace",
+                format!(
+                    "must be {} to {}",
+                    humantime::format_duration(sources::MIN_LEASE_GRACE),
+                    humantime::format_duration(sources::MAX_LEASE_GRACE)
+                ),
+            );
+        } else if g.inbox == sources::InboxPlace::Shared
+            && self.storage.backend == Backend::Redis
+            && g.lease_grace < self.storage.redis.response_timeout.saturating_mul(3)
+        {
+            // Renewed every third of the grace: one renewal that times out
+            // must leave the next one time to land.
+            bad(
+                "gateway.lease_grace",
+                format!(
+                    "must be at least 3 times storage.redis.response_timeout ({}), so that a \
+                     renewal that times out leaves the next one time to land",
+                    humantime::format_duration(self.storage.redis.response_timeout)
+                ),
+            );
+        }
         if g.scan_bytes == 0 {
             bad("gateway.scan_bytes", "must be more than 0".into());
         }
@@ -1302,6 +1326,44 @@ mod tests {
         assert_eq!(errors.0.len(), 1, "{errors}");
         assert_eq!(errors.0[0].key, "cpu_scheduling");
         assert!(errors.0[0].message.contains("as-started"), "{errors}");
+    }
+
+    #[test]
+    fn lease_grace_is_10_s_by_default_bounded_and_outlasts_three_redis_answers() {
+        let defaults = load_toml("").unwrap().settings;
+        assert_eq!(defaults.gateway.lease_grace, Duration::from_secs(10));
+        let shared = "[storage]\nbackend = \"redis\"\n[gateway]\ninbox = \"shared\"\n";
+        let grace = |g: &str| format!("{shared}lease_grace = \"{g}\"\n");
+        assert_eq!(
+            load_toml(&grace("6s"))
+                .unwrap()
+                .settings
+                .gateway
+                .lease_grace,
+            Duration::from_secs(6)
+        );
+        for bad in ["500ms", "11m", "0s"] {
+            let errors = load_toml(&grace(bad)).unwrap_err();
+            assert_eq!(errors.0.len(), 1, "{bad}: {errors}");
+            assert_eq!(errors.0[0].key, "gateway.lease_grace");
+            assert!(errors.0[0].message.contains("1s to 10m"), "{errors}");
+        }
+        // Renewed every third of it: a renewal that times out must leave
+        // the next one time to land.
+        let slow = format!(
+            "{}[storage.redis]\nresponse_timeout = \"3s\"\n",
+            grace("8s")
+        );
+        let errors = load_toml(&slow).unwrap_err();
+        assert_eq!(errors.0[0].key, "gateway.lease_grace", "{errors}");
+        assert!(errors.0[0].message.contains("3 times"), "{errors}");
+        // Only the shared inbox renews leases.
+        assert!(
+            load_toml(
+                "[gateway]\nlease_grace = \"2s\"\n[storage.redis]\nresponse_timeout = \"3s\""
+            )
+            .is_ok()
+        );
     }
 
     #[test]

@@ -45,6 +45,12 @@ pub struct GatewaySettings {
     /// Buckets per source of the shared inbox: how far one source spreads
     /// over a Redis Cluster's masters. Fixed once events are stored.
     pub inbox_buckets: u16,
+    /// With the shared inbox: how long an instance's lease on an event
+    /// outlives its last renewal. A live instance renews its leases every
+    /// third of it, however long a delivery takes; a dead (or frozen) one
+    /// loses its events to the others this long after its last renewal.
+    #[serde(with = "humantime_serde")]
+    pub lease_grace: Duration,
     /// Most body bytes one count (or dry run, or pass of a bulk job) reads
     /// and parses for a filter on a body field; past it, a count answers
     /// `complete: false` with a cursor (see `gateway::scan`).
@@ -69,6 +75,12 @@ pub enum InboxPlace {
 
 /// Most buckets per source of the shared inbox.
 pub const MAX_INBOX_BUCKETS: u16 = 1024;
+/// `gateway.lease_grace` unless set.
+pub const DEFAULT_LEASE_GRACE: Duration = Duration::from_secs(10);
+/// Shortest `gateway.lease_grace`.
+pub const MIN_LEASE_GRACE: Duration = Duration::from_secs(1);
+/// Longest `gateway.lease_grace`.
+pub const MAX_LEASE_GRACE: Duration = Duration::from_secs(600);
 /// Most scans at once (`gateway.max_scans`).
 pub const MAX_SCANS: usize = 16;
 /// Longest `gateway.scan_time`.
@@ -84,6 +96,7 @@ impl Default for GatewaySettings {
             dedupe_window: Duration::from_secs(30 * 86_400),
             inbox: InboxPlace::Local,
             inbox_buckets: 16,
+            lease_grace: DEFAULT_LEASE_GRACE,
             scan_bytes: 16 * 1024 * 1024,
             scan_time: Duration::from_millis(250),
             max_scans: 1,

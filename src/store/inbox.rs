@@ -81,6 +81,41 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
         Ok(true)
     }
 
+    /// The delivery lanes' state the processes sharing this inbox share
+    /// (holds, rate limits, breakers: see [`super::lanes`]); `None` where
+    /// the inbox is this process's own and its scheduler keeps them.
+    fn lanes(&self) -> Option<&dyn super::lanes::Lanes> {
+        None
+    }
+
+    /// How long a lease lasts when its holder renews it
+    /// ([`Inbox::renew_leases`]), where several processes lease from this
+    /// inbox (`gateway.lease_grace`): a process that dies loses its events
+    /// to the others that long after its last renewal, whatever the
+    /// attempt's timeout. `None` where the inbox is this process's own: a
+    /// lease then only outlives a crash, and lasts the attempt's timeout
+    /// plus a margin.
+    fn lease_grace(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Extends to `until` each lease of `leases` (event, generation) that
+    /// is still live at `now` under that generation: the event pending,
+    /// not leased again since, its lease not yet over. A lease that ran
+    /// out is never renewed, even if nobody took the event (its stream's
+    /// turn may have passed to another event meanwhile). Answers, in
+    /// order, whether each was renewed. An inbox without a
+    /// [`Inbox::lease_grace`] has nothing to renew: all true.
+    async fn renew_leases(
+        &self,
+        leases: Vec<(EventKey, u64)>,
+        until: Millis,
+        now: Millis,
+    ) -> Result<Vec<bool>, StoreError> {
+        let _ = (until, now);
+        Ok(vec![true; leases.len()])
+    }
+
     /// How long after its receipt a reaped event's id stays a duplicate
     /// (`gateway.dedupe_window`, as the inbox was opened with).
     fn dedupe_window(&self) -> Duration;

@@ -2,7 +2,9 @@
 //!
 //! - Claims, ordering and expiry: the [`Store`] trait here, with the pure
 //!   rules every backend shares in [`claims`] and [`ordering`].
-//! - The gateway inbox: the [`inbox::Inbox`] trait and its vocabulary.
+//! - The gateway inbox: the [`inbox::Inbox`] trait and its vocabulary; a
+//!   fleet's shared delivery lanes (rate limits, holds, breakers):
+//!   [`lanes::Lanes`], reached through the shared inbox.
 //! - The Redis-protocol keyspace: [`keyspace`].
 //! - [`open()`]: opens what the settings name and hands out a handle for
 //!   each ([`Opened`]). Nothing outside `store` names a backend.
@@ -20,6 +22,7 @@
 pub mod claims;
 pub mod inbox;
 pub mod keyspace;
+pub mod lanes;
 #[cfg(feature = "redis")]
 pub mod move_inbox;
 mod open;

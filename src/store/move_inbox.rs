@@ -90,6 +90,7 @@ pub async fn move_to_shared(
         client.clone(),
         SharedInboxOptions {
             buckets: settings.gateway.inbox_buckets,
+            lease_grace: settings.gateway.lease_grace,
             dedupe_window: settings.gateway.dedupe_window,
         },
     );

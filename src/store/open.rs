@@ -74,6 +74,7 @@ pub async fn open(settings: &Settings, commit_metrics: CommitMetrics) -> anyhow:
                             client,
                             super::redis::SharedInboxOptions {
                                 buckets: settings.gateway.inbox_buckets,
+                                lease_grace: settings.gateway.lease_grace,
                                 dedupe_window: settings.gateway.dedupe_window,
                             },
                         ),

@@ -61,6 +61,23 @@ impl Inbox for SharedInbox {
         self.shared.lease_holds(event, lease).await
     }
 
+    fn lanes(&self) -> Option<&dyn super::lanes::Lanes> {
+        self.shared.lanes()
+    }
+
+    fn lease_grace(&self) -> Option<Duration> {
+        self.shared.lease_grace()
+    }
+
+    async fn renew_leases(
+        &self,
+        leases: Vec<(EventKey, u64)>,
+        until: Millis,
+        now: Millis,
+    ) -> Result<Vec<bool>, StoreError> {
+        self.shared.renew_leases(leases, until, now).await
+    }
+
     fn dedupe_window(&self) -> Duration {
         self.shared.dedupe_window()
     }

@@ -80,6 +80,12 @@ pub const BUILD_INFO: &str = "dedupd_build_info";
 pub const AUTH_FAILURES: &str = "dedupd_auth_failures_total";
 /// Attempts refused unread because their peer failed too often, by `port`.
 pub const AUTH_THROTTLED: &str = "dedupd_auth_throttled_total";
+/// Gates of the fleet's lane state asked, by source and answer.
+pub const FLEET_GATES: &str = "dedupd_fleet_gates_total";
+/// Leases on events of the shared inbox renewed by the heartbeat, by outcome.
+pub const LEASE_RENEWALS: &str = "dedupd_lease_renewals_total";
+/// Outcomes of `dedupd_lease_renewals_total`.
+pub const LEASE_RENEWAL_OUTCOMES: [&str; 3] = ["renewed", "lost", "failed"];
 /// HTTP connections closed at once because their address held
 /// `http.max_connections_per_address` already.
 pub const HTTP_PEER_REFUSED: &str = "dedupd_http_connections_refused_total";
@@ -550,6 +556,28 @@ impl Metrics {
         }
     }
 
+    /// Counts a gate of the fleet's lane state for `source` answered
+    /// `answer` (`open`, `held`, `paused`, `probe`, `probing`, `limited`).
+    pub fn fleet_gate(&self, source: &str, answer: &'static str) {
+        self.counter(
+            FLEET_GATES,
+            vec![
+                Label::new("source", source.to_owned()),
+                Label::new("answer", answer),
+            ],
+        )
+        .increment(1);
+    }
+
+    /// Counts `n` leases of the shared inbox's heartbeat with `outcome`
+    /// (one of [`LEASE_RENEWAL_OUTCOMES`]).
+    pub fn lease_renewals(&self, outcome: &'static str, n: u64) {
+        if n > 0 {
+            self.counter(LEASE_RENEWALS, vec![Label::new("outcome", outcome)])
+                .increment(n);
+        }
+    }
+
     /// The `dedupd_inbox_events` gauge of a source and status.
     pub fn inbox_events(&self, source: &str, status: &'static str) -> Gauge {
         self.recorder.register_gauge(
@@ -754,6 +782,18 @@ fn describe(r: &PrometheusRecorder) {
         AUTH_THROTTLED.into(),
         None,
         "Attempts refused without their token being read: their address failed too often, by port"
+            .into(),
+    );
+    r.describe_counter(
+        FLEET_GATES.into(),
+        None,
+        "With the shared inbox: asks of the fleet's lane state before starting deliveries, by source and answer (open, held, paused, probe, probing, limited)"
+            .into(),
+    );
+    r.describe_counter(
+        LEASE_RENEWALS.into(),
+        None,
+        "Leases on shared-inbox events the heartbeat renewed, found lost (taken by another instance, settled, or run out), or could not reach Redis to renew"
             .into(),
     );
     r.describe_counter(

@@ -21,7 +21,7 @@ use crate::support::process::{Drain, Running, serve_config, sigterm};
 use crate::support::receiver::{Behaviour, Receiver, eventually};
 use crate::support::redis::RedisServer;
 
-const SECRET: &str = "fleet-secret";
+pub(crate) const SECRET: &str = "fleet-secret";
 /// Streams per posting worker: each worker posts its streams' events in
 /// order, as a provider sends one object's changes.
 const STREAMS_PER_WORKER: usize = 3;
@@ -71,13 +71,13 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 }
 
 /// A running instance.
-struct Node {
-    child: Running,
-    port: u16,
+pub(crate) struct Node {
+    pub(crate) child: Running,
+    pub(crate) port: u16,
     _drain: Drain,
 }
 
-fn start_node(file: &std::path::Path) -> Node {
+pub(crate) fn start_node(file: &std::path::Path) -> Node {
     let (child, port, drain) = serve_config(file);
     Node {
         child: Running(child),
@@ -96,7 +96,7 @@ struct Posted {
 }
 
 /// The event `k` of stream `run`: created `k` seconds after a fixed time.
-fn event(run: &str, k: usize) -> (String, Vec<u8>) {
+pub(crate) fn event(run: &str, k: usize) -> (String, Vec<u8>) {
     let id = format!("{run}-{k:04}");
     let created = 1_800_000_000 + i64::try_from(k).unwrap();
     let created = time::OffsetDateTime::from_unix_timestamp(created)
@@ -112,7 +112,7 @@ fn event(run: &str, k: usize) -> (String, Vec<u8>) {
 
 /// Posts `body` signed now to instance `port`; the status, or 0 when
 /// nothing answered.
-async fn post(client: &reqwest::Client, port: u16, body: &[u8]) -> u16 {
+pub(crate) async fn post(client: &reqwest::Client, port: u16, body: &[u8]) -> u16 {
     let ts = i64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -238,7 +238,7 @@ async fn oldest_pending(port: u16) -> f64 {
         .fold(0.0, f64::max)
 }
 
-fn stop_all(nodes: Vec<Node>) {
+pub(crate) fn stop_all(nodes: Vec<Node>) {
     for mut n in nodes {
         sigterm(&n.child.0);
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -285,8 +285,8 @@ async fn three_instances_and_a_sigkill_under_load_lose_nothing_acknowledged() {
     ports.lock().unwrap().extend(nodes.iter().map(|n| n.port));
     acked_at_least(&posted, total / 2).await;
     // SIGKILL it under load: what it leased (the hanging delivery, and
-    // what it leased ahead) waits for its lease, forward_timeout + 30 s,
-    // and the others deliver it then.
+    // what it leased ahead) waits for its lease, `gateway.lease_grace`
+    // after its last renewal, and the others deliver it then.
     let mut killed = first;
     killed.child.0.kill().unwrap();
     killed.child.0.wait().unwrap();

@@ -26,6 +26,8 @@ mod destinations;
 mod disk_full;
 mod erasure;
 #[cfg(feature = "redis")]
+mod failover;
+#[cfg(feature = "redis")]
 mod fleet;
 mod gateway_ingest;
 mod http_limits;

@@ -320,6 +320,7 @@ async fn an_event_held_ahead_then_erased_by_another_instance_is_never_sent() {
         SharedInboxOptions {
             buckets: 4,
             dedupe_window: Duration::from_secs(30 * 86_400),
+            lease_grace: Duration::from_secs(10),
         },
     )
     .unwrap();

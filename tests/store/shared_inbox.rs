@@ -26,6 +26,7 @@ fn inbox(url: String, nodes: Vec<String>, prefix: &str, buckets: u16) -> RedisIn
         SharedInboxOptions {
             buckets,
             dedupe_window: Duration::from_secs(3600),
+            lease_grace: Duration::from_secs(10),
         },
     )
     .unwrap()
@@ -884,4 +885,178 @@ async fn on_a_cluster_jobs_replays_and_erasures_work() {
     assert_eq!(deliver_all(&inbox, T + 3).await.len(), 7);
     let summary = inbox.inbox_summary().await.unwrap();
     assert_eq!((summary[0].delivered, summary[0].erased), (7, 1));
+}
+
+/// Renews `leases` from `until` on, all at once.
+async fn renew(inbox: &RedisInbox, leases: &[(EventKey, u64)], until: u64, now: u64) -> Vec<bool> {
+    inbox
+        .renew_leases(leases.to_vec(), until, now)
+        .await
+        .unwrap()
+}
+
+/// A renewed lease keeps its event and its stream's turn past the lease's
+/// first end; a wrong generation, a lease that ran out (even untaken), a
+/// settled, erased or unknown event is not renewed; the instance that
+/// takes the event after a lapse holds it, and the first one's renewal
+/// and late settle change nothing.
+#[tokio::test]
+async fn a_renewed_lease_holds_and_only_a_live_lease_of_its_generation_is_renewed() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let a = inbox(server.url(), Vec::new(), "renew", 4);
+    let b = inbox(server.url(), Vec::new(), "renew", 4);
+    a.ingest(event("newer", Some("run"), 5, b"{}".to_vec()), T)
+        .await
+        .unwrap();
+    let key = EventKey::new("sume", "newer", Some("run"));
+    let lease = a
+        .lease(vec![(key.clone(), T + 10_000)], Some(RETENTION), T)
+        .await
+        .unwrap()
+        .leased[0]
+        .lease;
+    b.ingest(event("older", Some("run"), 0, b"{}".to_vec()), T + 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        renew(
+            &a,
+            &[(key.clone(), lease + 1), (key.clone(), lease)],
+            T + 13_000,
+            T + 3_000
+        )
+        .await,
+        [false, true],
+        "only the lease's own generation renews it"
+    );
+    // Past the first lease's end: still a's, and the stream waits for it.
+    let due = b
+        .due_events(T + 12_000, vec![("sume".into(), 10)], u64::MAX)
+        .await
+        .unwrap();
+    assert!(due[0].events.is_empty(), "{:?}", due[0].events);
+    let held = b
+        .lease(vec![(key.clone(), T + 22_000)], Some(RETENTION), T + 12_000)
+        .await
+        .unwrap();
+    assert!(held.leased.is_empty(), "a renewed lease is not taken");
+    let e = b.inbox_event("sume", "newer").await.unwrap().unwrap();
+    assert_eq!(e.due_at_ms, T + 13_000);
+    // A renewal never shortens a lease.
+    assert_eq!(
+        renew(&a, &[(key.clone(), lease)], T + 12_500, T + 12_000).await,
+        [true]
+    );
+    let e = b.inbox_event("sume", "newer").await.unwrap().unwrap();
+    assert_eq!(e.due_at_ms, T + 13_000);
+    // Ran out: not renewed, though nobody took it yet.
+    assert_eq!(
+        renew(&a, &[(key.clone(), lease)], T + 23_000, T + 13_000).await,
+        [false]
+    );
+    // The stream's turn went to its oldest event: b delivers both.
+    assert_eq!(deliver_all(&b, T + 13_001).await, ["older", "newer"]);
+    assert_eq!(
+        renew(&a, &[(key.clone(), lease)], T + 23_000, T + 13_002).await,
+        [false]
+    );
+    a.settle(
+        &key,
+        lease,
+        Settle::Dead {
+            error: "late".into(),
+        },
+        RETENTION,
+        T + 13_003,
+    )
+    .await
+    .unwrap();
+    let e = b.inbox_event("sume", "newer").await.unwrap().unwrap();
+    assert_eq!(e.status, EventStatus::Delivered);
+    // Erased while leased, or unknown: not renewed.
+    a.ingest(event("gone", None, 6, b"{}".to_vec()), T)
+        .await
+        .unwrap();
+    let gone = EventKey::new("sume", "gone", None);
+    let lease = a
+        .lease(
+            vec![(gone.clone(), T + 30_000)],
+            Some(RETENTION),
+            T + 14_000,
+        )
+        .await
+        .unwrap()
+        .leased[0]
+        .lease;
+    assert_eq!(
+        a.erase("sume", "gone", 60_000, T + 14_001).await.unwrap(),
+        EraseOutcome::Erased
+    );
+    let unknown = EventKey::new("sume", "unknown", None);
+    assert_eq!(
+        renew(&a, &[(gone, lease), (unknown, 1)], T + 40_000, T + 14_002).await,
+        [false, false]
+    );
+}
+
+/// On a cluster, renewals go to every master holding a bucket of the
+/// leases, and answer in the order asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_leases_over_every_master_are_renewed_in_order() {
+    let cluster = shared_cluster().await;
+    let inbox = inbox(String::new(), cluster.nodes.clone(), "renew-cluster", 16);
+    let mut keys = Vec::new();
+    for n in 0..24i128 {
+        let id = format!("e{n}");
+        let stream = format!("s{n}");
+        inbox
+            .ingest(event(&id, Some(&stream), n, b"{}".to_vec()), T)
+            .await
+            .unwrap();
+        keys.push(EventKey::new("sume", &id, Some(&stream)));
+    }
+    // Every other one leased; the rest asked with a generation never given.
+    let leased = inbox
+        .lease(
+            keys.iter()
+                .step_by(2)
+                .map(|k| (k.clone(), T + 10_000))
+                .collect(),
+            Some(RETENTION),
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(leased.leased.len(), 12);
+    let asked: Vec<(EventKey, u64)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let lease = leased
+                .leased
+                .iter()
+                .find(|l| l.event_id == k.event_id)
+                .map_or(7, |l| l.lease);
+            assert_eq!(i % 2 == 0, lease != 7);
+            (k.clone(), lease)
+        })
+        .collect();
+    let renewed = renew(&inbox, &asked, T + 20_000, T + 5_000).await;
+    let want: Vec<bool> = (0..24).map(|i| i % 2 == 0).collect();
+    assert_eq!(renewed, want);
+    // Past the first leases' end, only the never-leased ones are due.
+    let due = inbox
+        .due_events(T + 15_000, vec![("sume".into(), 50)], u64::MAX)
+        .await
+        .unwrap();
+    let mut ids: Vec<&str> = due[0].events.iter().map(|e| e.event_id.as_str()).collect();
+    ids.sort_unstable();
+    let mut odd: Vec<String> = (0..24)
+        .filter(|i| i % 2 == 1)
+        .map(|i| format!("e{i}"))
+        .collect();
+    odd.sort_unstable();
+    assert_eq!(ids, odd);
 }

@@ -21,6 +21,10 @@ pub struct Received {
     pub headers: HashMap<String, String>,
     /// The body.
     pub body: Vec<u8>,
+    /// The path and query it was sent to (`/hooks?n=1`).
+    pub path: String,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 impl Received {
@@ -47,6 +51,10 @@ pub enum Behaviour {
     /// [`Receiver::release`], then 204: a receiver that hangs, for as long
     /// as the test wants and no longer.
     Hold(Option<&'static str>),
+    /// Holds requests whose query string is this one (`n=0`: one
+    /// instance's, when each sends to its own `?n=I`), answers the others
+    /// 204.
+    HoldQuery(&'static str),
     /// This status with `Retry-After: value` to the next `times` requests,
     /// then 204.
     RetryAfter {
@@ -77,6 +85,8 @@ pub(crate) struct State {
     held: Mutex<usize>,
     /// Opens when the test releases held requests.
     released: tokio::sync::watch::Sender<bool>,
+    /// The status held requests get when released.
+    released_status: Mutex<u16>,
 }
 
 /// A running receiver.
@@ -105,6 +115,11 @@ pub(crate) async fn hook(
     state.received.lock().unwrap().push(Received {
         headers,
         body: body.to_vec(),
+        path: req
+            .uri()
+            .path_and_query()
+            .map_or_else(String::new, |p| p.as_str().to_owned()),
+        at: std::time::Instant::now(),
     });
     let run_of = |body: &[u8]| {
         serde_json::from_slice::<serde_json::Value>(body)
@@ -115,6 +130,7 @@ pub(crate) async fn hook(
     let hold = match *state.behaviour.lock().unwrap() {
         Behaviour::Hold(None) => true,
         Behaviour::Hold(Some(run)) => run_of(&body) == run,
+        Behaviour::HoldQuery(query) => req.query_string() == query,
         _ => false,
     };
     if hold {
@@ -122,7 +138,9 @@ pub(crate) async fn hook(
         let mut released = state.released.subscribe();
         let _ = released.wait_for(|r| *r).await;
         *state.held.lock().unwrap() -= 1;
-        return HttpResponse::NoContent().finish();
+        let status = *state.released_status.lock().unwrap();
+        return HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap())
+            .finish();
     }
     let delay = match *state.behaviour.lock().unwrap() {
         Behaviour::Delay(ms) => ms,
@@ -150,7 +168,7 @@ pub(crate) async fn hook(
     }
     let mut behaviour = state.behaviour.lock().unwrap();
     match *behaviour {
-        Behaviour::Accept | Behaviour::Delay(_) | Behaviour::Hold(_) => {
+        Behaviour::Accept | Behaviour::Delay(_) | Behaviour::Hold(_) | Behaviour::HoldQuery(_) => {
             HttpResponse::NoContent().finish()
         }
         Behaviour::FailTimes(0) => {
@@ -202,6 +220,7 @@ impl Receiver {
             concurrency: Mutex::new(Concurrency::default()),
             held: Mutex::new(0),
             released: tokio::sync::watch::Sender::new(false),
+            released_status: Mutex::new(204),
         });
         let data = web::Data::from(state.clone());
         let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
@@ -261,6 +280,13 @@ impl Receiver {
     pub fn release_to(&self, behaviour: Behaviour) {
         self.set(behaviour);
         self.state.released.send_replace(true);
+    }
+
+    /// Answers every held request with `status`, and later ones as
+    /// `behaviour`.
+    pub fn release_with(&self, status: u16, behaviour: Behaviour) {
+        *self.state.released_status.lock().unwrap() = status;
+        self.release_to(behaviour);
     }
 
     /// Stops the receiver.

@@ -24,7 +24,9 @@
 mod ahead;
 pub mod backoff;
 pub mod circuit;
+mod fleet;
 pub mod forward;
+mod heartbeat;
 pub mod schedule;
 mod turn;
 
@@ -128,6 +130,9 @@ pub struct Dispatcher {
     /// Set once the dispatcher is stopping: turns waiting to record an
     /// acknowledged delivery give up, so shutdown does not wait forever.
     stopping: AtomicBool,
+    /// The leases this process holds, renewed by its heartbeat where the
+    /// inbox has a lease grace (the shared inbox).
+    leases: heartbeat::Leases,
 }
 
 /// A picked event's place in the schedule, given back when dropped — also
@@ -149,6 +154,8 @@ impl Slot {
     /// until the slot drops). Wakes the dispatcher.
     fn answered(&self, reached: Reached) {
         let now = self.dispatcher.clock.now_ms();
+        self.dispatcher
+            .report_turn(&self.source.name, &self.event_id, reached);
         let transition = self.dispatcher.schedule().answered(
             &self.source.name,
             &self.event_id,
@@ -167,13 +174,17 @@ impl Slot {
     /// The destination asked (`Retry-After`) to be left alone until
     /// `until`: no delivery of this source starts before.
     fn hold(&self, until: Millis) {
-        self.dispatcher.schedule().hold(&self.source.name, until);
+        let mut schedule = self.dispatcher.schedule();
+        schedule.hold(&self.source.name, until);
+        schedule.fleet_hold(&self.source.name, until);
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let now = self.dispatcher.clock.now_ms();
+        self.dispatcher
+            .report_turn(&self.source.name, &self.event_id, self.reached);
         let transition = self.dispatcher.schedule().finish(
             &self.source.name,
             &self.event_id,
@@ -192,7 +203,7 @@ impl Drop for Slot {
 /// The lanes of `sources` the dispatcher delivers: a source posted to whose
 /// destinations all have lanes of their own delivers none itself. With
 /// `old` (a reload), a lane whose destination URL changed is marked so.
-fn lane_configs(sources: &Sources, old: Option<&Sources>) -> Vec<LaneConfig> {
+fn lane_configs(sources: &Sources, old: Option<&Sources>, fleet: bool) -> Vec<LaneConfig> {
     sources
         .iter()
         .filter(|s| s.delivers)
@@ -204,6 +215,7 @@ fn lane_configs(sources: &Sources, old: Option<&Sources>) -> Vec<LaneConfig> {
             new_destination: old
                 .and_then(|o| o.get(&s.name))
                 .is_some_and(|o| o.forward_to != s.forward_to),
+            fleet,
         })
         .collect()
 }
@@ -263,7 +275,7 @@ impl Dispatcher {
         clock: SharedClock,
         settings: DeliverySettings,
     ) -> reqwest::Result<Self> {
-        let lanes = lane_configs(&gateway.sources(), None);
+        let lanes = lane_configs(&gateway.sources(), None, gateway.inbox.lanes().is_some());
         let idle = lanes
             .iter()
             .map(|l| l.limit)
@@ -284,6 +296,7 @@ impl Dispatcher {
             metrics: settings.metrics,
             last_pass: Mutex::new(Instant::now()),
             stopping: AtomicBool::new(false),
+            leases: heartbeat::Leases::default(),
         })
     }
 
@@ -294,8 +307,15 @@ impl Dispatcher {
     /// for the old settings), to be read again under the new ones.
     pub fn reconfigure(&self, old: &Sources, new: &Sources) {
         let now = self.clock.now_ms();
-        self.schedule()
-            .reconfigure(lane_configs(new, Some(old)), now);
+        let fleet = self.gateway.inbox.lanes().is_some();
+        let lanes = lane_configs(new, Some(old), fleet);
+        let moved: Vec<String> = lanes
+            .iter()
+            .filter(|l| l.new_destination)
+            .map(|l| l.name.clone())
+            .collect();
+        self.schedule().reconfigure(lanes, now);
+        self.reset_lanes(moved);
         self.gateway.arrivals.push_unknown();
         self.gateway.wake.notify_one();
     }
@@ -317,7 +337,15 @@ impl Dispatcher {
     /// The delivery state of a configured source.
     pub fn lane(&self, source: &str) -> Option<LaneView> {
         let now = self.clock.now_ms();
-        let mut view = self.schedule().view(source)?;
+        let schedule = self.schedule();
+        let mut view = schedule.view(source)?;
+        if let Some(seen) = schedule.fleet_seen(source) {
+            view.state = schedule::circuit_state(&seen, now);
+            view.consecutive_failures = seen.failures;
+            if seen.state == crate::store::lanes::LaneState::Held {
+                view.held_until = view.held_until.max(Some(seen.until));
+            }
+        }
         view.held_until = view.held_until.filter(|until| *until > now);
         Some(view)
     }
@@ -327,6 +355,10 @@ impl Dispatcher {
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let mut tasks = JoinSet::new();
         let mut moves = self.clock.moves();
+        // Renews this process's leases until its last turn has ended.
+        let heartbeat = self
+            .lease_grace()
+            .map(|grace| tokio::spawn(self.clone().heartbeat(grace)));
         let mut failing: Option<Duration> = None;
         // Why the last wait ended: a timeout with nothing known due by now
         // needs no read (a read of what was acknowledged makes the writer
@@ -400,6 +432,9 @@ impl Dispatcher {
         self.stopping.store(true, Ordering::SeqCst);
         self.give_back(ahead.drain()).await;
         while tasks.join_next().await.is_some() {}
+        if let Some(h) = heartbeat {
+            h.abort();
+        }
         tracing::debug!("dispatcher stopped");
     }
 
@@ -413,6 +448,7 @@ impl Dispatcher {
         // All at once: they share commits.
         let mut writes = JoinSet::new();
         for r in ready {
+            self.leases.forget(&r.ev.source, &r.ev.event_id, r.lease);
             let gateway = self.gateway.clone();
             writes.spawn(async move {
                 // An empty error leaves the stored last error as it is.
@@ -474,28 +510,37 @@ impl Dispatcher {
         if !back.is_empty() {
             self.give_back(back).await;
         }
+        let mut wanted = self.schedule().wants(now);
+        for (source, t) in std::mem::take(&mut wanted.transitions) {
+            log_transition(&self.gateway, &source, t, now);
+        }
+        if wanted.reads.is_empty() {
+            return Ok(wanted.reopens_at);
+        }
+        // With a fleet: only what the fleet's lanes allow.
+        self.gate_lanes(&mut wanted, now).await?;
         let Wants {
             reads: wants,
             starts,
-            transitions,
             reopens_at: reopens,
-        } = self.schedule().wants(now);
-        for (source, t) in transitions {
-            log_transition(&self.gateway, &source, t, now);
-        }
+            ..
+        } = wanted;
         if wants.is_empty() {
             return Ok(reopens);
         }
         // Held ahead, an event waits out its lease after a crash: only
-        // where that is as short as an interrupted turn's wait.
+        // where that is as short as an interrupted turn's wait (renewed
+        // leases last the grace, whatever the timeout).
+        let renewed = self.lease_grace().is_some();
         let allowed: HashMap<&str, usize> = wants
             .iter()
             .zip(&starts)
             .map(|((source, _), (_, allowed))| {
-                let short = self
-                    .gateway
-                    .source(source)
-                    .is_some_and(|s| s.forward_timeout <= AHEAD_MAX_TIMEOUT);
+                let short = renewed
+                    || self
+                        .gateway
+                        .source(source)
+                        .is_some_and(|s| s.forward_timeout <= AHEAD_MAX_TIMEOUT);
                 (source.as_str(), if short { *allowed } else { 0 })
             })
             .collect();
@@ -541,6 +586,7 @@ impl Dispatcher {
             candidates.push((source.clone(), events));
         }
         let (picked, rest) = self.schedule().pick_keep(candidates);
+        self.return_unused();
         let mut to_lease = Vec::new();
         for ev in picked {
             match ahead.take(&ev.source, &ev.event_id) {
@@ -638,12 +684,18 @@ impl Dispatcher {
             };
             slots.push((source, ev, slot));
         }
-        let lease_until = |ev: &InboxEvent| {
-            let timeout = self
-                .gateway
-                .source(&ev.source)
-                .map_or(0, |s| millis(s.forward_timeout));
-            now.saturating_add(timeout).saturating_add(GRACE_MS)
+        // A renewed lease lasts the grace; one nobody renews outlives the
+        // attempt's timeout by a margin.
+        let grace = self.lease_grace();
+        let lease_until = |ev: &InboxEvent| match grace {
+            Some(grace) => now.saturating_add(millis(grace)),
+            None => {
+                let timeout = self
+                    .gateway
+                    .source(&ev.source)
+                    .map_or(0, |s| millis(s.forward_timeout));
+                now.saturating_add(timeout).saturating_add(GRACE_MS)
+            }
         };
         // One lease write per retention an event found stale is kept for
         // (sources may override the gateway's): one, unless they differ
@@ -694,6 +746,18 @@ impl Dispatcher {
         for (source, id) in &leased.stale {
             tracing::info!(source = %source, event_id = %id, "stale: older than its stream's head");
             self.metrics.delivery(source, "stale");
+        }
+        if grace.is_some() {
+            for l in &leased.leased {
+                let stream = slots
+                    .iter()
+                    .map(|(_, ev, _)| ev)
+                    .chain(&extra)
+                    .find(|ev| ev.source == l.source && ev.event_id == l.event_id)
+                    .and_then(|ev| ev.stream.as_deref());
+                let key = EventKey::new(&l.source, &l.event_id, stream);
+                self.leases.hold(key, l.lease, now);
+            }
         }
         let mut current: HashMap<(String, String), LeasedEvent> = leased
             .leased
@@ -763,8 +827,16 @@ impl Dispatcher {
     ) {
         let this = self.clone();
         tasks.spawn(async move {
-            if check {
-                match this.gateway.inbox.lease_holds(&ev.key(), lease).await {
+            let key = ev.key();
+            if check && this.lease_grace().is_some() {
+                // Renews it, or says it is gone.
+                if !this.lease_live(&key, lease, true).await {
+                    tracing::info!(source = %ev.source, event_id = %ev.event_id, "held ahead, but erased, taken elsewhere or run out since: not sent");
+                    this.leases.forget(&ev.source, &ev.event_id, lease);
+                    return;
+                }
+            } else if check {
+                match this.gateway.inbox.lease_holds(&key, lease).await {
                     Ok(true) => {}
                     Ok(false) => {
                         tracing::info!(source = %ev.source, event_id = %ev.event_id, "held ahead, but erased or taken elsewhere since: not sent");
@@ -777,6 +849,7 @@ impl Dispatcher {
                 }
             }
             slot.reached = this.turn(&source, &ev, lease, &slot).await;
+            this.leases.forget(&ev.source, &ev.event_id, lease);
             drop(slot);
             if ev.replay.is_some() {
                 // Its job has room again.

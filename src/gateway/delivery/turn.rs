@@ -59,6 +59,12 @@ impl Dispatcher {
         slot: &Slot,
     ) -> Reached {
         let attempt = ev.attempts.saturating_add(1);
+        // Frozen or cut off past the grace, this process may have lost the
+        // event to another instance: it sends only under a live lease.
+        if !self.lease_live(&ev.key(), lease, false).await {
+            tracing::info!(source = %source.name, event_id = %ev.event_id, "lease run out or taken by another instance before sending: not sent");
+            return Reached::Nothing;
+        }
         let (posted, sent) = self.post(source, ev, attempt).await;
         if let Err(failed) = posted {
             self.failed(source, ev, lease, sent, failed, slot).await;

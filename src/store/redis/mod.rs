@@ -32,6 +32,8 @@
 //!   durability every write keeps;
 //! - `claims`: the [`Store`](crate::store::Store) over it;
 //! - `inbox`: the shared gateway inbox (`gateway.inbox = "shared"`);
+//! - `lanes`: the fleet's shared delivery lanes, `P:{d:LANE}` (one slot
+//!   each): `Retry-After` holds, rate limits and breakers;
 //! - `layout`: claim keys and fence counters, per slot in a cluster;
 //! - `upgrade`: moving a cluster's claims from the one-slot layout;
 //! - `sentinel`: following the master Sentinel names;
@@ -41,6 +43,7 @@
 mod claims;
 mod client;
 mod inbox;
+mod lanes;
 mod layout;
 mod rewrite;
 mod sentinel;
@@ -51,6 +54,7 @@ use std::time::Duration;
 pub use self::claims::RedisStore;
 pub use self::client::Client;
 pub use self::inbox::{RedisInbox, SharedInboxOptions};
+pub use self::lanes::RedisLanes;
 use crate::domain::Durability;
 
 /// How to reach Redis.

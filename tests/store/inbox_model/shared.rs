@@ -37,6 +37,7 @@ impl Shared {
         let opts = SharedInboxOptions {
             buckets,
             dedupe_window: std::time::Duration::from_millis(DEDUPE_MS),
+            lease_grace: std::time::Duration::from_secs(10),
         };
         let raw = redis::Client::open(url)
             .unwrap()

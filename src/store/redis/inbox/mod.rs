@@ -50,6 +50,8 @@ pub struct SharedInboxOptions {
     pub buckets: u16,
     /// How long after its receipt an event id stays a duplicate.
     pub dedupe_window: Duration,
+    /// How long a lease outlives its last renewal (`gateway.lease_grace`).
+    pub lease_grace: Duration,
 }
 
 /// The scripts, hashed once.
@@ -57,6 +59,7 @@ struct Scripts {
     ingest: Script,
     ingest_routed: Script,
     lease: Script,
+    renew: Script,
     settle: Script,
     redeliver: Script,
     replay: Script,
@@ -84,6 +87,8 @@ pub struct RedisInbox {
     noted: Mutex<HashSet<String>>,
     /// Whether the layout in Redis was found to be this one.
     laid_out: AtomicBool,
+    /// The fleet's delivery lanes, over the same connection.
+    lanes: super::lanes::RedisLanes,
 }
 
 /// The layout's version: a change to how events are placed or stored
@@ -125,6 +130,7 @@ impl RedisInbox {
         Self {
             slack_ms: ms(client.opts().expiry_slack),
             rewrites: Rewrites::new(client.clone()),
+            lanes: super::lanes::RedisLanes::new(client.clone()),
             client,
             opts: SharedInboxOptions {
                 buckets: opts.buckets.max(1),
@@ -134,6 +140,7 @@ impl RedisInbox {
                 ingest: script(include_str!("ingest.lua")),
                 ingest_routed: script(include_str!("ingest_routed.lua")),
                 lease: script(include_str!("lease.lua")),
+                renew: script(include_str!("renew.lua")),
                 settle: script(include_str!("settle.lua")),
                 redeliver: script(include_str!("redeliver.lua")),
                 replay: script(include_str!("replay.lua")),
@@ -557,6 +564,50 @@ impl Inbox for RedisInbox {
             values.as_slice(),
             [Some(st), Some(ls)] if st == "0" && ls.parse::<u64>().ok() == Some(lease)
         ))
+    }
+
+    fn lanes(&self) -> Option<&dyn crate::store::lanes::Lanes> {
+        Some(&self.lanes)
+    }
+
+    fn lease_grace(&self) -> Option<Duration> {
+        Some(self.opts.lease_grace)
+    }
+
+    /// One script per bucket, all buckets at once. A bucket that cannot be
+    /// reached fails the call: its leases run out unless a later renewal
+    /// lands in time.
+    async fn renew_leases(
+        &self,
+        leases: Vec<(EventKey, u64)>,
+        until: Millis,
+        now: Millis,
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut by_bucket: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, (key, _)) in leases.iter().enumerate() {
+            let t = self.bucket(&key.source, self.bucket_of(key));
+            by_bucket.entry(t).or_default().push(i);
+        }
+        let replies = try_join_all(by_bucket.iter().map(|(t, members)| {
+            let mut args = vec![arg(now), arg(until)];
+            for i in members {
+                let (key, lease) = &leases[*i];
+                args.push(arg(&key.event_id));
+                args.push(arg(lease));
+            }
+            async move { self.run::<Vec<i64>>(&self.scripts.renew, t, args).await }
+        }))
+        .await?;
+        let mut renewed = vec![false; leases.len()];
+        for (members, reply) in by_bucket.values().zip(replies) {
+            if reply.len() != members.len() {
+                return Err(unexpected("renew", reply));
+            }
+            for (i, r) in members.iter().zip(reply) {
+                renewed[*i] = r == 1;
+            }
+        }
+        Ok(renewed)
     }
 
     fn dedupe_window(&self) -> Duration {

@@ -24,8 +24,13 @@
 //! removed one starts nothing more, and goes once its deliveries out have
 //! finished, so the global count of what is in flight stays exact.
 
+mod fleet;
+
 use std::collections::HashSet;
 
+pub use self::fleet::{FleetSeen, circuit_state};
+
+use self::fleet::LaneFleet;
 use super::circuit::{Circuit, State, Transition};
 use crate::clock::Millis;
 use crate::domain::Rate;
@@ -59,6 +64,9 @@ struct Lane {
     /// Removed by a reload while deliveries of it were out: it starts no
     /// more, and goes once they have finished.
     retired: bool,
+    /// With a fleet (the shared inbox), what the fleet's lane state last
+    /// said: its breaker, hold and bucket are the fleet's, not this one's.
+    fleet: Option<LaneFleet>,
 }
 
 /// One lane's settings, as [`Schedule::reconfigure`] takes them.
@@ -75,6 +83,10 @@ pub struct LaneConfig {
     /// Its destination changed (another URL): the breaker and a
     /// `Retry-After` hold, which were about the old one, start over.
     pub new_destination: bool,
+    /// Its breaker, hold and rate limit are the fleet's (the shared
+    /// inbox): the lane keeps no bucket and its own breaker never opens;
+    /// the fleet's gate decides (see [`Schedule::apply_gate`]).
+    pub fleet: bool,
 }
 
 /// A token bucket: `burst` tokens at most, refilled at `per_ms`; a
@@ -140,6 +152,7 @@ impl Lane {
             bucket: None,
             held_until: None,
             retired: false,
+            fleet: None,
         }
     }
 
@@ -149,13 +162,19 @@ impl Lane {
     /// alone): held events that cannot start soon are handed back, and
     /// each hand-back is a write.
     fn ahead(&self) -> usize {
-        if !matches!(self.circuit.state(), State::Closed) {
+        if !matches!(self.circuit.state(), State::Closed)
+            || self.fleet.as_ref().is_some_and(LaneFleet::holds_back)
+        {
             return 0;
         }
         let by_slots = self.limit.saturating_mul(AHEAD_PER_SLOT);
-        match &self.bucket {
+        let per_ms = match &self.fleet {
+            Some(f) => f.rate.map(|(rate, _)| rate.per_ms()),
+            None => self.bucket.as_ref().map(|b| b.per_ms),
+        };
+        match per_ms {
             // At most 1,000,000 per second: the cast cannot truncate.
-            Some(b) => by_slots.min((b.per_ms * 10_000.0).floor() as usize),
+            Some(per_ms) => by_slots.min((per_ms * 10_000.0).floor() as usize),
             None => by_slots,
         }
     }
@@ -277,6 +296,7 @@ impl Schedule {
                         lane.circuit = Circuit::new(cfg.pause_after);
                         lane.probe = None;
                         lane.held_until = None;
+                        lane.fleet = None;
                     }
                     lane
                 }
@@ -286,6 +306,15 @@ impl Schedule {
                     &mut self.lanes.last_mut().expect("just pushed").1
                 }
             };
+            if cfg.fleet {
+                // The fleet keeps the breaker and the bucket.
+                lane.circuit.set_threshold(0);
+                let rate = cfg.rate;
+                lane.fleet.get_or_insert_with(LaneFleet::default).rate = rate;
+                lane.bucket = None;
+                continue;
+            }
+            lane.fleet = None;
             lane.bucket = match (cfg.rate, lane.bucket.take()) {
                 (Some((rate, burst)), Some(b)) if b.is(rate, burst) => Some(b),
                 (Some((rate, burst)), _) => Some(Bucket::empty(rate, burst, now)),
@@ -344,6 +373,10 @@ impl Schedule {
                 wants.transitions.push((name.clone(), t));
             }
             let mut wake = lane.circuit.reopens_at();
+            if let Some(until) = lane.fleet.as_mut().and_then(|f| f.waits(now)) {
+                n = 0;
+                wake = Some(wake.map_or(until, |w| w.min(until)));
+            }
             match lane.held_until {
                 Some(until) if until > now => {
                     n = 0;
@@ -428,6 +461,7 @@ impl Schedule {
                 if lane.retired
                     || lane.free() == 0
                     || lane.bucket.as_ref().is_some_and(|b| b.tokens < 1.0)
+                    || lane.fleet.as_ref().is_some_and(|f| f.granted == Some(0))
                 {
                     continue;
                 }
@@ -453,6 +487,9 @@ impl Schedule {
                     lane.circuit.started();
                     if let Some(bucket) = &mut lane.bucket {
                         bucket.tokens -= 1.0;
+                    }
+                    if let Some(f) = &mut lane.fleet {
+                        f.started(&ev.event_id);
                     }
                     self.in_flight += 1;
                     picked.push(ev);
@@ -564,7 +601,7 @@ mod tests {
     use crate::domain::CreatedAt;
     use crate::store::inbox::EventStatus;
 
-    fn ev(source: &str, id: &str, stream: Option<&str>) -> InboxEvent {
+    pub(super) fn ev(source: &str, id: &str, stream: Option<&str>) -> InboxEvent {
         InboxEvent {
             source: source.into(),
             event_id: id.into(),
@@ -796,6 +833,7 @@ mod tests {
             pause_after,
             rate: None,
             new_destination: false,
+            fleet: false,
         }
     }
 

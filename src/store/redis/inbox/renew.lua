@@ -1,0 +1,24 @@
+-- ARGV: T, now, until, then pairs of an event id and its lease generation.
+-- Renews each lease still live under that generation (the event pending,
+-- not leased again since, its lease not over at `now`) to `until`, never
+-- shortening it: the event stays out of the runnable index's due range and
+-- keeps its stream's turn (fix_stream). A lease that ran out is not
+-- renewed, even if nobody took the event: its stream's turn may have gone
+-- to another event meanwhile. Answers 1 or 0 per pair, in order.
+local now, until_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
+local out = {}
+for i = 4, #ARGV - 1, 2 do
+  local id, lease = ARGV[i], ARGV[i + 1]
+  local ek = k('e', id)
+  local f = redis.call('HMGET', ek, 'st', 'ls', 'lu')
+  if f[1] == '0' and f[2] == lease and f[3] and tonumber(f[3]) > now then
+    if tonumber(f[3]) < until_ms then
+      redis.call('HSET', ek, 'du', fmt(until_ms), 'lu', fmt(until_ms))
+      redis.call('ZADD', k('run'), 'XX', until_ms, id)
+    end
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out

@@ -1,0 +1,152 @@
+-- A delivery lane's state shared by the fleet (store::lanes). KEYS[1] is
+-- the lane's hash, P:{d:LANE}: one key, one slot, so every decision about
+-- a lane is one atomic step, on a cluster too. Time is the caller's.
+-- Fields (all absent: nothing held, breaker closed, bucket empty):
+--   ra  held until (Retry-After)
+--   tk  tokens (a float), ta when they were counted, tr rate per ms and tb
+--       burst they are counted with (a change starts the bucket empty)
+--   bs  'o' while the breaker is open; bu its pause's end; bt its openings
+--       in a row; bf consecutive failed attempts
+--   bp  the instance holding the probe, bq when its hold ends
+-- ARGV[1] op, ARGV[2] now, then:
+--   gate:   want, rate per ms ('' none), burst, me, probe until
+--   report: outcome ('fail', 'ok', 'neutral', 'refund'), me, pause_after,
+--           backoff min ms, backoff max ms, hold until (0 none), refund n
+-- Both answer {granted, state, until, failures, transition}.
+local key = KEYS[1]
+local op, now = ARGV[1], tonumber(ARGV[2])
+local f = redis.call('HMGET', key, 'ra', 'tk', 'ta', 'tr', 'tb', 'bs', 'bu', 'bt', 'bf', 'bp', 'bq')
+local ra = tonumber(f[1]) or 0
+local tk, ta, tr, tb = tonumber(f[2]) or 0, tonumber(f[3]) or now, f[4], f[5]
+local bs, bu, bt, bf = f[6], tonumber(f[7]) or 0, tonumber(f[8]) or 0, tonumber(f[9]) or 0
+local bp, bq = f[10], tonumber(f[11]) or 0
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- An idle lane's key goes an hour after the last time it speaks of.
+local function keep()
+  if redis.call('EXISTS', key) == 1 then
+    local last = math.max(ra, bu, bq, now)
+    redis.call('PEXPIRE', key, fmt(last - now + 3600000))
+  end
+end
+
+local function answer(granted, state, untl, transition)
+  keep()
+  return {granted, state, fmt(untl), fmt(bf), transition or ''}
+end
+
+-- Where the lane is for anyone but a probe's taker.
+local function standing(transition)
+  if ra > now then
+    return answer(0, 'held', ra, transition)
+  end
+  if bs == 'o' then
+    if bu > now then
+      return answer(0, 'paused', bu, transition)
+    end
+    return answer(0, 'probing', math.max(bq, now), transition)
+  end
+  return answer(0, 'open', 0, transition)
+end
+
+if op == 'gate' then
+  local want, rate, burst, me, probe_until = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
+  if ra > now then
+    return answer(0, 'held', ra)
+  end
+  local probe = false
+  if bs == 'o' then
+    if bu > now then
+      return answer(0, 'paused', bu)
+    end
+    if bp and bq > now then
+      return answer(0, 'probing', bq)
+    end
+    probe = true
+    want = math.min(want, 1)
+  end
+  if rate ~= '' then
+    local per_ms, cap = tonumber(rate), tonumber(burst)
+    if tr ~= rate or tb ~= burst then
+      -- A new rate starts empty, as a start does: no burst from a change.
+      tk, ta = 0, now
+      redis.call('HSET', key, 'tr', rate, 'tb', burst)
+    elseif now > ta then
+      tk = math.min(cap, tk + (now - ta) * per_ms)
+      ta = now
+    end
+    local avail = math.floor(tk)
+    if want > avail then
+      want = avail
+    end
+    tk = tk - want
+    redis.call('HSET', key, 'tk', string.format('%.17g', tk), 'ta', fmt(ta))
+    if want < 1 then
+      return answer(0, 'limited', ta + math.ceil((1 - tk) / per_ms))
+    end
+  elseif tr then
+    redis.call('HDEL', key, 'tr', 'tb', 'tk', 'ta')
+  end
+  if probe and want > 0 then
+    bq = probe_until
+    redis.call('HSET', key, 'bp', me, 'bq', fmt(bq))
+    return answer(want, 'probe', bq)
+  end
+  return answer(want, 'open', 0)
+end
+
+if op == 'report' then
+  local outcome, me = ARGV[3], ARGV[4]
+  local pause_after, bmin, bmax = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  local hold = tonumber(ARGV[8])
+  local function pause(trips)
+    return math.min(bmax, bmin * 2 ^ math.min(trips - 1, 32))
+  end
+  local transition = ''
+  if hold > ra then
+    ra = hold
+    redis.call('HSET', key, 'ra', fmt(ra))
+  end
+  if outcome == 'fail' then
+    bf = bf + 1
+    redis.call('HSET', key, 'bf', fmt(bf))
+    if bs == 'o' then
+      if bp == me and bu <= now then
+        -- Its probe failed: paused again, for longer.
+        bt = bt + 1
+        bu = now + pause(bt)
+        bp, bq = nil, 0
+        redis.call('HSET', key, 'bt', fmt(bt), 'bu', fmt(bu))
+        redis.call('HDEL', key, 'bp', 'bq')
+        transition = 'paused_again'
+      end
+    elseif pause_after > 0 and bf >= pause_after then
+      bs, bt = 'o', 1
+      bu = now + pause(1)
+      redis.call('HSET', key, 'bs', 'o', 'bt', '1', 'bu', fmt(bu))
+      transition = 'paused'
+    end
+  elseif outcome == 'ok' then
+    if bs == 'o' then
+      transition = 'resumed'
+    end
+    bs, bu, bt, bf, bp, bq = nil, 0, 0, 0, nil, 0
+    redis.call('HDEL', key, 'bs', 'bu', 'bt', 'bf', 'bp', 'bq')
+  elseif outcome == 'neutral' then
+    if bp == me then
+      bp, bq = nil, 0
+      redis.call('HDEL', key, 'bp', 'bq')
+    end
+  elseif outcome == 'refund' then
+    if tr then
+      tk = math.min(tonumber(tb), tk + tonumber(ARGV[9]))
+      redis.call('HSET', key, 'tk', string.format('%.17g', tk))
+    end
+  end
+  return standing(transition)
+end
+
+return redis.error_reply('unknown lane op ' .. tostring(op))
