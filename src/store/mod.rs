@@ -2,7 +2,9 @@
 //!
 //! - Claims, ordering and expiry: the [`Store`] trait here, with the pure
 //!   rules every backend shares in [`claims`] and [`ordering`].
-//! - The gateway inbox: the [`inbox::Inbox`] trait and its vocabulary.
+//! - The gateway inbox: the [`inbox::Inbox`] trait and its vocabulary;
+//!   with the shared inbox, what its instances agree on besides the
+//!   events: [`fleet::Fleet`], reached through the inbox.
 //! - The Redis-protocol keyspace: [`keyspace`].
 //! - [`open()`]: opens what the settings name and hands out a handle for
 //!   each ([`Opened`]). Nothing outside `store` names a backend.
@@ -18,6 +20,7 @@
 //! reads as absent everywhere, whether or not the reaper has removed it yet.
 
 pub mod claims;
+pub mod fleet;
 pub mod inbox;
 pub mod keyspace;
 #[cfg(feature = "redis")]

@@ -32,6 +32,8 @@
 //!   durability every write keeps;
 //! - `claims`: the [`Store`](crate::store::Store) over it;
 //! - `inbox`: the shared gateway inbox (`gateway.inbox = "shared"`);
+//! - `fleet`: what the instances on the shared inbox agree on besides its
+//!   events (an alert's interval), each under a hash tag of its own;
 //! - `layout`: claim keys and fence counters, per slot in a cluster;
 //! - `upgrade`: moving a cluster's claims from the one-slot layout;
 //! - `sentinel`: following the master Sentinel names;
@@ -40,6 +42,7 @@
 
 mod claims;
 mod client;
+mod fleet;
 mod inbox;
 mod layout;
 mod rewrite;
@@ -50,6 +53,7 @@ use std::time::Duration;
 
 pub use self::claims::RedisStore;
 pub use self::client::Client;
+pub use self::fleet::RedisFleet;
 pub use self::inbox::{RedisInbox, SharedInboxOptions};
 use crate::domain::Durability;
 
