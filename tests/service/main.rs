@@ -27,6 +27,8 @@ mod disk_full;
 mod erasure;
 #[cfg(feature = "redis")]
 mod fleet;
+#[cfg(feature = "redis")]
+mod fleet_alerts;
 mod gateway_ingest;
 mod http_limits;
 mod jobs;
