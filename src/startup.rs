@@ -187,9 +187,12 @@ impl Application {
                 delivered_ms: ms(s.gateway.delivered_retention),
                 dead_ms: ms(s.gateway.dead_retention),
             },
-            s.alerts
-                .as_ref()
-                .map(|a| Arc::new(Alerts::new(clock.clone(), a.every, a.backlog_after))),
+            s.alerts.as_ref().map(|a| {
+                Arc::new(
+                    Alerts::new(clock.clone(), a.every, a.backlog_after)
+                        .with_metrics(metrics.clone()),
+                )
+            }),
             Scanner::start(
                 Budget {
                     rows: filter::MAX_SCAN,

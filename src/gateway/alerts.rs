@@ -7,12 +7,21 @@
 //! fault, Redis down) it stays queued, in order, and is stored once the
 //! store answers; a restart loses what was queued.
 //!
-//! Rate limit, per instance: the first alert of a kind and source goes
-//! out at once and starts an interval of `alerts.every`. Later ones within
-//! the interval are folded: at its end the last of them is sent, its
-//! `suppressed` counting the others. So a flapping breaker sends at most
-//! one `source.paused` per interval, and the last alert of each kind is
-//! never lost.
+//! Rate limit: the first alert of a kind and source goes out at once and
+//! starts an interval of `alerts.every`. Later ones within the interval
+//! are folded: at its end the last of them is sent, its `suppressed`
+//! counting the others. So a flapping breaker sends at most one
+//! `source.paused` per interval, and the last alert of each kind is never
+//! lost.
+//!
+//! Per instance, in memory, first. Where several instances share the inbox
+//! (its [`Fleet`]), an alert this instance would send is then put to the
+//! fleet before it is stored ([`Fleet::alert_turn`]): the fleet sends one
+//! per interval, and an alert it folds is held until the fleet's interval
+//! ends, then sent counting the fleet's folds, or dropped if another
+//! instance sent them. `store.*` alerts skip the fleet: each says whether
+//! *this* instance reaches the store (with the store down, instances could
+//! not agree anyway), and names the instance.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -25,8 +34,10 @@ use super::Gateway;
 use crate::clock::{Millis, SharedClock};
 pub use crate::config::alerts::ALERT_SOURCE;
 use crate::domain::CreatedAt;
+use crate::store::fleet::{AlertMode, AlertTurn, Fleet};
 use crate::store::inbox::NewEvent;
 use crate::store::{Store, StoreError};
+use crate::telemetry::metrics::Metrics;
 
 /// Most alerts held in memory while the store cannot take them; beyond,
 /// the oldest are dropped (and logged).
@@ -54,6 +65,10 @@ pub struct Alert {
     /// When it happened, Unix ms (the event's id and `created_at`).
     #[serde(skip)]
     at_ms: Millis,
+    /// How the fleet is still to be asked about it, if there is one:
+    /// `None` once it answered "send".
+    #[serde(skip)]
+    ask: Option<AlertMode>,
 }
 
 /// Per kind and source: when its interval started and what it folded.
@@ -63,6 +78,9 @@ struct Limit {
     since: Millis,
     /// The latest alert folded into this interval, and how many were.
     folded: Option<(Alert, u64)>,
+    /// The latest alert the fleet folded, and when the fleet's interval
+    /// ends: it is put to the fleet again then.
+    held: Option<(Alert, Millis)>,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +110,10 @@ pub struct Alerts {
     backlog_after_ms: u64,
     /// Distinguishes this process's alert ids from a restarted one's.
     run: u32,
+    /// This process, as `store.*` alerts name it: `HOST:PID`.
+    instance: String,
+    /// Counts what became of each alert.
+    metrics: Option<Arc<Metrics>>,
     /// Rate limits and the queue; held briefly, never across an await.
     state: Mutex<State>,
     /// Wakes [`Alerts::run`] when an alert is queued.
@@ -107,8 +129,22 @@ impl Alerts {
             every_ms: ms(every).max(1),
             backlog_after_ms: ms(backlog_after),
             run: rand::random(),
+            instance: instance(),
+            metrics: None,
             state: Mutex::new(State::default()),
             queued: Notify::new(),
+        }
+    }
+
+    /// Counts what becomes of each alert in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn count(&self, kind: &'static str, outcome: &'static str) {
+        if let Some(m) = &self.metrics {
+            m.alert(kind, outcome);
         }
     }
 
@@ -131,6 +167,7 @@ impl Alerts {
             detail,
             suppressed: 0,
             at_ms: now,
+            ask: Some(AlertMode::Raise),
         };
         let mut state = self.state();
         let limit = state
@@ -140,16 +177,19 @@ impl Alerts {
         if limit.since != 0 && now < limit.since.saturating_add(self.every_ms) {
             let count = limit.folded.as_ref().map_or(0, |(_, n)| *n) + 1;
             limit.folded = Some((alert, count));
+            drop(state);
+            self.count(kind, "folded");
             return;
         }
         limit.since = now.max(1);
-        push(&mut state.queue, alert);
+        self.push(&mut state.queue, alert);
         drop(state);
         self.queued.notify_one();
     }
 
-    /// Queues the folded alert of each interval that ended by `now`; it
-    /// starts a new interval.
+    /// Queues the folded alert of each interval that ended by `now` (it
+    /// starts a new interval), and each alert the fleet folded whose
+    /// interval ended by `now`.
     fn flush(&self, now: Millis) {
         let mut state = self.state();
         let mut due: Vec<Alert> = Vec::new();
@@ -158,20 +198,109 @@ impl Alerts {
                 && let Some((mut alert, n)) = limit.folded.take()
             {
                 alert.suppressed = n - 1;
+                alert.ask = Some(AlertMode::Raise);
                 limit.since = now.max(1);
+                due.push(alert);
+            }
+            if limit.held.as_ref().is_some_and(|(_, until)| now >= *until)
+                && let Some((mut alert, _)) = limit.held.take()
+            {
+                alert.ask = Some(AlertMode::Flush);
                 due.push(alert);
             }
         }
         due.sort_by_key(|a| a.at_ms);
         for alert in due {
-            push(&mut state.queue, alert);
+            self.push(&mut state.queue, alert);
         }
     }
 
-    /// Stores the queued alerts in the inbox, in order, until one fails
-    /// (it stays first in the queue for the next try).
+    /// Asks the fleet about the first queued alert, if it is one the
+    /// fleet decides and has not answered yet: whether it is still to be
+    /// stored. Err when the fleet could not be asked (it stays first in
+    /// the queue for the next try).
+    async fn ask_fleet(&self, fleet: &dyn Fleet, alert: &Alert) -> Result<bool, StoreError> {
+        let Some(mode) = alert.ask.filter(|_| fleet_wide(alert.kind)) else {
+            return Ok(true);
+        };
+        let turn = fleet
+            .alert_turn(
+                alert.kind,
+                alert.source.as_deref(),
+                self.every_ms,
+                mode,
+                alert.suppressed,
+                self.clock.now_ms(),
+            )
+            .await?;
+        Ok(self.answered(turn))
+    }
+
+    /// Applies the fleet's answer about the first queued alert: whether
+    /// it is still to be stored. Folded, it is held until the fleet's
+    /// interval ends (in place of one held before, which the fleet counted
+    /// too); gone, it is dropped.
+    fn answered(&self, turn: AlertTurn) -> bool {
+        let mut state = self.state();
+        let Some(alert) = state.queue.front_mut() else {
+            return false;
+        };
+        let kind = alert.kind;
+        let outcome = match turn {
+            AlertTurn::Send { suppressed } => {
+                alert.suppressed = suppressed;
+                alert.ask = None;
+                return true;
+            }
+            AlertTurn::Fold { until } => {
+                let Some(mut alert) = state.queue.pop_front() else {
+                    return false;
+                };
+                let limit = state
+                    .limits
+                    .entry((alert.kind, alert.source.clone()))
+                    .or_default();
+                let until = match limit.held.take() {
+                    // Should the fleet lose its count, the one sent at the
+                    // end still counts both.
+                    Some((before, was)) => {
+                        alert.suppressed += 1 + before.suppressed;
+                        until.max(was)
+                    }
+                    None => until,
+                };
+                limit.held = Some((alert, until));
+                "folded"
+            }
+            AlertTurn::Gone => {
+                state.queue.pop_front();
+                "gone"
+            }
+        };
+        drop(state);
+        self.count(kind, outcome);
+        false
+    }
+
+    /// Stores the queued alerts in the inbox, in order, each put to the
+    /// fleet first where there is one, until one fails (it stays first in
+    /// the queue for the next try: with Redis down, the fleet is asked
+    /// once it is back).
     async fn store_queued(&self, gateway: &Gateway) {
         loop {
+            let Some(alert) = self.state().queue.front().cloned() else {
+                return;
+            };
+            if let Some(fleet) = gateway.inbox.fleet() {
+                match self.ask_fleet(fleet, &alert).await {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => {
+                        tracing::warn!(kind = alert.kind, error = %e.chain(), "cannot ask the fleet about an alert yet; kept in memory");
+                        return;
+                    }
+                }
+            }
             let Some(alert) = self.state().queue.front().cloned() else {
                 return;
             };
@@ -180,6 +309,7 @@ impl Alerts {
             match gateway.inbox.ingest(event, now).await {
                 Ok(_) => {
                     self.state().queue.pop_front();
+                    self.count(alert.kind, "sent");
                     gateway.arrivals.push(
                         ALERT_SOURCE,
                         None,
@@ -271,10 +401,18 @@ impl Alerts {
                 self.raise(
                     "store.degraded",
                     None,
-                    serde_json::json!({ "reason": reason, "error": e.to_string() }),
+                    serde_json::json!({
+                        "reason": reason,
+                        "error": e.to_string(),
+                        "instance": self.instance,
+                    }),
                 );
             }
-            (Some(false), Ok(())) => self.raise("store.recovered", None, serde_json::json!({})),
+            (Some(false), Ok(())) => self.raise(
+                "store.recovered",
+                None,
+                serde_json::json!({ "instance": self.instance }),
+            ),
             _ => {}
         }
     }
@@ -310,18 +448,36 @@ impl Alerts {
             self.store_queued(&gateway).await;
         }
     }
+
+    /// Queues `alert` last; with the queue full, the oldest goes.
+    fn push(&self, queue: &mut VecDeque<Alert>, alert: Alert) {
+        if queue.len() >= QUEUE_MAX
+            && let Some(lost) = queue.pop_front()
+        {
+            tracing::warn!(
+                kind = lost.kind,
+                "alert queue full: the oldest alert is dropped"
+            );
+            self.count(lost.kind, "dropped");
+        }
+        queue.push_back(alert);
+    }
 }
 
-fn push(queue: &mut VecDeque<Alert>, alert: Alert) {
-    if queue.len() >= QUEUE_MAX
-        && let Some(lost) = queue.pop_front()
-    {
-        tracing::warn!(
-            kind = lost.kind,
-            "alert queue full: the oldest alert is dropped"
-        );
-    }
-    queue.push_back(alert);
+/// Whether the fleet decides when alerts of `kind` go out: all but the
+/// store's, which each instance tells of itself.
+fn fleet_wide(kind: &str) -> bool {
+    !kind.starts_with("store.")
+}
+
+/// `HOST:PID`: which instance a `store.*` alert is about.
+fn instance() -> String {
+    let host = rustix::system::uname();
+    format!(
+        "{}:{}",
+        host.nodename().to_string_lossy(),
+        std::process::id()
+    )
 }
 
 fn rfc3339(ms: Millis) -> String {
@@ -391,5 +547,57 @@ mod tests {
         alerts.flush(clock.now_ms());
         alerts.raise("source.paused", Some("a"), none);
         assert_eq!(queued(&alerts), [("source.paused", Some("a".into()), 0)]);
+    }
+
+    fn front(alerts: &Alerts) -> Option<(u64, Option<AlertMode>)> {
+        alerts.state().queue.front().map(|a| (a.suppressed, a.ask))
+    }
+
+    #[test]
+    fn an_alert_the_fleet_folds_is_held_until_the_fleets_interval_ends_then_flushed() {
+        let clock = ManualClock::new(1_000_000);
+        let metrics = Arc::new(Metrics::new(&[]));
+        let alerts = Alerts::new(
+            Arc::new(clock.clone()),
+            Duration::from_secs(60),
+            Duration::from_secs(900),
+        )
+        .with_metrics(metrics.clone());
+        let none = serde_json::json!({});
+        alerts.raise("backlog.stale", Some("a"), none.clone());
+        assert_eq!(front(&alerts), Some((0, Some(AlertMode::Raise))));
+        // Folded by the fleet: held, not stored.
+        assert!(!alerts.answered(AlertTurn::Fold { until: 1_030_000 }));
+        assert_eq!(front(&alerts), None);
+        alerts.flush(1_029_999);
+        assert_eq!(front(&alerts), None);
+        alerts.flush(1_030_000);
+        assert_eq!(front(&alerts), Some((0, Some(AlertMode::Flush))));
+        // Another instance sent it.
+        assert!(!alerts.answered(AlertTurn::Gone));
+        assert_eq!(front(&alerts), None);
+
+        // Two folded by the fleet in a row: the later is held in place of
+        // the earlier, and carries it.
+        clock.advance(Duration::from_secs(60));
+        alerts.raise("backlog.stale", Some("a"), none.clone());
+        assert!(!alerts.answered(AlertTurn::Fold { until: 1_090_000 }));
+        clock.advance(Duration::from_secs(60));
+        alerts.raise("backlog.stale", Some("a"), none.clone());
+        assert!(!alerts.answered(AlertTurn::Fold { until: 1_150_000 }));
+        alerts.flush(1_149_999);
+        assert_eq!(front(&alerts), None);
+        alerts.flush(1_150_000);
+        assert_eq!(front(&alerts), Some((1, Some(AlertMode::Flush))));
+        // Sent: stored with the fleet's count, not asked again.
+        assert!(alerts.answered(AlertTurn::Send { suppressed: 4 }));
+        assert_eq!(front(&alerts), Some((4, None)));
+
+        let text = metrics.render();
+        for (outcome, n) in [("folded", 3), ("gone", 1)] {
+            let line =
+                format!("dedupd_alerts_total{{kind=\"backlog.stale\",outcome=\"{outcome}\"}} {n}");
+            assert!(text.contains(&line), "{line} in:\n{text}");
+        }
     }
 }

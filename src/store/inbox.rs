@@ -120,6 +120,13 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// (`gateway.dedupe_window`, as the inbox was opened with).
     fn dedupe_window(&self) -> Duration;
 
+    /// What the instances sharing this inbox agree on besides its events
+    /// (see [`Fleet`](super::fleet::Fleet)); `None` where the inbox is
+    /// this process's own, and each process keeps that state itself.
+    fn fleet(&self) -> Option<&dyn super::fleet::Fleet> {
+        None
+    }
+
     /// Ok when the inbox can take writes now (as `Store::ready`).
     async fn ready(&self) -> Result<(), StoreError> {
         Ok(())

@@ -2,9 +2,10 @@
 //!
 //! - Claims, ordering and expiry: the [`Store`] trait here, with the pure
 //!   rules every backend shares in [`claims`] and [`ordering`].
-//! - The gateway inbox: the [`inbox::Inbox`] trait and its vocabulary; a
-//!   fleet's shared delivery lanes (rate limits, holds, breakers):
-//!   [`lanes::Lanes`], reached through the shared inbox.
+//! - The gateway inbox: the [`inbox::Inbox`] trait and its vocabulary;
+//!   with the shared inbox, what its instances agree on besides the
+//!   events: [`fleet::Fleet`] (alerts) and [`lanes::Lanes`] (delivery
+//!   lanes' rate limits, holds and breakers), reached through the inbox.
 //! - The Redis-protocol keyspace: [`keyspace`].
 //! - [`open()`]: opens what the settings name and hands out a handle for
 //!   each ([`Opened`]). Nothing outside `store` names a backend.
@@ -20,6 +21,7 @@
 //! reads as absent everywhere, whether or not the reaper has removed it yet.
 
 pub mod claims;
+pub mod fleet;
 pub mod inbox;
 pub mod keyspace;
 pub mod lanes;

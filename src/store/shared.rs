@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::StoreError;
+use super::fleet::Fleet;
 use super::inbox::{
     Attempt, Cursor, DiskSpace, EraseOutcome, EventKey, EventStatus, Inbox, InboxEvent,
     IngestOutcome, KeysInMemory, Leased, ListOrder, NewEvent, RedeliverOutcome, Retention, Settle,
@@ -80,6 +81,10 @@ impl Inbox for SharedInbox {
 
     fn dedupe_window(&self) -> Duration {
         self.shared.dedupe_window()
+    }
+
+    fn fleet(&self) -> Option<&dyn Fleet> {
+        self.shared.fleet()
     }
 
     /// Ready when the data file and Redis both are.

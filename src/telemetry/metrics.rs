@@ -89,6 +89,8 @@ pub const LEASE_RENEWAL_OUTCOMES: [&str; 3] = ["renewed", "lost", "failed"];
 /// HTTP connections closed at once because their address held
 /// `http.max_connections_per_address` already.
 pub const HTTP_PEER_REFUSED: &str = "dedupd_http_connections_refused_total";
+/// Alerts (`[alerts]`) by `kind` and `outcome`.
+pub const ALERTS: &str = "dedupd_alerts_total";
 
 /// Outcomes of a claim request.
 pub const CLAIM_OUTCOMES: [&str; 4] = ["claimed", "busy", "done", "fingerprint_mismatch"];
@@ -124,6 +126,20 @@ pub const INGEST_OUTCOMES: [&str; 16] = [
 pub const DELIVERY_OUTCOMES: [&str; 4] = ["delivered", "failed", "stale", "dead"];
 /// Inbox statuses.
 pub const STATUSES: [&str; 4] = ["pending", "delivered", "stale", "dead"];
+/// The kinds of alert (`[alerts]`).
+pub const ALERT_KINDS: [&str; 6] = [
+    "source.paused",
+    "source.resumed",
+    "event.dead",
+    "backlog.stale",
+    "store.degraded",
+    "store.recovered",
+];
+/// What became of an alert: `sent` (stored for delivery), `folded` (into
+/// a later one of its kind and source, by this instance or the fleet),
+/// `gone` (a folded one another instance of the fleet sent), `dropped`
+/// (the queue of alerts waiting for the store was full).
+pub const ALERT_OUTCOMES: [&str; 4] = ["sent", "folded", "gone", "dropped"];
 /// Tables the reaper deletes from.
 pub const REAPED_TABLES: [&str; 5] = [
     "claims",
@@ -295,6 +311,15 @@ impl Metrics {
             .collect();
         for table in REAPED_TABLES {
             counter(REAPER_DELETED, vec![Label::new("table", table)]).increment(0);
+        }
+        for kind in ALERT_KINDS {
+            for outcome in ALERT_OUTCOMES {
+                counter(
+                    ALERTS,
+                    vec![Label::new("kind", kind), Label::new("outcome", outcome)],
+                )
+                .increment(0);
+            }
         }
         recorder
             .register_gauge(
@@ -545,6 +570,15 @@ impl Metrics {
     /// connections one address may.
     pub fn http_peer_refused(&self) {
         self.http_peer_refused.increment(1);
+    }
+
+    /// Counts what became of an alert of `kind` (one of [`ALERT_OUTCOMES`]).
+    pub fn alert(&self, kind: &'static str, outcome: &'static str) {
+        self.counter(
+            ALERTS,
+            vec![Label::new("kind", kind), Label::new("outcome", outcome)],
+        )
+        .increment(1);
     }
 
     /// Counts records the reaper deleted from `table` (one of
@@ -800,6 +834,12 @@ fn describe(r: &PrometheusRecorder) {
         HTTP_PEER_REFUSED.into(),
         None,
         "HTTP connections closed at once: their address held http.max_connections_per_address already"
+            .into(),
+    );
+    r.describe_counter(
+        ALERTS.into(),
+        None,
+        "Alerts by kind and outcome: sent (stored for delivery), folded (into a later one, by this instance or the fleet), gone (a folded one another instance sent), dropped (the queue was full)"
             .into(),
     );
     r.describe_gauge(

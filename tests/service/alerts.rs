@@ -207,6 +207,26 @@ async fn a_flapping_breaker_sends_one_alert_per_interval_and_then_one_counting_t
     assert_eq!(paused["suppressed"], 2, "{paused}");
     let resumed = &alerts_of(&alerts, &app, "source.resumed")[1];
     assert_eq!(resumed["suppressed"], 1, "{resumed}");
+    // Counted by what became of each: on the local inbox, folded by this
+    // instance alone.
+    let text = app
+        .request(reqwest::Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (kind, outcome, n) in [
+        ("source.paused", "sent", 2),
+        ("source.paused", "folded", 3),
+        ("source.resumed", "sent", 2),
+        ("source.resumed", "folded", 2),
+        ("source.paused", "gone", 0),
+    ] {
+        let line = format!("dedupd_alerts_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} {n}");
+        assert!(text.contains(&line), "{line} in:\n{text}");
+    }
 }
 
 #[tokio::test]
@@ -330,4 +350,14 @@ async fn a_full_disk_sends_store_degraded_kept_in_memory_until_it_frees_then_sto
     assert_eq!(bodies[0]["type"], "store.degraded", "{bodies:?}");
     assert_eq!(bodies[1]["type"], "store.recovered", "{bodies:?}");
     assert!(bodies[0].get("source").is_none(), "{bodies:?}");
+    // Each instance tells of the store as it reaches it: they name it.
+    let instance = format!(":{}", std::process::id());
+    for b in &bodies {
+        assert!(
+            b["detail"]["instance"]
+                .as_str()
+                .is_some_and(|i| i.ends_with(&instance) && i.len() > instance.len()),
+            "{bodies:?}"
+        );
+    }
 }

@@ -29,6 +29,8 @@ mod erasure;
 mod failover;
 #[cfg(feature = "redis")]
 mod fleet;
+#[cfg(feature = "redis")]
+mod fleet_alerts;
 mod gateway_ingest;
 mod http_limits;
 mod jobs;

@@ -8,6 +8,8 @@ mod backup_hostile;
 mod cases;
 mod checkpoint_sync;
 mod disk_faults;
+#[cfg(feature = "redis")]
+mod fleet;
 mod golden;
 mod held_commit;
 mod inbox_model;

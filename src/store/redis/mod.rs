@@ -34,6 +34,8 @@
 //! - `inbox`: the shared gateway inbox (`gateway.inbox = "shared"`);
 //! - `lanes`: the fleet's shared delivery lanes, `P:{d:LANE}` (one slot
 //!   each): `Retry-After` holds, rate limits and breakers;
+//! - `fleet`: what the instances on the shared inbox agree on besides its
+//!   events (an alert's interval), each under a hash tag of its own;
 //! - `layout`: claim keys and fence counters, per slot in a cluster;
 //! - `upgrade`: moving a cluster's claims from the one-slot layout;
 //! - `sentinel`: following the master Sentinel names;
@@ -42,6 +44,7 @@
 
 mod claims;
 mod client;
+mod fleet;
 mod inbox;
 mod lanes;
 mod layout;
@@ -53,6 +56,7 @@ use std::time::Duration;
 
 pub use self::claims::RedisStore;
 pub use self::client::Client;
+pub use self::fleet::RedisFleet;
 pub use self::inbox::{RedisInbox, SharedInboxOptions};
 pub use self::lanes::RedisLanes;
 use crate::domain::Durability;

@@ -17,7 +17,8 @@
 //! every bucket of a source and merge the answers.
 //!
 //! Bulk jobs' records are not about events: they live beside the buckets
-//! under a hash tag of their own, `P:{j}` (`jobs.lua`).
+//! under a hash tag of their own, `P:{j}` (`jobs.lua`). So does what the
+//! instances agree on besides events, [`Inbox::fleet`] (`redis::fleet`).
 
 mod codec;
 
@@ -32,10 +33,12 @@ use redis::Script;
 
 use self::codec::{Fields, LIST_FIELDS, created_key, decode, received_key};
 use super::client::{Client, RedisFault, ms};
+use super::fleet::RedisFleet;
 use super::rewrite::Rewrites;
 use crate::clock::Millis;
 use crate::domain::{CreatedAt, ScopedKey};
 use crate::store::StoreError;
+use crate::store::fleet::Fleet;
 use crate::store::inbox::{
     Attempt, Cursor, EraseOutcome, EventKey, EventStatus, Inbox, InboxEvent, IngestOutcome, Leased,
     LeasedEvent, ListOrder, NewEvent, RedeliverOutcome, ReplayMark, Retention, Settle, SourceDue,
@@ -89,6 +92,9 @@ pub struct RedisInbox {
     laid_out: AtomicBool,
     /// The fleet's delivery lanes, over the same connection.
     lanes: super::lanes::RedisLanes,
+    /// What the instances on this inbox agree on besides its events, over
+    /// the same connection.
+    fleet: RedisFleet,
 }
 
 /// The layout's version: a change to how events are placed or stored
@@ -131,6 +137,7 @@ impl RedisInbox {
             slack_ms: ms(client.opts().expiry_slack),
             rewrites: Rewrites::new(client.clone()),
             lanes: super::lanes::RedisLanes::new(client.clone()),
+            fleet: RedisFleet::new(client.clone()),
             client,
             opts: SharedInboxOptions {
                 buckets: opts.buckets.max(1),
@@ -612,6 +619,10 @@ impl Inbox for RedisInbox {
 
     fn dedupe_window(&self) -> Duration {
         self.opts.dedupe_window
+    }
+
+    fn fleet(&self) -> Option<&dyn Fleet> {
+        Some(&self.fleet)
     }
 
     /// Also records the layout and this instance's sources again: a Redis
