@@ -23,6 +23,7 @@ fn instance(url: String, nodes: Vec<String>, prefix: &str) -> RedisInbox {
         SharedInboxOptions {
             buckets: 4,
             dedupe_window: Duration::from_secs(3600),
+            lease_grace: Duration::from_secs(10),
         },
     )
     .unwrap()
