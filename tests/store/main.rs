@@ -15,6 +15,8 @@ mod held_commit;
 mod inbox_model;
 mod key_file;
 mod keyspace;
+#[cfg(feature = "redis")]
+mod lanes;
 mod log_identity;
 mod low_space;
 mod model;

@@ -272,7 +272,11 @@ mod tests {
         let mut s = fleet_lane("a", 10, rate);
         // No local bucket: the fleet's gate decides.
         let w = s.wants(0);
-        assert_eq!(w.starts, [(10, 80)], "8 ahead per slot, under 10 s of tokens");
+        assert_eq!(
+            w.starts,
+            [(10, 80)],
+            "8 ahead per slot, under 10 s of tokens"
+        );
         assert_eq!(s.to_gate(&["a".into()], 0), ["a"]);
         s.apply_gate("a", &gate(2, LaneState::Open, 0), 0);
         let candidates = vec![(
