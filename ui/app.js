@@ -173,11 +173,26 @@
     if (!row.configured) return h("span", { class: "badge removed" }, "removed from config");
     const d = row.delivery;
     if (!d) return "—";
-    if (d.state === "paused") {
-      return h("span", { class: "badge paused" }, "paused until ", time(d.paused_until_ms),
-        ` after ${d.consecutive_failures} failures`);
+    // With the shared inbox the breaker, hold and rate limit are the
+    // fleet's: every instance shows the same.
+    const fleet = d.scope === "fleet" ? " (fleet)" : "";
+    if (d.held_by === "store") {
+      return h("span", { class: "badge dead", "data-held-by": "store" }, "store unavailable: nothing is delivered");
     }
-    if (d.state === "probing") return h("span", { class: "badge paused" }, "probing");
+    if (d.state === "unknown") return h("span", { class: "badge paused" }, "unknown: the fleet's state cannot be read");
+    if (d.state === "paused") {
+      return h("span", { class: "badge paused", "data-held-by": "paused" }, "paused until ", time(d.paused_until_ms),
+        ` after ${d.consecutive_failures} failures${fleet}`);
+    }
+    if (d.state === "probing") return h("span", { class: "badge paused", "data-held-by": "probing" }, `probing${fleet}`);
+    if (d.held_by === "retry_after") {
+      return h("span", { class: "badge paused", "data-held-by": "retry_after" },
+        "held by Retry-After until ", time(d.held_until_ms), fleet);
+    }
+    if (d.held_by === "rate_limit") {
+      return h("span", { class: "badge running", "data-held-by": "rate_limit" },
+        "rate-limited until ", time(d.held_until_ms), `, ${d.in_flight}/${d.max_in_flight} in flight${fleet}`);
+    }
     return h("span", { class: "badge running" }, `running, ${d.in_flight}/${d.max_in_flight} in flight`);
   }
 
@@ -207,6 +222,12 @@
           h("th", { scope: "col" }, "Oldest pending"),
           h("th", { scope: "col" }, "Delivery"))),
         h("tbody", {}, rows))));
+    }
+    if (data.store && data.store.state !== "ready") {
+      view.prepend(h("p", { class: "alarm", id: "store-state", role: "status" },
+        data.store.state === "disk_low"
+          ? "The store's disk is below its watermark: writes are refused, reads served."
+          : "The store is unavailable: nothing is taken in or delivered until it answers (see /readyz and the log)."));
     }
     view.append(h("p", { class: "muted" }, "Updated ", time(data.now_ms), "."));
     timer = setTimeout(() => refresh(gen, overview), OVERVIEW_REFRESH_MS);

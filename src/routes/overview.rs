@@ -5,12 +5,14 @@
 
 use std::collections::BTreeMap;
 
+use futures_util::future::join_all;
+
 use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::sources::DeliveryView;
+use super::sources::{DeliveryView, StoreState};
 use super::{AppState, Endpoint, Guard, register};
 use crate::clock::Millis;
 use crate::error::{ApiError, Problem};
@@ -33,6 +35,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 pub struct Overview {
     /// The server's clock when it answered, Unix ms (ages are measured from it).
     now_ms: Millis,
+    /// Whether the store takes writes now (as `/readyz` sees it): while it
+    /// does not, nothing is taken in or delivered.
+    store: StoreState,
     /// One row per source.
     sources: Vec<SourceRow>,
 }
@@ -99,15 +104,14 @@ pub(super) async fn list(state: web::Data<AppState>) -> Result<HttpResponse, Api
                 oldest_pending_ms: None,
             });
     }
+    let store = StoreState::now(&state).await;
+    let lanes = join_all(by_name.keys().map(|name| state.dispatcher.lane_now(name))).await;
     let sources = by_name
         .into_values()
-        .map(|s| SourceRow {
+        .zip(lanes)
+        .map(|(s, lane)| SourceRow {
             configured: sources.get(&s.source).is_some(),
-            delivery: state
-                .dispatcher
-                .lane(&s.source)
-                .as_ref()
-                .map(DeliveryView::from),
+            delivery: lane.as_ref().map(|l| DeliveryView::of(l, &store)),
             oldest_pending_age_ms: s.oldest_pending_ms.map(|at| now.saturating_sub(at)),
             oldest_pending_received_at_ms: s.oldest_pending_ms,
             pending: s.pending,
@@ -121,6 +125,7 @@ pub(super) async fn list(state: web::Data<AppState>) -> Result<HttpResponse, Api
         .collect();
     Ok(HttpResponse::Ok().json(Overview {
         now_ms: now,
+        store,
         sources,
     }))
 }

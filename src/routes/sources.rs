@@ -13,7 +13,7 @@ use crate::clock::Millis;
 use crate::domain::Invalid;
 use crate::error::{ApiError, Problem};
 use crate::gateway::delivery::circuit::State as CircuitState;
-use crate::gateway::delivery::schedule::LaneView;
+use crate::gateway::delivery::schedule::{LaneScope, LaneView};
 use crate::store::StoreError;
 use crate::store::inbox::{EventStatus, InboxEvent, ListOrder, RedeliverOutcome};
 
@@ -123,7 +123,7 @@ pub struct StoreState {
 }
 
 impl StoreState {
-    async fn now(state: &AppState) -> Self {
+    pub(super) async fn now(state: &AppState) -> Self {
         Self {
             state: match super::health::readiness(state).await {
                 Ok(()) => "ready",
@@ -147,8 +147,25 @@ pub struct DestinationRef {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeliveryView {
     /// `running`, `paused` (after `pause_after` failures in a row) or
-    /// `probing` (one delivery tests the destination).
+    /// `probing` (one delivery tests the destination); `unknown` when the
+    /// fleet's state cannot be read (the store is down).
     state: &'static str,
+    /// Whose breaker, hold and rate limit these are: `instance` (the local
+    /// inbox: this instance's own) or `fleet` (the shared inbox: every
+    /// instance's, the same from any). `in_flight` is always this
+    /// instance's.
+    scope: &'static str,
+    /// What holds deliveries back now, if anything: `store` (the store
+    /// cannot be written: nothing is delivered), `paused`, `probing`,
+    /// `retry_after`, or `rate_limit` (no token left). With several, the
+    /// one that lasts longest.
+    held_by: Option<&'static str>,
+    /// Until when `held_by` holds, Unix ms (null for `store` and
+    /// `probing`: until the store answers, or the probe does).
+    held_until_ms: Option<Millis>,
+    /// With a rate limit and no token left: when the next one comes, Unix
+    /// ms.
+    rate_limited_until_ms: Option<Millis>,
     /// While paused: when it probes again, Unix ms.
     paused_until_ms: Option<Millis>,
     /// Failed deliveries in a row.
@@ -283,11 +300,12 @@ pub(super) async fn show(
             store: StoreState::now(&state).await,
         }));
     };
+    let store = StoreState::now(&state).await;
     let delivery = state
         .dispatcher
-        .lane(&source)
-        .map(|lane| DeliveryView::from(&lane));
-    let store = StoreState::now(&state).await;
+        .lane_now(&source)
+        .await
+        .map(|lane| DeliveryView::of(&lane, &store));
     Ok(HttpResponse::Ok().json(SourceView {
         source,
         configured: true,
@@ -306,15 +324,39 @@ pub(super) async fn show(
     }))
 }
 
-impl From<&LaneView> for DeliveryView {
-    fn from(lane: &LaneView) -> Self {
+impl DeliveryView {
+    /// A lane's view, with the store's state.
+    pub(super) fn of(lane: &LaneView, store: &StoreState) -> Self {
         let (state, paused_until_ms) = match lane.state {
+            _ if lane.fleet_unread => ("unknown", None),
             CircuitState::Closed => ("running", None),
             CircuitState::Open { until } => ("paused", Some(until)),
             CircuitState::Probing { .. } => ("probing", None),
         };
+        let (held_by, held_until_ms) = if store.state == "unavailable" {
+            (Some("store"), None)
+        } else if state == "probing" {
+            (Some("probing"), None)
+        } else {
+            [
+                ("paused", paused_until_ms),
+                ("retry_after", lane.held_until),
+                ("rate_limit", lane.rate_limited_until),
+            ]
+            .into_iter()
+            .filter_map(|(by, until)| Some((by, until?)))
+            .max_by_key(|(_, until)| *until)
+            .map_or((None, None), |(by, until)| (Some(by), Some(until)))
+        };
         Self {
             state,
+            scope: match lane.scope {
+                LaneScope::Instance => "instance",
+                LaneScope::Fleet => "fleet",
+            },
+            held_by,
+            held_until_ms,
+            rate_limited_until_ms: lane.rate_limited_until,
             paused_until_ms,
             consecutive_failures: lane.consecutive_failures,
             retry_after_until_ms: lane.held_until,

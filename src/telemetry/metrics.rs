@@ -363,6 +363,11 @@ impl Metrics {
         store_up.set(0.0);
         let ready_changes = counter(READY_CHANGES, Vec::new());
         ready_changes.increment(0);
+        // At zero from the start, so the dashboard's panel has its series
+        // (they move only with the shared inbox).
+        for outcome in LEASE_RENEWAL_OUTCOMES {
+            counter(LEASE_RENEWALS, vec![Label::new("outcome", outcome)]).increment(0);
+        }
         let metrics = Self {
             recorder,
             handle,

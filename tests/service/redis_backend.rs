@@ -178,9 +178,32 @@ async fn a_sources_view_shows_the_store_down_and_back() {
             .unwrap();
         v["store"]["state"].as_str().unwrap_or_default().to_owned()
     };
+    let held_by = || async {
+        let v: serde_json::Value = app
+            .request(Method::GET, "/v1/sources")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        (
+            v["store"]["state"].as_str().unwrap_or_default().to_owned(),
+            v["sources"][0]["delivery"]["held_by"].clone(),
+        )
+    };
     assert_eq!(store_state().await, "ready");
+    assert_eq!(
+        held_by().await,
+        ("ready".to_owned(), serde_json::Value::Null)
+    );
     let server = stopped(server).await;
     assert_eq!(store_state().await, "unavailable");
+    // The overview says so too, and what holds deliveries back: the store.
+    assert_eq!(
+        held_by().await,
+        ("unavailable".to_owned(), serde_json::json!("store"))
+    );
     let _server = restarted(server).await;
     eventually("the view says ready again", || async {
         store_state().await == "ready"

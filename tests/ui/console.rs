@@ -201,6 +201,81 @@ async fn the_overview_shows_every_sources_counts_and_refreshes_itself() {
 
 /// Keeps the overview's screenshot in the target dir; with
 /// `DEDUPD_UPDATE_SCREENSHOT=1` also as `docs/console.png`, the gateway guide's picture.
+/// What holds a source's deliveries back is on its row: a destination's
+/// `Retry-After` until when, and a rate limit with no token left until
+/// when (this instance's own, on the local inbox; the fleet's on the
+/// shared one, marked so).
+#[tokio::test]
+async fn the_overview_shows_a_retry_after_hold_and_a_rate_limit_until_when() {
+    let busy = Receiver::start(Behaviour::RetryAfter {
+        status: 429,
+        value: "600",
+        times: 1,
+    })
+    .await;
+    let ok = Receiver::start(Behaviour::Accept).await;
+    let app = spawn_app_with(|l| {
+        let s = &mut l.settings.sources;
+        let mut held = source(&busy.url, 12);
+        held.backoff_max = Duration::from_secs(3600);
+        s.insert("held".into(), held);
+        let mut slow = source(&ok.url, 12);
+        slow.rate_limit = Some("1/m".parse().unwrap());
+        slow.rate_burst = Some(1);
+        s.insert("slow".into(), slow);
+    })
+    .await;
+    ingest(&app, "held", "h_1", "run_h").await;
+    // The bucket starts empty: the first token comes in a minute.
+    ingest(&app, "slow", "s_1", "run_s").await;
+    eventually("the 429 answered", || async { busy.received().len() == 1 }).await;
+    let url = app.url("/ui");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        c.until_text(
+            "tr[data-source=\"held\"] [data-held-by]",
+            "held by Retry-After",
+            |t| t.starts_with("held by Retry-After until"),
+        )
+        .await;
+        c.until_text(
+            "tr[data-source=\"slow\"] [data-held-by]",
+            "rate-limited",
+            |t| t.starts_with("rate-limited until") && t.contains("0/16 in flight"),
+        )
+        .await;
+        assert!(
+            c.find(Locator::Id("store-state")).await.is_err(),
+            "the store is ready"
+        );
+    })
+    .await;
+    let v: Value = app
+        .request(Method::GET, "/v1/sources/held")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let d = &v["delivery"];
+    assert_eq!(
+        (d["scope"].as_str(), d["held_by"].as_str()),
+        (Some("instance"), Some("retry_after"))
+    );
+    assert_eq!(d["held_until_ms"], d["retry_after_until_ms"]);
+    let v: Value = app
+        .request(Method::GET, "/v1/sources/slow")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["delivery"]["held_by"], "rate_limit");
+    assert!(v["delivery"]["rate_limited_until_ms"].as_u64().unwrap() > app.clock.now_ms());
+}
+
 fn save_screenshot(png: &[u8]) {
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console.png");

@@ -42,7 +42,7 @@ use self::ahead::{Ahead, Ready};
 use self::backoff::millis;
 use self::circuit::Transition;
 use self::forward::Forwarder;
-use self::schedule::{AHEAD_PER_SLOT, LaneConfig, LaneView, Reached, Schedule, Wants};
+use self::schedule::{AHEAD_PER_SLOT, LaneConfig, LaneScope, LaneView, Reached, Schedule, Wants};
 use super::{Gateway, Source, Sources};
 use crate::clock::{Millis, SharedClock};
 use crate::domain::Ttl;
@@ -339,6 +339,7 @@ impl Dispatcher {
         let now = self.clock.now_ms();
         let schedule = self.schedule();
         let mut view = schedule.view(source)?;
+        view.rate_limited_until = schedule.rate_limited_until(source, now);
         if let Some(seen) = schedule.fleet_seen(source) {
             view.state = schedule::circuit_state(&seen, now);
             view.consecutive_failures = seen.failures;
@@ -347,6 +348,39 @@ impl Dispatcher {
             }
         }
         view.held_until = view.held_until.filter(|until| *until > now);
+        Some(view)
+    }
+
+    /// The delivery state of a configured source, as the operator reads it:
+    /// with a fleet, its breaker, hold and rate limit read from the store
+    /// (what every instance sees), with this instance's deliveries in
+    /// flight; if the store cannot be read, as this instance last saw them
+    /// (`fleet_unread`).
+    pub async fn lane_now(&self, source: &str) -> Option<LaneView> {
+        let mut view = self.lane(source)?;
+        let Some(lanes) = self.gateway.inbox.lanes() else {
+            return Some(view);
+        };
+        if view.scope != LaneScope::Fleet {
+            return Some(view);
+        }
+        let now = self.clock.now_ms();
+        match lanes.state(source, now).await {
+            Ok(fleet) => {
+                view.state = match (fleet.paused_until, fleet.probing) {
+                    (Some(until), _) => circuit::State::Open { until },
+                    (None, true) => circuit::State::Probing { in_flight: true },
+                    (None, false) => circuit::State::Closed,
+                };
+                view.consecutive_failures = fleet.failures;
+                view.held_until = fleet.held_until;
+                view.rate_limited_until = fleet.rate_limited_until;
+            }
+            Err(e) => {
+                tracing::debug!(source, error = %e.chain(), "cannot read the fleet's state of a lane");
+                view.fleet_unread = true;
+            }
+        }
         Some(view)
     }
 

@@ -130,6 +130,16 @@ impl Bucket {
         self.tokens.floor().max(0.0) as usize
     }
 
+    /// When the next token is there at `now`, if none is; reads only.
+    fn next_at_from(&self, now: Millis) -> Option<Millis> {
+        let gained = now.saturating_sub(self.at) as f64 * self.per_ms;
+        let tokens = (self.tokens + gained).min(self.burst);
+        (tokens < 1.0).then(|| {
+            // A period is at most an hour: the cast cannot truncate.
+            now.max(self.at) + ((1.0 - tokens) / self.per_ms).ceil() as Millis
+        })
+    }
+
     /// When the next token is there, if none is now.
     fn next_at(&self) -> Option<Millis> {
         (self.tokens < 1.0).then(|| {
@@ -245,6 +255,23 @@ pub struct LaneView {
     pub state: State,
     /// Until when the destination asked to be left alone (`Retry-After`).
     pub held_until: Option<Millis>,
+    /// With a rate limit and no token left: when the next one comes.
+    pub rate_limited_until: Option<Millis>,
+    /// Whose breaker, hold and bucket these are: this instance's, or the
+    /// fleet's (the shared inbox).
+    pub scope: LaneScope,
+    /// The fleet's state could not be read (the store is down): `state`,
+    /// the hold and the bucket are as this instance last saw them.
+    pub fleet_unread: bool,
+}
+
+/// Whose delivery state a [`LaneView`] shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneScope {
+    /// This instance's own (the local inbox).
+    Instance,
+    /// The fleet's, shared by every instance on the shared inbox.
+    Fleet,
 }
 
 impl Schedule {
@@ -580,6 +607,15 @@ impl Schedule {
         transition
     }
 
+    /// When `source`'s own bucket has its next token at `now`, if it has
+    /// none.
+    pub fn rate_limited_until(&self, source: &str, now: Millis) -> Option<Millis> {
+        self.lanes
+            .iter()
+            .find(|(l, _)| l == source)
+            .and_then(|(_, l)| l.bucket.as_ref()?.next_at_from(now))
+    }
+
     /// The delivery state of `source`, if it is configured.
     pub fn view(&self, source: &str) -> Option<LaneView> {
         self.lanes
@@ -591,6 +627,13 @@ impl Schedule {
                 consecutive_failures: l.circuit.failures(),
                 state: l.circuit.state(),
                 held_until: l.held_until,
+                rate_limited_until: None,
+                scope: if l.fleet.is_some() {
+                    LaneScope::Fleet
+                } else {
+                    LaneScope::Instance
+                },
+                fleet_unread: false,
             })
     }
 }
