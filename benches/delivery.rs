@@ -518,7 +518,7 @@ pub(crate) struct Tracker {
     /// When the last new webhook-id was answered.
     pub(crate) last_new: Option<f64>,
     /// When each new webhook-id was answered.
-    times: Vec<f64>,
+    pub(crate) times: Vec<f64>,
 }
 
 impl Tracker {

@@ -60,6 +60,8 @@ mod delivery;
 #[allow(dead_code)]
 #[path = "loadgen.rs"]
 mod loadgen;
+#[path = "fleet/wide.rs"]
+mod wide;
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener};
@@ -120,6 +122,14 @@ struct Params {
     spread: Spread,
     claims: bool,
     claim_conns: usize,
+    /// Also shared inbox × 3 with a fleet-wide rate limit too high to bind.
+    gate_cost: bool,
+    /// Rate limits whose accuracy three instances are measured at.
+    rates: Vec<u64>,
+    /// Seconds of deliveries each rate's run posts.
+    rate_seconds: u64,
+    /// SIGKILL failover runs.
+    failover_runs: usize,
 }
 
 fn list(name: &str, default: &str) -> anyhow::Result<Vec<String>> {
@@ -162,6 +172,16 @@ impl Params {
             },
             claims: env_or("CLAIMS", 1u8)? != 0,
             claim_conns: env_or("CLAIM_CONNS", 64)?,
+            gate_cost: env_or("GATE_COST", 1u8)? != 0,
+            rates: list("RATES", "50,500")?
+                .iter()
+                .map(|s| match s.parse::<u64>() {
+                    Ok(n @ 1..=100_000) => Ok(n),
+                    _ => bail!("RATES: {s:?} is not a rate from 1 to 100000 per second"),
+                })
+                .collect::<anyhow::Result<_>>()?,
+            rate_seconds: env_or("RATE_SECONDS", 10)?,
+            failover_runs: env_or("FAILOVER_RUNS", 5)?,
         };
         if p.concurrency == 0 || p.streams == 0 || p.runs == 0 || p.claim_conns == 0 {
             bail!("CONCURRENCY, STREAMS, RUNS and CLAIM_CONNS must be at least 1");
@@ -190,16 +210,30 @@ fn main() -> anyhow::Result<()> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scenario {
-    Delivery { inbox: Inbox, instances: usize },
-    Claims { cluster: bool },
+    Delivery {
+        inbox: Inbox,
+        instances: usize,
+        /// A `rate_limit` per second on the source.
+        rate: Option<u64>,
+    },
+    Claims {
+        cluster: bool,
+    },
 }
 
 impl Scenario {
     fn label(self) -> String {
         match self {
-            Scenario::Delivery { inbox, instances } => {
-                format!("{} inbox × {instances}", inbox.name())
-            }
+            Scenario::Delivery {
+                inbox,
+                instances,
+                rate: None,
+            } => format!("{} inbox × {instances}", inbox.name()),
+            Scenario::Delivery {
+                inbox,
+                instances,
+                rate: Some(r),
+            } => format!("{} inbox × {instances}, rate_limit {r}/s", inbox.name()),
             Scenario::Claims { cluster: false } => "claims, one redis-server".to_owned(),
             Scenario::Claims { cluster: true } => "claims, 3-master cluster".to_owned(),
         }
@@ -240,6 +274,9 @@ struct DeliveryRun {
     /// every redis-server, every instance.
     redis_us: f64,
     dedupd_us: f64,
+    /// Context switches per accepted event, as the CPU.
+    redis_sw: f64,
+    dedupd_sw: f64,
     /// Lines at warn or above in the instances' logs.
     warnings: usize,
     last_warning: Option<String>,
@@ -260,8 +297,21 @@ async fn run(p: Params) -> anyhow::Result<()> {
     let mut scenarios = Vec::new();
     for &inbox in &p.inboxes {
         for &instances in &p.instances {
-            scenarios.push(Scenario::Delivery { inbox, instances });
+            scenarios.push(Scenario::Delivery {
+                inbox,
+                instances,
+                rate: None,
+            });
         }
+    }
+    // What the fleet's lane gate costs: a rate limit that never binds
+    // still asks the gate each pass.
+    if p.gate_cost && p.inboxes.contains(&Inbox::Shared) && p.instances.contains(&3) {
+        scenarios.push(Scenario::Delivery {
+            inbox: Inbox::Shared,
+            instances: 3,
+            rate: Some(1_000_000),
+        });
     }
     if p.claims {
         scenarios.push(Scenario::Claims { cluster: false });
@@ -288,7 +338,11 @@ async fn run(p: Params) -> anyhow::Result<()> {
         for (scenario, outcomes) in &mut results {
             let label = scenario.label();
             let outcome = match *scenario {
-                Scenario::Delivery { inbox, instances } => delivery_run(&p, inbox, instances)
+                Scenario::Delivery {
+                    inbox,
+                    instances,
+                    rate,
+                } => delivery_run(&p, inbox, instances, rate)
                     .await
                     .map(Outcome::Delivery),
                 Scenario::Claims { cluster } => claims_run(&p, cluster).await.map(Outcome::Claims),
@@ -304,6 +358,7 @@ async fn run(p: Params) -> anyhow::Result<()> {
     }
     println!();
     print_table(&p, &results);
+    wide::run(&p).await;
     println!("\nload average at the end: {}", load_average());
     Ok(())
 }
@@ -314,7 +369,7 @@ fn describe(o: &Outcome) -> String {
             let mut s = format!(
                 "ingest {:.0}/s, end to end {:.0}/s ({:.2}x posting time) | accepted {}, delivered {}, \
                  stale {}, dead {}, pending {}, lost {}, repeated {} (+{}), failed posts {} | CPU per event: \
-                 Redis {:.1} µs, dedupd {:.1} µs",
+                 Redis {:.1} µs, dedupd {:.1} µs | switches per event: Redis {:.2}, dedupd {:.2}",
                 d.ingest,
                 d.end_to_end,
                 d.over_posting,
@@ -329,6 +384,8 @@ fn describe(o: &Outcome) -> String {
                 d.failed,
                 d.redis_us,
                 d.dedupd_us,
+                d.redis_sw,
+                d.dedupd_sw,
             );
             if let Some(e) = &d.first_error {
                 let _ = write!(s, " (first: {})", truncate(e, 160));
@@ -352,14 +409,22 @@ fn describe(o: &Outcome) -> String {
 
 // ---------------------------------------------------------------- delivery
 
-async fn delivery_run(p: &Params, inbox: Inbox, n: usize) -> anyhow::Result<DeliveryRun> {
+async fn delivery_run(
+    p: &Params,
+    inbox: Inbox,
+    n: usize,
+    rate: Option<u64>,
+) -> anyhow::Result<DeliveryRun> {
     let redis = Redis::single()?;
     let receiver = Receiver::start(ReceiverKind::Nginx).await?;
     let mut fleet = Vec::with_capacity(n);
     // One after the other: the first shared-inbox instance records the
     // bucket layout the others then read.
+    let source = rate.map_or_else(String::new, |r| format!("rate_limit = \"{r}/s\"\n"));
     for _ in 0..n {
-        fleet.push(Instance::start(&redis.storage_toml(), Some((inbox, &receiver.url))).await?);
+        fleet.push(
+            Instance::start(&redis.storage_toml(), Some((inbox, &receiver.url)), &source).await?,
+        );
     }
     let bases: Vec<String> = fleet.iter().map(|i| i.base.clone()).collect();
     let client = dedupd::http_client::builder()
@@ -371,7 +436,8 @@ async fn delivery_run(p: &Params, inbox: Inbox, n: usize) -> anyhow::Result<Deli
 
     let pids: Vec<u32> = fleet.iter().map(|i| i.child.child.id()).collect();
     let cpu0 = (cpu_ns(&redis.pids), cpu_ns(&pids));
-    let posted = post_spread(&client, &bases, p).await;
+    let sw0 = (switches(&redis.pids), switches(&pids));
+    let posted = post_spread(&client, &bases, p, None).await;
 
     // Wait until nothing is pending anywhere, bounded. The shared inbox
     // counts the whole fleet at every instance; local inboxes each their own.
@@ -409,6 +475,7 @@ async fn delivery_run(p: &Params, inbox: Inbox, n: usize) -> anyhow::Result<Deli
         tokio::time::sleep(POLL).await;
     };
     let cpu1 = (cpu_ns(&redis.pids), cpu_ns(&pids));
+    let sw1 = (switches(&redis.pids), switches(&pids));
     tokio::time::sleep(DUPLICATE_GRACE).await;
     let counts = counts.unwrap_or_default();
     let tracker = receiver.tracker().clone();
@@ -450,6 +517,8 @@ async fn delivery_run(p: &Params, inbox: Inbox, n: usize) -> anyhow::Result<Deli
             .saturating_sub(delivered + counts.stale + counts.dead + counts.pending),
         redis_us: us_per(cpu0.0, cpu1.0, posted.accepted),
         dedupd_us: us_per(cpu0.1, cpu1.1, posted.accepted),
+        redis_sw: per(sw0.0, sw1.0, posted.accepted),
+        dedupd_sw: per(sw0.1, sw1.1, posted.accepted),
         warnings,
         last_warning,
     })
@@ -494,8 +563,14 @@ async fn fleet_counts(client: &reqwest::Client, bases: &[String]) -> anyhow::Res
 }
 
 /// Posts unique signed events over the instances for `p.duration` with
-/// `p.concurrency` connections (see [`Spread`]).
-async fn post_spread(client: &reqwest::Client, bases: &[String], p: &Params) -> Posted {
+/// `p.concurrency` connections (see [`Spread`]); with `limit`, no more than
+/// that many.
+async fn post_spread(
+    client: &reqwest::Client,
+    bases: &[String],
+    p: &Params,
+    limit: Option<u64>,
+) -> Posted {
     let urls: Arc<Vec<String>> =
         Arc::new(bases.iter().map(|b| format!("{b}/ingest/bench")).collect());
     let next = Arc::new(AtomicU64::new(0));
@@ -519,6 +594,9 @@ async fn post_spread(client: &reqwest::Client, bases: &[String], p: &Params) -> 
         tasks.push(tokio::spawn(async move {
             while started.elapsed() < duration {
                 let i = next.fetch_add(1, Ordering::Relaxed);
+                if limit.is_some_and(|l| i >= l) {
+                    break;
+                }
                 let stream = i % streams;
                 let url = match spread {
                     Spread::Connection => &urls[c % urls.len()],
@@ -594,7 +672,7 @@ async fn claims_run(p: &Params, cluster: bool) -> anyhow::Result<ClaimRun> {
     } else {
         Redis::single()?
     };
-    let instance = Instance::start(&redis.storage_toml(), None).await?;
+    let instance = Instance::start(&redis.storage_toml(), None, "").await?;
     let seconds = p.duration.as_secs_f64();
     let warmup = Duration::from_secs(1);
     let pids = [instance.child.child.id()];
@@ -796,6 +874,33 @@ fn cpu_ns(pids: &[u32]) -> u64 {
     sum
 }
 
+/// Times the threads of each of `pids` were switched onto a CPU, summed
+/// (`schedstat`'s third field): context switches, voluntary or not.
+fn switches(pids: &[u32]) -> u64 {
+    let mut sum = 0;
+    for pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            sum += std::fs::read_to_string(task.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().nth(2)?.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    sum
+}
+
+/// Events per operation between two counter readings.
+#[allow(clippy::cast_precision_loss)]
+fn per(before: u64, after: u64, ops: u64) -> f64 {
+    if ops == 0 {
+        return f64::NAN;
+    }
+    after.saturating_sub(before) as f64 / ops as f64
+}
+
 /// Microseconds of CPU per operation between two [`cpu_ns`] readings.
 #[allow(clippy::cast_precision_loss)]
 fn us_per(before: u64, after: u64, ops: u64) -> f64 {
@@ -841,8 +946,13 @@ struct Instance {
 }
 
 impl Instance {
-    /// With `gateway`, a source `bench` forwarding to its URL, on that inbox.
-    async fn start(redis: &str, gateway: Option<(Inbox, &str)>) -> anyhow::Result<Self> {
+    /// With `gateway`, a source `bench` forwarding to its URL, on that
+    /// inbox, with `source` (TOML lines) added to its table.
+    async fn start(
+        redis: &str,
+        gateway: Option<(Inbox, &str)>,
+        source: &str,
+    ) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let port = free_port()?;
         let config = dir.path().join("dedupd.toml");
@@ -870,7 +980,8 @@ impl Instance {
                  created_at = \"body:/created_at\"\n\
                  stream = \"body:/run_id\"\n\
                  forward_to = \"{forward_to}\"\n\
-                 destination_secret = \"{DESTINATION_SECRET}\"\n",
+                 destination_secret = \"{DESTINATION_SECRET}\"\n\
+                 {source}",
                 inbox = inbox.name(),
             );
         }
@@ -972,6 +1083,7 @@ fn print_table(p: &Params, results: &[(Scenario, Vec<Outcome>)]) {
     let base = deliveries(&Scenario::Delivery {
         inbox: Inbox::Local,
         instances: 1,
+        rate: None,
     });
     let base_ingest = median(base.iter().map(|d| d.ingest).collect());
     let base_e2e = median(base.iter().map(|d| d.end_to_end).collect());
@@ -983,16 +1095,16 @@ fn print_table(p: &Params, results: &[(Scenario, Vec<Outcome>)]) {
         std::thread::available_parallelism().map_or(0, usize::from),
     );
     println!(
-        "| scenario | ingest k/s | × | end to end k/s | × | last delivery / posting time | CPU µs/event: Redis · dedupd | accepted | delivered | stale | dead | lost | repeated | failed posts |"
+        "| scenario | ingest k/s | × | end to end k/s | × | last delivery / posting time | CPU µs/event: Redis · dedupd | switches/event: Redis · dedupd | accepted | delivered | stale | dead | lost | repeated | failed posts |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (s, _) in results {
         let Scenario::Delivery { .. } = s else {
             continue;
         };
         let runs = deliveries(s);
         if runs.is_empty() {
-            println!("| {} | failed | | | | | | | | | | | | |", s.label());
+            println!("| {} | failed | | | | | | | | | | | | | |", s.label());
             continue;
         }
         let ingest: Vec<f64> = runs.iter().map(|d| d.ingest).collect();
@@ -1000,7 +1112,7 @@ fn print_table(p: &Params, results: &[(Scenario, Vec<Outcome>)]) {
         let (mi, me) = (median(ingest.clone()), median(e2e.clone()));
         let sum = |f: fn(&DeliveryRun) -> u64| runs.iter().map(f).sum::<u64>();
         println!(
-            "| {} | {:.1}{} | {} | {:.1}{} | {} | {:.2}× | {:.0} · {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.1}{} | {} | {:.1}{} | {} | {:.2}× | {:.0} · {:.0} | {:.2} · {:.2} | {} | {} | {} | {} | {} | {} | {} |",
             s.label(),
             mi / 1000.0,
             range(&ingest),
@@ -1011,6 +1123,8 @@ fn print_table(p: &Params, results: &[(Scenario, Vec<Outcome>)]) {
             median(runs.iter().map(|d| d.over_posting).collect()),
             median(runs.iter().map(|d| d.redis_us).collect()),
             median(runs.iter().map(|d| d.dedupd_us).collect()),
+            median(runs.iter().map(|d| d.redis_sw).collect()),
+            median(runs.iter().map(|d| d.dedupd_sw).collect()),
             sum(|d| d.accepted),
             sum(|d| d.delivered),
             sum(|d| d.stale),
