@@ -723,7 +723,7 @@ impl Settings {
             && self.storage.backend == Backend::Redis
             && g.lease_grace < self.storage.redis.response_timeout.saturating_mul(3)
         {
-            // Renewed every third of the grace: one renewal that times out
+            // Renewed every quarter of the grace: one renewal that times out
             // must leave the next one time to land.
             bad(
                 "gateway.lease_grace",
@@ -1348,7 +1348,7 @@ mod tests {
             assert_eq!(errors.0[0].key, "gateway.lease_grace");
             assert!(errors.0[0].message.contains("1s to 10m"), "{errors}");
         }
-        // Renewed every third of it: a renewal that times out must leave
+        // Renewed every quarter of it: a renewal that times out must leave
         // the next one time to land.
         let slow = format!(
             "{}[storage.redis]\nresponse_timeout = \"3s\"\n",

@@ -47,7 +47,7 @@ pub struct GatewaySettings {
     pub inbox_buckets: u16,
     /// With the shared inbox: how long an instance's lease on an event
     /// outlives its last renewal. A live instance renews its leases every
-    /// third of it, however long a delivery takes; a dead (or frozen) one
+    /// quarter of it, however long a delivery takes; a dead (or frozen) one
     /// loses its events to the others this long after its last renewal.
     #[serde(with = "humantime_serde")]
     pub lease_grace: Duration,

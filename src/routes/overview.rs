@@ -105,7 +105,20 @@ pub(super) async fn list(state: web::Data<AppState>) -> Result<HttpResponse, Api
             });
     }
     let store = StoreState::now(&state).await;
-    let lanes = join_all(by_name.keys().map(|name| state.dispatcher.lane_now(name))).await;
+    // With the store down, each lane's fleet state would wait out its own
+    // timeout: this instance's view says enough (`held_by: store`).
+    let down = store.is_unavailable();
+    let lanes = join_all(by_name.keys().map(|name| {
+        let dispatcher = &state.dispatcher;
+        async move {
+            if down {
+                dispatcher.lane(name)
+            } else {
+                dispatcher.lane_now(name).await
+            }
+        }
+    }))
+    .await;
     let sources = by_name
         .into_values()
         .zip(lanes)

@@ -123,6 +123,11 @@ pub struct StoreState {
 }
 
 impl StoreState {
+    /// Whether writes fail now for another reason than a low disk.
+    pub(super) fn is_unavailable(&self) -> bool {
+        self.state == "unavailable"
+    }
+
     pub(super) async fn now(state: &AppState) -> Self {
         Self {
             state: match super::health::readiness(state).await {
@@ -301,11 +306,12 @@ pub(super) async fn show(
         }));
     };
     let store = StoreState::now(&state).await;
-    let delivery = state
-        .dispatcher
-        .lane_now(&source)
-        .await
-        .map(|lane| DeliveryView::of(&lane, &store));
+    let lane = if store.is_unavailable() {
+        state.dispatcher.lane(&source)
+    } else {
+        state.dispatcher.lane_now(&source).await
+    };
+    let delivery = lane.map(|lane| DeliveryView::of(&lane, &store));
     Ok(HttpResponse::Ok().json(SourceView {
         source,
         configured: true,
@@ -328,12 +334,17 @@ impl DeliveryView {
     /// A lane's view, with the store's state.
     pub(super) fn of(lane: &LaneView, store: &StoreState) -> Self {
         let (state, paused_until_ms) = match lane.state {
-            _ if lane.fleet_unread => ("unknown", None),
+            // The fleet's state is in the store: not read while it is down.
+            _ if lane.fleet_unread
+                || (store.is_unavailable() && lane.scope == LaneScope::Fleet) =>
+            {
+                ("unknown", None)
+            }
             CircuitState::Closed => ("running", None),
             CircuitState::Open { until } => ("paused", Some(until)),
             CircuitState::Probing { .. } => ("probing", None),
         };
-        let (held_by, held_until_ms) = if store.state == "unavailable" {
+        let (held_by, held_until_ms) = if store.is_unavailable() {
             (Some("store"), None)
         } else if state == "probing" {
             (Some("probing"), None)

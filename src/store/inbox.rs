@@ -101,19 +101,22 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
 
     /// Extends to `until` each lease of `leases` (event, generation) that
     /// is still live at `now` under that generation: the event pending,
-    /// not leased again since, its lease not yet over. A lease that ran
-    /// out is never renewed, even if nobody took the event (its stream's
-    /// turn may have passed to another event meanwhile). Answers, in
-    /// order, whether each was renewed. An inbox without a
-    /// [`Inbox::lease_grace`] has nothing to renew: all true.
+    /// not leased again since, its lease not yet over, its stream's turn
+    /// still its own. A lease that ran out is never renewed, even if
+    /// nobody took the event (its stream's turn may have passed to another
+    /// event meanwhile). Answers, in order, whether each was renewed
+    /// (`Some(false)`: lost), or `None` where that part of the store could
+    /// not be reached (a cluster's master down): it may still be live.
+    /// Fails only when no part answered. An inbox without a
+    /// [`Inbox::lease_grace`] has nothing to renew: all renewed.
     async fn renew_leases(
         &self,
         leases: Vec<(EventKey, u64)>,
         until: Millis,
         now: Millis,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Option<bool>>, StoreError> {
         let _ = (until, now);
-        Ok(vec![true; leases.len()])
+        Ok(vec![Some(true); leases.len()])
     }
 
     /// How long after its receipt a reaped event's id stays a duplicate

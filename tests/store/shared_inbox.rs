@@ -887,12 +887,15 @@ async fn on_a_cluster_jobs_replays_and_erasures_work() {
     assert_eq!((summary[0].delivered, summary[0].erased), (7, 1));
 }
 
-/// Renews `leases` from `until` on, all at once.
+/// Renews `leases` from `until` on, all at once; whether each was.
 async fn renew(inbox: &RedisInbox, leases: &[(EventKey, u64)], until: u64, now: u64) -> Vec<bool> {
     inbox
         .renew_leases(leases.to_vec(), until, now)
         .await
         .unwrap()
+        .into_iter()
+        .map(|r| r.expect("every bucket answers"))
+        .collect()
 }
 
 /// A renewed lease keeps its event and its stream's turn past the lease's
@@ -975,6 +978,35 @@ async fn a_renewed_lease_holds_and_only_a_live_lease_of_its_generation_is_renewe
     .unwrap();
     let e = b.inbox_event("sume", "newer").await.unwrap().unwrap();
     assert_eq!(e.status, EventStatus::Delivered);
+    // A renewal that reaches Redis late (its caller's clock behind, or
+    // held up) after the stream's turn passed to an older event: not
+    // renewed, even though its lease's end is still ahead by that clock.
+    a.ingest(event("late_b", Some("late"), 5, b"{}".to_vec()), T)
+        .await
+        .unwrap();
+    let late = EventKey::new("sume", "late_b", Some("late"));
+    let late_lease = a
+        .lease(vec![(late.clone(), T + 10_000)], Some(RETENTION), T)
+        .await
+        .unwrap()
+        .leased[0]
+        .lease;
+    b.ingest(event("late_a", Some("late"), 0, b"{}".to_vec()), T + 12_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        renew(&a, &[(late.clone(), late_lease)], T + 19_500, T + 9_500).await,
+        [false]
+    );
+    let taken = b
+        .lease(
+            vec![(EventKey::new("sume", "late_a", Some("late")), T + 22_000)],
+            Some(RETENTION),
+            T + 12_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken.leased.len(), 1, "the older event's turn");
     // Erased while leased, or unknown: not renewed.
     a.ingest(event("gone", None, 6, b"{}".to_vec()), T)
         .await

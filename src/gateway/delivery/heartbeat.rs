@@ -1,7 +1,7 @@
 //! Lease renewal where several instances lease from one inbox (the shared
 //! inbox, `gateway.lease_grace`): a lease lasts the grace, and a live
 //! instance renews every lease it holds (events in flight and events held
-//! ahead) every third of it, the way a Kafka consumer keeps its session.
+//! ahead) every quarter of it, the way a Kafka consumer keeps its session.
 //! However long a delivery takes, a live instance keeps its events; a dead
 //! one loses them to the others within the grace of its last renewal,
 //! whatever `forward_timeout` is.
@@ -84,27 +84,35 @@ impl Leases {
     }
 
     /// Takes the inbox's answers to a renewal of `asked` at `now`: a
-    /// renewed lease is confirmed, a lost one forgotten. Counts
-    /// (renewed, lost) of those still held when the answer came (a turn
-    /// that ended meanwhile is no loss).
-    fn renewed(&self, asked: &[(EventKey, u64)], renewed: &[bool], now: Millis) -> (u64, u64) {
+    /// renewed lease is confirmed, a lost one forgotten, one whose part of
+    /// the store did not answer left as it is. Counts (renewed, lost,
+    /// unknown) of those still held when the answer came (a turn that
+    /// ended meanwhile is no loss).
+    fn renewed(
+        &self,
+        asked: &[(EventKey, u64)],
+        renewed: &[Option<bool>],
+        now: Millis,
+    ) -> (u64, u64, u64) {
         let mut held = self.held();
-        let (mut ok, mut lost) = (0, 0);
+        let (mut ok, mut lost, mut unknown) = (0, 0, 0);
         for ((key, lease), r) in asked.iter().zip(renewed) {
             let id = (key.source.clone(), key.event_id.clone());
             let Some(h) = held.get_mut(&id).filter(|h| h.lease == *lease) else {
                 continue;
             };
-            if *r {
+            if *r == Some(true) {
                 h.confirmed = h.confirmed.max(now);
                 ok += 1;
+            } else if r.is_none() {
+                unknown += 1;
             } else {
                 held.remove(&id);
                 lost += 1;
                 tracing::warn!(source = %key.source, event_id = %key.event_id, "lease lost (run out, or taken by another instance): this instance sends it no more, and its late outcome is ignored");
             }
         }
-        (ok, lost)
+        (ok, lost, unknown)
     }
 }
 
@@ -114,10 +122,11 @@ impl Dispatcher {
         self.gateway.inbox.lease_grace()
     }
 
-    /// Renews every lease this process holds, every third of `grace`,
-    /// until aborted (after the last turn ended).
+    /// Renews every lease this process holds, every quarter of `grace`
+    /// (so a lease has three renewals in flight or landed before it ends,
+    /// even if one times out), until aborted (after the last turn ended).
     pub(super) async fn heartbeat(self: Arc<Self>, grace: Duration) {
-        let mut tick = tokio::time::interval(grace / 3);
+        let mut tick = tokio::time::interval(grace / 4);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         loop {
@@ -138,9 +147,10 @@ impl Dispatcher {
                     if std::mem::take(&mut failing) {
                         tracing::info!("leases renewed again");
                     }
-                    let (ok, lost) = self.leases.renewed(&asked, &renewed, now);
+                    let (ok, lost, unknown) = self.leases.renewed(&asked, &renewed, now);
                     self.metrics.lease_renewals("renewed", ok);
                     self.metrics.lease_renewals("lost", lost);
+                    self.metrics.lease_renewals("failed", unknown);
                 }
                 Err(e) => {
                     if !std::mem::replace(&mut failing, true) {
@@ -181,10 +191,11 @@ impl Dispatcher {
             .await
         {
             Ok(renewed) => {
-                let (ok, lost) = self.leases.renewed(&asked, &renewed, now);
+                let (ok, lost, unknown) = self.leases.renewed(&asked, &renewed, now);
                 self.metrics.lease_renewals("renewed", ok);
                 self.metrics.lease_renewals("lost", lost);
-                renewed.first().copied().unwrap_or(false)
+                self.metrics.lease_renewals("failed", unknown);
+                renewed.first().copied().flatten().unwrap_or(false)
             }
             Err(e) => {
                 tracing::debug!(source = %key.source, event_id = %key.event_id, error = %e.chain(), "cannot confirm the lease before sending: not sent; it comes due at its lease's end");
@@ -210,15 +221,24 @@ mod tests {
         let asked = leases.all();
         // c's turn ends while the renewal is on its way: no loss.
         leases.forget("s", "c", 2);
-        let answers: Vec<bool> = asked.iter().map(|(k, _)| k.event_id != "b").collect();
-        assert_eq!(leases.renewed(&asked, &answers, 200), (1, 1));
+        let answers: Vec<Option<bool>> =
+            asked.iter().map(|(k, _)| Some(k.event_id != "b")).collect();
+        assert_eq!(leases.renewed(&asked, &answers, 200), (1, 1, 0));
         assert_eq!(leases.confirmed("s", "a", 1), Some(200));
         assert_eq!(leases.confirmed("s", "b", 4), None, "lost");
         assert_eq!(leases.confirmed("s", "c", 2), None, "ended");
         // Leased again under a newer generation: the old one's answer and
         // end leave it alone.
+        // Unanswered (its master down): neither confirmed nor forgotten.
+        leases.hold(b.clone(), 5, 250);
+        assert_eq!(leases.renewed(&[(b.clone(), 5)], &[None], 260), (0, 0, 1));
+        assert_eq!(leases.confirmed("s", "b", 5), Some(250));
+        leases.forget("s", "b", 5);
         leases.hold(a.clone(), 3, 300);
-        assert_eq!(leases.renewed(&[(a.clone(), 1)], &[false], 400), (0, 0));
+        assert_eq!(
+            leases.renewed(&[(a.clone(), 1)], &[Some(false)], 400),
+            (0, 0, 0)
+        );
         leases.forget("s", "a", 1);
         assert_eq!(leases.confirmed("s", "a", 3), Some(300));
         assert_eq!(leases.all(), [(a, 3)]);

@@ -146,6 +146,9 @@ struct Slot {
     stream: Option<String>,
     /// How the turn went, for the circuit breaker.
     reached: Reached,
+    /// The event's lease, once its turn runs: forgotten by the heartbeat
+    /// when the slot goes, however the turn ended (a panic included).
+    lease: Option<u64>,
 }
 
 impl Slot {
@@ -183,6 +186,11 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         let now = self.dispatcher.clock.now_ms();
+        if let Some(lease) = self.lease {
+            self.dispatcher
+                .leases
+                .forget(&self.source.name, &self.event_id, lease);
+        }
         self.dispatcher
             .report_turn(&self.source.name, &self.event_id, self.reached);
         let transition = self.dispatcher.schedule().finish(
@@ -373,7 +381,9 @@ impl Dispatcher {
                     (None, false) => circuit::State::Closed,
                 };
                 view.consecutive_failures = fleet.failures;
-                view.held_until = fleet.held_until;
+                // A hold this instance was given and could not report yet
+                // counts too.
+                view.held_until = view.held_until.max(fleet.held_until);
                 view.rate_limited_until = fleet.rate_limited_until;
             }
             Err(e) => {
@@ -609,7 +619,10 @@ impl Dispatcher {
             // Read again, so due again: its lease ended, the copy held
             // ahead is stale.
             for ev in &found.events {
-                ahead.take(&source, &ev.event_id);
+                if let Some(stale) = ahead.take(&source, &ev.event_id) {
+                    self.leases
+                        .forget(&stale.ev.source, &stale.ev.event_id, stale.lease);
+                }
             }
             read.insert(source, found.events);
         }
@@ -715,6 +728,7 @@ impl Dispatcher {
                 event_id: ev.event_id.clone(),
                 stream: ev.stream.clone(),
                 reached: Reached::Nothing,
+                lease: None,
             };
             slots.push((source, ev, slot));
         }
@@ -828,8 +842,9 @@ impl Dispatcher {
     /// Starts the turn of an event picked from those leased ahead.
     fn spawn_turn(self: &Arc<Self>, ev: InboxEvent, lease: u64, tasks: &mut JoinSet<()>) {
         let Some(source) = self.gateway.source(&ev.source) else {
-            // Its lease ends and it comes due again, as any pending event
-            // of a removed source: listed, not delivered.
+            // Its lease ends (no longer renewed) and it comes due again, as
+            // any pending event of a removed source: listed, not delivered.
+            self.leases.forget(&ev.source, &ev.event_id, lease);
             self.unpick(&ev);
             return;
         };
@@ -839,6 +854,7 @@ impl Dispatcher {
             event_id: ev.event_id.clone(),
             stream: ev.stream.clone(),
             reached: Reached::Nothing,
+            lease: None,
         };
         // Held ahead in a shared inbox: another instance's operator may
         // have erased or redelivered it since.
@@ -859,6 +875,7 @@ impl Dispatcher {
         tasks: &mut JoinSet<()>,
         check: bool,
     ) {
+        slot.lease = Some(lease);
         let this = self.clone();
         tasks.spawn(async move {
             let key = ev.key();
@@ -866,7 +883,6 @@ impl Dispatcher {
                 // Renews it, or says it is gone.
                 if !this.lease_live(&key, lease, true).await {
                     tracing::info!(source = %ev.source, event_id = %ev.event_id, "held ahead, but erased, taken elsewhere or run out since: not sent");
-                    this.leases.forget(&ev.source, &ev.event_id, lease);
                     return;
                 }
             } else if check {
@@ -883,7 +899,6 @@ impl Dispatcher {
                 }
             }
             slot.reached = this.turn(&source, &ev, lease, &slot).await;
-            this.leases.forget(&ev.source, &ev.event_id, lease);
             drop(slot);
             if ev.replay.is_some() {
                 // Its job has room again.

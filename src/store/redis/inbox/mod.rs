@@ -582,20 +582,20 @@ impl Inbox for RedisInbox {
     }
 
     /// One script per bucket, all buckets at once. A bucket that cannot be
-    /// reached fails the call: its leases run out unless a later renewal
-    /// lands in time.
+    /// reached answers `None` for its leases (they run out unless a later
+    /// renewal lands in time); the others are renewed all the same.
     async fn renew_leases(
         &self,
         leases: Vec<(EventKey, u64)>,
         until: Millis,
         now: Millis,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Option<bool>>, StoreError> {
         let mut by_bucket: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, (key, _)) in leases.iter().enumerate() {
             let t = self.bucket(&key.source, self.bucket_of(key));
             by_bucket.entry(t).or_default().push(i);
         }
-        let replies = try_join_all(by_bucket.iter().map(|(t, members)| {
+        let replies = join_all(by_bucket.iter().map(|(t, members)| {
             let mut args = vec![arg(now), arg(until)];
             for i in members {
                 let (key, lease) = &leases[*i];
@@ -604,17 +604,29 @@ impl Inbox for RedisInbox {
             }
             async move { self.run::<Vec<i64>>(&self.scripts.renew, t, args).await }
         }))
-        .await?;
-        let mut renewed = vec![false; leases.len()];
-        for (members, reply) in by_bucket.values().zip(replies) {
-            if reply.len() != members.len() {
-                return Err(unexpected("renew", reply));
-            }
+        .await;
+        let mut renewed = vec![None; leases.len()];
+        let mut failed = None;
+        let mut answered = false;
+        for ((t, members), reply) in by_bucket.iter().zip(replies) {
+            let reply = match reply {
+                Ok(reply) if reply.len() == members.len() => reply,
+                Ok(reply) => return Err(unexpected("renew", reply)),
+                Err(e) => {
+                    tracing::debug!(bucket = %t, error = %e.chain(), "cannot renew the leases of a bucket");
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            answered = true;
             for (i, r) in members.iter().zip(reply) {
-                renewed[*i] = r == 1;
+                renewed[*i] = Some(r == 1);
             }
         }
-        Ok(renewed)
+        match failed {
+            Some(e) if !answered => Err(e),
+            _ => Ok(renewed),
+        }
     }
 
     fn dedupe_window(&self) -> Duration {

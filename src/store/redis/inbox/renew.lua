@@ -4,14 +4,24 @@
 -- shortening it: the event stays out of the runnable index's due range and
 -- keeps its stream's turn (fix_stream). A lease that ran out is not
 -- renewed, even if nobody took the event: its stream's turn may have gone
--- to another event meanwhile. Answers 1 or 0 per pair, in order.
+-- to another event meanwhile; nor is one whose stream's turn is no longer
+-- its own, or that left the runnable index (a renewal that reaches Redis
+-- late, after another instance's lease handed the turn on, must not bring
+-- back a second delivery of the stream). Answers 1 or 0 per pair, in order.
 local now, until_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 for i = 4, #ARGV - 1, 2 do
   local id, lease = ARGV[i], ARGV[i + 1]
   local ek = k('e', id)
-  local f = redis.call('HMGET', ek, 'st', 'ls', 'lu')
-  if f[1] == '0' and f[2] == lease and f[3] and tonumber(f[3]) > now then
+  local f = redis.call('HMGET', ek, 'st', 'ls', 'lu', 'hs')
+  local live = f[1] == '0' and f[2] == lease and f[3] and tonumber(f[3]) > now
+  if live and f[4] and f[4] ~= '' and redis.call('HGET', k('rn'), f[4]) ~= id then
+    live = false
+  end
+  if live and not redis.call('ZSCORE', k('run'), id) then
+    live = false
+  end
+  if live then
     if tonumber(f[3]) < until_ms then
       redis.call('HSET', ek, 'du', fmt(until_ms), 'lu', fmt(until_ms))
       redis.call('ZADD', k('run'), 'XX', until_ms, id)
