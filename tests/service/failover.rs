@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use crate::fleet::{Node, event, post, start_node, stop_all};
+use crate::support::fleet::{Backing, metric, shown, within};
 use crate::support::process::signal;
 use crate::support::receiver::{Behaviour, Received, Receiver};
-use crate::support::redis::{RedisCluster, RedisServer};
 
 /// `gateway.lease_grace` in these tests.
 const GRACE: Duration = Duration::from_secs(3);
@@ -67,46 +67,6 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     file
 }
 
-/// The `[storage.redis]` address line of one server or a cluster.
-enum Backing {
-    One(RedisServer),
-    Cluster(RedisCluster),
-}
-
-impl Backing {
-    async fn one() -> Self {
-        Self::One(
-            tokio::task::spawn_blocking(|| {
-                RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
-            })
-            .await
-            .unwrap(),
-        )
-    }
-
-    async fn cluster() -> Self {
-        Self::Cluster(
-            tokio::task::spawn_blocking(RedisCluster::start)
-                .await
-                .unwrap(),
-        )
-    }
-
-    fn line(&self) -> String {
-        match self {
-            Self::One(r) => format!("url = \"{}\"", r.url()),
-            Self::Cluster(c) => format!(
-                "cluster_nodes = [{}]",
-                c.nodes
-                    .iter()
-                    .map(|n| format!("\"{n}\""))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        }
-    }
-}
-
 /// The event id a request carried.
 fn id_of(r: &Received) -> String {
     r.header("webhook-id").to_owned()
@@ -119,50 +79,6 @@ fn copies(receiver: &Receiver, id: &str) -> Vec<Received> {
         .into_iter()
         .filter(|r| id_of(r) == id)
         .collect()
-}
-
-/// An event as instance `port`'s API shows it.
-async fn shown(port: u16, id: &str) -> serde_json::Value {
-    crate::support::http::client()
-        .get(format!(
-            "http://127.0.0.1:{port}/v1/sources/sume/events/{id}"
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-/// The sum of metric `name`'s series whose labels contain `label` on
-/// instance `port`.
-async fn metric(port: u16, name: &str, label: &str) -> f64 {
-    let text = crate::support::http::client()
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Waits until `check` holds, up to `within`; panics with `what`.
-async fn within<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Posts the first event of each of `runs` to `port`; their ids.

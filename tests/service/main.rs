@@ -31,6 +31,8 @@ mod failover;
 mod fleet;
 #[cfg(feature = "redis")]
 mod fleet_alerts;
+#[cfg(feature = "redis")]
+mod fleet_lanes;
 mod gateway_ingest;
 mod http_limits;
 mod jobs;

@@ -27,8 +27,8 @@ use crate::store::lanes::{GateAsk, LaneGate, LaneReport, LaneState, LaneTransiti
 const GATE_RETRY_MS: Millis = 500;
 
 impl Dispatcher {
-    /// With a fleet: asks the gate of each lane in `wants` that has no
-    /// standing "open", and keeps in `wants` only what the answers allow.
+    /// With a fleet: asks the gate of each lane in `wants`, and keeps in
+    /// `wants` only what the answers allow.
     /// Fails only when every gate asked failed (the store is down).
     pub(super) async fn gate_lanes(
         self: &Arc<Self>,
@@ -41,7 +41,7 @@ impl Dispatcher {
         // A pass that failed after its gates leaves grants behind.
         self.return_unused();
         let names: Vec<String> = wants.reads.iter().map(|(s, _)| s.clone()).collect();
-        let asked = self.schedule().to_gate(&names, now);
+        let asked = self.schedule().to_gate(&names);
         if asked.is_empty() {
             return Ok(());
         }

@@ -1,18 +1,16 @@
 //! A lane's share of the fleet (the shared inbox): its `Retry-After` hold,
 //! its rate limit and its breaker are the fleet's, kept in the store
-//! ([`crate::store::lanes`]). The schedule keeps what the fleet last said,
-//! so that a lane the fleet holds back is not even read until then, and
-//! what this pass was granted, so that the pick starts no more.
+//! ([`crate::store::lanes`]). Every pass that would start deliveries of a
+//! lane asks its gate first, so a hold or a pause written by any instance
+//! stops the others at their next pass. The schedule keeps what the fleet
+//! last said, so that a lane the fleet holds back is not even read until
+//! then, and what this pass was granted, so that the pick starts no more.
 
 use super::{Lane, Reached, Schedule, State};
 use crate::clock::Millis;
 use crate::domain::Rate;
 use crate::store::lanes::{LaneGate, LaneState, Outcome};
 
-/// How long an answer "open" of a lane without a rate limit stands before
-/// the gate is asked again: a hold or a pause elsewhere in the fleet is
-/// seen within it.
-pub const OPEN_FRESH_MS: Millis = 250;
 /// Longest a lane waits on another instance's probe before asking again:
 /// the probe's success is seen within it.
 pub const PROBING_FRESH_MS: Millis = 500;
@@ -34,8 +32,6 @@ pub(in crate::gateway::delivery) struct LaneFleet {
     /// Consecutive failures, fleet-wide, as last seen: a success is worth
     /// reporting only when there were some.
     failures: u32,
-    /// Until when an "open" (without a rate limit) stands without asking.
-    open_until: Millis,
     /// A `Retry-After` this instance was given, to report with the failure.
     hold: Option<Millis>,
 }
@@ -84,11 +80,6 @@ impl LaneFleet {
             _ => gate.until,
         };
         self.state = Some((gate.state, until));
-        if gate.state == LaneState::Open && self.rate.is_none() {
-            self.open_until = now + OPEN_FRESH_MS;
-        } else {
-            self.open_until = 0;
-        }
     }
 }
 
@@ -107,16 +98,15 @@ impl Lane {
 }
 
 impl Schedule {
-    /// Lanes in `lanes` whose gate must be asked at `now` before they
-    /// start anything: those with a fleet share, but no standing "open".
-    pub fn to_gate(&self, lanes: &[String], now: Millis) -> Vec<String> {
+    /// Lanes in `lanes` whose gate must be asked before they start
+    /// anything: those with a fleet share. An answer "open" is not kept
+    /// for later passes: within it another instance may have been told to
+    /// hold off (`Retry-After`) or paused the lane, and requests started on
+    /// it would reach a destination that asked the fleet to wait.
+    pub fn to_gate(&self, lanes: &[String]) -> Vec<String> {
         lanes
             .iter()
-            .filter(|name| {
-                self.lane(name)
-                    .and_then(|l| l.fleet.as_ref())
-                    .is_some_and(|f| f.rate.is_some() || now >= f.open_until)
-            })
+            .filter(|name| self.lane(name).is_some_and(|l| l.fleet.is_some()))
             .cloned()
             .collect()
     }
@@ -277,7 +267,7 @@ mod tests {
             [(10, 80)],
             "8 ahead per slot, under 10 s of tokens"
         );
-        assert_eq!(s.to_gate(&["a".into()], 0), ["a"]);
+        assert_eq!(s.to_gate(&["a".into()]), ["a"]);
         s.apply_gate("a", &gate(2, LaneState::Open, 0), 0);
         let candidates = vec![(
             "a".into(),
@@ -291,19 +281,18 @@ mod tests {
         assert_eq!(picked.len(), 1);
         assert_eq!(s.unused_grants(), [("a".to_owned(), 2, false)]);
         // A grant is for one pass: cleared, the next pass asks again.
-        assert_eq!(s.to_gate(&["a".into()], 2), ["a"]);
+        assert_eq!(s.to_gate(&["a".into()]), ["a"]);
     }
 
     #[test]
-    fn an_open_answer_without_a_rate_stands_a_while_and_a_held_one_until_its_end() {
+    fn an_open_answer_stands_for_its_pass_only_and_a_held_one_until_its_end() {
         let mut s = fleet_lane("a", 4, None);
         s.apply_gate("a", &gate(4, LaneState::Open, 0), 1_000);
         s.unused_grants();
-        assert!(
-            s.to_gate(&["a".into()], 1_000 + OPEN_FRESH_MS - 1)
-                .is_empty()
-        );
-        assert_eq!(s.to_gate(&["a".into()], 1_000 + OPEN_FRESH_MS), ["a"]);
+        // Without a rate limit too: another instance may be told to hold
+        // off any time, and this one must know before it starts more.
+        assert_eq!(s.to_gate(&["a".into()]), ["a"]);
+        assert_eq!(s.wants(1_001).reads.len(), 1, "open: read");
         s.apply_gate("a", &gate(0, LaneState::Held, 5_000), 1_300);
         s.unused_grants();
         let w = s.wants(2_000);
