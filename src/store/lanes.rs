@@ -24,7 +24,8 @@ pub struct GateAsk {
     /// How many it could start now (its own limits allowing).
     pub want: u32,
     /// The lane's `rate_limit` in deliveries per millisecond, and its
-    /// burst; `None` without one. A change empties the bucket.
+    /// burst; `None` without one. A change keeps the tokens, up to the new
+    /// burst.
     pub rate: Option<(f64, u32)>,
     /// If this caller takes the probe of a paused lane: when its hold on
     /// the probe ends unless it reports first (the probe's timeout and a
@@ -149,7 +150,10 @@ pub trait Lanes: Send + Sync + std::fmt::Debug {
     /// `lane`'s state at `now`, changing nothing.
     async fn state(&self, lane: &str, now: Millis) -> Result<FleetLane, StoreError>;
 
-    /// Forgets `lane`'s state (its destination changed: the breaker and a
-    /// hold were about the old one; a bucket starts empty).
-    async fn reset(&self, lane: &str) -> Result<(), StoreError>;
+    /// Forgets `lane`'s state once its destination changed to
+    /// `destination` (an id of it): the breaker and a hold were about the
+    /// old one. Only the first instance to ask forgets; the others, asking
+    /// with the same destination later in a rolling reload, find the state
+    /// already about it and keep it. Answers whether it forgot.
+    async fn reset(&self, lane: &str, destination: &str) -> Result<bool, StoreError>;
 }

@@ -94,7 +94,8 @@ async fn three_instances_share_one_token_bucket() {
         .unwrap();
     let handles = [0, 1, 2].map(|_| instance(server.url(), Vec::new(), "bucket"));
     one_bucket_for_three(&handles, "sume").await;
-    // Tokens not used go back, up to the burst; a new rate starts empty.
+    // Tokens not used go back, up to the burst; a new rate keeps them, up
+    // to its burst.
     let l = lanes(&handles[0]);
     let now = T + 60_000;
     let full = gate(l, "sume", &ask(100, Some((20.0, 10))), now).await;
@@ -107,9 +108,26 @@ async fn three_instances_share_one_token_bucket() {
             .granted,
         10
     );
-    let changed = gate(l, "sume", &ask(100, Some((5.0, 10))), now + 60_000).await;
-    assert_eq!((changed.granted, changed.state), (0, LaneState::Limited));
-    assert_eq!(changed.until, now + 60_000 + 200, "one token at 5/s");
+    let changed = gate(l, "sume", &ask(100, Some((5.0, 4))), now + 60_000).await;
+    assert_eq!(changed.granted, 4, "refilled, up to the new burst");
+    let empty = gate(l, "sume", &ask(100, Some((5.0, 4))), now + 60_000).await;
+    assert_eq!((empty.granted, empty.state), (0, LaneState::Limited));
+    assert_eq!(empty.until, now + 60_000 + 200, "one token at 5/s");
+    // Two instances that disagree on the rate (a rolling reload) do not
+    // keep emptying the bucket: tokens still come at about either rate.
+    let b = lanes(&handles[1]);
+    let mut granted = 0;
+    for step in 1..=20u64 {
+        let at = now + 60_000 + step * 300;
+        let (who, rate) = if step % 2 == 0 {
+            (l, (5.0, 4))
+        } else {
+            (b, (6.0, 4))
+        };
+        granted += gate(who, "sume", &ask(100, Some(rate)), at).await.granted;
+    }
+    assert!((29..=36).contains(&granted), "{granted} in 6 s at 5 or 6/s");
+    let now = now + 60_000 + 6_000;
     // Without a rate, no bucket: everything asked is granted.
     assert_eq!(
         gate(l, "sume", &ask(7, None), now + 60_001).await.granted,
@@ -261,21 +279,22 @@ async fn one_breaker_pauses_once_lets_one_probe_through_and_resumes_once() {
         l(1).state("sume", T + 31_102).await.unwrap(),
         FleetLane::default()
     );
-    // A reset forgets everything (a new destination).
-    tell(
-        l(1),
-        "sume",
-        Outcome::Failed {
-            hold_until: Some(T + 99_000),
-        },
-        T + 31_200,
-    )
-    .await;
-    l(1).reset("sume").await.unwrap();
+    // A new destination: the first instance to reload forgets the lane's
+    // state; the next ones, reloading with the same destination later,
+    // keep what the new destination earned meanwhile.
+    let hold = |until: u64| Outcome::Failed {
+        hold_until: Some(until),
+    };
+    tell(l(1), "sume", hold(T + 99_000), T + 31_200).await;
+    assert!(l(1).reset("sume", "dest-2").await.unwrap());
     assert_eq!(
         gate(l(0), "sume", &ask(5, None), T + 31_300).await.granted,
         5
     );
+    tell(l(0), "sume", hold(T + 40_000), T + 31_400).await;
+    assert!(!l(2).reset("sume", "dest-2").await.unwrap());
+    let held = gate(l(2), "sume", &ask(5, None), T + 31_500).await;
+    assert_eq!((held.state, held.until), (LaneState::Held, T + 40_000));
 }
 
 /// On a cluster: each lane is one slot, so its bucket is exact there too;

@@ -23,6 +23,13 @@ use crate::clock::Millis;
 use crate::store::StoreError;
 use crate::store::lanes::{GateAsk, LaneGate, LaneReport, LaneState, LaneTransition, Outcome};
 
+/// An id of a destination's URL (no secret in the store: its query may
+/// hold one).
+fn destination_id(url: &reqwest::Url) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(url.as_str().as_bytes())[..8])
+}
+
 /// A lane the store could not be asked about waits this long.
 const GATE_RETRY_MS: Millis = 500;
 
@@ -225,8 +232,18 @@ impl Dispatcher {
                 return;
             };
             for lane in lanes {
-                if let Err(e) = store.reset(&lane).await {
-                    tracing::warn!(source = %lane, error = %e.chain(), "cannot reset the fleet's state of a lane whose destination changed");
+                let Some(source) = gateway.source(&lane) else {
+                    continue;
+                };
+                let destination = destination_id(&source.forward_to);
+                match store.reset(&lane, &destination).await {
+                    Ok(true) => {
+                        tracing::info!(source = %lane, "destination changed: the fleet's breaker and Retry-After hold of it start over")
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(source = %lane, error = %e.chain(), "cannot reset the fleet's state of a lane whose destination changed");
+                    }
                 }
             }
         });

@@ -4,7 +4,10 @@
 -- Fields (all absent: nothing held, breaker closed, bucket empty):
 --   ra  held until (Retry-After)
 --   tk  tokens (a float), ta when they were counted, tr rate per ms and tb
---       burst they are counted with (a change starts the bucket empty)
+--       burst they are counted with (a change keeps the tokens, up to the
+--       new burst: instances that disagree for a while, during a rolling
+--       reload, must not keep emptying it)
+--   dd  the destination the breaker and hold are about (reset.lua's id)
 --   bs  'o' while the breaker is open; bu its pause's end; bt its openings
 --       in a row; bf consecutive failed attempts
 --   bp  the instance holding the probe, bq when its hold ends
@@ -12,7 +15,11 @@
 --   gate:   want, rate per ms ('' none), burst, me, probe until
 --   report: outcome ('fail', 'ok', 'neutral', 'refund'), me, pause_after,
 --           backoff min ms, backoff max ms, hold until (0 none), refund n
--- Both answer {granted, state, until, failures, transition}.
+--   reset:  destination id: forgets the lane's state unless it is already
+--           about that destination (so the second instance of a rolling
+--           reload does not undo what the new destination earned since)
+-- Gate and report answer {granted, state, until, failures, transition};
+-- reset answers 1 if it forgot, 0 if not.
 local key = KEYS[1]
 local op, now = ARGV[1], tonumber(ARGV[2])
 local f = redis.call('HMGET', key, 'ra', 'tk', 'ta', 'tr', 'tb', 'bs', 'bu', 'bt', 'bf', 'bp', 'bq')
@@ -71,13 +78,13 @@ if op == 'gate' then
   if rate ~= '' then
     local per_ms, cap = tonumber(rate), tonumber(burst)
     if tr ~= rate or tb ~= burst then
-      -- A new rate starts empty, as a start does: no burst from a change.
-      tk, ta = 0, now
       redis.call('HSET', key, 'tr', rate, 'tb', burst)
-    elseif now > ta then
-      tk = math.min(cap, tk + (now - ta) * per_ms)
+    end
+    if now > ta then
+      tk = tk + (now - ta) * per_ms
       ta = now
     end
+    tk = math.min(cap, tk)
     local avail = math.floor(tk)
     if want > avail then
       want = avail
@@ -147,6 +154,17 @@ if op == 'report' then
     end
   end
   return standing(transition)
+end
+
+if op == 'reset' then
+  local dest = ARGV[3]
+  if redis.call('HGET', key, 'dd') == dest then
+    return 0
+  end
+  redis.call('DEL', key)
+  redis.call('HSET', key, 'dd', dest)
+  redis.call('PEXPIRE', key, 3600000)
+  return 1
 end
 
 return redis.error_reply('unknown lane op ' .. tostring(op))

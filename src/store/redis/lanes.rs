@@ -173,9 +173,10 @@ impl Lanes for RedisLanes {
         })
     }
 
-    async fn reset(&self, lane: &str) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(self.key(lane));
-        self.client.query::<i64>(&cmd).await.map(|_| ())
+    async fn reset(&self, lane: &str, destination: &str) -> Result<bool, StoreError> {
+        let key = self.key(lane);
+        let args = ["reset", "0", destination];
+        let forgot: i64 = self.client.run(&self.script, &[&key], &args).await?;
+        Ok(forgot == 1)
     }
 }

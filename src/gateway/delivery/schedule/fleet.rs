@@ -14,6 +14,10 @@ use crate::store::lanes::{LaneGate, LaneState, Outcome};
 /// Longest a lane waits on another instance's probe before asking again:
 /// the probe's success is seen within it.
 pub const PROBING_FRESH_MS: Millis = 500;
+/// Longest a lane waits on a pause before asking again: a success
+/// elsewhere (a request started before the pause, answered 2xx) resumes
+/// the fleet's breaker before the pause ends, and is seen within it.
+pub const PAUSED_FRESH_MS: Millis = 1_000;
 
 /// What the fleet last said of a lane, and this pass's grant.
 #[derive(Debug, Default)]
@@ -77,6 +81,7 @@ impl LaneFleet {
         // Another's probe may succeed any time: asked again soon.
         let until = match gate.state {
             LaneState::Probing => gate.until.min(now + PROBING_FRESH_MS),
+            LaneState::Paused => gate.until.min(now + PAUSED_FRESH_MS),
             _ => gate.until,
         };
         self.state = Some((gate.state, until));
