@@ -8,10 +8,13 @@
 //!   deliveries in any 1 s window (the bound is `rate_burst` + rate), and
 //!   the overall rate, first to last delivery.
 //! - **Failover**: instance 0 alone leases the first event of 8 streams
-//!   and its requests hang at the receiver; instances 1 and 2 join; 0 is
-//!   SIGKILLed. The time until each of its streams is delivered by another
-//!   instance, over `FAILOVER_RUNS` runs: median and maximum, at the
-//!   default `gateway.lease_grace` (10 s) and `forward_timeout` (10 s).
+//!   and its requests hang at the receiver; instances 1 and 2 join; once
+//!   instance 0 has renewed its leases twice, it is SIGKILLed at a random
+//!   point of its heartbeat (0 to 2.5 s later: a quarter of the grace).
+//!   The time until each of its streams is delivered by another instance,
+//!   over `FAILOVER_RUNS` runs: median and maximum, at the default
+//!   `gateway.lease_grace` (10 s) and `forward_timeout` (10 s), whose
+//!   expected range is 7.5 to 10 s after the kill.
 //!
 //! The cost of the fleet's lane gate is the delivery table's extra row
 //! (`shared inbox × 3, rate_limit 1000000/s`: a limit that never binds but
@@ -301,6 +304,26 @@ async fn failover_run(p: &Params) -> anyhow::Result<Vec<f64>> {
             Instance::start(&redis.storage_toml(), Some((Inbox::Shared, &url(n))), "").await?,
         );
     }
+    // Killed between two of its renewals, anywhere: after two of them.
+    let renewed = || async {
+        let text = client
+            .get(format!("{}/metrics", first.base))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find(|l| l.starts_with("dedupd_lease_renewals_total{outcome=\"renewed\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while renewed().await.unwrap_or(0.0) < 2.0 * FAILOVER_STREAMS as f64 {
+        anyhow::ensure!(Instant::now() < deadline, "instance 0 never renewed its leases");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs_f64(rand::random::<f64>() * 2.5)).await;
     let killed_at = now_s();
     drop(first.child);
     let again = || -> Option<Vec<f64>> {

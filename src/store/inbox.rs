@@ -104,19 +104,19 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// not leased again since, its lease not yet over, its stream's turn
     /// still its own. A lease that ran out is never renewed, even if
     /// nobody took the event (its stream's turn may have passed to another
-    /// event meanwhile). Answers, in order, whether each was renewed
-    /// (`Some(false)`: lost), or `None` where that part of the store could
-    /// not be reached (a cluster's master down): it may still be live.
-    /// Fails only when no part answered. An inbox without a
-    /// [`Inbox::lease_grace`] has nothing to renew: all renewed.
+    /// event meanwhile). Answers, in order, each one's [`Renewal`], or
+    /// `None` where that part of the store could not be reached (a
+    /// cluster's master down): it may still be live. Fails only when no
+    /// part answered. An inbox without a [`Inbox::lease_grace`] has
+    /// nothing to renew: all renewed.
     async fn renew_leases(
         &self,
         leases: Vec<(EventKey, u64)>,
         until: Millis,
         now: Millis,
-    ) -> Result<Vec<Option<bool>>, StoreError> {
+    ) -> Result<Vec<Option<Renewal>>, StoreError> {
         let _ = (until, now);
-        Ok(vec![Some(true); leases.len()])
+        Ok(vec![Some(Renewal::Renewed); leases.len()])
     }
 
     /// How long after its receipt a reaped event's id stays a duplicate
@@ -406,6 +406,18 @@ impl EventStatus {
             _ => None,
         }
     }
+}
+
+/// What became of a lease asked to be renewed ([`Inbox::renew_leases`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Live, and extended.
+    Renewed,
+    /// Its holder settled the event under it (its turn ended): nothing to
+    /// renew, nothing lost.
+    Ended,
+    /// Taken by another instance, erased or redelivered, or run out.
+    Lost,
 }
 
 /// Which event a write is about: its source and id, and its stream (the

@@ -75,7 +75,7 @@ impl Inbox for SharedInbox {
         leases: Vec<(EventKey, u64)>,
         until: Millis,
         now: Millis,
-    ) -> Result<Vec<Option<bool>>, StoreError> {
+    ) -> Result<Vec<Option<super::inbox::Renewal>>, StoreError> {
         self.shared.renew_leases(leases, until, now).await
     }
 

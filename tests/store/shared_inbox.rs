@@ -7,7 +7,7 @@ use std::time::Duration;
 use dedupd::domain::CreatedAt;
 use dedupd::store::inbox::{
     EraseOutcome, EventKey, EventStatus, Inbox, IngestOutcome, ListOrder, NewEvent,
-    RedeliverOutcome, ReplayMark, Retention, Settle, StoredJob,
+    RedeliverOutcome, Renewal, ReplayMark, Retention, Settle, StoredJob,
 };
 use dedupd::store::redis::{RedisInbox, SharedInboxOptions};
 
@@ -894,7 +894,7 @@ async fn renew(inbox: &RedisInbox, leases: &[(EventKey, u64)], until: u64, now: 
         .await
         .unwrap()
         .into_iter()
-        .map(|r| r.expect("every bucket answers"))
+        .map(|r| r.expect("every bucket answers") == Renewal::Renewed)
         .collect()
 }
 
@@ -1007,6 +1007,38 @@ async fn a_renewed_lease_holds_and_only_a_live_lease_of_its_generation_is_renewe
         .await
         .unwrap();
     assert_eq!(taken.leased.len(), 1, "the older event's turn");
+    // Settled under its own lease (a retry, the turn over): ended, not lost.
+    a.ingest(event("retried", None, 7, b"{}".to_vec()), T)
+        .await
+        .unwrap();
+    let retried = EventKey::new("sume", "retried", None);
+    let lease_r = a
+        .lease(
+            vec![(retried.clone(), T + 30_000)],
+            Some(RETENTION),
+            T + 14_000,
+        )
+        .await
+        .unwrap()
+        .leased[0]
+        .lease;
+    let settle = Settle::Retry {
+        retry_at: T + 20_000,
+        error: "503".into(),
+        attempted: true,
+    };
+    a.settle(&retried, lease_r, settle, RETENTION, T + 14_001)
+        .await
+        .unwrap();
+    let answered = a
+        .renew_leases(
+            vec![(retried, lease_r), (late.clone(), late_lease)],
+            T + 40_000,
+            T + 14_002,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answered, [Some(Renewal::Ended), Some(Renewal::Lost)]);
     // Erased while leased, or unknown: not renewed.
     a.ingest(event("gone", None, 6, b"{}".to_vec()), T)
         .await

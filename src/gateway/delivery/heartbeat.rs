@@ -21,7 +21,7 @@ use std::time::Duration;
 use super::Dispatcher;
 use super::backoff::millis;
 use crate::clock::Millis;
-use crate::store::inbox::EventKey;
+use crate::store::inbox::{EventKey, Renewal};
 
 /// A lease this process holds.
 #[derive(Debug)]
@@ -84,14 +84,14 @@ impl Leases {
     }
 
     /// Takes the inbox's answers to a renewal of `asked` at `now`: a
-    /// renewed lease is confirmed, a lost one forgotten, one whose part of
-    /// the store did not answer left as it is. Counts (renewed, lost,
-    /// unknown) of those still held when the answer came (a turn that
-    /// ended meanwhile is no loss).
+    /// renewed lease is confirmed, an ended or lost one forgotten, one
+    /// whose part of the store did not answer left as it is. Counts
+    /// (renewed, lost, unknown) of those still held when the answer came
+    /// (a turn that ended, or settled, meanwhile is no loss).
     fn renewed(
         &self,
         asked: &[(EventKey, u64)],
-        renewed: &[Option<bool>],
+        renewed: &[Option<Renewal>],
         now: Millis,
     ) -> (u64, u64, u64) {
         let mut held = self.held();
@@ -101,11 +101,13 @@ impl Leases {
             let Some(h) = held.get_mut(&id).filter(|h| h.lease == *lease) else {
                 continue;
             };
-            if *r == Some(true) {
+            if *r == Some(Renewal::Renewed) {
                 h.confirmed = h.confirmed.max(now);
                 ok += 1;
             } else if r.is_none() {
                 unknown += 1;
+            } else if *r == Some(Renewal::Ended) {
+                held.remove(&id);
             } else {
                 held.remove(&id);
                 lost += 1;
@@ -195,7 +197,7 @@ impl Dispatcher {
                 self.metrics.lease_renewals("renewed", ok);
                 self.metrics.lease_renewals("lost", lost);
                 self.metrics.lease_renewals("failed", unknown);
-                renewed.first().copied().flatten().unwrap_or(false)
+                renewed.first().copied().flatten() == Some(Renewal::Renewed)
             }
             Err(e) => {
                 tracing::debug!(source = %key.source, event_id = %key.event_id, error = %e.chain(), "cannot confirm the lease before sending: not sent; it comes due at its lease's end");
@@ -221,8 +223,16 @@ mod tests {
         let asked = leases.all();
         // c's turn ends while the renewal is on its way: no loss.
         leases.forget("s", "c", 2);
-        let answers: Vec<Option<bool>> =
-            asked.iter().map(|(k, _)| Some(k.event_id != "b")).collect();
+        let answers: Vec<Option<Renewal>> = asked
+            .iter()
+            .map(|(k, _)| {
+                Some(if k.event_id == "b" {
+                    Renewal::Lost
+                } else {
+                    Renewal::Renewed
+                })
+            })
+            .collect();
         assert_eq!(leases.renewed(&asked, &answers, 200), (1, 1, 0));
         assert_eq!(leases.confirmed("s", "a", 1), Some(200));
         assert_eq!(leases.confirmed("s", "b", 4), None, "lost");
@@ -236,11 +246,19 @@ mod tests {
         leases.forget("s", "b", 5);
         leases.hold(a.clone(), 3, 300);
         assert_eq!(
-            leases.renewed(&[(a.clone(), 1)], &[Some(false)], 400),
+            leases.renewed(&[(a.clone(), 1)], &[Some(Renewal::Lost)], 400),
             (0, 0, 0)
         );
         leases.forget("s", "a", 1);
         assert_eq!(leases.confirmed("s", "a", 3), Some(300));
         assert_eq!(leases.all(), [(a, 3)]);
+        // Settled under its lease while the renewal was out: no loss.
+        let d = EventKey::new("s", "d", None);
+        leases.hold(d.clone(), 9, 500);
+        assert_eq!(
+            leases.renewed(&[(d, 9)], &[Some(Renewal::Ended)], 600),
+            (0, 0, 0)
+        );
+        assert_eq!(leases.confirmed("s", "d", 9), None);
     }
 }

@@ -589,7 +589,7 @@ impl Inbox for RedisInbox {
         leases: Vec<(EventKey, u64)>,
         until: Millis,
         now: Millis,
-    ) -> Result<Vec<Option<bool>>, StoreError> {
+    ) -> Result<Vec<Option<crate::store::inbox::Renewal>>, StoreError> {
         let mut by_bucket: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, (key, _)) in leases.iter().enumerate() {
             let t = self.bucket(&key.source, self.bucket_of(key));
@@ -620,7 +620,12 @@ impl Inbox for RedisInbox {
             };
             answered = true;
             for (i, r) in members.iter().zip(reply) {
-                renewed[*i] = Some(r == 1);
+                use crate::store::inbox::Renewal;
+                renewed[*i] = Some(match r {
+                    1 => Renewal::Renewed,
+                    2 => Renewal::Ended,
+                    _ => Renewal::Lost,
+                });
             }
         }
         match failed {

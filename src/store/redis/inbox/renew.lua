@@ -7,7 +7,9 @@
 -- to another event meanwhile; nor is one whose stream's turn is no longer
 -- its own, or that left the runnable index (a renewal that reaches Redis
 -- late, after another instance's lease handed the turn on, must not bring
--- back a second delivery of the stream). Answers 1 or 0 per pair, in order.
+-- back a second delivery of the stream). Answers per pair, in order: 1
+-- renewed, 2 ended (settled under this very lease: the holder's turn is
+-- over, nothing was lost), 0 lost.
 local now, until_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 for i = 4, #ARGV - 1, 2 do
@@ -21,7 +23,12 @@ for i = 4, #ARGV - 1, 2 do
   if live and not redis.call('ZSCORE', k('run'), id) then
     live = false
   end
-  if live then
+  if not live and f[2] == lease and (f[1] ~= '0' or not f[3]) then
+    -- Settled under this lease (delivered, dead or stale; or retry, which
+    -- drops the lease's end): an erasure, a redeliver or a replay would
+    -- have moved the generation.
+    out[#out + 1] = 2
+  elseif live then
     if tonumber(f[3]) < until_ms then
       redis.call('HSET', ek, 'du', fmt(until_ms), 'lu', fmt(until_ms))
       redis.call('ZADD', k('run'), 'XX', until_ms, id)
