@@ -320,7 +320,10 @@ async fn failover_run(p: &Params) -> anyhow::Result<Vec<f64>> {
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while renewed().await.unwrap_or(0.0) < 2.0 * FAILOVER_STREAMS as f64 {
-        anyhow::ensure!(Instant::now() < deadline, "instance 0 never renewed its leases");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "instance 0 never renewed its leases"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs_f64(rand::random::<f64>() * 2.5)).await;

@@ -48,7 +48,7 @@ impl Dispatcher {
         // A pass that failed after its gates leaves grants behind.
         self.return_unused();
         let names: Vec<String> = wants.reads.iter().map(|(s, _)| s.clone()).collect();
-        let asked = self.schedule().to_gate(&names);
+        let asked = self.schedule().to_gate(&names, now);
         if asked.is_empty() {
             return Ok(());
         }
