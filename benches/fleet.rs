@@ -43,8 +43,12 @@
 //! `INBOXES` (`local,shared`), `SPREAD` (`connection`: as above; `stream`:
 //! each stream's events to one instance, stream % N, as a balancer that
 //! hashed on the stream would), `CLAIMS` (1; 0 skips them), `CLAIM_CONNS`
-//! (64). Quick: `DURATION_S=1 RUNS=1 cargo bench --features redis --bench
-//! fleet`.
+//! (64); issue 54's `GATE_COST` (1), `RATES` (`50,500`), `RATE_SECONDS`
+//! (10), `FAILOVER_RUNS` (5) (see `fleet/wide.rs`). `PIN=1` starts every
+//! dedupd and redis-server on CPU 0 (`taskset -c 0`): run the bench itself
+//! on CPU 1 (`PIN=1 taskset -c 1 cargo bench …`), so the poster and nginx
+//! (its child) have the other core. Quick: `DURATION_S=1 RUNS=1 cargo
+//! bench --features redis --bench fleet`.
 //!
 //! Written in Rust rather than on `benches/lib.sh` because the poster, the
 //! access-log count and the claims loop already exist here: nginx and its
@@ -79,6 +83,9 @@ use delivery::{
     ChildGuard, DESTINATION_SECRET, ORIGIN, Posted, Receiver, ReceiverKind, SECRET, env_or,
     free_port, now_s, on_path, read, sign, truncate,
 };
+
+/// `PIN=1`: the servers (dedupd, redis-server) on CPU 0.
+static PIN: LazyLock<bool> = LazyLock::new(|| std::env::var("PIN").is_ok_and(|v| v == "1"));
 
 /// After the inbox drained, how long to keep counting repeats.
 const DUPLICATE_GRACE: Duration = Duration::from_secs(1);
@@ -825,10 +832,11 @@ fn spawn_redis(dir: &Path, port: u16, cluster: bool) -> anyhow::Result<ChildGuar
         );
     }
     let script = format!(
-        "redis-server {args} & pid=$!; trap 'kill -9 $pid; wait $pid; exit 0' TERM; \
+        "{pin}redis-server {args} & pid=$!; trap 'kill -9 $pid; wait $pid; exit 0' TERM; \
          while kill -0 {parent} 2>/dev/null && kill -0 $pid 2>/dev/null; do sleep 0.2; done; \
          kill -9 $pid 2>/dev/null; wait $pid; exit 0",
-        parent = std::process::id()
+        parent = std::process::id(),
+        pin = if *PIN { "taskset -c 0 " } else { "" },
     );
     let child = Command::new("sh")
         .args(["-c", &script])
@@ -990,7 +998,13 @@ impl Instance {
         std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600))?;
         let log = dir.path().join("dedupd.log");
         let out = std::fs::File::create(&log)?;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
+        let mut cmd = if *PIN {
+            let mut c = Command::new("taskset");
+            c.args(["-c", "0", env!("CARGO_BIN_EXE_dedupd")]);
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_dedupd"))
+        };
         for (k, _) in std::env::vars() {
             if k.starts_with("DEDUPD_")
                 || k == "RUST_LOG"

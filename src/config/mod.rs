@@ -1328,6 +1328,7 @@ mod tests {
         assert!(errors.0[0].message.contains("as-started"), "{errors}");
     }
 
+    #[cfg(feature = "redis")]
     #[test]
     fn lease_grace_is_10_s_by_default_bounded_and_outlasts_three_redis_answers() {
         let defaults = load_toml("").unwrap().settings;
