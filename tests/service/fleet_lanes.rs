@@ -187,6 +187,26 @@ backoff_max = "1s"
     let nodes = start_three(&dir, &backing.line(), &receiver.url, source, "");
     let ids = post_spread(ports(&nodes), "rate", 200, 2).await;
     assert_eq!(ids.len(), 400);
+    // While the fleet's tokens are out, every instance says so: held by
+    // the rate limit until the fleet's next token, which comes within a
+    // token's time (50 ms at 20/s; a second allows for the reading).
+    for (i, n) in nodes.iter().enumerate() {
+        within(
+            &format!("instance {i} shows the fleet's rate limit holding"),
+            Duration::from_secs(20),
+            || async {
+                let d = delivery(n.port).await;
+                let now = unix_ms();
+                d["scope"] == "fleet"
+                    && d["held_by"] == "rate_limit"
+                    && d["rate_limited_until_ms"]
+                        .as_u64()
+                        .is_some_and(|t| t + 1000 > now && t < now + 1000)
+                    && d["held_until_ms"] == d["rate_limited_until_ms"]
+            },
+        )
+        .await;
+    }
     all_received(&receiver, &ids, Duration::from_secs(120)).await;
     let got = receiver.received();
     let at: Vec<Instant> = {
@@ -231,6 +251,14 @@ async fn three_instances_share_one_rate_limit_on_one_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_instances_share_one_rate_limit_on_a_cluster() {
     three_instances_share_one_rate_limit(Backing::cluster().await).await;
+}
+
+/// Now, Unix ms.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 /// The delivery view of `sume` on instance `port`.
@@ -423,6 +451,29 @@ backoff_max = "40ms"
         )
         .await;
     }
+    // While paused, every instance shows the fleet's one pause: the same
+    // `paused_until_ms` from all three, read together (instances with
+    // their own breakers would each pause at their own time).
+    within(
+        "the three instances show one pause",
+        Duration::from_secs(30),
+        || async {
+            let mut views = Vec::new();
+            for n in &nodes {
+                views.push(delivery(n.port).await);
+            }
+            let until = views[0]["paused_until_ms"].as_u64();
+            until.is_some()
+                && views.iter().all(|d| {
+                    d["scope"] == "fleet"
+                        && d["state"] == "paused"
+                        && d["held_by"] == "paused"
+                        && d["paused_until_ms"].as_u64() == until
+                        && d["held_until_ms"].as_u64() == until
+                })
+        },
+    )
+    .await;
     // The destination hangs from now on: a probe sent is held.
     receiver.set(Behaviour::Hold(None));
     within("a probe held", Duration::from_secs(60), || async {
