@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::fleet::{Node, event, post, start_node, stop_all};
-use crate::support::fleet::{Backing, metric, shown, within};
+use crate::support::fleet::{
+    Backing, Instance, Node, event, metric, post, shown, start_node, stop_all, within,
+};
 use crate::support::process::signal;
 use crate::support::receiver::{Behaviour, Received, Receiver};
 
@@ -28,43 +29,16 @@ const GRACE: Duration = Duration::from_secs(3);
 const FAILOVER_BOUND: Duration = Duration::from_secs(10);
 
 /// Instance `i`'s settings: `redis` is its `[storage.redis]` address.
+/// A response timeout of 1 s, for a grace of 3 s (at least three).
 fn config(dir: &TempDir, i: usize, redis: &str, receiver: &str) -> std::path::PathBuf {
-    let file = dir.path().join(format!("f{i}.toml"));
-    std::fs::write(
-        &file,
-        format!(
-            r#"
-listen = "127.0.0.1:0"
-data_path = "{data}"
-[storage]
-backend = "redis"
-[storage.redis]
-{redis}
-connect_timeout = "1s"
-response_timeout = "1s"
-[gateway]
-inbox = "shared"
-lease_grace = "{grace}s"
-[sources.sume]
-scheme = "sume"
-secrets = ["{secret}"]
-event_id = "body:/request_id"
-created_at = "body:/created_at"
-stream = "body:/run_id"
-forward_to = "{receiver}?n={i}"
-forward_timeout = "120s"
-backoff_min = "100ms"
-backoff_max = "1s"
-max_attempts = 1000
-destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-"#,
-            data = dir.path().join(format!("f{i}.redb")).display(),
-            grace = GRACE.as_secs(),
-            secret = crate::fleet::SECRET,
-        ),
-    )
-    .unwrap();
-    file
+    Instance {
+        redis: &format!("{redis}\nresponse_timeout = \"1s\""),
+        gateway: &format!("lease_grace = \"{}s\"", GRACE.as_secs()),
+        forward_to: &format!("{receiver}?n={i}"),
+        source: "forward_timeout = \"120s\"\nbackoff_min = \"100ms\"\nbackoff_max = \"1s\"",
+        ..Instance::default()
+    }
+    .write(dir.path(), &format!("f{i}"))
 }
 
 /// The event id a request carried.

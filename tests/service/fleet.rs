@@ -14,76 +14,33 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dedupd::gateway::signature::{Scheme, sign};
 use tempfile::TempDir;
 
-use crate::support::process::{Drain, Running, serve_config, sigterm};
+use crate::support::fleet::{Instance, Node, event, post, start_node, stop_all};
 use crate::support::receiver::{Behaviour, Receiver, eventually};
 use crate::support::redis::RedisServer;
 
-pub(crate) const SECRET: &str = "fleet-secret";
 /// Streams per posting worker: each worker posts its streams' events in
 /// order, as a provider sends one object's changes.
 const STREAMS_PER_WORKER: usize = 3;
 const WORKERS: usize = 4;
 
-/// One instance's settings file.
+/// One instance's settings file, with `redis` as its `[storage.redis]`.
+fn config_with(dir: &TempDir, i: usize, redis: &str, forward_to: &str) -> PathBuf {
+    Instance {
+        redis,
+        forward_to,
+        source: "forward_timeout = \"2s\"\nbackoff_min = \"100ms\"\nbackoff_max = \"1s\"",
+        ..Instance::default()
+    }
+    .write(dir.path(), &format!("n{i}"))
+}
+
+/// One instance's settings file on the redis-server at `redis_url`, each
+/// write fsynced there.
 fn config(dir: &TempDir, i: usize, redis_url: &str, forward_to: &str) -> PathBuf {
     let redis = format!("url = \"{redis_url}\"\ndurability = \"fsync\"");
     config_with(dir, i, &redis, forward_to)
-}
-
-/// One instance's settings file, with `redis` as its `[storage.redis]`.
-fn config_with(dir: &TempDir, i: usize, redis: &str, forward_to: &str) -> PathBuf {
-    let file = dir.path().join(format!("n{i}.toml"));
-    std::fs::write(
-        &file,
-        format!(
-            r#"
-listen = "127.0.0.1:0"
-data_path = "{data}"
-[storage]
-backend = "redis"
-[storage.redis]
-{redis}
-connect_timeout = "1s"
-response_timeout = "2s"
-[gateway]
-inbox = "shared"
-[sources.sume]
-scheme = "sume"
-secrets = ["{SECRET}"]
-event_id = "body:/request_id"
-created_at = "body:/created_at"
-stream = "body:/run_id"
-forward_to = "{forward_to}"
-forward_timeout = "2s"
-backoff_min = "100ms"
-backoff_max = "1s"
-max_attempts = 1000
-destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-"#,
-            data = dir.path().join(format!("n{i}.redb")).display(),
-        ),
-    )
-    .unwrap();
-    file
-}
-
-/// A running instance.
-pub(crate) struct Node {
-    pub(crate) child: Running,
-    pub(crate) port: u16,
-    _drain: Drain,
-}
-
-pub(crate) fn start_node(file: &std::path::Path) -> Node {
-    let (child, port, drain) = serve_config(file);
-    Node {
-        child: Running(child),
-        port,
-        _drain: drain,
-    }
 }
 
 /// What the provider saw.
@@ -93,44 +50,6 @@ struct Posted {
     acked: BTreeSet<String>,
     /// Every answer that was not 2xx, by status (0: no answer).
     refused: BTreeMap<u16, usize>,
-}
-
-/// The event `k` of stream `run`: created `k` seconds after a fixed time.
-pub(crate) fn event(run: &str, k: usize) -> (String, Vec<u8>) {
-    let id = format!("{run}-{k:04}");
-    let created = 1_800_000_000 + i64::try_from(k).unwrap();
-    let created = time::OffsetDateTime::from_unix_timestamp(created)
-        .unwrap()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap();
-    let body = serde_json::to_vec(&serde_json::json!({
-        "request_id": id, "run_id": run, "created_at": created, "type": "run.updated",
-    }))
-    .unwrap();
-    (id, body)
-}
-
-/// Posts `body` signed now to instance `port`; the status, or 0 when
-/// nothing answered.
-pub(crate) async fn post(client: &reqwest::Client, port: u16, body: &[u8]) -> u16 {
-    let ts = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
-    )
-    .unwrap();
-    let mut req = client
-        .post(format!("http://127.0.0.1:{port}/ingest/sume"))
-        .timeout(Duration::from_secs(10))
-        .body(body.to_vec());
-    for (k, v) in sign(Scheme::Sume, SECRET, ts, "", body) {
-        req = req.header(k, v);
-    }
-    match req.send().await {
-        Ok(res) => res.status().as_u16(),
-        Err(_) => 0,
-    }
 }
 
 /// A provider: `WORKERS` workers, each posting `per_stream` events of its
@@ -236,24 +155,6 @@ async fn oldest_pending(port: u16) -> f64 {
         .filter(|l| l.starts_with("dedupd_oldest_pending_seconds"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .fold(0.0, f64::max)
-}
-
-pub(crate) fn stop_all(nodes: Vec<Node>) {
-    for mut n in nodes {
-        sigterm(&n.child.0);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = n.child.0.try_wait().unwrap() {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "an instance did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(
-            status.success(),
-            "an instance did not stop cleanly: {status}"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -6,51 +6,25 @@
 //! These run on the real clock: they wait for what they check, with
 //! deadlines, and never assert on how fast it came.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use dedupd::gateway::signature::{Scheme, sign};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::support::process::{Drain, Running, serve_config};
+use crate::support::fleet::{ALERT_SECRET, Backing, Instance, Node, event, post, start_node};
 use crate::support::receiver::{Behaviour, Receiver};
-use crate::support::redis::{RedisCluster, RedisServer};
-
-const SECRET: &str = "fleet-secret";
-const ALERT_SECRET: &str = "whsec_QWxlcnRzU2lnbmluZ1NlY3JldDEyMzQ1Ng==";
 
 /// One instance's settings file: `redis` is its `[storage.redis]`. The
 /// application answers 503 and the source retries after an hour, without
 /// a breaker, so its events stay pending and the backlog grows stale.
 fn config(dir: &TempDir, i: usize, redis: &str, forward_to: &str, alerts_to: &str) -> PathBuf {
-    let file = dir.path().join(format!("n{i}.toml"));
-    std::fs::write(
-        &file,
-        format!(
+    Instance {
+        redis,
+        forward_to,
+        source: "backoff_min = \"1h\"\nbackoff_max = \"1h\"\npause_after = 0",
+        rest: &format!(
             r#"
-listen = "127.0.0.1:0"
-data_path = "{data}"
-[storage]
-backend = "redis"
-[storage.redis]
-{redis}
-connect_timeout = "1s"
-response_timeout = "2s"
-[gateway]
-inbox = "shared"
-[sources.sume]
-scheme = "sume"
-secrets = ["{SECRET}"]
-event_id = "body:/request_id"
-created_at = "body:/created_at"
-stream = "body:/run_id"
-forward_to = "{forward_to}"
-backoff_min = "1h"
-backoff_max = "1h"
-max_attempts = 1000
-pause_after = 0
-destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 [alerts]
 forward_to = "{alerts_to}"
 destination_secret = "{ALERT_SECRET}"
@@ -58,51 +32,11 @@ every = "1h"
 backlog_after = "1m"
 backoff_min = "10ms"
 backoff_max = "40ms"
-"#,
-            data = dir.path().join(format!("n{i}.redb")).display(),
+"#
         ),
-    )
-    .unwrap();
-    file
-}
-
-/// A running instance.
-struct Node {
-    _child: Running,
-    port: u16,
-    _drain: Drain,
-}
-
-fn start_node(file: &Path) -> Node {
-    let (child, port, drain) = serve_config(file);
-    Node {
-        _child: Running(child),
-        port,
-        _drain: drain,
+        ..Instance::default()
     }
-}
-
-/// Posts event `id` (stream `run`), signed now, to instance `port`.
-async fn post(client: &reqwest::Client, port: u16, id: &str, run: &str) {
-    let body = serde_json::to_vec(&serde_json::json!({
-        "request_id": id, "run_id": run, "created_at": "2027-01-15T08:00:00Z",
-    }))
-    .unwrap();
-    let ts = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
-    )
-    .unwrap();
-    let mut req = client
-        .post(format!("http://127.0.0.1:{port}/ingest/sume"))
-        .body(body.clone());
-    for (k, v) in sign(Scheme::Sume, SECRET, ts, "", &body) {
-        req = req.header(k, v);
-    }
-    let status = req.send().await.unwrap().status();
-    assert_eq!(status, 200, "{id} posted to {port}");
+    .write(dir.path(), &format!("n{i}"))
 }
 
 /// `dedupd_alerts_total` of `kind` at instance `port`, by outcome.
@@ -163,7 +97,13 @@ async fn three_instances_send_one_backlog_stale_alert(redis: &str) {
         .collect();
     let client = crate::support::http::client();
     for (i, n) in nodes.iter().enumerate() {
-        post(&client, n.port, &format!("e{i}"), &format!("run_{i}")).await;
+        let (id, body) = event(&format!("run_{i}"), 0);
+        assert_eq!(
+            post(&client, n.port, &body).await,
+            200,
+            "{id} to {}",
+            n.port
+        );
     }
     // Once the backlog is a minute old, each instance raises the alert
     // and puts it to the fleet: sent or folded, each counts it. Then the
@@ -209,23 +149,14 @@ async fn three_instances_send_one_backlog_stale_alert(redis: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_instances_send_one_backlog_stale_alert_on_one_redis() {
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    three_instances_send_one_backlog_stale_alert(&format!("url = \"{}\"", redis.url())).await;
-    drop(redis);
+    let backing = Backing::one().await;
+    three_instances_send_one_backlog_stale_alert(&backing.line()).await;
+    drop(backing);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_instances_send_one_backlog_stale_alert_on_a_cluster() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .unwrap();
-    let nodes: Vec<String> = cluster.nodes.iter().map(|n| format!("\"{n}\"")).collect();
-    three_instances_send_one_backlog_stale_alert(&format!(
-        "cluster_nodes = [{}]",
-        nodes.join(", ")
-    ))
-    .await;
-    drop(cluster);
+    let backing = Backing::cluster().await;
+    three_instances_send_one_backlog_stale_alert(&backing.line()).await;
+    drop(backing);
 }

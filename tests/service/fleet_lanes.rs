@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::fleet::{Node, event, post, start_node, stop_all};
-use crate::support::fleet::{Backing, api, metric, within};
+use crate::support::fleet::{
+    ALERT_SECRET, Backing, Instance, Node, api, event, metric, post, start_node, stop_all, within,
+};
 use crate::support::receiver::{Behaviour, Received, Receiver};
 
-const ALERT_SECRET: &str = "whsec_QWxlcnRzU2lnbmluZ1NlY3JldDEyMzQ1Ng==";
 const GATES: &str = "dedupd_fleet_gates_total";
 
 /// Instance `i`'s settings: `redis` is its `[storage.redis]` address, and
@@ -37,39 +37,14 @@ fn config(
     source: &str,
     rest: &str,
 ) -> PathBuf {
-    let file = dir.path().join(format!("l{i}.toml"));
-    std::fs::write(
-        &file,
-        format!(
-            r#"
-listen = "127.0.0.1:0"
-data_path = "{data}"
-[storage]
-backend = "redis"
-[storage.redis]
-{redis}
-connect_timeout = "1s"
-response_timeout = "2s"
-[gateway]
-inbox = "shared"
-[sources.sume]
-scheme = "sume"
-secrets = ["{secret}"]
-event_id = "body:/request_id"
-created_at = "body:/created_at"
-stream = "body:/run_id"
-forward_to = "{receiver}?n={i}"
-max_attempts = 1000
-destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-{source}
-{rest}
-"#,
-            data = dir.path().join(format!("l{i}.redb")).display(),
-            secret = crate::fleet::SECRET,
-        ),
-    )
-    .unwrap();
-    file
+    Instance {
+        redis,
+        forward_to: &format!("{receiver}?n={i}"),
+        source,
+        rest,
+        ..Instance::default()
+    }
+    .write(dir.path(), &format!("l{i}"))
 }
 
 /// The instances' ports.

@@ -68,7 +68,7 @@ pub mod redis {
 
     use async_trait::async_trait;
     use dedupd::store::Store;
-    use dedupd::store::redis::{RedisOptions, RedisStore};
+    use dedupd::store::redis::{RedisInbox, RedisOptions, RedisStore, SharedInboxOptions};
 
     use crate::Backend;
     use crate::support::redis::{RedisCluster, RedisServer};
@@ -106,6 +106,21 @@ pub mod redis {
             sentinels: Vec::new(),
             sentinel_master: String::new(),
         }
+    }
+
+    /// One instance's handle on a shared inbox of `buckets` buckets (with
+    /// the fleet's state beside it: alerts, lanes), an hour's dedupe
+    /// window and the default lease grace.
+    pub fn shared_inbox(url: String, nodes: Vec<String>, prefix: &str, buckets: u16) -> RedisInbox {
+        RedisInbox::connect(
+            options(url, nodes, prefix.into()),
+            SharedInboxOptions {
+                buckets,
+                dedupe_window: Duration::from_secs(3600),
+                lease_grace: Duration::from_secs(10),
+            },
+        )
+        .unwrap()
     }
 
     /// A fresh single-node backend.

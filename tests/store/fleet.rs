@@ -7,26 +7,18 @@ use std::time::{Duration, Instant};
 
 use dedupd::store::fleet::{AlertMode, AlertTurn, Fleet};
 use dedupd::store::inbox::Inbox;
-use dedupd::store::redis::{RedisInbox, SharedInboxOptions};
+use dedupd::store::redis::RedisInbox;
 
-use crate::backends::redis::{options, shared_cluster};
+use crate::backends::redis::{shared_cluster, shared_inbox};
 use crate::support::redis::RedisServer;
 
 const T: u64 = 1_800_000_000_000;
 /// `alerts.every` in these tests, ms.
 const EVERY: u64 = 60_000;
 
-/// One instance's handle on the shared inbox (and so on its fleet).
+/// One instance's handle on the shared inbox.
 fn instance(url: String, nodes: Vec<String>, prefix: &str) -> RedisInbox {
-    RedisInbox::connect(
-        options(url, nodes, prefix.into()),
-        SharedInboxOptions {
-            buckets: 4,
-            dedupe_window: Duration::from_secs(3600),
-            lease_grace: Duration::from_secs(10),
-        },
-    )
-    .unwrap()
+    shared_inbox(url, nodes, prefix, 4)
 }
 
 fn fleet(inbox: &RedisInbox) -> &dyn Fleet {

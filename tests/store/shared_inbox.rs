@@ -9,9 +9,9 @@ use dedupd::store::inbox::{
     EraseOutcome, EventKey, EventStatus, Inbox, IngestOutcome, ListOrder, NewEvent,
     RedeliverOutcome, Renewal, ReplayMark, Retention, Settle, StoredJob,
 };
-use dedupd::store::redis::{RedisInbox, SharedInboxOptions};
+use dedupd::store::redis::RedisInbox;
 
-use crate::backends::redis::{options, shared_cluster};
+use crate::backends::redis::{shared_cluster, shared_inbox as inbox};
 use crate::support::redis::RedisServer;
 
 const T: u64 = 1_800_000_000_000;
@@ -19,18 +19,6 @@ const RETENTION: Retention = Retention {
     delivered_ms: 60_000,
     dead_ms: 120_000,
 };
-
-fn inbox(url: String, nodes: Vec<String>, prefix: &str, buckets: u16) -> RedisInbox {
-    RedisInbox::connect(
-        options(url, nodes, prefix.into()),
-        SharedInboxOptions {
-            buckets,
-            dedupe_window: Duration::from_secs(3600),
-            lease_grace: Duration::from_secs(10),
-        },
-    )
-    .unwrap()
-}
 
 fn event(id: &str, stream: Option<&str>, minute: i128, body: Vec<u8>) -> NewEvent {
     NewEvent {
