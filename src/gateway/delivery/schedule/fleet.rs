@@ -329,6 +329,15 @@ mod tests {
         // Another's probe: asked again within half a second.
         s.apply_gate("a", &gate(0, LaneState::Probing, 60_000), 6_000);
         assert_eq!(s.wants(6_100).reopens_at, Some(6_000 + PROBING_FRESH_MS));
+        // A pause of a minute: asked again within a second, so that a
+        // resume by another instance's probe is seen that soon.
+        s.apply_gate("a", &gate(0, LaneState::Paused, 70_000), 7_000);
+        assert_eq!(s.wants(7_100).reopens_at, Some(7_000 + PAUSED_FRESH_MS));
+        assert!(s.wants(7_000 + PAUSED_FRESH_MS - 1).reads.is_empty());
+        assert_eq!(s.wants(7_000 + PAUSED_FRESH_MS).reads.len(), 1);
+        // A pause ending sooner than that: asked at its end.
+        s.apply_gate("a", &gate(0, LaneState::Paused, 8_300), 8_000);
+        assert_eq!(s.wants(8_100).reopens_at, Some(8_300));
     }
 
     #[test]
