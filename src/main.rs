@@ -133,13 +133,23 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            dedupd::telemetry::init(&loaded.settings.log);
+            let traces = loaded
+                .settings
+                .telemetry
+                .traces
+                .export(|name| std::env::var(name).ok());
+            if let Err(e) = dedupd::telemetry::init(&loaded.settings.log, traces.as_ref()) {
+                eprintln!("dedupd: {e}");
+                return ExitCode::FAILURE;
+            }
             loaded.warn_about_open_secret_files();
             loaded.warn_about_settings_without_effect();
             dedupd::limits::ensure_open_files(&loaded.settings);
             dedupd::huge_pages::turn_off();
             dedupd::scheduling::on_one_cpu(loaded.settings.cpu_scheduling);
-            Ok(match serve(loaded, config) {
+            let served = serve(loaded, config);
+            dedupd::telemetry::traces::shutdown();
+            Ok(match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "dedupd failed");

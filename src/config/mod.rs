@@ -14,6 +14,7 @@ mod readable;
 pub mod reload;
 mod secret;
 pub mod sources;
+pub mod telemetry;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -92,6 +93,8 @@ pub struct Settings {
     pub alerts: Option<alerts::AlertSettings>,
     /// How the process asks to be scheduled (see `crate::scheduling`).
     pub cpu_scheduling: CpuScheduling,
+    /// OpenTelemetry traces (`[telemetry.traces]`); off by default.
+    pub telemetry: telemetry::TelemetrySettings,
 }
 
 /// How the process asks to be scheduled.
@@ -404,6 +407,7 @@ impl Default for Settings {
             sources: BTreeMap::new(),
             alerts: None,
             cpu_scheduling: CpuScheduling::Auto,
+            telemetry: telemetry::TelemetrySettings::default(),
             resp: RespSettings {
                 listen: None,
                 max_connections: 1024,
@@ -1156,6 +1160,9 @@ impl Settings {
             );
         }
         self.validate_resp(api_tokens.is_empty(), &mut bad);
+        for (key, message) in self.telemetry.traces.problems() {
+            bad(key, message);
+        }
         if let Some(a) = &self.alerts {
             let (every, backlog) = (a.every, a.backlog_after);
             if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&every) {

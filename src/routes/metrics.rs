@@ -114,6 +114,11 @@ pub(super) async fn scrape(state: web::Data<AppState>) -> HttpResponse {
     if let Some(keys) = state.gateway.inbox.keys_in_memory() {
         state.metrics.set_keys_in_memory(keys);
     }
+    if crate::telemetry::traces::on() {
+        state
+            .metrics
+            .set_trace_spans(crate::telemetry::traces::counts());
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render())

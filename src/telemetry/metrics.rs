@@ -86,6 +86,11 @@ pub const FLEET_GATES: &str = "dedupd_fleet_gates_total";
 pub const LEASE_RENEWALS: &str = "dedupd_lease_renewals_total";
 /// Outcomes of `dedupd_lease_renewals_total`.
 pub const LEASE_RENEWAL_OUTCOMES: [&str; 3] = ["renewed", "lost", "failed"];
+/// Trace spans sent to the collector (with `[telemetry.traces]`).
+pub const TRACE_SPANS_EXPORTED: &str = "dedupd_trace_spans_exported_total";
+/// Trace spans dropped, by `reason`: `queue_full` (the exporter fell
+/// behind) or `export_failed` (the collector refused, failed or timed out).
+pub const TRACE_SPANS_DROPPED: &str = "dedupd_trace_spans_dropped_total";
 /// HTTP connections closed at once because their address held
 /// `http.max_connections_per_address` already.
 pub const HTTP_PEER_REFUSED: &str = "dedupd_http_connections_refused_total";
@@ -642,6 +647,20 @@ impl Metrics {
         )
     }
 
+    /// Sets the trace span counters to the process's counts (they are
+    /// counted where spans end, outside any one registry).
+    pub fn set_trace_spans(&self, counts: crate::telemetry::traces::SpanCounts) {
+        self.counter(TRACE_SPANS_EXPORTED, Vec::new())
+            .absolute(counts.exported);
+        for (reason, n) in [
+            ("queue_full", counts.dropped_queue_full),
+            ("export_failed", counts.dropped_export_failed),
+        ] {
+            self.counter(TRACE_SPANS_DROPPED, vec![Label::new("reason", reason)])
+                .absolute(n);
+        }
+    }
+
     /// Sets the disk space gauges.
     pub fn set_disk_space(&self, space: DiskSpace) {
         let gauge = |name: &'static str| {
@@ -827,6 +846,17 @@ fn describe(r: &PrometheusRecorder) {
         FLEET_GATES.into(),
         None,
         "With the shared inbox: asks of the fleet's lane state before starting deliveries, by source and answer (open, held, paused, probe, probing, limited)"
+            .into(),
+    );
+    r.describe_counter(
+        TRACE_SPANS_EXPORTED.into(),
+        None,
+        "Trace spans the collector took (telemetry.traces)".into(),
+    );
+    r.describe_counter(
+        TRACE_SPANS_DROPPED.into(),
+        None,
+        "Trace spans dropped: queue_full (the exporter fell behind the spans made), export_failed (the collector refused, failed or timed out); never waited for"
             .into(),
     );
     r.describe_counter(

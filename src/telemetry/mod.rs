@@ -1,12 +1,13 @@
 //! What dedupd tells its operator: logs (level from `RUST_LOG` or the
 //! settings, text or JSON lines), Prometheus metrics, one record per
-//! request.
+//! request, and OpenTelemetry traces when a collector is set (`traces`).
 //!
 //! The level can change while serving ([`set_level`], on a reload); the
 //! format is chosen once, at the start.
 
 pub mod metrics;
 mod requests;
+pub mod traces;
 
 use std::sync::OnceLock;
 
@@ -15,6 +16,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, fmt, reload};
 
+use crate::config::telemetry::TraceExport;
 use crate::config::{LogFormat, LogSettings};
 
 /// The filter of the subscriber [`init`] installed, to swap on a reload;
@@ -22,8 +24,11 @@ use crate::config::{LogFormat, LogSettings};
 /// another subscriber was installed first (tests).
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
-/// Installs the global subscriber. Call once, before anything logs.
-pub fn init(log: &LogSettings) {
+/// Installs the global subscriber: log lines by the log level, and, with
+/// `traces`, dedupd's spans to the collector (whatever the log level).
+/// Call once, before anything logs. Fails only when trace export cannot
+/// be set up (an `OTEL_EXPORTER_OTLP_*` variable that is not a URL).
+pub fn init(log: &LogSettings, traces: Option<&TraceExport>) -> Result<(), String> {
     let (filter, from_env) = match EnvFilter::try_from_default_env() {
         Ok(f) => (f, true),
         Err(_) => (
@@ -37,15 +42,17 @@ pub fn init(log: &LogSettings) {
         LogFormat::Text => lines.boxed(),
         LogFormat::Json => lines.json().flatten_event(true).boxed(),
     };
+    let traces = traces.map(traces::layer).transpose()?;
     // A second init (tests) keeps the first subscriber.
     let installed = tracing_subscriber::registry()
-        .with(filter)
-        .with(lines)
+        .with(lines.with_filter(filter))
+        .with(traces)
         .try_init()
         .is_ok();
     if installed && !from_env {
         let _ = FILTER.set(handle);
     }
+    Ok(())
 }
 
 /// What [`set_level`] did.

@@ -1,0 +1,362 @@
+//! OpenTelemetry traces (`[telemetry.traces]`): one trace per webhook,
+//! from its ingest to each delivery attempt, exported over OTLP/HTTP.
+//!
+//! Spans are `tracing` spans of target [`TARGET`], turned into OpenTelemetry
+//! spans by `tracing-opentelemetry`; only that target is exported. With
+//! export off (the default) [`on`] is false and no span is built: every
+//! helper here answers `Span::none()` or nothing at once.
+//!
+//! The ingest span's W3C context is stored with the event, as the stored
+//! header [`STORED_CONTEXT`] (a name no HTTP header can have, so it never
+//! meets one). Each delivery attempt, whenever and wherever it runs (after a
+//! restart, on another instance of a shared inbox, from a bulk replay), is
+//! a child of it, and the forward carries the attempt's `traceparent`.
+//!
+//! A `traceparent` on an ingest request is linked, not adopted as parent:
+//! anyone who can reach the ingest port can send one, and a parent chosen
+//! by the sender would put dedupd's spans into a stranger's trace (or
+//! many webhooks into one), and make the sender decide the sampling.
+//! A link keeps the upstream trace findable without trusting it.
+
+mod queue;
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use opentelemetry::KeyValue;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanExporter as _};
+pub use queue::{SpanCounts, counts};
+use tracing::Span;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::registry::LookupSpan;
+
+use crate::config::telemetry::TraceExport;
+
+/// The target of dedupd's traced spans: the only ones exported.
+pub const TARGET: &str = "dedupd::trace";
+
+/// The stored header that carries an event's trace context (its ingest
+/// span's `traceparent`). Never forwarded, never shown as a header.
+pub const STORED_CONTEXT: &str = ":traceparent";
+
+static ON: AtomicBool = AtomicBool::new(false);
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+
+/// Whether spans are built and exported.
+pub fn on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// The layer that exports dedupd's spans to `export`'s collector, with
+/// its queue and thread started; `on()` is true from now.
+pub fn layer<S>(export: &TraceExport) -> Result<impl Layer<S> + Send + Sync + use<S>, String>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
+{
+    let client = crate::http_client::builder()
+        .user_agent(concat!("dedupd/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("cannot build the trace exporter's HTTP client: {e}"))?;
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .with_http_client(client);
+    if let Some(endpoint) = &export.endpoint {
+        builder = builder.with_endpoint(endpoint.clone());
+    }
+    let mut exporter = builder
+        .build()
+        .map_err(|e| format!("cannot set up trace export: {e}"))?;
+    let resource = Resource::builder()
+        .with_service_name(export.service_name.clone())
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        // Which instance of a fleet sent a span.
+        .with_attribute(KeyValue::new("process.pid", i64::from(std::process::id())))
+        .build();
+    exporter.set_resource(&resource);
+    let processor = queue::QueueProcessor::start(exporter, export.queue)
+        .map_err(|e| format!("cannot start the trace exporter's thread: {e}"))?;
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            export.sample_ratio,
+        ))))
+        .with_resource(resource)
+        .build();
+    let tracer = provider.tracer("dedupd");
+    if PROVIDER.set(provider).is_err() {
+        return Err("trace export was set up twice".into());
+    }
+    ON.store(true, Ordering::Relaxed);
+    Ok(tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
+        .with_filter(Targets::new().with_target(TARGET, tracing::Level::INFO)))
+}
+
+// Integers are recorded as i64: tracing-opentelemetry turns a u64 into
+// text.
+
+/// Exports what is queued and stops the exporter (at the process's end).
+pub fn shutdown() {
+    if let Some(provider) = PROVIDER.get() {
+        let _ = provider.shutdown_with_timeout(std::time::Duration::from_secs(5));
+    }
+}
+
+/// A request's headers as the propagator reads them.
+struct Headers<'h, 'a>(&'h dyn Fn(&str) -> Option<&'a str>);
+
+impl Extractor for Headers<'_, '_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        (self.0)(key)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent", "tracestate"]
+    }
+}
+
+/// Records a built span's ids as its `trace_id` and `span_id` fields, so
+/// every log line inside it carries them.
+fn record_ids(span: &Span) {
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    if sc.is_valid() {
+        span.record("trace_id", sc.trace_id().to_string());
+        span.record("span_id", sc.span_id().to_string());
+    }
+}
+
+/// The span of one ingest request; a `traceparent` it came with
+/// (`header`) is linked. Fill in `dedupd.source`, `dedupd.scheme`,
+/// `dedupd.event_id` and `dedupd.outcome` (and `dedupd.code` for a
+/// refusal) as they are known.
+pub fn ingest_span<'a>(header: &dyn Fn(&str) -> Option<&'a str>) -> Span {
+    if !on() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(
+        target: TARGET,
+        "ingest",
+        otel.kind = "server",
+        otel.status_code = Empty,
+        dedupd.source = Empty,
+        dedupd.scheme = Empty,
+        dedupd.event_id = Empty,
+        dedupd.outcome = Empty,
+        dedupd.code = Empty,
+        http.response.status_code = Empty,
+        trace_id = Empty,
+        span_id = Empty,
+    );
+    let upstream = TraceContextPropagator::new().extract(&Headers(header));
+    let upstream = upstream.span().span_context().clone();
+    if upstream.is_valid() {
+        span.add_link(upstream);
+    }
+    record_ids(&span);
+    span
+}
+
+/// A step of the current ingest: `verify` (the signature, then the
+/// event's id, stream and `created_at`) or `store` (the durable write, its
+/// commit's sync included: the answer waits for it).
+pub fn step(name: &'static str) -> Span {
+    if !on() {
+        return Span::none();
+    }
+    match name {
+        "verify" => tracing::info_span!(target: TARGET, "verify"),
+        _ => tracing::info_span!(target: TARGET, "store"),
+    }
+}
+
+/// The trace context to store with an event ingested under `span`, as a
+/// stored header; nothing when traces are off.
+pub fn stored_context(span: &Span) -> Option<(String, String)> {
+    if !on() {
+        return None;
+    }
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
+    carrier
+        .remove("traceparent")
+        .map(|tp| (STORED_CONTEXT.to_owned(), tp))
+}
+
+/// The `traceparent` stored with an event, if any.
+pub fn stored(headers: &[(String, String)]) -> Option<&str> {
+    headers
+        .iter()
+        .find(|(name, _)| name == STORED_CONTEXT)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Whether a stored header is dedupd's own (never forwarded or shown).
+pub fn is_internal(name: &str) -> bool {
+    name.starts_with(':')
+}
+
+/// The trace id in a stored `traceparent` (`00-TRACE-SPAN-FLAGS`).
+pub fn trace_id(traceparent: &str) -> Option<&str> {
+    let mut parts = traceparent.split('-');
+    let (_version, id) = (parts.next()?, parts.next()?);
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) && id.bytes().any(|b| b != b'0'))
+        .then_some(id)
+}
+
+/// The span of one delivery attempt of an event with stored `headers`: a
+/// child of its ingest span. Fill in the status, latency and outcome.
+pub fn attempt_span(
+    headers: &[(String, String)],
+    source: &str,
+    destination: &str,
+    event_id: &str,
+    attempt: u32,
+) -> Span {
+    if !on() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(
+        target: TARGET,
+        "deliver",
+        otel.kind = "client",
+        otel.status_code = Empty,
+        dedupd.source = source,
+        dedupd.destination = destination,
+        dedupd.event_id = event_id,
+        dedupd.attempt = i64::from(attempt),
+        http.response.status_code = Empty,
+        dedupd.latency_ms = Empty,
+        dedupd.outcome = Empty,
+        dedupd.retry_at_ms = Empty,
+        trace_id = Empty,
+        span_id = Empty,
+    );
+    if let Some(tp) = stored(headers) {
+        let get = |name: &str| (name == "traceparent").then_some(tp);
+        let parent = TraceContextPropagator::new().extract(&Headers(&get));
+        if parent.span().span_context().is_valid() {
+            let _ = span.set_parent(parent);
+        }
+    }
+    record_ids(&span);
+    span
+}
+
+/// The span of one claims or ordering request (`claim`, `done`,
+/// `extend`, `release`, `inspect`, `apply`, `head`): its own trace.
+/// Record the key with [`record_key`], the outcome and fence as known,
+/// and the answer with [`answered`].
+pub fn api_span(name: &'static str) -> Span {
+    if !on() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(
+        target: TARGET,
+        "api",
+        otel.name = name,
+        otel.kind = "server",
+        otel.status_code = Empty,
+        dedupd.key_hash = Empty,
+        dedupd.outcome = Empty,
+        dedupd.fence = Empty,
+        http.response.status_code = Empty,
+        trace_id = Empty,
+        span_id = Empty,
+    );
+    record_ids(&span);
+    span
+}
+
+/// Records the current request's key (a claim's key, a stream) as its
+/// hash: the first 16 hex digits of its SHA-256. Keys are never recorded
+/// raw: they may hold an order number or an e-mail address.
+pub fn record_key(key: &str) {
+    if !on() {
+        return;
+    }
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(key.as_bytes());
+    Span::current().record("dedupd.key_hash", hex::encode(&digest[..8]));
+}
+
+/// Records how a request with `span` was answered: its status, and a
+/// refusal's code as its outcome (a success's outcome is recorded where
+/// it is known).
+pub fn answered(span: &Span, status: u16, refusal: Option<&str>) {
+    if span.is_none() {
+        return;
+    }
+    span.record("http.response.status_code", i64::from(status));
+    if let Some(code) = refusal {
+        span.record("dedupd.outcome", code);
+    }
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+/// The W3C headers that continue `span`'s trace in a request it sends:
+/// `traceparent`, and `tracestate` when there is one.
+pub fn propagation(span: &Span) -> Vec<(&'static str, String)> {
+    if !on() || span.is_none() {
+        return Vec::new();
+    }
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
+    ["traceparent", "tracestate"]
+        .into_iter()
+        .filter_map(|name| Some((name, carrier.remove(name).filter(|v| !v.is_empty())?)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_traces_off_no_span_is_built_and_nothing_is_stored() {
+        assert!(!on());
+        let none = |_: &str| Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert!(ingest_span(&none).is_none());
+        assert!(step("verify").is_none());
+        assert!(attempt_span(&[], "sume", "default", "e1", 1).is_none());
+        assert_eq!(stored_context(&Span::none()), None);
+        assert!(propagation(&Span::none()).is_empty());
+    }
+
+    #[test]
+    fn a_stored_context_is_found_and_read_but_never_taken_for_a_header() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let headers = vec![
+            ("webhook-id".to_owned(), "x".to_owned()),
+            (STORED_CONTEXT.to_owned(), tp.to_owned()),
+        ];
+        assert_eq!(stored(&headers), Some(tp));
+        assert_eq!(trace_id(tp), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        assert!(is_internal(STORED_CONTEXT));
+        assert!(!is_internal("traceparent"));
+        assert!(reqwest::header::HeaderName::from_bytes(STORED_CONTEXT.as_bytes()).is_err());
+        for bad in [
+            "",
+            "00",
+            "00-xyz-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(trace_id(bad), None, "{bad:?}");
+        }
+    }
+}
