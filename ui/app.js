@@ -325,7 +325,7 @@
       h("dl", { class: "fields" }, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
       actions,
       h("h2", {}, "Attempts"),
-      timeline(e.timeline),
+      timeline(e.timeline, e.trace_id),
       h("h2", {}, "Headers"),
       erased ? h("p", { class: "muted" }, "Erased: the stored headers were deleted.")
         : e.headers.length === 0
@@ -341,17 +341,21 @@
     if (e.status === "pending") timer = setTimeout(() => refresh(gen, detail, source, id), DETAIL_REFRESH_MS);
   }
 
-  // The event's last attempts (the server keeps ten), newest first.
-  function timeline(attempts) {
+  // The event's last attempts (the server keeps ten), newest first. With
+  // traces on, every attempt is a span of the event's one trace: its id
+  // is shown on each, to paste into the tracing backend.
+  function timeline(attempts, traceId) {
     if (!attempts || attempts.length === 0) return h("p", { class: "muted", id: "timeline-empty" }, "No attempts yet.");
+    const cols = ["#", "Sent", "Status", "Latency", "Error"].concat(traceId ? ["Trace"] : []);
     return h("div", { class: "scroll" }, h("table", { id: "timeline" },
-      h("thead", {}, h("tr", {}, ["#", "Sent", "Status", "Latency", "Error"].map((c) => h("th", { scope: "col" }, c)))),
+      h("thead", {}, h("tr", {}, cols.map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, attempts.slice().reverse().map((a) => h("tr", {},
         h("td", { class: "num" }, String(a.attempt)),
         h("td", {}, time(a.at_ms)),
         h("td", { class: "num" }, a.status === null ? "no answer" : String(a.status)),
         h("td", { class: "num" }, `${a.latency_ms.toFixed(1)} ms`),
-        h("td", { class: "error-text" }, a.error || "—"))))));
+        h("td", { class: "error-text" }, a.error || "—"),
+        traceId ? h("td", { class: "trace-id" }, h("code", {}, traceId)) : null)))));
   }
 
   function confirmRedeliver(actions, source, id) {

@@ -83,6 +83,10 @@ pub struct EventDetail {
     timeline: Vec<AttemptView>,
     /// The headers kept for forwarding (`forward_headers`), in order.
     headers: Vec<HeaderView>,
+    /// The trace every attempt of this event belongs to (a child of its
+    /// ingest span): set when traces were on as it was received
+    /// (`[telemetry.traces]`), null otherwise.
+    trace_id: Option<String>,
     /// The body as text, when it is UTF-8; null otherwise.
     body: Option<String>,
     /// The body in base64 (standard, padded), when it is not UTF-8.
@@ -120,8 +124,13 @@ pub(super) async fn show(
         .into_iter()
         .map(AttemptView::from)
         .collect();
-    let headers = std::mem::take(&mut event.headers)
+    let stored = std::mem::take(&mut event.headers);
+    let trace_id = crate::telemetry::traces::stored(&stored)
+        .and_then(crate::telemetry::traces::trace_id)
+        .map(str::to_owned);
+    let headers = stored
         .into_iter()
+        .filter(|(name, _)| !crate::telemetry::traces::is_internal(name))
         .map(|(name, value)| HeaderView { name, value })
         .collect();
     let (body, body_base64) = match String::from_utf8(raw) {
@@ -132,6 +141,7 @@ pub(super) async fn show(
         event: EventView::from(event),
         timeline,
         headers,
+        trace_id,
         body,
         body_base64,
     }))

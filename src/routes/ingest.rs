@@ -14,11 +14,14 @@
 //!    source takes it).
 //!
 //! The request never waits on the application: delivery happens later, in
-//! the dispatcher.
+//! the dispatcher. With traces on, the request is an `ingest` span (with
+//! `verify` and `store` under it), and an event stored keeps its context
+//! for its delivery attempts (`telemetry::traces`).
 
 use actix_web::http::{ConnectionType, Method};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use serde::Serialize;
+use tracing::{Instrument, Span};
 use utoipa::ToSchema;
 
 use super::body::read_bytes_within;
@@ -28,6 +31,7 @@ use crate::error::{ApiError, Problem};
 use crate::gateway::alerts::ALERT_SOURCE;
 use crate::gateway::ingest::{check_headers, handshake, parse_routed};
 use crate::store::inbox::IngestOutcome;
+use crate::telemetry::traces;
 
 /// `POST /ingest/{source}`.
 pub fn endpoints() -> Vec<Endpoint> {
@@ -111,7 +115,12 @@ pub(super) async fn ingest(
     payload: web::Payload,
 ) -> HttpResponse {
     let mut source = None;
-    let result = receive(&state, &req, payload, &mut source).await;
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let span = traces::ingest_span(&header);
+    let result = receive(&state, &req, payload, &mut source)
+        .instrument(span.clone())
+        .await;
+    let refused = result.is_err();
     let (outcome, response) = match result {
         Ok(Received::Event(status, event_id)) => (
             status.as_str(),
@@ -129,6 +138,19 @@ pub(super) async fn ingest(
     };
     if let Some(source) = source {
         state.metrics.ingest(&source, outcome);
+    }
+    if !span.is_none() {
+        let status = response.status();
+        span.record("http.response.status_code", i64::from(status.as_u16()));
+        if refused {
+            span.record("dedupd.outcome", "refused");
+            span.record("dedupd.code", outcome);
+        } else {
+            span.record("dedupd.outcome", outcome);
+        }
+        if status.is_server_error() {
+            span.record("otel.status_code", "ERROR");
+        }
     }
     response
 }
@@ -180,6 +202,9 @@ async fn receive(
         }));
     };
     *source_name = Some(source.name.clone());
+    let span = Span::current();
+    span.record("dedupd.source", source.name.as_str());
+    span.record("dedupd.scheme", source.scheme.name());
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
     check_headers(&source, &header, state.clock.now_ms()).map_err(|e| closing(e.into()))?;
     let body = read_bytes_within(req, payload, source.max_body_bytes, state.body_timeout)
@@ -190,8 +215,12 @@ async fn receive(
         tracing::info!(source = %source.name, "answered the provider's URL check");
         return Ok(Received::Handshake(reply));
     }
-    let (event, lanes) =
-        parse_routed(&source, &header, &body, received_at).map_err(ApiError::from)?;
+    let (mut event, lanes) = traces::step("verify")
+        .in_scope(|| parse_routed(&source, &header, &body, received_at))
+        .map_err(ApiError::from)?;
+    span.record("dedupd.event_id", event.event_id.as_str());
+    event.headers.extend(traces::stored_context(&span));
+    let stored = traces::step("store");
     // Only the inbox is asked: a local inbox keeps ingest working while a
     // shared store is down, and an event another instance received too is
     // resolved at delivery, by its claim in the shared store. With the
@@ -210,22 +239,21 @@ async fn receive(
     // The lanes the event went to, for the dispatcher to hear of; none
     // when every destination's filter missed it.
     let arrived: Vec<String> = lanes.clone().unwrap_or_else(|| vec![source.name.clone()]);
-    let outcome = match lanes {
-        _ if known => IngestOutcome::Duplicate,
-        None => gw
-            .inbox
-            .ingest(event, received_at)
-            .await
-            .map_err(ApiError::from)?,
-        Some(lanes) => {
-            let known_in = gw.lanes_held(&source.name).await.map_err(ApiError::from)?;
-            let filtered_ms = source.retention(gw.retention).delivered_ms;
-            gw.inbox
-                .ingest_routed(event, lanes, known_in, filtered_ms, received_at)
-                .await
-                .map_err(ApiError::from)?
-        }
-    };
+    let outcome = async {
+        Ok::<_, ApiError>(match lanes {
+            _ if known => IngestOutcome::Duplicate,
+            None => gw.inbox.ingest(event, received_at).await?,
+            Some(lanes) => {
+                let known_in = gw.lanes_held(&source.name).await?;
+                let filtered_ms = source.retention(gw.retention).delivered_ms;
+                gw.inbox
+                    .ingest_routed(event, lanes, known_in, filtered_ms, received_at)
+                    .await?
+            }
+        })
+    }
+    .instrument(stored)
+    .await?;
     let status = match outcome {
         IngestOutcome::Duplicate => IngestStatus::Duplicate,
         IngestOutcome::Accepted if arrived.is_empty() => {

@@ -11,6 +11,7 @@ use crate::clock::Millis;
 use crate::gateway::Source;
 use crate::gateway::signature::signature_header;
 use crate::store::inbox::InboxEvent;
+use crate::telemetry::traces;
 
 /// Idle connections are closed after this long.
 const POOL_IDLE: Duration = Duration::from_secs(60);
@@ -57,8 +58,20 @@ impl Forwarder {
             .post(source.forward_to.clone())
             .timeout(source.forward_timeout)
             .body(ev.body.clone());
+        // With traces on, the attempt's own context replaces any the
+        // provider's request carried (and was kept with the event).
+        let propagated = traces::propagation(&tracing::Span::current());
         for (name, value) in &ev.headers {
+            let ours = !propagated.is_empty()
+                && (name.eq_ignore_ascii_case("traceparent")
+                    || name.eq_ignore_ascii_case("tracestate"));
+            if traces::is_internal(name) || ours {
+                continue;
+            }
             req = req.header(name.as_str(), value.as_str());
+        }
+        for (name, value) in propagated {
+            req = req.header(name, value);
         }
         if let Some(replay) = &ev.replay {
             req = req.header("dedupd-replay", replay.job.as_str());

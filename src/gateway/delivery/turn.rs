@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use tracing::{Instrument, Span};
 
 use super::backoff::{backoff, millis};
 use super::forward::Failed;
@@ -25,6 +26,7 @@ use crate::domain::{Key, MAX_KEY_BYTES, Namespace, ScopedKey, Token, Ttl};
 use crate::gateway::Source;
 use crate::store::inbox::{Attempt, InboxEvent, Retention, Settle};
 use crate::store::{ClaimOutcome, Store};
+use crate::telemetry::traces;
 
 /// First pause between tries to record an acknowledged delivery; doubles
 /// each time up to [`RECORD_PAUSE_MAX`].
@@ -44,10 +46,24 @@ impl Dispatcher {
         lease: u64,
         slot: &Slot,
     ) -> Reached {
-        match &self.coordination {
-            Coordination::Inbox => self.turn_local(source, ev, lease, slot).await,
-            Coordination::Shared(store) => self.turn_shared(store, source, ev, lease, slot).await,
+        // With traces on: a `deliver` span, a child of the event's ingest.
+        let span = traces::attempt_span(
+            &ev.headers,
+            source.lane_of.as_deref().unwrap_or(source.name.as_str()),
+            &source.destination,
+            &ev.event_id,
+            ev.attempts.saturating_add(1),
+        );
+        async {
+            match &self.coordination {
+                Coordination::Inbox => self.turn_local(source, ev, lease, slot).await,
+                Coordination::Shared(store) => {
+                    self.turn_shared(store, source, ev, lease, slot).await
+                }
+            }
         }
+        .instrument(span)
+        .await
     }
 
     /// The stale check already ran when the event was leased.
@@ -91,6 +107,7 @@ impl Dispatcher {
         match recorded {
             Ok(()) => {
                 self.metrics.delivery(&source.name, "delivered");
+                Span::current().record("dedupd.outcome", "delivered");
                 tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, outcome = "delivered", "delivered");
             }
             Err(_) => {
@@ -366,6 +383,11 @@ impl Dispatcher {
             Ok(status) => Attempt::new(attempt, at_ms, Some(*status), latency, None),
             Err(f) => Attempt::new(attempt, at_ms, f.status, latency, Some(&f.error)),
         };
+        let span = Span::current();
+        if let Some(status) = sent.status {
+            span.record("http.response.status_code", i64::from(status));
+        }
+        span.record("dedupd.latency_ms", latency.as_secs_f64() * 1e3);
         (result.map(|_| ()), sent)
     }
 
@@ -447,6 +469,36 @@ impl Dispatcher {
             Settle::Dead { error } => Some((error.clone(), sent.as_ref().map(|a| a.attempt))),
             _ => None,
         };
+        let span = Span::current();
+        match &settle {
+            Settle::Retry {
+                retry_at,
+                attempted,
+                ..
+            } => {
+                span.record(
+                    "dedupd.outcome",
+                    if *attempted { "retry" } else { "not_sent" },
+                );
+                span.record(
+                    "dedupd.retry_at_ms",
+                    i64::try_from(*retry_at).unwrap_or(i64::MAX),
+                );
+            }
+            _ => {
+                span.record("dedupd.outcome", outcome.unwrap_or("unknown"));
+            }
+        }
+        if matches!(
+            settle,
+            Settle::Dead { .. }
+                | Settle::Retry {
+                    attempted: true,
+                    ..
+                }
+        ) {
+            span.record("otel.status_code", "ERROR");
+        }
         let inbox = &self.gateway.inbox;
         let (key, retention) = (ev.key(), self.retention_of(&ev.source));
         let written = match sent {
