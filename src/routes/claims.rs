@@ -1,9 +1,10 @@
 //! `/v1/claims/{key}`: claim, done, extend, release, inspect.
 
 use actix_web::http::Method;
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, web};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use tracing::{Instrument, Span};
 use utoipa::ToSchema;
 
 use super::body::read_json;
@@ -12,7 +13,7 @@ use crate::clock::Millis;
 use crate::domain::{ClaimResult, Fingerprint, Key, ScopedKey, Token};
 use crate::error::{ApiError, Problem};
 use crate::store::{ClaimOutcome, ClaimState, DoneOutcome, ExtendOutcome, ReleaseOutcome};
-use crate::telemetry::RouteName;
+use crate::telemetry::{RouteName, traces};
 
 /// Registers the claim routes: `/claims/{key}` (POST claim, GET or HEAD
 /// inspect, DELETE release), `/claims/{key}/done` and `/claims/{key}/extend` (POST).
@@ -44,8 +45,34 @@ const KEY: &str = "/claims/{key}";
 const DONE: &str = "/claims/{key}/done";
 const EXTEND: &str = "/claims/{key}/extend";
 
-/// Routes `/claims/...` by its segments and method.
+/// Routes `/claims/...`, in a span of its own when traces are on.
 async fn dispatch(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    if !traces::on() {
+        return route(state, req, payload).await;
+    }
+    let (segments, action) = below(&req, "/v1/claims/");
+    let method = req.method();
+    let span = traces::api_span(match (segments, action) {
+        (1, _) if method == Method::POST => "claim",
+        (1, _) if method == Method::DELETE => "release",
+        (2, Some("done")) => "done",
+        (2, Some("extend")) => "extend",
+        _ => "inspect",
+    });
+    let answer = route(state, req, payload).instrument(span.clone()).await;
+    match &answer {
+        Ok(res) => traces::answered(&span, res.status().as_u16(), None),
+        Err(e) => traces::answered(&span, e.status_code().as_u16(), Some(e.code())),
+    }
+    answer
+}
+
+/// Routes `/claims/...` by its segments and method.
+async fn route(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
@@ -155,6 +182,7 @@ pub struct StateAnswer<'a> {
 
 fn parse_key(req: &HttpRequest) -> Result<(Key, ScopedKey), ApiError> {
     let key = Key::parse(&path_segment(req, 3, "key")?, "key")?;
+    traces::record_key(key.as_str());
     let scoped = ScopedKey::api(&key);
     Ok((key, scoped))
 }
@@ -220,12 +248,18 @@ pub(super) async fn claim(
         .transpose()?;
     let now = state.clock.now_ms();
     let outcome = state.store.claim(&scoped, ttl, fingerprint, now).await?;
-    state.metrics.claim(match outcome {
+    let named = match outcome {
         ClaimOutcome::Claimed { .. } => "claimed",
         ClaimOutcome::Busy { .. } => "busy",
         ClaimOutcome::Done { .. } => "done",
         ClaimOutcome::FingerprintMismatch { .. } => "fingerprint_mismatch",
-    });
+    };
+    state.metrics.claim(named);
+    let span = Span::current();
+    span.record("dedupd.outcome", named);
+    if let ClaimOutcome::Claimed { fence, .. } = &outcome {
+        span.record("dedupd.fence", i64::try_from(*fence).unwrap_or(i64::MAX));
+    }
     match outcome {
         ClaimOutcome::Claimed {
             token,

@@ -1,8 +1,9 @@
 //! `/v1/streams/{stream}`: apply events in order, read the head.
 
 use actix_web::http::Method;
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, web};
 use serde::{Deserialize, Serialize};
+use tracing::{Instrument, Span};
 use utoipa::ToSchema;
 
 use super::body::read_json;
@@ -10,7 +11,7 @@ use super::{AppState, Endpoint, below, path_segment};
 use crate::domain::{CreatedAt, Key, ScopedKey};
 use crate::error::{ApiError, Problem};
 use crate::store::{ApplyOutcome, Head};
-use crate::telemetry::RouteName;
+use crate::telemetry::{RouteName, traces};
 
 /// The stream routes, relative to `/v1`, all dispatched by hand in
 /// [`dispatch`].
@@ -34,8 +35,31 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(web::scope("/streams").default_service(web::to(dispatch)));
 }
 
-/// Routes `/streams/...` by its segments and method.
+/// Routes `/streams/...`, in a span of its own when traces are on.
 async fn dispatch(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    if !traces::on() {
+        return route(state, req, payload).await;
+    }
+    let (_, action) = below(&req, "/v1/streams/");
+    let span = traces::api_span(if action == Some("apply") {
+        "apply"
+    } else {
+        "head"
+    });
+    let answer = route(state, req, payload).instrument(span.clone()).await;
+    match &answer {
+        Ok(res) => traces::answered(&span, res.status().as_u16(), None),
+        Err(e) => traces::answered(&span, e.status_code().as_u16(), Some(e.code())),
+    }
+    answer
+}
+
+/// Routes `/streams/...` by its segments and method.
+async fn route(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
@@ -126,6 +150,7 @@ pub(super) async fn apply(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let stream = Key::parse(&path_segment(&req, 3, "stream")?, "stream")?;
+    traces::record_key(stream.as_str());
     let body: ApplyBody =
         read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let event_id = Key::parse(&body.event_id, "event_id")?;
@@ -141,11 +166,13 @@ pub(super) async fn apply(
             now,
         )
         .await?;
-    state.metrics.apply(match result.outcome {
+    let outcome = match result.outcome {
         ApplyOutcome::Applied => "applied",
         ApplyOutcome::Stale => "stale",
         ApplyOutcome::Duplicate => "duplicate",
-    });
+    };
+    state.metrics.apply(outcome);
+    Span::current().record("dedupd.outcome", outcome);
     Ok(HttpResponse::Ok().json(Applied {
         stream: stream.as_str(),
         outcome: result.outcome,
