@@ -60,4 +60,5 @@ mod scans;
 mod shared_inbox;
 mod sync_mode;
 mod systemd;
+mod traces;
 mod upgrade;

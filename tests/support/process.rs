@@ -28,7 +28,7 @@ pub(crate) fn dedupd() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
     // The tests' own environment must not leak settings in.
     for (k, _) in std::env::vars() {
-        if k.starts_with("DEDUPD_") || k == "RUST_LOG" {
+        if k.starts_with("DEDUPD_") || k.starts_with("OTEL_") || k == "RUST_LOG" {
             cmd.env_remove(k);
         }
     }
