@@ -352,7 +352,7 @@ fn report(
     let post_time = posted.end - posted.start;
     let distinct = t.distinct() as u64;
     println!(
-        "  posted {} events in {:.2} s: {} accepted, {} duplicate, {} failed{} -> ingest {:.0} events/s",
+        "  posted {} events in {:.2} s: {} accepted, {} duplicate, {} failed{} -> ingest {:.0} events/s{}",
         posted.posted,
         post_time,
         posted.accepted,
@@ -364,6 +364,7 @@ fn report(
             .map(|e| format!(" (first: {})", truncate(e, 160)))
             .unwrap_or_default(),
         posted.accepted as f64 / post_time,
+        posted.latency_text(),
     );
     if !all_in {
         let why = if now_s() - posted.end >= p.wait.as_secs_f64() {
@@ -1089,6 +1090,27 @@ pub(crate) struct Posted {
     /// since [`ORIGIN`].
     pub(crate) start: f64,
     pub(crate) end: f64,
+    /// Each answered post's latency, µs (empty when `wrk` posted).
+    pub(crate) latencies_us: Vec<u32>,
+}
+
+impl Posted {
+    /// "p50 … p99 … max … ms" of the posts' latencies, or nothing.
+    pub(crate) fn latency_text(&self) -> String {
+        if self.latencies_us.is_empty() {
+            return String::new();
+        }
+        let mut l = self.latencies_us.clone();
+        l.sort_unstable();
+        let at = |q: f64| f64::from(l[((l.len() - 1) as f64 * q).round() as usize]) / 1000.0;
+        format!(
+            "; ingest latency p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
+            at(0.5),
+            at(0.99),
+            at(0.999),
+            at(1.0)
+        )
+    }
 }
 
 pub(crate) async fn post_load(
@@ -1121,6 +1143,7 @@ pub(crate) async fn post_load(
         let first_error = first_error.clone();
         let streams = p.streams;
         tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let more = match load {
@@ -1128,7 +1151,7 @@ pub(crate) async fn post_load(
                     Load::Count(n) => i < n,
                 };
                 if !more {
-                    return;
+                    return latencies;
                 }
                 let created = UNIX_EPOCH + Duration::from_micros(base_us as u64 + i);
                 let body = format!(
@@ -1141,6 +1164,7 @@ pub(crate) async fn post_load(
                     .unwrap_or_default()
                     .as_secs();
                 let signature = sign(ts, body.as_bytes());
+                let sent = Instant::now();
                 let res = client
                     .post(&url)
                     .header("content-type", "application/json")
@@ -1162,6 +1186,7 @@ pub(crate) async fn post_load(
                     }
                     Err(e) => Err(format!("request failed: {e}")),
                 };
+                latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
                 match outcome {
                     Ok(true) => accepted.fetch_add(1, Ordering::Relaxed),
                     Ok(false) => duplicate.fetch_add(1, Ordering::Relaxed),
@@ -1173,8 +1198,11 @@ pub(crate) async fn post_load(
             }
         }));
     }
+    let mut latencies_us = Vec::new();
     for t in tasks {
-        let _ = t.await;
+        if let Ok(l) = t.await {
+            latencies_us.extend(l);
+        }
     }
     let end = now_s();
     let accepted = accepted.load(Ordering::Relaxed);
@@ -1189,6 +1217,7 @@ pub(crate) async fn post_load(
         first_error,
         start,
         end,
+        latencies_us,
     }
 }
 
@@ -1322,6 +1351,7 @@ end
         first_error: (failed > 0).then(|| format!("{failed} answers were not 2xx")),
         start,
         end,
+        latencies_us: Vec::new(),
     })
 }
 

@@ -668,6 +668,7 @@ async fn post_spread(
         first_error,
         start,
         end,
+        latencies_us: Vec::new(),
     }
 }
 

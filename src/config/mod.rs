@@ -673,6 +673,9 @@ impl Settings {
                 d.forward_to = crate::redact::url_str(&d.forward_to);
             }
         }
+        if let Some(url) = &mut shown.telemetry.traces.otlp_endpoint {
+            *url = crate::redact::url_str(url);
+        }
         toml::to_string_pretty(&shown)
             .unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
     }

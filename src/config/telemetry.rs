@@ -75,7 +75,8 @@ impl TraceSettings {
         let from_env = ENDPOINT_ENV.iter().any(|name| set(name).is_some());
         let endpoint = match (&self.otlp_endpoint, from_env) {
             (_, true) => None,
-            (Some(base), false) => Some(traces_url(base)),
+            // Checked when the settings were loaded.
+            (Some(base), false) => Some(traces_url(base)?),
             (None, false) => return None,
         };
         Some(TraceExport {
@@ -89,19 +90,15 @@ impl TraceSettings {
     /// What is wrong with these settings, by key.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         let mut bad = Vec::new();
-        if let Some(endpoint) = &self.otlp_endpoint {
-            match reqwest::Url::parse(endpoint) {
-                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-                Ok(_) => bad.push((
-                    "telemetry.traces.otlp_endpoint",
-                    "must be an http:// or https:// URL with a host, such as http://127.0.0.1:4318"
-                        .to_owned(),
-                )),
-                Err(e) => bad.push((
-                    "telemetry.traces.otlp_endpoint",
-                    format!("is not a URL ({e}); such as http://127.0.0.1:4318"),
-                )),
-            }
+        if let Some(endpoint) = &self.otlp_endpoint
+            && traces_url(endpoint).is_none()
+        {
+            // Not quoted: it may hold credentials.
+            bad.push((
+                "telemetry.traces.otlp_endpoint",
+                "must be an http:// or https:// URL with a host, such as http://127.0.0.1:4318"
+                    .to_owned(),
+            ));
         }
         let name = self.service_name.trim();
         if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
@@ -124,15 +121,21 @@ impl TraceSettings {
 }
 
 /// The OTLP/HTTP traces URL under a collector's base URL (as the
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` rule says); a URL that already ends in
-/// `/v1/traces` stays.
-fn traces_url(base: &str) -> String {
-    let base = base.trim_end_matches('/');
-    if base.ends_with("/v1/traces") {
-        base.to_owned()
-    } else {
-        format!("{base}/v1/traces")
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` rule says: `/v1/traces` added to its
+/// path, its query kept); a URL whose path already ends so stays. Written
+/// out in ASCII (punycode, percent-encoding), as the exporter parses it.
+fn traces_url(base: &str) -> Option<String> {
+    let mut url = reqwest::Url::parse(base.trim()).ok()?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return None;
     }
+    let path = url.path().trim_end_matches('/').to_owned();
+    if !path.ends_with("/v1/traces") {
+        url.set_path(&format!("{path}/v1/traces"));
+    }
+    let text = url.to_string();
+    text.parse::<actix_web::http::Uri>().ok()?;
+    Some(text)
 }
 
 #[cfg(test)]
@@ -185,6 +188,15 @@ mod tests {
         assert_eq!(e.endpoint, None, "the exporter reads the variable");
         assert_eq!(e.service_name, "gateway-eu");
         assert_eq!(s.export(env(&[("OTEL_SDK_DISABLED", "TRUE")])), None);
+        let with_query = TraceSettings {
+            otlp_endpoint: Some("https://h.example/otlp/?tenant=a".into()),
+            ..TraceSettings::default()
+        };
+        assert_eq!(
+            with_query.export(env(&[])).unwrap().endpoint.as_deref(),
+            Some("https://h.example/otlp/v1/traces?tenant=a"),
+            "the path grows, the query stays"
+        );
         assert!(s.export(env(&[("OTEL_SDK_DISABLED", "false")])).is_some());
     }
 

@@ -46,6 +46,7 @@ const RESERVED_HEADERS: &[&str] = &[
     "dedupd-source",
     "dedupd-destination",
     "dedupd-replay",
+    crate::telemetry::traces::STORED_CONTEXT,
     "host",
     "content-length",
     "transfer-encoding",

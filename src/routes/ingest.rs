@@ -115,8 +115,7 @@ pub(super) async fn ingest(
     payload: web::Payload,
 ) -> HttpResponse {
     let mut source = None;
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
-    let span = traces::ingest_span(&header);
+    let span = traces::ingest_span();
     let result = receive(&state, &req, payload, &mut source)
         .instrument(span.clone())
         .await;
@@ -219,6 +218,7 @@ async fn receive(
         .in_scope(|| parse_routed(&source, &header, &body, received_at))
         .map_err(ApiError::from)?;
     span.record("dedupd.event_id", event.event_id.as_str());
+    traces::link_upstream(&span, &header);
     event.headers.extend(traces::stored_context(&span));
     let stored = traces::step("store");
     // Only the inbox is asked: a local inbox keeps ingest working while a

@@ -43,12 +43,16 @@ pub fn init(log: &LogSettings, traces: Option<&TraceExport>) -> Result<(), Strin
         LogFormat::Json => lines.json().flatten_event(true).boxed(),
     };
     let traces = traces.map(traces::layer).transpose()?;
+    let tracing = traces.is_some();
     // A second init (tests) keeps the first subscriber.
     let installed = tracing_subscriber::registry()
         .with(lines.with_filter(filter))
         .with(traces)
         .try_init()
         .is_ok();
+    if installed && tracing {
+        traces::enable();
+    }
     if installed && !from_env {
         let _ = FILTER.set(handle);
     }

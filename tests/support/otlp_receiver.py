@@ -13,6 +13,7 @@ every export; hang: reads nothing and never answers.
 
 import http.server
 import json
+import os
 import sys
 import threading
 
@@ -91,9 +92,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
                             }
                         )
                     )
-        with LOCK, open(OUT, "a", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line + "\n")
+        # One write of whole lines, so a reader never sees half of one.
+        if lines:
+            data = ("\n".join(lines) + "\n").encode()
+            with LOCK:
+                fd = os.open(OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
         reply = ExportTraceServiceResponse().SerializeToString()
         self.send_response(200)
         self.send_header("content-type", "application/x-protobuf")

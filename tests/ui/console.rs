@@ -1029,3 +1029,70 @@ async fn counting_starts_nothing_and_a_bulk_erase_waits_for_the_count_typed() {
     })
     .await;
 }
+
+/// With traces on, the event's page shows on each attempt the id of the
+/// event's one trace (what to paste into the tracing backend). Traces are
+/// turned on for this test binary here, exporting to a closed port: the
+/// spans are dropped, the ids are what the page shows.
+#[tokio::test]
+async fn with_traces_on_each_attempt_shows_the_events_trace_id() {
+    static TRACES: std::sync::Once = std::sync::Once::new();
+    TRACES.call_once(|| {
+        let log = dedupd::config::LogSettings {
+            level: "warn".into(),
+            format: dedupd::config::LogFormat::Text,
+        };
+        let export = dedupd::config::telemetry::TraceExport {
+            endpoint: Some("http://127.0.0.1:9/v1/traces".into()),
+            service_name: "dedupd-ui-test".into(),
+            sample_ratio: 1.0,
+            queue: 64,
+        };
+        dedupd::telemetry::init(&log, Some(&export)).unwrap();
+    });
+    assert!(
+        dedupd::telemetry::traces::on(),
+        "traces are on in this test binary"
+    );
+    let flaky = Receiver::start(Behaviour::FailTimes(1)).await;
+    let app = spawn_app_with(|l| {
+        l.settings
+            .sources
+            .insert("traced".into(), source(&flaky.url, 5));
+    })
+    .await;
+    ingest(&app, "traced", "evt_traced", "run_t").await;
+    eventually("evt_traced delivered on its second attempt", || async {
+        // Its retry comes due on the app's clock.
+        app.clock.advance(Duration::from_millis(100));
+        count(&app, "traced", "delivered").await == 1
+    })
+    .await;
+    let shown: Value = app
+        .client
+        .get(app.url("/v1/sources/traced/events/evt_traced"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let trace = shown["trace_id"].as_str().expect("a trace id").to_owned();
+    assert_eq!(trace.len(), 32, "{shown}");
+    let url = app.url("/ui#/sources/traced/events/evt_traced");
+    in_browser(move |c| async move {
+        c.goto(&url).await.unwrap();
+        c.until_text("#event-status", "delivered", |t| t == "delivered")
+            .await;
+        let timeline = c.text_of("#timeline tbody").await.unwrap();
+        let rows: Vec<&str> = timeline.lines().collect();
+        assert_eq!(rows.len(), 2, "{timeline}");
+        assert!(
+            rows.iter().all(|r| r.contains(&trace)),
+            "each attempt shows the trace {trace}: {timeline}"
+        );
+        let head = c.text_of("#timeline thead").await.unwrap();
+        assert!(head.to_lowercase().contains("trace"), "{head}");
+    })
+    .await;
+}

@@ -7,10 +7,14 @@
 //! helper here answers `Span::none()` or nothing at once.
 //!
 //! The ingest span's W3C context is stored with the event, as the stored
-//! header [`STORED_CONTEXT`] (a name no HTTP header can have, so it never
-//! meets one). Each delivery attempt, whenever and wherever it runs (after a
-//! restart, on another instance of a shared inbox, from a bulk replay), is
-//! a child of it, and the forward carries the attempt's `traceparent`.
+//! header [`STORED_CONTEXT`] (reserved: `forward_headers` may not name it,
+//! so no provider's header meets it). Each delivery attempt, whenever and
+//! wherever it runs (after a restart, on another instance of a shared
+//! inbox, from a bulk replay), is a child of it, and the forward carries
+//! the attempt's `traceparent` instead. A valid header name on purpose: a
+//! build from before traces forwards every stored header, and one it
+//! cannot send would fail the event's every attempt after a downgrade or
+//! on an older instance of a fleet.
 //!
 //! A `traceparent` on an ingest request is linked, not adopted as parent:
 //! anyone who can reach the ingest port can send one, and a parent chosen
@@ -45,8 +49,9 @@ use crate::config::telemetry::TraceExport;
 pub const TARGET: &str = "dedupd::trace";
 
 /// The stored header that carries an event's trace context (its ingest
-/// span's `traceparent`). Never forwarded, never shown as a header.
-pub const STORED_CONTEXT: &str = ":traceparent";
+/// span's `traceparent`). Never forwarded (but by builds from before
+/// traces, harmlessly), never shown as a header.
+pub const STORED_CONTEXT: &str = "dedupd-trace-context";
 
 static ON: AtomicBool = AtomicBool::new(false);
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
@@ -57,12 +62,16 @@ pub fn on() -> bool {
 }
 
 /// The layer that exports dedupd's spans to `export`'s collector, with
-/// its queue and thread started; `on()` is true from now.
+/// its queue and thread started. Spans are built once [`enable`] is
+/// called, when the layer is in the global subscriber.
 pub fn layer<S>(export: &TraceExport) -> Result<impl Layer<S> + Send + Sync + use<S>, String>
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
+    // A redirect is not followed: it would carry OTEL_EXPORTER_OTLP_HEADERS
+    // (an API key) to another host, or turn the POST into a GET.
     let client = crate::http_client::builder()
+        .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("dedupd/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| format!("cannot build the trace exporter's HTTP client: {e}"))?;
@@ -73,9 +82,13 @@ where
     if let Some(endpoint) = &export.endpoint {
         builder = builder.with_endpoint(endpoint.clone());
     }
-    let mut exporter = builder
-        .build()
-        .map_err(|e| format!("cannot set up trace export: {e}"))?;
+    // The exporter's error quotes the endpoint, which may hold credentials.
+    let mut exporter = builder.build().map_err(|_| {
+        "cannot set up trace export: the collector's endpoint (telemetry.traces.otlp_endpoint, \
+         OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT) is not a usable \
+         http:// or https:// URL"
+            .to_owned()
+    })?;
     let resource = Resource::builder()
         .with_service_name(export.service_name.clone())
         .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
@@ -96,7 +109,6 @@ where
     if PROVIDER.set(provider).is_err() {
         return Err("trace export was set up twice".into());
     }
-    ON.store(true, Ordering::Relaxed);
     Ok(tracing_opentelemetry::layer()
         .with_tracer(tracer)
         .with_location(false)
@@ -107,6 +119,11 @@ where
 
 // Integers are recorded as i64: tracing-opentelemetry turns a u64 into
 // text.
+
+/// Spans are built from now: the layer [`layer`] made is installed.
+pub fn enable() {
+    ON.store(true, Ordering::Relaxed);
+}
 
 /// Exports what is queued and stops the exporter (at the process's end).
 pub fn shutdown() {
@@ -133,17 +150,17 @@ impl Extractor for Headers<'_, '_> {
 fn record_ids(span: &Span) {
     let cx = span.context();
     let sc = cx.span().span_context().clone();
-    if sc.is_valid() {
+    if sc.is_valid() && sc.is_sampled() {
         span.record("trace_id", sc.trace_id().to_string());
         span.record("span_id", sc.span_id().to_string());
     }
 }
 
-/// The span of one ingest request; a `traceparent` it came with
-/// (`header`) is linked. Fill in `dedupd.source`, `dedupd.scheme`,
-/// `dedupd.event_id` and `dedupd.outcome` (and `dedupd.code` for a
-/// refusal) as they are known.
-pub fn ingest_span<'a>(header: &dyn Fn(&str) -> Option<&'a str>) -> Span {
+/// The span of one ingest request. Fill in `dedupd.source`,
+/// `dedupd.scheme`, `dedupd.event_id` and `dedupd.outcome` (and
+/// `dedupd.code` for a refusal) as they are known; link the request's own
+/// trace with [`link_upstream`] once its signature is verified.
+pub fn ingest_span() -> Span {
     if !on() {
         return Span::none();
     }
@@ -161,13 +178,24 @@ pub fn ingest_span<'a>(header: &dyn Fn(&str) -> Option<&'a str>) -> Span {
         trace_id = Empty,
         span_id = Empty,
     );
-    let upstream = TraceContextPropagator::new().extract(&Headers(header));
+    record_ids(&span);
+    span
+}
+
+/// Links `span` to the trace of the `traceparent` its request came with
+/// (`header`), if any: only its ids and flags, never its `tracestate`
+/// (the sender's text, unverified). Call it for a verified request only,
+/// so strangers cannot fill exports with links of their choosing.
+pub fn link_upstream<'a>(span: &Span, header: &dyn Fn(&str) -> Option<&'a str>) {
+    if span.is_none() {
+        return;
+    }
+    let only_parent = |name: &str| (name == "traceparent").then(|| header(name)).flatten();
+    let upstream = TraceContextPropagator::new().extract(&Headers(&only_parent));
     let upstream = upstream.span().span_context().clone();
     if upstream.is_valid() {
         span.add_link(upstream);
     }
-    record_ids(&span);
-    span
 }
 
 /// A step of the current ingest: `verify` (the signature, then the
@@ -206,15 +234,20 @@ pub fn stored(headers: &[(String, String)]) -> Option<&str> {
 
 /// Whether a stored header is dedupd's own (never forwarded or shown).
 pub fn is_internal(name: &str) -> bool {
-    name.starts_with(':')
+    name == STORED_CONTEXT
 }
 
-/// The trace id in a stored `traceparent` (`00-TRACE-SPAN-FLAGS`).
+/// The trace id in a stored `traceparent` (`00-TRACE-SPAN-FLAGS`), when
+/// the trace was sampled (exported): an unsampled one is in no backend.
 pub fn trace_id(traceparent: &str) -> Option<&str> {
     let mut parts = traceparent.split('-');
-    let (_version, id) = (parts.next()?, parts.next()?);
-    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) && id.bytes().any(|b| b != b'0'))
-        .then_some(id)
+    let (_version, id, _span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let sampled = u8::from_str_radix(flags, 16).is_ok_and(|f| f & 1 == 1);
+    (sampled
+        && id.len() == 32
+        && id.bytes().all(|b| b.is_ascii_hexdigit())
+        && id.bytes().any(|b| b != b'0'))
+    .then_some(id)
 }
 
 /// The span of one delivery attempt of an event with stored `headers`: a
@@ -282,14 +315,23 @@ pub fn api_span(name: &'static str) -> Span {
 }
 
 /// Records the current request's key (a claim's key, a stream) as its
-/// hash: the first 16 hex digits of its SHA-256. Keys are never recorded
-/// raw: they may hold an order number or an e-mail address.
+/// hash: 16 hex digits of an HMAC-SHA256 under a key this process drew
+/// at random. Keys are never recorded raw (they may hold an order number
+/// or an e-mail address), and the hash cannot be reversed by trying
+/// likely keys: the same key gives the same hash for as long as the
+/// process lives, so one key's requests can be followed, and another
+/// process gives another.
 pub fn record_key(key: &str) {
     if !on() {
         return;
     }
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(key.as_bytes());
+    use hmac::{Hmac, KeyInit, Mac};
+    static SALT: OnceLock<[u8; 32]> = OnceLock::new();
+    let salt = SALT.get_or_init(rand::random);
+    let mut mac =
+        <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(salt).expect("HMAC takes any key");
+    mac.update(key.as_bytes());
+    let digest = mac.finalize().into_bytes();
     Span::current().record("dedupd.key_hash", hex::encode(&digest[..8]));
 }
 
@@ -330,8 +372,7 @@ mod tests {
     #[test]
     fn with_traces_off_no_span_is_built_and_nothing_is_stored() {
         assert!(!on());
-        let none = |_: &str| Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
-        assert!(ingest_span(&none).is_none());
+        assert!(ingest_span().is_none());
         assert!(step("verify").is_none());
         assert!(attempt_span(&[], "sume", "default", "e1", 1).is_none());
         assert_eq!(stored_context(&Span::none()), None);
@@ -349,7 +390,13 @@ mod tests {
         assert_eq!(trace_id(tp), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
         assert!(is_internal(STORED_CONTEXT));
         assert!(!is_internal("traceparent"));
-        assert!(reqwest::header::HeaderName::from_bytes(STORED_CONTEXT.as_bytes()).is_err());
+        // A name an older build can forward, should it find one stored.
+        assert!(reqwest::header::HeaderName::from_bytes(STORED_CONTEXT.as_bytes()).is_ok());
+        // Unsampled: in no backend, so never shown.
+        assert_eq!(
+            trace_id("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"),
+            None
+        );
         for bad in [
             "",
             "00",

@@ -148,8 +148,10 @@ impl SpanProcessor for QueueProcessor {
             Err(mpsc::error::TrySendError::Full(_)) => {
                 DROPPED_QUEUE_FULL.fetch_add(1, Ordering::Relaxed);
             }
-            // Shut down: nothing is exported any more.
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
+            // Shut down (or its thread died): nothing is exported any more.
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                DROPPED_EXPORT_FAILED.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
