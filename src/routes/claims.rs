@@ -4,7 +4,6 @@ use actix_web::http::Method;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, web};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use tracing::{Instrument, Span};
 use utoipa::ToSchema;
 
 use super::body::read_json;
@@ -45,7 +44,8 @@ const KEY: &str = "/claims/{key}";
 const DONE: &str = "/claims/{key}/done";
 const EXTEND: &str = "/claims/{key}/extend";
 
-/// Routes `/claims/...`, in a span of its own when traces are on.
+/// Routes `/claims/...`; with traces on, the request is a span of its
+/// own, made once it was answered.
 async fn dispatch(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -54,19 +54,27 @@ async fn dispatch(
     if !traces::on() {
         return route(state, req, payload).await;
     }
+    let started = std::time::SystemTime::now();
     let (segments, action) = below(&req, "/v1/claims/");
     let method = req.method();
-    let span = traces::api_span(match (segments, action) {
+    let name = match (segments, action) {
         (1, _) if method == Method::POST => "claim",
         (1, _) if method == Method::DELETE => "release",
         (2, Some("done")) => "done",
         (2, Some("extend")) => "extend",
         _ => "inspect",
-    });
-    let answer = route(state, req, payload).instrument(span.clone()).await;
+    };
+    let asked = req.clone();
+    let answer = route(state, req, payload).await;
     match &answer {
-        Ok(res) => traces::answered(&span, res.status().as_u16(), None),
-        Err(e) => traces::answered(&span, e.status_code().as_u16(), Some(e.code())),
+        Ok(res) => traces::api_span(name, started, &asked, res.status().as_u16(), None),
+        Err(e) => traces::api_span(
+            name,
+            started,
+            &asked,
+            e.status_code().as_u16(),
+            Some(e.code()),
+        ),
     }
     answer
 }
@@ -182,7 +190,7 @@ pub struct StateAnswer<'a> {
 
 fn parse_key(req: &HttpRequest) -> Result<(Key, ScopedKey), ApiError> {
     let key = Key::parse(&path_segment(req, 3, "key")?, "key")?;
-    traces::record_key(key.as_str());
+    traces::note_key(req, key.as_str());
     let scoped = ScopedKey::api(&key);
     Ok((key, scoped))
 }
@@ -255,10 +263,9 @@ pub(super) async fn claim(
         ClaimOutcome::FingerprintMismatch { .. } => "fingerprint_mismatch",
     };
     state.metrics.claim(named);
-    let span = Span::current();
-    span.record("dedupd.outcome", named);
+    traces::note_outcome(&req, named);
     if let ClaimOutcome::Claimed { fence, .. } = &outcome {
-        span.record("dedupd.fence", i64::try_from(*fence).unwrap_or(i64::MAX));
+        traces::note_fence(&req, *fence);
     }
     match outcome {
         ClaimOutcome::Claimed {

@@ -3,7 +3,6 @@
 use actix_web::http::Method;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, web};
 use serde::{Deserialize, Serialize};
-use tracing::{Instrument, Span};
 use utoipa::ToSchema;
 
 use super::body::read_json;
@@ -35,7 +34,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(web::scope("/streams").default_service(web::to(dispatch)));
 }
 
-/// Routes `/streams/...`, in a span of its own when traces are on.
+/// Routes `/streams/...`; with traces on, the request is a span of its
+/// own, made once it was answered.
 async fn dispatch(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -44,16 +44,24 @@ async fn dispatch(
     if !traces::on() {
         return route(state, req, payload).await;
     }
+    let started = std::time::SystemTime::now();
     let (_, action) = below(&req, "/v1/streams/");
-    let span = traces::api_span(if action == Some("apply") {
+    let name = if action == Some("apply") {
         "apply"
     } else {
         "head"
-    });
-    let answer = route(state, req, payload).instrument(span.clone()).await;
+    };
+    let asked = req.clone();
+    let answer = route(state, req, payload).await;
     match &answer {
-        Ok(res) => traces::answered(&span, res.status().as_u16(), None),
-        Err(e) => traces::answered(&span, e.status_code().as_u16(), Some(e.code())),
+        Ok(res) => traces::api_span(name, started, &asked, res.status().as_u16(), None),
+        Err(e) => traces::api_span(
+            name,
+            started,
+            &asked,
+            e.status_code().as_u16(),
+            Some(e.code()),
+        ),
     }
     answer
 }
@@ -150,7 +158,7 @@ pub(super) async fn apply(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let stream = Key::parse(&path_segment(&req, 3, "stream")?, "stream")?;
-    traces::record_key(stream.as_str());
+    traces::note_key(&req, stream.as_str());
     let body: ApplyBody =
         read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let event_id = Key::parse(&body.event_id, "event_id")?;
@@ -172,7 +180,7 @@ pub(super) async fn apply(
         ApplyOutcome::Duplicate => "duplicate",
     };
     state.metrics.apply(outcome);
-    Span::current().record("dedupd.outcome", outcome);
+    traces::note_outcome(&req, outcome);
     Ok(HttpResponse::Ok().json(Applied {
         stream: stream.as_str(),
         outcome: result.outcome,

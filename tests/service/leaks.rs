@@ -580,3 +580,39 @@ async fn serve_warns_of_every_file_of_secrets_or_data_others_may_read() {
     assert_eq!(warnings(&log), Vec::<&String>::new());
     assert!(!check.contains("warning"), "{check}");
 }
+
+/// The collector's endpoint may carry credentials too: `check-config`
+/// shows it without its userinfo and query, and a bad one in the
+/// environment stops `serve` with an error that does not quote it.
+#[test]
+fn the_trace_collectors_endpoint_is_shown_without_its_credentials() {
+    let dir = TempDir::new().unwrap();
+    let file = config_with_credentials(&dir);
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text.push_str(&format!(
+        "[telemetry.traces]\notlp_endpoint = \"https://tenant:{PASSWORD}@otel.example:4318/?key={API_KEY}\"\n"
+    ));
+    std::fs::write(&file, &text).unwrap();
+    let out = check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert_no_credentials("check-config", &stdout);
+    assert!(
+        stdout.contains("otlp_endpoint = \"https://<redacted>@otel.example:4318/?<redacted>\""),
+        "{stdout}"
+    );
+    // An endpoint the exporter cannot use, from the environment.
+    let out = dedupd()
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            format!("http://u:{PASSWORD}@exa mple/?k={API_KEY}"),
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("cannot set up trace export"), "{stderr}");
+    assert_no_credentials("serve", &stderr);
+}

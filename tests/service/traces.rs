@@ -320,6 +320,26 @@ async fn one_webhook_with_a_retry_is_one_trace_from_ingest_to_each_attempt() {
             .all(|h| h["name"] == "traceparent"),
         "only the forwarded header is shown: {shown}"
     );
+    // A bulk replay, however much later, is a third attempt in the trace.
+    let started = crate::support::http::client()
+        .post(format!(
+            "http://127.0.0.1:{}/v1/sources/sume/jobs",
+            node.port
+        ))
+        .json(&serde_json::json!({"kind": "redeliver", "filter": {"status": "delivered"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), 201);
+    let forwards = received(&receiver, 3).await;
+    assert!(!forwards[2].header("dedupd-replay").is_empty());
+    let spans = collector
+        .until("the replay's attempt", |s| named(s, "deliver").len() == 3)
+        .await;
+    let replayed = attempts(&spans, &trace);
+    assert_eq!(replayed.len(), 3, "the replay is in the event's trace");
+    assert_eq!(replayed[2]["parent_span_id"], ingest["span_id"]);
+    assert_eq!(replayed[2]["attributes"]["dedupd.outcome"], "delivered");
     let (status, log) = stop_logged(node.child, "-TERM", node.drain).await;
     assert!(status.success());
     let accepted: Vec<&String> = log

@@ -55,6 +55,8 @@ pub const STORED_CONTEXT: &str = "dedupd-trace-context";
 
 static ON: AtomicBool = AtomicBool::new(false);
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+/// The tracer the claims and ordering spans are built with directly.
+static TRACER: OnceLock<opentelemetry_sdk::trace::SdkTracer> = OnceLock::new();
 
 /// Whether spans are built and exported.
 pub fn on() -> bool {
@@ -106,6 +108,7 @@ where
         .with_resource(resource)
         .build();
     let tracer = provider.tracer("dedupd");
+    let _ = TRACER.set(tracer.clone());
     if PROVIDER.set(provider).is_err() {
         return Err("trace export was set up twice".into());
     }
@@ -114,6 +117,10 @@ where
         .with_location(false)
         .with_threads(false)
         .with_tracked_inactivity(false)
+        // Parents come from the spans' own tree: nothing here reads the
+        // OpenTelemetry context of the thread, so entering a span (each
+        // poll of an instrumented future) need not set it.
+        .with_context_activation(false)
         .with_filter(Targets::new().with_target(TARGET, tracing::Level::INFO)))
 }
 
@@ -289,66 +296,109 @@ pub fn attempt_span(
     span
 }
 
-/// The span of one claims or ordering request (`claim`, `done`,
-/// `extend`, `release`, `inspect`, `apply`, `head`): its own trace.
-/// Record the key with [`record_key`], the outcome and fence as known,
-/// and the answer with [`answered`].
-pub fn api_span(name: &'static str) -> Span {
-    if !on() {
-        return Span::none();
-    }
-    let span = tracing::info_span!(
-        target: TARGET,
-        "api",
-        otel.name = name,
-        otel.kind = "server",
-        otel.status_code = Empty,
-        dedupd.key_hash = Empty,
-        dedupd.outcome = Empty,
-        dedupd.fence = Empty,
-        http.response.status_code = Empty,
-        trace_id = Empty,
-        span_id = Empty,
-    );
-    record_ids(&span);
-    span
+/// What a claims or ordering request noted for its span, in the
+/// request's extensions (only while traces are on).
+#[derive(Debug, Default, Clone)]
+struct ApiNotes {
+    key_hash: Option<String>,
+    outcome: Option<&'static str>,
+    fence: Option<u64>,
 }
 
-/// Records the current request's key (a claim's key, a stream) as its
-/// hash: 16 hex digits of an HMAC-SHA256 under a key this process drew
-/// at random. Keys are never recorded raw (they may hold an order number
-/// or an e-mail address), and the hash cannot be reversed by trying
-/// likely keys: the same key gives the same hash for as long as the
-/// process lives, so one key's requests can be followed, and another
-/// process gives another.
-pub fn record_key(key: &str) {
+fn note(req: &actix_web::HttpRequest, f: impl FnOnce(&mut ApiNotes)) {
+    use actix_web::HttpMessage;
     if !on() {
         return;
     }
-    use hmac::{Hmac, KeyInit, Mac};
-    static SALT: OnceLock<[u8; 32]> = OnceLock::new();
-    let salt = SALT.get_or_init(rand::random);
-    let mut mac =
-        <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(salt).expect("HMAC takes any key");
-    mac.update(key.as_bytes());
-    let digest = mac.finalize().into_bytes();
-    Span::current().record("dedupd.key_hash", hex::encode(&digest[..8]));
+    let mut ext = req.extensions_mut();
+    match ext.get_mut::<ApiNotes>() {
+        Some(notes) => f(notes),
+        None => {
+            let mut notes = ApiNotes::default();
+            f(&mut notes);
+            ext.insert(notes);
+        }
+    }
 }
 
-/// Records how a request with `span` was answered: its status, and a
-/// refusal's code as its outcome (a success's outcome is recorded where
-/// it is known).
-pub fn answered(span: &Span, status: u16, refusal: Option<&str>) {
-    if span.is_none() {
+/// Notes the request's key (a claim's key, a stream) for its span, as a
+/// hash: 16 hex digits of an HMAC-SHA256 under a key this process drew at
+/// random. Keys are never recorded raw (they may hold an order number or
+/// an e-mail address), and the hash cannot be reversed by trying likely
+/// keys: the same key gives the same hash for as long as the process
+/// lives, so one key's requests can be followed, and another process
+/// gives another.
+pub fn note_key(req: &actix_web::HttpRequest, key: &str) {
+    note(req, |n| {
+        use hmac::{Hmac, KeyInit, Mac};
+        static SALT: OnceLock<[u8; 32]> = OnceLock::new();
+        let salt = SALT.get_or_init(rand::random);
+        let mut mac =
+            <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(salt).expect("HMAC takes any key");
+        mac.update(key.as_bytes());
+        n.key_hash = Some(hex::encode(&mac.finalize().into_bytes()[..8]));
+    });
+}
+
+/// Notes the request's outcome (`claimed`, `busy`, `applied`, …).
+pub fn note_outcome(req: &actix_web::HttpRequest, outcome: &'static str) {
+    note(req, |n| n.outcome = Some(outcome));
+}
+
+/// Notes the fence a claim was given.
+pub fn note_fence(req: &actix_web::HttpRequest, fence: u64) {
+    note(req, |n| n.fence = Some(fence));
+}
+
+/// The span of one claims or ordering request (`claim`, `done`, `extend`,
+/// `release`, `inspect`, `apply`, `head`), made once it was answered,
+/// from `started`: its own trace, with what the request noted, its status,
+/// and a refusal's code as its outcome unless it noted one. Built with the
+/// OpenTelemetry API directly, not through `tracing`: nothing logs inside
+/// these requests, and the claim path is where a span's cost shows.
+pub fn api_span(
+    name: &'static str,
+    started: std::time::SystemTime,
+    req: &actix_web::HttpRequest,
+    status: u16,
+    refusal: Option<&'static str>,
+) {
+    use actix_web::HttpMessage;
+    use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
+    let Some(tracer) = TRACER.get().filter(|_| on()) else {
         return;
+    };
+    let notes = req
+        .extensions_mut()
+        .remove::<ApiNotes>()
+        .unwrap_or_default();
+    let mut attributes = Vec::with_capacity(4);
+    attributes.push(KeyValue::new(
+        "http.response.status_code",
+        i64::from(status),
+    ));
+    if let Some(hash) = notes.key_hash {
+        attributes.push(KeyValue::new("dedupd.key_hash", hash));
     }
-    span.record("http.response.status_code", i64::from(status));
-    if let Some(code) = refusal {
-        span.record("dedupd.outcome", code);
+    if let Some(outcome) = notes.outcome.or(refusal) {
+        attributes.push(KeyValue::new("dedupd.outcome", outcome));
     }
+    if let Some(fence) = notes.fence {
+        attributes.push(KeyValue::new(
+            "dedupd.fence",
+            i64::try_from(fence).unwrap_or(i64::MAX),
+        ));
+    }
+    let mut span = tracer
+        .span_builder(name)
+        .with_kind(SpanKind::Server)
+        .with_start_time(started)
+        .with_attributes(attributes)
+        .start_with_context(tracer, &opentelemetry::Context::new());
     if status >= 500 {
-        span.record("otel.status_code", "ERROR");
+        span.set_status(Status::error("server error"));
     }
+    span.end();
 }
 
 /// The W3C headers that continue `span`'s trace in a request it sends:

@@ -1,20 +1,22 @@
 //! Finished spans on their way to the collector: a bounded queue the
-//! request and delivery paths never wait on, and one thread of its own
-//! that batches them into the OTLP exporter. A collector that hangs or
+//! request and delivery paths never wait on (a push under a lock, no
+//! wake-up but one per full batch), and one thread of its own that sends
+//! them in batches through the OTLP exporter. A collector that hangs or
 //! refuses costs spans (dropped, counted, and warned about once a minute),
 //! never time on the paths that made them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use opentelemetry::Context;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 /// Most spans per export request.
 const MAX_BATCH: usize = 512;
-/// Longest a finished span waits for a fuller batch.
+/// Longest a finished span waits for a full batch.
 const INTERVAL: Duration = Duration::from_secs(1);
 /// Longest one export may take, whatever the exporter's own timeout.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -77,14 +79,6 @@ enum Control {
     Shutdown(oneshot::Sender<()>),
 }
 
-/// The span processor: `on_end` puts a sampled span on the queue, or
-/// drops it when the queue is full.
-#[derive(Debug)]
-pub struct QueueProcessor {
-    spans: mpsc::Sender<SpanData>,
-    control: mpsc::UnboundedSender<Control>,
-}
-
 impl std::fmt::Debug for Control {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -94,19 +88,48 @@ impl std::fmt::Debug for Control {
     }
 }
 
+/// The spans waiting: a vector behind a lock the span's end holds for a
+/// push. The export thread is woken only when a batch is full (or by its
+/// own timer): never once per span, whose hand-off would cost more than
+/// the span.
+#[derive(Debug)]
+struct Waiting {
+    spans: Mutex<Vec<SpanData>>,
+    capacity: usize,
+    full_batch: Notify,
+    closed: AtomicBool,
+}
+
+/// The span processor: `on_end` puts a sampled span on the queue, or
+/// drops it when the queue is full.
+#[derive(Debug)]
+pub struct QueueProcessor {
+    waiting: Arc<Waiting>,
+    control: mpsc::UnboundedSender<Control>,
+}
+
 impl QueueProcessor {
     /// A queue of `capacity` spans, exported by `exporter` on a thread of
     /// its own.
     pub fn start<E: SpanExporter + 'static>(exporter: E, capacity: usize) -> std::io::Result<Self> {
-        let (spans, rx) = mpsc::channel(capacity);
+        let waiting = Arc::new(Waiting {
+            spans: Mutex::new(Vec::with_capacity(MAX_BATCH)),
+            capacity,
+            full_batch: Notify::new(),
+            closed: AtomicBool::new(false),
+        });
         let (control, control_rx) = mpsc::unbounded_channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        let shared = waiting.clone();
         std::thread::Builder::new()
             .name("dedupd-traces".into())
-            .spawn(move || runtime.block_on(run(exporter, rx, control_rx)))?;
-        Ok(Self { spans, control })
+            .spawn(move || {
+                runtime.block_on(run(exporter, shared.clone(), control_rx));
+                shared.closed.store(true, Ordering::Relaxed);
+            })?;
+        Ok(Self { waiting, control })
     }
 
     fn ask(
@@ -143,15 +166,23 @@ impl SpanProcessor for QueueProcessor {
         if !span.span_context.is_sampled() {
             return;
         }
-        match self.spans.try_send(span) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                DROPPED_QUEUE_FULL.fetch_add(1, Ordering::Relaxed);
-            }
+        let w = &self.waiting;
+        if w.closed.load(Ordering::Relaxed) {
             // Shut down (or its thread died): nothing is exported any more.
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                DROPPED_EXPORT_FAILED.fetch_add(1, Ordering::Relaxed);
-            }
+            DROPPED_EXPORT_FAILED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut spans = w.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        if spans.len() >= w.capacity {
+            drop(spans);
+            DROPPED_QUEUE_FULL.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        spans.push(span);
+        let full = spans.len() == MAX_BATCH;
+        drop(spans);
+        if full {
+            w.full_batch.notify_one();
         }
     }
 
@@ -164,63 +195,51 @@ impl SpanProcessor for QueueProcessor {
     }
 }
 
-/// The export thread: batches of up to [`MAX_BATCH`], or what came within
-/// [`INTERVAL`].
+/// The export thread: what waits, when a batch is full or every
+/// [`INTERVAL`], in requests of at most [`MAX_BATCH`].
 async fn run<E: SpanExporter>(
     exporter: E,
-    mut spans: mpsc::Receiver<SpanData>,
+    waiting: Arc<Waiting>,
     mut control: mpsc::UnboundedReceiver<Control>,
 ) {
-    let mut batch: Vec<SpanData> = Vec::with_capacity(MAX_BATCH);
     let mut warner = Warner::default();
-    let mut deadline = tokio::time::Instant::now() + INTERVAL;
+    let mut spare: Vec<SpanData> = Vec::with_capacity(MAX_BATCH);
     loop {
-        let room = MAX_BATCH - batch.len();
-        tokio::select! {
+        let asked = tokio::select! {
             biased;
-            c = control.recv() => {
-                while batch.len() < MAX_BATCH * 8 {
-                    match spans.try_recv() {
-                        Ok(s) => batch.push(s),
-                        Err(_) => break,
-                    }
-                }
-                export_all(&exporter, &mut batch).await;
-                match c {
-                    Some(Control::Flush(done)) => {
-                        let _ = done.send(());
-                    }
-                    Some(Control::Shutdown(done)) => {
-                        let _ = exporter.shutdown();
-                        let _ = done.send(());
-                        return;
-                    }
-                    None => return,
-                }
+            c = control.recv() => Some(c),
+            () = waiting.full_batch.notified() => None,
+            () = tokio::time::sleep(INTERVAL) => None,
+        };
+        let mut batch = {
+            let mut spans = waiting.spans.lock().unwrap_or_else(PoisonError::into_inner);
+            std::mem::replace(&mut *spans, std::mem::take(&mut spare))
+        };
+        export_all(&exporter, &mut batch).await;
+        // Its allocation serves the next swap.
+        spare = batch;
+        warner.look();
+        match asked {
+            None => {}
+            Some(Some(Control::Flush(done))) => {
+                let _ = done.send(());
             }
-            n = spans.recv_many(&mut batch, room), if room > 0 => {
-                if n == 0 {
-                    export_all(&exporter, &mut batch).await;
-                    return;
-                }
+            Some(Some(Control::Shutdown(done))) => {
+                let _ = exporter.shutdown();
+                let _ = done.send(());
+                return;
             }
-            () = tokio::time::sleep_until(deadline) => {}
-        }
-        let now = tokio::time::Instant::now();
-        if batch.len() >= MAX_BATCH || now >= deadline {
-            export_all(&exporter, &mut batch).await;
-            warner.look();
-            deadline = now + INTERVAL;
+            Some(None) => return,
         }
     }
 }
 
-/// Exports `batch` in requests of at most [`MAX_BATCH`]; counts what went
-/// and what the collector failed.
+/// Exports `batch` in requests of at most [`MAX_BATCH`], leaving it
+/// empty; counts what went and what the collector failed.
 async fn export_all<E: SpanExporter>(exporter: &E, batch: &mut Vec<SpanData>) {
     while !batch.is_empty() {
-        let rest = batch.split_off(batch.len().min(MAX_BATCH));
-        let sent = std::mem::replace(batch, rest);
+        let take = batch.len().min(MAX_BATCH);
+        let sent: Vec<SpanData> = batch.drain(..take).collect();
         let n = sent.len() as u64;
         match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
             Ok(Ok(())) => {
