@@ -12,8 +12,9 @@
 #
 # Env: ROUNDS (3; the modes alternate within each round), DURATION (claims,
 # s, 10), CONNS (64), INGEST_S (the delivery bench's posting time, 5),
-# MODES ("off on hang refuse"), KEEP, BENCH_TMP, QUIET_WAIT, PIN,
-# BIN_OVERRIDE (see benches/lib.sh).
+# MODES ("off on hang refuse"; also "before": BEFORE_BIN, a build from
+# before traces, without them, to show what "off" costs), KEEP, BENCH_TMP,
+# QUIET_WAIT, PIN, BIN_OVERRIDE (see benches/lib.sh).
 #
 # Claims: benches/loadgen.rs http-claim (claims/s, p99, and the server's CPU
 # and context switches per claim from /proc). Ingest: benches/delivery.rs's
@@ -74,9 +75,11 @@ PIDS+=("$!")
 sleep 0.5
 [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$SINK/v1/traces")" = 200 ] || die "the nginx collector does not answer"
 
+HEAD_BIN=$BIN
+case " $MODES " in *" before "*) [ -x "${BEFORE_BIN:-}" ] || die "mode before needs BEFORE_BIN, a dedupd binary from before traces" ;; esac
 endpoint() {
     case $1 in
-        off) echo "" ;;
+        off | before) echo "" ;;
         on) echo "http://127.0.0.1:$SINK" ;;
         hang) echo "http://127.0.0.1:$HANG" ;;
         refuse) echo "http://127.0.0.1:$REFUSE" ;;
@@ -94,6 +97,7 @@ wait_quiet
 log "waited ${waited}s for other builds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for ROUND in $(seq "$ROUNDS"); do
     for mode in $MODES; do
+        if [ "$mode" = before ]; then BIN=$BEFORE_BIN; else BIN=$HEAD_BIN; fi
         log "round $ROUND, traces $mode: claims, $CONNS connections, ${DURATION} s"
         wait_quiet
         with_traces "$mode" start_dedupd "claims-$mode-$ROUND"
@@ -128,7 +132,7 @@ done
 
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 echo
-echo "Traces: off, on at sample_ratio 1.0 (nginx taking every export), a collector that hangs, one that refuses (503)."
+echo "Traces: off, on at sample_ratio 1.0 (nginx taking every export), a collector that hangs, one that refuses (503); before: ${BEFORE_BIN:-none}."
 echo "$ROUNDS round(s), modes alternating within each; medians, each round's figure in brackets. $(date -u +%F), $(git -C "$ROOT" rev-parse --short HEAD), PIN=$PIN."
 machine
 echo
@@ -146,4 +150,4 @@ for mode in $MODES; do
     printf '%-8s %-7s %12s %10s %10s %14s %16s %18s   [p99 %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 8 | median)" "$(col 9 | median)" "$(col 6 | xargs)"
 done
 echo
-echo "Measured with: ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS INGEST_S=$INGEST_S MODES=\"$MODES\" PIN=$PIN benches/traces.sh"
+echo "Measured with: ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS INGEST_S=$INGEST_S MODES=\"$MODES\" PIN=$PIN${BEFORE_BIN:+ BEFORE_BIN=$BEFORE_BIN} benches/traces.sh"

@@ -14,9 +14,10 @@
 //!    source takes it).
 //!
 //! The request never waits on the application: delivery happens later, in
-//! the dispatcher. With traces on, the request is an `ingest` span (with
-//! `verify` and `store` under it), and an event stored keeps its context
-//! for its delivery attempts (`telemetry::traces`).
+//! the dispatcher. With traces on, the request is an `ingest` span (its
+//! events `verified` and `stored` mark the signature checked and the
+//! durable write, sync included, done), and an event stored keeps its
+//! context for its delivery attempts (`telemetry::traces`).
 
 use actix_web::http::{ConnectionType, Method};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
@@ -214,13 +215,12 @@ async fn receive(
         tracing::info!(source = %source.name, "answered the provider's URL check");
         return Ok(Received::Handshake(reply));
     }
-    let (mut event, lanes) = traces::step("verify")
-        .in_scope(|| parse_routed(&source, &header, &body, received_at))
-        .map_err(ApiError::from)?;
+    let (mut event, lanes) =
+        parse_routed(&source, &header, &body, received_at).map_err(ApiError::from)?;
+    traces::mark(&span, "verified");
     span.record("dedupd.event_id", event.event_id.as_str());
     traces::link_upstream(&span, &header);
     event.headers.extend(traces::stored_context(&span));
-    let stored = traces::step("store");
     // Only the inbox is asked: a local inbox keeps ingest working while a
     // shared store is down, and an event another instance received too is
     // resolved at delivery, by its claim in the shared store. With the
@@ -239,21 +239,25 @@ async fn receive(
     // The lanes the event went to, for the dispatcher to hear of; none
     // when every destination's filter missed it.
     let arrived: Vec<String> = lanes.clone().unwrap_or_else(|| vec![source.name.clone()]);
-    let outcome = async {
-        Ok::<_, ApiError>(match lanes {
-            _ if known => IngestOutcome::Duplicate,
-            None => gw.inbox.ingest(event, received_at).await?,
-            Some(lanes) => {
-                let known_in = gw.lanes_held(&source.name).await?;
-                let filtered_ms = source.retention(gw.retention).delivered_ms;
-                gw.inbox
-                    .ingest_routed(event, lanes, known_in, filtered_ms, received_at)
-                    .await?
-            }
-        })
+    let outcome = match lanes {
+        _ if known => IngestOutcome::Duplicate,
+        None => gw
+            .inbox
+            .ingest(event, received_at)
+            .await
+            .map_err(ApiError::from)?,
+        Some(lanes) => {
+            let known_in = gw.lanes_held(&source.name).await.map_err(ApiError::from)?;
+            let filtered_ms = source.retention(gw.retention).delivered_ms;
+            gw.inbox
+                .ingest_routed(event, lanes, known_in, filtered_ms, received_at)
+                .await
+                .map_err(ApiError::from)?
+        }
+    };
+    if !known {
+        traces::mark(&span, "stored");
     }
-    .instrument(stored)
-    .await?;
     let status = match outcome {
         IngestOutcome::Duplicate => IngestStatus::Duplicate,
         IngestOutcome::Accepted if arrived.is_empty() => {
