@@ -1,7 +1,7 @@
 //! `/v1/claims/{key}`: claim, done, extend, release, inspect.
 
 use actix_web::http::Method;
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
@@ -44,39 +44,27 @@ const KEY: &str = "/claims/{key}";
 const DONE: &str = "/claims/{key}/done";
 const EXTEND: &str = "/claims/{key}/extend";
 
-/// Routes `/claims/...`; with traces on, the request is a span of its
-/// own, made once it was answered.
+/// Routes `/claims/...`; with traces on, each request is a span.
 async fn dispatch(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    if !traces::on() {
-        return route(state, req, payload).await;
-    }
-    let started = std::time::SystemTime::now();
-    let (segments, action) = below(&req, "/v1/claims/");
-    let method = req.method();
-    let name = match (segments, action) {
+    super::traced(req, "/v1/claims/", span_name, |req| {
+        route(state, req, payload)
+    })
+    .await
+}
+
+/// A claims request's span name.
+fn span_name(segments: usize, action: Option<&str>, method: &Method) -> &'static str {
+    match (segments, action) {
         (1, _) if method == Method::POST => "claim",
         (1, _) if method == Method::DELETE => "release",
         (2, Some("done")) => "done",
         (2, Some("extend")) => "extend",
         _ => "inspect",
-    };
-    let asked = req.clone();
-    let answer = route(state, req, payload).await;
-    match &answer {
-        Ok(res) => traces::api_span(name, started, &asked, res.status().as_u16(), None),
-        Err(e) => traces::api_span(
-            name,
-            started,
-            &asked,
-            e.status_code().as_u16(),
-            Some(e.code()),
-        ),
     }
-    answer
 }
 
 /// Routes `/claims/...` by its segments and method.

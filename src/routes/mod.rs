@@ -74,6 +74,36 @@ pub fn configure_v1(cfg: &mut web::ServiceConfig) {
 /// first segment counts as none, as a `{param}` pattern would not match it:
 /// below `/v1/claims/`, `/v1/claims/k/done` is `(2, Some("done"))`, `/v1/claims/k`
 /// is `(1, None)` and `/v1/claims/` or `/v1/claims//x` is `(0, _)`.
+/// Answers `req` with `route`; with traces on, as a span named by `name`
+/// (from the segments and method [`below`] `prefix`), made once answered.
+/// The claims and ordering dispatchers share it.
+async fn traced<F, Fut>(
+    req: HttpRequest,
+    prefix: &str,
+    name: fn(usize, Option<&str>, &Method) -> &'static str,
+    route: F,
+) -> Result<actix_web::HttpResponse, ApiError>
+where
+    F: FnOnce(HttpRequest) -> Fut,
+    Fut: std::future::Future<Output = Result<actix_web::HttpResponse, ApiError>>,
+{
+    use actix_web::ResponseError;
+    if !crate::telemetry::traces::on() {
+        return route(req).await;
+    }
+    let started = std::time::SystemTime::now();
+    let (segments, action) = below(&req, prefix);
+    let name = name(segments, action, req.method());
+    let asked = req.clone();
+    let answer = route(req).await;
+    let (status, refusal) = match &answer {
+        Ok(res) => (res.status().as_u16(), None),
+        Err(e) => (e.status_code().as_u16(), Some(e.code())),
+    };
+    crate::telemetry::traces::api_span(name, started, &asked, status, refusal);
+    answer
+}
+
 pub fn below<'a>(req: &'a HttpRequest, prefix: &str) -> (usize, Option<&'a str>) {
     let rest = req
         .uri()

@@ -1,7 +1,7 @@
 //! `/v1/streams/{stream}`: apply events in order, read the head.
 
 use actix_web::http::Method;
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -34,36 +34,25 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(web::scope("/streams").default_service(web::to(dispatch)));
 }
 
-/// Routes `/streams/...`; with traces on, the request is a span of its
-/// own, made once it was answered.
+/// Routes `/streams/...`; with traces on, each request is a span.
 async fn dispatch(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    if !traces::on() {
-        return route(state, req, payload).await;
-    }
-    let started = std::time::SystemTime::now();
-    let (_, action) = below(&req, "/v1/streams/");
-    let name = if action == Some("apply") {
+    super::traced(req, "/v1/streams/", span_name, |req| {
+        route(state, req, payload)
+    })
+    .await
+}
+
+/// A streams request's span name.
+fn span_name(_segments: usize, action: Option<&str>, _method: &Method) -> &'static str {
+    if action == Some("apply") {
         "apply"
     } else {
         "head"
-    };
-    let asked = req.clone();
-    let answer = route(state, req, payload).await;
-    match &answer {
-        Ok(res) => traces::api_span(name, started, &asked, res.status().as_u16(), None),
-        Err(e) => traces::api_span(
-            name,
-            started,
-            &asked,
-            e.status_code().as_u16(),
-            Some(e.code()),
-        ),
     }
-    answer
 }
 
 /// Routes `/streams/...` by its segments and method.

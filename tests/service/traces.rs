@@ -132,6 +132,17 @@ otlp_endpoint = "{collector}"
     file
 }
 
+/// A collector that takes everything, a receiver that fails its first
+/// request, and settings exporting to the one and delivering to the other
+/// with the source's `backoff` lines.
+async fn one_retry(backoff: &str) -> (TempDir, Collector, Receiver, PathBuf) {
+    let dir = TempDir::new().unwrap();
+    let collector = Collector::start(dir.path(), "accept");
+    let receiver = Receiver::start(Behaviour::FailTimes(1)).await;
+    let file = config(dir.path(), &collector.url(), &receiver.url, backoff);
+    (dir, collector, receiver, file)
+}
+
 fn start(file: &Path) -> Node {
     let (child, port, drain) = serve_config(file);
     Node { child, port, drain }
@@ -219,15 +230,8 @@ fn nothing_secret(spans: &[Value], signature: &str) {
 #[tokio::test]
 #[ignore = "needs DEDUPD_TEST_PYTHON (a python with opentelemetry-proto); .ci/run runs it"]
 async fn one_webhook_with_a_retry_is_one_trace_from_ingest_to_each_attempt() {
-    let dir = TempDir::new().unwrap();
-    let collector = Collector::start(dir.path(), "accept");
-    let receiver = Receiver::start(Behaviour::FailTimes(1)).await;
-    let file = config(
-        dir.path(),
-        &collector.url(),
-        &receiver.url,
-        "backoff_min = \"100ms\"\nbackoff_max = \"1s\"",
-    );
+    let (_dir, collector, receiver, file) =
+        one_retry("backoff_min = \"100ms\"\nbackoff_max = \"1s\"").await;
     let node = start(&file);
     let signature = post(node.port, &body("evt_1")).await;
     let forwards = received(&receiver, 2).await;
@@ -362,15 +366,8 @@ async fn one_webhook_with_a_retry_is_one_trace_from_ingest_to_each_attempt() {
 #[tokio::test]
 #[ignore = "needs DEDUPD_TEST_PYTHON (a python with opentelemetry-proto); .ci/run runs it"]
 async fn a_restart_between_attempts_keeps_them_in_one_trace() {
-    let dir = TempDir::new().unwrap();
-    let collector = Collector::start(dir.path(), "accept");
-    let receiver = Receiver::start(Behaviour::FailTimes(1)).await;
-    let file = config(
-        dir.path(),
-        &collector.url(),
-        &receiver.url,
-        "backoff_min = \"2s\"\nbackoff_max = \"2s\"",
-    );
+    let (_dir, collector, receiver, file) =
+        one_retry("backoff_min = \"2s\"\nbackoff_max = \"2s\"").await;
     let first = start(&file);
     post(first.port, &body("evt_restart")).await;
     received(&receiver, 1).await;
