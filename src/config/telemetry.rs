@@ -113,8 +113,10 @@ impl TraceSettings {
                 "must be 0.0 to 1.0 (the share of new traces kept)".to_owned(),
             ));
         }
-        if !(64..=1_000_000).contains(&self.queue) {
-            bad.push(("telemetry.traces.queue", "must be 64 to 1000000".to_owned()));
+        // A span waiting takes about a kilobyte: the bound keeps a hung
+        // collector's cost in memory near 100 MB at most.
+        if !(64..=100_000).contains(&self.queue) {
+            bad.push(("telemetry.traces.queue", "must be 64 to 100000".to_owned()));
         }
         bad
     }
@@ -206,7 +208,7 @@ mod tests {
             otlp_endpoint: Some("collector:4318".into()),
             service_name: " ".into(),
             sample_ratio: 1.5,
-            queue: 0,
+            queue: 100_001,
         };
         let keys: Vec<&str> = s.problems().into_iter().map(|(k, _)| k).collect();
         assert_eq!(
