@@ -178,7 +178,7 @@ pub struct StateAnswer<'a> {
 
 fn parse_key(req: &HttpRequest) -> Result<(Key, ScopedKey), ApiError> {
     let key = Key::parse(&path_segment(req, 3, "key")?, "key")?;
-    traces::note_key(req, key.as_str());
+    traces::note_key(key.as_str());
     let scoped = ScopedKey::api(&key);
     Ok((key, scoped))
 }
@@ -251,9 +251,9 @@ pub(super) async fn claim(
         ClaimOutcome::FingerprintMismatch { .. } => "fingerprint_mismatch",
     };
     state.metrics.claim(named);
-    traces::note_outcome(&req, named);
+    traces::outcome(named);
     if let ClaimOutcome::Claimed { fence, .. } = &outcome {
-        traces::note_fence(&req, *fence);
+        traces::note_fence(*fence);
     }
     match outcome {
         ClaimOutcome::Claimed {

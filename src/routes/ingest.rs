@@ -22,7 +22,6 @@
 use actix_web::http::{ConnectionType, Method};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use serde::Serialize;
-use tracing::{Instrument, Span};
 use utoipa::ToSchema;
 
 use super::body::read_bytes_within;
@@ -115,11 +114,13 @@ pub(super) async fn ingest(
     req: HttpRequest,
     payload: web::Payload,
 ) -> HttpResponse {
+    traces::ingest(answer(&state, &req, payload)).await
+}
+
+/// The answer to one ingest request, noted on its span.
+async fn answer(state: &AppState, req: &HttpRequest, payload: web::Payload) -> HttpResponse {
     let mut source = None;
-    let span = traces::ingest_span();
-    let result = receive(&state, &req, payload, &mut source)
-        .instrument(span.clone())
-        .await;
+    let result = receive(state, req, payload, &mut source).await;
     let refused = result.is_err();
     let (outcome, response) = match result {
         Ok(Received::Event(status, event_id)) => (
@@ -139,19 +140,15 @@ pub(super) async fn ingest(
     if let Some(source) = source {
         state.metrics.ingest(&source, outcome);
     }
-    if !span.is_none() {
-        let status = response.status();
-        span.record("http.response.status_code", i64::from(status.as_u16()));
-        if refused {
-            span.record("dedupd.outcome", "refused");
-            span.record("dedupd.code", outcome);
-        } else {
-            span.record("dedupd.outcome", outcome);
-        }
-        if status.is_server_error() {
-            span.record("otel.status_code", "ERROR");
-        }
+    if refused {
+        traces::outcome("refused");
+        traces::set("dedupd.code", outcome);
+    } else {
+        traces::outcome(outcome);
     }
+    let status = response.status().as_u16();
+    traces::set("http.response.status_code", i64::from(status));
+    traces::answered(status, None);
     response
 }
 
@@ -202,9 +199,10 @@ async fn receive(
         }));
     };
     *source_name = Some(source.name.clone());
-    let span = Span::current();
-    span.record("dedupd.source", source.name.as_str());
-    span.record("dedupd.scheme", source.scheme.name());
+    if traces::on() {
+        traces::set("dedupd.source", source.name.clone());
+        traces::set("dedupd.scheme", source.scheme.name());
+    }
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
     check_headers(&source, &header, state.clock.now_ms()).map_err(|e| closing(e.into()))?;
     let body = read_bytes_within(req, payload, source.max_body_bytes, state.body_timeout)
@@ -217,10 +215,12 @@ async fn receive(
     }
     let (mut event, lanes) =
         parse_routed(&source, &header, &body, received_at).map_err(ApiError::from)?;
-    traces::mark(&span, "verified");
-    span.record("dedupd.event_id", event.event_id.as_str());
-    traces::link_upstream(&span, &header);
-    event.headers.extend(traces::stored_context(&span));
+    if traces::on() {
+        traces::mark("verified");
+        traces::set("dedupd.event_id", event.event_id.clone());
+        traces::link_upstream(&header);
+        event.headers.extend(traces::stored_context());
+    }
     // Only the inbox is asked: a local inbox keeps ingest working while a
     // shared store is down, and an event another instance received too is
     // resolved at delivery, by its claim in the shared store. With the
@@ -256,7 +256,7 @@ async fn receive(
         }
     };
     if !known {
-        traces::mark(&span, "stored");
+        traces::mark("stored");
     }
     let status = match outcome {
         IngestOutcome::Duplicate => IngestStatus::Duplicate,

@@ -69,14 +69,9 @@ pub fn configure_v1(cfg: &mut web::ServiceConfig) {
     backup::configure(cfg);
 }
 
-/// The request path below `prefix`, for the scopes that dispatch by hand:
-/// how many segments it has, and the second one (the action). An empty
-/// first segment counts as none, as a `{param}` pattern would not match it:
-/// below `/v1/claims/`, `/v1/claims/k/done` is `(2, Some("done"))`, `/v1/claims/k`
-/// is `(1, None)` and `/v1/claims/` or `/v1/claims//x` is `(0, _)`.
-/// Answers `req` with `route`; with traces on, as a span named by `name`
-/// (from the segments and method [`below`] `prefix`), made once answered.
-/// The claims and ordering dispatchers share it.
+/// Answers `req` with `route`; with traces on, in a span named by `name`
+/// (from the segments and method [`below`] `prefix`), with its answer's
+/// status. The claims and ordering dispatchers share it.
 async fn traced<F, Fut>(
     req: HttpRequest,
     prefix: &str,
@@ -87,23 +82,29 @@ where
     F: FnOnce(HttpRequest) -> Fut,
     Fut: std::future::Future<Output = Result<actix_web::HttpResponse, ApiError>>,
 {
+    use crate::telemetry::traces;
     use actix_web::ResponseError;
-    if !crate::telemetry::traces::on() {
+    if !traces::on() {
         return route(req).await;
     }
-    let started = std::time::SystemTime::now();
     let (segments, action) = below(&req, prefix);
     let name = name(segments, action, req.method());
-    let asked = req.clone();
-    let answer = route(req).await;
-    let (status, refusal) = match &answer {
-        Ok(res) => (res.status().as_u16(), None),
-        Err(e) => (e.status_code().as_u16(), Some(e.code())),
-    };
-    crate::telemetry::traces::api_span(name, started, &asked, status, refusal);
-    answer
+    traces::api(name, async move {
+        let answer = route(req).await;
+        match &answer {
+            Ok(res) => traces::answered(res.status().as_u16(), None),
+            Err(e) => traces::answered(e.status_code().as_u16(), Some(e.code())),
+        }
+        answer
+    })
+    .await
 }
 
+/// The request path below `prefix`, for the scopes that dispatch by hand:
+/// how many segments it has, and the second one (the action). An empty
+/// first segment counts as none, as a `{param}` pattern would not match it:
+/// below `/v1/claims/`, `/v1/claims/k/done` is `(2, Some("done"))`, `/v1/claims/k`
+/// is `(1, None)` and `/v1/claims/` or `/v1/claims//x` is `(0, _)`.
 pub fn below<'a>(req: &'a HttpRequest, prefix: &str) -> (usize, Option<&'a str>) {
     let rest = req
         .uri()

@@ -147,7 +147,7 @@ pub(super) async fn apply(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let stream = Key::parse(&path_segment(&req, 3, "stream")?, "stream")?;
-    traces::note_key(&req, stream.as_str());
+    traces::note_key(stream.as_str());
     let body: ApplyBody =
         read_json(&req, payload, state.max_body_bytes, state.body_timeout).await?;
     let event_id = Key::parse(&body.event_id, "event_id")?;
@@ -169,7 +169,7 @@ pub(super) async fn apply(
         ApplyOutcome::Duplicate => "duplicate",
     };
     state.metrics.apply(outcome);
-    traces::note_outcome(&req, outcome);
+    traces::outcome(outcome);
     Ok(HttpResponse::Ok().json(Applied {
         stream: stream.as_str(),
         outcome: result.outcome,

@@ -42,15 +42,15 @@ pub fn init(log: &LogSettings, traces: Option<&TraceExport>) -> Result<(), Strin
         LogFormat::Text => lines.boxed(),
         LogFormat::Json => lines.json().flatten_event(true).boxed(),
     };
-    let traces = traces.map(traces::layer).transpose()?;
-    let tracing = traces.is_some();
+    if let Some(export) = traces {
+        traces::start(export)?;
+    }
     // A second init (tests) keeps the first subscriber.
     let installed = tracing_subscriber::registry()
         .with(lines.with_filter(filter))
-        .with(traces)
         .try_init()
         .is_ok();
-    if installed && tracing {
+    if traces.is_some() {
         traces::enable();
     }
     if installed && !from_env {

@@ -283,7 +283,16 @@ async fn one_webhook_with_a_retry_is_one_trace_from_ingest_to_each_attempt() {
     );
     let tries = attempts(&spans, &trace);
     assert_eq!(tries.len(), 2, "both attempts in the ingest's trace");
+    // OTLP's kinds: 2 server, 3 client; status code 2 is an error.
+    assert_eq!(ingest["kind"], 2);
+    assert_ne!(ingest["status"], 2);
+    assert_eq!(
+        (&tries[0]["status"], &tries[1]["status"]),
+        (&Value::from(2), &Value::from(0)),
+        "the failed attempt is an error, the delivered one is not"
+    );
     for (t, (outcome, status)) in tries.iter().zip([("retry", 500), ("delivered", 204)]) {
+        assert_eq!(t["kind"], 3, "an attempt is a client span");
         assert_eq!(t["parent_span_id"], ingest["span_id"], "under the ingest");
         assert_eq!(t["attributes"]["dedupd.outcome"], outcome);
         assert_eq!(t["attributes"]["http.response.status_code"], status);
@@ -563,11 +572,28 @@ async fn claims_and_applies_are_spans_with_the_key_hashed() {
         .await
         .unwrap();
     assert_eq!(applied.status(), 200);
+    // A refusal's span names its code as the outcome.
+    let refused = client
+        .post(format!("{base}/claims/{key}/done"))
+        .json(&serde_json::json!({"token": "not-the-owners"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(refused.status().is_client_error(), "{}", refused.status());
+    let problem: Value = refused.json().await.unwrap();
     let spans = collector
-        .until("two claims and an apply", |s| {
-            named(s, "claim").len() == 2 && named(s, "apply").len() == 1
+        .until("two claims, an apply and a done", |s| {
+            named(s, "claim").len() == 2
+                && named(s, "apply").len() == 1
+                && named(s, "done").len() == 1
         })
         .await;
+    let done = named(&spans, "done")[0];
+    assert_eq!(
+        done["attributes"]["dedupd.outcome"], problem["code"],
+        "{done}"
+    );
+    assert_ne!(done["status"], 2, "a refusal is no server error: {done}");
     let claims = named(&spans, "claim");
     let hash = claims[0]["attributes"]["dedupd.key_hash"]
         .as_str()
@@ -582,27 +608,19 @@ async fn claims_and_applies_are_spans_with_the_key_hashed() {
         hex::encode(&Sha256::digest(key.as_bytes())[..8]),
         "not a plain hash: one could try likely keys against it"
     );
-    let outcomes: Vec<(&Value, &Value, &Value)> = claims
+    let outcomes: Vec<(&Value, &Value)> = claims
         .iter()
         .map(|s| {
             let a = &s["attributes"];
-            (
-                &a["dedupd.outcome"],
-                &a["http.response.status_code"],
-                &a["dedupd.fence"],
-            )
+            (&a["dedupd.outcome"], &a["dedupd.fence"])
         })
         .collect();
     assert!(
-        outcomes.contains(&(
-            &Value::from("claimed"),
-            &Value::from(201),
-            &claimed["fence"]
-        )),
+        outcomes.contains(&(&Value::from("claimed"), &claimed["fence"])),
         "{outcomes:?}"
     );
     assert!(
-        outcomes.contains(&(&Value::from("busy"), &Value::from(409), &Value::Null)),
+        outcomes.contains(&(&Value::from("busy"), &Value::Null)),
         "{outcomes:?}"
     );
     let apply = named(&spans, "apply")[0];

@@ -60,9 +60,9 @@ impl Forwarder {
             .body(ev.body.clone());
         // With traces on, the attempt's own context replaces any the
         // provider's request carried (and was kept with the event).
-        let propagated = traces::propagation(&tracing::Span::current());
+        let propagated = traces::propagation();
         for (name, value) in &ev.headers {
-            let ours = !propagated.is_empty()
+            let ours = propagated.is_some()
                 && (name.eq_ignore_ascii_case("traceparent")
                     || name.eq_ignore_ascii_case("tracestate"));
             if traces::is_internal(name) || ours {
@@ -70,7 +70,7 @@ impl Forwarder {
             }
             req = req.header(name.as_str(), value.as_str());
         }
-        for (name, value) in propagated {
+        if let Some((name, value)) = propagated {
             req = req.header(name, value);
         }
         if let Some(replay) = &ev.replay {

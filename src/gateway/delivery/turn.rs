@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tracing::{Instrument, Span};
 
 use super::backoff::{backoff, millis};
 use super::forward::Failed;
@@ -46,23 +45,23 @@ impl Dispatcher {
         lease: u64,
         slot: &Slot,
     ) -> Reached {
-        // With traces on: a `deliver` span, a child of the event's ingest.
-        let span = traces::attempt_span(
-            &ev.headers,
-            source.lane_of.as_deref().unwrap_or(source.name.as_str()),
-            &source.destination,
-            &ev.event_id,
-            ev.attempts.saturating_add(1),
-        );
-        async {
+        let turn = async {
             match &self.coordination {
                 Coordination::Inbox => self.turn_local(source, ev, lease, slot).await,
                 Coordination::Shared(store) => {
                     self.turn_shared(store, source, ev, lease, slot).await
                 }
             }
-        }
-        .instrument(span)
+        };
+        // With traces on: a `deliver` span, a child of the event's ingest.
+        traces::attempt(
+            &ev.headers,
+            source.lane_of.as_deref().unwrap_or(source.name.as_str()),
+            &source.destination,
+            &ev.event_id,
+            ev.attempts.saturating_add(1),
+            turn,
+        )
         .await
     }
 
@@ -107,7 +106,7 @@ impl Dispatcher {
         match recorded {
             Ok(()) => {
                 self.metrics.delivery(&source.name, "delivered");
-                Span::current().record("dedupd.outcome", "delivered");
+                traces::outcome("delivered");
                 tracing::info!(source = %source.name, event_id = %ev.event_id, attempt, outcome = "delivered", "delivered");
             }
             Err(_) => {
@@ -383,11 +382,12 @@ impl Dispatcher {
             Ok(status) => Attempt::new(attempt, at_ms, Some(*status), latency, None),
             Err(f) => Attempt::new(attempt, at_ms, f.status, latency, Some(&f.error)),
         };
-        let span = Span::current();
-        if let Some(status) = sent.status {
-            span.record("http.response.status_code", i64::from(status));
+        if traces::on() {
+            if let Some(status) = sent.status {
+                traces::set("http.response.status_code", i64::from(status));
+            }
+            traces::set("dedupd.latency_ms", latency.as_secs_f64() * 1e3);
         }
-        span.record("dedupd.latency_ms", latency.as_secs_f64() * 1e3);
         (result.map(|_| ()), sent)
     }
 
@@ -469,35 +469,26 @@ impl Dispatcher {
             Settle::Dead { error } => Some((error.clone(), sent.as_ref().map(|a| a.attempt))),
             _ => None,
         };
-        let span = Span::current();
         match &settle {
             Settle::Retry {
                 retry_at,
                 attempted,
                 ..
             } => {
-                span.record(
-                    "dedupd.outcome",
-                    if *attempted { "retry" } else { "not_sent" },
-                );
-                span.record(
+                traces::outcome(if *attempted { "retry" } else { "not_sent" });
+                traces::set(
                     "dedupd.retry_at_ms",
                     i64::try_from(*retry_at).unwrap_or(i64::MAX),
                 );
             }
-            _ => {
-                span.record("dedupd.outcome", outcome.unwrap_or("unknown"));
-            }
+            _ => traces::outcome(outcome.unwrap_or("unknown")),
         }
-        if matches!(
-            settle,
-            Settle::Dead { .. }
-                | Settle::Retry {
-                    attempted: true,
-                    ..
-                }
-        ) {
-            span.record("otel.status_code", "ERROR");
+        match &settle {
+            Settle::Dead { .. } => traces::failed("dead: every attempt failed"),
+            Settle::Retry {
+                attempted: true, ..
+            } => traces::failed("failed; will retry"),
+            _ => {}
         }
         let inbox = &self.gateway.inbox;
         let (key, retention) = (ev.key(), self.retention_of(&ev.source));

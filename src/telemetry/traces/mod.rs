@@ -1,10 +1,10 @@
 //! OpenTelemetry traces (`[telemetry.traces]`): one trace per webhook,
 //! from its ingest to each delivery attempt, exported over OTLP/HTTP.
 //!
-//! Spans are `tracing` spans of target [`TARGET`], turned into OpenTelemetry
-//! spans by `tracing-opentelemetry`; only that target is exported. With
-//! export off (the default) [`on`] is false and no span is built: every
-//! helper here answers `Span::none()` or nothing at once.
+//! Spans are built with the OpenTelemetry SDK directly and held by the
+//! task they describe ([`spans`]). With export off (the default) [`on`] is
+//! false and no span is built: every helper runs its future as it is, or
+//! answers nothing, at once.
 //!
 //! The ingest span's W3C context is stored with the event, as the stored
 //! header [`STORED_CONTEXT`] (reserved: `forward_headers` may not name it,
@@ -23,30 +23,23 @@
 //! A link keeps the upstream trace findable without trusting it.
 
 mod queue;
+mod spans;
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::KeyValue;
-use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanExporter as _};
+use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider, SpanExporter as _};
 pub use queue::{SpanCounts, counts};
-use tracing::Span;
-use tracing::field::Empty;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::Layer;
-use tracing_subscriber::filter::Targets;
-use tracing_subscriber::registry::LookupSpan;
+pub use spans::{
+    answered, api, attempt, failed, ingest, link_upstream, mark, note_fence, note_key, outcome,
+    propagation, set, stored_context,
+};
 
 use crate::config::telemetry::TraceExport;
-
-/// The target of dedupd's traced spans: the only ones exported.
-pub const TARGET: &str = "dedupd::trace";
 
 /// The stored header that carries an event's trace context (its ingest
 /// span's `traceparent`). Never forwarded (but by builds from before
@@ -55,21 +48,21 @@ pub const STORED_CONTEXT: &str = "dedupd-trace-context";
 
 static ON: AtomicBool = AtomicBool::new(false);
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
-/// The tracer the claims and ordering spans are built with directly.
-static TRACER: OnceLock<opentelemetry_sdk::trace::SdkTracer> = OnceLock::new();
+/// The tracer every span is built with.
+static TRACER: OnceLock<SdkTracer> = OnceLock::new();
 
 /// Whether spans are built and exported.
 pub fn on() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
-/// The layer that exports dedupd's spans to `export`'s collector, with
-/// its queue and thread started. Spans are built once [`enable`] is
-/// called, when the layer is in the global subscriber.
-pub fn layer<S>(export: &TraceExport) -> Result<impl Layer<S> + Send + Sync + use<S>, String>
-where
-    S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
-{
+fn tracer() -> Option<&'static SdkTracer> {
+    TRACER.get()
+}
+
+/// Sets up export of dedupd's spans to `export`'s collector, with its
+/// queue and thread started. Spans are built once [`enable`] is called.
+pub fn start(export: &TraceExport) -> Result<(), String> {
     // A redirect is not followed: it would carry OTEL_EXPORTER_OTLP_HEADERS
     // (an API key) to another host, or turn the POST into a GET.
     let client = crate::http_client::builder()
@@ -107,27 +100,14 @@ where
         ))))
         .with_resource(resource)
         .build();
-    let tracer = provider.tracer("dedupd");
-    let _ = TRACER.set(tracer.clone());
+    let _ = TRACER.set(provider.tracer("dedupd"));
     if PROVIDER.set(provider).is_err() {
         return Err("trace export was set up twice".into());
     }
-    Ok(tracing_opentelemetry::layer()
-        .with_tracer(tracer)
-        .with_location(false)
-        .with_threads(false)
-        .with_tracked_inactivity(false)
-        // Parents come from the spans' own tree: nothing here reads the
-        // OpenTelemetry context of the thread, so entering a span (each
-        // poll of an instrumented future) need not set it.
-        .with_context_activation(false)
-        .with_filter(Targets::new().with_target(TARGET, tracing::Level::INFO)))
+    Ok(())
 }
 
-// Integers are recorded as i64: tracing-opentelemetry turns a u64 into
-// text.
-
-/// Spans are built from now: the layer [`layer`] made is installed.
+/// Spans are built from now (export was [`start`]ed).
 pub fn enable() {
     ON.store(true, Ordering::Relaxed);
 }
@@ -137,96 +117,6 @@ pub fn shutdown() {
     if let Some(provider) = PROVIDER.get() {
         let _ = provider.shutdown_with_timeout(std::time::Duration::from_secs(5));
     }
-}
-
-/// A request's headers as the propagator reads them.
-struct Headers<'h, 'a>(&'h dyn Fn(&str) -> Option<&'a str>);
-
-impl Extractor for Headers<'_, '_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        (self.0)(key)
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        vec!["traceparent", "tracestate"]
-    }
-}
-
-/// Records a built span's ids as its `trace_id` and `span_id` fields, so
-/// every log line inside it carries them.
-fn record_ids(span: &Span) {
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    if sc.is_valid() && sc.is_sampled() {
-        span.record("trace_id", sc.trace_id().to_string());
-        span.record("span_id", sc.span_id().to_string());
-    }
-}
-
-/// The span of one ingest request. Fill in `dedupd.source`,
-/// `dedupd.scheme`, `dedupd.event_id` and `dedupd.outcome` (and
-/// `dedupd.code` for a refusal) as they are known; link the request's own
-/// trace with [`link_upstream`] once its signature is verified.
-pub fn ingest_span() -> Span {
-    if !on() {
-        return Span::none();
-    }
-    let span = tracing::info_span!(
-        target: TARGET,
-        "ingest",
-        otel.kind = "server",
-        otel.status_code = Empty,
-        dedupd.source = Empty,
-        dedupd.scheme = Empty,
-        dedupd.event_id = Empty,
-        dedupd.outcome = Empty,
-        dedupd.code = Empty,
-        http.response.status_code = Empty,
-        trace_id = Empty,
-        span_id = Empty,
-    );
-    record_ids(&span);
-    span
-}
-
-/// Links `span` to the trace of the `traceparent` its request came with
-/// (`header`), if any: only its ids and flags, never its `tracestate`
-/// (the sender's text, unverified). Call it for a verified request only,
-/// so strangers cannot fill exports with links of their choosing.
-pub fn link_upstream<'a>(span: &Span, header: &dyn Fn(&str) -> Option<&'a str>) {
-    if span.is_none() {
-        return;
-    }
-    let only_parent = |name: &str| (name == "traceparent").then(|| header(name)).flatten();
-    let upstream = TraceContextPropagator::new().extract(&Headers(&only_parent));
-    let upstream = upstream.span().span_context().clone();
-    if upstream.is_valid() {
-        span.add_link(upstream);
-    }
-}
-
-/// Marks a step of an ingest on its span, as a span event at this time:
-/// `verified` (the signature, then the event's id, stream and
-/// `created_at`) or `stored` (the durable write, its commit's sync
-/// included: the answer waits for it). Events, not child spans: a span
-/// costs several times more, on the path every webhook takes.
-pub fn mark(span: &Span, name: &'static str) {
-    if !span.is_none() {
-        span.add_event(name, Vec::new());
-    }
-}
-
-/// The trace context to store with an event ingested under `span`, as a
-/// stored header; nothing when traces are off.
-pub fn stored_context(span: &Span) -> Option<(String, String)> {
-    if !on() {
-        return None;
-    }
-    let mut carrier = HashMap::new();
-    TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
-    carrier
-        .remove("traceparent")
-        .map(|tp| (STORED_CONTEXT.to_owned(), tp))
 }
 
 /// The `traceparent` stored with an event, if any.
@@ -255,176 +145,9 @@ pub fn trace_id(traceparent: &str) -> Option<&str> {
     .then_some(id)
 }
 
-/// The span of one delivery attempt of an event with stored `headers`: a
-/// child of its ingest span. Fill in the status, latency and outcome.
-pub fn attempt_span(
-    headers: &[(String, String)],
-    source: &str,
-    destination: &str,
-    event_id: &str,
-    attempt: u32,
-) -> Span {
-    if !on() {
-        return Span::none();
-    }
-    let span = tracing::info_span!(
-        target: TARGET,
-        "deliver",
-        otel.kind = "client",
-        otel.status_code = Empty,
-        dedupd.source = source,
-        dedupd.destination = destination,
-        dedupd.event_id = event_id,
-        dedupd.attempt = i64::from(attempt),
-        http.response.status_code = Empty,
-        dedupd.latency_ms = Empty,
-        dedupd.outcome = Empty,
-        dedupd.retry_at_ms = Empty,
-        trace_id = Empty,
-        span_id = Empty,
-    );
-    if let Some(tp) = stored(headers) {
-        let get = |name: &str| (name == "traceparent").then_some(tp);
-        let parent = TraceContextPropagator::new().extract(&Headers(&get));
-        if parent.span().span_context().is_valid() {
-            let _ = span.set_parent(parent);
-        }
-    }
-    record_ids(&span);
-    span
-}
-
-/// What a claims or ordering request noted for its span, in the
-/// request's extensions (only while traces are on).
-#[derive(Debug, Default, Clone)]
-struct ApiNotes {
-    key_hash: Option<String>,
-    outcome: Option<&'static str>,
-    fence: Option<u64>,
-}
-
-fn note(req: &actix_web::HttpRequest, f: impl FnOnce(&mut ApiNotes)) {
-    use actix_web::HttpMessage;
-    if !on() {
-        return;
-    }
-    let mut ext = req.extensions_mut();
-    match ext.get_mut::<ApiNotes>() {
-        Some(notes) => f(notes),
-        None => {
-            let mut notes = ApiNotes::default();
-            f(&mut notes);
-            ext.insert(notes);
-        }
-    }
-}
-
-/// Notes the request's key (a claim's key, a stream) for its span, as a
-/// hash: 16 hex digits of an HMAC-SHA256 under a key this process drew at
-/// random. Keys are never recorded raw (they may hold an order number or
-/// an e-mail address), and the hash cannot be reversed by trying likely
-/// keys: the same key gives the same hash for as long as the process
-/// lives, so one key's requests can be followed, and another process
-/// gives another.
-pub fn note_key(req: &actix_web::HttpRequest, key: &str) {
-    note(req, |n| {
-        use hmac::{Hmac, KeyInit, Mac};
-        static SALT: OnceLock<[u8; 32]> = OnceLock::new();
-        let salt = SALT.get_or_init(rand::random);
-        let mut mac =
-            <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(salt).expect("HMAC takes any key");
-        mac.update(key.as_bytes());
-        n.key_hash = Some(hex::encode(&mac.finalize().into_bytes()[..8]));
-    });
-}
-
-/// Notes the request's outcome (`claimed`, `busy`, `applied`, …).
-pub fn note_outcome(req: &actix_web::HttpRequest, outcome: &'static str) {
-    note(req, |n| n.outcome = Some(outcome));
-}
-
-/// Notes the fence a claim was given.
-pub fn note_fence(req: &actix_web::HttpRequest, fence: u64) {
-    note(req, |n| n.fence = Some(fence));
-}
-
-/// The span of one claims or ordering request (`claim`, `done`, `extend`,
-/// `release`, `inspect`, `apply`, `head`), made once it was answered,
-/// from `started`: its own trace, with what the request noted, its status,
-/// and a refusal's code as its outcome unless it noted one. Built with the
-/// OpenTelemetry API directly, not through `tracing`: nothing logs inside
-/// these requests, and the claim path is where a span's cost shows.
-pub fn api_span(
-    name: &'static str,
-    started: std::time::SystemTime,
-    req: &actix_web::HttpRequest,
-    status: u16,
-    refusal: Option<&'static str>,
-) {
-    use actix_web::HttpMessage;
-    use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
-    let Some(tracer) = TRACER.get().filter(|_| on()) else {
-        return;
-    };
-    let notes = req
-        .extensions_mut()
-        .remove::<ApiNotes>()
-        .unwrap_or_default();
-    let mut attributes = Vec::with_capacity(4);
-    attributes.push(KeyValue::new(
-        "http.response.status_code",
-        i64::from(status),
-    ));
-    if let Some(hash) = notes.key_hash {
-        attributes.push(KeyValue::new("dedupd.key_hash", hash));
-    }
-    if let Some(outcome) = notes.outcome.or(refusal) {
-        attributes.push(KeyValue::new("dedupd.outcome", outcome));
-    }
-    if let Some(fence) = notes.fence {
-        attributes.push(KeyValue::new(
-            "dedupd.fence",
-            i64::try_from(fence).unwrap_or(i64::MAX),
-        ));
-    }
-    let mut span = tracer
-        .span_builder(name)
-        .with_kind(SpanKind::Server)
-        .with_start_time(started)
-        .with_attributes(attributes)
-        .start_with_context(tracer, &opentelemetry::Context::new());
-    if status >= 500 {
-        span.set_status(Status::error("server error"));
-    }
-    span.end();
-}
-
-/// The W3C headers that continue `span`'s trace in a request it sends:
-/// `traceparent`, and `tracestate` when there is one.
-pub fn propagation(span: &Span) -> Vec<(&'static str, String)> {
-    if !on() || span.is_none() {
-        return Vec::new();
-    }
-    let mut carrier = HashMap::new();
-    TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
-    ["traceparent", "tracestate"]
-        .into_iter()
-        .filter_map(|name| Some((name, carrier.remove(name).filter(|v| !v.is_empty())?)))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn with_traces_off_no_span_is_built_and_nothing_is_stored() {
-        assert!(!on());
-        assert!(ingest_span().is_none());
-        assert!(attempt_span(&[], "sume", "default", "e1", 1).is_none());
-        assert_eq!(stored_context(&Span::none()), None);
-        assert!(propagation(&Span::none()).is_empty());
-    }
 
     #[test]
     fn a_stored_context_is_found_and_read_but_never_taken_for_a_header() {

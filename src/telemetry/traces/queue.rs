@@ -203,7 +203,6 @@ async fn run<E: SpanExporter>(
     mut control: mpsc::UnboundedReceiver<Control>,
 ) {
     let mut warner = Warner::default();
-    let mut spare: Vec<SpanData> = Vec::with_capacity(MAX_BATCH);
     loop {
         let asked = tokio::select! {
             biased;
@@ -211,13 +210,12 @@ async fn run<E: SpanExporter>(
             () = waiting.full_batch.notified() => None,
             () = tokio::time::sleep(INTERVAL) => None,
         };
-        let mut batch = {
+        let batch = {
             let mut spans = waiting.spans.lock().unwrap_or_else(PoisonError::into_inner);
-            std::mem::replace(&mut *spans, std::mem::take(&mut spare))
+            let fresh = Vec::with_capacity(MAX_BATCH.min(spans.len().max(16)));
+            std::mem::replace(&mut *spans, fresh)
         };
-        export_all(&exporter, &mut batch).await;
-        // Its allocation serves the next swap.
-        spare = batch;
+        export_all(&exporter, batch).await;
         warner.look();
         match asked {
             None => {}
@@ -234,12 +232,17 @@ async fn run<E: SpanExporter>(
     }
 }
 
-/// Exports `batch` in requests of at most [`MAX_BATCH`], leaving it
-/// empty; counts what went and what the collector failed.
-async fn export_all<E: SpanExporter>(exporter: &E, batch: &mut Vec<SpanData>) {
+/// Exports `batch` in requests of at most [`MAX_BATCH`]; counts what
+/// went and what the collector failed. A batch that fits goes as it is,
+/// not copied.
+async fn export_all<E: SpanExporter>(exporter: &E, mut batch: Vec<SpanData>) {
     while !batch.is_empty() {
-        let take = batch.len().min(MAX_BATCH);
-        let sent: Vec<SpanData> = batch.drain(..take).collect();
+        let sent = if batch.len() <= MAX_BATCH {
+            std::mem::take(&mut batch)
+        } else {
+            let rest = batch.split_off(MAX_BATCH);
+            std::mem::replace(&mut batch, rest)
+        };
         let n = sent.len() as u64;
         match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
             Ok(Ok(())) => {

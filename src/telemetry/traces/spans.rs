@@ -1,0 +1,353 @@
+//! The spans: one per ingest request, per delivery attempt and per
+//! claims or ordering request, each built with the OpenTelemetry SDK
+//! directly and held by the task that serves it (a task-local), so the
+//! code inside notes what it learns ([`set`], [`outcome`], [`mark`])
+//! without a handle passed down. The span ends, and goes to the export
+//! queue, when its future is done or dropped.
+//!
+//! Not `tracing` spans turned into OpenTelemetry ones by a layer: that
+//! costs about twice as much per span (each field recorded, each poll's
+//! enter and exit goes through the layer), on the paths every webhook and
+//! claim takes. Log lines still join the traces: the ingest and attempt
+//! futures run inside a `tracing` span of level ERROR, so enabled at any
+//! log level, whose only fields are the trace's `trace_id` and `span_id`.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::sync::OnceLock;
+
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanKind, Status, TraceContextExt, TraceFlags, TraceState, Tracer as _,
+};
+use opentelemetry::{Context, KeyValue, Value};
+use opentelemetry_sdk::trace::{SdkTracer, Span};
+use tracing::Instrument as _;
+
+use super::{on, stored, tracer};
+
+tokio::task_local! {
+    /// The span of the request or attempt this task is serving.
+    static CURRENT: RefCell<Current>;
+}
+
+struct Current {
+    span: Span,
+    /// Whether an outcome was noted (a refusal's code is the outcome
+    /// otherwise).
+    outcome: bool,
+}
+
+/// The `tracing` span a traced future's log lines are in: none for the
+/// claims and ordering requests, which log nothing of their own (a 5xx's
+/// "request failed" line is written after the span ended), and whose
+/// every microsecond shows.
+#[derive(Clone, Copy)]
+enum Log {
+    Ingest,
+    Deliver,
+    None,
+}
+
+/// Runs `fut` inside `span`, which ends when `fut` is done (or dropped),
+/// and, for a sampled trace, inside a `log` span carrying its ids.
+async fn inside<F: Future>(span: Span, log: Log, fut: F) -> F::Output {
+    let sc = span.span_context();
+    let (trace_id, span_id) = (sc.trace_id(), sc.span_id());
+    let log = match log {
+        _ if !sc.is_sampled() => None,
+        Log::None => None,
+        Log::Ingest => Some(tracing::error_span!("ingest", %trace_id, %span_id)),
+        Log::Deliver => Some(tracing::error_span!("deliver", %trace_id, %span_id)),
+    };
+    let current = RefCell::new(Current {
+        span,
+        outcome: false,
+    });
+    // Boxed: a request's or an attempt's future is kilobytes, and each
+    // wrapping would move it again.
+    let fut = CURRENT.scope(current, Box::pin(fut));
+    match log {
+        Some(log) => fut.instrument(log).await,
+        None => fut.await,
+    }
+}
+
+/// `f` on the task's span, if it has one.
+fn with<R>(f: impl FnOnce(&mut Current) -> R) -> Option<R> {
+    if !on() {
+        return None;
+    }
+    CURRENT.try_with(|c| f(&mut c.borrow_mut())).ok()
+}
+
+fn tracer_on() -> Option<&'static SdkTracer> {
+    tracer().filter(|_| on())
+}
+
+/// Runs one ingest request's `fut` in its `ingest` span, a trace's root.
+/// Inside, note its source, scheme, event id and outcome ([`set`],
+/// [`outcome`]); link the request's own trace with [`link_upstream`] once
+/// its signature is verified.
+pub async fn ingest<F: Future>(fut: F) -> F::Output {
+    let Some(tracer) = tracer_on() else {
+        return fut.await;
+    };
+    let span = tracer
+        .span_builder("ingest")
+        .with_kind(SpanKind::Server)
+        .start_with_context(tracer, &Context::new());
+    inside(span, Log::Ingest, fut).await
+}
+
+/// Runs one delivery attempt's `fut` in its `deliver` span: a child of
+/// the event's ingest span, whose context is stored in its `headers`.
+/// Inside, note its status, latency and outcome.
+pub async fn attempt<F: Future>(
+    headers: &[(String, String)],
+    source: &str,
+    destination: &str,
+    event_id: &str,
+    attempt: u32,
+    fut: F,
+) -> F::Output {
+    let Some(tracer) = tracer_on() else {
+        return fut.await;
+    };
+    let parent = stored(headers)
+        .and_then(parse_traceparent)
+        .map_or_else(Context::new, |sc| {
+            Context::new().with_remote_span_context(sc)
+        });
+    let span = tracer
+        .span_builder("deliver")
+        .with_kind(SpanKind::Client)
+        .with_attributes([
+            KeyValue::new("dedupd.source", source.to_owned()),
+            KeyValue::new("dedupd.destination", destination.to_owned()),
+            KeyValue::new("dedupd.event_id", event_id.to_owned()),
+            KeyValue::new("dedupd.attempt", i64::from(attempt)),
+        ])
+        .start_with_context(tracer, &parent);
+    inside(span, Log::Deliver, fut).await
+}
+
+/// Runs one claims or ordering request's `fut` in a span `name` (`claim`,
+/// `done`, `extend`, `release`, `inspect`, `apply`, `head`), its own
+/// trace. Inside, note its key ([`note_key`]), outcome and fence, and its
+/// answer ([`answered`]).
+pub async fn api<F: Future>(name: &'static str, fut: F) -> F::Output {
+    let Some(tracer) = tracer_on() else {
+        return fut.await;
+    };
+    let span = tracer
+        .span_builder(name)
+        .with_kind(SpanKind::Server)
+        .start_with_context(tracer, &Context::new());
+    inside(span, Log::None, fut).await
+}
+
+/// Sets an attribute of the task's span.
+pub fn set(key: &'static str, value: impl Into<Value>) {
+    with(|c| c.span.set_attribute(KeyValue::new(key, value)));
+}
+
+/// Sets the span's `dedupd.outcome`.
+pub fn outcome(outcome: &'static str) {
+    with(|c| {
+        c.outcome = true;
+        c.span
+            .set_attribute(KeyValue::new("dedupd.outcome", outcome));
+    });
+}
+
+/// Marks the span as failed (`description` says how).
+pub fn failed(description: &'static str) {
+    with(|c| c.span.set_status(Status::error(description)));
+}
+
+/// Marks a step of an ingest on its span, as a span event at this time:
+/// `verified` (the signature, then the event's id, stream and
+/// `created_at`) or `stored` (the durable write, its commit's sync
+/// included: the answer waits for it). Events, not child spans: a span
+/// costs several times more, on the path every webhook takes.
+pub fn mark(name: &'static str) {
+    with(|c| c.span.add_event(name, Vec::new()));
+}
+
+/// Notes a request's answer on its span: a refusal's code as its outcome
+/// unless it noted one, and a server error as the span's error. Not the
+/// HTTP status: a claims or ordering request's outcome names it, and each
+/// attribute costs on the claim path.
+pub fn answered(status: u16, refusal: Option<&'static str>) {
+    with(|c| {
+        if let Some(code) = refusal.filter(|_| !c.outcome) {
+            c.span.set_attribute(KeyValue::new("dedupd.outcome", code));
+        }
+        if status >= 500 {
+            c.span.set_status(Status::error("server error"));
+        }
+    });
+}
+
+/// Links the span to the trace of the `traceparent` its request came with
+/// (`header`), if any: only its ids and flags, never its `tracestate`
+/// (the sender's text, unverified). Call it for a verified request only,
+/// so strangers cannot fill exports with links of their choosing.
+pub fn link_upstream<'a>(header: &dyn Fn(&str) -> Option<&'a str>) {
+    let Some(upstream) = with(|_| ()).and_then(|()| header("traceparent")) else {
+        return;
+    };
+    if let Some(sc) = parse_traceparent(upstream) {
+        with(|c| c.span.add_link(sc, Vec::new()));
+    }
+}
+
+/// The span's context as a W3C `traceparent`.
+fn traceparent(sc: &SpanContext) -> String {
+    format!(
+        "00-{}-{}-{:02x}",
+        sc.trace_id(),
+        sc.span_id(),
+        sc.trace_flags().to_u8()
+    )
+}
+
+/// A W3C `traceparent`, strictly: version 00 (or a later one's first
+/// four fields), lowercase hex ids that are not all zeros. Anything else
+/// is no context at all (the attempt is a trace's root, the link is not
+/// made).
+fn parse_traceparent(text: &str) -> Option<SpanContext> {
+    use opentelemetry::propagation::TextMapPropagator;
+    // The propagator takes ids shorter than the standard's; a stored or
+    // sent context of another length is not one dedupd or a tracer wrote.
+    if text.split('-').map(str::len).take(4).ne([2, 32, 16, 2]) {
+        return None;
+    }
+    let get = |name: &str| (name == "traceparent").then_some(text);
+    let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&Headers(&get));
+    let sc = cx.span().span_context().clone();
+    // Ids and the sampled flag only: nothing of the sender's state.
+    sc.is_valid().then(|| {
+        SpanContext::new(
+            sc.trace_id(),
+            sc.span_id(),
+            sc.trace_flags() & TraceFlags::SAMPLED,
+            true,
+            TraceState::NONE,
+        )
+    })
+}
+
+/// A header lookup as the propagator reads it.
+struct Headers<'h, 'a>(&'h dyn Fn(&str) -> Option<&'a str>);
+
+impl opentelemetry::propagation::Extractor for Headers<'_, '_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        (self.0)(key)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent"]
+    }
+}
+
+/// The trace context to store with an event ingested in the task's span
+/// (its `traceparent`); nothing when traces are off.
+pub fn stored_context() -> Option<(String, String)> {
+    with(|c| {
+        (
+            super::STORED_CONTEXT.to_owned(),
+            traceparent(c.span.span_context()),
+        )
+    })
+}
+
+/// The W3C header that continues the task's span in a request it sends:
+/// `traceparent` (an attempt's spans carry no `tracestate`: the stored
+/// context keeps none).
+pub fn propagation() -> Option<(&'static str, String)> {
+    with(|c| ("traceparent", traceparent(c.span.span_context())))
+}
+
+/// Notes the request's key (a claim's key, a stream) on its span, as a
+/// hash: 16 hex digits of an HMAC-SHA256 under a key this process drew at
+/// random. Keys are never recorded raw (they may hold an order number or
+/// an e-mail address), and the hash cannot be reversed by trying likely
+/// keys: the same key gives the same hash for as long as the process
+/// lives, so one key's requests can be followed, and another process
+/// gives another.
+pub fn note_key(key: &str) {
+    use hmac::{Hmac, KeyInit, Mac};
+    if !on() {
+        return;
+    }
+    // The key's own setup (two blocks hashed) is done once.
+    static KEYED: OnceLock<Hmac<sha2::Sha256>> = OnceLock::new();
+    let mut mac = KEYED
+        .get_or_init(|| {
+            let salt: [u8; 32] = rand::random();
+            <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&salt).expect("HMAC takes any key")
+        })
+        .clone();
+    mac.update(key.as_bytes());
+    let digest = mac.finalize().into_bytes();
+    let first = u64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 is 32 bytes"));
+    set("dedupd.key_hash", format!("{first:016x}"));
+}
+
+/// Notes the fence a claim was given.
+pub fn note_fence(fence: u64) {
+    set("dedupd.fence", i64::try_from(fence).unwrap_or(i64::MAX));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traceparent_is_read_strictly_and_keeps_nothing_but_ids_and_sampling() {
+        let sc = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03")
+            .expect("a valid traceparent");
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
+        assert_eq!(
+            sc.trace_flags(),
+            TraceFlags::SAMPLED,
+            "flags beyond sampled dropped"
+        );
+        assert!(sc.is_remote());
+        assert_eq!(
+            traceparent(&sc),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        for bad in [
+            "",
+            "garbage",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        ] {
+            assert!(parse_traceparent(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn with_traces_off_nothing_is_built_and_the_futures_run_as_they_are() {
+        assert!(!on());
+        assert_eq!(ingest(async { 7 }).await, 7);
+        assert_eq!(api("claim", async { 8 }).await, 8);
+        assert_eq!(
+            attempt(&[], "sume", "default", "e1", 1, async { 9 }).await,
+            9
+        );
+        assert_eq!(stored_context(), None);
+        assert_eq!(propagation(), None);
+    }
+}
