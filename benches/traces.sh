@@ -140,14 +140,14 @@ printf '%-8s %-7s %12s %10s %14s %16s\n' claims mode "claims/s" "p99 ms" "µs CP
 for mode in $MODES; do
     rows=$(awk -v m="$mode" '$1 == "claims" && $2 == m' "$RES")
     col() { awk -v k="$1" '{ print $k }' <<<"$rows"; }
-    printf '%-8s %-7s %12s %10s %14s %16s   [%s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 4 | xargs)"
+    printf '%-8s %-7s %12s %10s %14s %16s   [%s] [CPU %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 4 | xargs)" "$(col 6 | xargs)"
 done
 echo
 printf '%-8s %-7s %12s %10s %10s %14s %16s %18s\n' ingest mode "events/s" "p50 ms" "p99 ms" "e2e ×posting" "µs CPU/event" "switches/event"
 for mode in $MODES; do
     rows=$(awk -v m="$mode" '$1 == "ingest" && $2 == m' "$RES")
     col() { awk -v k="$1" '{ print $k }' <<<"$rows"; }
-    printf '%-8s %-7s %12s %10s %10s %14s %16s %18s   [p99 %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 8 | median)" "$(col 9 | median)" "$(col 6 | xargs)"
+    printf '%-8s %-7s %12s %10s %10s %14s %16s %18s   [p99 %s] [CPU %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 8 | median)" "$(col 9 | median)" "$(col 6 | xargs)" "$(col 8 | xargs)"
 done
 echo
 echo "Measured with: ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS INGEST_S=$INGEST_S MODES=\"$MODES\" PIN=$PIN${BEFORE_BIN:+ BEFORE_BIN=$BEFORE_BIN} benches/traces.sh"
