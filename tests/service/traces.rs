@@ -417,7 +417,7 @@ async fn a_restart_between_attempts_keeps_them_in_one_trace() {
 #[tokio::test]
 #[ignore = "needs DEDUPD_TEST_PYTHON (a python with opentelemetry-proto); .ci/run runs it"]
 async fn a_collector_that_hangs_or_refuses_costs_spans_not_webhooks() {
-    for mode in ["hang", "refuse"] {
+    for mode in ["hang", "refuse", "redirect"] {
         let dir = TempDir::new().unwrap();
         let collector = Collector::start(dir.path(), mode);
         let receiver = Receiver::start(Behaviour::Accept).await;
@@ -467,7 +467,94 @@ async fn a_collector_that_hangs_or_refuses_costs_spans_not_webhooks() {
         }
         let (status, _) = stop_logged(node.child, "-TERM", node.drain).await;
         assert!(status.success(), "{mode}: stops cleanly");
+        // A redirect is not followed: it could carry the collector's
+        // credentials to another host.
+        assert!(
+            collector.spans().is_empty(),
+            "{mode}: {:?}",
+            collector.spans()
+        );
     }
+}
+
+/// `OTEL_EXPORTER_OTLP_HEADERS` reaches the collector with every export
+/// (a hosted collector's API key), and is never shown: not in the log.
+#[tokio::test]
+#[ignore = "needs DEDUPD_TEST_PYTHON (a python with opentelemetry-proto); .ci/run runs it"]
+async fn the_standard_headers_variable_reaches_the_collector() {
+    let dir = TempDir::new().unwrap();
+    let collector = Collector::start(dir.path(), "accept");
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let file = config(dir.path(), &collector.url(), &receiver.url, "");
+    let key = "api-key-7f3e91c2";
+    let mut cmd = crate::support::process::dedupd();
+    cmd.args(["serve", "--config"]).arg(&file).env(
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        format!("authorization=Bearer%20{key}"),
+    );
+    let (child, port, drain) = crate::support::process::spawn_serving(cmd);
+    post(port, &body("evt_h")).await;
+    received(&receiver, 1).await;
+    // Stopped at once: the stop exports what is queued.
+    let (status, log) = stop_logged(child, "-TERM", drain).await;
+    assert!(status.success());
+    let spans = collector
+        .until("the ingest and its attempt", |s| {
+            !named(s, "ingest").is_empty() && !named(s, "deliver").is_empty()
+        })
+        .await;
+    for s in &spans {
+        assert_eq!(s["authorization"], format!("Bearer {key}"), "{s}");
+    }
+    assert!(!log.iter().any(|l| l.contains(key)), "{log:#?}");
+}
+
+/// At `sample_ratio = 0` nothing is exported and no trace id is shown,
+/// but each forward still carries a `traceparent` (not sampled), so the
+/// application's own sampling follows dedupd's.
+#[tokio::test]
+#[ignore = "needs DEDUPD_TEST_PYTHON (a python with opentelemetry-proto); .ci/run runs it"]
+async fn a_trace_sampled_out_is_neither_exported_nor_shown_but_still_propagated() {
+    let dir = TempDir::new().unwrap();
+    let collector = Collector::start(dir.path(), "accept");
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let file = config(dir.path(), &collector.url(), &receiver.url, "");
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text.push_str("sample_ratio = 0.0\n");
+    std::fs::write(&file, text).unwrap();
+    let node = start(&file);
+    post(node.port, &body("evt_s")).await;
+    let forwards = received(&receiver, 1).await;
+    let traceparent = forwards[0].header("traceparent");
+    let fields: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(fields.len(), 4, "{traceparent}");
+    assert_ne!(fields[1], UPSTREAM_TRACE, "a trace of dedupd's own");
+    assert_eq!(fields[3], "00", "not sampled: {traceparent}");
+    let client = crate::support::http::client();
+    let shown: Value = client
+        .get(format!(
+            "http://127.0.0.1:{}/v1/sources/sume/events/evt_s",
+            node.port
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(shown["trace_id"].is_null(), "{shown}");
+    let claimed = client
+        .post(format!("http://127.0.0.1:{}/v1/claims/k1", node.port))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(claimed.status(), 201);
+    // The stop exports what is queued (as the headers test shows): nothing
+    // was.
+    let (status, _) = stop_logged(node.child, "-TERM", node.drain).await;
+    assert!(status.success());
+    assert!(collector.spans().is_empty(), "{:?}", collector.spans());
 }
 
 /// With the shared inbox, an attempt on one instance and the retry on

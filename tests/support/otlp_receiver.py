@@ -5,10 +5,12 @@ definitions (the `opentelemetry-proto` package), not dedupd's code, and
 writes every span it got as one JSON line to OUT. The first line on stdout
 is the port it listens on (127.0.0.1, chosen by the system).
 
-    python otlp_receiver.py OUT [accept|refuse|hang]
+    python otlp_receiver.py OUT [accept|refuse|hang|redirect]
 
 accept: 200 with an empty ExportTraceServiceResponse; refuse: 503 to
-every export; hang: reads nothing and never answers.
+every export; hang: reads nothing and never answers; redirect: 307 to
+/v1/traces/followed, where an export that follows it is kept. Each span's
+line has the export's `authorization` header.
 """
 
 import http.server
@@ -55,7 +57,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("content-length", "0")
             self.end_headers()
             return
-        if self.path != "/v1/traces" or "protobuf" not in self.headers.get("content-type", ""):
+        if MODE == "redirect" and self.path == "/v1/traces":
+            # Followed, the export would land on the path below and be kept.
+            self.send_response(307)
+            self.send_header("location", "/v1/traces/followed")
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
+        if self.path not in ("/v1/traces", "/v1/traces/followed") or "protobuf" not in self.headers.get(
+            "content-type", ""
+        ):
             self.send_response(400)
             self.send_header("content-length", "0")
             self.end_headers()
@@ -71,6 +82,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         json.dumps(
                             {
                                 "resource": resource,
+                                # What OTEL_EXPORTER_OTLP_HEADERS sent.
+                                "authorization": self.headers.get("authorization"),
                                 "scope": ss.scope.name,
                                 "trace_id": s.trace_id.hex(),
                                 "span_id": s.span_id.hex(),
