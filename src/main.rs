@@ -138,15 +138,19 @@ fn main() -> ExitCode {
                 .telemetry
                 .traces
                 .export(|name| std::env::var(name).ok());
-            if let Err(e) = dedupd::telemetry::init(&loaded.settings.log, traces.as_ref()) {
-                eprintln!("dedupd: {e}");
-                return ExitCode::FAILURE;
-            }
+            dedupd::telemetry::init(&loaded.settings.log);
             loaded.warn_about_open_secret_files();
             loaded.warn_about_settings_without_effect();
             dedupd::limits::ensure_open_files(&loaded.settings);
             dedupd::huge_pages::turn_off();
             dedupd::scheduling::on_one_cpu(loaded.settings.cpu_scheduling);
+            // After the scheduling policy is set: the export thread takes it.
+            if let Some(export) = &traces
+                && let Err(e) = dedupd::telemetry::traces::install(export)
+            {
+                eprintln!("dedupd: {e}");
+                return ExitCode::FAILURE;
+            }
             let served = serve(loaded, config);
             dedupd::telemetry::traces::shutdown();
             Ok(match served {

@@ -16,7 +16,6 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, fmt, reload};
 
-use crate::config::telemetry::TraceExport;
 use crate::config::{LogFormat, LogSettings};
 
 /// The filter of the subscriber [`init`] installed, to swap on a reload;
@@ -24,11 +23,10 @@ use crate::config::{LogFormat, LogSettings};
 /// another subscriber was installed first (tests).
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
-/// Installs the global subscriber: log lines by the log level, and, with
-/// `traces`, dedupd's spans to the collector (whatever the log level).
-/// Call once, before anything logs. Fails only when trace export cannot
-/// be set up (an `OTEL_EXPORTER_OTLP_*` variable that is not a URL).
-pub fn init(log: &LogSettings, traces: Option<&TraceExport>) -> Result<(), String> {
+/// Installs the global subscriber: log lines by the log level. Call once,
+/// before anything logs. Traces are started apart
+/// ([`traces::install`]), once the process's scheduling is set.
+pub fn init(log: &LogSettings) {
     let (filter, from_env) = match EnvFilter::try_from_default_env() {
         Ok(f) => (f, true),
         Err(_) => (
@@ -42,21 +40,14 @@ pub fn init(log: &LogSettings, traces: Option<&TraceExport>) -> Result<(), Strin
         LogFormat::Text => lines.boxed(),
         LogFormat::Json => lines.json().flatten_event(true).boxed(),
     };
-    if let Some(export) = traces {
-        traces::start(export)?;
-    }
     // A second init (tests) keeps the first subscriber.
     let installed = tracing_subscriber::registry()
         .with(lines.with_filter(filter))
         .try_init()
         .is_ok();
-    if traces.is_some() {
-        traces::enable();
-    }
     if installed && !from_env {
         let _ = FILTER.set(handle);
     }
-    Ok(())
 }
 
 /// What [`set_level`] did.

@@ -1038,17 +1038,13 @@ async fn counting_starts_nothing_and_a_bulk_erase_waits_for_the_count_typed() {
 async fn with_traces_on_each_attempt_shows_the_events_trace_id() {
     static TRACES: std::sync::Once = std::sync::Once::new();
     TRACES.call_once(|| {
-        let log = dedupd::config::LogSettings {
-            level: "warn".into(),
-            format: dedupd::config::LogFormat::Text,
-        };
         let export = dedupd::config::telemetry::TraceExport {
             endpoint: Some("http://127.0.0.1:9/v1/traces".into()),
             service_name: "dedupd-ui-test".into(),
             sample_ratio: 1.0,
             queue: 64,
         };
-        dedupd::telemetry::init(&log, Some(&export)).unwrap();
+        dedupd::telemetry::traces::install(&export).unwrap();
     });
     assert!(
         dedupd::telemetry::traces::on(),

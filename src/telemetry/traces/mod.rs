@@ -60,9 +60,11 @@ fn tracer() -> Option<&'static SdkTracer> {
     TRACER.get()
 }
 
-/// Sets up export of dedupd's spans to `export`'s collector, with its
-/// queue and thread started. Spans are built once [`enable`] is called.
-pub fn start(export: &TraceExport) -> Result<(), String> {
+/// Exports dedupd's spans to `export`'s collector from now: its queue and
+/// thread started, spans built. Fails when the exporter cannot be set up
+/// (an `OTEL_EXPORTER_OTLP_*` variable that is not a URL), or was already.
+/// The export thread takes the calling thread's scheduling policy.
+pub fn install(export: &TraceExport) -> Result<(), String> {
     // A redirect is not followed: it would carry OTEL_EXPORTER_OTLP_HEADERS
     // (an API key) to another host, or turn the POST into a GET.
     let client = crate::http_client::builder()
@@ -104,12 +106,8 @@ pub fn start(export: &TraceExport) -> Result<(), String> {
     if PROVIDER.set(provider).is_err() {
         return Err("trace export was set up twice".into());
     }
-    Ok(())
-}
-
-/// Spans are built from now (export was [`start`]ed).
-pub fn enable() {
     ON.store(true, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Exports what is queued and stops the exporter (at the process's end).
