@@ -322,13 +322,12 @@ pub(super) async fn done(
         .store
         .done_with(&scoped, token, ttl, result, now)
         .await?;
-    state.metrics.claim_op(
-        "done",
-        match outcome {
-            DoneOutcome::Done { .. } => "done",
-            DoneOutcome::NotOwner { .. } => "not_owner",
-        },
-    );
+    let named = match outcome {
+        DoneOutcome::Done { .. } => "done",
+        DoneOutcome::NotOwner { .. } => "not_owner",
+    };
+    state.metrics.claim_op("done", named);
+    traces::outcome(named);
     match outcome {
         DoneOutcome::Done { expires_at_ms } => Ok(HttpResponse::Ok().json(StateAnswer {
             key: key.as_str(),
@@ -369,15 +368,14 @@ pub(super) async fn extend(
     let ttl = state.ttl.parse(body.ttl_ms, state.ttl.default_claim)?;
     let now = state.clock.now_ms();
     let outcome = state.store.extend(&scoped, token, ttl, now).await?;
-    state.metrics.claim_op(
-        "extend",
-        match outcome {
-            ExtendOutcome::Extended { .. } => "extended",
-            ExtendOutcome::Lost => "lost",
-            ExtendOutcome::NotOwner { .. } => "not_owner",
-            ExtendOutcome::Done { .. } => "done",
-        },
-    );
+    let named = match outcome {
+        ExtendOutcome::Extended { .. } => "extended",
+        ExtendOutcome::Lost => "lost",
+        ExtendOutcome::NotOwner { .. } => "not_owner",
+        ExtendOutcome::Done { .. } => "done",
+    };
+    state.metrics.claim_op("extend", named);
+    traces::outcome(named);
     match outcome {
         ExtendOutcome::Extended { expires_at_ms } => Ok(HttpResponse::Ok().json(StateAnswer {
             key: key.as_str(),
@@ -420,15 +418,14 @@ pub(super) async fn release(
     let token = Token::parse(&body.token)?;
     let now = state.clock.now_ms();
     let outcome = state.store.release(&scoped, token, now).await?;
-    state.metrics.claim_op(
-        "release",
-        match outcome {
-            ReleaseOutcome::Released => "released",
-            ReleaseOutcome::NotHeld => "not_held",
-            ReleaseOutcome::NotOwner { .. } => "not_owner",
-            ReleaseOutcome::Done { .. } => "done",
-        },
-    );
+    let named = match outcome {
+        ReleaseOutcome::Released => "released",
+        ReleaseOutcome::NotHeld => "not_held",
+        ReleaseOutcome::NotOwner { .. } => "not_owner",
+        ReleaseOutcome::Done { .. } => "done",
+    };
+    state.metrics.claim_op("release", named);
+    traces::outcome(named);
     match outcome {
         ReleaseOutcome::Released | ReleaseOutcome::NotHeld => {
             Ok(HttpResponse::NoContent().finish())
@@ -458,13 +455,19 @@ pub(super) async fn inspect(
     let (key, scoped) = parse_key(&req)?;
     let now = state.clock.now_ms();
     match state.store.get(&scoped, now).await? {
-        Some(view) => Ok(HttpResponse::Ok().json(StateAnswer {
-            key: key.as_str(),
-            state: view.state,
-            fence: Some(view.fence),
-            expires_at_ms: view.expires_at_ms,
-            result: view.result.as_ref().map(ClaimResult::as_raw),
-        })),
+        Some(view) => {
+            traces::outcome(match view.state {
+                ClaimState::Processing => "processing",
+                ClaimState::Done => "done",
+            });
+            Ok(HttpResponse::Ok().json(StateAnswer {
+                key: key.as_str(),
+                state: view.state,
+                fence: Some(view.fence),
+                expires_at_ms: view.expires_at_ms,
+                result: view.result.as_ref().map(ClaimResult::as_raw),
+            }))
+        }
         None => Err(ApiError::NotFound {
             code: "not_found",
             detail: "no live claim for this key".into(),

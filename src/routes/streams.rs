@@ -193,12 +193,16 @@ pub(super) async fn get_head(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let stream = Key::parse(&path_segment(&req, 3, "stream")?, "stream")?;
+    traces::note_key(stream.as_str());
     let now = state.clock.now_ms();
     match state.store.head(&ScopedKey::api(&stream), now).await? {
-        Some(head) => Ok(HttpResponse::Ok().json(StreamHead {
-            stream: stream.as_str(),
-            head: HeadView::from(&head),
-        })),
+        Some(head) => {
+            traces::outcome("found");
+            Ok(HttpResponse::Ok().json(StreamHead {
+                stream: stream.as_str(),
+                head: HeadView::from(&head),
+            }))
+        }
         None => Err(ApiError::NotFound {
             code: "not_found",
             detail: "no event has been applied to this stream (or its retention passed)".into(),

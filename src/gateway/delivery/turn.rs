@@ -484,7 +484,7 @@ impl Dispatcher {
             _ => traces::outcome(outcome.unwrap_or("unknown")),
         }
         match &settle {
-            Settle::Dead { .. } => traces::failed("dead: every attempt failed"),
+            Settle::Dead { .. } => traces::failed("dead"),
             Settle::Retry {
                 attempted: true, ..
             } => traces::failed("failed; will retry"),

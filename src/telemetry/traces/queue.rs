@@ -212,8 +212,7 @@ async fn run<E: SpanExporter>(
         };
         let batch = {
             let mut spans = waiting.spans.lock().unwrap_or_else(PoisonError::into_inner);
-            let fresh = Vec::with_capacity(MAX_BATCH.min(spans.len().max(16)));
-            std::mem::replace(&mut *spans, fresh)
+            std::mem::replace(&mut *spans, Vec::with_capacity(MAX_BATCH))
         };
         export_all(&exporter, batch).await;
         warner.look();
@@ -232,29 +231,38 @@ async fn run<E: SpanExporter>(
     }
 }
 
-/// Exports `batch` in requests of at most [`MAX_BATCH`]; counts what
-/// went and what the collector failed. A batch that fits goes as it is,
-/// not copied.
-async fn export_all<E: SpanExporter>(exporter: &E, mut batch: Vec<SpanData>) {
-    while !batch.is_empty() {
-        let sent = if batch.len() <= MAX_BATCH {
-            std::mem::take(&mut batch)
-        } else {
-            let rest = batch.split_off(MAX_BATCH);
-            std::mem::replace(&mut batch, rest)
-        };
-        let n = sent.len() as u64;
-        match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
-            Ok(Ok(())) => {
-                EXPORTED.fetch_add(n, Ordering::Relaxed);
-            }
-            Ok(Err(e)) => {
-                DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed);
-                tracing::debug!(error = %e, spans = n, "the collector did not take spans");
-            }
-            Err(_) => {
-                DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed);
-            }
+/// Exports `batch` in requests of at most [`MAX_BATCH`]. A batch that
+/// fits goes as it is, not copied.
+async fn export_all<E: SpanExporter>(exporter: &E, batch: Vec<SpanData>) {
+    if batch.len() <= MAX_BATCH {
+        return export(exporter, batch).await;
+    }
+    let mut spans = batch.into_iter();
+    loop {
+        let sent: Vec<SpanData> = spans.by_ref().take(MAX_BATCH).collect();
+        if sent.is_empty() {
+            return;
+        }
+        export(exporter, sent).await;
+    }
+}
+
+/// Sends one request's spans; counts them as exported or as dropped.
+async fn export<E: SpanExporter>(exporter: &E, sent: Vec<SpanData>) {
+    if sent.is_empty() {
+        return;
+    }
+    let n = sent.len() as u64;
+    match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
+        Ok(Ok(())) => {
+            EXPORTED.fetch_add(n, Ordering::Relaxed);
+        }
+        Ok(Err(e)) => {
+            DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed);
+            tracing::debug!(error = %e, spans = n, "the collector did not take spans");
+        }
+        Err(_) => {
+            DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed);
         }
     }
 }

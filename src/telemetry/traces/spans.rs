@@ -14,14 +14,19 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::OnceLock;
+
+use futures_util::future::Either;
 
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanKind, Status, TraceContextExt, TraceFlags, TraceState, Tracer as _,
 };
 use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::trace::{SdkTracer, Span};
+use tokio::task::futures::TaskLocalFuture;
 use tracing::Instrument as _;
+use tracing::instrument::Instrumented;
 
 use super::{on, stored, tracer};
 
@@ -48,16 +53,19 @@ enum Log {
     None,
 }
 
-/// Runs `fut` inside `span`, which ends when `fut` is done (or dropped),
-/// and, for a sampled trace, inside a `log` span carrying its ids.
-async fn inside<F: Future>(span: Span, log: Log, fut: F) -> F::Output {
+/// A future run inside its span (and its log span, or none).
+type Inside<F> = Instrumented<TaskLocalFuture<RefCell<Current>, Pin<Box<F>>>>;
+
+/// `fut` inside `span`, which ends when `fut` is done (or dropped), and,
+/// for a sampled trace, inside a `log` span carrying its ids.
+fn inside<F: Future>(span: Span, log: Log, fut: F) -> Inside<F> {
     let sc = span.span_context();
     let (trace_id, span_id) = (sc.trace_id(), sc.span_id());
     let log = match log {
-        _ if !sc.is_sampled() => None,
-        Log::None => None,
-        Log::Ingest => Some(tracing::error_span!("ingest", %trace_id, %span_id)),
-        Log::Deliver => Some(tracing::error_span!("deliver", %trace_id, %span_id)),
+        _ if !sc.is_sampled() => tracing::Span::none(),
+        Log::None => tracing::Span::none(),
+        Log::Ingest => tracing::error_span!(target: "dedupd", "ingest", %trace_id, %span_id),
+        Log::Deliver => tracing::error_span!(target: "dedupd", "deliver", %trace_id, %span_id),
     };
     let current = RefCell::new(Current {
         span,
@@ -65,11 +73,7 @@ async fn inside<F: Future>(span: Span, log: Log, fut: F) -> F::Output {
     });
     // Boxed: a request's or an attempt's future is kilobytes, and each
     // wrapping would move it again.
-    let fut = CURRENT.scope(current, Box::pin(fut));
-    match log {
-        Some(log) => fut.instrument(log).await,
-        None => fut.await,
-    }
+    CURRENT.scope(current, Box::pin(fut)).instrument(log)
 }
 
 /// `f` on the task's span, if it has one.
@@ -88,30 +92,30 @@ fn tracer_on() -> Option<&'static SdkTracer> {
 /// Inside, note its source, scheme, event id and outcome ([`set`],
 /// [`outcome`]); link the request's own trace with [`link_upstream`] once
 /// its signature is verified.
-pub async fn ingest<F: Future>(fut: F) -> F::Output {
+pub fn ingest<F: Future>(fut: F) -> impl Future<Output = F::Output> + use<F> {
     let Some(tracer) = tracer_on() else {
-        return fut.await;
+        return Either::Left(fut);
     };
     let span = tracer
         .span_builder("ingest")
         .with_kind(SpanKind::Server)
         .start_with_context(tracer, &Context::new());
-    inside(span, Log::Ingest, fut).await
+    Either::Right(inside(span, Log::Ingest, fut))
 }
 
 /// Runs one delivery attempt's `fut` in its `deliver` span: a child of
 /// the event's ingest span, whose context is stored in its `headers`.
 /// Inside, note its status, latency and outcome.
-pub async fn attempt<F: Future>(
+pub fn attempt<F: Future>(
     headers: &[(String, String)],
     source: &str,
     destination: &str,
     event_id: &str,
     attempt: u32,
     fut: F,
-) -> F::Output {
+) -> impl Future<Output = F::Output> + use<F> {
     let Some(tracer) = tracer_on() else {
-        return fut.await;
+        return Either::Left(fut);
     };
     let parent = stored(headers)
         .and_then(parse_traceparent)
@@ -128,22 +132,22 @@ pub async fn attempt<F: Future>(
             KeyValue::new("dedupd.attempt", i64::from(attempt)),
         ])
         .start_with_context(tracer, &parent);
-    inside(span, Log::Deliver, fut).await
+    Either::Right(inside(span, Log::Deliver, fut))
 }
 
 /// Runs one claims or ordering request's `fut` in a span `name` (`claim`,
 /// `done`, `extend`, `release`, `inspect`, `apply`, `head`), its own
 /// trace. Inside, note its key ([`note_key`]), outcome and fence, and its
 /// answer ([`answered`]).
-pub async fn api<F: Future>(name: &'static str, fut: F) -> F::Output {
+pub fn api<F: Future>(name: &'static str, fut: F) -> impl Future<Output = F::Output> + use<F> {
     let Some(tracer) = tracer_on() else {
-        return fut.await;
+        return Either::Left(fut);
     };
     let span = tracer
         .span_builder(name)
         .with_kind(SpanKind::Server)
         .start_with_context(tracer, &Context::new());
-    inside(span, Log::None, fut).await
+    Either::Right(inside(span, Log::None, fut))
 }
 
 /// Sets an attribute of the task's span.
@@ -213,14 +217,21 @@ fn traceparent(sc: &SpanContext) -> String {
 }
 
 /// A W3C `traceparent`, strictly: version 00 (or a later one's first
-/// four fields), lowercase hex ids that are not all zeros. Anything else
+/// four fields), every field lowercase hex of the standard's length, ids
+/// that are not all zeros. Anything else
 /// is no context at all (the attempt is a trace's root, the link is not
 /// made).
 fn parse_traceparent(text: &str) -> Option<SpanContext> {
     use opentelemetry::propagation::TextMapPropagator;
     // The propagator takes ids shorter than the standard's; a stored or
     // sent context of another length is not one dedupd or a tracer wrote.
-    if text.split('-').map(str::len).take(4).ne([2, 32, 16, 2]) {
+    let lower_hex = |f: &str| f.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let fields = text.split('-').take(4);
+    if fields.clone().map(str::len).ne([2, 32, 16, 2])
+        || !fields.clone().all(lower_hex)
+        || (text.starts_with("00") && text.len() != 55)
+        || text.ends_with('-')
+    {
         return None;
     }
     let get = |name: &str| (name == "traceparent").then_some(text);
@@ -333,6 +344,8 @@ mod tests {
             "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "+0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-+1",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
         ] {
             assert!(parse_traceparent(bad).is_none(), "{bad:?}");
         }
