@@ -105,8 +105,9 @@ struct Node {
 }
 
 /// Settings exporting to `collector`, delivering to `receiver`, stored in
-/// `dir`.
-fn config(dir: &Path, collector: &str, receiver: &str, source: &str) -> PathBuf {
+/// `dir`, with `source` lines for the source and `traces` lines for
+/// `[telemetry.traces]`.
+fn config(dir: &Path, collector: &str, receiver: &str, source: &str, traces: &str) -> PathBuf {
     let file = dir.join("dedupd.toml");
     std::fs::write(
         &file,
@@ -126,6 +127,7 @@ destination_secret = "{DESTINATION_SECRET}"
 {source}
 [telemetry.traces]
 otlp_endpoint = "{collector}"
+{traces}
 "#,
             data = dir.join("dedupd.redb").display(),
         ),
@@ -134,15 +136,26 @@ otlp_endpoint = "{collector}"
     file
 }
 
-/// A collector that takes everything, a receiver that fails its first
-/// request, and settings exporting to the one and delivering to the other
-/// with the source's `backoff` lines.
-async fn one_retry(backoff: &str) -> (TempDir, Collector, Receiver, PathBuf) {
+/// A collector in `mode` (see `otlp_receiver.py`), a receiver answering
+/// by `behaviour`, and [`config`] exporting to the one and delivering to
+/// the other.
+async fn setup(
+    mode: &str,
+    behaviour: Behaviour,
+    source: &str,
+    traces: &str,
+) -> (TempDir, Collector, Receiver, PathBuf) {
     let dir = TempDir::new().unwrap();
-    let collector = Collector::start(dir.path(), "accept");
-    let receiver = Receiver::start(Behaviour::FailTimes(1)).await;
-    let file = config(dir.path(), &collector.url(), &receiver.url, backoff);
+    let collector = Collector::start(dir.path(), mode);
+    let receiver = Receiver::start(behaviour).await;
+    let file = config(dir.path(), &collector.url(), &receiver.url, source, traces);
     (dir, collector, receiver, file)
+}
+
+/// A collector that takes everything, a receiver that fails its first
+/// request, and settings with the source's `backoff` lines.
+async fn one_retry(backoff: &str) -> (TempDir, Collector, Receiver, PathBuf) {
+    setup("accept", Behaviour::FailTimes(1), backoff, "").await
 }
 
 fn start(file: &Path) -> Node {
@@ -320,17 +333,7 @@ async fn one_webhook_with_a_retry_is_one_trace_from_ingest_to_each_attempt() {
         );
     }
     nothing_secret(&spans, &signature);
-    let shown: Value = crate::support::http::client()
-        .get(format!(
-            "http://127.0.0.1:{}/v1/sources/sume/events/evt_1",
-            node.port
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let shown = crate::support::http::shown(node.port, "evt_1").await;
     assert_eq!(shown["trace_id"], trace.as_str(), "{shown}");
     assert!(
         shown["headers"]
@@ -429,13 +432,8 @@ async fn a_restart_between_attempts_keeps_them_in_one_trace() {
 #[ignore = "needs DEDUPD_TEST_PYTHON (a python with opentelemetry-proto); .ci/run runs it"]
 async fn a_collector_that_hangs_or_refuses_costs_spans_not_webhooks() {
     for mode in ["hang", "refuse", "redirect"] {
-        let dir = TempDir::new().unwrap();
-        let collector = Collector::start(dir.path(), mode);
-        let receiver = Receiver::start(Behaviour::Accept).await;
-        let file = config(dir.path(), &collector.url(), &receiver.url, "");
-        let mut text = std::fs::read_to_string(&file).unwrap();
-        text.push_str("queue = 64\n");
-        std::fs::write(&file, text).unwrap();
+        let (_dir, collector, receiver, file) =
+            setup(mode, Behaviour::Accept, "", "queue = 64").await;
         // With a key for the collector, and every debug line of dedupd's
         // (a failed export's error among them): the key is in none.
         let mut cmd = crate::support::process::dedupd();
@@ -513,10 +511,7 @@ async fn a_collector_that_hangs_or_refuses_costs_spans_not_webhooks() {
 #[tokio::test]
 #[ignore = "needs DEDUPD_TEST_PYTHON (a python with opentelemetry-proto); .ci/run runs it"]
 async fn the_standard_headers_variable_reaches_the_collector() {
-    let dir = TempDir::new().unwrap();
-    let collector = Collector::start(dir.path(), "accept");
-    let receiver = Receiver::start(Behaviour::Accept).await;
-    let file = config(dir.path(), &collector.url(), &receiver.url, "");
+    let (_dir, collector, receiver, file) = setup("accept", Behaviour::Accept, "", "").await;
     let mut cmd = crate::support::process::dedupd();
     cmd.args(["serve", "--config"]).arg(&file).env(
         "OTEL_EXPORTER_OTLP_HEADERS",
@@ -544,13 +539,8 @@ async fn the_standard_headers_variable_reaches_the_collector() {
 #[tokio::test]
 #[ignore = "needs DEDUPD_TEST_PYTHON (a python with opentelemetry-proto); .ci/run runs it"]
 async fn a_trace_sampled_out_is_neither_exported_nor_shown_but_still_propagated() {
-    let dir = TempDir::new().unwrap();
-    let collector = Collector::start(dir.path(), "accept");
-    let receiver = Receiver::start(Behaviour::Accept).await;
-    let file = config(dir.path(), &collector.url(), &receiver.url, "");
-    let mut text = std::fs::read_to_string(&file).unwrap();
-    text.push_str("sample_ratio = 0.0\n");
-    std::fs::write(&file, text).unwrap();
+    let (_dir, collector, receiver, file) =
+        setup("accept", Behaviour::Accept, "", "sample_ratio = 0.0").await;
     let node = start(&file);
     post(node.port, &body("evt_s")).await;
     let forwards = received(&receiver, 1).await;
@@ -560,17 +550,7 @@ async fn a_trace_sampled_out_is_neither_exported_nor_shown_but_still_propagated(
     assert_ne!(fields[1], UPSTREAM_TRACE, "a trace of dedupd's own");
     assert_eq!(fields[3], "00", "not sampled: {traceparent}");
     let client = crate::support::http::client();
-    let shown: Value = client
-        .get(format!(
-            "http://127.0.0.1:{}/v1/sources/sume/events/evt_s",
-            node.port
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let shown = crate::support::http::shown(node.port, "evt_s").await;
     assert!(shown["trace_id"].is_null(), "{shown}");
     let claimed = client
         .post(format!("http://127.0.0.1:{}/v1/claims/k1", node.port))
@@ -657,10 +637,7 @@ async fn the_shared_inbox_keeps_attempts_on_two_instances_in_one_trace() {
 async fn claims_and_applies_are_spans_with_the_key_hashed() {
     use sha2::{Digest, Sha256};
 
-    let dir = TempDir::new().unwrap();
-    let collector = Collector::start(dir.path(), "accept");
-    let receiver = Receiver::start(Behaviour::Accept).await;
-    let file = config(dir.path(), &collector.url(), &receiver.url, "");
+    let (_dir, collector, _receiver, file) = setup("accept", Behaviour::Accept, "", "").await;
     let node = start(&file);
     let key = "order-4711-ada@example.com";
     let client = crate::support::http::client();

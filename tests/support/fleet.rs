@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use dedupd::gateway::signature::{Scheme, sign};
 
+// Not every test crate that includes this module reads events.
+#[allow(unused_imports)]
+pub use super::http::{api, shown};
 use super::process::{Drain, Running, serve_config, sigterm};
 use super::redis::{RedisCluster, RedisServer};
 
@@ -195,23 +198,6 @@ impl Backing {
             ),
         }
     }
-}
-
-/// `GET path` of instance `port`, as JSON.
-pub async fn api(port: u16, path: &str) -> serde_json::Value {
-    super::http::client()
-        .get(format!("http://127.0.0.1:{port}{path}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-/// An event of source `sume` as instance `port`'s API shows it.
-pub async fn shown(port: u16, id: &str) -> serde_json::Value {
-    api(port, &format!("/v1/sources/sume/events/{id}")).await
 }
 
 /// The sum of metric `name`'s series whose labels contain `label` on
