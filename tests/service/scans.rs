@@ -69,6 +69,13 @@ async fn three_invoices(app: &TestApp, billing: &Receiver, audit: &Receiver) {
         billing.received().len() == 3 && audit.received().len() == 3
     })
     .await;
+    // A receiver has its copy before dedupd records the answer: wait for
+    // the six records too, or a count may find a copy still pending.
+    eventually("each delivery recorded", || async {
+        let (_, all) = get(app, "/v1/sources/sw/count?status=delivered").await;
+        all["matched"] == 3 && all["scanned"] == 6
+    })
+    .await;
 }
 
 #[tokio::test]
