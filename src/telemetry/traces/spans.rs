@@ -88,6 +88,10 @@ fn tracer_on() -> Option<&'static SdkTracer> {
     tracer().filter(|_| on())
 }
 
+/// Room for an ingest's or an attempt's attributes, made at once (grown
+/// from none, the vector would be copied on the way).
+const ATTRIBUTES: usize = 8;
+
 /// Runs one ingest request's `fut` in its `ingest` span, a trace's root.
 /// Inside, note its source, scheme, event id and outcome ([`set`],
 /// [`outcome`]); link the request's own trace with [`link_upstream`] once
@@ -99,6 +103,7 @@ pub fn ingest<F: Future>(fut: F) -> impl Future<Output = F::Output> + use<F> {
     let span = tracer
         .span_builder("ingest")
         .with_kind(SpanKind::Server)
+        .with_attributes(Vec::with_capacity(ATTRIBUTES))
         .start_with_context(tracer, &Context::new());
     Either::Right(inside(span, Log::Ingest, fut))
 }
@@ -122,15 +127,17 @@ pub fn attempt<F: Future>(
         .map_or_else(Context::new, |sc| {
             Context::new().with_remote_span_context(sc)
         });
+    let mut attributes = Vec::with_capacity(ATTRIBUTES);
+    attributes.extend([
+        KeyValue::new("dedupd.source", source.to_owned()),
+        KeyValue::new("dedupd.destination", destination.to_owned()),
+        KeyValue::new("dedupd.event_id", event_id.to_owned()),
+        KeyValue::new("dedupd.attempt", i64::from(attempt)),
+    ]);
     let span = tracer
         .span_builder("deliver")
         .with_kind(SpanKind::Client)
-        .with_attributes([
-            KeyValue::new("dedupd.source", source.to_owned()),
-            KeyValue::new("dedupd.destination", destination.to_owned()),
-            KeyValue::new("dedupd.event_id", event_id.to_owned()),
-            KeyValue::new("dedupd.attempt", i64::from(attempt)),
-        ])
+        .with_attributes(attributes)
         .start_with_context(tracer, &parent);
     Either::Right(inside(span, Log::Deliver, fut))
 }
@@ -281,29 +288,23 @@ pub fn propagation() -> Option<(&'static str, String)> {
 }
 
 /// Notes the request's key (a claim's key, a stream) on its span, as a
-/// hash: 16 hex digits of an HMAC-SHA256 under a key this process drew at
-/// random. Keys are never recorded raw (they may hold an order number or
-/// an e-mail address), and the hash cannot be reversed by trying likely
-/// keys: the same key gives the same hash for as long as the process
-/// lives, so one key's requests can be followed, and another process
-/// gives another.
+/// hash: 16 hex digits of a SipHash-2-4 (a keyed pseudo-random function)
+/// under a 128-bit key this process drew at random. Keys are never
+/// recorded raw (they may hold an order number or an e-mail address), and
+/// the hash cannot be reversed by trying likely keys without the process's
+/// key: the same key gives the same hash for as long as the process lives,
+/// so one key's requests can be followed, and another process gives
+/// another.
 pub fn note_key(key: &str) {
-    use hmac::{Hmac, KeyInit, Mac};
+    use siphasher::sip::SipHasher24;
+    use std::hash::Hasher as _;
     if !on() {
         return;
     }
-    // The key's own setup (two blocks hashed) is done once.
-    static KEYED: OnceLock<Hmac<sha2::Sha256>> = OnceLock::new();
-    let mut mac = KEYED
-        .get_or_init(|| {
-            let salt: [u8; 32] = rand::random();
-            <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&salt).expect("HMAC takes any key")
-        })
-        .clone();
-    mac.update(key.as_bytes());
-    let digest = mac.finalize().into_bytes();
-    let first = u64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 is 32 bytes"));
-    set("dedupd.key_hash", format!("{first:016x}"));
+    static KEYED: OnceLock<SipHasher24> = OnceLock::new();
+    let mut hasher = *KEYED.get_or_init(|| SipHasher24::new_with_key(&rand::random()));
+    hasher.write(key.as_bytes());
+    set("dedupd.key_hash", format!("{:016x}", hasher.finish()));
 }
 
 /// Notes the fence a claim was given.
