@@ -13,7 +13,8 @@
 # Env: ROUNDS (3; the modes alternate within each round), DURATION (claims,
 # s, 10), CONNS (64), INGEST_S (the delivery bench's posting time, 5),
 # MODES ("off on hang refuse"; also "before": BEFORE_BIN, a build from
-# before traces, without them, to show what "off" costs), KEEP, BENCH_TMP,
+# before traces, without them, to show what "off" costs; and "before-on":
+# BEFORE_BIN with traces on, to compare two builds' spans), KEEP, BENCH_TMP,
 # QUIET_WAIT, PIN, BIN_OVERRIDE (see benches/lib.sh).
 #
 # Claims: benches/loadgen.rs http-claim (claims/s, p99, and the server's CPU
@@ -76,11 +77,11 @@ sleep 0.5
 [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$SINK/v1/traces")" = 200 ] || die "the nginx collector does not answer"
 
 HEAD_BIN=$BIN
-case " $MODES " in *" before "*) [ -x "${BEFORE_BIN:-}" ] || die "mode before needs BEFORE_BIN, a dedupd binary from before traces" ;; esac
+case " $MODES " in *" before"*) [ -x "${BEFORE_BIN:-}" ] || die "modes before and before-on need BEFORE_BIN, another dedupd binary" ;; esac
 endpoint() {
     case $1 in
         off | before) echo "" ;;
-        on) echo "http://127.0.0.1:$SINK" ;;
+        on | before-on) echo "http://127.0.0.1:$SINK" ;;
         hang) echo "http://127.0.0.1:$HANG" ;;
         refuse) echo "http://127.0.0.1:$REFUSE" ;;
         *) die "unknown mode $1" ;;
@@ -97,7 +98,7 @@ wait_quiet
 log "waited ${waited}s for other builds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for ROUND in $(seq "$ROUNDS"); do
     for mode in $MODES; do
-        if [ "$mode" = before ]; then BIN=$BEFORE_BIN; else BIN=$HEAD_BIN; fi
+        case $mode in before*) BIN=$BEFORE_BIN ;; *) BIN=$HEAD_BIN ;; esac
         log "round $ROUND, traces $mode: claims, $CONNS connections, ${DURATION} s"
         wait_quiet
         with_traces "$mode" start_dedupd "claims-$mode-$ROUND"
@@ -136,18 +137,18 @@ echo "Traces: off, on at sample_ratio 1.0 (nginx taking every export), a collect
 echo "$ROUNDS round(s), modes alternating within each; medians, each round's figure in brackets. $(date -u +%F), $(git -C "$ROOT" rev-parse --short HEAD), PIN=$PIN."
 machine
 echo
-printf '%-8s %-7s %12s %10s %14s %16s\n' claims mode "claims/s" "p99 ms" "µs CPU/claim" "switches/claim"
+printf '%-8s %-9s %12s %10s %14s %16s\n' claims mode "claims/s" "p99 ms" "µs CPU/claim" "switches/claim"
 for mode in $MODES; do
     rows=$(awk -v m="$mode" '$1 == "claims" && $2 == m' "$RES")
     col() { awk -v k="$1" '{ print $k }' <<<"$rows"; }
-    printf '%-8s %-7s %12s %10s %14s %16s   [%s] [CPU %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 4 | xargs)" "$(col 6 | xargs)"
+    printf '%-8s %-9s %12s %10s %14s %16s   [%s] [CPU %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 4 | xargs)" "$(col 6 | xargs)"
 done
 echo
-printf '%-8s %-7s %12s %10s %10s %14s %16s %18s\n' ingest mode "events/s" "p50 ms" "p99 ms" "e2e ×posting" "µs CPU/event" "switches/event"
+printf '%-8s %-9s %12s %10s %10s %14s %16s %18s\n' ingest mode "events/s" "p50 ms" "p99 ms" "e2e ×posting" "µs CPU/event" "switches/event"
 for mode in $MODES; do
     rows=$(awk -v m="$mode" '$1 == "ingest" && $2 == m' "$RES")
     col() { awk -v k="$1" '{ print $k }' <<<"$rows"; }
-    printf '%-8s %-7s %12s %10s %10s %14s %16s %18s   [p99 %s] [CPU %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 8 | median)" "$(col 9 | median)" "$(col 6 | xargs)" "$(col 8 | xargs)"
+    printf '%-8s %-9s %12s %10s %10s %14s %16s %18s   [p99 %s] [CPU %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 8 | median)" "$(col 9 | median)" "$(col 6 | xargs)" "$(col 8 | xargs)"
 done
 echo
 echo "Measured with: ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS INGEST_S=$INGEST_S MODES=\"$MODES\" PIN=$PIN${BEFORE_BIN:+ BEFORE_BIN=$BEFORE_BIN} benches/traces.sh"
