@@ -22,6 +22,7 @@
 //! many webhooks into one), and make the sender decide the sampling.
 //! A link keeps the upstream trace findable without trusting it.
 
+mod api_span;
 mod queue;
 mod spans;
 
@@ -48,8 +49,15 @@ pub const STORED_CONTEXT: &str = "dedupd-trace-context";
 
 static ON: AtomicBool = AtomicBool::new(false);
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
-/// The tracer every span is built with.
+/// The tracer every ingest and attempt span is built with.
 static TRACER: OnceLock<SdkTracer> = OnceLock::new();
+/// The sampler of the claims and ordering requests' spans, each a trace's
+/// root (the tracer's sampler, without a parent to follow).
+static API_SAMPLER: OnceLock<Sampler> = OnceLock::new();
+/// Where a claims or ordering request's ended span goes.
+static QUEUE: OnceLock<queue::Handle> = OnceLock::new();
+/// The instrumentation scope's name.
+const SCOPE: &str = "dedupd";
 
 /// Whether spans are built and exported.
 pub fn on() -> bool {
@@ -58,6 +66,17 @@ pub fn on() -> bool {
 
 fn tracer() -> Option<&'static SdkTracer> {
     TRACER.get()
+}
+
+fn api_sampler() -> Option<&'static Sampler> {
+    API_SAMPLER.get()
+}
+
+/// Queues an ended claims or ordering request's span for export.
+fn finish(span: api_span::ApiSpan) {
+    if let Some(queue) = QUEUE.get() {
+        queue.push(queue::Finished::Api(span));
+    }
 }
 
 /// Exports dedupd's spans to `export`'s collector from now: its queue and
@@ -95,6 +114,7 @@ pub fn install(export: &TraceExport) -> Result<(), String> {
     exporter.set_resource(&resource);
     let processor = queue::QueueProcessor::start(exporter, export.queue)
         .map_err(|e| format!("cannot start the trace exporter's thread: {e}"))?;
+    let queue = processor.handle();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
         .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
@@ -102,10 +122,12 @@ pub fn install(export: &TraceExport) -> Result<(), String> {
         ))))
         .with_resource(resource)
         .build();
-    let _ = TRACER.set(provider.tracer("dedupd"));
+    let _ = TRACER.set(provider.tracer(SCOPE));
     if PROVIDER.set(provider).is_err() {
         return Err("trace export was set up twice".into());
     }
+    let _ = API_SAMPLER.set(Sampler::TraceIdRatioBased(export.sample_ratio));
+    let _ = QUEUE.set(queue);
     ON.store(true, Ordering::Relaxed);
     Ok(())
 }

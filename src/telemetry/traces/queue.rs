@@ -14,6 +14,27 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use tokio::sync::{Notify, mpsc, oneshot};
 
+use super::api_span::ApiSpan;
+
+/// An ended span on its way to the collector.
+#[derive(Debug)]
+pub enum Finished {
+    /// An SDK span's data.
+    Sdk(SpanData),
+    /// A claims or ordering request's span, made into span data on the
+    /// export thread.
+    Api(ApiSpan),
+}
+
+impl Finished {
+    fn into_data(self) -> SpanData {
+        match self {
+            Self::Sdk(data) => data,
+            Self::Api(span) => span.into_data(),
+        }
+    }
+}
+
 /// Most spans per export request: half the queue, up to this many (the
 /// OpenTelemetry SDK's own default). Each request costs the export thread
 /// about 0.2 ms of its own (the HTTP exchange, its wake-ups, the URL parsed
@@ -113,9 +134,9 @@ struct Batches {
     /// Spans per batch.
     size: usize,
     /// Full batches, oldest first.
-    full: Vec<Vec<SpanData>>,
+    full: Vec<Vec<Finished>>,
     /// The batch being filled: allocated at its first span, never grown.
-    filling: Vec<SpanData>,
+    filling: Vec<Finished>,
 }
 
 impl Batches {
@@ -134,7 +155,7 @@ impl Batches {
     }
 
     /// Adds `span`; true when that filled a batch.
-    fn push(&mut self, span: SpanData) -> bool {
+    fn push(&mut self, span: Finished) -> bool {
         if self.filling.capacity() == 0 {
             self.filling.reserve_exact(self.size);
         }
@@ -147,17 +168,49 @@ impl Batches {
     }
 
     /// The full batches, oldest first; the one being filled stays.
-    fn take_full(&mut self) -> Vec<Vec<SpanData>> {
+    fn take_full(&mut self) -> Vec<Vec<Finished>> {
         std::mem::take(&mut self.full)
     }
 
     /// Every batch waiting, oldest first (the last one maybe not full).
-    fn take_all(&mut self) -> Vec<Vec<SpanData>> {
+    fn take_all(&mut self) -> Vec<Vec<Finished>> {
         let mut all = self.take_full();
         if !self.filling.is_empty() {
             all.push(std::mem::take(&mut self.filling));
         }
         all
+    }
+}
+
+impl Waiting {
+    /// Queues `span`, or drops it when the queue is full or closed.
+    fn push(&self, span: Finished) {
+        if self.closed.load(Ordering::Relaxed) {
+            // Shut down (or its thread died): nothing is exported any more.
+            DROPPED_EXPORT_FAILED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        if spans.len() >= self.capacity {
+            drop(spans);
+            DROPPED_QUEUE_FULL.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let full = spans.push(span);
+        drop(spans);
+        if full {
+            self.full_batch.notify_one();
+        }
+    }
+}
+
+/// The queue, for spans that are not the SDK's.
+#[derive(Debug, Clone)]
+pub struct Handle(Arc<Waiting>);
+
+impl Handle {
+    pub fn push(&self, span: Finished) {
+        self.0.push(span);
     }
 }
 
@@ -193,6 +246,11 @@ impl QueueProcessor {
         Ok(Self { waiting, control })
     }
 
+    /// The queue, for spans that are not the SDK's.
+    pub fn handle(&self) -> Handle {
+        Handle(self.waiting.clone())
+    }
+
     fn ask(
         &self,
         make: impl FnOnce(oneshot::Sender<()>) -> Control,
@@ -224,25 +282,8 @@ impl SpanProcessor for QueueProcessor {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        if !span.span_context.is_sampled() {
-            return;
-        }
-        let w = &self.waiting;
-        if w.closed.load(Ordering::Relaxed) {
-            // Shut down (or its thread died): nothing is exported any more.
-            DROPPED_EXPORT_FAILED.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let mut spans = w.spans.lock().unwrap_or_else(PoisonError::into_inner);
-        if spans.len() >= w.capacity {
-            drop(spans);
-            DROPPED_QUEUE_FULL.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let full = spans.push(span);
-        drop(spans);
-        if full {
-            w.full_batch.notify_one();
+        if span.span_context.is_sampled() {
+            self.waiting.push(Finished::Sdk(span));
         }
     }
 
@@ -307,10 +348,11 @@ async fn run<E: SpanExporter>(
 }
 
 /// Sends one request's spans; counts them as exported or as dropped.
-async fn export<E: SpanExporter>(exporter: &E, sent: Vec<SpanData>) {
+async fn export<E: SpanExporter>(exporter: &E, sent: Vec<Finished>) {
     if sent.is_empty() {
         return;
     }
+    let sent: Vec<SpanData> = sent.into_iter().map(Finished::into_data).collect();
     let n = sent.len() as u64;
     match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
         Ok(Ok(())) => {
@@ -336,8 +378,8 @@ mod tests {
     use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
     use std::time::SystemTime;
 
-    fn span(n: u64) -> SpanData {
-        SpanData {
+    fn span(n: u64) -> Finished {
+        Finished::Sdk(SpanData {
             span_context: SpanContext::new(
                 TraceId::from(u128::from(n) + 1),
                 SpanId::from(n + 1),
@@ -357,7 +399,7 @@ mod tests {
             links: SpanLinks::default(),
             status: Status::Unset,
             instrumentation_scope: InstrumentationScope::builder("dedupd").build(),
-        }
+        })
     }
 
     #[test]
@@ -381,9 +423,9 @@ mod tests {
         // Never grown, so never copied.
         assert!(batches.iter().all(|v| v.capacity() == 512));
         let ids: Vec<SpanId> = batches
-            .iter()
+            .into_iter()
             .flatten()
-            .map(|s| s.span_context.span_id())
+            .map(|s| s.into_data().span_context.span_id())
             .collect();
         assert_eq!(ids, (1..=1300).map(SpanId::from).collect::<Vec<_>>());
         assert_eq!(b.len(), 0);

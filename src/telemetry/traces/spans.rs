@@ -1,9 +1,11 @@
 //! The spans: one per ingest request, per delivery attempt and per
-//! claims or ordering request, each built with the OpenTelemetry SDK
-//! directly and held by the task that serves it (a task-local), so the
-//! code inside notes what it learns ([`set`], [`outcome`], [`mark`])
-//! without a handle passed down. The span ends, and goes to the export
-//! queue, when its future is done or dropped.
+//! claims or ordering request, each held by the task that serves it (a
+//! task-local), so the code inside notes what it learns ([`set`],
+//! [`outcome`], [`mark`]) without a handle passed down. The span ends, and
+//! goes to the export queue, when its future is done or dropped. Ingest
+//! and attempt spans are the OpenTelemetry SDK's own; a claims or ordering
+//! request's is an [`ApiSpan`], made into the SDK's span data on the
+//! export thread.
 //!
 //! Not `tracing` spans turned into OpenTelemetry ones by a layer: that
 //! costs about twice as much per span (each field recorded, each poll's
@@ -28,7 +30,8 @@ use tokio::task::futures::TaskLocalFuture;
 use tracing::Instrument as _;
 use tracing::instrument::Instrumented;
 
-use super::{on, stored, tracer};
+use super::api_span::ApiSpan;
+use super::{api_sampler, on, stored, tracer};
 
 tokio::task_local! {
     /// The span of the request or attempt this task is serving.
@@ -36,10 +39,79 @@ tokio::task_local! {
 }
 
 struct Current {
-    span: Span,
+    span: Held,
     /// Whether an outcome was noted (a refusal's code is the outcome
     /// otherwise).
     outcome: bool,
+}
+
+/// A task's span.
+enum Held {
+    /// An ingest's or an attempt's: the SDK's, which ends when dropped.
+    Sdk(Span),
+    /// A claims or ordering request's, sent to the queue when dropped.
+    Api(ApiSpan),
+    Ended,
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if let Held::Api(mut span) = std::mem::replace(&mut self.span, Held::Ended) {
+            span.end();
+            super::finish(span);
+        }
+    }
+}
+
+impl Current {
+    fn span_context(&self) -> SpanContext {
+        match &self.span {
+            Held::Sdk(span) => span.span_context().clone(),
+            Held::Api(span) => span.span_context(),
+            Held::Ended => SpanContext::empty_context(),
+        }
+    }
+
+    fn set_attribute(&mut self, kv: KeyValue) {
+        match &mut self.span {
+            Held::Sdk(span) => span.set_attribute(kv),
+            Held::Api(span) => span.set_attribute(kv),
+            Held::Ended => {}
+        }
+    }
+
+    fn set_outcome(&mut self, outcome: &'static str) {
+        self.outcome = true;
+        match &mut self.span {
+            Held::Sdk(span) => span.set_attribute(KeyValue::new("dedupd.outcome", outcome)),
+            Held::Api(span) => span.set_outcome(outcome),
+            Held::Ended => {}
+        }
+    }
+
+    fn set_error(&mut self, description: &'static str) {
+        match &mut self.span {
+            Held::Sdk(span) => span.set_status(Status::error(description)),
+            Held::Api(span) => span.set_error(description),
+            Held::Ended => {}
+        }
+    }
+
+    fn add_event(&mut self, name: &'static str) {
+        match &mut self.span {
+            Held::Sdk(span) => span.add_event(name, Vec::new()),
+            Held::Api(span) => span.add_event(name),
+            Held::Ended => {}
+        }
+    }
+
+    fn add_link(&mut self, sc: SpanContext) {
+        match &mut self.span {
+            Held::Sdk(span) => span.add_link(sc, Vec::new()),
+            Held::Api(span) => span.add_link(sc),
+            Held::Ended => {}
+        }
+    }
 }
 
 /// The `tracing` span a traced future's log lines are in: none for the
@@ -58,8 +130,12 @@ type Inside<F> = Instrumented<TaskLocalFuture<RefCell<Current>, Pin<Box<F>>>>;
 
 /// `fut` inside `span`, which ends when `fut` is done (or dropped), and,
 /// for a sampled trace, inside a `log` span carrying its ids.
-fn inside<F: Future>(span: Span, log: Log, fut: F) -> Inside<F> {
-    let sc = span.span_context();
+fn inside<F: Future>(span: Held, log: Log, fut: F) -> Inside<F> {
+    let sc = match &span {
+        Held::Sdk(span) => span.span_context().clone(),
+        Held::Api(span) => span.span_context(),
+        Held::Ended => SpanContext::empty_context(),
+    };
     let (trace_id, span_id) = (sc.trace_id(), sc.span_id());
     let log = match log {
         _ if !sc.is_sampled() => tracing::Span::none(),
@@ -105,7 +181,7 @@ pub fn ingest<F: Future>(fut: F) -> impl Future<Output = F::Output> + use<F> {
         .with_kind(SpanKind::Server)
         .with_attributes(Vec::with_capacity(ATTRIBUTES))
         .start_with_context(tracer, &Context::new());
-    Either::Right(inside(span, Log::Ingest, fut))
+    Either::Right(inside(Held::Sdk(span), Log::Ingest, fut))
 }
 
 /// Runs one delivery attempt's `fut` in its `deliver` span: a child of
@@ -139,41 +215,36 @@ pub fn attempt<F: Future>(
         .with_kind(SpanKind::Client)
         .with_attributes(attributes)
         .start_with_context(tracer, &parent);
-    Either::Right(inside(span, Log::Deliver, fut))
+    Either::Right(inside(Held::Sdk(span), Log::Deliver, fut))
 }
 
 /// Runs one claims or ordering request's `fut` in a span `name` (`claim`,
 /// `done`, `extend`, `release`, `inspect`, `apply`, `head`), its own
 /// trace. Inside, note its key ([`note_key`]), outcome and fence, and its
-/// answer ([`answered`]).
+/// answer ([`answered`]). One the sampler leaves out is not built.
 pub fn api<F: Future>(name: &'static str, fut: F) -> impl Future<Output = F::Output> + use<F> {
-    let Some(tracer) = tracer_on() else {
+    let Some(span) = api_sampler()
+        .filter(|_| on())
+        .and_then(|sampler| ApiSpan::start(name, sampler))
+    else {
         return Either::Left(fut);
     };
-    let span = tracer
-        .span_builder(name)
-        .with_kind(SpanKind::Server)
-        .start_with_context(tracer, &Context::new());
-    Either::Right(inside(span, Log::None, fut))
+    Either::Right(inside(Held::Api(span), Log::None, fut))
 }
 
 /// Sets an attribute of the task's span.
 pub fn set(key: &'static str, value: impl Into<Value>) {
-    with(|c| c.span.set_attribute(KeyValue::new(key, value)));
+    with(|c| c.set_attribute(KeyValue::new(key, value)));
 }
 
 /// Sets the span's `dedupd.outcome`.
 pub fn outcome(outcome: &'static str) {
-    with(|c| {
-        c.outcome = true;
-        c.span
-            .set_attribute(KeyValue::new("dedupd.outcome", outcome));
-    });
+    with(|c| c.set_outcome(outcome));
 }
 
 /// Marks the span as failed (`description` says how).
 pub fn failed(description: &'static str) {
-    with(|c| c.span.set_status(Status::error(description)));
+    with(|c| c.set_error(description));
 }
 
 /// Marks a step of an ingest on its span, as a span event at this time:
@@ -182,7 +253,7 @@ pub fn failed(description: &'static str) {
 /// included: the answer waits for it). Events, not child spans: a span
 /// costs several times more, on the path every webhook takes.
 pub fn mark(name: &'static str) {
-    with(|c| c.span.add_event(name, Vec::new()));
+    with(|c| c.add_event(name));
 }
 
 /// Notes a request's answer on its span: a refusal's code as its outcome
@@ -192,10 +263,10 @@ pub fn mark(name: &'static str) {
 pub fn answered(status: u16, refusal: Option<&'static str>) {
     with(|c| {
         if let Some(code) = refusal.filter(|_| !c.outcome) {
-            c.span.set_attribute(KeyValue::new("dedupd.outcome", code));
+            c.set_outcome(code);
         }
         if status >= 500 {
-            c.span.set_status(Status::error("server error"));
+            c.set_error("server error");
         }
     });
 }
@@ -209,7 +280,7 @@ pub fn link_upstream<'a>(header: &dyn Fn(&str) -> Option<&'a str>) {
         return;
     };
     if let Some(sc) = parse_traceparent(upstream) {
-        with(|c| c.span.add_link(sc, Vec::new()));
+        with(|c| c.add_link(sc));
     }
 }
 
@@ -275,7 +346,7 @@ pub fn stored_context() -> Option<(String, String)> {
     with(|c| {
         (
             super::STORED_CONTEXT.to_owned(),
-            traceparent(c.span.span_context()),
+            traceparent(&c.span_context()),
         )
     })
 }
@@ -284,7 +355,7 @@ pub fn stored_context() -> Option<(String, String)> {
 /// `traceparent` (an attempt's spans carry no `tracestate`: the stored
 /// context keeps none).
 pub fn propagation() -> Option<(&'static str, String)> {
-    with(|c| ("traceparent", traceparent(c.span.span_context())))
+    with(|c| ("traceparent", traceparent(&c.span_context())))
 }
 
 /// Notes the request's key (a claim's key, a stream) on its span, as a
@@ -304,12 +375,23 @@ pub fn note_key(key: &str) {
     static KEYED: OnceLock<SipHasher24> = OnceLock::new();
     let mut hasher = *KEYED.get_or_init(|| SipHasher24::new_with_key(&rand::random()));
     hasher.write(key.as_bytes());
-    set("dedupd.key_hash", format!("{:016x}", hasher.finish()));
+    let hash = hasher.finish();
+    with(|c| match &mut c.span {
+        // Its text is made on the export thread.
+        Held::Api(span) => span.set_key_hash(hash),
+        _ => c.set_attribute(KeyValue::new("dedupd.key_hash", format!("{hash:016x}"))),
+    });
 }
 
 /// Notes the fence a claim was given.
 pub fn note_fence(fence: u64) {
-    set("dedupd.fence", i64::try_from(fence).unwrap_or(i64::MAX));
+    with(|c| match &mut c.span {
+        Held::Api(span) => span.set_fence(fence),
+        _ => c.set_attribute(KeyValue::new(
+            "dedupd.fence",
+            i64::try_from(fence).unwrap_or(i64::MAX),
+        )),
+    });
 }
 
 #[cfg(test)]
