@@ -36,9 +36,14 @@ pub fn init(log: &LogSettings) {
     };
     let (filter, handle) = reload::Layer::new(filter);
     let lines = fmt::layer().with_writer(std::io::stderr);
+    // A line written inside a sampled span carries its trace's ids.
     let lines = match log.format {
-        LogFormat::Text => lines.boxed(),
-        LogFormat::Json => lines.json().flatten_event(true).boxed(),
+        LogFormat::Text => lines.map_event_format(traces::WithTraceIds::text).boxed(),
+        LogFormat::Json => lines
+            .json()
+            .flatten_event(true)
+            .map_event_format(traces::WithTraceIds::json)
+            .boxed(),
     };
     // A second init (tests) keeps the first subscriber.
     let installed = tracing_subscriber::registry()

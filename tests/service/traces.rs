@@ -371,8 +371,8 @@ async fn one_webhook_with_a_retry_is_one_trace_from_ingest_to_each_attempt() {
         .collect();
     assert_eq!(accepted.len(), 1, "{log:#?}");
     let line: Value = serde_json::from_str(accepted[0]).unwrap();
-    assert_eq!(line["span"]["trace_id"], trace.as_str(), "{line}");
-    assert_eq!(line["span"]["span_id"], ingest["span_id"], "{line}");
+    assert_eq!(line["trace_id"], trace.as_str(), "{line}");
+    assert_eq!(line["span_id"], ingest["span_id"], "{line}");
     // And inside an attempt, the attempt's.
     let delivered: Vec<Value> = log
         .iter()
@@ -380,8 +380,8 @@ async fn one_webhook_with_a_retry_is_one_trace_from_ingest_to_each_attempt() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(delivered.len(), 1, "{log:#?}");
-    assert_eq!(delivered[0]["span"]["trace_id"], trace.as_str());
-    assert_eq!(delivered[0]["span"]["span_id"], tries[1]["span_id"]);
+    assert_eq!(delivered[0]["trace_id"], trace.as_str());
+    assert_eq!(delivered[0]["span_id"], tries[1]["span_id"]);
 }
 
 /// A restart between the two attempts keeps them in the event's trace:

@@ -23,12 +23,14 @@
 //! A link keeps the upstream trace findable without trusting it.
 
 mod api_span;
+mod log_lines;
 mod queue;
 mod spans;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+pub use log_lines::WithTraceIds;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
