@@ -70,8 +70,13 @@ impl Forwarder {
             }
             req = req.header(name.as_str(), value.as_str());
         }
-        if let Some((name, value)) = propagated {
-            req = req.header(name, value);
+        if let Some(traceparent) = propagated
+            && let Ok(value) = reqwest::header::HeaderValue::from_str(traceparent.as_str())
+        {
+            // A name of its own, not parsed again for every forward.
+            const TRACEPARENT: reqwest::header::HeaderName =
+                reqwest::header::HeaderName::from_static("traceparent");
+            req = req.header(TRACEPARENT, value);
         }
         if let Some(replay) = &ev.replay {
             req = req.header("dedupd-replay", replay.job.as_str());

@@ -1,8 +1,9 @@
 //! OpenTelemetry traces (`[telemetry.traces]`): one trace per webhook,
 //! from its ingest to each delivery attempt, exported over OTLP/HTTP.
 //!
-//! Spans are built with the OpenTelemetry SDK directly and held by the
-//! task they describe ([`spans`]). With export off (the default) [`on`] is
+//! Spans are recorded as plain values by the task they describe
+//! ([`spans`], [`recorded`]), with the OpenTelemetry SDK's ids, sampler
+//! and exporter. With export off (the default) [`on`] is
 //! false and no span is built: every helper runs its future as it is, or
 //! answers nothing, at once.
 //!
@@ -22,9 +23,9 @@
 //! many webhooks into one), and make the sender decide the sampling.
 //! A link keeps the upstream trace findable without trusting it.
 
-mod api_span;
 mod log_lines;
 mod queue;
+mod recorded;
 mod spans;
 
 use std::sync::OnceLock;
@@ -32,14 +33,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use log_lines::WithTraceIds;
 use opentelemetry::KeyValue;
-use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider, SpanExporter as _};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanExporter as _};
 pub use queue::{SpanCounts, counts};
 pub use spans::{
-    answered, api, attempt, failed, ingest, link_upstream, mark, note_fence, note_key, outcome,
-    propagation, set, stored_context,
+    Traceparent, answered, api, attempt, failed, ingest, link_upstream, mark, note_fence, note_key,
+    outcome, propagation, set, stored_context,
 };
 
 use crate::config::telemetry::TraceExport;
@@ -51,12 +51,10 @@ pub const STORED_CONTEXT: &str = "dedupd-trace-context";
 
 static ON: AtomicBool = AtomicBool::new(false);
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
-/// The tracer every ingest and attempt span is built with.
-static TRACER: OnceLock<SdkTracer> = OnceLock::new();
-/// The sampler of the claims and ordering requests' spans, each a trace's
-/// root (the tracer's sampler, without a parent to follow).
-static API_SAMPLER: OnceLock<Sampler> = OnceLock::new();
-/// Where a claims or ordering request's ended span goes.
+/// The sampler of every trace's root span (an attempt follows its stored
+/// parent's decision instead).
+static SAMPLER: OnceLock<Sampler> = OnceLock::new();
+/// Where an ended span goes.
 static QUEUE: OnceLock<queue::Handle> = OnceLock::new();
 /// The instrumentation scope's name.
 const SCOPE: &str = "dedupd";
@@ -66,18 +64,15 @@ pub fn on() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
-fn tracer() -> Option<&'static SdkTracer> {
-    TRACER.get()
+/// The roots' sampler, while spans are built.
+fn sampler() -> Option<&'static Sampler> {
+    SAMPLER.get().filter(|_| on())
 }
 
-fn api_sampler() -> Option<&'static Sampler> {
-    API_SAMPLER.get()
-}
-
-/// Queues an ended claims or ordering request's span for export.
-fn finish(span: api_span::ApiSpan) {
+/// Queues an ended span for export.
+fn finish(span: Box<recorded::Recorded>) {
     if let Some(queue) = QUEUE.get() {
-        queue.push(queue::Finished::Api(span));
+        queue.push(queue::Finished::Recorded(span));
     }
 }
 
@@ -119,16 +114,12 @@ pub fn install(export: &TraceExport) -> Result<(), String> {
     let queue = processor.handle();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
-        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-            export.sample_ratio,
-        ))))
         .with_resource(resource)
         .build();
-    let _ = TRACER.set(provider.tracer(SCOPE));
     if PROVIDER.set(provider).is_err() {
         return Err("trace export was set up twice".into());
     }
-    let _ = API_SAMPLER.set(Sampler::TraceIdRatioBased(export.sample_ratio));
+    let _ = SAMPLER.set(Sampler::TraceIdRatioBased(export.sample_ratio));
     let _ = QUEUE.set(queue);
     ON.store(true, Ordering::Relaxed);
     Ok(())

@@ -14,23 +14,23 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::api_span::ApiSpan;
+use super::recorded::Recorded;
 
 /// An ended span on its way to the collector.
 #[derive(Debug)]
 pub enum Finished {
-    /// An SDK span's data.
-    Sdk(SpanData),
-    /// A claims or ordering request's span, made into span data on the
-    /// export thread.
-    Api(ApiSpan),
+    /// An SDK span's data (dedupd makes none: its spans are recorded).
+    Sdk(Box<SpanData>),
+    /// A span as its task recorded it, made into span data on the export
+    /// thread.
+    Recorded(Box<Recorded>),
 }
 
 impl Finished {
     fn into_data(self) -> SpanData {
         match self {
-            Self::Sdk(data) => data,
-            Self::Api(span) => span.into_data(),
+            Self::Sdk(data) => *data,
+            Self::Recorded(span) => span.into_data(),
         }
     }
 }
@@ -283,7 +283,7 @@ impl SpanProcessor for QueueProcessor {
 
     fn on_end(&self, span: SpanData) {
         if span.span_context.is_sampled() {
-            self.waiting.push(Finished::Sdk(span));
+            self.waiting.push(Finished::Sdk(Box::new(span)));
         }
     }
 
@@ -379,7 +379,7 @@ mod tests {
     use std::time::SystemTime;
 
     fn span(n: u64) -> Finished {
-        Finished::Sdk(SpanData {
+        Finished::Sdk(Box::new(SpanData {
             span_context: SpanContext::new(
                 TraceId::from(u128::from(n) + 1),
                 SpanId::from(n + 1),
@@ -399,7 +399,7 @@ mod tests {
             links: SpanLinks::default(),
             status: Status::Unset,
             instrumentation_scope: InstrumentationScope::builder("dedupd").build(),
-        })
+        }))
     }
 
     #[test]

@@ -2,10 +2,9 @@
 //! claims or ordering request, each held by the task that serves it (a
 //! task-local), so the code inside notes what it learns ([`set`],
 //! [`outcome`], [`mark`]) without a handle passed down. The span ends, and
-//! goes to the export queue, when its future is done or dropped. Ingest
-//! and attempt spans are the OpenTelemetry SDK's own; a claims or ordering
-//! request's is an [`ApiSpan`], made into the SDK's span data on the
-//! export thread.
+//! goes to the export queue, when its future is done or dropped. Each is
+//! a [`Recorded`]: plain values on the task, made into the SDK's span data
+//! on the export thread.
 //!
 //! Not `tracing` spans turned into OpenTelemetry ones by a layer: that
 //! costs about twice as much per span (each field recorded, each poll's
@@ -22,22 +21,21 @@ use std::sync::OnceLock;
 
 use futures_util::future::Either;
 
-use opentelemetry::trace::{
-    Span as _, SpanContext, SpanKind, Status, TraceContextExt, TraceFlags, TraceState, Tracer as _,
-};
+use opentelemetry::trace::{SpanContext, SpanKind, TraceFlags, TraceState};
 use opentelemetry::trace::{SpanId, TraceId};
-use opentelemetry::{Context, KeyValue, Value};
-use opentelemetry_sdk::trace::{SdkTracer, Span};
+use opentelemetry::{KeyValue, Value};
 use tokio::task::futures::TaskLocalFuture;
 
-use super::api_span::ApiSpan;
-use super::{api_sampler, on, stored, tracer};
+use super::recorded::{Recorded, Unsampled};
+use super::{on, sampler, stored};
 
 tokio::task_local! {
     /// The span of the request or attempt this task is serving.
     static CURRENT: RefCell<Current>;
 }
 
+/// A task's span. Small: the task-local is moved in and out of its
+/// thread's slot at every poll.
 struct Current {
     span: Held,
     /// Whether an outcome was noted (a refusal's code is the outcome
@@ -45,18 +43,17 @@ struct Current {
     outcome: bool,
 }
 
-/// A task's span.
 enum Held {
-    /// An ingest's or an attempt's: the SDK's, which ends when dropped.
-    Sdk(Span),
-    /// A claims or ordering request's, sent to the queue when dropped.
-    Api(ApiSpan),
+    /// Sampled: recorded, and sent to the queue when it ends.
+    Recorded(Box<Recorded>),
+    /// Left out by the sampler: its context only, still propagated.
+    Unsampled(Box<Unsampled>),
     Ended,
 }
 
 impl Drop for Current {
     fn drop(&mut self) {
-        if let Held::Api(mut span) = std::mem::replace(&mut self.span, Held::Ended) {
+        if let Held::Recorded(mut span) = std::mem::replace(&mut self.span, Held::Ended) {
             span.end();
             super::finish(span);
         }
@@ -66,50 +63,29 @@ impl Drop for Current {
 impl Current {
     fn span_context(&self) -> SpanContext {
         match &self.span {
-            Held::Sdk(span) => span.span_context().clone(),
-            Held::Api(span) => span.span_context(),
+            Held::Recorded(span) => span.span_context(),
+            Held::Unsampled(sc) => (**sc).clone(),
             Held::Ended => SpanContext::empty_context(),
         }
     }
 
-    fn set_attribute(&mut self, kv: KeyValue) {
+    fn recorded(&mut self) -> Option<&mut Recorded> {
         match &mut self.span {
-            Held::Sdk(span) => span.set_attribute(kv),
-            Held::Api(span) => span.set_attribute(kv),
-            Held::Ended => {}
+            Held::Recorded(span) => Some(span),
+            _ => None,
         }
     }
 
     fn set_outcome(&mut self, outcome: &'static str) {
         self.outcome = true;
-        match &mut self.span {
-            Held::Sdk(span) => span.set_attribute(KeyValue::new("dedupd.outcome", outcome)),
-            Held::Api(span) => span.set_outcome(outcome),
-            Held::Ended => {}
+        if let Some(span) = self.recorded() {
+            span.set_outcome(outcome);
         }
     }
 
     fn set_error(&mut self, description: &'static str) {
-        match &mut self.span {
-            Held::Sdk(span) => span.set_status(Status::error(description)),
-            Held::Api(span) => span.set_error(description),
-            Held::Ended => {}
-        }
-    }
-
-    fn add_event(&mut self, name: &'static str) {
-        match &mut self.span {
-            Held::Sdk(span) => span.add_event(name, Vec::new()),
-            Held::Api(span) => span.add_event(name),
-            Held::Ended => {}
-        }
-    }
-
-    fn add_link(&mut self, sc: SpanContext) {
-        match &mut self.span {
-            Held::Sdk(span) => span.add_link(sc, Vec::new()),
-            Held::Api(span) => span.add_link(sc),
-            Held::Ended => {}
+        if let Some(span) = self.recorded() {
+            span.set_error(description);
         }
     }
 }
@@ -117,8 +93,13 @@ impl Current {
 /// A future run inside its span.
 type Inside<F> = TaskLocalFuture<RefCell<Current>, Pin<Box<F>>>;
 
-/// `fut` inside `span`, which ends when `fut` is done (or dropped).
-fn inside<F: Future>(span: Held, fut: F) -> Inside<F> {
+/// `fut` inside the span `started` (or the context of one left out),
+/// which ends when `fut` is done (or dropped).
+fn inside<F: Future>(started: Result<Box<Recorded>, Unsampled>, fut: F) -> Inside<F> {
+    let span = match started {
+        Ok(span) => Held::Recorded(span),
+        Err(sc) => Held::Unsampled(Box::new(sc)),
+    };
     let current = RefCell::new(Current {
         span,
         outcome: false,
@@ -150,33 +131,24 @@ fn with<R>(f: impl FnOnce(&mut Current) -> R) -> Option<R> {
     CURRENT.try_with(|c| f(&mut c.borrow_mut())).ok()
 }
 
-fn tracer_on() -> Option<&'static SdkTracer> {
-    tracer().filter(|_| on())
-}
-
-/// Room for an ingest's or an attempt's attributes, made at once (grown
-/// from none, the vector would be copied on the way).
-const ATTRIBUTES: usize = 8;
-
 /// Runs one ingest request's `fut` in its `ingest` span, a trace's root.
 /// Inside, note its source, scheme, event id and outcome ([`set`],
 /// [`outcome`]); link the request's own trace with [`link_upstream`] once
 /// its signature is verified.
 pub fn ingest<F: Future>(fut: F) -> impl Future<Output = F::Output> + use<F> {
-    let Some(tracer) = tracer_on() else {
+    let Some(sampler) = sampler() else {
         return Either::Left(fut);
     };
-    let span = tracer
-        .span_builder("ingest")
-        .with_kind(SpanKind::Server)
-        .with_attributes(Vec::with_capacity(ATTRIBUTES))
-        .start_with_context(tracer, &Context::new());
-    Either::Right(inside(Held::Sdk(span), fut))
+    Either::Right(inside(
+        Recorded::root("ingest", SpanKind::Server, sampler),
+        fut,
+    ))
 }
 
 /// Runs one delivery attempt's `fut` in its `deliver` span: a child of
-/// the event's ingest span, whose context is stored in its `headers`.
-/// Inside, note its status, latency and outcome.
+/// the event's ingest span, whose context is stored in its `headers` (a
+/// trace's root for an event stored without one). Inside, note its
+/// status, latency and outcome.
 pub fn attempt<F: Future>(
     headers: &[(String, String)],
     source: &str,
@@ -185,46 +157,43 @@ pub fn attempt<F: Future>(
     attempt: u32,
     fut: F,
 ) -> impl Future<Output = F::Output> + use<F> {
-    let Some(tracer) = tracer_on() else {
+    let Some(sampler) = sampler() else {
         return Either::Left(fut);
     };
-    let parent = stored(headers)
-        .and_then(parse_traceparent)
-        .map_or_else(Context::new, |sc| {
-            Context::new().with_remote_span_context(sc)
-        });
-    let mut attributes = Vec::with_capacity(ATTRIBUTES);
-    attributes.extend([
-        KeyValue::new("dedupd.source", source.to_owned()),
-        KeyValue::new("dedupd.destination", destination.to_owned()),
-        KeyValue::new("dedupd.event_id", event_id.to_owned()),
-        KeyValue::new("dedupd.attempt", i64::from(attempt)),
-    ]);
-    let span = tracer
-        .span_builder("deliver")
-        .with_kind(SpanKind::Client)
-        .with_attributes(attributes)
-        .start_with_context(tracer, &parent);
-    Either::Right(inside(Held::Sdk(span), fut))
+    let started = match stored(headers).and_then(parse_traceparent) {
+        Some(parent) => Recorded::child("deliver", SpanKind::Client, &parent),
+        None => Recorded::root("deliver", SpanKind::Client, sampler),
+    };
+    let started = started.map(|mut span| {
+        span.set_attribute(KeyValue::new("dedupd.source", source.to_owned()));
+        span.set_attribute(KeyValue::new("dedupd.destination", destination.to_owned()));
+        span.set_attribute(KeyValue::new("dedupd.event_id", event_id.to_owned()));
+        span.set_attribute(KeyValue::new("dedupd.attempt", i64::from(attempt)));
+        span
+    });
+    Either::Right(inside(started, fut))
 }
 
 /// Runs one claims or ordering request's `fut` in a span `name` (`claim`,
 /// `done`, `extend`, `release`, `inspect`, `apply`, `head`), its own
 /// trace. Inside, note its key ([`note_key`]), outcome and fence, and its
-/// answer ([`answered`]). One the sampler leaves out is not built.
+/// answer ([`answered`]). One the sampler leaves out is not built: nothing
+/// propagates a claim's context.
 pub fn api<F: Future>(name: &'static str, fut: F) -> impl Future<Output = F::Output> + use<F> {
-    let Some(span) = api_sampler()
-        .filter(|_| on())
-        .and_then(|sampler| ApiSpan::start(name, sampler))
+    let Some(Ok(span)) = sampler().map(|sampler| Recorded::root(name, SpanKind::Server, sampler))
     else {
         return Either::Left(fut);
     };
-    Either::Right(inside(Held::Api(span), fut))
+    Either::Right(inside(Ok(span), fut))
 }
 
 /// Sets an attribute of the task's span.
 pub fn set(key: &'static str, value: impl Into<Value>) {
-    with(|c| c.set_attribute(KeyValue::new(key, value)));
+    with(|c| {
+        if let Some(span) = c.recorded() {
+            span.set_attribute(KeyValue::new(key, value));
+        }
+    });
 }
 
 /// Sets the span's `dedupd.outcome`.
@@ -243,7 +212,7 @@ pub fn failed(description: &'static str) {
 /// included: the answer waits for it). Events, not child spans: a span
 /// costs several times more, on the path every webhook takes.
 pub fn mark(name: &'static str) {
-    with(|c| c.add_event(name));
+    with(|c| c.recorded().map(|span| span.add_event(name)));
 }
 
 /// Notes a request's answer on its span: a refusal's code as its outcome
@@ -270,64 +239,66 @@ pub fn link_upstream<'a>(header: &dyn Fn(&str) -> Option<&'a str>) {
         return;
     };
     if let Some(sc) = parse_traceparent(upstream) {
-        with(|c| c.add_link(sc));
+        with(|c| c.recorded().map(|span| span.add_link(sc)));
     }
 }
 
-/// The span's context as a W3C `traceparent`.
-fn traceparent(sc: &SpanContext) -> String {
-    format!(
-        "00-{}-{}-{:02x}",
-        sc.trace_id(),
-        sc.span_id(),
-        sc.trace_flags().to_u8()
-    )
+/// A span's context as a W3C `traceparent`, written without an
+/// allocation.
+#[derive(Debug, Clone, Copy)]
+pub struct Traceparent([u8; 55]);
+
+impl Traceparent {
+    fn of(sc: &SpanContext) -> Self {
+        fn hex(bytes: &[u8], to: &mut [u8]) {
+            const DIGITS: &[u8; 16] = b"0123456789abcdef";
+            for (b, pair) in bytes.iter().zip(to.chunks_exact_mut(2)) {
+                pair[0] = DIGITS[usize::from(b >> 4)];
+                pair[1] = DIGITS[usize::from(b & 0xf)];
+            }
+        }
+        let mut text = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        hex(&sc.trace_id().to_bytes(), &mut text[3..35]);
+        hex(&sc.span_id().to_bytes(), &mut text[36..52]);
+        hex(&[sc.trace_flags().to_u8()], &mut text[53..55]);
+        Self(text)
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
 /// A W3C `traceparent`, strictly: version 00 (or a later one's first
-/// four fields), every field lowercase hex of the standard's length, ids
-/// that are not all zeros. Anything else
-/// is no context at all (the attempt is a trace's root, the link is not
-/// made).
+/// four fields, but not ff), every field lowercase hex of the standard's
+/// length, ids that are not all zeros. Only its ids and sampled flag are
+/// kept. Anything else is no context at all (the attempt is a trace's
+/// root, the link is not made).
 fn parse_traceparent(text: &str) -> Option<SpanContext> {
-    use opentelemetry::propagation::TextMapPropagator;
-    // The propagator takes ids shorter than the standard's; a stored or
-    // sent context of another length is not one dedupd or a tracer wrote.
     let lower_hex = |f: &str| f.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    let fields = text.split('-').take(4);
-    if fields.clone().map(str::len).ne([2, 32, 16, 2])
-        || !fields.clone().all(lower_hex)
-        || (text.starts_with("00") && text.len() != 55)
+    let mut fields = text.split('-');
+    let [Some(version), Some(trace_id), Some(span_id), Some(flags)] =
+        [fields.next(), fields.next(), fields.next(), fields.next()]
+    else {
+        return None;
+    };
+    // Ids shorter than the standard's, or uppercase: not a context dedupd
+    // or a tracer wrote.
+    if [version, trace_id, span_id, flags].map(str::len) != [2, 32, 16, 2]
+        || ![version, trace_id, span_id, flags]
+            .into_iter()
+            .all(lower_hex)
+        || version == "ff"
+        || (version == "00" && text.len() != 55)
         || text.ends_with('-')
     {
         return None;
     }
-    let get = |name: &str| (name == "traceparent").then_some(text);
-    let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&Headers(&get));
-    let sc = cx.span().span_context().clone();
-    // Ids and the sampled flag only: nothing of the sender's state.
-    sc.is_valid().then(|| {
-        SpanContext::new(
-            sc.trace_id(),
-            sc.span_id(),
-            sc.trace_flags() & TraceFlags::SAMPLED,
-            true,
-            TraceState::NONE,
-        )
-    })
-}
-
-/// A header lookup as the propagator reads it.
-struct Headers<'h, 'a>(&'h dyn Fn(&str) -> Option<&'a str>);
-
-impl opentelemetry::propagation::Extractor for Headers<'_, '_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        (self.0)(key)
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        vec!["traceparent"]
-    }
+    let trace_id = TraceId::from_hex(trace_id).ok()?;
+    let span_id = SpanId::from_hex(span_id).ok()?;
+    let flags = TraceFlags::new(u8::from_str_radix(flags, 16).ok()?) & TraceFlags::SAMPLED;
+    let sc = SpanContext::new(trace_id, span_id, flags, true, TraceState::NONE);
+    sc.is_valid().then_some(sc)
 }
 
 /// The trace context to store with an event ingested in the task's span
@@ -336,7 +307,7 @@ pub fn stored_context() -> Option<(String, String)> {
     with(|c| {
         (
             super::STORED_CONTEXT.to_owned(),
-            traceparent(&c.span_context()),
+            Traceparent::of(&c.span_context()).as_str().to_owned(),
         )
     })
 }
@@ -344,8 +315,8 @@ pub fn stored_context() -> Option<(String, String)> {
 /// The W3C header that continues the task's span in a request it sends:
 /// `traceparent` (an attempt's spans carry no `tracestate`: the stored
 /// context keeps none).
-pub fn propagation() -> Option<(&'static str, String)> {
-    with(|c| ("traceparent", traceparent(&c.span_context())))
+pub fn propagation() -> Option<Traceparent> {
+    with(|c| Traceparent::of(&c.span_context()))
 }
 
 /// Notes the request's key (a claim's key, a stream) on its span, as a
@@ -366,22 +337,13 @@ pub fn note_key(key: &str) {
     let mut hasher = *KEYED.get_or_init(|| SipHasher24::new_with_key(&rand::random()));
     hasher.write(key.as_bytes());
     let hash = hasher.finish();
-    with(|c| match &mut c.span {
-        // Its text is made on the export thread.
-        Held::Api(span) => span.set_key_hash(hash),
-        _ => c.set_attribute(KeyValue::new("dedupd.key_hash", format!("{hash:016x}"))),
-    });
+    // Its text is made on the export thread.
+    with(|c| c.recorded().map(|span| span.set_key_hash(hash)));
 }
 
 /// Notes the fence a claim was given.
 pub fn note_fence(fence: u64) {
-    with(|c| match &mut c.span {
-        Held::Api(span) => span.set_fence(fence),
-        _ => c.set_attribute(KeyValue::new(
-            "dedupd.fence",
-            i64::try_from(fence).unwrap_or(i64::MAX),
-        )),
-    });
+    with(|c| c.recorded().map(|span| span.set_fence(fence)));
 }
 
 #[cfg(test)]
@@ -392,9 +354,9 @@ pub(super) mod tests {
     /// on; answers the span's trace and span ids.
     pub async fn in_a_sampled_span(fut: impl Future<Output = ()>) -> (String, String) {
         let always = opentelemetry_sdk::trace::Sampler::AlwaysOn;
-        let span = ApiSpan::start("claim", &always).expect("sampled");
+        let span = Recorded::root("claim", SpanKind::Server, &always).expect("sampled");
         let sc = span.span_context();
-        inside(Held::Api(span), fut).await;
+        inside(Ok(span), fut).await;
         (sc.trace_id().to_string(), sc.span_id().to_string())
     }
 
@@ -414,7 +376,7 @@ pub(super) mod tests {
         );
         assert!(sc.is_remote());
         assert_eq!(
-            traceparent(&sc),
+            Traceparent::of(&sc).as_str(),
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
         );
         for bad in [
@@ -444,6 +406,6 @@ pub(super) mod tests {
             9
         );
         assert_eq!(stored_context(), None);
-        assert_eq!(propagation(), None);
+        assert!(propagation().is_none());
     }
 }

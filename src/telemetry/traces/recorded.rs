@@ -1,12 +1,12 @@
-//! A claims or ordering request's span, as its worker notes it: plain
-//! values (its ids, times, key hash, outcome and fence) with nothing
-//! allocated, made into the SDK's span data on the export thread
-//! ([`ApiSpan::into_data`]). These are the spans of the claim path, where
-//! every microsecond shows: an SDK span there costs its worker a span of
-//! some 300 bytes moved at every poll, an attribute vector and the hash's
-//! text allocated, and frees of both on another thread. The ids come from
-//! the SDK's generator and the sampling from the SDK's sampler; the export
-//! is the SDK's, as for every span.
+//! A span as its task notes it: plain values (its ids, times, and what
+//! the task learns: a claim's key hash, outcome and fence, an ingest's or
+//! an attempt's attributes and steps), made into the SDK's span data on
+//! the export thread ([`Recorded::into_data`]). Every microsecond shows
+//! on the paths these spans describe: an SDK span costs its task a span
+//! of some 400 bytes moved in and out of the task-local at every poll, a
+//! `Context` built for its parent, and its span data made on the task's
+//! thread. The ids come from the SDK's generator and the sampling from
+//! the SDK's sampler; the export is the SDK's, as for every span.
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
@@ -25,12 +25,20 @@ use opentelemetry_sdk::trace::{
 /// limits); more are counted as dropped.
 const LIMIT: usize = 128;
 
-/// An open (or ended) claims or ordering request's span.
+/// Room for a span's attributes, made at its first (grown from none, the
+/// vector would be copied on the way): an attempt has up to eight.
+const ATTRIBUTES: usize = 8;
+
+/// An open (or ended) sampled span.
 #[derive(Debug)]
-pub struct ApiSpan {
+pub struct Recorded {
     name: &'static str,
+    kind: SpanKind,
     trace_id: TraceId,
     span_id: SpanId,
+    /// The parent's span id (another process's, or an earlier one's: a
+    /// stored context), or `INVALID` for a trace's root.
+    parent: SpanId,
     start: SystemTime,
     end: SystemTime,
     /// The request's key, hashed ([`super::spans::note_key`]).
@@ -39,29 +47,69 @@ pub struct ApiSpan {
     fence: Option<u64>,
     /// Failed, and how.
     error: Option<&'static str>,
-    /// Anything else noted (nothing, on the claims and ordering paths:
-    /// these stay unallocated).
     attributes: Vec<KeyValue>,
     events: Vec<Event>,
     links: Vec<Link>,
     dropped: u32,
 }
 
-impl ApiSpan {
-    /// A new trace's root span `name`, started now; none when `sampler`
-    /// does not sample it.
-    pub fn start(name: &'static str, sampler: &Sampler) -> Option<Self> {
+/// A span the sampler left out: its context only, still propagated (with
+/// the sampled flag off) so the trace's next hops leave it out too.
+pub type Unsampled = SpanContext;
+
+impl Recorded {
+    /// A new trace's root span `name` of `kind`, started now, when
+    /// `sampler` samples it.
+    pub fn root(
+        name: &'static str,
+        kind: SpanKind,
+        sampler: &Sampler,
+    ) -> Result<Box<Self>, Unsampled> {
         let ids = RandomIdGenerator::default();
         let trace_id = ids.new_trace_id();
-        let sampled = sampler.should_sample(None, trace_id, name, &SpanKind::Server, &[], &[]);
+        let sampled = sampler.should_sample(None, trace_id, name, &kind, &[], &[]);
+        let span_id = ids.new_span_id();
         if sampled.decision != SamplingDecision::RecordAndSample {
-            return None;
+            return Err(unsampled(trace_id, span_id));
         }
-        let start = opentelemetry::time::now();
-        Some(Self {
+        Ok(Self::new(name, kind, trace_id, span_id, SpanId::INVALID))
+    }
+
+    /// A span `name` of `kind`, started now, a child of `parent` (a remote
+    /// context): sampled when its parent was (the SDK's `ParentBased`
+    /// rule for a remote parent).
+    pub fn child(
+        name: &'static str,
+        kind: SpanKind,
+        parent: &SpanContext,
+    ) -> Result<Box<Self>, Unsampled> {
+        let span_id = RandomIdGenerator::default().new_span_id();
+        if !parent.is_sampled() {
+            return Err(unsampled(parent.trace_id(), span_id));
+        }
+        Ok(Self::new(
             name,
+            kind,
+            parent.trace_id(),
+            span_id,
+            parent.span_id(),
+        ))
+    }
+
+    fn new(
+        name: &'static str,
+        kind: SpanKind,
+        trace_id: TraceId,
+        span_id: SpanId,
+        parent: SpanId,
+    ) -> Box<Self> {
+        let start = opentelemetry::time::now();
+        Box::new(Self {
+            name,
+            kind,
             trace_id,
-            span_id: ids.new_span_id(),
+            span_id,
+            parent,
             start,
             end: start,
             key_hash: None,
@@ -86,6 +134,9 @@ impl ApiSpan {
     }
 
     pub fn set_attribute(&mut self, kv: KeyValue) {
+        if self.attributes.capacity() == 0 {
+            self.attributes.reserve_exact(ATTRIBUTES);
+        }
         push(&mut self.attributes, kv, &mut self.dropped);
     }
 
@@ -125,6 +176,7 @@ impl ApiSpan {
         if let Some(hash) = self.key_hash {
             attributes.push(KeyValue::new("dedupd.key_hash", format!("{hash:016x}")));
         }
+        attributes.extend(self.attributes);
         if let Some(outcome) = self.outcome {
             attributes.push(KeyValue::new("dedupd.outcome", outcome));
         }
@@ -132,7 +184,6 @@ impl ApiSpan {
             let fence = i64::try_from(fence).unwrap_or(i64::MAX);
             attributes.push(KeyValue::new("dedupd.fence", fence));
         }
-        attributes.extend(self.attributes);
         let mut events = SpanEvents::default();
         events.events = self.events;
         let mut links = SpanLinks::default();
@@ -145,9 +196,9 @@ impl ApiSpan {
                 false,
                 TraceState::NONE,
             ),
-            parent_span_id: SpanId::INVALID,
-            parent_span_is_remote: false,
-            span_kind: SpanKind::Server,
+            parent_span_id: self.parent,
+            parent_span_is_remote: self.parent != SpanId::INVALID,
+            span_kind: self.kind,
             name: Cow::Borrowed(self.name),
             start_time: self.start,
             end_time: self.end,
@@ -159,6 +210,16 @@ impl ApiSpan {
             instrumentation_scope: scope().clone(),
         }
     }
+}
+
+fn unsampled(trace_id: TraceId, span_id: SpanId) -> Unsampled {
+    SpanContext::new(
+        trace_id,
+        span_id,
+        TraceFlags::default(),
+        false,
+        TraceState::NONE,
+    )
 }
 
 /// The instrumentation scope of every dedupd span (the tracer's).
@@ -180,15 +241,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_api_span_becomes_the_span_data_an_sdk_span_would() {
+    fn a_claims_span_becomes_the_span_data_an_sdk_span_would() {
         let always = Sampler::AlwaysOn;
-        let mut span = ApiSpan::start("claim", &always).expect("sampled");
+        let mut span = Recorded::root("claim", SpanKind::Server, &always).expect("sampled");
         span.set_key_hash(0x00ab_cdef_0123_4567);
         span.set_outcome("claimed");
         span.set_fence(7);
         span.end();
         let sc = span.span_context();
-        let data = span.into_data();
+        let data = (*span).into_data();
         assert_eq!(data.span_context, sc);
         assert!(sc.is_valid() && sc.is_sampled() && !sc.is_remote());
         assert_eq!(data.parent_span_id, SpanId::INVALID);
@@ -208,10 +269,16 @@ mod tests {
     }
 
     #[test]
-    fn an_api_span_is_sampled_by_the_sdk_sampler_and_fails_as_told() {
-        assert!(ApiSpan::start("claim", &Sampler::AlwaysOff).is_none());
-        assert!(ApiSpan::start("claim", &Sampler::TraceIdRatioBased(0.0)).is_none());
-        let mut span = ApiSpan::start("head", &Sampler::TraceIdRatioBased(1.0)).expect("sampled");
+    fn a_root_is_sampled_by_the_sdk_sampler_and_fails_as_told() {
+        for off in [Sampler::AlwaysOff, Sampler::TraceIdRatioBased(0.0)] {
+            let sc = Recorded::root("claim", SpanKind::Server, &off).expect_err("left out");
+            assert!(
+                sc.is_valid() && !sc.is_sampled(),
+                "still a context to propagate"
+            );
+        }
+        let ratio = Sampler::TraceIdRatioBased(1.0);
+        let mut span = Recorded::root("head", SpanKind::Server, &ratio).expect("sampled");
         span.set_error("server error");
         for n in 0..200 {
             span.set_attribute(KeyValue::new("other", i64::from(n)));
@@ -221,5 +288,39 @@ mod tests {
         assert_eq!(data.attributes.len(), LIMIT);
         assert_eq!(data.attributes[0], KeyValue::new("other", 0_i64));
         assert_eq!(data.dropped_attributes_count, 72);
+    }
+
+    #[test]
+    fn a_child_continues_its_stored_parent_and_follows_its_sampling() {
+        let trace_id = TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+        let parent_id = SpanId::from_hex("00f067aa0ba902b7").unwrap();
+        let parent = |flags| SpanContext::new(trace_id, parent_id, flags, true, TraceState::NONE);
+        let mut span =
+            Recorded::child("deliver", SpanKind::Client, &parent(TraceFlags::SAMPLED)).unwrap();
+        span.set_attribute(KeyValue::new("dedupd.attempt", 2_i64));
+        span.set_outcome("delivered");
+        span.add_event("sent");
+        span.end();
+        let sc = span.span_context();
+        assert_eq!(sc.trace_id(), trace_id);
+        assert!(sc.span_id() != parent_id && sc.is_sampled());
+        let data = span.into_data();
+        assert_eq!(data.parent_span_id, parent_id);
+        assert!(data.parent_span_is_remote);
+        assert_eq!(data.span_kind, SpanKind::Client);
+        assert_eq!(
+            data.attributes,
+            [
+                KeyValue::new("dedupd.attempt", 2_i64),
+                KeyValue::new("dedupd.outcome", "delivered"),
+            ]
+        );
+        assert_eq!(data.events.events.len(), 1);
+        assert_eq!(data.events.events[0].name, "sent");
+
+        let left_out = Recorded::child("deliver", SpanKind::Client, &parent(TraceFlags::default()))
+            .expect_err("its parent was left out");
+        assert_eq!(left_out.trace_id(), trace_id);
+        assert!(left_out.span_id() != parent_id && !left_out.is_sampled());
     }
 }
