@@ -534,6 +534,32 @@ pub struct InboxEvent {
     pub replay: Option<ReplayMark>,
 }
 
+impl InboxEvent {
+    /// The event without its body and headers (`body_bytes` still gives
+    /// its size): what a schedule looks at, cloned without the payload.
+    pub fn without_payload(&self) -> Self {
+        Self {
+            source: self.source.clone(),
+            event_id: self.event_id.clone(),
+            status: self.status,
+            stream: self.stream.clone(),
+            created_at: self.created_at,
+            received_at_ms: self.received_at_ms,
+            attempts: self.attempts,
+            due_at_ms: self.due_at_ms,
+            last_error: self.last_error.clone(),
+            force: self.force,
+            headers: Vec::new(),
+            body: Vec::new(),
+            expires_at_ms: self.expires_at_ms,
+            lease: self.lease,
+            body_bytes: self.body_bytes,
+            timeline: self.timeline.clone(),
+            replay: self.replay.clone(),
+        }
+    }
+}
+
 /// An event's replay by a bulk job: the job, and the attempts the event
 /// had when the job queued it (its retry budget counts from there).
 #[derive(Debug, Clone, PartialEq, Eq)]

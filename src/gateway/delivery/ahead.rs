@@ -72,13 +72,9 @@ impl Ahead {
         self.by_source
             .get(source)
             .map(|q| {
-                q.iter()
-                    .map(|r| InboxEvent {
-                        body: Vec::new(),
-                        headers: Vec::new(),
-                        ..r.ev.clone()
-                    })
-                    .collect()
+                // Not `..r.ev.clone()`: that copies the body and headers
+                // before dropping them, at every schedule.
+                q.iter().map(|r| r.ev.without_payload()).collect()
             })
             .unwrap_or_default()
     }
