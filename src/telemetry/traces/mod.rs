@@ -35,7 +35,7 @@ pub use log_lines::WithTraceIds;
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanExporter as _};
+use opentelemetry_sdk::trace::{Sampler, SpanExporter as _};
 pub use queue::{SpanCounts, counts};
 pub use spans::{
     Traceparent, answered, api, attempt, failed, ingest, link_upstream, mark, note_fence, note_key,
@@ -50,7 +50,8 @@ use crate::config::telemetry::TraceExport;
 pub const STORED_CONTEXT: &str = "dedupd-trace-context";
 
 static ON: AtomicBool = AtomicBool::new(false);
-static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+/// The export thread, stopped at the process's end.
+static EXPORT: OnceLock<queue::QueueProcessor> = OnceLock::new();
 /// The sampler of every trace's root span (an attempt follows its stored
 /// parent's decision instead).
 static SAMPLER: OnceLock<Sampler> = OnceLock::new();
@@ -72,7 +73,7 @@ fn sampler() -> Option<&'static Sampler> {
 /// Queues an ended span for export.
 fn finish(span: Box<recorded::Recorded>) {
     if let Some(queue) = QUEUE.get() {
-        queue.push(queue::Finished::Recorded(span));
+        queue.push(span);
     }
 }
 
@@ -112,11 +113,7 @@ pub fn install(export: &TraceExport) -> Result<(), String> {
     let processor = queue::QueueProcessor::start(exporter, export.queue)
         .map_err(|e| format!("cannot start the trace exporter's thread: {e}"))?;
     let queue = processor.handle();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(processor)
-        .with_resource(resource)
-        .build();
-    if PROVIDER.set(provider).is_err() {
+    if EXPORT.set(processor).is_err() {
         return Err("trace export was set up twice".into());
     }
     let _ = SAMPLER.set(Sampler::TraceIdRatioBased(export.sample_ratio));
@@ -127,8 +124,8 @@ pub fn install(export: &TraceExport) -> Result<(), String> {
 
 /// Exports what is queued and stops the exporter (at the process's end).
 pub fn shutdown() {
-    if let Some(provider) = PROVIDER.get() {
-        let _ = provider.shutdown_with_timeout(std::time::Duration::from_secs(5));
+    if let Some(export) = EXPORT.get() {
+        let _ = export.shutdown(std::time::Duration::from_secs(5));
     }
 }
 

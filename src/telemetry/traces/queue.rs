@@ -9,31 +9,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use opentelemetry::Context;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::recorded::Recorded;
 
-/// An ended span on its way to the collector.
-#[derive(Debug)]
-pub enum Finished {
-    /// An SDK span's data (dedupd makes none: its spans are recorded).
-    Sdk(Box<SpanData>),
-    /// A span as its task recorded it, made into span data on the export
-    /// thread.
-    Recorded(Box<Recorded>),
-}
-
-impl Finished {
-    fn into_data(self) -> SpanData {
-        match self {
-            Self::Sdk(data) => *data,
-            Self::Recorded(span) => span.into_data(),
-        }
-    }
-}
+/// An ended span on its way to the collector: as its task recorded it,
+/// moved into the batch (its box freed on the task's thread, where the
+/// next span reuses it), made into span data on the export thread.
+pub type Finished = Recorded;
 
 /// Most spans per export request: half the queue, up to this many (the
 /// OpenTelemetry SDK's own default). Each request costs the export thread
@@ -102,14 +87,12 @@ impl Warner {
 }
 
 enum Control {
-    Flush(oneshot::Sender<()>),
     Shutdown(oneshot::Sender<()>),
 }
 
 impl std::fmt::Debug for Control {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Self::Flush(_) => "Flush",
             Self::Shutdown(_) => "Shutdown",
         })
     }
@@ -137,6 +120,9 @@ struct Batches {
     full: Vec<Vec<Finished>>,
     /// The batch being filled: allocated at its first span, never grown.
     filling: Vec<Finished>,
+    /// Emptied batches the export thread gave back, filled again before
+    /// any is allocated: memory the spans were just in, not fresh.
+    spare: Vec<Vec<Finished>>,
 }
 
 impl Batches {
@@ -147,6 +133,7 @@ impl Batches {
             size: (capacity / 2).clamp(1, MAX_BATCH),
             full: Vec::new(),
             filling: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -157,7 +144,10 @@ impl Batches {
     /// Adds `span`; true when that filled a batch.
     fn push(&mut self, span: Finished) -> bool {
         if self.filling.capacity() == 0 {
-            self.filling.reserve_exact(self.size);
+            match self.spare.pop() {
+                Some(spare) => self.filling = spare,
+                None => self.filling.reserve_exact(self.size),
+            }
         }
         self.filling.push(span);
         if self.filling.len() < self.size {
@@ -170,6 +160,15 @@ impl Batches {
     /// The full batches, oldest first; the one being filled stays.
     fn take_full(&mut self) -> Vec<Vec<Finished>> {
         std::mem::take(&mut self.full)
+    }
+
+    /// Takes back an exported batch's buffer, emptied (two at most: one
+    /// filling while one is sent).
+    fn give_back(&mut self, mut batch: Vec<Finished>) {
+        batch.clear();
+        if batch.capacity() == self.size && self.spare.len() < 2 {
+            self.spare.push(batch);
+        }
     }
 
     /// Every batch waiting, oldest first (the last one maybe not full).
@@ -204,18 +203,17 @@ impl Waiting {
     }
 }
 
-/// The queue, for spans that are not the SDK's.
+/// The queue, where an ended span goes.
 #[derive(Debug, Clone)]
 pub struct Handle(Arc<Waiting>);
 
 impl Handle {
-    pub fn push(&self, span: Finished) {
-        self.0.push(span);
+    pub fn push(&self, span: Box<Finished>) {
+        self.0.push(*span);
     }
 }
 
-/// The span processor: `on_end` puts a sampled span on the queue, or
-/// drops it when the queue is full.
+/// The export thread and its queue.
 #[derive(Debug)]
 pub struct QueueProcessor {
     waiting: Arc<Waiting>,
@@ -246,9 +244,14 @@ impl QueueProcessor {
         Ok(Self { waiting, control })
     }
 
-    /// The queue, for spans that are not the SDK's.
+    /// The queue.
     pub fn handle(&self) -> Handle {
         Handle(self.waiting.clone())
+    }
+
+    /// Exports what waits and stops the thread, waiting at most `timeout`.
+    pub fn shutdown(&self, timeout: Duration) -> OTelSdkResult {
+        self.ask(Control::Shutdown, timeout)
     }
 
     fn ask(
@@ -275,24 +278,6 @@ impl QueueProcessor {
             .join()
             .unwrap_or(Err(OTelSdkError::InternalFailure("panicked".into())))
         })
-    }
-}
-
-impl SpanProcessor for QueueProcessor {
-    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        if span.span_context.is_sampled() {
-            self.waiting.push(Finished::Sdk(Box::new(span)));
-        }
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.ask(Control::Flush, EXPORT_TIMEOUT)
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.ask(Control::Shutdown, timeout)
     }
 }
 
@@ -329,14 +314,13 @@ async fn run<E: SpanExporter>(
             }
         };
         for batch in batches {
-            export(&exporter, batch).await;
+            let emptied = export(&exporter, batch).await;
+            let mut spans = waiting.spans.lock().unwrap_or_else(PoisonError::into_inner);
+            spans.give_back(emptied);
         }
         warner.look();
         match woke {
             Woke::Full | Woke::Timer => {}
-            Woke::Asked(Some(Control::Flush(done))) => {
-                let _ = done.send(());
-            }
             Woke::Asked(Some(Control::Shutdown(done))) => {
                 let _ = exporter.shutdown();
                 let _ = done.send(());
@@ -348,11 +332,12 @@ async fn run<E: SpanExporter>(
 }
 
 /// Sends one request's spans; counts them as exported or as dropped.
-async fn export<E: SpanExporter>(exporter: &E, sent: Vec<Finished>) {
-    if sent.is_empty() {
-        return;
+/// Answers the batch's buffer, emptied.
+async fn export<E: SpanExporter>(exporter: &E, mut batch: Vec<Finished>) -> Vec<Finished> {
+    if batch.is_empty() {
+        return batch;
     }
-    let sent: Vec<SpanData> = sent.into_iter().map(Finished::into_data).collect();
+    let sent: Vec<SpanData> = batch.drain(..).map(Finished::into_data).collect();
     let n = sent.len() as u64;
     match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
         Ok(Ok(())) => {
@@ -366,40 +351,21 @@ async fn export<E: SpanExporter>(exporter: &E, sent: Vec<Finished>) {
             DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed);
         }
     }
+    batch
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::InstrumentationScope;
-    use opentelemetry::trace::{
-        SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-    };
-    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
-    use std::time::SystemTime;
+    use opentelemetry::KeyValue;
+    use opentelemetry::trace::SpanKind;
+    use opentelemetry_sdk::trace::Sampler;
 
     fn span(n: u64) -> Finished {
-        Finished::Sdk(Box::new(SpanData {
-            span_context: SpanContext::new(
-                TraceId::from(u128::from(n) + 1),
-                SpanId::from(n + 1),
-                TraceFlags::SAMPLED,
-                false,
-                TraceState::NONE,
-            ),
-            parent_span_id: SpanId::INVALID,
-            parent_span_is_remote: false,
-            span_kind: SpanKind::Server,
-            name: "claim".into(),
-            start_time: SystemTime::UNIX_EPOCH,
-            end_time: SystemTime::UNIX_EPOCH,
-            attributes: Vec::new(),
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
-            status: Status::Unset,
-            instrumentation_scope: InstrumentationScope::builder("dedupd").build(),
-        }))
+        let mut span =
+            Recorded::root("claim", SpanKind::Server, &Sampler::AlwaysOn).expect("sampled");
+        span.set_attribute(KeyValue::new("n", i64::try_from(n).unwrap()));
+        *span
     }
 
     #[test]
@@ -422,16 +388,23 @@ mod tests {
         );
         // Never grown, so never copied.
         assert!(batches.iter().all(|v| v.capacity() == 512));
-        let ids: Vec<SpanId> = batches
-            .into_iter()
-            .flatten()
-            .map(|s| s.into_data().span_context.span_id())
+        let order: Vec<KeyValue> = batches
+            .iter_mut()
+            .flat_map(|batch| batch.drain(..))
+            .map(|s| s.into_data().attributes.remove(0))
             .collect();
-        assert_eq!(ids, (1..=1300).map(SpanId::from).collect::<Vec<_>>());
+        let pushed = (0..1300).map(|n| KeyValue::new("n", n));
+        assert_eq!(order, pushed.collect::<Vec<_>>());
+        // The emptied buffers are filled again, not allocated anew.
+        for batch in batches {
+            b.give_back(batch);
+        }
+        assert_eq!(b.spare.len(), 2, "two kept: one filling, one sent");
         assert_eq!(b.len(), 0);
         assert!(b.take_all().is_empty(), "nothing left, no empty batch sent");
         assert!(!b.push(span(0)));
         assert_eq!(b.len(), 1);
+        assert_eq!((b.spare.len(), b.filling.capacity()), (1, 512));
     }
 
     #[test]
