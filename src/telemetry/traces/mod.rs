@@ -124,6 +124,8 @@ pub fn install(export: &TraceExport) -> Result<(), String> {
 
 /// Exports what is queued and stops the exporter (at the process's end).
 pub fn shutdown() {
+    // No span is built from now; those that end still go to the queue.
+    ON.store(false, Ordering::Relaxed);
     if let Some(export) = EXPORT.get() {
         let _ = export.shutdown(std::time::Duration::from_secs(5));
     }

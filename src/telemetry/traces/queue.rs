@@ -380,7 +380,7 @@ mod tests {
         assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [512, 512]);
         assert_eq!(b.len(), 276);
         assert!(b.take_full().is_empty());
-        // The timer (or a flush, or the end) sends what waited.
+        // The timer (or the end) sends what waited.
         batches.extend(b.take_all());
         assert_eq!(
             batches.iter().map(Vec::len).collect::<Vec<_>>(),

@@ -114,7 +114,7 @@ pub fn log_ids() -> Option<(TraceId, SpanId)> {
     CURRENT
         .try_with(|c| {
             // Not while the span is being noted on (a line logged from
-            // inside the SDK): that line goes without ids.
+            // inside `with`): that line goes without ids, never a panic.
             let c = c.try_borrow().ok()?;
             let sc = c.span_context();
             sc.is_sampled().then(|| (sc.trace_id(), sc.span_id()))
