@@ -46,8 +46,10 @@ struct Current {
 enum Held {
     /// Sampled: recorded, and sent to the queue when it ends.
     Recorded(Box<Recorded>),
-    /// Left out by the sampler: its context only, still propagated.
-    Unsampled(Box<Unsampled>),
+    /// Left out by the sampler: its ids only (its flags are none), still
+    /// propagated. Inline, not boxed: nothing allocated for a span left
+    /// out.
+    Unsampled(TraceId, SpanId),
     Ended,
 }
 
@@ -64,7 +66,13 @@ impl Current {
     fn span_context(&self) -> SpanContext {
         match &self.span {
             Held::Recorded(span) => span.span_context(),
-            Held::Unsampled(sc) => (**sc).clone(),
+            Held::Unsampled(trace_id, span_id) => SpanContext::new(
+                *trace_id,
+                *span_id,
+                TraceFlags::default(),
+                false,
+                TraceState::NONE,
+            ),
             Held::Ended => SpanContext::empty_context(),
         }
     }
@@ -98,7 +106,7 @@ type Inside<F> = TaskLocalFuture<RefCell<Current>, Pin<Box<F>>>;
 fn inside<F: Future>(started: Result<Box<Recorded>, Unsampled>, fut: F) -> Inside<F> {
     let span = match started {
         Ok(span) => Held::Recorded(span),
-        Err(sc) => Held::Unsampled(Box::new(sc)),
+        Err(sc) => Held::Unsampled(sc.trace_id(), sc.span_id()),
     };
     let current = RefCell::new(Current {
         span,
