@@ -792,3 +792,51 @@ pub enum ListOrder {
     /// Newest received first; the cursor pages towards older events.
     NewestFirst,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_without_its_payload_keeps_everything_else() {
+        let ev = InboxEvent {
+            source: "sume".into(),
+            event_id: "evt_1".into(),
+            status: EventStatus::Dead,
+            stream: Some("run_7".into()),
+            created_at: CreatedAt::from_unix_nanos(1_700_000_000_000_000_000),
+            received_at_ms: 11,
+            attempts: 3,
+            due_at_ms: 12,
+            last_error: Some("503".into()),
+            force: true,
+            headers: vec![("x-sume-trace".into(), "t".into())],
+            body: b"{\"id\":1}".to_vec(),
+            expires_at_ms: 13,
+            lease: 4,
+            body_bytes: 8,
+            timeline: vec![Attempt {
+                attempt: 3,
+                at_ms: 10,
+                status: Some(503),
+                latency_us: 900,
+                error: Some("503".into()),
+            }],
+            replay: Some(ReplayMark {
+                job: "job_1".into(),
+                base_attempts: 1,
+            }),
+        };
+        let head = ev.without_payload();
+        assert!(head.body.is_empty() && head.headers.is_empty());
+        assert_eq!(head.body_bytes, 8, "its size is still known");
+        assert_eq!(
+            head,
+            InboxEvent {
+                headers: Vec::new(),
+                body: Vec::new(),
+                ..ev
+            }
+        );
+    }
+}
