@@ -86,17 +86,8 @@ impl Warner {
     }
 }
 
-enum Control {
-    Shutdown(oneshot::Sender<()>),
-}
-
-impl std::fmt::Debug for Control {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Shutdown(_) => "Shutdown",
-        })
-    }
-}
+/// A request to stop: answered once what waited is exported.
+type Stop = oneshot::Sender<()>;
 
 /// The spans waiting, behind a lock the span's end holds for a push. The
 /// export thread is woken only when a batch is full (or by its own timer):
@@ -217,7 +208,7 @@ impl Handle {
 #[derive(Debug)]
 pub struct QueueProcessor {
     waiting: Arc<Waiting>,
-    control: mpsc::UnboundedSender<Control>,
+    stop: mpsc::UnboundedSender<Stop>,
 }
 
 impl QueueProcessor {
@@ -230,7 +221,7 @@ impl QueueProcessor {
             full_batch: Notify::new(),
             closed: AtomicBool::new(false),
         });
-        let (control, control_rx) = mpsc::unbounded_channel();
+        let (stop, stop_rx) = mpsc::unbounded_channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -238,10 +229,10 @@ impl QueueProcessor {
         std::thread::Builder::new()
             .name("dedupd-traces".into())
             .spawn(move || {
-                runtime.block_on(run(exporter, shared.clone(), control_rx));
+                runtime.block_on(run(exporter, shared.clone(), stop_rx));
                 shared.closed.store(true, Ordering::Relaxed);
             })?;
-        Ok(Self { waiting, control })
+        Ok(Self { waiting, stop })
     }
 
     /// The queue.
@@ -249,19 +240,11 @@ impl QueueProcessor {
         Handle(self.waiting.clone())
     }
 
-    /// Exports what waits and stops the thread, waiting at most `timeout`.
-    pub fn shutdown(&self, timeout: Duration) -> OTelSdkResult {
-        self.ask(Control::Shutdown, timeout)
-    }
-
-    fn ask(
-        &self,
-        make: impl FnOnce(oneshot::Sender<()>) -> Control,
-        within: Duration,
-    ) -> OTelSdkResult {
+    /// Exports what waits and stops the thread, waiting at most `within`.
+    pub fn shutdown(&self, within: Duration) -> OTelSdkResult {
         let (done, wait) = oneshot::channel();
-        self.control
-            .send(make(done))
+        self.stop
+            .send(done)
             .map_err(|_| OTelSdkError::AlreadyShutdown)?;
         // Called from the serving runtime's threads too: wait on a thread
         // of its own, so no runtime is blocked in.
@@ -286,11 +269,12 @@ impl QueueProcessor {
 async fn run<E: SpanExporter>(
     exporter: E,
     waiting: Arc<Waiting>,
-    mut control: mpsc::UnboundedReceiver<Control>,
+    mut stop: mpsc::UnboundedReceiver<Stop>,
 ) {
     /// Why the export thread woke.
     enum Woke {
-        Asked(Option<Control>),
+        /// Asked to stop (or every sender gone).
+        Stop(Option<Stop>),
         Full,
         Timer,
     }
@@ -298,7 +282,7 @@ async fn run<E: SpanExporter>(
     loop {
         let woke = tokio::select! {
             biased;
-            c = control.recv() => Woke::Asked(c),
+            s = stop.recv() => Woke::Stop(s),
             () = waiting.full_batch.notified() => Woke::Full,
             () = tokio::time::sleep(INTERVAL) => Woke::Timer,
         };
@@ -310,7 +294,7 @@ async fn run<E: SpanExporter>(
             // once per batch at a high rate. The timer sends what waited.
             match woke {
                 Woke::Full => spans.take_full(),
-                Woke::Asked(_) | Woke::Timer => spans.take_all(),
+                Woke::Stop(_) | Woke::Timer => spans.take_all(),
             }
         };
         for batch in batches {
@@ -321,12 +305,13 @@ async fn run<E: SpanExporter>(
         warner.look();
         match woke {
             Woke::Full | Woke::Timer => {}
-            Woke::Asked(Some(Control::Shutdown(done))) => {
+            Woke::Stop(done) => {
                 let _ = exporter.shutdown();
-                let _ = done.send(());
+                if let Some(done) = done {
+                    let _ = done.send(());
+                }
                 return;
             }
-            Woke::Asked(None) => return,
         }
     }
 }
