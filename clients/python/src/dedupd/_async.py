@@ -411,6 +411,8 @@ class AsyncClaim(BaseClaim):
                 key=self.key,
             ) from e
         self._finished = True
+        if isinstance(self._lost, AlreadyDone):  # a beat that came after this done
+            self._lost = None
 
     async def _heartbeat(self, wake: asyncio.Event) -> None:
         """Extends the claim every period, as Claim's heartbeat does: each
@@ -437,6 +439,8 @@ class AsyncClaim(BaseClaim):
                 )
             except DedupdError as e:
                 if _core.ends_claim(e):  # lost, not_owner, done, unauthorized, ...
+                    if self._finished and isinstance(e, AlreadyDone):
+                        return None  # this claim's own done, answered first
                     if not self._finished:
                         _core.log.warning("the claim of %r is lost: %s", self.key, e)
                     self._lost = e

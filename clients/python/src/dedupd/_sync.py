@@ -448,6 +448,8 @@ class Claim(BaseClaim):
                 key=self.key,
             ) from e
         self._finished = True
+        if isinstance(self._lost, AlreadyDone):  # a beat that came after this done
+            self._lost = None
 
     def _beat(self) -> float | None:
         """One heartbeat (on the client's heartbeat thread): extends the claim,
@@ -465,6 +467,8 @@ class Claim(BaseClaim):
             )
         except DedupdError as e:
             if _core.ends_claim(e):  # lost, not_owner, done, unauthorized, ...
+                if self._finished and isinstance(e, AlreadyDone):
+                    return None  # this claim's own done, answered first
                 if not self._finished:
                     _core.log.warning("the claim of %r is lost: %s", self.key, e)
                 self._lost = e
