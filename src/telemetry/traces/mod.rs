@@ -70,8 +70,9 @@ fn sampler() -> Option<&'static Sampler> {
     SAMPLER.get().filter(|_| on())
 }
 
-/// Queues an ended span for export.
-fn finish(span: Box<recorded::Recorded>) {
+/// Queues an ended span for export (its box is freed here, on the task's
+/// thread, where the next span reuses it).
+fn finish(span: recorded::Recorded) {
     if let Some(queue) = QUEUE.get() {
         queue.push(span);
     }

@@ -28,6 +28,9 @@ pub type Finished = Recorded;
 /// core, batches of 2048 (3 ms or more of work) raised the ingest p99 from
 /// 28–31 ms to 34–38 ms and lowered its rate, in three runs each.
 const MAX_BATCH: usize = 512;
+/// Spans staged before they are moved into their batch together (about
+/// 4 KiB of claims spans).
+const STAGED: usize = 32;
 /// Longest a finished span waits for a full batch.
 const INTERVAL: Duration = Duration::from_secs(1);
 /// Longest one export may take, whatever the exporter's own timeout.
@@ -101,8 +104,9 @@ struct Waiting {
 }
 
 /// The spans waiting, in batches of `size` as the exporter takes them: a
-/// span is moved once on its way in and never again (a batch that grew
-/// past its size would be copied whole, then split).
+/// span is moved into its batch with the few staged beside it, and never
+/// again (a batch that grew past its size would be copied whole, then
+/// split).
 #[derive(Debug)]
 struct Batches {
     /// Spans per batch.
@@ -111,6 +115,11 @@ struct Batches {
     full: Vec<Vec<Finished>>,
     /// The batch being filled: allocated at its first span, never grown.
     filling: Vec<Finished>,
+    /// The last few spans, on their way into `filling` in one copy: a
+    /// few kilobytes written again and again, so always in the cache,
+    /// where a span written straight into the batch (memory last touched
+    /// a batch ago) cost its request about 0.15 µs of cache misses.
+    staged: Vec<Finished>,
     /// Emptied batches the export thread gave back, filled again before
     /// any is allocated: memory the spans were just in, not fresh.
     spare: Vec<Vec<Finished>>,
@@ -124,24 +133,39 @@ impl Batches {
             size: (capacity / 2).clamp(1, MAX_BATCH),
             full: Vec::new(),
             filling: Vec::new(),
+            staged: Vec::new(),
             spare: Vec::new(),
         }
     }
 
     fn len(&self) -> usize {
-        self.full.len() * self.size + self.filling.len()
+        self.full.len() * self.size + self.filling.len() + self.staged.len()
     }
 
-    /// Adds `span`; true when that filled a batch.
-    fn push(&mut self, span: Finished) -> bool {
+    /// Moves the staged spans into the batch being filled (which has room
+    /// for them: they are staged only while it has).
+    fn unstage(&mut self) {
         if self.filling.capacity() == 0 {
             match self.spare.pop() {
                 Some(spare) => self.filling = spare,
                 None => self.filling.reserve_exact(self.size),
             }
         }
-        self.filling.push(span);
-        if self.filling.len() < self.size {
+        self.filling.append(&mut self.staged);
+    }
+
+    /// Adds `span`; true when that filled a batch.
+    fn push(&mut self, span: Finished) -> bool {
+        if self.staged.capacity() == 0 {
+            self.staged.reserve_exact(STAGED);
+        }
+        self.staged.push(span);
+        let filled = self.filling.len() + self.staged.len();
+        if self.staged.len() < STAGED && filled < self.size {
+            return false;
+        }
+        self.unstage();
+        if filled < self.size {
             return false;
         }
         self.full.push(std::mem::take(&mut self.filling));
@@ -164,6 +188,9 @@ impl Batches {
 
     /// Every batch waiting, oldest first (the last one maybe not full).
     fn take_all(&mut self) -> Vec<Vec<Finished>> {
+        if !self.staged.is_empty() {
+            self.unstage();
+        }
         let mut all = self.take_full();
         if !self.filling.is_empty() {
             all.push(std::mem::take(&mut self.filling));
@@ -199,8 +226,8 @@ impl Waiting {
 pub struct Handle(Arc<Waiting>);
 
 impl Handle {
-    pub fn push(&self, span: Box<Finished>) {
-        self.0.push(*span);
+    pub fn push(&self, span: Finished) {
+        self.0.push(span);
     }
 }
 
@@ -389,7 +416,14 @@ mod tests {
         assert!(b.take_all().is_empty(), "nothing left, no empty batch sent");
         assert!(!b.push(span(0)));
         assert_eq!(b.len(), 1);
-        assert_eq!((b.spare.len(), b.filling.capacity()), (1, 512));
+        assert!(
+            b.take_full().is_empty(),
+            "a staged span waits for its batch"
+        );
+        let last = b.take_all();
+        assert_eq!(last.len(), 1);
+        assert_eq!((last[0].len(), last[0].capacity()), (1, 512));
+        assert_eq!(b.spare.len(), 1, "its batch was a spare one");
     }
 
     #[test]

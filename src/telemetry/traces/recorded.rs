@@ -29,16 +29,15 @@ const LIMIT: usize = 128;
 /// vector would be copied on the way): an attempt has up to eight.
 const ATTRIBUTES: usize = 8;
 
-/// An open (or ended) sampled span.
+/// An open (or ended) sampled span. Small, as a claim's span needs (160
+/// bytes, not 224): it is written into the export queue whole at its end,
+/// on the path it describes. What only ingest and attempt spans hold is
+/// boxed ([`More`]).
 #[derive(Debug)]
 pub struct Recorded {
     name: &'static str,
-    kind: SpanKind,
     trace_id: TraceId,
     span_id: SpanId,
-    /// The parent's span id (another process's, or an earlier one's: a
-    /// stored context), or `INVALID` for a trace's root.
-    parent: SpanId,
     start: SystemTime,
     end: SystemTime,
     /// The request's key, hashed ([`super::spans::note_key`]).
@@ -47,6 +46,20 @@ pub struct Recorded {
     fence: Option<u64>,
     /// Failed, and how.
     error: Option<&'static str>,
+    more: Option<Box<More>>,
+    kind: SpanKind,
+}
+
+// Kept small: each byte is copied on the claims path.
+const _: () = assert!(std::mem::size_of::<Recorded>() <= 160);
+
+/// What a claims or ordering span never has: a parent, attributes beyond
+/// its key, outcome and fence, events and links.
+#[derive(Debug, Default)]
+struct More {
+    /// The parent's span id (another process's, or an earlier one's: a
+    /// stored context), or `INVALID` for a trace's root.
+    parent: Option<SpanId>,
     attributes: Vec<KeyValue>,
     events: Vec<Event>,
     links: Vec<Link>,
@@ -72,7 +85,7 @@ impl Recorded {
         if sampled.decision != SamplingDecision::RecordAndSample {
             return Err(unsampled(trace_id, span_id));
         }
-        Ok(Self::new(name, kind, trace_id, span_id, SpanId::INVALID))
+        Ok(Self::new(name, kind, trace_id, span_id))
     }
 
     /// A span `name` of `kind`, started now, a child of `parent` (a remote
@@ -87,40 +100,30 @@ impl Recorded {
         if !parent.is_sampled() {
             return Err(unsampled(parent.trace_id(), span_id));
         }
-        Ok(Self::new(
-            name,
-            kind,
-            parent.trace_id(),
-            span_id,
-            parent.span_id(),
-        ))
+        let mut span = Self::new(name, kind, parent.trace_id(), span_id);
+        span.more().parent = Some(parent.span_id());
+        Ok(span)
     }
 
-    fn new(
-        name: &'static str,
-        kind: SpanKind,
-        trace_id: TraceId,
-        span_id: SpanId,
-        parent: SpanId,
-    ) -> Box<Self> {
+    fn new(name: &'static str, kind: SpanKind, trace_id: TraceId, span_id: SpanId) -> Box<Self> {
         let start = opentelemetry::time::now();
         Box::new(Self {
             name,
-            kind,
             trace_id,
             span_id,
-            parent,
             start,
             end: start,
             key_hash: None,
             outcome: None,
             fence: None,
             error: None,
-            attributes: Vec::new(),
-            events: Vec::new(),
-            links: Vec::new(),
-            dropped: 0,
+            more: None,
+            kind,
         })
+    }
+
+    fn more(&mut self) -> &mut More {
+        self.more.get_or_insert_default()
     }
 
     pub fn span_context(&self) -> SpanContext {
@@ -134,10 +137,11 @@ impl Recorded {
     }
 
     pub fn set_attribute(&mut self, kv: KeyValue) {
-        if self.attributes.capacity() == 0 {
-            self.attributes.reserve_exact(ATTRIBUTES);
+        let more = self.more();
+        if more.attributes.capacity() == 0 {
+            more.attributes.reserve_exact(ATTRIBUTES);
         }
-        push(&mut self.attributes, kv, &mut self.dropped);
+        push(&mut more.attributes, kv, &mut more.dropped);
     }
 
     pub fn set_outcome(&mut self, outcome: &'static str) {
@@ -158,11 +162,11 @@ impl Recorded {
 
     pub fn add_event(&mut self, name: &'static str) {
         let event = Event::new(name, opentelemetry::time::now(), Vec::new(), 0);
-        push(&mut self.events, event, &mut 0);
+        push(&mut self.more().events, event, &mut 0);
     }
 
     pub fn add_link(&mut self, sc: SpanContext) {
-        push(&mut self.links, Link::with_context(sc), &mut 0);
+        push(&mut self.more().links, Link::with_context(sc), &mut 0);
     }
 
     /// Ends the span now.
@@ -172,11 +176,21 @@ impl Recorded {
 
     /// The SDK's span data for the exporter (on the export thread).
     pub fn into_data(self) -> SpanData {
-        let mut attributes = Vec::with_capacity(3 + self.attributes.len());
+        let More {
+            parent,
+            attributes: noted,
+            events,
+            links,
+            dropped,
+        } = self.more.map(|more| *more).unwrap_or_default();
+        let mut attributes = Vec::with_capacity(3 + noted.len());
         if let Some(hash) = self.key_hash {
-            attributes.push(KeyValue::new("dedupd.key_hash", format!("{hash:016x}")));
+            attributes.push(KeyValue::new(
+                "dedupd.key_hash",
+                hex::encode(hash.to_be_bytes()),
+            ));
         }
-        attributes.extend(self.attributes);
+        attributes.extend(noted);
         if let Some(outcome) = self.outcome {
             attributes.push(KeyValue::new("dedupd.outcome", outcome));
         }
@@ -184,10 +198,10 @@ impl Recorded {
             let fence = i64::try_from(fence).unwrap_or(i64::MAX);
             attributes.push(KeyValue::new("dedupd.fence", fence));
         }
-        let mut events = SpanEvents::default();
-        events.events = self.events;
-        let mut links = SpanLinks::default();
-        links.links = self.links;
+        let mut span_events = SpanEvents::default();
+        span_events.events = events;
+        let mut span_links = SpanLinks::default();
+        span_links.links = links;
         SpanData {
             span_context: SpanContext::new(
                 self.trace_id,
@@ -196,16 +210,16 @@ impl Recorded {
                 false,
                 TraceState::NONE,
             ),
-            parent_span_id: self.parent,
-            parent_span_is_remote: self.parent != SpanId::INVALID,
+            parent_span_id: parent.unwrap_or(SpanId::INVALID),
+            parent_span_is_remote: parent.is_some(),
             span_kind: self.kind,
             name: Cow::Borrowed(self.name),
             start_time: self.start,
             end_time: self.end,
             attributes,
-            dropped_attributes_count: self.dropped,
-            events,
-            links,
+            dropped_attributes_count: dropped,
+            events: span_events,
+            links: span_links,
             status: self.error.map_or(Status::Unset, Status::error),
             instrumentation_scope: scope().clone(),
         }
