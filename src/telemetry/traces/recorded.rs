@@ -58,7 +58,7 @@ const _: () = assert!(std::mem::size_of::<Recorded>() <= 160);
 #[derive(Debug, Default)]
 struct More {
     /// The parent's span id (another process's, or an earlier one's: a
-    /// stored context), or `INVALID` for a trace's root.
+    /// stored context); none for a trace's root.
     parent: Option<SpanId>,
     attributes: Vec<KeyValue>,
     events: Vec<Event>,
