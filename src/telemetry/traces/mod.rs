@@ -70,8 +70,8 @@ fn sampler() -> Option<&'static Sampler> {
     SAMPLER.get().filter(|_| on())
 }
 
-/// Queues an ended span for export (its box is freed here, on the task's
-/// thread, where the next span reuses it).
+/// Queues an ended span for export (moved out of its box, which its task
+/// frees on its own thread, where the next span reuses it).
 fn finish(span: recorded::Recorded) {
     if let Some(queue) = QUEUE.get() {
         queue.push(span);

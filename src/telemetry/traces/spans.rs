@@ -185,9 +185,9 @@ pub fn attempt<F: Future>(
 /// `done`, `extend`, `release`, `inspect`, `apply`, `head`), its own
 /// trace. Inside, note its key ([`note_key`]), outcome and fence, and its
 /// answer ([`answered`]). One the sampler leaves out is not built: nothing
-/// propagates a claim's context. Its future is not boxed: it is small, and
-/// a claim would pay for the box (this path's spans cost 1.5–2 µs, a
-/// tenth of a claim).
+/// propagates a claim's context. Its future is not boxed again: a claim
+/// would pay for the box, and its span already costs about 2.35 µs, 13 %
+/// of a pinned claim at `3ef4e81` (docs/performance.md).
 pub fn api<F: Future>(name: &'static str, fut: F) -> impl Future<Output = F::Output> + use<F> {
     let Some(Ok(span)) = sampler().map(|sampler| Recorded::root(name, SpanKind::Server, sampler))
     else {
