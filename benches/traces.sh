@@ -18,7 +18,8 @@
 # QUIET_WAIT, PIN, BIN_OVERRIDE (see benches/lib.sh).
 #
 # Claims: benches/loadgen.rs http-claim (claims/s, p99, and the server's CPU
-# and context switches per claim from /proc). Ingest: benches/delivery.rs's
+# and context switches per claim from /proc, with the part of that CPU its
+# export thread, dedupd-traces, took). Ingest: benches/delivery.rs's
 # nginx scenario (events/s, the posts' p50/p99, CPU and switches per event
 # for its ingest and delivery, and the end-to-end time).
 set -euo pipefail
@@ -108,10 +109,12 @@ for ROUND in $(seq "$ROUNDS"); do
         r=$(grep '^RESULT' <<<"$out") || die "no loadgen result: $out"
         n=$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$r")
         cpu=$(cpu_per_op "$TMP/cpu0" "$TMP/cpu1" "$n")
+        # The export thread's part (dedupd-traces=N in the per-thread figures).
         awk -v m="$mode" -v r="$ROUND" -v cpu="$cpu" '{
             for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
             split(cpu, c, "total="); split(c[2], t, " switches=")
-            printf "claims %s %s %.0f %.3f %.1f %.3f\n", m, r, v["rps"], v["p99_ms"], t[1], t[2]
+            x = 0; if (match(cpu, /dedupd-traces=[0-9.]+/)) x = substr(cpu, RSTART + 14, RLENGTH - 14)
+            printf "claims %s %s %.0f %.3f %.1f %.3f %.2f\n", m, r, v["rps"], v["p99_ms"], t[1], t[2], x
         }' <<<"$r" >>"$RES"
         kill "$DPID"; wait "$DPID" 2>/dev/null || true
 
@@ -137,11 +140,11 @@ echo "Traces: off, on at sample_ratio 1.0 (nginx taking every export), a collect
 echo "$ROUNDS round(s), modes alternating within each; medians, each round's figure in brackets. $(date -u +%F), $(git -C "$ROOT" rev-parse --short HEAD), PIN=$PIN."
 machine
 echo
-printf '%-8s %-9s %12s %10s %14s %16s\n' claims mode "claims/s" "p99 ms" "µs CPU/claim" "switches/claim"
+printf '%-8s %-9s %12s %10s %14s %16s %14s\n' claims mode "claims/s" "p99 ms" "µs CPU/claim" "switches/claim" "of it, export"
 for mode in $MODES; do
     rows=$(awk -v m="$mode" '$1 == "claims" && $2 == m' "$RES")
     col() { awk -v k="$1" '{ print $k }' <<<"$rows"; }
-    printf '%-8s %-9s %12s %10s %14s %16s   [%s] [CPU %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 4 | xargs)" "$(col 6 | xargs)"
+    printf '%-8s %-9s %12s %10s %14s %16s %14s   [%s] [CPU %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 8 | median)" "$(col 4 | xargs)" "$(col 6 | xargs)"
 done
 echo
 printf '%-8s %-9s %12s %10s %10s %14s %16s %18s\n' ingest mode "events/s" "p50 ms" "p99 ms" "e2e ×posting" "µs CPU/event" "switches/event"
