@@ -21,7 +21,9 @@
 # and context switches per claim from /proc, with the part of that CPU its
 # export thread, dedupd-traces, took). Ingest: benches/delivery.rs's
 # nginx scenario (events/s, the posts' p50/p99, CPU and switches per event
-# for its ingest and delivery, and the end-to-end time).
+# for its ingest and delivery, and the end-to-end time). With off among
+# the modes, then each mode's CPU an operation against off's in the same
+# round: the median of the rounds' ratios, and each round's.
 set -euo pipefail
 
 BENCH=traces
@@ -153,5 +155,31 @@ for mode in $MODES; do
     col() { awk -v k="$1" '{ print $k }' <<<"$rows"; }
     printf '%-8s %-9s %12s %10s %10s %14s %16s %18s   [p99 %s] [CPU %s]\n' "" "$mode" "$(col 4 | median)" "$(col 5 | median)" "$(col 6 | median)" "$(col 7 | median)" "$(col 8 | median)" "$(col 9 | median)" "$(col 6 | xargs)" "$(col 8 | xargs)"
 done
+# Each round's figure against off's in the same round: a slow or quick
+# spell of the VM moves both of a round's runs alike, and cancels out of
+# their ratio, where it shifts the medians above.
+case " $MODES " in *" off "*)
+    echo
+    echo "CPU an operation against off's in the same round: the median of the rounds' ratios [each round's]"
+    for kind in claims ingest; do
+        k=6; [ "$kind" = ingest ] && k=8
+        for mode in $MODES; do
+            [ "$mode" = off ] && continue
+            awk -v kind="$kind" -v m="$mode" -v k="$k" '
+                $1 == kind && $2 == "off" { off[$3] = $k }
+                $1 == kind && $2 == m { on[$3] = $k; order[++rounds] = $3 }
+                END {
+                    for (i = 1; i <= rounds; i++) {
+                        r = order[i]
+                        if ((r in off) && off[r] > 0) { n++; a[n] = (on[r] / off[r] - 1) * 100; each = each sprintf(" %+.1f", a[n]) }
+                    }
+                    if (n == 0) exit
+                    for (i = 2; i <= n; i++) { v = a[i]; for (j = i - 1; j >= 1 && a[j] > v; j--) a[j + 1] = a[j]; a[j + 1] = v }
+                    med = (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+                    printf "%-8s %-9s %+7.1f %%   [%s ]\n", kind, m, med, each
+                }' "$RES"
+        done
+    done ;;
+esac
 echo
 echo "Measured with: ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS INGEST_S=$INGEST_S MODES=\"$MODES\" PIN=$PIN${BEFORE_BIN:+ BEFORE_BIN=$BEFORE_BIN} benches/traces.sh"
