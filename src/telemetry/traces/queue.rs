@@ -24,10 +24,11 @@ pub type Finished = Recorded;
 /// OpenTelemetry SDK's own default). Each request costs the export thread
 /// time of its own (the HTTP exchange, its wake-ups, the URL parsed again:
 /// about 60 µs measured alone against nginx, up to 0.2 ms estimated inside
-/// the loaded server), so larger batches cost less a span: 2048 saved about 0.2 µs a
-/// claim. But a batch is exported in one go, and with the server on one
-/// core, batches of 2048 (3 ms or more of work) raised the ingest p99 from
-/// 28–31 ms to 34–38 ms and lowered its rate, in three runs each.
+/// the loaded server), so larger batches cost less a span: 2048 saved
+/// about 0.2 µs a claim (at `4d338c2`, docs/performance.md). But a batch
+/// is exported in one go, and with the server on one core, batches of 2048
+/// (3 ms or more of work) raised the ingest p99 from 28–31 ms to 34–38 ms
+/// and lowered its rate, in three runs each.
 const MAX_BATCH: usize = 512;
 /// Spans staged before they are moved into their batch together (5 KiB
 /// of claims spans).
