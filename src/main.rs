@@ -133,11 +133,18 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let traces = loaded
+            let traces = match loaded
                 .settings
                 .telemetry
                 .traces
-                .export(|name| std::env::var(name).ok());
+                .export(|n| std::env::var(n))
+            {
+                Ok(traces) => traces,
+                Err(e) => {
+                    eprintln!("dedupd: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             dedupd::telemetry::init(&loaded.settings.log);
             loaded.warn_about_open_secret_files();
             loaded.warn_about_settings_without_effect();

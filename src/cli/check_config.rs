@@ -12,7 +12,19 @@ use super::out::{Printed, out, outln};
 /// that says the configuration is good); FAILURE with the errors on stderr
 /// when it is wrong. Warnings go to stderr either way.
 pub fn run(config: Option<&Path>, quiet: bool) -> anyhow::Result<ExitCode> {
-    match super::load(config) {
+    let loaded = super::load(config);
+    // The standard OTEL_* variables `serve` would refuse.
+    if let Ok((loaded, _)) = &loaded
+        && let Err(e) = loaded
+            .settings
+            .telemetry
+            .traces
+            .export(|n| std::env::var(n))
+    {
+        eprintln!("{e}");
+        return Ok(ExitCode::FAILURE);
+    }
+    match loaded {
         Ok((loaded, sources)) if quiet => {
             for file in loaded.open_secret_files() {
                 eprintln!("warning: {file}");

@@ -2,10 +2,14 @@
 //! off unless an endpoint is set here or in the standard
 //! `OTEL_EXPORTER_OTLP_*` environment variables.
 
+use std::env::VarError;
+
 use serde::{Deserialize, Serialize};
 
 /// The standard variables that name the collector; either one turns
-/// export on, and it overrides `otlp_endpoint`.
+/// export on, and it overrides `otlp_endpoint`. The first is the traces'
+/// URL as is, the second a base URL `/v1/traces` is added to; the first
+/// wins.
 pub const ENDPOINT_ENV: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -14,6 +18,31 @@ pub const ENDPOINT_ENV: [&str; 2] = [
 pub const SERVICE_NAME_ENV: &str = "OTEL_SERVICE_NAME";
 /// The standard variable that turns every signal off (`true`).
 pub const DISABLED_ENV: &str = "OTEL_SDK_DISABLED";
+/// The standard variable that picks the traces' exporter: `otlp`, or
+/// `none` (off).
+pub const EXPORTER_ENV: &str = "OTEL_TRACES_EXPORTER";
+/// The standard variables that pick the protocol (the traces' own first):
+/// dedupd speaks `http/protobuf` only.
+pub const PROTOCOL_ENV: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+];
+/// The standard variables that compress the exports (the traces' own
+/// first; the exporter reads them): `gzip` or `none`.
+pub const COMPRESSION_ENV: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_COMPRESSION",
+];
+/// The standard variables that cut an export off (the traces' own first;
+/// the exporter reads them): whole milliseconds.
+pub const TIMEOUT_ENV: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+];
+/// The standard variables that override `sample_ratio`: a sampler and its
+/// argument.
+pub const SAMPLER_ENV: &str = "OTEL_TRACES_SAMPLER";
+pub const SAMPLER_ARG_ENV: &str = "OTEL_TRACES_SAMPLER_ARG";
 
 /// What dedupd tells about itself besides logs and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -65,26 +94,101 @@ pub struct TraceExport {
 
 impl TraceSettings {
     /// Whether and where spans are exported, with `env` the process's
-    /// environment: off when no endpoint is set anywhere, or when
-    /// `OTEL_SDK_DISABLED=true`.
-    pub fn export(&self, env: impl Fn(&str) -> Option<String>) -> Option<TraceExport> {
-        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
-        if set(DISABLED_ENV).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
-            return None;
-        }
-        let from_env = ENDPOINT_ENV.iter().any(|name| set(name).is_some());
-        let endpoint = match (&self.otlp_endpoint, from_env) {
-            (_, true) => None,
-            // Checked when the settings were loaded.
-            (Some(base), false) => Some(traces_url(base)?),
-            (None, false) => return None,
+    /// environment (`std::env::var`): off when no endpoint is set
+    /// anywhere, or when `OTEL_SDK_DISABLED=true` or
+    /// `OTEL_TRACES_EXPORTER=none`. A standard variable dedupd cannot
+    /// follow is an error naming it (never quoting it: an endpoint may
+    /// hold credentials), not a setting silently ignored.
+    pub fn export(
+        &self,
+        env: impl Fn(&str) -> Result<String, VarError>,
+    ) -> Result<Option<TraceExport>, String> {
+        // Set, and not blank.
+        let set = |name: &str| match env(name) {
+            Ok(v) if !v.trim().is_empty() => Ok(Some(v.trim().to_owned())),
+            Ok(_) | Err(VarError::NotPresent) => Ok(None),
+            Err(VarError::NotUnicode(_)) => Err(format!("{name} is not UTF-8")),
         };
-        Some(TraceExport {
+        // The first of `names` that is set, with its name.
+        let first = |names: &[&'static str]| -> Result<Option<(&'static str, String)>, String> {
+            for &name in names {
+                if let Some(v) = set(name)? {
+                    return Ok(Some((name, v)));
+                }
+            }
+            Ok(None)
+        };
+        if set(DISABLED_ENV)?.is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
+        if let Some(exporter) = set(EXPORTER_ENV)? {
+            match exporter.to_ascii_lowercase().as_str() {
+                "none" => return Ok(None),
+                "otlp" => {}
+                _ => {
+                    return Err(format!(
+                        "{EXPORTER_ENV} must be otlp or none: dedupd exports traces over OTLP only"
+                    ));
+                }
+            }
+        }
+        let endpoint = match (first(&ENDPOINT_ENV)?, &self.otlp_endpoint) {
+            // The exporter reads the variable; checked here as the file's
+            // endpoint is, and not quoted either.
+            (Some((name, url)), _) => {
+                let usable = if name == ENDPOINT_ENV[0] {
+                    // Taken as it is written.
+                    usable_url(&url).is_some() && url.parse::<actix_web::http::Uri>().is_ok()
+                } else {
+                    traces_url(&url).is_some()
+                };
+                if !usable {
+                    return Err(format!("{name} {ENDPOINT_RULE}"));
+                }
+                None
+            }
+            // Checked when the settings were loaded.
+            (None, Some(base)) => Some(
+                traces_url(base)
+                    .ok_or_else(|| format!("telemetry.traces.otlp_endpoint {ENDPOINT_RULE}"))?,
+            ),
+            (None, None) => return Ok(None),
+        };
+        if let Some((name, protocol)) = first(&PROTOCOL_ENV)?
+            && protocol != "http/protobuf"
+        {
+            return Err(format!(
+                "{name} must be http/protobuf: dedupd sends OTLP over HTTP in protobuf only \
+                 (not grpc, not http/json)"
+            ));
+        }
+        if let Some((name, compression)) = first(&COMPRESSION_ENV)?
+            && !["gzip", "none"].contains(&compression.to_ascii_lowercase().as_str())
+        {
+            return Err(format!("{name} must be gzip or none"));
+        }
+        if let Some((name, ms)) = first(&TIMEOUT_ENV)?
+            && !ms.parse::<u64>().is_ok_and(|ms| ms > 0)
+        {
+            return Err(format!(
+                "{name} must be a whole number of milliseconds, more than 0"
+            ));
+        }
+        let sample_ratio = match set(SAMPLER_ENV)? {
+            None => self.sample_ratio,
+            Some(sampler) => sampler_ratio(&sampler, set(SAMPLER_ARG_ENV)?.as_deref())?,
+        };
+        let service_name = match set(SERVICE_NAME_ENV)? {
+            None => self.service_name.clone(),
+            Some(name) if service_name_ok(&name) => name,
+            Some(_) => return Err(format!("{SERVICE_NAME_ENV} {SERVICE_NAME_RULE}")),
+        };
+        Ok(Some(TraceExport {
             endpoint,
-            service_name: set(SERVICE_NAME_ENV).unwrap_or_else(|| self.service_name.clone()),
-            sample_ratio: self.sample_ratio,
+            service_name,
+            sample_ratio,
             queue: self.queue,
-        })
+        }))
     }
 
     /// What is wrong with these settings, by key.
@@ -94,17 +198,12 @@ impl TraceSettings {
             && traces_url(endpoint).is_none()
         {
             // Not quoted: it may hold credentials.
-            bad.push((
-                "telemetry.traces.otlp_endpoint",
-                "must be an http:// or https:// URL with a host, such as http://127.0.0.1:4318"
-                    .to_owned(),
-            ));
+            bad.push(("telemetry.traces.otlp_endpoint", ENDPOINT_RULE.to_owned()));
         }
-        let name = self.service_name.trim();
-        if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+        if !service_name_ok(&self.service_name) {
             bad.push((
                 "telemetry.traces.service_name",
-                "must be 1 to 255 characters, without control characters".to_owned(),
+                SERVICE_NAME_RULE.to_owned(),
             ));
         }
         if !(0.0..=1.0).contains(&self.sample_ratio) {
@@ -122,15 +221,37 @@ impl TraceSettings {
     }
 }
 
+/// What a collector's endpoint must be.
+const ENDPOINT_RULE: &str = "must be an http:// or https:// URL with a host and without a user \
+     name or password (the exporter does not send them: put an Authorization header in \
+     OTEL_EXPORTER_OTLP_HEADERS), such as http://127.0.0.1:4318";
+
+/// What a service name must be.
+const SERVICE_NAME_RULE: &str = "must be 1 to 255 characters, without control characters";
+
+fn service_name_ok(name: &str) -> bool {
+    let name = name.trim();
+    !name.is_empty() && name.len() <= 255 && !name.chars().any(char::is_control)
+}
+
+/// `url` parsed, when the exporter can post to it: http or https, a
+/// host, no userinfo (which it would drop), and a URI it can parse.
+fn usable_url(url: &str) -> Option<reqwest::Url> {
+    let url = reqwest::Url::parse(url.trim()).ok()?;
+    let usable = matches!(url.scheme(), "http" | "https")
+        && url.host().is_some()
+        && url.username().is_empty()
+        && url.password().is_none()
+        && url.as_str().parse::<actix_web::http::Uri>().is_ok();
+    usable.then_some(url)
+}
+
 /// The OTLP/HTTP traces URL under a collector's base URL (as the
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` rule says: `/v1/traces` added to its
 /// path, its query kept); a URL whose path already ends so stays. Written
 /// out in ASCII (punycode, percent-encoding), as the exporter parses it.
 fn traces_url(base: &str) -> Option<String> {
-    let mut url = reqwest::Url::parse(base.trim()).ok()?;
-    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return None;
-    }
+    let mut url = usable_url(base)?;
     let path = url.path().trim_end_matches('/').to_owned();
     if !path.ends_with("/v1/traces") {
         url.set_path(&format!("{path}/v1/traces"));
@@ -140,27 +261,63 @@ fn traces_url(base: &str) -> Option<String> {
     Some(text)
 }
 
+/// The share of new traces `OTEL_TRACES_SAMPLER` (with its `arg`) keeps.
+/// dedupd's roots are sampled by ratio and its attempts follow their
+/// event's decision whatever the sampler, so each standard sampler comes
+/// down to a ratio; the parent-based ones mean the same (an incoming
+/// `traceparent` is linked, never a parent).
+fn sampler_ratio(sampler: &str, arg: Option<&str>) -> Result<f64, String> {
+    match sampler.to_ascii_lowercase().as_str() {
+        "always_on" | "parentbased_always_on" => Ok(1.0),
+        "always_off" | "parentbased_always_off" => Ok(0.0),
+        "traceidratio" | "parentbased_traceidratio" => match arg {
+            // The specification's default.
+            None => Ok(1.0),
+            Some(arg) => arg
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| format!("{SAMPLER_ARG_ENV} must be 0.0 to 1.0")),
+        },
+        _ => Err(format!(
+            "{SAMPLER_ENV} must be always_on, always_off, traceidratio or their parentbased_ forms"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Result<String, VarError> + 'a {
         move |name| {
             vars.iter()
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| (*v).to_owned())
+                .ok_or(VarError::NotPresent)
         }
+    }
+
+    /// The export `vars` make of the default settings with `endpoint`.
+    fn with(endpoint: Option<&str>, vars: &[(&str, &str)]) -> Result<Option<TraceExport>, String> {
+        let s = TraceSettings {
+            otlp_endpoint: endpoint.map(Into::into),
+            ..TraceSettings::default()
+        };
+        s.export(env(vars))
     }
 
     #[test]
     fn traces_are_off_unless_an_endpoint_is_set_somewhere() {
         let off = TraceSettings::default();
-        assert_eq!(off.export(env(&[])), None);
+        assert_eq!(off.export(env(&[])), Ok(None));
         assert_eq!(
             off.export(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")])),
-            None
+            Ok(None)
         );
-        let on = off.export(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]));
+        let on = off
+            .export(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]))
+            .unwrap();
         assert_eq!(
             on.map(|e| (e.endpoint, e.service_name)),
             Some((None, "dedupd".to_owned()))
@@ -173,7 +330,7 @@ mod tests {
             otlp_endpoint: Some("http://collector:4318/".into()),
             ..TraceSettings::default()
         };
-        let e = s.export(env(&[])).unwrap();
+        let e = s.export(env(&[])).unwrap().unwrap();
         assert_eq!(
             e.endpoint.as_deref(),
             Some("http://collector:4318/v1/traces")
@@ -186,20 +343,143 @@ mod tests {
                 ),
                 ("OTEL_SERVICE_NAME", "gateway-eu"),
             ]))
+            .unwrap()
             .unwrap();
         assert_eq!(e.endpoint, None, "the exporter reads the variable");
         assert_eq!(e.service_name, "gateway-eu");
-        assert_eq!(s.export(env(&[("OTEL_SDK_DISABLED", "TRUE")])), None);
+        assert_eq!(s.export(env(&[("OTEL_SDK_DISABLED", "TRUE")])), Ok(None));
         let with_query = TraceSettings {
             otlp_endpoint: Some("https://h.example/otlp/?tenant=a".into()),
             ..TraceSettings::default()
         };
         assert_eq!(
-            with_query.export(env(&[])).unwrap().endpoint.as_deref(),
+            with_query
+                .export(env(&[]))
+                .unwrap()
+                .unwrap()
+                .endpoint
+                .as_deref(),
             Some("https://h.example/otlp/v1/traces?tenant=a"),
             "the path grows, the query stays"
         );
-        assert!(s.export(env(&[("OTEL_SDK_DISABLED", "false")])).is_some());
+        assert!(
+            s.export(env(&[("OTEL_SDK_DISABLED", "false")]))
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_standard_variable_dedupd_cannot_follow_stops_it_by_name_and_unquoted() {
+        let secret = "s3cret";
+        for (name, value) in [
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "127.0.0.1:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "ftp://c:21/s3cret"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://u:s3cret@c:4318/v1/traces",
+            ),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "s3cret"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c:21/s3cret"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://s3cret@c:4318"),
+        ] {
+            let e = with(Some("http://ok:4318"), &[(name, value)]).expect_err(value);
+            assert!(e.starts_with(name) && !e.contains(secret), "{e}");
+        }
+        let file = with(Some("http://ok:4318"), &[]).unwrap().unwrap();
+        assert_eq!(file.endpoint.as_deref(), Some("http://ok:4318/v1/traces"));
+        // The traces' own variable wins; the general one is then not ours.
+        let e = with(
+            None,
+            &[
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "http://c:4318/v1/traces",
+                ),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "grpc-only"),
+            ],
+        );
+        assert!(e.unwrap().is_some());
+
+        let on = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")];
+        let refused = |vars: &[(&str, &str)], named: &str| {
+            let all: Vec<_> = on.iter().chain(vars).copied().collect();
+            let e = with(None, &all).expect_err(named);
+            assert!(e.starts_with(named), "{e}");
+        };
+        for (name, value) in [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "bogus"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "-5"),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "10s"),
+            ("OTEL_TRACES_EXPORTER", "zipkin"),
+            ("OTEL_TRACES_EXPORTER", "otlp,console"),
+            ("OTEL_TRACES_SAMPLER", "jaeger_remote"),
+            ("OTEL_SERVICE_NAME", "evil\nline"),
+        ] {
+            refused(&[(name, value)], name);
+        }
+        refused(
+            &[
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "2"),
+            ],
+            "OTEL_TRACES_SAMPLER_ARG",
+        );
+        let long = "n".repeat(256);
+        refused(&[("OTEL_SERVICE_NAME", &long)], "OTEL_SERVICE_NAME");
+        // What it can follow.
+        for vars in [
+            &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")][..],
+            &[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")],
+            &[("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none")],
+            &[("OTEL_EXPORTER_OTLP_TIMEOUT", "5000")],
+            &[("OTEL_TRACES_EXPORTER", "otlp")],
+        ] {
+            let all: Vec<_> = on.iter().chain(vars).copied().collect();
+            assert!(with(None, &all).unwrap().is_some(), "{vars:?}");
+        }
+        let not_utf8 = |name: &str| {
+            if name == "OTEL_SERVICE_NAME" {
+                Err(VarError::NotUnicode("x".into()))
+            } else {
+                env(&on)(name)
+            }
+        };
+        let e = TraceSettings::default().export(not_utf8).unwrap_err();
+        assert_eq!(e, "OTEL_SERVICE_NAME is not UTF-8");
+    }
+
+    #[test]
+    fn the_standard_sampler_and_exporter_variables_are_followed() {
+        let on = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")];
+        let ratio = |vars: &[(&str, &str)]| {
+            let all: Vec<_> = on.iter().chain(vars).copied().collect();
+            with(None, &all).unwrap().map(|e| e.sample_ratio)
+        };
+        assert_eq!(ratio(&[]), Some(1.0), "the file's (its default)");
+        assert_eq!(ratio(&[("OTEL_TRACES_SAMPLER", "always_off")]), Some(0.0));
+        assert_eq!(
+            ratio(&[("OTEL_TRACES_SAMPLER", "parentbased_always_on")]),
+            Some(1.0)
+        );
+        assert_eq!(
+            ratio(&[
+                ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.25")
+            ]),
+            Some(0.25)
+        );
+        assert_eq!(ratio(&[("OTEL_TRACES_SAMPLER", "TraceIdRatio")]), Some(1.0));
+        // The specification's off switch for traces alone.
+        assert_eq!(ratio(&[("OTEL_TRACES_EXPORTER", "none")]), None);
+        assert_eq!(ratio(&[("OTEL_TRACES_EXPORTER", "NONE")]), None);
+        assert_eq!(
+            with(Some("http://c:4318"), &[("OTEL_TRACES_EXPORTER", "none")]),
+            Ok(None)
+        );
     }
 
     #[test]
@@ -226,6 +506,13 @@ mod tests {
         };
         assert_eq!(nan.problems().len(), 1);
         assert!(TraceSettings::default().problems().is_empty());
+        let userinfo = TraceSettings {
+            otlp_endpoint: Some("http://user:pw@127.0.0.1:4318".into()),
+            ..TraceSettings::default()
+        };
+        let said = userinfo.problems();
+        assert_eq!(said.len(), 1);
+        assert!(said[0].1.contains("OTEL_EXPORTER_OTLP_HEADERS") && !said[0].1.contains("pw"));
         for ok in [
             "http://127.0.0.1:4318",
             "https://otel.example.com/v1/traces",

@@ -131,6 +131,39 @@ fn unknown_keys_and_missing_files_are_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("absent.toml"));
 }
 
+/// A standard `OTEL_*` variable dedupd cannot follow (a collector that is
+/// no URL, gRPC) stops `serve` and `check-config` by name, before anything
+/// is opened, and its value (which may hold credentials) is not quoted.
+#[test]
+fn serve_and_check_config_refuse_a_standard_otel_variable_they_cannot_follow() {
+    let dir = TempDir::new().unwrap();
+    for (name, value) in [
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "127.0.0.1:4318/s3cret",
+        ),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    ] {
+        for command in ["check-config", "serve"] {
+            let out = dedupd()
+                .arg(command)
+                .current_dir(dir.path())
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+                .env(name, value)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{command} {name}: {stderr}");
+            assert!(stderr.contains(name), "{command}: {stderr}");
+            assert!(!stderr.contains("s3cret"), "{command}: {stderr}");
+            assert!(
+                !dir.path().join("dedupd.redb").exists(),
+                "nothing was opened"
+            );
+        }
+    }
+}
+
 #[test]
 fn serve_refuses_a_non_loopback_address_without_tokens_and_says_why() {
     let dir = TempDir::new().unwrap();

@@ -507,16 +507,19 @@ async fn a_collector_that_hangs_or_refuses_costs_spans_not_webhooks() {
 
 /// `OTEL_EXPORTER_OTLP_HEADERS` reaches the collector with every export
 /// (a hosted collector's API key); the hang/refuse test checks it is in
-/// no log line.
+/// no log line. `OTEL_EXPORTER_OTLP_COMPRESSION=gzip` compresses them.
 #[tokio::test]
 #[ignore = "needs DEDUPD_TEST_PYTHON (a python with opentelemetry-proto); .ci/run runs it"]
-async fn the_standard_headers_variable_reaches_the_collector() {
+async fn the_standard_headers_and_compression_variables_reach_the_collector() {
     let (_dir, collector, receiver, file) = setup("accept", Behaviour::Accept, "", "").await;
     let mut cmd = crate::support::process::dedupd();
-    cmd.args(["serve", "--config"]).arg(&file).env(
-        "OTEL_EXPORTER_OTLP_HEADERS",
-        format!("authorization=Bearer%20{COLLECTOR_KEY}"),
-    );
+    cmd.args(["serve", "--config"])
+        .arg(&file)
+        .env(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            format!("authorization=Bearer%20{COLLECTOR_KEY}"),
+        )
+        .env("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip");
     let (child, port, drain) = crate::support::process::spawn_serving(cmd);
     post(port, &body("evt_h")).await;
     received(&receiver, 1).await;
@@ -530,6 +533,7 @@ async fn the_standard_headers_variable_reaches_the_collector() {
         .await;
     for s in &spans {
         assert_eq!(s["authorization"], format!("Bearer {COLLECTOR_KEY}"), "{s}");
+        assert_eq!(s["encoding"], "gzip", "{s}");
     }
 }
 

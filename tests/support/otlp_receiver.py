@@ -10,9 +10,11 @@ is the port it listens on (127.0.0.1, chosen by the system).
 accept: 200 with an empty ExportTraceServiceResponse; refuse: 503 to
 every export; hang: reads nothing and never answers; redirect: 307 to
 /v1/traces/followed, where an export that follows it is kept. Each span's
-line has the export's `authorization` header.
+line has the export's `authorization` and `content-encoding` headers (a
+gzip body is unpacked).
 """
 
+import gzip
 import http.server
 import json
 import os
@@ -71,6 +73,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("content-length", "0")
             self.end_headers()
             return
+        encoding = self.headers.get("content-encoding")
+        if encoding == "gzip":
+            body = gzip.decompress(body)
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
         lines = []
@@ -84,6 +89,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                 "resource": resource,
                                 # What OTEL_EXPORTER_OTLP_HEADERS sent.
                                 "authorization": self.headers.get("authorization"),
+                                "encoding": encoding,
                                 "scope": ss.scope.name,
                                 "trace_id": s.trace_id.hex(),
                                 "span_id": s.span_id.hex(),
