@@ -125,6 +125,10 @@ struct Batches {
     /// Emptied batches the export thread gave back, filled again before
     /// any is allocated: memory the spans were just in, not fresh.
     spare: Vec<Vec<Finished>>,
+    /// Spans the export thread took and has not given back: still in
+    /// memory (a collector that hangs holds them up to the export's
+    /// timeout), so they count against the queue's capacity.
+    taken: usize,
 }
 
 impl Batches {
@@ -137,11 +141,13 @@ impl Batches {
             filling: Vec::new(),
             staged: Vec::new(),
             spare: Vec::new(),
+            taken: 0,
         }
     }
 
+    /// The spans held: waiting, and taken by the export thread.
     fn len(&self) -> usize {
-        self.full.len() * self.size + self.filling.len() + self.staged.len()
+        self.full.len() * self.size + self.filling.len() + self.staged.len() + self.taken
     }
 
     /// Moves the staged spans into the batch being filled (which has room
@@ -176,12 +182,15 @@ impl Batches {
 
     /// The full batches, oldest first; the one being filled stays.
     fn take_full(&mut self) -> Vec<Vec<Finished>> {
-        std::mem::take(&mut self.full)
+        let full = std::mem::take(&mut self.full);
+        self.taken += full.len() * self.size;
+        full
     }
 
     /// Takes back an exported batch's buffer, emptied (two at most: one
-    /// filling while one is sent).
-    fn give_back(&mut self, mut batch: Vec<Finished>) {
+    /// filling while one is sent), and the `sent` spans it held.
+    fn give_back(&mut self, mut batch: Vec<Finished>, sent: usize) {
+        self.taken = self.taken.saturating_sub(sent);
         batch.clear();
         if batch.capacity() == self.size && self.spare.len() < 2 {
             self.spare.push(batch);
@@ -195,6 +204,7 @@ impl Batches {
         }
         let mut all = self.take_full();
         if !self.filling.is_empty() {
+            self.taken += self.filling.len();
             all.push(std::mem::take(&mut self.filling));
         }
         all
@@ -327,9 +337,13 @@ async fn run<E: SpanExporter>(
             }
         };
         for batch in batches {
+            let sent = batch.len();
             let emptied = export(&exporter, batch).await;
             let mut spans = waiting.spans.lock().unwrap_or_else(PoisonError::into_inner);
-            spans.give_back(emptied);
+            spans.give_back(emptied, sent);
+            drop(spans);
+            // Between batches too: each may take the export's timeout.
+            warner.look();
         }
         warner.look();
         match woke {
@@ -392,7 +406,7 @@ mod tests {
         // to fill a batch of their own, not a request for a few spans.
         let mut batches = b.take_full();
         assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [512, 512]);
-        assert_eq!(b.len(), 276);
+        assert_eq!(b.len(), 1300, "those the export thread holds count too");
         assert!(b.take_full().is_empty());
         // The timer (or the end) sends what waited.
         batches.extend(b.take_all());
@@ -409,9 +423,10 @@ mod tests {
             .collect();
         let pushed = (0..1300).map(|n| KeyValue::new("n", n));
         assert_eq!(order, pushed.collect::<Vec<_>>());
+        assert_eq!(b.len(), 1300);
         // The emptied buffers are filled again, not allocated anew.
-        for batch in batches {
-            b.give_back(batch);
+        for (batch, sent) in batches.into_iter().zip([512, 512, 276]) {
+            b.give_back(batch, sent);
         }
         assert_eq!(b.spare.len(), 2, "two kept: one filling, one sent");
         assert_eq!(b.len(), 0);
@@ -426,6 +441,36 @@ mod tests {
         assert_eq!(last.len(), 1);
         assert_eq!((last[0].len(), last[0].capacity()), (1, 512));
         assert_eq!(b.spare.len(), 1, "its batch was a spare one");
+    }
+
+    /// A collector that hangs keeps the batches the export thread took in
+    /// memory: they count, so the queue's capacity bounds every span held,
+    /// not only those waiting.
+    #[test]
+    fn spans_the_export_thread_holds_count_against_the_capacity() {
+        let waiting = Waiting {
+            spans: Mutex::new(Batches::for_queue(64)),
+            capacity: 64,
+            full_batch: Notify::new(),
+            closed: AtomicBool::new(false),
+        };
+        let held = |w: &Waiting| w.spans.lock().unwrap().len();
+        for n in 0..64 {
+            waiting.push(span(n));
+        }
+        let taken = waiting.spans.lock().unwrap().take_full();
+        assert_eq!(taken.iter().map(Vec::len).sum::<usize>(), 64);
+        waiting.push(span(64));
+        assert_eq!(held(&waiting), 64, "dropped: the thread still holds 64");
+        let mut spans = waiting.spans.lock().unwrap();
+        for batch in taken {
+            let sent = batch.len();
+            spans.give_back(batch, sent);
+        }
+        drop(spans);
+        assert_eq!(held(&waiting), 0);
+        waiting.push(span(65));
+        assert_eq!(held(&waiting), 1, "room again once they are sent");
     }
 
     #[test]
