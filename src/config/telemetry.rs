@@ -39,6 +39,13 @@ pub const TIMEOUT_ENV: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
     "OTEL_EXPORTER_OTLP_TIMEOUT",
 ];
+/// The standard variables of headers sent with every export (the traces'
+/// own first; the exporter reads them): `key=value` pairs, comma
+/// separated, the values percent-encoded.
+pub const HEADERS_ENV: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+];
 /// The standard variables that override `sample_ratio`: a sampler and its
 /// argument.
 pub const SAMPLER_ENV: &str = "OTEL_TRACES_SAMPLER";
@@ -167,6 +174,18 @@ impl TraceSettings {
         {
             return Err(format!("{name} must be gzip or none"));
         }
+        // The exporter drops a pair it cannot read without a word, and
+        // the collector then refuses every export for want of its key.
+        for name in HEADERS_ENV {
+            if let Some(headers) = set(name)?
+                && !headers.split(',').all(header_pair_ok)
+            {
+                return Err(format!(
+                    "{name} must be key=value pairs separated by commas, each key a header \
+                     name, each value without control characters (percent-encode them)"
+                ));
+            }
+        }
         if let Some((name, ms)) = first(&TIMEOUT_ENV)?
             && !ms.parse::<u64>().is_ok_and(|ms| ms > 0)
         {
@@ -259,6 +278,17 @@ fn traces_url(base: &str) -> Option<String> {
     let text = url.to_string();
     text.parse::<actix_web::http::Uri>().ok()?;
     Some(text)
+}
+
+/// Whether one `key=value` of a headers variable is a header the
+/// exporter sends (a blank one is skipped, as it does).
+fn header_pair_ok(pair: &str) -> bool {
+    let pair = pair.trim();
+    pair.is_empty()
+        || pair.split_once('=').is_some_and(|(key, value)| {
+            actix_web::http::header::HeaderName::from_bytes(key.trim().as_bytes()).is_ok()
+                && !value.chars().any(char::is_control)
+        })
 }
 
 /// The share of new traces `OTEL_TRACES_SAMPLER` (with its `arg`) keeps.
@@ -418,6 +448,8 @@ mod tests {
             ("OTEL_TRACES_EXPORTER", "otlp,console"),
             ("OTEL_TRACES_SAMPLER", "jaeger_remote"),
             ("OTEL_SERVICE_NAME", "evil\nline"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "Authorization: Bearer s3cret"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "a=1,bad key=2"),
         ] {
             refused(&[(name, value)], name);
         }
@@ -437,6 +469,10 @@ mod tests {
             &[("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none")],
             &[("OTEL_EXPORTER_OTLP_TIMEOUT", "5000")],
             &[("OTEL_TRACES_EXPORTER", "otlp")],
+            &[(
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Bearer%20k, x-tenant=a,",
+            )],
         ] {
             let all: Vec<_> = on.iter().chain(vars).copied().collect();
             assert!(with(None, &all).unwrap().is_some(), "{vars:?}");

@@ -218,7 +218,6 @@ async fn receive(
     if traces::on() {
         traces::mark("verified");
         traces::set("dedupd.event_id", event.event_id.clone());
-        traces::link_upstream(&header);
         event.headers.extend(traces::stored_context());
     }
     // Only the inbox is asked: a local inbox keeps ingest working while a
@@ -273,5 +272,21 @@ async fn receive(
             IngestStatus::Accepted
         }
     };
+    // The request's own trace, linked once the event is taken: not for a
+    // duplicate, which may be a captured webhook sent again (its
+    // signature still good; none covers `traceparent`) to plant a link.
+    if !matches!(status, IngestStatus::Duplicate) {
+        traces::link_upstream(only_header(req, "traceparent"));
+    }
     Ok(Received::Event(status, event_id))
+}
+
+/// The value of `name` when the request has it once (W3C trace context:
+/// several `traceparent` headers are no context at all).
+fn only_header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
+    let mut values = req.headers().get_all(name);
+    match (values.next(), values.next()) {
+        (Some(value), None) => value.to_str().ok(),
+        _ => None,
+    }
 }

@@ -239,12 +239,14 @@ pub fn answered(status: u16, refusal: Option<&'static str>) {
     });
 }
 
-/// Links the span to the trace of the `traceparent` its request came with
-/// (`header`), if any: only its ids and flags, never its `tracestate`
-/// (the sender's text, unverified). Call it for a verified request only,
-/// so strangers cannot fill exports with links of their choosing.
-pub fn link_upstream<'a>(header: &dyn Fn(&str) -> Option<&'a str>) {
-    let Some(upstream) = with(|_| ()).and_then(|()| header("traceparent")) else {
+/// Links the span to the trace of the `traceparent` its request came with,
+/// if any: only its ids and flags, never its `tracestate` (the sender's
+/// text, unverified). Call it for a verified request only, so strangers
+/// cannot fill exports with links of their choosing, and not for a
+/// duplicate: no provider signs `traceparent`, so a captured webhook sent
+/// again could carry one of the sender's choosing.
+pub fn link_upstream(traceparent: Option<&str>) {
+    let Some(upstream) = with(|_| ()).and(traceparent) else {
         return;
     };
     if let Some(sc) = parse_traceparent(upstream) {
