@@ -46,6 +46,16 @@ pub const HEADERS_ENV: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
     "OTEL_EXPORTER_OTLP_HEADERS",
 ];
+/// The standard variables of the collector's CA and a client certificate:
+/// not supported.
+pub const TLS_ENV: [&str; 6] = [
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+];
 /// The standard variables that override `sample_ratio`: a sampler and its
 /// argument.
 pub const SAMPLER_ENV: &str = "OTEL_TRACES_SAMPLER";
@@ -91,9 +101,9 @@ impl Default for TraceSettings {
 /// Where the spans go, as settings and environment decided.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceExport {
-    /// The settings' endpoint, with `/v1/traces`; `None` when an
-    /// `OTEL_EXPORTER_OTLP_*` variable names it (the exporter reads it).
-    pub endpoint: Option<String>,
+    /// The traces' URL: an `OTEL_EXPORTER_OTLP_*` variable's, or the
+    /// settings' endpoint's, with `/v1/traces`.
+    pub endpoint: String,
     pub service_name: String,
     pub sample_ratio: f64,
     pub queue: usize,
@@ -104,26 +114,24 @@ impl TraceSettings {
     /// environment (`std::env::var`): off when no endpoint is set
     /// anywhere, or when `OTEL_SDK_DISABLED=true` or
     /// `OTEL_TRACES_EXPORTER=none`. A standard variable dedupd cannot
-    /// follow is an error naming it (never quoting it: an endpoint may
-    /// hold credentials), not a setting silently ignored.
+    /// follow is an error naming it (never quoting it: an endpoint or a
+    /// header may hold credentials), not a setting silently ignored; those
+    /// the exporter reads itself (headers, compression, timeout) are
+    /// checked as it reads them.
     pub fn export(
         &self,
         env: impl Fn(&str) -> Result<String, VarError>,
     ) -> Result<Option<TraceExport>, String> {
-        // Set, and not blank.
-        let set = |name: &str| match env(name) {
-            Ok(v) if !v.trim().is_empty() => Ok(Some(v.trim().to_owned())),
-            Ok(_) | Err(VarError::NotPresent) => Ok(None),
+        // As set: none when absent or empty (as the exporter reads).
+        let raw = |name: &str| match env(name) {
+            Ok(v) if v.is_empty() => Ok(None),
+            Ok(v) => Ok(Some(v)),
+            Err(VarError::NotPresent) => Ok(None),
             Err(VarError::NotUnicode(_)) => Err(format!("{name} is not UTF-8")),
         };
-        // The first of `names` that is set, with its name.
-        let first = |names: &[&'static str]| -> Result<Option<(&'static str, String)>, String> {
-            for &name in names {
-                if let Some(v) = set(name)? {
-                    return Ok(Some((name, v)));
-                }
-            }
-            Ok(None)
+        // What dedupd reads itself: trimmed, and none when blank.
+        let set = |name: &str| {
+            raw(name).map(|v| v.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()))
         };
         if set(DISABLED_ENV)?.is_some_and(|v| v.eq_ignore_ascii_case("true")) {
             return Ok(None);
@@ -139,60 +147,67 @@ impl TraceSettings {
                 }
             }
         }
-        let endpoint = match (first(&ENDPOINT_ENV)?, &self.otlp_endpoint) {
-            // The exporter reads the variable; checked here as the file's
-            // endpoint is, and not quoted either.
-            (Some((name, url)), _) => {
-                let usable = if name == ENDPOINT_ENV[0] {
-                    // Taken as it is written.
-                    usable_url(&url).is_some() && url.parse::<actix_web::http::Uri>().is_ok()
-                } else {
-                    traces_url(&url).is_some()
-                };
+        // Resolved here and given to the exporter, so the URL checked is
+        // the one posted to.
+        let endpoint = match (set(ENDPOINT_ENV[0])?, set(ENDPOINT_ENV[1])?) {
+            (Some(url), _) => {
+                let usable =
+                    usable_url(&url).is_some() && url.parse::<actix_web::http::Uri>().is_ok();
                 if !usable {
-                    return Err(format!("{name} {ENDPOINT_RULE}"));
+                    return Err(format!("{} {ENDPOINT_RULE}", ENDPOINT_ENV[0]));
                 }
-                None
+                url
+            }
+            (None, Some(base)) => {
+                traces_url(&base).ok_or_else(|| format!("{} {ENDPOINT_RULE}", ENDPOINT_ENV[1]))?
             }
             // Checked when the settings were loaded.
-            (None, Some(base)) => Some(
-                traces_url(base)
+            (None, None) => match &self.otlp_endpoint {
+                Some(base) => traces_url(base)
                     .ok_or_else(|| format!("telemetry.traces.otlp_endpoint {ENDPOINT_RULE}"))?,
-            ),
-            (None, None) => return Ok(None),
+                None => return Ok(None),
+            },
         };
-        if let Some((name, protocol)) = first(&PROTOCOL_ENV)?
-            && protocol != "http/protobuf"
-        {
-            return Err(format!(
-                "{name} must be http/protobuf: dedupd sends OTLP over HTTP in protobuf only \
-                 (not grpc, not http/json)"
-            ));
+        for name in PROTOCOL_ENV {
+            if let Some(protocol) = set(name)? {
+                if !protocol.eq_ignore_ascii_case("http/protobuf") {
+                    return Err(format!(
+                        "{name} must be http/protobuf: dedupd sends OTLP over HTTP in protobuf \
+                         only (not grpc, not http/json)"
+                    ));
+                }
+                break;
+            }
         }
-        if let Some((name, compression)) = first(&COMPRESSION_ENV)?
-            && !["gzip", "none"].contains(&compression.to_ascii_lowercase().as_str())
-        {
-            return Err(format!("{name} must be gzip or none"));
-        }
-        // The exporter drops a pair it cannot read without a word, and
-        // the collector then refuses every export for want of its key.
-        for name in HEADERS_ENV {
-            if let Some(headers) = set(name)?
-                && !headers.split(',').all(header_pair_ok)
-            {
+        for name in TLS_ENV {
+            if set(name)?.is_some() {
                 return Err(format!(
-                    "{name} must be key=value pairs separated by commas, each key a header \
-                     name, each value without control characters (percent-encode them)"
+                    "{name} is not supported: dedupd checks the collector's certificate against \
+                     the system's trust store (add a private CA there, with \
+                     update-ca-certificates) and sends no client certificate"
                 ));
             }
         }
-        if let Some((name, ms)) = first(&TIMEOUT_ENV)?
-            && !ms.parse::<u64>().is_ok_and(|ms| ms > 0)
-        {
-            return Err(format!(
-                "{name} must be a whole number of milliseconds, more than 0"
-            ));
+        // The exporter takes the first it can read, as it is written.
+        for name in COMPRESSION_ENV {
+            if let Some(compression) = raw(name)? {
+                if !["gzip", "none"].contains(&compression.to_ascii_lowercase().as_str()) {
+                    return Err(format!("{name} must be gzip or none"));
+                }
+                break;
+            }
         }
+        for name in TIMEOUT_ENV {
+            if let Some(ms) = raw(name)? {
+                if !ms.parse::<u64>().is_ok_and(|ms| ms > 0) {
+                    return Err(format!(
+                        "{name} must be a whole number of milliseconds, more than 0"
+                    ));
+                }
+                break;
+            }
+        }
+        check_headers(&env)?;
         let sample_ratio = match set(SAMPLER_ENV)? {
             None => self.sample_ratio,
             Some(sampler) => sampler_ratio(&sampler, set(SAMPLER_ARG_ENV)?.as_deref())?,
@@ -280,15 +295,53 @@ fn traces_url(base: &str) -> Option<String> {
     Some(text)
 }
 
-/// Whether one `key=value` of a headers variable is a header the
-/// exporter sends (a blank one is skipped, as it does).
-fn header_pair_ok(pair: &str) -> bool {
-    let pair = pair.trim();
-    pair.is_empty()
-        || pair.split_once('=').is_some_and(|(key, value)| {
-            actix_web::http::header::HeaderName::from_bytes(key.trim().as_bytes()).is_ok()
-                && !value.chars().any(char::is_control)
+/// Checks the headers variable the exporter will read: the first set,
+/// even empty, as it does (the traces' own then hides the general one).
+/// It sends each `key=value` pair, comma separated, trimmed and with the
+/// value percent-decoded, and drops without a word one it cannot send:
+/// the collector would then refuse every export for want of its key.
+fn check_headers(env: &impl Fn(&str) -> Result<String, VarError>) -> Result<(), String> {
+    use reqwest::header::{HeaderName, HeaderValue};
+    let [traces, general] = HEADERS_ENV;
+    let (name, headers) = match env(traces) {
+        Ok(v) => (traces, v),
+        Err(VarError::NotUnicode(_)) => return Err(format!("{traces} is not UTF-8")),
+        Err(VarError::NotPresent) => match env(general) {
+            Ok(v) => (general, v),
+            Err(VarError::NotUnicode(_)) => return Err(format!("{general} is not UTF-8")),
+            Err(VarError::NotPresent) => return Ok(()),
+        },
+    };
+    if name == traces && headers.trim().is_empty() && env(general).is_ok_and(|v| !v.is_empty()) {
+        return Err(format!(
+            "{traces} is set but empty: the exporter would send no header at all, not \
+             {general}'s (unset it)"
+        ));
+    }
+    let sendable = |pair: &str| {
+        pair.split_once('=').is_some_and(|(key, value)| {
+            let value = percent_encoding::percent_decode_str(value.trim())
+                .decode_utf8()
+                .map_or_else(|_| value.to_owned(), |v| v.into_owned());
+            HeaderName::from_bytes(key.trim().as_bytes()).is_ok()
+                && !value.is_empty()
+                && HeaderValue::from_str(&value).is_ok()
         })
+    };
+    // A blank pair (`a=1,,b=2`) is no header: skipped, as it is there.
+    if headers
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .all(sendable)
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name} must be key=value pairs separated by commas, each key a header name and \
+             each value, once percent-decoded, not empty and without control characters"
+        ))
+    }
 }
 
 /// The share of new traces `OTEL_TRACES_SAMPLER` (with its `arg`) keeps.
@@ -350,7 +403,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             on.map(|e| (e.endpoint, e.service_name)),
-            Some((None, "dedupd".to_owned()))
+            Some(("http://c:4318/v1/traces".to_owned(), "dedupd".to_owned()))
         );
     }
 
@@ -361,10 +414,7 @@ mod tests {
             ..TraceSettings::default()
         };
         let e = s.export(env(&[])).unwrap().unwrap();
-        assert_eq!(
-            e.endpoint.as_deref(),
-            Some("http://collector:4318/v1/traces")
-        );
+        assert_eq!(e.endpoint, "http://collector:4318/v1/traces");
         let e = s
             .export(env(&[
                 (
@@ -375,7 +425,7 @@ mod tests {
             ]))
             .unwrap()
             .unwrap();
-        assert_eq!(e.endpoint, None, "the exporter reads the variable");
+        assert_eq!(e.endpoint, "http://other:4318/v1/traces", "used as is");
         assert_eq!(e.service_name, "gateway-eu");
         assert_eq!(s.export(env(&[("OTEL_SDK_DISABLED", "TRUE")])), Ok(None));
         let with_query = TraceSettings {
@@ -383,14 +433,22 @@ mod tests {
             ..TraceSettings::default()
         };
         assert_eq!(
-            with_query
-                .export(env(&[]))
-                .unwrap()
-                .unwrap()
-                .endpoint
-                .as_deref(),
-            Some("https://h.example/otlp/v1/traces?tenant=a"),
+            with_query.export(env(&[])).unwrap().unwrap().endpoint,
+            "https://h.example/otlp/v1/traces?tenant=a",
             "the path grows, the query stays"
+        );
+        // The general variable is read the same way (the exporter would
+        // have put `/v1/traces` after the query).
+        let general = TraceSettings::default()
+            .export(env(&[(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "https://h.example/otlp?tenant=a",
+            )]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            general.endpoint,
+            "https://h.example/otlp/v1/traces?tenant=a"
         );
         assert!(
             s.export(env(&[("OTEL_SDK_DISABLED", "false")]))
@@ -417,7 +475,7 @@ mod tests {
             assert!(e.starts_with(name) && !e.contains(secret), "{e}");
         }
         let file = with(Some("http://ok:4318"), &[]).unwrap().unwrap();
-        assert_eq!(file.endpoint.as_deref(), Some("http://ok:4318/v1/traces"));
+        assert_eq!(file.endpoint, "http://ok:4318/v1/traces");
         // The traces' own variable wins; the general one is then not ours.
         let e = with(
             None,
@@ -450,6 +508,15 @@ mod tests {
             ("OTEL_SERVICE_NAME", "evil\nline"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "Authorization: Bearer s3cret"),
             ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "a=1,bad key=2"),
+            // Empty (an unset `$TOKEN`), or a control character once
+            // decoded: the exporter would drop the pair.
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization="),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x=a%0Ab"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/ca.pem"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "/etc/key.pem"),
+            // The exporter reads these as written: it would ignore them.
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", " gzip"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "5000 "),
         ] {
             refused(&[(name, value)], name);
         }
@@ -469,6 +536,11 @@ mod tests {
             &[("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none")],
             &[("OTEL_EXPORTER_OTLP_TIMEOUT", "5000")],
             &[("OTEL_TRACES_EXPORTER", "otlp")],
+            &[("OTEL_EXPORTER_OTLP_PROTOCOL", "HTTP/Protobuf")],
+            &[(
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Basic dTpw==,k= v%3Dw ",
+            )],
             &[(
                 "OTEL_EXPORTER_OTLP_HEADERS",
                 "authorization=Bearer%20k, x-tenant=a,",
@@ -486,6 +558,25 @@ mod tests {
         };
         let e = TraceSettings::default().export(not_utf8).unwrap_err();
         assert_eq!(e, "OTEL_SERVICE_NAME is not UTF-8");
+        // The exporter takes the traces' own headers when set, even empty:
+        // the general one's key would never be sent.
+        let hidden = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", ""),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Bearer%20s3cret",
+            ),
+        ];
+        let e = with(None, &hidden).unwrap_err();
+        assert!(e.starts_with("OTEL_EXPORTER_OTLP_TRACES_HEADERS") && !e.contains("s3cret"));
+        // Only the one it reads is checked.
+        let shadowed = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "a=1"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "not a pair"),
+        ];
+        assert!(with(None, &shadowed).unwrap().is_some());
     }
 
     #[test]

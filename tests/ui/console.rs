@@ -1039,7 +1039,7 @@ async fn with_traces_on_each_attempt_shows_the_events_trace_id() {
     static TRACES: std::sync::Once = std::sync::Once::new();
     TRACES.call_once(|| {
         let export = dedupd::config::telemetry::TraceExport {
-            endpoint: Some("http://127.0.0.1:9/v1/traces".into()),
+            endpoint: "http://127.0.0.1:9/v1/traces".into(),
             service_name: "dedupd-ui-test".into(),
             sample_ratio: 1.0,
             queue: 64,

@@ -90,13 +90,13 @@ pub fn install(export: &TraceExport) -> Result<(), String> {
         .user_agent(concat!("dedupd/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| format!("cannot build the trace exporter's HTTP client: {e}"))?;
-    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+    // The endpoint as the settings and variables resolved it, not as the
+    // exporter would read the variables: the URL checked is the one used.
+    let builder = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(Protocol::HttpBinary)
-        .with_http_client(client);
-    if let Some(endpoint) = &export.endpoint {
-        builder = builder.with_endpoint(endpoint.clone());
-    }
+        .with_http_client(client)
+        .with_endpoint(export.endpoint.clone());
     // The exporter's error quotes the endpoint, which may hold credentials.
     let mut exporter = builder.build().map_err(|_| {
         "cannot set up trace export: the collector's endpoint (telemetry.traces.otlp_endpoint, \

@@ -183,7 +183,7 @@ impl Batches {
     /// The full batches, oldest first; the one being filled stays.
     fn take_full(&mut self) -> Vec<Vec<Finished>> {
         let full = std::mem::take(&mut self.full);
-        self.taken += full.len() * self.size;
+        self.taken += full.iter().map(Vec::len).sum::<usize>();
         full
     }
 

@@ -139,7 +139,7 @@ fn with<R>(f: impl FnOnce(&mut Current) -> R) -> Option<R> {
 /// Runs one ingest request's `fut` in its `ingest` span, a trace's root.
 /// Inside, note its source, scheme, event id and outcome ([`set`],
 /// [`outcome`]); link the request's own trace with [`link_upstream`] once
-/// its signature is verified.
+/// its signature is verified and its event taken (not a duplicate).
 pub fn ingest<F: Future>(fut: F) -> impl Future<Output = F::Output> + use<F> {
     let Some(sampler) = sampler() else {
         return Either::Left(fut);
