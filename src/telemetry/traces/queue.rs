@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use tokio::sync::{Notify, mpsc, oneshot};
+use tracing::Dispatch;
+use tracing::subscriber::NoSubscriber;
 
 use super::recorded::Recorded;
 
@@ -69,6 +71,8 @@ pub fn counts() -> SpanCounts {
 struct Warner {
     last: Option<Instant>,
     seen: u64,
+    /// The process's logging (the export thread's own logs nothing).
+    log: Dispatch,
 }
 
 impl Warner {
@@ -79,14 +83,16 @@ impl Warner {
             return;
         }
         self.last = Some(Instant::now());
-        tracing::warn!(
-            dropped = dropped - self.seen,
-            dropped_queue_full = c.dropped_queue_full,
-            dropped_export_failed = c.dropped_export_failed,
-            "trace spans dropped: the collector is down, slow or refusing; \
-             ingest and delivery go on (dedupd_trace_spans_dropped_total counts them; \
-             at most one such warning a minute)"
-        );
+        tracing::dispatcher::with_default(&self.log, || {
+            tracing::warn!(
+                dropped = dropped - self.seen,
+                dropped_queue_full = c.dropped_queue_full,
+                dropped_export_failed = c.dropped_export_failed,
+                "trace spans dropped: the collector is down, slow or refusing; \
+                 ingest and delivery go on (dedupd_trace_spans_dropped_total counts them; \
+                 at most one such warning a minute)"
+            );
+        });
         self.seen = dropped;
     }
 }
@@ -265,10 +271,18 @@ impl QueueProcessor {
             .enable_all()
             .build()?;
         let shared = waiting.clone();
+        // The exporter's libraries log on this thread at every try of a
+        // failing export (rustls's verifier an ERROR line per request to a
+        // collector whose certificate fails: a hundred a second under
+        // load). Dropped: the thread logs through the process's own
+        // logging only the warning, once a minute, and its debug lines.
+        let log = tracing::dispatcher::get_default(Clone::clone);
         std::thread::Builder::new()
             .name("dedupd-traces".into())
             .spawn(move || {
-                runtime.block_on(run(exporter, shared.clone(), stop_rx));
+                tracing::subscriber::with_default(NoSubscriber::default(), || {
+                    runtime.block_on(run(exporter, shared.clone(), stop_rx, log));
+                });
                 shared.closed.store(true, Ordering::Relaxed);
             })?;
         Ok(Self { waiting, stop })
@@ -309,6 +323,7 @@ async fn run<E: SpanExporter>(
     exporter: E,
     waiting: Arc<Waiting>,
     mut stop: mpsc::UnboundedReceiver<Stop>,
+    log: Dispatch,
 ) {
     /// Why the export thread woke.
     enum Woke {
@@ -317,7 +332,10 @@ async fn run<E: SpanExporter>(
         Full,
         Timer,
     }
-    let mut warner = Warner::default();
+    let mut warner = Warner {
+        log: log.clone(),
+        ..Warner::default()
+    };
     loop {
         let woke = tokio::select! {
             biased;
@@ -338,7 +356,7 @@ async fn run<E: SpanExporter>(
         };
         for batch in batches {
             let sent = batch.len();
-            let emptied = export(&exporter, batch).await;
+            let emptied = export(&exporter, batch, &log).await;
             let mut spans = waiting.spans.lock().unwrap_or_else(PoisonError::into_inner);
             spans.give_back(emptied, sent);
             drop(spans);
@@ -361,7 +379,11 @@ async fn run<E: SpanExporter>(
 
 /// Sends one request's spans; counts them as exported or as dropped.
 /// Answers the batch's buffer, emptied.
-async fn export<E: SpanExporter>(exporter: &E, mut batch: Vec<Finished>) -> Vec<Finished> {
+async fn export<E: SpanExporter>(
+    exporter: &E,
+    mut batch: Vec<Finished>,
+    log: &Dispatch,
+) -> Vec<Finished> {
     if batch.is_empty() {
         return batch;
     }
@@ -373,7 +395,9 @@ async fn export<E: SpanExporter>(exporter: &E, mut batch: Vec<Finished>) -> Vec<
         }
         Ok(Err(e)) => {
             DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed);
-            tracing::debug!(error = %e, spans = n, "the collector did not take spans");
+            tracing::dispatcher::with_default(log, || {
+                tracing::debug!(error = %e, spans = n, "the collector did not take spans");
+            });
         }
         Err(_) => {
             DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed);
@@ -471,6 +495,52 @@ mod tests {
         assert_eq!(held(&waiting), 0);
         waiting.push(span(65));
         assert_eq!(held(&waiting), 1, "room again once they are sent");
+    }
+
+    /// What the exporter's libraries log on the export thread (rustls's
+    /// verifier logs an ERROR at every export to a collector whose
+    /// certificate fails) reaches no log; the warning about the spans
+    /// dropped does, through the logging the process had.
+    #[test]
+    fn only_the_drop_warning_is_logged_from_the_export_thread() {
+        #[derive(Debug)]
+        struct Failing;
+        impl SpanExporter for Failing {
+            async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
+                tracing::error!("invalid peer certificate");
+                Err(OTelSdkError::InternalFailure("refused".into()))
+            }
+        }
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let logging = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        // The process's logging, as `serve` sets it: the one test here
+        // that sets it (the export thread would log to it otherwise).
+        tracing::subscriber::set_global_default(logging).expect("the only global logging");
+        let queue = QueueProcessor::start(Failing, 64).expect("started");
+        for n in 0..3 {
+            queue.handle().push(span(n));
+        }
+        // The stop exports what waited, and looks at the drops.
+        queue.shutdown(Duration::from_secs(10)).expect("stopped");
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("trace spans dropped"), "{text}");
+        assert!(text.contains("the collector did not take spans"), "{text}");
+        assert!(!text.contains("invalid peer certificate"), "{text}");
     }
 
     #[test]
