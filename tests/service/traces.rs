@@ -548,6 +548,8 @@ async fn an_upstream_context_is_linked_only_for_a_webhook_taken_that_has_one() {
     assert_eq!(linked("evt_l", "accepted"), [UPSTREAM_TRACE]);
     assert!(linked("evt_l", "duplicate").is_empty());
     assert!(linked("evt_two", "accepted").is_empty());
+    let (status, _) = stop_logged(node.child, "-TERM", node.drain).await;
+    assert!(status.success());
 }
 
 /// `OTEL_EXPORTER_OTLP_HEADERS` reaches the collector with every export
