@@ -47,11 +47,16 @@ trap cleanup EXIT
 trap 'echo "$BENCH: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 trap 'exit 130' INT TERM
 
+# A port below the kernel's ephemeral range (where a client's connection,
+# the export's to its collector say, could take it between this check and
+# the bind), in no socket's use in any state.
 free_port() {
-    local p i
+    local p i low
+    read -r low _ </proc/sys/net/ipv4/ip_local_port_range
+    [ "$low" -gt 10000 ] || low=32768
     for i in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        [ -z "$(ss -Hltn "( sport = :$p )")" ] && { echo "$p"; return; }
+        p=$((10000 + RANDOM % (low - 10000)))
+        [ -z "$(ss -Htan "( sport = :$p )")" ] && { echo "$p"; return; }
     done
     die "no free port found"
 }
