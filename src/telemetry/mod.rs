@@ -27,10 +27,13 @@ static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 /// before anything logs. Traces are started apart
 /// ([`traces::install`]), once the process's scheduling is set.
 pub fn init(log: &LogSettings) {
-    let (filter, from_env) = match EnvFilter::try_from_default_env() {
-        Ok(f) => (f, true),
-        Err(_) => (
-            EnvFilter::try_new(&log.level).unwrap_or_else(|_| EnvFilter::new("info")),
+    let from_env = std::env::var(EnvFilter::DEFAULT_ENV)
+        .ok()
+        .and_then(|level| filter(&level).ok());
+    let (filter, from_env) = match from_env {
+        Some(f) => (f, true),
+        None => (
+            filter(&log.level).unwrap_or_else(|_| EnvFilter::new("info")),
             false,
         ),
     };
@@ -55,6 +58,24 @@ pub fn init(log: &LogSettings) {
     }
 }
 
+/// Libraries whose lines say again, louder, what dedupd's own line says:
+/// off unless a level names them. rustls's certificate verifier logs an
+/// ERROR line at each TLS connection whose certificate fails (each
+/// delivery attempt to such a destination, each export to such a
+/// collector), beside dedupd's own line for it, which names the same
+/// reason.
+const QUIET: &[&str] = &["rustls_platform_verifier"];
+
+/// The log filter of `level` (a tracing filter), with [`QUIET`]'s
+/// libraries off unless it names them.
+fn filter(level: &str) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
+    let mut filter = EnvFilter::try_new(level)?;
+    for target in QUIET.iter().filter(|target| !level.contains(*target)) {
+        filter = filter.add_directive(format!("{target}=off").parse()?);
+    }
+    Ok(filter)
+}
+
 /// What [`set_level`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -72,7 +93,7 @@ pub fn set_level(level: &str) -> Result<Level, String> {
     let Some(handle) = FILTER.get() else {
         return Ok(Level::Kept);
     };
-    let filter = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+    let filter = filter(level).map_err(|e| e.to_string())?;
     handle.reload(filter).map_err(|e| e.to_string())?;
     // The `log` crate's own gate was set from the level at the start
     // (`try_init`); it must let through what the new filter may want.
@@ -86,4 +107,59 @@ pub fn set_level(level: &str) -> Result<Level, String> {
         _ => log::LevelFilter::Trace,
     });
     Ok(Level::Set)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::filter;
+
+    /// The lines written under the filter of `level`: an ERROR from rustls's
+    /// verifier (its target as the `log` crate names it) and one of ours.
+    fn written(level: &str) -> String {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let logging = tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(move || writer.clone())
+                .with_filter(filter(level).expect("a valid level")),
+        );
+        tracing::subscriber::with_default(logging, || {
+            tracing::error!(
+                target: "rustls_platform_verifier::verification::others",
+                "failed to verify TLS certificate: invalid peer certificate: UnknownIssuer"
+            );
+            tracing::error!("delivery attempt failed: invalid peer certificate: UnknownIssuer");
+            tracing::info!("an info line");
+        });
+        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn the_tls_verifiers_own_error_line_is_off_unless_the_level_names_it() {
+        for level in ["info", "debug", "warn,dedupd=trace"] {
+            let text = written(level);
+            assert!(text.contains("delivery attempt failed"), "{level}: {text}");
+            assert!(!text.contains("failed to verify"), "{level}: {text}");
+        }
+        assert!(written("info").contains("an info line"));
+        let named = written("info,rustls_platform_verifier=error");
+        assert!(named.contains("failed to verify"), "{named}");
+        assert!(named.contains("delivery attempt failed"), "{named}");
+    }
 }
