@@ -5,6 +5,7 @@
 //! The level can change while serving ([`set_level`], on a reload); the
 //! format is chosen once, at the start.
 
+mod log_fields;
 pub mod metrics;
 mod requests;
 pub mod traces;
@@ -12,7 +13,10 @@ pub mod traces;
 use std::sync::OnceLock;
 
 pub use requests::{RequestRecord, RouteName, WorkerHistograms};
+use tracing::Subscriber;
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, fmt, reload};
 
@@ -38,19 +42,9 @@ pub fn init(log: &LogSettings) {
         ),
     };
     let (filter, handle) = reload::Layer::new(filter);
-    let lines = fmt::layer().with_writer(std::io::stderr);
-    // A line written inside a sampled span carries its trace's ids.
-    let lines = match log.format {
-        LogFormat::Text => lines.map_event_format(traces::WithTraceIds::text).boxed(),
-        LogFormat::Json => lines
-            .json()
-            .flatten_event(true)
-            .map_event_format(traces::WithTraceIds::json)
-            .boxed(),
-    };
     // A second init (tests) keeps the first subscriber.
     let installed = tracing_subscriber::registry()
-        .with(lines.with_filter(filter))
+        .with(lines(log.format, std::io::stderr, colours()).with_filter(filter))
         .try_init()
         .is_ok();
     if installed && !from_env {
@@ -74,6 +68,35 @@ fn filter(level: &str) -> Result<EnvFilter, tracing_subscriber::filter::ParseErr
         filter = filter.add_directive(format!("{target}=off").parse()?);
     }
     Ok(filter)
+}
+
+/// Whether text lines are coloured: only on a terminal (not in a file or
+/// the journal), unless `NO_COLOR` is set.
+fn colours() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// The log lines, in `format`, to `writer`, coloured or not (`ansi`). A
+/// line written inside a sampled span carries its trace's ids; a text
+/// line's values are quoted where they could be misread ([`log_fields`]).
+fn lines<S, W>(format: LogFormat, writer: W, ansi: bool) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let lines = fmt::layer().with_writer(writer).with_ansi(ansi);
+    match format {
+        LogFormat::Text => lines
+            .fmt_fields(log_fields::TextFields)
+            .map_event_format(traces::WithTraceIds::text)
+            .boxed(),
+        LogFormat::Json => lines
+            .json()
+            .flatten_event(true)
+            .map_event_format(traces::WithTraceIds::json)
+            .boxed(),
+    }
 }
 
 /// What [`set_level`] did.

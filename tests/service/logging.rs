@@ -116,3 +116,32 @@ filter = { "body:/type" = "x.*" }
     assert_eq!(said("z1"), ["event filtered"], "{log:?}");
     assert_eq!(said("x1"), ["event accepted"], "{log:?}");
 }
+
+/// Text lines written to a file or the journal (not a terminal) carry no
+/// colour codes, and a value with spaces is quoted, so each field reads
+/// apart.
+#[test]
+fn text_lines_off_a_terminal_have_no_colour_codes_and_quote_what_has_spaces() {
+    let dir = TempDir::new().unwrap();
+    // The port is taken, so the bind fails and says so.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let out = dedupd()
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("DEDUPD_LOG__FORMAT", "text")
+        .env("DEDUPD_LISTEN", addr.to_string())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let log = String::from_utf8(out.stderr).unwrap();
+    let failed = log
+        .lines()
+        .find(|l| l.contains("ERROR") && l.contains("dedupd failed"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(!failed.contains('\u{1b}'), "{failed:?}");
+    assert!(
+        failed.contains(&format!("dedupd failed error=\"cannot listen on {addr}: ")),
+        "{failed}"
+    );
+}
