@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use dedupd::config::Loaded;
+use dedupd::config::telemetry::{self, TraceExport};
 
 use super::out::{Printed, out, outln};
 
@@ -13,17 +14,23 @@ use super::out::{Printed, out, outln};
 /// when it is wrong. Warnings go to stderr either way.
 pub fn run(config: Option<&Path>, quiet: bool) -> anyhow::Result<ExitCode> {
     let loaded = super::load(config);
-    // The standard OTEL_* variables `serve` would refuse.
-    if let Ok((loaded, _)) = &loaded
-        && let Err(e) = loaded
+    // Traces as `serve` would export them, the standard OTEL_* variables
+    // applied; one it would refuse is an error.
+    let traces = match &loaded {
+        Ok((loaded, _)) => match loaded
             .settings
             .telemetry
             .traces
             .export(|n| std::env::var(n))
-    {
-        eprintln!("{e}");
-        return Ok(ExitCode::FAILURE);
-    }
+        {
+            Ok(traces) => traces,
+            Err(e) => {
+                eprintln!("{e}");
+                return Ok(ExitCode::FAILURE);
+            }
+        },
+        Err(_) => None,
+    };
     match loaded {
         Ok((loaded, sources)) if quiet => {
             for file in loaded.open_secret_files() {
@@ -68,6 +75,7 @@ pub fn run(config: Option<&Path>, quiet: bool) -> anyhow::Result<ExitCode> {
                     )?;
                 }
             }
+            traces_in_effect(traces.as_ref())?;
             removed_sources(&loaded, &sources)?;
             for file in loaded.open_secret_files() {
                 eprintln!("warning: {file}");
@@ -95,6 +103,48 @@ pub fn run(config: Option<&Path>, quiet: bool) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// Where `serve` would export traces, the standard `OTEL_*` variables
+/// applied (they override `[telemetry.traces]` above), or why it would
+/// not; and which of those variables are set (by name: a value may hold
+/// credentials).
+fn traces_in_effect(traces: Option<&TraceExport>) -> Printed {
+    let env = |name: &str| std::env::var(name);
+    match traces {
+        Some(t) => outln!(
+            "\n# traces: exported to {} as service {:?}, sample ratio {}, queue of {} spans",
+            dedupd::redact::url_str(&t.endpoint),
+            t.service_name,
+            t.sample_ratio,
+            t.queue
+        )?,
+        None => {
+            let is = |name: &str, value: &str| {
+                env(name).is_ok_and(|v| v.trim().eq_ignore_ascii_case(value))
+            };
+            let why = if is(telemetry::DISABLED_ENV, "true") {
+                format!("{}=true", telemetry::DISABLED_ENV)
+            } else if is(telemetry::EXPORTER_ENV, "none") {
+                format!("{}=none", telemetry::EXPORTER_ENV)
+            } else {
+                format!(
+                    "no collector set (telemetry.traces.otlp_endpoint, {} or {})",
+                    telemetry::ENDPOINT_ENV[1],
+                    telemetry::ENDPOINT_ENV[0]
+                )
+            };
+            outln!("\n# traces: off: {why}")?
+        }
+    }
+    let set = telemetry::standard_variables_set(env);
+    if !set.is_empty() {
+        outln!(
+            "# {} set: they override [telemetry.traces] above",
+            set.join(", ")
+        )?;
+    }
+    Ok(())
 }
 
 /// Names each source that left the configuration but still has events in

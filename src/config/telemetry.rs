@@ -61,6 +61,24 @@ pub const TLS_ENV: [&str; 6] = [
 pub const SAMPLER_ENV: &str = "OTEL_TRACES_SAMPLER";
 pub const SAMPLER_ARG_ENV: &str = "OTEL_TRACES_SAMPLER_ARG";
 
+/// The standard variable of attributes added to every span's resource
+/// (the SDK reads it; `service.name` and `process.pid` stay dedupd's).
+pub const RESOURCE_ENV: &str = "OTEL_RESOURCE_ATTRIBUTES";
+
+/// The standard variables set (not empty) in `env` that change what
+/// `[telemetry.traces]` says, by name (their values may hold credentials).
+pub fn standard_variables_set(env: impl Fn(&str) -> Result<String, VarError>) -> Vec<&'static str> {
+    ENDPOINT_ENV
+        .iter()
+        .chain(&[SERVICE_NAME_ENV, DISABLED_ENV, EXPORTER_ENV])
+        .chain(&[SAMPLER_ENV, SAMPLER_ARG_ENV, RESOURCE_ENV])
+        .chain(PROTOCOL_ENV.iter().chain(&COMPRESSION_ENV))
+        .chain(TIMEOUT_ENV.iter().chain(&HEADERS_ENV))
+        .copied()
+        .filter(|name| env(name).is_ok_and(|v| !v.trim().is_empty()))
+        .collect()
+}
+
 /// What dedupd tells about itself besides logs and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

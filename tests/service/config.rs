@@ -164,6 +164,70 @@ fn serve_and_check_config_refuse_a_standard_otel_variable_they_cannot_follow() {
     }
 }
 
+/// `check-config` says what `serve` would do with traces, the standard
+/// variables applied over the file (they override it), and names the ones
+/// set without quoting them.
+#[test]
+fn check_config_shows_the_traces_serve_would_export_with_the_standard_variables_applied() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    std::fs::write(
+        &config,
+        "[telemetry.traces]\notlp_endpoint = \"http://file-collector:4318\"\nservice_name = \"from-file\"\n",
+    )
+    .unwrap();
+    let check = |vars: &[(&str, &str)]| {
+        let mut cmd = dedupd();
+        cmd.args(["check-config", "--config"]).arg(&config);
+        for (name, value) in vars {
+            cmd.env(name, value);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{vars:?}: {out:?}");
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let said: Vec<String> = stdout
+            .lines()
+            .filter(|l| l.starts_with("# traces") || l.contains(" set: they override"))
+            .map(str::to_owned)
+            .collect();
+        said
+    };
+    assert_eq!(
+        check(&[]),
+        [
+            r#"# traces: exported to http://file-collector:4318/v1/traces as service "from-file", sample ratio 1, queue of 4096 spans"#
+        ]
+    );
+    assert_eq!(
+        check(&[
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://127.0.0.1:4318/?api_key=s3cret"
+            ),
+            ("OTEL_SERVICE_NAME", "plain"),
+            ("OTEL_TRACES_SAMPLER", "always_off"),
+        ]),
+        [
+            r#"# traces: exported to http://127.0.0.1:4318/v1/traces?<redacted> as service "plain", sample ratio 0, queue of 4096 spans"#,
+            "# OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER set: they override [telemetry.traces] above",
+        ]
+    );
+    assert_eq!(
+        check(&[("OTEL_SDK_DISABLED", "true")]),
+        [
+            "# traces: off: OTEL_SDK_DISABLED=true",
+            "# OTEL_SDK_DISABLED set: they override [telemetry.traces] above",
+        ]
+    );
+    std::fs::write(&config, "").unwrap();
+    assert_eq!(
+        check(&[]),
+        [
+            "# traces: off: no collector set (telemetry.traces.otlp_endpoint, OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)"
+        ]
+    );
+}
+
 #[test]
 fn serve_refuses_a_non_loopback_address_without_tokens_and_says_why() {
     let dir = TempDir::new().unwrap();
