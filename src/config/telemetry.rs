@@ -279,11 +279,13 @@ const ENDPOINT_RULE: &str = "must be an http:// or https:// URL with a host and 
      OTEL_EXPORTER_OTLP_HEADERS), such as http://127.0.0.1:4318";
 
 /// What a service name must be.
-const SERVICE_NAME_RULE: &str = "must be 1 to 255 characters, without control characters";
+const SERVICE_NAME_RULE: &str =
+    "must be 1 to 255 characters, without control characters or line breaks";
 
 fn service_name_ok(name: &str) -> bool {
     let name = name.trim();
-    !name.is_empty() && name.len() <= 255 && !name.chars().any(char::is_control)
+    let breaks = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}');
+    !name.is_empty() && name.len() <= 255 && !name.chars().any(breaks)
 }
 
 /// `url` parsed, when the exporter can post to it: http or https, a
@@ -645,6 +647,13 @@ mod tests {
                 "telemetry.traces.queue"
             ]
         );
+        for name in ["a\nb", "a\u{2028}b", "a\u{2029}b", "a\u{85}b"] {
+            let s = TraceSettings {
+                service_name: name.into(),
+                ..TraceSettings::default()
+            };
+            assert_eq!(s.problems().len(), 1, "{name:?}");
+        }
         let nan = TraceSettings {
             sample_ratio: f64::NAN,
             ..TraceSettings::default()

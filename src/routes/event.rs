@@ -83,9 +83,10 @@ pub struct EventDetail {
     timeline: Vec<AttemptView>,
     /// The headers kept for forwarding (`forward_headers`), in order.
     headers: Vec<HeaderView>,
-    /// The trace every attempt of this event belongs to (a child of its
-    /// ingest span): set when traces were on as it was received
-    /// (`[telemetry.traces]`), null otherwise.
+    /// The trace every attempt of this event made while traces are on
+    /// belongs to (a child of its ingest span): set when traces were on
+    /// as it was received (`[telemetry.traces]`) and it was sampled, null
+    /// otherwise. An attempt made with traces off has no span in it.
     trace_id: Option<String>,
     /// The body as text, when it is UTF-8; null otherwise.
     body: Option<String>,

@@ -84,10 +84,12 @@ fn finish(span: recorded::Recorded) {
 /// The export thread takes the calling thread's scheduling policy.
 pub fn install(export: &TraceExport) -> Result<(), String> {
     // A redirect is not followed: it would carry OTEL_EXPORTER_OTLP_HEADERS
-    // (an API key) to another host, or turn the POST into a GET.
+    // (an API key) to another host, or turn the POST into a GET. No user
+    // agent of dedupd's: the exporter names itself in each request
+    // (`OTel-OTLP-Exporter-Rust/…`, as the OTLP specification asks), over
+    // the client's.
     let client = crate::http_client::builder()
         .redirect(reqwest::redirect::Policy::none())
-        .user_agent(concat!("dedupd/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| format!("cannot build the trace exporter's HTTP client: {e}"))?;
     // The endpoint as the settings and variables resolved it, not as the
