@@ -498,6 +498,15 @@ async fn a_collector_that_hangs_or_refuses_costs_spans_not_webhooks() {
             log.iter().any(|l| l.contains("\"level\":\"DEBUG\"")),
             "{mode}: debug lines were written"
         );
+        if mode == "hang" {
+            // The stop waits a while for the collector, then says what
+            // it left behind.
+            assert!(
+                log.iter()
+                    .any(|l| l.contains("the last trace spans were not all exported")),
+                "{mode}: {log:#?}"
+            );
+        }
         assert!(
             !log.iter().any(|l| l.contains(COLLECTOR_KEY)),
             "{mode}: the collector's key is in the log: {log:#?}"

@@ -130,7 +130,15 @@ pub fn shutdown() {
     // No span is built from now; those that end still go to the queue.
     ON.store(false, Ordering::Relaxed);
     if let Some(export) = EXPORT.get() {
-        let _ = export.shutdown(std::time::Duration::from_secs(5));
+        const LAST: std::time::Duration = std::time::Duration::from_secs(5);
+        tracing::debug!("sending the last trace spans (waiting at most 5 s)");
+        if let Err(e) = export.shutdown(LAST) {
+            tracing::warn!(
+                error = %e,
+                "the last trace spans were not all exported within 5 s of the stop \
+                 (the collector did not take them): they are dropped"
+            );
+        }
     }
 }
 
