@@ -65,6 +65,12 @@ async fn three_invoices(app: &TestApp, billing: &Receiver, audit: &Receiver) {
     post_with_customer(app, &invoice("inv-1", "alice@example.com"), "c1").await;
     post_with_customer(app, &invoice("inv-2", "bob@example.com"), "c2").await;
     post_with_customer(app, &invoice("inv-3", "alice@example.com"), "c1").await;
+    all_delivered(app, billing, audit).await;
+}
+
+/// Waits until the three events posted are delivered to both receivers
+/// and dedupd has recorded it.
+async fn all_delivered(app: &TestApp, billing: &Receiver, audit: &Receiver) {
     eventually("each delivered to both", || async {
         billing.received().len() == 3 && audit.received().len() == 3
     })
@@ -289,10 +295,7 @@ async fn a_received_range_reads_only_that_range() {
     app.clock.advance(std::time::Duration::from_secs(60));
     let from = dedupd::clock::Clock::now_ms(&app.clock);
     post_with_customer(&app, &invoice("new-1", "a@example.com"), "c").await;
-    eventually("each delivered to both", || async {
-        billing.received().len() == 3 && audit.received().len() == 3
-    })
-    .await;
+    all_delivered(&app, &billing, &audit).await;
     let (_, v) = get(
         &app,
         &format!("/v1/sources/sw/count?status=delivered&destination=audit&received_from={from}"),
