@@ -147,7 +147,7 @@ pub(crate) fn check_v1(req: &ServiceRequest) -> Result<(), ApiError> {
 }
 
 /// The value of `name` when it appears exactly once and is visible ASCII.
-fn only<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
+pub fn only<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
     let mut all = headers.get_all(name);
     let first = all.next()?;
     if all.next().is_some() {

@@ -19,6 +19,7 @@
 //! durable write, sync included, done), and an event stored keeps its
 //! context for its delivery attempts (`telemetry::traces`).
 
+use actix_web::http::header::HeaderName;
 use actix_web::http::{ConnectionType, Method};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use serde::Serialize;
@@ -26,6 +27,7 @@ use utoipa::ToSchema;
 
 use super::body::read_bytes_within;
 use super::{AppState, Endpoint, Guard, register};
+use crate::auth::browser::only;
 use crate::clock::Millis;
 use crate::error::{ApiError, Problem};
 use crate::gateway::alerts::ALERT_SOURCE;
@@ -275,18 +277,11 @@ async fn receive(
     // The request's own trace, linked once the event is taken: not for a
     // duplicate, which may be a captured webhook sent again (its
     // signature still good; none covers `traceparent`) to plant a link.
-    if !matches!(status, IngestStatus::Duplicate) {
-        traces::link_upstream(only_header(req, "traceparent"));
+    // Only a request with one `traceparent` has a context (W3C: several
+    // are none).
+    if traces::on() && !matches!(status, IngestStatus::Duplicate) {
+        const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+        traces::link_upstream(only(req.headers(), &TRACEPARENT));
     }
     Ok(Received::Event(status, event_id))
-}
-
-/// The value of `name` when the request has it once (W3C trace context:
-/// several `traceparent` headers are no context at all).
-fn only_header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
-    let mut values = req.headers().get_all(name);
-    match (values.next(), values.next()) {
-        (Some(value), None) => value.to_str().ok(),
-        _ => None,
-    }
 }
