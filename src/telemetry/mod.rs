@@ -132,34 +132,57 @@ pub fn set_level(level: &str) -> Result<Level, String> {
     Ok(Level::Set)
 }
 
+/// A log writer for tests: the lines written, kept in memory.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct TestLines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl std::io::Write for TestLines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl<'a> MakeWriter<'a> for TestLines {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
+#[cfg(test)]
+impl TestLines {
+    /// The lines written so far, taken (the next call has only newer ones).
+    pub(crate) fn take(&self) -> Vec<String> {
+        let bytes = std::mem::take(&mut *self.0.lock().unwrap());
+        String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt;
 
-    use super::filter;
+    use super::{TestLines, filter};
 
     /// The lines written under the filter of `level`: an ERROR from rustls's
     /// verifier (its target as the `log` crate names it) and one of ours.
     fn written(level: &str) -> String {
-        #[derive(Clone, Default)]
-        struct Lines(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Lines {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let lines = Lines::default();
-        let writer = lines.clone();
+        let lines = TestLines::default();
         let logging = tracing_subscriber::registry().with(
             tracing_subscriber::fmt::layer()
-                .with_writer(move || writer.clone())
+                .with_writer(lines.clone())
                 .with_filter(filter(level).expect("a valid level")),
         );
         tracing::subscriber::with_default(logging, || {
@@ -170,7 +193,7 @@ mod tests {
             tracing::error!("delivery attempt failed: invalid peer certificate: UnknownIssuer");
             tracing::info!("an info line");
         });
-        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+        lines.take().join("\n")
     }
 
     #[test]

@@ -71,45 +71,11 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::io;
-    use std::sync::{Arc, Mutex};
-
-    use tracing_subscriber::fmt::MakeWriter;
     use tracing_subscriber::layer::SubscriberExt as _;
 
     use super::super::spans::tests::in_a_sampled_span;
     use crate::config::LogFormat;
-
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-
-    impl io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Lines {
-        type Writer = Self;
-        fn make_writer(&'a self) -> Self {
-            self.clone()
-        }
-    }
-
-    impl Lines {
-        fn take(&self) -> Vec<String> {
-            let bytes = std::mem::take(&mut *self.0.lock().unwrap());
-            String::from_utf8(bytes)
-                .unwrap()
-                .lines()
-                .map(str::to_owned)
-                .collect()
-        }
-    }
+    use crate::telemetry::TestLines as Lines;
 
     /// Logs a line outside a span and one inside a sampled span, as
     /// `serve` writes them in `format`; answers both, and the span's

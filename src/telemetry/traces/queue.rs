@@ -511,21 +511,9 @@ mod tests {
                 Err(OTelSdkError::InternalFailure("refused".into()))
             }
         }
-        #[derive(Clone, Default)]
-        struct Lines(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Lines {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let lines = Lines::default();
-        let writer = lines.clone();
+        let lines = crate::telemetry::TestLines::default();
         let logging = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
+            .with_writer(lines.clone())
             .with_max_level(tracing::Level::DEBUG)
             .finish();
         // The process's logging, as `serve` sets it: the one test here
@@ -537,7 +525,7 @@ mod tests {
         }
         // The stop exports what waited, and looks at the drops.
         queue.shutdown(Duration::from_secs(10)).expect("stopped");
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let text = lines.take().join("\n");
         assert!(text.contains("trace spans dropped"), "{text}");
         assert!(text.contains("the collector did not take spans"), "{text}");
         assert!(!text.contains("invalid peer certificate"), "{text}");
