@@ -21,9 +21,9 @@ pub fn run(config: Option<&Path>, quiet: bool) -> anyhow::Result<ExitCode> {
             .settings
             .telemetry
             .traces
-            .export(|n| std::env::var(n))
+            .decide(|n| std::env::var(n))
         {
-            Ok(traces) => traces,
+            Ok(traces) => Some(traces),
             Err(e) => {
                 eprintln!("{e}");
                 return Ok(ExitCode::FAILURE);
@@ -75,7 +75,9 @@ pub fn run(config: Option<&Path>, quiet: bool) -> anyhow::Result<ExitCode> {
                     )?;
                 }
             }
-            traces_in_effect(traces.as_ref())?;
+            if let Some(traces) = &traces {
+                traces_in_effect(traces)?;
+            }
             removed_sources(&loaded, &sources)?;
             for file in loaded.open_secret_files() {
                 eprintln!("warning: {file}");
@@ -109,35 +111,18 @@ pub fn run(config: Option<&Path>, quiet: bool) -> anyhow::Result<ExitCode> {
 /// applied (they override `[telemetry.traces]` above), or why it would
 /// not; and which of those variables are set (by name: a value may hold
 /// credentials).
-fn traces_in_effect(traces: Option<&TraceExport>) -> Printed {
-    let env = |name: &str| std::env::var(name);
+fn traces_in_effect(traces: &Result<TraceExport, telemetry::Off>) -> Printed {
     match traces {
-        Some(t) => outln!(
+        Ok(t) => outln!(
             "\n# traces: exported to {} as service {:?}, sample ratio {}, queue of {} spans",
             dedupd::redact::url_str(&t.endpoint),
             t.service_name,
             t.sample_ratio,
             t.queue
         )?,
-        None => {
-            let is = |name: &str, value: &str| {
-                env(name).is_ok_and(|v| v.trim().eq_ignore_ascii_case(value))
-            };
-            let why = if is(telemetry::DISABLED_ENV, "true") {
-                format!("{}=true", telemetry::DISABLED_ENV)
-            } else if is(telemetry::EXPORTER_ENV, "none") {
-                format!("{}=none", telemetry::EXPORTER_ENV)
-            } else {
-                format!(
-                    "no collector set (telemetry.traces.otlp_endpoint, {} or {})",
-                    telemetry::ENDPOINT_ENV[1],
-                    telemetry::ENDPOINT_ENV[0]
-                )
-            };
-            outln!("\n# traces: off: {why}")?
-        }
+        Err(off) => outln!("\n# traces: off: {off}")?,
     }
-    let set = telemetry::standard_variables_set(env);
+    let set = telemetry::standard_variables_set(|n| std::env::var(n));
     if !set.is_empty() {
         outln!(
             "# {} set: they override [telemetry.traces] above",

@@ -116,6 +116,31 @@ impl Default for TraceSettings {
     }
 }
 
+/// Why no span is exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Off {
+    /// `OTEL_SDK_DISABLED=true`.
+    Disabled,
+    /// `OTEL_TRACES_EXPORTER=none`.
+    ExporterNone,
+    /// No endpoint in the settings or the variables.
+    NoCollector,
+}
+
+impl std::fmt::Display for Off {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Off::Disabled => write!(f, "{DISABLED_ENV}=true"),
+            Off::ExporterNone => write!(f, "{EXPORTER_ENV}=none"),
+            Off::NoCollector => write!(
+                f,
+                "no collector set (telemetry.traces.otlp_endpoint, {} or {})",
+                ENDPOINT_ENV[1], ENDPOINT_ENV[0]
+            ),
+        }
+    }
+}
+
 /// Where the spans go, as settings and environment decided.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceExport {
@@ -140,6 +165,14 @@ impl TraceSettings {
         &self,
         env: impl Fn(&str) -> Result<String, VarError>,
     ) -> Result<Option<TraceExport>, String> {
+        self.decide(env).map(Result::ok)
+    }
+
+    /// As [`Self::export`], saying why traces are off when they are.
+    pub fn decide(
+        &self,
+        env: impl Fn(&str) -> Result<String, VarError>,
+    ) -> Result<Result<TraceExport, Off>, String> {
         // As set: none when absent or empty (as the exporter reads).
         let raw = |name: &str| match env(name) {
             Ok(v) if v.is_empty() => Ok(None),
@@ -152,11 +185,11 @@ impl TraceSettings {
             raw(name).map(|v| v.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()))
         };
         if set(DISABLED_ENV)?.is_some_and(|v| v.eq_ignore_ascii_case("true")) {
-            return Ok(None);
+            return Ok(Err(Off::Disabled));
         }
         if let Some(exporter) = set(EXPORTER_ENV)? {
             match exporter.to_ascii_lowercase().as_str() {
-                "none" => return Ok(None),
+                "none" => return Ok(Err(Off::ExporterNone)),
                 "otlp" => {}
                 _ => {
                     return Err(format!(
@@ -183,7 +216,7 @@ impl TraceSettings {
             (None, None) => match &self.otlp_endpoint {
                 Some(base) => traces_url(base)
                     .ok_or_else(|| format!("telemetry.traces.otlp_endpoint {ENDPOINT_RULE}"))?,
-                None => return Ok(None),
+                None => return Ok(Err(Off::NoCollector)),
             },
         };
         for name in PROTOCOL_ENV {
@@ -235,7 +268,7 @@ impl TraceSettings {
             Some(name) if service_name_ok(&name) => name,
             Some(_) => return Err(format!("{SERVICE_NAME_ENV} {SERVICE_NAME_RULE}")),
         };
-        Ok(Some(TraceExport {
+        Ok(Ok(TraceExport {
             endpoint,
             service_name,
             sample_ratio,

@@ -219,6 +219,13 @@ fn check_config_shows_the_traces_serve_would_export_with_the_standard_variables_
             "# OTEL_SDK_DISABLED set: they override [telemetry.traces] above",
         ]
     );
+    assert_eq!(
+        check(&[("OTEL_TRACES_EXPORTER", "none")]),
+        [
+            "# traces: off: OTEL_TRACES_EXPORTER=none",
+            "# OTEL_TRACES_EXPORTER set: they override [telemetry.traces] above",
+        ]
+    );
     std::fs::write(&config, "").unwrap();
     assert_eq!(
         check(&[]),
