@@ -84,9 +84,12 @@ pub struct EventDetail {
     /// The headers kept for forwarding (`forward_headers`), in order.
     headers: Vec<HeaderView>,
     /// The trace every attempt of this event made while traces are on
-    /// belongs to (a child of its ingest span): set when traces were on
-    /// as it was received (`[telemetry.traces]`) and it was sampled, null
-    /// otherwise. An attempt made with traces off has no span in it.
+    /// belongs to. Received with traces on (`[telemetry.traces]`): its
+    /// ingest's trace, the attempts children of that span, when it was
+    /// sampled. Received with traces off: while they are on, a trace
+    /// derived from the event, its attempts' spans the trace's roots, when
+    /// sampled. Null otherwise. An attempt made with traces off has no
+    /// span in it.
     trace_id: Option<String>,
     /// The body as text, when it is UTF-8; null otherwise.
     body: Option<String>,
@@ -126,9 +129,15 @@ pub(super) async fn show(
         .map(AttemptView::from)
         .collect();
     let stored = std::mem::take(&mut event.headers);
-    let trace_id = crate::telemetry::traces::stored(&stored)
-        .and_then(crate::telemetry::traces::trace_id)
-        .map(str::to_owned);
+    let trace_id = crate::telemetry::traces::event_trace_id(
+        &stored,
+        crate::telemetry::traces::EventOf {
+            source: &event.source,
+            event_id: &event.event_id,
+            stream: event.stream.as_deref(),
+            received_at_ms: event.received_at_ms,
+        },
+    );
     let headers = stored
         .into_iter()
         .filter(|(name, _)| !crate::telemetry::traces::is_internal(name))

@@ -56,9 +56,14 @@ impl Dispatcher {
         // With traces on: a `deliver` span, a child of the event's ingest.
         traces::attempt(
             &ev.headers,
+            traces::EventOf {
+                source: &ev.source,
+                event_id: &ev.event_id,
+                stream: ev.stream.as_deref(),
+                received_at_ms: ev.received_at_ms,
+            },
             source.lane_of.as_deref().unwrap_or(source.name.as_str()),
             &source.destination,
-            &ev.event_id,
             ev.attempts.saturating_add(1),
             turn,
         )

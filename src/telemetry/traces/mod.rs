@@ -38,8 +38,8 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{Sampler, SpanExporter as _};
 pub use queue::{SpanCounts, counts};
 pub use spans::{
-    Traceparent, answered, api, attempt, failed, ingest, link_upstream, mark, note_fence, note_key,
-    outcome, propagation, set, stored_context,
+    EventOf, Traceparent, answered, api, attempt, event_trace_id, failed, ingest, link_upstream,
+    mark, note_fence, note_key, outcome, propagation, set, stored_context,
 };
 
 use crate::config::telemetry::TraceExport;
@@ -155,19 +155,6 @@ pub fn is_internal(name: &str) -> bool {
     name == STORED_CONTEXT
 }
 
-/// The trace id in a stored `traceparent` (`00-TRACE-SPAN-FLAGS`), when
-/// the trace was sampled (exported): an unsampled one is in no backend.
-pub fn trace_id(traceparent: &str) -> Option<&str> {
-    let mut parts = traceparent.split('-');
-    let (_version, id, _span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let sampled = u8::from_str_radix(flags, 16).is_ok_and(|f| f & 1 == 1);
-    (sampled
-        && id.len() == 32
-        && id.bytes().all(|b| b.is_ascii_hexdigit())
-        && id.bytes().any(|b| b != b'0'))
-    .then_some(id)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,28 +162,40 @@ mod tests {
     #[test]
     fn a_stored_context_is_found_and_read_but_never_taken_for_a_header() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let headers = vec![
-            ("webhook-id".to_owned(), "x".to_owned()),
-            (STORED_CONTEXT.to_owned(), tp.to_owned()),
-        ];
-        assert_eq!(stored(&headers), Some(tp));
-        assert_eq!(trace_id(tp), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        let with = |tp: &str| {
+            vec![
+                ("webhook-id".to_owned(), "x".to_owned()),
+                (STORED_CONTEXT.to_owned(), tp.to_owned()),
+            ]
+        };
+        let event = EventOf {
+            source: "sume",
+            event_id: "evt_1",
+            stream: None,
+            received_at_ms: 1,
+        };
+        assert_eq!(stored(&with(tp)), Some(tp));
+        assert_eq!(
+            event_trace_id(&with(tp), event).as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
         assert!(is_internal(STORED_CONTEXT));
         assert!(!is_internal("traceparent"));
         // A name an older build can forward, should it find one stored.
         assert!(reqwest::header::HeaderName::from_bytes(STORED_CONTEXT.as_bytes()).is_ok());
         // Unsampled: in no backend, so never shown.
-        assert_eq!(
-            trace_id("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"),
-            None
-        );
+        let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        assert_eq!(event_trace_id(&with(unsampled), event), None);
+        // Not a context: the event's trace is the one derived from it,
+        // named only while traces are on (no unit test turns them on).
         for bad in [
             "",
             "00",
             "00-xyz-00f067aa0ba902b7-01",
             "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
         ] {
-            assert_eq!(trace_id(bad), None, "{bad:?}");
+            assert_eq!(event_trace_id(&with(bad), event), None, "{bad:?}");
         }
+        assert_eq!(event_trace_id(&[], event), None);
     }
 }

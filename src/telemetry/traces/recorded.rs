@@ -78,11 +78,20 @@ impl Recorded {
         kind: SpanKind,
         sampler: &Sampler,
     ) -> Result<Box<Self>, Unsampled> {
-        let ids = RandomIdGenerator::default();
-        let trace_id = ids.new_trace_id();
-        let sampled = sampler.should_sample(None, trace_id, name, &kind, &[], &[]);
-        let span_id = ids.new_span_id();
-        if sampled.decision != SamplingDecision::RecordAndSample {
+        let trace_id = RandomIdGenerator::default().new_trace_id();
+        Self::root_in(trace_id, name, kind, sampler)
+    }
+
+    /// A root span `name` of `kind` in the trace `trace_id`, started now,
+    /// when `sampler` samples that trace.
+    pub fn root_in(
+        trace_id: TraceId,
+        name: &'static str,
+        kind: SpanKind,
+        sampler: &Sampler,
+    ) -> Result<Box<Self>, Unsampled> {
+        let span_id = RandomIdGenerator::default().new_span_id();
+        if !samples(sampler, trace_id, name, &kind) {
             return Err(unsampled(trace_id, span_id));
         }
         Ok(Self::new(name, kind, trace_id, span_id))
@@ -231,6 +240,15 @@ fn key_hash_text(hash: u64) -> String {
     // Exactly twice the hash's 8 bytes: never an error.
     let _ = hex::encode_to_slice(hash.to_be_bytes(), &mut text);
     std::str::from_utf8(&text).unwrap_or_default().to_owned()
+}
+
+/// Whether `sampler` samples a root span `name` of `kind` in the trace
+/// `trace_id` (the SDK's `TraceIdRatioBased` decides by the id alone).
+pub fn samples(sampler: &Sampler, trace_id: TraceId, name: &str, kind: &SpanKind) -> bool {
+    sampler
+        .should_sample(None, trace_id, name, kind, &[], &[])
+        .decision
+        == SamplingDecision::RecordAndSample
 }
 
 fn unsampled(trace_id: TraceId, span_id: SpanId) -> Unsampled {

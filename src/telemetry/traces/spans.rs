@@ -25,7 +25,7 @@ use opentelemetry::trace::{SpanId, TraceId};
 use opentelemetry::{KeyValue, Value};
 use tokio::task::futures::TaskLocalFuture;
 
-use super::recorded::{Recorded, Unsampled};
+use super::recorded::{Recorded, Unsampled, samples};
 use super::{on, sampler, stored};
 
 tokio::task_local! {
@@ -152,29 +152,102 @@ pub fn ingest<F: Future>(fut: F) -> impl Future<Output = F::Output> + use<F> {
     ))
 }
 
+/// Which event a delivery attempt is for, by what every store keeps of
+/// it: an event stored without a trace context derives its trace from it.
+#[derive(Debug, Clone, Copy)]
+pub struct EventOf<'a> {
+    /// The source it is stored under (a fan-out lane's own name).
+    pub source: &'a str,
+    pub event_id: &'a str,
+    pub stream: Option<&'a str>,
+    pub received_at_ms: u64,
+}
+
+impl EventOf<'_> {
+    /// The trace of an event stored without a context (received with
+    /// traces off, or by a build from before them): every attempt made for
+    /// it with traces on is a root span in it (the trace has no ingest
+    /// span). Derived, not drawn: from the event's source, id, stream and
+    /// receive time, which every store keeps, so an attempt after a
+    /// restart, on another instance of a shared inbox or from a bulk
+    /// replay joins the same trace, and the event's page names it without
+    /// a record of each attempt. SHA-256 over the fields, each written with
+    /// its length: as uniform as the ratio sampler needs, and decided the
+    /// same way for every attempt.
+    fn derived_trace_id(&self) -> TraceId {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        hash.update(b"dedupd event trace\0");
+        for field in [Some(self.source), Some(self.event_id), self.stream] {
+            match field {
+                Some(text) => {
+                    hash.update([1]);
+                    hash.update((text.len() as u64).to_be_bytes());
+                    hash.update(text.as_bytes());
+                }
+                None => hash.update([0]),
+            }
+        }
+        hash.update(self.received_at_ms.to_be_bytes());
+        let digest = hash.finalize();
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&digest[..16]);
+        // All zeros is no trace (a chance of 2^-128, but never invalid).
+        if id == [0; 16] {
+            id[15] = 1;
+        }
+        TraceId::from_bytes(id)
+    }
+}
+
+/// What an event's attempts are in: its stored ingest span (a remote
+/// parent), or, stored without one (or with one that is not a valid
+/// `traceparent`), the trace derived from the event.
+fn event_context(headers: &[(String, String)], event: EventOf<'_>) -> Result<SpanContext, TraceId> {
+    stored(headers)
+        .and_then(parse_traceparent)
+        .ok_or_else(|| event.derived_trace_id())
+}
+
+/// The trace an event's page names, the one its attempts made with traces
+/// on are in: its ingest's, stored with it, when that was sampled; for
+/// an event stored without one, while traces are on, the trace derived
+/// from it, when the sampler samples it. None otherwise: an unsampled
+/// trace is in no backend.
+pub fn event_trace_id(headers: &[(String, String)], event: EventOf<'_>) -> Option<String> {
+    let trace_id = match event_context(headers, event) {
+        Ok(parent) => parent.is_sampled().then(|| parent.trace_id())?,
+        Err(derived) => sampler()
+            .filter(|s| samples(s, derived, "deliver", &SpanKind::Client))
+            .map(|_| derived)?,
+    };
+    Some(trace_id.to_string())
+}
+
 /// Runs one delivery attempt's `fut` in its `deliver` span: a child of
-/// the event's ingest span, whose context is stored in its `headers` (a
-/// trace's root for an event stored without one). Inside, note its
-/// status, latency and outcome.
+/// the event's ingest span, whose context is stored in its `headers`, or
+/// for an event stored without one a root span in the trace derived from
+/// it ([`EventOf`]). Inside, note its status, latency and outcome. The
+/// span's `dedupd.source` is `source` (a fan-out lane's source).
 pub fn attempt<F: Future>(
     headers: &[(String, String)],
+    event: EventOf<'_>,
     source: &str,
     destination: &str,
-    event_id: &str,
     attempt: u32,
     fut: F,
 ) -> impl Future<Output = F::Output> + use<F> {
     let Some(sampler) = sampler() else {
         return Either::Left(fut);
     };
-    let started = match stored(headers).and_then(parse_traceparent) {
-        Some(parent) => Recorded::child("deliver", SpanKind::Client, &parent),
-        None => Recorded::root("deliver", SpanKind::Client, sampler),
+    let started = match event_context(headers, event) {
+        Ok(parent) => Recorded::child("deliver", SpanKind::Client, &parent),
+        Err(derived) => Recorded::root_in(derived, "deliver", SpanKind::Client, sampler),
     };
     let started = started.map(|mut span| {
         span.set_attribute(KeyValue::new("dedupd.source", source.to_owned()));
         span.set_attribute(KeyValue::new("dedupd.destination", destination.to_owned()));
-        span.set_attribute(KeyValue::new("dedupd.event_id", event_id.to_owned()));
+        span.set_attribute(KeyValue::new("dedupd.event_id", event.event_id.to_owned()));
         span.set_attribute(KeyValue::new("dedupd.attempt", i64::from(attempt)));
         span
     });
@@ -365,6 +438,97 @@ pub(super) mod tests {
         (sc.trace_id().to_string(), sc.span_id().to_string())
     }
 
+    /// An event stored without a trace context: each of its attempts
+    /// (after a restart, on another instance) finds the same trace, one
+    /// of its own, sampled alike; a stored context is the parent instead.
+    #[test]
+    fn an_event_stored_without_a_context_has_one_trace_derived_from_it() {
+        let event = EventOf {
+            source: "sume",
+            event_id: "evt_1",
+            stream: Some("run_1"),
+            received_at_ms: 1_765_000_000_000,
+        };
+        let derived = event_context(&[], event).expect_err("nothing stored");
+        assert!(derived != TraceId::INVALID);
+        assert_eq!(
+            event_context(&[], event),
+            Err(derived),
+            "the same each time"
+        );
+        let others = [
+            EventOf {
+                source: "sume_eu",
+                ..event
+            },
+            EventOf {
+                event_id: "evt_2",
+                ..event
+            },
+            EventOf {
+                stream: None,
+                ..event
+            },
+            EventOf {
+                stream: Some(""),
+                ..event
+            },
+            EventOf {
+                received_at_ms: event.received_at_ms + 1,
+                ..event
+            },
+            // Where one field ends and the next begins counts.
+            EventOf {
+                source: "sumee",
+                event_id: "vt_1",
+                ..event
+            },
+        ];
+        let mut ids: Vec<TraceId> = others.iter().map(|e| e.derived_trace_id()).collect();
+        ids.push(derived);
+        ids.sort_by_key(|id| id.to_bytes());
+        ids.dedup();
+        assert_eq!(ids.len(), others.len() + 1, "each event a trace of its own");
+
+        // Its attempts are roots in that trace, each a span of its own,
+        // and the ratio sampler decides by the trace: alike every time.
+        let always = opentelemetry_sdk::trace::Sampler::AlwaysOn;
+        let a = Recorded::root_in(derived, "deliver", SpanKind::Client, &always).unwrap();
+        let b = Recorded::root_in(derived, "deliver", SpanKind::Client, &always).unwrap();
+        assert_eq!(a.span_context().trace_id(), derived);
+        assert_eq!(b.span_context().trace_id(), derived);
+        assert!(a.span_context().span_id() != b.span_context().span_id());
+        let half = opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(0.5);
+        let decisions: Vec<bool> = (0..2000)
+            .map(|n| {
+                let e = EventOf {
+                    received_at_ms: n,
+                    ..event
+                };
+                let id = e.derived_trace_id();
+                let first = Recorded::root_in(id, "deliver", SpanKind::Client, &half).is_ok();
+                let again = Recorded::root_in(id, "deliver", SpanKind::Client, &half).is_ok();
+                assert_eq!(first, again, "one event's attempts sampled alike");
+                first
+            })
+            .collect();
+        let sampled = decisions.iter().filter(|&&d| d).count();
+        assert!(
+            (800..1200).contains(&sampled),
+            "about half sampled: {sampled}"
+        );
+
+        // Stored with a context: that is the attempts' parent.
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let headers = vec![(super::super::STORED_CONTEXT.to_owned(), tp.to_owned())];
+        let parent = event_context(&headers, event).expect("stored");
+        assert_eq!(
+            parent.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(parent.span_id().to_string(), "00f067aa0ba902b7");
+    }
+
     #[test]
     fn a_traceparent_is_read_strictly_and_keeps_nothing_but_ids_and_sampling() {
         let sc = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03")
@@ -407,7 +571,20 @@ pub(super) mod tests {
         assert_eq!(ingest(async { 7 }).await, 7);
         assert_eq!(api("claim", async { 8 }).await, 8);
         assert_eq!(
-            attempt(&[], "sume", "default", "e1", 1, async { 9 }).await,
+            attempt(
+                &[],
+                EventOf {
+                    source: "sume",
+                    event_id: "e1",
+                    stream: None,
+                    received_at_ms: 1,
+                },
+                "sume",
+                "default",
+                1,
+                async { 9 }
+            )
+            .await,
             9
         );
         assert_eq!(stored_context(), None);
