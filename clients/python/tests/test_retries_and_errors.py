@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -511,3 +513,135 @@ def test_a_release_after_an_exception_is_sent_again_after_a_dropped_answer() -> 
     with client(t) as c, pytest.raises(KeyError), c.claim("k"):
         raise KeyError("the work failed")
     assert seen == ["POST /v1/claims/k", "DELETE /v1/claims/k", "DELETE /v1/claims/k"]
+
+
+class Trickler:
+    """A peer (a misbehaving proxy, say) on a real socket that answers a
+    claim at once and everything else a byte at a time, for ever:
+    ``status`` the status line itself, ``body`` a body after its headers."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                while not self.closed.is_set():
+                    request = conn.recv(65536)
+                    if not request:
+                        return
+                    line = request.split(b"\r\n", 1)[0]
+                    if line.startswith(b"POST /v1/claims/k "):
+                        body = json.dumps(
+                            {
+                                "key": "k",
+                                "state": "processing",
+                                "token": TOKEN,
+                                "fence": 1,
+                                "expires_at_ms": 1,
+                            }
+                        ).encode()
+                        conn.sendall(
+                            b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n"
+                            + f"content-length: {len(body)}\r\n\r\n".encode()
+                            + body
+                        )
+                        continue
+                    if self.mode == "status":
+                        answer = b"HTTP/1.1 200 OK\r\n" * 10_000
+                    else:
+                        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n")
+                        answer = b" " * 1_000_000
+                    for byte in answer:
+                        if self.closed.is_set():
+                            return
+                        conn.sendall(bytes([byte]))
+                        time.sleep(0.05)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
+
+
+@pytest.fixture(params=["status", "body"])
+def trickler(request: pytest.FixtureRequest) -> Iterator[Trickler]:
+    t = Trickler(request.param)
+    yield t
+    t.close()
+
+
+def finishes(fn: Callable[[], Any]) -> BaseException | None:
+    """Runs ``fn`` on a thread; its exception. Fails if it is still running
+    after a minute (it would never end)."""
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # handed to the test
+            caught.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the call never ended"
+    return caught[0] if caught else None
+
+
+def test_a_peer_answering_a_byte_at_a_time_is_cut_off_at_the_timeout(trickler: Trickler) -> None:
+    # httpx's timeout bounds each read: every byte resets it. The client's
+    # bounds the whole request.
+    with dedupd.Client(trickler.url, token=TOKEN, timeout=0.5, retries=0) as c:
+        e = finishes(lambda: c.get("x"))
+    assert isinstance(e, dedupd.NetworkError), repr(e)
+    assert isinstance(e.__cause__, httpx.TimeoutException), repr(e.__cause__)
+
+    async def get() -> None:
+        async with dedupd.AsyncClient(trickler.url, token=TOKEN, timeout=0.5, retries=0) as c:
+            await c.get("x")
+
+    e = finishes(lambda: asyncio.run(get()))
+    assert isinstance(e, dedupd.NetworkError), repr(e)
+    assert isinstance(e.__cause__, httpx.TimeoutException), repr(e.__cause__)
+
+
+def test_a_heartbeat_answered_a_byte_at_a_time_loses_the_claim_once_its_ttl_passed(
+    trickler: Trickler,
+) -> None:
+    # Each extend waits at most its share of the period, so the claim is
+    # found lost by the client's clock and the block's done is never sent.
+    with dedupd.Client(trickler.url, token=TOKEN, timeout=0.5, retries=0) as c:
+
+        def work() -> None:
+            with c.claim("k", ttl=0.6):
+                claim = dedupd.current_claim()
+                wait_until(lambda: claim.lost, "the claim to be found lost")
+
+        e = finishes(work)
+    assert isinstance(e, dedupd.ClaimLost), repr(e)
+
+    async def awork() -> None:
+        async with dedupd.AsyncClient(trickler.url, token=TOKEN, timeout=0.5, retries=0) as c:
+            claim = await c.claim("k", ttl=0.6)
+            async with claim:
+                while not claim.lost:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+
+    e = finishes(lambda: asyncio.run(asyncio.wait_for(awork(), 30)))
+    assert isinstance(e, dedupd.ClaimLost), repr(e)

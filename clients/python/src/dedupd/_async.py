@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import httpx
 
-from . import _core
+from . import _core, _deadline
 from ._context import CURRENT, reset
 from ._errors import (
     AlreadyDone,
@@ -102,6 +102,8 @@ class AsyncClient:
             timeout=self._timeout,
             transport=transport,
         )
+        # Each request within its timeout in all, not only each read.
+        _deadline.bound(self._http)
 
     async def aclose(self) -> None:
         """Closes the pooled connections."""
@@ -120,13 +122,14 @@ class AsyncClient:
         attempt = 0
         while True:
             try:
-                resp = await self._http.request(
-                    call.method,
-                    call.path,
-                    content=call.content(),
-                    headers=_core.body_headers(call),
-                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
-                )
+                with _deadline.within(self._timeout if timeout is None else timeout):
+                    resp = await self._http.request(
+                        call.method,
+                        call.path,
+                        content=call.content(),
+                        headers=_core.body_headers(call),
+                        timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+                    )
             except httpx.TransportError as e:
                 if _core.may_resend(call, e) and attempt < limit:
                     await asyncio.sleep(_core.backoff(attempt))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import httpx
 
-from . import _core
+from . import _core, _deadline
 from ._context import CURRENT, reset
 from ._errors import (
     AlreadyDone,
@@ -99,12 +99,15 @@ class Client:
         _CLIENTS.add(self)
 
     def _new_http(self) -> httpx.Client:
-        return httpx.Client(
+        http = httpx.Client(
             base_url=self.url,
             headers=self._headers,
             timeout=self._timeout,
             transport=self._transport,
         )
+        # Each request within its timeout in all, not only each read.
+        _deadline.bound(http)
+        return http
 
     def _after_fork(self) -> None:
         """In the child of a fork: the parent's heartbeat thread does not run
@@ -138,13 +141,14 @@ class Client:
         attempt = 0
         while True:
             try:
-                resp = self._http.request(
-                    call.method,
-                    call.path,
-                    content=call.content(),
-                    headers=_core.body_headers(call),
-                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
-                )
+                with _deadline.within(self._timeout if timeout is None else timeout):
+                    resp = self._http.request(
+                        call.method,
+                        call.path,
+                        content=call.content(),
+                        headers=_core.body_headers(call),
+                        timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+                    )
             except httpx.TransportError as e:
                 if _core.may_resend(call, e) and attempt < limit:
                     time.sleep(_core.backoff(attempt))
