@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import pickle
 import threading
 import time
 from typing import Any
@@ -123,6 +124,32 @@ def test_a_result_the_server_refuses_is_done_without_one(server: Server, key: st
         record = client.get(key)
         assert record is not None
         assert (record.state, record.result) == ("done", None)
+
+
+def test_a_done_ttl_over_the_servers_maximum_still_marks_done(
+    client: dedupd.Client, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server refuses a done's TTL over its claims.max_ttl (30 days by
+    # default) only once the work has run: failing then would leave the key
+    # claimed, and the next delivery would run the work again.
+    runs: list[int] = []
+
+    @client.once(key=lambda: key, ttl=30, done_ttl=40 * 86400)
+    def charge() -> dict[str, int]:
+        runs.append(1)
+        return {"charged": 10}
+
+    with caplog.at_level(logging.WARNING, logger="dedupd"):
+        assert charge() == {"charged": 10}
+    assert "done_ttl" in caplog.text
+    assert "invalid_ttl" in caplog.text
+    record = client.get(key)
+    assert record is not None
+    assert (record.state, record.result) == ("done", {"charged": 10})
+    # The server's default done TTL (a day), not the 40 days asked for.
+    assert record.expires_at_ms - time.time() * 1000 <= 86_400_000
+    assert charge() == {"charged": 10}
+    assert runs == [1]
 
 
 def test_a_key_busy_elsewhere_raises_busy_with_its_expiry(client: dedupd.Client, key: str) -> None:
@@ -495,6 +522,13 @@ def test_a_done_that_keeps_failing_raises_done_failed_with_the_value(
         record = worker.get(key)
         assert record is not None
         assert record.state == "processing"
+        # Raised in a pool's worker process, it reaches the parent whole:
+        # its value and fields, but not the claim (it holds its client).
+        again = pickle.loads(pickle.dumps(e.value))
+        assert type(again) is dedupd.DoneFailed
+        assert (again.value, again.key, again.claim) == ({"charged": "ch_1"}, key, None)
+        assert str(again) == str(e.value)
+        assert str(e.value).count(repr(key)) == 1, str(e.value)
         rec.cut_dones = False
         e.value.claim.done(e.value.value)
         record = worker.get(key)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import re
 import socket
 import threading
@@ -309,6 +310,17 @@ def test_only_dedupds_not_found_is_an_absent_key(answer: Callable[[], httpx.Resp
     c = client(t)
     assert c.get("k") is None
     assert c.head("s") is None
+
+
+def test_every_error_pickles_with_its_fields() -> None:
+    e = dedupd.Busy(
+        "held", status=409, code="busy", problem={"code": "busy", "expires_at_ms": 5}, key="k"
+    )
+    again = pickle.loads(pickle.dumps(e))
+    assert type(again) is dedupd.Busy
+    assert (again.detail, again.status, again.code, again.key) == ("held", 409, "busy", "k")
+    assert again.problem == {"code": "busy", "expires_at_ms": 5}
+    assert str(again) == str(e)
 
 
 def test_secrets_stay_out_of_messages_and_reprs() -> None:

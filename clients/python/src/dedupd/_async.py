@@ -396,19 +396,22 @@ class AsyncClaim(BaseClaim):
                 "the claim was lost while the work ran: it is not marked done", key=self.key
             ) from self._lost
         result = _core.encode_result(self.result, self._client.max_result_bytes)
+        ttl = self.done_ttl
         try:
-            try:
-                await self._done(result)
-            except InvalidRequest as e:
-                if result is None or not _core.refuses_result(e):
-                    raise
-                _core.log.warning("the result of %r is not stored: %s", self.key, e)
-                await self._done(None)
+            while True:
+                try:
+                    await self._client.done(self.key, self.token, ttl=ttl, result=result)
+                    break
+                except InvalidRequest as e:
+                    lighter = _core.lighter_done(self.key, e, result, ttl)
+                    if lighter is None:
+                        raise
+                    result, ttl = lighter
         except NotOwner as e:
             raise ClaimLost("the claim was taken over before done", key=self.key) from e
         except DedupdError as e:
             raise DoneFailed(
-                f"the work finished but marking it done failed: {e}",
+                f"the work finished but marking it done failed: {e.reason()}",
                 value=self.result,
                 claim=self,
                 key=self.key,

@@ -181,6 +181,29 @@ def refuses_result(e: InvalidRequest) -> bool:
     return isinstance(e, ResultTooLarge) or e.field == "result"
 
 
+def lighter_done(
+    key: str, e: InvalidRequest, result: Any, ttl: float | None
+) -> tuple[Any, float | None] | None:
+    """What to send again a block's done with, that the server refused for
+    its result or its TTL alone (it changed nothing): without the result
+    (too large, nested too deep), or without the TTL (over the server's
+    ``claims.max_ttl``: its ``claims.default_done_ttl`` applies). The work
+    has run: marking it done matters more than either, and failing instead
+    would leave the key claimed, so the work would run again at the next
+    delivery. None when neither is the cause."""
+    if result is not None and refuses_result(e):
+        log.warning("the result of %r is not stored: %s", key, e)
+        return None, ttl
+    if ttl is not None and e.field == "ttl_ms":
+        log.warning(
+            "the done_ttl of %r is refused (%s): marked done for the server's default done TTL",
+            key,
+            e,
+        )
+        return result, None
+    return None
+
+
 def json_bytes(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 

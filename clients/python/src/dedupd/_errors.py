@@ -37,10 +37,23 @@ class DedupdError(Exception):
         self.problem: Mapping[str, Any] = problem or {}
         self.key = key
 
+    def reason(self) -> str:
+        """The message without the key: ``"400 invalid_ttl: ..."``."""
+        prefix = f"{self.status} {self.code}: " if self.code else ""
+        return f"{prefix}{self.detail}"
+
     def __str__(self) -> str:
         where = f" (key {self.key!r})" if self.key is not None else ""
-        prefix = f"{self.status} {self.code}: " if self.code else ""
-        return f"{prefix}{self.detail}{where}"
+        return f"{self.reason()}{where}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (a multiprocessing pool's worker raising it) with every
+        # field, not only the message: Exception's own would call the class
+        # with the message alone.
+        return (_rebuild, (type(self), self.detail), self._picklable_state())
+
+    def _picklable_state(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 class NetworkError(DedupdError):
@@ -157,7 +170,8 @@ class DoneFailed(DedupdError):
     the retries, a 503 that outlasted them, ...): ``__cause__`` is the error.
     ``value`` is what the decorated function returned (or the block's
     ``result``); ``claim`` is the claim, to send the done again with
-    ``claim.done(value)``. The key stays claimed until its TTL lapses (the
+    ``claim.done(value)`` (``claim.done()`` for a value that is not JSON;
+    ``None`` once pickled to another process). The key stays claimed until its TTL lapses (the
     heartbeat has stopped); it was not released, so no retry can run the work
     again while the claim lasts."""
 
@@ -166,10 +180,23 @@ class DoneFailed(DedupdError):
         self.value = value
         self.claim = claim
 
+    def _picklable_state(self) -> dict[str, Any]:
+        # The claim holds its client (connections, locks, a thread), which
+        # cannot cross to another process: there it is None, and the value
+        # (when it pickles) goes on.
+        return {**self.__dict__, "claim": None}
+
 
 class InvalidSignature(DedupdError):
     """:func:`dedupd.verify_delivery` refused a delivery: a header is missing,
     the timestamp is out of tolerance, or no signature matches."""
+
+
+def _rebuild(cls: type[DedupdError], detail: str) -> DedupdError:
+    """An exception of ``cls`` with ``detail``, its fields set by pickle after."""
+    e = cls.__new__(cls)
+    Exception.__init__(e, detail)
+    return e
 
 
 _BY_CODE: dict[str, type[DedupdError]] = {
