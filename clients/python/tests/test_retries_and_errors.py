@@ -6,7 +6,9 @@ real 503 of a store outage)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import logging
 import pickle
 import re
 import socket
@@ -348,6 +350,40 @@ def test_secrets_stay_out_of_messages_and_reprs() -> None:
         _core.extend("k", TOKEN, 30),
     ):
         assert TOKEN not in repr(call)
+
+
+def test_a_token_that_would_break_its_header_is_refused_without_being_shown() -> None:
+    for bad in ("tok_s3cret\nX-Evil: 1", "tok_s3cret\r", "tok_s3cret\x00", "tøk_s3cret", " tok"):
+        with pytest.raises(ValueError, match="visible ASCII") as e:
+            dedupd.Client(URL, token=bad)
+        assert "s3cret" not in str(e.value)
+        with pytest.raises(ValueError, match="visible ASCII"):
+            dedupd.AsyncClient(URL, token=bad)
+
+
+def test_a_urls_user_and_password_are_basic_auth_never_logged_nor_beside_a_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with pytest.raises(ValueError, match="in place of the token") as e:
+        dedupd.Client("http://user:s3cret@dedupd.test", token=TOKEN)
+    assert "s3cret" not in str(e.value)
+    with pytest.raises(ValueError, match="in place of the token"):
+        dedupd.AsyncClient("http://user:s3cret@dedupd.test", token=TOKEN)
+    # Without a token: sent as basic authentication (to a proxy in front of
+    # dedupd, say), as httpx would, but kept out of its request log.
+    seen: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization", ""))
+        return problem(404, "not_found")
+
+    c = dedupd.Client("http://user:s3cret@dedupd.test", transport=httpx.MockTransport(handle))
+    with caplog.at_level(logging.DEBUG):
+        assert c.get("k") is None
+    assert seen == ["Basic " + base64.b64encode(b"user:s3cret").decode()]
+    assert c.url == "http://dedupd.test"
+    assert "dedupd.test" in caplog.text
+    assert "s3cret" not in caplog.text
 
 
 # The heartbeat and the way out, against scripted answers.

@@ -91,7 +91,7 @@ class AsyncClient:
         max_result_bytes: int = _core.DEFAULT_MAX_RESULT_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.url = _core.check_url(url)
+        self.url, auth = _core.basic_auth(_core.check_url(url), token)
         self._retries = _core.check_count(retries, "retries")
         self._max_retry_wait = _core.check_seconds(max_retry_wait, "max_retry_wait")
         self.max_result_bytes = _core.check_count(max_result_bytes, "max_result_bytes")
@@ -99,6 +99,7 @@ class AsyncClient:
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers=_core.headers(token),
+            auth=auth,
             timeout=self._timeout,
             transport=transport,
         )

@@ -127,12 +127,32 @@ def check_count(value: int, what: str) -> int:
 def headers(token: str | None) -> dict[str, str]:
     h = {"user-agent": USER_AGENT, "accept": "application/json"}
     if token is not None:
-        if not isinstance(token, str) or not token or token != token.strip():
+        # Visible ASCII only: a line break or a NUL would fail every request
+        # later, with the header, token and all, in httpx's error and log.
+        if not isinstance(token, str) or not token or not all("!" <= c <= "~" for c in token):
             raise ValueError(
-                "token must be a non-empty str without surrounding spaces (an API token)"
+                "token must be a non-empty str of visible ASCII characters, without spaces "
+                "or line breaks (an API token)"
             )
         h["authorization"] = f"Bearer {token}"
     return h
+
+
+def basic_auth(url: str, token: str | None) -> tuple[str, httpx.BasicAuth | None]:
+    """``url`` without its ``user:password@``, and those as the basic
+    authentication httpx would send for them (to a proxy in front of
+    dedupd): sent the same, but never in httpx's log of each request's URL.
+    Refused beside a token: a request has one ``Authorization`` header, and
+    the URL's would replace the token dedupd checks."""
+    parts = httpx.URL(url)
+    if not parts.userinfo:
+        return url, None
+    if token is not None:
+        raise ValueError(
+            f"url {public_url(url)!r} has a user and password, which would be sent as the "
+            "Authorization header in place of the token: give one or the other"
+        )
+    return public_url(url), httpx.BasicAuth(parts.username, parts.password)
 
 
 def created_at_text(created_at: str | datetime) -> str:

@@ -85,7 +85,7 @@ class Client:
         max_result_bytes: int = _core.DEFAULT_MAX_RESULT_BYTES,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.url = _core.check_url(url)
+        self.url, self._auth = _core.basic_auth(_core.check_url(url), token)
         self._retries = _core.check_count(retries, "retries")
         self._max_retry_wait = _core.check_seconds(max_retry_wait, "max_retry_wait")
         self.max_result_bytes = _core.check_count(max_result_bytes, "max_result_bytes")
@@ -102,6 +102,7 @@ class Client:
         http = httpx.Client(
             base_url=self.url,
             headers=self._headers,
+            auth=self._auth,
             timeout=self._timeout,
             transport=self._transport,
         )
