@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 import dedupd
+from dedupd import _deadline
 
 REPO = Path(__file__).resolve().parents[2]
 # DEDUPD_TEST_BACKENDS=redb runs one backend only (a binary built without Redis support).
@@ -273,7 +274,12 @@ class Recorder(httpx.HTTPTransport):
         if hold is not None and path.endswith("/extend"):
             self.held += 1
             hold.wait(30)
-        resp = super().handle_request(request)
+            # Held as if the worker paused before it began the request: sent
+            # late, within a timeout of its own.
+            with _deadline.within(10):
+                resp = super().handle_request(request)
+        else:
+            resp = super().handle_request(request)
         self.calls.append((request.method, path, resp.status_code))
         return resp
 
@@ -300,7 +306,10 @@ class AsyncRecorder(httpx.AsyncHTTPTransport):
         if hold is not None and path.endswith("/extend"):
             self.held += 1
             await asyncio.wait_for(hold.wait(), 30)
-        resp = await super().handle_async_request(request)
+            with _deadline.within(10):  # as Recorder's
+                resp = await super().handle_async_request(request)
+        else:
+            resp = await super().handle_async_request(request)
         self.calls.append((request.method, path, resp.status_code))
         return resp
 

@@ -386,6 +386,73 @@ def test_a_urls_user_and_password_are_basic_auth_never_logged_nor_beside_a_token
     assert "s3cret" not in caplog.text
 
 
+class Unread(httpx.SyncByteStream):
+    """A body read by the client as it comes, not by the test's Response."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self.body
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda: httpx.Response(
+            200, stream=Unread(b"not gzip"), headers={"content-encoding": "gzip"}
+        ),
+        lambda: httpx.Response(
+            200, content=b"[" * 200_000, headers={"content-type": "application/json"}
+        ),
+        lambda: httpx.Response(409, content=b"{" * 200_000),
+    ],
+    ids=["bad-gzip", "deep-json", "deep-problem"],
+)
+def test_an_answer_that_cannot_be_read_is_a_dedupd_error(
+    answer: Callable[[], httpx.Response],
+) -> None:
+    t, _ = scripted(answer())
+    with pytest.raises(dedupd.DedupdError):
+        client(t, retries=0).get("k")
+
+
+def test_a_retry_after_that_is_not_ascii_digits_is_no_delay() -> None:
+    t, seen = scripted(
+        httpx.Response(
+            503,
+            json={"code": "store_unavailable"},
+            headers=[(b"retry-after", "\u00b2".encode())],  # a digit to str.isdigit
+        ),
+        STATE,
+    )
+    assert client(t, retries=1).get("k") is not None
+    assert len(seen) == 2
+
+
+def test_a_release_answered_by_something_else_is_not_taken_for_one() -> None:
+    t, _ = scripted(httpx.Response(200, html="<html>captive portal</html>"))
+    with pytest.raises(dedupd.ServerError, match="not dedupd's 204"):
+        client(t, retries=0).release("k", TOKEN)
+
+
+def test_the_blocks_exception_goes_on_whatever_its_release_meets() -> None:
+    for release in (
+        lambda: httpx.Response(200, stream=Unread(b"x"), headers={"content-encoding": "gzip"}),
+        lambda: httpx.Response(500, content=b"[" * 200_000),
+    ):
+        t, seen = routed(claim=claimed, release=release)
+        with client(t, retries=0) as c:
+
+            @c.once(key=lambda: "k")
+            def work() -> None:
+                raise KeyError("the user's own")
+
+            with pytest.raises(KeyError, match="the user's own"):
+                work()
+        assert seen == ["claim", "release"]
+
+
 # The heartbeat and the way out, against scripted answers.
 
 

@@ -28,6 +28,7 @@ from ._errors import (
     InvalidRequest,
     NetworkError,
     NotOwner,
+    ServerError,
 )
 from ._models import Applied, BaseClaim, Head, Record
 
@@ -131,6 +132,9 @@ class AsyncClient:
                         headers=_core.body_headers(call),
                         timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
                     )
+            except httpx.DecodingError as e:
+                # A body its Content-Encoding does not decode: not dedupd's answer.
+                raise ServerError(f"an answer that cannot be decoded: {e}", key=call.key) from e
             except httpx.TransportError as e:
                 if _core.may_resend(call, e) and attempt < limit:
                     await asyncio.sleep(_core.backoff(attempt))
@@ -389,8 +393,8 @@ class AsyncClaim(BaseClaim):
             if self._lost is None:
                 try:
                     await self._client.release(self.key, self.token)
-                except DedupdError as e:
-                    _core.log.warning("releasing %r after %r failed: %s", self.key, exc, e)
+                except Exception as e:  # whatever it is, the block's own exception goes on
+                    _core.log.warning("releasing %r after %r failed: %r", self.key, exc, e)
             return
         if self._lost is not None:
             raise ClaimLost(

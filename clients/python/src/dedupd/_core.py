@@ -316,7 +316,7 @@ def body_headers(call: Call[Any]) -> dict[str, str] | None:
 def _json(resp: httpx.Response, key: str) -> dict[str, Any]:
     try:
         value = resp.json()
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # not JSON, or nested past Python's stack
         raise ServerError(
             f"HTTP {resp.status_code} with a body that is not JSON",
             status=resp.status_code,
@@ -335,7 +335,7 @@ def error(resp: httpx.Response, key: str) -> DedupdError:
     """The exception for an error answer."""
     try:
         problem = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         problem = {}
     if not isinstance(problem, dict):
         problem = {}
@@ -441,8 +441,17 @@ def release(key: str, token: str) -> Call[None]:
     key = check_key(key)
 
     def parse(resp: httpx.Response) -> None:
-        if not resp.is_success:
-            raise error(resp, key)
+        if resp.status_code == 204:
+            return
+        if resp.is_success:
+            # dedupd answers 204: a 200 with a page is something between.
+            raise ServerError(
+                f"HTTP {resp.status_code} to a release, not dedupd's 204: the release is not "
+                "known to have been made",
+                status=resp.status_code,
+                key=key,
+            )
+        raise error(resp, key)
 
     body = {"token": check_token(token)}
     return Call("DELETE", f"/v1/claims/{segment(key)}", body, key, parse, owner=True)
@@ -524,7 +533,7 @@ def retry_after(headers: httpx.Headers) -> float | None:
     if raw is None:
         return None
     raw = raw.strip()
-    if raw.isdigit():
+    if raw.isascii() and raw.isdigit():  # not "²", a digit to str.isdigit
         return float(raw)
     try:
         when = parsedate_to_datetime(raw)
