@@ -63,3 +63,22 @@ def test_a_forged_or_stale_delivery_is_refused(
 def test_no_secret_is_a_usage_error() -> None:
     with pytest.raises(ValueError, match="secret"):
         dedupd.verify_delivery(signed(), BODY, [])
+
+
+def test_a_signed_body_that_is_not_json_is_there_as_bytes() -> None:
+    # A provider's form-encoded webhook, which the gateway forwards as it came.
+    form = b"payload=%7B%22action%22%3A%22opened%22%7D"
+    headers = signed(form)
+    assert dedupd.verify_delivery(headers, form, SECRET, json=False) == form
+    assert dedupd.verify_delivery(signed(), BODY, SECRET, json=False) == BODY
+    with pytest.raises(ValueError, match="json=False") as e:
+        dedupd.verify_delivery(headers, form, SECRET)
+    assert not isinstance(e.value, dedupd.InvalidSignature), "it is signed"
+    with pytest.raises(dedupd.InvalidSignature):
+        dedupd.verify_delivery(headers, form + b"&x=1", SECRET, json=False)
+
+
+def test_a_secret_that_is_not_one_is_named_by_its_place_never_shown() -> None:
+    with pytest.raises(ValueError, match="secret 0 is not a destination secret") as e:
+        dedupd.verify_delivery(signed(), BODY, ["whsec_not*base64!", SECRET])
+    assert "not*base64" not in str(e.value)
