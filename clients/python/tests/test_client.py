@@ -233,6 +233,12 @@ def test_apply_and_head_keep_streams_in_order(client: dedupd.Client, key: str) -
     assert (a.outcome, a.applied, a.head) == ("stale", False, b.head)
     assert client.apply(key, f"{key}:B", "2026-11-29T10:05:00Z").outcome == "duplicate"
     assert client.head(key) == b.head
+    # An offset with seconds (a historical zone's), which RFC 3339 has not:
+    # sent as the same instant in UTC, 10:10:00, newer than B.
+    odd = timezone(timedelta(minutes=9, seconds=21))
+    c = client.apply(key, f"{key}:C", datetime(2026, 11, 29, 10, 19, 21, tzinfo=odd))
+    assert (c.outcome, c.applied) == ("applied", True)
+    assert c.head.created_at in ("2026-11-29T10:10:00+00:00", "2026-11-29T10:10:00Z")
 
 
 def test_a_token_is_needed(server: Server, key: str) -> None:

@@ -15,7 +15,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Generic, TypeVar, cast
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -161,6 +161,11 @@ def created_at_text(created_at: str | datetime) -> str:
             raise ValueError(
                 "created_at must be an aware datetime (with a timezone), got a naive one"
             )
+        offset = created_at.utcoffset()
+        if offset is not None and (offset.seconds % 60 or offset.microseconds):
+            # RFC 3339 offsets are whole minutes (a historical zone's
+            # +00:09:21 is not one): the same instant, in UTC.
+            created_at = created_at.astimezone(timezone.utc)
         return created_at.isoformat()
     if not isinstance(created_at, str):
         raise TypeError(
