@@ -395,3 +395,22 @@ async def test_work_that_would_run_later_is_refused(server: Server, key: str) ->
             await deferred()
         assert await client.get(key) is None
     assert heartbeat_tasks() == []
+
+
+def test_a_client_goes_on_under_a_new_event_loop(server: Server, key: str) -> None:
+    # A module's client, a job's asyncio.run each: the first loop's
+    # connections closed with it, and a claim made through them would be
+    # left held by nobody.
+    client = server.async_client()
+    runs: list[str] = []
+
+    @client.once(key=lambda k: k, ttl=60)
+    async def handle(k: str) -> str:
+        runs.append(k)
+        return k
+
+    assert asyncio.run(handle(f"{key}/a")) == f"{key}/a"
+    assert asyncio.run(handle(f"{key}/b")) == f"{key}/b"
+    assert asyncio.run(handle(f"{key}/b")) == f"{key}/b"
+    assert runs == [f"{key}/a", f"{key}/b"]
+    asyncio.run(client.aclose())

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import inspect
 import time
+import weakref
 from collections.abc import Awaitable, Generator, Iterator
 from contextvars import Token
 from types import TracebackType
@@ -97,19 +98,43 @@ class AsyncClient:
         self._max_retry_wait = _core.check_seconds(max_retry_wait, "max_retry_wait")
         self.max_result_bytes = _core.check_count(max_result_bytes, "max_result_bytes")
         self._timeout = _core.check_seconds(timeout, "timeout", positive=True)
-        self._http = httpx.AsyncClient(
+        self._headers = _core.headers(token)
+        self._auth = auth
+        self._transport = transport
+        self._http = self._new_http()
+        # The event loop its connections belong to, from its first request.
+        self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+
+    def _new_http(self) -> httpx.AsyncClient:
+        http = httpx.AsyncClient(
             base_url=self.url,
-            headers=_core.headers(token),
-            auth=auth,
+            headers=self._headers,
+            auth=self._auth,
             timeout=self._timeout,
-            transport=transport,
+            transport=self._transport,
         )
         # Each request within its timeout in all, not only each read.
-        _deadline.bound(self._http)
+        _deadline.bound(http)
+        return http
+
+    def _http_here(self) -> httpx.AsyncClient:
+        """The connections for the running event loop. Those of another
+        loop cannot be used from this one (each belongs to the loop that
+        opened it; ``asyncio.run`` called again, say, closed it): under a
+        new loop the client opens new ones, and drops the old (a
+        ``transport`` given is kept as it is)."""
+        loop = asyncio.get_running_loop()
+        owner = None if self._loop is None else self._loop()
+        if owner is not loop:
+            if self._loop is not None:
+                self._http = self._new_http()
+            self._loop = weakref.ref(loop)
+        return self._http
 
     async def aclose(self) -> None:
-        """Closes the pooled connections."""
-        await self._http.aclose()
+        """Closes the pooled connections (those of another event loop, which
+        cannot be closed from this one, are dropped)."""
+        await self._http_here().aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -125,7 +150,7 @@ class AsyncClient:
         while True:
             try:
                 with _deadline.within(self._timeout if timeout is None else timeout):
-                    resp = await self._http.request(
+                    resp = await self._http_here().request(
                         call.method,
                         call.path,
                         content=call.content(),
