@@ -22,7 +22,7 @@ use dedupd::config::CONFIG_ENV;
 use dedupd::store::redb::backup::format::MAGIC;
 use dedupd::store::redb::backup::restore::{self, RestoreOptions};
 use dedupd::store::redb::backup::verify::{self, BackupReport, DataFileReport};
-use dedupd::store::redb::{CommitMetrics, RedbOptions, RedbStore};
+use dedupd::store::redb::{CommitMetrics, RedbOptions, RedbStore, SCHEMA_VERSION};
 
 use super::client::ServerArgs;
 use super::out::outln;
@@ -73,6 +73,7 @@ const WHOLE: Duration = Duration::from_secs(24 * 3600);
 /// Runs `dedupd backup`.
 pub fn backup(args: &BackupArgs) -> anyhow::Result<ExitCode> {
     verify::quiet_panics();
+    check_target(&args.to)?;
     let partial = partial_of(&args.to);
     let started = Instant::now();
     let taken = super::runtime()?.block_on(async {
@@ -107,6 +108,55 @@ pub fn backup(args: &BackupArgs) -> anyhow::Result<ExitCode> {
     )?;
     print_backup(&report)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses, before anything is taken, a target the backup's rename would
+/// lose something to: a file that is not a backup. The serving instance's
+/// data file, log or key file (its inode kept open by the server, which
+/// would go on acknowledging writes into a file no longer there), another
+/// instance's, or anything else. An empty file (`mktemp`'s) may be
+/// replaced; a link is replaced, never followed. Also a directory, or one
+/// that does not exist, rather than after the whole backup was taken.
+fn check_target(to: &Path) -> anyhow::Result<()> {
+    let dir = to
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        bail!(
+            "{} is not a directory: nothing was backed up to {}",
+            dir.display(),
+            to.display()
+        );
+    }
+    let meta = match std::fs::symlink_metadata(to) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot look at {}", to.display())),
+        Ok(meta) => meta,
+    };
+    if meta.is_dir() {
+        bail!(
+            "{} is a directory: name the backup's file (such as {})",
+            to.display(),
+            to.join("dedupd.backup").display()
+        );
+    }
+    if !meta.is_file() || meta.len() == 0 {
+        return Ok(());
+    }
+    let mut start = [0u8; MAGIC.len()];
+    let read = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(to)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut start));
+    if read.is_err() || start != *MAGIC {
+        bail!(
+            "{} is there and is not a dedupd backup (a data file, its log or key file, or              another file): a backup replaces only a backup. Name another file, or move that              one away first",
+            to.display()
+        );
+    }
+    Ok(())
 }
 
 /// `FILE.partial`.
@@ -219,6 +269,17 @@ async fn offline(args: &BackupArgs, partial: &Path) -> anyhow::Result<()> {
         bail!(
             "there is no data file at {} (the config's data_path): --offline backs up the data \
              file of a stopped instance",
+            path.display()
+        );
+    }
+    // Opening a file of an older schema would migrate it in place: the
+    // backup taken before an upgrade would be of the new schema, and the
+    // old release could read neither it nor the file.
+    let schema = verify::data_file_schema(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if schema < SCHEMA_VERSION {
+        bail!(
+            "{} is of schema {schema}, written by an older release, and this build would migrate              it to {SCHEMA_VERSION} as it opened it (the old release could then read neither it              nor its backup): back it up with the release that wrote it (its `dedupd backup              --offline`, or a copy of the stopped instance's files), then upgrade",
             path.display()
         );
     }

@@ -571,6 +571,113 @@ async fn a_backup_onto_a_disk_too_small_fails_leaves_nothing_and_the_next_one_is
     app.stop().await;
 }
 
+/// `backup --to` replaces only a backup (or an empty file): never the
+/// serving instance's data file, its log or key file, nor any other file
+/// that is not one. Renamed over, such a file would be gone while the
+/// server went on acknowledging writes into it, and every write after the
+/// backup would be lost at its next start. A directory, or one that is not
+/// there, is refused before the backup is taken.
+#[tokio::test]
+async fn a_backup_replaces_only_a_backup_never_the_instances_own_files() {
+    use std::os::unix::fs::MetadataExt as _;
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let dir = Arc::new(TempDir::new().unwrap());
+    let clock = dedupd::clock::ManualClock::new(crate::support::app::T0);
+    let app = start(instance(&dir, &receiver.url), dir.clone(), clock).await;
+    app.claim_ok("before", json!({})).await;
+    for own in ["dedupd.redb", "dedupd.redb.keys", "dedupd.redb.wal"] {
+        let path = dir.path().join(own);
+        let inode = std::fs::metadata(&path).unwrap().ino();
+        let (ok, out, err) = backup(&app, &path).await;
+        assert!(!ok, "{own}: {out}");
+        assert!(err.contains("is not a dedupd backup"), "{own}: {err}");
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode, "{own}");
+    }
+    let scratch = TempDir::new().unwrap();
+    let other = scratch.path().join("notes.txt");
+    std::fs::write(&other, "not a backup").unwrap();
+    let (ok, _, err) = backup(&app, &other).await;
+    assert!(!ok && err.contains("is not a dedupd backup"), "{err}");
+    assert_eq!(std::fs::read(&other).unwrap(), b"not a backup");
+    let (ok, _, err) = backup(&app, scratch.path()).await;
+    assert!(!ok && err.contains("is a directory"), "{err}");
+    let (ok, _, err) = backup(&app, &scratch.path().join("nowhere/b.backup")).await;
+    assert!(!ok && err.contains("is not a directory"), "{err}");
+    // An empty file (mktemp's), then the backup written there, are replaced.
+    let file = scratch.path().join("b.backup");
+    std::fs::write(&file, b"").unwrap();
+    for _ in 0..2 {
+        let (ok, out, err) = backup(&app, &file).await;
+        assert!(
+            ok,
+            "{out}
+{err}"
+        );
+        verify_backup(&file).unwrap();
+    }
+    // The instance's own files were never touched: it goes on, and keeps
+    // what it acknowledged through a restart.
+    app.claim_ok("after", json!({})).await;
+    let clock = app.clock.clone();
+    app.stop().await;
+    let app = start(instance(&dir, &receiver.url), dir.clone(), clock).await;
+    for key in ["before", "after"] {
+        let (status, _) = get_json(&app, &format!("/v1/claims/{key}")).await;
+        assert_eq!(status, StatusCode::OK, "{key}");
+    }
+    app.stop().await;
+}
+
+/// A new release's `backup --offline` of a file an older one wrote would
+/// migrate it as it opened it, and the backup "before the upgrade" would be
+/// of the new schema too: the old release could read neither. It refuses,
+/// changing nothing.
+#[tokio::test]
+async fn an_offline_backup_of_an_older_schemas_file_refuses_and_changes_nothing() {
+    let dir = TempDir::new().unwrap();
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/schema-11");
+    let unpacked = std::process::Command::new("python3")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/unpack.py"))
+        .arg(&golden)
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(unpacked.success());
+    let files = || -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(files().iter().any(|(n, _)| n == "dedupd.redb"));
+    let config = config_in(dir.path());
+    let before = files();
+    let to = dir.path().join("pre-upgrade.backup");
+    let (ok, out, err) = run(vec![
+        "backup".into(),
+        "--offline".into(),
+        "--config".into(),
+        config.display().to_string(),
+        "--to".into(),
+        to.display().to_string(),
+    ])
+    .await;
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("schema 11") && err.contains("older release"),
+        "{err}"
+    );
+    assert_eq!(files(), before, "nothing migrated, no backup left");
+}
+
 /// Under the packaged unit a source's secrets files name the service's
 /// staged copies, the service user's alone and gone while it is stopped,
 /// which is when a restore runs. `backup`, `restore` and the operator

@@ -52,6 +52,9 @@ mod space;
 mod sync_gate;
 mod syncer;
 mod tables;
+/// The schema version this build writes (older files are migrated to it
+/// as they are opened).
+pub use tables::SCHEMA_VERSION;
 mod wal;
 #[cfg(test)]
 mod wal_golden;

@@ -500,6 +500,29 @@ pub struct DataFileReport {
     pub notes: Vec<String>,
 }
 
+/// The schema version of the stopped data file at `path`, read without
+/// changing anything (a crash's repair done in memory only, as
+/// [`verify_data_file`] does, without its checks of every page and row).
+pub fn data_file_schema(path: &Path) -> Result<u64, VerifyError> {
+    let bad = |what: String| VerifyError::DataFile(what);
+    let db = redb::Builder::new()
+        .set_cache_size(1 << 20)
+        .create_with_backend(Overlay::new(std::fs::File::open(path)?)?)
+        .map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => VerifyError::InUse,
+            e => bad(format!("redb cannot open it: {e}")),
+        })?;
+    let redb = |e: redb::Error| bad(format!("reading it failed: {e}"));
+    let tx = db.begin_read().map_err(|e| redb(e.into()))?;
+    let meta = tx
+        .open_table(t::META)
+        .map_err(|_| bad("it is not a dedupd data file (it has no metadata)".into()))?;
+    meta.get(META_SCHEMA_VERSION)
+        .map_err(|e| redb(e.into()))?
+        .map(|g| g.value())
+        .ok_or_else(|| bad("it is not a dedupd data file (no schema version)".into()))
+}
+
 /// Checks the stopped data file at `path` and the files beside it (see
 /// the module doc), writing nothing.
 pub fn verify_data_file(path: &Path) -> Result<DataFileReport, VerifyError> {
