@@ -195,12 +195,16 @@ fn follow(common: &Common, id: &str) -> anyhow::Result<ExitCode> {
 }
 
 /// The exit status of a job that ended: success only when it ran to its
-/// end and nothing it replayed failed, so a script that waits for it can
-/// tell.
+/// end (not cancelled, no error ended it) and nothing it replayed failed,
+/// so a script that waits for it can tell.
 fn finished(v: &Value) -> ExitCode {
     let id = text(&v["id"]);
     if v["state"] == "cancelled" {
         eprintln!("{id} was cancelled before it handled every match");
+        return ExitCode::FAILURE;
+    }
+    if let Some(error) = v["error"].as_str() {
+        eprintln!("{id} ended before it handled every match: {error}");
         return ExitCode::FAILURE;
     }
     let failed = v["failed"].as_u64().unwrap_or(0);
@@ -253,4 +257,32 @@ fn line(v: &Value) -> String {
         s.push_str(&format!(": {}", text(&v["error"])));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// `--wait` exits 0 only for a job that ran to its end with nothing
+    /// failed: a script can tell a cancelled one, one an error ended (its
+    /// source removed), or one with failed redeliveries.
+    #[test]
+    fn a_job_that_did_not_handle_every_match_exits_1() {
+        let job = |extra: Value| {
+            let mut v = json!({"id": "job_1", "source": "sume", "state": "done", "failed": 0});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            v
+        };
+        assert_eq!(finished(&job(json!({}))), ExitCode::SUCCESS);
+        for bad in [
+            json!({"state": "cancelled"}),
+            json!({"error": "source \"sume\" is no longer configured"}),
+            json!({"failed": 2}),
+        ] {
+            assert_eq!(finished(&job(bad.clone())), ExitCode::FAILURE, "{bad}");
+        }
+    }
 }

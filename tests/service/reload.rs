@@ -609,3 +609,70 @@ async fn dedupd_reload_fails_when_the_server_refuses_the_file() {
     assert_eq!(claim("b").await.unwrap().status(), 401);
     assert!(stop(child, "-TERM", drain).await.success());
 }
+
+/// A reload that removes the source of a running erase job does not cut
+/// it short: every event its filter matches is erased. Cut short, the rest
+/// would stay readable, and be delivered again once the source is back.
+/// (Each pass of the job reads a few events, so the reload lands while it
+/// runs; wherever it lands, every match ends erased.)
+#[tokio::test]
+async fn an_erase_job_goes_on_when_a_reload_removes_its_source() {
+    const SCAN: &str = "[gateway]\nscan_bytes = 64\n";
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = spawn_app_with(|l| {
+        l.settings.sources.insert(
+            "sume".into(),
+            crate::support::gateway::settings(&receiver.url),
+        );
+        l.settings.gateway.scan_bytes = 64;
+    })
+    .await;
+    for i in 0..80 {
+        let run = if i % 2 == 0 { "run_x" } else { "run_y" };
+        app.ingest_ok(&body(&format!("e{i}"), run, "2026-11-29T10:00:00Z"))
+            .await;
+    }
+    eventually("every event delivered", || async {
+        app.event_ids("delivered").await.len() == 80
+    })
+    .await;
+    let res = app
+        .request(Method::POST, "/v1/sources/sume/jobs")
+        .json(&json!({ "kind": "erase",
+            "filter": { "status": "delivered", "field": "/run_id", "value": "run_x" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let id = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let reloaded = app.reload(SCAN).await.unwrap();
+    assert_eq!(reloaded.removed, ["sume"]);
+    let job = || async {
+        app.request(Method::GET, &format!("/v1/jobs/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    eventually("the job to end", || async {
+        job().await["state"] != "running"
+    })
+    .await;
+    let done = job().await;
+    assert_eq!(
+        (&done["state"], &done["matched"], &done["erased"]),
+        (&json!("done"), &json!(40), &json!(40)),
+        "{done}"
+    );
+    assert!(done["error"].is_null(), "{done}");
+    // The source back: the erased events stay erased, the others delivered.
+    let back = format!("{SCAN}{}", source("sume", &receiver.url, &[SECRET]));
+    app.reload(&back).await.unwrap();
+    assert_eq!(app.event_ids("erased").await.len(), 40);
+    assert_eq!(app.event_ids("delivered").await.len(), 40);
+}

@@ -32,7 +32,7 @@ use crate::gateway::delivery::Dispatcher;
 use crate::gateway::delivery::circuit::State;
 use crate::gateway::scan::{Budget, Dedupe, Position, ScanError, ScanRequest};
 use crate::gateway::{Gateway, Source};
-use crate::store::inbox::{EraseOutcome, EventStatus, RedeliverOutcome};
+use crate::store::inbox::{EraseOutcome, EventStatus, RedeliverOutcome, Retention};
 use crate::store::{ClaimOutcome, ExtendOutcome, Store, StoreError};
 
 /// Events an erase job erases per pass.
@@ -242,23 +242,43 @@ impl Runner {
                 .filter(|_| job.kind == JobKind::Erase)
                 .and_then(|s| self.gateway.source(s))
         });
-        let Some(source) = configured else {
-            job.error = Some(format!("source {:?} is no longer configured", job.source));
-            job.finish(JobState::Done, now);
-            inbox.put_job(&job.id, job.encode(), now).await?;
-            return Ok(true);
+        // An erasure goes on when a reload removed its source (as erasing
+        // one event of a removed source does): it reads none of the
+        // source's settings but how long an erased record is kept, then
+        // the gateway's. Cut short, it would leave the rest of what the
+        // operator asked to erase readable, and deliverable once the
+        // source is back. A redelivery needs the source's destination.
+        let retention = configured.as_ref().map_or(self.gateway.retention, |s| {
+            s.retention(self.gateway.retention)
+        });
+        let source = match configured {
+            Some(source) => Some(source),
+            None if job.kind == JobKind::Erase => None,
+            None => {
+                job.error = Some(format!(
+                    "source {:?} is no longer configured: the redeliveries it had not queued \
+                     were not made",
+                    job.source
+                ));
+                job.finish(JobState::Done, now);
+                inbox.put_job(&job.id, job.encode(), now).await?;
+                return Ok(true);
+            }
         };
         let before = (job.window.len(), job.scanned, job.matched);
-        let settled = self.settle_window(job, &source, rewrite).await?;
-        let room = match job.kind {
-            JobKind::Redeliver => window(&source).saturating_sub(job.window.len() + others),
-            JobKind::Erase => ERASE_BATCH,
+        let settled = self.settle_window(job, retention, rewrite).await?;
+        let room = match (&source, job.kind) {
+            (Some(source), JobKind::Redeliver) => {
+                window(source).saturating_sub(job.window.len() + others)
+            }
+            _ => ERASE_BATCH,
         };
         let paused = job.kind == JobKind::Redeliver
-            && self
-                .dispatcher
-                .lane(&source.name)
-                .is_some_and(|l| matches!(l.state, State::Open { .. }));
+            && source.as_ref().is_some_and(|source| {
+                self.dispatcher
+                    .lane(&source.name)
+                    .is_some_and(|l| matches!(l.state, State::Open { .. }))
+            });
         let mut taken = Vec::new();
         if !job.cancelled && !job.scanned_all && room > 0 && !paused {
             taken = self.scan(job, room).await?;
@@ -329,7 +349,7 @@ impl Runner {
     async fn settle_window(
         &self,
         job: &mut Job,
-        source: &Source,
+        retention: Retention,
         rewrite: bool,
     ) -> Result<bool, StoreError> {
         if job.window.is_empty() {
@@ -342,7 +362,7 @@ impl Runner {
         let mut kept = Vec::with_capacity(ids.len());
         match job.kind {
             JobKind::Erase => {
-                let retention = source.retention(self.gateway.retention).dead_ms;
+                let retention = retention.dead_ms;
                 // Every destination's copy of each.
                 let gateway = &self.gateway;
                 let lanes = gateway.lanes_to_erase(&job.source).await?;
