@@ -1057,6 +1057,15 @@ impl Settings {
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             bad("log.level", format!("not a tracing filter: {e}"));
+        } else if let Some(word) = bare_target(&self.log.level) {
+            bad(
+                "log.level",
+                format!(
+                    "{word:?} is not a level (trace, debug, info, warn, error, off): alone, a \
+                     word names a target, and nothing else would be logged. Write a level, or \
+                     TARGET=LEVEL for one target (such as dedupd=debug)"
+                ),
+            );
         }
         if self.data_path.as_os_str().is_empty() {
             bad("data_path", "must not be empty".into());
@@ -1308,6 +1317,18 @@ fn describe<K: AsRef<str>>(m: &figment::Metadata, path: &[K]) -> String {
     }
 }
 
+/// The first directive of a `log.level` filter that is a bare word but not
+/// a level: tracing reads it as a target to log at every level, and turns
+/// everything else off (`warning` for `warn` silenced the whole log).
+fn bare_target(filter: &str) -> Option<&str> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    filter.split(',').map(str::trim).find(|d| {
+        !d.is_empty()
+            && !d.contains(['=', '['])
+            && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1322,6 +1343,29 @@ mod tests {
 
     fn load_toml(text: &str) -> Result<Loaded, ConfigErrors> {
         Settings::load_from(&Settings::figment(None).merge(Toml::string(text)))
+    }
+
+    /// A bare word that is not a level is a target: `warning` for `warn`
+    /// logged nothing at all. It is refused, naming the levels; levels in
+    /// any case, TARGET=LEVEL directives and span filters still pass.
+    #[test]
+    fn a_log_level_that_is_a_bare_word_but_no_level_is_refused() {
+        for bad in ["warning", "information", "info,dedupd", "err"] {
+            let errors = load_toml(&format!("[log]\nlevel = \"{bad}\"\n")).unwrap_err();
+            assert_eq!(errors.0.len(), 1, "{bad}: {errors}");
+            assert_eq!(errors.0[0].key, "log.level");
+            assert!(errors.0[0].message.contains("not a level"), "{errors}");
+        }
+        for good in [
+            "warn",
+            "INFO",
+            "off",
+            "info,dedupd=debug",
+            "dedupd[ingest]=trace,warn",
+        ] {
+            let loaded = load_toml(&format!("[log]\nlevel = \"{good}\"\n"));
+            assert!(loaded.is_ok(), "{good}: {:?}", loaded.err());
+        }
     }
 
     #[test]
