@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use dedupd::config::CONFIG_ENV;
 use dedupd::reload::status::{self, State, Status};
 use rustix::process::{Pid, Signal, kill_process};
@@ -50,6 +50,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let raw = i32::try_from(args.pid).context("--pid is out of range")?;
     let pid = Pid::from_raw(raw).context("--pid must be a process id above 0")?;
+    if let Some(other) = not_serving(args.pid) {
+        bail!(
+            "process {raw} is not a `dedupd serve` (its command line: {other}): nothing was \
+             signalled (a stale --pid, or one another process took over?)"
+        );
+    }
     let file = args.status.clone().or_else(status::path);
     // Read before the signal: which reload will answer it.
     let before = match &file {
@@ -67,6 +73,35 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     };
     wait_for(&path, before.answering(), args.wait, raw)
+}
+
+/// What process `pid` runs, when it is not a `dedupd serve` (a program
+/// whose name starts with `dedupd`, with the argument `serve`): SIGHUP
+/// would end most other programs. None when it is one, or when `/proc`
+/// cannot tell (another system): then it is signalled as asked.
+fn not_serving(pid: u32) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let program = args.first().map(|a| {
+        Path::new(a)
+            .file_name()
+            .map_or(a.as_str(), |n| n.to_str().unwrap_or(""))
+    });
+    let serving = program.is_some_and(|p| p.starts_with("dedupd"))
+        && args.iter().skip(1).any(|a| a == "serve");
+    if serving {
+        return None;
+    }
+    let shown: String = args.join(" ").chars().take(120).collect();
+    Some(if shown.is_empty() {
+        "none: a kernel thread, or gone".into()
+    } else {
+        format!("{shown:?}")
+    })
 }
 
 /// Waits until reload `generation` (or a later one) has an outcome in the

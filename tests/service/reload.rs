@@ -676,3 +676,36 @@ async fn an_erase_job_goes_on_when_a_reload_removes_its_source() {
     assert_eq!(app.event_ids("erased").await.len(), 40);
     assert_eq!(app.event_ids("delivered").await.len(), 40);
 }
+
+/// `dedupd reload --pid` signals only a `dedupd serve`: a stale pid, now
+/// another program's, is refused, and that program (which SIGHUP would
+/// end) goes on.
+#[test]
+fn reload_refuses_a_pid_that_is_not_a_dedupd_serve() {
+    use crate::support::process::dedupd;
+    let dir = tempfile::TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\n").unwrap();
+    let mut other = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    let out = dedupd()
+        .args(["reload", "--config"])
+        .arg(&config)
+        .args(["--pid", &other.id().to_string()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("is not a `dedupd serve`") && err.contains("sleep"),
+        "{err}"
+    );
+    assert!(
+        other.try_wait().unwrap().is_none(),
+        "the other program goes on"
+    );
+    other.kill().unwrap();
+    other.wait().unwrap();
+}
