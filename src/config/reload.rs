@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{ConfigErrors, Loaded, Settings, secret};
+use super::{ConfigError, ConfigErrors, Loaded, Settings, secret};
 
 /// The settings a reload takes from the file: each source (its secrets,
 /// destinations, filters and limits), the API tokens, and the log level.
@@ -57,6 +57,24 @@ impl Loaded {
         file: Option<&Path>,
         check: impl Fn(&Loaded) -> Result<(), ConfigErrors>,
     ) -> Result<Reload, ConfigErrors> {
+        if let Some(path) = file
+            && std::fs::read_to_string(path).is_ok_and(|text| {
+                text.lines()
+                    .map(str::trim)
+                    .all(|l| l.is_empty() || l.starts_with('#'))
+            })
+        {
+            // The defaults at a start, but on a reload more likely a write
+            // cut short (a tool writing in place, a `>` by mistake): every
+            // source and token would go at once.
+            return Err(ConfigErrors(vec![ConfigError {
+                key: String::new(),
+                origin: path.display().to_string(),
+                message: "the file is empty: a reload would remove every source and API token \
+                          at once. Restart to serve the defaults"
+                    .into(),
+            }]));
+        }
         let from_file = Settings::load_checked(file, &check)?;
         let restart_only: Vec<String> = changed_keys(&self.settings, &from_file.settings)
             .into_iter()
@@ -85,6 +103,16 @@ impl Loaded {
                     .collect(),
             )
         })?;
+        if !self.api_tokens.is_empty() && loaded.api_tokens.is_empty() {
+            return Err(ConfigErrors(vec![ConfigError {
+                key: "api.tokens".into(),
+                origin: file.map_or("the environment".into(), |p| p.display().to_string()),
+                message: "a reload may not remove every API token: the API would then answer \
+                          without one. Restart to serve without tokens (on a loopback address \
+                          only)"
+                    .into(),
+            }]));
+        }
         Ok(Reload {
             loaded,
             restart_only,

@@ -709,3 +709,60 @@ fn reload_refuses_a_pid_that_is_not_a_dedupd_serve() {
     other.kill().unwrap();
     other.wait().unwrap();
 }
+
+/// A reload may not open the API or drop everything by mistake: a file
+/// emptied (a tool writing in place, a `>` by mistake) is refused whole,
+/// and so is one that removes every API token (the API would answer
+/// without one). Both change nothing: the old token and source still work.
+#[tokio::test]
+async fn a_reload_refuses_an_emptied_file_and_one_that_removes_every_token() {
+    const TOKEN: &str = "a-token-0123456789abcdef";
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = spawn_app_with(|l| {
+        l.settings.sources.insert(
+            "sume".into(),
+            crate::support::gateway::settings(&receiver.url),
+        );
+        with_tokens(l, &[TOKEN]);
+    })
+    .await;
+    let empty = app.dir.path().join("emptied.toml");
+    for text in ["", "\n  \n# only a comment\n"] {
+        std::fs::write(&empty, text).unwrap();
+        let reloader = app.reloader.clone();
+        let path = empty.clone();
+        let errors = tokio::task::spawn_blocking(move || reloader.reload(Some(&path)))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(errors.to_string().contains("the file is empty"), "{errors}");
+    }
+    // Sources kept, tokens removed.
+    let errors = app
+        .reload(&source("sume", &receiver.url, &[SECRET]))
+        .await
+        .unwrap_err();
+    assert_eq!(errors.0[0].key, "api.tokens", "{errors}");
+    assert!(
+        errors
+            .to_string()
+            .contains("may not remove every API token")
+    );
+    // Nothing changed: the token is still needed, the source still ingests.
+    let anonymous = crate::support::http::client()
+        .get(app.url("/v1/sources"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    app.ingest_ok(&body("e1", "run_1", "2026-11-29T10:00:00Z"))
+        .await;
+    // Another token in its place is a reload like any other.
+    let replaced = app
+        .reload(&format!(
+            "[api]\ntokens = [\"another-token-0123456789\"]\n{}",
+            source("sume", &receiver.url, &[SECRET])
+        ))
+        .await;
+    assert!(replaced.is_ok(), "{:?}", replaced.err());
+}
