@@ -51,8 +51,9 @@ pub(super) async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, A
         Err(StoreError::LowSpace { free, floor }) => Err(ApiError::NotReady {
             reason: "disk_low",
             detail: format!(
-                "{free} bytes are free on the data file's disk, below storage.min_free_bytes \
-                 ({floor}): writes are refused until space frees; reads are served"
+                "{free} bytes are free on the data file's disk: less the room a checkpoint of \
+                 the write-ahead log needs, below storage.min_free_bytes ({floor}): writes are \
+                 refused until space frees; reads are served"
             ),
         }),
         Err(e) => {
