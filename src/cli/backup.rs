@@ -419,5 +419,12 @@ pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
     if let Some(w) = &restored.owner_warning {
         eprintln!("dedupd: warning: {w}");
     }
+    for dir in &restored.left_behind {
+        eprintln!(
+            "dedupd: note: {} was left by a restore that did not finish (killed): it holds a \
+             partly built copy of a backup; remove it (rm -r) unless another restore is running",
+            dir.display()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -496,9 +496,19 @@ async fn the_cli_refuses_a_damaged_backup_and_a_running_target_and_replaces_only
     assert!(!ok && err.contains("--replace"), "{err}");
     assert_eq!(files(b_dir.path()), there);
     // Another instance's backup restored over it: a restore like any other.
+    // A restore killed before left its build directory: named, not removed
+    // (it could be another restore's, running).
+    let killed = b_dir.path().join(".dedupd-restore-00000000000000aa");
+    std::fs::create_dir(&killed).unwrap();
     let (ok, out, err) = restore(&file, b_dir.path(), &["--replace"]).await;
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("before-restore"), "{out}");
+    assert!(
+        err.contains(".dedupd-restore-00000000000000aa") && err.contains("did not finish"),
+        "{err}"
+    );
+    assert!(killed.is_dir());
+    std::fs::remove_dir(&killed).unwrap();
     let b = start(instance(&b_dir, &receiver.url), b_dir.clone(), b_clock).await;
     assert_eq!(b.get("from-a").await.status(), StatusCode::OK);
     assert_eq!(b.get("from-b").await.status(), StatusCode::NOT_FOUND);
@@ -901,7 +911,7 @@ async fn a_sigterm_does_not_wait_for_a_backup_whose_client_reads_nothing() {
         "{}",
         log.join("\n")
     );
-    assert!(!said("backup written"), "{}", log.join("\n"));
+    assert!(!said("backup sent"), "{}", log.join("\n"));
     assert!(said("\"stopped\""), "{}", log.join("\n"));
     tokio::task::spawn_blocking(move || assert_cut_short(stalled))
         .await

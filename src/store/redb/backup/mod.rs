@@ -281,7 +281,7 @@ impl Backups {
                             bytes = written.bytes,
                             ms = written.took.as_millis() as u64,
                             batch = written.header.batch,
-                            "backup written"
+                            "backup sent: the whole file streamed to the client, which checks and keeps it"
                         );
                         return;
                     }

@@ -71,6 +71,10 @@ pub struct Restored {
     pub moved_aside: Vec<PathBuf>,
     /// Why the files could not be given the directory's owner, if so.
     pub owner_warning: Option<String>,
+    /// Build directories restores that did not finish (killed) left in
+    /// the target's directory: not removed (one may be another restore's,
+    /// running), named so they can be.
+    pub left_behind: Vec<PathBuf>,
 }
 
 /// Why a backup was not restored. Nothing at the target changed unless
@@ -140,6 +144,7 @@ pub async fn restore(opts: RestoreOptions) -> Result<Restored, RestoreError> {
         .mode(0o700)
         .create(&dir)
         .map_err(io(format!("creating {}", dir.display())))?;
+    let left_behind = stages_in(&dir);
     let stage = Stage::new(&dir, &data)?;
     let staged = stage.data.clone();
     let backup = opts.backup.clone();
@@ -174,7 +179,26 @@ pub async fn restore(opts: RestoreOptions) -> Result<Restored, RestoreError> {
         fence,
         moved_aside,
         owner_warning,
+        left_behind,
     })
+}
+
+/// The build directories ([`Stage`]) in `dir`.
+fn stages_in(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".dedupd-restore-")
+        })
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    found
 }
 
 /// The name of `path` in its directory.
