@@ -118,7 +118,9 @@ pub enum FormatError {
     Io(#[from] io::Error),
     /// It does not start as a backup does.
     #[error(
-        "not a dedupd backup (it does not start with {:?})",
+        "not a dedupd backup (it does not start with {:?}; a data file is not one: \
+         `dedupd backup --offline` makes one from a stopped instance's files, and `dedupd \
+         verify` checks a data file)",
         String::from_utf8_lossy(MAGIC)
     )]
     NotABackup,
