@@ -159,6 +159,7 @@ async fn a_backup_holds_every_acknowledged_write_also_those_the_writer_holds_unc
 
     let backup = file(dir.path(), "b.backup", &bytes);
     let report = verify_backup(&backup).unwrap();
+    assert_eq!(report.bytes, bytes.len() as u64, "the whole file's length");
     assert_eq!(report.rows("claim_rows"), 40);
     assert_eq!(report.rows("inbox_events"), 2);
     assert_eq!(report.sealed, 2);

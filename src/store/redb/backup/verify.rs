@@ -204,7 +204,9 @@ pub(super) fn read(input: impl Read, load: &mut dyn Load) -> Result<BackupReport
     };
     let sealed = check.end(&end)?;
     Ok(BackupReport {
-        bytes: end.bytes,
+        // The whole file, its end frame included (the end says the bytes
+        // before it).
+        bytes: frames.position(),
         header,
         end,
         sealed,
