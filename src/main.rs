@@ -163,8 +163,9 @@ fn main() -> ExitCode {
             Ok(match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    tracing::error!(error = format!("{e:#}"), "dedupd failed");
-                    eprintln!("dedupd: {e:#}");
+                    let text = cli::error_text(&e);
+                    tracing::error!(error = text, "dedupd failed");
+                    eprintln!("dedupd: {text}");
                     ExitCode::FAILURE
                 }
             })
@@ -175,7 +176,7 @@ fn main() -> ExitCode {
         if cli::out::reader_left(&e) {
             return ExitCode::SUCCESS;
         }
-        eprintln!("dedupd: {e:#}");
+        eprintln!("dedupd: {}", cli::error_text(&e));
         ExitCode::FAILURE
     })
 }

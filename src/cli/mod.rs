@@ -73,3 +73,44 @@ pub fn now_unix_s() -> i64 {
         .unwrap_or_default();
     i64::try_from(now.as_secs()).unwrap_or(i64::MAX)
 }
+
+/// An error and its causes on one line, as `{:#}` writes them (`a: b: c`),
+/// but a cause whose text the line already holds left out: many errors
+/// name their cause in their own message too, and the line said it twice
+/// ("No space left on device: No space left on device").
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
+}
+
+#[cfg(test)]
+mod error_text_tests {
+    use super::error_text;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("writing the backup failed: {0}")]
+    struct Wrapped(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_the_message_already_names_is_said_once() {
+        let io = std::io::Error::other("No space left on device");
+        let e = anyhow::Error::new(Wrapped(io)).context("no backup was written to /b");
+        assert_eq!(
+            error_text(&e),
+            "no backup was written to /b: writing the backup failed: No space left on device"
+        );
+        // A cause the messages do not hold is still said.
+        let e = anyhow::Error::new(std::io::Error::other("disk on fire")).context("reading x");
+        assert_eq!(error_text(&e), "reading x: disk on fire");
+    }
+}

@@ -81,9 +81,11 @@ pub struct Restored {
 /// the error says so.
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
-    /// The backup does not pass its checks.
-    #[error("backup {path}: {source}; nothing was restored")]
-    Backup { path: PathBuf, source: VerifyError },
+    /// The backup does not pass its checks. (The causes here are in the
+    /// messages, not error sources: a chain printed whole would say each
+    /// twice.)
+    #[error("backup {path}: {cause}; nothing was restored")]
+    Backup { path: PathBuf, cause: VerifyError },
     /// A server has the target open.
     #[error(
         "data file {0} is open in a running dedupd: stop it first (systemctl stop dedupd); \
@@ -99,19 +101,19 @@ pub enum RestoreError {
     Exists(Vec<PathBuf>),
     /// The files built from the backup do not open as a data file.
     #[error("the data file built from the backup does not open: {0}; nothing was restored")]
-    Open(#[source] OpenError),
+    Open(OpenError),
     /// Reading, writing or renaming a file failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {cause}")]
     Io {
         /// What was being done, and whether anything changed.
         what: String,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RestoreError {
     let what = what.into();
-    move |source| RestoreError::Io { what, source }
+    move |cause| RestoreError::Io { what, cause }
 }
 
 /// The four files of a data file at `data`: itself, its log's segments,
@@ -243,7 +245,7 @@ fn place(
         };
         RestoreError::Io {
             what: format!("{what}{left}"),
-            source: e.into(),
+            cause: e.into(),
         }
     };
     let mut moved_aside = Vec::new();
@@ -450,7 +452,7 @@ fn build(
 ) -> Result<(BackupReport, u128, u64), RestoreError> {
     let refused = |source: VerifyError| RestoreError::Backup {
         path: backup.to_owned(),
-        source,
+        cause: source,
     };
     let file = File::open(backup).map_err(io(format!("opening backup {}", backup.display())))?;
     // The owner's only, as every file dedupd makes to hold data.
