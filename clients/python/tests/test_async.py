@@ -414,3 +414,21 @@ def test_a_client_goes_on_under_a_new_event_loop(server: Server, key: str) -> No
     assert asyncio.run(handle(f"{key}/b")) == f"{key}/b"
     assert runs == [f"{key}/a", f"{key}/b"]
     asyncio.run(client.aclose())
+
+
+def test_two_event_loops_taking_turns_each_keep_their_connections(server: Server, key: str) -> None:
+    client = server.async_client()
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        used = []
+        for loop in (first, second, first, second):
+            assert loop.run_until_complete(client.get(key)) is None
+            used.append(client._http)
+        assert used[0] is used[2], "the first loop's pool, kept while it runs"
+        assert used[1] is used[3]
+        assert used[0] is not used[1]
+        second.run_until_complete(client.aclose())
+        first.run_until_complete(client.aclose())
+    finally:
+        first.close()
+        second.close()

@@ -104,6 +104,10 @@ class AsyncClient:
         self._http = self._new_http()
         # The event loop its connections belong to, from its first request.
         self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        # Those of the other loops still running, each with its own.
+        self._others: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def _new_http(self) -> httpx.AsyncClient:
         http = httpx.AsyncClient(
@@ -120,15 +124,21 @@ class AsyncClient:
     def _http_here(self) -> httpx.AsyncClient:
         """The connections for the running event loop. Those of another
         loop cannot be used from this one (each belongs to the loop that
-        opened it; ``asyncio.run`` called again, say, closed it): under a
-        new loop the client opens new ones, and drops the old (a
+        opened it): under a new loop the client opens new ones. Those of a
+        loop still running are kept for it (two loops taking turns keep
+        their pools); those of a loop that has ended (``asyncio.run``
+        called again, say) are dropped: they cannot be closed without it (a
         ``transport`` given is kept as it is)."""
         loop = asyncio.get_running_loop()
         owner = None if self._loop is None else self._loop()
-        if owner is not loop:
-            if self._loop is not None:
-                self._http = self._new_http()
-            self._loop = weakref.ref(loop)
+        if owner is loop:
+            return self._http
+        if self._loop is not None:
+            if owner is not None and not owner.is_closed():
+                self._others[owner] = self._http
+            kept = self._others.pop(loop) if loop in self._others else None
+            self._http = kept if kept is not None else self._new_http()
+        self._loop = weakref.ref(loop)
         return self._http
 
     async def aclose(self) -> None:

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -211,8 +212,9 @@ def lighter_done(
 ) -> tuple[Any, float | None] | None:
     """What to send again a block's done with, that the server refused for
     its result or its TTL alone (it changed nothing): without the result
-    (too large, nested too deep), or without the TTL (over the server's
-    ``claims.max_ttl``: its ``claims.default_done_ttl`` applies). The work
+    (too large, nested too deep), or with the server's ``claims.max_ttl``
+    for a TTL over it (as its refusal names it; without a TTL, its
+    ``claims.default_done_ttl``, when it names none). The work
     has run: marking it done matters more than either, and failing instead
     would leave the key claimed, so the work would run again at the next
     delivery. None when neither is the cause."""
@@ -220,6 +222,12 @@ def lighter_done(
         log.warning("the result of %r is not stored: %s", key, e)
         return None, ttl
     if ttl is not None and e.field == "ttl_ms":
+        most = _most_ms(e.detail)
+        if most is not None and most < ttl * 1000:
+            log.warning(
+                "the done_ttl of %r is refused (%s): marked done for the server's longest", key, e
+            )
+            return result, most / 1000
         log.warning(
             "the done_ttl of %r is refused (%s): marked done for the server's default done TTL",
             key,
@@ -227,6 +235,13 @@ def lighter_done(
         )
         return result, None
     return None
+
+
+def _most_ms(detail: str) -> int | None:
+    """The longest TTL a refusal names (dedupd's ``must be at most N (the
+    configured maximum)``), in ms."""
+    found = re.search(r"at most (\d+)", detail)
+    return int(found.group(1)) if found else None
 
 
 def json_bytes(value: Any) -> bytes:

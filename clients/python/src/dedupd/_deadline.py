@@ -175,7 +175,7 @@ class _AsyncBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-def _pools(http: httpx.Client | httpx.AsyncClient) -> list[Any]:
+def pools(http: httpx.Client | httpx.AsyncClient) -> list[Any]:
     """The connection pools of a client's transports: its own, and those the
     environment's proxies mounted."""
     transports = [getattr(http, "_transport", None)]
@@ -190,10 +190,10 @@ def bound(http: httpx.Client | httpx.AsyncClient) -> bool:
     (``_pool._network_backend``), and says whether it could (a later httpx
     may lay them out differently; the requests then have httpx's
     per-operation timeouts only)."""
-    pools = _pools(http)
-    if not pools or any(not hasattr(p, "_network_backend") for p in pools):
+    found = pools(http)
+    if not found or any(not hasattr(p, "_network_backend") for p in found):
         return False
-    for pool in pools:
+    for pool in found:
         inner = pool._network_backend
         if isinstance(inner, (_Backend, _AsyncBackend)):
             continue

@@ -7,6 +7,7 @@ so no caller parses JSON errors.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -182,9 +183,19 @@ class DoneFailed(DedupdError):
 
     def _picklable_state(self) -> dict[str, Any]:
         # The claim holds its client (connections, locks, a thread), which
-        # cannot cross to another process: there it is None, and the value
-        # (when it pickles) goes on.
-        return {**self.__dict__, "claim": None}
+        # cannot cross to another process: there it is None. A value that
+        # does not pickle is None there too, the message saying so, rather
+        # than the whole error lost to the pool's own.
+        state = {**self.__dict__, "claim": None}
+        try:
+            pickle.dumps(self.value)
+        except Exception:  # any failure to pickle: a lock, a lambda, a socket
+            state["value"] = None
+            state["detail"] = (
+                f"{self.detail} (its value, a {type(self.value).__name__}, does not pickle: "
+                "None in this process)"
+            )
+        return state
 
 
 class InvalidSignature(DedupdError):
