@@ -114,9 +114,11 @@ pub fn backup(args: &BackupArgs) -> anyhow::Result<ExitCode> {
 /// lose something to: a file that is not a backup. The serving instance's
 /// data file, log or key file (its inode kept open by the server, which
 /// would go on acknowledging writes into a file no longer there), another
-/// instance's, or anything else. An empty file (`mktemp`'s) may be
-/// replaced; a link is replaced, never followed. Also a directory, or one
-/// that does not exist, rather than after the whole backup was taken.
+/// instance's, a device, a socket, a pipe, or anything else. An empty
+/// file (`mktemp`'s) may be replaced; a link is replaced, never followed.
+/// The same for `FILE.partial`, which the backup's bytes go to first (a
+/// backup's that died is replaced). Also a directory, or one that does not
+/// exist, rather than after the whole backup was taken.
 fn check_target(to: &Path) -> anyhow::Result<()> {
     let dir = to
         .parent()
@@ -129,32 +131,50 @@ fn check_target(to: &Path) -> anyhow::Result<()> {
             to.display()
         );
     }
-    let meta = match std::fs::symlink_metadata(to) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).with_context(|| format!("cannot look at {}", to.display())),
-        Ok(meta) => meta,
-    };
-    if meta.is_dir() {
-        bail!(
-            "{} is a directory: name the backup's file (such as {})",
-            to.display(),
-            to.join("dedupd.backup").display()
-        );
-    }
-    if !meta.is_file() || meta.len() == 0 {
-        return Ok(());
-    }
-    let mut start = [0u8; MAGIC.len()];
-    let read = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(to)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut start));
-    if read.is_err() || start != *MAGIC {
-        bail!(
-            "{} is there and is not a dedupd backup (a data file, its log or key file, or              another file): a backup replaces only a backup. Name another file, or move that              one away first",
-            to.display()
-        );
+    for (path, what) in [
+        (to, "a backup"),
+        (&partial_of(to), "a backup's unfinished copy"),
+    ] {
+        let meta = match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e).with_context(|| format!("cannot look at {}", path.display())),
+            Ok(meta) => meta,
+        };
+        if meta.is_dir() {
+            bail!(
+                "{} is a directory: name the backup's file (such as {})",
+                path.display(),
+                path.join("dedupd.backup").display()
+            );
+        }
+        // A link is replaced, never followed.
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        if !meta.is_file() {
+            bail!(
+                "{} is there and is not a regular file (a device, a socket or a pipe): a backup \
+                 replaces only {what}. Name another file",
+                path.display()
+            );
+        }
+        if meta.len() == 0 {
+            continue;
+        }
+        let mut start = [0u8; MAGIC.len()];
+        let read = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut start));
+        if read.is_err() || start != *MAGIC {
+            bail!(
+                "{} is there and is not a dedupd backup (a data file, its log or key file, or \
+                 another file): a backup replaces only {what}. Name another file, or move that \
+                 one away first",
+                path.display()
+            );
+        }
     }
     Ok(())
 }
@@ -279,7 +299,10 @@ async fn offline(args: &BackupArgs, partial: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read {}", path.display()))?;
     if schema < SCHEMA_VERSION {
         bail!(
-            "{} is of schema {schema}, written by an older release, and this build would migrate              it to {SCHEMA_VERSION} as it opened it (the old release could then read neither it              nor its backup): back it up with the release that wrote it (its `dedupd backup              --offline`, or a copy of the stopped instance's files), then upgrade",
+            "{} is of schema {schema}, written by an older release, and this build would migrate \
+             it to {SCHEMA_VERSION} as it opened it (the old release could then read neither it \
+             nor its backup): back it up with the release that wrote it (its `dedupd backup \
+             --offline`, or a copy of the stopped instance's files), then upgrade",
             path.display()
         );
     }

@@ -1320,8 +1320,11 @@ fn describe<K: AsRef<str>>(m: &figment::Metadata, path: &[K]) -> String {
 /// The first directive of a `log.level` filter that is a bare word but not
 /// a level: tracing reads it as a target to log at every level, and turns
 /// everything else off (`warning` for `warn` silenced the whole log).
-fn bare_target(filter: &str) -> Option<&str> {
-    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+pub fn bare_target(filter: &str) -> Option<&str> {
+    // tracing's levels, by name or number (0 is off, 5 trace).
+    const LEVELS: [&str; 12] = [
+        "trace", "debug", "info", "warn", "error", "off", "0", "1", "2", "3", "4", "5",
+    ];
     filter.split(',').map(str::trim).find(|d| {
         !d.is_empty()
             && !d.contains(['=', '['])

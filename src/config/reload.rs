@@ -103,6 +103,17 @@ impl Loaded {
                     .collect(),
             )
         })?;
+        if !self.settings.sources.is_empty() && loaded.settings.sources.is_empty() {
+            // A file cut short before its sources reads as one without any.
+            return Err(ConfigErrors(vec![ConfigError {
+                key: "sources".into(),
+                origin: file.map_or("the environment".into(), |p| p.display().to_string()),
+                message: "a reload may not remove every source at once (a file cut short \
+                          before its [sources] reads that way): their webhooks would be refused \
+                          and their pending events held. Restart to serve without sources"
+                    .into(),
+            }]));
+        }
         if !self.api_tokens.is_empty() && loaded.api_tokens.is_empty() {
             return Err(ConfigErrors(vec![ConfigError {
                 key: "api.tokens".into(),

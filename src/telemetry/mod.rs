@@ -33,6 +33,20 @@ static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 pub fn init(log: &LogSettings) {
     let from_env = std::env::var(EnvFilter::DEFAULT_ENV)
         .ok()
+        .filter(|level| {
+            // A word alone that is not a level names a target: `warning`
+            // would turn every line off. Said, and the settings' level used.
+            let Some(word) = crate::config::bare_target(level) else {
+                return true;
+            };
+            eprintln!(
+                "dedupd: RUST_LOG={level:?} is ignored: {word:?} is not a level (trace, debug, \
+                 info, warn, error, off), and alone a word names a target, so nothing else \
+                 would be logged; log.level ({:?}) is used",
+                log.level
+            );
+            false
+        })
         .and_then(|level| filter(&level).ok());
     let (filter, from_env) = match from_env {
         Some(f) => (f, true),

@@ -589,7 +589,7 @@ async fn a_backup_onto_a_disk_too_small_fails_leaves_nothing_and_the_next_one_is
 /// there, is refused before the backup is taken.
 #[tokio::test]
 async fn a_backup_replaces_only_a_backup_never_the_instances_own_files() {
-    use std::os::unix::fs::MetadataExt as _;
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
     let receiver = Receiver::start(Behaviour::Accept).await;
     let dir = Arc::new(TempDir::new().unwrap());
     let clock = dedupd::clock::ManualClock::new(crate::support::app::T0);
@@ -611,6 +611,29 @@ async fn a_backup_replaces_only_a_backup_never_the_instances_own_files() {
     assert_eq!(std::fs::read(&other).unwrap(), b"not a backup");
     let (ok, _, err) = backup(&app, scratch.path()).await;
     assert!(!ok && err.contains("is a directory"), "{err}");
+    // A pipe (or a device, or another program's socket): never replaced.
+    let fifo = scratch.path().join("pipe");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let (ok, _, err) = backup(&app, &fifo).await;
+    assert!(!ok && err.contains("not a regular file"), "{err}");
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    // The bytes go to FILE.partial first: one that is not a backup's stays.
+    let partial = scratch.path().join("c.backup.partial");
+    std::fs::write(&partial, "someone's notes").unwrap();
+    let (ok, _, err) = backup(&app, &scratch.path().join("c.backup")).await;
+    assert!(!ok && err.contains("is not a dedupd backup"), "{err}");
+    assert_eq!(std::fs::read(&partial).unwrap(), b"someone's notes");
     let (ok, _, err) = backup(&app, &scratch.path().join("nowhere/b.backup")).await;
     assert!(!ok && err.contains("is not a directory"), "{err}");
     // An empty file (mktemp's), then the backup written there, are replaced.

@@ -145,3 +145,29 @@ fn text_lines_off_a_terminal_have_no_colour_codes_and_quote_what_has_spaces() {
         "{failed}"
     );
 }
+
+/// `RUST_LOG=warning` (a word that is not a level) would name a target and
+/// silence every line: it is set aside, said, and the settings' level used.
+#[test]
+fn a_rust_log_that_is_no_level_is_set_aside_with_a_word_and_lines_go_on() {
+    let dir = TempDir::new().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let out = dedupd()
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("RUST_LOG", "warning")
+        .env("DEDUPD_LISTEN", addr.to_string())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let log = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        log.contains("RUST_LOG=\"warning\" is ignored") && log.contains("not a level"),
+        "{log}"
+    );
+    assert!(
+        log.contains("dedupd failed"),
+        "the error line is logged: {log}"
+    );
+}

@@ -620,13 +620,17 @@ async fn an_erase_job_goes_on_when_a_reload_removes_its_source() {
     const SCAN: &str = "[gateway]\nscan_bytes = 64\n";
     let receiver = Receiver::start(Behaviour::Accept).await;
     let app = spawn_app_with(|l| {
-        l.settings.sources.insert(
-            "sume".into(),
-            crate::support::gateway::settings(&receiver.url),
-        );
+        for name in ["sume", "other"] {
+            l.settings.sources.insert(
+                name.into(),
+                crate::support::gateway::settings(&receiver.url),
+            );
+        }
         l.settings.gateway.scan_bytes = 64;
     })
     .await;
+    // What stays: a reload may not remove every source at once.
+    let other = source("other", &receiver.url, &[SECRET]);
     for i in 0..80 {
         let run = if i % 2 == 0 { "run_x" } else { "run_y" };
         app.ingest_ok(&body(&format!("e{i}"), run, "2026-11-29T10:00:00Z"))
@@ -648,7 +652,7 @@ async fn an_erase_job_goes_on_when_a_reload_removes_its_source() {
         .as_str()
         .unwrap()
         .to_owned();
-    let reloaded = app.reload(SCAN).await.unwrap();
+    let reloaded = app.reload(&format!("{SCAN}{other}")).await.unwrap();
     assert_eq!(reloaded.removed, ["sume"]);
     let job = || async {
         app.request(Method::GET, &format!("/v1/jobs/{id}"))
@@ -671,7 +675,7 @@ async fn an_erase_job_goes_on_when_a_reload_removes_its_source() {
     );
     assert!(done["error"].is_null(), "{done}");
     // The source back: the erased events stay erased, the others delivered.
-    let back = format!("{SCAN}{}", source("sume", &receiver.url, &[SECRET]));
+    let back = format!("{SCAN}{other}{}", source("sume", &receiver.url, &[SECRET]));
     app.reload(&back).await.unwrap();
     assert_eq!(app.event_ids("erased").await.len(), 40);
     assert_eq!(app.event_ids("delivered").await.len(), 40);
@@ -712,10 +716,11 @@ fn reload_refuses_a_pid_that_is_not_a_dedupd_serve() {
 
 /// A reload may not open the API or drop everything by mistake: a file
 /// emptied (a tool writing in place, a `>` by mistake) is refused whole,
-/// and so is one that removes every API token (the API would answer
-/// without one). Both change nothing: the old token and source still work.
+/// and so is one that removes every source (a file cut short before them)
+/// or every API token (the API would answer without one). None changes
+/// anything: the old token and source still work.
 #[tokio::test]
-async fn a_reload_refuses_an_emptied_file_and_one_that_removes_every_token() {
+async fn a_reload_refuses_an_emptied_file_and_one_that_removes_every_source_or_token() {
     const TOKEN: &str = "a-token-0123456789abcdef";
     let receiver = Receiver::start(Behaviour::Accept).await;
     let app = spawn_app_with(|l| {
@@ -737,6 +742,13 @@ async fn a_reload_refuses_an_emptied_file_and_one_that_removes_every_token() {
             .unwrap_err();
         assert!(errors.to_string().contains("the file is empty"), "{errors}");
     }
+    // Tokens kept, every source removed (a file cut short before them).
+    let errors = app
+        .reload(&format!("[api]\ntokens = [{TOKEN:?}]\n"))
+        .await
+        .unwrap_err();
+    assert_eq!(errors.0[0].key, "sources", "{errors}");
+    assert!(errors.to_string().contains("may not remove every source"));
     // Sources kept, tokens removed.
     let errors = app
         .reload(&source("sume", &receiver.url, &[SECRET]))
