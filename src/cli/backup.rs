@@ -295,8 +295,15 @@ async fn offline(args: &BackupArgs, partial: &Path) -> anyhow::Result<()> {
     // Opening a file of an older schema would migrate it in place: the
     // backup taken before an upgrade would be of the new schema, and the
     // old release could read neither it nor the file.
-    let schema = verify::data_file_schema(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+    let schema = match verify::data_file_schema(&path) {
+        Ok(schema) => schema,
+        Err(verify::VerifyError::InUse) => bail!(
+            "{} is open in a running dedupd: leave out --offline to back up a running instance \
+             through its server",
+            path.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
     if schema < SCHEMA_VERSION {
         bail!(
             "{} is of schema {schema}, written by an older release, and this build would migrate \

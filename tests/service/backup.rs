@@ -648,6 +648,17 @@ async fn a_backup_replaces_only_a_backup_never_the_instances_own_files() {
         );
         verify_backup(&file).unwrap();
     }
+    // --offline is for a stopped instance: this one serves.
+    let (ok, _, err) = run(vec![
+        "backup".into(),
+        "--offline".into(),
+        "--config".into(),
+        config_in(dir.path()).display().to_string(),
+        "--to".into(),
+        scratch.path().join("offline.backup").display().to_string(),
+    ])
+    .await;
+    assert!(!ok && err.contains("leave out --offline"), "{err}");
     // The instance's own files were never touched: it goes on, and keeps
     // what it acknowledged through a restart.
     app.claim_ok("after", json!({})).await;
