@@ -29,7 +29,6 @@ from ._errors import (
     InvalidRequest,
     NetworkError,
     NotOwner,
-    ServerError,
 )
 from ._models import Applied, BaseClaim, Head, Record
 
@@ -159,7 +158,8 @@ class AsyncClient:
         attempt = 0
         while True:
             try:
-                with _deadline.within(self._timeout if timeout is None else timeout):
+                deadline = _deadline.start(self._timeout if timeout is None else timeout)
+                try:
                     resp = await self._http_here().request(
                         call.method,
                         call.path,
@@ -167,9 +167,10 @@ class AsyncClient:
                         headers=_core.body_headers(call),
                         timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
                     )
+                finally:
+                    _deadline.end(deadline)
             except httpx.DecodingError as e:
-                # A body its Content-Encoding does not decode: not dedupd's answer.
-                raise ServerError(f"an answer that cannot be decoded: {e}", key=call.key) from e
+                raise _core.undecodable(call, e) from e
             except httpx.TransportError as e:
                 if _core.may_resend(call, e) and attempt < limit:
                     await asyncio.sleep(_core.backoff(attempt))

@@ -614,6 +614,12 @@ def may_resend(call: Call[Any], e: httpx.TransportError) -> bool:
     return call.resendable or isinstance(e, CONNECT_FAILURES)
 
 
+def undecodable(call: Call[Any], e: httpx.DecodingError) -> ServerError:
+    """The error for an answer whose body its ``Content-Encoding`` does not
+    decode: not dedupd's."""
+    return ServerError(f"an answer that cannot be decoded: {e}", key=call.key)
+
+
 def network_detail(url: str, e: httpx.TransportError) -> str:
     safe = public_url(url)
     message = str(e)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
 import httpcore
@@ -27,14 +27,26 @@ if TYPE_CHECKING:
 _DEADLINE: ContextVar[float | None] = ContextVar("dedupd_request_deadline", default=None)
 
 
+def start(seconds: float) -> Token[float | None]:
+    """Requests made from now take at most ``seconds`` in all, until
+    :func:`end` (a plain call, not a context manager: one of those costs
+    every request some microseconds more)."""
+    return _DEADLINE.set(time.monotonic() + seconds)
+
+
+def end(token: Token[float | None]) -> None:
+    """Ends what :func:`start` began."""
+    _DEADLINE.reset(token)
+
+
 @contextmanager
 def within(seconds: float) -> Iterator[None]:
     """Requests made inside take at most ``seconds`` in all."""
-    token = _DEADLINE.set(time.monotonic() + seconds)
+    token = start(seconds)
     try:
         yield
     finally:
-        _DEADLINE.reset(token)
+        end(token)
 
 
 def _left(timeout: float | None, late: type[Exception]) -> float | None:

@@ -27,7 +27,6 @@ from ._errors import (
     InvalidRequest,
     NetworkError,
     NotOwner,
-    ServerError,
 )
 from ._models import Applied, BaseClaim, Head, Record
 
@@ -143,7 +142,8 @@ class Client:
         attempt = 0
         while True:
             try:
-                with _deadline.within(self._timeout if timeout is None else timeout):
+                deadline = _deadline.start(self._timeout if timeout is None else timeout)
+                try:
                     resp = self._http.request(
                         call.method,
                         call.path,
@@ -151,9 +151,10 @@ class Client:
                         headers=_core.body_headers(call),
                         timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
                     )
+                finally:
+                    _deadline.end(deadline)
             except httpx.DecodingError as e:
-                # A body its Content-Encoding does not decode: not dedupd's answer.
-                raise ServerError(f"an answer that cannot be decoded: {e}", key=call.key) from e
+                raise _core.undecodable(call, e) from e
             except httpx.TransportError as e:
                 if _core.may_resend(call, e) and attempt < limit:
                     time.sleep(_core.backoff(attempt))
