@@ -506,23 +506,48 @@ pub struct DataFileReport {
 /// changing anything (a crash's repair done in memory only, as
 /// [`verify_data_file`] does, without its checks of every page and row).
 pub fn data_file_schema(path: &Path) -> Result<u64, VerifyError> {
-    let bad = |what: String| VerifyError::DataFile(what);
-    let db = redb::Builder::new()
-        .set_cache_size(1 << 20)
-        .create_with_backend(Overlay::new(std::fs::File::open(path)?)?)
+    let db = open_overlay(
+        redb::Builder::new().set_cache_size(1 << 20),
+        std::fs::File::open(path)?,
+        "redb cannot open it",
+    )?;
+    let tx = db.begin_read().map_err(|e| read_failed(e.into()))?;
+    let meta = meta_table(&tx)?;
+    meta.get(META_SCHEMA_VERSION)
+        .map_err(|e| read_failed(e.into()))?
+        .map(|g| g.value())
+        .ok_or_else(|| {
+            VerifyError::DataFile("it is not a dedupd data file (no schema version)".into())
+        })
+}
+
+/// `file` opened by redb with `builder`'s options over an overlay that
+/// keeps every write in memory: the file is never changed. `failed` says
+/// what a refusal other than another process's lock means.
+fn open_overlay(
+    builder: &mut redb::Builder,
+    file: std::fs::File,
+    failed: &str,
+) -> Result<redb::Database, VerifyError> {
+    builder
+        .create_with_backend(Overlay::new(file)?)
         .map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => VerifyError::InUse,
-            e => bad(format!("redb cannot open it: {e}")),
-        })?;
-    let redb = |e: redb::Error| bad(format!("reading it failed: {e}"));
-    let tx = db.begin_read().map_err(|e| redb(e.into()))?;
-    let meta = tx
-        .open_table(t::META)
-        .map_err(|_| bad("it is not a dedupd data file (it has no metadata)".into()))?;
-    meta.get(META_SCHEMA_VERSION)
-        .map_err(|e| redb(e.into()))?
-        .map(|g| g.value())
-        .ok_or_else(|| bad("it is not a dedupd data file (no schema version)".into()))
+            e => VerifyError::DataFile(format!("{failed}: {e}")),
+        })
+}
+
+fn read_failed(e: redb::Error) -> VerifyError {
+    VerifyError::DataFile(format!("reading it failed: {e}"))
+}
+
+/// The metadata table of a dedupd data file.
+fn meta_table(
+    tx: &redb::ReadTransaction,
+) -> Result<redb::ReadOnlyTable<&'static str, u64>, VerifyError> {
+    tx.open_table(t::META).map_err(|_| {
+        VerifyError::DataFile("it is not a dedupd data file (it has no metadata)".into())
+    })
 }
 
 /// Checks the stopped data file at `path` and the files beside it (see
@@ -537,24 +562,21 @@ pub fn verify_data_file(path: &Path) -> Result<DataFileReport, VerifyError> {
     // that fails its checksums is rolled back to the one before (as after
     // a crash in the middle of a commit); redb's repair says so by its
     // progress, a third of the way.
-    let db = redb::Builder::new()
-        .set_cache_size(16 << 20)
-        .set_check_integrity_on_open(true)
-        .set_repair_callback(move |session| {
-            if (session.progress() - 0.3).abs() < 1e-9 {
-                seen.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-        })
-        .create_with_backend(Overlay::new(file)?)
-        .map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => VerifyError::InUse,
-            e => bad(format!("its pages fail redb's checksums: {e}")),
-        })?;
-    let redb = |e: redb::Error| bad(format!("reading it failed: {e}"));
+    let db = open_overlay(
+        redb::Builder::new()
+            .set_cache_size(16 << 20)
+            .set_check_integrity_on_open(true)
+            .set_repair_callback(move |session| {
+                if (session.progress() - 0.3).abs() < 1e-9 {
+                    seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }),
+        file,
+        "its pages fail redb's checksums",
+    )?;
+    let redb = read_failed;
     let tx = db.begin_read().map_err(|e| redb(e.into()))?;
-    let meta = tx
-        .open_table(t::META)
-        .map_err(|_| bad("it is not a dedupd data file (it has no metadata)".into()))?;
+    let meta = meta_table(&tx)?;
     let get = |k: &str| -> Result<Option<u64>, VerifyError> {
         Ok(meta.get(k).map_err(|e| redb(e.into()))?.map(|g| g.value()))
     };
