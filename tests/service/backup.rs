@@ -613,13 +613,7 @@ async fn a_backup_replaces_only_a_backup_never_the_instances_own_files() {
     assert!(!ok && err.contains("is a directory"), "{err}");
     // A pipe (or a device, or another program's socket): never replaced.
     let fifo = scratch.path().join("pipe");
-    assert!(
-        std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
+    crate::support::process::mkfifo(&fifo);
     let (ok, _, err) = backup(&app, &fifo).await;
     assert!(!ok && err.contains("not a regular file"), "{err}");
     assert!(

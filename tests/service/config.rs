@@ -1226,13 +1226,7 @@ fn check_config_refuses_forwarding_a_header_dedupd_sets_itself() {
 fn a_secrets_file_that_is_a_fifo_or_a_device_is_refused_at_once() {
     let dir = TempDir::new().unwrap();
     let fifo = dir.path().join("fifo");
-    assert!(
-        std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
+    crate::support::process::mkfifo(&fifo);
     let file = dir.path().join("dedupd.toml");
     std::fs::write(
         &file,

@@ -248,13 +248,7 @@ fn a_stage_that_fails_leaves_the_set_staged_before() {
     put(&from, "api-tokens", "token-two\n");
     put(&from, "sume-secrets", "whsec_two\n");
     let fifo = from.join("zz-fifo");
-    assert!(
-        std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
+    crate::support::process::mkfifo(&fifo);
     let out = stage(&from, &to);
     assert!(!out.status.success());
     assert!(

@@ -117,24 +117,29 @@ filter = { "body:/type" = "x.*" }
     assert_eq!(said("x1"), ["event accepted"], "{log:?}");
 }
 
-/// Text lines written to a file or the journal (not a terminal) carry no
-/// colour codes, and a value with spaces is quoted, so each field reads
-/// apart.
-#[test]
-fn text_lines_off_a_terminal_have_no_colour_codes_and_quote_what_has_spaces() {
+/// `dedupd serve` with `env` set, on a port already taken, so the bind
+/// fails and says so: the port and what it wrote to stderr.
+fn serve_on_a_taken_port(env: (&str, &str)) -> (std::net::SocketAddr, String) {
     let dir = TempDir::new().unwrap();
-    // The port is taken, so the bind fails and says so.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let out = dedupd()
         .arg("serve")
         .current_dir(dir.path())
-        .env("DEDUPD_LOG__FORMAT", "text")
+        .env(env.0, env.1)
         .env("DEDUPD_LISTEN", addr.to_string())
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let log = String::from_utf8(out.stderr).unwrap();
+    (addr, String::from_utf8(out.stderr).unwrap())
+}
+
+/// Text lines written to a file or the journal (not a terminal) carry no
+/// colour codes, and a value with spaces is quoted, so each field reads
+/// apart.
+#[test]
+fn text_lines_off_a_terminal_have_no_colour_codes_and_quote_what_has_spaces() {
+    let (addr, log) = serve_on_a_taken_port(("DEDUPD_LOG__FORMAT", "text"));
     let failed = log
         .lines()
         .find(|l| l.contains("ERROR") && l.contains("dedupd failed"))
@@ -150,18 +155,7 @@ fn text_lines_off_a_terminal_have_no_colour_codes_and_quote_what_has_spaces() {
 /// silence every line: it is set aside, said, and the settings' level used.
 #[test]
 fn a_rust_log_that_is_no_level_is_set_aside_with_a_word_and_lines_go_on() {
-    let dir = TempDir::new().unwrap();
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = taken.local_addr().unwrap();
-    let out = dedupd()
-        .arg("serve")
-        .current_dir(dir.path())
-        .env("RUST_LOG", "warning")
-        .env("DEDUPD_LISTEN", addr.to_string())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let log = String::from_utf8(out.stderr).unwrap();
+    let (_, log) = serve_on_a_taken_port(("RUST_LOG", "warning"));
     assert!(
         log.contains("RUST_LOG=\"warning\" is ignored") && log.contains("not a level"),
         "{log}"

@@ -24,6 +24,13 @@ pub(crate) fn check_config(file: &std::path::Path) -> std::process::Output {
         .unwrap()
 }
 
+/// Makes a FIFO at `path` (a pipe nobody writes: a file that must not be
+/// read or replaced as if it were a plain one).
+pub(crate) fn mkfifo(path: &std::path::Path) {
+    let made = Command::new("mkfifo").arg(path).status().expect("mkfifo");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
 pub(crate) fn dedupd() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
     // The tests' own environment must not leak settings in.
