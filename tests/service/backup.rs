@@ -491,7 +491,10 @@ async fn the_cli_refuses_a_damaged_backup_and_a_running_target_and_replaces_only
         assert!(!ok && err.contains("nothing was restored"), "{what}: {err}");
         // Its cause said once, not again after the message that names it.
         assert_eq!(err.matches("nothing was restored").count(), 1, "{err}");
-        let cause = err.rsplit("; nothing was restored").next().unwrap_or_default();
+        let cause = err
+            .rsplit("; nothing was restored")
+            .next()
+            .unwrap_or_default();
         assert!(cause.trim().is_empty(), "{what}: {err}");
         assert_eq!(files(b_dir.path()), there, "{what}");
     }
