@@ -240,6 +240,13 @@ pub trait Inbox: Send + Sync + std::fmt::Debug + 'static {
     /// job's own encoding, opaque to the inbox. Keeps the job's cancel mark.
     async fn put_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError>;
 
+    /// Writes a bulk job's last record, once it ended: its filter keeps
+    /// its shape, not its values (an erasure's names the person erased).
+    /// The versions before it, which held them, are taken out of the
+    /// store's files as an erased event's body is: shredded in the data
+    /// file, rewritten out of Redis's.
+    async fn end_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError>;
+
     /// Marks a job cancelled; false when there is no such job.
     async fn cancel_job(&self, id: &str, now: Millis) -> Result<bool, StoreError>;
 

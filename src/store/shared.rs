@@ -199,6 +199,10 @@ impl Inbox for SharedInbox {
         self.shared.put_job(id, record, now).await
     }
 
+    async fn end_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError> {
+        self.shared.end_job(id, record, now).await
+    }
+
     async fn cancel_job(&self, id: &str, now: Millis) -> Result<bool, StoreError> {
         self.shared.cancel_job(id, now).await
     }

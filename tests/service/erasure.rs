@@ -10,14 +10,13 @@
 
 use std::path::Path;
 
-use aes_gcm::aead::{Aead, KeyInit, Payload};
-use aes_gcm::{Aes256Gcm, Nonce};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 use crate::support::app::{TestApp, spawn_app_with, start_again};
 use crate::support::gateway::{fan_out, invoice as event, post_with_customer as post};
 use crate::support::receiver::{Behaviour, Receiver, eventually};
+use crate::support::recover::recoverable;
 
 /// What the erased event's body carries (a personal datum).
 const BODY_MARKER: &str = "alice.body.7f3c9e@example.com";
@@ -25,104 +24,6 @@ const BODY_MARKER: &str = "alice.body.7f3c9e@example.com";
 const HEADER_MARKER: &str = "alice-header-51d2ab";
 /// What an event that is not erased carries: still readable.
 const KEPT_MARKER: &str = "bob.kept.0c8d41@example.com";
-
-/// Every file under `dir`, read whole.
-fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(files(&path));
-        } else if let Ok(bytes) = std::fs::read(&path) {
-            out.push((path.display().to_string(), bytes));
-        }
-    }
-    out
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
-/// The keys a backup file holds (its keys frames).
-fn backup_keys(bytes: &[u8]) -> Vec<[u8; 32]> {
-    use dedupd::store::redb::backup::format::{FrameReader, Kind, keys};
-    let Ok(mut frames) = FrameReader::new(bytes) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    while let Ok(Some(frame)) = frames.next_frame() {
-        if frame.kind == Kind::Keys {
-            for (_, key) in keys(&frame.payload).unwrap() {
-                out.push(<[u8; 32]>::try_from(key).unwrap());
-            }
-        }
-    }
-    out
-}
-
-/// What an attacker holding every file under `dir` reads back that holds
-/// `marker`: each file where it is in plain, and each seal found anywhere
-/// (by its `DDSEAL1\0` prefix: slot, length, nonce, ciphertext) that opens
-/// with a key of any key file or backup there (the one its slot names, or
-/// any other) into plaintext holding it.
-fn recoverable(dir: &Path, marker: &str) -> Vec<String> {
-    let all = files(dir);
-    let keys: Vec<[u8; 32]> = all
-        .iter()
-        .filter(|(name, _)| name.ends_with(".keys"))
-        .flat_map(|(_, bytes)| {
-            bytes
-                .get(32..)
-                .unwrap_or_default()
-                .chunks_exact(32)
-                .map(|k| <[u8; 32]>::try_from(k).unwrap())
-                .collect::<Vec<_>>()
-        })
-        .chain(all.iter().flat_map(|(_, bytes)| backup_keys(bytes)))
-        .collect();
-    let mut found = Vec::new();
-    for (name, bytes) in &all {
-        if contains(bytes, marker.as_bytes()) {
-            found.push(format!("{name}: in plain"));
-        }
-        let mut at = 0;
-        while let Some(i) = bytes[at..].windows(8).position(|w| w == b"DDSEAL1\0") {
-            let start = at + i;
-            at = start + 1;
-            let Some(header) = bytes.get(start..start + 32) else {
-                continue;
-            };
-            let slot = u64::from_le_bytes(header[8..16].try_into().unwrap());
-            let len = u32::from_le_bytes(header[16..20].try_into().unwrap()) as usize;
-            let Some(sealed) = bytes.get(start + 32..start + 32 + len) else {
-                continue;
-            };
-            let named = usize::try_from(slot).ok().and_then(|s| keys.get(s));
-            for key in named.into_iter().chain(&keys) {
-                let plain = Aes256Gcm::new(key.into()).decrypt(
-                    Nonce::from_slice(&header[20..32]),
-                    Payload {
-                        msg: sealed,
-                        aad: &header[..20],
-                    },
-                );
-                if let Ok(plain) = plain
-                    && contains(&plain, marker.as_bytes())
-                {
-                    found.push(format!(
-                        "{name}: a seal at byte {start} (slot {slot}) opens"
-                    ));
-                    break;
-                }
-            }
-        }
-    }
-    found
-}
 
 async fn erase(app: &TestApp, source: &str, id: &str) {
     let res = app
@@ -237,6 +138,79 @@ async fn an_erased_event_cannot_be_read_back_from_any_file_of_the_data_file() {
     }
 }
 
+/// What an erase job's filter names: the person it erases.
+const JOB_MARKER: &str = "carol.job.3e8a5d@example.com";
+
+/// An erase job's filter names the person it erases. While the job runs,
+/// its record holds the filter (it resumes after a restart); once it
+/// ended, no file under the data directory gives the name back: not the
+/// record, not an earlier version of it in the data file's free pages or
+/// the log's old records, not a seal any key there opens. At once, after
+/// a clean stop and after a restart, and the job is still listed.
+#[tokio::test]
+async fn an_erase_jobs_filter_cannot_be_read_back_from_any_file_once_it_ended() {
+    let billing = Receiver::start(Behaviour::Accept).await;
+    let audit = Receiver::start(Behaviour::Accept).await;
+    let s = fan_out(&billing.url, &audit.url);
+    let app = spawn_app_with(move |l| {
+        l.settings.sources.insert("sw".into(), s);
+    })
+    .await;
+    let dir = app.dir.path().to_owned();
+    post(&app, &event("inv-1", JOB_MARKER), "carol").await;
+    post(&app, &event("inv-2", KEPT_MARKER), "bob").await;
+    eventually("both delivered to both", || async {
+        billing.received().len() == 2 && audit.received().len() == 2
+    })
+    .await;
+    let filter =
+        serde_json::json!({ "status": "delivered", "field": "/email", "value": JOB_MARKER });
+    let res = app
+        .request(Method::POST, "/v1/sources/sw/jobs")
+        .json(&serde_json::json!({ "kind": "erase", "filter": filter }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let id = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let job = |app: &TestApp| {
+        let request = app.request(Method::GET, &format!("/v1/jobs/{id}"));
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    eventually("the job to end", || async {
+        job(&app).await["state"] != "running"
+    })
+    .await;
+    let done = job(&app).await;
+    assert_eq!(
+        (&done["state"], &done["erased"]),
+        (&serde_json::json!("done"), &serde_json::json!(1)),
+        "{done}"
+    );
+    let gone = |when: &str| {
+        let found = recoverable(&dir, JOB_MARKER);
+        assert!(
+            found.is_empty(),
+            "{when}: {JOB_MARKER} is readable: {found:?}"
+        );
+    };
+    gone("once the job ended");
+    assert!(
+        !recoverable(&dir, KEPT_MARKER).is_empty(),
+        "the event not erased stays readable with its key"
+    );
+    let (loaded, kept_dir, clock) = app.stop().await;
+    gone("after a clean stop");
+    let app = start_again(loaded, kept_dir, clock).await;
+    gone("after a restart");
+    let listed = job(&app).await;
+    assert_eq!(listed["state"], "done", "{listed}");
+    assert_eq!(listed["erased"], 1, "{listed}");
+}
+
 /// The same on the shared inbox in a real Redis that keeps an append-only
 /// file (synced at every write) and snapshots: the erasure takes the body
 /// out of Redis at once, and out of its files once the AOF rewrite and the
@@ -335,5 +309,94 @@ async fn on_the_shared_inbox_an_erased_event_leaves_redis_and_its_files() {
     assert_eq!(
         event_json(&app, "sw.audit", "inv-1").await["status"],
         "erased"
+    );
+}
+
+/// On the shared inbox, an erase job's filter (here one that matches
+/// nothing, so no erasure asks Redis to rewrite) leaves Redis's files once
+/// the job ended: its ending asks for the rewrite an erasure does.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_shared_inbox_an_erase_jobs_filter_leaves_redis_files_once_it_ended() {
+    use crate::support::redis::RedisServer;
+
+    let server = tokio::task::spawn_blocking(|| {
+        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    })
+    .await
+    .unwrap();
+    let billing = Receiver::start(Behaviour::Accept).await;
+    let audit = Receiver::start(Behaviour::Accept).await;
+    let s = fan_out(&billing.url, &audit.url);
+    let url = server.url();
+    let app = spawn_app_with(move |l| {
+        l.settings.storage.backend = dedupd::config::Backend::Redis;
+        l.settings.storage.redis.url = dedupd::config::Secret::new(url);
+        l.settings.gateway.inbox = dedupd::config::sources::InboxPlace::Shared;
+        l.settings.gateway.inbox_buckets = 2;
+        l.settings.sources.insert("sw".into(), s);
+    })
+    .await;
+    post(&app, &event("inv-2", KEPT_MARKER), "bob").await;
+    eventually("delivered to both", || async {
+        billing.received().len() == 1 && audit.received().len() == 1
+    })
+    .await;
+    let filter =
+        serde_json::json!({ "status": "delivered", "field": "/email", "value": JOB_MARKER });
+    let res = app
+        .request(Method::POST, "/v1/sources/sw/jobs")
+        .json(&serde_json::json!({ "kind": "erase", "filter": filter }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let id = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let redis_dir = server.dir().to_owned();
+    assert!(
+        !recoverable(&redis_dir, JOB_MARKER).is_empty(),
+        "the running job's filter is in Redis's files"
+    );
+    let path = format!("/v1/jobs/{id}");
+    eventually("the job to end", || async {
+        let job: Value = app
+            .request(Method::GET, &path)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        job["state"] == "done"
+    })
+    .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !recoverable(&redis_dir, JOB_MARKER).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still in Redis's files 60 s after the job ended: {:?}",
+            recoverable(&redis_dir, JOB_MARKER)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        !recoverable(&redis_dir, KEPT_MARKER).is_empty(),
+        "the event not erased is still in Redis's files"
+    );
+    let job: Value = app
+        .request(Method::GET, &path)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&job["state"], &job["matched"]),
+        (&serde_json::json!("done"), &serde_json::json!(0)),
+        "{job}"
     );
 }

@@ -58,7 +58,7 @@ async fn newer_release_file(crashed: bool) -> TempDir {
         let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
         tx.open_table(meta)
             .unwrap()
-            .insert("schema_version", 14)
+            .insert("schema_version", 15)
             .unwrap();
         tx.commit().unwrap();
         if crashed {
@@ -94,8 +94,8 @@ async fn a_data_file_from_a_newer_release_is_refused_naming_both_versions_and_le
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "served a newer file: {stderr}");
         for part in [
-            "has schema version 14",
-            "reads schema version 13",
+            "has schema version 15",
+            "reads schema version 14",
             concat!("this dedupd (", env!("CARGO_PKG_VERSION"), ")"),
             "Nothing was changed",
             "Install that newer release again",

@@ -754,3 +754,88 @@ async fn verify_checks_a_stopped_data_file_its_log_and_key_file_and_changes_noth
     assert!(err.to_string().contains("checksum"), "{err}");
     assert_eq!(std::fs::read(&data).unwrap(), bad, "verify wrote nothing");
 }
+
+/// A bulk job's record (an erase job's names the person it erases) is
+/// stored sealed under a key slot of its own: it opens after a crash's
+/// log replay and after a restore (a backup holds it as the job runner
+/// wrote it, and no key for it), and once the job ended, or its record is
+/// deleted, no version before opens from any file of the data file.
+#[tokio::test]
+async fn a_jobs_record_opens_after_a_crash_and_a_restore_and_none_replaced_opens_once_it_ended() {
+    use crate::support::recover::{contains, recoverable};
+    const PERSON: &str = "dana.job.5c2e71@example.com";
+    let running = format!("{{\"state\":\"running\",\"value\":\"{PERSON}\"}}").into_bytes();
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("dedupd.redb");
+    let store = open_held(dir.path(), None);
+    store
+        .inbox()
+        .put_job("job_a", running.clone(), T)
+        .await
+        .unwrap();
+    store
+        .inbox()
+        .put_job("job_b", b"{\"n\":1}".to_vec(), T)
+        .await
+        .unwrap();
+    assert!(
+        !contains(
+            &std::fs::read(format!("{}.wal", path.display())).unwrap(),
+            PERSON.as_bytes()
+        ),
+        "the log holds the record sealed"
+    );
+    // A crash: the data file from before the puts (the store holds them
+    // uncommitted), its log and key file as they are.
+    let crash = TempDir::new().unwrap();
+    for ext in ["", ".wal", ".wal2", ".keys"] {
+        let from = format!("{}{ext}", path.display());
+        std::fs::copy(&from, crash.path().join(format!("dedupd.redb{ext}"))).unwrap();
+    }
+    let replayed = RedbStore::open(&RedbOptions::new(crash.path().join("dedupd.redb"))).unwrap();
+    let jobs = replayed.inbox().jobs().await.unwrap();
+    assert_eq!(jobs.len(), 2);
+    assert_eq!((jobs[0].id.as_str(), &jobs[0].record), ("job_a", &running));
+    replayed.close().await;
+    // In a backup as written, with no key (it holds no event).
+    let bytes = backup_of(&store, T).await;
+    assert!(contains(&bytes, PERSON.as_bytes()));
+    assert!(keys_in(&bytes).is_empty());
+    let target = TempDir::new().unwrap();
+    let data = restore_to(&file(dir.path(), "b", &bytes), target.path(), T)
+        .await
+        .unwrap();
+    let restored = RedbStore::open(&RedbOptions::new(&data)).unwrap();
+    let jobs = restored.inbox().jobs().await.unwrap();
+    assert_eq!(jobs[0].record, running);
+    restored.close().await;
+    std::fs::remove_file(dir.path().join("b")).unwrap();
+    assert!(
+        !recoverable(dir.path(), PERSON).is_empty(),
+        "stored while it runs"
+    );
+
+    // It ended: the versions before no longer open, at once and after a
+    // clean stop; the last one does.
+    let ended = b"{\"state\":\"done\",\"value\":\"(dropped)\"}".to_vec();
+    store
+        .inbox()
+        .end_job("job_a", ended.clone(), T + 1)
+        .await
+        .unwrap();
+    assert_eq!(recoverable(dir.path(), PERSON), Vec::<String>::new());
+    store
+        .inbox()
+        .put_job("job_b", running.clone(), T + 1)
+        .await
+        .unwrap();
+    store.inbox().delete_job("job_b", T + 2).await.unwrap();
+    assert_eq!(recoverable(dir.path(), PERSON), Vec::<String>::new());
+    store.close().await;
+    assert_eq!(recoverable(dir.path(), PERSON), Vec::<String>::new());
+    let store = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let jobs = store.inbox().jobs().await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!((jobs[0].id.as_str(), &jobs[0].record), ("job_a", &ended));
+    store.close().await;
+}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use dedupd::domain::{Key, ScopedKey, Ttl};
 use dedupd::store::Store;
 use dedupd::store::inbox::Inbox;
-use dedupd::store::redb::{OpenError, RedbOptions, RedbStore};
+use dedupd::store::redb::{OpenError, RedbOptions, RedbStore, SCHEMA_VERSION};
 use tempfile::TempDir;
 
 #[test]
@@ -25,7 +25,7 @@ fn a_file_with_an_unknown_schema_version_is_refused_with_a_clear_message() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schema version 99") && msg.contains("reads schema version 13"),
+        msg.contains("schema version 99") && msg.contains("reads schema version 14"),
         "{msg}"
     );
 }
@@ -920,7 +920,7 @@ async fn a_schema_3_file_gains_the_keyspace_tables_and_keeps_its_claims() {
         1
     );
     s.close().await;
-    assert_eq!(stored_schema(&opts.path).0, 13);
+    assert_eq!(stored_schema(&opts.path).0, SCHEMA_VERSION);
 }
 
 #[tokio::test]
@@ -1065,7 +1065,7 @@ async fn a_schema_4_file_keeps_every_event_whole_once_bodies_move_to_their_own_t
     s.close().await;
 
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 13);
+    assert_eq!(version, SCHEMA_VERSION);
     assert!(!tables.contains(&"inbox".to_owned()), "{tables:?}");
 }
 
@@ -1164,7 +1164,7 @@ async fn a_schema_5_keyspace_moves_to_row_ids_with_every_value_and_expiry() {
     s.close().await;
 
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 13);
+    assert_eq!(version, SCHEMA_VERSION);
     assert!(!tables.contains(&"kv".to_owned()), "{tables:?}");
     assert!(!tables.contains(&"kv_expiry".to_owned()), "{tables:?}");
     let s = RedbStore::open(&RedbOptions::new(&path)).unwrap();
@@ -1269,7 +1269,7 @@ async fn a_schema_6_file_gains_the_dedupe_tables_and_its_reaped_events_stay_dupl
     );
     s.close().await;
     let (version, tables) = stored_schema(&path);
-    assert_eq!(version, 13);
+    assert_eq!(version, SCHEMA_VERSION);
     for table in ["inbox_dedupe", "inbox_dedupe_expiry", "inbox_attempts"] {
         assert!(tables.contains(&table.to_owned()), "{tables:?}");
     }

@@ -261,7 +261,7 @@ impl Runner {
                     job.source
                 ));
                 job.finish(JobState::Done, now);
-                inbox.put_job(&job.id, job.encode(), now).await?;
+                inbox.end_job(&job.id, job.encode(), now).await?;
                 return Ok(true);
             }
         };
@@ -293,7 +293,11 @@ impl Runner {
             job.finish(state, self.clock.now_ms());
         }
         let moved = settled || (job.window.len(), job.scanned, job.matched) != before;
-        if moved || job.state != JobState::Running {
+        if job.state != JobState::Running {
+            inbox
+                .end_job(&job.id, job.encode(), self.clock.now_ms())
+                .await?;
+        } else if moved {
             // The intent first: see the module's doc.
             inbox
                 .put_job(&job.id, job.encode(), self.clock.now_ms())

@@ -154,8 +154,12 @@ pub(super) fn init_schema(db: &Database, path: &Path) -> Result<FileId, OpenErro
             // version 11 or before would deliver a seal as the body.
             // Version 13 changes no table: a done record may keep a result
             // (its claim value's state byte 2), which a build of version 12
-            // or before would read as done without it, silently.
-            Some(old @ 1..=12) => {
+            // or before would read as done without it, silently. Version
+            // 14 changes no table: a bulk job's record may be a seal, which
+            // a build of version 13 or before would not read, and whose
+            // key its open would shred (it keeps the slots of inbox rows
+            // only): the job gone, silently.
+            Some(old @ 1..=13) => {
                 if old == 1 {
                     migrate_v1(&tx).map_err(other)?;
                 }

@@ -295,8 +295,21 @@ pub enum InboxRequest {
         /// How long the erased row stays, ms.
         retention_ms: u64,
     },
-    /// Write a bulk job's record, keeping its cancel mark.
-    PutJob { id: String, record: Vec<u8> },
+    /// Write a bulk job's record, keeping its cancel mark. Since this
+    /// release `record` is a seal (see `seal`) under a slot of its own, a
+    /// new one for each version: the record of a running erase job names
+    /// the person it erases, and each version the write replaces (or a
+    /// delete removes) has its slot shredded once the batch is synced, so
+    /// no copy of it left in the files opens. One logged before is the
+    /// record as it is (and still read so).
+    PutJob {
+        id: String,
+        record: Vec<u8>,
+        /// The slot of `record`'s seal, lent by the caller (see
+        /// [`InboxRequest::InsertSealed`]'s `lent`; not logged).
+        #[serde(skip)]
+        lent: Lent,
+    },
     /// Mark a bulk job cancelled.
     CancelJob { id: String },
     /// Delete a bulk job's record.
@@ -400,7 +413,9 @@ impl Request {
     /// The key slots lent for its seals, taken out of it (see [`Lent`]).
     pub fn take_lent(&mut self) -> Option<Lent> {
         match self {
-            Request::Inbox(InboxRequest::InsertSealed { lent, .. }) => Some(std::mem::take(lent)),
+            Request::Inbox(
+                InboxRequest::InsertSealed { lent, .. } | InboxRequest::PutJob { lent, .. },
+            ) => Some(std::mem::take(lent)),
             _ => None,
         }
     }

@@ -1,6 +1,9 @@
 //! Table definitions and row encodings of the redb file.
 //!
-//! Schema version 12. Version 11 files store inbox bodies and headers as
+//! Schema version 14. Version 13 files store bulk jobs' records as they
+//! are ([`INBOX_JOBS`]; from 14 each is a seal, see
+//! `InboxRequest::PutJob`: a record stored before stays as it is until
+//! its job's runner writes it again). Version 11 files store inbox bodies and headers as
 //! they came, unsealed (opening one creates [`INBOX_SEALS`]; their rows
 //! stay unsealed until reaped, see `seal`). Version 8 files have no replay marks or bulk jobs, and
 //! no erased events (opening one creates their tables). Version 7 files
@@ -29,7 +32,7 @@ use crate::store::ordering::{EventRecord, Recorded};
 use crate::store::{ClaimRecord, ClaimState, Head};
 
 /// The schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 13;
+pub const SCHEMA_VERSION: u64 = 14;
 
 /// Metadata: `schema_version`, `fence` (last fence handed out).
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");

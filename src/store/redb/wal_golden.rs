@@ -357,6 +357,7 @@ fn samples() -> Vec<Request> {
         Request::Inbox(InboxRequest::PutJob {
             id: "job_00c0ffee00c0ffee".into(),
             record: b"{\"kind\":\"redeliver\"}".to_vec(),
+            lent: Default::default(),
         }),
         Request::Inbox(InboxRequest::CancelJob {
             id: "job_00c0ffee00c0ffee".into(),
@@ -525,7 +526,11 @@ fn inbox_shape(req: &InboxRequest, cov: &mut Coverage) -> String {
             event_id: _,
             retention_ms: _,
         } => "erase".into(),
-        InboxRequest::PutJob { id: _, record: _ } => "put_job".into(),
+        InboxRequest::PutJob {
+            id: _,
+            record: _,
+            lent: _,
+        } => "put_job".into(),
         InboxRequest::CancelJob { id: _ } => "cancel_job".into(),
         InboxRequest::DeleteJob { id: _ } => "delete_job".into(),
         InboxRequest::InsertRouted {

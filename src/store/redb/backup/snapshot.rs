@@ -14,7 +14,8 @@
 //!    transaction begins, with shreds held off (see `Seals::keys_for`), so
 //!    a row the snapshot holds has its key; only the keys of the rows it
 //!    holds are written. An event erased before the backup began is not
-//!    in it, nor is its key.
+//!    in it, nor is its key. A bulk job's record is written opened, as
+//!    the job runner wrote it (its seal's key is not in the backup).
 //! 4. **Then the copy**, table by table on the caller's thread, from the
 //!    read transaction (redb's MVCC: the writer never waits for it; pages
 //!    it frees meanwhile are reused only once the copy ends, so the file
@@ -31,14 +32,14 @@ use std::sync::atomic::Ordering;
 use redb::{Database, MultimapTableHandle, ReadTransaction, ReadableDatabase, TableHandle};
 
 use super::format::{self, FrameWriter, Header, Kind};
-use super::raw::{CopyError, SEALS, TABLES};
+use super::raw::{CopyError, SEALS, TABLES, index_of};
 use super::{BackupError, Turns, Written};
 use crate::clock::Millis;
 use crate::store::redb::engine::{Engine, Shared};
 use crate::store::redb::error::EngineError;
 use crate::store::redb::migrate::stored_file_id;
-use crate::store::redb::seal::KEY_LEN;
-use crate::store::redb::tables::{META, META_FENCE, META_SCHEMA_VERSION, META_WAL_SEQ};
+use crate::store::redb::seal::{self, KEY_LEN};
+use crate::store::redb::tables::{INBOX_JOBS, META, META_FENCE, META_SCHEMA_VERSION, META_WAL_SEQ};
 
 /// A consistent view of the data file, ready to be written out.
 pub struct Snapshot {
@@ -171,6 +172,7 @@ impl Snapshot {
         let mut slots = BTreeSet::new();
         let mut stopped: Option<BackupError> = None;
         let mut payload = Vec::with_capacity(format::FRAME_TARGET + 64 * 1024);
+        let jobs = index_of(INBOX_JOBS.name());
         for (i, table) in TABLES.iter().enumerate() {
             let index =
                 u16::try_from(i).map_err(|_| BackupError::UnknownTable(table.name().into()))?;
@@ -180,7 +182,12 @@ impl Snapshot {
                 if i == SEALS {
                     slots.insert(slot_of(v)?);
                 }
-                format::push_row(&mut payload, k, v)?;
+                let opened = if Some(i) == jobs {
+                    self.opened_job(v)
+                } else {
+                    None
+                };
+                format::push_row(&mut payload, k, opened.as_deref().unwrap_or(v))?;
                 if payload.len() >= format::FRAME_TARGET {
                     w.frame(Kind::Rows, &payload)?;
                     payload.truncate(2);
@@ -265,6 +272,27 @@ impl Snapshot {
 }
 
 /// A slot as `inbox_seals` stores it (a `u64`, little-endian).
+impl Snapshot {
+    /// A bulk job's stored value (its record, its cancel mark) with the
+    /// record's seal opened (see `InboxRequest::PutJob`): a backup holds
+    /// the keys of its events' seals only, so it holds a job's record as
+    /// the job runner wrote it, as it holds the events the job reads.
+    /// `None` for a record stored as it is, or one that does not open
+    /// (copied as stored).
+    fn opened_job(&self, value: &[u8]) -> Option<Vec<u8>> {
+        type Job<'a> = (&'a [u8], bool);
+        let (record, cancelled) = <Job<'_> as redb::Value>::from_bytes(value);
+        let (slot, _) = seal::seal_header(record)?;
+        let at = usize::try_from(slot).ok()?.checked_mul(KEY_LEN)?;
+        let key = self.keys.get(at..at.checked_add(KEY_LEN)?)?;
+        let opened = seal::open_with(record, key).ok()?;
+        Some(<Job<'_> as redb::Value>::as_bytes(&(
+            opened.body.as_slice(),
+            cancelled,
+        )))
+    }
+}
+
 fn slot_of(value: &[u8]) -> std::io::Result<u64> {
     let bytes: [u8; 8] = value
         .try_into()

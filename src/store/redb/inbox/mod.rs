@@ -365,11 +365,33 @@ impl Inbox for RedbInbox {
         Ok(outcome)
     }
 
+    /// Sealed under a slot of its own (see `InboxRequest::PutJob`): the
+    /// version it replaces no longer opens once this answers.
     async fn put_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError> {
         let id = id.to_owned();
-        self.write(InboxRequest::PutJob { id, record }, now)
-            .await
-            .map(|_| ())
+        let seals = self.engine.shared.seals.clone();
+        let sealed = match seals.seal_now(&[], &record) {
+            Some(sealed) => sealed,
+            None => {
+                let seals = seals.clone();
+                tokio::task::spawn_blocking(move || seals.seal(&[], &record))
+                    .await
+                    .map_err(|e| EngineError::ReadTask(Arc::new(e)))?
+            }
+        }
+        .map_err(|e| self.engine.key_fault(e))?;
+        let (slot, record) = sealed;
+        let lent = Lent::new(seals, vec![slot]);
+        self.write(InboxRequest::PutJob { id, record, lent }, now)
+            .await?;
+        self.engine.shred().await?;
+        Ok(())
+    }
+
+    /// Every version is sealed: the one before no longer opens once the
+    /// put answers.
+    async fn end_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError> {
+        self.put_job(id, record, now).await
     }
 
     async fn cancel_job(&self, id: &str, now: Millis) -> Result<bool, StoreError> {
@@ -382,9 +404,9 @@ impl Inbox for RedbInbox {
 
     async fn delete_job(&self, id: &str, now: Millis) -> Result<(), StoreError> {
         let id = id.to_owned();
-        self.write(InboxRequest::DeleteJob { id }, now)
-            .await
-            .map(|_| ())
+        self.write(InboxRequest::DeleteJob { id }, now).await?;
+        self.engine.shred().await?;
+        Ok(())
     }
 
     async fn replay_states(
@@ -400,7 +422,7 @@ impl Inbox for RedbInbox {
     }
 
     async fn jobs(&self) -> Result<Vec<StoredJob>, StoreError> {
-        Ok(self.engine.read(read::jobs).await?)
+        Ok(self.engine.read_sealed(read::jobs).await?)
     }
 
     async fn purge_pending(

@@ -7,11 +7,12 @@ use redb::{ReadTransaction, ReadableTable};
 use std::collections::HashSet;
 
 use super::row::{BodyTables, attempt_from_row, decode};
+use super::write::job_slot;
 use crate::clock::Millis;
 use crate::store::inbox::{
     Cursor, EventStatus, InboxEvent, ListOrder, ReplayMark, ReplayState, SourceDue, StoredJob,
 };
-use crate::store::redb::seal::Seals;
+use crate::store::redb::seal::{OpenSealError, Seals};
 use crate::store::redb::tables::{
     INBOX, INBOX_ATTEMPTS, INBOX_BODIES, INBOX_DEDUPE, INBOX_DEDUPE_EXPIRY, INBOX_DUE,
     INBOX_EXPIRY, INBOX_JOBS, INBOX_QUEUE, INBOX_REPLAY, INBOX_SEALS, INBOX_STATUS,
@@ -226,15 +227,28 @@ pub fn replay_states(
     Ok(out)
 }
 
-/// Every bulk job's record, in id order.
-pub fn jobs(tx: &ReadTransaction) -> Result<Vec<StoredJob>, redb::Error> {
+/// Every bulk job's record, in id order, its seal opened (see
+/// `InboxRequest::PutJob`). One whose seal does not open (its key file is
+/// not the one it was sealed with) is left out, and logged.
+pub fn jobs(tx: &ReadTransaction, seals: &Seals) -> Result<Vec<StoredJob>, redb::Error> {
     let mut out = Vec::new();
     for entry in tx.open_table(INBOX_JOBS)?.iter()? {
         let (k, v) = entry?;
-        let (record, cancelled) = v.value();
+        let (stored, cancelled) = v.value();
+        let record = match job_slot(stored) {
+            None => stored.to_vec(),
+            Some(_) => match seals.open_seal(stored) {
+                Ok(opened) => opened.body,
+                Err(OpenSealError::Io(e)) => return Err(redb::Error::Io(e)),
+                Err(e) => {
+                    tracing::warn!(job = %k.value(), error = %e, "a bulk job's record does not open: it is not listed");
+                    continue;
+                }
+            },
+        };
         out.push(StoredJob {
             id: k.value().to_owned(),
-            record: record.to_vec(),
+            record,
             cancelled,
         });
     }
@@ -329,12 +343,16 @@ pub struct InboxIndexes {
     pub dedupe_expiry: Vec<(u64, String, String)>,
 }
 
-/// The key slots the inbox's sealed rows use.
+/// The key slots the inbox's sealed rows and bulk jobs' records use.
 pub fn sealed_slots(tx: &ReadTransaction) -> Result<HashSet<u64>, redb::Error> {
     let mut used = HashSet::new();
     for entry in tx.open_table(INBOX_SEALS)?.iter()? {
         let (_, slot) = entry?;
         used.insert(slot.value());
+    }
+    for entry in tx.open_table(INBOX_JOBS)?.iter()? {
+        let (_, v) = entry?;
+        used.extend(job_slot(v.value().0));
     }
     Ok(used)
 }

@@ -72,6 +72,12 @@ enum Body<'a> {
     },
 }
 
+/// The key slot of a job's stored record, when it is a seal (see
+/// `InboxRequest::PutJob`); none for a record stored as it is.
+pub fn job_slot(record: &[u8]) -> Option<u64> {
+    crate::store::redb::seal::seal_header(record).map(|(slot, _)| slot)
+}
+
 /// Reads the `created_at` of a stream's live head: (source, stream).
 pub type HeadLookup<'a> = dyn Fn(&str, &str) -> Result<Option<CreatedAt>, redb::Error> + 'a;
 
@@ -257,10 +263,20 @@ impl<'txn> InboxTables<'txn> {
                 event_id,
                 retention_ms,
             } => InboxResponse::Erased(self.erase(source, event_id, *retention_ms, now)?),
-            InboxRequest::PutJob { id, record } => {
+            InboxRequest::PutJob { id, record, .. } => {
                 let jobs = self.jobs.open()?;
-                let cancelled = jobs.get(id.as_str())?.is_some_and(|g| g.value().1);
+                let before = jobs
+                    .get(id.as_str())?
+                    .map(|g| (job_slot(g.value().0), g.value().1));
+                let cancelled = before.is_some_and(|(_, cancelled)| cancelled);
                 jobs.insert(id.as_str(), (record.as_slice(), cancelled))?;
+                // The version replaced, if sealed, no longer opens once
+                // this batch is durable (a log replayed puts the same seal
+                // again: its slot is not the one freed).
+                let replaced = before.and_then(|(slot, _)| slot);
+                if let Some(slot) = replaced.filter(|s| Some(*s) != job_slot(record)) {
+                    self.freed.push(slot);
+                }
                 InboxResponse::Job(true)
             }
             InboxRequest::CancelJob { id } => {
@@ -272,7 +288,12 @@ impl<'txn> InboxTables<'txn> {
                 InboxResponse::Job(record.is_some())
             }
             InboxRequest::DeleteJob { id } => {
-                InboxResponse::Job(self.jobs.open()?.remove(id.as_str())?.is_some())
+                let removed = self.jobs.open()?.remove(id.as_str())?;
+                let slot = removed.as_ref().and_then(|g| job_slot(g.value().0));
+                let found = removed.is_some();
+                drop(removed);
+                self.freed.extend(slot);
+                InboxResponse::Job(found)
             }
         })
     }

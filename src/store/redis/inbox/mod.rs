@@ -873,6 +873,13 @@ impl Inbox for RedisInbox {
         }
     }
 
+    async fn end_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError> {
+        self.put_job(id, record, now).await?;
+        // The versions before, in Redis's files until rewritten.
+        self.rewrites.erased();
+        Ok(())
+    }
+
     async fn cancel_job(&self, id: &str, _now: Millis) -> Result<bool, StoreError> {
         let reply: i64 = self.run_jobs(vec![arg("cancel"), arg(id)]).await?;
         Ok(reply == 1)
