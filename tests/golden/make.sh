@@ -51,6 +51,7 @@ schema-11         5d5add1 jobs    storage term
 schema-12         90b41e1 jobs    storage term
 schema-13         b43ec92 results storage term
 log-format-7      b43ec92 results storage kill
+schema-14         749b176 results storage term
 "
 
 usage() {

@@ -1472,6 +1472,14 @@ const SCHEMA_13: Case = Case {
     results: true,
     ..case("schema-13", 13, Gateway::Current)
 };
+const SCHEMA_14: Case = Case {
+    log: Some(7),
+    keyspace: true,
+    timelines: true,
+    jobs: true,
+    results: true,
+    ..case("schema-14", 14, Gateway::Current)
+};
 const LOG_FORMAT_7: Case = Case {
     log: Some(7),
     replays: true,
@@ -1592,6 +1600,27 @@ async fn a_schema_13_file_opens_with_every_done_result() {
     open_golden(SCHEMA_13).await;
 }
 
+/// The first schema whose bulk jobs' records are sealed (each under a key
+/// slot of its own, in the key file beside): every record opens, exactly
+/// as the build wrote it, and the open keeps their keys.
+#[tokio::test]
+async fn a_schema_14_file_opens_with_its_sealed_job_records() {
+    let (_dir, path) = copy(&SCHEMA_14, true);
+    let db = redb::Database::open(&path).unwrap();
+    let jobs: TableDefinition<&str, (&[u8], bool)> = TableDefinition::new("inbox_jobs");
+    let tx = db.begin_read().unwrap();
+    let table = tx.open_table(jobs).unwrap();
+    let mut sealed = 0;
+    for row in table.iter().unwrap() {
+        let (_, v) = row.unwrap();
+        assert!(v.value().0.starts_with(b"DDSEAL1\0"), "a sealed record");
+        sealed += 1;
+    }
+    assert_eq!(sealed, 2);
+    drop((table, tx, db));
+    open_golden(SCHEMA_14).await;
+}
+
 /// A format 7 log holding dones that keep a result (`DoneResult`), every
 /// batch replayed after a SIGKILL.
 #[tokio::test]
@@ -1669,6 +1698,7 @@ fn every_golden_file_is_checked() {
         SCHEMA_11,
         SCHEMA_12,
         SCHEMA_13,
+        SCHEMA_14,
         LOG_FORMAT_1,
         LOG_FORMAT_2,
         LOG_FORMAT_3,
