@@ -355,11 +355,11 @@ async fn on_the_shared_inbox_an_erase_jobs_filter_leaves_redis_files_once_it_end
         .as_str()
         .unwrap()
         .to_owned();
+    // Its record reached the AOF (synced at every write); without the
+    // rewrite its end asks for, it stays there (`appendonly.aof.1.incr.aof`
+    // holds it in plain: checked). Not asserted here: the job may have
+    // ended, and Redis rewritten, before a look.
     let redis_dir = server.dir().to_owned();
-    assert!(
-        !recoverable(&redis_dir, JOB_MARKER).is_empty(),
-        "the running job's filter is in Redis's files"
-    );
     let path = format!("/v1/jobs/{id}");
     eventually("the job to end", || async {
         let job: Value = app

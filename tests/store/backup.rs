@@ -839,3 +839,43 @@ async fn a_jobs_record_opens_after_a_crash_and_a_restore_and_none_replaced_opens
     assert_eq!((jobs[0].id.as_str(), &jobs[0].record), ("job_a", &ended));
     store.close().await;
 }
+
+/// A job's record read while its runner writes the next version is found,
+/// the one or the other: never left out because the version the read saw
+/// had its key shredded meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_jobs_record_read_while_it_is_replaced_is_always_found() {
+    let dir = TempDir::new().unwrap();
+    let store =
+        Arc::new(RedbStore::open(&RedbOptions::new(dir.path().join("dedupd.redb"))).unwrap());
+    store
+        .inbox()
+        .put_job("job_a", b"{\"n\":0}".to_vec(), T)
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (store, stop) = (store.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut reads = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let jobs = store.inbox().jobs().await.unwrap();
+                    assert_eq!(jobs.len(), 1, "after {reads} reads: {jobs:?}");
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    for n in 1..=400 {
+        let record = format!("{{\"n\":{n}}}").into_bytes();
+        store.inbox().put_job("job_a", record, T + n).await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        assert!(reader.await.unwrap() > 0);
+    }
+    let jobs = store.inbox().jobs().await.unwrap();
+    assert_eq!(jobs[0].record, b"{\"n\":400}");
+}

@@ -364,6 +364,17 @@ impl Seals {
         (taken, keys)
     }
 
+    /// Runs `read` (which begins a read transaction and opens seals it
+    /// finds) with no shred under way: a seal of a row the transaction
+    /// sees opens, though a batch that replaced the row was synced
+    /// meanwhile (its shred waits). For reads of rows whose every new
+    /// version retires the one before (a bulk job's record), not of
+    /// events: a read is microseconds, a shred waits for it.
+    pub fn unshredded<T>(&self, read: impl FnOnce() -> T) -> T {
+        let _no_shred = self.shredding.lock().unwrap_or_else(|p| p.into_inner());
+        read()
+    }
+
     /// Gives slots back whose seals are gone or were never stored: they
     /// are shredded before they are lent again.
     pub fn retire(&self, slots: impl IntoIterator<Item = u64>) {

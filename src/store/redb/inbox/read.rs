@@ -227,11 +227,20 @@ pub fn replay_states(
     Ok(out)
 }
 
+/// Jobs whose record did not open, and why.
+pub type Unopened = Vec<(String, OpenSealError)>;
+
 /// Every bulk job's record, in id order, its seal opened (see
-/// `InboxRequest::PutJob`). One whose seal does not open (its key file is
-/// not the one it was sealed with) is left out, and logged.
-pub fn jobs(tx: &ReadTransaction, seals: &Seals) -> Result<Vec<StoredJob>, redb::Error> {
+/// `InboxRequest::PutJob`), and the ids of those whose seal did not open
+/// (left out): a version replaced by a batch synced but not yet
+/// committed (read again, the new one is seen), or one the key file
+/// does not hold the key of.
+pub fn jobs(
+    tx: &ReadTransaction,
+    seals: &Seals,
+) -> Result<(Vec<StoredJob>, Unopened), redb::Error> {
     let mut out = Vec::new();
+    let mut unopened = Vec::new();
     for entry in tx.open_table(INBOX_JOBS)?.iter()? {
         let (k, v) = entry?;
         let (stored, cancelled) = v.value();
@@ -241,7 +250,7 @@ pub fn jobs(tx: &ReadTransaction, seals: &Seals) -> Result<Vec<StoredJob>, redb:
                 Ok(opened) => opened.body,
                 Err(OpenSealError::Io(e)) => return Err(redb::Error::Io(e)),
                 Err(e) => {
-                    tracing::warn!(job = %k.value(), error = %e, "a bulk job's record does not open: it is not listed");
+                    unopened.push((k.value().to_owned(), e));
                     continue;
                 }
             },
@@ -252,7 +261,7 @@ pub fn jobs(tx: &ReadTransaction, seals: &Seals) -> Result<Vec<StoredJob>, redb:
             cancelled,
         });
     }
-    Ok(out)
+    Ok((out, unopened))
 }
 
 /// A page of a source's events with `status` in `order` (by received time,
