@@ -177,6 +177,10 @@ pub struct Problem<'a> {
     /// The input field at fault (400 only).
     #[serde(skip_serializing_if = "Option::is_none")]
     field: Option<&'a str>,
+    /// The largest value `field` takes, when the request's was over it
+    /// (400 `invalid_ttl`: `claims.max_ttl` in ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    maximum: Option<u64>,
     /// The key's state (409 and 422 of the claims API).
     #[serde(skip_serializing_if = "Option::is_none")]
     state: Option<ClaimState>,
@@ -354,6 +358,10 @@ impl ResponseError for ApiError {
             code: self.code(),
             field: match self {
                 ApiError::Invalid(i) => Some(i.field),
+                _ => None,
+            },
+            maximum: match self {
+                ApiError::Invalid(i) => i.maximum,
                 _ => None,
             },
             state,

@@ -40,6 +40,9 @@ pub struct Invalid {
     pub field: &'static str,
     /// What was expected, in words.
     pub reason: String,
+    /// The largest value `field` takes, when it was over it: a client
+    /// reads it instead of the reason's words.
+    pub maximum: Option<u64>,
 }
 
 impl Invalid {
@@ -49,6 +52,15 @@ impl Invalid {
             code,
             field,
             reason: reason.into(),
+            maximum: None,
+        }
+    }
+
+    /// The same, naming `maximum`, the largest value `field` takes.
+    pub fn at_most(self, maximum: u64) -> Self {
+        Self {
+            maximum: Some(maximum),
+            ..self
         }
     }
 }

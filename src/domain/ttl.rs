@@ -60,7 +60,8 @@ impl TtlBounds {
                 "invalid_ttl",
                 "ttl_ms",
                 format!("must be at most {} (the configured maximum)", self.max_ms),
-            )),
+            )
+            .at_most(self.max_ms)),
             Some(ms) => Ok(Ttl(ms)),
         }
     }
@@ -81,6 +82,8 @@ mod tests {
         assert!(b.parse(Some(0), b.default_claim).is_err());
         assert_eq!(b.parse(Some(1), b.default_claim).unwrap().as_ms(), 1);
         assert!(b.parse(Some(1_000_000), b.default_claim).is_ok());
-        assert!(b.parse(Some(1_000_001), b.default_claim).is_err());
+        let over = b.parse(Some(1_000_001), b.default_claim).unwrap_err();
+        assert_eq!((over.code, over.maximum), ("invalid_ttl", Some(1_000_000)));
+        assert_eq!(b.parse(Some(0), b.default_claim).unwrap_err().maximum, None);
     }
 }

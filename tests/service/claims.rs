@@ -423,13 +423,17 @@ async fn ttls_outside_the_bounds_return_400_and_change_nothing() {
     let (token, _, expires) = app.claim_ok("k", json!({ "ttl_ms": max })).await;
     assert_eq!(expires, T0 + max);
     for ttl in [0, max + 1] {
-        assert_problem(
+        let refused = assert_problem(
             app.done("k", json!({ "token": token, "ttl_ms": ttl }))
                 .await,
             StatusCode::BAD_REQUEST,
             "invalid_ttl",
         )
         .await;
+        // Over the maximum, the answer names it (`claims.max_ttl`), for a
+        // client to send again within it.
+        let maximum = if ttl > max { json!(max) } else { Value::Null };
+        assert_eq!(refused["maximum"], maximum, "{refused}");
         assert_problem(
             app.extend("k", json!({ "token": token, "ttl_ms": ttl }))
                 .await,

@@ -507,6 +507,51 @@ def test_the_default_ttl_is_sent_and_times_the_heartbeat() -> None:
 
 
 @pytest.mark.parametrize(
+    ("refusal", "sent_again"),
+    [
+        # The server names its maximum in the problem: taken from there,
+        # whatever the detail's words.
+        (problem(400, "invalid_ttl", field="ttl_ms", maximum=123_000), 123_000),
+        # A server from before `maximum`: read from the detail.
+        (
+            problem(
+                400,
+                "invalid_ttl",
+                field="ttl_ms",
+                detail="ttl_ms: must be at most 456000 (the configured maximum)",
+            ),
+            456_000,
+        ),
+        # Neither: the server's default done TTL (none sent).
+        (problem(400, "invalid_ttl", field="ttl_ms", maximum="lots"), None),
+    ],
+    ids=["maximum", "detail", "neither"],
+)
+def test_a_done_ttl_over_the_servers_maximum_is_sent_again_within_it(
+    refusal: httpx.Response, sent_again: int | None
+) -> None:
+    bodies: list[Any] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content or b"null"))
+        if len(bodies) == 1:
+            return claimed()
+        return refusal if len(bodies) == 2 else record("done")
+
+    c = client(httpx.MockTransport(handle))
+
+    @c.once(key=lambda: "k", ttl=30, done_ttl=1_000)
+    def work() -> int:
+        return 7
+
+    assert work() == 7
+    c.close()
+    assert bodies[1]["ttl_ms"] == 1_000_000
+    assert bodies[2].get("ttl_ms") == sent_again, bodies[2]
+    assert bodies[2]["result"] == 7
+
+
+@pytest.mark.parametrize(
     "refusal",
     [
         lambda: problem(401, "unauthorized"),

@@ -222,7 +222,7 @@ def lighter_done(
         log.warning("the result of %r is not stored: %s", key, e)
         return None, ttl
     if ttl is not None and e.field == "ttl_ms":
-        most = _most_ms(e.detail)
+        most = _most_ms(e)
         if most is not None and most < ttl * 1000:
             log.warning(
                 "the done_ttl of %r is refused (%s): marked done for the server's longest", key, e
@@ -237,10 +237,14 @@ def lighter_done(
     return None
 
 
-def _most_ms(detail: str) -> int | None:
-    """The longest TTL a refusal names (dedupd's ``must be at most N (the
-    configured maximum)``), in ms."""
-    found = re.search(r"at most (\d+)", detail)
+def _most_ms(e: InvalidRequest) -> int | None:
+    """The longest TTL a refusal names, in ms: its problem's ``maximum``, or
+    from a server that has none, its detail's ``must be at most N (the
+    configured maximum)``."""
+    maximum = e.problem.get("maximum")
+    if isinstance(maximum, int) and not isinstance(maximum, bool) and maximum > 0:
+        return maximum
+    found = re.search(r"at most (\d+)", e.detail)
     return int(found.group(1)) if found else None
 
 
