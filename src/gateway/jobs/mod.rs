@@ -166,6 +166,29 @@ impl Job {
     }
 }
 
+/// Ends `job` as `state` at `now` once `write` stored its last record
+/// (the filter without its values: see [`Job::finish`]); `write` is given
+/// the job's id and that record (`Inbox::end_job`). On an error `job` is
+/// left as it was, running as stored, so the runner's next pass ends it
+/// again: taken for ended, it would leave the runner's list while its
+/// record still says running, with its filter's values.
+pub async fn end<W, F>(
+    job: &mut Job,
+    state: JobState,
+    now: Millis,
+    write: W,
+) -> Result<(), StoreError>
+where
+    W: FnOnce(String, Vec<u8>) -> F,
+    F: std::future::Future<Output = Result<(), StoreError>>,
+{
+    let mut ended = job.clone();
+    ended.finish(state, now);
+    write(ended.id.clone(), ended.encode()).await?;
+    *job = ended;
+    Ok(())
+}
+
 /// Every job, newest first.
 pub async fn list(inbox: &dyn Inbox) -> Result<Vec<Job>, StoreError> {
     let mut jobs: Vec<Job> = inbox.jobs().await?.iter().filter_map(Job::decode).collect();
@@ -214,4 +237,43 @@ pub async fn start(inbox: &dyn Inbox, job: &Job, now: Millis) -> Result<(), Star
         inbox.delete_job(&old.id, now).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::inbox::EventStatus;
+
+    #[tokio::test]
+    async fn a_job_whose_last_write_fails_is_still_running_with_its_filter_and_ends_next_time() {
+        let mut filter = EventFilter::status(EventStatus::Delivered);
+        filter.field = Some(("/email".into(), "carol@example.com".into()));
+        let mut job = Job::new("sume", JobKind::Erase, filter.clone(), 1);
+        let failed = end(&mut job, JobState::Done, 2, |_, _| async {
+            Err(StoreError::failed("no space left on device"))
+        })
+        .await;
+        assert!(failed.is_err());
+        // As stored: running, with its values, so the runner keeps it and
+        // its next pass ends it.
+        assert_eq!(job.state, JobState::Running);
+        assert_eq!(job.finished_ms, None);
+        assert_eq!(job.filter, filter);
+
+        let mut written = Vec::new();
+        end(&mut job, JobState::Done, 3, |id, record| {
+            written.push((id, record));
+            async { Ok(()) }
+        })
+        .await
+        .unwrap();
+        assert_eq!((job.state, job.finished_ms), (JobState::Done, Some(3)));
+        assert_eq!(job.filter, filter.without_values());
+        let [(id, record)] = written.as_slice() else {
+            panic!("one write: {written:?}");
+        };
+        assert_eq!(id, &job.id);
+        assert_eq!(record, &job.encode());
+        assert!(!String::from_utf8_lossy(record).contains("carol@"));
+    }
 }

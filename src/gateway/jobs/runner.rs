@@ -260,8 +260,11 @@ impl Runner {
                      were not made",
                     job.source
                 ));
-                job.finish(JobState::Done, now);
-                inbox.end_job(&job.id, job.encode(), now).await?;
+                let inbox = inbox.clone();
+                super::end(job, JobState::Done, now, |id, record| async move {
+                    inbox.end_job(&id, record, now).await
+                })
+                .await?;
                 return Ok(true);
             }
         };
@@ -284,19 +287,18 @@ impl Runner {
             taken = self.scan(job, room).await?;
         }
         job.window.extend(taken.iter().map(|e| e.event_id.clone()));
+        let moved = settled || (job.window.len(), job.scanned, job.matched) != before;
         if job.window.is_empty() && (job.cancelled || job.scanned_all) {
             let state = if job.cancelled {
                 JobState::Cancelled
             } else {
                 JobState::Done
             };
-            job.finish(state, self.clock.now_ms());
-        }
-        let moved = settled || (job.window.len(), job.scanned, job.matched) != before;
-        if job.state != JobState::Running {
-            inbox
-                .end_job(&job.id, job.encode(), self.clock.now_ms())
-                .await?;
+            let (inbox, now) = (inbox.clone(), self.clock.now_ms());
+            super::end(job, state, now, |id, record| async move {
+                inbox.end_job(&id, record, now).await
+            })
+            .await?;
         } else if moved {
             // The intent first: see the module's doc.
             inbox
