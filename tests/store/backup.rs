@@ -805,10 +805,27 @@ async fn a_jobs_record_opens_after_a_crash_and_a_restore_and_none_replaced_opens
     let data = restore_to(&file(dir.path(), "b", &bytes), target.path(), T)
         .await
         .unwrap();
+    // Sealed again in the restored file, and gone from it once the job
+    // ended there.
+    let in_plain = |dir: &Path| {
+        recoverable(dir, PERSON)
+            .into_iter()
+            .filter(|found| found.ends_with("in plain"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(in_plain(target.path()), Vec::<String>::new());
     let restored = RedbStore::open(&RedbOptions::new(&data)).unwrap();
     let jobs = restored.inbox().jobs().await.unwrap();
     assert_eq!(jobs[0].record, running);
+    assert!(!recoverable(target.path(), PERSON).is_empty());
+    restored
+        .inbox()
+        .end_job("job_a", b"{\"state\":\"done\"}".to_vec(), T + 1)
+        .await
+        .unwrap();
+    assert_eq!(recoverable(target.path(), PERSON), Vec::<String>::new());
     restored.close().await;
+    assert_eq!(recoverable(target.path(), PERSON), Vec::<String>::new());
     std::fs::remove_file(dir.path().join("b")).unwrap();
     assert!(
         !recoverable(dir.path(), PERSON).is_empty(),

@@ -301,35 +301,7 @@ impl Seals {
         headers: &[(String, String)],
         body: &[u8],
     ) -> std::io::Result<Vec<u8>> {
-        let key = self.key(slot)?;
-        let headers = serde_json::to_vec(headers).map_err(std::io::Error::other)?;
-        let headers_len = u32::try_from(headers.len())
-            .map_err(|_| std::io::Error::other("headers of 4 GiB or more"))?;
-        let mut plain = Vec::with_capacity(4 + headers.len() + body.len());
-        plain.extend_from_slice(&headers_len.to_le_bytes());
-        plain.extend_from_slice(&headers);
-        plain.extend_from_slice(body);
-        // 16 bytes of tag follow the ciphertext.
-        let len = u32::try_from(plain.len() + 16)
-            .map_err(|_| std::io::Error::other("a body of 4 GiB or more"))?;
-        let nonce: [u8; 12] = rand::random();
-        let mut seal = Vec::with_capacity(SEAL_HEADER + plain.len() + 16);
-        seal.extend_from_slice(SEAL_MAGIC);
-        seal.extend_from_slice(&slot.to_le_bytes());
-        seal.extend_from_slice(&len.to_le_bytes());
-        seal.extend_from_slice(&nonce);
-        let cipher = Aes256Gcm::new((&key).into());
-        let sealed = cipher
-            .encrypt(
-                Nonce::from_slice(&nonce),
-                Payload {
-                    msg: &plain,
-                    aad: &seal[..SEAL_AAD],
-                },
-            )
-            .map_err(|_| std::io::Error::other("the body could not be sealed"))?;
-        seal.extend_from_slice(&sealed);
-        Ok(seal)
+        seal_with(slot, &self.key(slot)?, headers, body)
     }
 
     /// Opens a seal with its slot's key.
@@ -524,6 +496,44 @@ fn read_header(h: &[u8; HEADER as usize]) -> Option<u128> {
         return None;
     }
     Some(u128::from_le_bytes(h[8..24].try_into().ok()?))
+}
+
+/// Seals `headers` and `body` under `key`, the key of `slot` (see the
+/// module doc for the format).
+pub fn seal_with(
+    slot: u64,
+    key: &[u8; KEY_LEN],
+    headers: &[(String, String)],
+    body: &[u8],
+) -> std::io::Result<Vec<u8>> {
+    let headers = serde_json::to_vec(headers).map_err(std::io::Error::other)?;
+    let headers_len = u32::try_from(headers.len())
+        .map_err(|_| std::io::Error::other("headers of 4 GiB or more"))?;
+    let mut plain = Vec::with_capacity(4 + headers.len() + body.len());
+    plain.extend_from_slice(&headers_len.to_le_bytes());
+    plain.extend_from_slice(&headers);
+    plain.extend_from_slice(body);
+    // 16 bytes of tag follow the ciphertext.
+    let len = u32::try_from(plain.len() + 16)
+        .map_err(|_| std::io::Error::other("a body of 4 GiB or more"))?;
+    let nonce: [u8; 12] = rand::random();
+    let mut seal = Vec::with_capacity(SEAL_HEADER + plain.len() + 16);
+    seal.extend_from_slice(SEAL_MAGIC);
+    seal.extend_from_slice(&slot.to_le_bytes());
+    seal.extend_from_slice(&len.to_le_bytes());
+    seal.extend_from_slice(&nonce);
+    let cipher = Aes256Gcm::new(key.into());
+    let sealed = cipher
+        .encrypt(
+            Nonce::from_slice(&nonce),
+            Payload {
+                msg: &plain,
+                aad: &seal[..SEAL_AAD],
+            },
+        )
+        .map_err(|_| std::io::Error::other("the body could not be sealed"))?;
+    seal.extend_from_slice(&sealed);
+    Ok(seal)
 }
 
 /// A seal's slot and the length of its ciphertext and tag.

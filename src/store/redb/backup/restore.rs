@@ -26,14 +26,14 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use redb::{Durability, ReadableDatabase, WriteTransaction};
+use redb::{Durability, ReadableDatabase, TableHandle, WriteTransaction};
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, RenameFlags, Uid};
 
-use super::raw::TABLES;
+use super::raw::{TABLES, index_of};
 use super::verify::{self, BackupReport, Load, VerifyError};
 use crate::store::redb::seal::{self, KEY_LEN};
 use crate::store::redb::tables::{
-    META, META_FENCE, META_FILE_ID, META_LOG_OPEN, META_LOG_SEGMENTS,
+    INBOX_JOBS, META, META_FENCE, META_FILE_ID, META_LOG_OPEN, META_LOG_SEGMENTS,
 };
 use crate::store::redb::{OWNER_ONLY, OpenError, RedbOptions, RedbStore, wal, wal_segments};
 
@@ -579,6 +579,41 @@ struct Build {
     keys: Vec<(u64, [u8; KEY_LEN])>,
 }
 
+/// A row whose value was made anew: its key, and its value's bytes.
+type OwnedRow<'a> = (&'a [u8], Vec<u8>);
+
+impl Build {
+    /// Bulk jobs' rows with each record sealed again, under a slot of its
+    /// own past the backup's (a backup holds a job's record opened: see
+    /// `snapshot`), its fresh key kept for the key file: the restored file
+    /// never holds a running erase job's filter in plain. A record that is
+    /// a seal already (one whose key was not there to open it) is kept.
+    fn seal_jobs<'a>(
+        &mut self,
+        rows: &[(&'a [u8], &[u8])],
+    ) -> Result<Vec<OwnedRow<'a>>, VerifyError> {
+        type Job<'b> = (&'b [u8], bool);
+        let mut out = Vec::with_capacity(rows.len());
+        for (k, v) in rows {
+            let (record, cancelled) = <Job<'_> as redb::Value>::from_bytes(v);
+            if seal::seal_header(record).is_some() {
+                out.push((*k, v.to_vec()));
+                continue;
+            }
+            let slot = self.keys.last().map_or(0, |(s, _)| s + 1);
+            let key: [u8; KEY_LEN] = rand::random();
+            let sealed = seal::seal_with(slot, &key, &[], record)
+                .map_err(|e| VerifyError::Build(redb::Error::Io(e)))?;
+            self.keys.push((slot, key));
+            out.push((
+                *k,
+                <Job<'_> as redb::Value>::as_bytes(&(sealed.as_slice(), cancelled)),
+            ));
+        }
+        Ok(out)
+    }
+}
+
 impl Load for Build {
     fn rows(&mut self, table: usize, rows: &[(&[u8], &[u8])]) -> Result<(), VerifyError> {
         let tx = match self.tx.take() {
@@ -593,9 +628,18 @@ impl Load for Build {
                 tx
             }
         };
-        TABLES[table]
-            .insert(&tx, rows)
-            .map_err(VerifyError::Build)?;
+        if Some(table) == index_of(INBOX_JOBS.name()) {
+            let sealed = self.seal_jobs(rows)?;
+            let sealed: Vec<(&[u8], &[u8])> =
+                sealed.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+            TABLES[table]
+                .insert(&tx, &sealed)
+                .map_err(VerifyError::Build)?;
+        } else {
+            TABLES[table]
+                .insert(&tx, rows)
+                .map_err(VerifyError::Build)?;
+        }
         self.pending += rows.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
         if self.pending >= TRANSACTION_BYTES {
             tx.commit().map_err(|e| VerifyError::Build(e.into()))?;
