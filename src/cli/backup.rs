@@ -417,7 +417,11 @@ fn print_data_file(path: &Path, r: &DataFileReport) -> anyhow::Result<()> {
     )?;
     let tables: Vec<String> = r.tables.iter().map(|(t, n)| format!("{t} {n}")).collect();
     outln!("  rows: {}", tables.join(", "))?;
-    outln!("  {} sealed events opened with their keys", r.sealed)?;
+    outln!(
+        "  {} sealed events and {} bulk jobs' sealed records opened with their keys",
+        r.sealed,
+        r.sealed_jobs
+    )?;
     for note in &r.notes {
         outln!("  note: {note}")?;
     }

@@ -144,3 +144,86 @@ async fn a_key_file_left_beside_a_new_data_file_is_refused() {
     assert!(matches!(err, OpenError::ForeignKeys { .. }), "{err}");
     assert!(err.to_string().contains("move"), "{err}");
 }
+
+/// A data file whose only seals are bulk jobs' records (every event
+/// erased or reaped) is refused without its key file too, before its log
+/// is replayed; `verify` opens each job's record with its key, and names
+/// one whose key is not the one it was sealed with.
+#[tokio::test]
+async fn a_data_file_with_only_sealed_job_records_needs_its_key_file_and_verify_opens_them() {
+    use dedupd::store::redb::backup::verify::{VerifyError, verify_data_file};
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("dedupd.redb");
+    let store = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let record = b"{\"value\":\"erin@example.com\"}".to_vec();
+    store
+        .inbox()
+        .put_job("job_a", record.clone(), NOW)
+        .await
+        .unwrap();
+    store.close().await;
+    let report = verify_data_file(&path).unwrap();
+    assert_eq!((report.sealed, report.sealed_jobs), (0, 1));
+
+    // A crash with a batch in the log (the store holds it uncommitted).
+    let mut held = RedbOptions::new(&path);
+    held.commit_hold = std::time::Duration::from_secs(3600);
+    held.checkpoint_interval = std::time::Duration::from_secs(3600);
+    held.checkpoint_idle = std::time::Duration::from_secs(3600);
+    let store = RedbStore::open(&held).unwrap();
+    store
+        .inbox()
+        .put_job("job_b", b"{}".to_vec(), NOW)
+        .await
+        .unwrap();
+    let crashed = TempDir::new().unwrap();
+    let image = crashed.path().join("dedupd.redb");
+    for ext in ["", ".wal", ".wal2"] {
+        std::fs::copy(
+            format!("{}{ext}", path.display()),
+            format!("{}{ext}", image.display()),
+        )
+        .unwrap();
+    }
+    store.close().await;
+    // Refused before its log is replayed into it.
+    let logs = |p: &std::path::Path| {
+        [".wal", ".wal2"].map(|ext| std::fs::read(format!("{}{ext}", p.display())).unwrap())
+    };
+    let before = logs(&image);
+    let err = RedbStore::open(&RedbOptions::new(&image)).unwrap_err();
+    assert!(matches!(err, OpenError::MissingKeys { .. }), "{err}");
+    assert!(err.to_string().contains("bulk jobs' records"), "{err}");
+    assert!(logs(&image) == before, "the log was changed");
+    {
+        use redb::{ReadableDatabase, ReadableTableMetadata};
+        let jobs: redb::TableDefinition<&str, (&[u8], bool)> =
+            redb::TableDefinition::new("inbox_jobs");
+        let db = redb::Database::open(&image).unwrap();
+        let tx = db.begin_read().unwrap();
+        assert_eq!(
+            tx.open_table(jobs).unwrap().len().unwrap(),
+            1,
+            "no batch was replayed"
+        );
+    }
+    assert!(!keys_of(&image).exists(), "no key file was made up");
+    assert!(verify_data_file(&image).is_err());
+
+    // Another key in the job's slot: refused by verify, by name.
+    let keys = std::fs::read(keys_of(&path)).unwrap();
+    let mut other = keys.clone();
+    for b in &mut other[32..] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(keys_of(&path), &other).unwrap();
+    match verify_data_file(&path) {
+        Err(VerifyError::JobSeal { job, .. }) => assert_eq!(job, "job_a"),
+        other => panic!("{other:?}"),
+    }
+    std::fs::write(keys_of(&path), keys).unwrap();
+    let store = RedbStore::open(&RedbOptions::new(&path)).unwrap();
+    let jobs = store.inbox().jobs().await.unwrap();
+    assert_eq!((jobs.len(), &jobs[0].record), (2, &record));
+    store.close().await;
+}

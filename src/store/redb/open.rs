@@ -174,8 +174,8 @@ pub enum OpenError {
     NotALog(PathBuf),
     /// The data file holds sealed events and their key file is missing.
     #[error(
-        "data file {data} holds sealed webhook events, but their key file {keys} is missing: \
-         without it their bodies and headers cannot be read. Put it back beside the data file \
+        "data file {data} holds sealed webhook events or bulk jobs' records, but their key file \
+         {keys} is missing: without it they cannot be read. Put it back beside the data file \
          (the data file, its log's two segments .wal and .wal2 and its key file .keys are \
          moved and backed up together); nothing was changed"
     )]
@@ -354,17 +354,18 @@ impl Engine {
     }
 }
 
-/// Refuses a data file that holds sealed events unless its own key file
-/// is beside it, reading only (a file of an older schema has none).
+/// Refuses a data file that holds sealed events (or bulk jobs' sealed
+/// records) unless its own key file is beside it, reading only (a file
+/// of an older schema has none).
 fn check_keys(db: &Database, opts: &RedbOptions) -> Result<(), OpenError> {
     let sealed = || -> Result<Option<u128>, redb::Error> {
         let tx = db.begin_read()?;
-        let seals = match tx.open_table(super::tables::INBOX_SEALS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        let events = match tx.open_table(super::tables::INBOX_SEALS) {
+            Ok(t) => t.first()?.is_some(),
+            Err(redb::TableError::TableDoesNotExist(_)) => false,
             Err(e) => return Err(e.into()),
         };
-        if seals.first()?.is_none() {
+        if !events && !inbox::any_sealed_job(&tx)? {
             return Ok(None);
         }
         Ok(Some(migrate::stored_file_id(db)?))

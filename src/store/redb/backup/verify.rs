@@ -66,6 +66,9 @@ pub enum VerifyError {
         slot: u64,
         why: String,
     },
+    /// A bulk job's sealed record does not open with its key.
+    #[error("the sealed record of bulk job {job} does not open with its key (slot {slot}): {why}")]
+    JobSeal { job: String, slot: u64, why: String },
     /// The end's count of a table's rows is not what was read.
     #[error("its end says {said} rows of table {table}, and {found} were read")]
     Count {
@@ -498,6 +501,8 @@ pub struct DataFileReport {
     pub tables: Vec<(&'static str, u64)>,
     /// Sealed events opened with their keys.
     pub sealed: u64,
+    /// Bulk jobs' sealed records opened with their keys.
+    pub sealed_jobs: u64,
     /// Things worth knowing that do not fail it.
     pub notes: Vec<String>,
 }
@@ -652,7 +657,7 @@ pub fn verify_data_file(path: &Path) -> Result<DataFileReport, VerifyError> {
             .map_err(|e| bad(format!("reading table {} failed: {e}", table.name())))?;
         tables.push((table.name(), n));
     }
-    let sealed = open_seals(path, &tx, id, !batches.is_empty(), &mut notes)?;
+    let (sealed, sealed_jobs) = open_seals(path, &tx, id, !batches.is_empty(), &mut notes)?;
     Ok(DataFileReport {
         schema,
         id,
@@ -660,35 +665,57 @@ pub fn verify_data_file(path: &Path) -> Result<DataFileReport, VerifyError> {
         to_replay: batches.len(),
         tables,
         sealed,
+        sealed_jobs,
         notes,
     })
 }
 
-/// Opens every sealed event of the snapshot `tx` with its key from the key
-/// file beside `data` (whose id is `id`); how many opened. With batches to
-/// replay, a seal whose key is gone is noted, not failed: a logged
-/// erasure or reaping of its event shredded its key before the crash.
+/// Opens every sealed event of the snapshot `tx`, and every bulk job's
+/// sealed record, with its key from the key file beside `data` (whose id
+/// is `id`); how many of each opened. With batches to replay, a seal
+/// whose key is gone is noted, not failed: a logged erasure or reaping of
+/// its event (a later version of a job's record) shredded its key before
+/// the crash.
 fn open_seals(
     data: &Path,
     tx: &redb::ReadTransaction,
     id: u128,
     replay: bool,
     notes: &mut Vec<String>,
-) -> Result<u64, VerifyError> {
+) -> Result<(u64, u64), VerifyError> {
     let bad = |what: String| VerifyError::DataFile(what);
     let redb = |e: redb::Error| bad(format!("reading it failed: {e}"));
     let seals = match tx.open_table(t::INBOX_SEALS) {
-        Ok(s) => s,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Ok(s) => Some(s),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
         Err(e) => return Err(redb(e.into())),
     };
-    if seals.is_empty().map_err(|e| redb(e.into()))? {
-        return Ok(0);
+    let mut jobs = Vec::new();
+    match tx.open_table(t::INBOX_JOBS) {
+        Ok(table) => {
+            for row in table.iter().map_err(|e| redb(e.into()))? {
+                let (k, v) = row.map_err(|e| redb(e.into()))?;
+                let record = v.value().0;
+                if let Some((slot, _)) = seal::seal_header(record) {
+                    jobs.push((k.value().to_owned(), slot, record.to_vec()));
+                }
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(redb(e.into())),
+    }
+    let no_events = match &seals {
+        Some(s) => s.is_empty().map_err(|e| redb(e.into()))?,
+        None => true,
+    };
+    if no_events && jobs.is_empty() {
+        return Ok((0, 0));
     }
     let keys_path = seal::path_for(data);
     let keys = std::fs::read(&keys_path).map_err(|e| {
         bad(format!(
-            "it holds sealed events, and their key file {} cannot be read: {e}",
+            "it holds sealed events or bulk jobs' records, and their key file {} cannot be \
+             read: {e}",
             keys_path.display()
         ))
     })?;
@@ -702,6 +729,42 @@ fn open_seals(
             keys_path.display()
         )));
     }
+    let key_of = |slot: u64| {
+        usize::try_from(slot)
+            .ok()
+            .and_then(|s| keys.get(seal::HEADER as usize + s * KEY_LEN..))
+            .and_then(|k| k.get(..KEY_LEN))
+    };
+    let (mut opened_jobs, mut failed_jobs) = (0u64, 0u64);
+    for (job, slot, record) in jobs {
+        let key = key_of(slot).ok_or_else(|| {
+            bad(format!(
+                "the sealed record of bulk job {job} uses key slot {slot}, past the end of key \
+                 file {}",
+                keys_path.display()
+            ))
+        })?;
+        match seal::open_with(&record, key) {
+            Ok(_) => opened_jobs += 1,
+            Err(_) if replay => failed_jobs += 1,
+            Err(e) => {
+                return Err(VerifyError::JobSeal {
+                    job,
+                    slot,
+                    why: e.to_string(),
+                });
+            }
+        }
+    }
+    if failed_jobs > 0 {
+        notes.push(format!(
+            "{failed_jobs} bulk jobs' sealed records do not open with their keys: the log's \
+             batches, replayed at the next start, write them again"
+        ));
+    }
+    let Some(seals) = seals.filter(|_| !no_events) else {
+        return Ok((0, opened_jobs));
+    };
     let bodies = tx.open_table(t::INBOX_BODIES).map_err(|e| redb(e.into()))?;
     let (mut opened, mut failed) = (0u64, 0u64);
     for row in seals.iter().map_err(|e| redb(e.into()))? {
@@ -709,16 +772,12 @@ fn open_seals(
         let (source, event) = k.value();
         let slot = slot.value();
         let name = format!("{source}/{event}");
-        let key = usize::try_from(slot)
-            .ok()
-            .and_then(|s| keys.get(seal::HEADER as usize + s * KEY_LEN..))
-            .and_then(|k| k.get(..KEY_LEN))
-            .ok_or_else(|| {
-                bad(format!(
-                    "the sealed event {name} uses key slot {slot}, past the end of key file {}",
-                    keys_path.display()
-                ))
-            })?;
+        let key = key_of(slot).ok_or_else(|| {
+            bad(format!(
+                "the sealed event {name} uses key slot {slot}, past the end of key file {}",
+                keys_path.display()
+            ))
+        })?;
         let body = bodies
             .get((source, event))
             .map_err(|e| redb(e.into()))?
@@ -741,5 +800,5 @@ fn open_seals(
              the next start, erase or reap them"
         ));
     }
-    Ok(opened)
+    Ok((opened, opened_jobs))
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redb::ReadableDatabase;
 
-pub use self::read::{InboxIndexes, next_dedupe_expiry, sealed_slots, sources};
+pub use self::read::{InboxIndexes, any_sealed_job, next_dedupe_expiry, sealed_slots, sources};
 pub use self::write::{InboxResponse, InboxTables};
 use super::engine::{Engine, Fresh};
 use super::error::EngineError;

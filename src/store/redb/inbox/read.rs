@@ -352,6 +352,22 @@ pub struct InboxIndexes {
     pub dedupe_expiry: Vec<(u64, String, String)>,
 }
 
+/// Whether any bulk job's record is sealed (a file of an older schema has
+/// no jobs' table, or none).
+pub fn any_sealed_job(tx: &ReadTransaction) -> Result<bool, redb::Error> {
+    let table = match tx.open_table(INBOX_JOBS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    for entry in table.iter()? {
+        if job_slot(entry?.1.value().0).is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// The key slots the inbox's sealed rows and bulk jobs' records use.
 pub fn sealed_slots(tx: &ReadTransaction) -> Result<HashSet<u64>, redb::Error> {
     let mut used = HashSet::new();
