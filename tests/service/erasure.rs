@@ -400,3 +400,68 @@ async fn on_the_shared_inbox_an_erase_jobs_filter_leaves_redis_files_once_it_end
         "{job}"
     );
 }
+
+/// On the shared inbox, a rewrite of Redis's files that an erasure asked
+/// for, folded behind the one before (at most one round every 10 s), and
+/// not made when dedupd stopped, is made by the next start: the request
+/// is kept in Redis, not only in the process that erased.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_shared_inbox_a_rewrite_owed_when_dedupd_stopped_is_made_at_its_next_start() {
+    use crate::support::redis::RedisServer;
+
+    let server = tokio::task::spawn_blocking(|| {
+        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    })
+    .await
+    .unwrap();
+    let billing = Receiver::start(Behaviour::Accept).await;
+    let audit = Receiver::start(Behaviour::Accept).await;
+    let s = fan_out(&billing.url, &audit.url);
+    let url = server.url();
+    let app = spawn_app_with(move |l| {
+        l.settings.storage.backend = dedupd::config::Backend::Redis;
+        l.settings.storage.redis.url = dedupd::config::Secret::new(url);
+        l.settings.gateway.inbox = dedupd::config::sources::InboxPlace::Shared;
+        l.settings.gateway.inbox_buckets = 2;
+        l.settings.sources.insert("sw".into(), s);
+    })
+    .await;
+    post(&app, &event("inv-1", BODY_MARKER), "carol").await;
+    post(&app, &event("inv-2", JOB_MARKER), "dave").await;
+    eventually("both delivered to both", || async {
+        billing.received().len() == 2 && audit.received().len() == 2
+    })
+    .await;
+    let redis_dir = server.dir().to_owned();
+    let gone = |marker: &'static str, within: u64| {
+        let redis_dir = redis_dir.clone();
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(within);
+            while !recoverable(&redis_dir, marker).is_empty() {
+                if std::time::Instant::now() > deadline {
+                    return false;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            true
+        }
+    };
+    // The first erasure's round, at once.
+    erase(&app, "sw", "inv-1").await;
+    assert!(gone(BODY_MARKER, 60).await, "the first erasure's rewrite");
+    // The second waits for the next round (10 s after the first), and
+    // dedupd stops before it.
+    erase(&app, "sw", "inv-2").await;
+    let (loaded, dir, clock) = app.stop().await;
+    assert!(
+        !recoverable(&redis_dir, JOB_MARKER).is_empty(),
+        "the round owed was not made before the stop"
+    );
+    let _app = start_again(loaded, dir, clock).await;
+    assert!(
+        gone(JOB_MARKER, 30).await,
+        "still in Redis's files 30 s after the next start: {:?}",
+        recoverable(&redis_dir, JOB_MARKER)
+    );
+}

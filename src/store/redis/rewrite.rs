@@ -10,7 +10,11 @@
 //! the old files, and the body is in none of them.
 //!
 //! Requests fold: the first erasure asks at once, later ones at most once
-//! every [`EVERY`]. A rewrite already running may have started before the
+//! every [`EVERY`]. A request waiting meanwhile is kept in Redis too (the
+//! counter `PREFIX:{i}:rewrite_wanted`, raised by each erasure and taken
+//! away once a round made after it was asked): an instance stopped, or
+//! killed, before its round makes it at its next start, or another
+//! instance at its own. A rewrite already running may have started before the
 //! erasure, so it is waited out and another one asked for. The bound, in
 //! the docs: an erased body is out of Redis's files within [`EVERY`] of
 //! its erasure, plus the time Redis takes to rewrite. Replicas rewrite
@@ -40,6 +44,8 @@ const RETRY_MAX: Duration = Duration::from_secs(300);
 #[derive(Debug)]
 pub struct Rewrites {
     client: Arc<Client>,
+    /// The counter of erasures not yet followed by a round.
+    wanted_key: String,
     wanted: Arc<Notify>,
     started: std::sync::Once,
     /// The runtime the inbox was made on: the task runs there, not on the
@@ -49,17 +55,71 @@ pub struct Rewrites {
 
 impl Rewrites {
     pub fn new(client: Arc<Client>) -> Arc<Self> {
-        Arc::new(Self {
+        let rewrites = Arc::new(Self {
+            wanted_key: format!("{}:{{i}}:rewrite_wanted", client.opts().prefix),
             client,
             wanted: Arc::new(Notify::new()),
             started: std::sync::Once::new(),
             runtime: tokio::runtime::Handle::try_current().ok(),
-        })
+        });
+        // A round an instance did not make before it stopped is made now.
+        if let Some(runtime) = &rewrites.runtime {
+            let weak = Arc::downgrade(&rewrites);
+            drop(runtime.spawn(async move {
+                let Some(r) = weak.upgrade() else { return };
+                match r.wanted_count().await {
+                    Ok(Some(_)) => {
+                        tracing::info!(
+                            "erased events: a rewrite of Redis's files asked for before this \
+                             start was not made yet; asking"
+                        );
+                        r.start();
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::debug!(error = %e, "cannot tell whether a rewrite of Redis's files is owed"),
+                }
+            }));
+        }
+        rewrites
     }
 
-    /// An erasure was made: a round of rewrites is due. The first call
+    /// An erasure was made: a round of rewrites is due, noted in Redis
+    /// first (so a stop before the round does not lose it). The first call
     /// starts the task that makes them (it ends with the last handle).
-    pub fn erased(self: &Arc<Self>) {
+    pub async fn erased(self: &Arc<Self>) {
+        let noted: Result<i64, _> = self
+            .client
+            .query(redis::cmd("INCR").arg(&self.wanted_key))
+            .await;
+        if let Err(e) = noted {
+            tracing::warn!(error = %e, "erased events: the rewrite of Redis's files they need is not noted in Redis (asked now all the same; a stop before it is made loses it)");
+        }
+        self.start();
+    }
+
+    /// The erasures noted in Redis and not yet followed by a round.
+    async fn wanted_count(&self) -> Result<Option<i64>, String> {
+        self.client
+            .query(redis::cmd("GET").arg(&self.wanted_key))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Takes away the note of the erasures a round made after `seen` of
+    /// them covers, unless more were noted since.
+    async fn covered(&self, seen: i64) -> Result<(), String> {
+        let script = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+        );
+        self.client
+            .run::<i64, i64>(&script, &[&self.wanted_key], &[seen])
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Starts the task if it is not running, and asks it for a round.
+    fn start(self: &Arc<Self>) {
         self.started.call_once(|| {
             let task = run(Arc::downgrade(self), self.wanted.clone());
             match &self.runtime {
@@ -76,6 +136,7 @@ impl Rewrites {
     /// master that refuses `CONFIG`), `Err` with what failed, to be asked
     /// again.
     async fn round(&self) -> Result<Vec<String>, String> {
+        let seen = self.wanted_count().await?;
         let masters = self
             .client
             .each_master(&redis::cmd("INFO").arg("persistence").to_owned())
@@ -111,11 +172,13 @@ impl Rewrites {
                 Err(e) => unknown.push(e),
             }
         }
-        if failed.is_empty() {
-            Ok(unknown)
-        } else {
-            Err(failed.join("; "))
+        if !failed.is_empty() {
+            return Err(failed.join("; "));
         }
+        if let Some(seen) = seen {
+            self.covered(seen).await?;
+        }
+        Ok(unknown)
     }
 
     /// Asks `node` for an AOF rewrite, waiting out one already running.

@@ -860,7 +860,7 @@ impl Inbox for RedisInbox {
         if outcome != EraseOutcome::NotFound {
             // Out of memory now; out of Redis's files once rewritten (an
             // erasure asked again asks again, should the last have failed).
-            self.rewrites.erased();
+            self.rewrites.erased().await;
         }
         Ok(outcome)
     }
@@ -876,7 +876,7 @@ impl Inbox for RedisInbox {
     async fn end_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError> {
         self.put_job(id, record, now).await?;
         // The versions before, in Redis's files until rewritten.
-        self.rewrites.erased();
+        self.rewrites.erased().await;
         Ok(())
     }
 
