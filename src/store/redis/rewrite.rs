@@ -22,6 +22,7 @@
 //! a Redis that refuses the commands (a managed service, an ACL) keeps
 //! the body until its own next rewrite, and dedupd warns.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -46,6 +47,9 @@ pub struct Rewrites {
     client: Arc<Client>,
     /// The counter of erasures not yet followed by a round.
     wanted_key: String,
+    /// Whether an erasure since the last round's start raised it (the
+    /// others need not: one raise keeps the round owed).
+    noted: AtomicBool,
     wanted: Arc<Notify>,
     started: std::sync::Once,
     /// The runtime the inbox was made on: the task runs there, not on the
@@ -57,26 +61,33 @@ impl Rewrites {
     pub fn new(client: Arc<Client>) -> Arc<Self> {
         let rewrites = Arc::new(Self {
             wanted_key: format!("{}:{{i}}:rewrite_wanted", client.opts().prefix),
+            noted: AtomicBool::new(false),
             client,
             wanted: Arc::new(Notify::new()),
             started: std::sync::Once::new(),
             runtime: tokio::runtime::Handle::try_current().ok(),
         });
-        // A round an instance did not make before it stopped is made now.
+        // A round an instance did not make before it stopped is made now
+        // (once Redis answers).
         if let Some(runtime) = &rewrites.runtime {
             let weak = Arc::downgrade(&rewrites);
             drop(runtime.spawn(async move {
-                let Some(r) = weak.upgrade() else { return };
-                match r.wanted_count().await {
-                    Ok(Some(_)) => {
-                        tracing::info!(
-                            "erased events: a rewrite of Redis's files asked for before this \
-                             start was not made yet; asking"
-                        );
-                        r.start();
+                loop {
+                    let Some(r) = weak.upgrade() else { return };
+                    match r.wanted_count().await {
+                        Ok(Some(_)) => {
+                            tracing::info!(
+                                "erased events: a rewrite of Redis's files asked for before \
+                                 this start was not made yet; asking"
+                            );
+                            r.start();
+                            return;
+                        }
+                        Ok(None) => return,
+                        Err(e) => tracing::debug!(error = %e, "cannot tell yet whether a rewrite of Redis's files is owed"),
                     }
-                    Ok(None) => {}
-                    Err(e) => tracing::debug!(error = %e, "cannot tell whether a rewrite of Redis's files is owed"),
+                    drop(r);
+                    tokio::time::sleep(EVERY).await;
                 }
             }));
         }
@@ -87,12 +98,15 @@ impl Rewrites {
     /// first (so a stop before the round does not lose it). The first call
     /// starts the task that makes them (it ends with the last handle).
     pub async fn erased(self: &Arc<Self>) {
-        let noted: Result<i64, _> = self
-            .client
-            .query(redis::cmd("INCR").arg(&self.wanted_key))
-            .await;
-        if let Err(e) = noted {
-            tracing::warn!(error = %e, "erased events: the rewrite of Redis's files they need is not noted in Redis (asked now all the same; a stop before it is made loses it)");
+        if !self.noted.swap(true, Ordering::SeqCst) {
+            let noted: Result<i64, _> = self
+                .client
+                .query(redis::cmd("INCR").arg(&self.wanted_key))
+                .await;
+            if let Err(e) = noted {
+                self.noted.store(false, Ordering::SeqCst);
+                tracing::warn!(error = %e, "erased events: the rewrite of Redis's files they need is not noted in Redis (asked now all the same; a stop before it is made loses it)");
+            }
         }
         self.start();
     }
@@ -136,6 +150,9 @@ impl Rewrites {
     /// master that refuses `CONFIG`), `Err` with what failed, to be asked
     /// again.
     async fn round(&self) -> Result<Vec<String>, String> {
+        // An erasure from here on raises the count again: the rewrite
+        // below may have started before it.
+        self.noted.store(false, Ordering::SeqCst);
         let seen = self.wanted_count().await?;
         let masters = self
             .client
