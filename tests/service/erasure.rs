@@ -197,6 +197,12 @@ async fn an_erase_jobs_filter_cannot_be_read_back_from_any_file_once_it_ended() 
             "{when}: {JOB_MARKER} is readable: {found:?}"
         );
     };
+    // The record says done once stored; the keys of the versions before
+    // are shredded right after, before the runner takes the job for ended.
+    eventually("the versions before the last no longer open", || async {
+        recoverable(&dir, JOB_MARKER).is_empty()
+    })
+    .await;
     gone("once the job ended");
     assert!(
         !recoverable(&dir, KEPT_MARKER).is_empty(),

@@ -168,7 +168,9 @@ impl Job {
 
 /// Ends `job` as `state` at `now` once `write` stored its last record
 /// (the filter without its values: see [`Job::finish`]); `write` is given
-/// the job's id and that record (`Inbox::end_job`). On an error `job` is
+/// the job's id, that record, and whether the records before held values
+/// (then `Inbox::end_job`, which takes them out of the store's files;
+/// otherwise `Inbox::put_job`, which costs no rewrite). On an error `job` is
 /// left as it was, running as stored, so the runner's next pass ends it
 /// again: taken for ended, it would leave the runner's list while its
 /// record still says running, with its filter's values.
@@ -179,12 +181,13 @@ pub async fn end<W, F>(
     write: W,
 ) -> Result<(), StoreError>
 where
-    W: FnOnce(String, Vec<u8>) -> F,
+    W: FnOnce(String, Vec<u8>, bool) -> F,
     F: std::future::Future<Output = Result<(), StoreError>>,
 {
     let mut ended = job.clone();
     ended.finish(state, now);
-    write(ended.id.clone(), ended.encode()).await?;
+    let held_values = ended.filter != job.filter;
+    write(ended.id.clone(), ended.encode(), held_values).await?;
     *job = ended;
     Ok(())
 }
@@ -249,7 +252,7 @@ mod tests {
         let mut filter = EventFilter::status(EventStatus::Delivered);
         filter.field = Some(("/email".into(), "carol@example.com".into()));
         let mut job = Job::new("sume", JobKind::Erase, filter.clone(), 1);
-        let failed = end(&mut job, JobState::Done, 2, |_, _| async {
+        let failed = end(&mut job, JobState::Done, 2, |_, _, _| async {
             Err(StoreError::failed("no space left on device"))
         })
         .await;
@@ -261,17 +264,18 @@ mod tests {
         assert_eq!(job.filter, filter);
 
         let mut written = Vec::new();
-        end(&mut job, JobState::Done, 3, |id, record| {
-            written.push((id, record));
+        end(&mut job, JobState::Done, 3, |id, record, held_values| {
+            written.push((id, record, held_values));
             async { Ok(()) }
         })
         .await
         .unwrap();
         assert_eq!((job.state, job.finished_ms), (JobState::Done, Some(3)));
         assert_eq!(job.filter, filter.without_values());
-        let [(id, record)] = written.as_slice() else {
+        let [(id, record, held_values)] = written.as_slice() else {
             panic!("one write: {written:?}");
         };
+        assert!(held_values, "its filter held a value");
         assert_eq!(id, &job.id);
         assert_eq!(record, &job.encode());
         assert!(!String::from_utf8_lossy(record).contains("carol@"));

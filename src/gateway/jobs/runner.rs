@@ -261,8 +261,12 @@ impl Runner {
                     job.source
                 ));
                 let inbox = inbox.clone();
-                super::end(job, JobState::Done, now, |id, record| async move {
-                    inbox.end_job(&id, record, now).await
+                super::end(job, JobState::Done, now, |id, record, held| async move {
+                    if held {
+                        inbox.end_job(&id, record, now).await
+                    } else {
+                        inbox.put_job(&id, record, now).await
+                    }
                 })
                 .await?;
                 return Ok(true);
@@ -295,8 +299,12 @@ impl Runner {
                 JobState::Done
             };
             let (inbox, now) = (inbox.clone(), self.clock.now_ms());
-            super::end(job, state, now, |id, record| async move {
-                inbox.end_job(&id, record, now).await
+            super::end(job, state, now, |id, record, held| async move {
+                if held {
+                    inbox.end_job(&id, record, now).await
+                } else {
+                    inbox.put_job(&id, record, now).await
+                }
             })
             .await?;
         } else if moved {

@@ -22,7 +22,6 @@
 //! a Redis that refuses the commands (a managed service, an ACL) keeps
 //! the body until its own next rewrite, and dedupd warns.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -47,9 +46,6 @@ pub struct Rewrites {
     client: Arc<Client>,
     /// The counter of erasures not yet followed by a round.
     wanted_key: String,
-    /// Whether an erasure since the last round's start raised it (the
-    /// others need not: one raise keeps the round owed).
-    noted: AtomicBool,
     wanted: Arc<Notify>,
     started: std::sync::Once,
     /// The runtime the inbox was made on: the task runs there, not on the
@@ -61,7 +57,6 @@ impl Rewrites {
     pub fn new(client: Arc<Client>) -> Arc<Self> {
         let rewrites = Arc::new(Self {
             wanted_key: format!("{}:{{i}}:rewrite_wanted", client.opts().prefix),
-            noted: AtomicBool::new(false),
             client,
             wanted: Arc::new(Notify::new()),
             started: std::sync::Once::new(),
@@ -97,16 +92,16 @@ impl Rewrites {
     /// An erasure was made: a round of rewrites is due, noted in Redis
     /// first (so a stop before the round does not lose it). The first call
     /// starts the task that makes them (it ends with the last handle).
+    /// Each erasure raises the counter (one round trip beside its
+    /// script): a round takes it away only if no erasure raised it since
+    /// the round read it, in this process or another.
     pub async fn erased(self: &Arc<Self>) {
-        if !self.noted.swap(true, Ordering::SeqCst) {
-            let noted: Result<i64, _> = self
-                .client
-                .query(redis::cmd("INCR").arg(&self.wanted_key))
-                .await;
-            if let Err(e) = noted {
-                self.noted.store(false, Ordering::SeqCst);
-                tracing::warn!(error = %e, "erased events: the rewrite of Redis's files they need is not noted in Redis (asked now all the same; a stop before it is made loses it)");
-            }
+        let noted: Result<i64, _> = self
+            .client
+            .query(redis::cmd("INCR").arg(&self.wanted_key))
+            .await;
+        if let Err(e) = noted {
+            tracing::warn!(error = %e, "erased events: the rewrite of Redis's files they need is not noted in Redis (asked now all the same; a stop before it is made loses it)");
         }
         self.start();
     }
@@ -150,9 +145,8 @@ impl Rewrites {
     /// master that refuses `CONFIG`), `Err` with what failed, to be asked
     /// again.
     async fn round(&self) -> Result<Vec<String>, String> {
-        // An erasure from here on raises the count again: the rewrite
-        // below may have started before it.
-        self.noted.store(false, Ordering::SeqCst);
+        // The count now: an erasure that raises it later may not be in the
+        // rewrite below, and keeps the round owed.
         let seen = self.wanted_count().await?;
         let masters = self
             .client

@@ -586,8 +586,9 @@ impl Build {
     /// Bulk jobs' rows with each record sealed again, under a slot of its
     /// own past the backup's (a backup holds a job's record opened: see
     /// `snapshot`), its fresh key kept for the key file: the restored file
-    /// never holds a running erase job's filter in plain. A record that is
-    /// a seal already (one whose key was not there to open it) is kept.
+    /// never holds a running erase job's filter in plain. A backup holds
+    /// no sealed record (it leaves out one that does not open): one that
+    /// is refused, since no key of the backup opens it.
     fn seal_jobs<'a>(
         &mut self,
         rows: &[(&'a [u8], &[u8])],
@@ -597,8 +598,9 @@ impl Build {
         for (k, v) in rows {
             let (record, cancelled) = <Job<'_> as redb::Value>::from_bytes(v);
             if seal::seal_header(record).is_some() {
-                out.push((*k, v.to_vec()));
-                continue;
+                return Err(VerifyError::Malformed(
+                    "a bulk job's record is sealed, and a backup holds no key for one".into(),
+                ));
             }
             let slot = self.keys.last().map_or(0, |(s, _)| s + 1);
             let key: [u8; KEY_LEN] = rand::random();

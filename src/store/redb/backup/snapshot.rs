@@ -173,6 +173,8 @@ impl Snapshot {
         let mut stopped: Option<BackupError> = None;
         let mut payload = Vec::with_capacity(format::FRAME_TARGET + 64 * 1024);
         let jobs = index_of(INBOX_JOBS.name());
+        // Jobs' records left out (see `opened_job`).
+        let mut unopenable = 0u64;
         for (i, table) in TABLES.iter().enumerate() {
             let index =
                 u16::try_from(i).map_err(|_| BackupError::UnknownTable(table.name().into()))?;
@@ -183,7 +185,14 @@ impl Snapshot {
                     slots.insert(slot_of(v)?);
                 }
                 let opened = if Some(i) == jobs {
-                    self.opened_job(v)
+                    match self.opened_job(v) {
+                        JobRow::AsStored => None,
+                        JobRow::Opened(row) => Some(row),
+                        JobRow::Unopenable => {
+                            unopenable += 1;
+                            return Ok(());
+                        }
+                    }
                 } else {
                     None
                 };
@@ -199,6 +208,7 @@ impl Snapshot {
                 Ok(())
             });
             rows[i] = match copied {
+                Ok(n) if Some(i) == jobs => n - std::mem::take(&mut unopenable),
                 Ok(n) => n,
                 Err(_) if stopped.is_some() => return Err(stopped.unwrap_or(BackupError::Closing)),
                 Err(CopyError::Io(e)) => return Err(BackupError::Write(e)),
@@ -277,20 +287,44 @@ impl Snapshot {
     /// record's seal opened (see `InboxRequest::PutJob`): a backup holds
     /// the keys of its events' seals only, so it holds a job's record as
     /// the job runner wrote it, as it holds the events the job reads.
-    /// `None` for a record stored as it is, or one that does not open
-    /// (copied as stored).
-    fn opened_job(&self, value: &[u8]) -> Option<Vec<u8>> {
+    /// A record stored as it is (before schema 14) is copied so; one that
+    /// does not open (its key file is not the one it was sealed with: the
+    /// store does not list it either) is left out, with a warning, as no
+    /// restore could read it.
+    fn opened_job(&self, value: &[u8]) -> JobRow {
         type Job<'a> = (&'a [u8], bool);
         let (record, cancelled) = <Job<'_> as redb::Value>::from_bytes(value);
-        let (slot, _) = seal::seal_header(record)?;
-        let at = usize::try_from(slot).ok()?.checked_mul(KEY_LEN)?;
-        let key = self.keys.get(at..at.checked_add(KEY_LEN)?)?;
-        let opened = seal::open_with(record, key).ok()?;
-        Some(<Job<'_> as redb::Value>::as_bytes(&(
-            opened.body.as_slice(),
-            cancelled,
-        )))
+        let Some((slot, _)) = seal::seal_header(record) else {
+            return JobRow::AsStored;
+        };
+        let key = usize::try_from(slot)
+            .ok()
+            .and_then(|s| s.checked_mul(KEY_LEN))
+            .and_then(|at| self.keys.get(at..at.checked_add(KEY_LEN)?));
+        match key.map(|key| seal::open_with(record, key)) {
+            Some(Ok(opened)) => JobRow::Opened(<Job<'_> as redb::Value>::as_bytes(&(
+                opened.body.as_slice(),
+                cancelled,
+            ))),
+            _ => {
+                tracing::warn!(
+                    slot,
+                    "a bulk job's record does not open with its key: left out of the backup"
+                );
+                JobRow::Unopenable
+            }
+        }
     }
+}
+
+/// What a backup holds of a bulk job's stored row.
+enum JobRow {
+    /// The row as stored.
+    AsStored,
+    /// The row with its record opened.
+    Opened(Vec<u8>),
+    /// Nothing.
+    Unopenable,
 }
 
 fn slot_of(value: &[u8]) -> std::io::Result<u64> {

@@ -151,8 +151,10 @@ fn seal_each(
 }
 
 /// Reads of the jobs' records before one that does not open is taken for
-/// one whose key is gone (see `Inbox::jobs`).
-const JOB_READS: u32 = 4;
+/// one whose key is gone (see `Inbox::jobs`): each read again commits the
+/// batches synced before it, so only a new version of the same record,
+/// synced and shredded in the microseconds between, makes it miss again.
+const JOB_READS: u32 = 16;
 
 #[async_trait]
 impl Inbox for RedbInbox {
@@ -370,7 +372,9 @@ impl Inbox for RedbInbox {
     }
 
     /// Sealed under a slot of its own (see `InboxRequest::PutJob`): the
-    /// version it replaces no longer opens once this answers.
+    /// version it replaces no longer opens once its slot is shredded, at
+    /// the store's next shred (an erasure's, a job's end or delete): not
+    /// a key-file sync at each of a running job's writes.
     async fn put_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError> {
         let id = id.to_owned();
         let seals = self.engine.shared.seals.clone();
@@ -387,15 +391,16 @@ impl Inbox for RedbInbox {
         let (slot, record) = sealed;
         let lent = Lent::new(seals, vec![slot]);
         self.write(InboxRequest::PutJob { id, record, lent }, now)
-            .await?;
-        self.engine.shred().await?;
-        Ok(())
+            .await
+            .map(drop)
     }
 
-    /// Every version is sealed: the one before no longer opens once the
-    /// put answers.
+    /// Every version is sealed: every one before no longer opens once
+    /// this answers (their slots shredded).
     async fn end_job(&self, id: &str, record: Vec<u8>, now: Millis) -> Result<(), StoreError> {
-        self.put_job(id, record, now).await
+        self.put_job(id, record, now).await?;
+        self.engine.shred().await?;
+        Ok(())
     }
 
     async fn cancel_job(&self, id: &str, now: Millis) -> Result<bool, StoreError> {
@@ -448,8 +453,17 @@ impl Inbox for RedbInbox {
                 return Ok(jobs);
             }
             if tries == JOB_READS {
+                // Once per job and process: the list is read every second
+                // by a console that shows it.
+                static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+                let mut warned = WARNED
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 for (job, error) in unopened {
-                    tracing::warn!(job = %job, error = %error, "a bulk job's record does not open: it is not listed");
+                    if !warned.contains(&job) {
+                        tracing::warn!(job = %job, error = %error, "a bulk job's record does not open (its key file is not the one it was sealed with): it is not listed");
+                        warned.push(job);
+                    }
                 }
                 return Ok(jobs);
             }
