@@ -241,15 +241,7 @@ async fn a_restored_file_is_a_new_one_closed_cleanly_whose_key_file_and_log_are_
         assert!(RedbStore::open(&RedbOptions::new(&data)).is_err(), "{ext}");
         std::fs::write(format!("{}{ext}", data.display()), &restored).unwrap();
     }
-    let store = RedbStore::open(&RedbOptions::new(&data)).unwrap();
-    let e = store
-        .inbox()
-        .inbox_event("sume", "e1")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(e.body, b"one");
-    store.close().await;
+    assert_eq!(event_body(&data, "e1").await, b"one");
 }
 
 /// The keys in a backup's bytes (its keys frames).
@@ -942,14 +934,22 @@ async fn a_jobs_record_that_does_not_open_is_left_out_of_a_backup_that_restores(
         .unwrap();
     let store = RedbStore::open(&RedbOptions::new(&restored)).unwrap();
     assert!(store.inbox().jobs().await.unwrap().is_empty());
+    store.close().await;
+    assert_eq!(event_body(&restored, "e1").await, b"one");
+}
+
+/// The body of the event `id` of source `sume` in the data file at `data`
+/// (opened and closed for it).
+async fn event_body(data: &Path, id: &str) -> Vec<u8> {
+    let store = RedbStore::open(&RedbOptions::new(data)).unwrap();
     let e = store
         .inbox()
-        .inbox_event("sume", "e1")
+        .inbox_event("sume", id)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(e.body, b"one");
     store.close().await;
+    e.body
 }
 
 /// The key slots of the events of the closed data file at `path`.

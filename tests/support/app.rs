@@ -255,6 +255,17 @@ impl TestApp {
         }
     }
 
+    /// `GET path`, its body as JSON.
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// `POST /v1/claims/{key}` with a JSON body.
     pub async fn claim(&self, key: &str, body: Value) -> Response {
         self.request(reqwest::Method::POST, &claim_path(key))
