@@ -410,3 +410,40 @@ async fn on_the_shared_inbox_a_rewrite_owed_when_dedupd_stopped_is_made_at_its_n
     )
     .await;
 }
+
+/// The counter of rewrites owed is dedupd's key, but anything may write
+/// it: a value that is not a count neither stops the rewrite an erasure
+/// asks for nor stays.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_shared_inbox_a_counter_that_is_not_a_number_stops_no_rewrite() {
+    let server = redis_with_aof(&[]).await;
+    let redis = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-s", server.socket.to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    redis(&["SET", "dedupd:{i}:rewrite_wanted", "not a number"]);
+    let (app, billing, audit) = fan_out_app(Some(server.url())).await;
+    let events = [
+        ("inv-1", BODY_MARKER, "carol"),
+        ("inv-2", KEPT_MARKER, "bob"),
+    ];
+    post_delivered(&app, &billing, &audit, &events).await;
+    erase(&app, "sw", "inv-1").await;
+    out_of_files(
+        server.dir(),
+        BODY_MARKER,
+        60,
+        "Redis's files after the erasure",
+    )
+    .await;
+    eventually("the counter taken away once the round was made", || async {
+        redis(&["EXISTS", "dedupd:{i}:rewrite_wanted"]) == "0"
+    })
+    .await;
+}

@@ -67,7 +67,8 @@ impl Rewrites {
         if let Some(runtime) = &rewrites.runtime {
             let weak = Arc::downgrade(&rewrites);
             drop(runtime.spawn(async move {
-                loop {
+                // Every EVERY while Redis does not answer, for an hour.
+                for _ in 0..360 {
                     let Some(r) = weak.upgrade() else { return };
                     match r.wanted_count().await {
                         Ok(Some(_)) => {
@@ -107,7 +108,9 @@ impl Rewrites {
     }
 
     /// The erasures noted in Redis and not yet followed by a round.
-    async fn wanted_count(&self) -> Result<Option<i64>, String> {
+    /// As stored: whatever else wrote the key (not a number, another
+    /// type) neither stops a round nor is taken for a count.
+    async fn wanted_count(&self) -> Result<Option<Vec<u8>>, String> {
         self.client
             .query(redis::cmd("GET").arg(&self.wanted_key))
             .await
@@ -116,12 +119,12 @@ impl Rewrites {
 
     /// Takes away the note of the erasures a round made after `seen` of
     /// them covers, unless more were noted since.
-    async fn covered(&self, seen: i64) -> Result<(), String> {
+    async fn covered(&self, seen: &[u8]) -> Result<(), String> {
         let script = redis::Script::new(
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
         );
         self.client
-            .run::<i64, i64>(&script, &[&self.wanted_key], &[seen])
+            .run::<i64, &[u8]>(&script, &[&self.wanted_key], &[seen])
             .await
             .map(drop)
             .map_err(|e| e.to_string())
@@ -147,7 +150,10 @@ impl Rewrites {
     async fn round(&self) -> Result<Vec<String>, String> {
         // The count now: an erasure that raises it later may not be in the
         // rewrite below, and keeps the round owed.
-        let seen = self.wanted_count().await?;
+        let seen = self.wanted_count().await.unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "cannot read the count of erasures owed a rewrite; rewriting all the same");
+            None
+        });
         let masters = self
             .client
             .each_master(&redis::cmd("INFO").arg("persistence").to_owned())
@@ -187,7 +193,7 @@ impl Rewrites {
             return Err(failed.join("; "));
         }
         if let Some(seen) = seen {
-            self.covered(seen).await?;
+            self.covered(&seen).await?;
         }
         Ok(unknown)
     }
