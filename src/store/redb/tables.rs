@@ -446,7 +446,10 @@ pub const INBOX_REPLAY: TableDefinition<(&str, &str), (&str, u32)> =
     TableDefinition::new("inbox_replay");
 /// Bulk jobs by id: (the job's record, cancelled). The record's encoding is
 /// the job runner's (`gateway::jobs`), opaque here.
-pub const INBOX_JOBS: TableDefinition<&str, (&[u8], bool)> = TableDefinition::new("inbox_jobs");
+pub const INBOX_JOBS: TableDefinition<&str, JobValue<'static>> = TableDefinition::new("inbox_jobs");
+/// A row of [`INBOX_JOBS`]: the record (a seal from schema 14, see
+/// `InboxRequest::PutJob`), and whether the job is cancelled.
+pub type JobValue<'a> = (&'a [u8], bool);
 /// Events by (source, status, received_at_ms, event id), for listing.
 pub const INBOX_STATUS: TableDefinition<(&str, u8, u64, &str), ()> =
     TableDefinition::new("inbox_status");

@@ -33,7 +33,7 @@ use super::raw::{TABLES, index_of};
 use super::verify::{self, BackupReport, Load, VerifyError};
 use crate::store::redb::seal::{self, KEY_LEN};
 use crate::store::redb::tables::{
-    INBOX_JOBS, META, META_FENCE, META_FILE_ID, META_LOG_OPEN, META_LOG_SEGMENTS,
+    INBOX_JOBS, JobValue, META, META_FENCE, META_FILE_ID, META_LOG_OPEN, META_LOG_SEGMENTS,
 };
 use crate::store::redb::{OWNER_ONLY, OpenError, RedbOptions, RedbStore, wal, wal_segments};
 
@@ -593,10 +593,9 @@ impl Build {
         &mut self,
         rows: &[(&'a [u8], &[u8])],
     ) -> Result<Vec<OwnedRow<'a>>, VerifyError> {
-        type Job<'b> = (&'b [u8], bool);
         let mut out = Vec::with_capacity(rows.len());
         for (k, v) in rows {
-            let (record, cancelled) = <Job<'_> as redb::Value>::from_bytes(v);
+            let (record, cancelled) = <JobValue<'_> as redb::Value>::from_bytes(v);
             if seal::seal_header(record).is_some() {
                 return Err(VerifyError::Malformed(
                     "a bulk job's record is sealed, and a backup holds no key for one".into(),
@@ -609,7 +608,7 @@ impl Build {
             self.keys.push((slot, key));
             out.push((
                 *k,
-                <Job<'_> as redb::Value>::as_bytes(&(sealed.as_slice(), cancelled)),
+                <JobValue<'_> as redb::Value>::as_bytes(&(sealed.as_slice(), cancelled)),
             ));
         }
         Ok(out)

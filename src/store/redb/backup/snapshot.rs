@@ -39,7 +39,9 @@ use crate::store::redb::engine::{Engine, Shared};
 use crate::store::redb::error::EngineError;
 use crate::store::redb::migrate::stored_file_id;
 use crate::store::redb::seal::{self, KEY_LEN};
-use crate::store::redb::tables::{INBOX_JOBS, META, META_FENCE, META_SCHEMA_VERSION, META_WAL_SEQ};
+use crate::store::redb::tables::{
+    INBOX_JOBS, JobValue, META, META_FENCE, META_SCHEMA_VERSION, META_WAL_SEQ,
+};
 
 /// A consistent view of the data file, ready to be written out.
 pub struct Snapshot {
@@ -292,8 +294,7 @@ impl Snapshot {
     /// store does not list it either) is left out, with a warning, as no
     /// restore could read it.
     fn opened_job(&self, value: &[u8]) -> JobRow {
-        type Job<'a> = (&'a [u8], bool);
-        let (record, cancelled) = <Job<'_> as redb::Value>::from_bytes(value);
+        let (record, cancelled) = <JobValue<'_> as redb::Value>::from_bytes(value);
         let Some((slot, _)) = seal::seal_header(record) else {
             return JobRow::AsStored;
         };
@@ -302,7 +303,7 @@ impl Snapshot {
             .and_then(|s| s.checked_mul(KEY_LEN))
             .and_then(|at| self.keys.get(at..at.checked_add(KEY_LEN)?));
         match key.map(|key| seal::open_with(record, key)) {
-            Some(Ok(opened)) => JobRow::Opened(<Job<'_> as redb::Value>::as_bytes(&(
+            Some(Ok(opened)) => JobRow::Opened(<JobValue<'_> as redb::Value>::as_bytes(&(
                 opened.body.as_slice(),
                 cancelled,
             ))),
