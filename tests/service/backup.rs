@@ -27,7 +27,7 @@ use crate::support::app::{
     TestApp, assert_problem, spawn_over_file, start, test_settings, with_read_tokens, with_tokens,
 };
 use crate::support::gateway::{body, settings};
-use crate::support::process::{Running, dedupd, serve, sigterm};
+use crate::support::process::{dedupd, serve, sigterm};
 use crate::support::receiver::{Behaviour, Receiver};
 
 const FULL: &str = "backup-full-token-0123456789";
@@ -910,18 +910,17 @@ async fn a_sigterm_does_not_wait_for_a_backup_whose_client_reads_nothing() {
         fill(&store.keyspace()).await;
         store.close().await;
     }
-    let (child, port, drain) = serve(&dir);
-    let mut child = Running(child);
+    let (mut child, port, drain) = serve(&dir);
     let stalled = tokio::task::spawn_blocking(move || stalled_backup(port))
         .await
         .unwrap();
     let asked = Instant::now();
-    sigterm(&child.0);
+    sigterm(&child);
     let (took, child) = tokio::task::spawn_blocking(move || {
         // A failed assertion kills it (`Running`).
         let deadline = asked + Duration::from_secs(60);
         loop {
-            if let Some(status) = child.0.try_wait().unwrap() {
+            if let Some(status) = child.try_wait().unwrap() {
                 return (asked.elapsed(), status);
             }
             assert!(

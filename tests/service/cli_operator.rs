@@ -61,7 +61,7 @@ destination_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
             config,
             url: format!("http://127.0.0.1:{port}"),
             client: crate::support::http::client(),
-            _serve: Running(serve),
+            _serve: serve,
             _drain: drain,
             _dir: dir,
         }

@@ -145,7 +145,7 @@ impl Tour {
         Self {
             source: source.to_owned(),
             config,
-            _serve: Running(serve),
+            _serve: serve,
             _drain: drain,
             port,
             receive,
@@ -715,7 +715,7 @@ fn receive_verifies_the_alerts_of_the_configuration() {
         .current_dir(dir.path())
         .env("DEDUPD_LISTEN", "127.0.0.1:0");
     let (serve, port, _drain) = spawn_serving(cmd);
-    let _serve = Running(serve);
+    let _serve = serve;
     let out = dedupd()
         .args(["trigger", "sume", "--config"])
         .arg(&config)

@@ -67,6 +67,26 @@ async fn assert_fences(base: &str, prefix: &str, fences: &[u64]) {
     }
 }
 
+/// A test that fails (here, a panic where an assertion would fail) leaves
+/// no `dedupd serve` behind: a process left running would keep its port
+/// and its data file after the test binary exits.
+#[test]
+fn a_failed_test_leaves_no_dedupd_running() {
+    let dir = TempDir::new().unwrap();
+    let pid = Mutex::new(None);
+    let failed = std::panic::catch_unwind(|| {
+        let (child, _port, _drain) = serve(&dir);
+        *pid.lock().unwrap() = Some(child.id());
+        panic!("a failed assertion while dedupd serves");
+    });
+    assert!(failed.is_err());
+    let pid = pid.lock().unwrap().expect("dedupd served");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "dedupd (pid {pid}) still runs after its test failed"
+    );
+}
+
 #[tokio::test]
 async fn sigint_stops_gracefully_too() {
     let dir = TempDir::new().unwrap();
@@ -155,7 +175,7 @@ async fn sigterm_exits_0_and_everything_acknowledged_survives() {
 /// SIGKILLs `child` while `workers` load it, waits for them to see it go,
 /// and checks it died of the kill.
 pub(crate) async fn kill_under_load(
-    child: std::process::Child,
+    child: crate::support::process::Running,
     workers: Vec<tokio::task::JoinHandle<()>>,
     drain: crate::support::process::Drain,
 ) {
@@ -446,7 +466,13 @@ mod resp_sets {
 
     /// Starts `dedupd serve` in `dir` with the RESP listener; returns it with
     /// its RESP port (from its JSON log) and the thread draining that log.
-    fn serve(dir: &TempDir) -> (std::process::Child, u16, crate::support::process::Drain) {
+    fn serve(
+        dir: &TempDir,
+    ) -> (
+        crate::support::process::Running,
+        u16,
+        crate::support::process::Drain,
+    ) {
         let mut cmd = dedupd();
         cmd.arg("serve")
             .current_dir(dir.path())

@@ -48,24 +48,6 @@ fn config_with_credentials(dir: &TempDir) -> std::path::PathBuf {
     file
 }
 
-/// A served dedupd, killed if the test fails before it stops it.
-struct Serving(Option<std::process::Child>);
-
-impl Serving {
-    fn take(&mut self) -> std::process::Child {
-        self.0.take().unwrap()
-    }
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 fn assert_no_credentials(what: &str, text: &str) {
     assert!(
         !text.contains(PASSWORD),
@@ -124,7 +106,6 @@ async fn a_failed_delivery_logs_no_credential_of_its_url() {
         .arg(&config)
         .env("DEDUPD_LISTEN", "127.0.0.1:0");
     let (child, port, drain) = spawn_serving(cmd);
-    let mut child = Serving(Some(child));
     let base = format!("http://127.0.0.1:{port}");
     let trigger = {
         let (config, base) = (config.clone(), base.clone());
@@ -170,7 +151,7 @@ async fn a_failed_delivery_logs_no_credential_of_its_url() {
             .is_some_and(|e| e.contains("request failed")),
         "{listed}"
     );
-    let (status, log) = stop_logged(child.take(), "-TERM", drain).await;
+    let (status, log) = stop_logged(child, "-TERM", drain).await;
     assert!(status.success());
     let log = log.join("\n");
     assert!(log.contains("delivery failed; will retry"), "{log}");
@@ -196,7 +177,6 @@ async fn the_data_file_and_its_log_are_created_for_their_owner_only() {
         .env("DEDUPD_LISTEN", "127.0.0.1:0")
         .env("DEDUPD_DATA_PATH", &data);
     let (child, port, drain) = spawn_serving(cmd);
-    let mut child = Serving(Some(child));
     // A claim: something of value is on disk now.
     let res = crate::support::http::client()
         .post(format!("http://127.0.0.1:{port}/v1/claims/k"))
@@ -217,7 +197,7 @@ async fn the_data_file_and_its_log_are_created_for_their_owner_only() {
         0o700,
         "the directory dedupd made for them"
     );
-    assert!(stop_logged(child.take(), "-TERM", drain).await.0.success());
+    assert!(stop_logged(child, "-TERM", drain).await.0.success());
 }
 
 /// The operator commands name the server they could not use, and reqwest's

@@ -90,7 +90,6 @@ async fn threads_when_ready_with(one_cpu: bool, pre: &[&str], env: &[(&str, &str
         .env("DEDUPD_LISTEN", "127.0.0.1:0")
         .envs(env.iter().copied());
     let (child, port, _drain) = spawn_serving(cmd);
-    let child = Killed(child);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let ready = crate::support::http::client()
@@ -104,17 +103,7 @@ async fn threads_when_ready_with(one_cpu: bool, pre: &[&str], env: &[(&str, &str
         assert!(Instant::now() < deadline, "not ready within 30 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    threads(child.0.id())
-}
-
-/// A child stopped when the test ends, a failed one too.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    threads(child.id())
 }
 
 #[tokio::test]

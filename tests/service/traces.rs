@@ -99,7 +99,7 @@ impl Collector {
 
 /// A served dedupd.
 struct Node {
-    child: std::process::Child,
+    child: Running,
     port: u16,
     drain: Drain,
 }

@@ -94,7 +94,7 @@ pub struct Node {
 pub fn start_node(file: &Path) -> Node {
     let (child, port, drain) = serve_config(file);
     Node {
-        child: Running(child),
+        child,
         port,
         _drain: drain,
     }

@@ -44,7 +44,7 @@ pub(crate) fn dedupd() -> Command {
 
 /// Starts `dedupd serve` in `dir` and returns it with its port, read from
 /// its JSON log.
-pub(crate) fn serve(dir: &TempDir) -> (std::process::Child, u16, crate::support::process::Drain) {
+pub(crate) fn serve(dir: &TempDir) -> (Running, u16, crate::support::process::Drain) {
     let mut cmd = dedupd();
     cmd.arg("serve")
         .current_dir(dir.path())
@@ -55,7 +55,7 @@ pub(crate) fn serve(dir: &TempDir) -> (std::process::Child, u16, crate::support:
 /// Starts `dedupd serve --config FILE`; returns it with its port.
 pub(crate) fn serve_config(
     file: &std::path::Path,
-) -> (std::process::Child, u16, crate::support::process::Drain) {
+) -> (Running, u16, crate::support::process::Drain) {
     let mut cmd = dedupd();
     cmd.args(["serve", "--config"]).arg(file);
     spawn_serving(cmd)
@@ -64,9 +64,7 @@ pub(crate) fn serve_config(
 /// Runs `cmd` (a `serve`) with JSON logs until it says which port it
 /// serves on; the log is then drained so the child never blocks on a full
 /// pipe.
-pub(crate) fn spawn_serving(
-    cmd: Command,
-) -> (std::process::Child, u16, crate::support::process::Drain) {
+pub(crate) fn spawn_serving(cmd: Command) -> (Running, u16, crate::support::process::Drain) {
     spawn_serving_on(cmd, "port")
 }
 
@@ -75,7 +73,7 @@ pub(crate) fn spawn_serving(
 pub(crate) fn spawn_serving_on(
     cmd: Command,
     field: &str,
-) -> (std::process::Child, u16, crate::support::process::Drain) {
+) -> (Running, u16, crate::support::process::Drain) {
     let (child, port, _, drain) = spawn_serving_logged(cmd, field);
     (child, port, drain)
 }
@@ -85,12 +83,7 @@ pub(crate) fn spawn_serving_on(
 pub(crate) fn spawn_serving_logged(
     cmd: Command,
     field: &str,
-) -> (
-    std::process::Child,
-    u16,
-    Vec<String>,
-    crate::support::process::Drain,
-) {
+) -> (Running, u16, Vec<String>, crate::support::process::Drain) {
     spawn_serving_into(cmd, field, None)
 }
 
@@ -114,12 +107,7 @@ impl LiveLog {
 /// [`spawn_serving`], the log also kept in a [`LiveLog`] as it comes.
 pub(crate) fn spawn_serving_live(
     cmd: Command,
-) -> (
-    std::process::Child,
-    u16,
-    LiveLog,
-    crate::support::process::Drain,
-) {
+) -> (Running, u16, LiveLog, crate::support::process::Drain) {
     let live = LiveLog::default();
     let (child, port, _, drain) = spawn_serving_into(cmd, "port", Some(live.clone()));
     (child, port, live, drain)
@@ -129,17 +117,13 @@ fn spawn_serving_into(
     mut cmd: Command,
     field: &str,
     live: Option<LiveLog>,
-) -> (
-    std::process::Child,
-    u16,
-    Vec<String>,
-    crate::support::process::Drain,
-) {
-    let mut child = cmd
-        .env("DEDUPD_LOG__FORMAT", "json")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+) -> (Running, u16, Vec<String>, crate::support::process::Drain) {
+    let mut child = Running(
+        cmd.env("DEDUPD_LOG__FORMAT", "json")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut start = Vec::new();
     let port = loop {
@@ -183,7 +167,7 @@ pub(crate) fn signal(child: &std::process::Child, sig: &str) {
 /// Sends `sig` to a served dedupd and waits (off the async threads) for it
 /// to exit and for its log to drain; its exit status.
 pub(crate) async fn stop(
-    child: std::process::Child,
+    child: impl Into<Running>,
     sig: &str,
     drain: Drain,
 ) -> std::process::ExitStatus {
@@ -192,10 +176,11 @@ pub(crate) async fn stop(
 
 /// [`stop`], also giving the log's lines after the one naming the port.
 pub(crate) async fn stop_logged(
-    child: std::process::Child,
+    child: impl Into<Running>,
     sig: &str,
     drain: Drain,
 ) -> (std::process::ExitStatus, Vec<String>) {
+    let child = child.into();
     signal(&child, sig);
     let status = tokio::task::spawn_blocking(move || wait(child))
         .await
@@ -207,7 +192,8 @@ pub(crate) fn sigterm(child: &std::process::Child) {
     signal(child, "-TERM");
 }
 
-pub(crate) fn wait(mut child: std::process::Child) -> std::process::ExitStatus {
+pub(crate) fn wait(child: impl Into<Running>) -> std::process::ExitStatus {
+    let mut child = child.into();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -218,8 +204,29 @@ pub(crate) fn wait(mut child: std::process::Child) -> std::process::ExitStatus {
     }
 }
 
-/// A child process, killed when the test ends however it ends.
+/// A child process, killed when the test ends however it ends: a failed
+/// assertion too, which would otherwise leave a served dedupd holding its
+/// port and files after the test binary exits.
 pub(crate) struct Running(pub(crate) Child);
+
+impl From<Child> for Running {
+    fn from(child: Child) -> Self {
+        Self(child)
+    }
+}
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
 
 impl Drop for Running {
     fn drop(&mut self) {

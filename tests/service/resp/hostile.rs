@@ -20,7 +20,11 @@ const TOKEN: &str = "hostile-test-token-0123456789";
 fn serve_resp(
     dir: &TempDir,
     env: &[(&str, &str)],
-) -> (std::process::Child, u16, crate::support::process::Drain) {
+) -> (
+    crate::support::process::Running,
+    u16,
+    crate::support::process::Drain,
+) {
     let mut cmd = dedupd();
     cmd.arg("serve")
         .current_dir(dir.path())
