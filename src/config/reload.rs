@@ -57,12 +57,18 @@ impl Loaded {
         file: Option<&Path>,
         check: impl Fn(&Loaded) -> Result<(), ConfigErrors>,
     ) -> Result<Reload, ConfigErrors> {
+        // Read as the start reads it (a plain file, bounded): a FIFO put in
+        // its place would hang the reload, and every one after it, and the
+        // stop; a huge file would be read whole. Anything refused here is
+        // refused again, with its reason, by the load below.
         if let Some(path) = file
-            && std::fs::read_to_string(path).is_ok_and(|text| {
-                text.lines()
-                    .map(str::trim)
-                    .all(|l| l.is_empty() || l.starts_with('#'))
-            })
+            && super::bounded::read_text(path, super::bounded::MAX_SETTINGS_FILE).is_ok_and(
+                |text| {
+                    text.lines()
+                        .map(str::trim)
+                        .all(|l| l.is_empty() || l.starts_with('#'))
+                },
+            )
         {
             // The defaults at a start, but on a reload more likely a write
             // cut short (a tool writing in place, a `>` by mistake): every
@@ -248,5 +254,34 @@ mod tests {
             .map(|t| t.expose())
             .collect();
         assert_eq!(tokens, ["new-token-0123456789"]);
+    }
+
+    /// A FIFO put where the settings file was (a reload by `kill -HUP`,
+    /// which no CLI checked first) is refused at once, as at a start: read
+    /// whole, it would hang this reload, every later one and the stop.
+    #[test]
+    fn a_reload_from_a_fifo_is_refused_without_waiting_for_a_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("dedupd.toml");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&file)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let running = Loaded::new(Settings::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(running.reload(Some(&file), |_| Ok(())).map(|_| ()));
+        });
+        // Without a writer the FIFO never ends: a read of it would never
+        // answer (the deadline only turns that hang into a failure).
+        let errors = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the reload waits on the FIFO")
+            .unwrap_err();
+        assert!(
+            errors.0.iter().any(|e| e.message.contains("is not a file")),
+            "{errors:?}"
+        );
     }
 }
