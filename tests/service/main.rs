@@ -36,6 +36,7 @@ mod fleet_lanes;
 mod gateway_ingest;
 mod http_limits;
 mod jobs;
+mod key_file;
 mod key_memory;
 mod leaks;
 mod lease_ahead;

@@ -156,7 +156,14 @@ pub struct Seals {
     /// retired returns only once the one before it (which may have taken
     /// its slots) is synced.
     shredding: Mutex<()>,
+    /// Slots in use whose seal did not open, reported once
+    /// ([`Seals::damaged`]).
+    reported: Mutex<HashSet<u64>>,
 }
+
+/// The most slots [`Seals::damaged`] reports in a process: a key file
+/// wrong for every pending event is said by the first lines.
+const MAX_REPORTED: usize = 1024;
 
 impl Seals {
     /// Opens (or creates) the key file of the data file at `data`, whose
@@ -211,6 +218,7 @@ impl Seals {
             }),
             growing: Mutex::new(()),
             shredding: Mutex::new(()),
+            reported: Mutex::new(HashSet::new()),
         };
         seals.start_over(used)?;
         Ok(seals)
@@ -311,6 +319,29 @@ impl Seals {
             return Err(OpenSealError::NoSlot(slot));
         }
         open_with(seal, &self.key(slot)?)
+    }
+
+    /// Whether a seal of `slot` that did not open is to be reported as
+    /// damage, not a race: the slot is in use (not retired, shredded,
+    /// free or held: an erasure or the reaper after the read began
+    /// retires its row's slot before shredding it) and no shred is under
+    /// way (one holds the slots it writes in neither list). True once per
+    /// slot and process; false while a shred runs (the next read asks
+    /// again).
+    pub fn damaged(&self, slot: u64) -> bool {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        if reported.contains(&slot) || reported.len() >= MAX_REPORTED {
+            return false;
+        }
+        let Ok(_no_shred) = self.shredding.try_lock() else {
+            return false;
+        };
+        let slots = self.lock();
+        let in_use = slot < slots.len
+            && ![&slots.clean, &slots.dirty, &slots.held]
+                .iter()
+                .any(|list| list.contains(&slot));
+        in_use && reported.insert(slot)
     }
 
     /// Runs `take` (which begins a snapshot of the data file) with no
@@ -633,6 +664,24 @@ mod tests {
             assert!(lent.insert(seals.seal(&[], b"").expect("seal").0));
         }
         assert!(lent.contains(&slot), "a shredded slot is lent again");
+    }
+
+    /// A seal that does not open because its row was erased after the read
+    /// began (its slot retired, then shredded) is a race, never reported;
+    /// one whose slot is still in use is damage, reported once.
+    #[test]
+    fn only_a_slot_in_use_is_reported_damaged_and_once() {
+        let (_dir, data) = scratch();
+        let seals = Seals::open(&data, ID, &HashSet::new(), None).expect("open");
+        let (erased, _) = seals.seal(&headers(), b"body").expect("seal");
+        let (in_use, _) = seals.seal(&headers(), b"body").expect("seal");
+        seals.retire([erased]);
+        assert!(!seals.damaged(erased), "retired, not yet shredded");
+        seals.shred().expect("shred");
+        assert!(!seals.damaged(erased), "shredded");
+        assert!(!seals.damaged(GROW_SLOTS * 4), "past the file's slots");
+        assert!(seals.damaged(in_use));
+        assert!(!seals.damaged(in_use), "reported once");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTable};
 
 use crate::domain::CreatedAt;
 use crate::store::inbox::{Attempt, EventStatus, InboxEvent};
-use crate::store::redb::seal::{OpenSealError, Seals};
+use crate::store::redb::seal::{self, OpenSealError, Seals};
 
 /// How the error of a sealed body that does not open begins.
 pub(super) const SEAL_CLOSED: &str = "a sealed body does not open";
@@ -139,7 +139,25 @@ where
             }
             Err(OpenSealError::Io(err)) => Err(redb::Error::Io(err)),
             Err(err) => {
-                tracing::debug!(source = %e.source, event_id = %e.event_id, error = %err, "a sealed body does not open");
+                let slot = seal::seal_header(body.value()).map(|(slot, _)| slot);
+                if slot.is_some_and(|slot| self.seals.damaged(slot)) {
+                    // Not a race with an erasure: a damaged key file, or
+                    // another copy's. Said once: the event is read again
+                    // at every look for due events.
+                    tracing::error!(
+                        source = %e.source,
+                        event_id = %e.event_id,
+                        status = ?e.status,
+                        error = %err,
+                        "an event's sealed body does not open with the key file: it is neither \
+                         delivered nor shown, and while it is pending the later events of its \
+                         stream wait for it. Is the key file (the data file's path with .keys) \
+                         the one this data file was written with? `dedupd verify` checks every \
+                         seal; put the right key file back and restart"
+                    );
+                } else {
+                    tracing::debug!(source = %e.source, event_id = %e.event_id, error = %err, "a sealed body does not open");
+                }
                 Ok(None)
             }
         }
