@@ -249,30 +249,18 @@ async fn reload_on_hangup(
         }
     };
     let mut generation = 0;
-    record(&Status {
-        generation,
-        state: State::Serving,
-        errors: vec![],
-    });
+    record(&Status::at(generation, State::Serving));
     while hup.recv().await.is_some() {
         generation += 1;
-        record(&Status {
-            generation,
-            state: State::Reloading,
-            errors: vec![],
-        });
+        record(&Status::at(generation, State::Reloading));
         tracing::info!(signal = "SIGHUP", "reloading the configuration");
         let (r, file) = (reloader.clone(), config.clone());
         let outcome = tokio::task::spawn_blocking(move || r.reload(file.as_deref())).await;
         let serving = format!("serving on {}:{port}", listen.ip());
         match outcome {
-            Ok(Ok(_)) => {
+            Ok(Ok(reloaded)) => {
                 dedupd::systemd::status(&format!("{serving}; configuration reloaded"));
-                record(&Status {
-                    generation,
-                    state: State::Reloaded,
-                    errors: vec![],
-                });
+                record(&Status::reloaded(generation, &reloaded.restart_only));
             }
             Ok(Err(errors)) => {
                 dedupd::systemd::status(&format!(

@@ -113,13 +113,24 @@ fn wait_for(path: &Path, generation: u64, wait: Duration, pid: i32) -> anyhow::R
             generation: g,
             state,
             errors,
+            restart_only,
         }) = status::read(path)
             .with_context(|| format!("cannot read the reload status {}", path.display()))?
             && g >= generation
         {
             match state {
-                State::Reloaded => {
+                State::Reloaded if restart_only.is_empty() => {
                     outln!("reloaded: dedupd (pid {pid}) put the configuration in force")?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                State::Reloaded => {
+                    // The reload went well: what it could apply is in force.
+                    outln!(
+                        "reloaded: dedupd (pid {pid}) put the configuration in force, but for \
+                         settings that need a restart to change, which keep their running \
+                         values until then: {}",
+                        restart_only.join(", ")
+                    )?;
                     return Ok(ExitCode::SUCCESS);
                 }
                 State::Refused => {

@@ -44,6 +44,10 @@ pub struct Status {
     /// A refused reload's errors, as the log has them.
     #[serde(default)]
     pub errors: Vec<String>,
+    /// Settings a reload put in force found changed but cannot apply:
+    /// they keep their running values until a restart (dotted keys).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restart_only: Vec<String>,
 }
 
 impl Status {
@@ -55,12 +59,29 @@ impl Status {
         self.generation.saturating_add(1)
     }
 
+    /// Reload `generation` under way, or none yet (`Serving`).
+    pub fn at(generation: u64, state: State) -> Self {
+        Self {
+            generation,
+            state,
+            errors: Vec::new(),
+            restart_only: Vec::new(),
+        }
+    }
+
+    /// Reload `generation` put the file in force; `restart_only` named.
+    pub fn reloaded(generation: u64, restart_only: &[String]) -> Self {
+        Self {
+            restart_only: restart_only.iter().take(MAX_ERRORS).cloned().collect(),
+            ..Self::at(generation, State::Reloaded)
+        }
+    }
+
     /// This status's errors, at most [`MAX_ERRORS`] of them.
     pub fn refused(generation: u64, errors: impl IntoIterator<Item = String>) -> Self {
         Self {
-            generation,
-            state: State::Refused,
             errors: errors.into_iter().take(MAX_ERRORS).collect(),
+            ..Self::at(generation, State::Refused)
         }
     }
 }
@@ -103,11 +124,7 @@ mod tests {
 
     #[test]
     fn a_signal_is_answered_by_the_next_reload_or_the_one_after_a_reload_under_way() {
-        let at = |generation, state| Status {
-            generation,
-            state,
-            errors: vec![],
-        };
+        let at = Status::at;
         assert_eq!(at(0, State::Serving).answering(), 1);
         assert_eq!(at(3, State::Reloaded).answering(), 4);
         assert_eq!(at(3, State::Refused).answering(), 4);
@@ -127,5 +144,14 @@ mod tests {
         let back = read(&path).unwrap().unwrap();
         assert_eq!(back, status);
         assert_eq!(back.errors.len(), MAX_ERRORS);
+        let status = Status::reloaded(3, &["listen".to_owned()]);
+        write(&path, &status).unwrap();
+        assert_eq!(read(&path).unwrap().unwrap(), status);
+        // A status written by a build from before `restart_only` reads.
+        std::fs::write(&path, "{\"generation\":1,\"state\":\"reloaded\"}\n").unwrap();
+        assert_eq!(
+            read(&path).unwrap().unwrap(),
+            Status::at(1, State::Reloaded)
+        );
     }
 }

@@ -607,6 +607,22 @@ async fn dedupd_reload_fails_when_the_server_refuses_the_file() {
         "{out:?}"
     );
     assert_eq!(claim("b").await.unwrap().status(), 401);
+
+    // One that also moves `listen`: in force but for it, and the command
+    // says so (not only the server's log).
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\n[api]\ntokens = [\"token-fedcba9876543210\"]\n",
+    )
+    .unwrap();
+    let out = reload();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("need a restart") && stdout.contains("listen"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("api"), "{stdout}");
     assert!(stop(child, "-TERM", drain).await.success());
 }
 
