@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 use super::sources::{EventView, known_source};
 use super::{AppState, Endpoint, Guard, path_segment, register};
 use crate::error::{ApiError, Problem};
-use crate::store::inbox::Attempt;
+use crate::store::inbox::{Attempt, EventStatus};
 
 /// The event route, relative to `/v1`.
 pub fn endpoints() -> Vec<Endpoint> {
@@ -88,8 +88,10 @@ pub struct EventDetail {
     /// ingest's trace, the attempts children of that span, when it was
     /// sampled. Received with traces off: while they are on, a trace
     /// derived from the event, its attempts' spans the trace's roots, when
-    /// sampled. Null otherwise. An attempt made with traces off has no
-    /// span in it.
+    /// sampled. Null otherwise, and always for an erased event: erasing
+    /// deletes the stored context with the other headers, so its trace
+    /// can no longer be told. An attempt made with traces off has no span
+    /// in it.
     trace_id: Option<String>,
     /// The body as text, when it is UTF-8; null otherwise.
     body: Option<String>,
@@ -129,15 +131,22 @@ pub(super) async fn show(
         .map(AttemptView::from)
         .collect();
     let stored = std::mem::take(&mut event.headers);
-    let trace_id = crate::telemetry::traces::event_trace_id(
-        &stored,
-        crate::telemetry::traces::EventOf {
-            source: &event.source,
-            event_id: &event.event_id,
-            stream: event.stream.as_deref(),
-            received_at_ms: event.received_at_ms,
-        },
-    );
+    // Erasing deleted the stored trace context with the other headers:
+    // without it the event would pass for one received with traces off,
+    // and the page would name a derived trace none of its spans is in.
+    let trace_id = (event.status != EventStatus::Erased)
+        .then(|| {
+            crate::telemetry::traces::event_trace_id(
+                &stored,
+                crate::telemetry::traces::EventOf {
+                    source: &event.source,
+                    event_id: &event.event_id,
+                    stream: event.stream.as_deref(),
+                    received_at_ms: event.received_at_ms,
+                },
+            )
+        })
+        .flatten();
     let headers = stored
         .into_iter()
         .filter(|(name, _)| !crate::telemetry::traces::is_internal(name))

@@ -2,8 +2,9 @@
 //! exporting to a real OTLP/HTTP receiver that decodes each export with the
 //! OpenTelemetry project's own protobuf definitions (`opentelemetry-proto`
 //! in Python, `tests/support/otlp_receiver.py`), and a real receiver of the
-//! forwards. Needs `DEDUPD_TEST_PYTHON` (a python with
-//! `opentelemetry-proto`); `.ci/run` runs them.
+//! forwards. Those need `DEDUPD_TEST_PYTHON` (a python with
+//! `opentelemetry-proto`); `.ci/run` runs them. A test of what the event's
+//! page names, worked out without a collector, runs with the rest.
 //!
 //! These run on the real clock (separate processes): they wait for what
 //! they check, with deadlines, and never assert on how fast it came.
@@ -489,6 +490,53 @@ async fn an_event_received_with_traces_off_has_its_later_attempts_in_one_trace()
     assert_eq!(shown["trace_id"], trace.as_str(), "{shown}");
     let (status, _) = stop_logged(second.child, "-TERM", second.drain).await;
     assert!(status.success());
+}
+
+/// An erased event's page names no trace: erasing deletes its stored
+/// trace context with its other headers, and the trace derived for an
+/// event received with traces off (the one the page would fall back to)
+/// has no span of this event's. Needs no collector: the page's trace id
+/// is worked out, not read from one, so the endpoint is a port nothing
+/// listens on (every span is dropped).
+#[tokio::test]
+async fn an_erased_events_page_names_no_trace() {
+    let dir = TempDir::new().unwrap();
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let nowhere = format!("http://127.0.0.1:{}", crate::support::ports::free_port());
+    let file = config(dir.path(), &nowhere, &receiver.url, "", "");
+    let node = start(&file);
+    post(node.port, &body("er1")).await;
+    received(&receiver, 1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let shown = loop {
+        let shown = crate::support::http::shown(node.port, "er1").await;
+        if shown["status"] == "delivered" {
+            break shown;
+        }
+        assert!(Instant::now() < deadline, "never delivered: {shown}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let trace = shown["trace_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert_eq!(trace.len(), 32, "the ingest's trace: {shown}");
+    let erased = crate::support::http::client()
+        .delete(format!(
+            "http://127.0.0.1:{}/v1/sources/sume/events/er1",
+            node.port
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(erased.status(), 200);
+    let shown = crate::support::http::shown(node.port, "er1").await;
+    assert_eq!(shown["status"], "erased", "{shown}");
+    assert!(shown["trace_id"].is_null(), "{shown}");
+    assert_eq!(
+        shown["timeline"].as_array().map(Vec::len),
+        Some(1),
+        "{shown}"
+    );
 }
 
 /// A collector that never answers, or refuses every export, changes

@@ -213,7 +213,9 @@ fn event_context(headers: &[(String, String)], event: EventOf<'_>) -> Result<Spa
 /// on are in: its ingest's, stored with it, when that was sampled; for
 /// an event stored without one, while traces are on, the trace derived
 /// from it, when the sampler samples it. None otherwise: an unsampled
-/// trace is in no backend.
+/// trace is in no backend. Not for an erased event: its headers, the
+/// context among them, are deleted, and it would pass for one stored
+/// without a context (the event's page names no trace for it).
 pub fn event_trace_id(headers: &[(String, String)], event: EventOf<'_>) -> Option<String> {
     let trace_id = match event_context(headers, event) {
         Ok(parent) => parent.is_sampled().then(|| parent.trace_id())?,
