@@ -201,21 +201,18 @@ impl TraceSettings {
         // Resolved here and given to the exporter, so the URL checked is
         // the one posted to.
         let endpoint = match (set(ENDPOINT_ENV[0])?, set(ENDPOINT_ENV[1])?) {
-            (Some(url), _) => {
-                let usable =
-                    usable_url(&url).is_some() && url.parse::<actix_web::http::Uri>().is_ok();
-                if !usable {
-                    return Err(format!("{} {ENDPOINT_RULE}", ENDPOINT_ENV[0]));
-                }
-                url
-            }
+            // Posted to as written: it must parse as it is.
+            (Some(url), _) => match usable_url(&url).and_then(|_| parses(&url)) {
+                Ok(()) => url,
+                Err(bad) => return Err(format!("{} {bad}", ENDPOINT_ENV[0])),
+            },
             (None, Some(base)) => {
-                traces_url(&base).ok_or_else(|| format!("{} {ENDPOINT_RULE}", ENDPOINT_ENV[1]))?
+                traces_url(&base).map_err(|bad| format!("{} {bad}", ENDPOINT_ENV[1]))?
             }
             // Checked when the settings were loaded.
             (None, None) => match &self.otlp_endpoint {
                 Some(base) => traces_url(base)
-                    .ok_or_else(|| format!("telemetry.traces.otlp_endpoint {ENDPOINT_RULE}"))?,
+                    .map_err(|bad| format!("telemetry.traces.otlp_endpoint {bad}"))?,
                 None => return Ok(Err(Off::NoCollector)),
             },
         };
@@ -280,10 +277,10 @@ impl TraceSettings {
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         let mut bad = Vec::new();
         if let Some(endpoint) = &self.otlp_endpoint
-            && traces_url(endpoint).is_none()
+            && let Err(why) = traces_url(endpoint)
         {
             // Not quoted: it may hold credentials.
-            bad.push(("telemetry.traces.otlp_endpoint", ENDPOINT_RULE.to_owned()));
+            bad.push(("telemetry.traces.otlp_endpoint", why.to_string()));
         }
         if !service_name_ok(&self.service_name) {
             bad.push((
@@ -306,10 +303,53 @@ impl TraceSettings {
     }
 }
 
-/// What a collector's endpoint must be.
-const ENDPOINT_RULE: &str = "must be an http:// or https:// URL with a host and without a user \
-     name or password (the exporter does not send them: put an Authorization header in \
-     OTEL_EXPORTER_OTLP_HEADERS), such as http://127.0.0.1:4318";
+/// Why the exporter cannot post to a collector's endpoint: said after the
+/// variable's or the setting's name, and never quoting the URL (it may
+/// hold credentials, in its user name, password or query).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BadEndpoint {
+    /// Not a URL, or not an http:// or https:// one with a host.
+    NotHttp,
+    /// A user name or password, which the exporter would drop.
+    Credentials,
+    /// Port 0: no collector listens there, so every export would fail.
+    PortZero,
+    /// Longer than the exporter's URI parser takes ([`LONGEST_URI`]).
+    TooLong,
+    /// Refused by the exporter's URI parser for another reason.
+    Unparsable,
+}
+
+impl std::fmt::Display for BadEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadEndpoint::NotHttp => f.write_str(
+                "must be an http:// or https:// URL with a host, such as http://127.0.0.1:4318",
+            ),
+            BadEndpoint::Credentials => f.write_str(
+                "must not hold a user name or password (the exporter does not send them): put \
+                 an Authorization header in OTEL_EXPORTER_OTLP_HEADERS",
+            ),
+            BadEndpoint::PortZero => f.write_str(
+                "must not name port 0: no collector listens there, and every span would be \
+                 dropped (name the collector's port: OTLP/HTTP's is 4318)",
+            ),
+            BadEndpoint::TooLong => write!(
+                f,
+                "is too long: the exporter takes a URL of at most {LONGEST_URI} bytes, as it \
+                 posts to it (written out in ASCII, its path ending in /v1/traces)"
+            ),
+            BadEndpoint::Unparsable => f.write_str(
+                "is not a URL the exporter can parse as it posts to it: write it out in ASCII \
+                 (a host name in punycode, anything else percent-encoded)",
+            ),
+        }
+    }
+}
+
+/// The longest URI the exporter's parser (the `http` crate's) takes, in
+/// bytes.
+const LONGEST_URI: usize = u16::MAX as usize - 1;
 
 /// What a service name must be.
 const SERVICE_NAME_RULE: &str =
@@ -322,30 +362,46 @@ fn service_name_ok(name: &str) -> bool {
 }
 
 /// `url` parsed, when the exporter can post to it: http or https, a
-/// host, no userinfo (which it would drop), and a URI it can parse.
-fn usable_url(url: &str) -> Option<reqwest::Url> {
-    let url = reqwest::Url::parse(url.trim()).ok()?;
-    let usable = matches!(url.scheme(), "http" | "https")
-        && url.host().is_some()
-        && url.username().is_empty()
-        && url.password().is_none()
-        && url.as_str().parse::<actix_web::http::Uri>().is_ok();
-    usable.then_some(url)
+/// host, no userinfo (which it would drop), a port other than 0, and a
+/// URI it can parse.
+fn usable_url(url: &str) -> Result<reqwest::Url, BadEndpoint> {
+    let url = reqwest::Url::parse(url.trim()).map_err(|_| BadEndpoint::NotHttp)?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(BadEndpoint::NotHttp);
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(BadEndpoint::Credentials);
+    }
+    if url.port() == Some(0) {
+        return Err(BadEndpoint::PortZero);
+    }
+    parses(url.as_str())?;
+    Ok(url)
+}
+
+/// Whether the exporter's URI parser takes `text`.
+fn parses(text: &str) -> Result<(), BadEndpoint> {
+    if text.len() > LONGEST_URI {
+        return Err(BadEndpoint::TooLong);
+    }
+    text.parse::<actix_web::http::Uri>()
+        .map(drop)
+        .map_err(|_| BadEndpoint::Unparsable)
 }
 
 /// The OTLP/HTTP traces URL under a collector's base URL (as the
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` rule says: `/v1/traces` added to its
 /// path, its query kept); a URL whose path already ends so stays. Written
 /// out in ASCII (punycode, percent-encoding), as the exporter parses it.
-fn traces_url(base: &str) -> Option<String> {
+fn traces_url(base: &str) -> Result<String, BadEndpoint> {
     let mut url = usable_url(base)?;
     let path = url.path().trim_end_matches('/').to_owned();
     if !path.ends_with("/v1/traces") {
         url.set_path(&format!("{path}/v1/traces"));
     }
     let text = url.to_string();
-    text.parse::<actix_web::http::Uri>().ok()?;
-    Some(text)
+    parses(&text)?;
+    Ok(text)
 }
 
 /// Checks the headers variable the exporter will read: the first set,
@@ -630,6 +686,79 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_HEADERS", "not a pair"),
         ];
         assert!(with(None, &shadowed).unwrap().is_some());
+    }
+
+    /// Port 0 is refused, from either variable or the file: no collector
+    /// listens there, and every span would be dropped. An endpoint too
+    /// long for the exporter's parser, or one it cannot parse as
+    /// written, is refused saying so, not as if it held credentials.
+    /// Neither quotes the URL.
+    #[test]
+    fn an_endpoint_on_port_0_or_one_the_exporter_cannot_parse_is_refused_saying_why() {
+        let said = |e: &str, name: &str, why: &str| {
+            assert!(e.starts_with(name), "{e}");
+            assert!(e.contains(why), "{e}");
+            assert!(!e.contains("user name") && !e.contains("s3cret"), "{e}");
+        };
+        for (name, value) in [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:0"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:00/?k=s3cret"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://127.0.0.1:0/v1/traces",
+            ),
+        ] {
+            let e = with(Some("http://ok:4318"), &[(name, value)]).expect_err(value);
+            said(&e, name, "must not name port 0");
+        }
+        let file = TraceSettings {
+            otlp_endpoint: Some("http://127.0.0.1:0".into()),
+            ..TraceSettings::default()
+        };
+        let problems = file.problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, "telemetry.traces.otlp_endpoint");
+        said(&problems[0].1, "must not", "port 0");
+        let e = file.export(env(&[])).unwrap_err();
+        said(&e, "telemetry.traces.otlp_endpoint", "must not name port 0");
+        // A port it can post to.
+        for ok in ["http://c:1", "http://c:65535", "http://c", "https://c:443"] {
+            assert!(with(Some(ok), &[]).unwrap().is_some(), "{ok}");
+        }
+
+        // The traces URL (`/v1/traces` added) at the parser's limit, and
+        // one byte over it.
+        let at = |n: usize| format!("http://c:4318/{}", "a".repeat(n));
+        let longest = LONGEST_URI - "http://c:4318//v1/traces".len();
+        let e = with(Some(&at(longest)), &[]).unwrap().unwrap();
+        assert_eq!(e.endpoint.len(), LONGEST_URI);
+        let over = TraceSettings {
+            otlp_endpoint: Some(at(longest + 1)),
+            ..TraceSettings::default()
+        };
+        let problems = over.problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        said(&problems[0].1, "is too long", "65534 bytes");
+        // 80 KB, with a secret in its query, from either variable.
+        let long = format!("http://c:4318/{}?k=s3cret", "a".repeat(80_000));
+        for name in ENDPOINT_ENV {
+            let e = with(None, &[(name, &long)]).unwrap_err();
+            said(&e, name, "is too long");
+        }
+        // The traces' own variable is posted to as written: not in ASCII,
+        // the exporter cannot parse it.
+        let name = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+        let e = with(
+            None,
+            &[(name, "http://\u{fc}.example:4318/v1/traces?k=s3cret")],
+        )
+        .unwrap_err();
+        said(&e, name, "ASCII");
+        assert!(
+            with(None, &[(name, "http://xn--tda.example:4318/v1/traces")])
+                .unwrap()
+                .is_some()
+        );
     }
 
     #[test]

@@ -235,6 +235,56 @@ fn check_config_shows_the_traces_serve_would_export_with_the_standard_variables_
     );
 }
 
+/// A collector on port 0 (no collector listens there: `serve` would drop
+/// every span) stops `check-config`, from the file or a variable, naming
+/// it; an endpoint too long for the exporter says so, not that it holds a
+/// user name or password. Neither is quoted.
+#[test]
+fn check_config_refuses_a_collector_on_port_0_or_too_long_and_says_which() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("dedupd.toml");
+    let refused = |endpoint: &str, vars: &[(&str, &str)]| -> String {
+        std::fs::write(
+            &config,
+            format!("[telemetry.traces]\notlp_endpoint = \"{endpoint}\"\n"),
+        )
+        .unwrap();
+        let mut cmd = dedupd();
+        cmd.args(["check-config", "--config"]).arg(&config);
+        for (name, value) in vars {
+            cmd.env(name, value);
+        }
+        let out = cmd.output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{vars:?}: {said}");
+        assert!(!said.contains("# traces: exported"), "{said}");
+        assert!(!said.contains("s3cret"), "{said}");
+        said
+    };
+    let said = refused("http://127.0.0.1:0/?k=s3cret", &[]);
+    assert!(said.contains("telemetry.traces.otlp_endpoint"), "{said}");
+    assert!(said.contains("must not name port 0"), "{said}");
+    let said = refused(
+        "http://127.0.0.1:4318",
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:0?k=s3cret")],
+    );
+    assert!(
+        said.contains("OTEL_EXPORTER_OTLP_ENDPOINT must not name port 0"),
+        "{said}"
+    );
+    let long = format!("http://127.0.0.1:4318/{}?k=s3cret", "a".repeat(80_000));
+    let said = refused(
+        "http://127.0.0.1:4318",
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &long)],
+    );
+    assert!(
+        said.contains("OTEL_EXPORTER_OTLP_ENDPOINT is too long"),
+        "{said}"
+    );
+    assert!(!said.contains("user name"), "{said}");
+}
+
 #[test]
 fn serve_refuses_a_non_loopback_address_without_tokens_and_says_why() {
     let dir = TempDir::new().unwrap();
