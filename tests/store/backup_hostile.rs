@@ -13,8 +13,8 @@ use dedupd::store::inbox::{Inbox, NewEvent};
 use dedupd::store::redb::backup::format::{
     FrameReader, FrameWriter, Header, Kind, keys as key_slots, push_row, rows as rows_of,
 };
-use dedupd::store::redb::backup::restore::{RestoreOptions, restore};
-use dedupd::store::redb::backup::verify::verify_backup;
+use dedupd::store::redb::backup::restore::{RestoreError, RestoreOptions, restore};
+use dedupd::store::redb::backup::verify::{MAX_KEY_SLOTS, verify_backup};
 use dedupd::store::redb::{RedbOptions, RedbStore};
 use dedupd::store::{ClaimOutcome, Store};
 use tempfile::TempDir;
@@ -262,6 +262,75 @@ async fn a_backup_naming_a_huge_key_slot_is_refused_not_an_abort_of_restore() {
         !target.path().join("dedupd.redb").exists(),
         "a restore that failed left a data file"
     );
+}
+
+/// Once: a backup whose one sealed event names key slot `u64::MAX` (its
+/// key, its seal, the crc32s and the SHA-256 made to match) passed
+/// `dedupd verify`, and `dedupd restore` of it panicked ("attempt to add
+/// with overflow" in `write_keys`, counting the slots up to the highest).
+/// Both refuse it now, as every slot past the last a key file holds, with
+/// the same cause, and the target is left as it was; the last slot a key
+/// file holds verifies.
+#[tokio::test]
+async fn verify_and_restore_refuse_a_key_slot_past_the_last_a_key_file_holds() {
+    for slot in [u64::MAX, MAX_KEY_SLOTS] {
+        let scratch = TempDir::new().unwrap();
+        let path = file(
+            scratch.path(),
+            "hostile.backup",
+            &sealed_at_slot(slot).await,
+        );
+        let said = format!("a key in slot {slot}, past the last a key file holds");
+        let verified = verify_backup(&path);
+        assert!(
+            verified
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains(&said)),
+            "slot {slot}: {verified:?}"
+        );
+        // An instance's files at the target: a refused restore leaves them.
+        let target = TempDir::new().unwrap();
+        drop(instance_and_backup(target.path()).await);
+        let there = snapshot_of(target.path());
+        let restored = restore(opts(&path, target.path())).await;
+        assert!(
+            matches!(&restored, Err(RestoreError::Backup { cause, .. }) if cause.to_string().contains(&said)),
+            "slot {slot}: {restored:?}"
+        );
+        assert_eq!(snapshot_of(target.path()), there, "slot {slot}");
+        // The commands: exit 1, the cause said, no panic.
+        let config = scratch.path().join("restore.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "data_path = {:?}\n",
+                target.path().join("dedupd.redb").display().to_string()
+            ),
+        )
+        .unwrap();
+        for args in [
+            vec!["verify".as_ref(), path.as_os_str()],
+            vec![
+                "restore".as_ref(),
+                path.as_os_str(),
+                "--config".as_ref(),
+                config.as_os_str(),
+                "--replace".as_ref(),
+            ],
+        ] {
+            let out = dedupd().args(&args).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains(&said) && !stderr.contains("panicked"),
+                "{args:?}: {stderr}"
+            );
+        }
+        assert_eq!(snapshot_of(target.path()), there, "slot {slot}");
+    }
+    let scratch = TempDir::new().unwrap();
+    let last = sealed_at_slot(MAX_KEY_SLOTS - 1).await;
+    verify_backup(&file(scratch.path(), "last.backup", &last)).unwrap();
 }
 
 /// Once: the fence counter of a restore is the backup's (header and

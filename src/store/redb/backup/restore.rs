@@ -30,7 +30,7 @@ use redb::{Durability, ReadableDatabase, TableHandle, WriteTransaction};
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, RenameFlags, Uid};
 
 use super::raw::{TABLES, index_of};
-use super::verify::{self, BackupReport, Load, VerifyError};
+use super::verify::{self, BackupReport, Load, MAX_KEY_SLOTS, VerifyError};
 use crate::store::redb::seal::{self, KEY_LEN};
 use crate::store::redb::tables::{
     INBOX_JOBS, JobValue, META, META_FENCE, META_FILE_ID, META_LOG_OPEN, META_LOG_SEGMENTS,
@@ -523,10 +523,14 @@ fn build(
 /// key file is as long as its highest slot: one that would not fit in the
 /// space left on the target's disk is refused before a byte is written.
 fn write_keys(path: &Path, id: u128, keys: &[(u64, [u8; KEY_LEN])]) -> Result<(), RestoreError> {
-    let slots = keys.last().map_or(0, |(s, _)| s + 1);
-    let len = slots
-        .checked_mul(KEY_LEN as u64)
-        .ok_or_else(|| io("writing the key file")(std::io::Error::other("too many key slots")))?;
+    // Every slot below MAX_KEY_SLOTS (`verify` and `seal_jobs` see to
+    // it): neither overflows.
+    let too_many = || io("writing the key file")(std::io::Error::other("too many key slots"));
+    let slots = match keys.last() {
+        None => 0,
+        Some((s, _)) => s.checked_add(1).ok_or_else(too_many)?,
+    };
+    let len = slots.checked_mul(KEY_LEN as u64).ok_or_else(too_many)?;
     let dir = path.parent().unwrap_or(Path::new("."));
     let free = rustix::fs::statvfs(dir)
         .map(|st| st.f_bavail.saturating_mul(st.f_frsize))
@@ -601,7 +605,20 @@ impl Build {
                     "a bulk job's record is sealed, and a backup holds no key for one".into(),
                 ));
             }
-            let slot = self.keys.last().map_or(0, |(s, _)| s + 1);
+            // Past the backup's slots (each below MAX_KEY_SLOTS, as
+            // `verify` checked) and the jobs' before: the key file holds
+            // every slot up to the last.
+            let slot = match self.keys.last() {
+                None => Some(0),
+                Some((s, _)) => s.checked_add(1),
+            }
+            .filter(|s| *s < MAX_KEY_SLOTS)
+            .ok_or_else(|| {
+                VerifyError::Malformed(format!(
+                    "its bulk jobs' records need key slots past the last a key file holds ({})",
+                    MAX_KEY_SLOTS - 1
+                ))
+            })?;
             let key: [u8; KEY_LEN] = rand::random();
             let sealed = seal::seal_with(slot, &key, &[], record)
                 .map_err(|e| VerifyError::Build(redb::Error::Io(e)))?;

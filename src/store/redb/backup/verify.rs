@@ -5,7 +5,7 @@
 //! build reads; its tables, exactly this build's (names and types); the
 //! data file's metadata against the header; every table's rows against
 //! the count its end gives; a key for every sealed event and only those,
-//! and every sealed event opened with its key (AES-GCM's tag is a
+//! each in a slot a key file holds ([`MAX_KEY_SLOTS`]), and every sealed event opened with its key (AES-GCM's tag is a
 //! checksum of each body and its headers, and proves the key is its own).
 //!
 //! A stopped data file ([`verify_data_file`]): every page's checksum
@@ -142,6 +142,18 @@ const ROWS_AT_ONCE: usize = 4096;
 /// far below (a million fences a second for a hundred thousand years), and
 /// a restore moves it on without coming near `u64::MAX`.
 pub const MAX_FENCE: u64 = 1 << 62;
+
+/// Key slots a backup may name: `0..MAX_KEY_SLOTS`. A restore writes the
+/// key file whole, 32 bytes a slot up to the highest a backup names (a
+/// seal is bound to its slot), and its bulk jobs' records sealed anew in
+/// the slots after it. A running instance hands slots out from 0 up,
+/// reusing freed ones before it grows its key file (1,024 at a time), so
+/// its highest slot is below the most sealed rows it ever held at once.
+/// 2^40 slots is a key file of 32 TiB (twice ext4's largest file) for a
+/// trillion sealed events at once: above any key file dedupd writes, and
+/// far below where a slot's offset in the file, or the count of slots,
+/// overflows.
+pub const MAX_KEY_SLOTS: u64 = 1 << 40;
 
 /// Says nothing of the panics a hostile backup's rows cause as they are
 /// read (each is caught, and the backup refused); see [`super::raw::quiet_panics`].
@@ -409,6 +421,13 @@ impl<'h> Check<'h> {
         for (slot, key) in keys {
             if self.keys.last().is_some_and(|(last, _)| slot <= last) {
                 return Err(VerifyError::Malformed("key slots out of order".into()));
+            }
+            if *slot >= MAX_KEY_SLOTS {
+                return Err(VerifyError::Malformed(format!(
+                    "it holds a key in slot {slot}, past the last a key file holds ({}): no \
+                     dedupd wrote it",
+                    MAX_KEY_SLOTS - 1
+                )));
             }
             let mut k = [0u8; KEY_LEN];
             k.copy_from_slice(key);
