@@ -439,6 +439,7 @@ pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
         data: data.clone(),
         replace: args.replace,
         now_ms: now_ms(),
+        keep_free: loaded.settings.storage.min_free_bytes,
     }))?;
     outln!("restored {} to {}", args.file.display(), data.display())?;
     print_backup(&restored.report)?;

@@ -80,6 +80,7 @@ async fn restore_to(backup: &Path, dir: &Path, now: u64) -> Result<PathBuf, Rest
         data: data.clone(),
         replace: true,
         now_ms: now,
+        keep_free: 8 << 20,
     })
     .await
     .map(|_| data)
@@ -411,6 +412,7 @@ async fn a_restore_refuses_a_data_file_in_use_and_files_there_unless_told_to_rep
         data: data.clone(),
         replace,
         now_ms: T,
+        keep_free: 8 << 20,
     };
     let err = restore(opts(true)).await.unwrap_err();
     assert!(matches!(err, RestoreError::InUse(_)), "{err}");

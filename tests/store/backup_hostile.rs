@@ -193,6 +193,7 @@ fn opts(backup: &Path, dir: &Path) -> RestoreOptions {
         data: dir.join("dedupd.redb"),
         replace: true,
         now_ms: T,
+        keep_free: 8 << 20,
     }
 }
 

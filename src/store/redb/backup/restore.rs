@@ -56,6 +56,10 @@ pub struct RestoreOptions {
     pub replace: bool,
     /// Now, Unix ms: how far fences move on.
     pub now_ms: u64,
+    /// Bytes that must stay free on the target's disk once the files are
+    /// written: the server's watermark (`storage.min_free_bytes`), below
+    /// which the restored instance would refuse every write.
+    pub keep_free: u64,
 }
 
 /// What a restore did.
@@ -99,6 +103,29 @@ pub enum RestoreError {
         .0.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     )]
     Exists(Vec<PathBuf>),
+    /// The key file would not fit on the target's disk with the server's
+    /// watermark left free.
+    #[error(
+        "{} has {free} bytes free once the restored data file is built, and {} are needed: \
+         {key_file} for its key file{} and storage.min_free_bytes ({keep_free}), which the \
+         server keeps free or refuses every write; free space there, or lower \
+         storage.min_free_bytes in the config; nothing was restored",
+        .dir.display(),
+        .key_file.saturating_add(*.keep_free),
+        .highest_slot.map(|s| format!(" (its highest key slot is {s})")).unwrap_or_default()
+    )]
+    NoRoom {
+        /// The target's directory.
+        dir: PathBuf,
+        /// Bytes free there.
+        free: u64,
+        /// Bytes of the key file.
+        key_file: u64,
+        /// The highest key slot it holds, if any.
+        highest_slot: Option<u64>,
+        /// Bytes to leave free ([`RestoreOptions::keep_free`]).
+        keep_free: u64,
+    },
     /// The files built from the backup do not open as a data file.
     #[error("the data file built from the backup does not open: {0}; nothing was restored")]
     Open(OpenError),
@@ -151,9 +178,15 @@ pub async fn restore(opts: RestoreOptions) -> Result<Restored, RestoreError> {
     let staged = stage.data.clone();
     let backup = opts.backup.clone();
     let now = opts.now_ms;
-    let (report, id, fence) = tokio::task::spawn_blocking(move || build(&backup, &staged, now))
-        .await
-        .map_err(|e| io("building the data file")(std::io::Error::other(e)))??;
+    let room = Room {
+        dir: dir.clone(),
+        stage: stage.dir.clone(),
+        keep_free: opts.keep_free,
+    };
+    let (report, id, fence) =
+        tokio::task::spawn_blocking(move || build(&backup, &staged, now, &room))
+            .await
+            .map_err(|e| io("building the data file")(std::io::Error::other(e)))??;
     // Opened as serve opens it: schema, key file bound and long enough, an
     // empty log made for it; closed cleanly.
     let mut options = RedbOptions::new(&stage.data);
@@ -405,7 +438,7 @@ impl Stage {
             ) {
                 Ok(fd) => fd,
                 Err(rustix::io::Errno::NOENT) => continue,
-                Err(e) => return Some(format!("{}: {e}", path.display())),
+                Err(e) => return Some(format!("{}: {e}", name.to_string_lossy())),
             };
             let Ok(st) = rustix::fs::fstat(&fd) else {
                 continue;
@@ -442,6 +475,25 @@ impl Drop for Stage {
     }
 }
 
+/// Where the files are built, as messages name it.
+struct Room {
+    /// The target's directory.
+    dir: PathBuf,
+    /// The build directory in it, by its path ([`Stage::dir`]): the files
+    /// are built through `/proc/self/fd`, a path that says nothing to the
+    /// reader of a message.
+    stage: PathBuf,
+    /// [`RestoreOptions::keep_free`].
+    keep_free: u64,
+}
+
+impl Room {
+    /// The file `built` (a path through `/proc/self/fd`) by its path.
+    fn shown(&self, built: &Path) -> String {
+        self.stage.join(name_of(built)).display().to_string()
+    }
+}
+
 /// Builds the data file `data` and its key file from the backup at
 /// `backup`; returns the backup's report, the new file's id and its last
 /// fence.
@@ -449,6 +501,7 @@ fn build(
     backup: &Path,
     data: &Path,
     now_ms: u64,
+    room: &Room,
 ) -> Result<(BackupReport, u128, u64), RestoreError> {
     let refused = |source: VerifyError| RestoreError::Backup {
         path: backup.to_owned(),
@@ -461,7 +514,10 @@ fn build(
         .create_new(true)
         .mode(OWNER_ONLY)
         .open(data)
-        .map_err(io(format!("creating {}", data.display())))?;
+        .map_err(io(format!(
+            "creating {}; nothing was restored",
+            room.shown(data)
+        )))?;
     let db = redb::Builder::new()
         .set_cache_size(16 << 20)
         .create(data)
@@ -513,45 +569,68 @@ fn build(
     }
     tx.commit().map_err(|e| failed(e.into()))?;
     drop(db);
-    write_keys(&seal::path_for(data), id, &keys)?;
+    write_keys(&seal::path_for(data), id, &keys, room)?;
     Ok((report, id, fence))
 }
 
 /// Writes the key file of data file `id`: `keys` in their slots, fresh
 /// random keys in the others (opening it shreds those again), a MiB at a
 /// time. A backup names its slots (a seal is bound to its slot), so the
-/// key file is as long as its highest slot: one that would not fit in the
-/// space left on the target's disk is refused before a byte is written.
-fn write_keys(path: &Path, id: u128, keys: &[(u64, [u8; KEY_LEN])]) -> Result<(), RestoreError> {
+/// key file is as long as its highest slot: one that would not leave the
+/// server's watermark free on the target's disk ([`Room`]) is refused
+/// before a byte is written. (The server needs no more than that to
+/// start: its log starts empty and grows by what is free above the
+/// watermark.)
+fn write_keys(
+    path: &Path,
+    id: u128,
+    keys: &[(u64, [u8; KEY_LEN])],
+    room: &Room,
+) -> Result<(), RestoreError> {
     // Every slot below MAX_KEY_SLOTS (`verify` and `seal_jobs` see to
     // it): neither overflows.
-    let too_many = || io("writing the key file")(std::io::Error::other("too many key slots"));
+    let too_many = || {
+        io("writing the key file; nothing was restored")(std::io::Error::other(
+            "too many key slots",
+        ))
+    };
     let slots = match keys.last() {
         None => 0,
         Some((s, _)) => s.checked_add(1).ok_or_else(too_many)?,
     };
-    let len = slots.checked_mul(KEY_LEN as u64).ok_or_else(too_many)?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let free = rustix::fs::statvfs(dir)
+    let len = slots
+        .checked_mul(KEY_LEN as u64)
+        .and_then(|l| l.checked_add(seal::HEADER))
+        .ok_or_else(too_many)?;
+    // On the target's filesystem (the build directory is in it).
+    let stage = path.parent().unwrap_or(Path::new("."));
+    let free = rustix::fs::statvfs(stage)
         .map(|st| st.f_bavail.saturating_mul(st.f_frsize))
-        .map_err(|e| io(format!("looking at the space left in {}", dir.display()))(e.into()))?;
-    // The data file is built already; leave room for its log too.
-    if len.saturating_add(64 << 20) > free {
-        return Err(io(format!(
-            "writing the key file: its highest key slot is {}, so it takes {len} bytes, and {} \
-             has {free} free; nothing was restored",
-            slots - 1,
-            dir.display()
-        ))(std::io::Error::from(
-            std::io::ErrorKind::StorageFull,
-        )));
+        .map_err(|e| {
+            io(format!(
+                "looking at the space left in {}",
+                room.dir.display()
+            ))(e.into())
+        })?;
+    // The data file is built already.
+    if len.saturating_add(room.keep_free) > free {
+        return Err(RestoreError::NoRoom {
+            dir: room.dir.clone(),
+            free,
+            key_file: len,
+            highest_slot: keys.last().map(|(s, _)| *s),
+            keep_free: room.keep_free,
+        });
     }
     let file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(OWNER_ONLY)
         .open(path)
-        .map_err(io(format!("creating {}", path.display())))?;
+        .map_err(io(format!(
+            "creating {}; nothing was restored",
+            room.shown(path)
+        )))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     let written = (|| -> std::io::Result<()> {
         out.write_all(&seal::header(id))?;
@@ -571,7 +650,10 @@ fn write_keys(path: &Path, id: u128, keys: &[(u64, [u8; KEY_LEN])]) -> Result<()
         }
         out.into_inner().map_err(|e| e.into_error())?.sync_all()
     })();
-    written.map_err(io(format!("writing {}", path.display())))
+    written.map_err(io(format!(
+        "writing {}; nothing was restored",
+        room.shown(path)
+    )))
 }
 
 /// Rows loaded into the data file being built, keys kept for its key file.
