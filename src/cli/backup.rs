@@ -5,7 +5,10 @@
 //!   a full API token), or with `--offline` from the data file of a
 //!   stopped instance. The bytes go to `FILE.partial`, which is checked
 //!   whole (as `verify` does), synced, and only then renamed to `FILE`: a
-//!   file at `FILE` is always a whole backup.
+//!   file at `FILE` is always a whole backup. The run holds `FILE.partial`
+//!   locked from its making to its end: a second run to the same `FILE`
+//!   meanwhile is refused before it asks for anything, and never removes
+//!   the first's.
 //! - `verify FILE`: a backup, or a stopped data file, checked without
 //!   changing anything.
 //! - `restore FILE`: the backup put in place of the configured data file,
@@ -74,7 +77,9 @@ const WHOLE: Duration = Duration::from_secs(24 * 3600);
 pub fn backup(args: &BackupArgs) -> anyhow::Result<ExitCode> {
     verify::quiet_panics();
     check_target(&args.to)?;
-    let partial = partial_of(&args.to);
+    // Refused here, nothing is removed: the file there may be another
+    // run's, which goes on.
+    let partial = Partial::take(&partial_of(&args.to), &args.to)?;
     let started = Instant::now();
     let taken = super::runtime()?.block_on(async {
         if args.offline {
@@ -84,19 +89,19 @@ pub fn backup(args: &BackupArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let report = taken.and_then(|()| {
-        let report = verify::verify_backup(&partial).with_context(|| {
+        let report = verify::verify_backup(&partial.path).with_context(|| {
             format!(
                 "the backup written to {} does not verify",
-                partial.display()
+                partial.path.display()
             )
         })?;
-        keep(&partial, &args.to)?;
+        keep(&partial.path, &args.to)?;
         Ok(report)
     });
     let report = match report {
         Ok(r) => r,
         Err(e) => {
-            let _ = std::fs::remove_file(&partial);
+            partial.remove();
             return Err(e.context(format!("no backup was written to {}", args.to.display())));
         }
     };
@@ -111,14 +116,9 @@ pub fn backup(args: &BackupArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Refuses, before anything is taken, a target the backup's rename would
-/// lose something to: a file that is not a backup. The serving instance's
-/// data file, log or key file (its inode kept open by the server, which
-/// would go on acknowledging writes into a file no longer there), another
-/// instance's, a device, a socket, a pipe, or anything else. An empty
-/// file (`mktemp`'s) may be replaced; a link is replaced, never followed.
-/// The same for `FILE.partial`, which the backup's bytes go to first (a
-/// backup's that died is replaced). Also a directory, or one that does not
-/// exist, rather than after the whole backup was taken.
+/// lose something to (see [`replaceable`]), a directory, or one that does
+/// not exist, rather than after the whole backup was taken. (`FILE.partial`
+/// is [`Partial::take`]'s.)
 fn check_target(to: &Path) -> anyhow::Result<()> {
     let dir = to
         .parent()
@@ -131,50 +131,55 @@ fn check_target(to: &Path) -> anyhow::Result<()> {
             to.display()
         );
     }
-    for (path, what) in [
-        (to, "a backup"),
-        (&partial_of(to), "a backup's unfinished copy"),
-    ] {
-        let meta = match std::fs::symlink_metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e).with_context(|| format!("cannot look at {}", path.display())),
-            Ok(meta) => meta,
-        };
-        if meta.is_dir() {
-            bail!(
-                "{} is a directory: name the backup's file (such as {})",
-                path.display(),
-                path.join("dedupd.backup").display()
-            );
-        }
-        // A link is replaced, never followed.
-        if meta.file_type().is_symlink() {
-            continue;
-        }
-        if !meta.is_file() {
-            bail!(
-                "{} is there and is not a regular file (a device, a socket or a pipe): a backup \
-                 replaces only {what}. Name another file",
-                path.display()
-            );
-        }
-        if meta.len() == 0 {
-            continue;
-        }
-        let mut start = [0u8; MAGIC.len()];
-        let read = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(path)
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut start));
-        if read.is_err() || start != *MAGIC {
-            bail!(
-                "{} is there and is not a dedupd backup (a data file, its log or key file, or \
-                 another file): a backup replaces only {what}. Name another file, or move that \
-                 one away first",
-                path.display()
-            );
-        }
+    replaceable(to, "a backup")
+}
+
+/// Refuses a `path` that is not `what` the backup may replace: a file
+/// that is not a backup. The serving instance's data file, log or key
+/// file (its inode kept open by the server, which would go on
+/// acknowledging writes into a file no longer there), another instance's,
+/// a device, a socket, a pipe, a directory, or anything else. An empty
+/// file (`mktemp`'s) may be replaced; a link is replaced, never followed.
+fn replaceable(path: &Path, what: &str) -> anyhow::Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot look at {}", path.display())),
+        Ok(meta) => meta,
+    };
+    if meta.is_dir() {
+        bail!(
+            "{} is a directory: name the backup's file (such as {})",
+            path.display(),
+            path.join("dedupd.backup").display()
+        );
+    }
+    // A link is replaced, never followed.
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    if !meta.is_file() {
+        bail!(
+            "{} is there and is not a regular file (a device, a socket or a pipe): a backup \
+             replaces only {what}. Name another file",
+            path.display()
+        );
+    }
+    if meta.len() == 0 {
+        return Ok(());
+    }
+    let mut start = [0u8; MAGIC.len()];
+    let read = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut start));
+    if read.is_err() || start != *MAGIC {
+        bail!(
+            "{} is there and is not a dedupd backup (a data file, its log or key file, or \
+             another file): a backup replaces only {what}. Name another file, or move that one \
+             away first",
+            path.display()
+        );
     }
     Ok(())
 }
@@ -186,30 +191,121 @@ fn partial_of(to: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// A new file for the backup's bytes: the owner's only (it holds every
-/// event and the keys that open them), written through [`Paced`] and a
-/// buffer of 1 MiB.
-/// A `FILE.partial` left by a backup that died is replaced; a link there
-/// (another user's, in a shared directory) is removed, never followed: the
-/// file is made new (`O_EXCL`), so root's backup never truncates the
-/// file a link points to.
-fn create(path: &Path) -> anyhow::Result<std::io::BufWriter<Paced>> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("cannot replace {}", path.display()));
+/// The `FILE.partial` this run made for the backup's bytes: the owner's
+/// only (it holds every event and the keys that open them), and held
+/// under an exclusive lock (`flock`) until the run ends, which other runs
+/// look for before they replace one. Removed on failure only while the
+/// path still names it.
+struct Partial {
+    path: PathBuf,
+    /// The file made, locked (the lock lasts while a descriptor of it is
+    /// open: this one outlives the writer's).
+    file: std::fs::File,
+}
+
+impl Partial {
+    /// Makes `path` (the partial copy of a backup to `to`) anew. One a
+    /// running backup holds is refused, and left as it is; one left by a
+    /// backup that died (a backup's unfinished copy, or empty) is replaced,
+    /// as is a link there (another user's, in a shared directory), never
+    /// followed: the file is made new (`O_EXCL`), so root's backup never
+    /// truncates the file a link points to.
+    fn take(path: &Path, to: &Path) -> anyhow::Result<Self> {
+        let busy = || {
+            anyhow!(
+                "{} is being written by another `dedupd backup --to {}`, running now: wait for \
+                 it to finish, or back up to another file; this one took nothing and changed \
+                 nothing",
+                path.display(),
+                to.display()
+            )
+        };
+        // Held, if there, while it is looked at and removed: no other run
+        // takes it meanwhile.
+        let _old = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(
+                (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32,
+            )
+            .open(path)
+        {
+            Ok(old) => {
+                if held_elsewhere(&old) {
+                    return Err(busy());
+                }
+                Some(old)
+            }
+            // Nothing there, a link, or something that does not open (a
+            // socket): `replaceable` says which.
+            Err(_) => None,
+        };
+        replaceable(path, "a backup's unfinished copy")?;
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("cannot replace {}", path.display()));
+            }
+            _ => {}
         }
-        _ => {}
+        let file = match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+        {
+            Ok(file) => file,
+            // Another run made it since it was removed.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(busy()),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot create {}", path.display()));
+            }
+        };
+        let partial = Self {
+            path: path.to_owned(),
+            file,
+        };
+        // Another run may have taken it before it was locked: then it
+        // has removed it, or holds it.
+        if held_elsewhere(&partial.file) || !partial.is_there() {
+            return Err(busy());
+        }
+        Ok(partial)
     }
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    Ok(std::io::BufWriter::with_capacity(
-        1 << 20,
-        Paced { file, unsynced: 0 },
-    ))
+
+    /// Whether its path still names the file made.
+    fn is_there(&self) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        match (self.file.metadata(), std::fs::symlink_metadata(&self.path)) {
+            (Ok(made), Ok(there)) => (made.dev(), made.ino()) == (there.dev(), there.ino()),
+            _ => false,
+        }
+    }
+
+    /// A writer of the file, through [`Paced`] and a buffer of 1 MiB.
+    fn writer(&self) -> anyhow::Result<std::io::BufWriter<Paced>> {
+        let file = self
+            .file
+            .try_clone()
+            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        Ok(std::io::BufWriter::with_capacity(
+            1 << 20,
+            Paced { file, unsynced: 0 },
+        ))
+    }
+
+    /// Removes it, if its path still names it.
+    fn remove(self) {
+        if self.is_there() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Takes the exclusive lock of `file` without waiting; whether another
+/// run holds it. (A filesystem that cannot lock leaves it unlocked: the
+/// backup goes on as it did before runs looked for one another.)
+fn held_elsewhere(file: &std::fs::File) -> bool {
+    rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        == Err(rustix::io::Errno::WOULDBLOCK)
 }
 
 /// Bytes of a backup written before they are synced, and more written.
@@ -241,7 +337,7 @@ impl Write for Paced {
     }
 }
 
-/// Flushes and syncs what [`create`] made.
+/// Flushes and syncs what [`Partial::writer`] wrote.
 fn finish(file: std::io::BufWriter<Paced>, partial: &Path) -> anyhow::Result<()> {
     file.into_inner()
         .map_err(|e| e.into_error())
@@ -250,7 +346,7 @@ fn finish(file: std::io::BufWriter<Paced>, partial: &Path) -> anyhow::Result<()>
 }
 
 /// Takes the backup through the running server into `partial`.
-async fn through_server(args: &BackupArgs, partial: &Path) -> anyhow::Result<()> {
+async fn through_server(args: &BackupArgs, partial: &Partial) -> anyhow::Result<()> {
     let loaded = if args.server.needs_config() {
         Some(args.server.load()?)
     } else {
@@ -259,7 +355,7 @@ async fn through_server(args: &BackupArgs, partial: &Path) -> anyhow::Result<()>
     let client = args.server.client(loaded.as_ref())?;
     let req = client.request(reqwest::Method::POST, client.url(&["v1", "backup"]));
     let mut res = client.stream(req, WHOLE).await.context("the backup")?;
-    let mut file = create(partial)?;
+    let mut file = partial.writer()?;
     let stall = dedupd::store::redb::backup::STALL;
     loop {
         let chunk = tokio::time::timeout(stall, res.chunk())
@@ -273,13 +369,13 @@ async fn through_server(args: &BackupArgs, partial: &Path) -> anyhow::Result<()>
             })?;
         let Some(chunk) = chunk else { break };
         file.write_all(&chunk)
-            .with_context(|| format!("writing {}", partial.display()))?;
+            .with_context(|| format!("writing {}", partial.path.display()))?;
     }
-    finish(file, partial)
+    finish(file, &partial.path)
 }
 
 /// Takes the backup from the data file itself, the instance stopped.
-async fn offline(args: &BackupArgs, partial: &Path) -> anyhow::Result<()> {
+async fn offline(args: &BackupArgs, partial: &Partial) -> anyhow::Result<()> {
     let loaded = args.server.load()?;
     let opts = RedbOptions::from_settings(&loaded.settings, CommitMetrics::default());
     let path = opts.path.clone();
@@ -322,11 +418,11 @@ async fn offline(args: &BackupArgs, partial: &Path) -> anyhow::Result<()> {
                 path.display()
             )
         })?;
-    let file = create(partial)?;
+    let file = partial.writer()?;
     let written = store.backups().write_to(now_ms(), file).await;
     store.close().await;
     let (file, _) = written?;
-    finish(file, partial)
+    finish(file, &partial.path)
 }
 
 /// Renames the checked `partial` to `to`, durably.

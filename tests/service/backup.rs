@@ -704,6 +704,141 @@ async fn a_restore_onto_a_small_disk_leaves_the_watermark_free_or_says_what_it_n
     assert!(crate::support::process::wait(child).success());
 }
 
+/// A server that hands out `bytes` as a backup to one request, in two
+/// halves: the first at once, the second once told to (`go`). Says when
+/// the request came and when the first half went (`sent`).
+fn slow_backup_server(
+    bytes: Vec<u8>,
+) -> (
+    u16,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Sender<()>,
+    std::thread::JoinHandle<()>,
+) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sent_tx, sent) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(crate::support::process::PATIENCE))
+            .unwrap();
+        let head = read_head(&mut conn);
+        assert!(head.starts_with("POST /v1/backup "), "{head}");
+        let half = bytes.len() / 2;
+        write!(
+            conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.dedupd.backup\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            bytes.len()
+        )
+        .unwrap();
+        conn.write_all(&bytes[..half]).unwrap();
+        conn.flush().unwrap();
+        sent_tx.send(()).unwrap();
+        // Told to go on, or the test ended.
+        if go_rx.recv().is_ok() {
+            conn.write_all(&bytes[half..]).unwrap();
+        }
+    });
+    (port, sent, go, thread)
+}
+
+/// Once: a second `dedupd backup --to FILE` while one was writing FILE
+/// got 409 `backup_running` from the server, and its failure removed
+/// FILE.partial, the first run's: the first, healthy backup then failed
+/// too ("does not verify: … No such file or directory"). (Had the server
+/// taken it, it would have replaced the first's FILE.partial with its
+/// own.) The first run holds FILE.partial locked: the second is refused
+/// before it asks for anything, and the first ends whole.
+#[tokio::test]
+async fn a_second_backup_to_the_same_file_is_refused_and_the_first_ends_whole() {
+    use std::os::unix::fs::MetadataExt as _;
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let dir = Arc::new(TempDir::new().unwrap());
+    let clock = dedupd::clock::ManualClock::new(crate::support::app::T0);
+    let app = start(instance(&dir, &receiver.url), dir.clone(), clock).await;
+    app.claim_ok("k", json!({})).await;
+    let whole = app
+        .client
+        .post(app.url("/v1/backup"))
+        .bearer_auth(FULL)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    // The first run, from a server that stops halfway until told.
+    let (port, sent, go, server) = slow_backup_server(whole);
+    let scratch = TempDir::new().unwrap();
+    let to = scratch.path().join("b.backup");
+    let partial = scratch.path().join("b.backup.partial");
+    let first = crate::support::process::Running::from(
+        dedupd()
+            .args(["backup", "--url", &format!("http://127.0.0.1:{port}")])
+            .args(["--token", FULL, "--to"])
+            .arg(&to)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let sent =
+        tokio::task::spawn_blocking(move || sent.recv_timeout(crate::support::process::PATIENCE))
+            .await
+            .unwrap();
+    assert!(sent.is_ok(), "the first backup never asked");
+    // Written from the first bytes on (before, in the runs that removed it).
+    let deadline = Instant::now() + crate::support::process::PATIENCE;
+    while !partial.exists() {
+        assert!(Instant::now() < deadline, "no {}", partial.display());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let inode = std::fs::metadata(&partial).unwrap().ino();
+    // A second, to the same file, through the real server: one the server
+    // would refuse (a read-only token: a failure, as the 409 was), and one
+    // it would take.
+    for token in [READ, FULL] {
+        let (ok, out, err) = run(vec![
+            "backup".into(),
+            "--url".into(),
+            app.address.clone(),
+            "--token".into(),
+            token.into(),
+            "--to".into(),
+            to.display().to_string(),
+        ])
+        .await;
+        assert!(!ok, "{token}: {out}");
+        assert!(
+            err.contains("is being written by another `dedupd backup")
+                && err.contains("changed nothing"),
+            "{token}: {err}"
+        );
+        assert_eq!(std::fs::metadata(&partial).unwrap().ino(), inode, "{token}");
+        assert!(!to.exists(), "{token}");
+    }
+    // The first goes on, and ends whole.
+    go.send(()).unwrap();
+    let first = tokio::task::spawn_blocking(move || {
+        let mut first = first;
+        let mut stderr = first.stderr.take().unwrap();
+        let status = crate::support::process::wait(first);
+        let mut err = String::new();
+        stderr.read_to_string(&mut err).unwrap();
+        (status, err)
+    })
+    .await
+    .unwrap();
+    assert!(first.0.success(), "{}", first.1);
+    server.join().unwrap();
+    assert_eq!(verify_backup(&to).unwrap().rows("claim_rows"), 1);
+    assert!(!partial.exists());
+    app.stop().await;
+}
+
 /// `backup --to` replaces only a backup (or an empty file): never the
 /// serving instance's data file, its log or key file, nor any other file
 /// that is not one. Renamed over, such a file would be gone while the
