@@ -334,6 +334,38 @@ async fn verify_and_restore_refuse_a_key_slot_past_the_last_a_key_file_holds() {
     verify_backup(&file(scratch.path(), "last.backup", &last)).unwrap();
 }
 
+/// Once: `dedupd verify` of a stopped data file whose sealed event's row
+/// names key slot `u64::MAX` panicked ("attempt to multiply with
+/// overflow", finding the slot's key in the key file) instead of saying
+/// the slot is past the key file's end.
+#[tokio::test]
+async fn verify_of_a_data_file_whose_event_names_a_huge_key_slot_refuses_it() {
+    let dir = TempDir::new().unwrap();
+    drop(instance_and_backup(dir.path()).await);
+    let data = dir.path().join("dedupd.redb");
+    {
+        let seals: redb::TableDefinition<(&str, &str), u64> =
+            redb::TableDefinition::new("inbox_seals");
+        let db = redb::Database::open(&data).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.open_table(seals)
+            .unwrap()
+            .insert(("sume", "e1"), u64::MAX)
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    let out = dedupd().arg("verify").arg(&data).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "uses key slot {}, past the end of key file",
+            u64::MAX
+        )) && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+}
+
 /// Once: the fence counter of a restore is the backup's (header and
 /// `meta.fence`, which verify only checks agree) plus a margin, with
 /// saturating adds. A backup whose counter is near `u64::MAX` verifies and

@@ -748,11 +748,14 @@ fn open_seals(
             keys_path.display()
         )));
     }
+    // A slot a row names may be anything: past the file's end, as far as
+    // `u64::MAX`.
     let key_of = |slot: u64| {
         usize::try_from(slot)
             .ok()
-            .and_then(|s| keys.get(seal::HEADER as usize + s * KEY_LEN..))
-            .and_then(|k| k.get(..KEY_LEN))
+            .and_then(|s| s.checked_mul(KEY_LEN))
+            .and_then(|at| at.checked_add(seal::HEADER as usize))
+            .and_then(|at| keys.get(at..at.checked_add(KEY_LEN)?))
     };
     let (mut opened_jobs, mut failed_jobs) = (0u64, 0u64);
     for (job, slot, record) in jobs {
