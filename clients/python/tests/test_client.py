@@ -3,6 +3,7 @@ real dedupd on each backend."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 from datetime import datetime, timedelta, timezone
@@ -261,6 +262,35 @@ def test_a_read_only_token_reads_but_does_not_write(
             reader.release(key, claim.token)
         assert (e.value.status, e.value.code) == (403, "read_only_token")
     assert client.get(key) == record
+
+
+@pytest.mark.parametrize("base", ["/api", "/v2"])
+def test_a_wrong_base_path_raises_instead_of_reading_as_absent(
+    server: Server, client: dedupd.Client, key: str, base: str
+) -> None:
+    """dedupd answers a path it has no route for with its own 404 not_found:
+    a client pointed at a wrong base path must not read a done key as absent."""
+    client.claim(key).done({"charged": 1})
+    client.apply(key, "evt-1", "2026-01-01T00:00:00Z")
+    with dedupd.Client(server.url + base, token=server.token) as wrong:
+        with pytest.raises(dedupd.ServerError, match="not dedupd's API") as e:
+            wrong.get(key)
+        assert e.value.status == 404
+        assert f"{base}/v1/claims/" in str(e.value)
+        with pytest.raises(dedupd.ServerError, match="not dedupd's API"):
+            wrong.head(key)
+
+    async def read_async() -> None:
+        async with dedupd.AsyncClient(server.url + base, token=server.token) as wrong:
+            with pytest.raises(dedupd.ServerError, match="not dedupd's API"):
+                await wrong.get(key)
+            with pytest.raises(dedupd.ServerError, match="not dedupd's API"):
+                await wrong.head(key)
+
+    asyncio.run(read_async())
+    # The right base still reads an absent key as None.
+    assert client.get(f"{key}/absent") is None
+    assert client.head(f"{key}/absent") is None
 
 
 def test_no_server_is_a_network_error(key: str) -> None:

@@ -481,14 +481,31 @@ def release(key: str, token: str) -> Call[None]:
     return Call("DELETE", f"/v1/claims/{segment(key)}", body, key, parse, owner=True)
 
 
+#: How dedupd's ``not_found`` for a path it has no route for begins (its
+#: answer to a key or stream with no record says something else).
+UNKNOWN_ROUTE = "no resource at "
+
+
 def _absent(resp: httpx.Response, key: str) -> bool:
-    """Whether the answer is dedupd's ``404 not_found`` (raises any other
-    404: one without the problem's code is not dedupd's, a wrong base path
-    behind a proxy say, and tells nothing about the key)."""
+    """Whether the answer is dedupd's ``404 not_found`` for the key or
+    stream (raises any other 404: one without the problem's code is not
+    dedupd's, a wrong base path behind a proxy say, and dedupd's own for a
+    path it has no route for, a wrong base path pointed at dedupd, tells
+    nothing about the key either)."""
     if resp.status_code != 404:
         return False
     e = error(resp, key)
     if type(e) is NotFound and e.code == "not_found":
+        if e.detail.startswith(UNKNOWN_ROUTE):
+            path = e.detail[len(UNKNOWN_ROUTE) :]
+            raise ServerError(
+                f"dedupd has no resource at {path}: the url is not dedupd's API base (a "
+                "wrong base path?)",
+                status=404,
+                code=e.code,
+                problem=e.problem,
+                key=key,
+            )
         return True
     if e.code is None:
         raise ServerError(
