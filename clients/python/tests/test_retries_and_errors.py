@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import logging
 import pickle
@@ -14,7 +15,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -386,13 +387,16 @@ def test_a_urls_user_and_password_are_basic_auth_never_logged_nor_beside_a_token
     assert "s3cret" not in caplog.text
 
 
-class Unread(httpx.SyncByteStream):
+class Unread(httpx.SyncByteStream, httpx.AsyncByteStream):
     """A body read by the client as it comes, not by the test's Response."""
 
     def __init__(self, body: bytes) -> None:
         self.body = body
 
     def __iter__(self) -> Iterator[bytes]:
+        yield self.body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         yield self.body
 
 
@@ -415,6 +419,104 @@ def test_an_answer_that_cannot_be_read_is_a_dedupd_error(
     t, _ = scripted(answer())
     with pytest.raises(dedupd.DedupdError):
         client(t, retries=0).get("k")
+
+
+class Huge(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A body four times the largest the client reads (a misbehaving peer's,
+    or a proxy's huge page; as large as it likes in truth), counting the bytes
+    handed to the client."""
+
+    CHUNK = b" " * 65536
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        while self.sent < 4 * _core.MAX_ANSWER_BYTES:
+            self.sent += len(self.CHUNK)
+            yield self.CHUNK
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self:
+            yield chunk
+
+
+def both_clients(handle: Callable[[httpx.Request], httpx.Response], call: str) -> list[Any]:
+    """What ``get(call)`` raises or returns on the blocking client and on the
+    async one, each answered by ``handle``."""
+    outcomes: list[Any] = []
+    with dedupd.Client(URL, token=TOKEN, transport=httpx.MockTransport(handle)) as c:
+        try:
+            outcomes.append(c.get(call))
+        except dedupd.DedupdError as e:
+            outcomes.append(e)
+
+    async def run() -> None:
+        async with dedupd.AsyncClient(URL, token=TOKEN, transport=httpx.MockTransport(handle)) as c:
+            try:
+                outcomes.append(await c.get(call))
+            except dedupd.DedupdError as e:
+                outcomes.append(e)
+
+    asyncio.run(run())
+    return outcomes
+
+
+def test_an_answer_larger_than_dedupds_largest_is_refused_without_being_read_whole() -> None:
+    bodies: list[Huge] = []
+
+    def huge(request: httpx.Request) -> httpx.Response:
+        bodies.append(Huge())
+        return httpx.Response(500, stream=bodies[-1])
+
+    for e in both_clients(huge, "k"):
+        assert isinstance(e, dedupd.ServerError), repr(e)
+        assert "over the" in str(e)
+        assert "not read" in str(e)
+    assert len(bodies) == 2  # refused at once, not retried
+    for body in bodies:
+        assert body.sent <= _core.MAX_ANSWER_BYTES + len(Huge.CHUNK)
+
+    # One that says how long it is: refused before any of it is read.
+    def announced(request: httpx.Request) -> httpx.Response:
+        bodies.append(Huge())
+        return httpx.Response(200, headers={"content-length": str(1 << 30)}, stream=bodies[-1])
+
+    bodies.clear()
+    for e in both_clients(announced, "k"):
+        assert isinstance(e, dedupd.ServerError), repr(e)
+        assert f"of {1 << 30} bytes" in str(e)
+    assert [b.sent for b in bodies] == [0, 0]
+
+    # The largest record dedupd sends (a result of 1 MiB, claims.max_result_bytes'
+    # most, with a key of 512 bytes) is read as it always was.
+    record = {
+        "key": "k" * 512,
+        "state": "done",
+        "fence": 1,
+        "expires_at_ms": 1,
+        "result": ["x" * 1022] * 1024,
+    }
+    assert len(json.dumps(record)) > 1 << 20
+    for got in both_clients(lambda request: httpx.Response(200, json=record), "k"):
+        assert isinstance(got, dedupd.Record), repr(got)
+        assert got.result == record["result"]
+
+
+def test_a_compressed_answer_is_refused_and_never_decoded() -> None:
+    # dedupd never compresses, and the client asks it not to: a gzip body
+    # (1 MiB of it can decode to 1 GiB) is not dedupd's, and is not decoded.
+    bomb = gzip.compress(b" " * (8 << 20))
+    asked: list[str | None] = []
+
+    def gzipped(request: httpx.Request) -> httpx.Response:
+        asked.append(request.headers.get("accept-encoding"))
+        return httpx.Response(200, stream=Unread(bomb), headers={"content-encoding": "gzip"})
+
+    for e in both_clients(gzipped, "k"):
+        assert isinstance(e, dedupd.ServerError), repr(e)
+        assert "Content-Encoding 'gzip'" in str(e)
+    assert asked == ["identity", "identity"]
 
 
 def test_a_retry_after_that_is_not_ascii_digits_is_no_delay() -> None:

@@ -160,13 +160,26 @@ class AsyncClient:
             try:
                 deadline = _deadline.start(self._timeout if timeout is None else timeout)
                 try:
-                    resp = await self._http_here().request(
+                    # Streamed, and read up to a cap: an answer is never
+                    # held whole before it is known to be small enough.
+                    async with self._http_here().stream(
                         call.method,
                         call.path,
                         content=call.content(),
                         headers=_core.body_headers(call),
                         timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
-                    )
+                    ) as streamed:
+                        _core.check_answer_head(call, streamed)
+                        body = _core.read_already(call, streamed)
+                        if body is None:
+                            chunks: list[bytes] = []
+                            total = 0
+                            async for chunk in streamed.aiter_raw():
+                                total += len(chunk)
+                                _core.capped(call, streamed, total)
+                                chunks.append(chunk)
+                            body = b"".join(chunks)
+                        resp = _core.answered(streamed, body)
                 finally:
                     _deadline.end(deadline)
             except httpx.DecodingError as e:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any, Callable, Generic, TypeVar, cast
+from typing import Any, Callable, Generic, NoReturn, TypeVar, cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
@@ -126,7 +126,9 @@ def check_count(value: int, what: str) -> int:
 
 
 def headers(token: str | None) -> dict[str, str]:
-    h = {"user-agent": USER_AGENT, "accept": "application/json"}
+    # dedupd never compresses: an answer that is compressed is not its own
+    # (see read_capped), and a small one could decode to gigabytes.
+    h = {"user-agent": USER_AGENT, "accept": "application/json", "accept-encoding": "identity"}
     if token is not None:
         # Visible ASCII only: a line break or a NUL would fail every request
         # later, with the header, token and all, in httpx's error and log.
@@ -633,6 +635,68 @@ def may_resend(call: Call[Any], e: httpx.TransportError) -> bool:
     a claim or an apply only when its connection could not be opened (a
     dropped answer may follow a claim that was made)."""
     return call.resendable or isinstance(e, CONNECT_FAILURES)
+
+
+#: The largest answer the clients read, in bytes: dedupd's largest is a done
+#: key's record or ``409 done`` with its result, at most ``claims.max_result_bytes``
+#: (1 MiB at most, 64 KiB by default) and a key of 512 bytes. A larger answer is
+#: not dedupd's, and is refused before it is read whole.
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+
+
+def check_answer_head(call: Call[Any], resp: httpx.Response) -> None:
+    """Refuses an answer, before its body is read, that is compressed
+    (dedupd never compresses, and the client asks for ``identity``) or
+    says it is longer than :data:`MAX_ANSWER_BYTES`."""
+    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ServerError(
+            f"HTTP {resp.status_code} with a body in Content-Encoding {shown(encoding)}, "
+            "which dedupd never sends (the client asks for identity): not read",
+            status=resp.status_code,
+            key=call.key,
+        )
+    length = resp.headers.get("content-length", "").strip()
+    if length.isascii() and length.isdigit() and int(length) > MAX_ANSWER_BYTES:
+        too_large(call, resp, f"of {int(length)} bytes")
+
+
+def too_large(call: Call[Any], resp: httpx.Response, size: str) -> NoReturn:
+    raise ServerError(
+        f"HTTP {resp.status_code} with a body {size}, over the {MAX_ANSWER_BYTES} bytes of "
+        "the largest answer dedupd sends: not read",
+        status=resp.status_code,
+        key=call.key,
+    )
+
+
+def capped(call: Call[Any], resp: httpx.Response, total: int) -> None:
+    """Raises once an answer's body read so far (``total`` bytes) is over
+    :data:`MAX_ANSWER_BYTES`."""
+    if total > MAX_ANSWER_BYTES:
+        too_large(call, resp, f"of more than {MAX_ANSWER_BYTES} bytes")
+
+
+def read_already(call: Call[Any], resp: httpx.Response) -> bytes | None:
+    """The body of an answer that its transport gave already read (a test's
+    ``httpx.MockTransport``), within the cap; ``None`` for one to stream."""
+    try:
+        body = resp.content
+    except httpx.ResponseNotRead:
+        return None
+    capped(call, resp, len(body))
+    return body
+
+
+def answered(resp: httpx.Response, body: bytes) -> httpx.Response:
+    """The answer ``resp`` (streamed, its body read as ``body``) as a read one."""
+    return httpx.Response(
+        resp.status_code,
+        headers=resp.headers,
+        content=body,
+        request=resp.request,
+        extensions=resp.extensions,
+    )
 
 
 def undecodable(call: Call[Any], e: httpx.DecodingError) -> ServerError:
