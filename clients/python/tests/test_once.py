@@ -6,17 +6,20 @@ a server restart in the middle of a heartbeat."""
 from __future__ import annotations
 
 import contextvars
+import gc
 import logging
 import os
 import pickle
 import threading
 import time
+import weakref
 from typing import Any
 
 import httpx
 import pytest
 
 import dedupd
+from dedupd import _sync
 
 from conftest import Recorder, Server, wait_until
 
@@ -264,11 +267,13 @@ def test_one_heartbeat_thread_keeps_many_claims(server: Server, key: str) -> Non
     """Eight blocks hold one-second claims at once for two seconds: the
     client's one heartbeat thread extends them all."""
     keys = [f"{key}/{i}" for i in range(8)]
+    seen: list[int] = []
     with server.client() as worker, server.client() as other:
 
         def hold(k: str) -> None:
             with worker.claim(k, ttl=1) as c:
                 time.sleep(2)
+                seen.append(len(heartbeats()))
                 c.result = k
 
         threads = [threading.Thread(target=hold, args=(k,)) for k in keys]
@@ -276,7 +281,7 @@ def test_one_heartbeat_thread_keeps_many_claims(server: Server, key: str) -> Non
             t.start()
         for t in threads:
             t.join()
-        assert len(heartbeats()) == 1
+        assert seen == [1] * 8
         for k in keys:
             with pytest.raises(dedupd.AlreadyDone) as e:
                 other.claim(k)
@@ -701,15 +706,53 @@ def test_an_extend_without_an_answer_does_not_starve_the_other_claims(
 
 
 @pytest.mark.one_backend
+def test_a_client_dropped_without_close_leaves_nothing_behind(server: Server, key: str) -> None:
+    """A client made per request and never closed (as many apps do): once
+    dropped it is collected (its connections with it), and its heartbeat
+    thread ends."""
+    refs = []
+    for i in range(20):
+        c = server.client()
+        refs.append(weakref.ref(c))
+
+        @c.once(key=lambda k: k, ttl=300)
+        def work(k: str) -> str:
+            return k
+
+        assert work(f"{key}/{i}") == f"{key}/{i}"
+        del c, work
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+    wait_until(lambda: heartbeats() == [], "the dropped clients' heartbeat threads to end")
+
+
+@pytest.mark.one_backend
+def test_the_heartbeat_thread_ends_when_idle_and_starts_again_for_the_next_claim(
+    server: Server, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_sync, "IDLE_SECONDS", 0.05)
+    rec = Recorder()
+    with server.client(transport=rec) as client:
+        with client.claim(f"{key}/1", ttl=30):
+            assert len(heartbeats()) == 1
+        wait_until(lambda: heartbeats() == [], "the idle heartbeat thread to end")
+        with client.claim(f"{key}/2", ttl=0.3) as claim:
+            assert len(heartbeats()) == 1
+            wait_until(lambda: rec.count("POST", "/extend") >= 3, "the new thread's extends")
+            assert not claim.lost
+        record = client.get(f"{key}/2")
+    assert record is not None
+    assert record.state == "done"
+
+
+@pytest.mark.one_backend
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
 def test_a_forked_child_heartbeats_its_own_claims(server: Server, key: str) -> None:
     """A child forked after the parent's heartbeat thread started holds a
     1 s claim through 3 s of work: its client has a heartbeat thread (and
     connections) of its own."""
-    with server.client() as client:
-        with client.claim(f"{key}/parent", ttl=30):  # the parent's heartbeat thread runs
-            pass
-        assert len(heartbeats()) == 1
+    with server.client() as client, client.claim(f"{key}/parent", ttl=30):
+        assert len(heartbeats()) == 1  # the parent's heartbeat thread runs
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns into pytest

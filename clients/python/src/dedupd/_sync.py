@@ -54,6 +54,15 @@ if hasattr(os, "register_at_fork"):  # POSIX
     os.register_at_fork(after_in_child=_reset_clients_in_child)
 
 
+def _heartbeats_of(client: Client) -> tuple[_Heartbeats, weakref.finalize[[], Client]]:
+    """A client's heartbeats, whose thread ends when the client is garbage
+    collected (dropped without ``close()``), and the finalizer that ends it."""
+    heartbeats = _Heartbeats()
+    end = weakref.finalize(client, heartbeats.abandon)
+    end.atexit = False
+    return heartbeats, end
+
+
 class Client:
     """A dedupd server's claims and ordering API, over a pool of connections.
 
@@ -93,7 +102,7 @@ class Client:
         self._headers = _core.headers(token)
         self._transport = transport
         self._http = self._new_http()
-        self._heartbeats = _Heartbeats()
+        self._heartbeats, self._heartbeats_end = _heartbeats_of(self)
         self._closed = False
         self._inherited: httpx.Client | None = None
         _CLIENTS.add(self)
@@ -119,7 +128,9 @@ class Client:
             return
         self._inherited = self._http
         self._http = self._new_http()
-        self._heartbeats = _Heartbeats()
+        # The parent's heartbeats are not ended from here (their lock may be held).
+        self._heartbeats_end.detach()
+        self._heartbeats, self._heartbeats_end = _heartbeats_of(self)
 
     def close(self) -> None:
         """Closes the pooled connections, and stops the heartbeat thread (a
@@ -373,7 +384,7 @@ class Claim(BaseClaim):
         self._deadline = sent_at + ttl
         self._failures = 0
         self._beating = False  # guarded by the heartbeats' lock
-        self._entry: int | None = None  # its heap entry (guarded by the heartbeats' lock)
+        self._entry: _Entry | None = None  # its heap entry (guarded by the heartbeats' lock)
         self._context: Token[BaseClaim] | None = None
 
     def done(self, result: Any = None, *, ttl: float | None = None) -> Record:
@@ -519,20 +530,42 @@ class Claim(BaseClaim):
         return 0.0 if self.ttl != ttl else self._interval
 
 
+#: How long a client's heartbeat thread waits for another claim, once it has
+#: none to keep, before it ends (the next claim starts another).
+IDLE_SECONDS = 2.0
+
+
+class _Entry:
+    """A claim's place in the heap: a weak reference (a stale entry keeps
+    neither the claim nor its client alive), and whether it is the claim's
+    current one."""
+
+    __slots__ = ("claim", "live")
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = weakref.ref(claim)
+        self.live = True
+
+
 class _Heartbeats:
     """The heartbeats of a client's claims held in ``with`` blocks: one thread
     (started with the first) extends each claim when it is due, every
     ``ttl / 3``. Entering and leaving a block costs a heap push and a flag,
-    not a thread start and join.
+    not a thread start and join, while blocks come at least every
+    :data:`IDLE_SECONDS`: the thread ends once it has had no claim to keep
+    for that long (the next claim starts another), or at once when its
+    client is garbage collected, so a client dropped without ``close()``
+    leaves no thread behind.
 
-    Each beating claim has one live entry in the heap (``claim._entry`` is
-    its number); entries of stopped or rescheduled claims stay until popped
-    (or a compaction), and are skipped."""
+    Each beating claim has one live entry in the heap (``claim._entry``);
+    entries of stopped or rescheduled claims stay until popped (or a
+    compaction), and are skipped. Entries refer to their claims weakly."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._due: list[tuple[float, int, Claim]] = []  # a heap
-        self._stale = 0  # dead entries in the heap
+        self._due: list[tuple[float, int, _Entry]] = []  # a heap
+        self._stale = 0  # entries in the heap that are no longer live
+        self._live = 0  # live entries in the heap
         self._order = itertools.count()
         self._busy: Claim | None = None  # the claim being extended now
         self._thread: threading.Thread | None = None
@@ -563,60 +596,108 @@ class _Heartbeats:
             if claim._beating:
                 claim._beating = False
                 if claim._entry is not None:
+                    self._retire(claim._entry)
                     claim._entry = None
-                    self._stale += 1
+                    if self._live == 0:
+                        self._cond.notify_all()  # the thread has nothing left to keep
             while self._busy is claim:
                 self._cond.wait()
             if self._stale > 64 and self._stale * 2 > len(self._due):
-                self._due = [d for d in self._due if d[2]._entry == d[1]]
+                kept = []
+                for d in self._due:
+                    if d[2].live and d[2].claim() is None:  # dropped while beating
+                        d[2].live = False
+                        self._live -= 1
+                    if d[2].live:
+                        kept.append(d)
+                self._due = kept
                 heapq.heapify(self._due)
                 self._stale = 0
 
     def close(self) -> None:
         """Ends the thread; the claims still beating are lost."""
+        self.abandon()
         with self._cond:
-            self._closed = True
-            self._cond.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
+    def abandon(self) -> None:
+        """Tells the thread to end without waiting for it (its client is
+        closed or garbage collected)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _retire(self, entry: _Entry) -> None:
+        """Marks a live entry stale (with the lock held)."""
+        entry.live = False
+        self._stale += 1
+        self._live -= 1
+
     def _schedule(self, claim: Claim, delay: float) -> None:
         """Pushes the claim's next beat (with the lock held)."""
         if claim._entry is not None:
-            self._stale += 1
-        n = next(self._order)
-        claim._entry = n
-        heapq.heappush(self._due, (time.monotonic() + delay, n, claim))
-        if self._due[0][1] == n:
+            self._retire(claim._entry)
+        entry = _Entry(claim)
+        claim._entry = entry
+        self._live += 1
+        heapq.heappush(self._due, (time.monotonic() + delay, next(self._order), entry))
+        if self._due[0][2] is entry:
             self._cond.notify_all()  # due before whatever the thread waits for
+
+    def _next(self) -> Claim | None:
+        """Waits (with the lock held) for the next beat that is due, and
+        takes it: its claim, or ``None`` when the thread is to end."""
+        idle_since: float | None = None
+        while True:
+            if self._closed:
+                for _, _, entry in self._due:
+                    held = entry.claim() if entry.live else None
+                    if held is not None:
+                        held._beating = False
+                        held._entry = None
+                        held._lost = RuntimeError("the client was closed with the claim held")
+                self._thread = None
+                return None
+            while self._due:
+                top = self._due[0][2]
+                if top.live and top.claim() is not None:
+                    break
+                heapq.heappop(self._due)
+                if top.live:  # its claim was dropped while beating
+                    self._live -= 1
+                else:
+                    self._stale -= 1
+            if not self._due:
+                now = time.monotonic()
+                if idle_since is None:
+                    idle_since = now
+                if now - idle_since >= IDLE_SECONDS:
+                    self._thread = None  # the next start makes another
+                    return None
+                self._cond.wait(idle_since + IDLE_SECONDS - now)
+                continue
+            idle_since = None
+            wait = self._due[0][0] - time.monotonic()
+            if wait <= 0:
+                break
+            self._cond.wait(wait)
+        _, _, entry = heapq.heappop(self._due)
+        claim = entry.claim()
+        assert claim is not None  # checked above, with the lock held
+        entry.live = False
+        self._live -= 1
+        claim._entry = None
+        self._busy = claim
+        return claim
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while True:
-                    if self._closed:
-                        for _, n, held in self._due:
-                            if held._entry == n:
-                                held._beating = False
-                                held._entry = None
-                                held._lost = RuntimeError(
-                                    "the client was closed with the claim held"
-                                )
-                        return
-                    while self._due and self._due[0][2]._entry != self._due[0][1]:
-                        heapq.heappop(self._due)
-                        self._stale -= 1
-                    if not self._due:
-                        self._cond.wait()
-                        continue
-                    wait = self._due[0][0] - time.monotonic()
-                    if wait <= 0:
-                        break
-                    self._cond.wait(wait)
-                _, _, claim = heapq.heappop(self._due)
-                claim._entry = None
-                self._busy = claim
+                claim = self._next()
+            if claim is None:
+                return
             delay = claim._beat()
             with self._cond:
                 self._busy = None
@@ -626,3 +707,4 @@ class _Heartbeats:
                     else:
                         self._schedule(claim, delay)
                 self._cond.notify_all()
+            del claim  # not kept (nor its client) while the thread waits
