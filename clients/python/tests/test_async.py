@@ -291,6 +291,58 @@ async def test_a_cancelled_call_releases_even_when_cancelled_again(
     assert heartbeat_tasks() == []
 
 
+class HoldsClaimAnswers(AsyncRecorder):
+    """Holds the answer of each claim (its request reached the server, which
+    granted it) until ``go`` is set; ``answered`` is set when one is held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        resp = await super().handle_async_request(request)
+        path = request.url.raw_path.decode()
+        if request.method == "POST" and not path.endswith(("/done", "/extend")):
+            self.answered.set()
+            await self.go.wait()
+        return resp
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize("form", ["once", "async with"])
+async def test_a_caller_cancelled_while_its_claim_is_answered_leaves_the_key_free(
+    server: Server, key: str, form: str
+) -> None:
+    rec = HoldsClaimAnswers()
+    runs: list[str] = []
+    async with server.async_client(transport=rec) as client:
+
+        @client.once(key=lambda: key, ttl=30, wait=0)
+        async def work() -> str:
+            runs.append("once")
+            return "ok"
+
+        async def block() -> None:
+            async with client.claim(key, ttl=30):
+                runs.append("block")
+
+        task = asyncio.ensure_future(work() if form == "once" else block())
+        await rec.answered.wait()  # granted by the server, the answer on its way
+        task.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)  # the cancellation lands
+        rec.go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert runs == []
+        # Released, not left claimed by nobody for its 30 s: the next delivery runs it.
+        assert await client.get(key) is None
+        assert rec.count("DELETE") == 1
+        assert await work() == "ok"
+    assert heartbeat_tasks() == []
+
+
 @pytest.mark.one_backend
 async def test_an_anyio_cancel_scope_still_releases(server: Server, key: str) -> None:
     """anyio cancels a scope's task again at every step until it leaves the

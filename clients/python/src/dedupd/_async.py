@@ -222,7 +222,7 @@ class AsyncClient:
         while True:
             sent_at = time.monotonic()
             try:
-                grant = await self._run(call)
+                grant = await self._claim_shielded(call)
             except Busy:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -231,6 +231,34 @@ class AsyncClient:
                 attempt += 1
                 continue
             return AsyncClaim(self, grant, ttl=ttl, done_ttl=done_ttl, sent_at=sent_at)
+
+    async def _claim_shielded(self, call: _core.Call[_core.Grant]) -> _core.Grant:
+        """Sends a claim and waits for its answer, in a task of its own, even
+        when this task is cancelled meanwhile: the server may have granted
+        it, and a claim nobody holds would keep the key busy for its whole
+        TTL. A claim granted to a caller that was cancelled is released (to
+        its end, as a block's release is), then the cancellation goes on."""
+        task = asyncio.ensure_future(self._run(call))
+        cancelled: asyncio.CancelledError | None = None
+        with _anyio_shield():
+            while not task.done():
+                try:
+                    await asyncio.wait([task])
+                except asyncio.CancelledError as e:
+                    cancelled = e
+        if cancelled is None:
+            return task.result()
+        if not task.cancelled() and task.exception() is None:
+            await _uncancelled(self._release_unwanted(task.result()))
+        raise cancelled
+
+    async def _release_unwanted(self, grant: _core.Grant) -> None:
+        try:
+            await self._run(_core.release(grant.key, grant.token))
+        except Exception as e:  # the cancellation goes on all the same
+            _core.log.warning(
+                "releasing %r, claimed for a caller cancelled meanwhile, failed: %r", grant.key, e
+            )
 
     async def done(
         self, key: str, token: str, *, ttl: float | None = None, result: Any = None
