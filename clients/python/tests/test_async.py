@@ -291,6 +291,34 @@ async def test_a_cancelled_call_releases_even_when_cancelled_again(
     assert heartbeat_tasks() == []
 
 
+async def test_a_call_that_claims_its_own_key_again_fails_at_once(server: Server, key: str) -> None:
+    rec = AsyncRecorder()
+    async with server.async_client(transport=rec) as client:
+
+        @client.once(key=lambda order, retry=False: order, wait=5)
+        async def ship(order: str, retry: bool = False) -> str:
+            if not retry:
+                return await ship(order, retry=True)
+            return "shipped"
+
+        with pytest.raises(RuntimeError, match="would wait for itself"):
+            await ship(key)
+        assert rec.count("POST", key.split("/")[-1]) == 1  # the outer claim only
+        assert await client.get(key) is None  # released by the outer call
+
+        async with client.claim(key) as outer:
+            async with client.claim(f"{key}/inner") as inner:
+                inner.result = "inner"
+
+            async def elsewhere() -> None:
+                await client.claim(key)
+
+            with pytest.raises(dedupd.Busy):  # another task: held elsewhere
+                await asyncio.ensure_future(elsewhere())
+            await outer.release()
+        assert await ship(key, retry=True) == "shipped"
+
+
 class HoldsClaimAnswers(AsyncRecorder):
     """Holds the answer of each claim (its request reached the server, which
     granted it) until ``go`` is set; ``answered`` is set when one is held."""

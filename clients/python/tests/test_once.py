@@ -705,6 +705,45 @@ def test_an_extend_without_an_answer_does_not_starve_the_other_claims(
     assert (record.state, record.result) == ("done", "kept")
 
 
+def test_a_call_that_claims_its_own_key_again_fails_at_once(server: Server, key: str) -> None:
+    """A decorated function that calls itself with the same key would wait
+    for its own claim (then raise Busy): it is refused before any request,
+    and the outer call releases the key."""
+    rec = Recorder()
+    with server.client(transport=rec) as client:
+
+        @client.once(key=lambda order, retry=False: order, wait=5)
+        def ship(order: str, retry: bool = False) -> str:
+            if not retry:
+                return ship(order, retry=True)
+            return "shipped"
+
+        with pytest.raises(RuntimeError, match="would wait for itself"):
+            ship(key)
+        assert rec.count("POST", key.split("/")[-1]) == 1  # the outer claim only
+        assert client.get(key) is None  # released by the outer call
+
+        # Another key inside, the same key from another thread (Busy: held
+        # elsewhere), and the same key again once the block is left, are claims.
+        with client.claim(key) as outer:
+            with client.claim(f"{key}/inner") as inner:
+                inner.result = "inner"
+            busy: list[BaseException] = []
+
+            def elsewhere() -> None:
+                try:
+                    client.claim(key)
+                except BaseException as e:  # handed to the test
+                    busy.append(e)
+
+            t = threading.Thread(target=elsewhere)
+            t.start()
+            t.join()
+            assert isinstance(busy[0], dedupd.Busy), repr(busy[0])
+            outer.release()
+        assert ship(key, retry=True) == "shipped"
+
+
 @pytest.mark.one_backend
 def test_a_client_dropped_without_close_leaves_nothing_behind(server: Server, key: str) -> None:
     """A client made per request and never closed (as many apps do): once

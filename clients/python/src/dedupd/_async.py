@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import httpx
 
-from . import _core, _deadline
-from ._context import CURRENT, reset
+from . import _context, _core, _deadline
 from ._errors import (
     AlreadyDone,
     Busy,
@@ -217,6 +216,8 @@ class AsyncClient:
     async def _claim(
         self, call: _core.Call[_core.Grant], wait: float, ttl: float, done_ttl: float | None
     ) -> AsyncClaim:
+        if _context.held_here(self, call.key, asyncio.current_task()):
+            raise _context.reentry(call.key)
         deadline = time.monotonic() + wait
         attempt = 0
         while True:
@@ -442,7 +443,7 @@ class AsyncClaim(BaseClaim):
         if not self._finished:
             self._wake = asyncio.Event()
             self._beat = asyncio.ensure_future(self._heartbeat(self._wake))
-        self._context = CURRENT.set(self)
+        self._context = _context.enter(self, self._client, asyncio.current_task())
         return self
 
     async def __aexit__(
@@ -454,7 +455,7 @@ class AsyncClaim(BaseClaim):
         try:
             await _uncancelled(self._leave_and_stop(exc))
         finally:
-            reset(self._context)
+            _context.leave(self, self._context)
 
     async def _leave_and_stop(self, exc: BaseException | None) -> None:
         try:

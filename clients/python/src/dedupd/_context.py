@@ -29,6 +29,42 @@ def current_claim() -> BaseClaim:
         ) from None
 
 
+def enter(claim: BaseClaim, client: object, here: object) -> Token[BaseClaim]:
+    """Makes ``claim`` (of ``client``) current, held by ``here`` (a
+    thread's ident, or an asyncio task)."""
+    claim._outer = CURRENT.get(None)
+    claim._held = (client, here)
+    return CURRENT.set(claim)
+
+
+def leave(claim: BaseClaim, token: Token[Any] | None) -> None:
+    """Ends what :func:`enter` began."""
+    claim._held = None
+    claim._outer = None
+    reset(token)
+
+
+def held_here(client: object, key: str, here: object) -> bool:
+    """Whether a block or decorated call of ``client`` that the code running
+    here (thread ``here``, or asyncio task) is inside of holds ``key``:
+    claiming it again would wait for itself. (Another client's claim of the
+    key is as another worker's: Busy.)"""
+    claim = CURRENT.get(None)
+    while claim is not None:
+        held = claim._held
+        if claim.key == key and held is not None and held[0] is client and held[1] == here:
+            return True
+        claim = claim._outer
+    return False
+
+
+def reentry(key: str) -> RuntimeError:
+    return RuntimeError(
+        f"{key!r} is claimed already by a block or decorated call that this claim runs inside "
+        "of (a decorated function calling itself with the same key?): it would wait for itself"
+    )
+
+
 def reset(token: Token[Any] | None) -> None:
     """Puts back the claim that was current before ``CURRENT.set`` gave
     ``token``; nothing when the block is left in another context than the

@@ -74,6 +74,11 @@ class BaseClaim:
     expires_at_ms: int
     # Why a heartbeat found the claim lost (set by the heartbeat).
     _lost: Exception | None = field(default=None, init=False, repr=False, compare=False)
+    # While a block or decorated call is inside it: its client, and the
+    # thread (ident) or asyncio task inside (see _context.held_here).
+    _held: tuple[object, object] | None = field(default=None, init=False, repr=False, compare=False)
+    # The claim current when this one was entered.
+    _outer: BaseClaim | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def lost(self) -> bool:

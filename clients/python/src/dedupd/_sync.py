@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import httpx
 
-from . import _core, _deadline
-from ._context import CURRENT, reset
+from . import _context, _core, _deadline
 from ._errors import (
     AlreadyDone,
     Busy,
@@ -221,6 +220,8 @@ class Client:
         call = _core.claim(key, ttl, fingerprint)
         deadline = time.monotonic() + _core.check_seconds(wait, "wait")
         _core.ttl_ms(done_ttl, "done_ttl")
+        if _context.held_here(self, call.key, threading.get_ident()):
+            raise _context.reentry(call.key)
         attempt = 0
         while True:
             sent_at = time.monotonic()
@@ -433,7 +434,7 @@ class Claim(BaseClaim):
         self._entered = True
         if not self._finished:
             self._client._heartbeats.start(self)
-        self._context = CURRENT.set(self)
+        self._context = _context.enter(self, self._client, threading.get_ident())
         return self
 
     def __exit__(
@@ -447,7 +448,7 @@ class Claim(BaseClaim):
         finally:
             # After the done or release: the claim cannot lapse while they are retried.
             self._client._heartbeats.stop(self)
-            reset(self._context)
+            _context.leave(self, self._context)
 
     def _leave(self, exc: BaseException | None) -> None:
         if self._finished:  # done or released in the block
