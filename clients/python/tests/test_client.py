@@ -214,6 +214,15 @@ def test_bad_arguments_fail_before_any_request(server: Server) -> None:
     assert rec.calls == []
     with pytest.raises(ValueError, match="http"):
         dedupd.Client("localhost:8080")
+    # URLs that would not be used as checked: each call would fail, or go elsewhere.
+    for url in (" " + server.url, server.url + " ", server.url + "\n", server.url + "/\t"):
+        for make in (dedupd.Client, dedupd.AsyncClient):
+            with pytest.raises(ValueError, match="spaces, line breaks"):
+                make(url)
+    for url in (server.url + "/?x=1", server.url + "/dedupd?api-key=abc", server.url + "#v1"):
+        for make in (dedupd.Client, dedupd.AsyncClient):
+            with pytest.raises(ValueError, match="without a query"):
+                make(url)
     with pytest.raises(ValueError, match="token"):
         dedupd.Client(server.url, token="")
     with pytest.raises(ValueError, match="timeout"):

@@ -56,6 +56,18 @@ DEFAULT_TTL = 300.0
 def check_url(url: str) -> str:
     if not isinstance(url, str):
         raise TypeError(f"url must be a str such as 'http://127.0.0.1:8080', got {url!r}")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        # urlsplit drops a leading space; httpx would not, and every call
+        # would fail as a network error, one retried as transient.
+        raise ValueError(
+            "url must not hold spaces, line breaks or other control characters (a value "
+            f"pasted with them?), got {public_url(url)!r}"
+        )
+    if "?" in url or "#" in url:
+        raise ValueError(
+            "url must be dedupd's base URL, without a query (?...) or fragment (#...): the "
+            f"API's paths would go inside it, got {public_url(url)!r}"
+        )
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(
