@@ -212,15 +212,7 @@ async fn a_backup_naming_a_huge_key_slot_is_refused_not_an_abort_of_restore() {
     assert!(std::fs::metadata(&path).unwrap().len() < 64 * 1024);
     let verified = verify_backup(&path);
     let target = TempDir::new().unwrap();
-    let config = target.path().join("restore.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_path = {:?}\n",
-            target.path().join("dedupd.redb").display().to_string()
-        ),
-    )
-    .unwrap();
+    let config = restore_config(target.path(), target.path());
     // Under a limit of 4 GiB of address space: unbounded, the 32 TiB
     // calloc succeeds lazily and filling it with random keys took every
     // byte of a 24 GiB machine until the OOM killer ended it (SIGKILL,
@@ -300,15 +292,7 @@ async fn verify_and_restore_refuse_a_key_slot_past_the_last_a_key_file_holds() {
         );
         assert_eq!(snapshot_of(target.path()), there, "slot {slot}");
         // The commands: exit 1, the cause said, no panic.
-        let config = scratch.path().join("restore.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "data_path = {:?}\n",
-                target.path().join("dedupd.redb").display().to_string()
-            ),
-        )
-        .unwrap();
+        let config = restore_config(scratch.path(), target.path());
         for args in [
             vec!["verify".as_ref(), path.as_os_str()],
             vec![
@@ -695,4 +679,19 @@ async fn verify_of_a_frame_of_empty_rows_stays_within_memory_a_few_times_its_siz
         out.status,
         stderr.lines().next().unwrap_or_default()
     );
+}
+
+/// A configuration file in `dir` whose data file is in `target`: what
+/// `dedupd restore --config` restores into.
+fn restore_config(dir: &std::path::Path, target: &std::path::Path) -> std::path::PathBuf {
+    let config = dir.join("restore.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_path = {:?}\n",
+            target.join("dedupd.redb").display().to_string()
+        ),
+    )
+    .unwrap();
+    config
 }
