@@ -214,6 +214,15 @@ def test_bad_arguments_fail_before_any_request(server: Server) -> None:
     assert rec.calls == []
     with pytest.raises(ValueError, match="http"):
         dedupd.Client("localhost:8080")
+    # No host, or a port no server listens on: every call would fail as if
+    # the server were down, and be retried as transient.
+    for url in ("http://:8080", "http://127.0.0.1:99999", "http://127.0.0.1:0", "http://h:x"):
+        for make in (dedupd.Client, dedupd.AsyncClient):
+            with pytest.raises(ValueError, match="a port from 1 to 65535"):
+                make(url)
+    with pytest.raises(ValueError, match="with a host") as raised:
+        dedupd.Client("http://user:s3cret@:8080")
+    assert "s3cret" not in str(raised.value)
     # URLs that would not be used as checked: each call would fail, or go elsewhere.
     for url in (" " + server.url, server.url + " ", server.url + "\n", server.url + "/\t"):
         for make in (dedupd.Client, dedupd.AsyncClient):

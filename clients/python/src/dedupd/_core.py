@@ -69,10 +69,15 @@ def check_url(url: str) -> str:
             f"API's paths would go inside it, got {public_url(url)!r}"
         )
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or past 65535
+        port = 0
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        # Not quoted whole: a user name and password in it stay out.
         raise ValueError(
-            "url must be http:// or https:// with a host, such as 'http://127.0.0.1:8080', "
-            f"got {url!r}"
+            "url must be http:// or https:// with a host, and a port from 1 to 65535 if it "
+            f"names one, such as 'http://127.0.0.1:8080', got {public_url(url)!r}"
         )
     return url.rstrip("/")
 
