@@ -239,6 +239,37 @@ fn check_config_shows_the_traces_serve_would_export_with_the_standard_variables_
 /// every span) stops `check-config`, from the file or a variable, naming
 /// it; an endpoint too long for the exporter says so, not that it holds a
 /// user name or password. Neither is quoted.
+/// A FIFO where the data file goes: `check-config` (which reads the data
+/// file's sources, read-only) says it cannot read it rather than waiting
+/// for a writer for ever.
+#[test]
+fn check_config_with_a_fifo_as_its_data_file_answers_and_says_so() {
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().join("dedupd.redb");
+    crate::support::process::mkfifo(&data);
+    let file = dir.path().join("dedupd.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "data_path = {:?}\n[sources.sume]\n{}",
+            data.display().to_string(),
+            crate::support::gateway::settings_toml("http://127.0.0.1:9/hooks", &["s3cret-signing"])
+        ),
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(check_config(&file));
+    });
+    // The deadline only turns a hang into a failure.
+    let out = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("check-config waits on the FIFO");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("not a plain file"), "{text}");
+}
+
 #[test]
 fn check_config_refuses_a_collector_on_port_0_or_too_long_and_says_which() {
     let dir = TempDir::new().unwrap();

@@ -435,6 +435,50 @@ async fn a_restore_refuses_a_data_file_in_use_and_files_there_unless_told_to_rep
     r.close().await;
 }
 
+/// A FIFO where the data file goes is refused at once, and left there: a
+/// read-only open of it (to see whether a server has it) would wait for a
+/// writer for ever.
+#[tokio::test]
+async fn a_restore_onto_a_fifo_is_refused_without_waiting_for_a_writer() {
+    let dir = TempDir::new().unwrap();
+    let store = open_held(dir.path(), None);
+    claim(&store, "k").await;
+    let path = file(dir.path(), "b", &backup_of(&store, T).await);
+    store.close().await;
+    let target = TempDir::new().unwrap();
+    let data = target.path().join("dedupd.redb");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&data)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let opts = RestoreOptions {
+        backup: path,
+        data: data.clone(),
+        replace: true,
+        now_ms: T,
+        keep_free: 8 << 20,
+    };
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let _ = tx.send(runtime.block_on(restore(opts)).map(|_| ()));
+    });
+    // The deadline only turns a hang into a failure.
+    let err = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the restore waits on the FIFO")
+        .unwrap_err();
+    assert!(matches!(err, RestoreError::NotAFile(_)), "{err}");
+    use std::os::unix::fs::FileTypeExt as _;
+    assert!(
+        std::fs::symlink_metadata(&data)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+}
+
 /// A writer that fails once it took `room` bytes: a full disk under the
 /// backup file.
 #[derive(Debug)]

@@ -523,8 +523,13 @@ fn log_error(e: wal::LogError, log: &Path, data: &Path, data_id: u128) -> OpenEr
 /// is no file yet; an error (such as the file being in use by a running
 /// dedupd) says why it could not be read.
 pub fn inbox_sources_in_file(path: &Path) -> Result<Option<Vec<(String, u64)>>, String> {
-    if !path.exists() {
-        return Ok(None);
+    match std::fs::metadata(path) {
+        Err(_) => return Ok(None),
+        // A FIFO would hang the open below until something wrote to it.
+        Ok(meta) if !meta.is_file() => {
+            return Err("it is not a plain file (a directory, a FIFO or a device)".to_owned());
+        }
+        Ok(_) => {}
     }
     let db = redb::ReadOnlyDatabase::open(path).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => {

@@ -96,6 +96,12 @@ pub enum RestoreError {
          nothing was restored"
     )]
     InUse(PathBuf),
+    /// The target is there and is not a file.
+    #[error(
+        "data file {0} is there and is not a plain file (a directory, a FIFO or a device): \
+         data_path must name a file; nothing was restored"
+    )]
+    NotAFile(PathBuf),
     /// Files are at the target and replacing them was not asked for.
     #[error(
         "{} already there: pass --replace to rename them aside (to NAME.before-restore-TIME) \
@@ -348,10 +354,13 @@ fn place(
     Ok(moved_aside)
 }
 
-/// Refuses when a server has `data` open.
+/// Refuses when a server has `data` open, or when it is not a file (a
+/// FIFO would hang the open below until something wrote to it).
 fn in_use(data: &Path) -> Result<(), RestoreError> {
-    if !data.exists() {
-        return Ok(());
+    match std::fs::metadata(data) {
+        Err(_) => return Ok(()),
+        Ok(meta) if !meta.is_file() => return Err(RestoreError::NotAFile(data.to_owned())),
+        Ok(_) => {}
     }
     match redb::ReadOnlyDatabase::open(data) {
         Err(redb::DatabaseError::DatabaseAlreadyOpen) => Err(RestoreError::InUse(data.to_owned())),
