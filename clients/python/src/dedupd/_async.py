@@ -168,17 +168,11 @@ class AsyncClient:
                         headers=_core.body_headers(call),
                         timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
                     ) as streamed:
-                        _core.check_answer_head(call, streamed)
-                        body = _core.read_already(call, streamed)
-                        if body is None:
-                            chunks: list[bytes] = []
-                            total = 0
+                        answer = _core.Answer(call, streamed)
+                        if answer.streamed:
                             async for chunk in streamed.aiter_raw():
-                                total += len(chunk)
-                                _core.capped(call, streamed, total)
-                                chunks.append(chunk)
-                            body = b"".join(chunks)
-                        resp = _core.answered(streamed, body)
+                                answer.add(chunk)
+                        resp = answer.response()
                 finally:
                     _deadline.end(deadline)
             except httpx.DecodingError as e:

@@ -144,7 +144,7 @@ def check_count(value: int, what: str) -> int:
 
 def headers(token: str | None) -> dict[str, str]:
     # dedupd never compresses: an answer that is compressed is not its own
-    # (see read_capped), and a small one could decode to gigabytes.
+    # (see Answer), and a small one could decode to gigabytes.
     h = {"user-agent": USER_AGENT, "accept": "application/json", "accept-encoding": "identity"}
     if token is not None:
         # Visible ASCII only: a line break or a NUL would fail every request
@@ -661,59 +661,66 @@ def may_resend(call: Call[Any], e: httpx.TransportError) -> bool:
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
-def check_answer_head(call: Call[Any], resp: httpx.Response) -> None:
-    """Refuses an answer, before its body is read, that is compressed
-    (dedupd never compresses, and the client asks for ``identity``) or
-    says it is longer than :data:`MAX_ANSWER_BYTES`."""
-    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        raise ServerError(
-            f"HTTP {resp.status_code} with a body in Content-Encoding {shown(encoding)}, "
-            "which dedupd never sends (the client asks for identity): not read",
-            status=resp.status_code,
-            key=call.key,
+class Answer:
+    """An answer's body, read as it comes and never past
+    :data:`MAX_ANSWER_BYTES`. An answer that is compressed (dedupd never
+    compresses, and the client asks for ``identity``) or says it is longer
+    is refused before its body is read. The sync and async clients feed
+    it their chunks (:meth:`add`) while :attr:`streamed`."""
+
+    def __init__(self, call: Call[Any], resp: httpx.Response) -> None:
+        self._call = call
+        self._resp = resp
+        encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise ServerError(
+                f"HTTP {resp.status_code} with a body in Content-Encoding {shown(encoding)}, "
+                "which dedupd never sends (the client asks for identity): not read",
+                status=resp.status_code,
+                key=call.key,
+            )
+        length = resp.headers.get("content-length", "").strip()
+        if length.isascii() and length.isdigit() and int(length) > MAX_ANSWER_BYTES:
+            self._too_large(f"of {int(length)} bytes")
+        self._chunks: list[bytes] = []
+        self._total = 0
+        try:
+            # Given already read by its transport (a test's MockTransport).
+            self._chunks.append(resp.content)
+            self.streamed = False
+        except httpx.ResponseNotRead:
+            self.streamed = True
+        self._count(sum(map(len, self._chunks)))
+
+    def add(self, chunk: bytes) -> None:
+        """Takes the next chunk of the body; raises once it is too long."""
+        self._count(len(chunk))
+        self._chunks.append(chunk)
+
+    def response(self) -> httpx.Response:
+        """The answer, its body read whole."""
+        r = self._resp
+        content = b"".join(self._chunks)
+        return httpx.Response(
+            r.status_code,
+            headers=r.headers,
+            content=content,
+            request=r.request,
+            extensions=r.extensions,
         )
-    length = resp.headers.get("content-length", "").strip()
-    if length.isascii() and length.isdigit() and int(length) > MAX_ANSWER_BYTES:
-        too_large(call, resp, f"of {int(length)} bytes")
 
+    def _count(self, n: int) -> None:
+        self._total += n
+        if self._total > MAX_ANSWER_BYTES:
+            self._too_large(f"of more than {MAX_ANSWER_BYTES} bytes")
 
-def too_large(call: Call[Any], resp: httpx.Response, size: str) -> NoReturn:
-    raise ServerError(
-        f"HTTP {resp.status_code} with a body {size}, over the {MAX_ANSWER_BYTES} bytes of "
-        "the largest answer dedupd sends: not read",
-        status=resp.status_code,
-        key=call.key,
-    )
-
-
-def capped(call: Call[Any], resp: httpx.Response, total: int) -> None:
-    """Raises once an answer's body read so far (``total`` bytes) is over
-    :data:`MAX_ANSWER_BYTES`."""
-    if total > MAX_ANSWER_BYTES:
-        too_large(call, resp, f"of more than {MAX_ANSWER_BYTES} bytes")
-
-
-def read_already(call: Call[Any], resp: httpx.Response) -> bytes | None:
-    """The body of an answer that its transport gave already read (a test's
-    ``httpx.MockTransport``), within the cap; ``None`` for one to stream."""
-    try:
-        body = resp.content
-    except httpx.ResponseNotRead:
-        return None
-    capped(call, resp, len(body))
-    return body
-
-
-def answered(resp: httpx.Response, body: bytes) -> httpx.Response:
-    """The answer ``resp`` (streamed, its body read as ``body``) as a read one."""
-    return httpx.Response(
-        resp.status_code,
-        headers=resp.headers,
-        content=body,
-        request=resp.request,
-        extensions=resp.extensions,
-    )
+    def _too_large(self, size: str) -> NoReturn:
+        raise ServerError(
+            f"HTTP {self._resp.status_code} with a body {size}, over the {MAX_ANSWER_BYTES} "
+            "bytes of the largest answer dedupd sends: not read",
+            status=self._resp.status_code,
+            key=self._call.key,
+        )
 
 
 def undecodable(call: Call[Any], e: httpx.DecodingError) -> ServerError:

@@ -163,17 +163,11 @@ class Client:
                         headers=_core.body_headers(call),
                         timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
                     ) as streamed:
-                        _core.check_answer_head(call, streamed)
-                        body = _core.read_already(call, streamed)
-                        if body is None:
-                            chunks: list[bytes] = []
-                            total = 0
+                        answer = _core.Answer(call, streamed)
+                        if answer.streamed:
                             for chunk in streamed.iter_raw():
-                                total += len(chunk)
-                                _core.capped(call, streamed, total)
-                                chunks.append(chunk)
-                            body = b"".join(chunks)
-                        resp = _core.answered(streamed, body)
+                                answer.add(chunk)
+                        resp = answer.response()
                 finally:
                     _deadline.end(deadline)
             except httpx.DecodingError as e:
