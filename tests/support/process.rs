@@ -15,6 +15,22 @@ use tempfile::TempDir;
 
 /// How long a test waits for a line before it fails.
 pub(crate) const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+/// What `f` returns, run on a thread of its own, for a call that must not
+/// block (a read of a FIFO, say): one that does fails the test after
+/// [`PATIENCE`] instead of hanging it. The deadline only turns a hang into
+/// a failure.
+pub(crate) fn unblocked<T: Send + 'static>(
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(PATIENCE)
+        .unwrap_or_else(|_| panic!("{what} did not answer within {PATIENCE:?}: it blocks"))
+}
+
 /// `dedupd check-config --config FILE`, run to completion.
 pub(crate) fn check_config(file: &std::path::Path) -> std::process::Output {
     dedupd()
