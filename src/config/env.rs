@@ -47,34 +47,139 @@ pub(super) struct Var {
     pub(super) value: String,
 }
 
-/// How deep the brackets of `value` go, as figment's value parser would
-/// recurse into them: `[` and `{` outside double-quoted strings (backslash
-/// escapes in them) open a level.
+/// How deep figment's value parser (`figment::value::parse`, 0.10) would
+/// recurse into `value`: its grammar followed without recursion, up to the
+/// first place it would fail (where it stops, parsing nothing deeper).
+/// Where a `"` starts a string is the parser's call, not the text's: only
+/// where a value or a dictionary's key starts (`['"',[[…` is a character
+/// `"`, and `[a",[[…` a word holding one, and the brackets after them
+/// count). Skipping a string's escapes (which the parser may refuse) can
+/// only count deeper than it goes, never less.
 fn value_depth(value: &str) -> usize {
-    let (mut depth, mut max) = (0usize, 0usize);
-    let mut in_string = false;
-    let mut escaped = false;
-    for c in value.chars() {
-        if in_string {
-            match (escaped, c) {
+    /// What the parser expects next.
+    enum Next {
+        Value,
+        Key,
+        AfterValue,
+    }
+    let text = value.as_bytes();
+    // Every byte the grammar names is ASCII, which no byte of a longer
+    // UTF-8 character equals.
+    let at = |i: usize| text.get(i).copied();
+    let skip_whitespace = |mut i: usize| {
+        while at(i).is_some_and(|b| b.is_ascii_whitespace()) {
+            i += 1;
+        }
+        i
+    };
+    // Past the end of the string whose opening quote is at `i - 1`.
+    let past_string = |mut i: usize| {
+        let mut escaped = false;
+        while let Some(b) = at(i) {
+            i += 1;
+            match (escaped, b) {
                 (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_string = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => return Some(i),
                 _ => {}
             }
-            continue;
         }
-        match c {
-            '"' => in_string = true,
-            '[' | '{' => {
-                depth += 1;
-                max = max.max(depth);
+        None
+    };
+    // The brackets open: true for a dictionary, false for an array.
+    let mut open: Vec<bool> = Vec::new();
+    let (mut max, mut i, mut next) = (0, 0, Next::Value);
+    loop {
+        match next {
+            Next::Value => {
+                i = skip_whitespace(i);
+                next = Next::AfterValue;
+                match at(i) {
+                    _ if text[i..].starts_with(b"true") => i += 4,
+                    _ if text[i..].starts_with(b"false") => i += 5,
+                    Some(b @ (b'[' | b'{')) => {
+                        i += 1;
+                        open.push(b == b'{');
+                        max = max.max(open.len());
+                        let close = if b == b'{' { b'}' } else { b']' };
+                        if at(i) == Some(close) {
+                            i += 1;
+                            open.pop();
+                        } else {
+                            next = if b == b'{' { Next::Key } else { Next::Value };
+                        }
+                    }
+                    Some(b'"') => match past_string(i + 1) {
+                        Some(past) => i = past,
+                        None => return max,
+                    },
+                    // A character: `'`, any one, `'`.
+                    Some(b'\'') => {
+                        let one = value[i + 1..].chars().next().map_or(0, char::len_utf8);
+                        if one == 0 || at(i + 1 + one) != Some(b'\'') {
+                            return max;
+                        }
+                        i += one + 2;
+                    }
+                    // A word: up to a separator, maybe none.
+                    _ => {
+                        while at(i).is_some_and(|b| !matches!(b, b',' | b'{' | b'}' | b'[' | b']'))
+                        {
+                            i += 1;
+                        }
+                    }
+                }
             }
-            ']' | '}' => depth = depth.saturating_sub(1),
-            _ => {}
+            Next::Key => {
+                i = skip_whitespace(i);
+                if at(i) == Some(b'"') {
+                    match past_string(i + 1) {
+                        Some(past) => i = past,
+                        None => return max,
+                    }
+                } else {
+                    let start = i;
+                    while at(i)
+                        .is_some_and(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+                    {
+                        i += 1;
+                    }
+                    if i == start {
+                        return max;
+                    }
+                }
+                i = skip_whitespace(i);
+                if at(i) != Some(b'=') {
+                    return max;
+                }
+                i += 1;
+                next = Next::Value;
+            }
+            Next::AfterValue => {
+                i = skip_whitespace(i);
+                // At the top, the parser wants the end: nothing deeper.
+                let Some(&dict) = open.last() else {
+                    return max;
+                };
+                let close = if dict { b'}' } else { b']' };
+                match at(i) {
+                    Some(b',') if at(i + 1) == Some(close) => {
+                        i += 2;
+                        open.pop();
+                    }
+                    Some(b',') => {
+                        i += 1;
+                        next = if dict { Next::Key } else { Next::Value };
+                    }
+                    Some(b) if b == close => {
+                        i += 1;
+                        open.pop();
+                    }
+                    _ => return max,
+                }
+            }
         }
     }
-    max
 }
 
 /// `DEDUPD_` and the variable's name as written for `key`, cut short.
@@ -136,7 +241,57 @@ mod tests {
         assert_eq!(value_depth(r#"{a = [1, {b = [2]}]}"#), 4);
         assert_eq!(value_depth(r#"["[[[[", "\"[[["]"#), 1);
         assert_eq!(value_depth(&"[".repeat(50_000)), 50_000);
-        assert_eq!(value_depth("]]]][["), 2);
+        assert_eq!(value_depth("[[[]]]"), 3);
+        assert_eq!(
+            value_depth("]]]][["),
+            0,
+            "the parser stops at the first `]`"
+        );
+    }
+
+    /// A `"` the parser does not read as a string's start (a character
+    /// `'"'`, inside a word, or a word's `=`) hid the brackets after it,
+    /// and 50 000 of them aborted `serve`.
+    #[test]
+    fn a_quote_that_starts_no_string_hides_no_bracket() {
+        let deep = "[".repeat(50_000);
+        for front in [r#"['"',"#, r#"[a","#, r#"[a=","#, r#"["]",["]",["]","#] {
+            let value = format!("{front}{deep}");
+            assert!(value_depth(&value) >= 50_000, "{front}");
+            let var = Var {
+                key: "listen".into(),
+                value,
+            };
+            assert!(var.data().unwrap_err().to_string().contains("levels deep"));
+        }
+    }
+
+    /// figment's value nested as deep as it goes, counted without
+    /// recursion.
+    fn nesting(value: &Value) -> usize {
+        let mut deepest = 0;
+        let mut todo = vec![(value, 0)];
+        while let Some((value, depth)) = todo.pop() {
+            deepest = deepest.max(depth);
+            match value {
+                Value::Array(_, items) => todo.extend(items.iter().map(|v| (v, depth + 1))),
+                Value::Dict(_, dict) => todo.extend(dict.values().map(|v| (v, depth + 1))),
+                _ => {}
+            }
+        }
+        deepest
+    }
+
+    proptest::proptest! {
+        /// Whatever figment parses is nested no deeper than the guard
+        /// counted: short texts of the characters its grammar turns on.
+        #[test]
+        fn the_guard_never_counts_less_than_figment_nests(
+            text in "[\\[\\]{}\",'= a=_\\\\é]{0,24}"
+        ) {
+            let parsed: Value = text.parse().unwrap_or_else(|never| match never {});
+            proptest::prop_assert!(nesting(&parsed) <= value_depth(&text), "{:?}", text);
+        }
     }
 
     /// figment's parser panicked on this (found by the fuzz target).

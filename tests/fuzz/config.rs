@@ -135,20 +135,33 @@ fn config_nesting_is_refused_past_the_parsers_limit() {
 }
 
 /// A `DEDUPD_*` variable as figment's environment layer names it: a real
-/// key or one of many parts, with a hostile value.
-fn var() -> impl Strategy<Value = (String, String)> {
+/// key or one of many parts, with a hostile value, and how deep its value
+/// is known to nest at least (0 when not known).
+fn var() -> impl Strategy<Value = (String, String, usize)> {
     let key = prop_oneof![
         4 => prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned),
         1 => (0usize..40_000).prop_map(|n| format!("{}b", "a.".repeat(n))),
         1 => "[a-z_.]{1,40}",
     ];
-    let value = prop_oneof![
-        3 => hostile_text(),
-        2 => toml_value(),
-        1 => (prop::sample::select(vec!["[", "{a=", "[\"", "{\"a\"=["]), 0usize..60_000)
-            .prop_map(|(open, n)| open.repeat(n)),
+    // Each opens the levels it names, however many times it is repeated:
+    // brackets, and `"` figment reads as a character, inside a word or
+    // after a word's `=` rather than as a string that would hide them.
+    let deep = [
+        ("[", 1),
+        ("{a=", 1),
+        ("{\"a\"=[", 2),
+        ("['\"',", 1),
+        ("[a\",", 1),
+        ("[a=\",", 1),
+        ("[\"]\",", 1),
     ];
-    (key, value)
+    let value = prop_oneof![
+        3 => (hostile_text(), Just(0)),
+        2 => (toml_value(), Just(0)),
+        1 => (prop::sample::select(deep.to_vec()), 0usize..60_000)
+            .prop_map(|((open, levels), n)| (open.repeat(n), levels * n)),
+    ];
+    (key, value).prop_map(|(key, (value, nesting))| (key, value, nesting))
 }
 
 /// Any variables are loaded or refused; one nested deeper than
@@ -162,11 +175,12 @@ fn any_environment_is_loaded_or_refused() {
             // Keys with an empty part are skipped, as figment's `Env` does.
             let deepest = vars
                 .iter()
-                .filter(|(k, _)| !k.split('.').any(str::is_empty))
-                .map(|(k, v)| k.split('.').count() + bracket_depth(v))
+                .filter(|(k, _, _)| !k.split('.').any(str::is_empty))
+                .map(|(k, _, nesting)| k.split('.').count() + nesting)
                 .max()
                 .unwrap_or(0);
-            let result = check(&Settings::figment_with_env(None, vars.clone()));
+            let vars = vars.iter().map(|(k, v, _)| (k.clone(), v.clone()));
+            let result = check(&Settings::figment_with_env(None, vars.collect::<Vec<_>>()));
             if deepest > MAX_DEPTH {
                 let errors = result.unwrap_err().to_string();
                 prop_assert!(errors.contains("levels deep"), "{}", errors);
@@ -174,30 +188,6 @@ fn any_environment_is_loaded_or_refused() {
             Ok(())
         })?;
     });
-}
-
-/// Brackets open at once, counted as the loader's guard counts them
-/// (outside double-quoted strings).
-fn bracket_depth(value: &str) -> usize {
-    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    for c in value.chars() {
-        if in_string {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_string = false,
-                _ => {}
-            }
-        } else if c == '"' {
-            in_string = true;
-        } else if matches!(c, '[' | '{') {
-            depth += 1;
-            max = max.max(depth);
-        } else if matches!(c, ']' | '}') {
-            depth = depth.saturating_sub(1);
-        }
-    }
-    max
 }
 
 /// The deepest variable the guard lets through is parsed on a worker's

@@ -73,13 +73,21 @@ fn check_config_names_the_environment_variable_of_a_bad_value() {
 }
 
 /// figment parses a variable's brackets (and nests its name's `__` parts)
-/// recursively: 50 000 of them overflowed the stack and aborted. Now each
-/// is refused with the variable's name, before anything is parsed.
+/// recursively: 50 000 of them overflowed the stack and aborted, as they
+/// did behind a `'"'`. Now each is refused with the variable's name,
+/// before anything is parsed.
 #[test]
 fn a_deeply_nested_environment_variable_is_refused_by_name() {
     let deep_value = dedupd()
         .arg("check-config")
         .env("DEDUPD_LISTEN", "[".repeat(50_000))
+        .output()
+        .unwrap();
+    // A `"` figment reads as a character hid the brackets after it from
+    // the guard, and this aborted the process as 50 000 `[` once did.
+    let behind_a_quote = dedupd()
+        .arg("check-config")
+        .env("DEDUPD_LISTEN", format!("['\"',{}", "[".repeat(50_000)))
         .output()
         .unwrap();
     let deep_name = dedupd()
@@ -89,6 +97,7 @@ fn a_deeply_nested_environment_variable_is_refused_by_name() {
         .unwrap();
     for (out, named) in [
         (deep_value, "(from environment variable DEDUPD_LISTEN)"),
+        (behind_a_quote, "(from environment variable DEDUPD_LISTEN)"),
         (deep_name, "DEDUPD_A__A__A__"),
     ] {
         let stderr = String::from_utf8_lossy(&out.stderr);
