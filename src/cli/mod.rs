@@ -66,6 +66,23 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// The longest `--wait` a command takes: far past any reload or delivery,
+/// and within what a deadline can hold (`--wait 300000000000y` parsed,
+/// then overflowed the deadline after the signal had gone).
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
+/// A `--wait` duration (`30s`, `2m`), at most a year.
+pub fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
+    let wait = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if wait > MAX_WAIT {
+        return Err(format!(
+            "{text} is longer than the most a command waits, {}",
+            humantime::format_duration(MAX_WAIT)
+        ));
+    }
+    Ok(wait)
+}
+
 /// Now, in Unix seconds: what signatures carry.
 pub fn now_unix_s() -> i64 {
     let now = std::time::SystemTime::now()

@@ -34,7 +34,7 @@ pub struct Args {
     #[arg(long)]
     status: Option<PathBuf>,
     /// How long it waits for the server to say how the reload went.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = super::parse_wait)]
     wait: Duration,
 }
 

@@ -623,6 +623,34 @@ async fn dedupd_reload_fails_when_the_server_refuses_the_file() {
         "{stdout}"
     );
     assert!(!stdout.contains("api"), "{stdout}");
+
+    // A wait past what a deadline holds is refused before any signal: it
+    // parsed, then panicked once the reload was under way.
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\n[api]\ntokens = [\"token-1111111111111111\"]\n",
+    )
+    .unwrap();
+    let out = dedupd()
+        .args(["reload", "--config"])
+        .arg(&config)
+        .args(["--pid", &child.id().to_string(), "--wait", "300000000000y"])
+        .env("RUNTIME_DIRECTORY", &run)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("longer than the most a command waits"),
+        "{stderr}"
+    );
+    let still = client
+        .post(format!("http://127.0.0.1:{port}/v1/claims/c"))
+        .bearer_auth("token-fedcba9876543210")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(still.status(), 201, "nothing was reloaded");
     assert!(stop(child, "-TERM", drain).await.success());
 }
 
