@@ -180,8 +180,13 @@ fn head_from(cs: &str, cn: &str, id: &str) -> Result<Head, StoreError> {
     let bad = || StoreError::from(RedisFault::MalformedHead);
     let secs: i128 = cs.parse().map_err(|_| bad())?;
     let nanos: i128 = cn.parse().map_err(|_| bad())?;
+    // Whatever Redis holds: past an i128 of nanoseconds is malformed too.
+    let at = secs
+        .checked_mul(1_000_000_000)
+        .and_then(|n| n.checked_add(nanos))
+        .ok_or_else(bad)?;
     Ok(Head {
-        created_at: CreatedAt::from_unix_nanos(secs * 1_000_000_000 + nanos),
+        created_at: CreatedAt::from_unix_nanos(at),
         event_id: ScopedKey::from_stored(id.to_owned()),
     })
 }
@@ -463,5 +468,28 @@ impl Store for RedisStore {
         if let Some(upgrade) = &self.upgrade {
             upgrade.stop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A head Redis holds whose seconds overflow nanoseconds is malformed
+    /// (it panicked a debug build's worker and wrapped in a release one).
+    #[test]
+    fn a_head_past_what_nanoseconds_hold_is_malformed() {
+        let huge = "10000000000000000000000000000000";
+        for (cs, cn) in [
+            (huge, "0"),
+            ("1", &i128::MAX.to_string()[..]),
+            ("-10000000000000000000000000000000", "0"),
+        ] {
+            let Err(e) = head_from(cs, cn, "e1") else {
+                panic!("{cs} {cn} was read as a head");
+            };
+            assert!(format!("{e:?}").contains("MalformedHead"), "{e:?}");
+        }
+        assert!(head_from("1700000000", "5", "e1").is_ok());
     }
 }

@@ -158,9 +158,8 @@ impl Lanes for RedisLanes {
         let open = f.get(5).cloned().flatten().as_deref() == Some("o");
         let paused_until = ms(6).filter(|u| open && *u > now);
         let rate_limited_until = match (num(1), ms(2), num(3), num(4)) {
-            (Some(tokens), Some(at), Some(per_ms), Some(burst)) if per_ms > 0.0 => {
-                let tokens = (tokens + now.saturating_sub(at) as f64 * per_ms).min(burst);
-                (tokens < 1.0).then(|| now + ((1.0 - tokens) / per_ms).ceil() as Millis)
+            (Some(tokens), Some(at), Some(per_ms), Some(burst)) => {
+                next_token(tokens, at, per_ms, burst, now)
             }
             _ => None,
         };
@@ -178,5 +177,44 @@ impl Lanes for RedisLanes {
         let args = ["reset", "0", destination];
         let forgot: i64 = self.client.run(&self.script, &[&key], &args).await?;
         Ok(forgot == 1)
+    }
+}
+
+/// When a lane's bucket (`tokens` at `at`, refilled `per_ms`, up to
+/// `burst`) next has a whole token, if it has none now: whatever Redis
+/// holds (an infinite or tiny figure saturates, never overflows).
+fn next_token(tokens: f64, at: Millis, per_ms: f64, burst: f64, now: Millis) -> Option<Millis> {
+    // Not a positive rate (NaN included): no time to name.
+    if per_ms.is_nan() || per_ms <= 0.0 {
+        return None;
+    }
+    let tokens = (tokens + now.saturating_sub(at) as f64 * per_ms).min(burst);
+    (tokens < 1.0).then(|| now.saturating_add(((1.0 - tokens) / per_ms).ceil() as Millis))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Figures no instance writes (Redis shared, or edited by hand) give
+    /// a time, or none, never an overflow (which panicked a debug build's
+    /// worker serving a source's view).
+    #[test]
+    fn a_bucket_of_any_figures_saturates() {
+        let now = 1_000_000;
+        assert_eq!(
+            next_token(f64::NEG_INFINITY, now, 1e-300, 10.0, now),
+            Some(Millis::MAX)
+        );
+        assert_eq!(
+            next_token(-1e300, now, 1e-300, 10.0, now),
+            Some(Millis::MAX)
+        );
+        assert_eq!(next_token(f64::NAN, now, 1.0, 10.0, now), None);
+        assert_eq!(next_token(0.0, now, f64::NAN, 10.0, now), None);
+        assert_eq!(next_token(0.0, now, 0.0, 10.0, now), None);
+        // A bucket that is empty and refills one a second has one in 1 s.
+        assert_eq!(next_token(0.0, now, 0.001, 10.0, now), Some(now + 1000));
+        assert_eq!(next_token(5.0, now, 0.001, 10.0, now), None);
     }
 }

@@ -323,13 +323,7 @@ impl RedisInbox {
             self.query::<Vec<Option<i64>>>(cmd)
         }))
         .await?;
-        let mut sum = [0u64; 6];
-        for reply in replies {
-            for (total, n) in sum.iter_mut().zip(reply) {
-                *total += u64::try_from(n.unwrap_or(0)).unwrap_or(0);
-            }
-        }
-        Ok(sum)
+        Ok(summed(replies))
     }
 
     /// The bucket (prefix) that holds event `id` of `source`, found by
@@ -492,6 +486,19 @@ impl RedisInbox {
             _ => Err(unexpected("settle", reply)),
         }
     }
+}
+
+/// A source's counts by status summed over its buckets' replies
+/// (`HMGET {t}:n 0..5`): saturating, whatever Redis holds (three buckets
+/// near i64::MAX overflowed).
+fn summed(replies: Vec<Vec<Option<i64>>>) -> [u64; 6] {
+    let mut sum = [0u64; 6];
+    for reply in replies {
+        for (total, n) in sum.iter_mut().zip(reply) {
+            *total = total.saturating_add(u64::try_from(n.unwrap_or(0)).unwrap_or(0));
+        }
+    }
+    sum
 }
 
 /// An ingest script's answer.
@@ -1083,7 +1090,7 @@ impl Inbox for RedisInbox {
         let mut out = Vec::new();
         for source in self.noted_sources().await? {
             let counts = self.counts(&source).await?;
-            if counts.iter().sum::<u64>() > 0 {
+            if counts.iter().any(|&n| n > 0) {
                 out.push((source, counts[0]));
             }
         }
@@ -1094,7 +1101,7 @@ impl Inbox for RedisInbox {
         let mut out = Vec::new();
         for source in self.noted_sources().await? {
             let c = self.counts(&source).await?;
-            if c.iter().sum::<u64>() == 0 {
+            if c.iter().all(|&n| n == 0) {
                 continue;
             }
             let oldest_pending_ms = if c[0] > 0 {
@@ -1127,7 +1134,7 @@ impl Inbox for RedisInbox {
     }
 
     async fn has_source(&self, source: &str) -> Result<bool, StoreError> {
-        Ok(self.counts(source).await?.iter().sum::<u64>() > 0)
+        Ok(self.counts(source).await?.iter().any(|&n| n > 0))
     }
 
     async fn inbox_event(
@@ -1224,5 +1231,21 @@ impl Inbox for RedisInbox {
     /// readiness, and the watchdog must not restart dedupd for them.
     async fn writer_responds(&self, _within: Duration) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summed;
+
+    #[test]
+    fn counts_saturate_and_ignore_what_is_not_a_count() {
+        let near = Some(i64::MAX);
+        let sum = summed(vec![
+            vec![near, Some(-5)],
+            vec![near, None],
+            vec![near, Some(2)],
+        ]);
+        assert_eq!(sum, [u64::MAX, 2, 0, 0, 0, 0]);
     }
 }
