@@ -5,6 +5,7 @@
 //! The level can change while serving ([`set_level`], on a reload); the
 //! format is chosen once, at the start.
 
+mod flood;
 mod log_fields;
 pub mod metrics;
 mod requests;
@@ -14,6 +15,7 @@ use std::sync::OnceLock;
 
 pub use requests::{RequestRecord, RouteName, WorkerHistograms};
 use tracing::Subscriber;
+use tracing_subscriber::filter::FilterExt as _;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
@@ -58,7 +60,9 @@ pub fn init(log: &LogSettings) {
     let (filter, handle) = reload::Layer::new(filter);
     // A second init (tests) keeps the first subscriber.
     let installed = tracing_subscriber::registry()
-        .with(lines(log.format, std::io::stderr, colours()).with_filter(filter))
+        .with(
+            lines(log.format, std::io::stderr, colours()).with_filter(filter.and(flood::filter())),
+        )
         .try_init()
         .is_ok();
     if installed && !from_env {
@@ -78,6 +82,7 @@ const QUIET: &[&str] = &["rustls_platform_verifier"];
 /// libraries off unless it names them.
 fn filter(level: &str) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
     let mut filter = EnvFilter::try_new(level)?;
+    flood::level_set(level);
     for target in QUIET.iter().filter(|target| !level.contains(*target)) {
         filter = filter.add_directive(format!("{target}=off").parse()?);
     }

@@ -165,3 +165,43 @@ fn a_rust_log_that_is_no_level_is_set_aside_with_a_word_and_lines_go_on() {
         "the error line is logged: {log}"
     );
 }
+
+/// The lines of `dedupd serve` at `level` while a client sends 30
+/// requests that do not parse (an HTTP/1.0 POST without a length), each
+/// on a connection of its own, that say the request did not parse.
+async fn parse_error_lines(level: &str) -> usize {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = TempDir::new().unwrap();
+    let mut cmd = dedupd();
+    cmd.arg("serve")
+        .current_dir(dir.path())
+        .env("DEDUPD_LISTEN", "127.0.0.1:0")
+        .env("DEDUPD_LOG__LEVEL", level);
+    let (child, port, drain) = spawn_serving(cmd);
+    for _ in 0..30 {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        conn.write_all(b"POST /v1/claims/k HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        conn.read_to_end(&mut answer).await.unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 400"), "{answer:?}");
+    }
+    let (status, log) = stop_logged(child, "-TERM", drain).await;
+    assert!(status.success());
+    log.iter()
+        .filter(|l| l.contains("request parse error"))
+        .count()
+}
+
+/// Any client could write a line of the HTTP library's a request (an
+/// ERROR line each: thousands a second, burying dedupd's own lines and
+/// tripping the journal's rate limit for the service). One a minute is
+/// written, and every one when the level names the library.
+#[tokio::test]
+async fn a_client_writes_at_most_one_line_a_minute_of_requests_that_do_not_parse() {
+    assert_eq!(parse_error_lines("info").await, 1);
+    assert_eq!(parse_error_lines("info,actix_http=error").await, 30);
+}
