@@ -145,13 +145,14 @@ pub const ALERT_KINDS: [&str; 6] = [
 /// `gone` (a folded one another instance of the fleet sent), `dropped`
 /// (the queue of alerts waiting for the store was full).
 pub const ALERT_OUTCOMES: [&str; 4] = ["sent", "folded", "gone", "dropped"];
-/// Tables the reaper deletes from.
-pub const REAPED_TABLES: [&str; 5] = [
+/// Tables the reaper deletes from (`kv`: the Redis protocol's keyspace).
+pub const REAPED_TABLES: [&str; 6] = [
     "claims",
     "applied_events",
     "stream_heads",
     "inbox",
     "inbox_dedupe",
+    "kv",
 ];
 
 /// Latency buckets, seconds: 0.1 ms to 30 s.

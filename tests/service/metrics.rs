@@ -110,6 +110,22 @@ async fn every_family_is_there_from_the_first_scrape() {
         ),
         0.0
     );
+    // Each table the reaper deletes from, the Redis protocol's keyspace
+    // too (a dashboard's `{table="kv"}` had no series until a first key
+    // expired).
+    for table in [
+        "claims",
+        "applied_events",
+        "stream_heads",
+        "inbox",
+        "inbox_dedupe",
+        "kv",
+    ] {
+        assert_eq!(
+            count(&scrape, "dedupd_reaper_deleted_total", &[("table", table)]),
+            0.0
+        );
+    }
     assert_eq!(
         count(
             &scrape,
