@@ -107,6 +107,88 @@ async fn a_body_that_does_not_arrive_in_time_gets_408_and_the_connection_closes(
     assert!(app.events("pending").await.is_empty(), "nothing stored");
 }
 
+/// Sends a chunked request's head and `chunks` (each its own chunk, and
+/// the last one too when `end`), leaving the connection open.
+async fn start_chunked(
+    app: &TestApp,
+    path: &str,
+    headers: &[(&str, String)],
+    chunks: &[&[u8]],
+    end: bool,
+) -> TcpStream {
+    let addr = app.address.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut sent = head.into_bytes();
+    for chunk in chunks {
+        sent.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        sent.extend_from_slice(chunk);
+        sent.extend_from_slice(b"\r\n");
+    }
+    if end {
+        sent.extend_from_slice(b"0\r\n\r\n");
+    }
+    s.write_all(&sent).await.unwrap();
+    s
+}
+
+/// A chunked body whose end never comes gets its 408 and its connection
+/// closed, as one with a length does; so does one refused before it is
+/// read. actix read on to discard such a body, for ever: five addresses
+/// sending only the headers took every connection (an attack run). One
+/// that ends is taken, and its connection kept.
+#[tokio::test]
+async fn a_chunked_body_that_never_ends_gets_408_and_the_connection_closes() {
+    let (app, _receiver) = edge_app(Duration::from_millis(300)).await;
+    let b = body("chunked", "run_1", "2026-11-29T10:00:00Z");
+    let h = sume_headers(&app, &b, SECRET);
+    let s = start_chunked(&app, "/ingest/sume", &h, &[], false).await;
+    assert_eq!(answer_then_close(s).await, Some(408));
+    let s = start_chunked(&app, "/ingest/sume", &h, &[&b[..5]], false).await;
+    assert_eq!(answer_then_close(s).await, Some(408));
+    // Refused before the body: by the route, and by the gate.
+    let s = start_chunked(&app, "/ingest/nosuch", &[], &[b"{"], false).await;
+    assert_eq!(answer_then_close(s).await, Some(404));
+    let s = start_chunked(
+        &app,
+        "/v1/claims/k",
+        &[("Origin", "http://evil.example".into())],
+        &[b"{"],
+        false,
+    )
+    .await;
+    assert_eq!(answer_then_close(s).await, Some(403));
+    assert!(app.events("pending").await.is_empty(), "nothing stored");
+
+    // A chunked body that ends is taken, and the connection stays open
+    // for the next request.
+    let mut s = start_chunked(&app, "/ingest/sume", &h, &[&b[..5], &b[5..]], true).await;
+    let mut answer = vec![0; 4096];
+    let n = s.read(&mut answer).await.unwrap();
+    let text = String::from_utf8_lossy(&answer[..n]);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        !text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    let addr = app.address.trim_start_matches("http://");
+    s.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let n = s.read(&mut answer).await.unwrap();
+    assert!(String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 200"));
+    assert_eq!(
+        app.events("pending").await.len() + app.events("delivered").await.len(),
+        1
+    );
+}
+
 /// Resident memory of this process (where the app runs), in bytes.
 fn rss() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -31,8 +31,12 @@ use futures_util::future::Either;
 use pin_project_lite::pin_project;
 
 use crate::auth::{self, ApiTokens, TokenSnapshot, browser, refuse};
+
+mod unread;
+
 use crate::error::ApiError;
 use crate::telemetry::{RequestRecord, WorkerHistograms};
+use unread::KeepsPayload;
 
 /// The scope whose routes need a token (when tokens are configured) and a
 /// same-origin JSON request: `startup` mounts them under this very prefix.
@@ -49,7 +53,7 @@ where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
     B: MessageBody,
 {
-    type Response = ServiceResponse<EitherBody<B>>;
+    type Response = ServiceResponse<KeepsPayload<EitherBody<B>>>;
     type Error = actix_web::Error;
     type Transform = GateService<S>;
     type InitError = ();
@@ -76,22 +80,26 @@ where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
     B: MessageBody,
 {
-    type Response = ServiceResponse<EitherBody<B>>;
+    type Response = ServiceResponse<KeepsPayload<EitherBody<B>>>;
     type Error = actix_web::Error;
     type Future = Either<Ready<Result<Self::Response, Self::Error>>, Answer<S::Future>>;
 
     forward_ready!(service);
 
-    fn call(&self, req: ServiceRequest) -> Self::Future {
+    fn call(&self, mut req: ServiceRequest) -> Self::Future {
         let record = RequestRecord::start(&req);
+        let held = unread::hold(&mut req);
         if let Err(e) = admit(&req) {
             let res = Ok(refuse(req, &e));
             record.finish(&res, &self.histograms);
-            return Either::Left(ready(res));
+            return Either::Left(ready(
+                res.map(|res| res.map_body(|_, body| KeepsPayload::new(body, held))),
+            ));
         }
         Either::Right(Answer {
             inner: self.service.call(req),
             done: Some((record, self.histograms.clone())),
+            held,
         })
     }
 }
@@ -122,6 +130,7 @@ pin_project! {
         #[pin]
         inner: F,
         done: Option<(RequestRecord, Rc<WorkerHistograms>)>,
+        held: Option<unread::Held>,
     }
 }
 
@@ -129,7 +138,7 @@ impl<F, B> Future for Answer<F>
 where
     F: Future<Output = Result<ServiceResponse<B>, actix_web::Error>>,
 {
-    type Output = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>;
+    type Output = Result<ServiceResponse<KeepsPayload<EitherBody<B>>>, actix_web::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -137,7 +146,11 @@ where
         if let Some((record, histograms)) = this.done.take() {
             record.finish(&res, &histograms);
         }
-        Poll::Ready(res.map(ServiceResponse::map_into_left_body))
+        let held = this.held.take();
+        Poll::Ready(res.map(|res| {
+            res.map_into_left_body()
+                .map_body(|_, body| KeepsPayload::new(body, held))
+        }))
     }
 }
 
