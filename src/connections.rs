@@ -140,6 +140,19 @@ impl Drop for BackupAnswer {
     }
 }
 
+/// For `HttpServer::on_connect`: a connection whose answer is not read
+/// (or not acknowledged) for `timeout` is closed by the kernel
+/// (`TCP_USER_TIMEOUT`). actix has no write timeout of its own: a client
+/// that pipelined requests and never read held its connection for ever,
+/// and ten addresses doing it took every connection (an attack run).
+pub fn close_unread_after(io: &dyn std::any::Any, timeout: std::time::Duration) {
+    if let Some(stream) = io.downcast_ref::<tokio::net::TcpStream>()
+        && let Err(e) = socket2::SockRef::from(stream).set_tcp_user_timeout(Some(timeout))
+    {
+        tracing::debug!(error = %e, "cannot set TCP_USER_TIMEOUT on a connection");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -236,6 +236,7 @@ impl Application {
         let peers = PeerConnections::new(s.http.max_connections_per_address, Some(metrics.clone()));
         let connections = Connections::new();
         let counted = connections.clone();
+        let write_timeout = s.http.write_timeout;
         let server = HttpServer::new(move || {
             // On the worker's thread and runtime, as it starts.
             crate::store::on_http_worker_start();
@@ -265,6 +266,7 @@ impl Application {
         .on_connect(move |io, data| {
             counted.on_connect(data);
             peers.on_connect(io, data);
+            crate::connections::close_unread_after(io, write_timeout);
         })
         .workers(s.http.workers)
         // actix counts connections per worker.

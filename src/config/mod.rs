@@ -177,6 +177,11 @@ pub struct HttpSettings {
     /// How long a client may take to send a request's headers.
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
+    /// How long an answer may wait for a client that does not read it (or
+    /// does not acknowledge it) before the connection is closed: the
+    /// kernel's `TCP_USER_TIMEOUT` on each connection.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
     /// Most open client connections, over all workers.
     pub max_connections: usize,
     /// Most open connections from one address (an IPv6 /64); more are
@@ -356,6 +361,7 @@ impl Default for Settings {
                 shutdown_timeout: Duration::from_secs(30),
                 body_timeout: Duration::from_secs(10),
                 header_timeout: Duration::from_secs(5),
+                write_timeout: Duration::from_secs(30),
                 max_connections: 1024,
                 max_connections_per_address: 256,
             },
@@ -974,6 +980,7 @@ impl Settings {
         for (key, d) in [
             ("http.body_timeout", self.http.body_timeout),
             ("http.header_timeout", self.http.header_timeout),
+            ("http.write_timeout", self.http.write_timeout),
         ] {
             if d.is_zero() || d > Duration::from_secs(300) {
                 bad(key, "must be more than 0 and at most 5m".into());

@@ -390,3 +390,49 @@ async fn one_address_cannot_hold_more_than_its_share_of_connections() {
     assert!(refused >= 2.0, "{s}");
     drop(held);
 }
+
+/// A client that pipelines requests and never reads the answers loses
+/// its connections once they have waited `http.write_timeout` unread: the
+/// kernel closes them (`TCP_USER_TIMEOUT`). actix has no write timeout:
+/// they were held for ever, and ten addresses doing it took every
+/// connection (an attack run). Seen through the per-address cap: the
+/// address is served again once its unread connections are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_answers_loses_its_connections() {
+    let app = crate::support::app::spawn_app_with(|l| {
+        l.settings.http.max_connections_per_address = 2;
+        l.settings.http.write_timeout = Duration::from_secs(1);
+        l.settings.http.header_timeout = Duration::from_secs(300);
+    })
+    .await;
+    let addr: std::net::SocketAddr = app.address.trim_start_matches("http://").parse().unwrap();
+    let mut writers = Vec::new();
+    for _ in 0..2 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(2048).unwrap();
+        socket.bind("127.0.0.3:0".parse().unwrap()).unwrap();
+        let mut s = socket.connect(addr).await.unwrap();
+        // Far more answer than the kernel's buffers hold; the writes
+        // themselves block once the server stops reading.
+        let requests = "GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat(512);
+        writers.push(tokio::spawn(async move {
+            let _ = s.write_all(requests.as_bytes()).await;
+            // Held, never read, until the test ends.
+            std::future::pending::<()>().await;
+            drop(s);
+        }));
+    }
+    crate::support::receiver::eventually("127.0.0.3 at its cap", || async {
+        healthz_on(connect_from(&app, "127.0.0.3").await)
+            .await
+            .is_none()
+    })
+    .await;
+    crate::support::receiver::eventually("127.0.0.3 served again", || async {
+        healthz_on(connect_from(&app, "127.0.0.3").await).await == Some(200)
+    })
+    .await;
+    for w in writers {
+        w.abort();
+    }
+}
