@@ -5,9 +5,12 @@ use crate::support::process::spawn_serving;
 use crate::support::process::stop_logged;
 use serde_json::Value;
 use tempfile::TempDir;
-/// The JSON log of `dedupd serve` at `level` after the line naming its
-/// port, through one answered claim and a SIGTERM, line by line.
-async fn log_around_a_claim(level: &str) -> Vec<Value> {
+/// The log of `dedupd serve` at `level`, after the line naming its port,
+/// while `client` runs against that port, through a SIGTERM.
+async fn log_while<F: Future<Output = ()>>(
+    level: &str,
+    client: impl FnOnce(u16) -> F,
+) -> Vec<String> {
     let dir = TempDir::new().unwrap();
     let mut cmd = dedupd();
     cmd.arg("serve")
@@ -15,14 +18,24 @@ async fn log_around_a_claim(level: &str) -> Vec<Value> {
         .env("DEDUPD_LISTEN", "127.0.0.1:0")
         .env("DEDUPD_LOG__LEVEL", level);
     let (child, port, drain) = spawn_serving(cmd);
-    let res = crate::support::http::client()
-        .post(format!("http://127.0.0.1:{port}/v1/claims/log-probe"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), reqwest::StatusCode::CREATED);
+    client(port).await;
     let (status, log) = stop_logged(child, "-TERM", drain).await;
     assert!(status.success());
+    log
+}
+
+/// The JSON log of `dedupd serve` at `level` after the line naming its
+/// port, through one answered claim and a SIGTERM, line by line.
+async fn log_around_a_claim(level: &str) -> Vec<Value> {
+    let log = log_while(level, |port| async move {
+        let res = crate::support::http::client()
+            .post(format!("http://127.0.0.1:{port}/v1/claims/log-probe"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), reqwest::StatusCode::CREATED);
+    })
+    .await;
     log.iter()
         .map(|l| serde_json::from_str(l).unwrap_or(Value::Null))
         .collect()
@@ -171,26 +184,20 @@ fn a_rust_log_that_is_no_level_is_set_aside_with_a_word_and_lines_go_on() {
 /// on a connection of its own, that say the request did not parse.
 async fn parse_error_lines(level: &str) -> usize {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let dir = TempDir::new().unwrap();
-    let mut cmd = dedupd();
-    cmd.arg("serve")
-        .current_dir(dir.path())
-        .env("DEDUPD_LISTEN", "127.0.0.1:0")
-        .env("DEDUPD_LOG__LEVEL", level);
-    let (child, port, drain) = spawn_serving(cmd);
-    for _ in 0..30 {
-        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
-        conn.write_all(b"POST /v1/claims/k HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            .await
-            .unwrap();
-        let mut answer = Vec::new();
-        conn.read_to_end(&mut answer).await.unwrap();
-        assert!(answer.starts_with(b"HTTP/1.1 400"), "{answer:?}");
-    }
-    let (status, log) = stop_logged(child, "-TERM", drain).await;
-    assert!(status.success());
+    let log = log_while(level, |port| async move {
+        for _ in 0..30 {
+            let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            conn.write_all(b"POST /v1/claims/k HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                .await
+                .unwrap();
+            let mut answer = Vec::new();
+            conn.read_to_end(&mut answer).await.unwrap();
+            assert!(answer.starts_with(b"HTTP/1.1 400"), "{answer:?}");
+        }
+    })
+    .await;
     log.iter()
         .filter(|l| l.contains("request parse error"))
         .count()
