@@ -9,9 +9,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tracing::Metadata;
 use tracing::subscriber::Interest;
-use tracing_subscriber::filter::DynFilterFn;
+use tracing::{Level, Metadata};
+use tracing_subscriber::filter::{DynFilterFn, LevelFilter};
 use tracing_subscriber::layer::Context;
 
 /// The targets whose lines a client causes: the HTTP/1 connection's
@@ -43,9 +43,10 @@ fn client_caused(meta: &Metadata<'_>) -> bool {
     CLIENT_CAUSED.iter().any(|t| meta.target().starts_with(t))
 }
 
-/// Whether a line of `meta` may be written now: any other line always.
+/// Whether a line of `meta` may be written now: any other line always,
+/// and those below WARN (written only at a level that asks for them).
 fn allowed(meta: &Metadata<'_>) -> bool {
-    if !client_caused(meta) || NAMED.load(Ordering::Relaxed) {
+    if !client_caused(meta) || *meta.level() > Level::WARN || NAMED.load(Ordering::Relaxed) {
         return true;
     }
     let now = START.get_or_init(Instant::now).elapsed();
@@ -69,13 +70,37 @@ pub fn filter<S>() -> DynFilterFn<
     impl Fn(&Metadata<'_>, &Context<'_, S>) -> bool,
     impl Fn(&'static Metadata<'static>) -> Interest,
 > {
-    DynFilterFn::new(|meta: &Metadata<'_>, _: &Context<'_, S>| allowed(meta)).with_callsite_filter(
-        |meta: &'static Metadata<'static>| {
+    DynFilterFn::new(|meta: &Metadata<'_>, _: &Context<'_, S>| allowed(meta))
+        // Lets every level through itself: combined with the level's
+        // filter (the lower hint wins, and none is the lowest), the
+        // process keeps that filter's hint, which `log`'s gate and every
+        // callsite's shortcut follow.
+        .with_max_level_hint(LevelFilter::TRACE)
+        .with_callsite_filter(|meta: &'static Metadata<'static>| {
             if client_caused(meta) {
                 Interest::sometimes()
             } else {
                 Interest::always()
             }
-        },
-    )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing_subscriber::Registry;
+    use tracing_subscriber::filter::{EnvFilter, FilterExt as _, LevelFilter};
+    use tracing_subscriber::layer::Filter;
+
+    /// With it, the level's filter still says the most verbose level any
+    /// line may have: without a hint of its own, it said none, which reads
+    /// as TRACE, and every `log` debug line of the libraries was formed
+    /// and filtered line by line.
+    #[test]
+    fn the_levels_hint_is_kept() {
+        let combined = EnvFilter::new("info").and(super::filter::<Registry>());
+        assert_eq!(
+            Filter::<Registry>::max_level_hint(&combined),
+            Some(LevelFilter::INFO)
+        );
+    }
 }

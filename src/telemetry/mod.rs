@@ -49,13 +49,19 @@ pub fn init(log: &LogSettings) {
             );
             false
         })
-        .and_then(|level| filter(&level).ok());
+        .and_then(|level| filter(&level).ok().map(|f| (f, level)));
     let (filter, from_env) = match from_env {
-        Some(f) => (f, true),
-        None => (
-            filter(&log.level).unwrap_or_else(|_| EnvFilter::new("info")),
-            false,
-        ),
+        Some((f, level)) => {
+            flood::level_set(&level);
+            (f, true)
+        }
+        None => {
+            flood::level_set(&log.level);
+            (
+                filter(&log.level).unwrap_or_else(|_| EnvFilter::new("info")),
+                false,
+            )
+        }
     };
     let (filter, handle) = reload::Layer::new(filter);
     // A second init (tests) keeps the first subscriber.
@@ -82,7 +88,6 @@ const QUIET: &[&str] = &["rustls_platform_verifier"];
 /// libraries off unless it names them.
 fn filter(level: &str) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
     let mut filter = EnvFilter::try_new(level)?;
-    flood::level_set(level);
     for target in QUIET.iter().filter(|target| !level.contains(*target)) {
         filter = filter.add_directive(format!("{target}=off").parse()?);
     }
@@ -137,6 +142,7 @@ pub fn set_level(level: &str) -> Result<Level, String> {
     };
     let filter = filter(level).map_err(|e| e.to_string())?;
     handle.reload(filter).map_err(|e| e.to_string())?;
+    flood::level_set(level);
     // The `log` crate's own gate was set from the level at the start
     // (`try_init`); it must let through what the new filter may want.
     let max = tracing_subscriber::filter::LevelFilter::current();
