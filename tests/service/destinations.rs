@@ -222,7 +222,7 @@ async fn the_event_shows_each_attempt_with_its_time_status_latency_and_error() {
     .await;
     let t0 = app.clock.now_ms();
     app.post_events(0, 1).await;
-    assert_eq!(event(&app, "e0").await["timeline"], serde_json::json!([]));
+    // (Not "no attempt yet": the first may be recorded before a look.)
     assert_eq!(held_until(&app).await, t0 + 30_000);
     // The hold starts as the answer comes; the settle is written after it.
     eventually("the first attempt recorded", || async {
