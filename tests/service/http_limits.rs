@@ -403,7 +403,9 @@ async fn one_address_cannot_hold_more_than_its_share_of_connections() {
 async fn a_client_that_never_reads_its_answers_loses_its_connections() {
     let app = crate::support::app::spawn_app_with(|l| {
         l.settings.http.max_connections_per_address = 2;
-        l.settings.http.write_timeout = Duration::from_secs(1);
+        // Long enough that the test sees the address at its cap first
+        // (it polls every 20 ms), under load too.
+        l.settings.http.write_timeout = Duration::from_secs(3);
         l.settings.http.header_timeout = Duration::from_secs(300);
     })
     .await;
