@@ -285,9 +285,16 @@ mod tests {
     proptest::proptest! {
         /// Whatever figment parses is nested no deeper than the guard
         /// counted: short texts of the characters its grammar turns on.
+        /// A backslash beside a non-ASCII character is never parsed
+        /// (figment's unescaping panics on it; `Var::data` takes such a
+        /// value as the plain string it is), so each text has one or the
+        /// other.
         #[test]
         fn the_guard_never_counts_less_than_figment_nests(
-            text in "[\\[\\]{}\",'= a=_\\\\é]{0,24}"
+            text in proptest::prop_oneof![
+                "[\\[\\]{}\",'= a=_tf\\t\\\\]{0,24}",
+                "[\\[\\]{}\",'= a=_tfé]{0,24}",
+            ]
         ) {
             let parsed: Value = text.parse().unwrap_or_else(|never| match never {});
             proptest::prop_assert!(nesting(&parsed) <= value_depth(&text), "{:?}", text);
