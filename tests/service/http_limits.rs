@@ -25,18 +25,30 @@ async fn start_upload(
     length: usize,
     sent: &[u8],
 ) -> TcpStream {
+    let (mut s, head) = post_head(app, path, &format!("Content-Length: {length}"), headers).await;
+    s.write_all(&head).await.unwrap();
+    s.write_all(sent).await.unwrap();
+    s
+}
+
+/// A connection to `app`, and the head of a JSON `POST` to `path` with its
+/// body's `framing` header and `headers`, not yet sent.
+async fn post_head(
+    app: &TestApp,
+    path: &str,
+    framing: &str,
+    headers: &[(&str, String)],
+) -> (TcpStream, Vec<u8>) {
     let addr = app.address.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).await.unwrap();
+    let s = TcpStream::connect(addr).await.unwrap();
     let mut head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n"
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{framing}\r\n"
     );
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(sent).await.unwrap();
-    s
+    (s, head.into_bytes())
 }
 
 /// Reads until the server closes the connection (30 s at most); returns the
@@ -116,16 +128,7 @@ async fn start_chunked(
     chunks: &[&[u8]],
     end: bool,
 ) -> TcpStream {
-    let addr = app.address.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut sent = head.into_bytes();
+    let (mut s, mut sent) = post_head(app, path, "Transfer-Encoding: chunked", headers).await;
     for chunk in chunks {
         sent.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
         sent.extend_from_slice(chunk);
