@@ -14,6 +14,11 @@ use serde_json::Value;
 /// How long one request may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The largest answer read (128 MiB): an event's page with the largest
+/// body a source may take, each byte escaped in its JSON as six, and its
+/// headers and attempts.
+const MAX_ANSWER: usize = 6 * dedupd::gateway::source::MAX_BODY_LIMIT + (32 << 20);
+
 /// Where the server is and how to authenticate, as given on the command line.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServerArgs {
@@ -203,13 +208,34 @@ impl Client {
         })
     }
 
-    /// An answer's body as text.
-    async fn body(&self, res: reqwest::Response) -> anyhow::Result<String> {
-        res.text()
+    /// An answer's body as text, read up to [`MAX_ANSWER`]: `--url` may
+    /// name any server, and one that sends without end would otherwise
+    /// fill the operator's memory within the timeout.
+    pub async fn body(&self, mut res: reqwest::Response) -> anyhow::Result<String> {
+        let too_big = || {
+            anyhow!(
+                "dedupd at {} answered more than {} MiB: no answer of dedupd's is that large                  (is --url the dedupd server?)",
+                self.shown(),
+                MAX_ANSWER >> 20
+            )
+        };
+        if res.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
+            return Err(too_big());
+        }
+        let mut got = Vec::new();
+        while let Some(chunk) = res
+            .chunk()
             .await
             // reqwest's message names the URL, userinfo and query included.
             .map_err(reqwest::Error::without_url)
-            .with_context(|| format!("reading the answer of {}", self.shown()))
+            .with_context(|| format!("reading the answer of {}", self.shown()))?
+        {
+            if got.len() + chunk.len() > MAX_ANSWER {
+                return Err(too_big());
+            }
+            got.extend_from_slice(&chunk);
+        }
+        Ok(String::from_utf8_lossy(&got).into_owned())
     }
 
     /// Sends a `/v1` request whose answer is not JSON (a backup's bytes):

@@ -175,7 +175,7 @@ impl Poster<'_> {
         }
         let res = self.client.send(req).await?;
         let status = res.status();
-        let body = res.text().await.unwrap_or_default();
+        let body = self.client.body(res).await?;
         // `--url` may name any server: its answer is printed escaped.
         outln!(
             "  -> {status} {}",

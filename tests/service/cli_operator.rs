@@ -512,6 +512,65 @@ fn nothing_a_server_answers_reaches_the_terminal_unescaped() {
     }
 }
 
+/// A server (any `--url`) that sends an answer without end: it goes on
+/// until the client hangs up. `framing` is the answer's length header.
+fn endless_answer(framing: &'static str) -> (u16, std::thread::JoinHandle<u64>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sender = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut head = [0u8; 4096];
+        let _ = conn.read(&mut head);
+        let chunked = framing.contains("chunked");
+        let mut sent = 0u64;
+        let mut write = |bytes: &[u8]| conn.write_all(bytes).is_ok();
+        if !write(
+            format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{framing}\r\n\r\n")
+                .as_bytes(),
+        ) {
+            return sent;
+        }
+        let block = vec![b'['; 1 << 20];
+        let chunk = [
+            format!("{:x}\r\n", block.len()).into_bytes(),
+            block.clone(),
+            b"\r\n".to_vec(),
+        ]
+        .concat();
+        // Two GiB at most, whatever the client does.
+        while sent < 2 << 30 && write(if chunked { &chunk } else { &block }) {
+            sent += block.len() as u64;
+        }
+        sent
+    });
+    (port, sender)
+}
+
+/// An answer of 2 GiB (declared or sent without a length) is refused once
+/// past 128 MiB, with an error that says so: the CLI read it whole into
+/// memory (5.5 GB for `events list`, then a parser's error).
+#[test]
+fn an_answer_past_its_limit_is_refused_not_read_into_memory() {
+    for framing in ["content-length: 2147483648", "transfer-encoding: chunked"] {
+        let (port, sender) = endless_answer(framing);
+        let out = dedupd()
+            .args(["events", "list", "--source", "s", "--token", TOKEN, "--url"])
+            .arg(format!("http://127.0.0.1:{port}"))
+            .output()
+            .unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{framing}: {err}");
+        assert!(
+            err.contains("answered more than 128 MiB"),
+            "{framing}: {err}"
+        );
+        // It hung up: the server did not get to send its 2 GiB.
+        let sent = sender.join().unwrap();
+        assert!(sent < 1 << 30, "{framing}: {sent} bytes taken");
+    }
+}
+
 #[tokio::test]
 async fn events_count_counts_what_a_filter_matches_and_names_the_first() {
     let server = Server::start();
