@@ -27,7 +27,7 @@ use dedupd::store::redb::backup::restore::{self, RestoreOptions};
 use dedupd::store::redb::backup::verify::{self, BackupReport, DataFileReport};
 use dedupd::store::redb::{CommitMetrics, RedbOptions, RedbStore, SCHEMA_VERSION};
 
-use super::client::ServerArgs;
+use super::client::{Client, ServerArgs};
 use super::out::outln;
 use super::table::{now_ms, rfc3339_ms};
 
@@ -353,14 +353,25 @@ async fn through_server(args: &BackupArgs, partial: &Partial) -> anyhow::Result<
         None
     };
     let client = args.server.client(loaded.as_ref())?;
+    fetch(&client, dedupd::store::redb::backup::STALL, partial).await
+}
+
+/// Takes the backup from `client`'s server into `partial`; the server
+/// must answer, and then send each chunk, within `stall`. A server that
+/// takes the request and never answers (stopped, wedged) fails the
+/// backup then, not after [`WHOLE`].
+async fn fetch(client: &Client, stall: Duration, partial: &Partial) -> anyhow::Result<()> {
     let req = client.request(reqwest::Method::POST, client.url(&["v1", "backup"]));
-    let mut res = client.stream(req, WHOLE).await.context("the backup")?;
+    let mut res = tokio::time::timeout(stall, client.stream(req, WHOLE))
+        .await
+        .map_err(|_| anyhow!("the server did not answer for {}s", stall.as_secs_f32()))
+        .and_then(|answer| answer)
+        .context("the backup")?;
     let mut file = partial.writer()?;
-    let stall = dedupd::store::redb::backup::STALL;
     loop {
         let chunk = tokio::time::timeout(stall, res.chunk())
             .await
-            .map_err(|_| anyhow!("the server sent nothing for {}s", stall.as_secs()))?
+            .map_err(|_| anyhow!("the server sent nothing for {}s", stall.as_secs_f32()))?
             .map_err(|e| {
                 anyhow!(
                     "the backup stopped midway ({}): the server's log says why",
@@ -558,4 +569,41 @@ pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that takes the backup's request and never answers (a
+    /// stopped or wedged one) fails the backup once the stall passes; the
+    /// 24 h bound of the whole exchange kept `dedupd backup` (and the
+    /// nightly unit) waiting a day.
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_never_answers_fails_the_backup_after_the_stall() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        // Accepted and held: the request is read by no one.
+        let _held = std::thread::spawn(move || listener.accept().map(|(conn, _)| conn));
+        let dir = tempfile::TempDir::new().expect("dir");
+        let to = dir.path().join("b.backup");
+        let partial = Partial::take(&dir.path().join("b.backup.partial"), &to).expect("partial");
+        let client = ServerArgs {
+            config: None,
+            url: Some(format!("http://127.0.0.1:{port}")),
+            token: Some("t".into()),
+        }
+        .client(None)
+        .expect("client");
+        // The clock is tokio's, moved on whenever the test only waits.
+        let within = Duration::from_secs(3600);
+        let err = tokio::time::timeout(within, fetch(&client, Duration::from_secs(60), &partial))
+            .await
+            .expect("the backup still waited an hour on")
+            .expect_err("a server that never answers");
+        assert!(
+            format!("{err:#}").contains("the server did not answer for 60s"),
+            "{err:#}"
+        );
+    }
 }
