@@ -364,6 +364,40 @@ async fn the_forwarded_request_is_the_original_body_signed_with_standard_webhook
     assert!(wrong.verify(&lookup, &got.body, app.now_s()).is_err());
 }
 
+/// An id that is not plain ASCII goes out percent-encoded in `webhook-id`,
+/// and the signature covers what is sent: raw, `commande_é1` was a header
+/// most receivers cannot read (this one's `to_str` among them), and each
+/// attempt failed until the event was dead; a space at an end is trimmed
+/// by the receiver's parser. A plain id goes out as it is.
+#[tokio::test]
+async fn an_id_that_is_not_plain_ascii_is_forwarded_percent_encoded_and_verifies() {
+    let receiver = Receiver::start(Behaviour::Accept).await;
+    let app = gateway_app(&receiver.url, |_| {}).await;
+    let verifier = Verifier::new(
+        Scheme::StandardWebhooks,
+        &[DESTINATION.to_owned()],
+        Duration::from_secs(300),
+    )
+    .unwrap();
+    for (id, sent) in [
+        ("commande_é1", "commande_%C3%A91"),
+        (" padded 50% ", "%20padded%2050%25%20"),
+        ("req 50% a+b", "req 50% a+b"),
+    ] {
+        let b = body(id, "run_1", "2026-11-29T10:00:00Z");
+        app.ingest_ok(&b).await;
+        app.retrying_until("delivery", || async {
+            receiver.received().iter().any(|r| r.body == b)
+        })
+        .await;
+        let received = receiver.received();
+        let got = received.iter().find(|r| r.body == b).unwrap();
+        assert_eq!(got.header("webhook-id"), sent, "{id:?}");
+        let lookup = |name: &str| got.headers.get(name).map(String::as_str);
+        verifier.verify(&lookup, &got.body, app.now_s()).unwrap();
+    }
+}
+
 /// The secret a rotation brings in (the reference libraries' test key);
 /// [`DESTINATION`] is the one it retires.
 const NEW_DESTINATION: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";

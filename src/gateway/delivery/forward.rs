@@ -13,6 +13,30 @@ use crate::gateway::signature::signature_header;
 use crate::store::inbox::InboxEvent;
 use crate::telemetry::traces;
 
+/// What an id that is not plain ASCII has percent-encoded in its
+/// `webhook-id`: every byte past ASCII, controls, spaces and `%`.
+const ENCODED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b' ').add(b'%');
+
+/// The forward's `webhook-id` (and what its signature covers) for the
+/// event `id`: the id itself when it is printable ASCII without a space at
+/// either end, else its UTF-8 percent-encoded ([`ENCODED`]). Sent as it
+/// is, `commande_é1` went out as raw bytes most receivers cannot read
+/// (their frameworks refuse the header, or read it as Latin-1 and the
+/// signature fails), so every attempt failed until the event was dead; a
+/// space at either end is trimmed by the receiver's parser, and the
+/// signature fails too. Unambiguous but for a plain id that spells another
+/// one's encoding (`a%C3%A9` beside `aé`, in one source).
+pub fn webhook_id(id: &str) -> std::borrow::Cow<'_, str> {
+    let plain = id.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
+        && !id.starts_with(' ')
+        && !id.ends_with(' ');
+    if plain {
+        std::borrow::Cow::Borrowed(id)
+    } else {
+        percent_encoding::utf8_percent_encode(id, ENCODED).into()
+    }
+}
+
 /// Idle connections are closed after this long.
 const POOL_IDLE: Duration = Duration::from_secs(60);
 
@@ -52,7 +76,8 @@ impl Forwarder {
         attempt: u32,
         now_s: i64,
     ) -> Result<u16, Failed> {
-        let signature = signature_header(&source.destination_keys, &ev.event_id, now_s, &ev.body);
+        let id = webhook_id(&ev.event_id);
+        let signature = signature_header(&source.destination_keys, &id, now_s, &ev.body);
         let mut req = self
             .client
             .post(source.forward_to.clone())
@@ -82,7 +107,7 @@ impl Forwarder {
             req = req.header("dedupd-replay", replay.job.as_str());
         }
         let res = req
-            .header("webhook-id", ev.event_id.as_str())
+            .header("webhook-id", id.as_ref())
             .header("webhook-timestamp", now_s.to_string())
             .header("webhook-signature", signature)
             .header("dedupd-attempt", attempt.to_string())
