@@ -439,11 +439,26 @@ pub struct ConfigError {
 }
 
 impl fmt::Display for ConfigError {
+    // Printed to a terminal by `check-config`, `reload` and `serve`: a key
+    // is the file's (a source's name may hold an escape sequence: a title
+    // change, a clipboard write), so are parts of a message, and the
+    // origin names a path. Control characters are written escaped; a
+    // message's line breaks are kept.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::redact::escape_control;
+        let origin = escape_control(&self.origin);
+        let mut message = String::with_capacity(self.message.len());
+        for (i, line) in self.message.split('\n').enumerate() {
+            if i > 0 {
+                message.push('\n');
+            }
+            message.push_str(&escape_control(line));
+        }
         if self.key.is_empty() {
-            write!(f, "{} (in {})", self.message, self.origin)
+            write!(f, "{message} (in {origin})")
         } else {
-            write!(f, "{}: {} (from {})", self.key, self.message, self.origin)
+            let key = escape_control(&self.key);
+            write!(f, "{key}: {message} (from {origin})")
         }
     }
 }

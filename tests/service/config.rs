@@ -59,6 +59,43 @@ fn check_config_names_the_bad_key_and_the_file_it_came_from() {
     assert!(stderr.contains("bad.toml"), "{stderr}");
 }
 
+/// A key is the file's: one that holds an escape sequence (a title change,
+/// a clipboard write) is named escaped, so reviewing a file from someone
+/// else with `check-config` runs nothing in the terminal; as are `serve`'s
+/// and `reload`'s errors, which print the same text.
+#[test]
+fn check_config_names_a_key_with_control_characters_escaped() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.path().join("evil\u{1b}[31m.toml");
+    std::fs::write(
+        &file,
+        "[sources.\"a\\u001b]52;c;cHduZWQ=\\u0007\"]\nscheme = \"sume\"\n",
+    )
+    .unwrap();
+    for command in ["check-config", "serve"] {
+        let out = dedupd()
+            .arg(command)
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command}: {stderr}");
+        assert!(
+            stderr.contains("sources.a\\u{1b}]52;c;cHduZWQ=\\u{7}"),
+            "{command}: {stderr}"
+        );
+        assert!(
+            stderr.contains("evil\\u{1b}[31m.toml"),
+            "{command}: {stderr}"
+        );
+        assert!(
+            !stderr.contains(['\u{1b}', '\u{7}']),
+            "{command}: {stderr:?}"
+        );
+    }
+}
+
 #[test]
 fn check_config_names_the_environment_variable_of_a_bad_value() {
     let out = dedupd()
