@@ -427,30 +427,85 @@ fn check_headers(env: &impl Fn(&str) -> Result<String, VarError>) -> Result<(), 
              {general}'s (unset it)"
         ));
     }
-    let sendable = |pair: &str| {
-        pair.split_once('=').is_some_and(|(key, value)| {
-            let value = percent_encoding::percent_decode_str(value.trim())
-                .decode_utf8()
-                .map_or_else(|_| value.to_owned(), |v| v.into_owned());
-            HeaderName::from_bytes(key.trim().as_bytes()).is_ok()
-                && !value.is_empty()
-                && HeaderValue::from_str(&value).is_ok()
-        })
-    };
     // A blank pair (`a=1,,b=2`) is no header: skipped, as it is there.
-    if headers
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .all(sendable)
-    {
-        Ok(())
-    } else {
-        Err(format!(
-            "{name} must be key=value pairs separated by commas, each key a header name and \
-             each value, once percent-decoded, not empty and without control characters"
-        ))
+    let mut seen: Vec<HeaderName> = Vec::new();
+    for pair in headers.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = |why: &str| {
+            Err(format!(
+                "{name} must be key=value pairs separated by commas, each key a header name and \
+                 each value, once percent-decoded, not empty and without control characters: \
+                 {why}"
+            ))
+        };
+        let Some((key, value)) = pair.split_once('=') else {
+            return bad("a pair has no `=`");
+        };
+        let Ok(key) = HeaderName::from_bytes(key.trim().as_bytes()) else {
+            return bad("a key is not a header name");
+        };
+        // The exporter sends a value it cannot decode as it is, escapes
+        // and all: never the value meant.
+        let Some(value) = percent_decoded(value.trim()) else {
+            return bad(&format!(
+                "{key}'s value has a `%` that is not two hex digits of UTF-8"
+            ));
+        };
+        // Blank once decoded (`%20`): the receiver trims it to nothing.
+        if value.trim().is_empty() || HeaderValue::from_str(&value).is_err() {
+            return bad(&format!("{key}'s value is empty or has control characters"));
+        }
+        if FRAMING.contains(&key.as_str()) {
+            return Err(format!(
+                "{name} sets {key}, which says how the export's request is framed or \
+                 carried (the exporter sets it, or must not): the collector would misread \
+                 every export"
+            ));
+        }
+        // The exporter keeps the last of two: one would be dropped unseen.
+        if seen.contains(&key) {
+            return Err(format!("{name} sets {key} twice"));
+        }
+        seen.push(key);
     }
+    Ok(())
+}
+
+/// Headers `OTEL_EXPORTER_OTLP_HEADERS` may not set: those that frame or
+/// carry the export's request. Sent as given, `content-length=5` cut the
+/// request short (the collector took 5 bytes and answered 200, and the
+/// rest of the body stood on the connection as the next request).
+const FRAMING: [&str; 12] = [
+    "connection",
+    "content-encoding",
+    "content-length",
+    "content-type",
+    "expect",
+    "host",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// `text` percent-decoded as the exporter decodes a header's value: every
+/// `%` starts two hex digits, and what they make is UTF-8; `None`
+/// otherwise.
+fn percent_decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = bytes[i..].iter().position(|&b| b == b'%') {
+        let hex = bytes.get(i + at + 1..i + at + 3)?;
+        if !hex.iter().all(u8::is_ascii_hexdigit) {
+            return None;
+        }
+        i += at + 3;
+    }
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .ok()
+        .map(|v| v.into_owned())
 }
 
 /// The share of new traces `OTEL_TRACES_SAMPLER` (with its `arg`) keeps.
@@ -621,6 +676,29 @@ mod tests {
             // decoded: the exporter would drop the pair.
             ("OTEL_EXPORTER_OTLP_HEADERS", "authorization="),
             ("OTEL_EXPORTER_OTLP_HEADERS", "x=a%0Ab"),
+            // Blank once decoded: the collector reads it as nothing.
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=%20"),
+            // Sent undecoded, escapes and all.
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=%ZZs3cret"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=%FFs3cret"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=s3cret%4"),
+            // The exporter keeps the last: the first is dropped unseen.
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=a,Authorization=b",
+            ),
+            // The request's framing and carriage: the exporter's own.
+            ("OTEL_EXPORTER_OTLP_HEADERS", "content-length=5"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                "Transfer-Encoding=chunked",
+            ),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x=1,content-encoding=gzip"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "host=evil.example"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "content-type=text/html"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "connection=close"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "upgrade=h2c"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "expect=100-continue"),
             ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/ca.pem"),
             ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "/etc/key.pem"),
             // The exporter reads these as written: it would ignore them.
@@ -654,6 +732,7 @@ mod tests {
                 "OTEL_EXPORTER_OTLP_HEADERS",
                 "authorization=Bearer%20k, x-tenant=a,",
             )],
+            &[("OTEL_EXPORTER_OTLP_HEADERS", "x-name=caf%C3%A9%2C%25")],
         ] {
             let all: Vec<_> = on.iter().chain(vars).copied().collect();
             assert!(with(None, &all).unwrap().is_some(), "{vars:?}");
