@@ -132,11 +132,13 @@ pub fn shutdown() {
     if let Some(export) = EXPORT.get() {
         const LAST: std::time::Duration = std::time::Duration::from_secs(5);
         tracing::debug!("sending the last trace spans (waiting at most 5 s)");
-        if let Err(e) = export.shutdown(LAST) {
+        if let Err(unsent) = export.shutdown(LAST) {
             tracing::warn!(
-                error = %e,
+                error = %unsent.error,
+                dropped = unsent.spans,
                 "the last trace spans were not all exported within 5 s of the stop \
-                 (the collector did not take them): they are dropped"
+                 (the collector did not take them): they are dropped, and counted in \
+                 dedupd_trace_spans_dropped_total{{reason=\"export_failed\"}}"
             );
         }
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::error::OTelSdkError;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::Dispatch;
@@ -249,6 +249,14 @@ impl Handle {
     }
 }
 
+/// A stop that did not export every span in time: why, and how many
+/// spans were left (counted as dropped).
+#[derive(Debug)]
+pub struct Unsent {
+    pub error: OTelSdkError,
+    pub spans: u64,
+}
+
 /// The export thread and its queue.
 #[derive(Debug)]
 pub struct QueueProcessor {
@@ -294,25 +302,41 @@ impl QueueProcessor {
     }
 
     /// Exports what waits and stops the thread, waiting at most `within`.
-    pub fn shutdown(&self, within: Duration) -> OTelSdkResult {
+    pub fn shutdown(&self, within: Duration) -> Result<(), Unsent> {
         let (done, wait) = oneshot::channel();
-        self.stop
+        let stopped = self
+            .stop
             .send(done)
-            .map_err(|_| OTelSdkError::AlreadyShutdown)?;
-        // Called from the serving runtime's threads too: wait on a thread
-        // of its own, so no runtime is blocked in.
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_time()
-                    .build()
-                    .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?;
-                rt.block_on(async { tokio::time::timeout(within, wait).await })
-                    .map_err(|_| OTelSdkError::Timeout(within))?
-                    .map_err(|_| OTelSdkError::AlreadyShutdown)
-            })
-            .join()
-            .unwrap_or(Err(OTelSdkError::InternalFailure("panicked".into())))
+            .map_err(|_| OTelSdkError::AlreadyShutdown)
+            .and_then(|()| {
+                // Called from the serving runtime's threads too: wait on a
+                // thread of its own, so no runtime is blocked in.
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .enable_time()
+                            .build()
+                            .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?;
+                        rt.block_on(async { tokio::time::timeout(within, wait).await })
+                            .map_err(|_| OTelSdkError::Timeout(within))?
+                            .map_err(|_| OTelSdkError::AlreadyShutdown)
+                    })
+                    .join()
+                    .unwrap_or(Err(OTelSdkError::InternalFailure("panicked".into())))
+                })
+            });
+        stopped.map_err(|error| {
+            // Nobody sends them now: counted as dropped, as are spans
+            // that end from now on.
+            self.waiting.closed.store(true, Ordering::Relaxed);
+            let left = self
+                .waiting
+                .spans
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len() as u64;
+            DROPPED_EXPORT_FAILED.fetch_add(left, Ordering::Relaxed);
+            Unsent { error, spans: left }
         })
     }
 }
@@ -409,6 +433,7 @@ async fn export<E: SpanExporter>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry::KeyValue;
     use opentelemetry::trace::SpanKind;
     use opentelemetry_sdk::trace::Sampler;
@@ -524,11 +549,40 @@ mod tests {
             queue.handle().push(span(n));
         }
         // The stop exports what waited, and looks at the drops.
-        queue.shutdown(Duration::from_secs(10)).expect("stopped");
+        queue
+            .shutdown(Duration::from_secs(10))
+            .map_err(|u| u.error)
+            .expect("stopped");
         let text = lines.take().join("\n");
         assert!(text.contains("trace spans dropped"), "{text}");
         assert!(text.contains("the collector did not take spans"), "{text}");
         assert!(!text.contains("invalid peer certificate"), "{text}");
+    }
+
+    /// A stop whose collector never answers says how many spans it
+    /// leaves, and counts them as dropped (they were counted nowhere), as
+    /// it does a span that ends after it.
+    #[test]
+    fn the_spans_a_stop_leaves_are_counted_as_dropped() {
+        #[derive(Debug)]
+        struct Hanging;
+        impl SpanExporter for Hanging {
+            async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
+                std::future::pending().await
+            }
+        }
+        let before = counts().dropped_export_failed;
+        let queue = QueueProcessor::start(Hanging, 64).expect("started");
+        for n in 0..40 {
+            queue.handle().push(span(n));
+        }
+        let unsent = queue
+            .shutdown(Duration::from_millis(100))
+            .expect_err("the collector never answers");
+        assert_eq!(unsent.spans, 40);
+        queue.handle().push(span(40));
+        // Other tests count too: at least these.
+        assert!(counts().dropped_export_failed - before >= 41);
     }
 
     #[test]
