@@ -106,11 +106,25 @@ pub fn write(path: &Path, status: &Status) -> std::io::Result<()> {
 
 /// The status at `path`: none when there is no such file.
 pub fn read(path: &Path) -> std::io::Result<Option<Status>> {
-    let file = match std::fs::File::open(path) {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // Opened without waiting: a FIFO put there (by the service's user, in
+    // its runtime directory) blocked root's `ExecReload` in `open` until
+    // systemd's timeout, whatever `--wait` said. Then read only if it is
+    // a file.
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file (a server writes its reload status as one)",
+        ));
+    }
     let mut text = Vec::new();
     file.take(1 << 16).read_to_end(&mut text)?;
     serde_json::from_slice(&text)
@@ -132,6 +146,28 @@ mod tests {
         // once 3 ends, answers it (waiting for 5, which nothing makes,
         // failed a reload that went well).
         assert_eq!(at(3, State::Reloading).answering(), 4);
+    }
+
+    /// A FIFO, a directory or a device where the status should be is
+    /// refused at once, not waited on (a FIFO blocked the reader's `open`
+    /// until a writer came, for ever).
+    #[test]
+    fn a_status_that_is_not_a_file_is_refused_without_waiting() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        )
+        .unwrap();
+        for path in [fifo.as_path(), dir.path(), Path::new("/dev/zero")] {
+            let e = read(path).expect_err("not a file");
+            assert!(
+                e.to_string().contains("not a regular file"),
+                "{path:?}: {e}"
+            );
+        }
     }
 
     #[test]

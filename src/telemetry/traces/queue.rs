@@ -433,9 +433,9 @@ async fn export<E: SpanExporter>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry::KeyValue;
     use opentelemetry::trace::SpanKind;
+    use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry_sdk::trace::Sampler;
 
     fn span(n: u64) -> Finished {
