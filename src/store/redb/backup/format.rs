@@ -293,10 +293,7 @@ impl<R: Read> FrameReader<R> {
         if len > MAX_FRAME {
             return Err(FormatError::TooLong { frame, at, len });
         }
-        let mut payload = Vec::with_capacity((len as usize).min(FRAME_TARGET + 64 * 1024));
-        (&mut self.inner)
-            .take(u64::from(len))
-            .read_to_end(&mut payload)?;
+        let payload = read_payload(&mut self.inner, len as usize)?;
         if payload.len() < len as usize {
             return Err(FormatError::Truncated {
                 at: at + (FRAME_HEAD + payload.len()) as u64,
@@ -339,6 +336,25 @@ impl<R: Read> FrameReader<R> {
 }
 
 /// Reads until `buf` is full or the input ends; how many bytes were read.
+/// Up to `len` bytes of a frame's payload (fewer when the input ends). The
+/// buffer grows as the bytes arrive, doubling, never past `len`: grown as
+/// `read_to_end` grows, a forged frame declaring 1 GiB took 2 GiB.
+fn read_payload(r: &mut impl Read, len: usize) -> io::Result<Vec<u8>> {
+    let mut payload = Vec::new();
+    let mut want = len.min(FRAME_TARGET + 64 * 1024);
+    loop {
+        let filled = payload.len();
+        payload.reserve_exact(want - filled);
+        payload.resize(want, 0);
+        let got = read_full(r, &mut payload[filled..])?;
+        if filled + got < want || want == len {
+            payload.truncate(filled + got);
+            return Ok(payload);
+        }
+        want = want.saturating_mul(2).min(len);
+    }
+}
+
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
@@ -495,6 +511,25 @@ mod tests {
             read_all(&longer),
             Err(FormatError::Trailing { .. })
         ));
+    }
+
+    /// A payload larger than the first buffer is read whole, into no more
+    /// room than it declares (a forged 1 GiB frame took 2 GiB).
+    #[test]
+    fn a_payload_takes_no_more_room_than_its_length() {
+        for len in [0, 1, FRAME_TARGET, 3 * FRAME_TARGET + 1] {
+            let bytes: Vec<u8> = (0..len + 7).map(|i| i as u8).collect();
+            let payload = read_payload(&mut &bytes[..], len).expect("read");
+            assert_eq!(payload, bytes[..len], "{len}");
+            assert!(
+                payload.capacity() <= len.max(1),
+                "{len}: {}",
+                payload.capacity()
+            );
+            // Cut short: what there is.
+            let cut = read_payload(&mut &bytes[..len / 2], len).expect("read");
+            assert_eq!(cut, bytes[..len / 2], "{len}");
+        }
     }
 
     #[test]
