@@ -360,12 +360,29 @@ async fn run<E: SpanExporter>(
         log: log.clone(),
         ..Warner::default()
     };
+    let mut pause = Pause::default();
     loop {
-        let woke = tokio::select! {
-            biased;
-            s = stop.recv() => Woke::Stop(s),
-            () = waiting.full_batch.notified() => Woke::Full,
-            () = tokio::time::sleep(INTERVAL) => Woke::Timer,
+        let woke = match pause.until {
+            // Nothing is sent meanwhile: the spans wait in the queue (those
+            // past it are dropped as they end, at the cost of a lock).
+            Some(until) => tokio::select! {
+                biased;
+                // The stop tries once more (within its own bound).
+                s = stop.recv() => {
+                    pause.until = None;
+                    Woke::Stop(s)
+                }
+                () = tokio::time::sleep_until(until) => {
+                    pause.until = None;
+                    Woke::Timer
+                }
+            },
+            None => tokio::select! {
+                biased;
+                s = stop.recv() => Woke::Stop(s),
+                () = waiting.full_batch.notified() => Woke::Full,
+                () = tokio::time::sleep(INTERVAL) => Woke::Timer,
+            },
         };
         let batches = {
             let mut spans = waiting.spans.lock().unwrap_or_else(PoisonError::into_inner);
@@ -378,11 +395,20 @@ async fn run<E: SpanExporter>(
                 Woke::Stop(_) | Woke::Timer => spans.take_all(),
             }
         };
-        for batch in batches {
+        for mut batch in batches {
             let sent = batch.len();
-            let emptied = export(&exporter, batch, &log).await;
+            if pause.until.is_some() {
+                // An export of this wake failed: the rest would fail too,
+                // each taking its time.
+                DROPPED_EXPORT_FAILED.fetch_add(sent as u64, Ordering::Relaxed);
+                batch.clear();
+            } else if !export(&exporter, &mut batch, &log).await {
+                pause.failed();
+            } else if sent > 0 {
+                pause = Pause::default();
+            }
             let mut spans = waiting.spans.lock().unwrap_or_else(PoisonError::into_inner);
-            spans.give_back(emptied, sent);
+            spans.give_back(batch, sent);
             drop(spans);
             // Between batches too: each may take the export's timeout.
             warner.look();
@@ -401,33 +427,58 @@ async fn run<E: SpanExporter>(
     }
 }
 
-/// Sends one request's spans; counts them as exported or as dropped.
-/// Answers the batch's buffer, emptied.
-async fn export<E: SpanExporter>(
-    exporter: &E,
-    mut batch: Vec<Finished>,
-    log: &Dispatch,
-) -> Vec<Finished> {
+/// The wait after a failed export before the next: each failure in a row
+/// doubles it, from [`FIRST_PAUSE`] to [`LONGEST_PAUSE`]; an export that
+/// succeeds ends it. A collector that fails every export at once costs one
+/// request a pause, not one per batch; one that keeps the exporter busy
+/// until its timeout (an endless stream of `103` answers, each parsed and
+/// skipped, took 0.7 of a core for as long as spans came) costs that
+/// timeout a pause.
+#[derive(Debug, Default)]
+struct Pause {
+    /// No export before this.
+    until: Option<tokio::time::Instant>,
+    /// The last pause.
+    last: Duration,
+}
+
+/// The first pause after a failed export.
+const FIRST_PAUSE: Duration = Duration::from_secs(1);
+/// The longest pause.
+const LONGEST_PAUSE: Duration = Duration::from_secs(60);
+
+impl Pause {
+    fn failed(&mut self) {
+        self.last = (self.last * 2).clamp(FIRST_PAUSE, LONGEST_PAUSE);
+        self.until = Some(tokio::time::Instant::now() + self.last);
+    }
+}
+
+/// Sends one request's spans (emptying `batch`); counts them as exported
+/// or as dropped. False when the collector did not take them.
+async fn export<E: SpanExporter>(exporter: &E, batch: &mut Vec<Finished>, log: &Dispatch) -> bool {
     if batch.is_empty() {
-        return batch;
+        return true;
     }
     let sent: Vec<SpanData> = batch.drain(..).map(Finished::into_data).collect();
     let n = sent.len() as u64;
     match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
         Ok(Ok(())) => {
             EXPORTED.fetch_add(n, Ordering::Relaxed);
+            true
         }
         Ok(Err(e)) => {
             DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed);
             tracing::dispatcher::with_default(log, || {
                 tracing::debug!(error = %e, spans = n, "the collector did not take spans");
             });
+            false
         }
         Err(_) => {
             DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed);
+            false
         }
     }
-    batch
 }
 
 #[cfg(test)]
@@ -583,6 +634,76 @@ mod tests {
         queue.handle().push(span(40));
         // Other tests count too: at least these.
         assert!(counts().dropped_export_failed - before >= 41);
+    }
+
+    /// After a failed export the next waits 1 s, after another 2 s, and
+    /// so on up to a minute; one that succeeds ends the pause. A
+    /// collector that keeps each export busy until its timeout (endless
+    /// `103` answers) cost a core for as long as spans came. The spans
+    /// that end meanwhile wait in the queue; the batches taken with the
+    /// failed one are dropped, not sent one failure after another.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_export_pauses_the_next_doubling_until_one_succeeds() {
+        use std::sync::atomic::AtomicUsize;
+        #[derive(Debug, Clone, Default)]
+        struct Flaky {
+            calls: Arc<AtomicUsize>,
+            up: Arc<AtomicBool>,
+        }
+        impl SpanExporter for Flaky {
+            async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                if self.up.load(Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err(OTelSdkError::InternalFailure("refused".into()))
+                }
+            }
+        }
+        let exporter = Flaky::default();
+        let waiting = Arc::new(Waiting {
+            spans: Mutex::new(Batches::for_queue(64)),
+            capacity: 64,
+            full_batch: Notify::new(),
+            closed: AtomicBool::new(false),
+        });
+        let (stop, stop_rx) = mpsc::unbounded_channel();
+        let thread = tokio::spawn(run(
+            exporter.clone(),
+            waiting.clone(),
+            stop_rx,
+            Dispatch::none(),
+        ));
+        let calls = || exporter.calls.load(Ordering::SeqCst);
+        let batch = |from: u64| {
+            for n in from..from + 32 {
+                waiting.push(span(n));
+            }
+        };
+        let wait = |ms: u64| tokio::time::sleep(Duration::from_millis(ms));
+        batch(0);
+        wait(10).await;
+        assert_eq!(calls(), 1, "a full batch is sent at once");
+        // Paused 1 s: the next full batch waits.
+        batch(100);
+        wait(900).await;
+        assert_eq!(calls(), 1, "within the first pause");
+        wait(200).await;
+        assert_eq!(calls(), 2, "sent once the pause is over");
+        // It failed again: 2 s now.
+        batch(200);
+        wait(1800).await;
+        assert_eq!(calls(), 2, "within the second pause");
+        exporter.up.store(true, Ordering::SeqCst);
+        wait(300).await;
+        assert_eq!(calls(), 3, "sent once the pause is over");
+        // It succeeded: no pause.
+        batch(300);
+        wait(10).await;
+        assert_eq!(calls(), 4, "a full batch is sent at once again");
+        let (done, _stopped) = oneshot::channel();
+        stop.send(done).expect("running");
+        thread.await.expect("stopped");
     }
 
     #[test]
