@@ -79,11 +79,26 @@ pub fn url_str(raw: &str) -> String {
 }
 
 /// Whether `c` would do something to a terminal or to how the text around
-/// it reads: C0 and C1 controls (ESC starts the ANSI sequences), DEL, and
-/// the bidirectional overrides and isolates (which reorder what is shown).
+/// it reads: C0 and C1 controls (ESC starts the ANSI sequences), DEL, the
+/// bidirectional marks, overrides and isolates (which reorder what is
+/// shown), and the characters that show as nothing or break a line
+/// (zero-width spaces and joiners, the word joiner and invisible
+/// operators, the byte-order mark, the soft hyphen, the line and
+/// paragraph separators): `req_b1` and `req_b1` with a zero-width space
+/// read the same.
 fn unprintable(c: char) -> bool {
     c.is_control()
-        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        || matches!(
+            c,
+            '\u{ad}'
+                | '\u{61c}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{feff}'
+        )
 }
 
 /// `text` with every control character (and bidirectional control) written
@@ -212,6 +227,11 @@ mod tests {
     fn control_characters_are_escaped_and_the_rest_kept() {
         assert_eq!(escape_control("req_1 ünï"), "req_1 ünï");
         assert!(matches!(escape_control("plain"), Cow::Borrowed(_)));
+        // What shows as nothing, or breaks a line.
+        assert_eq!(
+            escape_control("req_b1\u{200b}\u{feff}\u{2028}\u{ad}\u{61c}\u{2060}"),
+            "req_b1\\u{200b}\\u{feff}\\u{2028}\\u{ad}\\u{61c}\\u{2060}"
+        );
         assert_eq!(
             escape_control("\u{1b}[31mred\r\n\u{9b}2J\u{202e}x\u{7f}"),
             "\\u{1b}[31mred\\u{d}\\u{a}\\u{9b}2J\\u{202e}x\\u{7f}"

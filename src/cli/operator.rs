@@ -277,7 +277,7 @@ pub fn claims(cmd: &ClaimsCommand) -> anyhow::Result<ExitCode> {
                 table::render(
                     &["KEY", "STATE", "FENCE", "EXPIRES AT"],
                     &[vec![
-                        text(&v["key"]),
+                        table::word(&v["key"]),
                         text(&v["state"]),
                         text(&v["fence"]),
                         v["expires_at_ms"]
@@ -302,8 +302,8 @@ pub fn streams(cmd: &StreamsCommand) -> anyhow::Result<ExitCode> {
                 table::render(
                     &["STREAM", "HEAD EVENT", "HEAD CREATED AT"],
                     &[vec![
-                        text(&v["stream"]),
-                        text(&v["head"]["event_id"]),
+                        table::word(&v["stream"]),
+                        table::word(&v["head"]["event_id"]),
                         text(&v["head"]["created_at"]),
                     ]],
                 )
@@ -323,10 +323,10 @@ fn print_event(v: &Value, source: &str) -> Printed {
     };
     let pending = v["status"] == "pending";
     let fields = [
-        ("EVENT", text(&v["event_id"])),
+        ("EVENT", table::word(&v["event_id"])),
         ("SOURCE", escape_control(source).into_owned()),
         ("STATUS", text(&v["status"])),
-        ("STREAM", text(&v["stream"])),
+        ("STREAM", table::word(&v["stream"])),
         ("CREATED AT", text(&v["created_at"])),
         ("RECEIVED", at("received_at_ms")),
         (
@@ -378,9 +378,9 @@ fn print_events(v: &Value, source: &str, status: &str) -> Printed {
             .iter()
             .map(|e| {
                 vec![
-                    text(&e["event_id"]),
+                    table::word(&e["event_id"]),
                     text(&e["status"]),
-                    text(&e["stream"]),
+                    table::word(&e["stream"]),
                     text(&e["created_at"]),
                     text(&e["attempts"]),
                     text(&e["last_error"]),

@@ -49,6 +49,17 @@ pub fn text(v: &Value) -> String {
     }
 }
 
+/// An id (an event's, a stream's, a key) as a table shows it: as [`text`],
+/// and quoted for a shell when it is not one plain word. Ids are the
+/// sender's: one with a space (`req_7 --url=http://elsewhere`), copied
+/// from the table into a command unquoted, sent the API token elsewhere.
+pub fn word(v: &Value) -> String {
+    match v {
+        Value::String(s) => dedupd::redact::shell_word(&escape_control(s)).into_owned(),
+        other => text(other),
+    }
+}
+
 /// Unix milliseconds as RFC 3339 in UTC.
 pub fn rfc3339_ms(ms: u64) -> String {
     i128::from(ms)

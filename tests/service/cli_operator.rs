@@ -512,6 +512,51 @@ fn nothing_a_server_answers_reaches_the_terminal_unescaped() {
     }
 }
 
+/// An id is shown as one word a shell reads back as it: the sender's
+/// `req_7 --url=http://…`, pasted from the table unquoted into
+/// `events show`, sent the API token to that URL. One with a character
+/// that shows as nothing (a zero-width space) shows it escaped: `req_b1`
+/// and `req_b1\u{200b}` read the same.
+#[test]
+fn an_id_in_a_table_is_one_quoted_word_with_nothing_invisible() {
+    use crate::support::process::Recorder;
+    let event = |id: &str| {
+        json!({
+            "event_id": id, "status": "dead", "stream": "run 1", "created_at": "2026-12-07T18:01:00Z",
+            "received_at_ms": 1, "attempts": 1, "due_at_ms": 1, "last_error": "HTTP 500",
+            "expires_at_ms": 1, "body_bytes": 1,
+        })
+    };
+    let listing = json!({
+        "source": "s", "status": "dead", "next": null,
+        "events": [event("req_7 --url=http://127.0.0.1:9/x"), event("req_b1\u{200b}"), event("req_b1")],
+    });
+    let lists = Recorder::answering(200, listing.to_string());
+    let out = dedupd()
+        .args(["events", "list", "--source", "s", "--token", TOKEN, "--url"])
+        .arg(format!("http://127.0.0.1:{}", lists.port))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{table} {}", stderr_of(&out));
+    let ids: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split("  ").next())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "'req_7 --url=http://127.0.0.1:9/x'",
+            "'req_b1\\u{200b}'",
+            "req_b1"
+        ],
+        "{table}"
+    );
+    assert!(table.contains("'run 1'"), "{table}");
+    assert!(!table.contains('\u{200b}'), "{table}");
+}
+
 /// A server (any `--url`) that sends an answer without end: it goes on
 /// until the client hangs up. `framing` is the answer's length header.
 fn endless_answer(framing: &'static str) -> (u16, std::thread::JoinHandle<u64>) {
