@@ -72,6 +72,15 @@ impl ServerArgs {
                 .and_then(|l| l.api_tokens.first())
                 .map(|t| t.expose().to_owned())
         });
+        // Refused as sent, it read as a server that cannot be reached.
+        if let Some(t) = &token
+            && reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).is_err()
+        {
+            bail!(
+                "the API token (--token, DEDUPD_TOKEN or the config's api.tokens) has a \
+                 character an HTTP header cannot carry (a line break, say): nothing was sent"
+            );
+        }
         let http = dedupd::http_client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("dedupd-cli/", env!("CARGO_PKG_VERSION")))
@@ -274,6 +283,14 @@ impl Client {
                 ),
             }
         }
+        if status.is_redirection() {
+            bail!(
+                "dedupd at {} answered {status}, a redirect, which is not followed (the API \
+                 token would go with it): is --url the dedupd server, with http:// or https:// \
+                 as it serves?",
+                self.shown()
+            );
+        }
         if !status.is_success() {
             let problem: Option<Value> = serde_json::from_str(body).ok();
             let field = |k: &str| {
@@ -317,6 +334,20 @@ mod tests {
         );
         assert_eq!(url("[::]:9000").ok().as_deref(), Some("http://[::1]:9000/"));
         assert_eq!(url("10.0.0.5:80").ok().as_deref(), Some("http://10.0.0.5/"));
+    }
+
+    /// A token a header cannot carry is refused before anything is sent,
+    /// saying so (it read as "cannot reach dedupd").
+    #[test]
+    fn a_token_with_a_line_break_is_refused_saying_so() {
+        let args = ServerArgs {
+            config: None,
+            url: Some("http://127.0.0.1:8080".into()),
+            token: Some("t0ken\nx".into()),
+        };
+        let e = args.client(None).expect_err("refused");
+        assert!(e.to_string().contains("cannot carry"), "{e}");
+        assert!(!e.to_string().contains("t0ken"), "{e}");
     }
 
     #[test]

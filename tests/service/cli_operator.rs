@@ -557,6 +557,23 @@ fn an_id_in_a_table_is_one_quoted_word_with_nothing_invisible() {
     assert!(!table.contains('\u{200b}'), "{table}");
 }
 
+/// A redirect is not followed (the token would go with it), and the
+/// error says so: it printed "302 Answer: " and nothing after.
+#[test]
+fn a_redirect_is_an_error_that_says_so() {
+    use crate::support::process::Recorder;
+    let moved = Recorder::answering(302, String::new());
+    let out = dedupd()
+        .args(["events", "list", "--source", "s", "--token", TOKEN, "--url"])
+        .arg(format!("http://127.0.0.1:{}", moved.port))
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("a redirect, which is not followed"), "{err}");
+    assert_eq!(moved.heads().len(), 1, "asked once");
+}
+
 /// A server (any `--url`) that sends an answer without end: it goes on
 /// until the client hangs up. `framing` is the answer's length header.
 fn endless_answer(framing: &'static str) -> (u16, std::thread::JoinHandle<u64>) {
