@@ -87,6 +87,20 @@ async fn a_data_file_with_sealed_events_is_refused_without_its_key_file() {
         "{msg}"
     );
     assert!(!keys_of(&path).exists(), "no key file was made up");
+    assert!(!msg.contains("before-restore"), "{msg}");
+    // A restore stopped between its renames left the key file renamed
+    // aside: the error names it, so it can be put back.
+    let mut aside = keys_of(&path).into_os_string();
+    aside.push(".before-restore-20261207T180100Z");
+    std::fs::write(&aside, &keys).unwrap();
+    let msg = RedbStore::open(&RedbOptions::new(&path))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(".keys.before-restore-20261207T180100Z"),
+        "{msg}"
+    );
+    std::fs::remove_file(&aside).unwrap();
     std::fs::write(keys_of(&path), keys).unwrap();
     opens_whole(&path).await;
 }

@@ -177,9 +177,14 @@ pub enum OpenError {
         "data file {data} holds sealed webhook events or bulk jobs' records, but their key file \
          {keys} is missing: without it they cannot be read. Put it back beside the data file \
          (the data file, its log's two segments .wal and .wal2 and its key file .keys are \
-         moved and backed up together); nothing was changed"
+         moved and backed up together); nothing was changed{aside}"
     )]
-    MissingKeys { keys: PathBuf, data: PathBuf },
+    MissingKeys {
+        keys: PathBuf,
+        data: PathBuf,
+        /// The key files a restore renamed aside, if any, named.
+        aside: String,
+    },
     /// The key file belongs to another data file, or is not a key file.
     #[error(
         "key file {keys} {detail}, not to data file {data}: it was left as it is and nothing \
@@ -380,6 +385,44 @@ fn check_keys(db: &Database, opts: &RedbOptions) -> Result<(), OpenError> {
     Seals::check(&opts.path, id).map_err(|e| keys_error(e, opts))
 }
 
+/// The files `dedupd restore --replace` renamed `path` aside to
+/// (`NAME.before-restore-TIME`), named for an error: a restore stopped
+/// between its renames (killed, the power gone) leaves the data file with
+/// its key file renamed away, and the operator needs its name.
+pub(crate) fn set_aside(path: &Path) -> String {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return String::new();
+    };
+    let prefix = format!("{}.before-restore-", name.to_string_lossy());
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let mut found: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    if found.is_empty() {
+        return String::new();
+    }
+    found.sort();
+    let shown: Vec<String> = found
+        .iter()
+        .rev()
+        .take(3)
+        .map(|n| crate::redact::escape_control(n).into_owned())
+        .collect();
+    format!(
+        ". A restore renamed key files aside here ({}): if one was stopped midway, the newest \
+         of them may be this data file's",
+        shown.join(", ")
+    )
+}
+
 /// The open error for a key file that cannot be used.
 fn keys_error(e: KeysError, opts: &RedbOptions) -> OpenError {
     let keys = seal::path_for(&opts.path);
@@ -389,6 +432,7 @@ fn keys_error(e: KeysError, opts: &RedbOptions) -> OpenError {
             source: redb::Error::Io(e),
         },
         KeysError::Missing => OpenError::MissingKeys {
+            aside: set_aside(&keys),
             keys,
             data: opts.path.clone(),
         },

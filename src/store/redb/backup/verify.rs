@@ -734,8 +734,9 @@ fn open_seals(
     let keys = std::fs::read(&keys_path).map_err(|e| {
         bad(format!(
             "it holds sealed events or bulk jobs' records, and their key file {} cannot be \
-             read: {e}",
-            keys_path.display()
+             read: {e}{}",
+            keys_path.display(),
+            crate::store::redb::open::set_aside(&keys_path)
         ))
     })?;
     let header: [u8; seal::HEADER as usize] = keys
