@@ -470,6 +470,37 @@ async fn a_restore_onto_a_fifo_is_refused_without_waiting_for_a_writer() {
     );
 }
 
+/// A data_path that is a symbolic link (to a file on another disk) is
+/// refused, link and file left as they are: the renames would have put
+/// the restored file where the link was, on the link's disk.
+#[tokio::test]
+async fn a_restore_onto_a_link_is_refused_and_changes_nothing() {
+    let dir = TempDir::new().unwrap();
+    let store = open_held(dir.path(), None);
+    claim(&store, "k").await;
+    let path = file(dir.path(), "b", &backup_of(&store, T).await);
+    store.close().await;
+    let target = TempDir::new().unwrap();
+    let elsewhere = TempDir::new().unwrap();
+    let real = elsewhere.path().join("dedupd.redb");
+    std::fs::write(&real, b"the file on the other disk").unwrap();
+    let data = target.path().join("dedupd.redb");
+    std::os::unix::fs::symlink(&real, &data).unwrap();
+    let opts = RestoreOptions {
+        backup: path,
+        data: data.clone(),
+        replace: true,
+        now_ms: T,
+        keep_free: 8 << 20,
+    };
+    let err = restore(opts).await.expect_err("a link is refused");
+    assert!(matches!(err, RestoreError::Link(_)), "{err}");
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert_eq!(std::fs::read_link(&data).unwrap(), real);
+    assert_eq!(std::fs::read(&real).unwrap(), b"the file on the other disk");
+    assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 1);
+}
+
 /// A writer that fails once it took `room` bytes: a full disk under the
 /// backup file.
 #[derive(Debug)]

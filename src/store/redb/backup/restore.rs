@@ -102,6 +102,14 @@ pub enum RestoreError {
          data_path must name a file; nothing was restored"
     )]
     NotAFile(PathBuf),
+    /// The data file's path is a symbolic link.
+    #[error(
+        "data file {0} is a symbolic link: a restore puts its files in place by renaming, \
+         which would replace the link, not the file it points to (the data would stay on \
+         the link's disk); set data_path to the file itself and restore again; nothing was \
+         restored"
+    )]
+    Link(PathBuf),
     /// Files are at the target and replacing them was not asked for.
     #[error(
         "{} already there: pass --replace to rename them aside (to NAME.before-restore-TIME) \
@@ -355,8 +363,11 @@ fn place(
 }
 
 /// Refuses when a server has `data` open, or when it is not a file (a
-/// FIFO would hang the open below until something wrote to it).
+/// FIFO would hang the open below until something wrote to it), or a link.
 fn in_use(data: &Path) -> Result<(), RestoreError> {
+    if std::fs::symlink_metadata(data).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(RestoreError::Link(data.to_owned()));
+    }
     match std::fs::metadata(data) {
         Err(_) => return Ok(()),
         Ok(meta) if !meta.is_file() => return Err(RestoreError::NotAFile(data.to_owned())),
