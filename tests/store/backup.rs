@@ -499,6 +499,25 @@ async fn a_restore_onto_a_link_is_refused_and_changes_nothing() {
     assert_eq!(std::fs::read_link(&data).unwrap(), real);
     assert_eq!(std::fs::read(&real).unwrap(), b"the file on the other disk");
     assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 1);
+    // So is a key file linked elsewhere (a volume of secrets).
+    std::fs::remove_file(&data).unwrap();
+    let keys = target.path().join("dedupd.redb.keys");
+    let real_keys = elsewhere.path().join("dedupd.redb.keys");
+    std::fs::write(&real_keys, b"the keys elsewhere").unwrap();
+    std::os::unix::fs::symlink(&real_keys, &keys).unwrap();
+    let opts = RestoreOptions {
+        backup: dir.path().join("b"),
+        data: data.clone(),
+        replace: true,
+        now_ms: T,
+        keep_free: 8 << 20,
+    };
+    let err = restore(opts)
+        .await
+        .expect_err("a linked key file is refused");
+    assert!(matches!(&err, RestoreError::Link(p) if *p == keys), "{err}");
+    assert_eq!(std::fs::read_link(&keys).unwrap(), real_keys);
+    assert_eq!(std::fs::read(&real_keys).unwrap(), b"the keys elsewhere");
 }
 
 /// A writer that fails once it took `room` bytes: a full disk under the

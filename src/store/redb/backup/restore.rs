@@ -102,12 +102,12 @@ pub enum RestoreError {
          data_path must name a file; nothing was restored"
     )]
     NotAFile(PathBuf),
-    /// The data file's path is a symbolic link.
+    /// The data file, its key file or a log segment is a symbolic link.
     #[error(
-        "data file {0} is a symbolic link: a restore puts its files in place by renaming, \
-         which would replace the link, not the file it points to (the data would stay on \
-         the link's disk); set data_path to the file itself and restore again; nothing was \
-         restored"
+        "{0} is a symbolic link: a restore puts the data file, its log and its key file in \
+         place by renaming, which would replace the link, not the file it points to (the \
+         restored file would be on the link's disk); set data_path to the file itself, with \
+         its .wal, .wal2 and .keys beside it, and restore again; nothing was restored"
     )]
     Link(PathBuf),
     /// Files are at the target and replacing them was not asked for.
@@ -363,10 +363,17 @@ fn place(
 }
 
 /// Refuses when a server has `data` open, or when it is not a file (a
-/// FIFO would hang the open below until something wrote to it), or a link.
+/// FIFO would hang the open below until something wrote to it), or when
+/// it or one of its files is a link.
 fn in_use(data: &Path) -> Result<(), RestoreError> {
-    if std::fs::symlink_metadata(data).is_ok_and(|m| m.file_type().is_symlink()) {
-        return Err(RestoreError::Link(data.to_owned()));
+    // The key file and the log's segments are renamed aside as the data
+    // file is: a key file linked to a volume of secrets would be replaced
+    // by one on the data's disk.
+    if let Some(link) = files_of(data)
+        .into_iter()
+        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink()))
+    {
+        return Err(RestoreError::Link(link));
     }
     match std::fs::metadata(data) {
         Err(_) => return Ok(()),
