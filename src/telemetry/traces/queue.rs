@@ -361,6 +361,10 @@ async fn run<E: SpanExporter>(
         ..Warner::default()
     };
     let mut pause = Pause::default();
+    // Batches taken but not tried when an export before them failed: the
+    // first sent once the pause is over (their spans still count against
+    // the queue meanwhile).
+    let mut held: Vec<Vec<Finished>> = Vec::new();
     loop {
         let woke = match pause.until {
             // Nothing is sent meanwhile: the spans wait in the queue (those
@@ -384,28 +388,37 @@ async fn run<E: SpanExporter>(
                 () = tokio::time::sleep(INTERVAL) => Woke::Timer,
             },
         };
-        let batches = {
+        let mut batches = std::mem::take(&mut held);
+        {
             let mut spans = waiting.spans.lock().unwrap_or_else(PoisonError::into_inner);
             // A full batch woke it: the spans after it wait to fill the
             // next one. Sent now, they would be a request of their own
             // (60 µs to 0.2 ms of this thread's time) for a handful of spans,
             // once per batch at a high rate. The timer sends what waited.
-            match woke {
+            batches.extend(match woke {
                 Woke::Full => spans.take_full(),
                 Woke::Stop(_) | Woke::Timer => spans.take_all(),
-            }
-        };
+            });
+        }
         for mut batch in batches {
             let sent = batch.len();
             if pause.until.is_some() {
                 // An export of this wake failed: the rest would fail too,
-                // each taking its time.
+                // each taking its time. They wait for the pause's end; at
+                // the stop, they are dropped.
+                if !matches!(woke, Woke::Stop(_)) {
+                    held.push(batch);
+                    continue;
+                }
                 DROPPED_EXPORT_FAILED.fetch_add(sent as u64, Ordering::Relaxed);
                 batch.clear();
-            } else if !export(&exporter, &mut batch, &log).await {
-                pause.failed();
-            } else if sent > 0 {
-                pause = Pause::default();
+            } else {
+                let started = tokio::time::Instant::now();
+                if !export(&exporter, &mut batch, &log).await {
+                    pause.failed(started.elapsed());
+                } else if sent > 0 {
+                    pause = Pause::default();
+                }
             }
             let mut spans = waiting.spans.lock().unwrap_or_else(PoisonError::into_inner);
             spans.give_back(batch, sent);
@@ -428,29 +441,44 @@ async fn run<E: SpanExporter>(
 }
 
 /// The wait after a failed export before the next: each failure in a row
-/// doubles it, from [`FIRST_PAUSE`] to [`LONGEST_PAUSE`]; an export that
-/// succeeds ends it. A collector that fails every export at once costs one
+/// doubles it, from [`FIRST_PAUSE`] to [`LONGEST_PAUSE`], and it is at
+/// least four times as long as the failed export took; an export that
+/// succeeds ends it, and a failure long after the last starts it again
+/// from the first. A collector that fails every export at once costs one
 /// request a pause, not one per batch; one that keeps the exporter busy
 /// until its timeout (an endless stream of `103` answers, each parsed and
-/// skipped, took 0.7 of a core for as long as spans came) costs that
-/// timeout a pause.
+/// skipped, took 0.7 of a core for as long as spans came) costs at most a
+/// fifth of the thread's time.
 #[derive(Debug, Default)]
 struct Pause {
     /// No export before this.
     until: Option<tokio::time::Instant>,
     /// The last pause.
     last: Duration,
+    /// When the last failure was.
+    failed_at: Option<tokio::time::Instant>,
 }
 
 /// The first pause after a failed export.
 const FIRST_PAUSE: Duration = Duration::from_secs(1);
-/// The longest pause.
+/// The longest pause (but for four times an export's [`EXPORT_TIMEOUT`]).
 const LONGEST_PAUSE: Duration = Duration::from_secs(60);
 
 impl Pause {
-    fn failed(&mut self) {
-        self.last = (self.last * 2).clamp(FIRST_PAUSE, LONGEST_PAUSE);
-        self.until = Some(tokio::time::Instant::now() + self.last);
+    /// An export failed, after `took`.
+    fn failed(&mut self, took: Duration) {
+        let now = tokio::time::Instant::now();
+        if self
+            .failed_at
+            .is_some_and(|at| now.duration_since(at) > 2 * LONGEST_PAUSE)
+        {
+            self.last = Duration::ZERO;
+        }
+        self.last = (self.last * 2)
+            .clamp(FIRST_PAUSE, LONGEST_PAUSE)
+            .max(took.saturating_mul(4));
+        self.until = Some(now + self.last);
+        self.failed_at = Some(now);
     }
 }
 
@@ -637,33 +665,38 @@ mod tests {
     }
 
     /// After a failed export the next waits 1 s, after another 2 s, and
-    /// so on up to a minute; one that succeeds ends the pause. A
-    /// collector that keeps each export busy until its timeout (endless
-    /// `103` answers) cost a core for as long as spans came. The spans
-    /// that end meanwhile wait in the queue; the batches taken with the
-    /// failed one are dropped, not sent one failure after another.
+    /// so on up to a minute, and at least four times what the failed one
+    /// took; one that succeeds ends the pause. A collector that kept each
+    /// export busy until its timeout (endless `103` answers) cost a core
+    /// for as long as spans came. The spans that end meanwhile wait in the
+    /// queue, and the batches taken with a failed one wait for the pause's
+    /// end: none is dropped that was not tried.
     #[tokio::test(start_paused = true)]
     async fn a_failed_export_pauses_the_next_doubling_until_one_succeeds() {
-        use std::sync::atomic::AtomicUsize;
         #[derive(Debug, Clone, Default)]
         struct Flaky {
-            calls: Arc<AtomicUsize>,
+            /// Each export's first span's `n`.
+            sent: Arc<Mutex<Vec<i64>>>,
             up: Arc<AtomicBool>,
+            /// How long an export takes before it fails.
+            slow: Arc<Mutex<Duration>>,
         }
         impl SpanExporter for Flaky {
-            async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
-                self.calls.fetch_add(1, Ordering::SeqCst);
+            async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+                let first = batch[0].attributes[0].value.as_str().parse().unwrap_or(-1);
+                self.sent.lock().unwrap().push(first);
                 if self.up.load(Ordering::SeqCst) {
-                    Ok(())
-                } else {
-                    Err(OTelSdkError::InternalFailure("refused".into()))
+                    return Ok(());
                 }
+                let slow = *self.slow.lock().unwrap();
+                tokio::time::sleep(slow).await;
+                Err(OTelSdkError::InternalFailure("refused".into()))
             }
         }
         let exporter = Flaky::default();
         let waiting = Arc::new(Waiting {
-            spans: Mutex::new(Batches::for_queue(64)),
-            capacity: 64,
+            spans: Mutex::new(Batches::for_queue(128)),
+            capacity: 128,
             full_batch: Notify::new(),
             closed: AtomicBool::new(false),
         });
@@ -674,33 +707,46 @@ mod tests {
             stop_rx,
             Dispatch::none(),
         ));
-        let calls = || exporter.calls.load(Ordering::SeqCst);
+        let sent = || exporter.sent.lock().unwrap().clone();
         let batch = |from: u64| {
-            for n in from..from + 32 {
+            for n in from..from + 64 {
                 waiting.push(span(n));
             }
         };
         let wait = |ms: u64| tokio::time::sleep(Duration::from_millis(ms));
+        let dropped = counts().dropped_export_failed;
         batch(0);
         wait(10).await;
-        assert_eq!(calls(), 1, "a full batch is sent at once");
-        // Paused 1 s: the next full batch waits.
+        assert_eq!(sent(), [0], "a full batch is sent at once");
+        // Paused 1 s: the next two full batches wait.
         batch(100);
-        wait(900).await;
-        assert_eq!(calls(), 1, "within the first pause");
-        wait(200).await;
-        assert_eq!(calls(), 2, "sent once the pause is over");
-        // It failed again: 2 s now.
         batch(200);
+        wait(900).await;
+        assert_eq!(sent(), [0], "within the first pause");
+        wait(200).await;
+        assert_eq!(sent(), [0, 100], "sent once the pause is over");
+        // It failed again: 2 s now, and 200's batch, not tried, waits.
         wait(1800).await;
-        assert_eq!(calls(), 2, "within the second pause");
+        assert_eq!(sent(), [0, 100], "within the second pause");
         exporter.up.store(true, Ordering::SeqCst);
         wait(300).await;
-        assert_eq!(calls(), 3, "sent once the pause is over");
+        assert_eq!(sent(), [0, 100, 200], "the batch held is sent first");
         // It succeeded: no pause.
         batch(300);
         wait(10).await;
-        assert_eq!(calls(), 4, "a full batch is sent at once again");
+        assert_eq!(sent(), [0, 100, 200, 300], "sent at once again");
+        // An export that fails after 10 s pauses the next 40 s.
+        exporter.up.store(false, Ordering::SeqCst);
+        *exporter.slow.lock().unwrap() = Duration::from_secs(10);
+        batch(400);
+        wait(10_010).await;
+        batch(500);
+        wait(39_000).await;
+        assert_eq!(sent().len(), 5, "within four times the export's time");
+        wait(2_000).await;
+        assert_eq!(sent().len(), 6);
+        // Other tests count too: at least the three batches that failed.
+        assert!(counts().dropped_export_failed - dropped >= 3 * 64);
         let (done, _stopped) = oneshot::channel();
         stop.send(done).expect("running");
         thread.await.expect("stopped");
