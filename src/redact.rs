@@ -79,26 +79,65 @@ pub fn url_str(raw: &str) -> String {
 }
 
 /// Whether `c` would do something to a terminal or to how the text around
-/// it reads: C0 and C1 controls (ESC starts the ANSI sequences), DEL, the
-/// bidirectional marks, overrides and isolates (which reorder what is
-/// shown), and the characters that show as nothing or break a line
-/// (zero-width spaces and joiners, the word joiner and invisible
-/// operators, the byte-order mark, the soft hyphen, the line and
-/// paragraph separators): `req_b1` and `req_b1` with a zero-width space
-/// read the same.
+/// it reads: C0 and C1 controls (ESC starts the ANSI sequences), DEL, and
+/// the bidirectional overrides and isolates (which reorder what is shown).
 fn unprintable(c: char) -> bool {
     c.is_control()
-        || matches!(
-            c,
-            '\u{ad}'
-                | '\u{61c}'
-                | '\u{180e}'
-                | '\u{200b}'..='\u{200f}'
-                | '\u{2028}'..='\u{202e}'
-                | '\u{2060}'..='\u{2064}'
-                | '\u{2066}'..='\u{2069}'
-                | '\u{feff}'
-        )
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Whether `c` shows as nothing, or breaks a line, where one word is
+/// read: Unicode's format characters (zero-width spaces and joiners, the
+/// word joiner and invisible operators, the byte-order mark, the soft
+/// hyphen, tags), variation selectors, fillers, and the line and
+/// paragraph separators. Fine inside prose (a joiner in Persian or an
+/// emoji), not inside an id: `req_b1` and `req_b1` with a zero-width
+/// space read the same.
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{34f}'
+            | '\u{600}'..='\u{605}'
+            | '\u{61c}'
+            | '\u{6dd}'
+            | '\u{70f}'
+            | '\u{8e2}'
+            | '\u{115f}'
+            | '\u{1160}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{110bd}'
+            | '\u{110cd}'
+            | '\u{13430}'..='\u{1343f}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0000}'..='\u{e0fff}'
+    )
+}
+
+/// One word (an id) as a terminal shows it: as [`escape_control`], and
+/// with what shows as nothing ([`invisible`]) escaped too.
+pub fn escape_word(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(|c| unprintable(c) || invisible(c)) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unprintable(c) || invisible(c) {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// `text` with every control character (and bidirectional control) written
@@ -227,11 +266,16 @@ mod tests {
     fn control_characters_are_escaped_and_the_rest_kept() {
         assert_eq!(escape_control("req_1 ünï"), "req_1 ünï");
         assert!(matches!(escape_control("plain"), Cow::Borrowed(_)));
-        // What shows as nothing, or breaks a line.
+        // A joiner belongs in prose (Persian, an emoji): kept.
+        assert_eq!(escape_control("نمی\u{200c}خواهم"), "نمی\u{200c}خواهم");
+        // Not in a word (an id): what shows as nothing, or breaks a line.
         assert_eq!(
-            escape_control("req_b1\u{200b}\u{feff}\u{2028}\u{ad}\u{61c}\u{2060}"),
-            "req_b1\\u{200b}\\u{feff}\\u{2028}\\u{ad}\\u{61c}\\u{2060}"
+            escape_word(
+                "req_b1\u{200b}\u{feff}\u{2028}\u{ad}\u{61c}\u{2060}\u{e0041}\u{fe0f}\u{1b}"
+            ),
+            "req_b1\\u{200b}\\u{feff}\\u{2028}\\u{ad}\\u{61c}\\u{2060}\\u{e0041}\\u{fe0f}\\u{1b}"
         );
+        assert!(matches!(escape_word("req_1 ünï"), Cow::Borrowed(_)));
         assert_eq!(
             escape_control("\u{1b}[31mred\r\n\u{9b}2J\u{202e}x\u{7f}"),
             "\\u{1b}[31mred\\u{d}\\u{a}\\u{9b}2J\\u{202e}x\\u{7f}"

@@ -130,6 +130,24 @@ impl std::fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
+/// An answer past [`MAX_ANSWER`], from the server named.
+#[derive(Debug)]
+pub struct TooLarge(String);
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "dedupd at {} answered more than {} MiB: no answer of dedupd's is that large \
+             (is --url the dedupd server?)",
+            self.0,
+            MAX_ANSWER >> 20
+        )
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
 /// One server, one token.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -221,13 +239,7 @@ impl Client {
     /// name any server, and one that sends without end would otherwise
     /// fill the operator's memory within the timeout.
     pub async fn body(&self, mut res: reqwest::Response) -> anyhow::Result<String> {
-        let too_big = || {
-            anyhow!(
-                "dedupd at {} answered more than {} MiB: no answer of dedupd's is that large                  (is --url the dedupd server?)",
-                self.shown(),
-                MAX_ANSWER >> 20
-            )
-        };
+        let too_big = || anyhow::Error::new(TooLarge(self.shown()));
         if res.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
             return Err(too_big());
         }

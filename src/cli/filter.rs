@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::out::{Printed, outln};
-use super::table::{self, text};
+use super::table;
 
 /// Which events: the filter of a count or a bulk job.
 #[derive(Debug, Clone, clap::Args)]
@@ -115,7 +115,7 @@ pub fn print_count(v: &Value, source: &str, status: &str) -> Printed {
     };
     let ids: Vec<String> = v["first_ids"]
         .as_array()
-        .map(|a| a.iter().map(text).collect())
+        .map(|a| a.iter().map(table::word).collect())
         .unwrap_or_default();
     let named = if ids.is_empty() {
         String::new()
@@ -131,10 +131,12 @@ pub fn print_count(v: &Value, source: &str, status: &str) -> Printed {
         "{bound}{matched} {status} events of source {source} match (of {} read){named}",
         v["scanned"].as_u64().unwrap_or(0)
     )?;
+    // The cursor is the server's, maybe an id a sender chose: one word.
     match v["next"].as_str() {
         Some(next) => outln!(
-            "the count stopped at the server's scan budget: count on with --after {next} \
-             (and add the counts up)"
+            "the count stopped at the server's scan budget: count on with --after {} \
+             (and add the counts up)",
+            dedupd::redact::shell_word(&dedupd::redact::escape_word(next))
         ),
         None => Ok(()),
     }

@@ -49,13 +49,16 @@ pub fn text(v: &Value) -> String {
     }
 }
 
-/// An id (an event's, a stream's, a key) as a table shows it: as [`text`],
-/// and quoted for a shell when it is not one plain word. Ids are the
+/// An id (an event's, a stream's, a key) as a table shows it: escaped as
+/// [`text`] is, and what shows as nothing too, then quoted for a shell
+/// when it is not one plain word. Ids are the
 /// sender's: one with a space (`req_7 --url=http://elsewhere`), copied
 /// from the table into a command unquoted, sent the API token elsewhere.
 pub fn word(v: &Value) -> String {
     match v {
-        Value::String(s) => dedupd::redact::shell_word(&escape_control(s)).into_owned(),
+        Value::String(s) => {
+            dedupd::redact::shell_word(&dedupd::redact::escape_word(s)).into_owned()
+        }
         other => text(other),
     }
 }

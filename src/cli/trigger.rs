@@ -175,7 +175,13 @@ impl Poster<'_> {
         }
         let res = self.client.send(req).await?;
         let status = res.status();
-        let body = self.client.body(res).await?;
+        // An answer cut short still shows its status; one without end is
+        // an error.
+        let body = match self.client.body(res).await {
+            Ok(body) => body,
+            Err(e) if e.is::<super::client::TooLarge>() => return Err(e),
+            Err(_) => String::new(),
+        };
         // `--url` may name any server: its answer is printed escaped.
         outln!(
             "  -> {status} {}",

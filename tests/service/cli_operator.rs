@@ -555,6 +555,30 @@ fn an_id_in_a_table_is_one_quoted_word_with_nothing_invisible() {
     );
     assert!(table.contains("'run 1'"), "{table}");
     assert!(!table.contains('\u{200b}'), "{table}");
+    // A count names its first ids, and the cursor to count on from, as
+    // words too.
+    let count = json!({
+        "matched": 3, "complete": false, "scanned": 10,
+        "first_ids": ["req_7 --url=http://127.0.0.1:9/x", "req_b1\u{200b}"],
+        "next": "req_7 --url=http://127.0.0.1:9/x",
+    });
+    let counts = Recorder::answering(200, count.to_string());
+    let out = dedupd()
+        .args([
+            "events", "count", "--source", "s", "--token", TOKEN, "--url",
+        ])
+        .arg(format!("http://127.0.0.1:{}", counts.port))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.contains(": 'req_7 --url=http://127.0.0.1:9/x', 'req_b1\\u{200b}', …"),
+        "{said}"
+    );
+    assert!(
+        said.contains("count on with --after 'req_7 --url=http://127.0.0.1:9/x' "),
+        "{said}"
+    );
 }
 
 /// A redirect is not followed (the token would go with it), and the
@@ -624,7 +648,9 @@ fn an_answer_past_its_limit_is_refused_not_read_into_memory() {
         let err = stderr_of(&out);
         assert_eq!(out.status.code(), Some(1), "{framing}: {err}");
         assert!(
-            err.contains("answered more than 128 MiB"),
+            err.contains(
+                "answered more than 128 MiB: no answer of dedupd's is that large (is --url"
+            ),
             "{framing}: {err}"
         );
         // It hung up: the server did not get to send its 2 GiB.
