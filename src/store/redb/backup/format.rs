@@ -335,7 +335,6 @@ impl<R: Read> FrameReader<R> {
     }
 }
 
-/// Reads until `buf` is full or the input ends; how many bytes were read.
 /// Up to `len` bytes of a frame's payload (fewer when the input ends). The
 /// buffer grows as the bytes arrive, doubling, never past `len`: grown as
 /// `read_to_end` grows, a forged frame declaring 1 GiB took 2 GiB.
@@ -355,6 +354,7 @@ fn read_payload(r: &mut impl Read, len: usize) -> io::Result<Vec<u8>> {
     }
 }
 
+/// Reads until `buf` is full or the input ends; how many bytes were read.
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
