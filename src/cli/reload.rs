@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use dedupd::config::CONFIG_ENV;
+use dedupd::redact::escape_control;
 use dedupd::reload::status::{self, State, Status};
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -129,13 +130,17 @@ fn wait_for(path: &Path, generation: u64, wait: Duration, pid: i32) -> anyhow::R
                         "reloaded: dedupd (pid {pid}) put the configuration in force, but for \
                          settings that need a restart to change, which keep their running \
                          values until then: {}",
-                        restart_only.join(", ")
+                        escape_control(&restart_only.join(", "))
                     )?;
                     return Ok(ExitCode::SUCCESS);
                 }
                 State::Refused => {
+                    // The file is the service user's: printed escaped, line
+                    // breaks kept.
                     for e in &errors {
-                        eprintln!("{e}");
+                        for line in e.lines() {
+                            eprintln!("{}", escape_control(line));
+                        }
                     }
                     eprintln!(
                         "dedupd: reload refused by the server (pid {pid}): the running settings stay in force"

@@ -104,13 +104,25 @@ pub fn write(path: &Path, status: &Status) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// What is at the status's path is not a file.
+fn not_a_file() -> std::io::Error {
+    std::io::Error::other("not a regular file (a server writes its reload status as one)")
+}
+
 /// The status at `path`: none when there is no such file.
 pub fn read(path: &Path) -> std::io::Result<Option<Status>> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    // Opened without waiting: a FIFO put there (by the service's user, in
-    // its runtime directory) blocked root's `ExecReload` in `open` until
-    // systemd's timeout, whatever `--wait` said. Then read only if it is
-    // a file.
+    // Only a file is opened (a device's open may act), and without waiting:
+    // a FIFO put there (by the service's user, in its runtime directory)
+    // blocked root's `ExecReload` in `open` until systemd's timeout,
+    // whatever `--wait` said. Looked at again once open, in case it was
+    // swapped between.
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+        Ok(meta) if !meta.is_file() => return Err(not_a_file()),
+        Ok(_) => {}
+    }
     let file = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
@@ -121,9 +133,7 @@ pub fn read(path: &Path) -> std::io::Result<Option<Status>> {
         Err(e) => return Err(e),
     };
     if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other(
-            "not a regular file (a server writes its reload status as one)",
-        ));
+        return Err(not_a_file());
     }
     let mut text = Vec::new();
     file.take(1 << 16).read_to_end(&mut text)?;
