@@ -43,7 +43,8 @@ pub fn run(config: Option<&Path>, quiet: bool) -> anyhow::Result<ExitCode> {
             outln!(
                 "configuration good: {posted} source(s), {} API token(s), data in {}",
                 loaded.api_tokens.len(),
-                loaded.settings.data_path.display()
+                // The file's: printed escaped.
+                dedupd::redact::escape_control(&loaded.settings.data_path.to_string_lossy())
             )?;
             Ok(ExitCode::SUCCESS)
         }
@@ -140,6 +141,8 @@ fn removed_sources(
     sources: &[std::sync::Arc<dedupd::gateway::Source>],
 ) -> Printed {
     let path = &loaded.settings.data_path;
+    // The file's path, and names read from the data file: printed escaped.
+    let shown = dedupd::redact::escape_control(&path.to_string_lossy()).into_owned();
     match dedupd::store::inbox_sources_in_file(path) {
         Ok(None) => {}
         Ok(Some(found))
@@ -151,12 +154,13 @@ fn removed_sources(
                     "\n# gateway.inbox = \"shared\", but {} holds {pending} pending event(s) of \
                      this instance's local inbox: they are not delivered from there. Stop the \
                      instance and run `dedupd inbox migrate` to move them into the shared inbox",
-                    path.display()
+                    shown
                 )?;
             }
         }
         Ok(Some(found)) => {
             for (name, pending) in found {
+                let name = dedupd::redact::escape_control(&name).into_owned();
                 let alerts = loaded.settings.alerts.is_some()
                     && name == dedupd::config::alerts::ALERT_SOURCE;
                 let configured = loaded.settings.sources.contains_key(&name)
@@ -167,7 +171,7 @@ fn removed_sources(
                         "\n# source {name}: {pending} pending event(s) in {} from before its \
                          destinations, none of which is named default; not delivered, listable \
                          under /v1/sources/{name}/events, reaped after gateway.dead_retention",
-                        path.display()
+                        shown
                     )?;
                 }
                 if !alerts && !configured {
@@ -175,14 +179,14 @@ fn removed_sources(
                         "\n# removed source {name}: {pending} pending event(s) in {}; not \
                          delivered, listable under /v1/sources/{name}/events, reaped after \
                          gateway.dead_retention",
-                        path.display()
+                        shown
                     )?;
                 }
             }
         }
         Err(e) => outln!(
             "\n# events of removed sources not checked: cannot read {}: {e}",
-            path.display()
+            shown
         )?,
     }
     Ok(())

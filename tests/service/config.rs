@@ -94,6 +94,24 @@ fn check_config_names_a_key_with_control_characters_escaped() {
             "{command}: {stderr:?}"
         );
     }
+    // A good file's data_path, as check-config --quiet names it.
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "listen = \"127.0.0.1:0\"\ndata_path = \"x\\u001b]0;T\\u0007.redb\"\n",
+    )
+    .unwrap();
+    let out = dedupd()
+        .args(["check-config", "--quiet", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("data in x\\u{1b}]0;T\\u{7}.redb"),
+        "{stdout}"
+    );
 }
 
 #[test]
