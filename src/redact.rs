@@ -126,18 +126,7 @@ fn invisible(c: char) -> bool {
 /// One word (an id) as a terminal shows it: as [`escape_control`], and
 /// with what shows as nothing ([`invisible`]) escaped too.
 pub fn escape_word(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(|c| unprintable(c) || invisible(c)) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if unprintable(c) || invisible(c) {
-            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
+    escaped(text, |c| unprintable(c) || invisible(c))
 }
 
 /// `text` with every control character (and bidirectional control) written
@@ -145,12 +134,17 @@ pub fn escape_word(text: &str) -> Cow<'_, str> {
 /// `ESC [ 31 m` in a body shows as `\u{1b}[31m` instead of turning the
 /// terminal red, and a `\r` cannot overwrite the line it is on.
 pub fn escape_control(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(unprintable) {
+    escaped(text, unprintable)
+}
+
+/// `text` with each character `escape` picks written as `\u{…}`.
+fn escaped(text: &str, escape: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !text.chars().any(&escape) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
-        if unprintable(c) {
+        if escape(c) {
             let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
         } else {
             out.push(c);

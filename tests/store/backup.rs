@@ -72,6 +72,15 @@ pub(crate) fn file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     path
 }
 
+/// A backup of one claim, written to `dir/b`.
+async fn a_backup_in(dir: &Path) -> PathBuf {
+    let store = open_held(dir, None);
+    claim(&store, "k").await;
+    let path = file(dir, "b", &backup_of(&store, T).await);
+    store.close().await;
+    path
+}
+
 /// Restores `backup` to `dir/dedupd.redb` at `now`.
 async fn restore_to(backup: &Path, dir: &Path, now: u64) -> Result<PathBuf, RestoreError> {
     let data = dir.join("dedupd.redb");
@@ -441,23 +450,14 @@ async fn a_restore_refuses_a_data_file_in_use_and_files_there_unless_told_to_rep
 #[tokio::test]
 async fn a_restore_onto_a_fifo_is_refused_without_waiting_for_a_writer() {
     let dir = TempDir::new().unwrap();
-    let store = open_held(dir.path(), None);
-    claim(&store, "k").await;
-    let path = file(dir.path(), "b", &backup_of(&store, T).await);
-    store.close().await;
+    let path = a_backup_in(dir.path()).await;
     let target = TempDir::new().unwrap();
     let data = target.path().join("dedupd.redb");
     crate::support::process::mkfifo(&data);
-    let opts = RestoreOptions {
-        backup: path,
-        data: data.clone(),
-        replace: true,
-        now_ms: T,
-        keep_free: 8 << 20,
-    };
+    let into = target.path().to_owned();
     let err = crate::support::process::unblocked("the restore", move || {
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(restore(opts)).err()
+        runtime.block_on(restore_to(&path, &into, T)).err()
     })
     .expect("a restore onto a FIFO is refused");
     assert!(matches!(err, RestoreError::NotAFile(_)), "{err}");
@@ -476,24 +476,16 @@ async fn a_restore_onto_a_fifo_is_refused_without_waiting_for_a_writer() {
 #[tokio::test]
 async fn a_restore_onto_a_link_is_refused_and_changes_nothing() {
     let dir = TempDir::new().unwrap();
-    let store = open_held(dir.path(), None);
-    claim(&store, "k").await;
-    let path = file(dir.path(), "b", &backup_of(&store, T).await);
-    store.close().await;
+    let path = a_backup_in(dir.path()).await;
     let target = TempDir::new().unwrap();
     let elsewhere = TempDir::new().unwrap();
     let real = elsewhere.path().join("dedupd.redb");
     std::fs::write(&real, b"the file on the other disk").unwrap();
     let data = target.path().join("dedupd.redb");
     std::os::unix::fs::symlink(&real, &data).unwrap();
-    let opts = RestoreOptions {
-        backup: path,
-        data: data.clone(),
-        replace: true,
-        now_ms: T,
-        keep_free: 8 << 20,
-    };
-    let err = restore(opts).await.expect_err("a link is refused");
+    let err = restore_to(&path, target.path(), T)
+        .await
+        .expect_err("a link is refused");
     assert!(matches!(err, RestoreError::Link(_)), "{err}");
     assert!(err.to_string().contains("symbolic link"), "{err}");
     assert_eq!(std::fs::read_link(&data).unwrap(), real);
@@ -505,14 +497,7 @@ async fn a_restore_onto_a_link_is_refused_and_changes_nothing() {
     let real_keys = elsewhere.path().join("dedupd.redb.keys");
     std::fs::write(&real_keys, b"the keys elsewhere").unwrap();
     std::os::unix::fs::symlink(&real_keys, &keys).unwrap();
-    let opts = RestoreOptions {
-        backup: dir.path().join("b"),
-        data: data.clone(),
-        replace: true,
-        now_ms: T,
-        keep_free: 8 << 20,
-    };
-    let err = restore(opts)
+    let err = restore_to(&path, target.path(), T)
         .await
         .expect_err("a linked key file is refused");
     assert!(matches!(&err, RestoreError::Link(p) if *p == keys), "{err}");
