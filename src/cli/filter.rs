@@ -136,7 +136,7 @@ pub fn print_count(v: &Value, source: &str, status: &str) -> Printed {
         Some(next) => outln!(
             "the count stopped at the server's scan budget: count on with --after {} \
              (and add the counts up)",
-            dedupd::redact::shell_word(&dedupd::redact::escape_word(next))
+            table::shell(next)
         ),
         None => Ok(()),
     }

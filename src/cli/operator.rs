@@ -405,12 +405,11 @@ fn print_events(v: &Value, source: &str, status: &str) -> Printed {
     if let Some(next) = v["next"].as_str() {
         // The cursor is the server's: escaped for the terminal and quoted
         // for the shell the line may be pasted into.
-        let next = escape_control(next);
         outln!(
             "more: dedupd events list --source {} --status {} --after {}",
-            shell_word(&escape_control(source)),
+            table::shell(source),
             shell_word(status),
-            shell_word(&next)
+            table::shell(next)
         )?;
     }
     Ok(())

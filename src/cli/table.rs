@@ -56,11 +56,15 @@ pub fn text(v: &Value) -> String {
 /// from the table into a command unquoted, sent the API token elsewhere.
 pub fn word(v: &Value) -> String {
     match v {
-        Value::String(s) => {
-            dedupd::redact::shell_word(&dedupd::redact::escape_word(s)).into_owned()
-        }
+        Value::String(s) => shell(s),
         other => text(other),
     }
+}
+
+/// `s` (the server's: an id, a cursor) as one word a shell reads back as
+/// it, escaped for the terminal: for a table's cell or a command to paste.
+pub fn shell(s: &str) -> String {
+    dedupd::redact::shell_word(&dedupd::redact::escape_word(s)).into_owned()
 }
 
 /// Unix milliseconds as RFC 3339 in UTC.
