@@ -137,6 +137,12 @@ pub fn escape_control(text: &str) -> Cow<'_, str> {
     escaped(text, unprintable)
 }
 
+/// As [`escape_control`], but for its line breaks: text of several lines
+/// (an error's hints) printed as lines.
+pub fn escape_lines(text: &str) -> Cow<'_, str> {
+    escaped(text, |c| c != '\n' && unprintable(c))
+}
+
 /// `text` with each character `escape` picks written as `\u{…}`.
 fn escaped(text: &str, escape: impl Fn(char) -> bool) -> Cow<'_, str> {
     if !text.chars().any(&escape) {
@@ -270,6 +276,11 @@ mod tests {
             "req_b1\\u{200b}\\u{feff}\\u{2028}\\u{ad}\\u{61c}\\u{2060}\\u{e0041}\\u{fe0f}\\u{1b}"
         );
         assert!(matches!(escape_word("req_1 ünï"), Cow::Borrowed(_)));
+        // Lines stay lines; a carriage return does not.
+        assert_eq!(
+            escape_lines("bad \u{1b}]0;x\u{7}\nhint\r"),
+            "bad \\u{1b}]0;x\\u{7}\nhint\\u{d}"
+        );
         assert_eq!(
             escape_control("\u{1b}[31mred\r\n\u{9b}2J\u{202e}x\u{7f}"),
             "\\u{1b}[31mred\\u{d}\\u{a}\\u{9b}2J\\u{202e}x\\u{7f}"

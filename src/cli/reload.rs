@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use dedupd::config::CONFIG_ENV;
-use dedupd::redact::escape_control;
+use dedupd::redact::{escape_control, escape_lines};
 use dedupd::reload::status::{self, State, Status};
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -138,9 +138,7 @@ fn wait_for(path: &Path, generation: u64, wait: Duration, pid: i32) -> anyhow::R
                     // The file is the service user's: printed escaped, line
                     // breaks kept.
                     for e in &errors {
-                        for line in e.lines() {
-                            eprintln!("{}", escape_control(line));
-                        }
+                        eprintln!("{}", escape_lines(e));
                     }
                     eprintln!(
                         "dedupd: reload refused by the server (pid {pid}): the running settings stay in force"

@@ -445,15 +445,9 @@ impl fmt::Display for ConfigError {
     // origin names a path. Control characters are written escaped; a
     // message's line breaks are kept.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use crate::redact::escape_control;
+        use crate::redact::{escape_control, escape_lines};
         let origin = escape_control(&self.origin);
-        let mut message = String::with_capacity(self.message.len());
-        for (i, line) in self.message.split('\n').enumerate() {
-            if i > 0 {
-                message.push('\n');
-            }
-            message.push_str(&escape_control(line));
-        }
+        let message = escape_lines(&self.message);
         if self.key.is_empty() {
             write!(f, "{message} (in {origin})")
         } else {
