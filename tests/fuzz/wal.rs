@@ -23,9 +23,10 @@ const HEADER: usize = 28;
 /// A log the store wrote, cut at the end of its valid records, with where
 /// each record starts and ends.
 struct Seed {
-    /// The data file and its log after a clean close (the log's records
-    /// are numbered up to what the data file holds).
-    dir: TempDir,
+    /// The data file's bytes after a clean close (the log's records are
+    /// numbered up to what it holds). Kept in memory: a directory held by
+    /// a static is never removed, and each run left one behind.
+    data: Vec<u8>,
     /// The log's bytes up to its last valid record.
     bytes: Vec<u8>,
     /// (start, end) of each record.
@@ -115,8 +116,9 @@ fn seed() -> &'static Seed {
             records.push((at, at + 8 + len));
             at += 8 + len;
         }
+        let data = std::fs::read(dir.path().join("seed.redb")).unwrap();
         Seed {
-            dir,
+            data,
             bytes,
             records,
             last: *seqs.last().unwrap(),
@@ -316,7 +318,7 @@ fn a_store_opens_or_refuses_over_a_damaged_log() {
         bounded(|| {
             let dir = TempDir::new().unwrap();
             let data = dir.path().join("seed.redb");
-            std::fs::copy(seed.dir.path().join("seed.redb"), &data).unwrap();
+            std::fs::write(&data, &seed.data).unwrap();
             let (bytes, _) = mutate(seed, &mutation);
             std::fs::write(dir.path().join("seed.redb.wal"), &bytes).unwrap();
             let mut opts = RedbOptions::new(&data);

@@ -4,7 +4,8 @@
 //! of the container pass), and a restore's target directory in the hands
 //! of its owner. Each test's comment says what once went wrong.
 
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
@@ -470,19 +471,22 @@ async fn verify_refuses_what_restore_refuses_a_row_twice() {
     );
 }
 
-/// A data directory with an instance's four files, closed, and a backup.
-async fn instance_and_backup(dir: &Path) -> PathBuf {
+/// A data directory with an instance's four files, closed, and a backup
+/// outside it (removed when the returned path is dropped, also when the
+/// test fails).
+async fn instance_and_backup(dir: &Path) -> tempfile::TempPath {
     let store = open(dir);
     store.inbox().ingest(event("e1", b"one"), T).await.unwrap();
     claim(&store, "k").await;
     let (bytes, _) = store.backups().write_to(T, Vec::new()).await.unwrap();
     store.close().await;
-    let scratch = dir.join("..").join(format!(
-        "attack-backup-{}.backup",
-        dir.file_name().unwrap().to_string_lossy()
-    ));
-    std::fs::write(&scratch, bytes).unwrap();
-    scratch
+    let mut scratch = tempfile::Builder::new()
+        .prefix("attack-backup-")
+        .suffix(".backup")
+        .tempfile()
+        .unwrap();
+    scratch.write_all(&bytes).unwrap();
+    scratch.into_temp_path()
 }
 
 /// Once: files are moved aside to NAME.before-restore-SECOND with a
@@ -499,7 +503,6 @@ async fn a_second_restore_in_the_same_second_keeps_the_original_files_it_moved_a
     restore(opts(&backup, target.path())).await.unwrap();
     restore(opts(&backup, target.path())).await.unwrap();
     let files = snapshot_of(target.path());
-    let _ = std::fs::remove_file(&backup);
     assert!(
         files.iter().any(|(_, b)| *b == original),
         "the original data file is nowhere in {:?}",
@@ -525,7 +528,6 @@ async fn a_restore_moves_files_aside_to_names_no_file_has() {
     std::fs::create_dir(&blocker).unwrap();
     std::fs::write(blocker.join("x"), b"x").unwrap();
     let done = restore(opts(&backup, target.path())).await.unwrap();
-    let _ = std::fs::remove_file(&backup);
     assert_eq!(std::fs::read(blocker.join("x")).unwrap(), b"x");
     let next = target
         .path()
@@ -559,7 +561,6 @@ async fn a_restore_that_fails_moving_files_aside_leaves_the_target_as_it_was() {
     let err = restore(opts(&backup, target.path())).await.unwrap_err();
     let now = snapshot_of(target.path());
     let _ = std::process::Command::new("umount").arg(&wal2).status();
-    let _ = std::fs::remove_file(&backup);
     assert!(err.to_string().contains("left as they were"), "{err}");
     assert_eq!(
         now.iter().map(|(n, _)| n).collect::<Vec<_>>(),
@@ -623,7 +624,6 @@ async fn a_restore_as_root_never_gives_the_directory_owner_a_file_a_link_names()
     o.replace = false;
     let done = restore(o).await;
     let swapped = racer.join().unwrap();
-    let _ = std::fs::remove_file(&backup);
     let owner = std::fs::metadata(&victim).unwrap().uid();
     assert_eq!(
         owner,

@@ -19,7 +19,9 @@ const MISSING: &str = "not found on the PATH (redis-server and redis-cli are bot
 
 /// Starts redis-server under a small shell watchdog: SIGTERM to the
 /// returned child kills the server at once (as a crash would), and the server
-/// also goes when this test process exits, even if it never ran `Drop`.
+/// also goes when this test process exits, even if it never ran `Drop`. Then
+/// the watchdog removes `dir` too: a server held by a static (the shared
+/// cluster) is never dropped, and each run left its directory in `/tmp`.
 fn spawn(dir: &TempDir, args: &[String]) -> Child {
     for tool in ["redis-server", "redis-cli"] {
         let found = Command::new(tool).arg("--version").output();
@@ -29,9 +31,11 @@ fn spawn(dir: &TempDir, args: &[String]) -> Child {
     let script = format!(
         "redis-server {} & pid=$!; trap 'kill -9 $pid; wait $pid; exit 0' TERM; \
          while kill -0 {parent} 2>/dev/null && kill -0 $pid 2>/dev/null; do sleep 0.2; done; \
-         kill -9 $pid 2>/dev/null; wait $pid; exit 0",
+         kill -9 $pid 2>/dev/null; wait $pid; \
+         kill -0 {parent} 2>/dev/null || rm -rf -- '{dir}'; exit 0",
         quoted.join(" "),
-        parent = std::process::id()
+        parent = std::process::id(),
+        dir = dir.path().display()
     );
     Command::new("sh")
         .args(["-c", &script])
