@@ -150,6 +150,9 @@ pub struct TraceExport {
     pub service_name: String,
     pub sample_ratio: f64,
     pub queue: usize,
+    /// `OTEL_RESOURCE_ATTRIBUTES`'s pairs, values percent-decoded, in
+    /// order (a key set twice: the last wins, as in the resource).
+    pub resource: Vec<(String, String)>,
 }
 
 impl TraceSettings {
@@ -265,11 +268,16 @@ impl TraceSettings {
             Some(name) if service_name_ok(&name) => name,
             Some(_) => return Err(format!("{SERVICE_NAME_ENV} {SERVICE_NAME_RULE}")),
         };
+        let resource = match raw(RESOURCE_ENV)? {
+            Some(text) => resource_attributes(&text)?,
+            None => Vec::new(),
+        };
         Ok(Ok(TraceExport {
             endpoint,
             service_name,
             sample_ratio,
             queue: self.queue,
+            resource,
         }))
     }
 
@@ -465,6 +473,34 @@ fn check_headers(env: &impl Fn(&str) -> Result<String, VarError>) -> Result<(), 
     Ok(())
 }
 
+/// `OTEL_RESOURCE_ATTRIBUTES` read as the OpenTelemetry specification
+/// writes it: `key=value` pairs separated by commas, each trimmed, with
+/// the value percent-decoded (how a value holds a comma, `=` or a space:
+/// `region=eu%2Cwest`). The SDK's own reader does not decode, so a value
+/// reached the collector still encoded. A value that does not decode
+/// (`100%`) is kept as written, as the exporter keeps such a header; a
+/// pair without `=` or without a key is an error, which the SDK dropped
+/// without a word.
+fn resource_attributes(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut pairs = Vec::new();
+    // A blank pair (`a=1,,b=2`) is none, as in the headers.
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .map(|(k, v)| (k.trim(), v.trim()))
+            .filter(|(k, _)| !k.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "{RESOURCE_ENV} must be key=value pairs separated by commas (a value's comma \
+                     written %2C): a pair has no `=` or no key"
+                )
+            })?;
+        let value = percent_decoded(value).unwrap_or_else(|| value.to_owned());
+        pairs.push((key.to_owned(), value));
+    }
+    Ok(pairs)
+}
+
 /// Headers `OTEL_EXPORTER_OTLP_HEADERS` may not set: those that frame or
 /// carry the export's request. Sent as given, `content-length=5` cut the
 /// request short (the collector took 5 bytes and answered 200, and the
@@ -564,6 +600,38 @@ mod tests {
             on.map(|e| (e.endpoint, e.service_name)),
             Some(("http://c:4318/v1/traces".to_owned(), "dedupd".to_owned()))
         );
+    }
+
+    /// Once: the SDK's reader kept `OTEL_RESOURCE_ATTRIBUTES`'s values
+    /// percent-encoded (`eu%2Cwest` reached the collector as written), and
+    /// dropped a pair without `=` without a word.
+    #[test]
+    fn resource_attributes_are_percent_decoded_and_a_pair_without_a_key_is_refused() {
+        let on = |value: &str| {
+            with(
+                Some("http://c:4318"),
+                &[("OTEL_RESOURCE_ATTRIBUTES", value)],
+            )
+        };
+        let got = on(" region=eu%2Cwest, team = a%20b ,,note=100%,k=%E2%82%AC").unwrap();
+        assert_eq!(
+            got.unwrap().resource,
+            [
+                ("region".to_owned(), "eu,west".to_owned()),
+                ("team".to_owned(), "a b".to_owned()),
+                ("note".to_owned(), "100%".to_owned()),
+                ("k".to_owned(), "€".to_owned()),
+            ]
+        );
+        assert_eq!(on("").unwrap().unwrap().resource, []);
+        for bad in ["region", "a=1,=2", "a=1, b"] {
+            let refused = on(bad).unwrap_err();
+            assert!(
+                refused.starts_with("OTEL_RESOURCE_ATTRIBUTES must be key=value pairs")
+                    && !refused.contains(bad),
+                "{bad:?}: {refused}"
+            );
+        }
     }
 
     #[test]

@@ -672,6 +672,8 @@ async fn an_upstream_context_is_linked_only_for_a_webhook_taken_that_has_one() {
 /// `OTEL_EXPORTER_OTLP_HEADERS` reaches the collector with every export
 /// (a hosted collector's API key); the hang/refuse test checks it is in
 /// no log line. `OTEL_EXPORTER_OTLP_COMPRESSION=gzip` compresses them.
+/// `OTEL_RESOURCE_ATTRIBUTES` is on every span's resource, its values
+/// percent-decoded (once sent as written), `service.name` still dedupd's.
 #[tokio::test]
 #[ignore = "needs DEDUPD_TEST_PYTHON (a python with opentelemetry-proto); .ci/run runs it"]
 async fn the_standard_headers_and_compression_variables_reach_the_collector() {
@@ -683,7 +685,11 @@ async fn the_standard_headers_and_compression_variables_reach_the_collector() {
             "OTEL_EXPORTER_OTLP_HEADERS",
             format!("authorization=Bearer%20{COLLECTOR_KEY}"),
         )
-        .env("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip");
+        .env("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+        .env(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "deployment.environment=eu%2Cwest, team=a%20b,service.name=other",
+        );
     let (child, port, drain) = crate::support::process::spawn_serving(cmd);
     post(port, &body("evt_h")).await;
     received(&receiver, 1).await;
@@ -698,6 +704,11 @@ async fn the_standard_headers_and_compression_variables_reach_the_collector() {
     for s in &spans {
         assert_eq!(s["authorization"], format!("Bearer {COLLECTOR_KEY}"), "{s}");
         assert_eq!(s["encoding"], "gzip", "{s}");
+        let resource = &s["resource"];
+        assert_eq!(resource["deployment.environment"], "eu,west", "{s}");
+        assert_eq!(resource["team"], "a b", "{s}");
+        assert_eq!(resource["service.name"], "dedupd", "{s}");
+        assert_eq!(resource["telemetry.sdk.name"], "opentelemetry", "{s}");
     }
 }
 

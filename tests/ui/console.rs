@@ -1043,6 +1043,7 @@ async fn with_traces_on_each_attempt_shows_the_events_trace_id() {
             service_name: "dedupd-ui-test".into(),
             sample_ratio: 1.0,
             queue: 64,
+            resource: Vec::new(),
         };
         dedupd::telemetry::traces::install(&export).unwrap();
     });

@@ -35,6 +35,7 @@ pub use log_lines::WithTraceIds;
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::resource::TelemetryResourceDetector;
 use opentelemetry_sdk::trace::{Sampler, SpanExporter as _};
 pub use queue::{SpanCounts, counts};
 pub use spans::{
@@ -106,7 +107,17 @@ pub fn install(export: &TraceExport) -> Result<(), String> {
          http:// or https:// URL"
             .to_owned()
     })?;
-    let resource = Resource::builder()
+    // The SDK's attributes, then `OTEL_RESOURCE_ATTRIBUTES` as the
+    // settings read it (decoded: the SDK's detector does not), then
+    // dedupd's own over both.
+    let resource = Resource::builder_empty()
+        .with_detector(Box::new(TelemetryResourceDetector))
+        .with_attributes(
+            export
+                .resource
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+        )
         .with_service_name(export.service_name.clone())
         .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
         // Which instance of a fleet sent a span.
