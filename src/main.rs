@@ -159,9 +159,13 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
             let served = serve(loaded, config);
+            // Its warning (spans left unexported) comes before `stopped`.
             dedupd::telemetry::traces::shutdown();
             Ok(match served {
-                Ok(()) => ExitCode::SUCCESS,
+                Ok(()) => {
+                    tracing::info!("stopped");
+                    ExitCode::SUCCESS
+                }
                 Err(e) => {
                     let text = cli::error_text(&e);
                     tracing::error!(error = text, "dedupd failed");

@@ -410,7 +410,6 @@ impl Application {
         let _ = self.reaper.await;
         self.store.close().await;
         self.file.close().await;
-        tracing::info!("stopped");
         served
     }
 }

@@ -608,11 +608,13 @@ async fn a_collector_that_hangs_or_refuses_costs_spans_not_webhooks() {
         );
         if mode == "hang" {
             // The stop waits a while for the collector, then says what
-            // it left behind.
+            // it left behind, before the last line (once after it).
+            let at = |what: &str| log.iter().position(|l| l.contains(what));
+            let warned = at("the last trace spans were not all exported");
+            assert!(warned.is_some(), "{mode}: {log:#?}");
             assert!(
-                log.iter()
-                    .any(|l| l.contains("the last trace spans were not all exported")),
-                "{mode}: {log:#?}"
+                warned < at("\"stopped\""),
+                "{mode}: the warning is not before `stopped`: {log:#?}"
             );
         }
         assert!(
