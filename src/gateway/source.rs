@@ -14,6 +14,10 @@ pub const MAX_BODY_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Longest time allowed for one delivery attempt.
 const MAX_FORWARD_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The longest backoff, pause or `Retry-After` hold: the fleet's lane
+/// state takes any time further ahead for a value no instance wrote
+/// (`lanes.lua`'s horizon, 31 days).
+const MAX_BACKOFF: Duration = Duration::from_secs(30 * 86_400);
 
 /// Most destination secrets a source signs with. A rotation needs two;
 /// each one more costs an HMAC and about 50 header bytes per forward.
@@ -342,6 +346,8 @@ impl Source {
         }
         if s.backoff_max < s.backoff_min {
             errors.push(("backoff_max", "must not be less than backoff_min".into()));
+        } else if s.backoff_max > MAX_BACKOFF {
+            errors.push(("backoff_max", "must be at most 30d".into()));
         }
         if !(1..=MAX_BODY_LIMIT).contains(&s.max_body_bytes) {
             errors.push((

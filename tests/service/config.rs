@@ -609,7 +609,7 @@ fn check_config_bounds_every_number_that_serve_could_not_run_with() {
     let dir = TempDir::new().unwrap();
     // (the setting's TOML past its bound, the key, the range named, the
     // TOML at its bound)
-    let cases: [(String, &str, &str, String); 16] = [
+    let cases: [(String, &str, &str, String); 17] = [
         (
             "[storage]\nmax_batch = 9223372036854775807".into(),
             "storage.max_batch",
@@ -699,6 +699,12 @@ fn check_config_bounds_every_number_that_serve_could_not_run_with() {
             "storage.redis.response_timeout",
             "must be more than 0 and at most 1h",
             "[storage.redis]\nresponse_timeout = \"1ms\"".into(),
+        ),
+        (
+            bounded_source("backoff_max = \"31d\""),
+            "sources.s.backoff_max",
+            "must be at most 30d",
+            bounded_source("backoff_max = \"30d\""),
         ),
         (
             bounded_source("forward_timeout = \"500000000000y\""),
