@@ -349,3 +349,93 @@ async fn a_lanes_key_expires_an_hour_after_what_it_holds() {
         "an hour past the hold's end: {ttl} ms"
     );
 }
+
+/// `redis-cli` against `server`, for state no instance writes.
+fn redis_cli(server: &RedisServer, args: &[&str]) -> String {
+    let socket = server.url().trim_start_matches("redis+unix://").to_owned();
+    let out = std::process::Command::new("redis-cli")
+        .args(["-s", &socket])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Once: a lane's key that no instance wrote (another program's string, a
+/// hand edit, `inf`, a time in 40 days) failed every gate (`WRONGTYPE`, a
+/// reply the instance could not read) or held the lane until that time,
+/// and the key's expiry was renewed at each ask: the source delivered
+/// nothing until someone deleted it. Such a key, or field, is now taken as
+/// absent: the lane starts as new.
+#[tokio::test]
+async fn a_lanes_key_no_instance_wrote_is_taken_as_absent_not_obeyed() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let a = instance(server.url(), Vec::new(), "planted");
+    let key = "planted:{d:sume}";
+    redis_cli(&server, &["set", key, "garbage"]);
+    let g = gate(lanes(&a), "sume", &ask(2, None), T).await;
+    assert_eq!((g.state, g.granted), (LaneState::Open, 2), "a string");
+    let far = (T + 40 * 86_400_000).to_string();
+    let planted: [&[&str]; 8] = [
+        &["ra", "inf"],
+        &["ra", "nan"],
+        &["ra", "-1"],
+        &["ra", &far],
+        &["bf", "1e20"],
+        &["bf", "-1"],
+        &["bs", "x", "bu", "inf"],
+        &["bs", "x", "bf", "nan", "bu", &far],
+    ];
+    for fields in planted {
+        redis_cli(&server, &["del", key]);
+        let mut hset = vec!["hset", key];
+        hset.extend_from_slice(fields);
+        redis_cli(&server, &hset);
+        let g = lanes(&a).gate("sume", &ask(2, None), T).await;
+        let g = g.unwrap_or_else(|e| panic!("{fields:?}: {e}"));
+        assert_eq!((g.state, g.granted), (LaneState::Open, 2), "{fields:?}");
+        let seen = lanes(&a).state("sume", T).await.unwrap();
+        assert_eq!(seen.held_until, None, "{fields:?}");
+        assert!(
+            redis_cli(&server, &["pttl", key]).parse::<i64>().unwrap() <= 3_600_000,
+            "{fields:?}: its expiry follows what it holds"
+        );
+    }
+    // A breaker open with a pause that is no time: its probe goes now.
+    redis_cli(&server, &["del", key]);
+    redis_cli(&server, &["hset", key, "bs", "o", "bu", "inf", "bq", "nan"]);
+    let g = gate(lanes(&a), "sume", &ask(2, None), T).await;
+    assert_eq!((g.state, g.granted), (LaneState::Probe, 1));
+}
+
+/// Once: a bucket counted by an instance whose clock ran ten minutes
+/// ahead held every other instance ten minutes (no refill before that
+/// clock's time, and a "limited" answer that far ahead). The count is now
+/// taken as made at the caller's now; and a rate-limited lane keeps its
+/// bucket 30 days, so a lane quiet for an hour keeps its burst (its key
+/// went after an hour, and the bucket started again empty).
+#[tokio::test]
+async fn a_bucket_from_a_clock_ahead_refills_from_now_and_outlives_an_idle_hour() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let a = instance(server.url(), Vec::new(), "skew");
+    let b = instance(server.url(), Vec::new(), "skew");
+    let one_a_second = ask(1, Some((1.0, 5)));
+    let ahead = gate(lanes(&a), "sume", &one_a_second, T + 600_000).await;
+    assert_eq!(ahead.state, LaneState::Limited, "a new bucket is empty");
+    let g = gate(lanes(&b), "sume", &one_a_second, T).await;
+    assert_eq!(g.state, LaneState::Limited);
+    assert!(g.until <= T + 1_000, "limited until {}", g.until - T);
+    let g = gate(lanes(&b), "sume", &one_a_second, T + 1_000).await;
+    assert_eq!((g.state, g.granted), (LaneState::Open, 1));
+    let ttl: i64 = redis_cli(&server, &["pttl", "skew:{d:sume}"])
+        .parse()
+        .unwrap();
+    assert!(ttl > 29 * 86_400_000, "kept {ttl} ms");
+    // An idle hour later: the burst is there.
+    let g = gate(lanes(&b), "sume", &ask(5, Some((1.0, 5))), T + 3_601_000).await;
+    assert_eq!((g.state, g.granted), (LaneState::Open, 5));
+}

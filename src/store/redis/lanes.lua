@@ -22,21 +22,72 @@
 -- reset answers 1 if it forgot, 0 if not.
 local key = KEYS[1]
 local op, now = ARGV[1], tonumber(ARGV[2])
+-- Not a hash (another program's key, a hand edit): nothing an instance
+-- wrote, and every command on it would fail, stopping the lane's
+-- deliveries for good. Forgotten: the lane starts as new.
+local kind = redis.call('TYPE', key)
+if type(kind) == 'table' then
+  kind = kind['ok']
+end
+if kind ~= 'hash' and kind ~= 'none' then
+  redis.call('DEL', key)
+end
+-- No time this script writes is further ahead than this (a pause or a
+-- hold is at most backoff_max, 30 days at most; a probe's hold a
+-- forward's timeout).
+local HORIZON = 31 * 86400000
+-- A field read as what an instance writes, or as absent: a value that is
+-- not a number, not finite, negative, or a time past the horizon (another
+-- build's, a hand edit, a clock far ahead) would hold the lane forever or
+-- fail every answer (NaN fails every comparison).
+local function time(v)
+  local n = tonumber(v)
+  if n and n >= 0 and n <= now + HORIZON then
+    return n
+  end
+  return nil
+end
+local function count(v)
+  local n = tonumber(v)
+  if n and n >= 0 and n <= 1e15 then
+    return n
+  end
+  return nil
+end
+local function rate_of(v)
+  local n = tonumber(v)
+  if n and n > 0 and n <= 1e15 then
+    return n
+  end
+  return nil
+end
 local f = redis.call('HMGET', key, 'ra', 'tk', 'ta', 'tr', 'tb', 'bs', 'bu', 'bt', 'bf', 'bp', 'bq')
-local ra = tonumber(f[1]) or 0
-local tk, ta, tr, tb = tonumber(f[2]) or 0, tonumber(f[3]) or now, f[4], f[5]
-local bs, bu, bt, bf = f[6], tonumber(f[7]) or 0, tonumber(f[8]) or 0, tonumber(f[9]) or 0
-local bp, bq = f[10], tonumber(f[11]) or 0
+local ra = time(f[1]) or 0
+-- A count made by a clock ahead of this caller's is taken as made now:
+-- refilled from here, not held back until that clock's time.
+local tk, ta, tr, tb = count(f[2]) or 0, math.min(time(f[3]) or now, now), f[4], f[5]
+if not (rate_of(tr) and rate_of(tb)) then
+  tr, tb = nil, nil
+end
+local bs, bu, bt, bf = f[6], time(f[7]) or 0, count(f[8]) or 0, count(f[9]) or 0
+local bp, bq = f[10], time(f[11]) or 0
 
 local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- An idle lane's key goes an hour after the last time it speaks of.
+-- An idle lane's key goes an hour after the last time it speaks of; one
+-- with a rate limit keeps its bucket for 30 days after its last word, so
+-- a lane quiet for hours finds its burst, as a single instance does (the
+-- bucket starts empty only when the key is new).
 local function keep()
   if redis.call('EXISTS', key) == 1 then
     local last = math.max(ra, bu, bq, now)
-    redis.call('PEXPIRE', key, fmt(last - now + 3600000))
+    local ttl = last - now + 3600000
+    if tr then
+      ttl = math.max(ttl, 30 * 86400000)
+    end
+    redis.call('PEXPIRE', key, fmt(ttl))
   end
 end
 
@@ -79,6 +130,7 @@ if op == 'gate' then
     local per_ms, cap = tonumber(rate), tonumber(burst)
     if tr ~= rate or tb ~= burst then
       redis.call('HSET', key, 'tr', rate, 'tb', burst)
+      tr, tb = rate, burst
     end
     if now > ta then
       tk = tk + (now - ta) * per_ms
@@ -94,8 +146,9 @@ if op == 'gate' then
     if want < 1 then
       return answer(0, 'limited', ta + math.ceil((1 - tk) / per_ms))
     end
-  elseif tr then
+  elseif tr or f[4] then
     redis.call('HDEL', key, 'tr', 'tb', 'tk', 'ta')
+    tr, tb = nil, nil
   end
   if probe and want > 0 then
     bq = probe_until

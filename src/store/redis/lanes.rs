@@ -16,6 +16,9 @@ use crate::store::lanes::{
     FleetLane, GateAsk, LaneGate, LaneReport, LaneState, LaneTransition, Lanes, Outcome,
 };
 
+/// No time `lanes.lua` writes is further ahead than this (its `HORIZON`).
+const HORIZON_MS: Millis = 31 * 86_400_000;
+
 /// The lanes' state in Redis.
 pub struct RedisLanes {
     client: Arc<Client>,
@@ -154,7 +157,13 @@ impl Lanes for RedisLanes {
                 .flatten()
                 .and_then(|v| v.parse::<f64>().ok())
         };
-        let ms = |i: usize| num(i).map(|v| v as Millis);
+        // As the script reads them: a time past its horizon, or not a
+        // time at all, is no time (once shown held until u64::MAX).
+        let ms = |i: usize| {
+            num(i)
+                .filter(|v| *v >= 0.0 && *v <= now.saturating_add(HORIZON_MS) as f64)
+                .map(|v| v as Millis)
+        };
         let open = f.get(5).cloned().flatten().as_deref() == Some("o");
         let paused_until = ms(6).filter(|u| open && *u > now);
         let rate_limited_until = match (num(1), ms(2), num(3), num(4)) {

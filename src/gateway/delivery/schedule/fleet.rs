@@ -26,6 +26,11 @@ pub const PROBING_FRESH_MS: Millis = 500;
 /// elsewhere (a request started before the pause, answered 2xx) resumes
 /// the fleet's breaker before the pause ends, and is seen within it.
 pub const PAUSED_FRESH_MS: Millis = 1_000;
+/// Longest a lane waits on a `Retry-After` hold or an empty bucket before
+/// asking again: an operator who deletes the lane's key, or a hold an
+/// instance wrote with a clock far ahead that expires early, is seen
+/// within it, not at the end the answer named.
+pub const HELD_FRESH_MS: Millis = 5_000;
 
 /// What the fleet last said of a lane, and this pass's grant.
 #[derive(Debug, Default)]
@@ -92,6 +97,7 @@ impl LaneFleet {
         let until = match gate.state {
             LaneState::Probing => gate.until.min(now + PROBING_FRESH_MS),
             LaneState::Paused => gate.until.min(now + PAUSED_FRESH_MS),
+            LaneState::Held | LaneState::Limited => gate.until.min(now + HELD_FRESH_MS),
             _ => gate.until,
         };
         self.state = Some((gate.state, until));
@@ -338,6 +344,11 @@ mod tests {
         // A pause ending sooner than that: asked at its end.
         s.apply_gate("a", &gate(0, LaneState::Paused, 8_300), 8_000);
         assert_eq!(s.wants(8_100).reopens_at, Some(8_300));
+        // A hold of an hour (or one from a clock far ahead): asked again
+        // within five seconds, so that its key deleted is seen that soon.
+        s.apply_gate("a", &gate(0, LaneState::Held, 3_609_000), 9_000);
+        assert_eq!(s.wants(9_100).reopens_at, Some(9_000 + HELD_FRESH_MS));
+        assert_eq!(s.wants(9_000 + HELD_FRESH_MS).reads.len(), 1);
     }
 
     #[test]
