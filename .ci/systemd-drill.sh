@@ -258,6 +258,17 @@ if as_service sh -c 'echo x >/etc/dedupd/drill-probe' 2>/dev/null; then die "wro
 if as_service sh -c 'echo x >/usr/drill-probe' 2>/dev/null; then die "wrote /usr"; fi
 if as_service cat /home/secret 2>/dev/null; then die "read /home"; fi
 as_service rm -f /var/lib/dedupd/drill-probe
+# ProcSubset=pid hides /proc/meminfo from the service: the automatic
+# key-memory cap must still follow the machine (once it was the fallback's
+# 384 MiB on any machine), and never exceed half of it.
+cap=$(c curl -fsS -H "authorization: Bearer $token" http://127.0.0.1:8080/metrics |
+    awk '$1 == "dedupd_store_max_key_memory_bytes" { printf "%.0f", $2 }')
+total=$(($(c awk '/^MemTotal:/ { print $2 }' /proc/meminfo) * 1024))
+[ -n "$cap" ] || die "no dedupd_store_max_key_memory_bytes in /metrics"
+[ "$cap" -le $((total / 2)) ] || die "the key-memory cap $cap is over half of $total bytes"
+if [ "$total" -ge $((2 << 30)) ] && [ "$cap" -eq $(((1 << 29) - (128 << 20))) ]; then
+    die "the key-memory cap is the fallback's 384 MiB on a machine of $total bytes"
+fi
 
 log "one CPU: SCHED_BATCH under the unit's system call filter"
 # The unit with CPUAffinity=0, as on a 1-vCPU VM: dedupd schedules itself

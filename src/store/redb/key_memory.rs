@@ -23,7 +23,7 @@ use std::path::Path;
 /// The automatic cap never goes below this.
 pub const AUTO_MIN: u64 = 8 << 20;
 
-/// Memory assumed when neither `/proc/meminfo` nor a cgroup says.
+/// Memory assumed when neither the kernel nor a cgroup says.
 const FALLBACK_MEMORY: u64 = 1 << 30;
 
 /// The cap for the setting `setting` (0: automatic), in bytes, with redb's
@@ -48,9 +48,13 @@ pub fn auto(memory: u64, cache_bytes: u64) -> u64 {
 /// its cgroup and the cgroups above it when lower (cgroup v2 `memory.max`,
 /// v1 `memory.limit_in_bytes`).
 pub fn memory_limit() -> Option<u64> {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| mem_total(&s));
+    // sysinfo(2) first: the unit's `ProcSubset=pid` hides /proc/meminfo,
+    // and without it the cap was the fallback's (384 MiB, on any machine).
+    let total = machine_memory().or_else(|| {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| mem_total(&s))
+    });
     let cgroup = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
         .and_then(|s| cgroup_limit(&s, Path::new("/sys/fs/cgroup")));
@@ -62,6 +66,19 @@ fn lowest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
+}
+
+/// The machine's memory by `sysinfo(2)`, which needs no `/proc`.
+fn machine_memory() -> Option<u64> {
+    let info = rustix::system::sysinfo();
+    #[allow(
+        clippy::useless_conversion,
+        reason = "a C unsigned long: 32 bits on 32-bit targets"
+    )]
+    let total = u64::from(info.totalram);
+    total
+        .checked_mul(u64::from(info.mem_unit.max(1)))
+        .filter(|&bytes| bytes > 0)
 }
 
 /// `MemTotal` of `/proc/meminfo`, in bytes.
@@ -128,6 +145,16 @@ mod tests {
         assert_eq!(auto(512 << 20, 64 << 20), 128 << 20);
         assert_eq!(resolve(4096, 64 << 20), 4096, "a set cap is taken as it is");
         assert!(resolve(0, 64 << 20) >= AUTO_MIN);
+    }
+
+    /// Once: under the unit's `ProcSubset=pid` /proc/meminfo is hidden,
+    /// and the cap fell back to 384 MiB on any machine. The kernel's own
+    /// figure is read without /proc, and says what /proc/meminfo says.
+    #[test]
+    fn the_machines_memory_is_read_without_proc_and_matches_meminfo() {
+        let by_sysinfo = machine_memory().expect("sysinfo(2) answers on Linux");
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+        assert_eq!(Some(by_sysinfo), mem_total(&meminfo));
     }
 
     #[test]
