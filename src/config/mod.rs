@@ -1146,6 +1146,20 @@ impl Settings {
                         if from_file.iter().any(weak) {
                             bad(&key, format!("{}: {WEAK}", path.display()));
                         }
+                        // Named to hold tokens, it holds none: taken as it
+                        // is, /v1 on loopback would take requests without
+                        // one (a token file made empty by an install that
+                        // could not read /dev/urandom, or truncated).
+                        if from_file.is_empty() {
+                            bad(
+                                &key,
+                                format!(
+                                    "{} holds no token: write one per line (at least 16 \
+                                     characters), or remove the setting",
+                                    path.display()
+                                ),
+                            );
+                        }
                         all.extend(from_file);
                     }
                     Err(e) => bad(&key, e),
@@ -1479,6 +1493,36 @@ mod tests {
             let errors = load_toml(&format!("[api]\n{api}")).unwrap_err();
             assert!(errors.0.iter().any(|e| e.key == key), "{api}: {errors}");
         }
+    }
+
+    /// Once: a tokens file with no token in it (blank, or comments only)
+    /// was taken as no tokens, and /v1 on loopback took requests without
+    /// one. The package's install wrote such a file when it could not read
+    /// /dev/urandom.
+    #[test]
+    fn a_tokens_file_that_holds_no_token_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("api-tokens");
+        for text in ["", "\n", "# rotated\n\n"] {
+            std::fs::write(&file, text).unwrap();
+            for key in ["tokens_file", "read_tokens_file"] {
+                let full = if key == "read_tokens_file" {
+                    "tokens = [\"full-token-0123456789\"]\n"
+                } else {
+                    ""
+                };
+                let toml = format!("[api]\n{full}{key} = {:?}", file.display().to_string());
+                let errors = load_toml(&toml).unwrap_err();
+                assert!(
+                    errors.0.iter().any(|e| e.key == format!("api.{key}")
+                        && e.to_string().contains("holds no token")),
+                    "{text:?} {key}: {errors}"
+                );
+            }
+        }
+        std::fs::write(&file, "# one\nfile-token-0123456789\n").unwrap();
+        let toml = format!("[api]\ntokens_file = {:?}", file.display().to_string());
+        assert_eq!(load_toml(&toml).unwrap().api_tokens.len(), 1);
     }
 
     /// Every default survives the defaults layer as it is: secrets too
