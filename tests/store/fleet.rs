@@ -212,3 +212,52 @@ async fn on_a_cluster_each_alert_kind_and_source_is_one_slot_and_they_spread_ove
     }
     assert_eq!(total, 3 + 30);
 }
+
+/// Once: an alert key no instance wrote (another program's string, a
+/// count of `1e20` or `nan`, an interval starting in a year) failed every
+/// turn, and the alert waiting for it held back every alert behind it,
+/// of every kind and source, until someone deleted the key. Such a key or
+/// field is now taken as absent.
+#[tokio::test]
+async fn an_alerts_key_no_instance_wrote_is_taken_as_absent() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let a = instance(server.url(), Vec::new(), "fleet-planted");
+    let f = fleet(&a);
+    let key = "fleet-planted:{a:backlog.stale:sume}";
+    cli(&server, &["SET", key, "poisoned"]);
+    assert_eq!(
+        raise(f, "sume", 0, T).await,
+        AlertTurn::Send { suppressed: 0 },
+        "a string"
+    );
+    let year = (T + 365 * 86_400_000).to_string();
+    let planted: [&[&str]; 5] = [
+        &["since", "nan", "n", "3"],
+        &["since", "inf"],
+        &["since", &year],
+        &["since", "-5", "n", "-1"],
+        &["n", "1e20"],
+    ];
+    for fields in planted {
+        cli(&server, &["DEL", key]);
+        let mut hset = vec!["HSET", key];
+        hset.extend_from_slice(fields);
+        cli(&server, &hset);
+        let turn = f
+            .alert_turn("backlog.stale", Some("sume"), EVERY, AlertMode::Raise, 0, T)
+            .await
+            .unwrap_or_else(|e| panic!("{fields:?}: {e}"));
+        assert!(
+            matches!(turn, AlertTurn::Send { suppressed } if suppressed <= 3),
+            "{fields:?}: {turn:?}"
+        );
+        // And the fleet folds the next as it should.
+        assert_eq!(
+            raise(f, "sume", 0, T + 1).await,
+            AlertTurn::Fold { until: T + EVERY },
+            "{fields:?}"
+        );
+    }
+}

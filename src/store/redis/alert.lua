@@ -23,8 +23,29 @@ local function start(suppressed)
   return {'send', fmt(suppressed)}
 end
 
-local got = redis.call('HMGET', key, 'since', 'n')
-local since, n = tonumber(got[1]), tonumber(got[2]) or 0
+-- Not a hash (another program's key, a hand edit): every command on it
+-- would fail, and the alert waiting for its turn would hold back every
+-- alert behind it. Forgotten: no interval.
+local kind = redis.call('TYPE', key)
+if type(kind) == 'table' then
+  kind = kind['ok']
+end
+if kind ~= 'hash' and kind ~= 'none' then
+  redis.call('DEL', key)
+end
+-- Read as an instance writes them, or as absent: a figure that is not a
+-- number, not finite, negative, or an interval that starts more than one
+-- interval ahead (a count no reader could parse, an interval that never
+-- ends).
+local since = tonumber(redis.call('HGET', key, 'since'))
+if not (since and since >= 0 and since <= now + every) then
+  since = nil
+end
+local n = tonumber(redis.call('HGET', key, 'n'))
+if not (n and n >= 0 and n <= 1e15) then
+  n = 0
+end
+n = math.floor(n)
 
 if mode == 'raise' then
   -- The first alert of an interval goes at once, with whatever the
