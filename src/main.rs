@@ -193,7 +193,9 @@ async fn serve(loaded: dedupd::config::Loaded, config: Option<PathBuf>) -> anyho
     let (signals, hup) = Signals::install()?;
     let listen = loaded.settings.listen;
     let data = loaded.settings.data_path.clone();
+    let starting = dedupd::systemd::extend_start();
     let app = Application::build(loaded, Arc::new(SystemClock)).await?;
+    drop(starting);
     tracing::info!(
         %listen,
         port = app.port(),

@@ -36,6 +36,67 @@ impl Liveness {
     }
 }
 
+/// How much more time each extension of the start asks for.
+const EXTEND_BY: Duration = Duration::from_secs(60);
+/// How often an extension is sent: well within [`EXTEND_BY`].
+const EXTEND_EVERY: Duration = Duration::from_secs(20);
+/// The longest start extended: past it, `TimeoutStartSec=` applies again
+/// and a start that hangs is killed.
+const EXTEND_FOR: Duration = Duration::from_secs(3600);
+
+/// While the service starts: asks systemd for a minute more at once and
+/// every 20 s (`EXTEND_TIMEOUT_USEC`), for an hour at most, until the
+/// returned guard is dropped (before [`ready`]). Opening a large data file
+/// replays its log, and after an upgrade may migrate its schema in one
+/// transaction: past `TimeoutStartSec=` systemd killed it, the migration
+/// rolled back, and `Restart=` began it again, for ever.
+pub fn extend_start() -> StartExtension {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return StartExtension::default();
+    }
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let usec = u32::try_from(EXTEND_BY.as_micros()).unwrap_or(u32::MAX);
+    let thread = std::thread::Builder::new()
+        .name("dedupd-start".into())
+        .spawn(move || {
+            let started = std::time::Instant::now();
+            loop {
+                send(&[
+                    NotifyState::ExtendTimeoutUsec(usec),
+                    NotifyState::Status("starting: opening the data file"),
+                ]);
+                match wait.recv_timeout(EXTEND_EVERY) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                        if started.elapsed() < EXTEND_FOR => {}
+                    _ => return,
+                }
+            }
+        })
+        .ok();
+    StartExtension {
+        done: Some(done),
+        thread,
+    }
+}
+
+/// Extends the start until dropped ([`extend_start`]).
+#[derive(Debug, Default)]
+pub struct StartExtension {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for StartExtension {
+    fn drop(&mut self) {
+        // Its thread sends nothing after this returns, so `READY=1` and
+        // its status come last.
+        self.done.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Tells systemd the service is ready, with a status line.
 pub fn ready(status: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(status)]);

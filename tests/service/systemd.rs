@@ -75,6 +75,16 @@ fn serve_says_ready_pings_the_watchdog_and_says_stopping_on_sigterm() {
         .env("WATCHDOG_USEC", "4000000");
     let (mut child, port, drain) = spawn_serving(cmd);
 
+    // First, while the data file opens, more time asked for the start
+    // (a long log replay or migration is not killed by TimeoutStartSec).
+    let starting = next_message(&socket);
+    assert!(
+        starting
+            .lines()
+            .any(|l| l == "EXTEND_TIMEOUT_USEC=60000000")
+            && starting.lines().any(|l| l.starts_with("STATUS=starting")),
+        "{starting:?}"
+    );
     // READY comes once the store is open and the port bound (it answers).
     let ready = next_message(&socket);
     assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
