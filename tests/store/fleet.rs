@@ -105,16 +105,6 @@ async fn one_alert_per_interval_for_two_instances(a: &dyn Fleet, b: &dyn Fleet, 
     );
 }
 
-fn cli(server: &RedisServer, args: &[&str]) -> String {
-    let out = std::process::Command::new("redis-cli")
-        .arg("-s")
-        .arg(&server.socket)
-        .args(args)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 #[tokio::test]
 async fn two_instances_send_an_alert_once_per_interval_and_the_last_fold_at_its_end() {
     let server = tokio::task::spawn_blocking(RedisServer::start)
@@ -124,7 +114,7 @@ async fn two_instances_send_an_alert_once_per_interval_and_the_last_fold_at_its_
     let b = instance(server.url(), Vec::new(), "fleet-alerts");
     one_alert_per_interval_for_two_instances(fleet(&a), fleet(&b), "sume").await;
     // One key per kind and source, under a hash tag of its own.
-    let keys = cli(&server, &["--scan", "--pattern", "fleet-alerts:{a:*"]);
+    let keys = server.cli(&["--scan", "--pattern", "fleet-alerts:{a:*"]);
     let mut keys: Vec<&str> = keys.lines().collect();
     keys.sort_unstable();
     assert_eq!(
@@ -149,7 +139,7 @@ async fn an_alerts_key_expires_after_two_intervals_and_a_flush_then_sends_what_i
         raise(f, "sume", 0, T).await,
         AlertTurn::Send { suppressed: 0 }
     );
-    let ttl: u64 = cli(&server, &["PTTL", key]).parse().unwrap();
+    let ttl: u64 = server.cli(&["PTTL", key]).parse().unwrap();
     assert!(0 < ttl && ttl <= 2 * EVERY, "PTTL {ttl}");
     // A short interval, so Redis expires the key within the test.
     let every = 200;
@@ -164,7 +154,7 @@ async fn an_alerts_key_expires_after_two_intervals_and_a_flush_then_sends_what_i
     );
     let key = "fleet-expiry:{a:event.dead:sume}";
     let deadline = Instant::now() + Duration::from_secs(30);
-    while cli(&server, &["EXISTS", key]) != "0" {
+    while server.cli(&["EXISTS", key]) != "0" {
         assert!(Instant::now() < deadline, "{key} never expired");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -226,7 +216,7 @@ async fn an_alerts_key_no_instance_wrote_is_taken_as_absent() {
     let a = instance(server.url(), Vec::new(), "fleet-planted");
     let f = fleet(&a);
     let key = "fleet-planted:{a:backlog.stale:sume}";
-    cli(&server, &["SET", key, "poisoned"]);
+    server.cli(&["SET", key, "poisoned"]);
     assert_eq!(
         raise(f, "sume", 0, T).await,
         AlertTurn::Send { suppressed: 0 },
@@ -241,10 +231,10 @@ async fn an_alerts_key_no_instance_wrote_is_taken_as_absent() {
         &["n", "1e20"],
     ];
     for fields in planted {
-        cli(&server, &["DEL", key]);
+        server.cli(&["DEL", key]);
         let mut hset = vec!["HSET", key];
         hset.extend_from_slice(fields);
-        cli(&server, &hset);
+        server.cli(&hset);
         let turn = f
             .alert_turn("backlog.stale", Some("sume"), EVERY, AlertMode::Raise, 0, T)
             .await

@@ -338,27 +338,11 @@ async fn a_lanes_key_expires_an_hour_after_what_it_holds() {
         T,
     )
     .await;
-    let socket = server.url().trim_start_matches("redis+unix://").to_owned();
-    let out = std::process::Command::new("redis-cli")
-        .args(["-s", &socket, "pttl", "expiry:{d:sume}"])
-        .output()
-        .unwrap();
-    let ttl: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let ttl: u64 = server.cli(&["pttl", "expiry:{d:sume}"]).parse().unwrap();
     assert!(
         ttl > 3_600_000 && ttl <= 3_605_000,
         "an hour past the hold's end: {ttl} ms"
     );
-}
-
-/// `redis-cli` against `server`, for state no instance writes.
-fn redis_cli(server: &RedisServer, args: &[&str]) -> String {
-    let socket = server.url().trim_start_matches("redis+unix://").to_owned();
-    let out = std::process::Command::new("redis-cli")
-        .args(["-s", &socket])
-        .args(args)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// Once: a lane's key that no instance wrote (another program's string, a
@@ -374,7 +358,7 @@ async fn a_lanes_key_no_instance_wrote_is_taken_as_absent_not_obeyed() {
         .unwrap();
     let a = instance(server.url(), Vec::new(), "planted");
     let key = "planted:{d:sume}";
-    redis_cli(&server, &["set", key, "garbage"]);
+    server.cli(&["set", key, "garbage"]);
     let g = gate(lanes(&a), "sume", &ask(2, None), T).await;
     assert_eq!((g.state, g.granted), (LaneState::Open, 2), "a string");
     let far = (T + 40 * 86_400_000).to_string();
@@ -389,23 +373,23 @@ async fn a_lanes_key_no_instance_wrote_is_taken_as_absent_not_obeyed() {
         &["bs", "x", "bf", "nan", "bu", &far],
     ];
     for fields in planted {
-        redis_cli(&server, &["del", key]);
+        server.cli(&["del", key]);
         let mut hset = vec!["hset", key];
         hset.extend_from_slice(fields);
-        redis_cli(&server, &hset);
+        server.cli(&hset);
         let g = lanes(&a).gate("sume", &ask(2, None), T).await;
         let g = g.unwrap_or_else(|e| panic!("{fields:?}: {e}"));
         assert_eq!((g.state, g.granted), (LaneState::Open, 2), "{fields:?}");
         let seen = lanes(&a).state("sume", T).await.unwrap();
         assert_eq!(seen.held_until, None, "{fields:?}");
         assert!(
-            redis_cli(&server, &["pttl", key]).parse::<i64>().unwrap() <= 3_600_000,
+            server.cli(&["pttl", key]).parse::<i64>().unwrap() <= 3_600_000,
             "{fields:?}: its expiry follows what it holds"
         );
     }
     // A breaker open with a pause that is no time: its probe goes now.
-    redis_cli(&server, &["del", key]);
-    redis_cli(&server, &["hset", key, "bs", "o", "bu", "inf", "bq", "nan"]);
+    server.cli(&["del", key]);
+    server.cli(&["hset", key, "bs", "o", "bu", "inf", "bq", "nan"]);
     let g = gate(lanes(&a), "sume", &ask(2, None), T).await;
     assert_eq!((g.state, g.granted), (LaneState::Probe, 1));
 }
@@ -431,9 +415,7 @@ async fn a_bucket_from_a_clock_ahead_refills_from_now_and_outlives_an_idle_hour(
     assert!(g.until <= T + 1_000, "limited until {}", g.until - T);
     let g = gate(lanes(&b), "sume", &one_a_second, T + 1_000).await;
     assert_eq!((g.state, g.granted), (LaneState::Open, 1));
-    let ttl: i64 = redis_cli(&server, &["pttl", "skew:{d:sume}"])
-        .parse()
-        .unwrap();
+    let ttl: i64 = server.cli(&["pttl", "skew:{d:sume}"]).parse().unwrap();
     assert!(ttl > 29 * 86_400_000, "kept {ttl} ms");
     // An idle hour later: the burst is there.
     let g = gate(lanes(&b), "sume", &ask(5, Some((1.0, 5))), T + 3_601_000).await;

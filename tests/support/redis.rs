@@ -159,6 +159,18 @@ impl RedisServer {
         self.launch();
     }
 
+    /// `redis-cli ARGS` against it: its answer, trimmed (state no
+    /// instance of dedupd writes, planted by a test).
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .arg("-s")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
     /// Starts it again on the same socket (empty: no persistence).
     pub fn restart(&mut self) {
         self.stop();

@@ -23,16 +23,7 @@ local function start(suppressed)
   return {'send', fmt(suppressed)}
 end
 
--- Not a hash (another program's key, a hand edit): every command on it
--- would fail, and the alert waiting for its turn would hold back every
--- alert behind it. Forgotten: no interval.
-local kind = redis.call('TYPE', key)
-if type(kind) == 'table' then
-  kind = kind['ok']
-end
-if kind ~= 'hash' and kind ~= 'none' then
-  redis.call('DEL', key)
-end
+forget_unless_hash(key)
 -- Read as an instance writes them, or as absent: a figure that is not a
 -- number, not finite, negative, or an interval that starts more than one
 -- interval ahead (a count no reader could parse, an interval that never

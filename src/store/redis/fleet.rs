@@ -34,7 +34,11 @@ impl RedisFleet {
     pub fn new(client: Arc<Client>) -> Self {
         Self {
             client,
-            alert: Script::new(include_str!("alert.lua")),
+            alert: Script::new(&format!(
+                "{}\n{}",
+                include_str!("fleet_keys.lua"),
+                include_str!("alert.lua")
+            )),
         }
     }
 

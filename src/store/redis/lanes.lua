@@ -22,16 +22,7 @@
 -- reset answers 1 if it forgot, 0 if not.
 local key = KEYS[1]
 local op, now = ARGV[1], tonumber(ARGV[2])
--- Not a hash (another program's key, a hand edit): nothing an instance
--- wrote, and every command on it would fail, stopping the lane's
--- deliveries for good. Forgotten: the lane starts as new.
-local kind = redis.call('TYPE', key)
-if type(kind) == 'table' then
-  kind = kind['ok']
-end
-if kind ~= 'hash' and kind ~= 'none' then
-  redis.call('DEL', key)
-end
+forget_unless_hash(key)
 -- No time this script writes is further ahead than this (a pause or a
 -- hold is at most backoff_max, 30 days at most; a probe's hold a
 -- forward's timeout).

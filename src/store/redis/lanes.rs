@@ -84,7 +84,11 @@ impl RedisLanes {
     pub fn new(client: Arc<Client>) -> Self {
         Self {
             client,
-            script: Script::new(include_str!("lanes.lua")),
+            script: Script::new(&format!(
+                "{}\n{}",
+                include_str!("fleet_keys.lua"),
+                include_str!("lanes.lua")
+            )),
             me: format!("{:016x}", rand::random::<u64>()),
         }
     }
